@@ -1,0 +1,124 @@
+// swift-tools-version: 6.0
+//
+// Canopy: the server side of a plant-care app, as message-bus microservices.
+// See README.md for the picture and docs/ for the protocol, operations and performance.
+
+import PackageDescription
+
+let swiftSettings: [SwiftSetting] = [
+    .swiftLanguageMode(.v6),
+]
+
+let package = Package(
+    name: "Canopy",
+    platforms: [.macOS(.v15)],
+    products: [
+        .executable(name: "canopy-broker", targets: ["canopy-broker"]),
+        .executable(name: "canopy", targets: ["canopy"]),
+        .library(name: "CanopyMessages", targets: ["CanopyMessages"]),
+        .library(name: "CanopyBus", targets: ["CanopyBus"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
+        .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
+        .package(url: "https://github.com/apple/swift-collections", from: "1.6.0"),
+        .package(url: "https://github.com/swift-server/swift-service-lifecycle", from: "2.13.0"),
+        .package(url: "https://github.com/HdrHistogram/hdrhistogram-swift", from: "0.2.0"),
+    ],
+    targets: [
+        // MARK: - Shared modules
+
+        // libzmq from Debian's libzmq3-dev (scripts/setup checks it with `pkg-config --exists
+        // libzmq` and installs it). The target does not name `pkgConfig: "libzmq"`: Debian's
+        // libzmq.pc pulls krb5's `-isystem` flags in through Requires.private, which SwiftPM
+        // refuses with a warning on every build; zmq.h is in /usr/include either way.
+        .systemLibrary(
+            name: "CZeroMQ",
+            path: "Shared/CZeroMQ",
+            providers: [.apt(["libzmq3-dev"])]
+        ),
+        .target(
+            name: "CanopyMessages",
+            path: "Shared/CanopyMessages",
+            swiftSettings: swiftSettings
+        ),
+        .target(
+            name: "CanopyBus",
+            dependencies: [
+                "CZeroMQ",
+                "CanopyMessages",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "Collections", package: "swift-collections"),
+                .product(name: "Histogram", package: "hdrhistogram-swift"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            path: "Shared/CanopyBus",
+            swiftSettings: swiftSettings
+        ),
+        .target(
+            name: "CanopyServiceKit",
+            dependencies: [
+                "CanopyBus",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            path: "Shared/CanopyServiceKit",
+            swiftSettings: swiftSettings
+        ),
+        .target(
+            name: "CanopyTesting",
+            dependencies: ["CanopyBus", "CanopyMessages", "CZeroMQ"],
+            path: "Shared/CanopyTesting",
+            swiftSettings: swiftSettings
+        ),
+
+        // MARK: - Executables
+
+        .executableTarget(
+            name: "canopy-broker",
+            dependencies: ["CanopyServiceKit", "CanopyBus", "CanopyMessages"],
+            path: "Services/Broker",
+            swiftSettings: swiftSettings
+        ),
+        .executableTarget(
+            name: "canopy",
+            dependencies: ["CanopyServiceKit", "CanopyBus", "CanopyMessages"],
+            path: "Services/Canopy",
+            swiftSettings: swiftSettings
+        ),
+        .executableTarget(
+            name: "canopy-bench",
+            dependencies: [
+                "CanopyBus", "CZeroMQ",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Histogram", package: "hdrhistogram-swift"),
+            ],
+            path: "Benchmarks/BusBenchmark",
+            swiftSettings: swiftSettings
+        ),
+        // A worker process the live tests start and kill with SIGKILL.
+        .executableTarget(
+            name: "canopy-test-worker",
+            dependencies: ["CanopyTesting", "CanopyServiceKit"],
+            path: "Tests/TestWorker",
+            swiftSettings: swiftSettings
+        ),
+
+        // MARK: - Tests
+
+        .testTarget(
+            name: "CanopyMessagesTests",
+            dependencies: ["CanopyMessages", "CanopyBus"],
+            path: "Tests/CanopyMessagesTests",
+            resources: [.copy("Fixtures")],
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(
+            name: "CanopyBusTests",
+            dependencies: ["CanopyBus", "CanopyTesting", "CanopyServiceKit", "CZeroMQ", "canopy-test-worker"],
+            path: "Tests/CanopyBusTests",
+            swiftSettings: swiftSettings
+        ),
+    ]
+)

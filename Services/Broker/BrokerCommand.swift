@@ -1,0 +1,58 @@
+import ArgumentParser
+import CanopyBus
+import CanopyServiceKit
+import CanopyMessages
+import Logging
+
+@main
+struct BrokerCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "canopy-broker",
+        abstract: "Canopy's message broker: routes requests between clients and service workers over ZeroMQ.",
+        discussion: """
+            Examples:
+              canopy-broker serve --bind tcp://127.0.0.1:5555
+              CANOPY_BIND='tcp://*:5555' canopy-broker serve --log-level debug
+              canopy-broker health --endpoint tcp://127.0.0.1:5555
+            """,
+        subcommands: [Serve.self, Health.self],
+        defaultSubcommand: Serve.self)
+}
+
+/// `canopy-broker serve`: the broker, until SIGTERM or SIGINT.
+struct Serve: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Run the broker until SIGTERM or SIGINT.",
+        discussion: "Example: canopy-broker serve --bind tcp://127.0.0.1:5555 --heartbeat-ms 1000 --liveness 3")
+
+    @OptionGroup var options: BrokerOptions
+
+    func run() async throws {
+        let logger = LogSetup.logger(label: "canopy-broker", level: options.logLevel)
+        let broker = try makeBroker(options, logger: logger)
+        try await runUntilShutdown([broker], logger: logger)
+    }
+}
+
+/// `canopy-broker health`: exits 0 when a broker answers `broker.services`.
+struct Health: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Exit 0 when the broker answers, 1 when it does not (for container health checks).",
+        discussion: "Example: canopy-broker health --endpoint tcp://127.0.0.1:5555")
+
+    @OptionGroup var common: CommonOptions
+
+    func run() async throws {
+        let logger = LogSetup.logger(label: "canopy-broker", level: .critical)
+        let context = ZMQContext()
+        let client = try BusClient(configuration: .init(endpoint: common.endpoint), context: context, logger: logger)
+        defer { client.close() }
+        do {
+            let services = try await client.call(Broker.Services.self, .init(), timeout: .seconds(2))
+            print("healthy: \(services.count) service(s) connected")
+        } catch {
+            print("unhealthy: \(error)")
+            throw ExitCode(1)
+        }
+    }
+}

@@ -1,0 +1,61 @@
+import ArgumentParser
+import CanopyBus
+import CanopyServiceKit
+import Logging
+
+/// Every option of `canopy-broker serve`; each also reads a `CANOPY_*` variable (flags win).
+struct BrokerOptions: ParsableArguments {
+    @Option(help: ArgumentHelp("Endpoint to listen on. Env: CANOPY_BIND.", valueName: "endpoint"))
+    var bind: String = Environment.string("CANOPY_BIND") ?? "tcp://127.0.0.1:5555"
+
+    @Option(help: ArgumentHelp("Heartbeat interval in milliseconds, both ways. Env: CANOPY_HEARTBEAT_MS.", valueName: "ms"))
+    var heartbeatMs: Int = Environment.int("CANOPY_HEARTBEAT_MS", default: 1_000)
+
+    @Option(help: ArgumentHelp("Missed heartbeats before a worker counts as dead. Env: CANOPY_LIVENESS.", valueName: "beats"))
+    var liveness: Int = Environment.int("CANOPY_LIVENESS", default: 3)
+
+    @Option(help: ArgumentHelp("Requests waiting per service before new ones get 'busy'. Env: CANOPY_MAX_QUEUE.", valueName: "count"))
+    var maxQueue: Int = Environment.int("CANOPY_MAX_QUEUE", default: 1_000)
+
+    @Option(help: ArgumentHelp("Largest frame accepted, in bytes. Env: CANOPY_MAX_FRAME_BYTES.", valueName: "bytes"))
+    var maxFrameBytes: Int = Environment.int("CANOPY_MAX_FRAME_BYTES", default: 16 * 1024 * 1024)
+
+    @Option(help: ArgumentHelp("Deadline of requests that give none, in milliseconds. Env: CANOPY_DEFAULT_TIMEOUT_MS.", valueName: "ms"))
+    var defaultTimeoutMs: Int = Environment.int("CANOPY_DEFAULT_TIMEOUT_MS", default: 30_000)
+
+    @Option(help: ArgumentHelp("How long shutdown waits for in-flight requests, in milliseconds. Env: CANOPY_DRAIN_TIMEOUT_MS.", valueName: "ms"))
+    var drainTimeoutMs: Int = Environment.int("CANOPY_DRAIN_TIMEOUT_MS", default: 5_000)
+
+    @Option(help: ArgumentHelp("trace, debug, info, notice, warning, error or critical. Env: CANOPY_LOG_LEVEL.", valueName: "level"))
+    var logLevel: Logger.Level = Environment.string("CANOPY_LOG_LEVEL").flatMap(Logger.Level.init(rawValue:)) ?? .info
+
+    func validate() throws {
+        guard heartbeatMs >= 10 else { throw ValidationError("--heartbeat-ms must be at least 10; 1000 is the usual value") }
+        guard liveness >= 1 else { throw ValidationError("--liveness must be at least 1 missed heartbeat; 3 is the usual value") }
+        guard maxQueue >= 0 else { throw ValidationError("--max-queue cannot be negative; 0 answers 'busy' whenever no worker has credit") }
+        guard maxFrameBytes >= 1024 else { throw ValidationError("--max-frame-bytes must be at least 1024") }
+        guard defaultTimeoutMs >= 1 else { throw ValidationError("--default-timeout-ms must be at least 1") }
+        guard drainTimeoutMs >= 0 else { throw ValidationError("--drain-timeout-ms cannot be negative") }
+    }
+
+    /// The broker configuration these options describe.
+    var configuration: BrokerConfiguration {
+        var configuration = BrokerConfiguration()
+        configuration.heartbeatInterval = .milliseconds(heartbeatMs)
+        configuration.liveness = liveness
+        configuration.maximumQueuedPerService = maxQueue
+        configuration.maximumFrameBytes = maxFrameBytes
+        configuration.defaultTimeout = .milliseconds(defaultTimeoutMs)
+        configuration.drainTimeout = .milliseconds(drainTimeoutMs)
+        return configuration
+    }
+}
+
+/// Builds the broker from its options (kept apart from `@main` so it stays thin).
+func makeBroker(_ options: BrokerOptions, logger: Logger) throws -> BrokerServer {
+    do {
+        return try BrokerServer(endpoint: options.bind, configuration: options.configuration, context: ZMQContext(), logger: logger)
+    } catch let error as ZMQError {
+        throw ValidationError("cannot listen on \(options.bind): \(error). Is another broker running there? Choose another --bind.")
+    }
+}

@@ -1,0 +1,16 @@
+import ArgumentParser
+
+@main
+struct CanopyCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "canopy",
+        abstract: "Canopy's operator CLI: call operations and look at the bus.",
+        discussion: """
+            Examples:
+              canopy services
+              canopy stats --endpoint tcp://127.0.0.1:5555
+              canopy send broker stats --json '{}'
+              canopy send care plants.get --json '{"id":"p1"}' --principal user-42
+            """,
+        subcommands: [Send.self, Services.self, Stats.self])
+}

@@ -1,0 +1,65 @@
+import ArgumentParser
+import CanopyBus
+import CanopyMessages
+import CanopyServiceKit
+import Foundation
+
+/// `canopy send SERVICE OPERATION --json '{...}'`: one call, the reply printed as JSON.
+struct Send: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Call one operation and print its reply; exits 1 on an error reply.",
+        discussion: """
+            Example: canopy send broker services --json '{}'
+            The reply is printed to standard output as indented JSON; an error reply is printed
+            to standard error as 'error (code): message'.
+            """)
+
+    @Argument(help: "The service, for example 'broker'.") var service: String
+    @Argument(help: "The operation, for example 'stats'.") var operation: String
+    @Option(help: "The request body as JSON.") var json: String = "{}"
+    @Option(help: "The user id to act for. Env: CANOPY_PRINCIPAL.") var principal: String = Environment.string("CANOPY_PRINCIPAL") ?? ""
+    @Option(help: "How long to wait, in milliseconds.") var timeoutMs: Int = 10_000
+    @Flag(help: "Let the bus send the call again if the broker restarts mid-call (only for idempotent operations).") var idempotent = false
+    @OptionGroup var common: CommonOptions
+
+    func validate() throws {
+        guard (try? JSONSerialization.jsonObject(with: Data(json.utf8), options: [.fragmentsAllowed])) != nil else {
+            throw ValidationError("--json is not valid JSON: \(json.prefix(80)); quote it in single quotes, e.g. --json '{\"id\":\"p1\"}'")
+        }
+        guard timeoutMs > 0 else { throw ValidationError("--timeout-ms must be positive") }
+    }
+
+    func run() async throws {
+        try await withBus(common) { bus in
+            do {
+                let reply = try await bus.call(service: service, operation: operation, body: Array(json.utf8),
+                                               principal: principal.isEmpty ? nil : principal, timeout: .milliseconds(timeoutMs), idempotent: idempotent)
+                print(prettyJSON(reply.body))
+            } catch let error as CanopyError {
+                FileHandle.standardError.write(Data("error (\(error.code.rawValue)): \(error.message)\n".utf8))
+                throw ExitCode(1)
+            }
+        }
+    }
+}
+
+/// Indented JSON with sorted keys, or the bytes as text when they are not JSON.
+func prettyJSON(_ bytes: [UInt8]) -> String {
+    guard let object = try? JSONSerialization.jsonObject(with: Data(bytes), options: [.fragmentsAllowed]),
+          let data = try? JSONSerialization.data(withJSONObject: object, options: [.prettyPrinted, .sortedKeys, .fragmentsAllowed, .withoutEscapingSlashes])
+    else { return String(decoding: bytes, as: UTF8.self) }
+    return String(decoding: data, as: UTF8.self)
+}
+
+/// Opens a bus client for one command and closes it afterwards.
+func withBus(_ common: CommonOptions, _ body: (BusClient) async throws -> Void) async throws {
+    let logger = LogSetup.logger(label: "canopy", level: common.logLevel == .info ? .warning : common.logLevel)
+    let bus = try BusClient(configuration: .init(endpoint: common.endpoint), context: ZMQContext(), logger: logger)
+    defer { bus.close() }
+    do {
+        try await body(bus)
+    } catch let error as CanopyError where error.code == .timeout {
+        FileHandle.standardError.write(Data("error (timeout): \(error.message). Is canopy-broker running at \(common.endpoint)? Start it or pass --endpoint.\n".utf8))
+        throw ExitCode(1)
+    }
+}

@@ -1,0 +1,120 @@
+import CZeroMQ
+import Logging
+import ServiceLifecycle
+
+/// The broker's IO shell: one ROUTER socket, one loop thread, and a ``BrokerState`` that
+/// decides everything. Run it in a `ServiceGroup`; graceful shutdown stops taking new
+/// requests, waits for held ones up to ``BrokerConfiguration/drainTimeout``, then tells
+/// workers to go away.
+///
+/// The socket is bound in `init` (so the endpoint, with the port the system chose for
+/// `tcp://127.0.0.1:*`, is known at once) and from ``run()`` on is owned by the loop thread.
+public final class BrokerServer: Service, @unchecked Sendable {
+    private enum Control: Sendable { case shutdown }
+
+    /// The endpoint the broker listens on, with the real port.
+    public let endpoint: String
+    private let configuration: BrokerConfiguration
+    private let context: ZMQContext
+    private let socket: ZMQSocket
+    private let mailbox = Mailbox<Control>()
+    private let logger: Logger
+
+    /// Binds the broker's ROUTER socket.
+    ///
+    /// - Parameters:
+    ///   - endpoint: where to listen, for example `tcp://127.0.0.1:5555` or `tcp://127.0.0.1:*`.
+    ///   - configuration: the broker's tunables.
+    ///   - context: the ZeroMQ context.
+    ///   - logger: where the broker logs.
+    public init(endpoint: String, configuration: BrokerConfiguration = .init(), context: ZMQContext, logger: Logger) throws {
+        self.configuration = configuration
+        self.context = context
+        self.logger = logger
+        socket = try ZMQSocket(context, type: .router)
+        try socket.setHighWaterMarks(100_000)
+        // Frames up to twice the limit still arrive and get a polite `tooLarge`; anything
+        // larger makes libzmq drop the connection before it fills memory.
+        try socket.setMaximumMessageSize(configuration.maximumFrameBytes * 2 + 4096)
+        try socket.setHeartbeats(interval: configuration.heartbeatInterval, timeout: configuration.workerExpiry)
+        try socket.bind(endpoint)
+        self.endpoint = socket.lastEndpoint
+    }
+
+    /// Serves until graceful shutdown or ``stop()``.
+    public func run() async throws {
+        try await withGracefulShutdownHandler {
+            try await LoopThread.run(name: "canopy-broker") { [self] in try loop() }
+        } onGracefulShutdown: { [mailbox] in
+            mailbox.post(.shutdown)
+        }
+    }
+
+    /// Begins a graceful shutdown, as SIGTERM does.
+    public func stop() {
+        mailbox.post(.shutdown)
+    }
+
+    // MARK: - Loop (the loop thread only)
+
+    private func loop() throws {
+        defer { socket.close() }
+        var state = BrokerState(configuration: configuration, now: .now)
+        var directives: [BrokerState.Directive] = []
+        directives.reserveCapacity(64)
+        var poller = Poller()
+        let socketItem = poller.add(socket)
+        let mailboxItem = poller.add(fileDescriptor: mailbox.fileDescriptor)
+        var drainDeadline: ContinuousClock.Instant?
+        logger.info("broker.started", metadata: ["broker.endpoint": "\(endpoint)"])
+
+        while true {
+            var timeout = max(.zero, state.nextWakeup() - .now)
+            if drainDeadline != nil { timeout = min(timeout, .milliseconds(20)) }
+            try poller.poll(timeout: timeout)
+
+            if poller.isReadable(mailboxItem), !mailbox.drain().isEmpty, drainDeadline == nil {
+                state.beginShutdown()
+                drainDeadline = .now + configuration.drainTimeout
+                logger.info("broker.draining", metadata: ["broker.pending": "\(state.pendingCount)"])
+            }
+            if poller.isReadable(socketItem) {
+                var budget = 4096 // then let timers run
+                while budget > 0, let frames = try socket.receive() {
+                    budget -= 1
+                    guard frames.count >= 2 else { continue } // ROUTER always adds the identity
+                    state.receive(Array(frames[1...]), from: frames[0], now: .now, into: &directives)
+                    try carryOut(&directives)
+                }
+            }
+            state.tick(now: .now, into: &directives)
+            try carryOut(&directives)
+
+            if let deadline = drainDeadline, state.pendingCount == 0 || ContinuousClock.now >= deadline {
+                state.disconnectAll(into: &directives)
+                try carryOut(&directives)
+                logger.info("broker.stopped", metadata: ["broker.unanswered": "\(state.pendingCount)"])
+                return
+            }
+        }
+    }
+
+    private func carryOut(_ directives: inout [BrokerState.Directive]) throws {
+        for directive in directives {
+            switch directive {
+            case .send(let peer, let frames):
+                try socket.send(to: peer, frames)
+            case .log(let message, let peer):
+                logger.warning("broker.dropped", metadata: ["broker.reason": "\(message)", "broker.peer": "\(peer.hex)"])
+            }
+        }
+        directives.removeAll(keepingCapacity: true)
+    }
+}
+
+extension [UInt8] {
+    /// Lower-case hexadecimal, for logging identities.
+    var hex: String {
+        lazy.map { String($0, radix: 16).count == 1 ? "0" + String($0, radix: 16) : String($0, radix: 16) }.joined()
+    }
+}

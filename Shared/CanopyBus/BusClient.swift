@@ -1,0 +1,307 @@
+import CZeroMQ
+import CanopyMessages
+import Collections
+import Foundation
+import Logging
+
+/// A reply as it came off the bus.
+public struct RawReply: Sendable, Equatable {
+    /// The reply body (JSON).
+    public var body: [UInt8]
+    /// Whether the broker shared this reply among coalesced identical requests.
+    public var shared: Bool
+
+    /// - Parameters:
+    ///   - body: the reply body.
+    ///   - shared: whether the reply was shared among coalesced requests.
+    public init(body: [UInt8], shared: Bool) {
+        self.body = body
+        self.shared = shared
+    }
+}
+
+/// Calls operations on the bus: `try await bus.call(SomeOperation.self, request)`.
+///
+/// Many concurrent calls share one DEALER connection, told apart by correlation id. Every
+/// call has a deadline; cancelling the calling task sends a cancel to the broker. When the
+/// connection to the broker is lost (a broker restart), idempotent calls in flight are sent
+/// again once it is back; other calls fail with `workerLost`, because they may have run.
+///
+/// Thread-safe: the socket is owned by the client's loop thread, and calls reach it through
+/// a ``Mailbox``. Call ``close()`` when done.
+public final class BusClient: Sendable {
+    /// How the client behaves.
+    public struct Configuration: Sendable {
+        /// The broker's endpoint.
+        public var endpoint: String
+        /// The deadline of calls that give none.
+        public var defaultTimeout: Duration = .seconds(30)
+
+        /// - Parameter endpoint: the broker's endpoint, for example `tcp://127.0.0.1:5555`.
+        public init(endpoint: String) {
+            self.endpoint = endpoint
+        }
+    }
+
+    fileprivate enum Control: Sendable {
+        case call(id: UInt64, frames: [[UInt8]], idempotent: Bool, deadline: ContinuousClock.Instant, continuation: CheckedContinuation<RawReply, Error>)
+        case cancel(id: UInt64)
+        case close
+    }
+
+    private let configuration: Configuration
+    private let mailbox = Mailbox<Control>()
+    private let nextID = Counter()
+    private let codec = MessageCodec()
+
+    /// Connects to the broker and starts the client's loop thread.
+    ///
+    /// - Parameters:
+    ///   - configuration: endpoint and default deadline.
+    ///   - context: the ZeroMQ context.
+    ///   - logger: where the client logs connection changes.
+    public init(configuration: Configuration, context: ZMQContext, logger: Logger) throws {
+        self.configuration = configuration
+        let loop = try ClientLoop(endpoint: configuration.endpoint, context: context, mailbox: mailbox, logger: logger)
+        LoopThread.start(name: "canopy-bus-client") { loop.run() }
+    }
+
+    deinit { mailbox.post(.close) }
+
+    /// Fails every call in flight and stops the loop thread.
+    public func close() {
+        mailbox.post(.close)
+    }
+
+    /// Calls a typed operation and decodes its reply.
+    ///
+    /// - Parameters:
+    ///   - operation: the operation type.
+    ///   - request: the request body.
+    ///   - principal: the user the call acts for, when it touches a person's data.
+    ///   - timeout: how long to wait; the configuration's default when `nil`.
+    /// - Throws: ``CanopyError`` for every failure the bus or the service reports, or
+    ///   `CancellationError` when the calling task is cancelled.
+    public func call<Operation: BusOperation>(
+        _ operation: Operation.Type, _ request: Operation.Request, principal: String? = nil, timeout: Duration? = nil
+    ) async throws -> Operation.Reply {
+        let body = try codec.encode(request)
+        let reply = try await call(service: Operation.service, operation: Operation.name, body: body,
+                                   principal: principal, timeout: timeout, idempotent: Operation.idempotent)
+        do {
+            return try codec.decode(Operation.Reply.self, from: reply.body)
+        } catch {
+            throw CanopyError(.internal, "the reply of \(Operation.service).\(Operation.name) did not decode: \(error.message)")
+        }
+    }
+
+    /// Calls an operation with a raw JSON body (what `canopy send` does).
+    ///
+    /// - Parameters:
+    ///   - service: the service name.
+    ///   - operation: the operation name.
+    ///   - body: the request body, JSON.
+    ///   - principal: the user the call acts for, if any.
+    ///   - timeout: how long to wait; the configuration's default when `nil`.
+    ///   - idempotent: whether the call may be sent again after losing the broker.
+    public func call(
+        service: String, operation: String, body: [UInt8], principal: String? = nil, timeout: Duration? = nil, idempotent: Bool = false
+    ) async throws -> RawReply {
+        let id = nextID.next()
+        let timeout = timeout ?? configuration.defaultTimeout
+        let header = RequestHeader(
+            timeoutMilliseconds: UInt32(clamping: max(1, timeout.milliseconds)),
+            flags: idempotent ? RequestHeader.Flag.idempotent : 0,
+            principal: principal ?? "")
+        let frames = [Wire.version, Wire.Command.request.frame, Wire.frame(id), Array(service.utf8), Array(operation.utf8), header.frame, body]
+        let deadline = ContinuousClock.now + timeout
+        return try await withTaskCancellationHandler {
+            try await withCheckedThrowingContinuation { continuation in
+                mailbox.post(.call(id: id, frames: frames, idempotent: idempotent, deadline: deadline, continuation: continuation))
+            }
+        } onCancel: {
+            mailbox.post(.cancel(id: id))
+        }
+    }
+}
+
+/// A thread-safe increasing counter of correlation ids.
+private final class Counter: Sendable {
+    private let value = Mutex<UInt64>(0)
+    func next() -> UInt64 {
+        value.withLock { value in
+            value += 1
+            return value
+        }
+    }
+}
+
+import Synchronization
+
+/// The client's socket and everything only its thread touches.
+private final class ClientLoop: @unchecked Sendable {
+    private struct Call {
+        let frames: [[UInt8]]
+        let idempotent: Bool
+        let deadline: ContinuousClock.Instant
+        let continuation: CheckedContinuation<RawReply, Error>
+        var connection: Int
+    }
+
+    private struct Deadline: Comparable {
+        let at: ContinuousClock.Instant
+        let id: UInt64
+        static func < (lhs: Self, rhs: Self) -> Bool { lhs.at < rhs.at }
+    }
+
+    /// How long after its deadline a call fails locally when the broker has not answered.
+    private static let grace: Duration = .milliseconds(250)
+
+    private let context: ZMQContext // outlives the sockets
+    private let socket: ZMQSocket
+    private let monitor: ZMQSocket
+    private let mailbox: Mailbox<BusClient.Control>
+    private let logger: Logger
+    private let codec = MessageCodec()
+    private var calls: [UInt64: Call] = [:]
+    private var deadlines = Heap<Deadline>()
+    private var cancelledEarly: Set<UInt64> = []
+    private var connection = 0
+    private var connected = false
+
+    init(endpoint: String, context: ZMQContext, mailbox: Mailbox<BusClient.Control>, logger: Logger) throws {
+        self.context = context
+        self.mailbox = mailbox
+        self.logger = logger
+        socket = try ZMQSocket(context, type: .dealer)
+        try socket.setHighWaterMarks(100_000)
+        try socket.set(ZMQ_RECONNECT_IVL, 100)
+        try socket.set(ZMQ_RECONNECT_IVL_MAX, 2_000)
+        try socket.setHeartbeats(interval: .seconds(1), timeout: .seconds(3))
+        let monitorEndpoint = "inproc://canopy-client-monitor-\(UUID().uuidString)"
+        try socket.monitor(monitorEndpoint, events: ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED)
+        monitor = try ZMQSocket(context, type: .pair)
+        try monitor.connect(monitorEndpoint)
+        try socket.connect(endpoint)
+    }
+
+    func run() {
+        defer {
+            socket.close()
+            monitor.close()
+        }
+        var poller = Poller()
+        let socketItem = poller.add(socket)
+        let monitorItem = poller.add(monitor)
+        let mailboxItem = poller.add(fileDescriptor: mailbox.fileDescriptor)
+        do {
+            while true {
+                try poller.poll(timeout: nextTimeout())
+                if poller.isReadable(mailboxItem) {
+                    for control in mailbox.drain() {
+                        if case .close = control {
+                            failAll(CanopyError(.internal, "the bus client was closed"))
+                            return
+                        }
+                        try handle(control)
+                    }
+                }
+                if poller.isReadable(monitorItem) { try connectionEvents() }
+                if poller.isReadable(socketItem) {
+                    while let frames = try socket.receive() { answer(frames) }
+                }
+                expireCalls()
+            }
+        } catch {
+            logger.error("bus.client.failed", metadata: ["error": "\(error)"])
+            failAll(CanopyError(.internal, "the bus client stopped: \(error)"))
+        }
+    }
+
+    private func nextTimeout() -> Duration? {
+        while let first = deadlines.min, calls[first.id]?.deadline != first.at { deadlines.removeMin() }
+        guard let first = deadlines.min else { return nil }
+        return max(.zero, first.at + Self.grace - .now)
+    }
+
+    private func handle(_ control: BusClient.Control) throws {
+        switch control {
+        case .call(let id, let frames, let idempotent, let deadline, let continuation):
+            if cancelledEarly.remove(id) != nil {
+                continuation.resume(throwing: CancellationError())
+                return
+            }
+            calls[id] = Call(frames: frames, idempotent: idempotent, deadline: deadline, continuation: continuation, connection: connection)
+            deadlines.insert(Deadline(at: deadline, id: id))
+            if try !socket.send(frames) {
+                calls[id] = nil
+                continuation.resume(throwing: CanopyError(.busy, "the client's send queue is full; retry later"))
+            }
+        case .cancel(let id):
+            guard let call = calls.removeValue(forKey: id) else {
+                cancelledEarly.insert(id) // the call itself is still on its way in the mailbox
+                return
+            }
+            try socket.send([Wire.version, Wire.Command.cancel.frame, Wire.frame(id)])
+            call.continuation.resume(throwing: CancellationError())
+        case .close:
+            break
+        }
+    }
+
+    private func answer(_ frames: [[UInt8]]) {
+        guard frames.count >= 4, frames[0] == Wire.version, frames[1].count == 1, let id = Wire.uint64(frames[2]),
+              let call = calls.removeValue(forKey: id)
+        else { return } // late or unknown: the call was answered, cancelled or timed out already
+        switch Wire.Command(rawValue: frames[1][0]) {
+        case .reply where frames.count == 5:
+            call.continuation.resume(returning: RawReply(body: frames[4], shared: frames[3].first.map { $0 & Wire.ReplyFlag.shared != 0 } ?? false))
+        case .error:
+            let error = (try? codec.decode(CanopyError.self, from: frames[3])) ?? CanopyError(.internal, "the broker sent an unreadable error")
+            call.continuation.resume(throwing: error)
+        default:
+            call.continuation.resume(throwing: CanopyError(.internal, "the broker sent a malformed reply"))
+        }
+    }
+
+    /// Reads the socket monitor: on a lost connection, calls that cannot be sent again fail;
+    /// on a new one, idempotent calls that were on the lost connection go out again.
+    private func connectionEvents() throws {
+        while let frames = try monitor.receive() {
+            guard let first = frames.first, first.count >= 2 else { continue }
+            let event = Int32(UInt16(first[0]) | UInt16(first[1]) << 8)
+            if event == ZMQ_EVENT_DISCONNECTED {
+                connected = false
+                connection += 1
+                logger.notice("bus.client.disconnected", metadata: ["bus.calls": "\(calls.count)"])
+                for (id, call) in calls where call.connection < connection && !call.idempotent {
+                    calls[id] = nil
+                    call.continuation.resume(throwing: CanopyError(.workerLost, "the connection to the broker was lost while this call was in flight; it may or may not have run, and it is not idempotent, so it was not sent again"))
+                }
+            } else if event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED {
+                connected = true
+                for (id, call) in calls where call.connection < connection {
+                    calls[id]!.connection = connection
+                    try socket.send(call.frames)
+                }
+            }
+        }
+    }
+
+    private func expireCalls() {
+        let now = ContinuousClock.now
+        while let first = deadlines.min, first.at + Self.grace <= now {
+            deadlines.removeMin()
+            guard let call = calls[first.id], call.deadline == first.at else { continue }
+            calls[first.id] = nil
+            call.continuation.resume(throwing: CanopyError(.timeout, connected
+                ? "no reply within the call's deadline"
+                : "no reply within the call's deadline; the broker cannot be reached"))
+        }
+    }
+
+    private func failAll(_ error: CanopyError) {
+        for call in calls.values { call.continuation.resume(throwing: error) }
+        calls.removeAll()
+    }
+}

@@ -1,0 +1,105 @@
+import CanopyMessages
+import Logging
+
+/// A Canopy service as a plug-in: it names itself and registers one typed handler per
+/// operation. A ``ServiceRunner`` connects it to the broker.
+///
+/// ```swift
+/// struct Echo: BusService {
+///     let name = "echo"
+///     func register(_ handlers: inout OperationHandlers) {
+///         handlers.on(EchoSay.self) { request, context in request }
+///     }
+/// }
+/// ```
+public protocol BusService: Sendable {
+    /// The service name workers announce and clients call.
+    var name: String { get }
+    /// Registers a handler for every operation the service serves.
+    func register(_ handlers: inout OperationHandlers)
+}
+
+/// What a handler knows about the request beyond its body.
+public struct RequestContext: Sendable {
+    /// The authenticated user the request is on behalf of; `nil` when none.
+    public var principal: String?
+    /// When the caller stops waiting.
+    public var deadline: ContinuousClock.Instant
+    /// A logger with the request's metadata.
+    public var logger: Logger
+
+    /// - Parameters:
+    ///   - principal: the authenticated user, if any.
+    ///   - deadline: when the caller stops waiting.
+    ///   - logger: the request's logger.
+    public init(principal: String?, deadline: ContinuousClock.Instant, logger: Logger) {
+        self.principal = principal
+        self.deadline = deadline
+        self.logger = logger
+    }
+
+    /// The principal, or an `unauthorized` error when the request carries none.
+    public func requirePrincipal() throws(CanopyError) -> String {
+        guard let principal, !principal.isEmpty else {
+            throw CanopyError(.unauthorized, "this operation acts on a person's data and needs a principal (the user id the edge authenticated)")
+        }
+        return principal
+    }
+}
+
+/// The handlers of one service, by operation name, with their flags.
+public struct OperationHandlers: Sendable {
+    /// Decodes the body, runs the handler, encodes the reply.
+    public typealias RawHandler = @Sendable (_ body: [UInt8], _ context: RequestContext) async throws -> [UInt8]
+
+    struct Entry: Sendable {
+        let descriptor: OperationDescriptor
+        let handle: RawHandler
+    }
+
+    /// The service the handlers belong to.
+    public let service: String
+    private(set) var entries: [String: Entry] = [:]
+    private let codec = MessageCodec()
+
+    /// An empty set of handlers for `service`.
+    public init(service: String) {
+        self.service = service
+    }
+
+    /// Registers the handler of `operation`.
+    public mutating func on<Operation: BusOperation>(
+        _ operation: Operation.Type,
+        _ handler: @escaping @Sendable (Operation.Request, RequestContext) async throws -> Operation.Reply
+    ) {
+        precondition(Operation.service == service, "\(Operation.self) belongs to '\(Operation.service)', not '\(service)'")
+        precondition(entries[Operation.name] == nil, "\(service).\(Operation.name) is registered twice")
+        let codec = self.codec
+        entries[Operation.name] = Entry(descriptor: Operation.descriptor) { body, context in
+            let request = try codec.decode(Operation.Request.self, from: body)
+            return try codec.encode(try await handler(request, context))
+        }
+    }
+
+    /// The operations registered, sorted by name.
+    public var descriptors: [OperationDescriptor] {
+        entries.values.map(\.descriptor).sorted { $0.name < $1.name }
+    }
+
+    /// Runs the handler of `operation`, turning every failure into a ``CanopyError``.
+    public func handle(_ operation: String, body: [UInt8], context: RequestContext) async -> Result<[UInt8], CanopyError> {
+        guard let entry = entries[operation] else {
+            return .failure(CanopyError(.badRequest, "'\(service)' has no operation '\(operation)'"))
+        }
+        do {
+            return .success(try await entry.handle(body, context))
+        } catch let error as CanopyError {
+            return .failure(error)
+        } catch is CancellationError {
+            return .failure(CanopyError(.timeout, "the request was cancelled before the handler finished"))
+        } catch {
+            context.logger.error("service.handler.failed", metadata: ["service.operation": "\(operation)", "error": "\(error)"])
+            return .failure(CanopyError(.internal, "\(service).\(operation) failed unexpectedly; the service log has the details"))
+        }
+    }
+}

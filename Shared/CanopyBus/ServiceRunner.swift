@@ -1,0 +1,211 @@
+import CZeroMQ
+import CanopyMessages
+import Logging
+import ServiceLifecycle
+
+/// Hosts one ``BusService`` on the bus: connects to the broker, announces the service's
+/// operations and credit (READY), heartbeats both ways, runs handlers concurrently up to
+/// its credit, and re-registers by itself when the broker restarts.
+///
+/// Graceful shutdown sends DRAIN (the broker stops sending new requests), waits for the
+/// handlers that are running to reply, then sends DISCONNECT. The DEALER socket is owned by
+/// the runner's loop thread; handlers run as Swift tasks and hand results back through a
+/// ``Mailbox``.
+public final class ServiceRunner: Service, @unchecked Sendable {
+    /// How a runner connects and behaves.
+    public struct Configuration: Sendable {
+        /// The broker's endpoint.
+        public var endpoint: String
+        /// How many requests this worker holds at once.
+        public var credit: Int = 8
+        /// Heartbeat interval, both ways.
+        public var heartbeatInterval: Duration = .seconds(1)
+        /// Missed broker heartbeats before the runner reconnects.
+        public var liveness: Int = 3
+        /// How long a graceful shutdown waits for running handlers.
+        public var drainTimeout: Duration = .seconds(10)
+
+        /// - Parameter endpoint: the broker's endpoint, for example `tcp://127.0.0.1:5555`.
+        public init(endpoint: String) {
+            self.endpoint = endpoint
+        }
+    }
+
+    private enum Control: Sendable {
+        case finished(id: UInt64, session: Int, Result<[UInt8], CanopyError>)
+        case shutdown
+    }
+
+    private let handlers: OperationHandlers
+    private let configuration: Configuration
+    private let context: ZMQContext
+    private let logger: Logger
+    private let mailbox = Mailbox<Control>()
+    private let codec = MessageCodec()
+
+    /// - Parameters:
+    ///   - service: the service to host.
+    ///   - configuration: endpoint, credit and timings.
+    ///   - context: the ZeroMQ context.
+    ///   - logger: where the runner and handlers log.
+    public init(service: some BusService, configuration: Configuration, context: ZMQContext, logger: Logger) {
+        var handlers = OperationHandlers(service: service.name)
+        service.register(&handlers)
+        precondition(!handlers.descriptors.isEmpty, "service '\(service.name)' registers no operation")
+        self.handlers = handlers
+        self.configuration = configuration
+        self.context = context
+        var logger = logger
+        logger[metadataKey: "service.name"] = "\(service.name)"
+        self.logger = logger
+    }
+
+    /// Serves until graceful shutdown or ``stop()``.
+    public func run() async throws {
+        try await withGracefulShutdownHandler {
+            try await LoopThread.run(name: "canopy-\(handlers.service)") { [self] in try loop() }
+        } onGracefulShutdown: { [mailbox] in
+            mailbox.post(.shutdown)
+        }
+    }
+
+    /// Begins a graceful shutdown, as SIGTERM does.
+    public func stop() {
+        mailbox.post(.shutdown)
+    }
+
+    // MARK: - Loop (the loop thread only)
+
+    private final class Session {
+        let socket: ZMQSocket
+        let number: Int
+        var lastHeard: ContinuousClock.Instant
+        init(socket: ZMQSocket, number: Int, now: ContinuousClock.Instant) {
+            self.socket = socket
+            self.number = number
+            self.lastHeard = now
+        }
+    }
+
+    private func connect(number: Int) throws -> Session {
+        let socket = try ZMQSocket(context, type: .dealer)
+        try socket.setHighWaterMarks(100_000)
+        try socket.set(ZMQ_RECONNECT_IVL, 100)
+        try socket.set(ZMQ_RECONNECT_IVL_MAX, 5_000) // libzmq's reconnect backoff
+        try socket.setHeartbeats(interval: configuration.heartbeatInterval, timeout: configuration.heartbeatInterval * configuration.liveness)
+        try socket.connect(configuration.endpoint)
+        let operations = try codec.encode(handlers.descriptors)
+        try socket.send([Wire.version, Wire.Command.ready.frame, Array(handlers.service.utf8), operations, Wire.frame(UInt32(configuration.credit))], dontWait: false)
+        logger.info("service.registering", metadata: ["service.endpoint": "\(configuration.endpoint)", "service.credit": "\(configuration.credit)"])
+        return Session(socket: socket, number: number, now: .now)
+    }
+
+    private func loop() throws {
+        let expiry = configuration.heartbeatInterval * configuration.liveness
+        var session = try connect(number: 0)
+        defer { session.socket.close() }
+        var running: [UInt64: Task<Void, Never>] = [:]
+        var nextHeartbeat = ContinuousClock.now + configuration.heartbeatInterval
+        var drainDeadline: ContinuousClock.Instant?
+
+        while true {
+            var poller = Poller()
+            let socketItem = poller.add(session.socket)
+            let mailboxItem = poller.add(fileDescriptor: mailbox.fileDescriptor)
+            try poller.poll(timeout: max(.zero, nextHeartbeat - .now))
+
+            if poller.isReadable(mailboxItem) {
+                for control in mailbox.drain() {
+                    switch control {
+                    case .finished(let id, let number, let result):
+                        guard number == session.number, running.removeValue(forKey: id) != nil else { continue }
+                        let frames: [[UInt8]]
+                        switch result {
+                        case .success(let body):
+                            frames = [Wire.version, Wire.Command.workerReply.frame, Wire.frame(id), [Wire.Status.ok], body]
+                        case .failure(let error):
+                            frames = [Wire.version, Wire.Command.workerReply.frame, Wire.frame(id), [Wire.Status.error], (try? codec.encode(error)) ?? []]
+                        }
+                        if try !session.socket.send(frames) {
+                            logger.warning("service.reply.dropped", metadata: ["service.reason": "send queue full"])
+                        }
+                    case .shutdown where drainDeadline == nil:
+                        drainDeadline = .now + configuration.drainTimeout
+                        try session.socket.send([Wire.version, Wire.Command.drain.frame])
+                        logger.info("service.draining", metadata: ["service.running": "\(running.count)"])
+                    case .shutdown:
+                        break
+                    }
+                }
+            }
+
+            var reconnect = false
+            if poller.isReadable(socketItem) {
+                while let frames = try session.socket.receive() {
+                    session.lastHeard = .now
+                    guard frames.count >= 2, frames[0] == Wire.version, frames[1].count == 1,
+                          let command = Wire.Command(rawValue: frames[1][0])
+                    else {
+                        logger.warning("service.dropped", metadata: ["service.reason": "malformed message from the broker"])
+                        continue
+                    }
+                    switch command {
+                    case .dispatch:
+                        guard frames.count == 6, let id = Wire.uint64(frames[2]), let header = RequestHeader(frame: frames[4]) else {
+                            logger.warning("service.dropped", metadata: ["service.reason": "malformed request"])
+                            continue
+                        }
+                        let operation = String(decoding: frames[3], as: UTF8.self)
+                        running[id] = start(id: id, operation: operation, header: header, body: frames[5], session: session.number)
+                    case .cancelDispatch:
+                        if let id = Wire.uint64(frames.count == 3 ? frames[2] : []) { running[id]?.cancel() }
+                    case .brokerHeartbeat:
+                        break
+                    case .brokerDisconnect:
+                        let reason = frames.count > 2 ? String(decoding: frames[2], as: UTF8.self) : ""
+                        logger.notice("service.disconnected", metadata: ["service.reason": "\(reason)"])
+                        reconnect = true
+                    default:
+                        logger.warning("service.dropped", metadata: ["service.reason": "command not sent to workers"])
+                    }
+                    if reconnect { break }
+                }
+            }
+
+            let now = ContinuousClock.now
+            if let deadline = drainDeadline, running.isEmpty || now >= deadline || reconnect {
+                _ = try? session.socket.send([Wire.version, Wire.Command.workerDisconnect.frame])
+                logger.info("service.stopped", metadata: ["service.abandoned": "\(running.count)"])
+                running.values.forEach { $0.cancel() }
+                return
+            }
+            if reconnect || now - session.lastHeard > expiry {
+                if !reconnect { logger.notice("service.broker.silent", metadata: ["service.reconnecting": "true"]) }
+                // What the old broker held is its to answer (or to send to another worker).
+                running.values.forEach { $0.cancel() }
+                running.removeAll()
+                session.socket.close()
+                session = try connect(number: session.number + 1)
+                nextHeartbeat = .now + configuration.heartbeatInterval
+                continue
+            }
+            if now >= nextHeartbeat {
+                try session.socket.send([Wire.version, Wire.Command.workerHeartbeat.frame])
+                nextHeartbeat = now + configuration.heartbeatInterval
+            }
+        }
+    }
+
+    private func start(id: UInt64, operation: String, header: RequestHeader, body: [UInt8], session: Int) -> Task<Void, Never> {
+        var requestLogger = logger
+        requestLogger[metadataKey: "service.operation"] = "\(operation)"
+        let context = RequestContext(
+            principal: header.principal.isEmpty ? nil : header.principal,
+            deadline: .now + .milliseconds(Int64(header.timeoutMilliseconds)),
+            logger: requestLogger)
+        return Task { [handlers, mailbox] in
+            let result = await handlers.handle(operation, body: body, context: context)
+            mailbox.post(.finished(id: id, session: session, result))
+        }
+    }
+}

@@ -1,0 +1,257 @@
+import CZeroMQ
+import Glibc
+
+// MARK: - Errors
+
+/// A libzmq call failed.
+public struct ZMQError: Error, CustomStringConvertible, Sendable {
+    /// The C function that failed.
+    public var call: String
+    /// The `errno` it left.
+    public var code: Int32
+
+    init(_ call: String, code: Int32 = zmq_errno()) {
+        self.call = call
+        self.code = code
+    }
+
+    public var description: String {
+        "\(call) failed: \(String(cString: zmq_strerror(code))) (errno \(code))"
+    }
+}
+
+// MARK: - Context
+
+/// A libzmq context: owns the I/O threads. Thread-safe; share one per process.
+public final class ZMQContext: @unchecked Sendable {
+    let handle: UnsafeMutableRawPointer
+
+    /// - Parameter ioThreads: libzmq I/O threads; one moves about a gigabyte a second.
+    public init(ioThreads: Int32 = 1) {
+        guard let handle = zmq_ctx_new() else {
+            preconditionFailure("zmq_ctx_new failed: \(ZMQError("zmq_ctx_new"))")
+        }
+        zmq_ctx_set(handle, ZMQ_IO_THREADS, ioThreads)
+        zmq_ctx_set(handle, ZMQ_MAX_SOCKETS, 65_536)
+        self.handle = handle
+    }
+
+    deinit {
+        // Sockets are closed by their owners; a socket left open would make this block.
+        zmq_ctx_shutdown(handle)
+        zmq_ctx_term(handle)
+    }
+}
+
+// MARK: - Socket
+
+/// The socket types the bus uses.
+public enum ZMQSocketType: Int32, Sendable {
+    case pair = 0
+    case router = 6
+    case dealer = 5
+    case pull = 7
+    case push = 8
+}
+
+/// A libzmq socket.
+///
+/// **Not thread-safe.** One owner only: a socket is created, used and closed by one thread
+/// (the bus runs each socket inside its own loop thread); other code talks to that owner
+/// through a ``Mailbox``.
+public final class ZMQSocket {
+    let handle: UnsafeMutableRawPointer
+    private var isClosed = false
+
+    /// Opens a socket of `type` in `context`, with linger 0 so closing never blocks.
+    public init(_ context: ZMQContext, type: ZMQSocketType) throws {
+        guard let handle = zmq_socket(context.handle, type.rawValue) else {
+            throw ZMQError("zmq_socket")
+        }
+        self.handle = handle
+        try set(ZMQ_LINGER, 0)
+    }
+
+    deinit { close() }
+
+    /// Closes the socket; messages not yet sent are dropped.
+    public func close() {
+        guard !isClosed else { return }
+        isClosed = true
+        zmq_close(handle)
+    }
+
+    /// Binds to an endpoint such as `tcp://127.0.0.1:*`.
+    public func bind(_ endpoint: String) throws {
+        guard zmq_bind(handle, endpoint) == 0 else { throw ZMQError("zmq_bind \(endpoint)") }
+    }
+
+    /// Connects to an endpoint; libzmq reconnects by itself when the peer goes away.
+    public func connect(_ endpoint: String) throws {
+        guard zmq_connect(handle, endpoint) == 0 else { throw ZMQError("zmq_connect \(endpoint)") }
+    }
+
+    /// The endpoint last bound, with the port the system chose for `*`.
+    public var lastEndpoint: String {
+        var buffer = [CChar](repeating: 0, count: 512)
+        var size = buffer.count
+        zmq_getsockopt(handle, ZMQ_LAST_ENDPOINT, &buffer, &size)
+        return String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    }
+
+    // MARK: Options
+
+    /// Sets an integer socket option.
+    public func set(_ option: Int32, _ value: Int32) throws {
+        var value = value
+        guard zmq_setsockopt(handle, option, &value, MemoryLayout<Int32>.size) == 0 else {
+            throw ZMQError("zmq_setsockopt \(option)")
+        }
+    }
+
+    /// Sets a 64-bit integer socket option (`ZMQ_MAXMSGSIZE`).
+    public func set64(_ option: Int32, _ value: Int64) throws {
+        var value = value
+        guard zmq_setsockopt(handle, option, &value, MemoryLayout<Int64>.size) == 0 else {
+            throw ZMQError("zmq_setsockopt \(option)")
+        }
+    }
+
+    /// Sets the send and receive high-water marks (messages queued per peer).
+    public func setHighWaterMarks(_ messages: Int32) throws {
+        try set(ZMQ_SNDHWM, messages)
+        try set(ZMQ_RCVHWM, messages)
+    }
+
+    /// Turns on ZMTP heartbeats: a peer that answers no PING within `timeout` is disconnected.
+    public func setHeartbeats(interval: Duration, timeout: Duration) throws {
+        try set(ZMQ_HEARTBEAT_IVL, Int32(interval.milliseconds))
+        try set(ZMQ_HEARTBEAT_TIMEOUT, Int32(timeout.milliseconds))
+        try set(ZMQ_HEARTBEAT_TTL, Int32(min(timeout.milliseconds, 6_553_500)))
+    }
+
+    /// Frames larger than this make libzmq drop the connection (the hard memory guard).
+    public func setMaximumMessageSize(_ bytes: Int) throws {
+        try set64(ZMQ_MAXMSGSIZE, Int64(bytes))
+    }
+
+    // MARK: Sending and receiving
+
+    /// Sends a multipart message; all frames arrive together or not at all.
+    ///
+    /// - Returns: `false` when the message could not be queued now (`EAGAIN` with
+    ///   `dontWait`, or an unroutable ROUTER peer); the message is then dropped.
+    @discardableResult
+    public func send(_ frames: [[UInt8]], dontWait: Bool = true) throws -> Bool {
+        let base = dontWait ? ZMQ_DONTWAIT : 0
+        for (index, frame) in frames.enumerated() {
+            let flags = index == frames.count - 1 ? base : base | ZMQ_SNDMORE
+            if try !sendFrame(frame, flags: flags) { return false }
+        }
+        return true
+    }
+
+    /// Sends an envelope frame (a ROUTER peer's identity) followed by `frames`.
+    @discardableResult
+    public func send(to identity: [UInt8], _ frames: [[UInt8]]) throws -> Bool {
+        guard try sendFrame(identity, flags: ZMQ_DONTWAIT | ZMQ_SNDMORE) else { return false }
+        return try send(frames)
+    }
+
+    private func sendFrame(_ frame: [UInt8], flags: Int32) throws -> Bool {
+        while true {
+            let rc = frame.withUnsafeBytes { zmq_send(handle, $0.baseAddress, $0.count, flags) }
+            if rc >= 0 { return true }
+            let code = zmq_errno()
+            switch code {
+            case EINTR: continue
+            case EAGAIN, EHOSTUNREACH: return false
+            default: throw ZMQError("zmq_send", code: code)
+            }
+        }
+    }
+
+    /// Receives one whole multipart message, frames of any size arriving whole.
+    ///
+    /// - Returns: `nil` when nothing is waiting and `dontWait` is set.
+    public func receive(dontWait: Bool = true) throws -> [[UInt8]]? {
+        var frames: [[UInt8]] = []
+        frames.reserveCapacity(8)
+        var message = zmq_msg_t()
+        zmq_msg_init(&message)
+        defer { zmq_msg_close(&message) }
+        var flags = dontWait ? ZMQ_DONTWAIT : 0
+        while true {
+            let rc = zmq_msg_recv(&message, handle, flags)
+            if rc < 0 {
+                let code = zmq_errno()
+                if code == EINTR { continue }
+                if code == EAGAIN && frames.isEmpty { return nil }
+                throw ZMQError("zmq_msg_recv", code: code)
+            }
+            let count = zmq_msg_size(&message)
+            if count == 0 {
+                frames.append([])
+            } else {
+                let start = zmq_msg_data(&message)!.assumingMemoryBound(to: UInt8.self)
+                frames.append(Array(UnsafeBufferPointer(start: start, count: count)))
+            }
+            guard zmq_msg_more(&message) != 0 else { return frames }
+            flags = 0 // the rest of a multipart message is already here
+        }
+    }
+
+    /// Asks libzmq to report this socket's connection events on an inproc PAIR endpoint.
+    public func monitor(_ endpoint: String, events: Int32) throws {
+        guard zmq_socket_monitor(handle, endpoint, events) == 0 else { throw ZMQError("zmq_socket_monitor") }
+    }
+}
+
+extension Duration {
+    /// Whole milliseconds, rounded down, at least zero.
+    var milliseconds: Int64 {
+        let (seconds, attoseconds) = components
+        return max(0, seconds * 1000 + attoseconds / 1_000_000_000_000_000)
+    }
+}
+
+// MARK: - Polling
+
+/// Waits on sockets and file descriptors without busy looping (`zmq_poll`).
+///
+/// Owned by the same thread that owns the sockets.
+public struct Poller {
+    private var items: [zmq_pollitem_t] = []
+
+    /// An empty poller.
+    public init() {}
+
+    /// Adds a socket to wait on for incoming messages; returns its index.
+    @discardableResult
+    public mutating func add(_ socket: ZMQSocket) -> Int {
+        items.append(zmq_pollitem_t(socket: socket.handle, fd: 0, events: Int16(ZMQ_POLLIN), revents: 0))
+        return items.count - 1
+    }
+
+    /// Adds a file descriptor (an eventfd) to wait on; returns its index.
+    @discardableResult
+    public mutating func add(fileDescriptor: Int32) -> Int {
+        items.append(zmq_pollitem_t(socket: nil, fd: fileDescriptor, events: Int16(ZMQ_POLLIN), revents: 0))
+        return items.count - 1
+    }
+
+    /// Removes every item.
+    public mutating func removeAll() { items.removeAll() }
+
+    /// Waits until an item is readable or `timeout` passes (`nil`: forever).
+    public mutating func poll(timeout: Duration?) throws {
+        let milliseconds = timeout.map { Int($0.milliseconds) + ($0 > .zero && $0.milliseconds == 0 ? 1 : 0) } ?? -1
+        let rc = items.withUnsafeMutableBufferPointer { zmq_poll($0.baseAddress, Int32($0.count), milliseconds) }
+        if rc < 0 && zmq_errno() != EINTR { throw ZMQError("zmq_poll") }
+    }
+
+    /// Whether the item at `index` was readable after the last ``poll(timeout:)``.
+    public func isReadable(_ index: Int) -> Bool {
+        items[index].revents & Int16(ZMQ_POLLIN) != 0
+    }
+}

@@ -1,0 +1,45 @@
+/// The error every Canopy operation answers with: a code a program can switch on and a
+/// sentence a person can act on.
+///
+/// On the wire it is the JSON object `{"code":"busy","message":"..."}`.
+public struct CanopyError: Error, Codable, Sendable, Equatable, CustomStringConvertible {
+    /// What kind of failure this is.
+    public enum Code: String, Codable, Sendable, CaseIterable {
+        /// The request is malformed or names something that does not exist in the protocol.
+        case badRequest
+        /// The thing asked for does not exist (or belongs to someone else).
+        case notFound
+        /// The request conflicts with the current state.
+        case conflict
+        /// The caller is not allowed to do this.
+        case unauthorized
+        /// A frame, body or file is larger than the configured limit.
+        case tooLarge
+        /// A bound was reached (a full queue, too many waiters); try again later.
+        case busy
+        /// No worker serves the named service.
+        case noWorkers
+        /// The request's deadline passed before a reply came.
+        case timeout
+        /// The worker (or the connection to the broker) was lost while holding a request
+        /// that is not safe to send again.
+        case workerLost
+        /// Anything else: a bug or an unexpected failure.
+        case `internal`
+    }
+
+    /// What kind of failure this is.
+    public var code: Code
+    /// A sentence a person can act on.
+    public var message: String
+
+    /// - Parameters:
+    ///   - code: what kind of failure this is.
+    ///   - message: a sentence a person can act on.
+    public init(_ code: Code, _ message: String) {
+        self.code = code
+        self.message = message
+    }
+
+    public var description: String { "\(code.rawValue): \(message)" }
+}

@@ -1,0 +1,106 @@
+import CanopyBus
+import CanopyMessages
+import Foundation
+import Synchronization
+
+/// Operations of the `test` service that the live tests and `canopy-test-worker` use.
+public enum TestService {
+    /// The service name.
+    public static let name = "test"
+
+    /// What a test request asks the worker to do.
+    public struct Request: Codable, Sendable, Equatable {
+        /// Text echoed back.
+        public var text: String
+        /// Milliseconds the handler sleeps before answering (cancellable).
+        public var sleepMilliseconds: Int
+
+        /// - Parameters:
+        ///   - text: echoed back.
+        ///   - sleepMilliseconds: how long the handler sleeps first.
+        public init(text: String, sleepMilliseconds: Int = 0) {
+            self.text = text
+            self.sleepMilliseconds = sleepMilliseconds
+        }
+    }
+
+    /// What a test worker answers.
+    public struct Reply: Codable, Sendable, Equatable {
+        /// The request's text.
+        public var text: String
+        /// The principal the worker saw.
+        public var principal: String?
+        /// The worker's process id, so tests see which worker answered.
+        public var pid: Int32
+        /// The worker's name, so tests see which in-process worker answered.
+        public var worker: String
+    }
+
+    /// `test.echo`: idempotent; sleeps, then echoes.
+    public enum Echo: BusOperation {
+        public typealias Request = TestService.Request
+        public typealias Reply = TestService.Reply
+        public static let service = TestService.name
+        public static let name = "echo"
+        public static let idempotent = true
+    }
+
+    /// `test.append`: not idempotent; sleeps, then echoes.
+    public enum Append: BusOperation {
+        public typealias Request = TestService.Request
+        public typealias Reply = TestService.Reply
+        public static let service = TestService.name
+        public static let name = "append"
+    }
+
+    /// `test.fail`: answers the error it is asked for (`text` is the code).
+    public enum Fail: BusOperation {
+        public typealias Request = TestService.Request
+        public typealias Reply = TestService.Reply
+        public static let service = TestService.name
+        public static let name = "fail"
+        public static let idempotent = true
+    }
+}
+
+/// The `test` service: counts the calls it handles and the cancellations it sees.
+public struct TestWorkerService: BusService {
+    public let name = TestService.name
+    /// Tells in-process workers apart in replies.
+    public let workerName: String
+    /// Calls handled, cancellations seen.
+    public let counters = TestCounters()
+
+    /// - Parameter workerName: a name that shows in replies.
+    public init(workerName: String) {
+        self.workerName = workerName
+    }
+
+    public func register(_ handlers: inout OperationHandlers) {
+        let respond: @Sendable (TestService.Request, RequestContext) async throws -> TestService.Reply = { [workerName, counters] request, context in
+            counters.calls.add(1, ordering: .relaxed)
+            do {
+                if request.sleepMilliseconds > 0 { try await Task.sleep(for: .milliseconds(request.sleepMilliseconds)) }
+            } catch {
+                counters.cancellations.add(1, ordering: .relaxed)
+                throw error
+            }
+            return TestService.Reply(text: request.text, principal: context.principal, pid: getpid(), worker: workerName)
+        }
+        handlers.on(TestService.Echo.self, respond)
+        handlers.on(TestService.Append.self, respond)
+        handlers.on(TestService.Fail.self) { request, _ in
+            throw CanopyError(CanopyError.Code(rawValue: request.text) ?? .internal, "failed as asked")
+        }
+    }
+}
+
+/// Counters a test reads after the fact.
+public final class TestCounters: Sendable {
+    /// Calls that reached a handler.
+    public let calls = Atomic<Int>(0)
+    /// Handlers that saw their task cancelled.
+    public let cancellations = Atomic<Int>(0)
+
+    init() {}
+}
