@@ -68,7 +68,7 @@ let package = Package(
         ),
         .target(
             name: "CanopyTesting",
-            dependencies: ["CanopyBus", "CanopyMessages", "CZeroMQ"],
+            dependencies: ["CanopyBus", "CanopyMessages", "CZeroMQ", .product(name: "Logging", package: "swift-log")],
             path: "Shared/CanopyTesting",
             swiftSettings: swiftSettings
         ),

@@ -79,6 +79,8 @@ public struct TestWorkerService: BusService {
     public func register(_ handlers: inout OperationHandlers) {
         let respond: @Sendable (TestService.Request, RequestContext) async throws -> TestService.Reply = { [workerName, counters] request, context in
             counters.calls.add(1, ordering: .relaxed)
+            counters.enter()
+            defer { counters.running.subtract(1, ordering: .relaxed) }
             do {
                 if request.sleepMilliseconds > 0 { try await Task.sleep(for: .milliseconds(request.sleepMilliseconds)) }
             } catch {
@@ -101,6 +103,20 @@ public final class TestCounters: Sendable {
     public let calls = Atomic<Int>(0)
     /// Handlers that saw their task cancelled.
     public let cancellations = Atomic<Int>(0)
+    /// Handlers running now.
+    public let running = Atomic<Int>(0)
+    /// The most handlers that ever ran at once.
+    public let mostRunning = Atomic<Int>(0)
 
     init() {}
+
+    func enter() {
+        let now = running.add(1, ordering: .relaxed).newValue
+        var seen = mostRunning.load(ordering: .relaxed)
+        while now > seen {
+            let (exchanged, original) = mostRunning.compareExchange(expected: seen, desired: now, ordering: .relaxed)
+            if exchanged { break }
+            seen = original
+        }
+    }
 }

@@ -1,0 +1,169 @@
+import CanopyBus
+import Foundation
+import Logging
+
+/// A real broker, workers and clients on `tcp://127.0.0.1` with an ephemeral port, for live
+/// tests. Everything it starts is stopped by ``shutdown()``; ``withLiveBus(configuration:_:)``
+/// calls that also when the test body throws.
+public final class LiveBus: @unchecked Sendable {
+    /// The shared ZeroMQ context.
+    public let context = ZMQContext()
+    /// The broker's settings.
+    public let configuration: BrokerConfiguration
+    /// A logger that writes only errors (set `CANOPY_TEST_LOG_LEVEL` for more).
+    public let logger: Logger
+    private(set) var broker: BrokerServer
+    private var brokerTask: Task<Void, Error>
+    private var runners: [(ServiceRunner, Task<Void, Error>)] = []
+    private var clients: [BusClient] = []
+    private var processes: [Process] = []
+
+    /// The broker's endpoint, with its port.
+    public var endpoint: String { broker.endpoint }
+
+    /// Starts a broker on `tcp://127.0.0.1:*`.
+    public init(configuration: BrokerConfiguration = .testing) throws {
+        self.configuration = configuration
+        var logger = Logger(label: "canopy-test")
+        logger.logLevel = ProcessInfo.processInfo.environment["CANOPY_TEST_LOG_LEVEL"].flatMap(Logger.Level.init(rawValue:)) ?? .critical
+        self.logger = logger
+        let broker = try BrokerServer(endpoint: "tcp://127.0.0.1:*", configuration: configuration, context: context, logger: logger)
+        self.broker = broker
+        brokerTask = Task { try await broker.run() }
+    }
+
+    /// Stops the broker (a graceful stop with the configured drain time) and starts a new one
+    /// on the same endpoint.
+    public func restartBroker() async throws {
+        let endpoint = broker.endpoint
+        broker.stop()
+        _ = try? await brokerTask.value
+        var lastError: Error?
+        for _ in 0..<50 { // the port can take a moment to be free again
+            do {
+                let broker = try BrokerServer(endpoint: endpoint, configuration: configuration, context: context, logger: logger)
+                self.broker = broker
+                brokerTask = Task { try await broker.run() }
+                return
+            } catch {
+                lastError = error
+                try await Task.sleep(for: .milliseconds(50))
+            }
+        }
+        throw lastError!
+    }
+
+    /// Starts an in-process worker of the `test` service.
+    @discardableResult
+    public func startWorker(name: String, credit: Int = 4) -> TestWorkerService {
+        let service = TestWorkerService(workerName: name)
+        startRunner(service, credit: credit)
+        return service
+    }
+
+    /// Starts an in-process worker for any service.
+    public func startRunner(_ service: some BusService, credit: Int = 4) {
+        var runnerConfiguration = ServiceRunner.Configuration(endpoint: endpoint)
+        runnerConfiguration.credit = credit
+        runnerConfiguration.heartbeatInterval = configuration.heartbeatInterval
+        runnerConfiguration.liveness = configuration.liveness
+        let runner = ServiceRunner(service: service, configuration: runnerConfiguration, context: context, logger: logger)
+        runners.append((runner, Task { try await runner.run() }))
+    }
+
+    /// Starts `canopy-test-worker` as a separate process (for SIGKILL tests).
+    public func startWorkerProcess(name: String, credit: Int = 4) throws -> Process {
+        let process = Process()
+        process.executableURL = try Self.executable("canopy-test-worker")
+        process.arguments = [
+            "--endpoint", endpoint, "--name", name, "--credit", "\(credit)",
+            "--heartbeat-ms", "\(configuration.heartbeatInterval.components.seconds * 1000 + configuration.heartbeatInterval.components.attoseconds / 1_000_000_000_000_000)",
+            "--log-level", "critical",
+        ]
+        try process.run()
+        processes.append(process)
+        return process
+    }
+
+    /// A new client of the broker.
+    public func client(timeout: Duration = .seconds(10)) throws -> BusClient {
+        var clientConfiguration = BusClient.Configuration(endpoint: endpoint)
+        clientConfiguration.defaultTimeout = timeout
+        let client = try BusClient(configuration: clientConfiguration, context: context, logger: logger)
+        clients.append(client)
+        return client
+    }
+
+    /// Waits until `service` has `workers` workers, polling `broker.services`.
+    public func waitForWorkers(_ workers: Int, service: String = TestService.name, within limit: Duration = .seconds(10)) async throws {
+        let client = try client(timeout: .seconds(1))
+        let deadline = ContinuousClock.now + limit
+        while ContinuousClock.now < deadline {
+            if let services = try? await client.call(Broker.Services.self, .init()),
+               services.first(where: { $0.name == service })?.workers == workers
+            {
+                return
+            }
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        throw LiveBusError("'\(service)' did not reach \(workers) worker(s) within \(limit)")
+    }
+
+    /// Stops clients, workers, worker processes and the broker.
+    public func shutdown() async {
+        clients.forEach { $0.close() }
+        for process in processes where process.isRunning {
+            process.terminate()
+            process.waitUntilExit()
+        }
+        for (runner, task) in runners {
+            runner.stop()
+            _ = try? await task.value
+        }
+        broker.stop()
+        _ = try? await brokerTask.value
+    }
+
+    /// The path of an executable built next to the test bundle.
+    public static func executable(_ name: String) throws -> URL {
+        var directory = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent()
+        for _ in 0..<3 {
+            let candidate = directory.appendingPathComponent(name)
+            if FileManager.default.isExecutableFile(atPath: candidate.path) { return candidate }
+            directory.deleteLastPathComponent()
+        }
+        throw LiveBusError("\(name) is not built next to the tests; run `swift build` first")
+    }
+}
+
+import CanopyMessages
+
+/// A live-test setup failure.
+public struct LiveBusError: Error, CustomStringConvertible {
+    public let description: String
+    init(_ description: String) { self.description = description }
+}
+
+extension BrokerConfiguration {
+    /// Fast heartbeats (100 ms, 3 missed) so live tests see expiry quickly.
+    public static var testing: BrokerConfiguration {
+        var configuration = BrokerConfiguration()
+        configuration.heartbeatInterval = .milliseconds(100)
+        configuration.liveness = 3
+        configuration.drainTimeout = .milliseconds(500)
+        return configuration
+    }
+}
+
+/// Runs `body` with a fresh live bus and shuts it down afterwards, also when `body` throws.
+public func withLiveBus<T>(configuration: BrokerConfiguration = .testing, _ body: (LiveBus) async throws -> T) async throws -> T {
+    let bus = try LiveBus(configuration: configuration)
+    do {
+        let result = try await body(bus)
+        await bus.shutdown()
+        return result
+    } catch {
+        await bus.shutdown()
+        throw error
+    }
+}

@@ -1,0 +1,353 @@
+import CanopyBus
+import CanopyMessages
+import Foundation
+import Testing
+
+/// The broker's routing logic, driven without sockets: the time is an argument.
+struct BrokerStateTests {
+    typealias Directive = BrokerState.Directive
+    let codec = MessageCodec()
+
+    /// A broker state plus a clock the test moves.
+    struct Harness {
+        var state: BrokerState
+        var now = ContinuousClock.now
+
+        init(_ configure: (inout BrokerConfiguration) -> Void = { _ in }) {
+            var configuration = BrokerConfiguration()
+            configure(&configuration)
+            state = BrokerState(configuration: configuration, now: now)
+        }
+
+        mutating func receive(_ frames: [[UInt8]], from peer: String) -> [Directive] {
+            var out: [Directive] = []
+            state.receive(frames, from: Array(peer.utf8), now: now, into: &out)
+            return out
+        }
+
+        mutating func advance(_ duration: Duration) -> [Directive] {
+            now += duration
+            var out: [Directive] = []
+            state.tick(now: now, into: &out)
+            return out
+        }
+
+        @discardableResult
+        mutating func ready(_ worker: String, service: String = "plants", operations: [OperationDescriptor] = Harness.defaultOperations, credit: UInt32 = 4) -> [Directive] {
+            let json = try! MessageCodec().encode(operations)
+            return receive([Wire.version, Wire.Command.ready.frame, Array(service.utf8), json, Wire.frame(credit)], from: worker)
+        }
+
+        mutating func request(_ client: String, _ correlation: UInt64, service: String = "plants", operation: String = "get", timeoutMs: UInt32 = 1_000, principal: String = "", body: String = "{}") -> [Directive] {
+            receive([Wire.version, Wire.Command.request.frame, Wire.frame(correlation), Array(service.utf8), Array(operation.utf8),
+                     RequestHeader(timeoutMilliseconds: timeoutMs, principal: principal).frame, Array(body.utf8)], from: client)
+        }
+
+        mutating func reply(_ worker: String, request id: UInt64, body: String = "{\"ok\":true}", status: UInt8 = Wire.Status.ok) -> [Directive] {
+            receive([Wire.version, Wire.Command.workerReply.frame, Wire.frame(id), [status], Array(body.utf8)], from: worker)
+        }
+
+        static let defaultOperations = [
+            OperationDescriptor(name: "get", idempotent: true, coalescable: false),
+            OperationDescriptor(name: "add", idempotent: false, coalescable: false),
+        ]
+    }
+
+    /// The sends among `directives`, as (peer, frames).
+    func sends(_ directives: [Directive]) -> [(peer: String, frames: [[UInt8]])] {
+        directives.compactMap { directive in
+            if case .send(let peer, let frames) = directive { return (String(decoding: peer, as: UTF8.self), frames) }
+            return nil
+        }
+    }
+
+    /// Requests dispatched to workers: (worker, request id, operation, header).
+    func dispatches(_ directives: [Directive]) -> [(worker: String, id: UInt64, operation: String, header: RequestHeader)] {
+        sends(directives).compactMap { send in
+            guard send.frames[1] == Wire.Command.dispatch.frame else { return nil }
+            return (send.peer, Wire.uint64(send.frames[2])!, String(decoding: send.frames[3], as: UTF8.self), RequestHeader(frame: send.frames[4])!)
+        }
+    }
+
+    /// Errors sent to clients: (client, correlation, error).
+    func errors(_ directives: [Directive]) -> [(client: String, correlation: [UInt8], error: CanopyError)] {
+        sends(directives).compactMap { send in
+            guard send.frames[1] == Wire.Command.error.frame else { return nil }
+            return (send.peer, send.frames[2], try! codec.decode(CanopyError.self, from: send.frames[3]))
+        }
+    }
+
+    /// Replies sent to clients: (client, correlation, body).
+    func replies(_ directives: [Directive]) -> [(client: String, correlation: [UInt8], body: String)] {
+        sends(directives).compactMap { send in
+            guard send.frames[1] == Wire.Command.reply.frame else { return nil }
+            return (send.peer, send.frames[2], String(decoding: send.frames[4], as: UTF8.self))
+        }
+    }
+
+    // MARK: - Routing and balancing
+
+    @Test func routesARequestToAWorkerOfTheNamedServiceAndItsReplyBack() {
+        var broker = Harness()
+        broker.ready("w1")
+        broker.ready("other", service: "images")
+        let out = broker.request("c1", 7, principal: "user-1", body: #"{"id":"p1"}"#)
+        let sent = dispatches(out)
+        #expect(sent.count == 1)
+        #expect(sent[0].worker == "w1")
+        #expect(sent[0].operation == "get")
+        #expect(sent[0].header.principal == "user-1")
+        let answer = replies(broker.reply("w1", request: sent[0].id))
+        #expect(answer.count == 1)
+        #expect(answer[0].client == "c1")
+        #expect(answer[0].correlation == Wire.frame(UInt64(7)))
+        #expect(answer[0].body == #"{"ok":true}"#)
+    }
+
+    @Test func balancesRequestsRoundRobinAcrossWorkers() {
+        var broker = Harness()
+        broker.ready("w1")
+        broker.ready("w2")
+        broker.ready("w3")
+        let workers = (1...6).map { dispatches(broker.request("c", UInt64($0)))[0].worker }
+        #expect(workers == ["w1", "w2", "w3", "w1", "w2", "w3"])
+    }
+
+    @Test func honoursEachWorkersCreditAndQueuesTheRest() {
+        var broker = Harness()
+        broker.ready("w1", credit: 2)
+        let first = dispatches(broker.request("c", 1))
+        let second = dispatches(broker.request("c", 2))
+        let third = dispatches(broker.request("c", 3))
+        #expect(first.count == 1 && second.count == 1)
+        #expect(third.isEmpty, "a worker with credit 2 holds at most 2 requests")
+        #expect(broker.state.statistics(now: broker.now).services[0].queued == 1)
+        let afterReply = dispatches(broker.reply("w1", request: first[0].id))
+        #expect(afterReply.count == 1, "the queued request goes out when credit comes back")
+    }
+
+    @Test func dispatchesOnlyToWorkersThatDeclaredTheOperation() {
+        var broker = Harness()
+        broker.ready("reader", operations: [OperationDescriptor(name: "get", idempotent: true, coalescable: false)])
+        broker.ready("writer", operations: [OperationDescriptor(name: "add", idempotent: false, coalescable: false)])
+        #expect(dispatches(broker.request("c", 1, operation: "add")).map(\.worker) == ["writer"])
+        #expect(dispatches(broker.request("c", 2, operation: "add")).map(\.worker) == ["writer"])
+        #expect(dispatches(broker.request("c", 3, operation: "get")).map(\.worker) == ["reader"])
+    }
+
+    // MARK: - Refusals
+
+    @Test func aFullQueueIsAnsweredBusyAtOnce() {
+        var broker = Harness { $0.maximumQueuedPerService = 1 }
+        broker.ready("w1", credit: 1)
+        _ = broker.request("c", 1)
+        _ = broker.request("c", 2)
+        let refused = errors(broker.request("c", 3))
+        #expect(refused.map(\.error.code) == [.busy])
+        #expect(refused[0].correlation == Wire.frame(UInt64(3)))
+    }
+
+    @Test func aServiceWithoutWorkersIsAnsweredNoWorkers() {
+        var broker = Harness()
+        #expect(errors(broker.request("c", 1, service: "care")).map(\.error.code) == [.noWorkers])
+    }
+
+    @Test func anUnknownOperationIsABadRequestNamingTheKnownOnes() {
+        var broker = Harness()
+        broker.ready("w1")
+        let refused = errors(broker.request("c", 1, operation: "nope"))
+        #expect(refused.map(\.error.code) == [.badRequest])
+        #expect(refused[0].error.message.contains("add, get"))
+    }
+
+    @Test func anotherProtocolVersionGetsAClearError() {
+        var broker = Harness()
+        let out = broker.receive([Array("canopy/2".utf8), Wire.Command.request.frame, [1, 2]], from: "c")
+        let refused = errors(out)
+        #expect(refused.count == 1)
+        #expect(refused[0].error.code == .badRequest)
+        #expect(refused[0].error.message.contains("canopy/2"))
+        #expect(refused[0].correlation == [1, 2])
+    }
+
+    @Test func malformedRequestsAreAnsweredAndChangeNothing() {
+        var broker = Harness()
+        broker.ready("w1")
+        let cases: [[[UInt8]]] = [
+            [Wire.version, [0x7F]],
+            [Wire.version, Wire.Command.request.frame, [1]],
+            [Wire.version, Wire.Command.request.frame, [1], Array("plants".utf8), Array("get".utf8), [0], []],
+            [Wire.version, Wire.Command.request.frame, [1], Array("Plants!".utf8), Array("get".utf8), RequestHeader(timeoutMilliseconds: 0).frame, []],
+            [Wire.version, Wire.Command.request.frame, [], Array("plants".utf8), Array("get".utf8), RequestHeader(timeoutMilliseconds: 0).frame, []],
+            [Wire.version, Wire.Command.dispatch.frame],
+        ]
+        for frames in cases {
+            let out = broker.receive(frames, from: "c")
+            #expect(errors(out).map(\.error.code) == [.badRequest])
+            #expect(dispatches(out).isEmpty)
+        }
+        #expect(broker.state.pendingCount == 0)
+    }
+
+    @Test func framesOverTheLimitAreAnsweredTooLarge() {
+        var broker = Harness { $0.maximumFrameBytes = 1024 }
+        broker.ready("w1")
+        let out = broker.request("c", 1, body: String(repeating: "x", count: 2000))
+        #expect(errors(out).map(\.error.code) == [.tooLarge])
+        #expect(dispatches(out).isEmpty)
+    }
+
+    @Test func workersCannotRegisterTheReservedBrokerNamespace() {
+        var broker = Harness()
+        let out = broker.ready("w1", service: "broker")
+        #expect(sends(out).map { $0.frames[1] } == [Wire.Command.brokerDisconnect.frame])
+        #expect(broker.state.workerCount == 0)
+        broker.ready("w2", service: "broker.x")
+        #expect(broker.state.workerCount == 0)
+    }
+
+    // MARK: - Deadlines and cancel
+
+    @Test func anExpiredQueuedRequestIsAnsweredTimeoutAndNeverSentToAWorker() {
+        var broker = Harness()
+        broker.ready("w1", credit: 1)
+        let first = dispatches(broker.request("c", 1, timeoutMs: 10_000))
+        _ = broker.request("c", 2, timeoutMs: 100)
+        let expired = errors(broker.advance(.milliseconds(150)))
+        #expect(expired.map(\.error.code) == [.timeout])
+        #expect(expired[0].correlation == Wire.frame(UInt64(2)))
+        #expect(dispatches(broker.reply("w1", request: first[0].id)).isEmpty)
+    }
+
+    @Test func anExpiredRequestAtAWorkerIsAnsweredTimeoutAndCancelledThere() {
+        var broker = Harness()
+        broker.ready("w1", credit: 1)
+        let sent = dispatches(broker.request("c", 1, timeoutMs: 100))
+        #expect(sent[0].header.timeoutMilliseconds <= 100)
+        let out = broker.advance(.milliseconds(101))
+        #expect(errors(out).map(\.error.code) == [.timeout])
+        #expect(sends(out).contains { $0.peer == "w1" && $0.frames[1] == Wire.Command.cancelDispatch.frame })
+        // The worker keeps its credit until it answers the cancel; the late answer is dropped.
+        _ = broker.request("c", 2)
+        #expect(replies(broker.reply("w1", request: sent[0].id)).isEmpty)
+    }
+
+    @Test func aClientCancelRemovesAQueuedRequestOrCancelsItAtTheWorker() {
+        var broker = Harness()
+        broker.ready("w1", credit: 1)
+        let held = dispatches(broker.request("c", 1))
+        _ = broker.request("c", 2)
+        let cancelQueued = broker.receive([Wire.version, Wire.Command.cancel.frame, Wire.frame(UInt64(2))], from: "c")
+        #expect(cancelQueued.isEmpty)
+        let cancelHeld = broker.receive([Wire.version, Wire.Command.cancel.frame, Wire.frame(UInt64(1))], from: "c")
+        #expect(sends(cancelHeld).map(\.peer) == ["w1"])
+        #expect(dispatches(broker.reply("w1", request: held[0].id)).isEmpty, "the cancelled queued request is gone")
+        #expect(broker.state.pendingCount == 0)
+    }
+
+    // MARK: - Heartbeats and lost workers
+
+    @Test func workerExpiresAfterThreeMissedHeartbeats() {
+        var broker = Harness { $0.heartbeatInterval = .seconds(1); $0.liveness = 3 }
+        broker.ready("w1")
+        broker.ready("w2")
+        let idempotent = dispatches(broker.request("c", 1, operation: "get", timeoutMs: 60_000))[0]
+        let other = dispatches(broker.request("c", 2, operation: "add", timeoutMs: 60_000))[0]
+        #expect(idempotent.worker == "w1" && other.worker == "w2")
+
+        // w1 keeps beating; w2 falls silent.
+        var directives: [Directive] = []
+        for _ in 0..<3 {
+            directives += broker.advance(.milliseconds(1_000))
+            _ = broker.receive([Wire.version, Wire.Command.workerHeartbeat.frame], from: "w1")
+        }
+        #expect(sends(directives).filter { $0.frames[1] == Wire.Command.brokerHeartbeat.frame }.count == 6, "heartbeats go to busy workers too")
+        #expect(broker.state.workerCount == 2, "three intervals of silence are not yet more than three")
+        let expiry = broker.advance(.milliseconds(1_000)) // checked on the next heartbeat tick
+        #expect(broker.state.workerCount == 1)
+        #expect(errors(expiry).map(\.error.code) == [.workerLost])
+        #expect(errors(expiry)[0].correlation == Wire.frame(UInt64(2)))
+    }
+
+    @Test func aLostWorkersIdempotentRequestGoesOnceMoreToAnotherWorker() {
+        var broker = Harness()
+        broker.ready("w1")
+        broker.ready("w2")
+        let first = dispatches(broker.request("c", 1, operation: "get"))[0]
+        #expect(first.worker == "w1")
+        let out = broker.receive([Wire.version, Wire.Command.workerDisconnect.frame], from: "w1")
+        let again = dispatches(out)
+        #expect(again.map(\.worker) == ["w2"])
+        #expect(again[0].id == first.id)
+        #expect(errors(out).isEmpty)
+        // Lost a second time: answered workerLost, not sent a third time.
+        broker.ready("w3")
+        let second = broker.receive([Wire.version, Wire.Command.workerDisconnect.frame], from: "w2")
+        #expect(dispatches(second).isEmpty)
+        #expect(errors(second).map(\.error.code) == [.workerLost])
+    }
+
+    @Test func aServiceDisappearsWithItsLastWorkerAndItsQueueIsAnswered() {
+        var broker = Harness()
+        broker.ready("w1", credit: 1)
+        _ = broker.request("c", 1, operation: "add")
+        _ = broker.request("c", 2, operation: "add")
+        let out = broker.receive([Wire.version, Wire.Command.workerDisconnect.frame], from: "w1")
+        #expect(Set(errors(out).map(\.error.code)) == [.workerLost, .noWorkers])
+        #expect(broker.state.serviceDescriptions().isEmpty)
+        #expect(errors(broker.request("c", 3)).map(\.error.code) == [.noWorkers])
+    }
+
+    @Test func anUnknownWorkerIsToldToRegisterAgain() {
+        var broker = Harness()
+        let out = broker.receive([Wire.version, Wire.Command.workerHeartbeat.frame], from: "ghost")
+        #expect(sends(out).map { $0.frames[1] } == [Wire.Command.brokerDisconnect.frame])
+    }
+
+    @Test func aDrainingWorkerGetsNoNewRequestsButItsRepliesStillCount() {
+        var broker = Harness()
+        broker.ready("w1")
+        broker.ready("w2")
+        let held = dispatches(broker.request("c", 1))[0]
+        _ = broker.receive([Wire.version, Wire.Command.drain.frame], from: "w1")
+        #expect((2...4).allSatisfy { dispatches(broker.request("c", UInt64($0)))[0].worker == "w2" })
+        #expect(replies(broker.reply("w1", request: held.id)).count == 1)
+    }
+
+    // MARK: - Management
+
+    @Test func brokerServicesAndStatsDescribeWhatIsConnected() throws {
+        var broker = Harness()
+        broker.ready("w1")
+        let sent = dispatches(broker.request("c", 1))
+        broker.now += .milliseconds(3)
+        _ = broker.reply("w1", request: sent[0].id)
+        _ = broker.request("c", 2, operation: "nope")
+
+        let servicesReply = replies(broker.request("c", 3, service: "broker", operation: "services"))
+        let services = try codec.decode([ServiceDescription].self, from: Array(servicesReply[0].body.utf8))
+        #expect(services == [ServiceDescription(name: "plants", workers: 1, operations: [
+            OperationDescriptor(name: "add", idempotent: false, coalescable: false),
+            OperationDescriptor(name: "get", idempotent: true, coalescable: false),
+        ])])
+
+        let statsReply = replies(broker.request("c", 4, service: "broker", operation: "stats"))
+        let stats = try codec.decode(BrokerStatistics.self, from: Array(statsReply[0].body.utf8))
+        let plants = try #require(stats.services.first)
+        #expect(plants.served == 1)
+        #expect(plants.errors == 1)
+        #expect(plants.p50Micros >= 2_900 && plants.p50Micros <= 3_100)
+        #expect(stats.rejected == 1)
+        #expect(errors(broker.request("c", 5, service: "broker", operation: "shutdown")).map(\.error.code) == [.badRequest])
+    }
+
+    @Test func aShuttingDownBrokerRefusesNewRequestsButAnswersHeldOnes() {
+        var broker = Harness()
+        broker.ready("w1")
+        let held = dispatches(broker.request("c", 1))[0]
+        broker.state.beginShutdown()
+        #expect(errors(broker.request("c", 2)).map(\.error.code) == [.busy])
+        #expect(replies(broker.reply("w1", request: held.id)).count == 1)
+        #expect(broker.state.pendingCount == 0)
+    }
+}

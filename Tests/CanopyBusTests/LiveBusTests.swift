@@ -1,0 +1,247 @@
+import CZeroMQ
+import CanopyBus
+import CanopyMessages
+import CanopyTesting
+import Foundation
+import Testing
+
+/// The real broker, workers and clients on tcp://127.0.0.1 with ephemeral ports.
+/// Serialized: each test starts its own broker, and heartbeat timing wants the CPU.
+@Suite(.serialized)
+struct LiveBusTests {
+    @Test func aCallRoundTripsWithItsPrincipal() async throws {
+        try await withLiveBus { bus in
+            bus.startWorker(name: "w1")
+            try await bus.waitForWorkers(1)
+            let client = try bus.client()
+            let reply = try await client.call(TestService.Echo.self, .init(text: "monstera"), principal: "user-42")
+            #expect(reply.text == "monstera")
+            #expect(reply.principal == "user-42")
+            #expect(reply.worker == "w1")
+        }
+    }
+
+    @Test func manyConcurrentCallsShareOneClientAndAreBalancedAcrossWorkers() async throws {
+        try await withLiveBus { bus in
+            let first = bus.startWorker(name: "w1", credit: 4)
+            let second = bus.startWorker(name: "w2", credit: 4)
+            try await bus.waitForWorkers(2)
+            let client = try bus.client()
+            let replies = try await withThrowingTaskGroup(of: TestService.Reply.self) { group in
+                for index in 0..<200 {
+                    group.addTask { try await client.call(TestService.Echo.self, .init(text: "\(index)", sleepMilliseconds: 2)) }
+                }
+                return try await group.reduce(into: []) { $0.append($1) }
+            }
+            #expect(Set(replies.map(\.text)) == Set((0..<200).map(String.init)))
+            let one = first.counters.calls.load(ordering: .relaxed), two = second.counters.calls.load(ordering: .relaxed)
+            #expect(one + two == 200)
+            #expect(one >= 50 && two >= 50, "both workers served: \(one) and \(two)")
+        }
+    }
+
+    @Test func aWorkerNeverHoldsMoreThanItsCredit() async throws {
+        try await withLiveBus { bus in
+            let worker = bus.startWorker(name: "w1", credit: 2)
+            try await bus.waitForWorkers(1)
+            let client = try bus.client()
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                for index in 0..<8 {
+                    group.addTask { _ = try await client.call(TestService.Echo.self, .init(text: "\(index)", sleepMilliseconds: 50)) }
+                }
+                try await group.waitForAll()
+            }
+            #expect(worker.counters.calls.load(ordering: .relaxed) == 8)
+            #expect(worker.counters.mostRunning.load(ordering: .relaxed) == 2)
+        }
+    }
+
+    @Test func aFullQueueIsAnsweredBusy() async throws {
+        var configuration = BrokerConfiguration.testing
+        configuration.maximumQueuedPerService = 1
+        try await withLiveBus(configuration: configuration) { bus in
+            bus.startWorker(name: "w1", credit: 1)
+            try await bus.waitForWorkers(1)
+            let client = try bus.client()
+            let outcomes = await withTaskGroup(of: CanopyError.Code?.self) { group in
+                for index in 0..<3 {
+                    group.addTask {
+                        do {
+                            _ = try await client.call(TestService.Echo.self, .init(text: "\(index)", sleepMilliseconds: 300))
+                            return nil
+                        } catch let error as CanopyError { return error.code } catch { return .internal }
+                    }
+                    try? await Task.sleep(for: .milliseconds(30)) // arrive in order
+                }
+                return await group.reduce(into: []) { $0.append($1) }
+            }
+            #expect(outcomes.filter { $0 == nil }.count == 2, "one held by the worker, one queued")
+            #expect(outcomes.filter { $0 == .busy }.count == 1)
+        }
+    }
+
+    @Test func aCallPastItsDeadlineIsAnsweredTimeoutAndCancelledAtTheWorker() async throws {
+        try await withLiveBus { bus in
+            let worker = bus.startWorker(name: "w1")
+            try await bus.waitForWorkers(1)
+            let client = try bus.client()
+            let started = ContinuousClock.now
+            let error = await #expect(throws: CanopyError.self) {
+                _ = try await client.call(TestService.Echo.self, .init(text: "slow", sleepMilliseconds: 5_000), timeout: .milliseconds(200))
+            }
+            #expect(error?.code == .timeout)
+            #expect(ContinuousClock.now - started < .seconds(2))
+            try await eventually { worker.counters.cancellations.load(ordering: .relaxed) == 1 }
+        }
+    }
+
+    @Test func cancellingTheCallingTaskSendsACancel() async throws {
+        try await withLiveBus { bus in
+            let worker = bus.startWorker(name: "w1")
+            try await bus.waitForWorkers(1)
+            let client = try bus.client()
+            let call = Task { try await client.call(TestService.Echo.self, .init(text: "slow", sleepMilliseconds: 5_000)) }
+            try await eventually { worker.counters.running.load(ordering: .relaxed) == 1 }
+            call.cancel()
+            await #expect(throws: CancellationError.self) { _ = try await call.value }
+            try await eventually { worker.counters.cancellations.load(ordering: .relaxed) == 1 }
+            // The worker's credit came back: it still serves.
+            #expect(try await client.call(TestService.Echo.self, .init(text: "after")).text == "after")
+        }
+    }
+
+    @Test func aTenMebibyteFrameArrivesWholeAndOneOverTheLimitIsTooLarge() async throws {
+        var configuration = BrokerConfiguration.testing
+        configuration.maximumFrameBytes = 12 * 1024 * 1024
+        try await withLiveBus(configuration: configuration) { bus in
+            bus.startWorker(name: "w1")
+            try await bus.waitForWorkers(1)
+            let client = try bus.client()
+            let big = String(repeating: "a", count: 10 * 1024 * 1024)
+            #expect(try await client.call(TestService.Echo.self, .init(text: big)).text == big)
+            let error = await #expect(throws: CanopyError.self) {
+                _ = try await client.call(TestService.Echo.self, .init(text: big + big))
+            }
+            #expect(error?.code == .tooLarge)
+        }
+    }
+
+    @Test func aKilledWorkerProcessesIdempotentRequestIsAnsweredByAnotherAndTheOtherIsLost() async throws {
+        try await withLiveBus { bus in
+            let doomed = try bus.startWorkerProcess(name: "doomed")
+            try await bus.waitForWorkers(1)
+            let client = try bus.client()
+            // Both go to the only worker, which will hold them for 3 s.
+            let idempotent = Task { try await client.call(TestService.Echo.self, .init(text: "again", sleepMilliseconds: 3_000)) }
+            let once = Task { try await client.call(TestService.Append.self, .init(text: "once", sleepMilliseconds: 3_000)) }
+            try await Task.sleep(for: .milliseconds(300))
+            let survivor = try bus.startWorkerProcess(name: "survivor")
+            try await bus.waitForWorkers(2)
+            kill(doomed.processIdentifier, SIGKILL)
+
+            let reply = try await idempotent.value
+            #expect(reply.worker == "survivor")
+            #expect(reply.pid == survivor.processIdentifier)
+            let error = await #expect(throws: CanopyError.self) { _ = try await once.value }
+            #expect(error?.code == .workerLost)
+            try await bus.waitForWorkers(1)
+        }
+    }
+
+    @Test func workersAndClientsReconnectWhenTheBrokerRestarts() async throws {
+        var configuration = BrokerConfiguration.testing
+        configuration.drainTimeout = .zero // the old broker leaves its requests unanswered
+        try await withLiveBus(configuration: configuration) { bus in
+            bus.startWorker(name: "w1")
+            try await bus.waitForWorkers(1)
+            let client = try bus.client()
+            #expect(try await client.call(TestService.Echo.self, .init(text: "before")).text == "before")
+
+            let inFlight = Task { try await client.call(TestService.Echo.self, .init(text: "during", sleepMilliseconds: 400)) }
+            let lost = Task { try await client.call(TestService.Append.self, .init(text: "during", sleepMilliseconds: 400)) }
+            try await Task.sleep(for: .milliseconds(100))
+            try await bus.restartBroker()
+
+            #expect(try await inFlight.value.text == "during", "an idempotent call is sent again to the new broker")
+            let error = await #expect(throws: CanopyError.self) { _ = try await lost.value }
+            #expect(error?.code == .workerLost)
+            try await bus.waitForWorkers(1)
+            #expect(try await client.call(TestService.Echo.self, .init(text: "after")).text == "after")
+        }
+    }
+
+    @Test func theBrokerSurvivesThousandsOfRandomAndTruncatedMessages() async throws {
+        try await withLiveBus { bus in
+            bus.startWorker(name: "w1")
+            try await bus.waitForWorkers(1)
+            let context = ZMQContext()
+            let attacker = try ZMQSocket(context, type: .dealer)
+            defer { attacker.close() }
+            try attacker.connect(bus.endpoint)
+            var generator = SystemRandomNumberGenerator()
+            let valid: [[UInt8]] = [
+                Wire.version, Wire.Command.request.frame, Wire.frame(UInt64(1)), Array("test".utf8), Array("echo".utf8),
+                RequestHeader(timeoutMilliseconds: 1_000).frame, Array(#"{"text":"x","sleepMilliseconds":0}"#.utf8),
+            ]
+            for round in 0..<5_000 {
+                var frames: [[UInt8]]
+                switch round % 4 {
+                case 0: // random frames
+                    frames = (0..<Int.random(in: 1...8, using: &generator)).map { _ in
+                        (0..<Int.random(in: 0...40, using: &generator)).map { _ in UInt8.random(in: 0...255, using: &generator) }
+                    }
+                case 1: // a valid request cut short
+                    frames = Array(valid.prefix(Int.random(in: 1...6, using: &generator)))
+                case 2: // a valid shape with one frame scrambled
+                    frames = valid
+                    let index = Int.random(in: 1..<valid.count, using: &generator)
+                    frames[index] = (0..<Int.random(in: 0...12, using: &generator)).map { _ in UInt8.random(in: 0...255, using: &generator) }
+                default: // worker commands from a stranger, and other commands
+                    frames = [Wire.version, [UInt8.random(in: 0...0x30, using: &generator)]] + (0..<Int.random(in: 0...5, using: &generator)).map { _ in Array("x".utf8) }
+                }
+                try attacker.send(frames)
+            }
+            // Still serving, and still answering the management operations.
+            let client = try bus.client()
+            #expect(try await client.call(TestService.Echo.self, .init(text: "still here")).text == "still here")
+            let stats = try await client.call(Broker.Stats.self, .init())
+            #expect(stats.rejected > 1_000)
+            #expect(stats.services.first { $0.name == TestService.name }?.workers == 1)
+        }
+    }
+
+    @Test func anotherProtocolVersionIsRefusedWithAnErrorFrame() async throws {
+        try await withLiveBus { bus in
+            let context = ZMQContext()
+            let peer = try ZMQSocket(context, type: .dealer)
+            defer { peer.close() }
+            try peer.connect(bus.endpoint)
+            try peer.send([Array("canopy/9".utf8), Wire.Command.request.frame, [7]])
+            var reply: [[UInt8]]?
+            let deadline = ContinuousClock.now + .seconds(5)
+            while reply == nil, ContinuousClock.now < deadline {
+                reply = try peer.receive()
+                if reply == nil { try await Task.sleep(for: .milliseconds(10)) }
+            }
+            let frames = try #require(reply)
+            #expect(frames[0] == Wire.version)
+            #expect(frames[1] == Wire.Command.error.frame)
+            #expect(frames[2] == [7])
+            let error = try MessageCodec().decode(CanopyError.self, from: frames[3])
+            #expect(error.code == .badRequest)
+            #expect(error.message.contains("canopy/9"))
+        }
+    }
+}
+
+/// Waits until `condition` holds, for at most `limit`.
+func eventually(within limit: Duration = .seconds(5), _ condition: () -> Bool) async throws {
+    let deadline = ContinuousClock.now + limit
+    while !condition() {
+        guard ContinuousClock.now < deadline else {
+            Issue.record("condition not met within \(limit)")
+            return
+        }
+        try await Task.sleep(for: .milliseconds(10))
+    }
+}

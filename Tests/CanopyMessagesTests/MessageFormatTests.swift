@@ -1,0 +1,92 @@
+import CanopyBus
+import CanopyMessages
+import Foundation
+import Testing
+
+/// Golden fixtures pin the wire format: a change to a message's JSON or a frame's bytes
+/// shows up here before it reaches a peer written against the old format.
+struct MessageFormatTests {
+    let codec = MessageCodec()
+
+    func fixture(_ name: String) throws -> [UInt8] {
+        let url = try #require(Bundle.module.url(forResource: "Fixtures", withExtension: nil)).appendingPathComponent(name)
+        var bytes = [UInt8](try Data(contentsOf: url))
+        while bytes.last == 0x0A { bytes.removeLast() }
+        return bytes
+    }
+
+    @Test func errorsEncodeAsCodeAndMessage() throws {
+        let error = CanopyError(.busy, "'care' has 1000 requests waiting already; retry later or start more workers")
+        #expect(try codec.encode(error) == fixture("error-busy.json"))
+        #expect(try codec.decode(CanopyError.self, from: fixture("error-busy.json")) == error)
+    }
+
+    @Test func everyErrorCodeKeepsItsWireName() {
+        #expect(CanopyError.Code.allCases.map(\.rawValue) == [
+            "badRequest", "notFound", "conflict", "unauthorized", "tooLarge", "busy", "noWorkers", "timeout", "workerLost", "internal",
+        ])
+    }
+
+    @Test func brokerServicesReplyIsPinned() throws {
+        let reply = [ServiceDescription(name: "care", workers: 2, operations: [
+            OperationDescriptor(name: "plants.add", idempotent: false, coalescable: false),
+            OperationDescriptor(name: "plants.get", idempotent: true, coalescable: true),
+        ])]
+        #expect(try codec.encode(reply) == fixture("broker-services-reply.json"))
+        #expect(try codec.decode(Broker.Services.Reply.self, from: fixture("broker-services-reply.json")) == reply)
+    }
+
+    @Test func brokerStatsReplyIsPinned() throws {
+        let reply = BrokerStatistics(uptimeSeconds: 12.5, rejected: 3, services: [
+            ServiceStatistics(name: "care", workers: 2, queued: 0, inFlight: 2, served: 41, errors: 1, p50Micros: 180, p99Micros: 950),
+        ])
+        #expect(try codec.encode(reply) == fixture("broker-stats-reply.json"))
+        #expect(try codec.decode(Broker.Stats.Reply.self, from: fixture("broker-stats-reply.json")) == reply)
+    }
+
+    @Test func readyOperationsFrameIsPinned() throws {
+        let operations = [
+            OperationDescriptor(name: "echo", idempotent: true, coalescable: false),
+            OperationDescriptor(name: "append", idempotent: false, coalescable: false),
+        ]
+        #expect(try codec.encode(operations) == fixture("ready-operations.json"))
+    }
+
+    @Test func requestFramesArePinned() throws {
+        struct Golden: Decodable { let frames: [String] }
+        let golden = try JSONDecoder().decode(Golden.self, from: Data(fixture("request-frames.json")))
+        let header = RequestHeader(timeoutMilliseconds: 2_500, flags: RequestHeader.Flag.idempotent, principal: "user-42")
+        let frames = [Wire.version, Wire.Command.request.frame, Wire.frame(UInt64(7)), Array("care".utf8), Array("plants.get".utf8), header.frame, Array(#"{"id":"p1"}"#.utf8)]
+        #expect(frames.map(\.hexString) == golden.frames)
+        #expect(RequestHeader(frame: frames[5]) == header)
+    }
+
+    @Test func equalValuesEncodeToEqualBytesWhateverTheKeyOrder() throws {
+        struct Plant: Codable { var zeta: Int; var alpha: String; var middle: [String: Int] }
+        let one = try codec.encode(Plant(zeta: 1, alpha: "a", middle: ["b": 2, "a": 1, "c": 3]))
+        let two = try codec.encode(Plant(zeta: 1, alpha: "a", middle: ["c": 3, "a": 1, "b": 2]))
+        #expect(one == two)
+        #expect(String(decoding: one, as: UTF8.self) == #"{"alpha":"a","middle":{"a":1,"b":2,"c":3},"zeta":1}"#)
+    }
+
+    @Test func datesAreISO8601WithMilliseconds() throws {
+        struct Stamp: Codable, Equatable { var at: Date }
+        let stamp = Stamp(at: Date(timeIntervalSince1970: 1_774_774_800.5))
+        let bytes = try codec.encode(stamp)
+        #expect(String(decoding: bytes, as: UTF8.self) == #"{"at":"2026-03-29T09:00:00.500Z"}"#)
+        #expect(try codec.decode(Stamp.self, from: bytes) == stamp)
+        #expect(try codec.decode(Stamp.self, from: Array(#"{"at":"2026-03-29T09:00:00Z"}"#.utf8)).at == Date(timeIntervalSince1970: 1_774_774_800))
+    }
+
+    @Test func invalidJSONIsABadRequestThatSaysWhatIsWrong() {
+        #expect(throws: CanopyError(.badRequest, "invalid JSON for CanopyError: missing key 'message'")) {
+            _ = try codec.decode(CanopyError.self, from: Array(#"{"code":"busy"}"#.utf8))
+        }
+        let error = #expect(throws: CanopyError.self) { _ = try codec.decode(CanopyError.self, from: Array("{not json".utf8)) }
+        #expect(error?.code == .badRequest)
+    }
+}
+
+extension [UInt8] {
+    var hexString: String { map { String(format: "%02x", $0) }.joined() }
+}
