@@ -116,7 +116,11 @@ let package = Package(
         ),
         .testTarget(
             name: "CanopyBusTests",
-            dependencies: ["CanopyBus", "CanopyTesting", "CanopyServiceKit", "CZeroMQ", "canopy-test-worker"],
+            dependencies: [
+                "CanopyBus", "CanopyTesting", "CanopyServiceKit", "CZeroMQ",
+                // Built for the tests that run them as processes.
+                "canopy-test-worker", "canopy", "canopy-broker",
+            ],
             path: "Tests/CanopyBusTests",
             swiftSettings: swiftSettings
         ),

@@ -24,42 +24,108 @@ public struct BrokerState {
         let id: UInt64
         let client: [UInt8]
         let correlation: [UInt8]
-        let service: String
+        let service: ServiceEntry
         let operation: String
         let header: RequestHeader
         let body: [UInt8]
         let receivedAt: ContinuousClock.Instant
         let deadline: ContinuousClock.Instant
-        let idempotent: Bool
-        var worker: [UInt8]?
+        var idempotent = false // from the worker's declaration, set at dispatch
+        var worker: Worker?
         var dispatches = 0
     }
 
+    /// A client's request, as the client names it. Hashes its bytes in bulk: `[UInt8]`'s own
+    /// hashing goes byte by byte and showed at the top of the broker's profile.
     struct ClientKey: Hashable {
         let client: [UInt8]
         let correlation: [UInt8]
+
+        func hash(into hasher: inout Hasher) {
+            client.withUnsafeBytes { hasher.combine(bytes: $0) }
+            correlation.withUnsafeBytes { hasher.combine(bytes: $0) }
+        }
     }
 
-    struct Worker {
-        let identity: [UInt8]
-        let service: String
+    /// A peer's routing identity as a dictionary key, hashed in bulk.
+    struct PeerKey: Hashable {
+        let bytes: [UInt8]
+
+        init(_ bytes: [UInt8]) { self.bytes = bytes }
+
+        func hash(into hasher: inout Hasher) {
+            bytes.withUnsafeBytes { hasher.combine(bytes: $0) }
+        }
+    }
+
+    // Workers and services are reference types inside the state: one dictionary lookup per
+    // message, then changes in place (copy-on-write copies of these showed in the profile).
+    // The state as a whole is owned by one loop and never copied.
+
+    /// A connected worker.
+    final class Worker {
+        let identity: PeerKey
+        let service: ServiceEntry
         let operations: [String: OperationDescriptor]
         let credit: Int
         var held: Set<UInt64> = []
         var expiry: ContinuousClock.Instant
         var draining = false
 
+        init(identity: PeerKey, service: ServiceEntry, operations: [String: OperationDescriptor], credit: Int, expiry: ContinuousClock.Instant) {
+            self.identity = identity
+            self.service = service
+            self.operations = operations
+            self.credit = credit
+            self.expiry = expiry
+        }
+
         var available: Int { draining ? 0 : credit - held.count }
     }
 
-    struct ServiceEntry {
-        var workers: [[UInt8]] = []
+    /// A service: its workers in round-robin order, its queue and its counters.
+    final class ServiceEntry {
+        let name: String
+        var workers: [Worker] = []
         var cursor = 0
         var queue: Deque<UInt64> = []
         var inFlight = 0
         var served: UInt64 = 0
         var errors: UInt64 = 0
         var latencyMicros = Histogram<UInt64>(highestTrackableValue: 3_600_000_000, numberOfSignificantValueDigits: .two)
+
+        init(name: String) { self.name = name }
+
+        /// The next worker in round-robin order that has credit and serves `operation`.
+        func freeWorker(for operation: String) -> Worker? {
+            let count = workers.count
+            for step in 0..<count {
+                let index = (cursor + step) % count
+                let worker = workers[index]
+                if worker.available > 0, worker.operations[operation] != nil {
+                    cursor = (index + 1) % count
+                    return worker
+                }
+            }
+            return nil
+        }
+
+        /// The flags of `operation` as the service's workers declared them.
+        func describe(_ operation: String) -> OperationDescriptor? {
+            for worker in workers {
+                if let descriptor = worker.operations[operation] { return descriptor }
+            }
+            return nil
+        }
+
+        /// Every operation any of its workers declared.
+        var operations: [OperationDescriptor] {
+            var table: [String: OperationDescriptor] = [:]
+            for worker in workers {
+                table.merge(worker.operations) { first, _ in first }
+            }
+            return table.values.sorted { $0.name < $1.name }
+        }
     }
 
     struct Deadline: Comparable {
@@ -72,7 +138,7 @@ public struct BrokerState {
     public let configuration: BrokerConfiguration
     private let startedAt: ContinuousClock.Instant
     private var services: [String: ServiceEntry] = [:]
-    private var workers: [[UInt8]: Worker] = [:]
+    private var workers: [PeerKey: Worker] = [:]
     private var requests: [UInt64: Pending] = [:]
     private var byClient: [ClientKey: UInt64] = [:]
     private var deadlines = Heap<Deadline>()
@@ -80,6 +146,10 @@ public struct BrokerState {
     private var nextHeartbeat: ContinuousClock.Instant
     private var rejected: UInt64 = 0
     private var shuttingDown = false
+    /// Until then, requests for services no worker has registered yet wait in a queue
+    /// instead of being answered `noWorkers`: after a broker restart, clients reconnect
+    /// before workers do.
+    private var startupGraceEnds: ContinuousClock.Instant?
     private let codec = MessageCodec()
 
     /// - Parameters:
@@ -89,6 +159,7 @@ public struct BrokerState {
         self.configuration = configuration
         self.startedAt = now
         self.nextHeartbeat = now + configuration.heartbeatInterval
+        self.startupGraceEnds = now + configuration.workerExpiry
     }
 
     // MARK: - Queries
@@ -131,11 +202,11 @@ public struct BrokerState {
         switch command {
         case .request: clientRequest(frames, from: peer, now: now, into: &out)
         case .cancel: clientCancel(frames, from: peer, into: &out)
-        case .ready: workerReady(frames, from: peer, now: now, into: &out)
-        case .workerReply: workerReply(frames, from: peer, now: now, into: &out)
-        case .workerHeartbeat: workerHeartbeat(from: peer, now: now, into: &out)
-        case .workerDisconnect: workerGone(peer, now: now, into: &out)
-        case .drain: workerDrain(from: peer, now: now, into: &out)
+        case .ready: workerReady(frames, from: PeerKey(peer), now: now, into: &out)
+        case .workerReply: workerReply(frames, from: PeerKey(peer), now: now, into: &out)
+        case .workerHeartbeat: workerHeartbeat(from: PeerKey(peer), now: now, into: &out)
+        case .workerDisconnect: workerGone(PeerKey(peer), now: now, into: &out)
+        case .drain: workerDrain(from: PeerKey(peer), now: now, into: &out)
         case .reply, .error, .dispatch, .cancelDispatch, .brokerHeartbeat, .brokerDisconnect:
             out.append(.log("command not accepted by a broker", peer: peer))
             replyError(to: peer, correlation: [], CanopyError(.badRequest, "command 0x\(String(command.rawValue, radix: 16)) is sent by the broker, not to it"), into: &out)
@@ -149,14 +220,18 @@ public struct BrokerState {
             guard let request = requests[first.request], request.deadline == first.at else { continue }
             expire(request, into: &out)
         }
+        if let graceEnds = startupGraceEnds, now >= graceEnds {
+            startupGraceEnds = nil
+            endStartupGrace(now: now, into: &out)
+        }
         guard now >= nextHeartbeat else { return }
         nextHeartbeat = now + configuration.heartbeatInterval
         let heartbeat = [Wire.version, Wire.Command.brokerHeartbeat.frame]
         for worker in workers.values {
-            out.append(.send(to: worker.identity, frames: heartbeat))
+            out.append(.send(to: worker.identity.bytes, frames: heartbeat))
         }
         for worker in workers.values where worker.expiry < now {
-            out.append(.log("worker expired after missed heartbeats", peer: worker.identity))
+            out.append(.log("worker expired after missed heartbeats", peer: worker.identity.bytes))
             workerGone(worker.identity, now: now, into: &out)
         }
     }
@@ -169,7 +244,7 @@ public struct BrokerState {
     /// Tells every worker to go away; called last in a graceful shutdown.
     public mutating func disconnectAll(into out: inout [Directive]) {
         for worker in workers.values {
-            out.append(.send(to: worker.identity, frames: [Wire.version, Wire.Command.brokerDisconnect.frame, Array("broker shutting down".utf8)]))
+            out.append(.send(to: worker.identity.bytes, frames: [Wire.version, Wire.Command.brokerDisconnect.frame, Array("broker shutting down".utf8)]))
         }
     }
 
@@ -198,13 +273,13 @@ public struct BrokerState {
             replyError(to: client, correlation: correlation, CanopyError(.badRequest, "the header frame is malformed: 4-byte timeout, 1 flags byte, then a UTF-8 principal of at most 256 bytes"), into: &out)
             return
         }
-        let service = String(decoding: frames[3], as: UTF8.self)
+        let serviceName = String(decoding: frames[3], as: UTF8.self)
         let operation = String(decoding: frames[4], as: UTF8.self)
         let key = ClientKey(client: client, correlation: correlation)
         guard byClient[key] == nil else {
             return // the same request again (a client resending after a reconnect): the first will be answered
         }
-        if service == Broker.service {
+        if serviceName == Broker.service {
             management(operation, to: client, correlation: correlation, now: now, into: &out)
             return
         }
@@ -213,35 +288,41 @@ public struct BrokerState {
             replyError(to: client, correlation: correlation, CanopyError(.busy, "the broker is shutting down; retry in a moment"), into: &out)
             return
         }
-        guard services[service] != nil else {
+        let service: ServiceEntry
+        if let known = services[serviceName] {
+            service = known
+        } else if startupGraceEnds != nil {
+            service = ServiceEntry(name: serviceName) // its workers are expected to register soon
+            services[serviceName] = service
+        } else {
             rejected += 1
-            replyError(to: client, correlation: correlation, CanopyError(.noWorkers, "no worker serves '\(service)'; start one (canopy services lists what is connected)"), into: &out)
+            replyError(to: client, correlation: correlation, CanopyError(.noWorkers, "no worker serves '\(serviceName)'; start one (canopy services lists what is connected)"), into: &out)
             return
         }
-        guard let descriptor = describe(operation, in: service) else {
+        guard service.describe(operation) != nil || (service.workers.isEmpty && startupGraceEnds != nil) else {
             rejected += 1
-            services[service]!.errors += 1
-            let known = operationNames(of: service).joined(separator: ", ")
-            replyError(to: client, correlation: correlation, CanopyError(.badRequest, "service '\(service)' has no operation '\(operation)'; it has: \(known)"), into: &out)
+            service.errors += 1
+            let known = service.operations.map(\.name).joined(separator: ", ")
+            replyError(to: client, correlation: correlation, CanopyError(.badRequest, "service '\(serviceName)' has no operation '\(operation)'; it has: \(known)"), into: &out)
             return
         }
         var timeout = header.timeoutMilliseconds == 0 ? configuration.defaultTimeout : .milliseconds(Int64(header.timeoutMilliseconds))
         timeout = min(timeout, configuration.maximumTimeout)
         let request = Pending(
             id: nextRequestID, client: client, correlation: correlation, service: service, operation: operation,
-            header: header, body: frames[6], receivedAt: now, deadline: now + timeout, idempotent: descriptor.idempotent)
+            header: header, body: frames[6], receivedAt: now, deadline: now + timeout)
         nextRequestID += 1
 
-        if let worker = freeWorker(for: operation, in: service) {
+        if let worker = service.freeWorker(for: operation) {
             admit(request, key: key)
-            dispatch(request.id, to: worker, now: now, into: &out)
-        } else if services[service]!.queue.count < configuration.maximumQueuedPerService {
+            dispatch(request, to: worker, now: now, into: &out)
+        } else if service.queue.count < configuration.maximumQueuedPerService {
             admit(request, key: key)
-            services[service]!.queue.append(request.id)
+            service.queue.append(request.id)
         } else {
             rejected += 1
-            services[service]!.errors += 1
-            replyError(to: client, correlation: correlation, CanopyError(.busy, "'\(service)' has \(configuration.maximumQueuedPerService) requests waiting already; retry later or start more workers"), into: &out)
+            service.errors += 1
+            replyError(to: client, correlation: correlation, CanopyError(.busy, "'\(serviceName)' has \(configuration.maximumQueuedPerService) requests waiting already; retry later or start more workers"), into: &out)
         }
     }
 
@@ -255,20 +336,20 @@ public struct BrokerState {
         guard frames.count == 3, let id = byClient[ClientKey(client: client, correlation: frames[2])], let request = requests[id] else {
             return // nothing held under that id: already answered, or never sent
         }
-        forget(request, cancelAtWorker: true, into: &out)
+        forget(request, into: &out)
     }
 
     // MARK: - Workers
 
-    private mutating func workerReady(_ frames: [[UInt8]], from peer: [UInt8], now: ContinuousClock.Instant, into out: inout [Directive]) {
+    private mutating func workerReady(_ frames: [[UInt8]], from peer: PeerKey, now: ContinuousClock.Instant, into out: inout [Directive]) {
         func refuse(_ reason: String) {
-            out.append(.log("worker refused: \(reason)", peer: peer))
-            out.append(.send(to: peer, frames: [Wire.version, Wire.Command.brokerDisconnect.frame, Array(reason.utf8)]))
+            out.append(.log("worker refused: \(reason)", peer: peer.bytes))
+            out.append(.send(to: peer.bytes, frames: [Wire.version, Wire.Command.brokerDisconnect.frame, Array(reason.utf8)]))
         }
         guard frames.count == 5 else { return refuse("READY has 5 frames (version, command, service, operations, credit)") }
         guard Wire.isValidName(frames[2]) else { return refuse("invalid service name") }
-        let service = String(decoding: frames[2], as: UTF8.self)
-        guard service != Broker.service, !service.hasPrefix(Broker.service + ".") else {
+        let name = String(decoding: frames[2], as: UTF8.self)
+        guard name != Broker.service, !name.hasPrefix(Broker.service + ".") else {
             return refuse("the service name '\(Broker.service)' is reserved for the broker")
         }
         guard let operations = try? codec.decode([OperationDescriptor].self, from: frames[3]), !operations.isEmpty,
@@ -282,170 +363,165 @@ public struct BrokerState {
         for operation in operations {
             table[operation.name] = OperationDescriptor(name: operation.name, idempotent: operation.idempotent, coalescable: operation.coalescable && operation.idempotent)
         }
-        workers[peer] = Worker(identity: peer, service: service, operations: table, credit: Int(credit), expiry: now + configuration.workerExpiry)
-        services[service, default: ServiceEntry()].workers.append(peer)
-        dispatchQueued(service: service, now: now, into: &out)
+        let service = services[name] ?? ServiceEntry(name: name)
+        services[name] = service
+        let worker = Worker(identity: peer, service: service, operations: table, credit: Int(credit), expiry: now + configuration.workerExpiry)
+        workers[peer] = worker
+        service.workers.append(worker)
+        dispatchQueued(service, now: now, into: &out)
     }
 
-    private mutating func workerReply(_ frames: [[UInt8]], from peer: [UInt8], now: ContinuousClock.Instant, into out: inout [Directive]) {
-        guard workers[peer] != nil else { return unknownWorker(peer, into: &out) }
-        workers[peer]!.expiry = now + configuration.workerExpiry
+    private mutating func workerReply(_ frames: [[UInt8]], from peer: PeerKey, now: ContinuousClock.Instant, into out: inout [Directive]) {
+        guard let worker = workers[peer] else { return unknownWorker(peer, into: &out) }
+        worker.expiry = now + configuration.workerExpiry
         guard frames.count == 5, let id = Wire.uint64(frames[2]), frames[3].count == 1 else {
-            out.append(.log("malformed worker reply", peer: peer))
+            out.append(.log("malformed worker reply", peer: peer.bytes))
             return
         }
-        guard workers[peer]!.held.remove(id) != nil else {
-            out.append(.log("reply for a request the worker does not hold", peer: peer))
+        guard worker.held.remove(id) != nil else {
+            out.append(.log("reply for a request the worker does not hold", peer: peer.bytes))
             return
         }
-        let service = workers[peer]!.service
-        services[service]?.inFlight -= 1
-        if let request = requests[id], request.worker == peer {
+        let service = worker.service
+        service.inFlight -= 1
+        if let request = requests[id], request.worker === worker {
             finish(request, now: now)
             if frames[3][0] == Wire.Status.ok {
-                services[service]?.served += 1
+                service.served += 1
                 out.append(.send(to: request.client, frames: [Wire.version, Wire.Command.reply.frame, request.correlation, [0], frames[4]]))
             } else {
-                services[service]?.errors += 1
+                service.errors += 1
                 let error = (try? codec.decode(CanopyError.self, from: frames[4])) ?? CanopyError(.internal, "the worker sent an unreadable error")
                 replyError(to: request.client, correlation: request.correlation, error, into: &out)
             }
         }
-        dispatchQueued(service: service, now: now, into: &out)
+        dispatchQueued(service, now: now, into: &out)
     }
 
-    private mutating func workerHeartbeat(from peer: [UInt8], now: ContinuousClock.Instant, into out: inout [Directive]) {
-        guard workers[peer] != nil else { return unknownWorker(peer, into: &out) }
-        workers[peer]!.expiry = now + configuration.workerExpiry
+    private mutating func workerHeartbeat(from peer: PeerKey, now: ContinuousClock.Instant, into out: inout [Directive]) {
+        guard let worker = workers[peer] else { return unknownWorker(peer, into: &out) }
+        worker.expiry = now + configuration.workerExpiry
     }
 
-    private mutating func workerDrain(from peer: [UInt8], now: ContinuousClock.Instant, into out: inout [Directive]) {
-        guard workers[peer] != nil else { return unknownWorker(peer, into: &out) }
-        workers[peer]!.draining = true
-        workers[peer]!.expiry = now + configuration.workerExpiry
+    private mutating func workerDrain(from peer: PeerKey, now: ContinuousClock.Instant, into out: inout [Directive]) {
+        guard let worker = workers[peer] else { return unknownWorker(peer, into: &out) }
+        worker.draining = true
+        worker.expiry = now + configuration.workerExpiry
     }
 
     /// A worker the broker does not know (it registered with an earlier broker): tell it
     /// to register again.
-    private func unknownWorker(_ peer: [UInt8], into out: inout [Directive]) {
-        out.append(.send(to: peer, frames: [Wire.version, Wire.Command.brokerDisconnect.frame, Array("unknown worker; send READY again".utf8)]))
+    private func unknownWorker(_ peer: PeerKey, into out: inout [Directive]) {
+        out.append(.send(to: peer.bytes, frames: [Wire.version, Wire.Command.brokerDisconnect.frame, Array("unknown worker; send READY again".utf8)]))
     }
 
     /// Removes a worker; its idempotent requests go once more to another worker, the rest
     /// are answered `workerLost`.
-    private mutating func workerGone(_ peer: [UInt8], now: ContinuousClock.Instant, into out: inout [Directive]) {
+    private mutating func workerGone(_ peer: PeerKey, now: ContinuousClock.Instant, into out: inout [Directive]) {
         guard let worker = workers.removeValue(forKey: peer) else { return }
-        let name = worker.service
-        services[name]?.workers.removeAll { $0 == peer }
-        services[name]?.inFlight -= worker.held.count
+        let service = worker.service
+        service.workers.removeAll { $0 === worker }
+        service.inFlight -= worker.held.count
         var retry: [UInt64] = []
         for id in worker.held.sorted() {
-            guard var request = requests[id], request.worker == peer else { continue }
+            guard var request = requests[id], request.worker === worker else { continue }
             if request.idempotent && request.dispatches < 2 {
                 request.worker = nil
                 requests[id] = request
                 retry.append(id)
             } else {
                 finish(request, now: now)
-                services[name]?.errors += 1
+                service.errors += 1
                 let message = request.idempotent
                     ? "the request was lost with two workers in a row; it was not sent a third time"
                     : "the worker died while holding this request; it may or may not have run, and it is not idempotent, so it was not sent again"
                 replyError(to: request.client, correlation: request.correlation, CanopyError(.workerLost, message), into: &out)
             }
         }
-        services[name]?.queue.insert(contentsOf: retry, at: 0)
-        if services[name]?.workers.isEmpty == true {
-            let orphans = services.removeValue(forKey: name)?.queue ?? []
-            for id in orphans {
+        service.queue.insert(contentsOf: retry, at: 0)
+        if service.workers.isEmpty {
+            services[service.name] = nil
+            for id in service.queue {
                 guard let request = requests[id] else { continue }
                 finish(request, now: now)
-                replyError(to: request.client, correlation: request.correlation, CanopyError(.noWorkers, "the last worker of '\(name)' went away before it could take this request"), into: &out)
+                replyError(to: request.client, correlation: request.correlation, CanopyError(.noWorkers, "the last worker of '\(service.name)' went away before it could take this request"), into: &out)
             }
+            service.queue.removeAll()
             return
         }
-        dispatchQueued(service: name, now: now, into: &out)
+        dispatchQueued(service, now: now, into: &out)
+    }
+
+    /// After the start-up grace: requests still waiting for a service nobody registered are
+    /// answered `noWorkers`, and those for an operation no worker declared `badRequest`.
+    private mutating func endStartupGrace(now: ContinuousClock.Instant, into out: inout [Directive]) {
+        for service in Array(services.values) {
+            let waiting = service.queue
+            for id in waiting {
+                guard let request = requests[id] else { continue }
+                if service.workers.isEmpty {
+                    finish(request, now: now)
+                    replyError(to: request.client, correlation: request.correlation, CanopyError(.noWorkers, "no worker serves '\(service.name)'; start one (canopy services lists what is connected)"), into: &out)
+                } else if service.describe(request.operation) == nil {
+                    finish(request, now: now)
+                    service.errors += 1
+                    replyError(to: request.client, correlation: request.correlation, CanopyError(.badRequest, "service '\(service.name)' has no operation '\(request.operation)'"), into: &out)
+                }
+            }
+            service.queue.removeAll { requests[$0] == nil }
+            if service.workers.isEmpty { services[service.name] = nil }
+        }
     }
 
     // MARK: - Dispatch
 
-    private func describe(_ operation: String, in service: String) -> OperationDescriptor? {
-        for identity in services[service]?.workers ?? [] {
-            if let descriptor = workers[identity]?.operations[operation] { return descriptor }
-        }
-        return nil
-    }
-
-    private func operationNames(of service: String) -> [String] {
-        let names = (services[service]?.workers ?? []).flatMap { workers[$0]?.operations.keys.map { $0 } ?? [] }
-        return Array(Set(names)).sorted()
-    }
-
-    /// The next worker of `service` in round-robin order that has credit and serves `operation`.
-    private mutating func freeWorker(for operation: String, in service: String) -> [UInt8]? {
-        guard let entry = services[service], !entry.workers.isEmpty else { return nil }
-        let count = entry.workers.count
-        for step in 0..<count {
-            let index = (entry.cursor + step) % count
-            let identity = entry.workers[index]
-            if let worker = workers[identity], worker.available > 0, worker.operations[operation] != nil {
-                services[service]!.cursor = (index + 1) % count
-                return identity
-            }
-        }
-        return nil
-    }
-
-    private mutating func dispatch(_ id: UInt64, to identity: [UInt8], now: ContinuousClock.Instant, into out: inout [Directive]) {
-        guard var request = requests[id] else { return }
-        request.worker = identity
+    private mutating func dispatch(_ request: Pending, to worker: Worker, now: ContinuousClock.Instant, into out: inout [Directive]) {
+        var request = request
+        request.worker = worker
+        request.idempotent = worker.operations[request.operation]?.idempotent ?? false
         request.dispatches += 1
-        requests[id] = request
-        workers[identity]!.held.insert(id)
-        services[request.service]!.inFlight += 1
-        let remaining = max(1, (request.deadline - now).milliseconds)
+        requests[request.id] = request
+        worker.held.insert(request.id)
+        request.service.inFlight += 1
         var header = request.header
-        header.timeoutMilliseconds = UInt32(clamping: remaining)
-        out.append(.send(to: identity, frames: [
-            Wire.version, Wire.Command.dispatch.frame, Wire.frame(id), Array(request.operation.utf8), header.frame, request.body,
+        header.timeoutMilliseconds = UInt32(clamping: max(1, (request.deadline - now).milliseconds))
+        out.append(.send(to: worker.identity.bytes, frames: [
+            Wire.version, Wire.Command.dispatch.frame, Wire.frame(request.id), Array(request.operation.utf8), header.frame, request.body,
         ]))
     }
 
     /// Hands queued requests of `service` to workers with credit, oldest first.
-    private mutating func dispatchQueued(service: String, now: ContinuousClock.Instant, into out: inout [Directive]) {
-        guard var queue = services[service]?.queue, !queue.isEmpty else { return }
-        services[service]!.queue = []
+    private mutating func dispatchQueued(_ service: ServiceEntry, now: ContinuousClock.Instant, into out: inout [Directive]) {
+        guard !service.queue.isEmpty else { return }
         var kept: Deque<UInt64> = []
-        while let id = queue.popFirst() {
+        while let id = service.queue.popFirst() {
             guard let request = requests[id] else { continue }
-            if let worker = freeWorker(for: request.operation, in: service) {
-                dispatch(id, to: worker, now: now, into: &out)
+            if let worker = service.freeWorker(for: request.operation) {
+                dispatch(request, to: worker, now: now, into: &out)
             } else {
                 kept.append(id)
-                if services[service]!.workers.allSatisfy({ workers[$0]!.available == 0 }) { break }
+                if service.workers.allSatisfy({ $0.available == 0 }) { break }
             }
         }
-        kept.append(contentsOf: queue)
-        services[service]!.queue = kept
+        kept.append(contentsOf: service.queue)
+        service.queue = kept
     }
 
     // MARK: - Answering
 
     private mutating func expire(_ request: Pending, into out: inout [Directive]) {
-        services[request.service]?.errors += 1
-        forget(request, cancelAtWorker: true, into: &out)
-        replyError(to: request.client, correlation: request.correlation, CanopyError(.timeout, "no reply from '\(request.service)' within the request's deadline; the service may be overloaded"), into: &out)
+        request.service.errors += 1
+        forget(request, into: &out)
+        replyError(to: request.client, correlation: request.correlation, CanopyError(.timeout, "no reply from '\(request.service.name)' within the request's deadline; the service may be overloaded"), into: &out)
     }
 
     /// Drops a request without answering it: from the queue, or cancelled at its worker
     /// (which keeps the credit until it replies).
-    private mutating func forget(_ request: Pending, cancelAtWorker: Bool, into out: inout [Directive]) {
+    private mutating func forget(_ request: Pending, into out: inout [Directive]) {
         if let worker = request.worker {
-            if cancelAtWorker {
-                out.append(.send(to: worker, frames: [Wire.version, Wire.Command.cancelDispatch.frame, Wire.frame(request.id)]))
-            }
-        } else if let index = services[request.service]?.queue.firstIndex(of: request.id) {
-            services[request.service]!.queue.remove(at: index)
+            out.append(.send(to: worker.identity.bytes, frames: [Wire.version, Wire.Command.cancelDispatch.frame, Wire.frame(request.id)]))
+        } else if let index = request.service.queue.firstIndex(of: request.id) {
+            request.service.queue.remove(at: index)
         }
         requests[request.id] = nil
         byClient[ClientKey(client: request.client, correlation: request.correlation)] = nil
@@ -456,7 +532,7 @@ public struct BrokerState {
         requests[request.id] = nil
         byClient[ClientKey(client: request.client, correlation: request.correlation)] = nil
         let micros = UInt64(max(0, (now - request.receivedAt).microseconds))
-        _ = services[request.service]?.latencyMicros.record(micros)
+        _ = request.service.latencyMicros.record(micros)
     }
 
     private func replyError(to peer: [UInt8], correlation: [UInt8], _ error: CanopyError, into out: inout [Directive]) {
@@ -491,24 +567,18 @@ public struct BrokerState {
 
     /// What `broker.services` answers.
     public func serviceDescriptions() -> [ServiceDescription] {
-        services.keys.sorted().compactMap { name in
-            guard let entry = services[name], !entry.workers.isEmpty else { return nil }
-            var operations: [String: OperationDescriptor] = [:]
-            for identity in entry.workers {
-                for (key, value) in workers[identity]?.operations ?? [:] { operations[key] = value }
-            }
-            return ServiceDescription(name: name, workers: entry.workers.count, operations: operations.values.sorted { $0.name < $1.name })
+        services.values.filter { !$0.workers.isEmpty }.sorted { $0.name < $1.name }.map { service in
+            ServiceDescription(name: service.name, workers: service.workers.count, operations: service.operations)
         }
     }
 
     /// What `broker.stats` answers.
     public func statistics(now: ContinuousClock.Instant) -> BrokerStatistics {
-        let entries = services.keys.sorted().map { name in
-            let entry = services[name]!
-            let histogram = entry.latencyMicros
+        let entries = services.values.sorted { $0.name < $1.name }.map { service in
+            let histogram = service.latencyMicros
             return ServiceStatistics(
-                name: name, workers: entry.workers.count, queued: entry.queue.count, inFlight: entry.inFlight,
-                served: entry.served, errors: entry.errors,
+                name: service.name, workers: service.workers.count, queued: service.queue.count, inFlight: service.inFlight,
+                served: service.served, errors: service.errors,
                 p50Micros: histogram.totalCount == 0 ? 0 : histogram.valueAtPercentile(50),
                 p99Micros: histogram.totalCount == 0 ? 0 : histogram.valueAtPercentile(99))
         }

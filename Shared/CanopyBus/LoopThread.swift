@@ -1,11 +1,15 @@
 import Foundation
+import CZeroMQ
 
 /// Runs a blocking socket loop on a thread of its own, so a ZeroMQ socket has exactly one
 /// owner and no Swift concurrency thread is blocked in `zmq_poll`.
 enum LoopThread {
     /// Starts `body` on a new thread named `name` and returns without waiting.
     static func start(name: String, _ body: @escaping @Sendable () -> Void) {
-        let thread = Thread(block: body)
+        let thread = Thread {
+            canopy_name_thread(String(name.prefix(15))) // shows in top and perf
+            body()
+        }
         thread.name = name
         thread.stackSize = 1 << 20
         thread.start()

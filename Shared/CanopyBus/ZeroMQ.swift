@@ -60,7 +60,8 @@ public enum ZMQSocketType: Int32, Sendable {
 /// (the bus runs each socket inside its own loop thread); other code talks to that owner
 /// through a ``Mailbox``.
 public final class ZMQSocket {
-    let handle: UnsafeMutableRawPointer
+    /// The libzmq socket, for calls the binding does not wrap (such as `zmq_proxy`); same single owner.
+    public let handle: UnsafeMutableRawPointer
     private var isClosed = false
 
     /// Opens a socket of `type` in `context`, with linger 0 so closing never blocks.

@@ -13,10 +13,13 @@ struct BrokerStateTests {
         var state: BrokerState
         var now = ContinuousClock.now
 
-        init(_ configure: (inout BrokerConfiguration) -> Void = { _ in }) {
+        /// - Parameter fresh: stay inside the start-up grace (by default the broker has been
+        ///   up long enough for workers to have registered).
+        init(fresh: Bool = false, _ configure: (inout BrokerConfiguration) -> Void = { _ in }) {
             var configuration = BrokerConfiguration()
             configure(&configuration)
             state = BrokerState(configuration: configuration, now: now)
+            if !fresh { _ = advance(configuration.workerExpiry) }
         }
 
         mutating func receive(_ frames: [[UInt8]], from peer: String) -> [Directive] {
@@ -150,6 +153,20 @@ struct BrokerStateTests {
     @Test func aServiceWithoutWorkersIsAnsweredNoWorkers() {
         var broker = Harness()
         #expect(errors(broker.request("c", 1, service: "care")).map(\.error.code) == [.noWorkers])
+    }
+
+    @Test func aFreshBrokerHoldsRequestsUntilWorkersHaveHadTimeToRegister() {
+        var broker = Harness(fresh: true)
+        // Clients reconnect to a restarted broker before workers do.
+        #expect(errors(broker.request("c", 1, timeoutMs: 10_000)).isEmpty)
+        #expect(errors(broker.request("c", 2, service: "nobody", timeoutMs: 10_000)).isEmpty)
+        #expect(broker.state.serviceDescriptions().isEmpty)
+        let registered = dispatches(broker.ready("w1"))
+        #expect(registered.map(\.worker) == ["w1"], "the waiting request goes to the worker that registers")
+        let graceOver = errors(broker.advance(broker.state.configuration.workerExpiry))
+        #expect(graceOver.map(\.error.code) == [.noWorkers])
+        #expect(graceOver[0].correlation == Wire.frame(UInt64(2)))
+        #expect(errors(broker.request("c", 3, service: "nobody")).map(\.error.code) == [.noWorkers])
     }
 
     @Test func anUnknownOperationIsABadRequestNamingTheKnownOnes() {

@@ -1,0 +1,109 @@
+import ArgumentParser
+import CanopyBus
+import Foundation
+import Logging
+
+@main
+struct BenchmarkCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "canopy-bench",
+        abstract: "Canopy's benchmarks: figures with a baseline measured in the same run.",
+        discussion: """
+            Build with -c release. Example:
+              swift run -c release canopy-bench bus --seconds 3 --clients 1,16,64 --workers 4
+            """,
+        subcommands: [Bus.self],
+        defaultSubcommand: Bus.self)
+}
+
+/// Throughput and latency through the broker against `zmq_proxy`, same load, same run.
+struct Bus: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Request throughput and p50/p99 latency through canopy-broker against zmq_proxy (ROUTER to DEALER).",
+        discussion: "Example: canopy-bench bus --seconds 3 --clients 1,16,64 --workers 4")
+
+    @Option(help: "Seconds measured per setup and client count.") var seconds = 3.0
+    @Option(help: "Seconds of warm-up before each measurement.") var warmUp = 0.5
+    @Option(help: "Concurrent clients, comma-separated.") var clients = "1,16,64"
+    @Option(help: "Echo workers behind the broker or proxy.") var workers = 4
+    @Option(help: "Request body size in bytes.") var bodyBytes = 64
+    @Option(help: "Rounds per setup; the best round counts (the machine is shared and noisy).") var rounds = 2
+
+    func validate() throws {
+        guard seconds > 0, warmUp >= 0 else { throw ValidationError("--seconds must be positive and --warm-up not negative") }
+        guard parsedClients.allSatisfy({ $0 > 0 }), !parsedClients.isEmpty else { throw ValidationError("--clients takes positive numbers, e.g. 1,16,64") }
+        guard workers > 0, rounds > 0 else { throw ValidationError("--workers and --rounds must be positive") }
+    }
+
+    var parsedClients: [Int] { clients.split(separator: ",").compactMap { Int($0.trimmingCharacters(in: .whitespaces)) } }
+
+    func run() async throws {
+        var logger = Logger(label: "canopy-bench")
+        logger.logLevel = .error
+        let body = Array(("{\"text\":\"" + String(repeating: "x", count: max(0, bodyBytes - 11)) + "\"}").utf8)
+        let request: [[UInt8]] = [
+            Wire.version, Wire.Command.request.frame, Wire.frame(UInt64(0)), Array("bench".utf8), Array("echo".utf8),
+            RequestHeader(timeoutMilliseconds: 10_000).frame, body,
+        ]
+        print("canopy-bench bus: \(workers) echo workers, \(body.count)-byte bodies, \(seconds) s per measurement, best of \(rounds), loopback TCP")
+        print("")
+        var table: [[String]] = [["clients", "proxy req/s", "proxy p50 µs", "proxy p99 µs", "broker req/s", "broker p50 µs", "broker p99 µs", "broker/proxy"]]
+        for clientCount in parsedClients {
+            var proxyBest: LoadGenerator.Result?
+            var brokerBest: LoadGenerator.Result?
+            for round in 1...rounds {
+                FileHandle.standardError.write(Data("  \(clientCount) client(s), round \(round)/\(rounds): zmq_proxy…".utf8))
+                let proxy = try measureProxy(clients: clientCount, request: request)
+                FileHandle.standardError.write(Data(" canopy-broker…".utf8))
+                let broker = try await measureBroker(clients: clientCount, request: request, logger: logger)
+                FileHandle.standardError.write(Data(" done\n".utf8))
+                if proxy.throughput > proxyBest?.throughput ?? -1 { proxyBest = proxy }
+                if broker.throughput > brokerBest?.throughput ?? -1 { brokerBest = broker }
+            }
+            guard let proxyBest, let brokerBest else { continue }
+            table.append([
+                "\(clientCount)",
+                String(format: "%.0f", proxyBest.throughput), "\(proxyBest.p50)", "\(proxyBest.p99)",
+                String(format: "%.0f", brokerBest.throughput), "\(brokerBest.p50)", "\(brokerBest.p99)",
+                String(format: "%.2f", brokerBest.throughput / proxyBest.throughput),
+            ])
+            if brokerBest.errors > 0 { print("warning: \(brokerBest.errors) error replies through the broker") }
+        }
+        printTable(table)
+    }
+
+    private var warmUpDuration: Duration { .milliseconds(Int64(warmUp * 1000)) }
+    private var measureDuration: Duration { .milliseconds(Int64(seconds * 1000)) }
+
+    private func measureProxy(clients: Int, request: [[UInt8]]) throws -> LoadGenerator.Result {
+        let proxy = try ZMQProxy()
+        let echo = EchoWorkers(endpoint: proxy.backend, count: workers, kind: .proxy)
+        defer {
+            echo.stop()
+            try? proxy.stop()
+        }
+        return try LoadGenerator(endpoint: proxy.frontend, clients: clients, request: request).run(warmUp: warmUpDuration, duration: measureDuration)
+    }
+
+    private func measureBroker(clients: Int, request: [[UInt8]], logger: Logger) async throws -> LoadGenerator.Result {
+        let broker = try BrokerServer(endpoint: "tcp://127.0.0.1:*", context: ZMQContext(), logger: logger)
+        let task = Task { try await broker.run() }
+        let echo = EchoWorkers(endpoint: broker.endpoint, count: workers, kind: .canopy)
+        try await Task.sleep(for: .milliseconds(200)) // workers register
+        let generator = LoadGenerator(endpoint: broker.endpoint, clients: clients, request: request)
+        let result = try await Task.detached { [warmUpDuration, measureDuration] in
+            try generator.run(warmUp: warmUpDuration, duration: measureDuration)
+        }.value
+        echo.stop()
+        broker.stop()
+        try await task.value
+        return result
+    }
+}
+
+func printTable(_ rows: [[String]]) {
+    let widths = rows[0].indices.map { column in rows.map { $0[column].count }.max()! }
+    for row in rows {
+        print(row.indices.map { String(repeating: " ", count: widths[$0] - row[$0].count) + row[$0] }.joined(separator: "  "))
+    }
+}

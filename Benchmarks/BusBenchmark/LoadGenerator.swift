@@ -1,0 +1,84 @@
+import CZeroMQ
+import CanopyBus
+import Histogram
+
+/// A closed-loop load generator: `clients` DEALER sockets, each with one request
+/// outstanding, all owned by the calling thread. The same generator drives the broker and
+/// the `zmq_proxy` baseline, so the two see the same load.
+struct LoadGenerator {
+    struct Result {
+        var requests = 0
+        var errors = 0
+        var seconds = 0.0
+        var latencyMicros = Histogram<UInt64>(highestTrackableValue: 60_000_000, numberOfSignificantValueDigits: .three)
+        var throughput: Double { Double(requests) / seconds }
+        var p50: UInt64 { latencyMicros.valueAtPercentile(50) }
+        var p99: UInt64 { latencyMicros.valueAtPercentile(99) }
+    }
+
+    let endpoint: String
+    let clients: Int
+    /// The request each client sends; frame 2 is replaced by the client's correlation id.
+    let request: [[UInt8]]
+
+    /// Runs for `warmUp` (not counted), then for `duration`, and returns what it measured.
+    func run(warmUp: Duration, duration: Duration) throws -> Result {
+        let context = ZMQContext()
+        let sockets = try (0..<clients).map { _ in
+            let socket = try ZMQSocket(context, type: .dealer)
+            try socket.setHighWaterMarks(100_000)
+            try socket.connect(endpoint)
+            return socket
+        }
+        defer { sockets.forEach { $0.close() } }
+        var poller = Poller()
+        sockets.forEach { poller.add($0) }
+        var sentAt = [ContinuousClock.Instant](repeating: .now, count: clients)
+        var correlations = (0..<clients).map { UInt64($0) << 32 }
+
+        func send(_ index: Int) throws {
+            correlations[index] += 1
+            var frames = request
+            frames[2] = Wire.frame(correlations[index])
+            sentAt[index] = .now
+            try sockets[index].send(frames, dontWait: false)
+        }
+
+        for index in 0..<clients { try send(index) }
+        var result = Result()
+        let start = ContinuousClock.now
+        let measureFrom = start + warmUp
+        let end = measureFrom + duration
+        var measuring = false
+        while true {
+            let now = ContinuousClock.now
+            if now >= end { break }
+            if !measuring && now >= measureFrom {
+                measuring = true
+                result = Result()
+            }
+            try poller.poll(timeout: .milliseconds(100))
+            for index in 0..<clients where poller.isReadable(index) {
+                while let reply = try sockets[index].receive() {
+                    guard reply.count >= 3, Wire.uint64(reply[2]) == correlations[index] else { continue }
+                    if measuring {
+                        result.requests += 1
+                        if reply[1] != Wire.Command.reply.frame { result.errors += 1 }
+                        _ = result.latencyMicros.record(UInt64(max(0, (ContinuousClock.now - sentAt[index]).microseconds)))
+                    }
+                    try send(index)
+                }
+            }
+        }
+        let elapsed = ContinuousClock.now - measureFrom
+        result.seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+        return result
+    }
+}
+
+extension Duration {
+    var microseconds: Int64 {
+        let (seconds, attoseconds) = components
+        return seconds * 1_000_000 + attoseconds / 1_000_000_000_000
+    }
+}

@@ -1,0 +1,121 @@
+import ArgumentParser
+import CanopyBus
+import CanopyServiceKit
+import CanopyTesting
+import Foundation
+import Testing
+
+/// The executables as an operator uses them: real processes against a live broker.
+@Suite(.serialized)
+struct CommandLineTests {
+    struct Run {
+        var status: Int32
+        var output: String
+        var errors: String
+    }
+
+    /// Runs a built executable and waits for it, for at most 20 s.
+    func run(_ name: String, _ arguments: [String], environment: [String: String] = [:]) throws -> Run {
+        let process = Process()
+        process.executableURL = try LiveBus.executable(name)
+        process.arguments = arguments
+        process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
+        let output = Pipe(), errors = Pipe()
+        process.standardOutput = output
+        process.standardError = errors
+        try process.run()
+        let deadline = Date().addingTimeInterval(20)
+        while process.isRunning, Date() < deadline { usleep(10_000) }
+        if process.isRunning { process.terminate() }
+        process.waitUntilExit()
+        return Run(
+            status: process.terminationStatus,
+            output: String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self),
+            errors: String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self))
+    }
+
+    @Test func canopySendPrintsTheReplyAndExitsNonZeroOnAnError() async throws {
+        try await withLiveBus { bus in
+            bus.startWorker(name: "cli")
+            try await bus.waitForWorkers(1)
+            let ok = try run("canopy", ["send", "test", "echo", "--json", #"{"text":"fern","sleepMilliseconds":0}"#, "--principal", "user-7", "--endpoint", bus.endpoint])
+            #expect(ok.status == 0)
+            #expect(ok.output.contains(#""text" : "fern""#))
+            #expect(ok.output.contains(#""principal" : "user-7""#))
+
+            let failed = try run("canopy", ["send", "test", "fail", "--json", #"{"text":"notFound","sleepMilliseconds":0}"#, "--endpoint", bus.endpoint])
+            #expect(failed.status == 1)
+            #expect(failed.errors.contains("error (notFound)"))
+
+            let invalid = try run("canopy", ["send", "test", "echo", "--json", "{nope", "--endpoint", bus.endpoint])
+            #expect(invalid.status != 0)
+            #expect(invalid.errors.contains("--json is not valid JSON"))
+        }
+    }
+
+    @Test func canopyServicesAndStatsPrintAlignedTables() async throws {
+        try await withLiveBus { bus in
+            bus.startWorker(name: "cli")
+            try await bus.waitForWorkers(1)
+            // The endpoint comes from the environment this time.
+            let services = try run("canopy", ["services"], environment: ["CANOPY_ENDPOINT": bus.endpoint])
+            #expect(services.status == 0)
+            let lines = services.output.split(separator: "\n").map(String.init)
+            #expect(lines.first == "SERVICE  WORKERS  OPERATION  IDEMPOTENT  COALESCABLE")
+            #expect(lines.contains("test     1        append     no          no"))
+            #expect(lines.contains("                  echo       yes         no"))
+
+            let stats = try run("canopy", ["stats", "--endpoint", bus.endpoint])
+            #expect(stats.status == 0)
+            #expect(stats.output.contains("SERVICE  WORKERS  QUEUED  IN FLIGHT  SERVED  ERRORS"))
+            #expect(stats.output.contains("test"))
+        }
+    }
+
+    @Test func theBrokerStopsGracefullyOnSIGTERM() async throws {
+        let process = Process()
+        process.executableURL = try LiveBus.executable("canopy-broker")
+        process.arguments = ["serve", "--bind", "tcp://127.0.0.1:*", "--log-level", "info"]
+        let errors = Pipe()
+        process.standardError = errors
+        try process.run()
+        try await Task.sleep(for: .milliseconds(300))
+        process.terminate() // SIGTERM
+        process.waitUntilExit()
+        let log = String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        #expect(process.terminationStatus == 0)
+        #expect(log.contains("broker.draining"))
+        #expect(log.contains("broker.stopped"))
+    }
+
+    @Test func badOptionsAreRefusedWithASentenceThatSaysWhatToDo() throws {
+        let result = try run("canopy-broker", ["serve", "--liveness", "0"])
+        #expect(result.status != 0)
+        #expect(result.errors.contains("--liveness must be at least 1"))
+        let environment = try run("canopy-broker", ["serve"], environment: ["CANOPY_HEARTBEAT_MS": "often"])
+        #expect(environment.status != 0)
+        #expect(environment.errors.contains("CANOPY_HEARTBEAT_MS=often is not a whole number"))
+    }
+
+    @Test func everyExecutableShowsAnExampleInItsHelp() throws {
+        for (name, arguments) in [("canopy", ["--help"]), ("canopy", ["send", "--help"]), ("canopy-broker", ["serve", "--help"]), ("canopy-broker", ["--help"])] {
+            let help = try run(name, arguments)
+            #expect(help.status == 0)
+            #expect(help.output.contains("Example"), "\(name) \(arguments) shows an example")
+        }
+    }
+
+    @Test func tablesAlignTextLeftAndNumbersRight() {
+        var table = Table("NAME", "COUNT")
+        table.append(["monstera", "7"])
+        table.append(["fern", "120"])
+        #expect(table.render() == "NAME      COUNT\nmonstera      7\nfern        120")
+    }
+
+    @Test func optionsFallBackToCanopyEnvironmentVariablesAndFlagsWin() throws {
+        setenv("CANOPY_ENDPOINT", "tcp://10.0.0.9:7000", 1)
+        defer { unsetenv("CANOPY_ENDPOINT") }
+        #expect(try CommonOptions.parse([]).endpoint == "tcp://10.0.0.9:7000")
+        #expect(try CommonOptions.parse(["--endpoint", "tcp://127.0.0.1:1"]).endpoint == "tcp://127.0.0.1:1")
+    }
+}
