@@ -18,7 +18,7 @@ struct Send: AsyncParsableCommand {
     @Argument(help: "The operation, for example 'stats'.") var operation: String
     @Option(help: "The request body as JSON.") var json: String = "{}"
     @Option(help: "The user id to act for. Env: CANOPY_PRINCIPAL.") var principal: String = Environment.string("CANOPY_PRINCIPAL") ?? ""
-    @Option(help: "How long to wait, in milliseconds.") var timeoutMs: Int = 10_000
+    @Option(help: "How long to wait, in milliseconds. Env: CANOPY_TIMEOUT_MS.") var timeoutMs: Int = Environment.int("CANOPY_TIMEOUT_MS", default: 10_000)
     @Flag(help: "Let the bus send the call again if the broker restarts mid-call (only for idempotent operations).") var idempotent = false
     @OptionGroup var common: CommonOptions
 

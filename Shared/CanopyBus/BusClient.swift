@@ -117,13 +117,18 @@ public final class BusClient: Sendable {
         let deadline = ContinuousClock.now + timeout
         return try await withTaskCancellationHandler {
             try await withCheckedThrowingContinuation { continuation in
-                mailbox.post(.call(id: id, frames: frames, idempotent: idempotent, deadline: deadline, continuation: continuation))
+                if !mailbox.post(.call(id: id, frames: frames, idempotent: idempotent, deadline: deadline, continuation: continuation)) {
+                    continuation.resume(throwing: clientClosed)
+                }
             }
         } onCancel: {
             mailbox.post(.cancel(id: id))
         }
     }
 }
+
+/// What calls on a closed client fail with.
+private let clientClosed = CanopyError(.internal, "the bus client was closed; make a new one")
 
 /// A thread-safe increasing counter of correlation ids.
 private final class Counter: Sendable {
@@ -187,6 +192,10 @@ private final class ClientLoop: @unchecked Sendable {
 
     func run() {
         defer {
+            // Calls posted after the loop stopped are failed, not left waiting.
+            for case .call(_, _, _, _, let continuation) in mailbox.close() {
+                continuation.resume(throwing: clientClosed)
+            }
             socket.close()
             monitor.close()
         }
@@ -200,7 +209,7 @@ private final class ClientLoop: @unchecked Sendable {
                 if poller.isReadable(mailboxItem) {
                     for control in mailbox.drain() {
                         if case .close = control {
-                            failAll(CanopyError(.internal, "the bus client was closed"))
+                            failAll(clientClosed)
                             return
                         }
                         try handle(control)

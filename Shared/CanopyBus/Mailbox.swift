@@ -7,7 +7,12 @@ import Synchronization
 /// Posting wakes the owner through an eventfd it polls next to its sockets, so nothing
 /// shares a socket and nobody busy-waits. Thread-safe.
 public final class Mailbox<Message: Sendable>: Sendable {
-    private let queue = Mutex<[Message]>([])
+    private struct State {
+        var queue: [Message] = []
+        var closed = false
+    }
+
+    private let state = Mutex(State())
     /// The eventfd the owner polls.
     public let fileDescriptor: Int32
 
@@ -20,14 +25,32 @@ public final class Mailbox<Message: Sendable>: Sendable {
     deinit { Glibc.close(fileDescriptor) }
 
     /// Adds a message and wakes the owner if it may be asleep.
-    public func post(_ message: Message) {
-        let wasEmpty = queue.withLock { queue in
-            queue.append(message)
-            return queue.count == 1
+    ///
+    /// - Returns: `false` when the mailbox is closed: the owner is gone and the message was
+    ///   not taken.
+    @discardableResult
+    public func post(_ message: Message) -> Bool {
+        let outcome: Bool? = state.withLock { state in
+            guard !state.closed else { return nil }
+            state.queue.append(message)
+            return state.queue.count == 1
         }
+        guard let wasEmpty = outcome else { return false }
         if wasEmpty {
             var one: UInt64 = 1
             _ = Glibc.write(fileDescriptor, &one, 8)
+        }
+        return true
+    }
+
+    /// Refuses further posts and returns what was still waiting. Called by the owner when it
+    /// stops, so nothing posted is silently lost.
+    public func close() -> [Message] {
+        state.withLock { state in
+            state.closed = true
+            var taken: [Message] = []
+            swap(&taken, &state.queue)
+            return taken
         }
     }
 
@@ -35,10 +58,10 @@ public final class Mailbox<Message: Sendable>: Sendable {
     public func drain() -> [Message] {
         var counter: UInt64 = 0
         _ = Glibc.read(fileDescriptor, &counter, 8)
-        return queue.withLock { queue in
-            guard !queue.isEmpty else { return [] }
+        return state.withLock { state in
+            guard !state.queue.isEmpty else { return [] }
             var taken: [Message] = []
-            swap(&taken, &queue)
+            swap(&taken, &state.queue)
             return taken
         }
     }

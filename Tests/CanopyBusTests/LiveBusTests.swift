@@ -210,6 +210,18 @@ struct LiveBusTests {
         }
     }
 
+    @Test func callsOnAClosedClientFailAtOnceInsteadOfWaiting() async throws {
+        try await withLiveBus { bus in
+            let client = try bus.client()
+            client.close()
+            try await Task.sleep(for: .milliseconds(50)) // the loop thread has stopped
+            let started = ContinuousClock.now
+            let error = await #expect(throws: CanopyError.self) { _ = try await client.call(Broker.Services.self, .init()) }
+            #expect(error?.message.contains("closed") == true)
+            #expect(ContinuousClock.now - started < .seconds(1))
+        }
+    }
+
     @Test func anotherProtocolVersionIsRefusedWithAnErrorFrame() async throws {
         try await withLiveBus { bus in
             let context = ZMQContext()

@@ -12,16 +12,14 @@ struct TestWorkerCommand: AsyncParsableCommand {
         discussion: "Example: canopy-test-worker --endpoint tcp://127.0.0.1:5555 --credit 4 --name w1")
 
     @OptionGroup var common: CommonOptions
-    @Option(help: "Requests held at once.") var credit = 4
-    @Option(help: "Heartbeat interval in milliseconds.") var heartbeatMs = 1_000
-    @Option(help: "Name shown in replies.") var name = "worker"
+    @OptionGroup var worker: WorkerOptions
+    @Option(help: "Name shown in replies. Env: CANOPY_WORKER_NAME.") var name = Environment.string("CANOPY_WORKER_NAME") ?? "worker"
 
     func run() async throws {
         let logger = LogSetup.logger(label: "canopy-test-worker", level: common.logLevel)
-        var configuration = ServiceRunner.Configuration(endpoint: common.endpoint)
-        configuration.credit = credit
-        configuration.heartbeatInterval = .milliseconds(heartbeatMs)
-        let runner = ServiceRunner(service: TestWorkerService(workerName: name), configuration: configuration, context: ZMQContext(), logger: logger)
+        let runner = ServiceRunner(
+            service: TestWorkerService(workerName: name), configuration: worker.runnerConfiguration(endpoint: common.endpoint),
+            context: ZMQContext(), logger: logger)
         try await runUntilShutdown([runner], logger: logger)
     }
 }

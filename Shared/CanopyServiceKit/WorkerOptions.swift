@@ -1,0 +1,41 @@
+import ArgumentParser
+import CanopyBus
+
+/// The options every service worker shares (`serve` of each service executable).
+public struct WorkerOptions: ParsableArguments {
+    /// Requests held at once.
+    @Option(help: ArgumentHelp("Requests this worker holds at once. Env: CANOPY_CREDIT.", valueName: "count"))
+    public var credit: Int = Environment.int("CANOPY_CREDIT", default: 8)
+
+    /// Heartbeat interval in milliseconds.
+    @Option(help: ArgumentHelp("Heartbeat interval in milliseconds; match the broker's. Env: CANOPY_HEARTBEAT_MS.", valueName: "ms"))
+    public var heartbeatMs: Int = Environment.int("CANOPY_HEARTBEAT_MS", default: 1_000)
+
+    /// Missed broker heartbeats before reconnecting.
+    @Option(help: ArgumentHelp("Missed broker heartbeats before reconnecting. Env: CANOPY_LIVENESS.", valueName: "beats"))
+    public var liveness: Int = Environment.int("CANOPY_LIVENESS", default: 3)
+
+    /// How long shutdown waits for running handlers.
+    @Option(help: ArgumentHelp("How long shutdown waits for running handlers, in milliseconds. Env: CANOPY_DRAIN_TIMEOUT_MS.", valueName: "ms"))
+    public var drainTimeoutMs: Int = Environment.int("CANOPY_DRAIN_TIMEOUT_MS", default: 10_000)
+
+    /// Parsed by argument parser.
+    public init() {}
+
+    public func validate() throws {
+        guard credit >= 1, credit <= 100_000 else { throw ValidationError("--credit must be from 1 to 100000; 8 is the usual value") }
+        guard heartbeatMs >= 10 else { throw ValidationError("--heartbeat-ms must be at least 10; use the broker's value (1000 by default)") }
+        guard liveness >= 1 else { throw ValidationError("--liveness must be at least 1 missed heartbeat; 3 is the usual value") }
+        guard drainTimeoutMs >= 0 else { throw ValidationError("--drain-timeout-ms cannot be negative") }
+    }
+
+    /// The runner configuration these options describe, for the broker at `endpoint`.
+    public func runnerConfiguration(endpoint: String) -> ServiceRunner.Configuration {
+        var configuration = ServiceRunner.Configuration(endpoint: endpoint)
+        configuration.credit = credit
+        configuration.heartbeatInterval = .milliseconds(heartbeatMs)
+        configuration.liveness = liveness
+        configuration.drainTimeout = .milliseconds(drainTimeoutMs)
+        return configuration
+    }
+}
