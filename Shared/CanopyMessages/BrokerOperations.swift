@@ -29,17 +29,22 @@ public struct ServiceDescription: Codable, Sendable, Equatable {
     public var name: String
     /// How many workers serve it.
     public var workers: Int
-    /// The operations its workers announced, sorted by name.
+    /// The operations its workers announced, sorted by name (empty for Majordomo workers,
+    /// which take any operation).
     public var operations: [OperationDescriptor]
+    /// Whether its workers speak Majordomo (7/MDP) rather than Canopy's protocol.
+    public var majordomo: Bool
 
     /// - Parameters:
     ///   - name: the service name.
     ///   - workers: how many workers serve it.
     ///   - operations: the operations its workers announced.
-    public init(name: String, workers: Int, operations: [OperationDescriptor]) {
+    ///   - majordomo: whether its workers speak Majordomo.
+    public init(name: String, workers: Int, operations: [OperationDescriptor], majordomo: Bool = false) {
         self.name = name
         self.workers = workers
         self.operations = operations
+        self.majordomo = majordomo
     }
 }
 
@@ -50,17 +55,25 @@ public struct BrokerStatistics: Codable, Sendable, Equatable {
     /// Requests answered by the broker itself because they were malformed, named no
     /// service, or hit a bound.
     public var rejected: UInt64
-    /// One entry per service that has workers or has served requests, sorted by name.
+    /// Coalescable flights in the air that identical requests can still join.
+    public var openFlights: Int
+    /// One entry per service that has workers, sorted by name.
     public var services: [ServiceStatistics]
+    /// One entry per operation that was called, sorted by service and operation.
+    public var operations: [OperationStatistics]
 
     /// - Parameters:
     ///   - uptimeSeconds: seconds since the broker started.
     ///   - rejected: requests the broker answered itself with an error.
+    ///   - openFlights: coalescable flights that can still be joined.
     ///   - services: per-service figures.
-    public init(uptimeSeconds: Double, rejected: UInt64, services: [ServiceStatistics]) {
+    ///   - operations: per-operation coalescing figures.
+    public init(uptimeSeconds: Double, rejected: UInt64, openFlights: Int, services: [ServiceStatistics], operations: [OperationStatistics]) {
         self.uptimeSeconds = uptimeSeconds
         self.rejected = rejected
+        self.openFlights = openFlights
         self.services = services
+        self.operations = operations
     }
 }
 
@@ -96,5 +109,53 @@ public struct ServiceStatistics: Codable, Sendable, Equatable {
         self.errors = errors
         self.p50Micros = p50Micros
         self.p99Micros = p99Micros
+    }
+}
+
+/// One operation's coalescing counters.
+public struct OperationStatistics: Codable, Sendable, Equatable {
+    /// The service.
+    public var service: String
+    /// The operation (empty for a Majordomo client's request to a Majordomo service).
+    public var operation: String
+    /// Requests admitted (joined a flight or started one).
+    public var requests: UInt64
+    /// Requests that joined a flight already in the air.
+    public var coalesced: UInt64
+    /// Calls made to workers (a re-dispatched flight counts twice).
+    public var workerCalls: UInt64
+    /// Worker calls not made because a request joined a flight (equals ``coalesced``).
+    public var workerCallsSaved: UInt64
+    /// Waiters that left a flight others still waited on (their deadline or a cancel).
+    public var detachedWaiters: UInt64
+    /// Flights sent once more to another worker after theirs was lost.
+    public var redispatchedFlights: UInt64
+    /// Flights that ended.
+    public var flights: UInt64
+    /// Median waiters per ended flight.
+    public var waitersPerFlightP50: UInt64
+    /// 99th percentile of waiters per ended flight.
+    public var waitersPerFlightP99: UInt64
+    /// Most waiters one flight had.
+    public var waitersPerFlightMax: UInt64
+
+    /// Makes an entry; every figure is as named.
+    public init(
+        service: String, operation: String, requests: UInt64, coalesced: UInt64, workerCalls: UInt64, workerCallsSaved: UInt64,
+        detachedWaiters: UInt64, redispatchedFlights: UInt64, flights: UInt64,
+        waitersPerFlightP50: UInt64, waitersPerFlightP99: UInt64, waitersPerFlightMax: UInt64
+    ) {
+        self.service = service
+        self.operation = operation
+        self.requests = requests
+        self.coalesced = coalesced
+        self.workerCalls = workerCalls
+        self.workerCallsSaved = workerCallsSaved
+        self.detachedWaiters = detachedWaiters
+        self.redispatchedFlights = redispatchedFlights
+        self.flights = flights
+        self.waitersPerFlightP50 = waitersPerFlightP50
+        self.waitersPerFlightP99 = waitersPerFlightP99
+        self.waitersPerFlightMax = waitersPerFlightMax
     }
 }

@@ -28,18 +28,24 @@ struct MessageFormatTests {
     }
 
     @Test func brokerServicesReplyIsPinned() throws {
-        let reply = [ServiceDescription(name: "care", workers: 2, operations: [
-            OperationDescriptor(name: "plants.add", idempotent: false, coalescable: false),
-            OperationDescriptor(name: "plants.get", idempotent: true, coalescable: true),
-        ])]
+        let reply = [
+            ServiceDescription(name: "care", workers: 2, operations: [
+                OperationDescriptor(name: "plants.add", idempotent: false, coalescable: false),
+                OperationDescriptor(name: "plants.get", idempotent: true, coalescable: true),
+            ]),
+            ServiceDescription(name: "legacy", workers: 1, operations: [], majordomo: true),
+        ]
         #expect(try codec.encode(reply) == fixture("broker-services-reply.json"))
         #expect(try codec.decode(Broker.Services.Reply.self, from: fixture("broker-services-reply.json")) == reply)
     }
 
     @Test func brokerStatsReplyIsPinned() throws {
-        let reply = BrokerStatistics(uptimeSeconds: 12.5, rejected: 3, services: [
-            ServiceStatistics(name: "care", workers: 2, queued: 0, inFlight: 2, served: 41, errors: 1, p50Micros: 180, p99Micros: 950),
-        ])
+        let reply = BrokerStatistics(
+            uptimeSeconds: 12.5, rejected: 3, openFlights: 1,
+            services: [ServiceStatistics(name: "care", workers: 2, queued: 0, inFlight: 2, served: 41, errors: 1, p50Micros: 180, p99Micros: 950)],
+            operations: [OperationStatistics(
+                service: "care", operation: "plants.get", requests: 41, coalesced: 37, workerCalls: 5, workerCallsSaved: 37,
+                detachedWaiters: 2, redispatchedFlights: 1, flights: 4, waitersPerFlightP50: 3, waitersPerFlightP99: 30, waitersPerFlightMax: 30)])
         #expect(try codec.encode(reply) == fixture("broker-stats-reply.json"))
         #expect(try codec.decode(Broker.Stats.Reply.self, from: fixture("broker-stats-reply.json")) == reply)
     }

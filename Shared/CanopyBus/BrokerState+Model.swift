@@ -1,0 +1,260 @@
+import CanopyMessages
+import Collections
+import Histogram
+
+// The broker's bookkeeping types. Workers, services and flights are reference types: one
+// dictionary lookup per message, then changes in place (copy-on-write copies of value
+// types showed at the top of the broker's profile).
+
+extension BrokerState {
+    /// One client's request: who to answer, under which correlation id, by when.
+    struct Waiter {
+        let id: UInt64
+        let client: [UInt8]
+        /// The client's correlation id (empty for Majordomo clients, which have none).
+        let correlation: [UInt8]
+        let dialect: Dialect
+        /// The service as the client named it (Majordomo replies repeat it).
+        let serviceName: String
+        let receivedAt: ContinuousClock.Instant
+        let deadline: ContinuousClock.Instant
+        /// The flight this waiter waits on.
+        let flight: UInt64
+    }
+
+    /// What goes to a worker: one call, answered to all of its waiters.
+    final class Flight {
+        let id: UInt64
+        let service: ServiceEntry
+        /// The operation; empty for a Majordomo client's request to a Majordomo worker.
+        let operation: String
+        let header: RequestHeader
+        /// The body frames: one JSON body, or a Majordomo client's body passed as it came.
+        let payload: [[UInt8]]
+        /// Set while identical requests may join (coalescable, not stuck, not answered).
+        var key: FlightKey?
+        let createdAt: ContinuousClock.Instant
+        let counters: OperationCounters
+        var waiters: [UInt64] = []
+        /// Waiters that ever joined, for "shared" and the waiters-per-flight histogram.
+        var totalWaiters = 0
+        var worker: Worker?
+        var dispatches = 0
+
+        init(id: UInt64, service: ServiceEntry, operation: String, header: RequestHeader, payload: [[UInt8]],
+             key: FlightKey?, createdAt: ContinuousClock.Instant, counters: OperationCounters) {
+            self.id = id
+            self.service = service
+            self.operation = operation
+            self.header = header
+            self.payload = payload
+            self.key = key
+            self.createdAt = createdAt
+            self.counters = counters
+        }
+    }
+
+    /// What makes two requests identical: service, operation, principal and body bytes.
+    /// The hash is computed once from the bytes; equality compares the bytes.
+    struct FlightKey: Hashable {
+        let service: String
+        let operation: String
+        let principal: String
+        let payload: [[UInt8]]
+        private let digest: Int
+
+        init(service: String, operation: String, principal: String, payload: [[UInt8]]) {
+            self.service = service
+            self.operation = operation
+            self.principal = principal
+            self.payload = payload
+            var hasher = Hasher()
+            hasher.combine(service)
+            hasher.combine(operation)
+            hasher.combine(principal)
+            for frame in payload {
+                hasher.combine(frame.count)
+                frame.withUnsafeBytes { hasher.combine(bytes: $0) }
+            }
+            digest = hasher.finalize()
+        }
+
+        static func == (lhs: Self, rhs: Self) -> Bool {
+            lhs.digest == rhs.digest && lhs.service == rhs.service && lhs.operation == rhs.operation
+                && lhs.principal == rhs.principal && lhs.payload == rhs.payload
+        }
+
+        func hash(into hasher: inout Hasher) {
+            hasher.combine(digest)
+        }
+    }
+
+    /// A client's request, as the client names it. Hashes its bytes in bulk: `[UInt8]`'s own
+    /// hashing goes byte by byte.
+    struct ClientKey: Hashable {
+        let client: [UInt8]
+        let correlation: [UInt8]
+
+        func hash(into hasher: inout Hasher) {
+            client.withUnsafeBytes { hasher.combine(bytes: $0) }
+            correlation.withUnsafeBytes { hasher.combine(bytes: $0) }
+        }
+    }
+
+    /// A peer's routing identity as a dictionary key, hashed in bulk.
+    struct PeerKey: Hashable {
+        let bytes: [UInt8]
+
+        init(_ bytes: [UInt8]) { self.bytes = bytes }
+
+        func hash(into hasher: inout Hasher) {
+            bytes.withUnsafeBytes { hasher.combine(bytes: $0) }
+        }
+    }
+
+    /// A connected worker.
+    final class Worker {
+        let identity: PeerKey
+        let dialect: Dialect
+        let service: ServiceEntry
+        /// The operations it declared (Canopy workers).
+        let operations: [String: OperationDescriptor]
+        /// What a Majordomo worker's operations count as (they declare nothing).
+        let majordomoDescriptor: OperationDescriptor?
+        let credit: Int
+        /// Flights it holds.
+        var held: Set<UInt64> = []
+        var expiry: ContinuousClock.Instant
+        var draining = false
+
+        init(identity: PeerKey, dialect: Dialect, service: ServiceEntry, operations: [String: OperationDescriptor],
+             majordomoDescriptor: OperationDescriptor? = nil, credit: Int, expiry: ContinuousClock.Instant) {
+            self.identity = identity
+            self.dialect = dialect
+            self.service = service
+            self.operations = operations
+            self.majordomoDescriptor = majordomoDescriptor
+            self.credit = credit
+            self.expiry = expiry
+        }
+
+        var available: Int { draining ? 0 : credit - held.count }
+
+        /// The flags of `operation`, or `nil` when this worker does not serve it.
+        func descriptor(for operation: String) -> OperationDescriptor? {
+            switch dialect {
+            case .canopy: operations[operation]
+            case .majordomo: majordomoDescriptor.map { OperationDescriptor(name: operation, idempotent: $0.idempotent, coalescable: $0.coalescable) }
+            }
+        }
+
+        var heartbeatFrames: [[UInt8]] {
+            switch dialect {
+            case .canopy: [Wire.version, Wire.Command.brokerHeartbeat.frame]
+            case .majordomo: [[], Majordomo.worker, Majordomo.Command.heartbeat.frame]
+            }
+        }
+
+        func disconnectFrames(reason: String) -> [[UInt8]] {
+            switch dialect {
+            case .canopy: [Wire.version, Wire.Command.brokerDisconnect.frame, Array(reason.utf8)]
+            case .majordomo: [[], Majordomo.worker, Majordomo.Command.disconnect.frame]
+            }
+        }
+    }
+
+    /// A service: its workers in round-robin order, its queue of flights and its counters.
+    final class ServiceEntry {
+        let name: String
+        /// Set by the first worker; a service is served in one protocol only.
+        var dialect: Dialect?
+        var workers: [Worker] = []
+        var cursor = 0
+        var queue: Deque<UInt64> = []
+        var inFlight = 0
+        var served: UInt64 = 0
+        var errors: UInt64 = 0
+        var latencyMicros = Histogram<UInt64>(highestTrackableValue: 3_600_000_000, numberOfSignificantValueDigits: .two)
+
+        init(name: String) { self.name = name }
+
+        /// The next worker in round-robin order that has credit and serves `operation`.
+        func freeWorker(for operation: String) -> Worker? {
+            let count = workers.count
+            for step in 0..<count {
+                let index = (cursor + step) % count
+                let worker = workers[index]
+                if worker.available > 0, worker.descriptor(for: operation) != nil {
+                    cursor = (index + 1) % count
+                    return worker
+                }
+            }
+            return nil
+        }
+
+        /// The flags of `operation` as the service's workers declared them.
+        func describe(_ operation: String) -> OperationDescriptor? {
+            for worker in workers {
+                if let descriptor = worker.descriptor(for: operation) { return descriptor }
+            }
+            return nil
+        }
+
+        /// Every operation any of its workers declared.
+        var operations: [OperationDescriptor] {
+            var table: [String: OperationDescriptor] = [:]
+            for worker in workers {
+                table.merge(worker.operations) { first, _ in first }
+            }
+            return table.values.sorted { $0.name < $1.name }
+        }
+    }
+
+    struct Deadline: Comparable {
+        let at: ContinuousClock.Instant
+        let waiter: UInt64
+        static func < (lhs: Self, rhs: Self) -> Bool { lhs.at < rhs.at }
+    }
+
+    /// Per-operation coalescing counters, kept across worker comings and goings.
+    final class OperationCounters {
+        let service: String
+        let operation: String
+        var requests: UInt64 = 0
+        var coalesced: UInt64 = 0
+        var workerCalls: UInt64 = 0
+        var detached: UInt64 = 0
+        var redispatched: UInt64 = 0
+        var waitersPerFlight = Histogram<UInt64>(highestTrackableValue: 1_000_000, numberOfSignificantValueDigits: .two)
+
+        init(service: String, operation: String) {
+            self.service = service
+            self.operation = operation
+        }
+
+        var statistics: OperationStatistics {
+            OperationStatistics(
+                service: service, operation: operation, requests: requests, coalesced: coalesced,
+                workerCalls: workerCalls, workerCallsSaved: coalesced, detachedWaiters: detached, redispatchedFlights: redispatched,
+                flights: waitersPerFlight.totalCount,
+                waitersPerFlightP50: waitersPerFlight.totalCount == 0 ? UInt64(0) : waitersPerFlight.valueAtPercentile(50),
+                waitersPerFlightP99: waitersPerFlight.totalCount == 0 ? UInt64(0) : waitersPerFlight.valueAtPercentile(99),
+                waitersPerFlightMax: waitersPerFlight.totalCount == 0 ? UInt64(0) : waitersPerFlight.max)
+        }
+    }
+
+    /// The counters of one operation. Majordomo workers take any operation name, so past
+    /// 1024 names new ones share one `service.*` entry and the table stays bounded.
+    mutating func counters(service: String, operation: String) -> OperationCounters {
+        var operation = operation
+        var name = operation.isEmpty ? service : "\(service).\(operation)"
+        if operationCounters[name] == nil && operationCounters.count >= 1024 {
+            operation = "*"
+            name = "\(service).*"
+        }
+        if let existing = operationCounters[name] { return existing }
+        let created = OperationCounters(service: service, operation: operation)
+        operationCounters[name] = created
+        return created
+    }
+}

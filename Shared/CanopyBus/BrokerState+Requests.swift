@@ -1,0 +1,248 @@
+import CanopyMessages
+import Collections
+
+// Client requests: intake, coalescing, cancel, and answering every waiter of a flight.
+
+extension BrokerState {
+    /// A request as it came in, in either protocol.
+    struct Intake {
+        let client: [UInt8]
+        let correlation: [UInt8]
+        let dialect: Dialect
+        let serviceName: String
+        let operation: String
+        let header: RequestHeader
+        let payload: [[UInt8]]
+    }
+
+    mutating func clientRequest(_ frames: [[UInt8]], from client: [UInt8], now: ContinuousClock.Instant, into out: inout [Directive]) {
+        guard frames.count == 7 else {
+            rejected += 1
+            out.append(.log("malformed request", peer: client))
+            replyError(to: client, correlation: frames.count > 2 ? frames[2] : [], CanopyError(.badRequest, "a request has 7 frames (version, command, correlation, service, operation, header, body), got \(frames.count)"), into: &out)
+            return
+        }
+        let correlation = frames[2]
+        guard !correlation.isEmpty, correlation.count <= Wire.maximumCorrelationLength else {
+            rejected += 1
+            replyError(to: client, correlation: [], CanopyError(.badRequest, "the correlation id must be 1 to \(Wire.maximumCorrelationLength) bytes"), into: &out)
+            return
+        }
+        guard Wire.isValidName(frames[3]), Wire.isValidName(frames[4]) else {
+            rejected += 1
+            replyError(to: client, correlation: correlation, CanopyError(.badRequest, "service and operation names are 1 to \(Wire.maximumNameLength) characters of a-z, 0-9, '.', '-' and '_'"), into: &out)
+            return
+        }
+        guard let header = RequestHeader(frame: frames[5]) else {
+            rejected += 1
+            replyError(to: client, correlation: correlation, CanopyError(.badRequest, "the header frame is malformed: 4-byte timeout, 1 flags byte, then a UTF-8 principal of at most 256 bytes"), into: &out)
+            return
+        }
+        let serviceName = String(decoding: frames[3], as: UTF8.self)
+        let operation = String(decoding: frames[4], as: UTF8.self)
+        guard byClient[ClientKey(client: client, correlation: correlation)] == nil else {
+            return // the same request again (a client resending after a reconnect): the first will be answered
+        }
+        if serviceName == Broker.service {
+            management(operation, to: client, correlation: correlation, now: now, into: &out)
+            return
+        }
+        admit(Intake(client: client, correlation: correlation, dialect: .canopy, serviceName: serviceName,
+                     operation: operation, header: header, payload: [frames[6]]), now: now, into: &out)
+    }
+
+    /// Takes a well-formed request: joins an identical flight, or starts a flight that goes
+    /// to a worker or waits in the service's queue; or refuses it.
+    mutating func admit(_ intake: Intake, now: ContinuousClock.Instant, into out: inout [Directive]) {
+        func refuse(_ error: CanopyError) {
+            rejected += 1
+            send(error, to: intake, into: &out)
+        }
+        if shuttingDown {
+            return refuse(CanopyError(.busy, "the broker is shutting down; retry in a moment"))
+        }
+        let service: ServiceEntry
+        if let known = services[intake.serviceName] {
+            service = known
+        } else if startupGraceEnds != nil {
+            service = ServiceEntry(name: intake.serviceName) // its workers are expected to register soon
+            services[intake.serviceName] = service
+        } else {
+            return refuse(noWorkers(intake.serviceName))
+        }
+        let descriptor = service.describe(intake.operation)
+        guard descriptor != nil || (service.workers.isEmpty && startupGraceEnds != nil) else {
+            service.errors += 1
+            let known = service.operations.map(\.name).joined(separator: ", ")
+            return refuse(CanopyError(.badRequest, "service '\(intake.serviceName)' has no operation '\(intake.operation)'; it has: \(known)"))
+        }
+        let counters = counters(service: service.name, operation: intake.operation)
+        var timeout = intake.header.timeoutMilliseconds == 0 ? configuration.defaultTimeout : .milliseconds(Int64(intake.header.timeoutMilliseconds))
+        timeout = min(timeout, configuration.maximumTimeout)
+
+        // Coalescing: join an identical flight in the air.
+        var key: FlightKey?
+        if configuration.coalescing, descriptor?.coalescable == true, !configuration.coalescingDisabledServices.contains(service.name) {
+            let candidate = FlightKey(service: service.name, operation: intake.operation, principal: intake.header.principal, payload: intake.payload)
+            if let flight = openFlights[candidate] {
+                if now - flight.createdAt >= configuration.stuckFlightAge {
+                    flight.key = nil // stuck: it keeps its waiters but takes no new ones
+                    openFlights[candidate] = nil
+                } else if flight.waiters.count >= configuration.maximumWaitersPerFlight {
+                    service.errors += 1
+                    return refuse(CanopyError(.busy, "\(configuration.maximumWaitersPerFlight) identical requests are already waiting on this one; retry later"))
+                } else {
+                    counters.requests += 1
+                    counters.coalesced += 1
+                    join(flight, intake, now: now, timeout: timeout)
+                    return
+                }
+            }
+            guard openFlights.count < configuration.maximumOpenFlights else {
+                service.errors += 1
+                return refuse(CanopyError(.busy, "the broker holds \(configuration.maximumOpenFlights) distinct coalescable requests already; retry later"))
+            }
+            key = candidate
+        }
+
+        // A new flight.
+        let worker = service.freeWorker(for: intake.operation)
+        guard worker != nil || service.queue.count < configuration.maximumQueuedPerService else {
+            service.errors += 1
+            return refuse(CanopyError(.busy, "'\(service.name)' has \(configuration.maximumQueuedPerService) requests waiting already; retry later or start more workers"))
+        }
+        counters.requests += 1
+        let flight = Flight(id: makeID(), service: service, operation: intake.operation, header: intake.header, payload: intake.payload,
+                            key: key, createdAt: now, counters: counters)
+        flights[flight.id] = flight
+        if let key { openFlights[key] = flight }
+        join(flight, intake, now: now, timeout: timeout)
+        if let worker {
+            dispatch(flight, to: worker, now: now, into: &out)
+        } else {
+            service.queue.append(flight.id)
+        }
+    }
+
+    /// Adds a waiter for `intake` to `flight`.
+    private mutating func join(_ flight: Flight, _ intake: Intake, now: ContinuousClock.Instant, timeout: Duration) {
+        let waiter = Waiter(id: makeID(), client: intake.client, correlation: intake.correlation, dialect: intake.dialect,
+                            serviceName: intake.serviceName, receivedAt: now, deadline: now + timeout, flight: flight.id)
+        waiters[waiter.id] = waiter
+        if intake.dialect == .canopy {
+            byClient[ClientKey(client: intake.client, correlation: intake.correlation)] = waiter.id
+        }
+        deadlines.insert(Deadline(at: waiter.deadline, waiter: waiter.id))
+        flight.waiters.append(waiter.id)
+        flight.totalWaiters += 1
+    }
+
+    mutating func clientCancel(_ frames: [[UInt8]], from client: [UInt8], now: ContinuousClock.Instant, into out: inout [Directive]) {
+        guard frames.count == 3, let id = byClient[ClientKey(client: client, correlation: frames[2])], let waiter = waiters[id] else {
+            return // nothing held under that id: already answered, or never sent
+        }
+        detach(waiter, now: now, into: &out)
+    }
+
+    /// Removes a waiter from its flight without answering it. The flight goes on for the
+    /// others; when the last one leaves, the flight is dropped from the queue or cancelled at
+    /// its worker (which keeps the credit until it replies).
+    mutating func detach(_ waiter: Waiter, now: ContinuousClock.Instant, into out: inout [Directive]) {
+        forget(waiter)
+        guard let flight = flights[waiter.flight] else { return }
+        flight.waiters.removeAll { $0 == waiter.id }
+        if !flight.waiters.isEmpty {
+            flight.counters.detached += 1
+            return
+        }
+        if let worker = flight.worker {
+            out.append(.send(to: worker.identity.bytes, frames: cancelFrames(flight, worker: worker)))
+        } else if let index = flight.service.queue.firstIndex(of: flight.id) {
+            flight.service.queue.remove(at: index)
+        }
+        close(flight)
+    }
+
+    /// Forgets a waiter (answered, or gone).
+    private mutating func forget(_ waiter: Waiter) {
+        waiters[waiter.id] = nil
+        if waiter.dialect == .canopy {
+            byClient[ClientKey(client: waiter.client, correlation: waiter.correlation)] = nil
+        }
+    }
+
+    /// Forgets a flight: no waiter will join it again.
+    mutating func close(_ flight: Flight) {
+        flights[flight.id] = nil
+        if let key = flight.key, openFlights[key] === flight { openFlights[key] = nil }
+        flight.key = nil
+        _ = flight.counters.waitersPerFlight.record(UInt64(flight.totalWaiters))
+    }
+
+    /// What a flight ended with.
+    enum Outcome {
+        /// The worker's reply frames (one JSON body from a Canopy worker; whatever a
+        /// Majordomo worker sent).
+        case reply([[UInt8]], fromMajordomo: Bool)
+        case failure(CanopyError)
+    }
+
+    /// Answers every waiter of `flight` at once, each under its own correlation id.
+    mutating func finish(_ flight: Flight, _ outcome: Outcome, now: ContinuousClock.Instant, into out: inout [Directive]) {
+        close(flight)
+        let shared = flight.totalWaiters > 1
+        for id in flight.waiters {
+            guard let waiter = waiters[id] else { continue }
+            forget(waiter)
+            _ = flight.service.latencyMicros.record(UInt64(max(0, (now - waiter.receivedAt).microseconds)))
+            switch outcome {
+            case .reply: flight.service.served += 1
+            case .failure: flight.service.errors += 1
+            }
+            answer(waiter, outcome, shared: shared, into: &out)
+        }
+    }
+
+    /// Sends one waiter its answer, in its protocol.
+    func answer(_ waiter: Waiter, _ outcome: Outcome, shared: Bool, into out: inout [Directive]) {
+        switch (waiter.dialect, outcome) {
+        case (.canopy, .reply(let frames, _)):
+            out.append(.send(to: waiter.client, frames: [Wire.version, Wire.Command.reply.frame, waiter.correlation, [shared ? Wire.ReplyFlag.shared : 0], frames.first ?? []]))
+        case (.canopy, .failure(let error)):
+            replyError(to: waiter.client, correlation: waiter.correlation, error, into: &out)
+        case (.majordomo, .reply(let frames, let fromMajordomo)):
+            // Majordomo to Majordomo passes untouched; a Canopy worker's reply gets a status frame.
+            let body = fromMajordomo ? frames : [Majordomo.ok] + frames
+            out.append(.send(to: waiter.client, frames: [[], Majordomo.client, Array(waiter.serviceName.utf8)] + body))
+        case (.majordomo, .failure(let error)):
+            out.append(.send(to: waiter.client, frames: [[], Majordomo.client, Array(waiter.serviceName.utf8), Majordomo.error, (try? codec.encode(error)) ?? []]))
+        }
+    }
+
+    /// An error to a request that never became a waiter.
+    func send(_ error: CanopyError, to intake: Intake, into out: inout [Directive]) {
+        switch intake.dialect {
+        case .canopy:
+            replyError(to: intake.client, correlation: intake.correlation, error, into: &out)
+        case .majordomo:
+            out.append(.send(to: intake.client, frames: [[], Majordomo.client, Array(intake.serviceName.utf8), Majordomo.error, (try? codec.encode(error)) ?? []]))
+        }
+    }
+
+    /// After the start-up grace: flights still waiting for a service nobody registered are
+    /// answered `noWorkers`, and those for an operation no worker declared `badRequest`.
+    mutating func endStartupGrace(now: ContinuousClock.Instant, into out: inout [Directive]) {
+        for service in Array(services.values) {
+            for id in service.queue {
+                guard let flight = flights[id] else { continue }
+                if service.workers.isEmpty {
+                    finish(flight, .failure(noWorkers(service.name)), now: now, into: &out)
+                } else if service.describe(flight.operation) == nil {
+                    finish(flight, .failure(CanopyError(.badRequest, "service '\(service.name)' has no operation '\(flight.operation)'")), now: now, into: &out)
+                }
+            }
+            service.queue.removeAll { flights[$0] == nil }
+            if service.workers.isEmpty { services[service.name] = nil }
+        }
+    }
+}

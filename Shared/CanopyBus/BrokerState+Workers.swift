@@ -1,0 +1,278 @@
+import CanopyMessages
+import Collections
+
+// Workers of both protocols: registration, replies, heartbeats, loss, and dispatch.
+
+extension BrokerState {
+    mutating func workerReady(_ frames: [[UInt8]], from peer: PeerKey, now: ContinuousClock.Instant, into out: inout [Directive]) {
+        func refuse(_ reason: String) {
+            out.append(.log("worker refused: \(reason)", peer: peer.bytes))
+            out.append(.send(to: peer.bytes, frames: [Wire.version, Wire.Command.brokerDisconnect.frame, Array(reason.utf8)]))
+        }
+        guard frames.count == 5 else { return refuse("READY has 5 frames (version, command, service, operations, credit)") }
+        guard let name = serviceName(frames[2]) else { return refuse("invalid or reserved service name; use 1 to 128 of a-z, 0-9, '.', '-', '_', not 'broker' or 'mmi.'") }
+        guard let operations = try? codec.decode([OperationDescriptor].self, from: frames[3]), !operations.isEmpty,
+              operations.allSatisfy({ Wire.isValidName(Array($0.name.utf8)) })
+        else { return refuse("the operations frame must be a non-empty JSON array of {name, idempotent, coalescable}") }
+        guard let credit = Wire.uint32(frames[4]), credit >= 1, credit <= 100_000 else {
+            return refuse("credit must be a 4-byte big-endian number from 1 to 100000")
+        }
+        var table: [String: OperationDescriptor] = [:]
+        for operation in operations {
+            // Only idempotent operations may be coalesced.
+            table[operation.name] = OperationDescriptor(name: operation.name, idempotent: operation.idempotent, coalescable: operation.coalescable && operation.idempotent)
+        }
+        if let reason = register(peer, dialect: .canopy, service: name, operations: table, credit: Int(credit), now: now, into: &out) {
+            refuse(reason)
+        }
+    }
+
+    /// A valid service name a worker may register, or `nil`.
+    func serviceName(_ frame: [UInt8]) -> String? {
+        guard Wire.isValidName(frame) else { return nil }
+        let name = String(decoding: frame, as: UTF8.self)
+        guard name != Broker.service, !name.hasPrefix(Broker.service + "."), !name.hasPrefix(Majordomo.managementPrefix) else { return nil }
+        return name
+    }
+
+    /// Adds a worker to its service; returns why not when it cannot join.
+    private mutating func register(
+        _ peer: PeerKey, dialect: Dialect, service name: String, operations: [String: OperationDescriptor],
+        majordomoDescriptor: OperationDescriptor? = nil, credit: Int, now: ContinuousClock.Instant, into out: inout [Directive]
+    ) -> String? {
+        if workers[peer] != nil { workerGone(peer, now: now, into: &out) }
+        let service = services[name] ?? ServiceEntry(name: name)
+        if let existing = service.dialect, existing != dialect, !service.workers.isEmpty {
+            return "'\(name)' is served by \(existing == .canopy ? "Canopy" : "Majordomo") workers already; one service speaks one protocol"
+        }
+        service.dialect = dialect
+        services[name] = service
+        let worker = Worker(identity: peer, dialect: dialect, service: service, operations: operations,
+                            majordomoDescriptor: majordomoDescriptor, credit: credit, expiry: now + configuration.workerExpiry)
+        workers[peer] = worker
+        service.workers.append(worker)
+        dispatchQueued(service, now: now, into: &out)
+        return nil
+    }
+
+    mutating func workerReply(_ frames: [[UInt8]], from peer: PeerKey, now: ContinuousClock.Instant, into out: inout [Directive]) {
+        guard let worker = workers[peer] else { return unknownWorker(peer, into: &out) }
+        worker.expiry = now + configuration.workerExpiry
+        guard frames.count == 5, let id = Wire.uint64(frames[2]), frames[3].count == 1 else {
+            out.append(.log("malformed worker reply", peer: peer.bytes))
+            return
+        }
+        let outcome: Outcome
+        if frames[3][0] == Wire.Status.ok {
+            outcome = .reply([frames[4]], fromMajordomo: false)
+        } else {
+            outcome = .failure((try? codec.decode(CanopyError.self, from: frames[4])) ?? CanopyError(.internal, "the worker sent an unreadable error"))
+        }
+        complete(id, by: worker, outcome, now: now, into: &out)
+    }
+
+    /// A worker answered flight `id`: release its credit, answer the waiters, feed it more.
+    private mutating func complete(_ id: UInt64, by worker: Worker, _ outcome: Outcome, now: ContinuousClock.Instant, into out: inout [Directive]) {
+        guard worker.held.remove(id) != nil else {
+            out.append(.log("reply for a request the worker does not hold", peer: worker.identity.bytes))
+            return
+        }
+        worker.service.inFlight -= 1
+        if let flight = flights[id], flight.worker === worker {
+            finish(flight, outcome, now: now, into: &out)
+        } // else: every waiter left (cancel or deadline); the late answer is dropped
+        dispatchQueued(worker.service, now: now, into: &out)
+    }
+
+    mutating func workerHeartbeat(from peer: PeerKey, now: ContinuousClock.Instant, into out: inout [Directive]) {
+        guard let worker = workers[peer] else { return unknownWorker(peer, into: &out) }
+        worker.expiry = now + configuration.workerExpiry
+    }
+
+    mutating func workerDrain(from peer: PeerKey, now: ContinuousClock.Instant, into out: inout [Directive]) {
+        guard let worker = workers[peer] else { return unknownWorker(peer, into: &out) }
+        worker.draining = true
+        worker.expiry = now + configuration.workerExpiry
+    }
+
+    /// A worker the broker does not know (it registered with an earlier broker): tell it
+    /// to register again.
+    private func unknownWorker(_ peer: PeerKey, into out: inout [Directive]) {
+        out.append(.send(to: peer.bytes, frames: [Wire.version, Wire.Command.brokerDisconnect.frame, Array("unknown worker; send READY again".utf8)]))
+    }
+
+    /// Removes a worker. Its idempotent flights go once more to another worker with their
+    /// waiters still attached; the rest are answered `workerLost`.
+    mutating func workerGone(_ peer: PeerKey, now: ContinuousClock.Instant, into out: inout [Directive]) {
+        guard let worker = workers.removeValue(forKey: peer) else { return }
+        let service = worker.service
+        service.workers.removeAll { $0 === worker }
+        service.inFlight -= worker.held.count
+        var retry: [UInt64] = []
+        for id in worker.held.sorted() {
+            guard let flight = flights[id], flight.worker === worker else { continue }
+            let idempotent = worker.descriptor(for: flight.operation)?.idempotent ?? false
+            if idempotent && flight.dispatches < 2 {
+                flight.worker = nil
+                flight.counters.redispatched += 1
+                retry.append(id)
+            } else {
+                let message = idempotent
+                    ? "the request was lost with two workers in a row; it was not sent a third time"
+                    : "the worker died while holding this request; it may or may not have run, and it is not idempotent, so it was not sent again"
+                finish(flight, .failure(CanopyError(.workerLost, message)), now: now, into: &out)
+            }
+        }
+        service.queue.insert(contentsOf: retry, at: 0)
+        if service.workers.isEmpty {
+            services[service.name] = nil
+            for id in service.queue {
+                guard let flight = flights[id] else { continue }
+                finish(flight, .failure(CanopyError(.noWorkers, "the last worker of '\(service.name)' went away before it could take this request")), now: now, into: &out)
+            }
+            service.queue.removeAll()
+            return
+        }
+        dispatchQueued(service, now: now, into: &out)
+    }
+
+    // MARK: - Dispatch
+
+    mutating func dispatch(_ flight: Flight, to worker: Worker, now: ContinuousClock.Instant, into out: inout [Directive]) {
+        flight.worker = worker
+        flight.dispatches += 1
+        flight.counters.workerCalls += 1
+        worker.held.insert(flight.id)
+        flight.service.inFlight += 1
+        switch worker.dialect {
+        case .canopy:
+            // The worker may work until the last waiter gives up.
+            let deadline = flight.waiters.compactMap { waiters[$0]?.deadline }.max() ?? now
+            var header = flight.header
+            header.timeoutMilliseconds = UInt32(clamping: max(1, (deadline - now).milliseconds))
+            out.append(.send(to: worker.identity.bytes, frames: [
+                Wire.version, Wire.Command.dispatch.frame, Wire.frame(flight.id), Array(flight.operation.utf8), header.frame, flight.payload.first ?? [],
+            ]))
+        case .majordomo:
+            // The flight id stands in the client address; the worker sends it back with the reply.
+            let body = flight.operation.isEmpty ? flight.payload : [Array(flight.operation.utf8)] + flight.payload
+            out.append(.send(to: worker.identity.bytes, frames: [[], Majordomo.worker, Majordomo.Command.request.frame, Wire.frame(flight.id), []] + body))
+        }
+    }
+
+    /// The frames that tell `worker` to stop working on `flight` (Majordomo has none).
+    func cancelFrames(_ flight: Flight, worker: Worker) -> [[UInt8]] {
+        switch worker.dialect {
+        case .canopy: [Wire.version, Wire.Command.cancelDispatch.frame, Wire.frame(flight.id)]
+        case .majordomo: [] // nothing to send; the reply will be dropped
+        }
+    }
+
+    /// Hands queued flights of `service` to workers with credit, oldest first.
+    mutating func dispatchQueued(_ service: ServiceEntry, now: ContinuousClock.Instant, into out: inout [Directive]) {
+        guard !service.queue.isEmpty else { return }
+        var kept: Deque<UInt64> = []
+        while let id = service.queue.popFirst() {
+            guard let flight = flights[id] else { continue }
+            if let worker = service.freeWorker(for: flight.operation) {
+                dispatch(flight, to: worker, now: now, into: &out)
+            } else {
+                kept.append(id)
+                if service.workers.allSatisfy({ $0.available == 0 }) { break }
+            }
+        }
+        kept.append(contentsOf: service.queue)
+        service.queue = kept
+    }
+
+    // MARK: - Majordomo
+
+    /// A Majordomo (7/MDP) message: `["", "MDPC01" | "MDPW01", ...]`.
+    mutating func receiveMajordomo(_ frames: [[UInt8]], from peer: [UInt8], now: ContinuousClock.Instant, into out: inout [Directive]) {
+        if let oversized = frames.first(where: { $0.count > configuration.maximumFrameBytes }) {
+            rejected += 1
+            out.append(.log("frame over the size limit", peer: peer))
+            if frames[1] == Majordomo.client, frames.count > 2 {
+                out.append(.send(to: peer, frames: [[], Majordomo.client, frames[2], Majordomo.error, (try? codec.encode(tooLarge(oversized.count))) ?? []]))
+            }
+            return
+        }
+        if frames[1] == Majordomo.client {
+            majordomoClient(frames, from: peer, now: now, into: &out)
+        } else {
+            majordomoWorker(frames, from: PeerKey(peer), now: now, into: &out)
+        }
+    }
+
+    private mutating func majordomoClient(_ frames: [[UInt8]], from client: [UInt8], now: ContinuousClock.Instant, into out: inout [Directive]) {
+        guard frames.count >= 3, Wire.isValidName(frames[2]) else {
+            rejected += 1
+            out.append(.log("malformed Majordomo request", peer: client))
+            return // a Majordomo reply must name a valid service; there is none to name
+        }
+        let name = String(decoding: frames[2], as: UTF8.self)
+        let body = Array(frames[3...])
+        func reply(_ reply: [[UInt8]]) {
+            out.append(.send(to: client, frames: [[], Majordomo.client, frames[2]] + reply))
+        }
+        if name.hasPrefix(Majordomo.managementPrefix) {
+            guard name == Majordomo.serviceQuery else { return reply([Array("501".utf8)]) }
+            let asked = body.first.map { String(decoding: $0, as: UTF8.self) } ?? ""
+            return reply([Array((services[asked]?.workers.isEmpty == false ? "200" : "404").utf8)])
+        }
+        let intake: Intake
+        if let service = services[name], service.dialect == .majordomo {
+            // Majordomo to Majordomo: the body passes untouched.
+            intake = Intake(client: client, correlation: [], dialect: .majordomo, serviceName: name, operation: "",
+                            header: RequestHeader(timeoutMilliseconds: 0), payload: body)
+        } else {
+            guard body.count == 2, Wire.isValidName(body[0]) else {
+                rejected += 1
+                return reply([Majordomo.error, (try? codec.encode(CanopyError(.badRequest, "a Majordomo request to a Canopy service has two body frames: the operation and the JSON body"))) ?? []])
+            }
+            intake = Intake(client: client, correlation: [], dialect: .majordomo, serviceName: name,
+                            operation: String(decoding: body[0], as: UTF8.self), header: RequestHeader(timeoutMilliseconds: 0), payload: [body[1]])
+        }
+        admit(intake, now: now, into: &out)
+    }
+
+    private mutating func majordomoWorker(_ frames: [[UInt8]], from peer: PeerKey, now: ContinuousClock.Instant, into out: inout [Directive]) {
+        guard frames.count >= 3, frames[2].count == 1, let command = Majordomo.Command(rawValue: frames[2][0]) else {
+            out.append(.log("malformed Majordomo worker message", peer: peer.bytes))
+            return
+        }
+        let known = workers[peer].flatMap { $0.dialect == .majordomo ? $0 : nil }
+        switch command {
+        case .ready:
+            func refuse(_ reason: String) {
+                out.append(.log("worker refused: \(reason)", peer: peer.bytes))
+                out.append(.send(to: peer.bytes, frames: [[], Majordomo.worker, Majordomo.Command.disconnect.frame]))
+            }
+            guard frames.count == 4, let name = serviceName(frames[3]) else { return refuse("invalid or reserved Majordomo service name") }
+            let coalesced = configuration.majordomoCoalescedServices.contains(name)
+            if let reason = register(peer, dialect: .majordomo, service: name, operations: [:],
+                                     majordomoDescriptor: OperationDescriptor(name: "*", idempotent: coalesced, coalescable: coalesced),
+                                     credit: 1, now: now, into: &out) {
+                refuse(reason)
+            }
+        case .reply:
+            guard let worker = known else {
+                return out.append(.send(to: peer.bytes, frames: [[], Majordomo.worker, Majordomo.Command.disconnect.frame]))
+            }
+            worker.expiry = now + configuration.workerExpiry
+            guard frames.count >= 5, let id = Wire.uint64(frames[3]), frames[4].isEmpty else {
+                return out.append(.log("malformed Majordomo reply", peer: peer.bytes))
+            }
+            complete(id, by: worker, .reply(Array(frames[5...]), fromMajordomo: true), now: now, into: &out)
+        case .heartbeat:
+            guard let worker = known else {
+                return out.append(.send(to: peer.bytes, frames: [[], Majordomo.worker, Majordomo.Command.disconnect.frame]))
+            }
+            worker.expiry = now + configuration.workerExpiry
+        case .disconnect:
+            if known != nil { workerGone(peer, now: now, into: &out) }
+        case .request:
+            out.append(.log("Majordomo REQUEST is sent by the broker, not to it", peer: peer.bytes))
+        }
+    }
+}
