@@ -1,4 +1,5 @@
 import ArgumentParser
+import Foundation
 import CanopyBus
 import CanopyServiceKit
 import Logging
@@ -26,6 +27,24 @@ struct BrokerOptions: ParsableArguments {
     @Option(help: ArgumentHelp("How long shutdown waits for in-flight requests, in milliseconds. Env: CANOPY_DRAIN_TIMEOUT_MS.", valueName: "ms"))
     var drainTimeoutMs: Int = Environment.int("CANOPY_DRAIN_TIMEOUT_MS", default: 5_000)
 
+    @Flag(inversion: .prefixedNo, help: ArgumentHelp("Coalesce identical in-flight requests of coalescable operations. Env: CANOPY_COALESCING=0 turns it off."))
+    var coalescing: Bool = Environment.string("CANOPY_COALESCING").map { !["0", "false", "no", "off"].contains($0.lowercased()) } ?? true
+
+    @Option(help: ArgumentHelp("Services never coalesced, comma-separated. Env: CANOPY_UNCOALESCED_SERVICES.", valueName: "services"))
+    var uncoalescedServices: String = Environment.string("CANOPY_UNCOALESCED_SERVICES") ?? ""
+
+    @Option(help: ArgumentHelp("Majordomo (7/MDP) services whose requests are coalesced, comma-separated; they must be idempotent. Env: CANOPY_MAJORDOMO_COALESCED.", valueName: "services"))
+    var majordomoCoalesced: String = Environment.string("CANOPY_MAJORDOMO_COALESCED") ?? ""
+
+    @Option(help: ArgumentHelp("Waiters one flight takes before identical requests get 'busy'. Env: CANOPY_MAX_WAITERS.", valueName: "count"))
+    var maxWaiters: Int = Environment.int("CANOPY_MAX_WAITERS", default: 10_000)
+
+    @Option(help: ArgumentHelp("Coalescable flights open at once before new ones get 'busy'. Env: CANOPY_MAX_FLIGHTS.", valueName: "count"))
+    var maxFlights: Int = Environment.int("CANOPY_MAX_FLIGHTS", default: 10_000)
+
+    @Option(help: ArgumentHelp("Age in milliseconds after which a flight takes no new waiters. Env: CANOPY_STUCK_FLIGHT_MS.", valueName: "ms"))
+    var stuckFlightMs: Int = Environment.int("CANOPY_STUCK_FLIGHT_MS", default: 10_000)
+
     @Option(help: ArgumentHelp("trace, debug, info, notice, warning, error or critical. Env: CANOPY_LOG_LEVEL.", valueName: "level"))
     var logLevel: Logger.Level = Environment.string("CANOPY_LOG_LEVEL").flatMap(Logger.Level.init(rawValue:)) ?? .info
 
@@ -36,6 +55,8 @@ struct BrokerOptions: ParsableArguments {
         guard maxFrameBytes >= 1024 else { throw ValidationError("--max-frame-bytes must be at least 1024") }
         guard defaultTimeoutMs >= 1 else { throw ValidationError("--default-timeout-ms must be at least 1") }
         guard drainTimeoutMs >= 0 else { throw ValidationError("--drain-timeout-ms cannot be negative") }
+        guard maxWaiters >= 1, maxFlights >= 1 else { throw ValidationError("--max-waiters and --max-flights must be at least 1; turn coalescing off with --no-coalescing instead") }
+        guard stuckFlightMs >= 1 else { throw ValidationError("--stuck-flight-ms must be at least 1") }
     }
 
     /// The broker configuration these options describe.
@@ -47,7 +68,17 @@ struct BrokerOptions: ParsableArguments {
         configuration.maximumFrameBytes = maxFrameBytes
         configuration.defaultTimeout = .milliseconds(defaultTimeoutMs)
         configuration.drainTimeout = .milliseconds(drainTimeoutMs)
+        configuration.coalescing = coalescing
+        configuration.coalescingDisabledServices = Self.names(uncoalescedServices)
+        configuration.majordomoCoalescedServices = Self.names(majordomoCoalesced)
+        configuration.maximumWaitersPerFlight = maxWaiters
+        configuration.maximumOpenFlights = maxFlights
+        configuration.stuckFlightAge = .milliseconds(stuckFlightMs)
         return configuration
+    }
+
+    private static func names(_ list: String) -> Set<String> {
+        Set(list.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty })
     }
 }
 

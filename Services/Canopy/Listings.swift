@@ -46,8 +46,19 @@ struct Stats: AsyncParsableCommand {
                     "\(service.served)", "\(service.errors)", "\(service.p50Micros)", "\(service.p99Micros)",
                 ])
             }
-            print("uptime \(Int(stats.uptimeSeconds)) s, \(stats.rejected) request(s) rejected by the broker")
+            print("uptime \(Int(stats.uptimeSeconds)) s, \(stats.rejected) request(s) rejected by the broker, \(stats.openFlights) open flight(s)")
             print(stats.services.isEmpty ? "no services" : table.render())
+            guard !stats.operations.isEmpty else { return }
+            var operations = Table("OPERATION", "REQUESTS", "COALESCED", "WORKER CALLS", "SAVED", "DETACHED", "REDISPATCHED", "WAITERS P50", "WAITERS P99")
+            for operation in stats.operations {
+                operations.append([
+                    operation.operation.isEmpty ? operation.service : "\(operation.service).\(operation.operation)",
+                    "\(operation.requests)", "\(operation.coalesced)", "\(operation.workerCalls)", "\(operation.workerCallsSaved)",
+                    "\(operation.detachedWaiters)", "\(operation.redispatchedFlights)", "\(operation.waitersPerFlightP50)", "\(operation.waitersPerFlightP99)",
+                ])
+            }
+            print("")
+            print(operations.render())
         }
     }
 }

@@ -205,6 +205,7 @@ extension BrokerState {
             var table: [String: OperationDescriptor] = [:]
             for worker in workers {
                 table.merge(worker.operations) { first, _ in first }
+                if let any = worker.majordomoDescriptor { table[any.name] = any } // "*": any operation
             }
             return table.values.sorted { $0.name < $1.name }
         }

@@ -29,8 +29,8 @@ public struct ServiceDescription: Codable, Sendable, Equatable {
     public var name: String
     /// How many workers serve it.
     public var workers: Int
-    /// The operations its workers announced, sorted by name (empty for Majordomo workers,
-    /// which take any operation).
+    /// The operations its workers announced, sorted by name. Majordomo workers take any
+    /// operation; theirs is listed as `*`.
     public var operations: [OperationDescriptor]
     /// Whether its workers speak Majordomo (7/MDP) rather than Canopy's protocol.
     public var majordomo: Bool

@@ -53,13 +53,25 @@ public enum TestService {
         public static let name = "append"
     }
 
-    /// `test.fail`: answers the error it is asked for (`text` is the code).
+    /// `test.fail`: sleeps, then answers the error it is asked for (`text` is the code).
+    /// Coalescable, so tests see an error fan out.
     public enum Fail: BusOperation {
         public typealias Request = TestService.Request
         public typealias Reply = TestService.Reply
         public static let service = TestService.name
         public static let name = "fail"
         public static let idempotent = true
+        public static let coalescable = true
+    }
+
+    /// `test.lookup`: like echo, but coalescable: identical requests in flight share one call.
+    public enum Lookup: BusOperation {
+        public typealias Request = TestService.Request
+        public typealias Reply = TestService.Reply
+        public static let service = TestService.name
+        public static let name = "lookup"
+        public static let idempotent = true
+        public static let coalescable = true
     }
 }
 
@@ -91,7 +103,10 @@ public struct TestWorkerService: BusService {
         }
         handlers.on(TestService.Echo.self, respond)
         handlers.on(TestService.Append.self, respond)
-        handlers.on(TestService.Fail.self) { request, _ in
+        handlers.on(TestService.Lookup.self, respond)
+        handlers.on(TestService.Fail.self) { [counters] request, _ in
+            counters.calls.add(1, ordering: .relaxed)
+            if request.sleepMilliseconds > 0 { try await Task.sleep(for: .milliseconds(request.sleepMilliseconds)) }
             throw CanopyError(CanopyError.Code(rawValue: request.text) ?? .internal, "failed as asked")
         }
     }

@@ -5,88 +5,8 @@ import Testing
 
 /// The broker's routing logic, driven without sockets: the time is an argument.
 struct BrokerStateTests {
-    typealias Directive = BrokerState.Directive
     let codec = MessageCodec()
-
-    /// A broker state plus a clock the test moves.
-    struct Harness {
-        var state: BrokerState
-        var now = ContinuousClock.now
-
-        /// - Parameter fresh: stay inside the start-up grace (by default the broker has been
-        ///   up long enough for workers to have registered).
-        init(fresh: Bool = false, _ configure: (inout BrokerConfiguration) -> Void = { _ in }) {
-            var configuration = BrokerConfiguration()
-            configure(&configuration)
-            state = BrokerState(configuration: configuration, now: now)
-            if !fresh { _ = advance(configuration.workerExpiry) }
-        }
-
-        mutating func receive(_ frames: [[UInt8]], from peer: String) -> [Directive] {
-            var out: [Directive] = []
-            state.receive(frames, from: Array(peer.utf8), now: now, into: &out)
-            return out
-        }
-
-        mutating func advance(_ duration: Duration) -> [Directive] {
-            now += duration
-            var out: [Directive] = []
-            state.tick(now: now, into: &out)
-            return out
-        }
-
-        @discardableResult
-        mutating func ready(_ worker: String, service: String = "plants", operations: [OperationDescriptor] = Harness.defaultOperations, credit: UInt32 = 4) -> [Directive] {
-            let json = try! MessageCodec().encode(operations)
-            return receive([Wire.version, Wire.Command.ready.frame, Array(service.utf8), json, Wire.frame(credit)], from: worker)
-        }
-
-        mutating func request(_ client: String, _ correlation: UInt64, service: String = "plants", operation: String = "get", timeoutMs: UInt32 = 1_000, principal: String = "", body: String = "{}") -> [Directive] {
-            receive([Wire.version, Wire.Command.request.frame, Wire.frame(correlation), Array(service.utf8), Array(operation.utf8),
-                     RequestHeader(timeoutMilliseconds: timeoutMs, principal: principal).frame, Array(body.utf8)], from: client)
-        }
-
-        mutating func reply(_ worker: String, request id: UInt64, body: String = "{\"ok\":true}", status: UInt8 = Wire.Status.ok) -> [Directive] {
-            receive([Wire.version, Wire.Command.workerReply.frame, Wire.frame(id), [status], Array(body.utf8)], from: worker)
-        }
-
-        static let defaultOperations = [
-            OperationDescriptor(name: "get", idempotent: true, coalescable: false),
-            OperationDescriptor(name: "add", idempotent: false, coalescable: false),
-        ]
-    }
-
-    /// The sends among `directives`, as (peer, frames).
-    func sends(_ directives: [Directive]) -> [(peer: String, frames: [[UInt8]])] {
-        directives.compactMap { directive in
-            if case .send(let peer, let frames) = directive { return (String(decoding: peer, as: UTF8.self), frames) }
-            return nil
-        }
-    }
-
-    /// Requests dispatched to workers: (worker, request id, operation, header).
-    func dispatches(_ directives: [Directive]) -> [(worker: String, id: UInt64, operation: String, header: RequestHeader)] {
-        sends(directives).compactMap { send in
-            guard send.frames[1] == Wire.Command.dispatch.frame else { return nil }
-            return (send.peer, Wire.uint64(send.frames[2])!, String(decoding: send.frames[3], as: UTF8.self), RequestHeader(frame: send.frames[4])!)
-        }
-    }
-
-    /// Errors sent to clients: (client, correlation, error).
-    func errors(_ directives: [Directive]) -> [(client: String, correlation: [UInt8], error: CanopyError)] {
-        sends(directives).compactMap { send in
-            guard send.frames[1] == Wire.Command.error.frame else { return nil }
-            return (send.peer, send.frames[2], try! codec.decode(CanopyError.self, from: send.frames[3]))
-        }
-    }
-
-    /// Replies sent to clients: (client, correlation, body).
-    func replies(_ directives: [Directive]) -> [(client: String, correlation: [UInt8], body: String)] {
-        sends(directives).compactMap { send in
-            guard send.frames[1] == Wire.Command.reply.frame else { return nil }
-            return (send.peer, send.frames[2], String(decoding: send.frames[4], as: UTF8.self))
-        }
-    }
+    typealias Harness = BrokerHarness
 
     // MARK: - Routing and balancing
 
@@ -273,7 +193,7 @@ struct BrokerStateTests {
         #expect(idempotent.worker == "w1" && other.worker == "w2")
 
         // w1 keeps beating; w2 falls silent.
-        var directives: [Directive] = []
+        var directives: [BrokerState.Directive] = []
         for _ in 0..<3 {
             directives += broker.advance(.milliseconds(1_000))
             _ = broker.receive([Wire.version, Wire.Command.workerHeartbeat.frame], from: "w1")

@@ -33,7 +33,7 @@ struct MessageFormatTests {
                 OperationDescriptor(name: "plants.add", idempotent: false, coalescable: false),
                 OperationDescriptor(name: "plants.get", idempotent: true, coalescable: true),
             ]),
-            ServiceDescription(name: "legacy", workers: 1, operations: [], majordomo: true),
+            ServiceDescription(name: "legacy", workers: 1, operations: [OperationDescriptor(name: "*", idempotent: true, coalescable: true)], majordomo: true),
         ]
         #expect(try codec.encode(reply) == fixture("broker-services-reply.json"))
         #expect(try codec.decode(Broker.Services.Reply.self, from: fixture("broker-services-reply.json")) == reply)
