@@ -226,6 +226,7 @@ extension BrokerState {
         var workerCalls: UInt64 = 0
         var detached: UInt64 = 0
         var redispatched: UInt64 = 0
+        var mostWaiters: UInt64 = 0 // exact; the histogram rounds to two significant digits
         var waitersPerFlight = Histogram<UInt64>(highestTrackableValue: 1_000_000, numberOfSignificantValueDigits: .two)
 
         init(service: String, operation: String) {
@@ -240,7 +241,7 @@ extension BrokerState {
                 flights: waitersPerFlight.totalCount,
                 waitersPerFlightP50: waitersPerFlight.totalCount == 0 ? UInt64(0) : waitersPerFlight.valueAtPercentile(50),
                 waitersPerFlightP99: waitersPerFlight.totalCount == 0 ? UInt64(0) : waitersPerFlight.valueAtPercentile(99),
-                waitersPerFlightMax: waitersPerFlight.totalCount == 0 ? UInt64(0) : waitersPerFlight.max)
+                waitersPerFlightMax: mostWaiters)
         }
     }
 

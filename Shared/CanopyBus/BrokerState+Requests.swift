@@ -177,6 +177,7 @@ extension BrokerState {
         if let key = flight.key, openFlights[key] === flight { openFlights[key] = nil }
         flight.key = nil
         _ = flight.counters.waitersPerFlight.record(UInt64(flight.totalWaiters))
+        flight.counters.mostWaiters = max(flight.counters.mostWaiters, UInt64(flight.totalWaiters))
     }
 
     /// What a flight ended with.

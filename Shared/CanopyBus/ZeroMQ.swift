@@ -48,6 +48,8 @@ public final class ZMQContext: @unchecked Sendable {
 /// The socket types the bus uses.
 public enum ZMQSocketType: Int32, Sendable {
     case pair = 0
+    case req = 3
+    case rep = 4
     case router = 6
     case dealer = 5
     case pull = 7
