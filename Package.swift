@@ -90,8 +90,9 @@ let package = Package(
         .executableTarget(
             name: "canopy-bench",
             dependencies: [
-                "CanopyBus", "CZeroMQ",
+                "CanopyBus", "CZeroMQ", "CanopyMessages",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Collections", package: "swift-collections"),
                 .product(name: "Histogram", package: "hdrhistogram-swift"),
             ],
             path: "Benchmarks/BusBenchmark",

@@ -11,8 +11,9 @@ struct BenchmarkCommand: AsyncParsableCommand {
         discussion: """
             Build with -c release. Example:
               swift run -c release canopy-bench bus --seconds 3 --clients 1,16,64 --workers 4
+              swift run -c release canopy-bench coalescing
             """,
-        subcommands: [Bus.self],
+        subcommands: [Bus.self, Coalescing.self],
         defaultSubcommand: Bus.self)
 }
 
@@ -41,10 +42,7 @@ struct Bus: AsyncParsableCommand {
         var logger = Logger(label: "canopy-bench")
         logger.logLevel = .error
         let body = Array(("{\"text\":\"" + String(repeating: "x", count: max(0, bodyBytes - 11)) + "\"}").utf8)
-        let request: [[UInt8]] = [
-            Wire.version, Wire.Command.request.frame, Wire.frame(UInt64(0)), Array("bench".utf8), Array("echo".utf8),
-            RequestHeader(timeoutMilliseconds: 10_000).frame, body,
-        ]
+        let request = benchRequest(operation: "echo", body: body)
         print("canopy-bench bus: \(workers) echo workers, \(body.count)-byte bodies, \(seconds) s per measurement, best of \(rounds), loopback TCP")
         print("")
         var table: [[String]] = [["clients", "proxy req/s", "proxy p50 µs", "proxy p99 µs", "broker req/s", "broker p50 µs", "broker p99 µs", "broker/proxy"]]
@@ -53,7 +51,7 @@ struct Bus: AsyncParsableCommand {
             var brokerBest: LoadGenerator.Result?
             for round in 1...rounds {
                 FileHandle.standardError.write(Data("  \(clientCount) client(s), round \(round)/\(rounds): zmq_proxy…".utf8))
-                let proxy = try measureProxy(clients: clientCount, request: request)
+                let proxy = try await measureProxy(clients: clientCount, request: request)
                 FileHandle.standardError.write(Data(" canopy-broker…".utf8))
                 let broker = try await measureBroker(clients: clientCount, request: request, logger: logger)
                 FileHandle.standardError.write(Data(" done\n".utf8))
@@ -75,30 +73,58 @@ struct Bus: AsyncParsableCommand {
     private var warmUpDuration: Duration { .milliseconds(Int64(warmUp * 1000)) }
     private var measureDuration: Duration { .milliseconds(Int64(seconds * 1000)) }
 
-    private func measureProxy(clients: Int, request: [[UInt8]]) throws -> LoadGenerator.Result {
+    private func measureProxy(clients: Int, request: [[UInt8]]) async throws -> LoadGenerator.Result {
+        try await Rig(workers: workers).proxy { endpoint, _ in
+            try LoadGenerator(endpoint: endpoint, clients: clients, request: request).run(warmUp: warmUpDuration, duration: measureDuration)
+        }
+    }
+
+    private func measureBroker(clients: Int, request: [[UInt8]], logger: Logger) async throws -> LoadGenerator.Result {
+        try await Rig(workers: workers).broker(logger: logger) { endpoint, _ in
+            try LoadGenerator(endpoint: endpoint, clients: clients, request: request).run(warmUp: warmUpDuration, duration: measureDuration)
+        }
+    }
+}
+
+/// Echo workers behind a broker or a `zmq_proxy`, for the length of one measurement.
+struct Rig {
+    var workers: Int
+    var capacity = 64
+    var serviceTime: Duration = .zero
+
+    /// Runs `body` on its own thread (it blocks) against `zmq_proxy` with echo workers behind it.
+    func proxy<T: Sendable>(_ body: @escaping @Sendable (String, EchoWorkers) throws -> T) async throws -> T {
         let proxy = try ZMQProxy()
-        let echo = EchoWorkers(endpoint: proxy.backend, count: workers, kind: .proxy)
+        let echo = EchoWorkers(endpoint: proxy.backend, count: workers, kind: .proxy, capacity: capacity, serviceTime: serviceTime)
         defer {
             echo.stop()
             try? proxy.stop()
         }
-        return try LoadGenerator(endpoint: proxy.frontend, clients: clients, request: request).run(warmUp: warmUpDuration, duration: measureDuration)
+        return try await Task.detached { try body(proxy.frontend, echo) }.value
     }
 
-    private func measureBroker(clients: Int, request: [[UInt8]], logger: Logger) async throws -> LoadGenerator.Result {
-        let broker = try BrokerServer(endpoint: "tcp://127.0.0.1:*", context: ZMQContext(), logger: logger)
+    /// Runs `body` on its own thread against a broker with echo workers behind it.
+    func broker<T: Sendable>(configuration: BrokerConfiguration = .init(), logger: Logger, _ body: @escaping @Sendable (String, EchoWorkers) throws -> T) async throws -> T {
+        let broker = try BrokerServer(endpoint: "tcp://127.0.0.1:*", configuration: configuration, context: ZMQContext(), logger: logger)
         let task = Task { try await broker.run() }
-        let echo = EchoWorkers(endpoint: broker.endpoint, count: workers, kind: .canopy)
+        let echo = EchoWorkers(endpoint: broker.endpoint, count: workers, kind: .canopy, capacity: capacity, serviceTime: serviceTime)
         try await Task.sleep(for: .milliseconds(200)) // workers register
-        let generator = LoadGenerator(endpoint: broker.endpoint, clients: clients, request: request)
-        let result = try await Task.detached { [warmUpDuration, measureDuration] in
-            try generator.run(warmUp: warmUpDuration, duration: measureDuration)
-        }.value
+        let result = await Task.detached { Result { try body(broker.endpoint, echo) } }.value
         echo.stop()
         broker.stop()
         try await task.value
-        return result
+        return try result.get()
     }
+}
+
+/// A request frame set for the `bench` service.
+func benchRequest(operation: String, body: [UInt8]) -> [[UInt8]] {
+    [Wire.version, Wire.Command.request.frame, Wire.frame(UInt64(0)), Array("bench".utf8), Array(operation.utf8),
+     RequestHeader(timeoutMilliseconds: 30_000).frame, body]
+}
+
+func progress(_ text: String) {
+    FileHandle.standardError.write(Data(text.utf8))
 }
 
 func printTable(_ rows: [[String]]) {

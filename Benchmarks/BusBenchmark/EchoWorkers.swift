@@ -1,23 +1,32 @@
 import CZeroMQ
 import CanopyBus
 import CanopyMessages
+import Collections
 import Foundation
 import Synchronization
 
 /// Minimal echo workers on raw sockets, all on one thread, for both setups: behind the
 /// broker they speak Canopy's worker protocol (READY, heartbeats, REPLY); behind
-/// `zmq_proxy` they echo the envelope back. Both do the same work per request.
+/// `zmq_proxy` they echo the envelope back. Both do the same work per request: each worker
+/// serves at most `capacity` requests at once (its credit behind the broker; a local
+/// backlog behind the proxy, which knows no credit), each taking `serviceTime`.
 final class EchoWorkers: @unchecked Sendable {
     enum Kind { case canopy, proxy }
 
+    /// Requests that reached a worker.
+    let calls = Atomic<Int>(0)
     private let stopFlag = Atomic<Bool>(false)
     private let finished = DispatchSemaphore(value: 0)
 
     /// Starts `count` workers connected to `endpoint`.
-    init(endpoint: String, count: Int, kind: Kind) {
+    init(endpoint: String, count: Int, kind: Kind, capacity: Int = 64, serviceTime: Duration = .zero) {
         let thread = Thread { [self] in
             canopy_name_thread("bench-workers")
-            do { try loop(endpoint: endpoint, count: count, kind: kind) } catch { print("workers failed: \(error)") }
+            do {
+                try loop(endpoint: endpoint, count: count, kind: kind, capacity: capacity, serviceTime: serviceTime)
+            } catch {
+                print("workers failed: \(error)")
+            }
             finished.signal()
         }
         thread.start()
@@ -28,7 +37,13 @@ final class EchoWorkers: @unchecked Sendable {
         finished.wait()
     }
 
-    private func loop(endpoint: String, count: Int, kind: Kind) throws {
+    private struct Due {
+        let at: ContinuousClock.Instant
+        let worker: Int
+        let reply: [[UInt8]]
+    }
+
+    private func loop(endpoint: String, count: Int, kind: Kind, capacity: Int, serviceTime: Duration) throws {
         let context = ZMQContext()
         let sockets = try (0..<count).map { _ in
             let socket = try ZMQSocket(context, type: .dealer)
@@ -38,34 +53,63 @@ final class EchoWorkers: @unchecked Sendable {
         }
         defer { sockets.forEach { $0.close() } }
         if kind == .canopy {
-            let operations = try MessageCodec().encode([OperationDescriptor(name: "echo", idempotent: true, coalescable: false)])
+            let operations = try MessageCodec().encode([
+                OperationDescriptor(name: "echo", idempotent: true, coalescable: false),
+                OperationDescriptor(name: "lookup", idempotent: true, coalescable: true),
+            ])
             for socket in sockets {
-                try socket.send([Wire.version, Wire.Command.ready.frame, Array("bench".utf8), operations, Wire.frame(UInt32(64))], dontWait: false)
+                try socket.send([Wire.version, Wire.Command.ready.frame, Array("bench".utf8), operations, Wire.frame(UInt32(capacity))], dontWait: false)
             }
         }
+        var inService = [Int](repeating: 0, count: count)
+        var backlog = [Deque<[[UInt8]]>](repeating: [], count: count)
+        var timers = Deque<Due>() // one service time for all: due in arrival order
+
+        func reply(to frames: [[UInt8]]) -> [[UInt8]]? {
+            switch kind {
+            case .canopy:
+                // [version, dispatch, id, operation, header, body] -> [version, reply, id, ok, body]
+                guard frames.count == 6, frames[1] == Wire.Command.dispatch.frame else { return nil }
+                return [Wire.version, Wire.Command.workerReply.frame, frames[2], [Wire.Status.ok], frames[5]]
+            case .proxy:
+                // [client, version, request, correlation, service, operation, header, body]
+                //   -> [client, version, reply, correlation, flags, body]
+                guard frames.count == 8 else { return nil }
+                return [frames[0], Wire.version, Wire.Command.reply.frame, frames[3], [0], frames[7]]
+            }
+        }
+        func start(_ frames: [[UInt8]], on worker: Int) throws {
+            guard let answer = reply(to: frames) else { return }
+            calls.add(1, ordering: .relaxed)
+            if serviceTime == .zero {
+                try sockets[worker].send(answer)
+            } else {
+                inService[worker] += 1
+                timers.append(Due(at: .now + serviceTime, worker: worker, reply: answer))
+            }
+        }
+
         var poller = Poller()
         sockets.forEach { poller.add($0) }
         var nextHeartbeat = ContinuousClock.now + .milliseconds(500)
         while !stopFlag.load(ordering: .relaxed) {
-            try poller.poll(timeout: .milliseconds(100))
-            for (index, socket) in sockets.enumerated() where poller.isReadable(index) {
-                while let frames = try socket.receive() {
-                    switch kind {
-                    case .canopy:
-                        // [version, dispatch, id, operation, header, body] -> [version, reply, id, ok, body]
-                        guard frames.count == 6, frames[1] == Wire.Command.dispatch.frame else { continue }
-                        try socket.send([Wire.version, Wire.Command.workerReply.frame, frames[2], [Wire.Status.ok], frames[5]])
-                    case .proxy:
-                        // [client, version, request, correlation, service, operation, header, body]
-                        //   -> [client, version, reply, correlation, flags, body]
-                        guard frames.count == 8 else { continue }
-                        try socket.send([frames[0], Wire.version, Wire.Command.reply.frame, frames[3], [0], frames[7]])
-                    }
+            let wait = timers.first.map { max(.zero, $0.at - .now) } ?? .milliseconds(100)
+            try poller.poll(timeout: min(wait, .milliseconds(100)))
+            for index in sockets.indices where poller.isReadable(index) {
+                while let frames = try sockets[index].receive() {
+                    if inService[index] < capacity { try start(frames, on: index) } else { backlog[index].append(frames) }
                 }
             }
-            if kind == .canopy, ContinuousClock.now >= nextHeartbeat {
+            let now = ContinuousClock.now
+            while let first = timers.first, first.at <= now {
+                timers.removeFirst()
+                try sockets[first.worker].send(first.reply)
+                inService[first.worker] -= 1
+                if let next = backlog[first.worker].popFirst() { try start(next, on: first.worker) }
+            }
+            if kind == .canopy, now >= nextHeartbeat {
                 for socket in sockets { try socket.send([Wire.version, Wire.Command.workerHeartbeat.frame]) }
-                nextHeartbeat = .now + .milliseconds(500)
+                nextHeartbeat = now + .milliseconds(500)
             }
         }
         if kind == .canopy {

@@ -16,10 +16,21 @@ struct LoadGenerator {
         var p99: UInt64 { latencyMicros.valueAtPercentile(99) }
     }
 
+    /// Which bodies the clients send.
+    enum Bodies {
+        /// The request's own body, every time.
+        case fixed
+        /// A different body every time (no two requests are identical).
+        case unique
+        /// `repeatShare` of the requests repeat one of `popular` bodies, the rest are unique.
+        case mixed(popular: [[UInt8]], repeatShare: Double)
+    }
+
     let endpoint: String
     let clients: Int
     /// The request each client sends; frame 2 is replaced by the client's correlation id.
     let request: [[UInt8]]
+    var bodies: Bodies = .fixed
 
     /// Runs for `warmUp` (not counted), then for `duration`, and returns what it measured.
     func run(warmUp: Duration, duration: Duration) throws -> Result {
@@ -36,10 +47,19 @@ struct LoadGenerator {
         var sentAt = [ContinuousClock.Instant](repeating: .now, count: clients)
         var correlations = (0..<clients).map { UInt64($0) << 32 }
 
+        var random = SystemRandomNumberGenerator()
         func send(_ index: Int) throws {
             correlations[index] += 1
             var frames = request
             frames[2] = Wire.frame(correlations[index])
+            switch bodies {
+            case .fixed: break
+            case .unique: frames[6] = Array("{\"n\":\(correlations[index])}".utf8)
+            case .mixed(let popular, let share):
+                frames[6] = Double.random(in: 0..<1, using: &random) < share
+                    ? popular[Int.random(in: 0..<popular.count, using: &random)]
+                    : Array("{\"n\":\(correlations[index])}".utf8)
+            }
             sentAt[index] = .now
             try sockets[index].send(frames, dontWait: false)
         }
@@ -74,6 +94,40 @@ struct LoadGenerator {
         result.seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
         return result
     }
+}
+
+/// An open burst: every client sends `perClient` identical requests at once, then waits
+/// for all the answers. Returns the wall time and how many answers were replies.
+func burst(endpoint: String, clients: Int, perClient: Int, request: [[UInt8]], limit: Duration = .seconds(60)) throws -> (seconds: Double, replies: Int, errors: Int) {
+    let context = ZMQContext()
+    let sockets = try (0..<clients).map { _ in
+        let socket = try ZMQSocket(context, type: .dealer)
+        try socket.setHighWaterMarks(100_000)
+        try socket.connect(endpoint)
+        return socket
+    }
+    defer { sockets.forEach { $0.close() } }
+    var poller = Poller()
+    sockets.forEach { poller.add($0) }
+    let start = ContinuousClock.now
+    for socket in sockets {
+        for sequence in 0..<perClient {
+            var frames = request
+            frames[2] = Wire.frame(UInt64(sequence + 1))
+            try socket.send(frames, dontWait: false)
+        }
+    }
+    var replies = 0, errors = 0
+    while replies + errors < clients * perClient, ContinuousClock.now - start < limit {
+        try poller.poll(timeout: .milliseconds(100))
+        for index in sockets.indices where poller.isReadable(index) {
+            while let frames = try sockets[index].receive() {
+                if frames.count >= 2, frames[1] == Wire.Command.reply.frame { replies += 1 } else { errors += 1 }
+            }
+        }
+    }
+    let elapsed = ContinuousClock.now - start
+    return (Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18, replies, errors)
 }
 
 extension Duration {
