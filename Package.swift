@@ -9,12 +9,19 @@ let swiftSettings: [SwiftSetting] = [
     .swiftLanguageMode(.v6),
 ]
 
+#if arch(arm64)
+let multiarch = "aarch64-linux-gnu"
+#else
+let multiarch = "x86_64-linux-gnu"
+#endif
+
 let package = Package(
     name: "Canopy",
     platforms: [.macOS(.v15)],
     products: [
         .executable(name: "canopy-broker", targets: ["canopy-broker"]),
         .executable(name: "canopy", targets: ["canopy"]),
+        .executable(name: "canopy-images", targets: ["canopy-images"]),
         .library(name: "CanopyMessages", targets: ["CanopyMessages"]),
         .library(name: "CanopyBus", targets: ["CanopyBus"]),
     ],
@@ -24,6 +31,8 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-collections", from: "1.6.0"),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle", from: "2.13.0"),
         .package(url: "https://github.com/HdrHistogram/hdrhistogram-swift", from: "0.2.0"),
+        .package(url: "https://github.com/groue/GRDB.swift", from: "7.10.0"),
+        .package(url: "https://github.com/apple/swift-crypto", from: "3.12.3"),
     ],
     targets: [
         // MARK: - Shared modules
@@ -36,6 +45,14 @@ let package = Package(
             name: "CZeroMQ",
             path: "Shared/CZeroMQ",
             providers: [.apt(["libzmq3-dev"])]
+        ),
+        // libvips from Debian's libvips-dev, behind a small C shim: Swift cannot call C
+        // variadic functions, and the shim keeps glib's headers out of Swift.
+        .target(
+            name: "CVips",
+            path: "Shared/CVips",
+            cSettings: [.unsafeFlags(["-I/usr/include/glib-2.0", "-I/usr/lib/\(multiarch)/glib-2.0/include"])],
+            linkerSettings: [.linkedLibrary("vips"), .linkedLibrary("gobject-2.0"), .linkedLibrary("glib-2.0")]
         ),
         .target(
             name: "CanopyMessages",
@@ -81,6 +98,24 @@ let package = Package(
             path: "Services/Broker",
             swiftSettings: swiftSettings
         ),
+        .target(
+            name: "ImageCache",
+            dependencies: [
+                "CVips", "CanopyBus", "CanopyMessages", "CanopyServiceKit",
+                .product(name: "GRDB", package: "GRDB.swift"),
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            path: "Services/ImageCache/Core",
+            swiftSettings: swiftSettings
+        ),
+        .executableTarget(
+            name: "canopy-images",
+            dependencies: ["ImageCache", "CanopyServiceKit", "CanopyBus", "CanopyMessages"],
+            path: "Services/ImageCache/CLI",
+            swiftSettings: swiftSettings
+        ),
         .executableTarget(
             name: "canopy",
             dependencies: ["CanopyServiceKit", "CanopyBus", "CanopyMessages"],
@@ -113,6 +148,12 @@ let package = Package(
             dependencies: ["CanopyMessages", "CanopyBus"],
             path: "Tests/CanopyMessagesTests",
             resources: [.copy("Fixtures")],
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(
+            name: "ImageCacheTests",
+            dependencies: ["ImageCache", "CVips", "CanopyBus", "CanopyTesting", "canopy-images"],
+            path: "Tests/ImageCacheTests",
             swiftSettings: swiftSettings
         ),
         .testTarget(

@@ -19,3 +19,15 @@ public enum Environment {
         return value
     }
 }
+
+/// A command that failed at run time: printed as `Error: <sentence>` with exit status 1,
+/// without the usage text that a `ValidationError` (a mistake in the arguments) prints.
+public struct CommandFailure: Error, CustomStringConvertible {
+    /// What went wrong and what to do next.
+    public let description: String
+
+    /// - Parameter description: what went wrong and what to do next.
+    public init(_ description: String) {
+        self.description = description
+    }
+}

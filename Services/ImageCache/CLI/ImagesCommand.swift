@@ -1,0 +1,17 @@
+import ArgumentParser
+import ImageCache
+
+@main
+struct ImagesCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "canopy-images",
+        abstract: "Canopy's image service: photo store, variants, two-tier cache and colour palettes on libvips.",
+        discussion: """
+            Examples:
+              canopy-images serve --endpoint tcp://127.0.0.1:5555 --data-dir ./.canopy
+              canopy-images thumbnail photo.jpg -o thumb.jpg --size 150
+              canopy-images palette photo.jpg
+              canopy-images stats --endpoint tcp://127.0.0.1:5555
+            """,
+        subcommands: [ServeImages.self, Thumbnail.self, PaletteCommand.self, StatsCommand.self])
+}

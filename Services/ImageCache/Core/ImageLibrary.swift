@@ -1,0 +1,158 @@
+import CanopyMessages
+import Crypto
+import Foundation
+import Synchronization
+
+/// canopy-images' logic: the store, the two cache tiers and libvips, scoped to the person
+/// asking. Every method takes the owner; nothing is read, listed, warmed or purged for
+/// someone who does not hold the photo. Thread-safe.
+final class ImageLibrary: Sendable {
+    /// Settings.
+    struct Configuration: Sendable {
+        var limits = ImageProcessor.Limits()
+        var cache = VariantCache.Limits()
+        /// How long a computed palette stays valid.
+        var paletteMaximumAge: TimeInterval = 30 * 24 * 3600
+        /// Photos `images.warm` works on at once.
+        var warmConcurrency = 4
+    }
+
+    let store: ImageStore
+    let cache: VariantCache
+    let processor: ImageProcessor
+    let configuration: Configuration
+    private let pressure = Mutex(MemoryPressure.normal)
+
+    /// Opens the store and the disk tier under `directory`.
+    init(directory: URL, configuration: Configuration = Configuration()) throws {
+        self.configuration = configuration
+        processor = try ImageProcessor(limits: configuration.limits)
+        store = try ImageStore(directory: directory)
+        cache = try VariantCache(directory: directory.appendingPathComponent("variants", isDirectory: true), limits: configuration.cache)
+    }
+
+    static func sha256(_ bytes: [UInt8]) -> String {
+        SHA256.hash(data: bytes).map { String(format: "%02x", $0) }.joined()
+    }
+
+    private func requireOwnership(_ owner: String, _ sha256: String) throws -> Void {
+        guard sha256.count == 64, sha256.allSatisfy(\.isHexDigit) else {
+            throw CanopyError(.badRequest, "'\(sha256.prefix(80))' is not a photo id (64 hexadecimal characters)")
+        }
+        guard try store.owns(owner, sha256) else {
+            // The same answer whether it does not exist or belongs to someone else.
+            throw CanopyError(.notFound, "no photo \(sha256) among yours; images.list shows a plant's photos")
+        }
+    }
+
+    // MARK: - Operations
+
+    /// Stores a photo for `owner`'s plant: checked, normalized (auto-rotated, sRGB, every
+    /// piece of metadata stripped) and content-addressed, stored once however often it comes.
+    func put(_ bytes: [UInt8], owner: String, plantID: String, now: Date = Date()) throws -> Images.Photo {
+        guard !plantID.isEmpty, plantID.utf8.count <= 128 else { throw CanopyError(.badRequest, "plantID must be 1 to 128 characters") }
+        let inspected = try processor.inspect(bytes)
+        return try store.add(sha256: Self.sha256(bytes), owner: owner, plantID: plantID, format: inspected.kind.rawValue,
+                             normalized: { try processor.normalized(bytes, keeping: inspected.kind) }, now: now)
+    }
+
+    /// A variant: from memory, from disk, or made now (with the other small variants of the
+    /// same decode, which are cached too).
+    func variant(_ request: Images.GetVariant.Request, owner: String) async throws -> Images.GetVariant.Reply {
+        try requireOwnership(owner, request.sha256)
+        let key = VariantCache.Key(sha256: request.sha256, variant: request.variant, format: request.format)
+        if let (entry, tier) = await cache.lookup(key) {
+            return reply(request, entry, source: tier)
+        }
+        let original = try store.original(request.sha256)
+        // One decode makes every small variant; full is made on its own.
+        let wanted: Set<Images.Variant> = request.variant == .full ? [.full] : [.gallery, .small, .thumbnail]
+        let made = try processor.make(wanted, format: request.format, from: original)
+        var answer: VariantCache.Entry?
+        for item in made {
+            let entry = VariantCache.Entry(bytes: item.bytes, width: item.width, height: item.height)
+            await cache.store(entry, for: VariantCache.Key(sha256: request.sha256, variant: item.variant, format: item.format))
+            if item.variant == request.variant { answer = entry }
+        }
+        return reply(request, answer!, source: "made")
+    }
+
+    private func reply(_ request: Images.GetVariant.Request, _ entry: VariantCache.Entry, source: String) -> Images.GetVariant.Reply {
+        Images.GetVariant.Reply(sha256: request.sha256, variant: request.variant, format: request.format,
+                                width: entry.width, height: entry.height, data: Data(entry.bytes), source: source)
+    }
+
+    /// The palette: from memory, from the store (younger than 30 days), or computed now.
+    func palette(_ sha256: String, owner: String, now: Date = Date()) async throws -> Images.Palette.Reply {
+        try requireOwnership(owner, sha256)
+        if let swatches = await cache.palette(sha256) {
+            return Images.Palette.Reply(sha256: sha256, swatches: swatches, cached: true)
+        }
+        if let swatches = try store.palette(sha256, maximumAge: configuration.paletteMaximumAge, now: now) {
+            await cache.storePalette(swatches, for: sha256)
+            return Images.Palette.Reply(sha256: sha256, swatches: swatches, cached: true)
+        }
+        let image = try processor.palettePixels(from: try store.original(sha256))
+        let swatches = PaletteExtractor.swatches(pixels: image.pixels, width: image.width, height: image.height)
+        try store.savePalette(swatches, for: sha256, now: now)
+        await cache.storePalette(swatches, for: sha256)
+        return Images.Palette.Reply(sha256: sha256, swatches: swatches, cached: false)
+    }
+
+    func list(owner: String, plantID: String) throws -> [Images.Photo] {
+        try store.photos(owner: owner, plantID: plantID)
+    }
+
+    /// Forgets a plant's photos; originals nobody else holds go with their variants and palettes.
+    func purge(owner: String, plantID: String) async throws -> Images.Purge.Reply {
+        let (photos, deleted) = try store.purge(owner: owner, plantID: plantID)
+        for sha in deleted { await cache.purge(sha) }
+        return Images.Purge.Reply(photos: photos, originalsDeleted: deleted.count)
+    }
+
+    /// Makes variants ahead of time, `warmConcurrency` photos at once.
+    func warm(_ request: Images.Warm.Request, owner: String) async throws -> Images.Warm.Reply {
+        guard request.sha256s.count <= 1_000 else { throw CanopyError(.tooLarge, "warm at most 1000 photos per call") }
+        for sha in request.sha256s { try requireOwnership(owner, sha) }
+        var made = 0, cached = 0
+        var pending = request.sha256s.flatMap { sha in request.variants.map { (sha, $0) } }[...]
+        try await withThrowingTaskGroup(of: Bool.self) { group in
+            func next() async {
+                guard let (sha, variant) = pending.popFirst() else { return }
+                let key = VariantCache.Key(sha256: sha, variant: variant, format: request.format)
+                if await cache.contains(key) {
+                    cached += 1
+                    await next()
+                    return
+                }
+                group.addTask { [self] in
+                    _ = try await self.variant(.init(sha256: sha, variant: variant, format: request.format), owner: owner)
+                    return true
+                }
+            }
+            for _ in 0..<configuration.warmConcurrency { await next() }
+            while let result = try await group.next() {
+                if result { made += 1 }
+                await next()
+            }
+        }
+        return Images.Warm.Reply(made: made, alreadyCached: cached)
+    }
+
+    func statistics() async throws -> Images.Stats.Reply {
+        let (memory, disk) = await cache.statistics()
+        let totals = try store.originalTotals()
+        return Images.Stats.Reply(memory: memory, disk: disk, originals: totals.count, originalBytes: totals.bytes,
+                                  palettes: try store.paletteCount(), memoryPressure: pressure.withLock { $0.rawValue })
+    }
+
+    // MARK: - Memory pressure
+
+    /// Reads the pressure against a resident-size budget and sheds the memory tier.
+    func checkPressure(budget: Int, reading: MemoryPressure.Reading = MemoryPressure.read()) async -> MemoryPressure {
+        let level = MemoryPressure.level(reading, budget: budget)
+        pressure.withLock { $0 = level }
+        await cache.shed(for: level)
+        return level
+    }
+}

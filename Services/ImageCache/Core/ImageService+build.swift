@@ -1,0 +1,96 @@
+import CanopyBus
+import CanopyMessages
+import Foundation
+import Logging
+import ServiceLifecycle
+
+/// Everything `canopy-images serve` can be told.
+public struct ImageServiceSettings: Sendable {
+    /// Where originals, the disk tier and the index live (`<data-dir>/images`).
+    public var directory: URL
+    public var maximumInputBytes = 25 * 1024 * 1024
+    public var maximumPixels = 40_000_000
+    public var memoryTierBytes = 50 * 1024 * 1024
+    public var memoryTierCount = 5_000
+    public var diskTierBytes = 100 * 1024 * 1024
+    public var variantMaximumAge: TimeInterval = 7 * 24 * 3600
+    public var paletteMaximumAge: TimeInterval = 30 * 24 * 3600
+    /// Resident size the process should stay under; memory pressure is judged against it.
+    public var memoryBudget = 512 * 1024 * 1024
+    /// How often memory pressure is read.
+    public var pressureInterval: Duration = .seconds(1)
+    public var warmConcurrency = 4
+
+    /// Defaults, with the store in `directory`.
+    public init(directory: URL) {
+        self.directory = directory
+    }
+
+    var library: ImageLibrary.Configuration {
+        var configuration = ImageLibrary.Configuration()
+        configuration.limits = .init(maximumBytes: maximumInputBytes, maximumPixels: maximumPixels)
+        configuration.cache = .init(memoryBytes: memoryTierBytes, memoryCount: memoryTierCount, diskBytes: diskTierBytes, diskMaximumAge: variantMaximumAge)
+        configuration.paletteMaximumAge = paletteMaximumAge
+        configuration.warmConcurrency = warmConcurrency
+        return configuration
+    }
+}
+
+/// Builds the services `canopy-images serve` runs: the bus worker and the memory-pressure
+/// watch.
+public func buildImageService(
+    settings: ImageServiceSettings, runner: ServiceRunner.Configuration, context: ZMQContext, logger: Logger
+) throws -> [any Service] {
+    let library = try ImageLibrary(directory: settings.directory, configuration: settings.library)
+    let worker = ServiceRunner(service: ImageService(library: library), configuration: runner, context: context, logger: logger)
+    let monitor = PressureMonitor(library: library, budget: settings.memoryBudget, interval: settings.pressureInterval, logger: logger)
+    return [worker, monitor]
+}
+
+/// Reads memory pressure every interval and sheds the memory tier.
+struct PressureMonitor: Service {
+    let library: ImageLibrary
+    let budget: Int
+    let interval: Duration
+    let logger: Logger
+
+    func run() async throws {
+        var last = MemoryPressure.normal
+        while !Task.isCancelledOrShuttingDown {
+            let level = await library.checkPressure(budget: budget)
+            if level != last {
+                logger.notice("images.memory.pressure", metadata: ["images.pressure": "\(level.rawValue)"])
+                last = level
+            }
+            try? await Task.sleep(for: interval)
+        }
+    }
+}
+
+extension Task where Success == Never, Failure == Never {
+    static var isCancelledOrShuttingDown: Bool { Task.isCancelled || Task.isShuttingDownGracefully }
+}
+
+/// One-shot image work for the CLI, with the service's own code.
+public enum ImageTools {
+    /// A variant of an image file's bytes, checked as the service checks uploads.
+    public static func variant(_ bytes: [UInt8], _ variant: Images.Variant, format: Images.Format, size: Int? = nil) throws -> (bytes: [UInt8], width: Int, height: Int) {
+        let processor = try ImageProcessor()
+        _ = try processor.inspect(bytes)
+        if let size, variant == .thumbnail {
+            return try processor.thumbnail(bytes, size: size, format: format)
+        }
+        guard let made = try processor.make([variant], format: format, from: bytes).first else {
+            throw CanopyError(.internal, "no variant was made")
+        }
+        return (made.bytes, made.width, made.height)
+    }
+
+    /// The palette of an image file's bytes.
+    public static func palette(_ bytes: [UInt8]) throws -> [Images.Swatch] {
+        let processor = try ImageProcessor()
+        _ = try processor.inspect(bytes)
+        let image = try processor.palettePixels(from: bytes)
+        return PaletteExtractor.swatches(pixels: image.pixels, width: image.width, height: image.height)
+    }
+}

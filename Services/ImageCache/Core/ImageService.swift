@@ -1,0 +1,40 @@
+import CanopyBus
+import CanopyMessages
+import Foundation
+
+/// canopy-images on the bus: one handler per operation of ``Images``, each scoped to the
+/// request's principal.
+public struct ImageService: BusService {
+    public let name = Images.service
+    let library: ImageLibrary
+
+    init(library: ImageLibrary) {
+        self.library = library
+    }
+
+    public func register(_ handlers: inout OperationHandlers) {
+        let library = self.library
+        handlers.on(Images.Put.self) { request, context in
+            let owner = try context.requirePrincipal()
+            return try library.put([UInt8](request.data), owner: owner, plantID: request.plantID)
+        }
+        handlers.on(Images.GetVariant.self) { request, context in
+            try await library.variant(request, owner: try context.requirePrincipal())
+        }
+        handlers.on(Images.Palette.self) { request, context in
+            try await library.palette(request.sha256, owner: try context.requirePrincipal())
+        }
+        handlers.on(Images.List.self) { request, context in
+            try library.list(owner: try context.requirePrincipal(), plantID: request.plantID)
+        }
+        handlers.on(Images.Purge.self) { request, context in
+            try await library.purge(owner: try context.requirePrincipal(), plantID: request.plantID)
+        }
+        handlers.on(Images.Warm.self) { request, context in
+            try await library.warm(request, owner: try context.requirePrincipal())
+        }
+        handlers.on(Images.Stats.self) { _, _ in
+            try await library.statistics()
+        }
+    }
+}

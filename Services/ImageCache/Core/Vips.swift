@@ -1,0 +1,78 @@
+import CVips
+import CanopyMessages
+
+/// libvips, started once per process (operation cache off, only the JPEG, PNG, WebP and
+/// HEIF loaders allowed). Every entry point of this module goes through ``Vips/start()``.
+enum Vips {
+    /// Starts libvips; the first call does the work, later calls return at once.
+    static func start() throws(CanopyError) {
+        guard canopy_vips_start() == 0 else {
+            throw CanopyError(.internal, "libvips did not start: \(lastError())")
+        }
+    }
+
+    /// The libvips version.
+    static var version: String { String(cString: canopy_vips_version()) }
+
+    /// The last libvips error on this thread, cleared.
+    static func lastError() -> String {
+        var buffer = [CChar](repeating: 0, count: 1024)
+        canopy_vips_error(&buffer, buffer.count)
+        let text = String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+        return text.split(separator: "\n").first.map(String.init) ?? "unknown libvips error"
+    }
+}
+
+/// A decoded image (a libvips image handle). Not thread-safe; owned by one task at a time.
+final class VipsImage {
+    let handle: OpaquePointer
+
+    /// Takes ownership of a handle returned by the shim, or throws the libvips error.
+    init(_ handle: OpaquePointer?, _ what: @autoclosure () -> String) throws(CanopyError) {
+        guard let handle else { throw CanopyError(.badRequest, "\(what()): \(Vips.lastError())") }
+        self.handle = handle
+    }
+
+    deinit { canopy_vips_release(handle) }
+
+    var width: Int { Int(canopy_vips_width(handle)) }
+    var height: Int { Int(canopy_vips_height(handle)) }
+
+    /// Encodes with all metadata stripped.
+    func encode(_ format: Images.Format, quality: Int) throws(CanopyError) -> [UInt8] {
+        var bytes: UnsafeMutableRawPointer?
+        var length = 0
+        guard canopy_vips_encode(handle, format.shim, Int32(quality), &bytes, &length) == 0, let bytes else {
+            throw CanopyError(.internal, "encoding \(format.rawValue) failed: \(Vips.lastError())")
+        }
+        defer { canopy_vips_free(bytes) }
+        return Array(UnsafeRawBufferPointer(start: bytes, count: length))
+    }
+
+    /// 8-bit sRGB pixels, three bytes each.
+    func rgbPixels() throws(CanopyError) -> (pixels: [UInt8], width: Int, height: Int) {
+        var bytes: UnsafeMutableRawPointer?
+        var length = 0
+        var width: Int32 = 0
+        var height: Int32 = 0
+        guard canopy_vips_rgb(handle, &bytes, &length, &width, &height) == 0, let bytes else {
+            throw CanopyError(.internal, "reading pixels failed: \(Vips.lastError())")
+        }
+        defer { canopy_vips_free(bytes) }
+        return (Array(UnsafeRawBufferPointer(start: bytes, count: length)), Int(width), Int(height))
+    }
+
+    /// The image rendered into memory.
+    func inMemory() throws(CanopyError) -> VipsImage {
+        try VipsImage(canopy_vips_in_memory(handle), "rendering into memory")
+    }
+}
+
+extension Images.Format {
+    var shim: canopy_format {
+        switch self {
+        case .jpeg: CANOPY_JPEG
+        case .webp: CANOPY_WEBP
+        }
+    }
+}

@@ -1,0 +1,253 @@
+import Foundation
+
+/// The operations of `canopy-images`: the image store, variants, palettes and the
+/// per-plant index. Every operation but `images.stats` acts for the principal: one person
+/// cannot read, list, warm or purge another person's images.
+public enum Images {
+    /// The service name.
+    public static let service = "images"
+
+    /// A ready-made size of a photo.
+    public enum Variant: String, Codable, Sendable, CaseIterable {
+        /// 150x150, cropped to fill, quality 70.
+        case thumbnail
+        /// Fits 800x600, quality 80.
+        case gallery
+        /// Full size, quality 90.
+        case full
+        /// Fits 400x400, quality 80: what palettes are computed from.
+        case small
+    }
+
+    /// An output format.
+    public enum Format: String, Codable, Sendable, CaseIterable {
+        case jpeg
+        case webp
+    }
+
+    /// A stored photo as its owner sees it.
+    public struct Photo: Codable, Sendable, Equatable {
+        /// SHA-256 of the original bytes, hex: the photo's id.
+        public var sha256: String
+        /// The plant it belongs to.
+        public var plantID: String
+        /// Size after auto-rotation.
+        public var width: Int
+        public var height: Int
+        /// The format it arrived in (jpeg, png, webp, heif).
+        public var format: String
+        /// Bytes of the stored original (metadata stripped).
+        public var bytes: Int
+        /// When its owner added it to the plant.
+        public var addedAt: Date
+
+        /// Makes a photo record; every field is as named.
+        public init(sha256: String, plantID: String, width: Int, height: Int, format: String, bytes: Int, addedAt: Date) {
+            self.sha256 = sha256
+            self.plantID = plantID
+            self.width = width
+            self.height = height
+            self.format = format
+            self.bytes = bytes
+            self.addedAt = addedAt
+        }
+    }
+
+    /// `images.put`: store a photo for a plant (bytes as base64 in JSON).
+    public enum Put: BusOperation {
+        public struct Request: Codable, Sendable {
+            public var plantID: String
+            public var data: Data
+            public init(plantID: String, data: Data) {
+                self.plantID = plantID
+                self.data = data
+            }
+        }
+        public typealias Reply = Photo
+        public static let service = Images.service
+        public static let name = "images.put"
+        /// Content-addressed: storing the same photo again changes nothing.
+        public static let idempotent = true
+    }
+
+    /// `images.variant`: a ready-made size of a photo, made on first request and cached.
+    public enum GetVariant: BusOperation {
+        public struct Request: Codable, Sendable, Equatable {
+            public var sha256: String
+            public var variant: Variant
+            public var format: Format
+            public init(sha256: String, variant: Variant, format: Format = .jpeg) {
+                self.sha256 = sha256
+                self.variant = variant
+                self.format = format
+            }
+        }
+        public struct Reply: Codable, Sendable, Equatable {
+            public var sha256: String
+            public var variant: Variant
+            public var format: Format
+            public var width: Int
+            public var height: Int
+            public var data: Data
+            /// Where it came from: `memory`, `disk` or `made`.
+            public var source: String
+            public init(sha256: String, variant: Variant, format: Format, width: Int, height: Int, data: Data, source: String) {
+                self.sha256 = sha256
+                self.variant = variant
+                self.format = format
+                self.width = width
+                self.height = height
+                self.data = data
+                self.source = source
+            }
+        }
+        public static let service = Images.service
+        public static let name = "images.variant"
+        public static let idempotent = true
+        public static let coalescable = true
+    }
+
+    /// One colour of a palette.
+    public struct Swatch: Codable, Sendable, Equatable {
+        /// vibrant, muted, darkVibrant, darkMuted, lightVibrant, lightMuted, or dominant.
+        public var role: String
+        /// `#rrggbb`.
+        public var hex: String
+        /// Share of the photo's pixels near this colour, 0 to 1.
+        public var population: Double
+        /// OKLab lightness, a, b.
+        public var oklab: [Double]
+        public init(role: String, hex: String, population: Double, oklab: [Double]) {
+            self.role = role
+            self.hex = hex
+            self.population = population
+            self.oklab = oklab
+        }
+    }
+
+    /// `images.palette`: the dominant colours of a photo, by role.
+    public enum Palette: BusOperation {
+        public struct Request: Codable, Sendable, Equatable {
+            public var sha256: String
+            public init(sha256: String) { self.sha256 = sha256 }
+        }
+        public struct Reply: Codable, Sendable, Equatable {
+            public var sha256: String
+            /// Most populous first.
+            public var swatches: [Swatch]
+            /// Whether it came from the palette cache.
+            public var cached: Bool
+            public init(sha256: String, swatches: [Swatch], cached: Bool) {
+                self.sha256 = sha256
+                self.swatches = swatches
+                self.cached = cached
+            }
+        }
+        public static let service = Images.service
+        public static let name = "images.palette"
+        public static let idempotent = true
+        public static let coalescable = true
+    }
+
+    /// `images.list`: the photos of one of the principal's plants, newest first.
+    public enum List: BusOperation {
+        public struct Request: Codable, Sendable {
+            public var plantID: String
+            public init(plantID: String) { self.plantID = plantID }
+        }
+        public typealias Reply = [Photo]
+        public static let service = Images.service
+        public static let name = "images.list"
+        public static let idempotent = true
+    }
+
+    /// `images.purge`: forget a plant's photos; originals nobody else holds are deleted
+    /// with their variants and palettes, from memory and disk.
+    public enum Purge: BusOperation {
+        public struct Request: Codable, Sendable {
+            public var plantID: String
+            public init(plantID: String) { self.plantID = plantID }
+        }
+        public struct Reply: Codable, Sendable, Equatable {
+            public var photos: Int
+            public var originalsDeleted: Int
+            public init(photos: Int, originalsDeleted: Int) {
+                self.photos = photos
+                self.originalsDeleted = originalsDeleted
+            }
+        }
+        public static let service = Images.service
+        public static let name = "images.purge"
+        public static let idempotent = true
+    }
+
+    /// `images.warm`: make variants ahead of time, with bounded concurrency.
+    public enum Warm: BusOperation {
+        public struct Request: Codable, Sendable {
+            public var sha256s: [String]
+            public var variants: [Variant]
+            public var format: Format
+            public init(sha256s: [String], variants: [Variant] = [.thumbnail, .gallery], format: Format = .jpeg) {
+                self.sha256s = sha256s
+                self.variants = variants
+                self.format = format
+            }
+        }
+        public struct Reply: Codable, Sendable, Equatable {
+            public var made: Int
+            public var alreadyCached: Int
+            public init(made: Int, alreadyCached: Int) {
+                self.made = made
+                self.alreadyCached = alreadyCached
+            }
+        }
+        public static let service = Images.service
+        public static let name = "images.warm"
+        public static let idempotent = true
+    }
+
+    /// One cache tier's figures.
+    public struct TierStatistics: Codable, Sendable, Equatable {
+        public var entries: Int
+        public var bytes: Int
+        public var limitBytes: Int
+        public var hits: UInt64
+        public var misses: UInt64
+        public var evictions: UInt64
+        public var hitRatio: Double
+        public init(entries: Int, bytes: Int, limitBytes: Int, hits: UInt64, misses: UInt64, evictions: UInt64) {
+            self.entries = entries
+            self.bytes = bytes
+            self.limitBytes = limitBytes
+            self.hits = hits
+            self.misses = misses
+            self.evictions = evictions
+            self.hitRatio = hits + misses == 0 ? 0 : Double(hits) / Double(hits + misses)
+        }
+    }
+
+    /// `images.stats`: the caches and the store.
+    public enum Stats: BusOperation {
+        public typealias Request = Empty
+        public struct Reply: Codable, Sendable, Equatable {
+            public var memory: TierStatistics
+            public var disk: TierStatistics
+            public var originals: Int
+            public var originalBytes: Int
+            public var palettes: Int
+            /// normal, warning, urgent or critical.
+            public var memoryPressure: String
+            public init(memory: TierStatistics, disk: TierStatistics, originals: Int, originalBytes: Int, palettes: Int, memoryPressure: String) {
+                self.memory = memory
+                self.disk = disk
+                self.originals = originals
+                self.originalBytes = originalBytes
+                self.palettes = palettes
+                self.memoryPressure = memoryPressure
+            }
+        }
+        public static let service = Images.service
+        public static let name = "images.stats"
+        public static let idempotent = true
+    }
+}

@@ -1,0 +1,98 @@
+import CVips
+import Foundation
+@testable import ImageCache
+
+/// Real images made in the tests with libvips.
+enum Fixture {
+    struct Options {
+        var width = 1200
+        var height = 800
+        var format = canopy_format(0) // JPEG
+        var quality = 90
+        var orientation: Int?
+        var gps = false
+        var progressive = false
+        var cmyk = false
+    }
+
+    static func image(_ configure: (inout Options) -> Void = { _ in }) -> [UInt8] {
+        var options = Options()
+        configure(&options)
+        _ = canopy_vips_start()
+        var image = canopy_vips_pattern(Int32(options.width), Int32(options.height))!
+        if options.cmyk {
+            let cmyk = canopy_vips_to_cmyk(image)!
+            canopy_vips_release(image)
+            image = cmyk
+        }
+        defer { canopy_vips_release(image) }
+        if let orientation = options.orientation { canopy_vips_set_orientation(image, Int32(orientation)) }
+        if options.gps {
+            canopy_vips_set_string(image, "exif-ifd3-GPSLatitudeRef", "N")
+            canopy_vips_set_string(image, "exif-ifd3-GPSLatitude", "52/1 31/1 12/1")
+            canopy_vips_set_string(image, "exif-ifd0-Make", "Canopy test camera")
+        }
+        var bytes: UnsafeMutableRawPointer?
+        var length = 0
+        precondition(canopy_vips_encode_keeping_metadata(image, options.format, Int32(options.quality), options.progressive ? 1 : 0, &bytes, &length) == 0,
+                     "fixture encode failed: \(Vips.lastError())")
+        defer { canopy_vips_free(bytes) }
+        return Array(UnsafeRawBufferPointer(start: bytes, count: length))
+    }
+
+    static var jpeg: [UInt8] { image() }
+    static var png: [UInt8] { image { $0.format = canopy_format(2) } }
+    static var webp: [UInt8] { image { $0.format = canopy_format(1) } }
+
+    /// What libvips reads in an encoded image's header.
+    struct Header {
+        var width: Int
+        var height: Int
+        var interpretation: String
+        var hasEXIF: Bool
+        var hasGPS: Bool
+        var hasICC: Bool
+        var orientation: Bool
+    }
+
+    static func header(_ bytes: [UInt8]) -> Header {
+        let image = bytes.withUnsafeBytes { canopy_vips_open($0.baseAddress, $0.count) }!
+        defer { canopy_vips_release(image) }
+        return Header(
+            width: Int(canopy_vips_width(image)), height: Int(canopy_vips_height(image)),
+            interpretation: String(cString: canopy_vips_interpretation(image)),
+            hasEXIF: canopy_vips_has_field(image, "exif-data") != 0,
+            hasGPS: canopy_vips_has_field(image, "exif-ifd3-GPSLatitude") != 0,
+            hasICC: canopy_vips_has_field(image, "icc-profile-data") != 0,
+            orientation: canopy_vips_has_field(image, "orientation") != 0)
+    }
+
+    /// A PNG whose header claims `width` x `height` pixels, with almost no pixel data.
+    static func pngClaiming(width: UInt32, height: UInt32) -> [UInt8] {
+        func chunk(_ type: String, _ data: [UInt8]) -> [UInt8] {
+            let body = Array(type.utf8) + data
+            return bigEndian(UInt32(data.count)) + body + bigEndian(crc32(body))
+        }
+        let header = bigEndian(width) + bigEndian(height) + [8, 2, 0, 0, 0]
+        let idat: [UInt8] = [0x78, 0x9C, 0x63, 0x00, 0x00, 0x00, 0x01, 0x00, 0x01]
+        return [0x89, 0x50, 0x4E, 0x47, 0x0D, 0x0A, 0x1A, 0x0A] + chunk("IHDR", header) + chunk("IDAT", idat) + chunk("IEND", [])
+    }
+
+    static func bigEndian(_ value: UInt32) -> [UInt8] { withUnsafeBytes(of: value.bigEndian) { Array($0) } }
+
+    static func crc32(_ bytes: [UInt8]) -> UInt32 {
+        var crc: UInt32 = 0xFFFF_FFFF
+        for byte in bytes {
+            crc ^= UInt32(byte)
+            for _ in 0..<8 { crc = crc & 1 == 1 ? (crc >> 1) ^ 0xEDB8_8320 : crc >> 1 }
+        }
+        return ~crc
+    }
+
+    /// A fresh directory under the system's temporary directory.
+    static func directory() -> URL {
+        let url = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-images-\(UUID().uuidString)", isDirectory: true)
+        try? FileManager.default.createDirectory(at: url, withIntermediateDirectories: true)
+        return url
+    }
+}

@@ -1,0 +1,115 @@
+import CanopyMessages
+import Foundation
+import Testing
+@testable import ImageCache
+
+/// Checking input and making variants with libvips, on real images made in the tests.
+struct ImageProcessorTests {
+    let processor = try! ImageProcessor()
+
+    @Test(arguments: [("jpeg", Fixture.jpeg), ("png", Fixture.png), ("webp", Fixture.webp), ("progressive jpeg", Fixture.image { $0.progressive = true })])
+    func everyAcceptedFormatMakesAllFourVariants(name: String, bytes: [UInt8]) throws {
+        let inspected = try processor.inspect(bytes)
+        #expect(inspected.width == 1200 && inspected.height == 800, "\(name)")
+        let made = try processor.make([.thumbnail, .gallery, .small, .full], format: .jpeg, from: bytes)
+        let sizes = Dictionary(uniqueKeysWithValues: made.map { ($0.variant, ($0.width, $0.height)) })
+        #expect(sizes[.thumbnail]! == (150, 150))
+        #expect(sizes[.gallery]! == (800, 533))
+        #expect(sizes[.small]! == (400, 267))
+        #expect(sizes[.full]! == (1200, 800))
+        for variant in made {
+            let header = Fixture.header(variant.bytes)
+            #expect(header.width == variant.width && header.height == variant.height)
+            #expect(!header.hasEXIF && !header.hasICC, "\(name) \(variant.variant) carries no metadata")
+        }
+    }
+
+    @Test func webpOutputIsWebP() throws {
+        let made = try processor.make([.thumbnail], format: .webp, from: Fixture.jpeg)
+        #expect(ImageKind(sniffing: made[0].bytes) == .webp)
+    }
+
+    @Test func smallImagesAreNeverEnlarged() throws {
+        let tiny = Fixture.image { $0.width = 300; $0.height = 200 }
+        let made = try processor.make([.gallery, .thumbnail], format: .jpeg, from: tiny)
+        #expect(made.first { $0.variant == .gallery }.map { ($0.width, $0.height) }! == (300, 200))
+    }
+
+    @Test func exifOrientationIsAppliedThenRemoved() throws {
+        let rotated = Fixture.image { $0.orientation = 6 } // 90° clockwise
+        #expect(Fixture.header(rotated).orientation)
+        let stored = try processor.normalized(rotated, keeping: .jpeg)
+        #expect((stored.width, stored.height) == (800, 1200))
+        let header = Fixture.header(stored.bytes)
+        #expect((header.width, header.height) == (800, 1200))
+        #expect(!header.orientation && !header.hasEXIF)
+        let gallery = try processor.make([.gallery], format: .jpeg, from: rotated)[0]
+        #expect((gallery.width, gallery.height) == (400, 600))
+    }
+
+    @Test func gpsAndEveryOtherPieceOfMetadataAreStripped() throws {
+        let located = Fixture.image { $0.gps = true }
+        let input = Fixture.header(located)
+        #expect(input.hasEXIF && input.hasGPS, "the fixture carries GPS EXIF")
+        let stored = try processor.normalized(located, keeping: .jpeg)
+        let made = try processor.make([.thumbnail, .gallery, .small, .full], format: .jpeg, from: located)
+        for bytes in [stored.bytes] + made.map(\.bytes) {
+            let header = Fixture.header(bytes)
+            #expect(!header.hasGPS && !header.hasEXIF && !header.hasICC)
+            #expect(!String(decoding: bytes, as: UTF8.self).contains("Canopy test camera"))
+        }
+    }
+
+    @Test func cmykPhotosComeOutInSRGB() throws {
+        let cmyk = Fixture.image { $0.cmyk = true }
+        #expect(Fixture.header(cmyk).interpretation == "cmyk")
+        let stored = try processor.normalized(cmyk, keeping: .jpeg)
+        #expect(Fixture.header(stored.bytes).interpretation == "srgb")
+        for variant in try processor.make([.thumbnail, .gallery], format: .jpeg, from: cmyk) {
+            #expect(Fixture.header(variant.bytes).interpretation == "srgb")
+        }
+        // The colours survive: the palette of the CMYK copy is close to the sRGB one.
+        let original = try processor.palettePixels(from: Fixture.jpeg)
+        let converted = try processor.palettePixels(from: cmyk)
+        let difference = zip(original.pixels, converted.pixels).reduce(0) { $0 + abs(Int($1.0) - Int($1.1)) } / original.pixels.count
+        #expect(difference < 25, "mean channel difference \(difference)")
+    }
+
+    @Test func truncatedFilesAreRefused() throws {
+        let jpeg = Fixture.jpeg
+        let cut = Array(jpeg.prefix(jpeg.count / 2))
+        #expect(throws: CanopyError.self) { _ = try processor.normalized(cut, keeping: .jpeg) }
+        #expect(throws: CanopyError.self) { _ = try processor.make([.thumbnail], format: .jpeg, from: cut) }
+    }
+
+    @Test func aHeaderClaimingFourHundredMegapixelsIsRefusedBeforeDecoding() throws {
+        let bomb = Fixture.pngClaiming(width: 20_000, height: 20_000)
+        #expect(bomb.count < 100)
+        let error = #expect(throws: CanopyError.self) { _ = try processor.inspect(bomb) }
+        #expect(error?.code == .tooLarge)
+        #expect(error?.message.contains("20000x20000") == true)
+    }
+
+    @Test func otherFormatsAreRefusedByTheirFirstBytes() throws {
+        let svg = Array(#"<svg xmlns="http://www.w3.org/2000/svg" width="10" height="10"/>"#.utf8)
+        let gif = Array("GIF89a".utf8) + [UInt8](repeating: 0, count: 20)
+        let pdf = Array("%PDF-1.7\n".utf8)
+        let tiff: [UInt8] = [0x49, 0x49, 0x2A, 0x00, 8, 0, 0, 0]
+        for bytes in [svg, gif, pdf, tiff, []] {
+            let error = #expect(throws: CanopyError.self) { _ = try processor.inspect(bytes) }
+            #expect(error?.code == .badRequest)
+        }
+    }
+
+    @Test func blockedLoadersCannotBeReachedEvenWhenAskedDirectly() {
+        // A PNG-looking file is handed to libvips; an SVG is not decodable at all.
+        let svg = Array(#"<svg xmlns="http://www.w3.org/2000/svg" width="10" height="10"/>"#.utf8)
+        #expect(throws: CanopyError.self) { _ = try processor.decode(svg) }
+    }
+
+    @Test func filesOverTheSizeLimitAreRefused() throws {
+        let small = try ImageProcessor(limits: .init(maximumBytes: 1_000, maximumPixels: 40_000_000))
+        let error = #expect(throws: CanopyError.self) { _ = try small.inspect(Fixture.jpeg) }
+        #expect(error?.code == .tooLarge)
+    }
+}
