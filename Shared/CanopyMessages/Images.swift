@@ -109,7 +109,7 @@ public enum Images {
 
     /// One colour of a palette.
     public struct Swatch: Codable, Sendable, Equatable {
-        /// vibrant, muted, darkVibrant, darkMuted, lightVibrant, lightMuted, or dominant.
+        /// vibrant, muted, darkVibrant, darkMuted, lightVibrant, lightMuted, or other.
         public var role: String
         /// `#rrggbb`.
         public var hex: String
@@ -133,7 +133,7 @@ public enum Images {
         }
         public struct Reply: Codable, Sendable, Equatable {
             public var sha256: String
-            /// Most populous first.
+            /// Most populous first: the first is the dominant colour.
             public var swatches: [Swatch]
             /// Whether it came from the palette cache.
             public var cached: Bool

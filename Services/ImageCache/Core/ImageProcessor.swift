@@ -87,8 +87,20 @@ struct ImageProcessor: Sendable {
     /// stripped; WebP stays WebP, everything else becomes JPEG at quality 92. Truncated or
     /// corrupt input fails here.
     func normalized(_ bytes: [UInt8], keeping kind: ImageKind) throws -> (bytes: [UInt8], width: Int, height: Int) {
-        let image = try decode(bytes)
-        return (try image.encode(kind == .webp ? .webp : .jpeg, quality: 92), image.width, image.height)
+        try decoding {
+            let image = try decode(bytes)
+            return (try image.encode(kind == .webp ? .webp : .jpeg, quality: 92), image.width, image.height)
+        }
+    }
+
+    /// libvips decodes lazily, so a truncated or corrupt input fails while encoding: such a
+    /// failure is the input's fault and says so.
+    private func decoding<T>(_ work: () throws -> T) throws -> T {
+        do {
+            return try work()
+        } catch let error as CanopyError where error.code == .internal {
+            throw CanopyError(.badRequest, "the image cannot be decoded (truncated or corrupt?): \(error.message)")
+        }
     }
 
     func decode(_ bytes: [UInt8]) throws -> VipsImage {
@@ -110,6 +122,10 @@ struct ImageProcessor: Sendable {
     /// shrink-on-load decode (at the largest size asked for), the smaller ones derived from
     /// it in memory; full decodes at full size.
     func make(_ variants: Set<Images.Variant>, format: Images.Format, from original: [UInt8]) throws -> [Made] {
+        try decoding { try makeDecoded(variants, format: format, from: original) }
+    }
+
+    private func makeDecoded(_ variants: Set<Images.Variant>, format: Images.Format, from original: [UInt8]) throws -> [Made] {
         var made: [Made] = []
         if variants.contains(.full) {
             let image = try decode(original)

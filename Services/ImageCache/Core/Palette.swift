@@ -105,20 +105,18 @@ enum PaletteExtractor {
         ("darkMuted", 0...0.5, 0...0.08, 0.30, 0.03),
     ]
 
-    /// The most populous cluster as `dominant`, then the best cluster for each role
-    /// (closeness to the role's lightness and chroma, and population; each cluster used once).
+    /// Every cluster holding at least 1% of the photo (at most 12), most populous first, so
+    /// the first is the dominant colour. The best cluster for each role (closeness to the
+    /// role's lightness and chroma, and population; each cluster used once) carries that
+    /// role's name; the rest are `other`.
     static func assignRoles(_ clusters: [Cluster], total: Double) -> [Images.Swatch] {
-        func swatch(_ cluster: Cluster, role: String) -> Images.Swatch {
-            Images.Swatch(role: role, hex: cluster.lab.hex, population: (cluster.weight / total * 1000).rounded() / 1000,
-                          oklab: [cluster.lab.l, cluster.lab.a, cluster.lab.b].map { ($0 * 10_000).rounded() / 10_000 })
-        }
-        var swatches = [swatch(clusters[0], role: "dominant")]
-        var used: Set<Int> = []
-        let largest = clusters[0].weight
+        let kept = Array(clusters.filter { $0.weight / total >= 0.01 }.prefix(12))
+        guard let largest = kept.first?.weight else { return [] }
+        var names = [String](repeating: "other", count: kept.count)
         for role in roles {
             var bestIndex: Int?
             var bestScore = -Double.infinity
-            for (index, cluster) in clusters.enumerated() where !used.contains(index) {
+            for (index, cluster) in kept.enumerated() where names[index] == "other" {
                 let l = cluster.lab.l, c = cluster.lab.chroma
                 guard role.lightness.contains(l), role.chroma.contains(c) else { continue }
                 let score = 0.52 * (1 - abs(l - role.targetL)) + 0.24 * (1 - min(1, abs(c - role.targetC) * 4)) + 0.24 * (cluster.weight / largest)
@@ -127,12 +125,12 @@ enum PaletteExtractor {
                     bestIndex = index
                 }
             }
-            if let index = bestIndex {
-                used.insert(index)
-                swatches.append(swatch(clusters[index], role: role.name))
-            }
+            if let index = bestIndex { names[index] = role.name }
         }
-        return swatches
+        return zip(kept, names).map { cluster, role in
+            Images.Swatch(role: role, hex: cluster.lab.hex, population: (cluster.weight / total * 1000).rounded() / 1000,
+                          oklab: [cluster.lab.l, cluster.lab.a, cluster.lab.b].map { ($0 * 10_000).rounded() / 10_000 })
+        }
     }
 }
 

@@ -1,0 +1,179 @@
+import CanopyBus
+import CanopyMessages
+import CanopyTesting
+import Foundation
+import Testing
+@testable import ImageCache
+
+/// canopy-images through the real broker on tcp://127.0.0.1, as other services use it.
+@Suite(.serialized)
+struct ImageServiceTests {
+    /// A live bus with an image service on a fresh directory.
+    func withImages(_ body: (LiveBus, BusClient, URL) async throws -> Void) async throws {
+        let directory = Fixture.directory()
+        defer { try? FileManager.default.removeItem(at: directory) }
+        try await withLiveBus { bus in
+            let library = try ImageLibrary(directory: directory)
+            bus.startRunner(ImageService(library: library), credit: 8)
+            try await bus.waitForWorkers(1, service: Images.service)
+            try await body(bus, try bus.client(timeout: .seconds(30)), directory)
+        }
+    }
+
+    @Test func aPhotoIsStoredOnceAndItsVariantsComeFromOneDecodeThenFromMemory() async throws {
+        try await withImages { _, client, directory in
+            let jpeg = Fixture.image { $0.gps = true }
+            let photo = try await client.call(Images.Put.self, .init(plantID: "monstera", data: Data(jpeg)), principal: "alice")
+            #expect(photo.sha256 == ImageLibrary.sha256(jpeg))
+            #expect((photo.width, photo.height, photo.format) == (1200, 800, "jpeg"))
+
+            let thumbnail = try await client.call(Images.GetVariant.self, .init(sha256: photo.sha256, variant: .thumbnail), principal: "alice")
+            #expect(thumbnail.source == "made")
+            #expect((thumbnail.width, thumbnail.height) == (150, 150))
+            #expect(!Fixture.header([UInt8](thumbnail.data)).hasGPS)
+            let gallery = try await client.call(Images.GetVariant.self, .init(sha256: photo.sha256, variant: .gallery), principal: "alice")
+            #expect(gallery.source == "memory", "made by the same decode as the thumbnail")
+            let again = try await client.call(Images.GetVariant.self, .init(sha256: photo.sha256, variant: .thumbnail), principal: "alice")
+            #expect(again.source == "memory")
+            #expect(again.data == thumbnail.data)
+            let webp = try await client.call(Images.GetVariant.self, .init(sha256: photo.sha256, variant: .thumbnail, format: .webp), principal: "alice")
+            #expect(ImageKind(sniffing: [UInt8](webp.data)) == .webp)
+
+            // The stored original has no GPS either.
+            let stored = try Data(contentsOf: directory.appendingPathComponent("originals").appendingPathComponent(photo.sha256))
+            #expect(!Fixture.header([UInt8](stored)).hasGPS)
+        }
+    }
+
+    @Test func theSamePhotoStoredTwiceIsStoredOnce() async throws {
+        try await withImages { _, client, directory in
+            let jpeg = Fixture.jpeg
+            _ = try await client.call(Images.Put.self, .init(plantID: "p1", data: Data(jpeg)), principal: "alice")
+            _ = try await client.call(Images.Put.self, .init(plantID: "p2", data: Data(jpeg)), principal: "alice")
+            _ = try await client.call(Images.Put.self, .init(plantID: "fern", data: Data(jpeg)), principal: "bob")
+            let stats = try await client.call(Images.Stats.self, .init())
+            #expect(stats.originals == 1)
+            #expect(try FileManager.default.contentsOfDirectory(atPath: directory.appendingPathComponent("originals").path).count == 1)
+            #expect(try await client.call(Images.List.self, .init(plantID: "p1"), principal: "alice").count == 1)
+            #expect(try await client.call(Images.List.self, .init(plantID: "p2"), principal: "alice").count == 1)
+        }
+    }
+
+    @Test func nobodyReadsListsWarmsOrPurgesAnotherPersonsPhotos() async throws {
+        try await withImages { _, client, _ in
+            let photo = try await client.call(Images.Put.self, .init(plantID: "monstera", data: Data(Fixture.jpeg)), principal: "alice")
+            for call in [
+                { _ = try await client.call(Images.GetVariant.self, .init(sha256: photo.sha256, variant: .thumbnail), principal: "bob") },
+                { _ = try await client.call(Images.Palette.self, .init(sha256: photo.sha256), principal: "bob") },
+                { _ = try await client.call(Images.Warm.self, .init(sha256s: [photo.sha256]), principal: "bob") },
+            ] as [() async throws -> Void] {
+                let error = await #expect(throws: CanopyError.self) { try await call() }
+                #expect(error?.code == .notFound)
+            }
+            #expect(try await client.call(Images.List.self, .init(plantID: "monstera"), principal: "bob").isEmpty)
+            let purge = try await client.call(Images.Purge.self, .init(plantID: "monstera"), principal: "bob")
+            #expect(purge == .init(photos: 0, originalsDeleted: 0))
+            #expect(try await client.call(Images.List.self, .init(plantID: "monstera"), principal: "alice").map(\.sha256) == [photo.sha256])
+            let anonymous = await #expect(throws: CanopyError.self) {
+                _ = try await client.call(Images.List.self, .init(plantID: "monstera"))
+            }
+            #expect(anonymous?.code == .unauthorized)
+        }
+    }
+
+    @Test func purgingAPlantRemovesWhatNobodyElseHoldsFromEveryTier() async throws {
+        try await withImages { _, client, directory in
+            let shared = Fixture.jpeg
+            let own = Fixture.png
+            let sharedPhoto = try await client.call(Images.Put.self, .init(plantID: "monstera", data: Data(shared)), principal: "alice")
+            let ownPhoto = try await client.call(Images.Put.self, .init(plantID: "monstera", data: Data(own)), principal: "alice")
+            _ = try await client.call(Images.Put.self, .init(plantID: "fern", data: Data(shared)), principal: "bob")
+            for sha in [sharedPhoto.sha256, ownPhoto.sha256] {
+                _ = try await client.call(Images.GetVariant.self, .init(sha256: sha, variant: .thumbnail), principal: "alice")
+                _ = try await client.call(Images.Palette.self, .init(sha256: sha), principal: "alice")
+            }
+            let variants = directory.appendingPathComponent("variants")
+            #expect(try FileManager.default.contentsOfDirectory(atPath: variants.path).count == 6)
+
+            let purge = try await client.call(Images.Purge.self, .init(plantID: "monstera"), principal: "alice")
+            #expect(purge == .init(photos: 2, originalsDeleted: 1), "bob still holds the shared photo")
+            let left = try FileManager.default.contentsOfDirectory(atPath: variants.path)
+            #expect(left.count == 3 && left.allSatisfy { $0.hasPrefix(sharedPhoto.sha256) })
+            #expect(try await client.call(Images.List.self, .init(plantID: "monstera"), principal: "alice").isEmpty)
+            let stats = try await client.call(Images.Stats.self, .init())
+            #expect(stats.originals == 1 && stats.palettes == 1)
+            #expect(stats.memory.entries == 3)
+            // Bob's copy still serves.
+            #expect(try await client.call(Images.GetVariant.self, .init(sha256: sharedPhoto.sha256, variant: .thumbnail), principal: "bob").source == "memory")
+        }
+    }
+
+    @Test func badImagesAreRefusedWithAClearErrorAndNothingIsStored() async throws {
+        try await withImages { _, client, directory in
+            let svg = Array(#"<svg xmlns="http://www.w3.org/2000/svg"/>"#.utf8)
+            let truncated = Array(Fixture.jpeg.prefix(3_000))
+            let bomb = Fixture.pngClaiming(width: 20_000, height: 20_000)
+            for (bytes, code) in [(svg, CanopyError.Code.badRequest), (truncated, .badRequest), (bomb, .tooLarge), ([], .badRequest)] {
+                let error = await #expect(throws: CanopyError.self) {
+                    _ = try await client.call(Images.Put.self, .init(plantID: "p1", data: Data(bytes)), principal: "alice")
+                }
+                #expect(error?.code == code)
+            }
+            let stats = try await client.call(Images.Stats.self, .init())
+            #expect(stats.originals == 0)
+            #expect(try FileManager.default.contentsOfDirectory(atPath: directory.appendingPathComponent("originals").path).isEmpty)
+            #expect(try await client.call(Images.List.self, .init(plantID: "p1"), principal: "alice").isEmpty)
+            let notAnID = await #expect(throws: CanopyError.self) {
+                _ = try await client.call(Images.GetVariant.self, .init(sha256: "../../etc/passwd", variant: .thumbnail), principal: "alice")
+            }
+            #expect(notAnID?.code == .badRequest)
+        }
+    }
+
+    @Test func palettesAreComputedOnceThenCached() async throws {
+        try await withImages { _, client, _ in
+            let photo = try await client.call(Images.Put.self, .init(plantID: "p1", data: Data(Fixture.jpeg)), principal: "alice")
+            let first = try await client.call(Images.Palette.self, .init(sha256: photo.sha256), principal: "alice")
+            #expect(!first.cached)
+            #expect(!first.swatches.isEmpty)
+            #expect(first.swatches.allSatisfy { $0.hex.count == 7 && $0.population > 0 })
+            let second = try await client.call(Images.Palette.self, .init(sha256: photo.sha256), principal: "alice")
+            #expect(second.cached)
+            #expect(second.swatches == first.swatches)
+        }
+    }
+
+    @Test func warmingMakesVariantsAheadOfTime() async throws {
+        try await withImages { _, client, _ in
+            var shas: [String] = []
+            for width in [600, 700, 900] {
+                shas.append(try await client.call(Images.Put.self, .init(plantID: "p1", data: Data(Fixture.image { $0.width = width })), principal: "alice").sha256)
+            }
+            let warmed = try await client.call(Images.Warm.self, .init(sha256s: shas, variants: [.thumbnail, .gallery]), principal: "alice")
+            #expect(warmed.made + warmed.alreadyCached == 6)
+            #expect(warmed.made >= 3)
+            let again = try await client.call(Images.Warm.self, .init(sha256s: shas, variants: [.thumbnail, .gallery]), principal: "alice")
+            #expect(again == .init(made: 0, alreadyCached: 6))
+            for sha in shas {
+                #expect(try await client.call(Images.GetVariant.self, .init(sha256: sha, variant: .gallery), principal: "alice").source == "memory")
+            }
+        }
+    }
+
+    @Test func identicalConcurrentVariantRequestsAreCoalescedAtTheBroker() async throws {
+        try await withImages { _, client, _ in
+            let photo = try await client.call(Images.Put.self, .init(plantID: "p1", data: Data(Fixture.image { $0.width = 3000; $0.height = 2000 })), principal: "alice")
+            let request = Images.GetVariant.Request(sha256: photo.sha256, variant: .full)
+            let replies = try await withThrowingTaskGroup(of: Images.GetVariant.Reply.self) { group in
+                for _ in 0..<20 { group.addTask { try await client.call(Images.GetVariant.self, request, principal: "alice") } }
+                return try await group.reduce(into: []) { $0.append($1) }
+            }
+            #expect(replies.count == 20)
+            #expect(Set(replies.map(\.data)).count == 1)
+            let stats = try await client.call(Broker.Stats.self, .init())
+            let variant = try #require(stats.operations.first { $0.operation == Images.GetVariant.name })
+            #expect(variant.workerCalls < 20)
+            #expect(variant.coalesced == 20 - variant.workerCalls)
+        }
+    }
+}
