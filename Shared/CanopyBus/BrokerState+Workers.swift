@@ -149,7 +149,7 @@ extension BrokerState {
             // The worker may work until the last waiter gives up.
             let deadline = flight.waiters.compactMap { waiters[$0]?.deadline }.max() ?? now
             var header = flight.header
-            header.timeoutMilliseconds = UInt32(clamping: max(1, (deadline - now).milliseconds))
+            header.timeoutMilliseconds = UInt32(clamping: max(1, (deadline - now).wholeMilliseconds))
             out.append(.send(to: worker.identity.bytes, frames: [
                 Wire.version, Wire.Command.dispatch.frame, Wire.frame(flight.id), Array(flight.operation.utf8), header.frame, flight.payload.first ?? [],
             ]))

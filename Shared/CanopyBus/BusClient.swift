@@ -110,7 +110,7 @@ public final class BusClient: Sendable {
         let id = nextID.next()
         let timeout = timeout ?? configuration.defaultTimeout
         let header = RequestHeader(
-            timeoutMilliseconds: UInt32(clamping: max(1, timeout.milliseconds)),
+            timeoutMilliseconds: UInt32(clamping: max(1, timeout.wholeMilliseconds)),
             flags: idempotent ? RequestHeader.Flag.idempotent : 0,
             principal: principal ?? "")
         let frames = [Wire.version, Wire.Command.request.frame, Wire.frame(id), Array(service.utf8), Array(operation.utf8), header.frame, body]

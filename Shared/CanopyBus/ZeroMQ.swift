@@ -128,9 +128,9 @@ public final class ZMQSocket {
 
     /// Turns on ZMTP heartbeats: a peer that answers no PING within `timeout` is disconnected.
     public func setHeartbeats(interval: Duration, timeout: Duration) throws {
-        try set(ZMQ_HEARTBEAT_IVL, Int32(interval.milliseconds))
-        try set(ZMQ_HEARTBEAT_TIMEOUT, Int32(timeout.milliseconds))
-        try set(ZMQ_HEARTBEAT_TTL, Int32(min(timeout.milliseconds, 6_553_500)))
+        try set(ZMQ_HEARTBEAT_IVL, Int32(interval.wholeMilliseconds))
+        try set(ZMQ_HEARTBEAT_TIMEOUT, Int32(timeout.wholeMilliseconds))
+        try set(ZMQ_HEARTBEAT_TTL, Int32(min(timeout.wholeMilliseconds, 6_553_500)))
     }
 
     /// Frames larger than this make libzmq drop the connection (the hard memory guard).
@@ -212,7 +212,7 @@ public final class ZMQSocket {
 
 extension Duration {
     /// Whole milliseconds, rounded down, at least zero.
-    var milliseconds: Int64 {
+    public var wholeMilliseconds: Int64 {
         let (seconds, attoseconds) = components
         return max(0, seconds * 1000 + attoseconds / 1_000_000_000_000_000)
     }
@@ -248,7 +248,7 @@ public struct Poller {
 
     /// Waits until an item is readable or `timeout` passes (`nil`: forever).
     public mutating func poll(timeout: Duration?) throws {
-        let milliseconds = timeout.map { Int($0.milliseconds) + ($0 > .zero && $0.milliseconds == 0 ? 1 : 0) } ?? -1
+        let milliseconds = timeout.map { Int($0.wholeMilliseconds) + ($0 > .zero && $0.wholeMilliseconds == 0 ? 1 : 0) } ?? -1
         let rc = items.withUnsafeMutableBufferPointer { zmq_poll($0.baseAddress, Int32($0.count), milliseconds) }
         if rc < 0 && zmq_errno() != EINTR { throw ZMQError("zmq_poll") }
     }

@@ -70,6 +70,22 @@ public enum Images {
         public static let idempotent = true
     }
 
+    /// `images.fetch`: fetch a photo from a remote http(s) URL and store it like `images.put`.
+    public enum Fetch: BusOperation {
+        public struct Request: Codable, Sendable {
+            public var plantID: String
+            public var url: String
+            public init(plantID: String, url: String) {
+                self.plantID = plantID
+                self.url = url
+            }
+        }
+        public typealias Reply = Photo
+        public static let service = Images.service
+        public static let name = "images.fetch"
+        public static let idempotent = true
+    }
+
     /// `images.variant`: a ready-made size of a photo, made on first request and cached.
     public enum GetVariant: BusOperation {
         public struct Request: Codable, Sendable, Equatable {

@@ -30,6 +30,10 @@ struct ServeImages: AsyncParsableCommand {
     var variantDays: Int = Environment.int("CANOPY_IMAGES_VARIANT_DAYS", default: 7)
     @Option(help: ArgumentHelp("Days a palette lives. Env: CANOPY_IMAGES_PALETTE_DAYS.", valueName: "days"))
     var paletteDays: Int = Environment.int("CANOPY_IMAGES_PALETTE_DAYS", default: 30)
+    @Option(help: ArgumentHelp("Remote fetches per origin host at once. Env: CANOPY_IMAGES_FETCHES_PER_HOST.", valueName: "count"))
+    var fetchesPerHost: Int = Environment.int("CANOPY_IMAGES_FETCHES_PER_HOST", default: 3)
+    @Option(help: ArgumentHelp("Hosts images.fetch may reach on loopback or private addresses, comma-separated. Env: CANOPY_IMAGES_FETCH_ALLOW.", valueName: "hosts"))
+    var fetchAllow: String = Environment.string("CANOPY_IMAGES_FETCH_ALLOW") ?? ""
     @Option(help: ArgumentHelp("Resident-size budget in MiB that memory pressure is judged against. Env: CANOPY_IMAGES_BUDGET_MB.", valueName: "MiB"))
     var budgetMb: Int = Environment.int("CANOPY_IMAGES_BUDGET_MB", default: 512)
 
@@ -38,6 +42,7 @@ struct ServeImages: AsyncParsableCommand {
         guard memoryMb >= 0, diskMb >= 0, memoryCount >= 0 else { throw ValidationError("cache sizes cannot be negative; 0 turns a tier off") }
         guard variantDays >= 1, paletteDays >= 1 else { throw ValidationError("--variant-days and --palette-days must be at least 1") }
         guard budgetMb >= 64 else { throw ValidationError("--budget-mb must be at least 64") }
+        guard fetchesPerHost >= 1 else { throw ValidationError("--fetches-per-host must be at least 1") }
     }
 
     func run() async throws {
@@ -51,6 +56,8 @@ struct ServeImages: AsyncParsableCommand {
         settings.variantMaximumAge = TimeInterval(variantDays * 86_400)
         settings.paletteMaximumAge = TimeInterval(paletteDays * 86_400)
         settings.memoryBudget = budgetMb * 1024 * 1024
+        settings.fetchesPerHost = fetchesPerHost
+        settings.fetchAllowedHosts = Set(fetchAllow.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces).lowercased() }.filter { !$0.isEmpty })
         let services = try buildImageService(settings: settings, runner: worker.runnerConfiguration(endpoint: common.endpoint), context: ZMQContext(), logger: logger)
         try await runUntilShutdown(services, logger: logger)
     }

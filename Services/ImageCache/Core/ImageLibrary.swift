@@ -15,11 +15,14 @@ final class ImageLibrary: Sendable {
         var paletteMaximumAge: TimeInterval = 30 * 24 * 3600
         /// Photos `images.warm` works on at once.
         var warmConcurrency = 4
+        /// How remote photos are fetched.
+        var fetch = RemoteFetcher.Policy()
     }
 
     let store: ImageStore
     let cache: VariantCache
     let processor: ImageProcessor
+    let fetcher: RemoteFetcher
     let configuration: Configuration
     private let pressure = Mutex(MemoryPressure.normal)
 
@@ -27,6 +30,9 @@ final class ImageLibrary: Sendable {
     init(directory: URL, configuration: Configuration = Configuration()) throws {
         self.configuration = configuration
         processor = try ImageProcessor(limits: configuration.limits)
+        var fetch = configuration.fetch
+        fetch.maximumBytes = configuration.limits.maximumBytes
+        fetcher = try RemoteFetcher(policy: fetch)
         store = try ImageStore(directory: directory)
         cache = try VariantCache(directory: directory.appendingPathComponent("variants", isDirectory: true), limits: configuration.cache)
     }
@@ -54,6 +60,11 @@ final class ImageLibrary: Sendable {
         let inspected = try processor.inspect(bytes)
         return try store.add(sha256: Self.sha256(bytes), owner: owner, plantID: plantID, format: inspected.kind.rawValue,
                              normalized: { try processor.normalized(bytes, keeping: inspected.kind) }, now: now)
+    }
+
+    /// Fetches a remote photo (see ``RemoteFetcher``) and stores it as ``put(_:owner:plantID:now:)`` does.
+    func fetch(_ url: String, owner: String, plantID: String) async throws -> Images.Photo {
+        try put(try await fetcher.fetch(url), owner: owner, plantID: plantID)
     }
 
     /// A variant: from memory, from disk, or made now (with the other small variants of the

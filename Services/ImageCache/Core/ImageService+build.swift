@@ -20,6 +20,10 @@ public struct ImageServiceSettings: Sendable {
     /// How often memory pressure is read.
     public var pressureInterval: Duration = .seconds(1)
     public var warmConcurrency = 4
+    /// Remote fetches per origin host at once.
+    public var fetchesPerHost = 3
+    /// Hosts remote fetches may reach even on loopback or private addresses.
+    public var fetchAllowedHosts: Set<String> = []
 
     /// Defaults, with the store in `directory`.
     public init(directory: URL) {
@@ -32,6 +36,8 @@ public struct ImageServiceSettings: Sendable {
         configuration.cache = .init(memoryBytes: memoryTierBytes, memoryCount: memoryTierCount, diskBytes: diskTierBytes, diskMaximumAge: variantMaximumAge)
         configuration.paletteMaximumAge = paletteMaximumAge
         configuration.warmConcurrency = warmConcurrency
+        configuration.fetch.maximumPerHost = fetchesPerHost
+        configuration.fetch.allowedHosts = fetchAllowedHosts
         return configuration
     }
 }

@@ -18,6 +18,9 @@ public struct ImageService: BusService {
             let owner = try context.requirePrincipal()
             return try library.put([UInt8](request.data), owner: owner, plantID: request.plantID)
         }
+        handlers.on(Images.Fetch.self) { request, context in
+            try await library.fetch(request.url, owner: try context.requirePrincipal(), plantID: request.plantID)
+        }
         handlers.on(Images.GetVariant.self) { request, context in
             try await library.variant(request, owner: try context.requirePrincipal())
         }
