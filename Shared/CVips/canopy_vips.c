@@ -152,7 +152,16 @@ static int save(VipsImage *image, enum canopy_format format, int quality, int st
 }
 
 int canopy_vips_encode(canopy_image *image, enum canopy_format format, int quality, void **bytes, size_t *length) {
-    return save(IMAGE(image), format, quality, TRUE, FALSE, bytes, length);
+    // Savers' own "strip" is not enough everywhere (WebP kept EXIF in 8.14): the copy that is
+    // saved carries no metadata at all.
+    VipsImage *bare = NULL;
+    if (vips_copy(IMAGE(image), &bare, NULL)) return -1;
+    gchar **fields = vips_image_get_fields(bare);
+    for (int i = 0; fields[i]; i++) vips_image_remove(bare, fields[i]);
+    g_strfreev(fields);
+    int failed = save(bare, format, quality, TRUE, FALSE, bytes, length);
+    g_object_unref(bare);
+    return failed;
 }
 
 int canopy_vips_rgb(canopy_image *image, void **bytes, size_t *length, int *width, int *height) {

@@ -24,9 +24,12 @@ struct ImageProcessorTests {
         }
     }
 
-    @Test func webpOutputIsWebP() throws {
-        let made = try processor.make([.thumbnail], format: .webp, from: Fixture.jpeg)
-        #expect(ImageKind(sniffing: made[0].bytes) == .webp)
+    @Test func webpOutputIsWebPWithoutMetadata() throws {
+        for variant in try processor.make([.thumbnail, .gallery, .full], format: .webp, from: Fixture.image { $0.gps = true }) {
+            #expect(ImageKind(sniffing: variant.bytes) == .webp)
+            let header = Fixture.header(variant.bytes)
+            #expect(!header.hasEXIF && !header.hasGPS && !header.hasICC)
+        }
     }
 
     @Test func smallImagesAreNeverEnlarged() throws {

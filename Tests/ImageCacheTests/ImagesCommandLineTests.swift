@@ -1,0 +1,90 @@
+import CanopyBus
+import CanopyMessages
+import CanopyTesting
+import Foundation
+import Testing
+@testable import ImageCache
+
+/// `canopy-images` as an operator runs it.
+@Suite(.serialized)
+struct ImagesCommandLineTests {
+    func run(_ arguments: [String], environment: [String: String] = [:]) throws -> (status: Int32, output: String, errors: String) {
+        let process = Process()
+        process.executableURL = try LiveBus.executable("canopy-images")
+        process.arguments = arguments
+        process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
+        let output = Pipe(), errors = Pipe()
+        process.standardOutput = output
+        process.standardError = errors
+        try process.run()
+        process.waitUntilExit()
+        return (process.terminationStatus,
+                String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self),
+                String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self))
+    }
+
+    @Test func thumbnailWritesAStrippedSquareOfTheAskedSize() throws {
+        let directory = Fixture.directory()
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let input = directory.appendingPathComponent("monstera.jpg")
+        try Data(Fixture.image { $0.gps = true }).write(to: input)
+        let output = directory.appendingPathComponent("thumb.webp")
+        let result = try run(["thumbnail", input.path, "-o", output.path, "--size", "96", "--format", "webp"])
+        #expect(result.status == 0, "\(result.errors)")
+        #expect(result.output.contains("96x96"))
+        let bytes = [UInt8](try Data(contentsOf: output))
+        #expect(ImageKind(sniffing: bytes) == .webp)
+        #expect(!Fixture.header(bytes).hasGPS)
+    }
+
+    @Test func paletteprintsSwatchesAsATable() throws {
+        let directory = Fixture.directory()
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let input = directory.appendingPathComponent("photo.png")
+        try Data(Fixture.png).write(to: input)
+        let result = try run(["palette", input.path])
+        #expect(result.status == 0, "\(result.errors)")
+        let lines = result.output.split(separator: "\n")
+        #expect(lines.first?.hasPrefix("ROLE") == true)
+        #expect(lines.dropFirst().allSatisfy { $0.contains("#") && $0.contains("%") })
+    }
+
+    @Test func badInputSaysWhatIsWrongWithoutUsageText() throws {
+        let directory = Fixture.directory()
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let svg = directory.appendingPathComponent("x.svg")
+        try Data(#"<svg xmlns="http://www.w3.org/2000/svg"/>"#.utf8).write(to: svg)
+        let result = try run(["thumbnail", svg.path, "-o", directory.appendingPathComponent("t.jpg").path])
+        #expect(result.status != 0)
+        #expect(result.errors.contains("not a JPEG, PNG, WebP or HEIF image"))
+        #expect(!result.errors.contains("Usage"))
+        let missing = try run(["palette", directory.appendingPathComponent("nothing.jpg").path])
+        #expect(missing.status != 0 && missing.errors.contains("cannot read"))
+    }
+
+    @Test func statsPrintsTheTiersOfTheRunningService() async throws {
+        let directory = Fixture.directory()
+        defer { try? FileManager.default.removeItem(at: directory) }
+        try await withLiveBus { bus in
+            bus.startRunner(ImageService(library: try ImageLibrary(directory: directory)))
+            try await bus.waitForWorkers(1, service: Images.service)
+            let client = try bus.client()
+            let photo = try await client.call(Images.Put.self, .init(plantID: "p1", data: Data(Fixture.jpeg)), principal: "alice")
+            _ = try await client.call(Images.GetVariant.self, .init(sha256: photo.sha256, variant: .thumbnail), principal: "alice")
+            let result = try run(["stats", "--endpoint", bus.endpoint])
+            #expect(result.status == 0, "\(result.errors)")
+            let lines = result.output.split(separator: "\n").map(String.init)
+            #expect(lines[0].hasPrefix("TIER    ENTRIES"))
+            #expect(lines[1].hasPrefix("memory") && lines[2].hasPrefix("disk"))
+            #expect(result.output.contains("originals: 1"))
+        }
+    }
+
+    @Test func serveRefusesBadOptionsWithASentence() throws {
+        let result = try run(["serve", "--budget-mb", "1"])
+        #expect(result.status != 0)
+        #expect(result.errors.contains("--budget-mb must be at least 64"))
+        let help = try run(["--help"])
+        #expect(help.output.contains("Examples:"))
+    }
+}
