@@ -46,7 +46,9 @@ final class VipsImage {
             throw CanopyError(.internal, "encoding \(format.rawValue) failed: \(Vips.lastError())")
         }
         defer { canopy_vips_free(bytes) }
-        return Array(UnsafeRawBufferPointer(start: bytes, count: length))
+        let encoded = Array(UnsafeRawBufferPointer(start: bytes, count: length))
+        // libvips 8.14's WebP saver writes a fresh EXIF block even when told to strip.
+        return format == .webp ? WebP.strippingMetadata(encoded) : encoded
     }
 
     /// 8-bit sRGB pixels, three bytes each.
@@ -74,5 +76,34 @@ extension Images.Format {
         case .jpeg: CANOPY_JPEG
         case .webp: CANOPY_WEBP
         }
+    }
+}
+
+/// The WebP container (RIFF): enough of it to drop metadata chunks.
+enum WebP {
+    /// The file without its EXIF, XMP and ICC chunks, and with the VP8X flags that announce
+    /// them cleared. Anything that is not a well-formed WebP comes back unchanged.
+    static func strippingMetadata(_ bytes: [UInt8]) -> [UInt8] {
+        guard bytes.count >= 12, bytes[0..<4] == [0x52, 0x49, 0x46, 0x46], bytes[8..<12] == [0x57, 0x45, 0x42, 0x50] else { return bytes }
+        var out = Array(bytes[0..<12])
+        var offset = 12
+        while offset + 8 <= bytes.count {
+            let tag = String(decoding: bytes[offset..<offset + 4], as: UTF8.self)
+            let size = Int(bytes[offset + 4]) | Int(bytes[offset + 5]) << 8 | Int(bytes[offset + 6]) << 16 | Int(bytes[offset + 7]) << 24
+            let end = offset + 8 + size + (size & 1)
+            guard end <= bytes.count else { return bytes }
+            if !["EXIF", "XMP ", "ICCP"].contains(tag) {
+                var chunk = Array(bytes[offset..<end])
+                if tag == "VP8X", chunk.count > 8 { chunk[8] &= ~(0x08 | 0x04 | 0x20) } // EXIF, XMP, ICC flags
+                out += chunk
+            }
+            offset = end
+        }
+        let riffSize = UInt32(out.count - 8)
+        out[4] = UInt8(riffSize & 0xFF)
+        out[5] = UInt8(riffSize >> 8 & 0xFF)
+        out[6] = UInt8(riffSize >> 16 & 0xFF)
+        out[7] = UInt8(riffSize >> 24 & 0xFF)
+        return out
     }
 }
