@@ -131,7 +131,7 @@ let package = Package(
         .executableTarget(
             name: "canopy-bench",
             dependencies: [
-                "CanopyBus", "CZeroMQ", "CanopyMessages",
+                "CanopyBus", "CZeroMQ", "CanopyMessages", "ImageCache", "CVips", "CanopyServiceKit",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Collections", package: "swift-collections"),
                 .product(name: "Histogram", package: "hdrhistogram-swift"),

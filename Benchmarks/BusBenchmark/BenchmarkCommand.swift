@@ -12,8 +12,9 @@ struct BenchmarkCommand: AsyncParsableCommand {
             Build with -c release. Example:
               swift run -c release canopy-bench bus --seconds 3 --clients 1,16,64 --workers 4
               swift run -c release canopy-bench coalescing
+              swift run -c release canopy-bench images
             """,
-        subcommands: [Bus.self, Coalescing.self],
+        subcommands: [Bus.self, Coalescing.self, ImagesBenchmark.self],
         defaultSubcommand: Bus.self)
 }
 

@@ -136,12 +136,12 @@ static int save(VipsImage *image, enum canopy_format format, int quality, int st
             vips_area_unref(VIPS_AREA(background));
             if (failed) return -1;
             failed = vips_jpegsave_buffer(flat, bytes, length, "Q", quality, "strip", strip, "interlace", progressive,
-                                          "optimize_coding", TRUE, NULL);
+                                          "optimize_coding", FALSE, NULL);
             g_object_unref(flat);
             return failed;
         }
         return vips_jpegsave_buffer(image, bytes, length, "Q", quality, "strip", strip, "interlace", progressive,
-                                    "optimize_coding", TRUE, NULL);
+                                    "optimize_coding", FALSE, NULL);
     case CANOPY_WEBP:
         return vips_webpsave_buffer(image, bytes, length, "Q", quality, "strip", strip, NULL);
     case CANOPY_PNG:

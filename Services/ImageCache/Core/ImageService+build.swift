@@ -92,6 +92,11 @@ public enum ImageTools {
         return (made.bytes, made.width, made.height)
     }
 
+    /// Several variants from one decode (thumbnail, gallery and small share a decode).
+    public static func variants(_ bytes: [UInt8], _ variants: Set<Images.Variant>, format: Images.Format = .jpeg) throws -> [(variant: Images.Variant, bytes: [UInt8])] {
+        try ImageProcessor().make(variants, format: format, from: bytes).map { ($0.variant, $0.bytes) }
+    }
+
     /// The palette of an image file's bytes.
     public static func palette(_ bytes: [UInt8]) throws -> [Images.Swatch] {
         let processor = try ImageProcessor()

@@ -1,0 +1,235 @@
+import ArgumentParser
+import CVips
+import CanopyBus
+import CanopyMessages
+import CanopyServiceKit
+import Foundation
+import Histogram
+import ImageCache
+import Logging
+
+/// canopy-images: variant making against `vipsthumbnail`, cache hits over the bus against a
+/// bus round trip, and peak resident memory under concurrent 12-megapixel requests.
+struct ImagesBenchmark: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "images",
+        abstract: "Variant generation against vipsthumbnail, cache-hit latency over the bus, peak memory.",
+        discussion: "Needs vipsthumbnail (Debian libvips-tools). Example: canopy-bench images --photos 12 --hits 2000")
+
+    @Option(help: "12-megapixel photos per timing run.") var photos = 12
+    @Option(help: "Cache hits timed per tier.") var hits = 2_000
+    @Option(help: "Concurrent requests for the memory measurement.") var concurrent = 16
+
+    func run() async throws {
+        guard let vipsthumbnail = which("vipsthumbnail") else {
+            throw CommandFailure("vipsthumbnail is not installed; apt-get install libvips-tools, then run again")
+        }
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-bench-images-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        progress("making \(photos) 12-megapixel JPEGs…\n")
+        let images = (0..<photos).map { twelveMegapixelJPEG(seed: $0) }
+        print("canopy-bench images: 4000x3000 JPEGs (\(images[0].count / 1024) KiB each), libvips \(String(cString: canopy_vips_version()))")
+        try variantTimes(images, directory: directory, vipsthumbnail: vipsthumbnail)
+        try await cacheHits(images[0], directory: directory)
+        try await peakMemory(images, directory: directory)
+    }
+
+    // MARK: - (1) Variants against vipsthumbnail
+
+    private func variantTimes(_ images: [[UInt8]], directory: URL, vipsthumbnail: String) throws {
+        let files = try images.enumerated().map { index, bytes in
+            let url = directory.appendingPathComponent("photo\(index).jpg")
+            try Data(bytes).write(to: url)
+            return url.path
+        }
+        // Warm both sides up once.
+        _ = try ImageTools.variant(images[0], .thumbnail, format: .jpeg)
+        try runProcess(vipsthumbnail, [files[0], "--size", "150x150", "--smartcrop", "centre", "-o", "\(directory.path)/%s_t.jpg[Q=70,strip]"])
+
+        progress("timing vipsthumbnail and canopy-images…\n")
+        var rows = [["what", "ms per photo", "vs vipsthumbnail thumbnail"]]
+        var best: [String: Double] = [:]
+        for _ in 0..<3 {
+            let vips = try time { try runProcess(vipsthumbnail, files + ["--size", "150x150", "--smartcrop", "centre", "-o", "\(directory.path)/%s_t.jpg[Q=70,strip]"]) }
+            let thumbnail = try time { for image in images { _ = try ImageTools.variant(image, .thumbnail, format: .jpeg) } }
+            let three = try time { for image in images { _ = try ImageTools.variants(image, [.thumbnail, .gallery, .small]) } }
+            let gallery = try time { for image in images { _ = try ImageTools.variant(image, .gallery, format: .jpeg) } }
+            let separately = try time {
+                for image in images {
+                    for variant in [Images.Variant.thumbnail, .gallery, .small] { _ = try ImageTools.variant(image, variant, format: .jpeg) }
+                }
+            }
+            let full = try time { for image in images.prefix(3) { _ = try ImageTools.variant(image, .full, format: .jpeg) } } * Double(images.count) / 3
+            for (name, seconds) in [("vips", vips), ("thumbnail", thumbnail), ("three", three), ("full", full), ("gallery", gallery), ("separately", separately)] {
+                best[name] = min(best[name] ?? .infinity, seconds / Double(images.count))
+            }
+        }
+        let vips = best["vips"]!
+        func row(_ label: String, _ key: String) { rows.append([label, String(format: "%.1f", best[key]! * 1000), String(format: "%.2f", best[key]! / vips)]) }
+        row("vipsthumbnail 150x150 centre crop, Q70 (one process, all photos)", "vips")
+        row("canopy-images thumbnail", "thumbnail")
+        row("canopy-images gallery alone (800x600)", "gallery")
+        row("canopy-images thumbnail + gallery + small, one decode", "three")
+        row("canopy-images thumbnail + gallery + small, three decodes", "separately")
+        row("canopy-images full (decode 12 MP, encode Q90)", "full")
+        print("\n(1) variant generation, best of 3 runs over \(images.count) photos")
+        printTable(rows)
+        print(String(format: "thumbnail vs vipsthumbnail: %.2f (target at most 1.2); three variants from one decode vs one thumbnail: %.2f (target at most 1.5), vs the gallery alone: %.2f, vs three decodes: %.2f",
+                     best["thumbnail"]! / vips, best["three"]! / best["thumbnail"]!, best["three"]! / best["gallery"]!, best["three"]! / best["separately"]!))
+    }
+
+    // MARK: - (2) Cache hits over the bus
+
+    private func cacheHits(_ image: [UInt8], directory: URL) async throws {
+        var logger = Logger(label: "canopy-bench")
+        logger.logLevel = .error
+        var rows = [["request", "p50 µs", "p99 µs", "p99 vs round trip"]]
+        var baseline: UInt64 = 1
+        for (tier, memoryBytes) in [("memory", 50 * 1024 * 1024), ("disk", 0)] {
+            let context = ZMQContext()
+            let broker = try BrokerServer(endpoint: "tcp://127.0.0.1:*", configuration: .init(), context: context, logger: logger)
+            let brokerTask = Task { try await broker.run() }
+            var settings = ImageServiceSettings(directory: directory.appendingPathComponent("service-\(tier)"))
+            settings.memoryTierBytes = memoryBytes
+            settings.memoryTierCount = memoryBytes == 0 ? 0 : 5_000
+            let services = try buildImageService(settings: settings, runner: .init(endpoint: broker.endpoint), context: context, logger: logger)
+            let tasks = services.map { service in Task { try await service.run() } }
+            var clientConfiguration = BusClient.Configuration(endpoint: broker.endpoint)
+            clientConfiguration.defaultTimeout = .seconds(60)
+            let client = try BusClient(configuration: clientConfiguration, context: context, logger: logger)
+            let photo = try await client.call(Images.Put.self, .init(plantID: "bench", data: Data(image)), principal: "bench")
+            let request = Images.GetVariant.Request(sha256: photo.sha256, variant: .thumbnail)
+            _ = try await client.call(Images.GetVariant.self, request, principal: "bench") // made and cached
+            progress("  timing \(hits) \(tier)-tier hits…\n")
+            if tier == "memory" {
+                let roundTrip = try await measure(hits) { _ = try await client.call(Images.Stats.self, .init()) }
+                baseline = roundTrip.valueAtPercentile(99)
+                rows.append(["images.stats (bus round trip, baseline)", "\(roundTrip.valueAtPercentile(50))", "\(baseline)", "1.00"])
+            }
+            var sources: Set<String> = []
+            let histogram = try await measure(hits) {
+                sources.insert(try await client.call(Images.GetVariant.self, request, principal: "bench").source)
+            }
+            precondition(sources == [tier], "expected \(tier) hits, saw \(sources)")
+            rows.append(["images.variant thumbnail, \(tier) hit", "\(histogram.valueAtPercentile(50))", "\(histogram.valueAtPercentile(99))",
+                         String(format: "%.2f", Double(histogram.valueAtPercentile(99)) / Double(baseline))])
+            client.close()
+            services.compactMap { $0 as? ServiceRunner }.forEach { $0.stop() }
+            tasks.forEach { $0.cancel() }
+            for task in tasks { _ = try? await task.value }
+            broker.stop()
+            _ = try? await brokerTask.value
+        }
+        print("\n(2) cache hits end to end over the bus (client to broker to canopy-images and back), \(hits) each")
+        printTable(rows)
+        print("targets: memory-tier p99 under 1,000 µs; disk-tier p99 under 20,000 µs")
+    }
+
+    private func measure(_ count: Int, _ body: () async throws -> Void) async throws -> Histogram<UInt64> {
+        var histogram = Histogram<UInt64>(highestTrackableValue: 60_000_000, numberOfSignificantValueDigits: .three)
+        for _ in 0..<count {
+            let start = ContinuousClock.now
+            try await body()
+            _ = histogram.record(UInt64((ContinuousClock.now - start).microseconds))
+        }
+        return histogram
+    }
+
+    // MARK: - (3) Peak memory
+
+    private func peakMemory(_ images: [[UInt8]], directory: URL) async throws {
+        var logger = Logger(label: "canopy-bench")
+        logger.logLevel = .error
+        let context = ZMQContext()
+        var brokerConfiguration = BrokerConfiguration()
+        brokerConfiguration.maximumFrameBytes = 64 * 1024 * 1024
+        let broker = try BrokerServer(endpoint: "tcp://127.0.0.1:*", configuration: brokerConfiguration, context: context, logger: logger)
+        let brokerTask = Task { try await broker.run() }
+        let service = Process()
+        service.executableURL = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent().appendingPathComponent("canopy-images")
+        service.arguments = ["serve", "--endpoint", broker.endpoint, "--data-dir", directory.appendingPathComponent("peak").path, "--log-level", "error"]
+        try service.run()
+        defer {
+            service.terminate()
+            service.waitUntilExit()
+            broker.stop()
+        }
+        var clientConfiguration = BusClient.Configuration(endpoint: broker.endpoint)
+        clientConfiguration.defaultTimeout = .seconds(120)
+        let client = try BusClient(configuration: clientConfiguration, context: context, logger: logger)
+        defer { client.close() }
+        while (try? await client.call(Images.Stats.self, .init(), timeout: .seconds(1))) == nil { try await Task.sleep(for: .milliseconds(100)) }
+        let idle = residentKiB(service.processIdentifier)
+        let sources = (0..<concurrent).map { index in images[index % images.count] + Array("\(index)".utf8) } // distinct photos
+        progress("  \(concurrent) concurrent uploads of 12-megapixel photos…\n")
+        let photos = try await withThrowingTaskGroup(of: Images.Photo.self) { group in
+            for (index, bytes) in sources.enumerated() {
+                group.addTask { try await client.call(Images.Put.self, .init(plantID: "p\(index)", data: Data(bytes)), principal: "bench") }
+            }
+            return try await group.reduce(into: []) { $0.append($1) }
+        }
+        let afterUploads = residentKiB(service.processIdentifier)
+        progress("  \(concurrent) concurrent gallery and full variants…\n")
+        for variant in [Images.Variant.gallery, .full] {
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                for photo in photos {
+                    group.addTask { _ = try await client.call(Images.GetVariant.self, .init(sha256: photo.sha256, variant: variant), principal: "bench") }
+                }
+                try await group.waitForAll()
+            }
+        }
+        let end = residentKiB(service.processIdentifier)
+        print("\n(3) canopy-images resident memory (its own process, default options: credit 8, memory tier 50 MiB)")
+        printTable([
+            ["moment", "resident MiB", "peak so far MiB"],
+            ["idle after start (baseline)", String(format: "%.0f", Double(idle.rss) / 1024), String(format: "%.0f", Double(idle.peak) / 1024)],
+            ["after \(concurrent) concurrent 12 MP uploads", String(format: "%.0f", Double(afterUploads.rss) / 1024), String(format: "%.0f", Double(afterUploads.peak) / 1024)],
+            ["after \(concurrent) concurrent gallery + full variants", String(format: "%.0f", Double(end.rss) / 1024), String(format: "%.0f", Double(end.peak) / 1024)],
+        ])
+        print(String(format: "peak %.0f MiB (target under 300 MB = 286 MiB), %.1fx the idle process", Double(end.peak) / 1024, Double(end.peak) / Double(max(1, idle.rss))))
+        _ = brokerTask
+    }
+
+    private func residentKiB(_ pid: Int32) -> (rss: Int, peak: Int) {
+        guard let status = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8) else { return (0, 0) }
+        func field(_ name: String) -> Int {
+            status.split(separator: "\n").first { $0.hasPrefix(name) }.flatMap { $0.split(separator: " ").dropFirst().first { Int($0) != nil }.flatMap { Int($0) } } ?? 0
+        }
+        return (field("VmRSS:"), field("VmHWM:"))
+    }
+
+    // MARK: - Helpers
+
+    private func twelveMegapixelJPEG(seed: Int) -> [UInt8] {
+        _ = canopy_vips_start()
+        let image = canopy_vips_pattern(4000 + Int32(seed), 3000)!
+        defer { canopy_vips_release(image) }
+        var bytes: UnsafeMutableRawPointer?
+        var length = 0
+        precondition(canopy_vips_encode(image, CANOPY_JPEG, 90, &bytes, &length) == 0)
+        defer { canopy_vips_free(bytes) }
+        return Array(UnsafeRawBufferPointer(start: bytes, count: length))
+    }
+
+    private func time(_ work: () throws -> Void) rethrows -> Double {
+        let start = ContinuousClock.now
+        try work()
+        let elapsed = ContinuousClock.now - start
+        return Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+    }
+
+    private func runProcess(_ path: String, _ arguments: [String]) throws {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: path)
+        process.arguments = arguments
+        try process.run()
+        process.waitUntilExit()
+        guard process.terminationStatus == 0 else { throw CommandFailure("\(path) failed with status \(process.terminationStatus)") }
+    }
+
+    private func which(_ name: String) -> String? {
+        (ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin").split(separator: ":")
+            .map { "\($0)/\(name)" }.first { FileManager.default.isExecutableFile(atPath: $0) }
+    }
+}
