@@ -45,6 +45,29 @@ struct ImageServiceTests {
         }
     }
 
+    @Test(arguments: [
+        ("jpeg", Fixture.jpeg, (1200, 800)),
+        ("png", Fixture.png, (1200, 800)),
+        ("webp", Fixture.webp, (1200, 800)),
+        ("progressive jpeg", Fixture.image { $0.progressive = true }, (1200, 800)),
+        ("EXIF-rotated jpeg", Fixture.image { $0.orientation = 8 }, (800, 1200)),
+        ("CMYK jpeg", Fixture.image { $0.cmyk = true }, (1200, 800)),
+        ("jpeg with GPS", Fixture.image { $0.gps = true }, (1200, 800)),
+    ])
+    func everyKindOfPhotoComesOutUprightInSRGBWithoutMetadata(name: String, bytes: [UInt8], size: (Int, Int)) async throws {
+        try await withImages { _, client, _ in
+            let photo = try await client.call(Images.Put.self, .init(plantID: "p1", data: Data(bytes)), principal: "alice")
+            #expect((photo.width, photo.height) == size, "\(name)")
+            for variant in Images.Variant.allCases {
+                let reply = try await client.call(Images.GetVariant.self, .init(sha256: photo.sha256, variant: variant), principal: "alice")
+                let header = Fixture.header([UInt8](reply.data))
+                #expect(header.interpretation == "srgb", "\(name) \(variant)")
+                #expect(!header.hasEXIF && !header.hasGPS && !header.hasICC && !header.orientation, "\(name) \(variant)")
+                #expect((header.width > header.height) == (size.0 > size.1) || variant == .thumbnail, "\(name) \(variant) is upright")
+            }
+        }
+    }
+
     @Test func theSamePhotoStoredTwiceIsStoredOnce() async throws {
         try await withImages { _, client, directory in
             let jpeg = Fixture.jpeg
