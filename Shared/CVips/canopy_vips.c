@@ -146,6 +146,8 @@ static int save(VipsImage *image, enum canopy_format format, int quality, int st
         return vips_webpsave_buffer(image, bytes, length, "Q", quality, "strip", strip, NULL);
     case CANOPY_PNG:
         return vips_pngsave_buffer(image, bytes, length, "strip", strip, NULL);
+    case CANOPY_HEIF:
+        return vips_heifsave_buffer(image, bytes, length, "Q", quality, "strip", strip, NULL);
     }
     vips_error("canopy", "unknown output format %d", (int)format);
     return -1;

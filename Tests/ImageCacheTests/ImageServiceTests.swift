@@ -1,3 +1,4 @@
+import CVips
 import CanopyBus
 import CanopyMessages
 import CanopyTesting
@@ -49,6 +50,7 @@ struct ImageServiceTests {
         ("jpeg", Fixture.jpeg, (1200, 800)),
         ("png", Fixture.png, (1200, 800)),
         ("webp", Fixture.webp, (1200, 800)),
+        ("heif", Fixture.image { $0.format = canopy_format(3) }, (1200, 800)),
         ("progressive jpeg", Fixture.image { $0.progressive = true }, (1200, 800)),
         ("EXIF-rotated jpeg", Fixture.image { $0.orientation = 8 }, (800, 1200)),
         ("CMYK jpeg", Fixture.image { $0.cmyk = true }, (1200, 800)),

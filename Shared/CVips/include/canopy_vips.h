@@ -10,7 +10,7 @@
 typedef struct canopy_image canopy_image;
 
 /// Output formats.
-enum canopy_format { CANOPY_JPEG = 0, CANOPY_WEBP = 1, CANOPY_PNG = 2 };
+enum canopy_format { CANOPY_JPEG = 0, CANOPY_WEBP = 1, CANOPY_PNG = 2, CANOPY_HEIF = 3 };
 
 /// Starts libvips once per process: turns its operation cache off and lets only the JPEG,
 /// PNG, WebP and HEIF loaders run (SVG, PDF, ImageMagick, TIFF, GIF and the rest are
