@@ -22,6 +22,7 @@ let package = Package(
         .executable(name: "canopy-broker", targets: ["canopy-broker"]),
         .executable(name: "canopy", targets: ["canopy"]),
         .executable(name: "canopy-images", targets: ["canopy-images"]),
+        .executable(name: "canopy-care", targets: ["canopy-care"]),
         .library(name: "CanopyMessages", targets: ["CanopyMessages"]),
         .library(name: "CanopyBus", targets: ["CanopyBus"]),
     ],
@@ -116,6 +117,24 @@ let package = Package(
             path: "Services/ImageCache/Core",
             swiftSettings: swiftSettings
         ),
+        .target(
+            name: "CareScheduling",
+            dependencies: [
+                "CanopyBus", "CanopyMessages", "CanopyServiceKit",
+                .product(name: "GRDB", package: "GRDB.swift"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            path: "Services/CareScheduling/Core",
+            resources: [.copy("Resources/catalog.json")],
+            swiftSettings: swiftSettings
+        ),
+        .executableTarget(
+            name: "canopy-care",
+            dependencies: ["CareScheduling", "CanopyServiceKit", "CanopyBus", "CanopyMessages"],
+            path: "Services/CareScheduling/CLI",
+            swiftSettings: swiftSettings
+        ),
         .executableTarget(
             name: "canopy-images",
             dependencies: ["ImageCache", "CanopyServiceKit", "CanopyBus", "CanopyMessages"],
@@ -165,6 +184,12 @@ let package = Package(
                 .product(name: "NIOHTTP1", package: "swift-nio"),
             ],
             path: "Tests/ImageCacheTests",
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(
+            name: "CareSchedulingTests",
+            dependencies: ["CareScheduling", "CanopyBus", "CanopyTesting", "CanopyServiceKit", "canopy-care"],
+            path: "Tests/CareSchedulingTests",
             swiftSettings: swiftSettings
         ),
         .testTarget(

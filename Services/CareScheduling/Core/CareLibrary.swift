@@ -1,0 +1,213 @@
+import CanopyMessages
+import Foundation
+import GRDB
+
+/// canopy-care's operations, each scoped to its owner. Thread-safe.
+final class CareLibrary: Sendable {
+    let store: CareStore
+    /// Tasks handed to canopy-remind per person (the pending local notifications an iPhone keeps).
+    let reminderWindow: Int
+
+    init(store: CareStore, reminderWindow: Int = 64) {
+        self.store = store
+        self.reminderWindow = reminderWindow
+    }
+
+    private func notFound(_ id: String) -> CanopyError {
+        CanopyError(.notFound, "no plant \(id) in your collection; care.plants.list shows them")
+    }
+
+    private func validate(_ plant: Care.Plant) throws {
+        guard !plant.scientificName.trimmingCharacters(in: .whitespaces).isEmpty, plant.scientificName.count <= 200 else {
+            throw CanopyError(.badRequest, "a plant needs a scientific name of at most 200 characters")
+        }
+        if let confidence = plant.identificationConfidence, !(0...1).contains(confidence) {
+            throw CanopyError(.badRequest, "identificationConfidence is between 0 and 1")
+        }
+        guard plant.commonNames.count <= 20, plant.imageIDs.count <= 200, (plant.notes?.count ?? 0) <= 10_000 else {
+            throw CanopyError(.tooLarge, "at most 20 common names, 200 images and 10,000 characters of notes")
+        }
+    }
+
+    // MARK: - Plants
+
+    func add(_ plant: Care.Plant, owner: String, now: Date = Date()) throws -> Care.Plant {
+        try validate(plant)
+        var plant = plant
+        plant.id = UUID().uuidString.lowercased()
+        plant.dateAdded = now
+        if let species = store.catalog.lookup(plant.scientificName) {
+            if plant.family.isEmpty { plant.family = species.family }
+            if plant.commonNames.isEmpty { plant.commonNames = species.commonNames }
+        }
+        if plant.genus.isEmpty { plant.genus = String(plant.scientificName.split(separator: " ").first ?? "") }
+        let override = plant.profileOverridden ? plant.profile : nil
+        return try store.database.write { db in
+            let scheduler = try Scheduler(preferences: try store.preferences(db, owner: owner))
+            try store.save(db, plant, owner: owner, override: override)
+            let saved = try store.plant(db, owner: owner, id: plant.id)!
+            try store.reschedule(db, owner: owner, plant: saved, scheduler: scheduler, now: now)
+            try store.enqueueReminderSync(db, owner: owner, now: now)
+            return saved
+        }
+    }
+
+    func get(_ id: String, owner: String) throws -> Care.Plant {
+        guard let plant = try store.database.read({ db in try store.plant(db, owner: owner, id: id) }) else { throw notFound(id) }
+        return plant
+    }
+
+    func update(_ plant: Care.Plant, owner: String, now: Date = Date()) throws -> Care.Plant {
+        try validate(plant)
+        return try store.database.write { db in
+            guard let existing = try store.plant(db, owner: owner, id: plant.id) else { throw notFound(plant.id) }
+            var updated = plant
+            updated.dateAdded = existing.dateAdded
+            if updated.genus.isEmpty { updated.genus = String(updated.scientificName.split(separator: " ").first ?? "") }
+            let override = plant.profileOverridden ? plant.profile : nil
+            try store.save(db, updated, owner: owner, override: override)
+            let saved = try store.plant(db, owner: owner, id: plant.id)!
+            if saved.profile != existing.profile {
+                try store.reschedule(db, owner: owner, plant: saved, scheduler: try Scheduler(preferences: try store.preferences(db, owner: owner)), now: now)
+                try store.enqueueReminderSync(db, owner: owner, now: now)
+            }
+            return saved
+        }
+    }
+
+    /// Deletes the plant with its tasks and log (cascade), and records in the same
+    /// transaction the follow-ups: cancel its reminders, purge its images, forget its
+    /// identifications.
+    func delete(_ id: String, owner: String, now: Date = Date()) throws {
+        let codec = MessageCodec()
+        try store.database.write { db in
+            guard try store.plant(db, owner: owner, id: id) != nil else { return } // deleting twice is fine
+            try db.execute(sql: "DELETE FROM plants WHERE owner = ? AND id = ?", arguments: [owner, id])
+            try store.enqueue(db, owner: owner, service: Reminders.service, operation: Reminders.CancelPlant.name,
+                              body: try codec.encode(Reminders.CancelPlant.Request(plantID: id)), now: now)
+            try store.enqueue(db, owner: owner, service: Images.service, operation: Images.Purge.name,
+                              body: try codec.encode(Images.Purge.Request(plantID: id)), now: now)
+            try store.enqueue(db, owner: owner, service: Identification.service, operation: Identification.ForgetPlant.name,
+                              body: try codec.encode(Identification.ForgetPlant.Request(plantID: id)), now: now)
+            try store.enqueueReminderSync(db, owner: owner, now: now)
+        }
+    }
+
+    func list(_ request: Care.ListPlants.Request, owner: String) throws -> Care.ListPlants.Reply {
+        guard (1...500).contains(request.limit), request.offset >= 0 else {
+            throw CanopyError(.badRequest, "limit is 1 to 500 and offset at least 0")
+        }
+        return try store.list(owner: owner, request)
+    }
+
+    func statistics(owner: String, now: Date = Date()) throws -> Care.Statistics.Reply {
+        try store.database.read { db in
+            let scheduler = try Scheduler(preferences: try store.preferences(db, owner: owner))
+            let monthStart = scheduler.calendar.date(from: scheduler.calendar.dateComponents([.year, .month], from: now))!
+            func count(_ sql: String, _ arguments: StatementArguments) throws -> Int { try Int.fetchOne(db, sql: sql, arguments: arguments) ?? 0 }
+            func groups(_ column: String) throws -> [String: Int] {
+                Dictionary(uniqueKeysWithValues: try Row.fetchAll(db, sql: "SELECT \(column) AS key, COUNT(*) AS n FROM plants WHERE owner = ? GROUP BY \(column)",
+                                                                   arguments: [owner]).map { ($0["key"] as String, $0["n"] as Int) })
+            }
+            let week = now.addingTimeInterval(7 * 86_400).timeIntervalSince1970
+            return Care.Statistics.Reply(
+                total: try count("SELECT COUNT(*) FROM plants WHERE owner = ?", [owner]),
+                favourites: try count("SELECT COUNT(*) FROM plants WHERE owner = ? AND favourite", [owner]),
+                families: try groups("family"), sources: try groups("source"),
+                addedThisMonth: try count("SELECT COUNT(*) FROM plants WHERE owner = ? AND dateAdded >= ?", [owner, monthStart.timeIntervalSince1970]),
+                upcomingTasks: try count("SELECT COUNT(*) FROM tasks WHERE owner = ? AND showAt >= ? AND showAt < ?", [owner, now.timeIntervalSince1970, week]),
+                overdueTasks: try count("SELECT COUNT(*) FROM tasks WHERE owner = ? AND showAt < ?", [owner, now.timeIntervalSince1970]))
+        }
+    }
+
+    // MARK: - Preferences and tasks
+
+    func setPreferences(_ preferences: Care.Preferences, owner: String, now: Date = Date()) throws -> Care.Preferences {
+        let scheduler = try Scheduler(preferences: preferences)
+        if let start = preferences.pauseStart, let end = preferences.pauseEnd, end <= start {
+            throw CanopyError(.badRequest, "the pause must end after it starts")
+        }
+        try store.database.write { db in
+            try store.savePreferences(db, preferences, owner: owner)
+            for row in try Row.fetchAll(db, sql: "SELECT * FROM plants WHERE owner = ?", arguments: [owner]) {
+                try store.reschedule(db, owner: owner, plant: try store.plant(row), scheduler: scheduler, now: now)
+            }
+            try store.enqueueReminderSync(db, owner: owner, now: now)
+        }
+        return preferences
+    }
+
+    func upcoming(days: Int, limit: Int?, owner: String, now: Date = Date()) throws -> Care.UpcomingTasks.Reply {
+        guard (0...366).contains(days) else { throw CanopyError(.badRequest, "days is 0 to 366") }
+        let horizon = now.addingTimeInterval(Double(days) * 86_400).timeIntervalSince1970
+        let rows = try store.database.read { db in
+            try Row.fetchAll(db, sql: "SELECT * FROM tasks WHERE owner = ? AND showAt < ? ORDER BY showAt, id LIMIT ?",
+                             arguments: [owner, horizon, min(limit ?? 1_000, 5_000)])
+        }
+        let tasks = rows.map(CareStore.task)
+        let now = now
+        return Care.UpcomingTasks.Reply(overdue: tasks.filter { ($0.snoozedUntil ?? $0.due) < now }, upcoming: tasks.filter { ($0.snoozedUntil ?? $0.due) >= now })
+    }
+
+    /// The task's plant, the task row, and the owner's scheduler, or notFound.
+    private func withTask<T>(_ id: String, owner: String, _ body: (Database, Care.Plant, Row, Scheduler) throws -> T) throws -> T {
+        try store.database.write { db in
+            guard let row = try Row.fetchOne(db, sql: "SELECT * FROM tasks WHERE owner = ? AND id = ?", arguments: [owner, id]),
+                  let plant = try store.plant(db, owner: owner, id: row["plantID"])
+            else { throw CanopyError(.notFound, "no task \(id) among yours; care.tasks.upcoming lists them") }
+            return try body(db, plant, row, try Scheduler(preferences: try store.preferences(db, owner: owner)))
+        }
+    }
+
+    private func reread(_ db: Database, _ id: String) throws -> Care.Task {
+        try Row.fetchOne(db, sql: "SELECT * FROM tasks WHERE id = ?", arguments: [id]).map(CareStore.task)!
+    }
+
+    /// Logs the care and re-anchors the rule at `at`.
+    func complete(_ id: String, at: Date?, owner: String, now: Date = Date()) throws -> Care.Task {
+        try withTask(id, owner: owner) { db, plant, row, scheduler in
+            let done = at ?? now
+            let kind = Care.TaskKind(rawValue: row["kind"]) ?? .custom
+            try db.execute(sql: "INSERT INTO careLog (owner, plantID, kind, at) VALUES (?, ?, ?, ?)",
+                           arguments: [owner, plant.id, kind.rawValue, done.timeIntervalSince1970])
+            try store.schedule(db, owner: owner, plant: plant, kind: kind, anchor: done, scheduler: scheduler)
+            try store.enqueueReminderSync(db, owner: owner, now: now)
+            return try reread(db, id)
+        }
+    }
+
+    /// Shows the task at `until` without changing its rule.
+    func snooze(_ id: String, until: Date, owner: String, now: Date = Date()) throws -> Care.Task {
+        try withTask(id, owner: owner) { db, _, _, _ in
+            try db.execute(sql: "UPDATE tasks SET snoozedUntil = ?, showAt = ? WHERE id = ?", arguments: [until.timeIntervalSince1970, until.timeIntervalSince1970, id])
+            try store.enqueueReminderSync(db, owner: owner, now: now)
+            return try reread(db, id)
+        }
+    }
+
+    /// Moves to the next occurrence as if done when due, without logging care.
+    func skip(_ id: String, owner: String, now: Date = Date()) throws -> Care.Task {
+        try withTask(id, owner: owner) { db, plant, row, scheduler in
+            let kind = Care.TaskKind(rawValue: row["kind"]) ?? .custom
+            try store.schedule(db, owner: owner, plant: plant, kind: kind, anchor: Date(timeIntervalSince1970: row["due"]), scheduler: scheduler)
+            try store.enqueueReminderSync(db, owner: owner, now: now)
+            return try reread(db, id)
+        }
+    }
+
+    func log(plantID: String, owner: String) throws -> [Care.LogEntry] {
+        try store.database.read { db in
+            guard try store.plant(db, owner: owner, id: plantID) != nil else { throw notFound(plantID) }
+            return try Row.fetchAll(db, sql: "SELECT * FROM careLog WHERE owner = ? AND plantID = ? ORDER BY at DESC", arguments: [owner, plantID]).map {
+                Care.LogEntry(plantID: $0["plantID"], kind: Care.TaskKind(rawValue: $0["kind"]) ?? .custom, at: Date(timeIntervalSince1970: $0["at"]))
+            }
+        }
+    }
+
+    /// The owner's next `reminderWindow` tasks, as handed to canopy-remind.
+    func reminderWindow(owner: String) throws -> [Care.Task] {
+        try store.database.read { db in
+            try Row.fetchAll(db, sql: "SELECT * FROM tasks WHERE owner = ? ORDER BY showAt, id LIMIT ?", arguments: [owner, reminderWindow]).map(CareStore.task)
+        }
+    }
+}

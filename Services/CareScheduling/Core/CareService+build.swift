@@ -1,0 +1,30 @@
+import CanopyBus
+import CanopyMessages
+import Foundation
+import Logging
+import ServiceLifecycle
+
+/// Builds what `canopy-care serve` runs: the bus worker and the outbox.
+public func buildCareService(dataDirectory: URL, runner: ServiceRunner.Configuration, context: ZMQContext, logger: Logger) throws -> [any Service] {
+    try FileManager.default.createDirectory(at: dataDirectory, withIntermediateDirectories: true)
+    let library = CareLibrary(store: try CareStore(path: dataDirectory.appendingPathComponent("care.sqlite").path))
+    let worker = ServiceRunner(service: CareService(library: library), configuration: runner, context: context, logger: logger)
+    let bus = try BusClient(configuration: .init(endpoint: runner.endpoint), context: context, logger: logger)
+    return [worker, Outbox(library: library, bus: bus, interval: .seconds(1), logger: logger)]
+}
+
+/// One-shot scheduling for the CLI.
+public enum CareTools {
+    /// The species catalog.
+    public static var catalog: Catalog { .shipped }
+
+    /// Every task a species brings over `days` from `start`, for a person in `timeZone`.
+    public static func plan(species: String, days: Int, timeZone: String, preferredMinute: Int = 540, southernHemisphere: Bool = false,
+                            from start: Date = Date()) throws -> (species: Care.Species, tasks: [(kind: Care.TaskKind, due: Date)]) {
+        guard let found = Catalog.shipped.lookup(species) ?? Catalog.shipped.search(species, limit: 1).first else {
+            throw CanopyError(.notFound, "no species matches '\(species)'; try canopy-care catalog search \(species)")
+        }
+        let scheduler = try Scheduler(preferences: Care.Preferences(timeZone: timeZone, preferredMinute: preferredMinute, southernHemisphere: southernHemisphere))
+        return (found, scheduler.plan(profile: found.profile, from: start, days: days))
+    }
+}

@@ -1,0 +1,227 @@
+import CanopyMessages
+import Foundation
+import GRDB
+
+/// canopy-care's store: one SQLite file (GRDB, WAL) with the collection, preferences, tasks,
+/// the care log and the outbox of follow-ups for other services. Every query names the
+/// owner. Searching, filtering, sorting and paging happen in SQL. Thread-safe.
+final class CareStore: Sendable {
+    let database: DatabasePool
+    let catalog: Catalog
+    private let codec = MessageCodec()
+
+    init(path: String, catalog: Catalog = .shipped) throws {
+        var configuration = Configuration()
+        configuration.foreignKeysEnabled = true
+        database = try DatabasePool(path: path, configuration: configuration)
+        self.catalog = catalog
+        try Self.migrator.migrate(database)
+    }
+
+    static var migrator: DatabaseMigrator {
+        var migrator = DatabaseMigrator()
+        migrator.registerMigration("v1") { db in
+            try db.execute(sql: """
+                CREATE TABLE plants (
+                    id TEXT PRIMARY KEY,
+                    owner TEXT NOT NULL,
+                    scientificName TEXT NOT NULL,
+                    commonNames TEXT NOT NULL,
+                    family TEXT NOT NULL,
+                    genus TEXT NOT NULL,
+                    customName TEXT,
+                    location TEXT,
+                    notes TEXT,
+                    favourite INTEGER NOT NULL DEFAULT 0,
+                    imageIDs TEXT NOT NULL,
+                    source TEXT NOT NULL,
+                    confidence DOUBLE,
+                    dateIdentified DOUBLE,
+                    dateAdded DOUBLE NOT NULL,
+                    profileOverride BLOB,
+                    -- derived once at save time, for filtering and sorting in SQL
+                    searchText TEXT NOT NULL,
+                    sortName TEXT NOT NULL,
+                    light TEXT,
+                    wateringDays INTEGER);
+                CREATE INDEX plantsByAdded ON plants(owner, dateAdded);
+                CREATE INDEX plantsByIdentified ON plants(owner, dateIdentified);
+                CREATE INDEX plantsByName ON plants(owner, sortName);
+                CREATE INDEX plantsByFamily ON plants(owner, family COLLATE NOCASE);
+                CREATE TABLE preferences (owner TEXT PRIMARY KEY, value BLOB NOT NULL);
+                CREATE TABLE tasks (
+                    id TEXT PRIMARY KEY,
+                    owner TEXT NOT NULL,
+                    plantID TEXT NOT NULL REFERENCES plants(id) ON DELETE CASCADE,
+                    kind TEXT NOT NULL,
+                    title TEXT NOT NULL,
+                    anchor DOUBLE NOT NULL,
+                    due DOUBLE NOT NULL,
+                    snoozedUntil DOUBLE,
+                    showAt DOUBLE NOT NULL,
+                    UNIQUE (plantID, kind));
+                CREATE INDEX tasksByOwner ON tasks(owner, showAt);
+                CREATE TABLE careLog (
+                    owner TEXT NOT NULL,
+                    plantID TEXT NOT NULL REFERENCES plants(id) ON DELETE CASCADE,
+                    kind TEXT NOT NULL,
+                    at DOUBLE NOT NULL);
+                CREATE INDEX careLogByPlant ON careLog(plantID, at);
+                CREATE TABLE outbox (
+                    id INTEGER PRIMARY KEY AUTOINCREMENT,
+                    owner TEXT NOT NULL,
+                    service TEXT NOT NULL,
+                    operation TEXT NOT NULL,
+                    body BLOB NOT NULL,
+                    attempts INTEGER NOT NULL DEFAULT 0,
+                    nextAttempt DOUBLE NOT NULL,
+                    lastError TEXT);
+                CREATE INDEX outboxByNext ON outbox(nextAttempt);
+                """)
+        }
+        return migrator
+    }
+
+    // MARK: - Plants
+
+    /// The plant with its effective profile, or `nil` when the owner has no such plant.
+    func plant(_ db: Database, owner: String, id: String) throws -> Care.Plant? {
+        try Row.fetchOne(db, sql: "SELECT * FROM plants WHERE owner = ? AND id = ?", arguments: [owner, id]).map(plant)
+    }
+
+    func plant(_ row: Row) throws -> Care.Plant {
+        let override = (row["profileOverride"] as Data?).flatMap { try? codec.decode(Care.Profile.self, from: [UInt8]($0)) }
+        let scientificName: String = row["scientificName"]
+        return Care.Plant(
+            id: row["id"], scientificName: scientificName,
+            commonNames: (try? codec.decode([String].self, from: Array((row["commonNames"] as String).utf8))) ?? [],
+            family: row["family"], genus: row["genus"], customName: row["customName"], location: row["location"], notes: row["notes"],
+            favourite: row["favourite"], imageIDs: (try? codec.decode([String].self, from: Array((row["imageIDs"] as String).utf8))) ?? [],
+            identificationSource: Care.Source(rawValue: row["source"]) ?? .other, identificationConfidence: row["confidence"],
+            dateIdentified: (row["dateIdentified"] as Double?).map(Date.init(timeIntervalSince1970:)),
+            dateAdded: Date(timeIntervalSince1970: row["dateAdded"]),
+            profile: override ?? catalog.lookup(scientificName)?.profile, profileOverridden: override != nil)
+    }
+
+    /// Writes every column of a plant, the derived ones included.
+    func save(_ db: Database, _ plant: Care.Plant, owner: String, override: Care.Profile?) throws {
+        let profile = override ?? catalog.lookup(plant.scientificName)?.profile
+        let searchText = ([plant.scientificName, plant.family, plant.customName ?? ""] + plant.commonNames).joined(separator: "\u{1F}").lowercased()
+        let sortName = (plant.customName ?? plant.commonNames.first ?? plant.scientificName).lowercased()
+        try db.execute(sql: """
+            INSERT OR REPLACE INTO plants (id, owner, scientificName, commonNames, family, genus, customName, location, notes, favourite,
+                imageIDs, source, confidence, dateIdentified, dateAdded, profileOverride, searchText, sortName, light, wateringDays)
+            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+            """, arguments: [
+                plant.id, owner, plant.scientificName, String(decoding: try codec.encode(plant.commonNames), as: UTF8.self), plant.family, plant.genus,
+                plant.customName, plant.location, plant.notes, plant.favourite, String(decoding: try codec.encode(plant.imageIDs), as: UTF8.self),
+                plant.identificationSource.rawValue, plant.identificationConfidence, plant.dateIdentified?.timeIntervalSince1970,
+                plant.dateAdded.timeIntervalSince1970, try override.map { Data(try codec.encode($0)) }, searchText, sortName,
+                profile?.light.rawValue, profile?.wateringIntervalDays,
+            ])
+    }
+
+    /// One page of the owner's plants matching `request`, and how many match in all.
+    func list(owner: String, _ request: Care.ListPlants.Request) throws -> Care.ListPlants.Reply {
+        var conditions = ["owner = ?"]
+        var arguments: [any DatabaseValueConvertible] = [owner]
+        if let search = request.search?.trimmingCharacters(in: .whitespaces).lowercased(), !search.isEmpty {
+            conditions.append("searchText LIKE ? ESCAPE '\\'")
+            let escaped = search.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: "%", with: "\\%").replacingOccurrences(of: "_", with: "\\_")
+            arguments.append("%\(escaped)%")
+        }
+        if let favourite = request.favourite { conditions.append("favourite = ?"); arguments.append(favourite) }
+        if let family = request.family { conditions.append("family = ? COLLATE NOCASE"); arguments.append(family) }
+        if let light = request.light { conditions.append("light = ?"); arguments.append(light.rawValue) }
+        if let watering = request.watering {
+            switch watering {
+            case .often: conditions.append("wateringDays <= 4")
+            case .weekly: conditions.append("wateringDays BETWEEN 5 AND 10")
+            case .rarely: conditions.append("wateringDays >= 11")
+            }
+        }
+        if let source = request.source { conditions.append("source = ?"); arguments.append(source.rawValue) }
+        if let from = request.addedFrom { conditions.append("dateAdded >= ?"); arguments.append(from.timeIntervalSince1970) }
+        if let to = request.addedTo { conditions.append("dateAdded < ?"); arguments.append(to.timeIntervalSince1970) }
+        let direction = request.descending ? "DESC" : "ASC"
+        let order = switch request.sort {
+        case .dateAdded: "dateAdded \(direction), id"
+        case .dateIdentified: "dateIdentified IS NULL, dateIdentified \(direction), id"
+        case .name: "sortName \(direction), id"
+        case .family: "family COLLATE NOCASE \(direction), sortName, id"
+        }
+        let filter = conditions.joined(separator: " AND ")
+        return try database.read { db in
+            let total = try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM plants WHERE \(filter)", arguments: StatementArguments(arguments)) ?? 0
+            let rows = try Row.fetchAll(db, sql: "SELECT * FROM plants WHERE \(filter) ORDER BY \(order) LIMIT ? OFFSET ?",
+                                        arguments: StatementArguments(arguments + [request.limit, request.offset]))
+            return Care.ListPlants.Reply(plants: try rows.map(plant), total: total)
+        }
+    }
+
+    // MARK: - Preferences
+
+    func preferences(_ db: Database, owner: String) throws -> Care.Preferences {
+        guard let data = try Data.fetchOne(db, sql: "SELECT value FROM preferences WHERE owner = ?", arguments: [owner]) else { return Care.Preferences() }
+        return (try? codec.decode(Care.Preferences.self, from: [UInt8](data))) ?? Care.Preferences()
+    }
+
+    func savePreferences(_ db: Database, _ preferences: Care.Preferences, owner: String) throws {
+        try db.execute(sql: "INSERT OR REPLACE INTO preferences (owner, value) VALUES (?, ?)", arguments: [owner, Data(try codec.encode(preferences))])
+    }
+
+    // MARK: - Tasks
+
+    static func task(_ row: Row) -> Care.Task {
+        Care.Task(id: row["id"], plantID: row["plantID"], kind: Care.TaskKind(rawValue: row["kind"]) ?? .custom, title: row["title"],
+                  due: Date(timeIntervalSince1970: row["due"]), snoozedUntil: (row["snoozedUntil"] as Double?).map(Date.init(timeIntervalSince1970:)))
+    }
+
+    /// (Re)writes the task of `kind` for a plant: due after `anchor`, or removed when the
+    /// profile no longer calls for it.
+    func schedule(_ db: Database, owner: String, plant: Care.Plant, kind: Care.TaskKind, anchor: Date, scheduler: Scheduler) throws {
+        guard let profile = plant.profile, let due = scheduler.nextDue(kind, profile: profile, after: anchor) else {
+            try db.execute(sql: "DELETE FROM tasks WHERE plantID = ? AND kind = ?", arguments: [plant.id, kind.rawValue])
+            return
+        }
+        let name = plant.customName ?? plant.commonNames.first ?? plant.scientificName
+        try db.execute(sql: """
+            INSERT INTO tasks (id, owner, plantID, kind, title, anchor, due, snoozedUntil, showAt) VALUES (?, ?, ?, ?, ?, ?, ?, NULL, ?)
+            ON CONFLICT (plantID, kind) DO UPDATE SET title = excluded.title, anchor = excluded.anchor, due = excluded.due,
+                snoozedUntil = NULL, showAt = excluded.showAt
+            """, arguments: ["\(plant.id):\(kind.rawValue)", owner, plant.id, kind.rawValue, "\(kind.rawValue.capitalized) \(name)",
+                             anchor.timeIntervalSince1970, due.timeIntervalSince1970, due.timeIntervalSince1970])
+    }
+
+    /// Reschedules every task of a plant from its anchors (or `now` for new ones).
+    func reschedule(_ db: Database, owner: String, plant: Care.Plant, scheduler: Scheduler, now: Date) throws {
+        let anchors = Dictionary(try Row.fetchAll(db, sql: "SELECT kind, anchor FROM tasks WHERE plantID = ?", arguments: [plant.id])
+            .map { (Care.TaskKind(rawValue: $0["kind"]) ?? .custom, Date(timeIntervalSince1970: $0["anchor"])) }, uniquingKeysWith: { first, _ in first })
+        let wanted = plant.profile.map(Scheduler.kinds(for:)) ?? []
+        for kind in Care.TaskKind.allCases where kind != .custom && kind != .prune {
+            if wanted.contains(kind) {
+                try schedule(db, owner: owner, plant: plant, kind: kind, anchor: anchors[kind] ?? now, scheduler: scheduler)
+            } else {
+                try db.execute(sql: "DELETE FROM tasks WHERE plantID = ? AND kind = ?", arguments: [plant.id, kind.rawValue])
+            }
+        }
+    }
+
+    // MARK: - Outbox
+
+    /// Records a follow-up for another service, delivered by the outbox until confirmed.
+    func enqueue(_ db: Database, owner: String, service: String, operation: String, body: [UInt8], now: Date) throws {
+        try db.execute(sql: "INSERT INTO outbox (owner, service, operation, body, nextAttempt) VALUES (?, ?, ?, ?, ?)",
+                       arguments: [owner, service, operation, Data(body), now.timeIntervalSince1970])
+    }
+
+    /// Asks for the owner's reminder window to be handed over again; one pending request per
+    /// owner is enough (the window is read when it is sent).
+    func enqueueReminderSync(_ db: Database, owner: String, now: Date) throws {
+        let pending = try Bool.fetchOne(db, sql: "SELECT EXISTS(SELECT 1 FROM outbox WHERE owner = ? AND operation = ? AND attempts = 0)",
+                                        arguments: [owner, Reminders.Sync.name]) ?? false
+        if !pending {
+            try enqueue(db, owner: owner, service: Reminders.service, operation: Reminders.Sync.name, body: [], now: now)
+        }
+    }
+}

@@ -1,0 +1,68 @@
+import CanopyBus
+import CanopyMessages
+import Foundation
+import GRDB
+import Logging
+import ServiceLifecycle
+
+/// Delivers the follow-ups canopy-care owes other services (reminder windows, reminder
+/// cancellations, image purges, forgotten identifications). Each one was written to the
+/// outbox in the same transaction as the change that caused it, so nothing is lost when a
+/// service is down or canopy-care restarts; it is sent until the service confirms, waiting
+/// 1, 2, 4 … up to 300 s between attempts.
+struct Outbox: Service {
+    let library: CareLibrary
+    let bus: BusClient
+    let interval: Duration
+    let logger: Logger
+
+    /// What one pass did.
+    struct Pass: Equatable {
+        var delivered = 0
+        var failed = 0
+    }
+
+    func run() async throws {
+        while !Task.isCancelled && !Task.isShuttingDownGracefully {
+            let pass = await deliverDue()
+            if pass.failed > 0 {
+                logger.debug("care.outbox.pending", metadata: ["care.outbox.failed": "\(pass.failed)"])
+            }
+            try? await Task.sleep(for: interval)
+        }
+    }
+
+    /// Sends every follow-up whose time has come; returns how many were confirmed.
+    func deliverDue(now: Date = Date()) async -> Pass {
+        let codec = MessageCodec()
+        let due: [Row]
+        do {
+            due = try library.store.database.read { db in
+                try Row.fetchAll(db, sql: "SELECT * FROM outbox WHERE nextAttempt <= ? ORDER BY id LIMIT 100", arguments: [now.timeIntervalSince1970])
+            }
+        } catch {
+            logger.error("care.outbox.read.failed", metadata: ["error": "\(error)"])
+            return Pass()
+        }
+        var pass = Pass()
+        for row in due {
+            let id: Int64 = row["id"], owner: String = row["owner"], operation: String = row["operation"], attempts: Int = row["attempts"]
+            do {
+                let body: [UInt8] = operation == Reminders.Sync.name
+                    ? try codec.encode(Reminders.Sync.Request(tasks: try library.reminderWindow(owner: owner))) // the window as it is now
+                    : [UInt8](row["body"] as Data)
+                _ = try await bus.call(service: row["service"], operation: operation, body: body, principal: owner, timeout: .seconds(5), idempotent: true)
+                try await library.store.database.write { db in try db.execute(sql: "DELETE FROM outbox WHERE id = ?", arguments: [id]) }
+                pass.delivered += 1
+            } catch {
+                let delay = min(300, pow(2, Double(attempts)))
+                _ = try? await library.store.database.write { db in
+                    try db.execute(sql: "UPDATE outbox SET attempts = attempts + 1, nextAttempt = ?, lastError = ? WHERE id = ?",
+                                   arguments: [now.timeIntervalSince1970 + delay, "\(error)", id])
+                }
+                pass.failed += 1
+            }
+        }
+        return pass
+    }
+}

@@ -1,0 +1,391 @@
+import Foundation
+
+/// The operations of `canopy-care`: the plant collection, care profiles, schedules and
+/// tasks. Every operation except the catalog's acts for the principal and sees only their
+/// plants and tasks.
+public enum Care {
+    /// The service name.
+    public static let service = "care"
+
+    // MARK: - Care profiles
+
+    /// How much light a plant wants.
+    public enum Light: String, Codable, Sendable, CaseIterable {
+        case low, medium, brightIndirect, direct
+    }
+
+    /// How a plant should be looked after: from the species catalog, overridable per plant.
+    public struct Profile: Codable, Sendable, Equatable {
+        public var light: Light
+        /// Days between waterings in the growing season.
+        public var wateringIntervalDays: Int
+        /// e.g. "water until it drains; let the top 3 cm dry".
+        public var wateringAmount: String
+        public var temperatureMinimumC: Double
+        public var temperatureMaximumC: Double
+        public var temperatureOptimumC: Double
+        /// low, medium or high.
+        public var humidity: String
+        /// Days between feeds in the growing season; `nil` for plants that are not fed.
+        public var fertilizerIntervalDays: Int?
+        public var fertilizerType: String?
+        /// Months (1-12, as in the northern hemisphere) of rest: watering stretches, no feeding.
+        public var dormancyMonths: [Int]
+        public var toxicToPets: Bool
+        /// Days between mistings, for plants that like it.
+        public var mistIntervalDays: Int?
+        /// Months between repottings.
+        public var repotIntervalMonths: Int?
+
+        public init(light: Light, wateringIntervalDays: Int, wateringAmount: String, temperatureMinimumC: Double, temperatureMaximumC: Double,
+                    temperatureOptimumC: Double, humidity: String, fertilizerIntervalDays: Int?, fertilizerType: String?, dormancyMonths: [Int],
+                    toxicToPets: Bool, mistIntervalDays: Int? = nil, repotIntervalMonths: Int? = nil) {
+            self.light = light
+            self.wateringIntervalDays = wateringIntervalDays
+            self.wateringAmount = wateringAmount
+            self.temperatureMinimumC = temperatureMinimumC
+            self.temperatureMaximumC = temperatureMaximumC
+            self.temperatureOptimumC = temperatureOptimumC
+            self.humidity = humidity
+            self.fertilizerIntervalDays = fertilizerIntervalDays
+            self.fertilizerType = fertilizerType
+            self.dormancyMonths = dormancyMonths
+            self.toxicToPets = toxicToPets
+            self.mistIntervalDays = mistIntervalDays
+            self.repotIntervalMonths = repotIntervalMonths
+        }
+    }
+
+    /// A species in the shipped care catalog.
+    public struct Species: Codable, Sendable, Equatable {
+        public var scientificName: String
+        public var commonNames: [String]
+        public var family: String
+        public var genus: String
+        public var profile: Profile
+        /// Keys into the catalog's list of sources.
+        public var sources: [String]
+
+        public init(scientificName: String, commonNames: [String], family: String, genus: String, profile: Profile, sources: [String]) {
+            self.scientificName = scientificName
+            self.commonNames = commonNames
+            self.family = family
+            self.genus = genus
+            self.profile = profile
+            self.sources = sources
+        }
+    }
+
+    /// `care.catalog.search`: species whose common name, scientific name or family contains the text.
+    public enum CatalogSearch: BusOperation {
+        public struct Request: Codable, Sendable { public var text: String; public var limit: Int?
+            public init(text: String, limit: Int? = nil) { self.text = text; self.limit = limit } }
+        public typealias Reply = [Species]
+        public static let service = Care.service
+        public static let name = "catalog.search"
+        public static let idempotent = true
+        public static let coalescable = true
+    }
+
+    // MARK: - Plants
+
+    /// How a plant was identified.
+    public enum Source: String, Codable, Sendable, CaseIterable {
+        case plantnet, manual, catalog, other
+    }
+
+    /// A plant in someone's collection.
+    public struct Plant: Codable, Sendable, Equatable {
+        public var id: String
+        public var scientificName: String
+        public var commonNames: [String]
+        public var family: String
+        public var genus: String
+        public var customName: String?
+        public var location: String?
+        public var notes: String?
+        public var favourite: Bool
+        /// Photo ids in canopy-images.
+        public var imageIDs: [String]
+        public var identificationSource: Source
+        /// 0 to 1.
+        public var identificationConfidence: Double?
+        public var dateIdentified: Date?
+        public var dateAdded: Date
+        /// The care profile in force: the catalog's (by species, then genus), with this plant's overrides.
+        public var profile: Profile?
+        /// Whether `profile` holds overrides of the catalog.
+        public var profileOverridden: Bool
+
+        public init(id: String = "", scientificName: String, commonNames: [String] = [], family: String = "", genus: String = "",
+                    customName: String? = nil, location: String? = nil, notes: String? = nil, favourite: Bool = false, imageIDs: [String] = [],
+                    identificationSource: Source = .manual, identificationConfidence: Double? = nil, dateIdentified: Date? = nil,
+                    dateAdded: Date = Date(timeIntervalSince1970: 0), profile: Profile? = nil, profileOverridden: Bool = false) {
+            self.id = id
+            self.scientificName = scientificName
+            self.commonNames = commonNames
+            self.family = family
+            self.genus = genus
+            self.customName = customName
+            self.location = location
+            self.notes = notes
+            self.favourite = favourite
+            self.imageIDs = imageIDs
+            self.identificationSource = identificationSource
+            self.identificationConfidence = identificationConfidence
+            self.dateIdentified = dateIdentified
+            self.dateAdded = dateAdded
+            self.profile = profile
+            self.profileOverridden = profileOverridden
+        }
+    }
+
+    /// `care.plants.add`: adds a plant (family, genus and common names are filled in from
+    /// the catalog when left empty) and schedules its care. Returns it with its id.
+    public enum AddPlant: BusOperation {
+        public typealias Request = Plant
+        public typealias Reply = Plant
+        public static let service = Care.service
+        public static let name = "plants.add"
+    }
+
+    /// `care.plants.get`.
+    public enum GetPlant: BusOperation {
+        public struct Request: Codable, Sendable { public var id: String; public init(id: String) { self.id = id } }
+        public typealias Reply = Plant
+        public static let service = Care.service
+        public static let name = "plants.get"
+        public static let idempotent = true
+    }
+
+    /// `care.plants.update`: replaces the editable fields (names, location, notes, favourite,
+    /// images, identification) and, when `profile` is given, overrides the care profile.
+    public enum UpdatePlant: BusOperation {
+        public typealias Request = Plant
+        public typealias Reply = Plant
+        public static let service = Care.service
+        public static let name = "plants.update"
+        public static let idempotent = true
+    }
+
+    /// `care.plants.delete`: removes the plant, its schedule, tasks and log, and records the
+    /// follow-ups for other services (reminders, images, identifications) in the outbox.
+    public enum DeletePlant: BusOperation {
+        public struct Request: Codable, Sendable { public var id: String; public init(id: String) { self.id = id } }
+        public typealias Reply = Empty
+        public static let service = Care.service
+        public static let name = "plants.delete"
+        public static let idempotent = true
+    }
+
+    public enum SortKey: String, Codable, Sendable, CaseIterable { case dateAdded, dateIdentified, name, family }
+
+    /// Watering frequency buckets: often (every 1-4 days), weekly (5-10), rarely (11+).
+    public enum WateringFrequency: String, Codable, Sendable, CaseIterable { case often, weekly, rarely }
+
+    /// `care.plants.list`: search, filter, sort and page through the collection (all in SQL).
+    public enum ListPlants: BusOperation {
+        public struct Request: Codable, Sendable, Equatable {
+            /// Case-insensitive, partial: matches common names, scientific name and family.
+            public var search: String?
+            public var favourite: Bool?
+            public var family: String?
+            public var light: Light?
+            public var watering: WateringFrequency?
+            public var source: Source?
+            public var addedFrom: Date?
+            public var addedTo: Date?
+            public var sort: SortKey
+            public var descending: Bool
+            public var limit: Int
+            public var offset: Int
+
+            public init(search: String? = nil, favourite: Bool? = nil, family: String? = nil, light: Light? = nil, watering: WateringFrequency? = nil,
+                        source: Source? = nil, addedFrom: Date? = nil, addedTo: Date? = nil, sort: SortKey = .dateAdded, descending: Bool = true,
+                        limit: Int = 50, offset: Int = 0) {
+                self.search = search
+                self.favourite = favourite
+                self.family = family
+                self.light = light
+                self.watering = watering
+                self.source = source
+                self.addedFrom = addedFrom
+                self.addedTo = addedTo
+                self.sort = sort
+                self.descending = descending
+                self.limit = limit
+                self.offset = offset
+            }
+        }
+        public struct Reply: Codable, Sendable, Equatable {
+            public var plants: [Plant]
+            /// How many match in all (for paging).
+            public var total: Int
+
+            public init(plants: [Plant], total: Int) {
+                self.plants = plants
+                self.total = total
+            }
+        }
+        public static let service = Care.service
+        public static let name = "plants.list"
+        public static let idempotent = true
+    }
+
+    /// `care.statistics`.
+    public enum Statistics: BusOperation {
+        public typealias Request = Empty
+        public struct Reply: Codable, Sendable, Equatable {
+            public var total: Int
+            public var favourites: Int
+            public var families: [String: Int]
+            public var sources: [String: Int]
+            public var addedThisMonth: Int
+            public var upcomingTasks: Int
+            public var overdueTasks: Int
+
+            public init(total: Int, favourites: Int, families: [String: Int], sources: [String: Int], addedThisMonth: Int, upcomingTasks: Int, overdueTasks: Int) {
+                self.total = total
+                self.favourites = favourites
+                self.families = families
+                self.sources = sources
+                self.addedThisMonth = addedThisMonth
+                self.upcomingTasks = upcomingTasks
+                self.overdueTasks = overdueTasks
+            }
+        }
+        public static let service = Care.service
+        public static let name = "statistics"
+        public static let idempotent = true
+    }
+
+    // MARK: - Preferences, tasks
+
+    /// A person's scheduling preferences.
+    public struct Preferences: Codable, Sendable, Equatable {
+        /// IANA name, e.g. Europe/Berlin.
+        public var timeZone: String
+        /// Minutes after local midnight, e.g. 540 for 09:00.
+        public var preferredMinute: Int
+        /// Quiet hours as minutes after midnight (may wrap past midnight); nothing is due then.
+        public var quietStartMinute: Int?
+        public var quietEndMinute: Int?
+        /// Multiplies watering intervals (1.2 waters less often).
+        public var wateringFactor: Double
+        /// A holiday: nothing falls due in [start, end); it moves to the end.
+        public var pauseStart: Date?
+        public var pauseEnd: Date?
+        /// Whether the person lives south of the equator (dormancy months shift by six).
+        public var southernHemisphere: Bool
+
+        public init(timeZone: String = "UTC", preferredMinute: Int = 540, quietStartMinute: Int? = nil, quietEndMinute: Int? = nil,
+                    wateringFactor: Double = 1, pauseStart: Date? = nil, pauseEnd: Date? = nil, southernHemisphere: Bool = false) {
+            self.timeZone = timeZone
+            self.preferredMinute = preferredMinute
+            self.quietStartMinute = quietStartMinute
+            self.quietEndMinute = quietEndMinute
+            self.wateringFactor = wateringFactor
+            self.pauseStart = pauseStart
+            self.pauseEnd = pauseEnd
+            self.southernHemisphere = southernHemisphere
+        }
+    }
+
+    /// `care.preferences.set`: replaces the principal's preferences and reschedules.
+    public enum SetPreferences: BusOperation {
+        public typealias Request = Preferences
+        public typealias Reply = Preferences
+        public static let service = Care.service
+        public static let name = "preferences.set"
+        public static let idempotent = true
+    }
+
+    public enum TaskKind: String, Codable, Sendable, CaseIterable { case water, fertilize, mist, repot, prune, rotate, custom }
+
+    /// A piece of care due at a time.
+    public struct Task: Codable, Sendable, Equatable {
+        public var id: String
+        public var plantID: String
+        public var kind: TaskKind
+        public var title: String
+        public var due: Date
+        /// Set while snoozed: the task shows at this time instead, its rule unchanged.
+        public var snoozedUntil: Date?
+
+        public init(id: String, plantID: String, kind: TaskKind, title: String, due: Date, snoozedUntil: Date? = nil) {
+            self.id = id
+            self.plantID = plantID
+            self.kind = kind
+            self.title = title
+            self.due = due
+            self.snoozedUntil = snoozedUntil
+        }
+    }
+
+    /// `care.tasks.upcoming`: the principal's tasks due within `days`, overdue ones first, in due order.
+    public enum UpcomingTasks: BusOperation {
+        public struct Request: Codable, Sendable { public var days: Int; public var limit: Int?
+            public init(days: Int = 7, limit: Int? = nil) { self.days = days; self.limit = limit } }
+        public struct Reply: Codable, Sendable, Equatable {
+            public var overdue: [Task]
+            public var upcoming: [Task]
+
+            public init(overdue: [Task], upcoming: [Task]) {
+                self.overdue = overdue
+                self.upcoming = upcoming
+            }
+        }
+        public static let service = Care.service
+        public static let name = "tasks.upcoming"
+        public static let idempotent = true
+    }
+
+    /// `care.tasks.complete`: logs the care as done (at `at`, default now) and schedules the next.
+    public enum CompleteTask: BusOperation {
+        public struct Request: Codable, Sendable { public var id: String; public var at: Date?
+            public init(id: String, at: Date? = nil) { self.id = id; self.at = at } }
+        public typealias Reply = Task
+        public static let service = Care.service
+        public static let name = "tasks.complete"
+    }
+
+    /// `care.tasks.snooze`: shows the task again at `until`; its rule does not change.
+    public enum SnoozeTask: BusOperation {
+        public struct Request: Codable, Sendable { public var id: String; public var until: Date
+            public init(id: String, until: Date) { self.id = id; self.until = until } }
+        public typealias Reply = Task
+        public static let service = Care.service
+        public static let name = "tasks.snooze"
+        public static let idempotent = true
+    }
+
+    /// `care.tasks.skip`: moves to the next occurrence without logging care.
+    public enum SkipTask: BusOperation {
+        public struct Request: Codable, Sendable { public var id: String; public init(id: String) { self.id = id } }
+        public typealias Reply = Task
+        public static let service = Care.service
+        public static let name = "tasks.skip"
+    }
+
+    /// One entry of the care log.
+    public struct LogEntry: Codable, Sendable, Equatable {
+        public var plantID: String
+        public var kind: TaskKind
+        public var at: Date
+
+        public init(plantID: String, kind: TaskKind, at: Date) {
+            self.plantID = plantID
+            self.kind = kind
+            self.at = at
+        }
+    }
+
+    /// `care.log`: what was done for a plant, newest first.
+    public enum CareLog: BusOperation {
+        public struct Request: Codable, Sendable { public var plantID: String; public init(plantID: String) { self.plantID = plantID } }
+        public typealias Reply = [LogEntry]
+        public static let service = Care.service
+        public static let name = "log"
+        public static let idempotent = true
+    }
+}
