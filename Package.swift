@@ -188,7 +188,7 @@ let package = Package(
         ),
         .testTarget(
             name: "CareSchedulingTests",
-            dependencies: ["CareScheduling", "CanopyBus", "CanopyTesting", "CanopyServiceKit", "canopy-care"],
+            dependencies: ["CareScheduling", "ImageCache", "CVips", "CanopyBus", "CanopyTesting", "CanopyServiceKit", "canopy-care"],
             path: "Tests/CareSchedulingTests",
             swiftSettings: swiftSettings
         ),

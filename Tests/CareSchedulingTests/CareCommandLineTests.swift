@@ -1,0 +1,60 @@
+import CanopyBus
+import CanopyMessages
+import CanopyTesting
+import Foundation
+import Testing
+@testable import CareScheduling
+
+/// `canopy-care` as an operator runs it.
+@Suite(.serialized)
+struct CareCommandLineTests {
+    func run(_ arguments: [String]) throws -> (status: Int32, output: String, errors: String) {
+        let process = Process()
+        process.executableURL = try LiveBus.executable("canopy-care")
+        process.arguments = arguments
+        let output = Pipe(), errors = Pipe()
+        process.standardOutput = output
+        process.standardError = errors
+        try process.run()
+        process.waitUntilExit()
+        return (process.terminationStatus,
+                String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self),
+                String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self))
+    }
+
+    @Test func catalogSearchPrintsAnAlignedTable() throws {
+        let result = try run(["catalog", "search", "swiss cheese"])
+        #expect(result.status == 0)
+        let lines = result.output.split(separator: "\n")
+        #expect(lines.first?.hasPrefix("SCIENTIFIC NAME     COMMON NAME") == true)
+        #expect(lines.contains { $0.hasPrefix("Monstera deliciosa  Swiss cheese plant  Araceae") })
+        #expect(try run(["catalog", "search", "xyzabc123"]).output.contains("no species matches"))
+    }
+
+    @Test func planPrintsTasksAtTheLocalTimeInTheGivenZone() throws {
+        let result = try run(["plan", "--species", "Monstera deliciosa", "--days", "30", "--tz", "Europe/Berlin", "--time", "08:15"])
+        #expect(result.status == 0, "\(result.errors)")
+        let rows = result.output.split(separator: "\n").dropFirst(2)
+        #expect(!rows.isEmpty)
+        #expect(rows.allSatisfy { $0.contains("8:15") })
+        #expect(rows.contains { $0.contains("water") })
+        let bad = try run(["plan", "--species", "Monstera deliciosa", "--tz", "Nowhere/Land"])
+        #expect(bad.status != 0 && bad.errors.contains("not an IANA time zone"))
+    }
+
+    @Test func upcomingAsksTheRunningService() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-care-cli-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        try await withLiveBus { bus in
+            let library = CareLibrary(store: try CareStore(path: directory.appendingPathComponent("care.sqlite").path))
+            bus.startRunner(CareService(library: library))
+            try await bus.waitForWorkers(1, service: Care.service)
+            _ = try await bus.client().call(Care.AddPlant.self, Care.Plant(scientificName: "Nephrolepis exaltata", customName: "Fern"), principal: "user-42")
+            let result = try run(["upcoming", "--user", "user-42", "--days", "14", "--endpoint", bus.endpoint])
+            #expect(result.status == 0, "\(result.errors)")
+            #expect(result.output.contains("Water Fern"))
+            #expect(!(try run(["upcoming", "--user", "someone-else", "--endpoint", bus.endpoint]).output.contains("Fern")))
+        }
+    }
+}

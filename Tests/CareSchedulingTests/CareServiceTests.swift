@@ -1,0 +1,98 @@
+import CVips
+import CanopyBus
+import CanopyMessages
+import CanopyTesting
+import Foundation
+import GRDB
+import Testing
+@testable import CareScheduling
+@testable import ImageCache
+
+/// canopy-care through the real broker, and its outbox delivering to the real canopy-images.
+@Suite(.serialized)
+struct CareServiceTests {
+    func withCare(_ body: (LiveBus, BusClient, CareLibrary, URL) async throws -> Void) async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-care-live-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        try await withLiveBus { bus in
+            let library = CareLibrary(store: try CareStore(path: directory.appendingPathComponent("care.sqlite").path))
+            bus.startRunner(CareService(library: library))
+            try await bus.waitForWorkers(1, service: Care.service)
+            try await body(bus, try bus.client(), library, directory)
+        }
+    }
+
+    @Test func thePlantLifecycleWorksOverTheBus() async throws {
+        try await withCare { _, client, _, _ in
+            let added = try await client.call(Care.AddPlant.self, Care.Plant(scientificName: "Monstera deliciosa", favourite: true), principal: "alice")
+            #expect(added.family == "Araceae" && added.commonNames.contains("Swiss cheese plant"))
+            #expect(added.profile?.wateringIntervalDays == 7)
+            var edited = added
+            edited.customName = "Big Monty"
+            edited.profile?.wateringIntervalDays = 10
+            edited.profileOverridden = true
+            let updated = try await client.call(Care.UpdatePlant.self, edited, principal: "alice")
+            #expect(updated.customName == "Big Monty" && updated.profile?.wateringIntervalDays == 10 && updated.profileOverridden)
+
+            let list = try await client.call(Care.ListPlants.self, .init(search: "swiss"), principal: "alice")
+            #expect(list.plants.map(\.id) == [added.id])
+            let tasks = try await client.call(Care.UpcomingTasks.self, .init(days: 30), principal: "alice")
+            #expect(tasks.upcoming.contains { $0.kind == .water })
+            let stats = try await client.call(Care.Statistics.self, .init(), principal: "alice")
+            #expect(stats.total == 1 && stats.favourites == 1)
+
+            let missing = await #expect(throws: CanopyError.self) { _ = try await client.call(Care.GetPlant.self, .init(id: added.id), principal: "bob") }
+            #expect(missing?.code == .notFound)
+            let anonymous = await #expect(throws: CanopyError.self) { _ = try await client.call(Care.ListPlants.self, .init()) }
+            #expect(anonymous?.code == .unauthorized)
+            let zone = await #expect(throws: CanopyError.self) { _ = try await client.call(Care.SetPreferences.self, .init(timeZone: "Atlantis/Capital"), principal: "alice") }
+            #expect(zone?.code == .badRequest)
+            _ = try await client.call(Care.DeletePlant.self, .init(id: added.id), principal: "alice")
+            #expect(try await client.call(Care.ListPlants.self, .init(), principal: "alice").total == 0)
+        }
+    }
+
+    @Test func followUpsAreDeliveredWhenTheirServiceIsUpAndRetriedWhenItIsNot() async throws {
+        try await withCare { bus, client, library, directory in
+            let images = try ImageLibrary(directory: directory.appendingPathComponent("images"))
+            bus.startRunner(ImageService(library: images))
+            try await bus.waitForWorkers(1, service: Images.service)
+            let plant = try await client.call(Care.AddPlant.self, Care.Plant(scientificName: "Ficus lyrata"), principal: "alice")
+            let photo = try await client.call(Images.Put.self, .init(plantID: plant.id, data: Data(Self.jpeg)), principal: "alice")
+            _ = try await client.call(Care.DeletePlant.self, .init(id: plant.id), principal: "alice")
+
+            let outbox = Outbox(library: library, bus: try bus.client(timeout: .seconds(2)), interval: .seconds(1), logger: bus.logger)
+            let now = Date()
+            let first = await outbox.deliverDue(now: now)
+            #expect(first.delivered == 1, "images.purge reached canopy-images")
+            #expect(first.failed == 3, "canopy-remind and canopy-identify are not running yet")
+            #expect(try await client.call(Images.List.self, .init(plantID: plant.id), principal: "alice").isEmpty)
+            #expect(throws: (any Error).self) { _ = try images.store.original(photo.sha256) }
+
+            // Nothing is lost: the rest waits, with backoff, across a restart.
+            #expect(await outbox.deliverDue(now: now).failed == 0, "not due again yet")
+            let reopened = try CareStore(path: library.store.database.path)
+            let pending = try reopened.database.read { db in
+                try Row.fetchAll(db, sql: "SELECT operation, attempts, lastError FROM outbox ORDER BY id")
+            }
+            #expect(Set(pending.map { $0["operation"] as String }) == [Reminders.CancelPlant.name, Identification.ForgetPlant.name, Reminders.Sync.name])
+            #expect(pending.allSatisfy { ($0["attempts"] as Int) == 1 && ($0["lastError"] as String).contains("noWorkers") })
+            let later = await Outbox(library: CareLibrary(store: reopened), bus: try bus.client(timeout: .seconds(2)), interval: .seconds(1), logger: bus.logger)
+                .deliverDue(now: now.addingTimeInterval(3))
+            #expect(later.failed == 3, "retried after the backoff")
+        }
+    }
+
+    /// A real photo-like JPEG, made with libvips.
+    static var jpeg: [UInt8] {
+        _ = canopy_vips_start()
+        let image = canopy_vips_pattern(640, 480)!
+        defer { canopy_vips_release(image) }
+        var bytes: UnsafeMutableRawPointer?
+        var length = 0
+        precondition(canopy_vips_encode(image, CANOPY_JPEG, 85, &bytes, &length) == 0)
+        defer { canopy_vips_free(bytes) }
+        return Array(UnsafeRawBufferPointer(start: bytes, count: length))
+    }
+}
