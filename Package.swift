@@ -150,7 +150,7 @@ let package = Package(
         .executableTarget(
             name: "canopy-bench",
             dependencies: [
-                "CanopyBus", "CZeroMQ", "CanopyMessages", "ImageCache", "CVips", "CanopyServiceKit",
+                "CanopyBus", "CZeroMQ", "CanopyMessages", "ImageCache", "CareScheduling", "CVips", "CanopyServiceKit",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Collections", package: "swift-collections"),
                 .product(name: "Histogram", package: "hdrhistogram-swift"),

@@ -13,8 +13,9 @@ struct BenchmarkCommand: AsyncParsableCommand {
               swift run -c release canopy-bench bus --seconds 3 --clients 1,16,64 --workers 4
               swift run -c release canopy-bench coalescing
               swift run -c release canopy-bench images
+              swift run -c release canopy-bench care
             """,
-        subcommands: [Bus.self, Coalescing.self, ImagesBenchmark.self],
+        subcommands: [Bus.self, Coalescing.self, ImagesBenchmark.self, CareBenchmark.self],
         defaultSubcommand: Bus.self)
 }
 

@@ -18,6 +18,12 @@ public enum CareTools {
     /// The species catalog.
     public static var catalog: Catalog { .shipped }
 
+    /// Every task `profile` brings over `days` from `start` under `preferences` (for the
+    /// benchmark's year of tasks).
+    public static func plan(profile: Care.Profile, preferences: Care.Preferences, from start: Date, days: Int) throws -> Int {
+        try Scheduler(preferences: preferences).plan(profile: profile, from: start, days: days).count
+    }
+
     /// Every task a species brings over `days` from `start`, for a person in `timeZone`.
     public static func plan(species: String, days: Int, timeZone: String, preferredMinute: Int = 540, southernHemisphere: Bool = false,
                             from start: Date = Date()) throws -> (species: Care.Species, tasks: [(kind: Care.TaskKind, due: Date)]) {
