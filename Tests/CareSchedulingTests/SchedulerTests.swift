@@ -120,6 +120,35 @@ struct SchedulerTests {
         #expect(plan.filter { $0.kind == .fertilize }.count == 2)
     }
 
+    @Test(arguments: ["Europe/Berlin", "America/New_York", "Australia/Sydney", "Asia/Kolkata"])
+    func thePlanFromTheDayTableMatchesTheCalendarRuleByRule(zone: String) throws {
+        let scheduler = try scheduler(zone, minute: 150) {
+            $0.southernHemisphere = zone == "Australia/Sydney"
+            $0.quietStartMinute = 60
+            $0.quietEndMinute = 160
+            $0.pauseStart = self.local(zone, 2026, 8, 3)
+            $0.pauseEnd = self.local(zone, 2026, 8, 20)
+        }
+        let start = local(zone, 2026, 1, 7, 15)
+        for species in Catalog.shipped.species {
+            var reference: [(Care.TaskKind, Date)] = []
+            let end = scheduler.calendar.date(byAdding: .day, value: 365, to: start)!
+            for kind in Scheduler.kinds(for: species.profile) {
+                var anchor = start
+                while let due = scheduler.nextDue(kind, profile: species.profile, after: anchor), due < end {
+                    reference.append((kind, due))
+                    anchor = due
+                }
+            }
+            let plan = scheduler.plan(profile: species.profile, from: start, days: 365)
+            let expected = reference.sorted { $0.1 < $1.1 }
+            #expect(plan.map(\.due) == expected.map(\.1), "\(species.scientificName) in \(zone)")
+            let planned: [String] = plan.map { "\($0.kind.rawValue)@\($0.due.timeIntervalSince1970)" }.sorted()
+            let wanted: [String] = expected.map { "\($0.0.rawValue)@\($0.1.timeIntervalSince1970)" }.sorted()
+            #expect(planned == wanted)
+        }
+    }
+
     @Test func theCatalogHasEnoughSpeciesWithSourcesAndSaneFigures() {
         let catalog = Catalog.shipped
         #expect(catalog.species.count >= 80)

@@ -18,10 +18,12 @@ public enum CareTools {
     /// The species catalog.
     public static var catalog: Catalog { .shipped }
 
-    /// Every task `profile` brings over `days` from `start` under `preferences` (for the
-    /// benchmark's year of tasks).
-    public static func plan(profile: Care.Profile, preferences: Care.Preferences, from start: Date, days: Int) throws -> Int {
-        try Scheduler(preferences: preferences).plan(profile: profile, from: start, days: days).count
+    /// How many tasks `profiles` (one person's plants) bring over `days` from `start`: the
+    /// scheduler's day table is built once for all of them.
+    public static func plan(profiles: [Care.Profile], preferences: Care.Preferences, from start: Date, days: Int) throws -> Int {
+        let scheduler = try Scheduler(preferences: preferences)
+        let table = DayTable(scheduler, from: start, days: days)
+        return profiles.reduce(0) { $0 + scheduler.plan(profile: $1, table: table).count }
     }
 
     /// Every task a species brings over `days` from `start`, for a person in `timeZone`.

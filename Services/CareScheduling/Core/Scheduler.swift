@@ -123,15 +123,128 @@ struct Scheduler: Sendable {
 
     /// Every task a profile brings over `days` from `start`, assuming each is done when due.
     func plan(profile: Care.Profile, from start: Date, days: Int) -> [(kind: Care.TaskKind, due: Date)] {
-        let end = calendar.date(byAdding: .day, value: days, to: start)!
+        plan(profile: profile, table: DayTable(self, from: start, days: days))
+    }
+
+    /// The same with a day table built once for many plants (compute once what every plant
+    /// of one person shares: each local day's due time, month and next first Saturday).
+    func plan(profile: Care.Profile, table: DayTable) -> [(kind: Care.TaskKind, due: Date)] {
         var plan: [(Care.TaskKind, Date)] = []
+        plan.reserveCapacity(128)
+        let factor = preferences.wateringFactor
+        let dormant = table.dormantMask(profile.dormancyMonths)
         for kind in Self.kinds(for: profile) {
-            var anchor = start
-            while let due = nextDue(kind, profile: profile, after: anchor), due < end {
-                plan.append((kind, due))
-                anchor = due
+            var day = 0
+            while true {
+                let next: Int?
+                switch kind {
+                case .water:
+                    var days = Double(profile.wateringIntervalDays) * factor
+                    let plain = day + max(1, Int(days.rounded()))
+                    if plain < table.count, dormant[plain] { days *= Self.dormantWateringStretch }
+                    next = day + max(1, Int(days.rounded()))
+                case .fertilize:
+                    var candidate = day + (profile.fertilizerIntervalDays ?? 0)
+                    var months = 0
+                    while candidate < table.count, dormant[candidate], months < 12 {
+                        candidate = table.firstOfNextMonth[candidate]
+                        months += 1
+                    }
+                    next = months == 12 ? nil : candidate
+                case .mist:
+                    next = profile.mistIntervalDays.map { day + $0 }
+                case .rotate:
+                    next = table.nextFirstSaturday[day]
+                case .repot:
+                    // Months apart: at most once a year; the calendar does it.
+                    next = profile.repotIntervalMonths.flatMap { months in
+                        calendar.date(byAdding: .month, value: months, to: table.day(day)).flatMap(table.index)
+                    }
+                case .prune, .custom:
+                    next = nil
+                }
+                guard let index = next, index < table.count, index > day else { break } // always forward
+                plan.append((kind, table.due[index]))
+                // The care is done when due: a pause or quiet hours may have moved that to a later day.
+                guard let doneDay = table.dueDay[index] else { break }
+                day = doneDay
             }
         }
         return plan.sorted { $0.1 < $1.1 }
+    }
+}
+
+/// For a window of local days: the due time of each (preferred time, quiet hours and pause
+/// applied, daylight-saving safe), its month, the next first Saturday and the first day of
+/// the next month, as indices. Built with the calendar once; read with integer arithmetic.
+struct DayTable {
+    /// Days in the window.
+    let count: Int
+    let due: [Date]
+    let month: [Int]
+    /// Index of the first day of the next month (may be `count` past the end).
+    let firstOfNextMonth: [Int]
+    /// Index of the next first Saturday strictly after each day, if within the window.
+    let nextFirstSaturday: [Int?]
+    /// Index of the local day each day's due time falls on (later when moved by a pause or
+    /// quiet hours; `nil` past the window).
+    private(set) var dueDay: [Int?] = []
+    private let starts: [Date]
+    private let end: Date
+    private let southern: Bool
+
+    init(_ scheduler: Scheduler, from start: Date, days: Int) {
+        let calendar = scheduler.calendar
+        let first = calendar.startOfDay(for: start)
+        count = days + 1
+        var starts: [Date] = [], due: [Date] = [], month: [Int] = [], firstSaturday: [Bool] = []
+        starts.reserveCapacity(count)
+        for offset in 0..<count {
+            let day = calendar.date(byAdding: .day, value: offset, to: first)!
+            let parts = calendar.dateComponents([.month, .day, .weekday], from: day)
+            starts.append(day)
+            due.append(scheduler.place(onDayOf: day))
+            month.append(parts.month!)
+            firstSaturday.append(parts.weekday == 7 && parts.day! <= 7)
+        }
+        var nextMonth = [Int](repeating: count, count: count)
+        var nextSaturday = [Int?](repeating: nil, count: count)
+        var upcomingMonthStart = count
+        var upcomingSaturday: Int?
+        for index in stride(from: count - 1, through: 0, by: -1) {
+            nextMonth[index] = upcomingMonthStart
+            nextSaturday[index] = upcomingSaturday
+            if calendar.component(.day, from: starts[index]) == 1 { upcomingMonthStart = index }
+            if firstSaturday[index] { upcomingSaturday = index }
+        }
+        self.starts = starts
+        end = calendar.date(byAdding: .day, value: count, to: first)!
+        self.due = due
+        self.month = month
+        firstOfNextMonth = nextMonth
+        nextFirstSaturday = nextSaturday
+        southern = scheduler.preferences.southernHemisphere
+        dueDay = due.map { index($0) }
+    }
+
+    /// Which days fall in a dormancy month where the person lives.
+    func dormantMask(_ months: [Int]) -> [Bool] {
+        guard !months.isEmpty else { return [Bool](repeating: false, count: count) }
+        var set = [Bool](repeating: false, count: 13)
+        for month in months { set[southern ? (month + 5) % 12 + 1 : month] = true }
+        return month.map { set[$0] }
+    }
+
+    func day(_ index: Int) -> Date { starts[min(index, starts.count - 1)] }
+
+    /// The index of the local day holding `date`, or `nil` outside the window.
+    func index(_ date: Date) -> Int? {
+        var low = 0, high = starts.count - 1
+        guard let first = starts.first, date >= first, date < end else { return nil }
+        while low < high {
+            let middle = (low + high + 1) / 2
+            if starts[middle] <= date { low = middle } else { high = middle - 1 }
+        }
+        return low
     }
 }
