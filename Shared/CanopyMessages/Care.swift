@@ -184,6 +184,8 @@ public enum Care {
     public enum WateringFrequency: String, Codable, Sendable, CaseIterable { case often, weekly, rarely }
 
     /// `care.plants.list`: search, filter, sort and page through the collection (all in SQL).
+    /// Listings leave each plant's `profile` out (`profileOverridden` still says whether it has
+    /// overrides); `plants.get` has it.
     public enum ListPlants: BusOperation {
         public struct Request: Codable, Sendable, Equatable {
             /// Case-insensitive, partial: matches common names, scientific name and family.

@@ -89,19 +89,33 @@ final class CareStore: Sendable {
         try Row.fetchOne(db, sql: "SELECT * FROM plants WHERE owner = ? AND id = ?", arguments: [owner, id]).map(plant)
     }
 
-    func plant(_ row: Row) throws -> Care.Plant {
-        let override = (row["profileOverride"] as Data?).flatMap { try? codec.decode(Care.Profile.self, from: [UInt8]($0)) }
+    /// The separator of list columns (common names, image ids): a control character no name holds.
+    static let separator: Character = "\u{1F}"
+
+    static func joined(_ values: [String]) -> String {
+        values.map { $0.replacingOccurrences(of: String(separator), with: " ") }.joined(separator: String(separator))
+    }
+
+    static func split(_ text: String) -> [String] {
+        text.isEmpty ? [] : text.split(separator: separator, omittingEmptySubsequences: false).map(String.init)
+    }
+
+    /// A plant from its row; with `profile` false the care profile is left out (listings).
+    func plant(_ row: Row, profile: Bool) throws -> Care.Plant {
+        let overrideData = row["profileOverride"] as Data?
+        let override = profile ? overrideData.flatMap { try? codec.decode(Care.Profile.self, from: [UInt8]($0)) } : nil
         let scientificName: String = row["scientificName"]
         return Care.Plant(
-            id: row["id"], scientificName: scientificName,
-            commonNames: (try? codec.decode([String].self, from: Array((row["commonNames"] as String).utf8))) ?? [],
+            id: row["id"], scientificName: scientificName, commonNames: Self.split(row["commonNames"]),
             family: row["family"], genus: row["genus"], customName: row["customName"], location: row["location"], notes: row["notes"],
-            favourite: row["favourite"], imageIDs: (try? codec.decode([String].self, from: Array((row["imageIDs"] as String).utf8))) ?? [],
+            favourite: row["favourite"], imageIDs: Self.split(row["imageIDs"]),
             identificationSource: Care.Source(rawValue: row["source"]) ?? .other, identificationConfidence: row["confidence"],
             dateIdentified: (row["dateIdentified"] as Double?).map(Date.init(timeIntervalSince1970:)),
             dateAdded: Date(timeIntervalSince1970: row["dateAdded"]),
-            profile: override ?? catalog.lookup(scientificName)?.profile, profileOverridden: override != nil)
+            profile: profile ? override ?? catalog.lookup(scientificName)?.profile : nil, profileOverridden: overrideData != nil)
     }
+
+    func plant(_ row: Row) throws -> Care.Plant { try plant(row, profile: true) }
 
     /// Writes every column of a plant, the derived ones included.
     func save(_ db: Database, _ plant: Care.Plant, owner: String, override: Care.Profile?) throws {
@@ -113,8 +127,8 @@ final class CareStore: Sendable {
                 imageIDs, source, confidence, dateIdentified, dateAdded, profileOverride, searchText, sortName, light, wateringDays)
             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
             """, arguments: [
-                plant.id, owner, plant.scientificName, String(decoding: try codec.encode(plant.commonNames), as: UTF8.self), plant.family, plant.genus,
-                plant.customName, plant.location, plant.notes, plant.favourite, String(decoding: try codec.encode(plant.imageIDs), as: UTF8.self),
+                plant.id, owner, plant.scientificName, Self.joined(plant.commonNames), plant.family, plant.genus,
+                plant.customName, plant.location, plant.notes, plant.favourite, Self.joined(plant.imageIDs),
                 plant.identificationSource.rawValue, plant.identificationConfidence, plant.dateIdentified?.timeIntervalSince1970,
                 plant.dateAdded.timeIntervalSince1970, try override.map { Data(try codec.encode($0)) }, searchText, sortName,
                 profile?.light.rawValue, profile?.wateringIntervalDays,
@@ -155,7 +169,7 @@ final class CareStore: Sendable {
             let total = try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM plants WHERE \(filter)", arguments: StatementArguments(arguments)) ?? 0
             let rows = try Row.fetchAll(db, sql: "SELECT * FROM plants WHERE \(filter) ORDER BY \(order) LIMIT ? OFFSET ?",
                                         arguments: StatementArguments(arguments + [request.limit, request.offset]))
-            return Care.ListPlants.Reply(plants: try rows.map(plant), total: total)
+            return Care.ListPlants.Reply(plants: try rows.map { try plant($0, profile: false) }, total: total)
         }
     }
 
