@@ -36,10 +36,12 @@ public enum Care {
         public var mistIntervalDays: Int?
         /// Months between repottings.
         public var repotIntervalMonths: Int?
+        /// Whether it is pruned once a year, at the start of its growing season.
+        public var prune: Bool?
 
         public init(light: Light, wateringIntervalDays: Int, wateringAmount: String, temperatureMinimumC: Double, temperatureMaximumC: Double,
                     temperatureOptimumC: Double, humidity: String, fertilizerIntervalDays: Int?, fertilizerType: String?, dormancyMonths: [Int],
-                    toxicToPets: Bool, mistIntervalDays: Int? = nil, repotIntervalMonths: Int? = nil) {
+                    toxicToPets: Bool, mistIntervalDays: Int? = nil, repotIntervalMonths: Int? = nil, prune: Bool? = nil) {
             self.light = light
             self.wateringIntervalDays = wateringIntervalDays
             self.wateringAmount = wateringAmount
@@ -53,6 +55,7 @@ public enum Care {
             self.toxicToPets = toxicToPets
             self.mistIntervalDays = mistIntervalDays
             self.repotIntervalMonths = repotIntervalMonths
+            self.prune = prune
         }
     }
 
@@ -367,6 +370,24 @@ public enum Care {
         public typealias Reply = Task
         public static let service = Care.service
         public static let name = "tasks.skip"
+    }
+
+    /// `care.tasks.add-custom`: a task of the person's own for a plant, repeating every
+    /// `everyDays` days from when it was last done.
+    public enum AddCustomTask: BusOperation {
+        public struct Request: Codable, Sendable {
+            public var plantID: String
+            public var title: String
+            public var everyDays: Int
+            public init(plantID: String, title: String, everyDays: Int) {
+                self.plantID = plantID
+                self.title = title
+                self.everyDays = everyDays
+            }
+        }
+        public typealias Reply = Task
+        public static let service = Care.service
+        public static let name = "tasks.add-custom"
     }
 
     /// One entry of the care log.

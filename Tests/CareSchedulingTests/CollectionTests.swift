@@ -130,6 +130,27 @@ struct CollectionTests {
         #expect(try library.log(plantID: plant.id, owner: "alice").count == 1, "a skip logs no care")
     }
 
+    @Test func customTasksRepeatTheirOwnIntervalAndSurviveRenamesAndRescheduling() throws {
+        let plant = try library.add(Care.Plant(scientificName: "Ficus lyrata"), owner: "alice", now: start)
+        let wipe = try library.addCustomTask(.init(plantID: plant.id, title: "Wipe the leaves", everyDays: 10), owner: "alice", now: start)
+        #expect(wipe.kind == .custom)
+        #expect(wipe.due == (try Date("2026-05-14T09:00:00Z", strategy: .iso8601)))
+        let done = try library.complete(wipe.id, at: start.addingTimeInterval(12 * 86_400), owner: "alice")
+        #expect(done.due == (try Date("2026-05-26T09:00:00Z", strategy: .iso8601)))
+        var renamed = try library.get(plant.id, owner: "alice")
+        renamed.customName = "Fiddle"
+        _ = try library.update(renamed, owner: "alice", now: start)
+        #expect(try library.log(plantID: plant.id, owner: "alice").map(\.kind) == [.custom], "an update keeps the care log")
+        _ = try library.setPreferences(Care.Preferences(timeZone: "Europe/Berlin"), owner: "alice", now: start)
+        let tasks = try library.upcoming(days: 366, limit: nil, owner: "alice", now: start).upcoming
+        #expect(tasks.filter { $0.kind == .custom }.count == 1)
+        #expect(tasks.filter { $0.kind == .water }.count == 1, "one task per rule, renames included")
+        #expect(tasks.first { $0.kind == .custom }?.due == (try Date("2026-05-26T07:00:00Z", strategy: .iso8601)), "09:00 Berlin now")
+        #expect(tasks.contains { $0.kind == .prune })
+        #expect(throws: CanopyError.self) { _ = try library.addCustomTask(.init(plantID: plant.id, title: "x", everyDays: 0), owner: "alice") }
+        #expect(throws: CanopyError.self) { _ = try library.addCustomTask(.init(plantID: plant.id, title: "Steal", everyDays: 3), owner: "bob") }
+    }
+
     @Test func preferencesRescheduleEveryTaskAtTheNewLocalTime() throws {
         _ = try library.add(Care.Plant(scientificName: "Monstera deliciosa"), owner: "alice", now: start)
         _ = try library.setPreferences(Care.Preferences(timeZone: "America/New_York", preferredMinute: 7 * 60 + 30), owner: "alice", now: start)

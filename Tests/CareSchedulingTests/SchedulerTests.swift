@@ -86,6 +86,21 @@ struct SchedulerTests {
         #expect(south.nextDue(.fertilize, profile: monstera, after: local("Australia/Sydney", 2026, 6, 1)) == utc("2026-07-31T23:00:00Z"))
     }
 
+    @Test func pruningFallsOnTheFirstDayOfTheGrowingSeasonInEachHemisphere() throws {
+        #expect(monstera.prune == true)
+        let north = try scheduler("Europe/Berlin")
+        let south = try scheduler("Australia/Sydney") { $0.southernHemisphere = true }
+        // Monstera rests November to January: pruned on 1 February in the north, 1 August in the south.
+        #expect(north.nextDue(.prune, profile: monstera, after: local("Europe/Berlin", 2026, 5, 1)) == utc("2027-02-01T08:00:00Z"))
+        #expect(south.nextDue(.prune, profile: monstera, after: local("Australia/Sydney", 2026, 5, 1)) == utc("2026-07-31T23:00:00Z"))
+        #expect(Scheduler.kinds(for: Catalog.shipped.lookup("Aloe vera")!.profile).contains(.prune) == false)
+    }
+
+    @Test func aCustomTaskRepeatsItsOwnInterval() throws {
+        let scheduler = try scheduler("America/New_York")
+        #expect(scheduler.nextDue(everyDays: 3, after: local("America/New_York", 2026, 3, 6, 20)) == utc("2026-03-09T13:00:00Z"))
+    }
+
     @Test func aPauseWindowPushesTasksToItsEnd() throws {
         let start = local("Europe/Berlin", 2026, 7, 1, 0), end = local("Europe/Berlin", 2026, 7, 15, 0)
         let scheduler = try scheduler("Europe/Berlin") { $0.pauseStart = start; $0.pauseEnd = end }

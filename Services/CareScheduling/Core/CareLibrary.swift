@@ -170,7 +170,7 @@ final class CareLibrary: Sendable {
             let kind = Care.TaskKind(rawValue: row["kind"]) ?? .custom
             try db.execute(sql: "INSERT INTO careLog (owner, plantID, kind, at) VALUES (?, ?, ?, ?)",
                            arguments: [owner, plant.id, kind.rawValue, done.timeIntervalSince1970])
-            try store.schedule(db, owner: owner, plant: plant, kind: kind, anchor: done, scheduler: scheduler)
+            try store.reschedule(db, row: row, plant: plant, anchor: done, scheduler: scheduler)
             try store.enqueueReminderSync(db, owner: owner, now: now)
             return try reread(db, id)
         }
@@ -188,8 +188,22 @@ final class CareLibrary: Sendable {
     /// Moves to the next occurrence as if done when due, without logging care.
     func skip(_ id: String, owner: String, now: Date = Date()) throws -> Care.Task {
         try withTask(id, owner: owner) { db, plant, row, scheduler in
-            let kind = Care.TaskKind(rawValue: row["kind"]) ?? .custom
-            try store.schedule(db, owner: owner, plant: plant, kind: kind, anchor: Date(timeIntervalSince1970: row["due"]), scheduler: scheduler)
+            try store.reschedule(db, row: row, plant: plant, anchor: Date(timeIntervalSince1970: row["due"]), scheduler: scheduler)
+            try store.enqueueReminderSync(db, owner: owner, now: now)
+            return try reread(db, id)
+        }
+    }
+
+    /// Adds a task of the person's own to a plant.
+    func addCustomTask(_ request: Care.AddCustomTask.Request, owner: String, now: Date = Date()) throws -> Care.Task {
+        let title = request.title.trimmingCharacters(in: .whitespaces)
+        guard !title.isEmpty, title.count <= 200 else { throw CanopyError(.badRequest, "a custom task needs a title of 1 to 200 characters") }
+        guard (1...3_650).contains(request.everyDays) else { throw CanopyError(.badRequest, "everyDays is 1 to 3650") }
+        return try store.database.write { db in
+            guard try store.plant(db, owner: owner, id: request.plantID) != nil else { throw notFound(request.plantID) }
+            let id = "\(request.plantID):custom:\(UUID().uuidString.lowercased())"
+            try store.scheduleCustom(db, id: id, owner: owner, plantID: request.plantID, title: title, everyDays: request.everyDays,
+                                     anchor: now, scheduler: try Scheduler(preferences: try store.preferences(db, owner: owner)))
             try store.enqueueReminderSync(db, owner: owner, now: now)
             return try reread(db, id)
         }

@@ -32,6 +32,7 @@ public struct CareService: BusService {
         handlers.on(Care.CompleteTask.self) { request, context in try library.complete(request.id, at: request.at, owner: try context.requirePrincipal()) }
         handlers.on(Care.SnoozeTask.self) { request, context in try library.snooze(request.id, until: request.until, owner: try context.requirePrincipal()) }
         handlers.on(Care.SkipTask.self) { request, context in try library.skip(request.id, owner: try context.requirePrincipal()) }
+        handlers.on(Care.AddCustomTask.self) { request, context in try library.addCustomTask(request, owner: try context.requirePrincipal()) }
         handlers.on(Care.CareLog.self) { request, context in try library.log(plantID: request.plantID, owner: try context.requirePrincipal()) }
     }
 }

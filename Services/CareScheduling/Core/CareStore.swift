@@ -59,7 +59,9 @@ final class CareStore: Sendable {
                     due DOUBLE NOT NULL,
                     snoozedUntil DOUBLE,
                     showAt DOUBLE NOT NULL,
-                    UNIQUE (plantID, kind));
+                    -- custom tasks: their interval in days
+                    everyDays INTEGER);
+                CREATE INDEX tasksByPlant ON tasks(plantID);
                 CREATE INDEX tasksByOwner ON tasks(owner, showAt);
                 CREATE TABLE careLog (
                     owner TEXT NOT NULL,
@@ -122,10 +124,17 @@ final class CareStore: Sendable {
         let profile = override ?? catalog.lookup(plant.scientificName)?.profile
         let searchText = ([plant.scientificName, plant.family, plant.customName ?? ""] + plant.commonNames).joined(separator: "\u{1F}").lowercased()
         let sortName = (plant.customName ?? plant.commonNames.first ?? plant.scientificName).lowercased()
+        // An upsert, not INSERT OR REPLACE: a replace deletes the row first, and the delete
+        // would cascade to the plant's tasks and care log.
         try db.execute(sql: """
-            INSERT OR REPLACE INTO plants (id, owner, scientificName, commonNames, family, genus, customName, location, notes, favourite,
+            INSERT INTO plants (id, owner, scientificName, commonNames, family, genus, customName, location, notes, favourite,
                 imageIDs, source, confidence, dateIdentified, dateAdded, profileOverride, searchText, sortName, light, wateringDays)
             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+            ON CONFLICT (id) DO UPDATE SET scientificName = excluded.scientificName, commonNames = excluded.commonNames,
+                family = excluded.family, genus = excluded.genus, customName = excluded.customName, location = excluded.location,
+                notes = excluded.notes, favourite = excluded.favourite, imageIDs = excluded.imageIDs, source = excluded.source,
+                confidence = excluded.confidence, dateIdentified = excluded.dateIdentified, profileOverride = excluded.profileOverride,
+                searchText = excluded.searchText, sortName = excluded.sortName, light = excluded.light, wateringDays = excluded.wateringDays
             """, arguments: [
                 plant.id, owner, plant.scientificName, Self.joined(plant.commonNames), plant.family, plant.genus,
                 plant.customName, plant.location, plant.notes, plant.favourite, Self.joined(plant.imageIDs),
@@ -194,29 +203,58 @@ final class CareStore: Sendable {
     /// (Re)writes the task of `kind` for a plant: due after `anchor`, or removed when the
     /// profile no longer calls for it.
     func schedule(_ db: Database, owner: String, plant: Care.Plant, kind: Care.TaskKind, anchor: Date, scheduler: Scheduler) throws {
+        let id = "\(plant.id):\(kind.rawValue)"
         guard let profile = plant.profile, let due = scheduler.nextDue(kind, profile: profile, after: anchor) else {
-            try db.execute(sql: "DELETE FROM tasks WHERE plantID = ? AND kind = ?", arguments: [plant.id, kind.rawValue])
+            try db.execute(sql: "DELETE FROM tasks WHERE id = ?", arguments: [id])
             return
         }
         let name = plant.customName ?? plant.commonNames.first ?? plant.scientificName
-        try db.execute(sql: """
-            INSERT INTO tasks (id, owner, plantID, kind, title, anchor, due, snoozedUntil, showAt) VALUES (?, ?, ?, ?, ?, ?, ?, NULL, ?)
-            ON CONFLICT (plantID, kind) DO UPDATE SET title = excluded.title, anchor = excluded.anchor, due = excluded.due,
-                snoozedUntil = NULL, showAt = excluded.showAt
-            """, arguments: ["\(plant.id):\(kind.rawValue)", owner, plant.id, kind.rawValue, "\(kind.rawValue.capitalized) \(name)",
-                             anchor.timeIntervalSince1970, due.timeIntervalSince1970, due.timeIntervalSince1970])
+        try write(db, id: id, owner: owner, plantID: plant.id, kind: kind, title: "\(kind.rawValue.capitalized) \(name)", anchor: anchor, due: due, everyDays: nil)
     }
 
-    /// Reschedules every task of a plant from its anchors (or `now` for new ones).
+    /// (Re)writes a custom task: due `everyDays` after `anchor`.
+    func scheduleCustom(_ db: Database, id: String, owner: String, plantID: String, title: String, everyDays: Int, anchor: Date, scheduler: Scheduler) throws {
+        try write(db, id: id, owner: owner, plantID: plantID, kind: .custom, title: title, anchor: anchor,
+                  due: scheduler.nextDue(everyDays: everyDays, after: anchor), everyDays: everyDays)
+    }
+
+    private func write(_ db: Database, id: String, owner: String, plantID: String, kind: Care.TaskKind, title: String, anchor: Date, due: Date, everyDays: Int?) throws {
+        try db.execute(sql: """
+            INSERT INTO tasks (id, owner, plantID, kind, title, anchor, due, snoozedUntil, showAt, everyDays) VALUES (?, ?, ?, ?, ?, ?, ?, NULL, ?, ?)
+            ON CONFLICT (id) DO UPDATE SET title = excluded.title, anchor = excluded.anchor, due = excluded.due,
+                snoozedUntil = NULL, showAt = excluded.showAt, everyDays = excluded.everyDays
+            """, arguments: [id, owner, plantID, kind.rawValue, title, anchor.timeIntervalSince1970, due.timeIntervalSince1970, due.timeIntervalSince1970, everyDays])
+    }
+
+    /// Reschedules one task row from its anchor (after preferences change, or complete/skip).
+    func reschedule(_ db: Database, row: Row, plant: Care.Plant, anchor: Date, scheduler: Scheduler) throws {
+        let kind = Care.TaskKind(rawValue: row["kind"]) ?? .custom
+        if kind == .custom, let everyDays = row["everyDays"] as Int? {
+            try scheduleCustom(db, id: row["id"], owner: row["owner"], plantID: plant.id, title: row["title"], everyDays: everyDays, anchor: anchor, scheduler: scheduler)
+        } else {
+            try schedule(db, owner: row["owner"], plant: plant, kind: kind, anchor: anchor, scheduler: scheduler)
+        }
+    }
+
+    /// Reschedules every task of a plant from its anchors (or `now` for new ones); custom
+    /// tasks keep their own interval.
     func reschedule(_ db: Database, owner: String, plant: Care.Plant, scheduler: Scheduler, now: Date) throws {
-        let anchors = Dictionary(try Row.fetchAll(db, sql: "SELECT kind, anchor FROM tasks WHERE plantID = ?", arguments: [plant.id])
-            .map { (Care.TaskKind(rawValue: $0["kind"]) ?? .custom, Date(timeIntervalSince1970: $0["anchor"])) }, uniquingKeysWith: { first, _ in first })
+        let rows = try Row.fetchAll(db, sql: "SELECT * FROM tasks WHERE plantID = ?", arguments: [plant.id])
+        var anchors: [Care.TaskKind: Date] = [:]
+        for row in rows {
+            let kind = Care.TaskKind(rawValue: row["kind"]) ?? .custom
+            if kind == .custom {
+                try reschedule(db, row: row, plant: plant, anchor: Date(timeIntervalSince1970: row["anchor"]), scheduler: scheduler)
+            } else {
+                anchors[kind] = Date(timeIntervalSince1970: row["anchor"])
+            }
+        }
         let wanted = plant.profile.map(Scheduler.kinds(for:)) ?? []
-        for kind in Care.TaskKind.allCases where kind != .custom && kind != .prune {
+        for kind in Care.TaskKind.allCases where kind != .custom {
             if wanted.contains(kind) {
                 try schedule(db, owner: owner, plant: plant, kind: kind, anchor: anchors[kind] ?? now, scheduler: scheduler)
             } else {
-                try db.execute(sql: "DELETE FROM tasks WHERE plantID = ? AND kind = ?", arguments: [plant.id, kind.rawValue])
+                try db.execute(sql: "DELETE FROM tasks WHERE id = ?", arguments: ["\(plant.id):\(kind.rawValue)"])
             }
         }
     }

@@ -6,7 +6,8 @@ import Foundation
 ///
 /// Rules: water, fertilize and mist repeat an interval counted from when the care was last
 /// actually done; repot repeats in months; rotate falls on the first Saturday of each month
-/// (a calendar rule). In the species' dormancy months (shifted by six months south of the
+/// and prune on the first day of the growing season (calendar rules); custom tasks repeat
+/// their own interval. In the species' dormancy months (shifted by six months south of the
 /// equator) watering intervals stretch by half and fertilizing stops. Every task falls at the
 /// person's preferred local time; a time that does not exist that day (a daylight-saving
 /// jump) moves to the next valid time, a time that happens twice happens the first time;
@@ -41,6 +42,7 @@ struct Scheduler: Sendable {
         if profile.fertilizerIntervalDays != nil { kinds.append(.fertilize) }
         if profile.mistIntervalDays != nil { kinds.append(.mist) }
         if profile.repotIntervalMonths != nil { kinds.append(.repot) }
+        if profile.prune == true { kinds.append(.prune) }
         return kinds
     }
 
@@ -79,10 +81,26 @@ struct Scheduler: Sendable {
         case .rotate:
             // Calendar rule: the first Saturday of each month.
             candidate = calendar.nextDate(after: day, matching: DateComponents(weekday: 7, weekdayOrdinal: 1), matchingPolicy: .nextTime)
-        case .prune, .custom:
-            candidate = nil
+        case .prune:
+            // Calendar rule: once a year, on the first day of the growing season.
+            candidate = calendar.nextDate(after: day, matching: DateComponents(month: pruneMonth(profile), day: 1), matchingPolicy: .nextTime)
+        case .custom:
+            candidate = nil // custom tasks carry their own interval: ``nextDue(everyDays:after:)``
         }
         return candidate.map { place(onDayOf: $0) }
+    }
+
+    /// A custom task's next time: `everyDays` after it was last done.
+    func nextDue(everyDays: Int, after anchor: Date) -> Date {
+        place(onDayOf: calendar.date(byAdding: .day, value: max(1, everyDays), to: calendar.startOfDay(for: anchor))!)
+    }
+
+    /// The local month growth starts: the first month after the dormancy months (March in the
+    /// north, September in the south, for plants that do not rest).
+    func pruneMonth(_ profile: Care.Profile) -> Int {
+        let resting = Set(profile.dormancyMonths)
+        let north = (1...12).first { !resting.contains($0) && resting.contains($0 == 1 ? 12 : $0 - 1) } ?? 3
+        return preferences.southernHemisphere ? (north + 5) % 12 + 1 : north
     }
 
     /// The preferred local time on `date`'s day, moved out of quiet hours and pauses.
@@ -160,7 +178,10 @@ struct Scheduler: Sendable {
                     next = profile.repotIntervalMonths.flatMap { months in
                         calendar.date(byAdding: .month, value: months, to: table.day(day)).flatMap(table.index)
                     }
-                case .prune, .custom:
+                case .prune:
+                    next = calendar.nextDate(after: table.day(day), matching: DateComponents(month: pruneMonth(profile), day: 1),
+                                             matchingPolicy: .nextTime).flatMap(table.index)
+                case .custom:
                     next = nil
                 }
                 guard let index = next, index < table.count, index > day else { break } // always forward
