@@ -178,6 +178,16 @@ struct CollectionTests {
         }
     }
 
+    @Test func onlyTheNextSixtyFourTasksAreHandedToReminders() throws {
+        for index in 0..<30 { _ = try library.add(Care.Plant(scientificName: Catalog.shipped.species[index].scientificName), owner: "alice", now: start) }
+        let window = try library.reminderWindow(owner: "alice")
+        #expect(window.count == 64)
+        #expect(window.map { $0.snoozedUntil ?? $0.due } == window.map { $0.snoozedUntil ?? $0.due }.sorted())
+        let all = try library.upcoming(days: 366, limit: nil, owner: "alice", now: start)
+        #expect(all.overdue.count + all.upcoming.count > 64)
+        #expect(try library.reminderWindow(owner: "bob").isEmpty)
+    }
+
     @Test func badPlantsAreRefusedAndChangeNothing() throws {
         for plant in [Care.Plant(scientificName: " "), Care.Plant(scientificName: "Ficus", identificationConfidence: 2),
                       Care.Plant(scientificName: "Ficus", notes: String(repeating: "x", count: 20_000))] {
