@@ -167,3 +167,43 @@ public func withLiveBus<T>(configuration: BrokerConfiguration = .testing, _ body
         throw error
     }
 }
+
+/// What a finished process printed and how it ended.
+public struct ProcessResult: Sendable {
+    public var status: Int32
+    public var output: String
+    public var errors: String
+}
+
+/// Runs an executable built next to the tests and waits for it (at most `limit`; then it is
+/// terminated), for tests that use the CLIs as an operator does.
+public func runExecutable(_ name: String, _ arguments: [String], environment: [String: String] = [:], limit: TimeInterval = 20) throws -> ProcessResult {
+    let process = Process()
+    process.executableURL = try LiveBus.executable(name)
+    process.arguments = arguments
+    process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
+    let output = Pipe(), errors = Pipe()
+    process.standardOutput = output
+    process.standardError = errors
+    try process.run()
+    // Read while it runs, so a chatty process never blocks on a full pipe.
+    let collected = Mutex((output: Data(), errors: Data()))
+    let reading = DispatchGroup()
+    DispatchQueue.global().async(group: reading) {
+        let data = output.fileHandleForReading.readDataToEndOfFile()
+        collected.withLock { $0.output = data }
+    }
+    DispatchQueue.global().async(group: reading) {
+        let data = errors.fileHandleForReading.readDataToEndOfFile()
+        collected.withLock { $0.errors = data }
+    }
+    let deadline = Date().addingTimeInterval(limit)
+    while process.isRunning, Date() < deadline { usleep(10_000) }
+    if process.isRunning { process.terminate() }
+    process.waitUntilExit()
+    reading.wait()
+    let (out, err) = collected.withLock { ($0.output, $0.errors) }
+    return ProcessResult(status: process.terminationStatus, output: String(decoding: out, as: UTF8.self), errors: String(decoding: err, as: UTF8.self))
+}
+
+import Synchronization

@@ -8,30 +8,8 @@ import Testing
 /// The executables as an operator uses them: real processes against a live broker.
 @Suite(.serialized)
 struct CommandLineTests {
-    struct Run {
-        var status: Int32
-        var output: String
-        var errors: String
-    }
-
-    /// Runs a built executable and waits for it, for at most 20 s.
-    func run(_ name: String, _ arguments: [String], environment: [String: String] = [:]) throws -> Run {
-        let process = Process()
-        process.executableURL = try LiveBus.executable(name)
-        process.arguments = arguments
-        process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
-        let output = Pipe(), errors = Pipe()
-        process.standardOutput = output
-        process.standardError = errors
-        try process.run()
-        let deadline = Date().addingTimeInterval(20)
-        while process.isRunning, Date() < deadline { usleep(10_000) }
-        if process.isRunning { process.terminate() }
-        process.waitUntilExit()
-        return Run(
-            status: process.terminationStatus,
-            output: String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self),
-            errors: String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self))
+    func run(_ name: String, _ arguments: [String], environment: [String: String] = [:]) throws -> ProcessResult {
+        try runExecutable(name, arguments, environment: environment)
     }
 
     @Test func canopySendPrintsTheReplyAndExitsNonZeroOnAnError() async throws {

@@ -8,18 +8,8 @@ import Testing
 /// `canopy-care` as an operator runs it.
 @Suite(.serialized)
 struct CareCommandLineTests {
-    func run(_ arguments: [String]) throws -> (status: Int32, output: String, errors: String) {
-        let process = Process()
-        process.executableURL = try LiveBus.executable("canopy-care")
-        process.arguments = arguments
-        let output = Pipe(), errors = Pipe()
-        process.standardOutput = output
-        process.standardError = errors
-        try process.run()
-        process.waitUntilExit()
-        return (process.terminationStatus,
-                String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self),
-                String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self))
+    func run(_ arguments: [String], environment: [String: String] = [:]) throws -> ProcessResult {
+        try runExecutable("canopy-care", arguments, environment: environment)
     }
 
     @Test func catalogSearchPrintsAnAlignedTable() throws {

@@ -40,6 +40,27 @@ enum Fixture {
         return Array(UnsafeRawBufferPointer(start: bytes, count: length))
     }
 
+    /// The kinds of photo the tests run through, named (so test logs show names, not bytes).
+    enum Kind: String, CaseIterable, Sendable {
+        case jpeg, png, webp, heif, progressiveJPEG, rotatedJPEG, cmykJPEG, gpsJPEG
+
+        var bytes: [UInt8] {
+            switch self {
+            case .jpeg: Fixture.jpeg
+            case .png: Fixture.png
+            case .webp: Fixture.webp
+            case .heif: Fixture.image { $0.format = canopy_format(3) }
+            case .progressiveJPEG: Fixture.image { $0.progressive = true }
+            case .rotatedJPEG: Fixture.image { $0.orientation = 8 }
+            case .cmykJPEG: Fixture.image { $0.cmyk = true }
+            case .gpsJPEG: Fixture.image { $0.gps = true }
+            }
+        }
+
+        /// Width and height once upright.
+        var size: (Int, Int) { self == .rotatedJPEG ? (800, 1200) : (1200, 800) }
+    }
+
     static var jpeg: [UInt8] { image() }
     static var png: [UInt8] { image { $0.format = canopy_format(2) } }
     static var webp: [UInt8] { image { $0.format = canopy_format(1) } }

@@ -7,8 +7,9 @@ import Testing
 struct ImageProcessorTests {
     let processor = try! ImageProcessor()
 
-    @Test(arguments: [("jpeg", Fixture.jpeg), ("png", Fixture.png), ("webp", Fixture.webp), ("progressive jpeg", Fixture.image { $0.progressive = true })])
-    func everyAcceptedFormatMakesAllFourVariants(name: String, bytes: [UInt8]) throws {
+    @Test(arguments: [Fixture.Kind.jpeg, .png, .webp, .progressiveJPEG])
+    func everyAcceptedFormatMakesAllFourVariants(kind: Fixture.Kind) throws {
+        let name = kind.rawValue, bytes = kind.bytes
         let inspected = try processor.inspect(bytes)
         #expect(inspected.width == 1200 && inspected.height == 800, "\(name)")
         let made = try processor.make([.thumbnail, .gallery, .small, .full], format: .jpeg, from: bytes)

@@ -46,17 +46,9 @@ struct ImageServiceTests {
         }
     }
 
-    @Test(arguments: [
-        ("jpeg", Fixture.jpeg, (1200, 800)),
-        ("png", Fixture.png, (1200, 800)),
-        ("webp", Fixture.webp, (1200, 800)),
-        ("heif", Fixture.image { $0.format = canopy_format(3) }, (1200, 800)),
-        ("progressive jpeg", Fixture.image { $0.progressive = true }, (1200, 800)),
-        ("EXIF-rotated jpeg", Fixture.image { $0.orientation = 8 }, (800, 1200)),
-        ("CMYK jpeg", Fixture.image { $0.cmyk = true }, (1200, 800)),
-        ("jpeg with GPS", Fixture.image { $0.gps = true }, (1200, 800)),
-    ])
-    func everyKindOfPhotoComesOutUprightInSRGBWithoutMetadata(name: String, bytes: [UInt8], size: (Int, Int)) async throws {
+    @Test(arguments: Fixture.Kind.allCases)
+    func everyKindOfPhotoComesOutUprightInSRGBWithoutMetadata(kind: Fixture.Kind) async throws {
+        let name = kind.rawValue, bytes = kind.bytes, size = kind.size
         try await withImages { _, client, _ in
             let photo = try await client.call(Images.Put.self, .init(plantID: "p1", data: Data(bytes)), principal: "alice")
             #expect((photo.width, photo.height) == size, "\(name)")

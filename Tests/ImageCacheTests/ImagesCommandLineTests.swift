@@ -8,19 +8,8 @@ import Testing
 /// `canopy-images` as an operator runs it.
 @Suite(.serialized)
 struct ImagesCommandLineTests {
-    func run(_ arguments: [String], environment: [String: String] = [:]) throws -> (status: Int32, output: String, errors: String) {
-        let process = Process()
-        process.executableURL = try LiveBus.executable("canopy-images")
-        process.arguments = arguments
-        process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
-        let output = Pipe(), errors = Pipe()
-        process.standardOutput = output
-        process.standardError = errors
-        try process.run()
-        process.waitUntilExit()
-        return (process.terminationStatus,
-                String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self),
-                String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self))
+    func run(_ arguments: [String], environment: [String: String] = [:]) throws -> ProcessResult {
+        try runExecutable("canopy-images", arguments, environment: environment)
     }
 
     @Test func thumbnailWritesAStrippedSquareOfTheAskedSize() throws {
