@@ -412,3 +412,73 @@ public enum Care {
         public static let idempotent = true
     }
 }
+
+extension Care.Plant {
+    /// Decodes what a client sends: only `scientificName` is required; everything else
+    /// takes its default (as `canopy send care plants.add --json '{"scientificName":"..."}'`).
+    public init(from decoder: any Decoder) throws {
+        let values = try decoder.container(keyedBy: CodingKeys.self)
+        self.init(
+            id: try values.decodeIfPresent(String.self, forKey: .id) ?? "",
+            scientificName: try values.decode(String.self, forKey: .scientificName),
+            commonNames: try values.decodeIfPresent([String].self, forKey: .commonNames) ?? [],
+            family: try values.decodeIfPresent(String.self, forKey: .family) ?? "",
+            genus: try values.decodeIfPresent(String.self, forKey: .genus) ?? "",
+            customName: try values.decodeIfPresent(String.self, forKey: .customName),
+            location: try values.decodeIfPresent(String.self, forKey: .location),
+            notes: try values.decodeIfPresent(String.self, forKey: .notes),
+            favourite: try values.decodeIfPresent(Bool.self, forKey: .favourite) ?? false,
+            imageIDs: try values.decodeIfPresent([String].self, forKey: .imageIDs) ?? [],
+            identificationSource: try values.decodeIfPresent(Care.Source.self, forKey: .identificationSource) ?? .manual,
+            identificationConfidence: try values.decodeIfPresent(Double.self, forKey: .identificationConfidence),
+            dateIdentified: try values.decodeIfPresent(Date.self, forKey: .dateIdentified),
+            dateAdded: try values.decodeIfPresent(Date.self, forKey: .dateAdded) ?? Date(timeIntervalSince1970: 0),
+            profile: try values.decodeIfPresent(Care.Profile.self, forKey: .profile),
+            profileOverridden: try values.decodeIfPresent(Bool.self, forKey: .profileOverridden) ?? false)
+    }
+}
+
+extension Care.Preferences {
+    /// Decodes what a client sends: every field is optional and takes its default.
+    public init(from decoder: any Decoder) throws {
+        let values = try decoder.container(keyedBy: CodingKeys.self)
+        let defaults = Care.Preferences()
+        self.init(
+            timeZone: try values.decodeIfPresent(String.self, forKey: .timeZone) ?? defaults.timeZone,
+            preferredMinute: try values.decodeIfPresent(Int.self, forKey: .preferredMinute) ?? defaults.preferredMinute,
+            quietStartMinute: try values.decodeIfPresent(Int.self, forKey: .quietStartMinute),
+            quietEndMinute: try values.decodeIfPresent(Int.self, forKey: .quietEndMinute),
+            wateringFactor: try values.decodeIfPresent(Double.self, forKey: .wateringFactor) ?? defaults.wateringFactor,
+            pauseStart: try values.decodeIfPresent(Date.self, forKey: .pauseStart),
+            pauseEnd: try values.decodeIfPresent(Date.self, forKey: .pauseEnd),
+            southernHemisphere: try values.decodeIfPresent(Bool.self, forKey: .southernHemisphere) ?? false)
+    }
+}
+
+extension Care.ListPlants.Request {
+    /// Every field is optional: `{}` lists the newest 50.
+    public init(from decoder: any Decoder) throws {
+        let values = try decoder.container(keyedBy: CodingKeys.self)
+        self.init(
+            search: try values.decodeIfPresent(String.self, forKey: .search),
+            favourite: try values.decodeIfPresent(Bool.self, forKey: .favourite),
+            family: try values.decodeIfPresent(String.self, forKey: .family),
+            light: try values.decodeIfPresent(Care.Light.self, forKey: .light),
+            watering: try values.decodeIfPresent(Care.WateringFrequency.self, forKey: .watering),
+            source: try values.decodeIfPresent(Care.Source.self, forKey: .source),
+            addedFrom: try values.decodeIfPresent(Date.self, forKey: .addedFrom),
+            addedTo: try values.decodeIfPresent(Date.self, forKey: .addedTo),
+            sort: try values.decodeIfPresent(Care.SortKey.self, forKey: .sort) ?? .dateAdded,
+            descending: try values.decodeIfPresent(Bool.self, forKey: .descending) ?? true,
+            limit: try values.decodeIfPresent(Int.self, forKey: .limit) ?? 50,
+            offset: try values.decodeIfPresent(Int.self, forKey: .offset) ?? 0)
+    }
+}
+
+extension Care.UpcomingTasks.Request {
+    /// `days` defaults to 7.
+    public init(from decoder: any Decoder) throws {
+        let values = try decoder.container(keyedBy: CodingKeys.self)
+        self.init(days: try values.decodeIfPresent(Int.self, forKey: .days) ?? 7, limit: try values.decodeIfPresent(Int.self, forKey: .limit))
+    }
+}

@@ -267,3 +267,22 @@ public enum Images {
         public static let idempotent = true
     }
 }
+
+extension Images.GetVariant.Request {
+    /// `format` defaults to JPEG.
+    public init(from decoder: any Decoder) throws {
+        let values = try decoder.container(keyedBy: CodingKeys.self)
+        self.init(sha256: try values.decode(String.self, forKey: .sha256), variant: try values.decode(Images.Variant.self, forKey: .variant),
+                  format: try values.decodeIfPresent(Images.Format.self, forKey: .format) ?? .jpeg)
+    }
+}
+
+extension Images.Warm.Request {
+    /// `variants` default to thumbnail and gallery, `format` to JPEG.
+    public init(from decoder: any Decoder) throws {
+        let values = try decoder.container(keyedBy: CodingKeys.self)
+        self.init(sha256s: try values.decode([String].self, forKey: .sha256s),
+                  variants: try values.decodeIfPresent([Images.Variant].self, forKey: .variants) ?? [.thumbnail, .gallery],
+                  format: try values.decodeIfPresent(Images.Format.self, forKey: .format) ?? .jpeg)
+    }
+}

@@ -84,6 +84,18 @@ struct MessageFormatTests {
         #expect(try codec.decode(Stamp.self, from: Array(#"{"at":"2026-03-29T09:00:00Z"}"#.utf8)).at == Date(timeIntervalSince1970: 1_774_774_800))
     }
 
+    @Test func aPlantNeedsOnlyItsScientificName() throws {
+        let plant = try codec.decode(Care.Plant.self, from: Array(#"{"scientificName":"Monstera deliciosa","favourite":true}"#.utf8))
+        #expect(plant.scientificName == "Monstera deliciosa" && plant.favourite && plant.commonNames.isEmpty && plant.identificationSource == .manual)
+        let error = #expect(throws: CanopyError.self) { _ = try codec.decode(Care.Plant.self, from: Array(#"{"favourite":true}"#.utf8)) }
+        #expect(error?.message.contains("scientificName") == true)
+        let preferences = try codec.decode(Care.Preferences.self, from: Array(#"{"timeZone":"Europe/Berlin"}"#.utf8))
+        #expect(preferences == Care.Preferences(timeZone: "Europe/Berlin"))
+        #expect(try codec.decode(Care.ListPlants.Request.self, from: Array("{}".utf8)) == Care.ListPlants.Request())
+        #expect(try codec.decode(Care.UpcomingTasks.Request.self, from: Array("{}".utf8)).days == 7)
+        #expect(try codec.decode(Images.GetVariant.Request.self, from: Array(#"{"sha256":"ab","variant":"gallery"}"#.utf8)).format == .jpeg)
+    }
+
     @Test func invalidJSONIsABadRequestThatSaysWhatIsWrong() {
         #expect(throws: CanopyError(.badRequest, "invalid JSON for CanopyError: missing key 'message'")) {
             _ = try codec.decode(CanopyError.self, from: Array(#"{"code":"busy"}"#.utf8))
