@@ -132,7 +132,7 @@ struct StatsCommand: AsyncParsableCommand {
         defer { bus.close() }
         let stats: Images.Stats.Reply
         do {
-            stats = try await bus.call(Images.Stats.self, .init(), timeout: .seconds(5))
+            stats = try await bus.call(Images.Stats.self, .init(), timeout: .seconds(15))
         } catch let error as CanopyError {
             throw CommandFailure("\(error.message). Is canopy-images serving at \(common.endpoint)?")
         }

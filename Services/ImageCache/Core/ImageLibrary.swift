@@ -55,16 +55,28 @@ final class ImageLibrary: Sendable {
 
     /// Stores a photo for `owner`'s plant: checked, normalized (auto-rotated, sRGB, every
     /// piece of metadata stripped) and content-addressed, stored once however often it comes.
-    func put(_ bytes: [UInt8], owner: String, plantID: String, now: Date = Date()) throws -> Images.Photo {
+    func put(_ bytes: [UInt8], owner: String, plantID: String, now: Date = Date()) async throws -> Images.Photo {
         guard !plantID.isEmpty, plantID.utf8.count <= 128 else { throw CanopyError(.badRequest, "plantID must be 1 to 128 characters") }
-        let inspected = try processor.inspect(bytes)
-        return try store.add(sha256: Self.sha256(bytes), owner: owner, plantID: plantID, format: inspected.kind.rawValue,
-                             normalized: { try processor.normalized(bytes, keeping: inspected.kind) }, now: now)
+        let (store, processor) = (self.store, self.processor)
+        return try await Self.offload {
+            let inspected = try processor.inspect(bytes)
+            return try store.add(sha256: Self.sha256(bytes), owner: owner, plantID: plantID, format: inspected.kind.rawValue,
+                                 normalized: { try processor.normalized(bytes, keeping: inspected.kind) }, now: now)
+        }
+    }
+
+    /// Runs blocking work (libvips, file and SQLite I/O of a whole photo) on Dispatch's
+    /// threads, not on Swift's cooperative pool, which has one thread per core: a few
+    /// decodes there would stall every other request of the process.
+    static func offload<T: Sendable>(_ work: @escaping @Sendable () throws -> T) async throws -> T {
+        try await withCheckedThrowingContinuation { continuation in
+            DispatchQueue.global().async { continuation.resume(with: Result { try work() }) }
+        }
     }
 
     /// Fetches a remote photo (see ``RemoteFetcher``) and stores it as ``put(_:owner:plantID:now:)`` does.
     func fetch(_ url: String, owner: String, plantID: String) async throws -> Images.Photo {
-        try put(try await fetcher.fetch(url), owner: owner, plantID: plantID)
+        try await put(try await fetcher.fetch(url), owner: owner, plantID: plantID)
     }
 
     /// A variant: from memory, from disk, or made now (with the other small variants of the
@@ -75,10 +87,10 @@ final class ImageLibrary: Sendable {
         if let (entry, tier) = await cache.lookup(key) {
             return reply(request, entry, source: tier)
         }
-        let original = try store.original(request.sha256)
         // One decode makes every small variant; full is made on its own.
         let wanted: Set<Images.Variant> = request.variant == .full ? [.full] : [.gallery, .small, .thumbnail]
-        let made = try processor.make(wanted, format: request.format, from: original)
+        let (store, processor) = (self.store, self.processor)
+        let made = try await Self.offload { try processor.make(wanted, format: request.format, from: try store.original(request.sha256)) }
         var answer: VariantCache.Entry?
         for item in made {
             let entry = VariantCache.Entry(bytes: item.bytes, width: item.width, height: item.height)
@@ -103,8 +115,11 @@ final class ImageLibrary: Sendable {
             await cache.storePalette(swatches, for: sha256)
             return Images.Palette.Reply(sha256: sha256, swatches: swatches, cached: true)
         }
-        let image = try processor.palettePixels(from: try store.original(sha256))
-        let swatches = PaletteExtractor.swatches(pixels: image.pixels, width: image.width, height: image.height)
+        let (store, processor) = (self.store, self.processor)
+        let swatches = try await Self.offload {
+            let image = try processor.palettePixels(from: try store.original(sha256))
+            return PaletteExtractor.swatches(pixels: image.pixels, width: image.width, height: image.height)
+        }
         try store.savePalette(swatches, for: sha256, now: now)
         await cache.storePalette(swatches, for: sha256)
         return Images.Palette.Reply(sha256: sha256, swatches: swatches, cached: false)

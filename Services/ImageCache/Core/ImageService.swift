@@ -16,7 +16,7 @@ public struct ImageService: BusService {
         let library = self.library
         handlers.on(Images.Put.self) { request, context in
             let owner = try context.requirePrincipal()
-            return try library.put([UInt8](request.data), owner: owner, plantID: request.plantID)
+            return try await library.put([UInt8](request.data), owner: owner, plantID: request.plantID)
         }
         handlers.on(Images.Fetch.self) { request, context in
             try await library.fetch(request.url, owner: try context.requirePrincipal(), plantID: request.plantID)
