@@ -45,12 +45,7 @@ final class EchoWorkers: @unchecked Sendable {
 
     private func loop(endpoint: String, count: Int, kind: Kind, capacity: Int, serviceTime: Duration) throws {
         let context = ZMQContext()
-        let sockets = try (0..<count).map { _ in
-            let socket = try ZMQSocket(context, type: .dealer)
-            try socket.setHighWaterMarks(100_000)
-            try socket.connect(endpoint)
-            return socket
-        }
+        let sockets = try dealers(count, connectedTo: endpoint, in: context)
         defer { sockets.forEach { $0.close() } }
         if kind == .canopy {
             let operations = try MessageCodec().encode([

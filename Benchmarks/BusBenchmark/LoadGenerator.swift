@@ -35,12 +35,7 @@ struct LoadGenerator {
     /// Runs for `warmUp` (not counted), then for `duration`, and returns what it measured.
     func run(warmUp: Duration, duration: Duration) throws -> Result {
         let context = ZMQContext()
-        let sockets = try (0..<clients).map { _ in
-            let socket = try ZMQSocket(context, type: .dealer)
-            try socket.setHighWaterMarks(100_000)
-            try socket.connect(endpoint)
-            return socket
-        }
+        let sockets = try dealers(clients, connectedTo: endpoint, in: context)
         defer { sockets.forEach { $0.close() } }
         var poller = Poller()
         sockets.forEach { poller.add($0) }
@@ -100,12 +95,7 @@ struct LoadGenerator {
 /// for all the answers. Returns the wall time and how many answers were replies.
 func burst(endpoint: String, clients: Int, perClient: Int, request: [[UInt8]], limit: Duration = .seconds(60)) throws -> (seconds: Double, replies: Int, errors: Int) {
     let context = ZMQContext()
-    let sockets = try (0..<clients).map { _ in
-        let socket = try ZMQSocket(context, type: .dealer)
-        try socket.setHighWaterMarks(100_000)
-        try socket.connect(endpoint)
-        return socket
-    }
+    let sockets = try dealers(clients, connectedTo: endpoint, in: context)
     defer { sockets.forEach { $0.close() } }
     var poller = Poller()
     sockets.forEach { poller.add($0) }
@@ -128,6 +118,16 @@ func burst(endpoint: String, clients: Int, perClient: Int, request: [[UInt8]], l
     }
     let elapsed = ContinuousClock.now - start
     return (Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18, replies, errors)
+}
+
+/// `count` DEALER sockets connected to `endpoint`, with high-water marks that hold a burst.
+func dealers(_ count: Int, connectedTo endpoint: String, in context: ZMQContext) throws -> [ZMQSocket] {
+    try (0..<count).map { _ in
+        let socket = try ZMQSocket(context, type: .dealer)
+        try socket.setHighWaterMarks(100_000)
+        try socket.connect(endpoint)
+        return socket
+    }
 }
 
 extension Duration {

@@ -108,10 +108,19 @@ public final class ServiceRunner: Service, @unchecked Sendable {
         var nextHeartbeat = ContinuousClock.now + configuration.heartbeatInterval
         var drainDeadline: ContinuousClock.Instant?
 
+        // Rebuilt only when a reconnect replaces the socket, not on every pass.
+        var poller = Poller()
+        var polled = session.socket
+        let socketItem = poller.add(session.socket)
+        let mailboxItem = poller.add(fileDescriptor: mailbox.fileDescriptor)
+
         while true {
-            var poller = Poller()
-            let socketItem = poller.add(session.socket)
-            let mailboxItem = poller.add(fileDescriptor: mailbox.fileDescriptor)
+            if polled !== session.socket {
+                poller.removeAll()
+                poller.add(session.socket)
+                poller.add(fileDescriptor: mailbox.fileDescriptor)
+                polled = session.socket
+            }
             try poller.poll(timeout: max(.zero, nextHeartbeat - .now))
 
             if poller.isReadable(mailboxItem) {

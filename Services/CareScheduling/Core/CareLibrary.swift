@@ -7,6 +7,7 @@ final class CareLibrary: Sendable {
     let store: CareStore
     /// Tasks handed to canopy-remind per person (the pending local notifications an iPhone keeps).
     let reminderWindow: Int
+    private let codec = MessageCodec()
 
     init(store: CareStore, reminderWindow: Int = 64) {
         self.store = store
@@ -79,7 +80,6 @@ final class CareLibrary: Sendable {
     /// transaction the follow-ups: cancel its reminders, purge its images, forget its
     /// identifications.
     func delete(_ id: String, owner: String, now: Date = Date()) throws {
-        let codec = MessageCodec()
         try store.database.write { db in
             guard try store.plant(db, owner: owner, id: id) != nil else { return } // deleting twice is fine
             try db.execute(sql: "DELETE FROM plants WHERE owner = ? AND id = ?", arguments: [owner, id])

@@ -15,6 +15,7 @@ struct Outbox: Service {
     let bus: BusClient
     let interval: Duration
     let logger: Logger
+    private let codec = MessageCodec()
 
     /// What one pass did.
     struct Pass: Equatable {
@@ -34,7 +35,6 @@ struct Outbox: Service {
 
     /// Sends every follow-up whose time has come; returns how many were confirmed.
     func deliverDue(now: Date = Date()) async -> Pass {
-        let codec = MessageCodec()
         let due: [Row]
         do {
             due = try library.store.database.read { db in
