@@ -20,6 +20,17 @@ struct ImagesBenchmark: AsyncParsableCommand {
     @Option(help: "Cache hits timed per tier.") var hits = 2_000
     @Option(help: "Concurrent requests for the memory measurement.") var concurrent = 16
 
+    /// What the test photos look like.
+    enum Content: String, CaseIterable, ExpressibleByArgument {
+        /// Texture and sensor noise over colour: about 2.5 MB at quality 90, as a phone's 12 MP photo.
+        case photo
+        /// A smooth colour sweep: about 0.4 MB, the easiest case for the decoder.
+        case smooth
+    }
+
+    @Option(help: "Test photos: photo (photo-like, ~2.5 MB), smooth (a colour sweep, ~0.4 MB); repeat for both.")
+    var content: [Content] = [.photo, .smooth]
+
     func run() async throws {
         guard let vipsthumbnail = which("vipsthumbnail") else {
             throw CommandFailure("vipsthumbnail is not installed; apt-get install libvips-tools, then run again")
@@ -27,56 +38,78 @@ struct ImagesBenchmark: AsyncParsableCommand {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-bench-images-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(at: directory) }
-        progress("making \(photos) 12-megapixel JPEGs…\n")
-        let images = (0..<photos).map { twelveMegapixelJPEG(seed: $0) }
-        print("canopy-bench images: 4000x3000 JPEGs (\(images[0].count / 1024) KiB each), libvips \(String(cString: canopy_vips_version()))")
-        try variantTimes(images, directory: directory, vipsthumbnail: vipsthumbnail)
-        try await cacheHits(images[0], directory: directory)
-        try await peakMemory(images, directory: directory)
+        print("canopy-bench images: 4000x3000 JPEGs at quality 90, libvips \(String(cString: canopy_vips_version()))")
+        var photoLike: [[UInt8]] = []
+        for kind in content {
+            progress("making \(photos) 12-megapixel \(kind.rawValue) JPEGs…\n")
+            let images = try twelveMegapixelJPEGs(kind)
+            if kind == .photo || photoLike.isEmpty { photoLike = images }
+            try variantTimes(images, kind: kind, directory: directory.appendingPathComponent(kind.rawValue), vipsthumbnail: vipsthumbnail)
+        }
+        try await cacheHits(photoLike[0], directory: directory)
+        try await peakMemory(photoLike, directory: directory)
     }
 
     // MARK: - (1) Variants against vipsthumbnail
 
-    private func variantTimes(_ images: [[UInt8]], directory: URL, vipsthumbnail: String) throws {
+    private func variantTimes(_ images: [[UInt8]], kind: Content, directory: URL, vipsthumbnail: String) throws {
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         let files = try images.enumerated().map { index, bytes in
             let url = directory.appendingPathComponent("photo\(index).jpg")
             try Data(bytes).write(to: url)
             return url.path
+        }
+        // What canopy-images stores: the normalized originals (they are the full variant).
+        let stored = try images.enumerated().map { index, bytes in
+            let url = directory.appendingPathComponent("stored\(index).jpg")
+            try Data(try ImageTools.normalized(bytes)).write(to: url)
+            return url
         }
         // Warm both sides up once.
         _ = try ImageTools.variant(images[0], .thumbnail, format: .jpeg)
         try runProcess(vipsthumbnail, [files[0], "--size", "150x150", "--smartcrop", "centre", "-o", "\(directory.path)/%s_t.jpg[Q=70,strip]"])
 
         progress("timing vipsthumbnail and canopy-images…\n")
-        var rows = [["what", "ms per photo", "vs vipsthumbnail thumbnail"]]
         var best: [String: Double] = [:]
+        let sample = Array(images.prefix(3)), scale = Double(images.count) / Double(sample.count)
         for _ in 0..<3 {
-            let vips = try time { try runProcess(vipsthumbnail, files + ["--size", "150x150", "--smartcrop", "centre", "-o", "\(directory.path)/%s_t.jpg[Q=70,strip]"]) }
-            let thumbnail = try time { for image in images { _ = try ImageTools.variant(image, .thumbnail, format: .jpeg) } }
-            let three = try time { for image in images { _ = try ImageTools.variants(image, [.thumbnail, .gallery, .small]) } }
-            let gallery = try time { for image in images { _ = try ImageTools.variant(image, .gallery, format: .jpeg) } }
-            let separately = try time {
+            var round: [String: Double] = [:]
+            round["vips"] = try time { try runProcess(vipsthumbnail, files + ["--size", "150x150", "--smartcrop", "centre", "-o", "\(directory.path)/%s_t.jpg[Q=70,strip]"]) }
+            round["thumbnail"] = try time { for image in images { _ = try ImageTools.variant(image, .thumbnail, format: .jpeg) } }
+            round["gallery"] = try time { for image in images { _ = try ImageTools.variant(image, .gallery, format: .jpeg) } }
+            round["three"] = try time { for image in images { _ = try ImageTools.variants(image, [.thumbnail, .gallery, .small]) } }
+            round["separately"] = try time {
                 for image in images {
                     for variant in [Images.Variant.thumbnail, .gallery, .small] { _ = try ImageTools.variant(image, variant, format: .jpeg) }
                 }
             }
-            let full = try time { for image in images.prefix(3) { _ = try ImageTools.variant(image, .full, format: .jpeg) } } * Double(images.count) / 3
-            for (name, seconds) in [("vips", vips), ("thumbnail", thumbnail), ("three", three), ("full", full), ("gallery", gallery), ("separately", separately)] {
-                best[name] = min(best[name] ?? .infinity, seconds / Double(images.count))
-            }
+            round["original"] = try time { for url in stored { _ = try Data(contentsOf: url) } }
+            round["four"] = try time { for image in sample { _ = try ImageTools.variants(image, Set(Images.Variant.allCases)) } } * scale
+            round["full"] = try time { for image in sample { _ = try ImageTools.variant(image, .full, format: .jpeg) } } * scale
+            round["normalize"] = try time { for image in sample { _ = try ImageTools.normalized(image) } } * scale
+            for (name, seconds) in round { best[name] = min(best[name] ?? .infinity, seconds / Double(images.count)) }
         }
-        let vips = best["vips"]!
-        func row(_ label: String, _ key: String) { rows.append([label, String(format: "%.1f", best[key]! * 1000), String(format: "%.2f", best[key]! / vips)]) }
+        let vips = best["vips"]!, thumbnail = best["thumbnail"]!
+        best["three+original"] = best["three"]! + best["original"]!
+        var rows = [["what", "ms per photo", "vs vipsthumbnail", "vs canopy thumbnail"]]
+        func row(_ label: String, _ key: String) {
+            rows.append([label, String(format: "%.1f", best[key]! * 1000), String(format: "%.2f", best[key]! / vips), String(format: "%.2f", best[key]! / thumbnail)])
+        }
         row("vipsthumbnail 150x150 centre crop, Q70 (one process, all photos)", "vips")
         row("canopy-images thumbnail", "thumbnail")
         row("canopy-images gallery alone (800x600)", "gallery")
-        row("canopy-images thumbnail + gallery + small, one decode", "three")
-        row("canopy-images thumbnail + gallery + small, three decodes", "separately")
-        row("canopy-images full (decode 12 MP, encode Q90)", "full")
-        print("\n(1) variant generation, best of 3 runs over \(images.count) photos")
+        row("thumbnail + gallery + small, one decode", "three")
+        row("thumbnail + gallery + small, a decode each", "separately")
+        row("full: reading the stored original", "original")
+        row("all four: the three above + full from the stored original", "three+original")
+        row("all four from one full-size decode (not used)", "four")
+        row("full from a full-size decode (not used)", "full")
+        row("upload: normalizing (full decode, Q90 encode), once", "normalize")
+        let kibibytes = images.map(\.count).reduce(0, +) / images.count / 1024
+        print("\n(1) variant generation, \(kind.rawValue) photos (\(kibibytes) KiB each), best of 3 runs over \(images.count) photos")
         printTable(rows)
-        print(String(format: "thumbnail vs vipsthumbnail: %.2f (target at most 1.2); three variants from one decode vs one thumbnail: %.2f (target at most 1.5), vs the gallery alone: %.2f, vs three decodes: %.2f",
-                     best["thumbnail"]! / vips, best["three"]! / best["thumbnail"]!, best["three"]! / best["gallery"]!, best["three"]! / best["separately"]!))
+        print(String(format: "thumbnail vs vipsthumbnail: %.2f (target at most 1.2); all four variants vs one thumbnail: %.2f (target at most 1.5); the three small ones from one decode vs a decode each: %.2f",
+                     thumbnail / vips, best["three+original"]! / thumbnail, best["three"]! / best["separately"]!))
     }
 
     // MARK: - (2) Cache hits over the bus
@@ -161,32 +194,39 @@ struct ImagesBenchmark: AsyncParsableCommand {
         defer { client.close() }
         while (try? await client.call(Images.Stats.self, .init(), timeout: .seconds(1))) == nil { try await Task.sleep(for: .milliseconds(100)) }
         let idle = residentKiB(service.processIdentifier)
+        var rows = [["moment", "seconds", "resident MiB", "peak so far MiB"],
+                    ["idle after start (baseline)", "", String(format: "%.0f", Double(idle.rss) / 1024), String(format: "%.0f", Double(idle.peak) / 1024)]]
+        func row(_ label: String, since start: ContinuousClock.Instant) {
+            let now = residentKiB(service.processIdentifier), elapsed = ContinuousClock.now - start
+            rows.append([label, String(format: "%.2f", Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18),
+                         String(format: "%.0f", Double(now.rss) / 1024), String(format: "%.0f", Double(now.peak) / 1024)])
+        }
         let sources = (0..<concurrent).map { index in images[index % images.count] + Array("\(index)".utf8) } // distinct photos
         progress("  \(concurrent) concurrent uploads of 12-megapixel photos…\n")
+        let uploading = ContinuousClock.now
         let photos = try await withThrowingTaskGroup(of: Images.Photo.self) { group in
             for (index, bytes) in sources.enumerated() {
                 group.addTask { try await client.call(Images.Put.self, .init(plantID: "p\(index)", data: Data(bytes)), principal: "bench") }
             }
             return try await group.reduce(into: []) { $0.append($1) }
         }
-        let afterUploads = residentKiB(service.processIdentifier)
-        progress("  \(concurrent) concurrent gallery and full variants…\n")
-        for variant in [Images.Variant.gallery, .full] {
+        row("\(concurrent) concurrent 12 MP uploads", since: uploading)
+        progress("  \(concurrent) concurrent gallery, full and full WebP variants…\n")
+        // Full in WebP needs a full-size decode and encode: the heaviest request there is.
+        for (variant, format) in [(Images.Variant.gallery, Images.Format.jpeg), (.full, .jpeg), (.full, .webp)] {
+            let start = ContinuousClock.now
             try await withThrowingTaskGroup(of: Void.self) { group in
                 for photo in photos {
-                    group.addTask { _ = try await client.call(Images.GetVariant.self, .init(sha256: photo.sha256, variant: variant), principal: "bench") }
+                    group.addTask { _ = try await client.call(Images.GetVariant.self, .init(sha256: photo.sha256, variant: variant, format: format), principal: "bench") }
                 }
                 try await group.waitForAll()
             }
+            row("\(concurrent) concurrent \(variant.rawValue) \(format.rawValue)", since: start)
         }
         let end = residentKiB(service.processIdentifier)
-        print("\n(3) canopy-images resident memory (its own process, default options: credit 8, memory tier 50 MiB)")
-        printTable([
-            ["moment", "resident MiB", "peak so far MiB"],
-            ["idle after start (baseline)", String(format: "%.0f", Double(idle.rss) / 1024), String(format: "%.0f", Double(idle.peak) / 1024)],
-            ["after \(concurrent) concurrent 12 MP uploads", String(format: "%.0f", Double(afterUploads.rss) / 1024), String(format: "%.0f", Double(afterUploads.peak) / 1024)],
-            ["after \(concurrent) concurrent gallery + full variants", String(format: "%.0f", Double(end.rss) / 1024), String(format: "%.0f", Double(end.peak) / 1024)],
-        ])
+        let fullSize = ProcessInfo.processInfo.environment["CANOPY_IMAGES_FULL_SIZE_CONCURRENCY"] ?? "default"
+        print("\n(3) canopy-images resident memory (its own process, default options: credit 8, memory tier 50 MiB; full-size concurrency \(fullSize))")
+        printTable(rows)
         print(String(format: "peak %.0f MiB (target under 300 MB = 286 MiB), %.1fx the idle process", Double(end.peak) / 1024, Double(end.peak) / Double(max(1, idle.rss))))
         _ = brokerTask
     }
@@ -201,15 +241,22 @@ struct ImagesBenchmark: AsyncParsableCommand {
 
     // MARK: - Helpers
 
-    private func twelveMegapixelJPEG(seed: Int) -> [UInt8] {
+    private func twelveMegapixelJPEGs(_ kind: Content) throws -> [[UInt8]] {
         _ = canopy_vips_start()
-        let image = canopy_vips_pattern(4000 + Int32(seed), 3000)!
-        defer { canopy_vips_release(image) }
-        var bytes: UnsafeMutableRawPointer?
-        var length = 0
-        precondition(canopy_vips_encode(image, CANOPY_JPEG, 90, &bytes, &length) == 0)
-        defer { canopy_vips_free(bytes) }
-        return Array(UnsafeRawBufferPointer(start: bytes, count: length))
+        let texture = kind == .photo ? canopy_vips_texture(4000, 3000) : nil
+        defer { canopy_vips_release(texture) }
+        return try (0..<photos).map { seed in
+            // Distinct photos: the smooth ones differ in width, the photo-like ones in texture.
+            guard let image = kind == .photo ? canopy_vips_photo(texture, Int32(seed)) : canopy_vips_pattern(4000 + Int32(seed), 3000) else {
+                throw CommandFailure("libvips could not make a test photo")
+            }
+            defer { canopy_vips_release(image) }
+            var bytes: UnsafeMutableRawPointer?
+            var length = 0
+            guard canopy_vips_encode(image, CANOPY_JPEG, 90, &bytes, &length) == 0 else { throw CommandFailure("encoding a test photo failed") }
+            defer { canopy_vips_free(bytes) }
+            return Array(UnsafeRawBufferPointer(start: bytes, count: length))
+        }
     }
 
     private func time(_ work: () throws -> Void) rethrows -> Double {

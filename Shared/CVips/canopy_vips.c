@@ -1,5 +1,6 @@
 #include "canopy_vips.h"
 
+#include <malloc.h>
 #include <string.h>
 #include <vips/vips.h>
 
@@ -31,6 +32,8 @@ int canopy_vips_start(void) {
     return started;
 }
 
+int canopy_malloc_arenas(int arenas) { return mallopt(M_ARENA_MAX, arenas) == 1 ? 0 : -1; }
+
 const char *canopy_vips_version(void) { return vips_version_string(); }
 
 void canopy_vips_error(char *buffer, size_t size) {
@@ -39,13 +42,21 @@ void canopy_vips_error(char *buffer, size_t size) {
     vips_error_clear();
 }
 
+static int orientation_of(VipsImage *image) {
+    int orientation = 1;
+    if (vips_image_get_typeof(image, VIPS_META_ORIENTATION)) vips_image_get_int(image, VIPS_META_ORIENTATION, &orientation);
+    return orientation;
+}
+
 int canopy_vips_header(const void *bytes, size_t length, int *width, int *height, char *loader, size_t loader_size) {
     const char *name = vips_foreign_find_load_buffer(bytes, length);
     if (!name) return -1;
     VipsImage *image = vips_image_new_from_buffer(bytes, length, "", NULL);
     if (!image) return -1;
-    *width = vips_image_get_width(image);
-    *height = vips_image_get_height(image);
+    // Orientations 5 to 8 turn the picture by 90 degrees: it is shown with sides swapped.
+    int turned = orientation_of(image) >= 5;
+    *width = turned ? vips_image_get_height(image) : vips_image_get_width(image);
+    *height = turned ? vips_image_get_width(image) : vips_image_get_height(image);
     g_strlcpy(loader, name, loader_size);
     g_object_unref(image);
     return 0;
@@ -74,41 +85,35 @@ static canopy_image *finish(VipsImage *image) {
     return (canopy_image *)srgb;
 }
 
-canopy_image *canopy_vips_thumbnail(const void *bytes, size_t length, int width, int height, int crop) {
-    VipsImage *out = NULL;
-    if (vips_thumbnail_buffer((void *)bytes, length, &out, width,
-                              "height", height,
-                              "size", VIPS_SIZE_DOWN,
-                              "crop", crop ? VIPS_INTERESTING_CENTRE : VIPS_INTERESTING_NONE,
-                              "option_string", "fail_on=truncated",
-                              NULL))
-        return NULL;
-    return finish(out);
-}
-
-canopy_image *canopy_vips_thumbnail_image(canopy_image *image, int width, int height, int crop) {
+canopy_image *canopy_vips_resize(canopy_image *image, int width, int height, int crop) {
     VipsImage *out = NULL;
     if (vips_thumbnail_image(IMAGE(image), &out, width,
                              "height", height,
-                             "size", VIPS_SIZE_DOWN,
+                             "size", crop ? VIPS_SIZE_DOWN : VIPS_SIZE_FORCE,
                              "crop", crop ? VIPS_INTERESTING_CENTRE : VIPS_INTERESTING_NONE,
                              NULL))
         return NULL;
     return finish(out);
 }
 
-canopy_image *canopy_vips_decode(const void *bytes, size_t length) {
-    // Sequential access streams the decode, unless a rotation needs the rows out of order.
+canopy_image *canopy_vips_decode(const void *bytes, size_t length, int shrink) {
+    const char *loader = vips_foreign_find_load_buffer(bytes, length);
+    if (!loader) return NULL;
     VipsImage *header = vips_image_new_from_buffer(bytes, length, "", NULL);
     if (!header) return NULL;
-    int orientation = 1;
-    if (vips_image_get_typeof(header, VIPS_META_ORIENTATION)) vips_image_get_int(header, VIPS_META_ORIENTATION, &orientation);
+    int orientation = orientation_of(header);
     g_object_unref(header);
+    // Sequential access streams the decode, unless a rotation needs the rows out of order.
     VipsAccess access = orientation > 1 ? VIPS_ACCESS_RANDOM : VIPS_ACCESS_SEQUENTIAL;
-    VipsImage *image = vips_image_new_from_buffer(bytes, length, "",
-                                                  "access", access,
-                                                  "fail_on", VIPS_FAIL_ON_TRUNCATED,
-                                                  NULL);
+    VipsImage *image = NULL;
+    if (shrink > 1 && strstr(loader, "Jpeg"))
+        image = vips_image_new_from_buffer(bytes, length, "", "access", access, "fail_on", VIPS_FAIL_ON_TRUNCATED,
+                                           "shrink", shrink, NULL);
+    else if (shrink > 1 && strstr(loader, "Webp"))
+        image = vips_image_new_from_buffer(bytes, length, "", "access", access, "fail_on", VIPS_FAIL_ON_TRUNCATED,
+                                           "scale", 1.0 / shrink, NULL);
+    else
+        image = vips_image_new_from_buffer(bytes, length, "", "access", access, "fail_on", VIPS_FAIL_ON_TRUNCATED, NULL);
     if (!image) return NULL;
     VipsImage *rotated = NULL;
     int failed = vips_autorot(image, &rotated, NULL);
@@ -220,6 +225,54 @@ canopy_image *canopy_vips_pattern(int width, int height) {
     }
     VipsImage *memory = vips_image_copy_memory(srgb);
     g_object_unref(srgb);
+    return (canopy_image *)memory;
+}
+
+canopy_image *canopy_vips_texture(int width, int height) {
+    // Three independent fractal surfaces (a 1/f spectrum, as natural scenes have), signed
+    // 8-bit so 12 MP stay 36 MB.
+    VipsImage *bands[3] = {NULL, NULL, NULL};
+    VipsImage *joined = NULL, *scaled = NULL, *signed8 = NULL;
+    int failed = 0;
+    for (int i = 0; i < 3 && !failed; i++) failed = vips_fractsurf(&bands[i], width, height, 2.3, NULL);
+    failed = failed || vips_bandjoin(bands, &joined, 3, NULL);
+    failed = failed || vips_linear1(joined, &scaled, 0.25, 0.0, NULL);
+    failed = failed || vips_cast(scaled, &signed8, VIPS_FORMAT_CHAR, NULL);
+    VipsImage *objects[] = {bands[0], bands[1], bands[2], joined, scaled};
+    for (size_t i = 0; i < sizeof(objects) / sizeof(objects[0]); i++) if (objects[i]) g_object_unref(objects[i]);
+    if (failed) {
+        if (signed8) g_object_unref(signed8);
+        return NULL;
+    }
+    VipsImage *memory = vips_image_copy_memory(signed8);
+    g_object_unref(signed8);
+    return (canopy_image *)memory;
+}
+
+canopy_image *canopy_vips_photo(canopy_image *texture, int seed) {
+    VipsImage *in = IMAGE(texture);
+    int width = vips_image_get_width(in), height = vips_image_get_height(in);
+    canopy_image *pattern = canopy_vips_pattern(width, height);
+    if (!pattern) return NULL;
+    VipsImage *wrapped = NULL, *noise = NULL, *textured = NULL, *noisy = NULL, *photo = NULL;
+    // The surfaces are periodic: wrapping them by a seed gives a seamless, different picture.
+    int failed = vips_wrap(in, &wrapped, "x", (seed * 997) % width, "y", (seed * 577) % height, NULL);
+    failed = failed || vips_gaussnoise(&noise, width, height, "sigma", 4.0, "mean", 0.0, NULL);
+    failed = failed || vips_add(IMAGE(pattern), wrapped, &textured, NULL);
+    failed = failed || vips_add(textured, noise, &noisy, NULL);
+    failed = failed || vips_cast_uchar(noisy, &photo, NULL);
+    VipsImage *objects[] = {IMAGE(pattern), wrapped, noise, textured, noisy};
+    for (size_t i = 0; i < sizeof(objects) / sizeof(objects[0]); i++) if (objects[i]) g_object_unref(objects[i]);
+    if (failed) {
+        if (photo) g_object_unref(photo);
+        return NULL;
+    }
+    VipsImage *tagged = NULL;
+    failed = vips_copy(photo, &tagged, "interpretation", VIPS_INTERPRETATION_sRGB, NULL);
+    g_object_unref(photo);
+    if (failed) return NULL;
+    VipsImage *memory = vips_image_copy_memory(tagged);
+    g_object_unref(tagged);
     return (canopy_image *)memory;
 }
 

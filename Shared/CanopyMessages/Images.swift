@@ -105,7 +105,8 @@ public enum Images {
             public var width: Int
             public var height: Int
             public var data: Data
-            /// Where it came from: `memory`, `disk` or `made`.
+            /// Where it came from: `memory`, `disk`, `made`, or `original` (the full variant in
+            /// the format the original is stored in: the stored original itself).
             public var source: String
             public init(sha256: String, variant: Variant, format: Format, width: Int, height: Int, data: Data, source: String) {
                 self.sha256 = sha256

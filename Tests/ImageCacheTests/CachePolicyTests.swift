@@ -1,5 +1,6 @@
 import CanopyMessages
 import Foundation
+import Synchronization
 import Testing
 @testable import ImageCache
 
@@ -51,6 +52,54 @@ struct LRUCacheTests {
             #expect(cache.totalCost <= 500 && cache.count <= 40)
         }
         #expect(cache.keysOldestFirst.count == cache.count)
+    }
+}
+
+struct ConcurrencyLimiterTests {
+    @Test func atMostTheLimitRunsAtOnceAndEveryWaiterGetsItsTurn() async throws {
+        let limiter = ConcurrencyLimiter<Int>(maximum: 2)
+        final class Counts: Sendable { let state = Mutex((now: 0, most: 0, started: [Int]())) }
+        let counts = Counts()
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for index in 0..<10 {
+                group.addTask {
+                    try await limiter.run(0) {
+                        counts.state.withLock { $0.now += 1; $0.most = max($0.most, $0.now); $0.started.append(index) }
+                        try await Task.sleep(for: .milliseconds(5))
+                        counts.state.withLock { $0.now -= 1 }
+                    }
+                }
+            }
+            try await group.waitForAll()
+        }
+        let result = counts.state.withLock { $0 }
+        #expect(result.most <= 2)
+        #expect(result.now == 0 && result.started.count == 10)
+        // Another key has its own slots.
+        let other = try await limiter.run(1) { 7 }
+        #expect(other == 7)
+    }
+
+    @Test func aHeavyPieceRunsAloneAndIsNotOvertaken() async throws {
+        let limiter = ConcurrencyLimiter<Int>(maximum: 2)
+        final class Log: Sendable { let state = Mutex((now: 0, heavyWithOthers: false, order: [String]())) }
+        let log = Log()
+        func piece(_ name: String, weight: Int) async throws {
+            try await limiter.run(0, weight: weight) {
+                log.state.withLock { $0.now += weight; $0.order.append(name); if weight == 2 && $0.now > 2 { $0.heavyWithOthers = true } }
+                try await Task.sleep(for: .milliseconds(50))
+                log.state.withLock { $0.now -= weight }
+            }
+        }
+        async let first: Void = piece("light 1", weight: 1)
+        while log.state.withLock({ $0.order.isEmpty }) { try await Task.sleep(for: .milliseconds(1)) }
+        async let heavy: Void = piece("heavy", weight: 2)
+        while await limiter.queued(0) == 0, !log.state.withLock({ $0.order.contains("heavy") }) { try await Task.sleep(for: .milliseconds(1)) }
+        async let second: Void = piece("light 2", weight: 1) // would fit beside light 1, but the heavy one came first
+        _ = try await (first, heavy, second)
+        let result = log.state.withLock { $0 }
+        #expect(result.order == ["light 1", "heavy", "light 2"])
+        #expect(!result.heavyWithOthers && result.now == 0)
     }
 }
 

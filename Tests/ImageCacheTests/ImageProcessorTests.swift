@@ -75,8 +75,71 @@ struct ImageProcessorTests {
         // The colours survive: the palette of the CMYK copy is close to the sRGB one.
         let original = try processor.palettePixels(from: Fixture.jpeg)
         let converted = try processor.palettePixels(from: cmyk)
-        let difference = zip(original.pixels, converted.pixels).reduce(0) { $0 + abs(Int($1.0) - Int($1.1)) } / original.pixels.count
+        let difference = Self.meanDifference(original.bytes, converted.bytes)
         #expect(difference < 25, "mean channel difference \(difference)")
+    }
+
+    /// Mean absolute difference per channel of two pixel buffers.
+    static func meanDifference(_ a: [UInt8], _ b: [UInt8]) -> Int {
+        var total = 0
+        for (x, y) in zip(a, b) { total += abs(Int(x) - Int(y)) }
+        return total / max(1, min(a.count, b.count))
+    }
+
+    enum Shape: String, CaseIterable {
+        case landscape12MP, landscape, portrait, panorama, tower, tiny
+        var size: (width: Int, height: Int) {
+            switch self {
+            case .landscape12MP: (4000, 3000)
+            case .landscape: (1200, 800)
+            case .portrait: (3000, 4000)
+            case .panorama: (4000, 500)
+            case .tower: (500, 4000)
+            case .tiny: (120, 90)
+            }
+        }
+    }
+
+    /// Made together (one decode, each variant from the one before it) or each alone, a
+    /// variant has the same size and the same pixels, whatever the photo's shape.
+    @Test(arguments: Shape.allCases)
+    func variantsFromOneDecodeMatchVariantsMadeAlone(shape: Shape) throws {
+        let (width, height) = shape.size
+        let bytes = Fixture.image { $0.width = width; $0.height = height }
+        let together = try processor.make([.thumbnail, .gallery, .small], format: .jpeg, from: bytes)
+        #expect(together.count == 3)
+        for made in together {
+            let alone = try processor.make([made.variant], format: .jpeg, from: bytes)[0]
+            #expect((made.width, made.height) == (alone.width, alone.height), "\(shape) \(made.variant)")
+        }
+        let sizes = Dictionary(uniqueKeysWithValues: together.map { ($0.variant, ($0.width, $0.height)) })
+        #expect(sizes[.thumbnail]! == (min(150, width), min(150, height)), "\(shape): a thumbnail fills 150x150, cropped")
+        let gallery = min(1, 800 / Double(width), 600 / Double(height))
+        #expect(sizes[.gallery]! == (Int((Double(width) * gallery).rounded()), Int((Double(height) * gallery).rounded())), "\(shape)")
+        // The small image palettes use: the same pixels from the shared decode as from its own.
+        let shared = try processor.makeWithPalettePixels(format: .jpeg, from: bytes).pixels
+        let own = try processor.palettePixels(from: bytes)
+        #expect((shared.width, shared.height) == (own.width, own.height))
+        #expect(Self.meanDifference(shared.bytes, own.bytes) <= 2, "\(shape)")
+    }
+
+    @Test func shrinkOnLoadKeepsAtLeastThePixelsAVariantNeeds() {
+        #expect(ImageProcessor.shrinkOnLoad(for: 0.1) == 8)
+        #expect(ImageProcessor.shrinkOnLoad(for: 0.125) == 8)
+        #expect(ImageProcessor.shrinkOnLoad(for: 0.2) == 4) // 800 px of 4000
+        #expect(ImageProcessor.shrinkOnLoad(for: 0.3) == 2)
+        #expect(ImageProcessor.shrinkOnLoad(for: 0.5) == 2)
+        #expect(ImageProcessor.shrinkOnLoad(for: 0.51) == 1)
+        #expect(ImageProcessor.shrinkOnLoad(for: 1) == 1)
+    }
+
+    @Test func theStoredOriginalIsTheFullVariant() throws {
+        let input = Fixture.image { $0.gps = true }
+        let stored = try processor.normalized(input, keeping: .jpeg)
+        let full = try processor.make([.full], format: .jpeg, from: input)[0]
+        #expect((stored.width, stored.height) == (full.width, full.height))
+        let a = try processor.decode(stored.bytes).rgbPixels(), b = try processor.decode(full.bytes).rgbPixels()
+        #expect(Self.meanDifference(a.pixels, b.pixels) <= 1, "same quality, same pixels")
     }
 
     @Test func truncatedFilesAreRefused() throws {

@@ -157,6 +157,37 @@ struct ImageServiceTests {
             let second = try await client.call(Images.Palette.self, .init(sha256: photo.sha256), principal: "alice")
             #expect(second.cached)
             #expect(second.swatches == first.swatches)
+            // The decode behind the palette made the small variants as well.
+            for variant in [Images.Variant.thumbnail, .gallery, .small] {
+                #expect(try await client.call(Images.GetVariant.self, .init(sha256: photo.sha256, variant: variant), principal: "alice").source == "memory")
+            }
+        }
+    }
+
+    @Test func theFullVariantIsTheStoredOriginalWithoutADecode() async throws {
+        try await withImages { _, client, directory in
+            let photo = try await client.call(Images.Put.self, .init(plantID: "p1", data: Data(Fixture.image { $0.gps = true })), principal: "alice")
+            let stored = try Data(contentsOf: directory.appendingPathComponent("originals").appendingPathComponent(photo.sha256))
+            let full = try await client.call(Images.GetVariant.self, .init(sha256: photo.sha256, variant: .full), principal: "alice")
+            #expect(full.source == "original")
+            #expect(full.data == stored)
+            #expect((full.width, full.height) == (photo.width, photo.height))
+            let header = Fixture.header([UInt8](full.data))
+            #expect((header.width, header.height) == (1200, 800) && !header.hasGPS && !header.hasEXIF)
+            // Nothing went into the cache tiers for it.
+            let stats = try await client.call(Images.Stats.self, .init())
+            #expect(stats.memory.entries == 0 && stats.disk.entries == 0)
+            #expect(stats.memory.hits + stats.memory.misses == 0)
+            // In the other format it is made, once, and cached.
+            let webp = try await client.call(Images.GetVariant.self, .init(sha256: photo.sha256, variant: .full, format: .webp), principal: "alice")
+            #expect(webp.source == "made" && ImageKind(sniffing: [UInt8](webp.data)) == .webp)
+            #expect((webp.width, webp.height) == (1200, 800))
+            #expect(try await client.call(Images.GetVariant.self, .init(sha256: photo.sha256, variant: .full, format: .webp), principal: "alice").source == "memory")
+            // Somebody else cannot have it.
+            let error = await #expect(throws: CanopyError.self) {
+                _ = try await client.call(Images.GetVariant.self, .init(sha256: photo.sha256, variant: .full), principal: "bob")
+            }
+            #expect(error?.code == .notFound)
         }
     }
 

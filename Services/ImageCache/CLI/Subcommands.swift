@@ -34,6 +34,8 @@ struct ServeImages: AsyncParsableCommand {
     var fetchesPerHost: Int = Environment.int("CANOPY_IMAGES_FETCHES_PER_HOST", default: 3)
     @Option(help: ArgumentHelp("Hosts images.fetch may reach on loopback or private addresses, comma-separated. Env: CANOPY_IMAGES_FETCH_ALLOW.", valueName: "hosts"))
     var fetchAllow: String = Environment.string("CANOPY_IMAGES_FETCH_ALLOW") ?? ""
+    @Option(help: ArgumentHelp("Full-size decodes at once (uploads, full variants in another format); each holds a whole photo. Env: CANOPY_IMAGES_FULL_SIZE_CONCURRENCY.", valueName: "count"))
+    var fullSizeConcurrency: Int = Environment.int("CANOPY_IMAGES_FULL_SIZE_CONCURRENCY", default: 2)
     @Option(help: ArgumentHelp("Resident-size budget in MiB that memory pressure is judged against. Env: CANOPY_IMAGES_BUDGET_MB.", valueName: "MiB"))
     var budgetMb: Int = Environment.int("CANOPY_IMAGES_BUDGET_MB", default: 512)
 
@@ -43,9 +45,11 @@ struct ServeImages: AsyncParsableCommand {
         guard variantDays >= 1, paletteDays >= 1 else { throw ValidationError("--variant-days and --palette-days must be at least 1") }
         guard budgetMb >= 64 else { throw ValidationError("--budget-mb must be at least 64") }
         guard fetchesPerHost >= 1 else { throw ValidationError("--fetches-per-host must be at least 1") }
+        guard fullSizeConcurrency >= 1 else { throw ValidationError("--full-size-concurrency must be at least 1") }
     }
 
     func run() async throws {
+        ImageTools.capMallocArenas()
         let logger = LogSetup.logger(label: "canopy-images", level: common.logLevel)
         var settings = ImageServiceSettings(directory: URL(fileURLWithPath: dataDir).appendingPathComponent("images", isDirectory: true))
         settings.maximumInputBytes = maxMb * 1024 * 1024
@@ -57,6 +61,7 @@ struct ServeImages: AsyncParsableCommand {
         settings.paletteMaximumAge = TimeInterval(paletteDays * 86_400)
         settings.memoryBudget = budgetMb * 1024 * 1024
         settings.fetchesPerHost = fetchesPerHost
+        settings.fullSizeConcurrency = fullSizeConcurrency
         settings.fetchAllowedHosts = Set(fetchAllow.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces).lowercased() }.filter { !$0.isEmpty })
         let services = try buildImageService(settings: settings, runner: worker.runnerConfiguration(endpoint: common.endpoint), context: ZMQContext(), logger: logger)
         try await runUntilShutdown(services, logger: logger)

@@ -15,6 +15,11 @@ final class ImageLibrary: Sendable {
         var paletteMaximumAge: TimeInterval = 30 * 24 * 3600
         /// Photos `images.warm` works on at once.
         var warmConcurrency = 4
+        /// Full-size decodes at once (uploads, full variants in another format). They are
+        /// bounded apart from the small variants, which stream through little memory: a JPEG
+        /// encode streams too (one slot), but a full-size WebP encode holds the whole photo
+        /// several times over, 12 MP about 100 MB, and takes every slot.
+        var fullSizeConcurrency = 2
         /// How remote photos are fetched.
         var fetch = RemoteFetcher.Policy()
     }
@@ -25,10 +30,12 @@ final class ImageLibrary: Sendable {
     let fetcher: RemoteFetcher
     let configuration: Configuration
     private let pressure = Mutex(MemoryPressure.normal)
+    private let fullSize: ConcurrencyLimiter<Int>
 
     /// Opens the store and the disk tier under `directory`.
     init(directory: URL, configuration: Configuration = Configuration()) throws {
         self.configuration = configuration
+        fullSize = ConcurrencyLimiter(maximum: configuration.fullSizeConcurrency)
         processor = try ImageProcessor(limits: configuration.limits)
         var fetch = configuration.fetch
         fetch.maximumBytes = configuration.limits.maximumBytes
@@ -58,10 +65,12 @@ final class ImageLibrary: Sendable {
     func put(_ bytes: [UInt8], owner: String, plantID: String, now: Date = Date()) async throws -> Images.Photo {
         guard !plantID.isEmpty, plantID.utf8.count <= 128 else { throw CanopyError(.badRequest, "plantID must be 1 to 128 characters") }
         let (store, processor) = (self.store, self.processor)
-        return try await Self.offload {
-            let inspected = try processor.inspect(bytes)
-            return try store.add(sha256: Self.sha256(bytes), owner: owner, plantID: plantID, format: inspected.kind.rawValue,
-                                 normalized: { try processor.normalized(bytes, keeping: inspected.kind) }, now: now)
+        let inspected = try processor.inspect(bytes)
+        return try await fullSize.run(0) {
+            try await Self.offload {
+                try store.add(sha256: Self.sha256(bytes), owner: owner, plantID: plantID, format: inspected.kind.rawValue,
+                              normalized: { try processor.normalized(bytes, keeping: inspected.kind) }, now: now)
+            }
         }
     }
 
@@ -79,25 +88,39 @@ final class ImageLibrary: Sendable {
         try await put(try await fetcher.fetch(url), owner: owner, plantID: plantID)
     }
 
-    /// A variant: from memory, from disk, or made now (with the other small variants of the
-    /// same decode, which are cached too).
+    /// A variant: the stored original (full, in the format it is stored in), from memory,
+    /// from disk, or made now (with the other small variants of the same decode, which are
+    /// cached too).
     func variant(_ request: Images.GetVariant.Request, owner: String) async throws -> Images.GetVariant.Reply {
         try requireOwnership(owner, request.sha256)
+        let (store, processor) = (self.store, self.processor)
+        if request.variant == .full, let stored = try store.originalSize(request.sha256), stored.format == request.format {
+            // Normalizing made the original exactly what the full variant is: no decode, no copy in the cache tiers.
+            let bytes = try await Self.offload { try store.original(request.sha256) }
+            return Images.GetVariant.Reply(sha256: request.sha256, variant: .full, format: request.format,
+                                           width: stored.width, height: stored.height, data: Data(bytes), source: "original")
+        }
         let key = VariantCache.Key(sha256: request.sha256, variant: request.variant, format: request.format)
         if let (entry, tier) = await cache.lookup(key) {
             return reply(request, entry, source: tier)
         }
-        // One decode makes every small variant; full is made on its own.
+        // One decode makes every small variant; full (in the other format) is made on its own.
         let wanted: Set<Images.Variant> = request.variant == .full ? [.full] : [.gallery, .small, .thumbnail]
-        let (store, processor) = (self.store, self.processor)
-        let made = try await Self.offload { try processor.make(wanted, format: request.format, from: try store.original(request.sha256)) }
-        var answer: VariantCache.Entry?
+        let make = { @Sendable in try await Self.offload { try processor.make(wanted, format: request.format, from: try store.original(request.sha256)) } }
+        let made = request.variant == .full
+            ? try await fullSize.run(0, weight: request.format == .webp ? configuration.fullSizeConcurrency : 1, make)
+            : try await make()
+        await keep(made, of: request.sha256)
+        let answer = made.first { $0.variant == request.variant }!
+        return reply(request, VariantCache.Entry(bytes: answer.bytes, width: answer.width, height: answer.height), source: "made")
+    }
+
+    /// Puts newly made variants into both cache tiers.
+    private func keep(_ made: [ImageProcessor.Made], of sha256: String) async {
         for item in made {
-            let entry = VariantCache.Entry(bytes: item.bytes, width: item.width, height: item.height)
-            await cache.store(entry, for: VariantCache.Key(sha256: request.sha256, variant: item.variant, format: item.format))
-            if item.variant == request.variant { answer = entry }
+            await cache.store(VariantCache.Entry(bytes: item.bytes, width: item.width, height: item.height),
+                              for: VariantCache.Key(sha256: sha256, variant: item.variant, format: item.format))
         }
-        return reply(request, answer!, source: "made")
     }
 
     private func reply(_ request: Images.GetVariant.Request, _ entry: VariantCache.Entry, source: String) -> Images.GetVariant.Reply {
@@ -105,7 +128,9 @@ final class ImageLibrary: Sendable {
                                 width: entry.width, height: entry.height, data: Data(entry.bytes), source: source)
     }
 
-    /// The palette: from memory, from the store (younger than 30 days), or computed now.
+    /// The palette: from memory, from the store (younger than 30 days), or computed now from
+    /// the 400 px image. When the JPEG variants are not cached yet, the decode that computes
+    /// the palette makes and caches them too (a collection screen wants both).
     func palette(_ sha256: String, owner: String, now: Date = Date()) async throws -> Images.Palette.Reply {
         try requireOwnership(owner, sha256)
         if let swatches = await cache.palette(sha256) {
@@ -116,10 +141,15 @@ final class ImageLibrary: Sendable {
             return Images.Palette.Reply(sha256: sha256, swatches: swatches, cached: true)
         }
         let (store, processor) = (self.store, self.processor)
-        let swatches = try await Self.offload {
-            let image = try processor.palettePixels(from: try store.original(sha256))
-            return PaletteExtractor.swatches(pixels: image.pixels, width: image.width, height: image.height)
+        let variantsCached = await cache.contains(VariantCache.Key(sha256: sha256, variant: .small, format: .jpeg))
+        let (made, swatches) = try await Self.offload {
+            let original = try store.original(sha256)
+            let (made, pixels) = variantsCached
+                ? ([], try processor.palettePixels(from: original))
+                : try processor.makeWithPalettePixels(format: .jpeg, from: original)
+            return (made, PaletteExtractor.swatches(pixels: pixels.bytes, width: pixels.width, height: pixels.height))
         }
+        await keep(made, of: sha256)
         try store.savePalette(swatches, for: sha256, now: now)
         await cache.storePalette(swatches, for: sha256)
         return Images.Palette.Reply(sha256: sha256, swatches: swatches, cached: false)

@@ -1,3 +1,4 @@
+import CVips
 import CanopyBus
 import CanopyMessages
 import Foundation
@@ -20,6 +21,8 @@ public struct ImageServiceSettings: Sendable {
     /// How often memory pressure is read.
     public var pressureInterval: Duration = .seconds(1)
     public var warmConcurrency = 4
+    /// Full-size decodes at once (uploads, full variants in another format).
+    public var fullSizeConcurrency = 2
     /// Remote fetches per origin host at once.
     public var fetchesPerHost = 3
     /// Hosts remote fetches may reach even on loopback or private addresses.
@@ -36,6 +39,7 @@ public struct ImageServiceSettings: Sendable {
         configuration.cache = .init(memoryBytes: memoryTierBytes, memoryCount: memoryTierCount, diskBytes: diskTierBytes, diskMaximumAge: variantMaximumAge)
         configuration.paletteMaximumAge = paletteMaximumAge
         configuration.warmConcurrency = warmConcurrency
+        configuration.fullSizeConcurrency = fullSizeConcurrency
         configuration.fetch.maximumPerHost = fetchesPerHost
         configuration.fetch.allowedHosts = fetchAllowedHosts
         return configuration
@@ -79,6 +83,14 @@ extension Task where Success == Never, Failure == Never {
 
 /// One-shot image work for the CLI, with the service's own code.
 public enum ImageTools {
+    /// Caps glibc's malloc arenas at two for this process. glibc gives each thread that
+    /// allocates its own arena, and libvips' worker threads each keep theirs full of freed
+    /// image buffers: with two, the peak of concurrent decodes stays far lower. `serve` calls
+    /// it first thing.
+    public static func capMallocArenas() {
+        _ = canopy_malloc_arenas(2)
+    }
+
     /// A variant of an image file's bytes, checked as the service checks uploads.
     public static func variant(_ bytes: [UInt8], _ variant: Images.Variant, format: Images.Format, size: Int? = nil) throws -> (bytes: [UInt8], width: Int, height: Int) {
         let processor = try ImageProcessor()
@@ -97,11 +109,18 @@ public enum ImageTools {
         try ImageProcessor().make(variants, format: format, from: bytes).map { ($0.variant, $0.bytes) }
     }
 
+    /// An image file's bytes as canopy-images stores them (and serves them as the full
+    /// variant): upright, sRGB, no metadata, quality 90.
+    public static func normalized(_ bytes: [UInt8]) throws -> [UInt8] {
+        let processor = try ImageProcessor()
+        return try processor.normalized(bytes, keeping: try processor.inspect(bytes).kind).bytes
+    }
+
     /// The palette of an image file's bytes.
     public static func palette(_ bytes: [UInt8]) throws -> [Images.Swatch] {
         let processor = try ImageProcessor()
         _ = try processor.inspect(bytes)
         let image = try processor.palettePixels(from: bytes)
-        return PaletteExtractor.swatches(pixels: image.pixels, width: image.width, height: image.height)
+        return PaletteExtractor.swatches(pixels: image.bytes, width: image.width, height: image.height)
     }
 }

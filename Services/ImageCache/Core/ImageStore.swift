@@ -61,6 +61,15 @@ final class ImageStore: Sendable {
         try database.read { db in try Bool.fetchOne(db, sql: "SELECT EXISTS(SELECT 1 FROM originals WHERE sha256 = ?)", arguments: [sha256]) ?? false }
     }
 
+    /// The format the original is stored in and its size, or nil when it is not stored.
+    func originalSize(_ sha256: String) throws -> (format: Images.Format, width: Int, height: Int)? {
+        try database.read { db in
+            try Row.fetchOne(db, sql: "SELECT format, width, height FROM originals WHERE sha256 = ?", arguments: [sha256]).map { row in
+                (ImageProcessor.storedFormat(ImageKind(rawValue: row["format"]) ?? .jpeg), row["width"], row["height"])
+            }
+        }
+    }
+
     /// The stored (normalized) original's bytes.
     func original(_ sha256: String) throws -> [UInt8] {
         [UInt8](try Data(contentsOf: originalURL(sha256)))

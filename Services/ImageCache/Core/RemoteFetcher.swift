@@ -31,13 +31,13 @@ final class RemoteFetcher: Sendable {
 
     let policy: Policy
     private let group: any EventLoopGroup
-    private let limiter: HostLimiter
+    private let limiter: ConcurrencyLimiter<String>
     private let tls: NIOSSLContext
 
     init(policy: Policy = Policy(), group: any EventLoopGroup = MultiThreadedEventLoopGroup.singleton) throws {
         self.policy = policy
         self.group = group
-        limiter = HostLimiter(maximum: policy.maximumPerHost)
+        limiter = ConcurrencyLimiter(maximum: policy.maximumPerHost)
         tls = try NIOSSLContext(configuration: .makeClientConfiguration())
     }
 
@@ -71,7 +71,7 @@ final class RemoteFetcher: Sendable {
         var location = start
         for _ in 0...policy.maximumRedirects {
             let target = try Target(location)
-            let response = try await limiter.run(host: target.host) { try await self.get(target) }
+            let response = try await limiter.run(target.host) { try await self.get(target) }
             switch response.status.code {
             case 200:
                 return response.body
@@ -234,41 +234,6 @@ enum AddressPolicy {
             || within(0xC0A8_0000, 16) // 192.168/16
             || within(0xE000_0000, 4) // multicast
             || address >= 0xF000_0000 // reserved and broadcast
-    }
-}
-
-/// Waits its turn: at most `maximum` fetches per host at once.
-actor HostLimiter {
-    private let maximum: Int
-    private var running: [String: Int] = [:]
-    private var waiting: [String: [CheckedContinuation<Void, Never>]] = [:]
-
-    init(maximum: Int) {
-        self.maximum = maximum
-    }
-
-    func run<T: Sendable>(host: String, _ work: @Sendable () async throws -> T) async throws -> T {
-        await acquire(host)
-        defer { release(host) }
-        return try await work()
-    }
-
-    private func acquire(_ host: String) async {
-        if running[host, default: 0] < maximum {
-            running[host, default: 0] += 1
-            return
-        }
-        await withCheckedContinuation { waiting[host, default: []].append($0) }
-    }
-
-    private func release(_ host: String) {
-        if var queue = waiting[host], !queue.isEmpty {
-            queue.removeFirst().resume() // the slot passes straight on
-            waiting[host] = queue.isEmpty ? nil : queue
-        } else {
-            running[host, default: 1] -= 1
-            if running[host] == 0 { running[host] = nil }
-        }
     }
 }
 
