@@ -106,7 +106,8 @@ struct ImagesBenchmark: AsyncParsableCommand {
         row("full from a full-size decode (not used)", "full")
         row("upload: normalizing (full decode, Q90 encode), once", "normalize")
         let kibibytes = images.map(\.count).reduce(0, +) / images.count / 1024
-        print("\n(1) variant generation, \(kind.rawValue) photos (\(kibibytes) KiB each), best of 3 runs over \(images.count) photos")
+        let described = kind == .photo ? "photo-like JPEGs (texture and noise)" : "smooth JPEGs (a colour sweep)"
+        print("\n(1) variant generation, \(described), \(kibibytes) KiB each, best of 3 runs over \(images.count) photos")
         printTable(rows)
         print(String(format: "thumbnail vs vipsthumbnail: %.2f (target at most 1.2); all four variants vs one thumbnail: %.2f (target at most 1.5); the three small ones from one decode vs a decode each: %.2f",
                      thumbnail / vips, best["three+original"]! / thumbnail, best["three"]! / best["separately"]!))

@@ -144,12 +144,13 @@ struct ImageProcessor: Sendable {
     func make(_ variants: Set<Images.Variant>, format: Images.Format, from original: [UInt8]) throws -> [Made] {
         try decoding {
             var made: [Made] = []
-            try render(variants, from: original) { variant, image in
-                made.append(Made(variant: variant, format: format, bytes: try image.encode(format, quality: Self.spec(variant).quality),
-                                 width: image.width, height: image.height))
-            }
+            try render(variants, from: original) { variant, image in made.append(try encode(variant, image, format)) }
             return made
         }
+    }
+
+    private func encode(_ variant: Images.Variant, _ image: VipsImage, _ format: Images.Format) throws -> Made {
+        Made(variant: variant, format: format, bytes: try image.encode(format, quality: Self.spec(variant).quality), width: image.width, height: image.height)
     }
 
     /// Makes thumbnail, gallery and small (JPEG or WebP) from one decode, and keeps the small
@@ -159,8 +160,7 @@ struct ImageProcessor: Sendable {
             var made: [Made] = []
             var pixels: Pixels?
             try render([.gallery, .small, .thumbnail], from: original, keeping: .small) { variant, image in
-                made.append(Made(variant: variant, format: format, bytes: try image.encode(format, quality: Self.spec(variant).quality),
-                                 width: image.width, height: image.height))
+                made.append(try encode(variant, image, format))
                 if variant == .small {
                     let rgb = try image.rgbPixels()
                     pixels = Pixels(bytes: rgb.pixels, width: rgb.width, height: rgb.height)
