@@ -198,13 +198,18 @@ struct ImageServiceTests {
                 shas.append(try await client.call(Images.Put.self, .init(plantID: "p1", data: Data(Fixture.image { $0.width = width })), principal: "alice").sha256)
             }
             let warmed = try await client.call(Images.Warm.self, .init(sha256s: shas, variants: [.thumbnail, .gallery]), principal: "alice")
-            #expect(warmed.made + warmed.alreadyCached == 6)
-            #expect(warmed.made >= 3)
+            #expect(warmed == .init(made: 6, alreadyCached: 0))
             let again = try await client.call(Images.Warm.self, .init(sha256s: shas, variants: [.thumbnail, .gallery]), principal: "alice")
             #expect(again == .init(made: 0, alreadyCached: 6))
             for sha in shas {
                 #expect(try await client.call(Images.GetVariant.self, .init(sha256: sha, variant: .gallery), principal: "alice").source == "memory")
             }
+            // Small is ready too (one decode made all three); full JPEG is the stored original;
+            // full WebP is made.
+            let more = try await client.call(Images.Warm.self, .init(sha256s: shas, variants: [.small, .full, .thumbnail]), principal: "alice")
+            #expect(more == .init(made: 0, alreadyCached: 9))
+            let webp = try await client.call(Images.Warm.self, .init(sha256s: shas, variants: [.full, .small], format: .webp), principal: "alice")
+            #expect(webp == .init(made: 6, alreadyCached: 0))
         }
     }
 

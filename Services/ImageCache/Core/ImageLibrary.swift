@@ -170,26 +170,38 @@ final class ImageLibrary: Sendable {
     func warm(_ request: Images.Warm.Request, owner: String) async throws -> Images.Warm.Reply {
         guard request.sha256s.count <= 1_000 else { throw CanopyError(.tooLarge, "warm at most 1000 photos per call") }
         for sha in request.sha256s { try requireOwnership(owner, sha) }
-        var made = 0, cached = 0
-        var pending = request.sha256s.flatMap { sha in request.variants.map { (sha, $0) } }[...]
-        try await withThrowingTaskGroup(of: Bool.self) { group in
-            func next() async {
-                guard let (sha, variant) = pending.popFirst() else { return }
-                let key = VariantCache.Key(sha256: sha, variant: variant, format: request.format)
-                if await cache.contains(key) {
-                    cached += 1
-                    await next()
-                    return
-                }
+        // One piece of work per decode: the small variants of a photo share one, full has its own.
+        var cached = 0
+        var pending: [(sha256: String, variant: Images.Variant, variants: Int)] = []
+        let small = Set(request.variants).subtracting([.full])
+        for sha in request.sha256s {
+            var missing: [Images.Variant] = []
+            for variant in small.sorted(by: { $0.rawValue < $1.rawValue }) where !(await cache.contains(.init(sha256: sha, variant: variant, format: request.format))) {
+                missing.append(variant)
+            }
+            cached += small.count - missing.count
+            if let first = missing.first { pending.append((sha, first, missing.count)) }
+            if request.variants.contains(.full) {
+                // Full in the format the original is stored in is always ready: it is the original.
+                let isOriginal = try store.originalSize(sha)?.format == request.format
+                let isCached = await cache.contains(.init(sha256: sha, variant: .full, format: request.format))
+                if isOriginal || isCached { cached += 1 } else { pending.append((sha, .full, 1)) }
+            }
+        }
+        var made = 0
+        var queue = pending[...]
+        try await withThrowingTaskGroup(of: Int.self) { group in
+            func next() {
+                guard let (sha, variant, variants) = queue.popFirst() else { return }
                 group.addTask { [self] in
                     _ = try await self.variant(.init(sha256: sha, variant: variant, format: request.format), owner: owner)
-                    return true
+                    return variants
                 }
             }
-            for _ in 0..<configuration.warmConcurrency { await next() }
-            while let result = try await group.next() {
-                if result { made += 1 }
-                await next()
+            for _ in 0..<configuration.warmConcurrency { next() }
+            while let variants = try await group.next() {
+                made += variants
+                next()
             }
         }
         return Images.Warm.Reply(made: made, alreadyCached: cached)
