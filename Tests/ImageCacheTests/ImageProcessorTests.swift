@@ -1,3 +1,4 @@
+import CVips
 import CanopyMessages
 import Foundation
 import Testing
@@ -121,6 +122,25 @@ struct ImageProcessorTests {
         let own = try processor.palettePixels(from: bytes)
         #expect((shared.width, shared.height) == (own.width, own.height))
         #expect(Self.meanDifference(shared.bytes, own.bytes) <= 2, "\(shape)")
+    }
+
+    /// Stored originals are JPEG or WebP: both shrink while decoding, to the same sizes.
+    @Test func jpegAndWebPShrinkOnLoadAlike() throws {
+        for format in [canopy_format(0), canopy_format(1)] {
+            let bytes = Fixture.image { $0.width = 2401; $0.height = 1600; $0.format = format }
+            for shrink in [1, 2, 4, 8] {
+                let decoded = try processor.decode(bytes, shrink: shrink)
+                let expected = (Int((2401.0 / Double(shrink)).rounded(.up)), 1600 / shrink)
+                #expect(abs(decoded.width - expected.0) <= 1 && abs(decoded.height - expected.1) <= 1, "\(format) shrink \(shrink): \(decoded.width)x\(decoded.height)")
+            }
+        }
+        // And make the same variants from them.
+        let jpeg = try processor.make([.gallery, .small, .thumbnail], format: .jpeg, from: Fixture.image { $0.width = 2400; $0.height = 1600 })
+        let webp = try processor.make([.gallery, .small, .thumbnail], format: .jpeg, from: Fixture.image { $0.width = 2400; $0.height = 1600; $0.format = canopy_format(1) })
+        #expect(jpeg.map { "\($0.variant) \($0.width)x\($0.height)" } == webp.map { "\($0.variant) \($0.width)x\($0.height)" })
+        let fromJPEG = try processor.palettePixels(from: Fixture.image { $0.width = 2400; $0.height = 1600 })
+        let fromWebP = try processor.palettePixels(from: Fixture.image { $0.width = 2400; $0.height = 1600; $0.format = canopy_format(1) })
+        #expect(Self.meanDifference(fromJPEG.bytes, fromWebP.bytes) <= 4)
     }
 
     @Test func shrinkOnLoadKeepsAtLeastThePixelsAVariantNeeds() {
