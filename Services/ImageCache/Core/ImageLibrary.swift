@@ -66,12 +66,15 @@ final class ImageLibrary: Sendable {
         guard !plantID.isEmpty, plantID.utf8.count <= 128 else { throw CanopyError(.badRequest, "plantID must be 1 to 128 characters") }
         let (store, processor) = (self.store, self.processor)
         let inspected = try processor.inspect(bytes)
-        return try await fullSize.run(0) {
+        let sha256 = try await Self.offload { Self.sha256(bytes) }
+        let add = { @Sendable in
             try await Self.offload {
-                try store.add(sha256: Self.sha256(bytes), owner: owner, plantID: plantID, format: inspected.kind.rawValue,
+                try store.add(sha256: sha256, owner: owner, plantID: plantID, format: inspected.kind.rawValue,
                               normalized: { try processor.normalized(bytes, keeping: inspected.kind) }, now: now)
             }
         }
+        // Only a new photo is decoded (at full size, so it waits for a full-size slot).
+        return try store.hasOriginal(sha256) ? try await add() : try await fullSize.run(0, add)
     }
 
     /// Runs blocking work (libvips, file and SQLite I/O of a whole photo) on Dispatch's
@@ -174,7 +177,8 @@ final class ImageLibrary: Sendable {
         var cached = 0
         var pending: [(sha256: String, variant: Images.Variant, variants: Int)] = []
         let small = Set(request.variants).subtracting([.full])
-        for sha in request.sha256s {
+        var seen: Set<String> = []
+        for sha in request.sha256s where seen.insert(sha).inserted {
             var missing: [Images.Variant] = []
             for variant in small.sorted(by: { $0.rawValue < $1.rawValue }) where !(await cache.contains(.init(sha256: sha, variant: variant, format: request.format))) {
                 missing.append(variant)
