@@ -24,11 +24,11 @@ struct ImagesBenchmark: AsyncParsableCommand {
     enum Content: String, CaseIterable, ExpressibleByArgument {
         /// Texture and sensor noise over colour: about 2.5 MB at quality 90, as a phone's 12 MP photo.
         case photo
-        /// A smooth colour sweep: about 0.4 MB, the easiest case for the decoder.
+        /// A smooth colour sweep: about 0.6 MB, the easiest case for the decoder.
         case smooth
     }
 
-    @Option(help: "Test photos: photo (photo-like, ~2.5 MB), smooth (a colour sweep, ~0.4 MB); repeat for both.")
+    @Option(help: "Test photos: photo (photo-like, ~2.5 MB), smooth (a colour sweep, ~0.6 MB); repeat for both.")
     var content: [Content] = [.photo, .smooth]
 
     func run() async throws {

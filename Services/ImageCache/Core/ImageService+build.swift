@@ -104,9 +104,11 @@ public enum ImageTools {
         return (made.bytes, made.width, made.height)
     }
 
-    /// Several variants from one decode (thumbnail, gallery and small share a decode).
+    /// Several variants from one decode, checked as ``variant(_:_:format:size:)`` checks.
     public static func variants(_ bytes: [UInt8], _ variants: Set<Images.Variant>, format: Images.Format = .jpeg) throws -> [(variant: Images.Variant, bytes: [UInt8])] {
-        try ImageProcessor().make(variants, format: format, from: bytes).map { ($0.variant, $0.bytes) }
+        let processor = try ImageProcessor()
+        _ = try processor.inspect(bytes)
+        return try processor.make(variants, format: format, from: bytes).map { ($0.variant, $0.bytes) }
     }
 
     /// An image file's bytes as canopy-images stores them (and serves them as the full
