@@ -112,6 +112,8 @@ struct ImageProcessorTests {
         for made in together {
             let alone = try processor.make([made.variant], format: .jpeg, from: bytes)[0]
             #expect((made.width, made.height) == (alone.width, alone.height), "\(shape) \(made.variant)")
+            let a = try processor.decode(made.bytes).rgbPixels(), b = try processor.decode(alone.bytes).rgbPixels()
+            #expect(Self.meanDifference(a.pixels, b.pixels) <= 3, "\(shape) \(made.variant): the cascade keeps the picture")
         }
         let sizes = Dictionary(uniqueKeysWithValues: together.map { ($0.variant, ($0.width, $0.height)) })
         #expect(sizes[.thumbnail]! == (min(150, width), min(150, height)), "\(shape): a thumbnail fills 150x150, cropped")
