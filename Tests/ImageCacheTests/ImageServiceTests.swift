@@ -125,6 +125,21 @@ struct ImageServiceTests {
         }
     }
 
+    @Test func variantsFinishedAfterTheirPhotoWasPurgedAreNotKept() async throws {
+        let directory = Fixture.directory()
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let library = try ImageLibrary(directory: directory)
+        let photo = try await library.put(Fixture.jpeg, owner: "alice", plantID: "p1")
+        let made = try library.processor.make([.thumbnail, .gallery, .small], format: .jpeg, from: try library.store.original(photo.sha256))
+        try await library.keep(made, of: photo.sha256) // still held: kept
+        #expect(await library.cache.statistics().memory.entries == 3)
+        _ = try await library.purge(owner: "alice", plantID: "p1")
+        try await library.keep(made, of: photo.sha256) // a decode that ends after the purge
+        let (memory, disk) = await library.cache.statistics()
+        #expect(memory.entries == 0 && disk.entries == 0)
+        #expect(try FileManager.default.contentsOfDirectory(atPath: directory.appendingPathComponent("variants").path).isEmpty)
+    }
+
     @Test func badImagesAreRefusedWithAClearErrorAndNothingIsStored() async throws {
         try await withImages { _, client, directory in
             let svg = Array(#"<svg xmlns="http://www.w3.org/2000/svg"/>"#.utf8)
