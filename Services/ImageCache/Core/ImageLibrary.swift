@@ -119,14 +119,15 @@ final class ImageLibrary: Sendable {
     }
 
     /// Puts newly made variants into both cache tiers. A purge of the photo may have run while
-    /// they were being made: checking after storing (a purge clears the tiers after its rows
-    /// are gone) leaves nothing of a purged photo behind, whichever finished first.
+    /// they (or its palette) were being made: checking after storing (a purge clears the tiers
+    /// after its rows are gone) leaves nothing of a purged photo behind, whichever finished
+    /// first.
     func keep(_ made: [ImageProcessor.Made], of sha256: String) async throws {
         for item in made {
             await cache.store(VariantCache.Entry(bytes: item.bytes, width: item.width, height: item.height),
                               for: VariantCache.Key(sha256: sha256, variant: item.variant, format: item.format))
         }
-        if !made.isEmpty, try !store.hasOriginal(sha256) {
+        if try !store.hasOriginal(sha256) {
             await cache.purge(sha256)
         }
     }
@@ -157,9 +158,9 @@ final class ImageLibrary: Sendable {
                 : try processor.makeWithPalettePixels(format: .jpeg, from: original)
             return (made, PaletteExtractor.swatches(pixels: pixels.bytes, width: pixels.width, height: pixels.height))
         }
-        try await keep(made, of: sha256)
         try store.savePalette(swatches, for: sha256, now: now)
         await cache.storePalette(swatches, for: sha256)
+        try await keep(made, of: sha256) // also drops the palette if the photo was purged meanwhile
         return Images.Palette.Reply(sha256: sha256, swatches: swatches, cached: false)
     }
 
