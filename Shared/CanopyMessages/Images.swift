@@ -178,12 +178,17 @@ public enum Images {
         public static let idempotent = true
     }
 
-    /// `images.purge`: forget a plant's photos; originals nobody else holds are deleted
-    /// with their variants and palettes, from memory and disk.
+    /// `images.purge`: forget a plant's photos (or, with `sha256`, one of them); originals
+    /// nobody else holds are deleted with their variants and palettes, from memory and disk.
     public enum Purge: BusOperation {
         public struct Request: Codable, Sendable {
             public var plantID: String
-            public init(plantID: String) { self.plantID = plantID }
+            /// Only this photo of the plant; all of them when absent.
+            public var sha256: String?
+            public init(plantID: String, sha256: String? = nil) {
+                self.plantID = plantID
+                self.sha256 = sha256
+            }
         }
         public struct Reply: Codable, Sendable, Equatable {
             public var photos: Int

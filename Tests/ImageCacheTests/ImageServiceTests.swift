@@ -125,6 +125,28 @@ struct ImageServiceTests {
         }
     }
 
+    @Test func onePhotoOfAPlantCanBeRemovedAlone() async throws {
+        try await withImages { _, client, directory in
+            let keep = try await client.call(Images.Put.self, .init(plantID: "fern", data: Data(Fixture.jpeg)), principal: "alice")
+            let drop = try await client.call(Images.Put.self, .init(plantID: "fern", data: Data(Fixture.png)), principal: "alice")
+            for sha in [keep.sha256, drop.sha256] {
+                _ = try await client.call(Images.GetVariant.self, .init(sha256: sha, variant: .thumbnail), principal: "alice")
+            }
+            // Someone else naming the photo changes nothing.
+            #expect(try await client.call(Images.Purge.self, .init(plantID: "fern", sha256: drop.sha256), principal: "bob") == .init(photos: 0, originalsDeleted: 0))
+            let removed = try await client.call(Images.Purge.self, .init(plantID: "fern", sha256: drop.sha256), principal: "alice")
+            #expect(removed == .init(photos: 1, originalsDeleted: 1))
+            #expect(try await client.call(Images.List.self, .init(plantID: "fern"), principal: "alice").map(\.sha256) == [keep.sha256])
+            let variants = try FileManager.default.contentsOfDirectory(atPath: directory.appendingPathComponent("variants").path)
+            #expect(variants.count == 3 && variants.allSatisfy { $0.hasPrefix(keep.sha256) })
+            let error = await #expect(throws: CanopyError.self) {
+                _ = try await client.call(Images.GetVariant.self, .init(sha256: drop.sha256, variant: .thumbnail), principal: "alice")
+            }
+            #expect(error?.code == .notFound)
+            #expect(try await client.call(Images.GetVariant.self, .init(sha256: keep.sha256, variant: .thumbnail), principal: "alice").source == "memory")
+        }
+    }
+
     @Test func variantsFinishedAfterTheirPhotoWasPurgedAreNotKept() async throws {
         let directory = Fixture.directory()
         defer { try? FileManager.default.removeItem(at: directory) }

@@ -168,9 +168,10 @@ final class ImageLibrary: Sendable {
         try store.photos(owner: owner, plantID: plantID)
     }
 
-    /// Forgets a plant's photos; originals nobody else holds go with their variants and palettes.
-    func purge(owner: String, plantID: String) async throws -> Images.Purge.Reply {
-        let (photos, deleted) = try store.purge(owner: owner, plantID: plantID)
+    /// Forgets a plant's photos (or one of them); originals nobody else holds go with their
+    /// variants and palettes.
+    func purge(owner: String, plantID: String, sha256: String? = nil) async throws -> Images.Purge.Reply {
+        let (photos, deleted) = try store.purge(owner: owner, plantID: plantID, sha256: sha256)
         for sha in deleted { await cache.purge(sha) }
         return Images.Purge.Reply(photos: photos, originalsDeleted: deleted.count)
     }

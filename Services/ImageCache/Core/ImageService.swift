@@ -31,7 +31,7 @@ public struct ImageService: BusService {
             try library.list(owner: try context.requirePrincipal(), plantID: request.plantID)
         }
         handlers.on(Images.Purge.self) { request, context in
-            try await library.purge(owner: try context.requirePrincipal(), plantID: request.plantID)
+            try await library.purge(owner: try context.requirePrincipal(), plantID: request.plantID, sha256: request.sha256)
         }
         handlers.on(Images.Warm.self) { request, context in
             try await library.warm(request, owner: try context.requirePrincipal())

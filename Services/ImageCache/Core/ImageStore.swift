@@ -139,13 +139,15 @@ final class ImageStore: Sendable {
         }
     }
 
-    /// Forgets `owner`'s photos of `plantID`. Originals nobody else holds lose their rows
-    /// (and palettes) in the same transaction; their files go after the commit. Returns how
-    /// many photos were forgotten and which originals are gone.
-    func purge(owner: String, plantID: String) throws -> (photos: Int, deleted: [String]) {
+    /// Forgets `owner`'s photos of `plantID` (only `sha256` when given). Originals nobody
+    /// else holds lose their rows (and palettes) in the same transaction; their files go after
+    /// the commit. Returns how many photos were forgotten and which originals are gone.
+    func purge(owner: String, plantID: String, sha256: String? = nil) throws -> (photos: Int, deleted: [String]) {
         let (count, deleted) = try database.write { db -> (Int, [String]) in
-            let shas = try String.fetchAll(db, sql: "SELECT sha256 FROM photos WHERE owner = ? AND plantID = ?", arguments: [owner, plantID])
-            try db.execute(sql: "DELETE FROM photos WHERE owner = ? AND plantID = ?", arguments: [owner, plantID])
+            let matching = "owner = ? AND plantID = ? AND (? IS NULL OR sha256 = ?)"
+            let arguments: StatementArguments = [owner, plantID, sha256, sha256]
+            let shas = try String.fetchAll(db, sql: "SELECT sha256 FROM photos WHERE \(matching)", arguments: arguments)
+            try db.execute(sql: "DELETE FROM photos WHERE \(matching)", arguments: arguments)
             var deleted: [String] = []
             for sha in shas where try !(Bool.fetchOne(db, sql: "SELECT EXISTS(SELECT 1 FROM photos WHERE sha256 = ?)", arguments: [sha]) ?? false) {
                 try db.execute(sql: "DELETE FROM palettes WHERE sha256 = ?", arguments: [sha])

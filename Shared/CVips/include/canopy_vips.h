@@ -65,7 +65,7 @@ canopy_image *canopy_vips_pattern(int width, int height);
 /// Slow (three FFTs): make it once.
 canopy_image *canopy_vips_texture(int width, int height);
 /// A photo-like picture: the pattern, the texture (shifted by `seed`) and sensor noise. At
-/// 4000x3000 and quality 90 it encodes to about 2.5 MB, as a phone's 12 MP photo does.
+/// 4000x3000 and quality 90 it encodes to 2.5 to 3 MB, as a phone's 12 MP photo does.
 canopy_image *canopy_vips_photo(canopy_image *texture, int seed);
 /// Sets the EXIF orientation tag (1-8) that a save keeps.
 int canopy_vips_set_orientation(canopy_image *image, int orientation);
