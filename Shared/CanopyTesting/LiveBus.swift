@@ -95,7 +95,7 @@ public final class LiveBus: @unchecked Sendable {
     }
 
     /// Waits until `service` has `workers` workers, polling `broker.services`.
-    public func waitForWorkers(_ workers: Int, service: String = TestService.name, within limit: Duration = .seconds(10)) async throws {
+    public func waitForWorkers(_ workers: Int, service: String = TestService.name, within limit: Duration = .seconds(30)) async throws {
         let client = try client(timeout: .seconds(1))
         let deadline = ContinuousClock.now + limit
         while ContinuousClock.now < deadline {

@@ -1,5 +1,6 @@
 import CVips
 import CanopyMessages
+import CanopyTesting
 import Foundation
 import Testing
 @testable import ImageCache
@@ -87,12 +88,10 @@ struct ImageProcessorTests {
         return total / max(1, min(a.count, b.count))
     }
 
-    /// Runs heavy libvips work on Dispatch's threads, as the service does: on Swift's
-    /// cooperative pool (one thread per core) it would stall the live-bus tests running
-    /// alongside in this process. Expectations are checked back in the test's own task.
+    /// Heavy libvips work runs off the cooperative pool (see ``offThePool(_:)``).
     func offloaded<T: Sendable>(_ work: @escaping @Sendable (ImageProcessor) throws -> T) async throws -> T {
         let processor = self.processor
-        return try await ImageLibrary.offload { try work(processor) }
+        return try await offThePool { try work(processor) }
     }
 
     enum Shape: String, CaseIterable {
