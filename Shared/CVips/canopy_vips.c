@@ -205,6 +205,22 @@ void canopy_vips_release(canopy_image *image) { if (image) g_object_unref(IMAGE(
 
 // MARK: - Test and benchmark images
 
+/// Ends a test-image pipeline: drops its intermediate images, then renders `result` into
+/// memory, or drops it too when a step failed.
+static canopy_image *settle(int failed, VipsImage *result, VipsImage **intermediates, size_t count) {
+    for (size_t i = 0; i < count; i++) if (intermediates[i]) g_object_unref(intermediates[i]);
+    if (failed || !result) {
+        if (result) g_object_unref(result);
+        return NULL;
+    }
+    VipsImage *memory = vips_image_copy_memory(result);
+    g_object_unref(result);
+    return (canopy_image *)memory;
+}
+
+#define SETTLE(failed, result, ...) \
+    settle((failed), (result), (VipsImage *[]){__VA_ARGS__}, sizeof((VipsImage *[]){__VA_ARGS__}) / sizeof(VipsImage *))
+
 canopy_image *canopy_vips_pattern(int width, int height) {
     // Hue sweeps across x, lightness falls along y: LCh(lightness, 60, hue) to sRGB.
     VipsImage *xy = NULL, *x = NULL, *y = NULL, *l = NULL, *c = NULL, *h = NULL, *lch = NULL, *tagged = NULL, *srgb = NULL;
@@ -217,15 +233,7 @@ canopy_image *canopy_vips_pattern(int width, int height) {
     failed = failed || vips_bandjoin(bands, &lch, 3, NULL);
     failed = failed || vips_copy(lch, &tagged, "interpretation", VIPS_INTERPRETATION_LCH, NULL);
     failed = failed || vips_colourspace(tagged, &srgb, VIPS_INTERPRETATION_sRGB, NULL);
-    VipsImage *objects[] = {xy, x, y, l, c, h, lch, tagged};
-    for (size_t i = 0; i < sizeof(objects) / sizeof(objects[0]); i++) if (objects[i]) g_object_unref(objects[i]);
-    if (failed) {
-        if (srgb) g_object_unref(srgb);
-        return NULL;
-    }
-    VipsImage *memory = vips_image_copy_memory(srgb);
-    g_object_unref(srgb);
-    return (canopy_image *)memory;
+    return SETTLE(failed, srgb, xy, x, y, l, c, h, lch, tagged);
 }
 
 canopy_image *canopy_vips_texture(int width, int height) {
@@ -238,15 +246,7 @@ canopy_image *canopy_vips_texture(int width, int height) {
     failed = failed || vips_bandjoin(bands, &joined, 3, NULL);
     failed = failed || vips_linear1(joined, &scaled, 0.25, 0.0, NULL);
     failed = failed || vips_cast(scaled, &signed8, VIPS_FORMAT_CHAR, NULL);
-    VipsImage *objects[] = {bands[0], bands[1], bands[2], joined, scaled};
-    for (size_t i = 0; i < sizeof(objects) / sizeof(objects[0]); i++) if (objects[i]) g_object_unref(objects[i]);
-    if (failed) {
-        if (signed8) g_object_unref(signed8);
-        return NULL;
-    }
-    VipsImage *memory = vips_image_copy_memory(signed8);
-    g_object_unref(signed8);
-    return (canopy_image *)memory;
+    return SETTLE(failed, signed8, bands[0], bands[1], bands[2], joined, scaled);
 }
 
 canopy_image *canopy_vips_photo(canopy_image *texture, int seed) {
@@ -254,26 +254,15 @@ canopy_image *canopy_vips_photo(canopy_image *texture, int seed) {
     int width = vips_image_get_width(in), height = vips_image_get_height(in);
     canopy_image *pattern = canopy_vips_pattern(width, height);
     if (!pattern) return NULL;
-    VipsImage *wrapped = NULL, *noise = NULL, *textured = NULL, *noisy = NULL, *photo = NULL;
+    VipsImage *wrapped = NULL, *noise = NULL, *textured = NULL, *noisy = NULL, *photo = NULL, *tagged = NULL;
     // The surfaces are periodic: wrapping them by a seed gives a seamless, different picture.
     int failed = vips_wrap(in, &wrapped, "x", (seed * 997) % width, "y", (seed * 577) % height, NULL);
     failed = failed || vips_gaussnoise(&noise, width, height, "sigma", 4.0, "mean", 0.0, NULL);
     failed = failed || vips_add(IMAGE(pattern), wrapped, &textured, NULL);
     failed = failed || vips_add(textured, noise, &noisy, NULL);
     failed = failed || vips_cast_uchar(noisy, &photo, NULL);
-    VipsImage *objects[] = {IMAGE(pattern), wrapped, noise, textured, noisy};
-    for (size_t i = 0; i < sizeof(objects) / sizeof(objects[0]); i++) if (objects[i]) g_object_unref(objects[i]);
-    if (failed) {
-        if (photo) g_object_unref(photo);
-        return NULL;
-    }
-    VipsImage *tagged = NULL;
-    failed = vips_copy(photo, &tagged, "interpretation", VIPS_INTERPRETATION_sRGB, NULL);
-    g_object_unref(photo);
-    if (failed) return NULL;
-    VipsImage *memory = vips_image_copy_memory(tagged);
-    g_object_unref(tagged);
-    return (canopy_image *)memory;
+    failed = failed || vips_copy(photo, &tagged, "interpretation", VIPS_INTERPRETATION_sRGB, NULL);
+    return SETTLE(failed, tagged, IMAGE(pattern), wrapped, noise, textured, noisy, photo);
 }
 
 int canopy_vips_set_orientation(canopy_image *image, int orientation) {

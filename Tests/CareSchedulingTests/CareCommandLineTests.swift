@@ -33,14 +33,8 @@ struct CareCommandLineTests {
     }
 
     @Test func upcomingAsksTheRunningService() async throws {
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-care-cli-\(UUID().uuidString)")
-        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
-        defer { try? FileManager.default.removeItem(at: directory) }
-        try await withLiveBus { bus in
-            let library = CareLibrary(store: try CareStore(path: directory.appendingPathComponent("care.sqlite").path))
-            bus.startRunner(CareService(library: library))
-            try await bus.waitForWorkers(1, service: Care.service)
-            _ = try await bus.client().call(Care.AddPlant.self, Care.Plant(scientificName: "Nephrolepis exaltata", customName: "Fern"), principal: "user-42")
+        try await CareServiceTests().withCare { bus, client, _, _ in
+            _ = try await client.call(Care.AddPlant.self, Care.Plant(scientificName: "Nephrolepis exaltata", customName: "Fern"), principal: "user-42")
             let result = try run(["upcoming", "--user", "user-42", "--days", "14", "--endpoint", bus.endpoint])
             #expect(result.status == 0, "\(result.errors)")
             #expect(result.output.contains("Water Fern"))

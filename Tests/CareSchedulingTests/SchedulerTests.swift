@@ -1,5 +1,5 @@
 import CanopyMessages
-import CanopyTesting
+import CanopyServiceKit
 import Foundation
 import Testing
 @testable import CareScheduling

@@ -1,6 +1,6 @@
 import CVips
 import CanopyMessages
-import CanopyTesting
+import CanopyServiceKit
 import Foundation
 import Testing
 @testable import ImageCache

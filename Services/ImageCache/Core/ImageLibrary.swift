@@ -1,4 +1,5 @@
 import CanopyMessages
+import CanopyServiceKit
 import Crypto
 import Foundation
 import Synchronization
@@ -66,24 +67,15 @@ final class ImageLibrary: Sendable {
         guard !plantID.isEmpty, plantID.utf8.count <= 128 else { throw CanopyError(.badRequest, "plantID must be 1 to 128 characters") }
         let (store, processor) = (self.store, self.processor)
         let inspected = try processor.inspect(bytes)
-        let sha256 = try await Self.offload { Self.sha256(bytes) }
+        let sha256 = try await offThePool { Self.sha256(bytes) }
         let add = { @Sendable in
-            try await Self.offload {
+            try await offThePool {
                 try store.add(sha256: sha256, owner: owner, plantID: plantID, format: inspected.kind.rawValue,
                               normalized: { try processor.normalized(bytes, keeping: inspected.kind) }, now: now)
             }
         }
         // Only a new photo is decoded (at full size, so it waits for a full-size slot).
         return try store.hasOriginal(sha256) ? try await add() : try await fullSize.run(0, add)
-    }
-
-    /// Runs blocking work (libvips, file and SQLite I/O of a whole photo) on Dispatch's
-    /// threads, not on Swift's cooperative pool, which has one thread per core: a few
-    /// decodes there would stall every other request of the process.
-    static func offload<T: Sendable>(_ work: @escaping @Sendable () throws -> T) async throws -> T {
-        try await withCheckedThrowingContinuation { continuation in
-            DispatchQueue.global().async { continuation.resume(with: Result { try work() }) }
-        }
     }
 
     /// Fetches a remote photo (see ``RemoteFetcher``) and stores it as ``put(_:owner:plantID:now:)`` does.
@@ -99,7 +91,7 @@ final class ImageLibrary: Sendable {
         let (store, processor) = (self.store, self.processor)
         if request.variant == .full, let stored = try store.originalSize(request.sha256), stored.format == request.format {
             // Normalizing made the original exactly what the full variant is: no decode, no copy in the cache tiers.
-            let bytes = try await Self.offload { try store.original(request.sha256) }
+            let bytes = try await offThePool { try store.original(request.sha256) }
             return Images.GetVariant.Reply(sha256: request.sha256, variant: .full, format: request.format,
                                            width: stored.width, height: stored.height, data: Data(bytes), source: "original")
         }
@@ -109,7 +101,7 @@ final class ImageLibrary: Sendable {
         }
         // One decode makes every small variant; full (in the other format) is made on its own.
         let wanted: Set<Images.Variant> = request.variant == .full ? [.full] : [.gallery, .small, .thumbnail]
-        let make = { @Sendable in try await Self.offload { try processor.make(wanted, format: request.format, from: try store.original(request.sha256)) } }
+        let make = { @Sendable in try await offThePool { try processor.make(wanted, format: request.format, from: try store.original(request.sha256)) } }
         let made = request.variant == .full
             ? try await fullSize.run(0, weight: request.format == .webp ? configuration.fullSizeConcurrency : 1, make)
             : try await make()
@@ -151,7 +143,7 @@ final class ImageLibrary: Sendable {
         }
         let (store, processor) = (self.store, self.processor)
         let variantsCached = await cache.contains(VariantCache.Key(sha256: sha256, variant: .small, format: .jpeg))
-        let (made, swatches) = try await Self.offload {
+        let (made, swatches) = try await offThePool {
             let original = try store.original(sha256)
             let (made, pixels) = variantsCached
                 ? ([], try processor.palettePixels(from: original))
