@@ -88,7 +88,7 @@ struct ImageProcessor: Sendable {
         var loader = [CChar](repeating: 0, count: 64)
         let read = bytes.withUnsafeBytes { canopy_vips_header($0.baseAddress, $0.count, &width, &height, &loader, loader.count) }
         guard read == 0 else {
-            throw CanopyError(.badRequest, "the \(kind.rawValue) image cannot be read: \(Vips.lastError())")
+            throw CanopyError(.badRequest, "the \(kind.rawValue) image's header cannot be read (truncated or corrupt?): \(Vips.lastError())")
         }
         return Inspected(kind: kind, width: Int(width), height: Int(height))
     }
