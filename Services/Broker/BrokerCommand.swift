@@ -45,7 +45,7 @@ struct Health: AsyncParsableCommand {
     func run() async throws {
         let logger = LogSetup.logger(label: "canopy-broker", level: .critical)
         let context = ZMQContext()
-        let client = try BusClient(configuration: .init(endpoint: common.endpoint), context: context, logger: logger)
+        let client = try BusClient(configuration: try common.clientConfiguration(), context: context, logger: logger)
         defer { client.close() }
         do {
             let services = try await client.call(Broker.Services.self, .init(), timeout: .seconds(2))

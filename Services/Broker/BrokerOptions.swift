@@ -16,7 +16,13 @@ struct BrokerOptions: ParsableArguments {
     var liveness: Int = Environment.int("CANOPY_LIVENESS", default: 3)
 
     @Option(help: ArgumentHelp("Requests waiting per service before new ones get 'busy'. Env: CANOPY_MAX_QUEUE.", valueName: "count"))
-    var maxQueue: Int = Environment.int("CANOPY_MAX_QUEUE", default: 1_000)
+    var maxQueue: Int = Environment.int("CANOPY_MAX_QUEUE", default: 500_000)
+
+    @Option(help: ArgumentHelp("Bytes of requests waiting per service before new ones get 'busy'. Env: CANOPY_MAX_QUEUE_BYTES.", valueName: "bytes"))
+    var maxQueueBytes: Int = Environment.int("CANOPY_MAX_QUEUE_BYTES", default: 64 * 1024 * 1024)
+
+    @Option(help: ArgumentHelp("Bytes of requests the broker holds in all (queued or at workers) before new ones get 'busy'. Env: CANOPY_MAX_HELD_BYTES.", valueName: "bytes"))
+    var maxHeldBytes: Int = Environment.int("CANOPY_MAX_HELD_BYTES", default: 512 * 1024 * 1024)
 
     @Option(help: ArgumentHelp("Largest frame accepted, in bytes. Env: CANOPY_MAX_FRAME_BYTES.", valueName: "bytes"))
     var maxFrameBytes: Int = Environment.int("CANOPY_MAX_FRAME_BYTES", default: 16 * 1024 * 1024)
@@ -45,6 +51,15 @@ struct BrokerOptions: ParsableArguments {
     @Option(help: ArgumentHelp("Age in milliseconds after which a flight takes no new waiters. Env: CANOPY_STUCK_FLIGHT_MS.", valueName: "ms"))
     var stuckFlightMs: Int = Environment.int("CANOPY_STUCK_FLIGHT_MS", default: 10_000)
 
+    @Option(help: ArgumentHelp("The broker's key file from 'canopy keys generate'; turns CurveZMQ on (needs --curve-allow). Env: CANOPY_CURVE_SECRET_KEY_FILE, or the key itself in CANOPY_CURVE_SECRET_KEY.", valueName: "file"))
+    var curveSecretKeyFile: String? = Environment.string("CANOPY_CURVE_SECRET_KEY_FILE")
+
+    @Option(help: ArgumentHelp("The allow-list: lines 'worker KEY SERVICES' (comma-separated, or *) and 'client KEY'. Env: CANOPY_CURVE_ALLOW.", valueName: "file"))
+    var curveAllow: String? = Environment.string("CANOPY_CURVE_ALLOW")
+
+    @Flag(help: ArgumentHelp("With CURVE, let any key call (workers still need an allowed key). Env: CANOPY_CURVE_ANY_CLIENT=1."))
+    var curveAnyClient: Bool = Environment.string("CANOPY_CURVE_ANY_CLIENT").map { ["1", "true", "yes", "on"].contains($0.lowercased()) } ?? false
+
     @Option(help: ArgumentHelp("trace, debug, info, notice, warning, error or critical. Env: CANOPY_LOG_LEVEL.", valueName: "level"))
     var logLevel: Logger.Level = Environment.string("CANOPY_LOG_LEVEL").flatMap(Logger.Level.init(rawValue:)) ?? .info
 
@@ -52,6 +67,15 @@ struct BrokerOptions: ParsableArguments {
         guard heartbeatMs >= 10 else { throw ValidationError("--heartbeat-ms must be at least 10; 1000 is the usual value") }
         guard liveness >= 1 else { throw ValidationError("--liveness must be at least 1 missed heartbeat; 3 is the usual value") }
         guard maxQueue >= 0 else { throw ValidationError("--max-queue cannot be negative; 0 answers 'busy' whenever no worker has credit") }
+        guard maxQueueBytes >= 0, maxHeldBytes >= maxFrameBytes else {
+            throw ValidationError("--max-queue-bytes cannot be negative, and --max-held-bytes must be at least --max-frame-bytes (one whole request)")
+        }
+        if curveAllow != nil && curveSecretKeyFile == nil && Environment.string("CANOPY_CURVE_SECRET_KEY") == nil {
+            throw ValidationError("--curve-allow needs the broker's own key: --curve-secret-key-file (make one with canopy keys generate broker)")
+        }
+        if (curveSecretKeyFile != nil || Environment.string("CANOPY_CURVE_SECRET_KEY") != nil) && curveAllow == nil {
+            throw ValidationError("CURVE needs an allow-list of worker keys: --curve-allow FILE (see canopy keys generate --help)")
+        }
         guard maxFrameBytes >= 1024 else { throw ValidationError("--max-frame-bytes must be at least 1024") }
         guard defaultTimeoutMs >= 1 else { throw ValidationError("--default-timeout-ms must be at least 1") }
         guard drainTimeoutMs >= 0 else { throw ValidationError("--drain-timeout-ms cannot be negative") }
@@ -65,6 +89,8 @@ struct BrokerOptions: ParsableArguments {
         configuration.heartbeatInterval = .milliseconds(heartbeatMs)
         configuration.liveness = liveness
         configuration.maximumQueuedPerService = maxQueue
+        configuration.maximumQueuedBytesPerService = maxQueueBytes
+        configuration.maximumHeldBytes = maxHeldBytes
         configuration.maximumFrameBytes = maxFrameBytes
         configuration.defaultTimeout = .milliseconds(defaultTimeoutMs)
         configuration.drainTimeout = .milliseconds(drainTimeoutMs)
@@ -80,13 +106,36 @@ struct BrokerOptions: ParsableArguments {
     private static func names(_ list: String) -> Set<String> {
         Set(list.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty })
     }
+
+    /// The CurveZMQ settings, `nil` when CURVE is off (no key given).
+    func curveSettings() throws -> CurveServerSettings? {
+        guard let allowFile = curveAllow else { return nil }
+        do {
+            let keyPair = try curveSecretKeyFile.map { try Curve.readKeyPair(file: $0) }
+                ?? CurveKeyPair(secretKey: Environment.string("CANOPY_CURVE_SECRET_KEY") ?? "")
+            guard let text = try? String(contentsOfFile: allowFile, encoding: .utf8) else {
+                throw Curve.KeyError("cannot read the allow-list \(allowFile); check the path")
+            }
+            return CurveServerSettings(keyPair: keyPair, allowList: try CurveAllowList(parsing: text), anyClient: curveAnyClient)
+        } catch let error as Curve.KeyError {
+            throw ValidationError(error.description)
+        }
+    }
 }
 
 /// Builds the broker from its options (kept apart from `@main` so it stays thin).
 func makeBroker(_ options: BrokerOptions, logger: Logger) throws -> BrokerServer {
+    let curve = try options.curveSettings()
+    if let curve {
+        logger.info("broker.curve", metadata: ["broker.public_key": "\(curve.keyPair.publicKey)",
+                                               "broker.worker_keys": "\(curve.allowList.workers.services.count)",
+                                               "broker.client_keys": "\(curve.allowList.clients.count)"])
+    }
     do {
-        return try BrokerServer(endpoint: options.bind, configuration: options.configuration, context: ZMQContext(), logger: logger)
+        return try BrokerServer(endpoint: options.bind, configuration: options.configuration, curve: curve, context: ZMQContext(), logger: logger)
     } catch let error as ZMQError {
         throw ValidationError("cannot listen on \(options.bind): \(error). Is another broker running there? Choose another --bind.")
+    } catch let error as Curve.KeyError {
+        throw ValidationError(error.description)
     }
 }

@@ -11,6 +11,7 @@ struct CanopyCommand: AsyncParsableCommand {
               canopy stats --endpoint tcp://127.0.0.1:5555
               canopy send broker stats --json '{}'
               canopy send care plants.get --json '{"id":"p1"}' --principal user-42
+              canopy keys generate broker --directory ./keys
             """,
-        subcommands: [Send.self, Services.self, Stats.self])
+        subcommands: [Send.self, Services.self, Stats.self, Keys.self])
 }

@@ -54,7 +54,7 @@ func prettyJSON(_ bytes: [UInt8]) -> String {
 /// Opens a bus client for one command and closes it afterwards.
 func withBus(_ common: CommonOptions, _ body: (BusClient) async throws -> Void) async throws {
     let logger = LogSetup.logger(label: "canopy", level: common.logLevel == .info ? .warning : common.logLevel)
-    let bus = try BusClient(configuration: .init(endpoint: common.endpoint), context: ZMQContext(), logger: logger)
+    let bus = try BusClient(configuration: try common.clientConfiguration(), context: ZMQContext(), logger: logger)
     defer { bus.close() }
     do {
         try await body(bus)

@@ -4,9 +4,8 @@ public struct BrokerConfiguration: Sendable {
     public var heartbeatInterval: Duration = .seconds(1)
     /// Missed heartbeats before a worker counts as dead.
     public var liveness: Int = 3
-    /// Requests waiting for credit per service before new ones are answered `busy`.
-    public var maximumQueuedPerService: Int = 1_000
-    /// Largest frame accepted; larger requests are answered `tooLarge`.
+    /// Largest frame accepted; larger requests are answered `tooLarge`, and so are the
+    /// callers of a worker whose reply is larger.
     public var maximumFrameBytes: Int = 16 * 1024 * 1024
     /// Deadline for requests whose header gives none (and for every Majordomo request).
     public var defaultTimeout: Duration = .seconds(30)
@@ -14,6 +13,22 @@ public struct BrokerConfiguration: Sendable {
     public var maximumTimeout: Duration = .seconds(600)
     /// How long a graceful shutdown waits for in-flight requests.
     public var drainTimeout: Duration = .seconds(5)
+
+    // MARK: Memory bounds
+
+    /// Requests waiting for credit per service before new ones are answered `busy` (NATS'
+    /// slow-consumer limit: a count high enough that the byte bound below decides).
+    public var maximumQueuedPerService: Int = 500_000
+    /// Bytes of request bodies waiting for credit per service before new ones are answered
+    /// `busy` (NATS' 64 MiB per subscription).
+    public var maximumQueuedBytesPerService: Int = 64 * 1024 * 1024
+    /// Bytes of request bodies the broker holds in all (queued, or at a worker and kept to be
+    /// sent again if it dies) before new requests are answered `busy`.
+    public var maximumHeldBytes: Int = 512 * 1024 * 1024
+    /// Services without workers that requests may name during the start-up grace (after a
+    /// broker restart, clients reconnect before workers do); past it they are answered
+    /// `noWorkers` at once.
+    public var maximumGraceServices: Int = 64
 
     // MARK: Coalescing
 
@@ -32,9 +47,33 @@ public struct BrokerConfiguration: Sendable {
     /// nothing, so the operator says which are safe: they must be idempotent).
     public var majordomoCoalescedServices: Set<String> = []
 
+    // MARK: Trust
+
+    /// Who may register as a worker, by CurveZMQ public key; `nil` lets any peer register
+    /// (the embedded loopback default, where the broker runs without CURVE).
+    public var workerKeys: WorkerKeys?
+
     /// The defaults.
     public init() {}
 
     /// How long a worker may stay silent before it counts as dead.
     public var workerExpiry: Duration { heartbeatInterval * liveness }
+}
+
+/// The allow-list of worker keys: which CurveZMQ public keys (Z85, 40 characters) may
+/// register, and for which services.
+public struct WorkerKeys: Sendable, Equatable {
+    /// Services by public key; `"*"` allows every service.
+    public var services: [String: Set<String>]
+
+    /// - Parameter services: the services each public key may serve (`"*"`: any).
+    public init(_ services: [String: Set<String>] = [:]) {
+        self.services = services
+    }
+
+    /// Whether the peer that authenticated with `key` may register for `service`.
+    public func allows(_ key: String?, service: String) -> Bool {
+        guard let key, let allowed = services[key] else { return false }
+        return allowed.contains("*") || allowed.contains(service)
+    }
 }

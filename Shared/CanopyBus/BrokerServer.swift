@@ -1,4 +1,5 @@
 import CZeroMQ
+import Glibc
 import Logging
 import ServiceLifecycle
 
@@ -19,19 +20,34 @@ public final class BrokerServer: Service, @unchecked Sendable {
     private let socket: ZMQSocket
     private let mailbox = Mailbox<Control>()
     private let logger: Logger
+    /// The ZAP handler, when the broker runs CurveZMQ.
+    private let zap: ZAPHandler?
 
     /// Binds the broker's ROUTER socket.
     ///
     /// - Parameters:
     ///   - endpoint: where to listen, for example `tcp://127.0.0.1:5555` or `tcp://127.0.0.1:*`.
     ///   - configuration: the broker's tunables.
-    ///   - context: the ZeroMQ context.
+    ///   - curve: CurveZMQ settings; `nil` runs without authentication (the loopback
+    ///     default). With them, only allowed keys connect, and only allowed worker keys
+    ///     register (the allow-list's workers replace `configuration.workerKeys`).
+    ///   - context: the ZeroMQ context (one CURVE broker per context: it holds the ZAP handler).
     ///   - logger: where the broker logs.
-    public init(endpoint: String, configuration: BrokerConfiguration = .init(), context: ZMQContext, logger: Logger) throws {
+    public init(endpoint: String, configuration: BrokerConfiguration = .init(), curve: CurveServerSettings? = nil,
+                context: ZMQContext, logger: Logger) throws {
+        var configuration = configuration
+        if let curve {
+            configuration.workerKeys = curve.allowList.workers
+            let (allowList, anyClient) = (curve.allowList, curve.anyClient)
+            zap = try ZAPHandler(context: context) { key in anyClient || allowList.mayConnect(key) }
+        } else {
+            zap = nil
+        }
         self.configuration = configuration
         self.context = context
         self.logger = logger
         socket = try ZMQSocket(context, type: .router)
+        if let curve { try socket.becomeCurveServer(curve.keyPair) }
         try socket.setHighWaterMarks(100_000)
         // Frames up to twice the limit still arrive and get a polite `tooLarge`; anything
         // larger makes libzmq drop the connection before it fills memory.
@@ -58,15 +74,20 @@ public final class BrokerServer: Service, @unchecked Sendable {
     // MARK: - Loop (the loop thread only)
 
     private func loop() throws {
-        defer { socket.close() }
+        defer {
+            socket.close()
+            zap?.close()
+        }
         var state = BrokerState(configuration: configuration, now: .now)
         var directives: [BrokerState.Directive] = []
         directives.reserveCapacity(64)
         var poller = Poller()
         let socketItem = poller.add(socket)
         let mailboxItem = poller.add(fileDescriptor: mailbox.fileDescriptor)
+        let zapItem = zap.map { poller.add($0.socket) }
         var drainDeadline: ContinuousClock.Instant?
-        logger.info("broker.started", metadata: ["broker.endpoint": "\(endpoint)"])
+        var memory = MemoryGiveBack()
+        logger.info("broker.started", metadata: ["broker.endpoint": "\(endpoint)", "broker.curve": "\(zap != nil)"])
 
         while true {
             var timeout = max(.zero, state.nextWakeup() - .now)
@@ -78,17 +99,35 @@ public final class BrokerServer: Service, @unchecked Sendable {
                 drainDeadline = .now + configuration.drainTimeout
                 logger.info("broker.draining", metadata: ["broker.pending": "\(state.pendingCount)"])
             }
+            if let zapItem, poller.isReadable(zapItem) {
+                try zap?.answerRequests()
+            }
             if poller.isReadable(socketItem) {
                 var budget = 4096 // then let timers run
-                while budget > 0, let frames = try socket.receive() {
-                    budget -= 1
-                    guard frames.count >= 2 else { continue } // ROUTER always adds the identity
-                    state.receive(Array(frames[1...]), from: frames[0], now: .now, into: &directives)
-                    try carryOut(&directives)
+                if zap == nil {
+                    while budget > 0, let frames = try socket.receive() {
+                        budget -= 1
+                        guard frames.count >= 2 else { continue } // ROUTER always adds the identity
+                        state.receive(Array(frames[1...]), from: frames[0], now: .now, into: &directives)
+                        try carryOut(&directives)
+                    }
+                } else {
+                    // With CURVE, each message carries the public key its connection authenticated with.
+                    while budget > 0, let (frames, key) = try socket.receiveWithUserID() {
+                        budget -= 1
+                        guard frames.count >= 2 else { continue }
+                        state.receive(Array(frames[1...]), from: frames[0], key: key, now: .now, into: &directives)
+                        try carryOut(&directives)
+                    }
                 }
             }
             state.tick(now: .now, into: &directives)
             try carryOut(&directives)
+            let now = ContinuousClock.now
+            for (reason, count) in warnings.endWindows(now: now) {
+                logger.warning("broker.dropped.suppressed", metadata: ["broker.reason": "\(reason)", "broker.suppressed": "\(count)"])
+            }
+            memory.check(heldBytes: state.heldBytes, now: now)
 
             if let deadline = drainDeadline, state.pendingCount == 0 || ContinuousClock.now >= deadline {
                 state.disconnectAll(into: &directives)
@@ -99,16 +138,42 @@ public final class BrokerServer: Service, @unchecked Sendable {
         }
     }
 
+    /// Repeated warnings are written a few at a time; the rest are counted (loop thread only).
+    private var warnings = LogRateLimiter()
+
     private func carryOut(_ directives: inout [BrokerState.Directive]) throws {
         for directive in directives {
             switch directive {
             case .send(let peer, let frames):
                 try socket.send(to: peer, frames)
             case .log(let message, let peer):
-                logger.warning("broker.dropped", metadata: ["broker.reason": "\(message)", "broker.peer": "\(peer.hex)"])
+                if warnings.decide(message, now: .now) == .write {
+                    logger.warning("broker.dropped", metadata: ["broker.reason": "\(message)", "broker.peer": "\(peer.hex)"])
+                }
             }
         }
         directives.removeAll(keepingCapacity: true)
+    }
+}
+
+/// Gives memory back to the system after a burst: once the bytes the broker holds fall to a
+/// quarter of their peak (and the peak was over 16 MiB), `malloc_trim` returns the freed
+/// pages of every malloc arena (libzmq's I/O thread allocates the large messages in its
+/// own). At most once a second.
+struct MemoryGiveBack {
+    private var peak = 0
+    private var lastTrim: ContinuousClock.Instant?
+    /// Trims done so far.
+    private(set) var trims = 0
+
+    mutating func check(heldBytes: Int, now: ContinuousClock.Instant) {
+        peak = max(peak, heldBytes)
+        guard peak > 16 * 1024 * 1024, heldBytes <= peak / 4 else { return }
+        if let lastTrim, now - lastTrim < .seconds(1) { return }
+        malloc_trim(0)
+        lastTrim = now
+        trims += 1
+        peak = heldBytes
     }
 }
 

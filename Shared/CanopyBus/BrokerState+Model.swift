@@ -40,6 +40,10 @@ extension BrokerState {
         var totalWaiters = 0
         var worker: Worker?
         var dispatches = 0
+        /// Bytes of `payload`, counted against the broker's memory bounds while it is held.
+        let bytes: Int
+        /// Whether it waits in its service's queue (and counts in its queued bytes).
+        var isQueued = false
 
         init(id: UInt64, service: ServiceEntry, operation: String, header: RequestHeader, payload: [[UInt8]],
              key: FlightKey?, createdAt: ContinuousClock.Instant, counters: OperationCounters) {
@@ -51,11 +55,14 @@ extension BrokerState {
             self.key = key
             self.createdAt = createdAt
             self.counters = counters
+            self.bytes = payload.reduce(0) { $0 + $1.count }
         }
     }
 
     /// What makes two requests identical: service, operation, principal and body bytes.
-    /// The hash is computed once from the bytes; equality compares the bytes.
+    /// The hash is computed once from the bytes; equality compares the bytes. Nothing here is
+    /// compared as Unicode text: Swift `String` equality treats canonically equivalent text
+    /// (`jos\u{E9}` and `jose\u{301}`) as equal, and services compare principals as bytes.
     struct FlightKey: Hashable {
         let service: String
         let operation: String
@@ -69,9 +76,13 @@ extension BrokerState {
             self.principal = principal
             self.payload = payload
             var hasher = Hasher()
-            hasher.combine(service)
-            hasher.combine(operation)
-            hasher.combine(principal)
+            func combine(_ text: String) {
+                hasher.combine(text.utf8.count)
+                for byte in text.utf8 { hasher.combine(byte) }
+            }
+            combine(service)
+            combine(operation)
+            combine(principal)
             for frame in payload {
                 hasher.combine(frame.count)
                 frame.withUnsafeBytes { hasher.combine(bytes: $0) }
@@ -80,8 +91,8 @@ extension BrokerState {
         }
 
         static func == (lhs: Self, rhs: Self) -> Bool {
-            lhs.digest == rhs.digest && lhs.service == rhs.service && lhs.operation == rhs.operation
-                && lhs.principal == rhs.principal && lhs.payload == rhs.payload
+            lhs.digest == rhs.digest && lhs.service.utf8.elementsEqual(rhs.service.utf8) && lhs.operation.utf8.elementsEqual(rhs.operation.utf8)
+                && lhs.principal.utf8.elementsEqual(rhs.principal.utf8) && lhs.payload == rhs.payload
         }
 
         func hash(into hasher: inout Hasher) {
@@ -148,9 +159,11 @@ extension BrokerState {
             }
         }
 
-        var heartbeatFrames: [[UInt8]] {
+        /// A heartbeat; a Canopy worker's carries the broker's frame limit, so that its runner
+        /// never sends a reply the broker would refuse.
+        func heartbeatFrames(maximumFrameBytes: Int) -> [[UInt8]] {
             switch dialect {
-            case .canopy: [Wire.version, Wire.Command.brokerHeartbeat.frame]
+            case .canopy: [Wire.version, Wire.Command.brokerHeartbeat.frame, Wire.frame(UInt64(maximumFrameBytes))]
             case .majordomo: [[], Majordomo.worker, Majordomo.Command.heartbeat.frame]
             }
         }
@@ -171,6 +184,8 @@ extension BrokerState {
         var workers: [Worker] = []
         var cursor = 0
         var queue: Deque<UInt64> = []
+        /// Bytes of the queued flights' bodies.
+        var queuedBytes = 0
         var inFlight = 0
         var served: UInt64 = 0
         var errors: UInt64 = 0

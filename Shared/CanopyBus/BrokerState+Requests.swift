@@ -17,25 +17,24 @@ extension BrokerState {
 
     mutating func clientRequest(_ frames: [[UInt8]], from client: [UInt8], now: ContinuousClock.Instant, into out: inout [Directive]) {
         guard frames.count == 7 else {
-            rejected += 1
-            out.append(.log("malformed request", peer: client))
+            dropMalformed("malformed request", peer: client, into: &out)
             replyError(to: client, correlation: frames.count > 2 ? frames[2] : [], CanopyError(.badRequest, "a request has 7 frames (version, command, correlation, service, operation, header, body), got \(frames.count)"), into: &out)
             return
         }
         let correlation = frames[2]
         guard !correlation.isEmpty, correlation.count <= Wire.maximumCorrelationLength else {
-            rejected += 1
+            dropMalformed("malformed correlation id", peer: client, into: &out)
             replyError(to: client, correlation: [], CanopyError(.badRequest, "the correlation id must be 1 to \(Wire.maximumCorrelationLength) bytes"), into: &out)
             return
         }
         guard Wire.isValidName(frames[3]), Wire.isValidName(frames[4]) else {
-            rejected += 1
+            dropMalformed("invalid service or operation name", peer: client, into: &out)
             replyError(to: client, correlation: correlation, CanopyError(.badRequest, "service and operation names are 1 to \(Wire.maximumNameLength) characters of a-z, 0-9, '.', '-' and '_'"), into: &out)
             return
         }
         guard let header = RequestHeader(frame: frames[5]) else {
-            rejected += 1
-            replyError(to: client, correlation: correlation, CanopyError(.badRequest, "the header frame is malformed: 4-byte timeout, 1 flags byte, then a UTF-8 principal of at most 256 bytes"), into: &out)
+            dropMalformed("malformed request header", peer: client, into: &out)
+            replyError(to: client, correlation: correlation, CanopyError(.badRequest, "the header frame is malformed: 4-byte timeout, 1 flags byte, then the principal: empty, or 1 to 256 bytes of printable ASCII (0x21-0x7E; no spaces, no Unicode)"), into: &out)
             return
         }
         let serviceName = String(decoding: frames[3], as: UTF8.self)
@@ -65,7 +64,11 @@ extension BrokerState {
         if let known = services[intake.serviceName] {
             service = known
         } else if startupGraceEnds != nil {
-            service = ServiceEntry(name: intake.serviceName) // its workers are expected to register soon
+            // Its workers are expected to register soon; how many such services is bounded.
+            guard services.values.count(where: { $0.workers.isEmpty }) < configuration.maximumGraceServices else {
+                return refuse(noWorkers(intake.serviceName))
+            }
+            service = ServiceEntry(name: intake.serviceName)
             services[intake.serviceName] = service
         } else {
             return refuse(noWorkers(intake.serviceName))
@@ -105,23 +108,55 @@ extension BrokerState {
             key = candidate
         }
 
-        // A new flight.
-        let worker = service.freeWorker(for: intake.operation)
-        guard worker != nil || service.queue.count < configuration.maximumQueuedPerService else {
+        // A new flight, within the memory bounds.
+        let bytes = intake.payload.reduce(0) { $0 + $1.count }
+        guard heldBytes + bytes <= configuration.maximumHeldBytes else {
             service.errors += 1
-            return refuse(CanopyError(.busy, "'\(service.name)' has \(configuration.maximumQueuedPerService) requests waiting already; retry later or start more workers"))
+            return refuse(CanopyError(.busy, "the broker holds \(heldBytes) bytes of requests already (its limit is \(configuration.maximumHeldBytes)); retry later"))
+        }
+        let worker = service.freeWorker(for: intake.operation)
+        if worker == nil {
+            guard service.queue.count < configuration.maximumQueuedPerService else {
+                service.errors += 1
+                return refuse(CanopyError(.busy, "'\(service.name)' has \(configuration.maximumQueuedPerService) requests waiting already; retry later or start more workers"))
+            }
+            guard service.queuedBytes + bytes <= configuration.maximumQueuedBytesPerService else {
+                service.errors += 1
+                return refuse(CanopyError(.busy, "'\(service.name)' has \(service.queuedBytes) bytes of requests waiting already (its limit is \(configuration.maximumQueuedBytesPerService)); retry later or start more workers"))
+            }
         }
         counters.requests += 1
         let flight = Flight(id: makeID(), service: service, operation: intake.operation, header: intake.header, payload: intake.payload,
                             key: key, createdAt: now, counters: counters)
         flights[flight.id] = flight
+        heldBytes += flight.bytes
         if let key { openFlights[key] = flight }
         join(flight, intake, now: now, timeout: timeout)
         if let worker {
             dispatch(flight, to: worker, now: now, into: &out)
         } else {
-            service.queue.append(flight.id)
+            enqueue(flight)
         }
+    }
+
+    /// Puts a flight in its service's queue (at the back, or at the front when it goes again
+    /// after its worker died) and counts its bytes there.
+    mutating func enqueue(_ flight: Flight, atFront: Bool = false) {
+        if atFront {
+            flight.service.queue.prepend(flight.id)
+        } else {
+            flight.service.queue.append(flight.id)
+        }
+        flight.isQueued = true
+        flight.service.queuedBytes += flight.bytes
+    }
+
+    /// Takes a flight's bytes out of its service's queue count (it was dispatched or closed;
+    /// its id may still sit in the queue and is skipped there).
+    func unqueue(_ flight: Flight) {
+        guard flight.isQueued else { return }
+        flight.isQueued = false
+        flight.service.queuedBytes -= flight.bytes
     }
 
     /// Adds a waiter for `intake` to `flight`.
@@ -173,7 +208,9 @@ extension BrokerState {
 
     /// Forgets a flight: no waiter will join it again.
     mutating func close(_ flight: Flight) {
-        flights[flight.id] = nil
+        guard flights.removeValue(forKey: flight.id) != nil else { return }
+        heldBytes -= flight.bytes
+        unqueue(flight)
         if let key = flight.key, openFlights[key] === flight { openFlights[key] = nil }
         flight.key = nil
         _ = flight.counters.waitersPerFlight.record(UInt64(flight.totalWaiters))

@@ -4,13 +4,14 @@ import Collections
 // Workers of both protocols: registration, replies, heartbeats, loss, and dispatch.
 
 extension BrokerState {
-    mutating func workerReady(_ frames: [[UInt8]], from peer: PeerKey, now: ContinuousClock.Instant, into out: inout [Directive]) {
+    mutating func workerReady(_ frames: [[UInt8]], from peer: PeerKey, key: String?, now: ContinuousClock.Instant, into out: inout [Directive]) {
         func refuse(_ reason: String) {
             out.append(.log("worker refused: \(reason)", peer: peer.bytes))
             out.append(.send(to: peer.bytes, frames: [Wire.version, Wire.Command.brokerDisconnect.frame, Array(reason.utf8)]))
         }
         guard frames.count == 5 else { return refuse("READY has 5 frames (version, command, service, operations, credit)") }
         guard let name = serviceName(frames[2]) else { return refuse("invalid or reserved service name; use 1 to 128 of a-z, 0-9, '.', '-', '_', not 'broker' or 'mmi.'") }
+        if let reason = unauthorizedWorker(key, service: name) { return refuse(reason) }
         guard let operations = try? codec.decode([OperationDescriptor].self, from: frames[3]), !operations.isEmpty,
               operations.allSatisfy({ Wire.isValidName(Array($0.name.utf8)) })
         else { return refuse("the operations frame must be a non-empty JSON array of {name, idempotent, coalescable}") }
@@ -25,6 +26,15 @@ extension BrokerState {
         if let reason = register(peer, dialect: .canopy, service: name, operations: table, credit: Int(credit), now: now, into: &out) {
             refuse(reason)
         }
+    }
+
+    /// Why the peer that authenticated with `key` may not serve `service`, or `nil` when it may
+    /// (always, when the broker runs without an allow-list).
+    func unauthorizedWorker(_ key: String?, service: String) -> String? {
+        guard let allowList = configuration.workerKeys, !allowList.allows(key, service: service) else { return nil }
+        return key == nil
+            ? "this broker takes workers only over CURVE with an allowed key; give the worker --curve-server-key and --curve-secret-key-file"
+            : "this worker's CURVE key may not serve '\(service)'; the operator adds its public key to the broker's worker allow-list (--curve-workers)"
     }
 
     /// A valid service name a worker may register, or `nil`.
@@ -51,6 +61,8 @@ extension BrokerState {
                             majordomoDescriptor: majordomoDescriptor, credit: credit, expiry: now + configuration.workerExpiry)
         workers[peer] = worker
         service.workers.append(worker)
+        // The first heartbeat at once: it tells a Canopy worker the broker's frame limit.
+        out.append(.send(to: peer.bytes, frames: worker.heartbeatFrames(maximumFrameBytes: configuration.maximumFrameBytes)))
         dispatchQueued(service, now: now, into: &out)
         return nil
     }
@@ -59,11 +71,16 @@ extension BrokerState {
         guard let worker = workers[peer] else { return unknownWorker(peer, into: &out) }
         worker.expiry = now + configuration.workerExpiry
         guard frames.count == 5, let id = Wire.uint64(frames[2]), frames[3].count == 1 else {
-            out.append(.log("malformed worker reply", peer: peer.bytes))
+            dropMalformed("malformed worker reply", peer: peer.bytes, into: &out)
             return
         }
         let outcome: Outcome
-        if frames[3][0] == Wire.Status.ok {
+        if frames[4].count > configuration.maximumFrameBytes {
+            // Refused, but answered: the callers hear why at once and the credit comes back.
+            rejected += 1
+            out.append(.log("worker reply over the size limit", peer: peer.bytes))
+            outcome = .failure(oversizedReply(frames[4].count, flight: id))
+        } else if frames[3][0] == Wire.Status.ok {
             outcome = .reply([frames[4]], fromMajordomo: false)
         } else {
             outcome = .failure((try? codec.decode(CanopyError.self, from: frames[4])) ?? CanopyError(.internal, "the worker sent an unreadable error"))
@@ -71,8 +88,14 @@ extension BrokerState {
         complete(id, by: worker, outcome, now: now, into: &out)
     }
 
+    /// What the callers of a flight whose reply was over the frame limit are told.
+    func oversizedReply(_ count: Int, flight id: UInt64) -> CanopyError {
+        let name = flights[id].map { "\($0.service.name).\($0.operation)" } ?? "the service"
+        return CanopyError(.tooLarge, "the reply of \(name) was \(count) bytes, over the broker's limit of \(configuration.maximumFrameBytes) bytes; ask for less (a smaller page, or the data in pieces)")
+    }
+
     /// A worker answered flight `id`: release its credit, answer the waiters, feed it more.
-    private mutating func complete(_ id: UInt64, by worker: Worker, _ outcome: Outcome, now: ContinuousClock.Instant, into out: inout [Directive]) {
+    mutating func complete(_ id: UInt64, by worker: Worker, _ outcome: Outcome, now: ContinuousClock.Instant, into out: inout [Directive]) {
         guard worker.held.remove(id) != nil else {
             out.append(.log("reply for a request the worker does not hold", peer: worker.identity.bytes))
             return
@@ -123,7 +146,9 @@ extension BrokerState {
                 finish(flight, .failure(CanopyError(.workerLost, message)), now: now, into: &out)
             }
         }
-        service.queue.insert(contentsOf: retry, at: 0)
+        for id in retry.reversed() {
+            if let flight = flights[id] { enqueue(flight, atFront: true) }
+        }
         if service.workers.isEmpty {
             services[service.name] = nil
             for id in service.queue {
@@ -139,6 +164,7 @@ extension BrokerState {
     // MARK: - Dispatch
 
     mutating func dispatch(_ flight: Flight, to worker: Worker, now: ContinuousClock.Instant, into out: inout [Directive]) {
+        unqueue(flight)
         flight.worker = worker
         flight.dispatches += 1
         flight.counters.workerCalls += 1
@@ -188,8 +214,9 @@ extension BrokerState {
     // MARK: - Majordomo
 
     /// A Majordomo (7/MDP) message: `["", "MDPC01" | "MDPW01", ...]`.
-    mutating func receiveMajordomo(_ frames: [[UInt8]], from peer: [UInt8], now: ContinuousClock.Instant, into out: inout [Directive]) {
-        if let oversized = frames.first(where: { $0.count > configuration.maximumFrameBytes }) {
+    mutating func receiveMajordomo(_ frames: [[UInt8]], from peer: [UInt8], key: String?, now: ContinuousClock.Instant, into out: inout [Directive]) {
+        let isWorkerReply = frames[1] == Majordomo.worker && frames.count > 2 && frames[2] == Majordomo.Command.reply.frame
+        if !isWorkerReply, let oversized = frames.first(where: { $0.count > configuration.maximumFrameBytes }) {
             rejected += 1
             out.append(.log("frame over the size limit", peer: peer))
             if frames[1] == Majordomo.client, frames.count > 2 {
@@ -200,14 +227,13 @@ extension BrokerState {
         if frames[1] == Majordomo.client {
             majordomoClient(frames, from: peer, now: now, into: &out)
         } else {
-            majordomoWorker(frames, from: PeerKey(peer), now: now, into: &out)
+            majordomoWorker(frames, from: PeerKey(peer), key: key, now: now, into: &out)
         }
     }
 
     private mutating func majordomoClient(_ frames: [[UInt8]], from client: [UInt8], now: ContinuousClock.Instant, into out: inout [Directive]) {
         guard frames.count >= 3, Wire.isValidName(frames[2]) else {
-            rejected += 1
-            out.append(.log("malformed Majordomo request", peer: client))
+            dropMalformed("malformed Majordomo request", peer: client, into: &out)
             return // a Majordomo reply must name a valid service; there is none to name
         }
         let name = String(decoding: frames[2], as: UTF8.self)
@@ -236,9 +262,9 @@ extension BrokerState {
         admit(intake, now: now, into: &out)
     }
 
-    private mutating func majordomoWorker(_ frames: [[UInt8]], from peer: PeerKey, now: ContinuousClock.Instant, into out: inout [Directive]) {
+    private mutating func majordomoWorker(_ frames: [[UInt8]], from peer: PeerKey, key: String?, now: ContinuousClock.Instant, into out: inout [Directive]) {
         guard frames.count >= 3, frames[2].count == 1, let command = Majordomo.Command(rawValue: frames[2][0]) else {
-            out.append(.log("malformed Majordomo worker message", peer: peer.bytes))
+            dropMalformed("malformed Majordomo worker message", peer: peer.bytes, into: &out)
             return
         }
         let known = workers[peer].flatMap { $0.dialect == .majordomo ? $0 : nil }
@@ -249,6 +275,7 @@ extension BrokerState {
                 out.append(.send(to: peer.bytes, frames: [[], Majordomo.worker, Majordomo.Command.disconnect.frame]))
             }
             guard frames.count == 4, let name = serviceName(frames[3]) else { return refuse("invalid or reserved Majordomo service name") }
+            if let reason = unauthorizedWorker(key, service: name) { return refuse(reason) }
             let coalesced = configuration.majordomoCoalescedServices.contains(name)
             if let reason = register(peer, dialect: .majordomo, service: name, operations: [:],
                                      majordomoDescriptor: OperationDescriptor(name: "*", idempotent: coalesced, coalescable: coalesced),
@@ -261,9 +288,15 @@ extension BrokerState {
             }
             worker.expiry = now + configuration.workerExpiry
             guard frames.count >= 5, let id = Wire.uint64(frames[3]), frames[4].isEmpty else {
-                return out.append(.log("malformed Majordomo reply", peer: peer.bytes))
+                return dropMalformed("malformed Majordomo reply", peer: peer.bytes, into: &out)
             }
-            complete(id, by: worker, .reply(Array(frames[5...]), fromMajordomo: true), now: now, into: &out)
+            let body = Array(frames[5...])
+            if let oversized = body.first(where: { $0.count > configuration.maximumFrameBytes }) {
+                rejected += 1
+                out.append(.log("worker reply over the size limit", peer: peer.bytes))
+                return complete(id, by: worker, .failure(oversizedReply(oversized.count, flight: id)), now: now, into: &out)
+            }
+            complete(id, by: worker, .reply(body, fromMajordomo: true), now: now, into: &out)
         case .heartbeat:
             guard let worker = known else {
                 return out.append(.send(to: peer.bytes, frames: [[], Majordomo.worker, Majordomo.Command.disconnect.frame]))
@@ -272,7 +305,7 @@ extension BrokerState {
         case .disconnect:
             if known != nil { workerGone(peer, now: now, into: &out) }
         case .request:
-            out.append(.log("Majordomo REQUEST is sent by the broker, not to it", peer: peer.bytes))
+            dropMalformed("Majordomo REQUEST is sent by the broker, not to it", peer: peer.bytes, into: &out)
         }
     }
 }

@@ -47,6 +47,10 @@ public struct BrokerState {
     var nextID: UInt64 = 1
     var nextHeartbeat: ContinuousClock.Instant
     var rejected: UInt64 = 0
+    /// Messages dropped or refused because they were malformed (bad frames, bad commands).
+    var malformed: UInt64 = 0
+    /// Bytes of request bodies held now, queued or at a worker (see ``BrokerConfiguration/maximumHeldBytes``).
+    public internal(set) var heldBytes = 0
     var shuttingDown = false
     /// Until then, requests for services no worker has registered yet wait in a queue
     /// instead of being answered `noWorkers`: after a broker restart, clients reconnect
@@ -93,9 +97,17 @@ public struct BrokerState {
     // MARK: - Input
 
     /// Handles one message from a peer. `frames` excludes the identity frame the ROUTER adds.
-    public mutating func receive(_ frames: [[UInt8]], from peer: [UInt8], now: ContinuousClock.Instant, into out: inout [Directive]) {
+    ///
+    /// - Parameters:
+    ///   - frames: the message, without the ROUTER's identity frame.
+    ///   - peer: the peer's routing identity.
+    ///   - key: the CurveZMQ public key (Z85) the peer authenticated with, when the broker
+    ///     runs with CURVE; it decides whether the peer may register as a worker.
+    ///   - now: the time.
+    ///   - out: where the directives go.
+    public mutating func receive(_ frames: [[UInt8]], from peer: [UInt8], key: String? = nil, now: ContinuousClock.Instant, into out: inout [Directive]) {
         if frames.count >= 2, frames[0].isEmpty, frames[1] == Majordomo.client || frames[1] == Majordomo.worker {
-            receiveMajordomo(frames, from: peer, now: now, into: &out)
+            receiveMajordomo(frames, from: peer, key: key, now: now, into: &out)
             return
         }
         guard frames.count >= 2, frames[0] == Wire.version else {
@@ -103,12 +115,13 @@ public struct BrokerState {
             return
         }
         guard frames[1].count == 1, let command = Wire.Command(rawValue: frames[1][0]) else {
-            rejected += 1
-            out.append(.log("unknown command", peer: peer))
+            dropMalformed("unknown command", peer: peer, into: &out)
             replyError(to: peer, correlation: frames.count > 2 ? frames[2] : [], CanopyError(.badRequest, "unknown command frame; this broker speaks \(versionText) (see docs/PROTOCOL.md)"), into: &out)
             return
         }
-        if let oversized = frames.first(where: { $0.count > configuration.maximumFrameBytes }) {
+        // A worker's oversized reply still answers its callers (with `tooLarge`) and gives its
+        // credit back; workerReply checks the body's size.
+        if command != .workerReply, let oversized = frames.first(where: { $0.count > configuration.maximumFrameBytes }) {
             rejected += 1
             out.append(.log("frame over the size limit", peer: peer))
             let correlation = command == .request && frames.count > 2 ? frames[2] : []
@@ -118,14 +131,13 @@ public struct BrokerState {
         switch command {
         case .request: clientRequest(frames, from: peer, now: now, into: &out)
         case .cancel: clientCancel(frames, from: peer, now: now, into: &out)
-        case .ready: workerReady(frames, from: PeerKey(peer), now: now, into: &out)
+        case .ready: workerReady(frames, from: PeerKey(peer), key: key, now: now, into: &out)
         case .workerReply: workerReply(frames, from: PeerKey(peer), now: now, into: &out)
         case .workerHeartbeat: workerHeartbeat(from: PeerKey(peer), now: now, into: &out)
         case .workerDisconnect: workerGone(PeerKey(peer), now: now, into: &out)
         case .drain: workerDrain(from: PeerKey(peer), now: now, into: &out)
         case .reply, .error, .dispatch, .cancelDispatch, .brokerHeartbeat, .brokerDisconnect:
-            rejected += 1
-            out.append(.log("command not accepted by a broker", peer: peer))
+            dropMalformed("command not accepted by a broker", peer: peer, into: &out)
             replyError(to: peer, correlation: [], CanopyError(.badRequest, "command 0x\(String(command.rawValue, radix: 16)) is sent by the broker, not to it"), into: &out)
         }
     }
@@ -147,7 +159,7 @@ public struct BrokerState {
         guard now >= nextHeartbeat else { return }
         nextHeartbeat = now + configuration.heartbeatInterval
         for worker in workers.values {
-            out.append(.send(to: worker.identity.bytes, frames: worker.heartbeatFrames))
+            out.append(.send(to: worker.identity.bytes, frames: worker.heartbeatFrames(maximumFrameBytes: configuration.maximumFrameBytes)))
         }
         for worker in workers.values where worker.expiry < now {
             out.append(.log("worker expired after missed heartbeats", peer: worker.identity.bytes))
@@ -171,6 +183,13 @@ public struct BrokerState {
 
     var versionText: String { String(decoding: Wire.version, as: UTF8.self) }
 
+    /// Counts a malformed message and asks the shell to log it (the shell rate-limits).
+    mutating func dropMalformed(_ reason: String, peer: [UInt8], into out: inout [Directive]) {
+        rejected += 1
+        malformed += 1
+        out.append(.log(reason, peer: peer))
+    }
+
     func tooLarge(_ count: Int) -> CanopyError {
         CanopyError(.tooLarge, "a frame of \(count) bytes is over the broker's limit of \(configuration.maximumFrameBytes) bytes; send less per request or raise --max-frame-bytes")
     }
@@ -186,8 +205,7 @@ public struct BrokerState {
     }
 
     private mutating func refuseVersion(_ frames: [[UInt8]], from peer: [UInt8], into out: inout [Directive]) {
-        rejected += 1
-        out.append(.log("message without the canopy/1 version frame", peer: peer))
+        dropMalformed("message without the canopy/1 version frame", peer: peer, into: &out)
         let correlation = frames.count > 2 && frames[2].count <= Wire.maximumCorrelationLength ? frames[2] : []
         let seen = frames.first.map { String(decoding: $0.prefix(32), as: UTF8.self) } ?? ""
         replyError(to: peer, correlation: correlation, CanopyError(.badRequest, "unsupported protocol version '\(seen)'; this broker speaks \(versionText) (or Majordomo MDPC01/MDPW01)"), into: &out)
@@ -220,7 +238,7 @@ public struct BrokerState {
         let entries = services.values.sorted { $0.name < $1.name }.map { service in
             let histogram = service.latencyMicros
             return ServiceStatistics(
-                name: service.name, workers: service.workers.count, queued: service.queue.count, inFlight: service.inFlight,
+                name: service.name, workers: service.workers.count, queued: service.queue.count, queuedBytes: service.queuedBytes, inFlight: service.inFlight,
                 served: service.served, errors: service.errors,
                 p50Micros: histogram.totalCount == 0 ? 0 : histogram.valueAtPercentile(50),
                 p99Micros: histogram.totalCount == 0 ? 0 : histogram.valueAtPercentile(99))
@@ -229,7 +247,7 @@ public struct BrokerState {
         let uptime = now - startedAt
         return BrokerStatistics(
             uptimeSeconds: Double(uptime.components.seconds) + Double(uptime.components.attoseconds) / 1e18,
-            rejected: rejected, openFlights: openFlights.count, services: entries, operations: operations)
+            rejected: rejected, malformed: malformed, heldBytes: heldBytes, openFlights: openFlights.count, services: entries, operations: operations)
     }
 }
 

@@ -36,6 +36,8 @@ public final class BusClient: Sendable {
         public var endpoint: String
         /// The deadline of calls that give none.
         public var defaultTimeout: Duration = .seconds(30)
+        /// CurveZMQ settings when the broker runs with CURVE; `nil` connects without.
+        public var curve: CurveClientSettings?
 
         /// - Parameter endpoint: the broker's endpoint, for example `tcp://127.0.0.1:5555`.
         public init(endpoint: String) {
@@ -62,7 +64,7 @@ public final class BusClient: Sendable {
     ///   - logger: where the client logs connection changes.
     public init(configuration: Configuration, context: ZMQContext, logger: Logger) throws {
         self.configuration = configuration
-        let loop = try ClientLoop(endpoint: configuration.endpoint, context: context, mailbox: mailbox, logger: logger)
+        let loop = try ClientLoop(endpoint: configuration.endpoint, curve: configuration.curve, context: context, mailbox: mailbox, logger: logger)
         LoopThread.start(name: "canopy-bus-client") { loop.run() }
     }
 
@@ -127,6 +129,9 @@ public final class BusClient: Sendable {
     }
 }
 
+/// What calls fail with while the broker refuses the client's CURVE key.
+private let keyRefused = CanopyError(.unauthorized, "the broker refused this client's CURVE key; the operator adds its public key to the broker's allow-list (--curve-allow), or check --curve-server-key")
+
 /// What calls on a closed client fail with.
 private let clientClosed = CanopyError(.internal, "the bus client was closed; make a new one")
 
@@ -173,18 +178,21 @@ private final class ClientLoop: @unchecked Sendable {
     private var cancelledEarly: Set<UInt64> = []
     private var connection = 0
     private var connected = false
+    /// Set when the broker refused this client's CURVE key; cleared by a good handshake.
+    private var refused = false
 
-    init(endpoint: String, context: ZMQContext, mailbox: Mailbox<BusClient.Control>, logger: Logger) throws {
+    init(endpoint: String, curve: CurveClientSettings?, context: ZMQContext, mailbox: Mailbox<BusClient.Control>, logger: Logger) throws {
         self.context = context
         self.mailbox = mailbox
         self.logger = logger
         socket = try ZMQSocket(context, type: .dealer)
+        if let curve { try socket.becomeCurveClient(curve) }
         try socket.setHighWaterMarks(100_000)
         try socket.set(ZMQ_RECONNECT_IVL, 100)
         try socket.set(ZMQ_RECONNECT_IVL_MAX, 2_000)
         try socket.setHeartbeats(interval: .seconds(1), timeout: .seconds(3))
         let monitorEndpoint = "inproc://canopy-client-monitor-\(UUID().uuidString)"
-        try socket.monitor(monitorEndpoint, events: ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED)
+        try socket.monitor(monitorEndpoint, events: ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
         monitor = try ZMQSocket(context, type: .pair)
         try monitor.connect(monitorEndpoint)
         try socket.connect(endpoint)
@@ -240,6 +248,10 @@ private final class ClientLoop: @unchecked Sendable {
                 continuation.resume(throwing: CancellationError())
                 return
             }
+            if refused {
+                continuation.resume(throwing: keyRefused)
+                return
+            }
             calls[id] = Call(frames: frames, idempotent: idempotent, deadline: deadline, continuation: continuation, connection: connection)
             deadlines.insert(Deadline(at: deadline, id: id))
             if try !socket.send(frames) {
@@ -287,7 +299,13 @@ private final class ClientLoop: @unchecked Sendable {
                     calls[id] = nil
                     call.continuation.resume(throwing: CanopyError(.workerLost, "the connection to the broker was lost while this call was in flight; it may or may not have run, and it is not idempotent, so it was not sent again"))
                 }
+            } else if event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH {
+                // libzmq keeps retrying; calls fail now, with what to do, instead of timing out.
+                if !refused { logger.error("bus.client.refused", metadata: ["bus.reason": "the broker refused this client's CURVE key"]) }
+                refused = true
+                failAll(keyRefused)
             } else if event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED {
+                refused = false
                 connected = true
                 for (id, call) in calls where call.connection < connection {
                     calls[id]!.connection = connection

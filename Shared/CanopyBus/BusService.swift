@@ -27,15 +27,24 @@ public struct RequestContext: Sendable {
     public var deadline: ContinuousClock.Instant
     /// A logger with the request's metadata.
     public var logger: Logger
+    /// The largest reply the broker takes (its frame limit, from its heartbeats). A handler
+    /// whose reply could be larger sends less (a shorter page, the data in pieces); a larger
+    /// reply is answered `tooLarge` by the runner instead.
+    public var maximumReplyBytes: Int
+
+    /// The broker's default frame limit, assumed until the broker's first heartbeat says.
+    public static let defaultMaximumReplyBytes = 16 * 1024 * 1024
 
     /// - Parameters:
     ///   - principal: the authenticated user, if any.
     ///   - deadline: when the caller stops waiting.
     ///   - logger: the request's logger.
-    public init(principal: String?, deadline: ContinuousClock.Instant, logger: Logger) {
+    ///   - maximumReplyBytes: the largest reply the broker takes.
+    public init(principal: String?, deadline: ContinuousClock.Instant, logger: Logger, maximumReplyBytes: Int = defaultMaximumReplyBytes) {
         self.principal = principal
         self.deadline = deadline
         self.logger = logger
+        self.maximumReplyBytes = maximumReplyBytes
     }
 
     /// The principal, or an `unauthorized` error when the request carries none.

@@ -1,5 +1,6 @@
 import CZeroMQ
 import CanopyMessages
+import Foundation
 import Logging
 import ServiceLifecycle
 
@@ -24,6 +25,8 @@ public final class ServiceRunner: Service, @unchecked Sendable {
         public var liveness: Int = 3
         /// How long a graceful shutdown waits for running handlers.
         public var drainTimeout: Duration = .seconds(10)
+        /// CurveZMQ settings when the broker runs with CURVE; `nil` connects without.
+        public var curve: CurveClientSettings?
 
         /// - Parameter endpoint: the broker's endpoint, for example `tcp://127.0.0.1:5555`.
         public init(endpoint: String) {
@@ -89,6 +92,7 @@ public final class ServiceRunner: Service, @unchecked Sendable {
 
     private func connect(number: Int) throws -> Session {
         let socket = try ZMQSocket(context, type: .dealer)
+        if let curve = configuration.curve { try socket.becomeCurveClient(curve) }
         try socket.setHighWaterMarks(100_000)
         try socket.set(ZMQ_RECONNECT_IVL, 100)
         try socket.set(ZMQ_RECONNECT_IVL_MAX, 5_000) // libzmq's reconnect backoff
@@ -104,9 +108,19 @@ public final class ServiceRunner: Service, @unchecked Sendable {
         let expiry = configuration.heartbeatInterval * configuration.liveness
         var session = try connect(number: 0)
         defer { session.socket.close() }
-        var running: [UInt64: Task<Void, Never>] = [:]
+        var running: [UInt64: (operation: String, task: Task<Void, Never>)] = [:]
         var nextHeartbeat = ContinuousClock.now + configuration.heartbeatInterval
         var drainDeadline: ContinuousClock.Instant?
+        // The broker's frame limit, from its heartbeats; no reply may be larger.
+        var maximumReplyBytes = RequestContext.defaultMaximumReplyBytes
+        // Refusals in a row (a READY the broker answered with DISCONNECT), for the backoff.
+        var refusals = 0
+        var warnings = LogRateLimiter()
+        func warn(_ reason: String) {
+            if warnings.decide(reason, now: .now) == .write {
+                logger.warning("service.dropped", metadata: ["service.reason": "\(reason)"])
+            }
+        }
 
         // Rebuilt only when a reconnect replaces the socket, not on every pass.
         var poller = Poller()
@@ -127,9 +141,14 @@ public final class ServiceRunner: Service, @unchecked Sendable {
                 for control in mailbox.drain() {
                     switch control {
                     case .finished(let id, let number, let result):
-                        guard number == session.number, running.removeValue(forKey: id) != nil else { continue }
+                        guard number == session.number, let operation = running.removeValue(forKey: id)?.operation else { continue }
                         let frames: [[UInt8]]
                         switch result {
+                        case .success(let body) where body.count > maximumReplyBytes:
+                            // The broker would refuse it: say why instead.
+                            logger.error("service.reply.tooLarge", metadata: ["service.operation": "\(operation)", "service.bytes": "\(body.count)"])
+                            let error = CanopyError(.tooLarge, "the reply of \(handlers.service).\(operation) is \(body.count) bytes, over the broker's limit of \(maximumReplyBytes) bytes; ask for less (a smaller page, or the data in pieces)")
+                            frames = [Wire.version, Wire.Command.workerReply.frame, Wire.frame(id), [Wire.Status.error], (try? codec.encode(error)) ?? []]
                         case .success(let body):
                             frames = [Wire.version, Wire.Command.workerReply.frame, Wire.frame(id), [Wire.Status.ok], body]
                         case .failure(let error):
@@ -155,27 +174,36 @@ public final class ServiceRunner: Service, @unchecked Sendable {
                     guard frames.count >= 2, frames[0] == Wire.version, frames[1].count == 1,
                           let command = Wire.Command(rawValue: frames[1][0])
                     else {
-                        logger.warning("service.dropped", metadata: ["service.reason": "malformed message from the broker"])
+                        warn("malformed message from the broker")
                         continue
                     }
                     switch command {
                     case .dispatch:
                         guard frames.count == 6, let id = Wire.uint64(frames[2]), let header = RequestHeader(frame: frames[4]) else {
-                            logger.warning("service.dropped", metadata: ["service.reason": "malformed request"])
+                            warn("malformed request")
                             continue
                         }
+                        refusals = 0
                         let operation = String(decoding: frames[3], as: UTF8.self)
-                        running[id] = start(id: id, operation: operation, header: header, body: frames[5], session: session.number)
+                        running[id] = (operation, start(id: id, operation: operation, header: header, body: frames[5],
+                                                        maximumReplyBytes: maximumReplyBytes, session: session.number))
                     case .cancelDispatch:
-                        if let id = Wire.uint64(frames.count == 3 ? frames[2] : []) { running[id]?.cancel() }
+                        if let id = Wire.uint64(frames.count == 3 ? frames[2] : []) { running[id]?.task.cancel() }
                     case .brokerHeartbeat:
-                        break
+                        // [version, 0x22, frame limit (u64)]: the registration was taken.
+                        refusals = 0
+                        if frames.count == 3, let limit = Wire.uint64(frames[2]), limit >= 1024 {
+                            maximumReplyBytes = Int(clamping: limit)
+                        }
                     case .brokerDisconnect:
-                        let reason = frames.count > 2 ? String(decoding: frames[2], as: UTF8.self) : ""
-                        logger.notice("service.disconnected", metadata: ["service.reason": "\(reason)"])
+                        let reason = frames.count > 2 ? String(decoding: frames[2].prefix(512), as: UTF8.self) : ""
+                        if warnings.decide("disconnected", now: .now) == .write {
+                            logger.notice("service.disconnected", metadata: ["service.reason": "\(reason)"])
+                        }
+                        refusals += 1
                         reconnect = true
                     default:
-                        logger.warning("service.dropped", metadata: ["service.reason": "command not sent to workers"])
+                        warn("command not sent to workers")
                     }
                     if reconnect { break }
                 }
@@ -185,15 +213,19 @@ public final class ServiceRunner: Service, @unchecked Sendable {
             if let deadline = drainDeadline, running.isEmpty || now >= deadline || reconnect {
                 _ = try? session.socket.send([Wire.version, Wire.Command.workerDisconnect.frame])
                 logger.info("service.stopped", metadata: ["service.abandoned": "\(running.count)"])
-                running.values.forEach { $0.cancel() }
+                running.values.forEach { $0.task.cancel() }
                 return
             }
             if reconnect || now - session.lastHeard > expiry {
                 if !reconnect { logger.notice("service.broker.silent", metadata: ["service.reconnecting": "true"]) }
                 // What the old broker held is its to answer (or to send to another worker).
-                running.values.forEach { $0.cancel() }
+                running.values.forEach { $0.task.cancel() }
                 running.removeAll()
                 session.socket.close()
+                if refusals > 1 {
+                    // Refused again and again (a key not on the allow-list, a reserved name): back off, up to 5 s.
+                    Thread.sleep(forTimeInterval: min(5, 0.1 * Double(1 << min(refusals - 2, 6))))
+                }
                 session = try connect(number: session.number + 1)
                 nextHeartbeat = .now + configuration.heartbeatInterval
                 continue
@@ -205,13 +237,14 @@ public final class ServiceRunner: Service, @unchecked Sendable {
         }
     }
 
-    private func start(id: UInt64, operation: String, header: RequestHeader, body: [UInt8], session: Int) -> Task<Void, Never> {
+    private func start(id: UInt64, operation: String, header: RequestHeader, body: [UInt8], maximumReplyBytes: Int, session: Int) -> Task<Void, Never> {
         var requestLogger = logger
         requestLogger[metadataKey: "service.operation"] = "\(operation)"
         let context = RequestContext(
             principal: header.principal.isEmpty ? nil : header.principal,
             deadline: .now + .milliseconds(Int64(header.timeoutMilliseconds)),
-            logger: requestLogger)
+            logger: requestLogger,
+            maximumReplyBytes: maximumReplyBytes)
         return Task { [handlers, mailbox] in
             let result = await handlers.handle(operation, body: body, context: context)
             mailbox.post(.finished(id: id, session: session, result))

@@ -103,7 +103,13 @@ public enum Wire {
 /// The small header every request carries: deadline, flags and principal.
 ///
 /// Wire form: timeout in milliseconds (u32 BE, 0 = the broker's default), one flags byte,
-/// then the principal (the user id the edge authenticated) as UTF-8, empty when none.
+/// then the principal (the user id the edge authenticated), empty when none.
+///
+/// A principal is 1 to ``maximumPrincipalLength`` bytes of printable ASCII (`0x21`–`0x7E`: no
+/// spaces, no control characters, no Unicode). Two principals are the same person exactly
+/// when their bytes are equal; keeping them ASCII means no layer (Swift `String` equality,
+/// a database collation, a JSON library) can find two different ids "equal" by Unicode
+/// equivalence. User ids such as UUIDs, `user-42` or `auth0|5f2c` fit.
 public struct RequestHeader: Sendable, Equatable {
     /// Flag bits.
     public enum Flag {
@@ -137,13 +143,22 @@ public struct RequestHeader: Sendable, Equatable {
         return bytes
     }
 
-    /// Parses a header frame; `nil` when it is shorter than 5 bytes or the principal is
-    /// not UTF-8.
+    /// Longest principal, in bytes.
+    public static let maximumPrincipalLength = 256
+
+    /// Whether `bytes` may be a principal: 1 to 256 bytes of printable ASCII.
+    public static func isValidPrincipal<Bytes: Collection<UInt8>>(_ bytes: Bytes) -> Bool {
+        !bytes.isEmpty && bytes.count <= maximumPrincipalLength && bytes.allSatisfy { $0 >= 0x21 && $0 <= 0x7E }
+    }
+
+    /// Parses a header frame; `nil` when it is shorter than 5 bytes or the principal is not
+    /// 1 to 256 bytes of printable ASCII.
     public init?(frame: [UInt8]) {
-        guard frame.count >= 5, frame.count <= 5 + 256 else { return nil }
-        timeoutMilliseconds = Wire.uint32(Array(frame[0..<4]))!
+        guard frame.count >= 5, frame.count <= 5 + Self.maximumPrincipalLength else { return nil }
+        timeoutMilliseconds = UInt32(frame[0]) << 24 | UInt32(frame[1]) << 16 | UInt32(frame[2]) << 8 | UInt32(frame[3])
         flags = frame[4]
-        guard let principal = String(validating: frame[5...], as: UTF8.self) else { return nil }
-        self.principal = principal
+        let principal = frame[5...]
+        guard principal.isEmpty || Self.isValidPrincipal(principal) else { return nil }
+        self.principal = String(decoding: principal, as: UTF8.self)
     }
 }

@@ -120,6 +120,12 @@ public final class ZMQSocket {
         }
     }
 
+    /// Sets a text socket option (CURVE keys as Z85, the ZAP domain); values never appear in errors.
+    func setText(_ option: Int32, _ value: String) throws {
+        let rc = value.withCString { zmq_setsockopt(handle, option, $0, strlen($0) + (option == ZMQ_ZAP_DOMAIN ? 0 : 1)) }
+        guard rc == 0 else { throw ZMQError("zmq_setsockopt \(option)") }
+    }
+
     /// Sets the send and receive high-water marks (messages queued per peer).
     public func setHighWaterMarks(_ messages: Int32) throws {
         try set(ZMQ_SNDHWM, messages)
@@ -178,6 +184,19 @@ public final class ZMQSocket {
     ///
     /// - Returns: `nil` when nothing is waiting and `dontWait` is set.
     public func receive(dontWait: Bool = true) throws -> [[UInt8]]? {
+        var userID: String?
+        return try receive(dontWait: dontWait, readingUserID: false, userID: &userID)
+    }
+
+    /// Receives one whole multipart message and the User-Id its connection authenticated
+    /// with (the ZAP handler's answer: the CURVE public key), `nil` without one.
+    public func receiveWithUserID(dontWait: Bool = true) throws -> (frames: [[UInt8]], userID: String?)? {
+        var userID: String?
+        guard let frames = try receive(dontWait: dontWait, readingUserID: true, userID: &userID) else { return nil }
+        return (frames, userID)
+    }
+
+    private func receive(dontWait: Bool, readingUserID: Bool, userID: inout String?) throws -> [[UInt8]]? {
         var frames: [[UInt8]] = []
         frames.reserveCapacity(8)
         var message = zmq_msg_t()
@@ -191,6 +210,9 @@ public final class ZMQSocket {
                 if code == EINTR { continue }
                 if code == EAGAIN && frames.isEmpty { return nil }
                 throw ZMQError("zmq_msg_recv", code: code)
+            }
+            if readingUserID, userID == nil, let property = zmq_msg_gets(&message, "User-Id"), property.pointee != 0 {
+                userID = String(cString: property)
             }
             let count = zmq_msg_size(&message)
             if count == 0 {

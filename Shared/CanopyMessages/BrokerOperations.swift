@@ -55,6 +55,10 @@ public struct BrokerStatistics: Codable, Sendable, Equatable {
     /// Requests answered by the broker itself because they were malformed, named no
     /// service, or hit a bound.
     public var rejected: UInt64
+    /// Messages dropped or refused because they were malformed (bad frames or commands).
+    public var malformed: UInt64
+    /// Bytes of request bodies the broker holds now (queued, or at a worker).
+    public var heldBytes: Int
     /// Coalescable flights in the air that identical requests can still join.
     public var openFlights: Int
     /// One entry per service that has workers, sorted by name.
@@ -65,12 +69,17 @@ public struct BrokerStatistics: Codable, Sendable, Equatable {
     /// - Parameters:
     ///   - uptimeSeconds: seconds since the broker started.
     ///   - rejected: requests the broker answered itself with an error.
+    ///   - malformed: messages dropped or refused as malformed.
+    ///   - heldBytes: bytes of request bodies held now.
     ///   - openFlights: coalescable flights that can still be joined.
     ///   - services: per-service figures.
     ///   - operations: per-operation coalescing figures.
-    public init(uptimeSeconds: Double, rejected: UInt64, openFlights: Int, services: [ServiceStatistics], operations: [OperationStatistics]) {
+    public init(uptimeSeconds: Double, rejected: UInt64, malformed: UInt64, heldBytes: Int, openFlights: Int,
+                services: [ServiceStatistics], operations: [OperationStatistics]) {
         self.uptimeSeconds = uptimeSeconds
         self.rejected = rejected
+        self.malformed = malformed
+        self.heldBytes = heldBytes
         self.openFlights = openFlights
         self.services = services
         self.operations = operations
@@ -85,6 +94,8 @@ public struct ServiceStatistics: Codable, Sendable, Equatable {
     public var workers: Int
     /// Requests waiting for a worker's credit now.
     public var queued: Int
+    /// Bytes of the request bodies waiting for credit now.
+    public var queuedBytes: Int
     /// Requests held by workers now.
     public var inFlight: Int
     /// Requests answered with a reply from a worker.
@@ -98,12 +109,13 @@ public struct ServiceStatistics: Codable, Sendable, Equatable {
 
     /// Makes a statistics entry; every figure is as named.
     public init(
-        name: String, workers: Int, queued: Int, inFlight: Int, served: UInt64, errors: UInt64,
+        name: String, workers: Int, queued: Int, queuedBytes: Int, inFlight: Int, served: UInt64, errors: UInt64,
         p50Micros: UInt64, p99Micros: UInt64
     ) {
         self.name = name
         self.workers = workers
         self.queued = queued
+        self.queuedBytes = queuedBytes
         self.inFlight = inFlight
         self.served = served
         self.errors = errors

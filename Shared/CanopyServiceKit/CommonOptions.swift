@@ -1,11 +1,21 @@
 import ArgumentParser
+import CanopyBus
 import Logging
 
-/// The options every Canopy executable shares: where the broker is and how much to log.
+/// The options every Canopy executable shares: where the broker is, how to authenticate to
+/// it, and how much to log.
 public struct CommonOptions: ParsableArguments {
     /// The broker endpoint to connect to.
     @Option(name: .long, help: ArgumentHelp("Broker endpoint. Env: CANOPY_ENDPOINT.", valueName: "endpoint"))
     public var endpoint: String = Environment.string("CANOPY_ENDPOINT") ?? "tcp://127.0.0.1:5555"
+
+    /// The broker's CurveZMQ public key, or a file holding it.
+    @Option(name: .long, help: ArgumentHelp("The broker's CurveZMQ public key (Z85) or its .pub file; turns CURVE on. Env: CANOPY_CURVE_SERVER_KEY.", valueName: "key|file"))
+    public var curveServerKey: String? = Environment.string("CANOPY_CURVE_SERVER_KEY")
+
+    /// This peer's secret key file.
+    @Option(name: .long, help: ArgumentHelp("This peer's key file from 'canopy keys generate' (its public key must be on the broker's allow-list). Env: CANOPY_CURVE_SECRET_KEY_FILE, or the key itself in CANOPY_CURVE_SECRET_KEY.", valueName: "file"))
+    public var curveSecretKeyFile: String? = Environment.string("CANOPY_CURVE_SECRET_KEY_FILE")
 
     /// The lowest log level written.
     @Option(name: .long, help: ArgumentHelp("trace, debug, info, notice, warning, error or critical. Env: CANOPY_LOG_LEVEL.", valueName: "level"))
@@ -13,6 +23,32 @@ public struct CommonOptions: ParsableArguments {
 
     /// Parsed by argument parser.
     public init() {}
+
+    /// The CurveZMQ settings these options describe: `nil` without a server key; with one but
+    /// no key of its own, a fresh key pair (which only a broker taking any client accepts).
+    public func curveSettings() throws -> CurveClientSettings? {
+        guard let serverKey = curveServerKey else { return nil }
+        do {
+            let keyPair: CurveKeyPair
+            if let file = curveSecretKeyFile {
+                keyPair = try Curve.readKeyPair(file: file)
+            } else if let inline = Environment.string("CANOPY_CURVE_SECRET_KEY") {
+                keyPair = try CurveKeyPair(secretKey: inline)
+            } else {
+                keyPair = try CurveKeyPair.generate()
+            }
+            return CurveClientSettings(serverKey: try Curve.publicKey(serverKey), keyPair: keyPair)
+        } catch let error as Curve.KeyError {
+            throw ValidationError("\(error.description)")
+        }
+    }
+
+    /// A bus client configuration for the broker these options name.
+    public func clientConfiguration() throws -> BusClient.Configuration {
+        var configuration = BusClient.Configuration(endpoint: endpoint)
+        configuration.curve = try curveSettings()
+        return configuration
+    }
 }
 
 extension Logger.Level: @retroactive ExpressibleByArgument {}

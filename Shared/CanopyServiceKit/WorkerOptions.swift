@@ -29,9 +29,10 @@ public struct WorkerOptions: ParsableArguments {
         guard drainTimeoutMs >= 0 else { throw ValidationError("--drain-timeout-ms cannot be negative") }
     }
 
-    /// The runner configuration these options describe, for the broker at `endpoint`.
-    public func runnerConfiguration(endpoint: String) -> ServiceRunner.Configuration {
-        var configuration = ServiceRunner.Configuration(endpoint: endpoint)
+    /// The runner configuration these options describe, for the broker `common` names.
+    public func runnerConfiguration(_ common: CommonOptions) throws -> ServiceRunner.Configuration {
+        var configuration = ServiceRunner.Configuration(endpoint: common.endpoint)
+        configuration.curve = try common.curveSettings()
         configuration.credit = credit
         configuration.heartbeatInterval = .milliseconds(heartbeatMs)
         configuration.liveness = liveness

@@ -10,6 +10,8 @@ public final class LiveBus: @unchecked Sendable {
     public let context = ZMQContext()
     /// The broker's settings.
     public let configuration: BrokerConfiguration
+    /// The broker's CurveZMQ settings, when it runs with CURVE.
+    public let curve: CurveServerSettings?
     /// A logger that writes only errors (set `CANOPY_TEST_LOG_LEVEL` for more).
     public let logger: Logger
     private(set) var broker: BrokerServer
@@ -21,13 +23,14 @@ public final class LiveBus: @unchecked Sendable {
     /// The broker's endpoint, with its port.
     public var endpoint: String { broker.endpoint }
 
-    /// Starts a broker on `tcp://127.0.0.1:*`.
-    public init(configuration: BrokerConfiguration = .testing) throws {
+    /// Starts a broker on `tcp://127.0.0.1:*`, with CurveZMQ when `curve` is given.
+    public init(configuration: BrokerConfiguration = .testing, curve: CurveServerSettings? = nil) throws {
         self.configuration = configuration
+        self.curve = curve
         var logger = Logger(label: "canopy-test")
         logger.logLevel = ProcessInfo.processInfo.environment["CANOPY_TEST_LOG_LEVEL"].flatMap(Logger.Level.init(rawValue:)) ?? .critical
         self.logger = logger
-        let broker = try BrokerServer(endpoint: "tcp://127.0.0.1:*", configuration: configuration, context: context, logger: logger)
+        let broker = try BrokerServer(endpoint: "tcp://127.0.0.1:*", configuration: configuration, curve: curve, context: context, logger: logger)
         self.broker = broker
         brokerTask = Task { try await broker.run() }
     }
@@ -41,7 +44,7 @@ public final class LiveBus: @unchecked Sendable {
         var lastError: Error?
         for _ in 0..<50 { // the port can take a moment to be free again
             do {
-                let broker = try BrokerServer(endpoint: endpoint, configuration: configuration, context: context, logger: logger)
+                let broker = try BrokerServer(endpoint: endpoint, configuration: configuration, curve: curve, context: context, logger: logger)
                 self.broker = broker
                 brokerTask = Task { try await broker.run() }
                 return
@@ -61,10 +64,11 @@ public final class LiveBus: @unchecked Sendable {
         return service
     }
 
-    /// Starts an in-process worker for any service.
-    public func startRunner(_ service: some BusService, credit: Int = 4) {
+    /// Starts an in-process worker for any service (over CURVE with `curve`).
+    public func startRunner(_ service: some BusService, credit: Int = 4, curve: CurveClientSettings? = nil) {
         var runnerConfiguration = ServiceRunner.Configuration(endpoint: endpoint)
         runnerConfiguration.credit = credit
+        runnerConfiguration.curve = curve
         runnerConfiguration.heartbeatInterval = configuration.heartbeatInterval
         runnerConfiguration.liveness = configuration.liveness
         let runner = ServiceRunner(service: service, configuration: runnerConfiguration, context: context, logger: logger)
@@ -85,18 +89,21 @@ public final class LiveBus: @unchecked Sendable {
         return process
     }
 
-    /// A new client of the broker.
-    public func client(timeout: Duration = .seconds(10)) throws -> BusClient {
+    /// A new client of the broker (over CURVE with `curve`).
+    public func client(timeout: Duration = .seconds(10), curve: CurveClientSettings? = nil) throws -> BusClient {
         var clientConfiguration = BusClient.Configuration(endpoint: endpoint)
         clientConfiguration.defaultTimeout = timeout
+        clientConfiguration.curve = curve
         let client = try BusClient(configuration: clientConfiguration, context: context, logger: logger)
         clients.append(client)
         return client
     }
 
-    /// Waits until `service` has `workers` workers, polling `broker.services`.
-    public func waitForWorkers(_ workers: Int, service: String = TestService.name, within limit: Duration = .seconds(30)) async throws {
-        let client = try client(timeout: .seconds(1))
+    /// Waits until `service` has `workers` workers, polling `broker.services` (over CURVE
+    /// with `curve`).
+    public func waitForWorkers(_ workers: Int, service: String = TestService.name, within limit: Duration = .seconds(30),
+                               curve: CurveClientSettings? = nil) async throws {
+        let client = try client(timeout: .seconds(1), curve: curve)
         let deadline = ContinuousClock.now + limit
         while ContinuousClock.now < deadline {
             if let services = try? await client.call(Broker.Services.self, .init()),
@@ -156,8 +163,9 @@ extension BrokerConfiguration {
 }
 
 /// Runs `body` with a fresh live bus and shuts it down afterwards, also when `body` throws.
-public func withLiveBus<T>(configuration: BrokerConfiguration = .testing, _ body: (LiveBus) async throws -> T) async throws -> T {
-    let bus = try LiveBus(configuration: configuration)
+public func withLiveBus<T>(configuration: BrokerConfiguration = .testing, curve: CurveServerSettings? = nil,
+                           _ body: (LiveBus) async throws -> T) async throws -> T {
+    let bus = try LiveBus(configuration: configuration, curve: curve)
     do {
         let result = try await body(bus)
         await bus.shutdown()

@@ -14,13 +14,17 @@ public enum TestService {
         public var text: String
         /// Milliseconds the handler sleeps before answering (cancellable).
         public var sleepMilliseconds: Int
+        /// Bytes of padding added to the echoed text (a small request with a large reply).
+        public var replyPaddingBytes: Int?
 
         /// - Parameters:
         ///   - text: echoed back.
         ///   - sleepMilliseconds: how long the handler sleeps first.
-        public init(text: String, sleepMilliseconds: Int = 0) {
+        ///   - replyPaddingBytes: bytes of `x` appended to the echoed text.
+        public init(text: String, sleepMilliseconds: Int = 0, replyPaddingBytes: Int? = nil) {
             self.text = text
             self.sleepMilliseconds = sleepMilliseconds
+            self.replyPaddingBytes = replyPaddingBytes
         }
     }
 
@@ -99,7 +103,8 @@ public struct TestWorkerService: BusService {
                 counters.cancellations.add(1, ordering: .relaxed)
                 throw error
             }
-            return TestService.Reply(text: request.text, principal: context.principal, pid: getpid(), worker: workerName)
+            let padding = String(repeating: "x", count: min(max(0, request.replyPaddingBytes ?? 0), 64 * 1024 * 1024))
+            return TestService.Reply(text: request.text + padding, principal: context.principal, pid: getpid(), worker: workerName)
         }
         handlers.on(TestService.Echo.self, respond)
         handlers.on(TestService.Append.self, respond)

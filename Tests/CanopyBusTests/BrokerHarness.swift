@@ -15,9 +15,9 @@ struct BrokerHarness {
         if !fresh { _ = advance(configuration.workerExpiry) }
     }
 
-    mutating func receive(_ frames: [[UInt8]], from peer: String) -> [BrokerState.Directive] {
+    mutating func receive(_ frames: [[UInt8]], from peer: String, key: String? = nil) -> [BrokerState.Directive] {
         var out: [BrokerState.Directive] = []
-        state.receive(frames, from: Array(peer.utf8), now: now, into: &out)
+        state.receive(frames, from: Array(peer.utf8), key: key, now: now, into: &out)
         return out
     }
 
@@ -29,9 +29,10 @@ struct BrokerHarness {
     }
 
     @discardableResult
-    mutating func ready(_ worker: String, service: String = "plants", operations: [OperationDescriptor] = BrokerHarness.defaultOperations, credit: UInt32 = 4) -> [BrokerState.Directive] {
+    mutating func ready(_ worker: String, service: String = "plants", operations: [OperationDescriptor] = BrokerHarness.defaultOperations, credit: UInt32 = 4,
+                        key: String? = nil) -> [BrokerState.Directive] {
         let json = try! MessageCodec().encode(operations)
-        return receive([Wire.version, Wire.Command.ready.frame, Array(service.utf8), json, Wire.frame(credit)], from: worker)
+        return receive([Wire.version, Wire.Command.ready.frame, Array(service.utf8), json, Wire.frame(credit)], from: worker, key: key)
     }
 
     mutating func request(_ client: String, _ correlation: UInt64, service: String = "plants", operation: String = "get", timeoutMs: UInt32 = 1_000, principal: String = "", body: String = "{}") -> [BrokerState.Directive] {

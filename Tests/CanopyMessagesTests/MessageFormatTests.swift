@@ -41,8 +41,8 @@ struct MessageFormatTests {
 
     @Test func brokerStatsReplyIsPinned() throws {
         let reply = BrokerStatistics(
-            uptimeSeconds: 12.5, rejected: 3, openFlights: 1,
-            services: [ServiceStatistics(name: "care", workers: 2, queued: 0, inFlight: 2, served: 41, errors: 1, p50Micros: 180, p99Micros: 950)],
+            uptimeSeconds: 12.5, rejected: 3, malformed: 2, heldBytes: 2048, openFlights: 1,
+            services: [ServiceStatistics(name: "care", workers: 2, queued: 0, queuedBytes: 0, inFlight: 2, served: 41, errors: 1, p50Micros: 180, p99Micros: 950)],
             operations: [OperationStatistics(
                 service: "care", operation: "plants.get", requests: 41, coalesced: 37, workerCalls: 5, workerCallsSaved: 37,
                 detachedWaiters: 2, redispatchedFlights: 1, flights: 4, waitersPerFlightP50: 3, waitersPerFlightP99: 30, waitersPerFlightMax: 30)])

@@ -18,7 +18,7 @@ struct TestWorkerCommand: AsyncParsableCommand {
     func run() async throws {
         let logger = LogSetup.logger(label: "canopy-test-worker", level: common.logLevel)
         let runner = ServiceRunner(
-            service: TestWorkerService(workerName: name), configuration: worker.runnerConfiguration(endpoint: common.endpoint),
+            service: TestWorkerService(workerName: name), configuration: try worker.runnerConfiguration(common),
             context: ZMQContext(), logger: logger)
         try await runUntilShutdown([runner], logger: logger)
     }

@@ -33,7 +33,7 @@ struct ServeCare: AsyncParsableCommand {
     func run() async throws {
         let logger = LogSetup.logger(label: "canopy-care", level: common.logLevel)
         let services = try buildCareService(dataDirectory: URL(fileURLWithPath: dataDir).appendingPathComponent("care", isDirectory: true),
-                                            runner: worker.runnerConfiguration(endpoint: common.endpoint), context: ZMQContext(), logger: logger)
+                                            runner: try worker.runnerConfiguration(common), context: ZMQContext(), logger: logger)
         try await runUntilShutdown(services, logger: logger)
     }
 }
@@ -112,7 +112,7 @@ struct Upcoming: AsyncParsableCommand {
     @Option(help: "Days ahead.") var days = 7
 
     func run() async throws {
-        let bus = try BusClient(configuration: .init(endpoint: common.endpoint), context: ZMQContext(), logger: LogSetup.logger(label: "canopy-care", level: .error))
+        let bus = try BusClient(configuration: try common.clientConfiguration(), context: ZMQContext(), logger: LogSetup.logger(label: "canopy-care", level: .error))
         defer { bus.close() }
         do {
             let reply = try await bus.call(Care.UpcomingTasks.self, .init(days: days), principal: user, timeout: .seconds(5))

@@ -9,7 +9,9 @@ public func buildCareService(dataDirectory: URL, runner: ServiceRunner.Configura
     try FileManager.default.createDirectory(at: dataDirectory, withIntermediateDirectories: true)
     let library = CareLibrary(store: try CareStore(path: dataDirectory.appendingPathComponent("care.sqlite").path))
     let worker = ServiceRunner(service: CareService(library: library), configuration: runner, context: context, logger: logger)
-    let bus = try BusClient(configuration: .init(endpoint: runner.endpoint), context: context, logger: logger)
+    var client = BusClient.Configuration(endpoint: runner.endpoint)
+    client.curve = runner.curve // the outbox calls other services with the worker's key
+    let bus = try BusClient(configuration: client, context: context, logger: logger)
     return [worker, Outbox(library: library, bus: bus, interval: .seconds(1), logger: logger)]
 }
 

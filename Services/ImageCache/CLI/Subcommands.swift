@@ -63,7 +63,7 @@ struct ServeImages: AsyncParsableCommand {
         settings.fetchesPerHost = fetchesPerHost
         settings.fullSizeConcurrency = fullSizeConcurrency
         settings.fetchAllowedHosts = Set(fetchAllow.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces).lowercased() }.filter { !$0.isEmpty })
-        let services = try buildImageService(settings: settings, runner: worker.runnerConfiguration(endpoint: common.endpoint), context: ZMQContext(), logger: logger)
+        let services = try buildImageService(settings: settings, runner: try worker.runnerConfiguration(common), context: ZMQContext(), logger: logger)
         try await runUntilShutdown(services, logger: logger)
     }
 }
@@ -133,7 +133,7 @@ struct StatsCommand: AsyncParsableCommand {
 
     func run() async throws {
         let logger = LogSetup.logger(label: "canopy-images", level: .error)
-        let bus = try BusClient(configuration: .init(endpoint: common.endpoint), context: ZMQContext(), logger: logger)
+        let bus = try BusClient(configuration: try common.clientConfiguration(), context: ZMQContext(), logger: logger)
         defer { bus.close() }
         let stats: Images.Stats.Reply
         do {

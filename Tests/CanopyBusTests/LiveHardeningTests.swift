@@ -1,0 +1,182 @@
+import CZeroMQ
+import CanopyBus
+import CanopyMessages
+import CanopyTesting
+import Foundation
+import Testing
+
+/// The reliability and security findings, on the real bus: oversized replies, principals as
+/// bytes, CurveZMQ with an allow-list (Canopy and Majordomo workers), and bursts.
+@Suite(.serialized)
+struct LiveHardeningTests {
+    @Test func aReplyLargerThanTheBrokerTakesIsAnsweredTooLargeAtOnceAndNeverWedgesTheWorker() async throws {
+        var configuration = BrokerConfiguration.testing
+        configuration.maximumFrameBytes = 64 * 1024
+        try await withLiveBus(configuration: configuration) { bus in
+            bus.startWorker(name: "w1", credit: 2)
+            try await bus.waitForWorkers(1)
+            let client = try bus.client(timeout: .seconds(5))
+            // More oversized calls than the worker has credit: each is refused at once.
+            for _ in 0..<8 {
+                let started = ContinuousClock.now
+                let error = await #expect(throws: CanopyError.self) {
+                    try await client.call(TestService.Echo.self, .init(text: "big", replyPaddingBytes: 100_000))
+                }
+                #expect(error?.code == .tooLarge)
+                #expect(error?.message.contains("65536") == true, "the message names the limit: \(error?.message ?? "")")
+                #expect(ContinuousClock.now - started < .seconds(2), "not a timeout")
+            }
+            let reply = try await client.call(TestService.Echo.self, .init(text: "small"))
+            #expect(reply.text == "small", "the worker still has its credit")
+        }
+    }
+
+    @Test func unicodeEquivalentPrincipalsAreRefusedOnTheBus() async throws {
+        try await withLiveBus { bus in
+            bus.startWorker(name: "w1")
+            try await bus.waitForWorkers(1)
+            let client = try bus.client()
+            for principal in ["jose\u{301}", "jos\u{E9}", "\u{212A}ate", "two words"] {
+                let error = await #expect(throws: CanopyError.self) {
+                    try await client.call(TestService.Lookup.self, .init(text: "photo"), principal: principal)
+                }
+                #expect(error?.code == .badRequest)
+            }
+            #expect(try await client.call(TestService.Lookup.self, .init(text: "photo"), principal: "Kate").principal == "Kate")
+        }
+    }
+
+    @Test func aBurstOfSmallRequestsAtOnceGetsNoBusy() async throws {
+        try await withLiveBus { bus in
+            bus.startWorker(name: "w1", credit: 1)
+            try await bus.waitForWorkers(1)
+            let client = try bus.client(timeout: .seconds(60))
+            let busy = try await withThrowingTaskGroup(of: Bool.self) { group in
+                for index in 0..<2_000 {
+                    group.addTask {
+                        do {
+                            _ = try await client.call(TestService.Echo.self, .init(text: "\(index)"))
+                            return false
+                        } catch let error as CanopyError where error.code == .busy {
+                            return true
+                        }
+                    }
+                }
+                return try await group.reduce(0) { $0 + ($1 ? 1 : 0) }
+            }
+            #expect(busy == 0)
+        }
+    }
+
+    // MARK: - CurveZMQ
+
+    struct Keys {
+        let broker = try! CurveKeyPair.generate()
+        let worker = try! CurveKeyPair.generate()
+        let client = try! CurveKeyPair.generate()
+        let stranger = try! CurveKeyPair.generate()
+
+        func settings(anyClient: Bool = false) -> CurveServerSettings {
+            CurveServerSettings(
+                keyPair: broker,
+                allowList: CurveAllowList(workers: WorkerKeys([worker.publicKey: [TestService.name, "legacy"]]), clients: [client.publicKey]),
+                anyClient: anyClient)
+        }
+
+        func peer(_ pair: CurveKeyPair) -> CurveClientSettings {
+            CurveClientSettings(serverKey: broker.publicKey, keyPair: pair)
+        }
+    }
+
+    @Test func withCurveOnlyAnAllowedWorkerKeyServesAndOnlyAllowedKeysCall() async throws {
+        guard Curve.isAvailable else { return }
+        let keys = Keys()
+        try await withLiveBus(curve: keys.settings()) { bus in
+            bus.startRunner(TestWorkerService(workerName: "allowed"), curve: keys.peer(keys.worker))
+            let impostor = TestWorkerService(workerName: "client-key")
+            bus.startRunner(impostor, curve: keys.peer(keys.client)) // may call, may not serve
+            let stranger = TestWorkerService(workerName: "stranger")
+            bus.startRunner(stranger, curve: keys.peer(keys.stranger))
+            try await bus.waitForWorkers(1, curve: keys.peer(keys.client))
+            let client = try bus.client(curve: keys.peer(keys.client))
+            for index in 0..<20 {
+                let reply = try await client.call(TestService.Echo.self, .init(text: "\(index)"), principal: "user-1")
+                #expect(reply.worker == "allowed")
+            }
+            #expect(impostor.counters.calls.load(ordering: .relaxed) == 0)
+            #expect(stranger.counters.calls.load(ordering: .relaxed) == 0)
+            let services = try await client.call(Broker.Services.self, .init())
+            #expect(services.first { $0.name == TestService.name }?.workers == 1)
+
+            // An unknown key cannot call: told so, not left to time out.
+            let outsider = try bus.client(timeout: .seconds(10), curve: keys.peer(keys.stranger))
+            let started = ContinuousClock.now
+            let error = await #expect(throws: CanopyError.self) {
+                try await outsider.call(TestService.Echo.self, .init(text: "let me in"))
+            }
+            #expect(error?.code == .unauthorized)
+            #expect(ContinuousClock.now - started < .seconds(5))
+            // And a peer without CURVE at all gets nowhere.
+            let plain = try bus.client(timeout: .milliseconds(500))
+            await #expect(throws: CanopyError.self) { try await plain.call(TestService.Echo.self, .init(text: "plain")) }
+        }
+    }
+
+    @Test func withCurveAMajordomoWorkerNeedsAnAllowedWorkerKeyToo() async throws {
+        guard Curve.isAvailable else { return }
+        let keys = Keys()
+        try await withLiveBus(curve: keys.settings()) { bus in
+            func majordomoReady(_ pair: CurveKeyPair) throws -> [[UInt8]]? {
+                let socket = try ZMQSocket(bus.context, type: .dealer)
+                defer { socket.close() }
+                try socket.becomeCurveClient(keys.peer(pair))
+                try socket.connect(bus.endpoint)
+                try socket.send([[], Majordomo.worker, [0x01], Array("legacy".utf8)], dontWait: false)
+                // The broker answers a refused READY with DISCONNECT; an accepted one with nothing.
+                let deadline = ContinuousClock.now + .seconds(3)
+                while ContinuousClock.now < deadline {
+                    if let frames = try socket.receive() { return frames }
+                    usleep(10_000)
+                }
+                return nil
+            }
+            let refused = try majordomoReady(keys.client)
+            #expect(refused.map { $0.count > 2 ? $0[2] : [] } == Majordomo.Command.disconnect.frame)
+            let accepted = try majordomoReady(keys.worker)
+            #expect(accepted == nil || accepted?[2] == Majordomo.Command.heartbeat.frame)
+        }
+    }
+
+    @Test func anyClientModeLetsUnknownKeysCallButNotServe() async throws {
+        guard Curve.isAvailable else { return }
+        let keys = Keys()
+        try await withLiveBus(curve: keys.settings(anyClient: true)) { bus in
+            bus.startRunner(TestWorkerService(workerName: "allowed"), curve: keys.peer(keys.worker))
+            let stranger = TestWorkerService(workerName: "stranger")
+            bus.startRunner(stranger, curve: keys.peer(keys.stranger))
+            try await bus.waitForWorkers(1, curve: keys.peer(keys.stranger))
+            let client = try bus.client(curve: keys.peer(try CurveKeyPair.generate()))
+            for index in 0..<10 {
+                #expect(try await client.call(TestService.Echo.self, .init(text: "\(index)")).worker == "allowed")
+            }
+            #expect(stranger.counters.calls.load(ordering: .relaxed) == 0)
+        }
+    }
+
+    @Test func allowListsAreParsedLineByLineWithClearErrors() throws {
+        let worker = try CurveKeyPair.generate().publicKey, client = try CurveKeyPair.generate().publicKey
+        let list = try CurveAllowList(parsing: """
+            # role  key  services
+            worker  \(worker)  care,images
+
+            client \(client)
+            """)
+        #expect(list.workers.allows(worker, service: "care"))
+        #expect(!list.workers.allows(worker, service: "remind"))
+        #expect(!list.workers.allows(client, service: "care"))
+        #expect(list.mayConnect(client) && list.mayConnect(worker))
+        #expect(throws: Curve.KeyError.self) { try CurveAllowList(parsing: "worker \(worker)") }
+        #expect(throws: Curve.KeyError.self) { try CurveAllowList(parsing: "admin \(worker) *") }
+        #expect(throws: Curve.KeyError.self) { try CurveAllowList(parsing: "client not-a-key") }
+    }
+}
