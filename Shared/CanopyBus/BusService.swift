@@ -84,8 +84,11 @@ public struct OperationHandlers: Sendable {
         precondition(Operation.service == service, "\(Operation.self) belongs to '\(Operation.service)', not '\(service)'")
         precondition(entries[Operation.name] == nil, "\(service).\(Operation.name) is registered twice")
         let codec = self.codec
+        // Requests that check their own fields are checked before the handler sees them.
+        let validates = Operation.Request.self is any Validatable.Type
         entries[Operation.name] = Entry(descriptor: Operation.descriptor) { body, context in
             let request = try codec.decode(Operation.Request.self, from: body)
+            if validates, let checked = request as? any Validatable { try checked.validate() }
             return try codec.encode(try await handler(request, context))
         }
     }

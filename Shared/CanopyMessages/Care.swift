@@ -226,10 +226,14 @@ public enum Care {
             public var plants: [Plant]
             /// How many match in all (for paging).
             public var total: Int
+            /// The offset of the next page; absent on the last. A page may hold fewer than
+            /// `limit` plants when more would not fit in one reply on the bus.
+            public var nextOffset: Int?
 
-            public init(plants: [Plant], total: Int) {
+            public init(plants: [Plant], total: Int, nextOffset: Int? = nil) {
                 self.plants = plants
                 self.total = total
+                self.nextOffset = nextOffset
             }
         }
         public static let service = Care.service

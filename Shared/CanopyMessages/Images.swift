@@ -87,15 +87,24 @@ public enum Images {
     }
 
     /// `images.variant`: a ready-made size of a photo, made on first request and cached.
+    ///
+    /// A variant larger than one reply on the bus may carry (a full-size photo of 20 MB on a
+    /// broker that takes 16 MiB frames) travels in pieces: the reply holds the bytes from
+    /// `offset` on, as many as fit, with `totalBytes` and `nextOffset`; the caller asks again
+    /// from `nextOffset` until it is absent (`BusClient.wholeVariant` does this).
     public enum GetVariant: BusOperation {
         public struct Request: Codable, Sendable, Equatable {
             public var sha256: String
             public var variant: Variant
             public var format: Format
-            public init(sha256: String, variant: Variant, format: Format = .jpeg) {
+            /// The first byte wanted; 0 (the default) from the start.
+            public var offset: Int
+            enum CodingKeys: String, CodingKey { case sha256, variant, format, offset }
+            public init(sha256: String, variant: Variant, format: Format = .jpeg, offset: Int = 0) {
                 self.sha256 = sha256
                 self.variant = variant
                 self.format = format
+                self.offset = offset
             }
         }
         public struct Reply: Codable, Sendable, Equatable {
@@ -104,11 +113,19 @@ public enum Images {
             public var format: Format
             public var width: Int
             public var height: Int
+            /// The variant's bytes from `offset` on: all of them, or one piece.
             public var data: Data
             /// Where it came from: `memory`, `disk`, `made`, or `original` (the full variant in
             /// the format the original is stored in: the stored original itself).
             public var source: String
-            public init(sha256: String, variant: Variant, format: Format, width: Int, height: Int, data: Data, source: String) {
+            /// Where `data` starts in the variant.
+            public var offset: Int
+            /// The whole variant's size in bytes.
+            public var totalBytes: Int
+            /// Where the next piece starts; absent when `data` reaches the end.
+            public var nextOffset: Int?
+            public init(sha256: String, variant: Variant, format: Format, width: Int, height: Int, data: Data, source: String,
+                        offset: Int = 0, totalBytes: Int? = nil, nextOffset: Int? = nil) {
                 self.sha256 = sha256
                 self.variant = variant
                 self.format = format
@@ -116,6 +133,9 @@ public enum Images {
                 self.height = height
                 self.data = data
                 self.source = source
+                self.offset = offset
+                self.totalBytes = totalBytes ?? data.count
+                self.nextOffset = nextOffset
             }
         }
         public static let service = Images.service
@@ -190,12 +210,13 @@ public enum Images {
                 self.sha256 = sha256
             }
         }
+        /// Only what concerns the caller: how many of *their* photos were removed. Whether
+        /// the original was deleted too depends on whether someone else holds the same bytes,
+        /// which is not the caller's to know.
         public struct Reply: Codable, Sendable, Equatable {
             public var photos: Int
-            public var originalsDeleted: Int
-            public init(photos: Int, originalsDeleted: Int) {
+            public init(photos: Int) {
                 self.photos = photos
-                self.originalsDeleted = originalsDeleted
             }
         }
         public static let service = Images.service
@@ -275,11 +296,28 @@ public enum Images {
 }
 
 extension Images.GetVariant.Request {
-    /// `format` defaults to JPEG.
+    /// `format` defaults to JPEG, `offset` to 0.
     public init(from decoder: any Decoder) throws {
         let values = try decoder.container(keyedBy: CodingKeys.self)
         self.init(sha256: try values.decode(String.self, forKey: .sha256), variant: try values.decode(Images.Variant.self, forKey: .variant),
-                  format: try values.decodeIfPresent(Images.Format.self, forKey: .format) ?? .jpeg)
+                  format: try values.decodeIfPresent(Images.Format.self, forKey: .format) ?? .jpeg,
+                  offset: try values.decodeIfPresent(Int.self, forKey: .offset) ?? 0)
+    }
+
+    /// Encodes `offset` only when it is not 0, so a whole-variant request keeps the bytes it
+    /// always had (and coalesces with requests from older callers).
+    public func encode(to encoder: any Encoder) throws {
+        var values = encoder.container(keyedBy: CodingKeys.self)
+        try values.encode(sha256, forKey: .sha256)
+        try values.encode(variant, forKey: .variant)
+        try values.encode(format, forKey: .format)
+        if offset != 0 { try values.encode(offset, forKey: .offset) }
+    }
+}
+
+extension Images.GetVariant.Request: Validatable {
+    public func validate() throws(CanopyError) {
+        try Field.integer(offset, "offset", 0...Int(Int32.max))
     }
 }
 

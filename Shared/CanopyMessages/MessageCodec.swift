@@ -40,13 +40,60 @@ public struct MessageCodec: Sendable {
     /// Decodes a value, turning any decoding failure into a ``CanopyError/Code/badRequest``
     /// that says what was wrong.
     public func decode<T: Decodable>(_ type: T.Type, from bytes: [UInt8]) throws(CanopyError) -> T {
+        try JSONShape.check(bytes)
         do {
             return try decoder.decode(type, from: Data(bytes))
         } catch let error as DecodingError {
+            if case .dataCorrupted(let context) = error, context.codingPath.isEmpty, let field = misfitNumber(in: bytes, for: type) {
+                // Valid JSON whose number does not fit its field: this decoder reports it without a path.
+                throw CanopyError(.badRequest, "invalid value for \(T.self): the number at '\(field.path)' (\(field.text)) does not fit its field; whole numbers are integers from -2^63 to 2^63-1")
+            }
             throw CanopyError(.badRequest, "invalid JSON for \(T.self): \(Self.describe(error))")
         } catch {
             throw CanopyError(.badRequest, "invalid JSON for \(T.self): \(error)")
         }
+    }
+
+    /// When `bytes` are valid JSON that fails to decode as `T` for one number (a fraction or a
+    /// number past 64 bits where a whole number is expected), that number's key path. Found by
+    /// setting each such number to 0 in turn and decoding again; only on the error path.
+    private func misfitNumber<T: Decodable>(in bytes: [UInt8], for type: T.Type) -> (path: String, text: String)? {
+        guard let object = try? JSONSerialization.jsonObject(with: Data(bytes), options: [.fragmentsAllowed]) else { return nil }
+        var candidates: [(path: [Any], text: String)] = []
+        func collect(_ value: Any, _ path: [Any]) {
+            guard candidates.count < 64, path.count < 16 else { return }
+            if let dictionary = value as? [String: Any] {
+                for (key, child) in dictionary { collect(child, path + [key]) }
+            } else if let array = value as? [Any] {
+                for (index, child) in array.prefix(256).enumerated() { collect(child, path + [index]) }
+            } else if let number = value as? NSNumber { // true and false are whole, never candidates
+                let double = number.doubleValue
+                if double != double.rounded() || abs(double) >= 9.2e18 { candidates.append((path, number.stringValue)) }
+            }
+        }
+        collect(object, [])
+        func replacing(_ value: Any, at path: ArraySlice<Any>) -> Any {
+            guard let first = path.first else { return 0 }
+            if let key = first as? String, var dictionary = value as? [String: Any], let child = dictionary[key] {
+                dictionary[key] = replacing(child, at: path.dropFirst())
+                return dictionary
+            }
+            if let index = first as? Int, var array = value as? [Any], array.indices.contains(index) {
+                array[index] = replacing(array[index], at: path.dropFirst())
+                return array
+            }
+            return value
+        }
+        for candidate in candidates {
+            guard let data = try? JSONSerialization.data(withJSONObject: replacing(object, at: candidate.path[...]), options: [.fragmentsAllowed]) else { continue }
+            do {
+                _ = try decoder.decode(type, from: data)
+            } catch DecodingError.dataCorrupted(let context) where context.codingPath.isEmpty {
+                continue // still the same failure: not this number
+            } catch {}
+            return (candidate.path.map { "\($0)" }.joined(separator: "."), candidate.text)
+        }
+        return nil
     }
 
     private static func describe(_ error: DecodingError) -> String {
@@ -55,8 +102,11 @@ public struct MessageCodec: Sendable {
             return keys.isEmpty ? "" : " at \(keys.joined(separator: "."))"
         }
         switch error {
+        case .dataCorrupted(let context) where !context.codingPath.isEmpty:
+            // Valid JSON, but a value its field cannot hold (1.5 or 2^64 for a whole number).
+            return "the value\(path(context)) is out of range for its field: \(context.debugDescription)"
         case .dataCorrupted(let context):
-            return "the body is not valid JSON\(path(context)): \(context.debugDescription)"
+            return "the body is not valid JSON: \(context.debugDescription)"
         case .keyNotFound(let key, let context):
             return "missing key '\(key.stringValue)'\(path(context))"
         case .typeMismatch(let type, let context):

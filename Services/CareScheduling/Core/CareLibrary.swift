@@ -1,3 +1,4 @@
+import CanopyBus
 import CanopyMessages
 import Foundation
 import GRDB
@@ -7,33 +8,24 @@ final class CareLibrary: Sendable {
     let store: CareStore
     /// Tasks handed to canopy-remind per person (the pending local notifications an iPhone keeps).
     let reminderWindow: Int
+    /// Plants one person may keep.
+    let maximumPlants: Int
     private let codec = MessageCodec()
 
-    init(store: CareStore, reminderWindow: Int = 64) {
+    init(store: CareStore, reminderWindow: Int = 64, maximumPlants: Int = Care.Limits.plantsPerPerson) {
         self.store = store
         self.reminderWindow = reminderWindow
+        self.maximumPlants = maximumPlants
     }
 
     private func notFound(_ id: String) -> CanopyError {
         CanopyError(.notFound, "no plant \(id) in your collection; care.plants.list shows them")
     }
 
-    private func validate(_ plant: Care.Plant) throws {
-        guard !plant.scientificName.trimmingCharacters(in: .whitespaces).isEmpty, plant.scientificName.count <= 200 else {
-            throw CanopyError(.badRequest, "a plant needs a scientific name of at most 200 characters")
-        }
-        if let confidence = plant.identificationConfidence, !(0...1).contains(confidence) {
-            throw CanopyError(.badRequest, "identificationConfidence is between 0 and 1")
-        }
-        guard plant.commonNames.count <= 20, plant.imageIDs.count <= 200, (plant.notes?.count ?? 0) <= 10_000 else {
-            throw CanopyError(.tooLarge, "at most 20 common names, 200 images and 10,000 characters of notes")
-        }
-    }
-
     // MARK: - Plants
 
     func add(_ plant: Care.Plant, owner: String, now: Date = Date()) throws -> Care.Plant {
-        try validate(plant)
+        try plant.validate()
         var plant = plant
         plant.id = UUID().uuidString.lowercased()
         plant.dateAdded = now
@@ -44,6 +36,10 @@ final class CareLibrary: Sendable {
         if plant.genus.isEmpty { plant.genus = String(plant.scientificName.split(separator: " ").first ?? "") }
         let override = plant.profileOverridden ? plant.profile : nil
         return try store.database.write { db in
+            let count = try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM plants WHERE owner = ?", arguments: [owner]) ?? 0
+            guard count < maximumPlants else {
+                throw CanopyError(.tooLarge, "your collection has \(count) plants, the most one person may keep; delete some before adding more")
+            }
             let scheduler = try Scheduler(preferences: try store.preferences(db, owner: owner))
             try store.save(db, plant, owner: owner, override: override)
             let saved = try store.plant(db, owner: owner, id: plant.id)!
@@ -59,7 +55,7 @@ final class CareLibrary: Sendable {
     }
 
     func update(_ plant: Care.Plant, owner: String, now: Date = Date()) throws -> Care.Plant {
-        try validate(plant)
+        try plant.validate()
         return try store.database.write { db in
             guard let existing = try store.plant(db, owner: owner, id: plant.id) else { throw notFound(plant.id) }
             var updated = plant
@@ -93,11 +89,23 @@ final class CareLibrary: Sendable {
         }
     }
 
-    func list(_ request: Care.ListPlants.Request, owner: String) throws -> Care.ListPlants.Reply {
-        guard (1...500).contains(request.limit), request.offset >= 0 else {
-            throw CanopyError(.badRequest, "limit is 1 to 500 and offset at least 0")
+    /// A page of the collection. The page ends early when the next plant would take the
+    /// reply past `replyBytes` (the broker's frame limit); `nextOffset` says where to go on.
+    func list(_ request: Care.ListPlants.Request, owner: String, replyBytes: Int = RequestContext.defaultMaximumReplyBytes) throws -> Care.ListPlants.Reply {
+        try request.validate()
+        var reply = try store.list(owner: owner, request)
+        var budget = replyBytes - 1_024
+        let fitting = reply.plants.prefix { plant in
+            budget -= plant.listingBytesBound
+            return budget >= 0
         }
-        return try store.list(owner: owner, request)
+        guard !fitting.isEmpty || reply.plants.isEmpty else {
+            throw CanopyError(.tooLarge, "one plant of this page is larger than the broker's frame limit of \(replyBytes) bytes; raise --max-frame-bytes")
+        }
+        reply.plants = Array(fitting)
+        let next = request.offset + reply.plants.count
+        reply.nextOffset = next < reply.total ? next : nil
+        return reply
     }
 
     func statistics(owner: String, now: Date = Date()) throws -> Care.Statistics.Reply {
@@ -123,10 +131,7 @@ final class CareLibrary: Sendable {
     // MARK: - Preferences and tasks
 
     func setPreferences(_ preferences: Care.Preferences, owner: String, now: Date = Date()) throws -> Care.Preferences {
-        let scheduler = try Scheduler(preferences: preferences)
-        if let start = preferences.pauseStart, let end = preferences.pauseEnd, end <= start {
-            throw CanopyError(.badRequest, "the pause must end after it starts")
-        }
+        let scheduler = try Scheduler(preferences: preferences) // validates them
         try store.database.write { db in
             try store.savePreferences(db, preferences, owner: owner)
             for row in try Row.fetchAll(db, sql: "SELECT * FROM plants WHERE owner = ?", arguments: [owner]) {
@@ -138,11 +143,11 @@ final class CareLibrary: Sendable {
     }
 
     func upcoming(days: Int, limit: Int?, owner: String, now: Date = Date()) throws -> Care.UpcomingTasks.Reply {
-        guard (0...366).contains(days) else { throw CanopyError(.badRequest, "days is 0 to 366") }
+        try Care.UpcomingTasks.Request(days: days, limit: limit).validate()
         let horizon = now.addingTimeInterval(Double(days) * 86_400).timeIntervalSince1970
         let rows = try store.database.read { db in
             try Row.fetchAll(db, sql: "SELECT * FROM tasks WHERE owner = ? AND showAt < ? ORDER BY showAt, id LIMIT ?",
-                             arguments: [owner, horizon, min(limit ?? 1_000, 5_000)])
+                             arguments: [owner, horizon, limit ?? 1_000])
         }
         let tasks = rows.map(CareStore.task)
         let now = now
@@ -196,11 +201,15 @@ final class CareLibrary: Sendable {
 
     /// Adds a task of the person's own to a plant.
     func addCustomTask(_ request: Care.AddCustomTask.Request, owner: String, now: Date = Date()) throws -> Care.Task {
+        try request.validate()
         let title = request.title.trimmingCharacters(in: .whitespaces)
-        guard !title.isEmpty, title.count <= 200 else { throw CanopyError(.badRequest, "a custom task needs a title of 1 to 200 characters") }
-        guard (1...3_650).contains(request.everyDays) else { throw CanopyError(.badRequest, "everyDays is 1 to 3650") }
         return try store.database.write { db in
             guard try store.plant(db, owner: owner, id: request.plantID) != nil else { throw notFound(request.plantID) }
+            let custom = try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM tasks WHERE owner = ? AND plantID = ? AND kind = 'custom'",
+                                          arguments: [owner, request.plantID]) ?? 0
+            guard custom < Care.Limits.customTasksPerPlant else {
+                throw CanopyError(.tooLarge, "this plant has \(custom) custom tasks, the most one plant may have; remove one first")
+            }
             let id = "\(request.plantID):custom:\(UUID().uuidString.lowercased())"
             try store.scheduleCustom(db, id: id, owner: owner, plantID: request.plantID, title: title, everyDays: request.everyDays,
                                      anchor: now, scheduler: try Scheduler(preferences: try store.preferences(db, owner: owner)))
@@ -212,7 +221,8 @@ final class CareLibrary: Sendable {
     func log(plantID: String, owner: String) throws -> [Care.LogEntry] {
         try store.database.read { db in
             guard try store.plant(db, owner: owner, id: plantID) != nil else { throw notFound(plantID) }
-            return try Row.fetchAll(db, sql: "SELECT * FROM careLog WHERE owner = ? AND plantID = ? ORDER BY at DESC", arguments: [owner, plantID]).map {
+            return try Row.fetchAll(db, sql: "SELECT * FROM careLog WHERE owner = ? AND plantID = ? ORDER BY at DESC LIMIT ?",
+                                    arguments: [owner, plantID, Care.Limits.logEntries]).map {
                 Care.LogEntry(plantID: $0["plantID"], kind: Care.TaskKind(rawValue: $0["kind"]) ?? .custom, at: Date(timeIntervalSince1970: $0["at"]))
             }
         }

@@ -14,7 +14,7 @@ public struct CareService: BusService {
     public func register(_ handlers: inout OperationHandlers) {
         let library = self.library
         handlers.on(Care.CatalogSearch.self) { request, _ in
-            library.store.catalog.search(request.text, limit: min(max(request.limit ?? 20, 1), 100))
+            library.store.catalog.search(request.text, limit: request.limit ?? 20)
         }
         handlers.on(Care.AddPlant.self) { plant, context in try library.add(plant, owner: try context.requirePrincipal()) }
         handlers.on(Care.GetPlant.self) { request, context in try library.get(request.id, owner: try context.requirePrincipal()) }
@@ -23,7 +23,9 @@ public struct CareService: BusService {
             try library.delete(request.id, owner: try context.requirePrincipal())
             return Empty()
         }
-        handlers.on(Care.ListPlants.self) { request, context in try library.list(request, owner: try context.requirePrincipal()) }
+        handlers.on(Care.ListPlants.self) { request, context in
+            try library.list(request, owner: try context.requirePrincipal(), replyBytes: context.maximumReplyBytes)
+        }
         handlers.on(Care.Statistics.self) { _, context in try library.statistics(owner: try context.requirePrincipal()) }
         handlers.on(Care.SetPreferences.self) { preferences, context in try library.setPreferences(preferences, owner: try context.requirePrincipal()) }
         handlers.on(Care.UpcomingTasks.self) { request, context in

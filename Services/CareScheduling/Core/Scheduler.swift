@@ -19,16 +19,12 @@ struct Scheduler: Sendable {
     let preferences: Care.Preferences
     let calendar: Calendar
 
-    /// - Throws: `badRequest` for a time zone that is not an IANA name.
+    /// - Throws: `badRequest` for preferences out of range (``Care/Preferences/validate()``)
+    ///   or a time zone that is not an IANA name.
     init(preferences: Care.Preferences) throws(CanopyError) {
+        try preferences.validate()
         guard let zone = TimeZone(identifier: preferences.timeZone), preferences.timeZone.contains("/") || preferences.timeZone == "UTC" || preferences.timeZone == "GMT" else {
             throw CanopyError(.badRequest, "'\(preferences.timeZone)' is not an IANA time zone such as Europe/Berlin or America/New_York")
-        }
-        guard (0..<1440).contains(preferences.preferredMinute) else {
-            throw CanopyError(.badRequest, "preferredMinute is minutes after midnight, 0 to 1439")
-        }
-        guard preferences.wateringFactor > 0.2, preferences.wateringFactor < 5 else {
-            throw CanopyError(.badRequest, "wateringFactor must be between 0.2 and 5")
         }
         var calendar = Calendar(identifier: .gregorian)
         calendar.timeZone = zone

@@ -45,6 +45,9 @@ final class ImageLibrary: Sendable {
         cache = try VariantCache(directory: directory.appendingPathComponent("variants", isDirectory: true), limits: configuration.cache)
     }
 
+    /// Photos one plant may have (so `images.list` stays one reply).
+    static let maximumPhotosPerPlant = 500
+
     static func sha256(_ bytes: [UInt8]) -> String {
         SHA256.hash(data: bytes).map { String(format: "%02x", $0) }.joined()
     }
@@ -65,6 +68,10 @@ final class ImageLibrary: Sendable {
     /// piece of metadata stripped) and content-addressed, stored once however often it comes.
     func put(_ bytes: [UInt8], owner: String, plantID: String, now: Date = Date()) async throws -> Images.Photo {
         guard !plantID.isEmpty, plantID.utf8.count <= 128 else { throw CanopyError(.badRequest, "plantID must be 1 to 128 characters") }
+        let photos = try store.photos(owner: owner, plantID: plantID)
+        guard photos.count < Self.maximumPhotosPerPlant || photos.contains(where: { $0.sha256 == Self.sha256(bytes) }) else {
+            throw CanopyError(.tooLarge, "this plant has \(photos.count) photos, the most one plant may have; remove one with images.purge first")
+        }
         let (store, processor) = (self.store, self.processor)
         let inspected = try processor.inspect(bytes)
         let sha256 = try await offThePool { Self.sha256(bytes) }
@@ -81,6 +88,30 @@ final class ImageLibrary: Sendable {
     /// Fetches a remote photo (see ``RemoteFetcher``) and stores it as ``put(_:owner:plantID:now:)`` does.
     func fetch(_ url: String, owner: String, plantID: String) async throws -> Images.Photo {
         try await put(try await fetcher.fetch(url), owner: owner, plantID: plantID)
+    }
+
+    /// The bytes of variant data one reply carries when replies may be `replyBytes` long:
+    /// base64 takes 4 bytes for 3, and the rest of the reply takes under 2 KiB. At most 8 MiB,
+    /// so one large photo does not hold the bus for long.
+    static func pieceBytes(replyBytes: Int) -> Int {
+        min(8 * 1024 * 1024, max(1024, (replyBytes - 2048) / 4 * 3))
+    }
+
+    /// A variant, or the piece of it from `request.offset` that fits in a reply of
+    /// `replyBytes` (see ``Images/GetVariant``).
+    func variant(_ request: Images.GetVariant.Request, owner: String, replyBytes: Int) async throws -> Images.GetVariant.Reply {
+        let whole = try await variant(request, owner: owner)
+        guard request.offset > 0 || whole.data.count > Self.pieceBytes(replyBytes: replyBytes) else { return whole }
+        guard request.offset < whole.data.count else {
+            throw CanopyError(.badRequest, "offset \(request.offset) is past the end of the variant (\(whole.data.count) bytes)")
+        }
+        let end = min(whole.data.count, request.offset + Self.pieceBytes(replyBytes: replyBytes))
+        var piece = whole
+        piece.data = whole.data.subdata(in: request.offset..<end)
+        piece.offset = request.offset
+        piece.totalBytes = whole.data.count
+        piece.nextOffset = end < whole.data.count ? end : nil
+        return piece
     }
 
     /// A variant: the stored original (full, in the format it is stored in), from memory,
@@ -165,7 +196,7 @@ final class ImageLibrary: Sendable {
     func purge(owner: String, plantID: String, sha256: String? = nil) async throws -> Images.Purge.Reply {
         let (photos, deleted) = try store.purge(owner: owner, plantID: plantID, sha256: sha256)
         for sha in deleted { await cache.purge(sha) }
-        return Images.Purge.Reply(photos: photos, originalsDeleted: deleted.count)
+        return Images.Purge.Reply(photos: photos) // whether originals went too is not the caller's to know
     }
 
     /// Makes variants ahead of time, `warmConcurrency` photos at once.

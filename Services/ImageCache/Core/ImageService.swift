@@ -22,7 +22,7 @@ public struct ImageService: BusService {
             try await library.fetch(request.url, owner: try context.requirePrincipal(), plantID: request.plantID)
         }
         handlers.on(Images.GetVariant.self) { request, context in
-            try await library.variant(request, owner: try context.requirePrincipal())
+            try await library.variant(request, owner: try context.requirePrincipal(), replyBytes: context.maximumReplyBytes)
         }
         handlers.on(Images.Palette.self) { request, context in
             try await library.palette(request.sha256, owner: try context.requirePrincipal())

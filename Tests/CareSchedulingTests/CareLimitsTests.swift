@@ -1,0 +1,195 @@
+import CanopyBus
+import CanopyMessages
+import CanopyTesting
+import Foundation
+import Testing
+@testable import CareScheduling
+
+/// What one person can store and list is bounded, and every field out of range is refused
+/// with a message naming it, before anything is written.
+struct CareLimitsTests {
+    let directory: URL
+    let library: CareLibrary
+    let codec = MessageCodec()
+
+    init() throws {
+        directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-care-limits-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        library = CareLibrary(store: try CareStore(path: directory.appendingPathComponent("care.sqlite").path), maximumPlants: 5)
+    }
+
+    func refusal(_ body: () throws -> Void) -> CanopyError? {
+        do {
+            try body()
+            return nil
+        } catch let error as CanopyError {
+            return error
+        } catch {
+            return CanopyError(.internal, "\(error)")
+        }
+    }
+
+    func plantCount() throws -> Int {
+        try library.store.database.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM plants") ?? 0 }
+    }
+
+    /// A plant with one field far over its limit (built here: test arguments are printed).
+    func oversized(_ field: String) -> Care.Plant {
+        switch field {
+        case "customName": Care.Plant(scientificName: "Ficus lyrata", customName: String(repeating: "x", count: 1_000_000))
+        case "location": Care.Plant(scientificName: "Ficus lyrata", location: String(repeating: "y", count: 2_000_000))
+        case "family": Care.Plant(scientificName: "Ficus lyrata", family: String(repeating: "z", count: 101))
+        case "commonNames[0]": Care.Plant(scientificName: "Ficus lyrata", commonNames: [String(repeating: "n", count: 2_000)])
+        case "imageIDs": Care.Plant(scientificName: "Ficus lyrata", imageIDs: Array(repeating: "a", count: 201))
+        // One character with 500,000 combining marks: one "character", 1 MB of UTF-8.
+        default: Care.Plant(scientificName: "Ficus lyrata", notes: "e" + String(repeating: "\u{301}", count: 500_000))
+        }
+    }
+
+    @Test(arguments: ["customName", "location", "family", "commonNames[0]", "imageIDs", "notes"])
+    func oversizedPlantFieldsAreRefusedByBytesNamingTheField(field: String) throws {
+        let error = refusal { _ = try library.add(oversized(field), owner: "alice") }
+        #expect(error?.code == .tooLarge)
+        #expect(error?.message.hasPrefix(field) == true, "\(error?.message.prefix(120) ?? "")")
+        #expect(try plantCount() == 0)
+    }
+
+    @Test func profileOverridesOutOfRangeAreRefusedNamingTheField() throws {
+        let base = try #require(Catalog.shipped.lookup("Monstera deliciosa")?.profile)
+        let cases: [(String, (inout Care.Profile) -> Void)] = [
+            ("profile.wateringIntervalDays", { $0.wateringIntervalDays = -5 }),
+            ("profile.repotIntervalMonths", { $0.repotIntervalMonths = -12 }),
+            ("profile.dormancyMonths[0]", { $0.dormancyMonths = [13] }),
+            ("profile.dormancyMonths[1]", { $0.dormancyMonths = [1, -1] }),
+            ("profile temperatures", { $0.temperatureMinimumC = 30; $0.temperatureMaximumC = 10 }),
+            ("profile.humidity", { $0.humidity = "soggy" }),
+            ("profile.temperatureOptimumC", { $0.temperatureOptimumC = .infinity }),
+        ]
+        for (field, change) in cases {
+            var profile = base
+            change(&profile)
+            let plant = Care.Plant(scientificName: "Monstera deliciosa", profile: profile, profileOverridden: true)
+            let error = refusal { _ = try library.add(plant, owner: "alice") }
+            #expect(error?.code == .badRequest, "\(field)")
+            #expect(error?.message.hasPrefix(field) == true, "\(field): \(error?.message ?? "accepted")")
+        }
+        #expect(try plantCount() == 0)
+    }
+
+    @Test func preferencesOutOfRangeAreRefusedNamingTheField() throws {
+        let cases: [(String, Care.Preferences)] = [
+            ("quietStartMinute", Care.Preferences(quietStartMinute: -5, quietEndMinute: 60)),
+            ("quietEndMinute", Care.Preferences(quietStartMinute: 60, quietEndMinute: 99_999)),
+            ("quietStartMinute and quietEndMinute", Care.Preferences(quietStartMinute: 60)),
+            ("preferredMinute", Care.Preferences(preferredMinute: 1_440)),
+            ("pauseStart", Care.Preferences(pauseStart: Date(timeIntervalSince1970: 3_093_527_980_800), pauseEnd: Date(timeIntervalSince1970: 3_093_528_000_000))),
+            ("timeZone", Care.Preferences(timeZone: String(repeating: "A", count: 65))),
+        ]
+        for (field, preferences) in cases {
+            let error = refusal { _ = try library.setPreferences(preferences, owner: "alice") }
+            #expect(error != nil && [.badRequest, .tooLarge].contains(error!.code), "\(field)")
+            #expect(error?.message.hasPrefix(field) == true, "\(field): \(error?.message ?? "accepted")")
+        }
+    }
+
+    @Test func limitsAreRangesNotSpecialValues() throws {
+        let negative = refusal { _ = try library.upcoming(days: 7, limit: -1, owner: "alice") }
+        #expect(negative?.message.hasPrefix("limit") == true)
+        let list = refusal { _ = try library.list(.init(limit: 0), owner: "alice") }
+        #expect(list?.message.hasPrefix("limit") == true)
+        let year99999 = refusal { _ = try library.list(.init(addedFrom: Date(timeIntervalSince1970: 3_093_527_980_800)), owner: "alice") }
+        #expect(year99999?.message.hasPrefix("addedFrom") == true)
+    }
+
+    @Test func onePersonKeepsABoundedNumberOfPlants() throws {
+        for index in 0..<5 { _ = try library.add(Care.Plant(scientificName: "Ficus lyrata", customName: "\(index)"), owner: "alice") }
+        let error = refusal { _ = try library.add(Care.Plant(scientificName: "Ficus lyrata"), owner: "alice") }
+        #expect(error?.code == .tooLarge)
+        #expect(try plantCount() == 5)
+        _ = try library.add(Care.Plant(scientificName: "Ficus lyrata"), owner: "bob") // others are not affected
+    }
+
+    @Test func aPageEndsBeforeItOutgrowsOneReplyAndSaysWhereToGoOn() throws {
+        let notes = String(repeating: "n", count: 9_000)
+        for index in 0..<5 { _ = try library.add(Care.Plant(scientificName: "Ficus lyrata", customName: "\(index)", notes: notes), owner: "alice") }
+        var seen: [String] = []
+        var offset = 0
+        var pages = 0
+        while true {
+            let page = try library.list(.init(limit: 50, offset: offset), owner: "alice", replyBytes: 48 * 1024)
+            #expect(page.total == 5)
+            #expect(try codec.encode(page).count <= 48 * 1024)
+            #expect(!page.plants.isEmpty)
+            seen += page.plants.map(\.id)
+            pages += 1
+            guard let next = page.nextOffset else { break }
+            offset = next
+        }
+        #expect(pages > 1, "9 KB of notes each: not all five fit in 48 KiB")
+        #expect(Set(seen).count == 5)
+        #expect(try library.list(.init(limit: 50), owner: "alice").nextOffset == nil, "a 16 MiB reply holds them all")
+    }
+}
+
+/// The same bounds through the real broker, with a small frame limit.
+@Suite(.serialized)
+struct CareLimitsOnTheBusTests {
+    @Test func listingLargePlantsOnASmallBrokerPagesInsteadOfWedging() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-care-bus-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        var configuration = BrokerConfiguration.testing
+        configuration.maximumFrameBytes = 64 * 1024
+        try await withLiveBus(configuration: configuration) { bus in
+            let library = CareLibrary(store: try CareStore(path: directory.appendingPathComponent("care.sqlite").path))
+            bus.startRunner(CareService(library: library), credit: 2)
+            try await bus.waitForWorkers(1, service: Care.service)
+            let client = try bus.client(timeout: .seconds(5))
+            let notes = String(repeating: "n", count: 9_500)
+            for index in 0..<8 {
+                _ = try await client.call(Care.AddPlant.self, Care.Plant(scientificName: "Ficus lyrata", customName: "\(index)", notes: notes), principal: "alice")
+            }
+            let refused = await #expect(throws: CanopyError.self) {
+                try await client.call(Care.AddPlant.self, Care.Plant(scientificName: "Ficus lyrata", customName: String(repeating: "x", count: 60_000)), principal: "alice")
+            }
+            #expect(refused?.code == .tooLarge)
+            // More listings than the worker has credit, every one answered.
+            for _ in 0..<8 {
+                var offset = 0, ids: Set<String> = []
+                while true {
+                    let page = try await client.call(Care.ListPlants.self, .init(limit: 100, offset: offset), principal: "alice")
+                    ids.formUnion(page.plants.map(\.id))
+                    guard let next = page.nextOffset else { break }
+                    offset = next
+                }
+                #expect(ids.count == 8)
+            }
+        }
+    }
+
+    @Test func malformedNumbersAndDuplicateKeysAreRefusedNamingTheField() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-care-json-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        try await withLiveBus { bus in
+            let library = CareLibrary(store: try CareStore(path: directory.appendingPathComponent("care.sqlite").path))
+            bus.startRunner(CareService(library: library))
+            try await bus.waitForWorkers(1, service: Care.service)
+            let client = try bus.client(timeout: .seconds(5))
+            for body in [#"{"limit":18446744073709551616}"#, #"{"limit":1.5}"#] {
+                let error = await #expect(throws: CanopyError.self) {
+                    try await client.call(service: Care.service, operation: Care.ListPlants.name, body: Array(body.utf8), principal: "alice")
+                }
+                #expect(error?.code == .badRequest)
+                #expect(error?.message.contains("limit") == true, "\(error?.message ?? "")")
+                #expect(error?.message.contains("not valid JSON") == false)
+            }
+            let duplicate = await #expect(throws: CanopyError.self) {
+                try await client.call(service: Care.service, operation: Care.AddPlant.name,
+                                      body: Array(#"{"scientificName":"Ficus lyrata","scientificName":"Other"}"#.utf8), principal: "alice")
+            }
+            #expect(duplicate?.message.contains("'scientificName' appears twice") == true)
+            #expect(try await client.call(Care.ListPlants.self, .init(), principal: "alice").total == 0)
+        }
+    }
+}
