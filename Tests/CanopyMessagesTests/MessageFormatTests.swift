@@ -103,6 +103,41 @@ struct MessageFormatTests {
         let error = #expect(throws: CanopyError.self) { _ = try codec.decode(CanopyError.self, from: Array("{not json".utf8)) }
         #expect(error?.code == .badRequest)
     }
+
+    @Test func aKeyTwiceInOneObjectIsRefusedWhateverItsEscaping() {
+        for body in [#"{"code":"busy","message":"a","code":"timeout"}"#, #"{"code":"busy","message":"a","\u0063ode":"timeout"}"#] {
+            let error = #expect(throws: CanopyError.self) { _ = try codec.decode(CanopyError.self, from: Array(body.utf8)) }
+            #expect(error?.message.contains("'code' appears twice") == true, "\(error?.message ?? "")")
+        }
+        // The same key in different objects, or inside a string, is fine.
+        struct Pair: Codable { var a: CanopyError; var b: CanopyError }
+        #expect(throws: Never.self) {
+            _ = try codec.decode(Pair.self, from: Array(#"{"a":{"code":"busy","message":"\"code\":"},"b":{"code":"busy","message":"x"}}"#.utf8))
+        }
+    }
+
+    @Test func deepNestingIsRefusedBeforeDecoding() {
+        let deep = String(repeating: "[", count: 10_000) + String(repeating: "]", count: 10_000)
+        let error = #expect(throws: CanopyError.self) { _ = try codec.decode([String].self, from: Array(deep.utf8)) }
+        #expect(error?.message.contains("nests deeper") == true)
+    }
+
+    @Test func aNumberThatDoesNotFitItsFieldIsNamed() {
+        struct Page: Codable { var limit: Int; var ratio: Double }
+        for body in [#"{"limit":1.5,"ratio":0.5}"#, #"{"limit":18446744073709551616,"ratio":0.25}"#] {
+            let error = #expect(throws: CanopyError.self) { _ = try codec.decode(Page.self, from: Array(body.utf8)) }
+            #expect(error?.message.contains("'limit'") == true, "\(error?.message ?? "")")
+            #expect(error?.message.contains("not valid JSON") == false)
+        }
+    }
+
+    @Test func aWholeVariantRequestKeepsItsWireBytes() throws {
+        // Requests without an offset encode as they always did (and coalesce with each other).
+        let request = Images.GetVariant.Request(sha256: "ab", variant: .thumbnail)
+        #expect(String(decoding: try codec.encode(request), as: UTF8.self) == #"{"format":"jpeg","sha256":"ab","variant":"thumbnail"}"#)
+        let piece = Images.GetVariant.Request(sha256: "ab", variant: .full, offset: 4096)
+        #expect(try codec.decode(Images.GetVariant.Request.self, from: try codec.encode(piece)) == piece)
+    }
 }
 
 extension [UInt8] {

@@ -10,10 +10,10 @@ import Testing
 @Suite(.serialized)
 struct ImageServiceTests {
     /// A live bus with an image service on a fresh directory.
-    func withImages(_ body: (LiveBus, BusClient, URL) async throws -> Void) async throws {
+    func withImages(configuration: BrokerConfiguration = .testing, _ body: (LiveBus, BusClient, URL) async throws -> Void) async throws {
         let directory = Fixture.directory()
         defer { try? FileManager.default.removeItem(at: directory) }
-        try await withLiveBus { bus in
+        try await withLiveBus(configuration: configuration) { bus in
             let library = try ImageLibrary(directory: directory)
             bus.startRunner(ImageService(library: library), credit: 8)
             try await bus.waitForWorkers(1, service: Images.service)
@@ -264,6 +264,71 @@ struct ImageServiceTests {
             let variant = try #require(stats.operations.first { $0.operation == Images.GetVariant.name })
             #expect(variant.workerCalls < 20)
             #expect(variant.coalesced == 20 - variant.workerCalls)
+        }
+    }
+
+    @Test func aPurgeReplyDoesNotTellWhetherSomeoneElseHoldsThePhoto() async throws {
+        try await withImages { _, client, _ in
+            let shared = Fixture.jpeg
+            _ = try await client.call(Images.Put.self, .init(plantID: "monstera", data: Data(shared)), principal: "alice")
+            _ = try await client.call(Images.Put.self, .init(plantID: "probe", data: Data(shared)), principal: "mallory")
+            _ = try await client.call(Images.Put.self, .init(plantID: "own", data: Data(Fixture.png)), principal: "mallory")
+            let held = try await client.call(service: Images.service, operation: Images.Purge.name,
+                                             body: try MessageCodec().encode(Images.Purge.Request(plantID: "probe")), principal: "mallory")
+            let alone = try await client.call(service: Images.service, operation: Images.Purge.name,
+                                              body: try MessageCodec().encode(Images.Purge.Request(plantID: "own")), principal: "mallory")
+            #expect(held.body == alone.body, "the same answer whether or not alice holds the bytes")
+            #expect(String(decoding: held.body, as: UTF8.self) == #"{"photos":1}"#)
+        }
+    }
+
+    @Test func aVariantLargerThanOneReplyTravelsInPiecesAndArrivesWhole() async throws {
+        let directory = Fixture.directory()
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let library = try ImageLibrary(directory: directory)
+        let photo = try await library.put(Fixture.jpeg, owner: "alice", plantID: "fern")
+        let whole = try await library.variant(.init(sha256: photo.sha256, variant: .full), owner: "alice", replyBytes: 16 * 1024 * 1024)
+        #expect(whole.nextOffset == nil && whole.totalBytes == whole.data.count)
+        let replyBytes = 16 * 1024
+        var assembled = Data(), offset = 0, pieces = 0
+        while true {
+            let piece = try await library.variant(.init(sha256: photo.sha256, variant: .full, offset: offset), owner: "alice", replyBytes: replyBytes)
+            #expect(try MessageCodec().encode(piece).count <= replyBytes, "each piece fits the frame limit")
+            #expect(piece.offset == offset && piece.totalBytes == whole.data.count)
+            assembled.append(piece.data)
+            pieces += 1
+            guard let next = piece.nextOffset else { break }
+            offset = next
+        }
+        #expect(pieces > 1)
+        #expect(assembled == whole.data)
+        let past = await #expect(throws: CanopyError.self) {
+            try await library.variant(.init(sha256: photo.sha256, variant: .full, offset: whole.data.count + 1), owner: "alice", replyBytes: replyBytes)
+        }
+        #expect(past?.code == .badRequest)
+    }
+
+    @Test func aFullVariantOverTheFrameLimitIsFetchedWholeOverTheBus() async throws {
+        // Uploaded small (quality 20), stored at quality 90: the stored original, which is the
+        // full variant, is larger than one reply may be on this broker.
+        var configuration = BrokerConfiguration.testing
+        configuration.maximumFrameBytes = 128 * 1024
+        try await withImages(configuration: configuration) { _, client, _ in
+            let upload = Fixture.image { $0.width = 2400; $0.height = 1600; $0.quality = 20 }
+            let photo = try await client.call(Images.Put.self, .init(plantID: "fern", data: Data(upload)), principal: "alice")
+            try #require(photo.bytes > ImageLibrary.pieceBytes(replyBytes: configuration.maximumFrameBytes), "the stored photo (\(photo.bytes) bytes) must need pieces")
+            let first = try await client.call(Images.GetVariant.self, .init(sha256: photo.sha256, variant: .full), principal: "alice")
+            #expect(first.nextOffset != nil && first.totalBytes == photo.bytes)
+            var fetched: Set<Data> = []
+            for _ in 0..<3 { // more than once: nothing wedges
+                let whole = try await client.wholeVariant(.init(sha256: photo.sha256, variant: .full), principal: "alice")
+                #expect(whole.data.count == photo.bytes)
+                #expect(whole.data.prefix(first.data.count) == first.data)
+                fetched.insert(whole.data)
+            }
+            #expect(fetched.count == 1)
+            let header = Fixture.header([UInt8](try #require(fetched.first)))
+            #expect((header.width, header.height) == (2400, 1600), "the pieces make one whole photo")
         }
     }
 }
