@@ -50,22 +50,6 @@ struct CommandLineTests {
         }
     }
 
-    @Test func theBrokerStopsGracefullyOnSIGTERM() async throws {
-        let process = Process()
-        process.executableURL = try LiveBus.executable("canopy-broker")
-        process.arguments = ["serve", "--bind", "tcp://127.0.0.1:*", "--log-level", "info"]
-        let errors = Pipe()
-        process.standardError = errors
-        try process.run()
-        try await Task.sleep(for: .milliseconds(300))
-        process.terminate() // SIGTERM
-        process.waitUntilExit()
-        let log = String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        #expect(process.terminationStatus == 0)
-        #expect(log.contains("broker.draining"))
-        #expect(log.contains("broker.stopped"))
-    }
-
     @Test func badOptionsAreRefusedWithASentenceThatSaysWhatToDo() throws {
         let result = try run("canopy-broker", ["serve", "--liveness", "0"])
         #expect(result.status != 0)

@@ -1,0 +1,179 @@
+import CZeroMQ
+import CanopyBus
+import CanopyMessages
+import CanopyServiceKit
+import CanopyTesting
+import Foundation
+import Synchronization
+import Testing
+
+/// `canopy-broker` as a process, as operators run it: shutdown, CurveZMQ keys from files, a
+/// flood of malformed messages, and memory given back after a burst.
+@Suite(.serialized)
+struct BrokerProcessTests {
+    /// A broker process whose standard error is collected as it runs.
+    final class BrokerProcess: Sendable {
+        let process: Process
+        private let log = Mutex(Data())
+
+        init(_ arguments: [String], environment: [String: String] = [:]) throws {
+            process = Process()
+            process.executableURL = try LiveBus.executable("canopy-broker")
+            process.arguments = ["serve", "--bind", "tcp://127.0.0.1:*"] + arguments
+            process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
+            let errors = Pipe()
+            process.standardError = errors
+            process.standardOutput = FileHandle.nullDevice
+            errors.fileHandleForReading.readabilityHandler = { [weak self] handle in
+                let data = handle.availableData
+                self?.log.withLock { $0.append(data) }
+            }
+            try process.run()
+        }
+
+        var text: String { log.withLock { String(decoding: $0, as: UTF8.self) } }
+        var logBytes: Int { log.withLock { $0.count } }
+
+        /// The endpoint from the `broker.started` line, once it is there.
+        func endpoint(within limit: Duration = .seconds(20)) async throws -> String {
+            let deadline = ContinuousClock.now + limit
+            while ContinuousClock.now < deadline {
+                if let range = text.range(of: #"broker.endpoint=tcp://127\.0\.0\.1:[0-9]+"#, options: .regularExpression) {
+                    return String(text[range].dropFirst("broker.endpoint=".count))
+                }
+                try await Task.sleep(for: .milliseconds(20))
+            }
+            throw CommandFailure("the broker did not start: \(text)")
+        }
+
+        /// Resident memory in bytes, from /proc.
+        var residentBytes: Int {
+            let status = (try? String(contentsOfFile: "/proc/\(process.processIdentifier)/status", encoding: .utf8)) ?? ""
+            let line = status.split(separator: "\n").first { $0.hasPrefix("VmRSS:") } ?? ""
+            return (Int(line.split(separator: " ").dropFirst().first ?? "") ?? 0) * 1024
+        }
+
+        func stop() {
+            if process.isRunning { process.terminate() }
+            process.waitUntilExit()
+        }
+    }
+
+    func run(_ name: String, _ arguments: [String], environment: [String: String] = [:]) throws -> ProcessResult {
+        try runExecutable(name, arguments, environment: environment)
+    }
+
+    @Test func theBrokerStopsGracefullyOnSIGTERM() async throws {
+        let broker = try BrokerProcess(["--log-level", "info"])
+        _ = try await broker.endpoint()
+        broker.stop() // SIGTERM
+        #expect(broker.process.terminationStatus == 0)
+        try await Task.sleep(for: .milliseconds(100))
+        #expect(broker.text.contains("broker.draining"))
+        #expect(broker.text.contains("broker.stopped"))
+    }
+
+    @Test func keysFromFilesLetOnlyAllowedPeersIn() async throws {
+        guard Curve.isAvailable else { return }
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-keys-\(UUID().uuidString)")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        for name in ["broker", "ops", "stranger"] {
+            let made = try run("canopy", ["keys", "generate", name, "--directory", directory.path])
+            #expect(made.status == 0, "\(made.errors)")
+            #expect(made.output.contains("public key: "))
+        }
+        let secret = directory.appendingPathComponent("broker.key").path
+        let attributes = try FileManager.default.attributesOfItem(atPath: secret)
+        #expect((attributes[.posixPermissions] as? Int) == 0o600, "the secret key is readable by its owner only")
+        let again = try run("canopy", ["keys", "generate", "broker", "--directory", directory.path])
+        #expect(again.status != 0 && again.errors.contains("--force"), "an existing key is not overwritten")
+
+        let ops = try Curve.publicKey(directory.appendingPathComponent("ops.pub").path)
+        let allow = directory.appendingPathComponent("allow")
+        try "# who may talk to the broker\nclient \(ops)\n".write(to: allow, atomically: true, encoding: .utf8)
+        let secretKey = try Curve.readKeyPair(file: secret).secretKey
+        let broker = try BrokerProcess(["--curve-secret-key-file", secret, "--curve-allow", allow.path, "--log-level", "debug"])
+        defer { broker.stop() }
+        let endpoint = try await broker.endpoint()
+        let serverKey = directory.appendingPathComponent("broker.pub").path
+
+        let allowed = try run("canopy-broker", ["health", "--endpoint", endpoint, "--curve-server-key", serverKey,
+                                                "--curve-secret-key-file", directory.appendingPathComponent("ops.key").path])
+        #expect(allowed.status == 0, "\(allowed.output)")
+        let stranger = try run("canopy-broker", ["health", "--endpoint", endpoint, "--curve-server-key", serverKey,
+                                                 "--curve-secret-key-file", directory.appendingPathComponent("stranger.key").path])
+        #expect(stranger.status != 0)
+        #expect(stranger.output.contains("CURVE key"), "told why: \(stranger.output)")
+        let plain = try run("canopy-broker", ["health", "--endpoint", endpoint])
+        #expect(plain.status != 0)
+        #expect(!broker.text.contains(secretKey), "the secret key is never logged")
+
+        let missing = try run("canopy-broker", ["serve", "--curve-secret-key-file", secret])
+        #expect(missing.status != 0 && missing.errors.contains("--curve-allow"))
+    }
+
+    @Test func aFloodOfMalformedMessagesCostsAFewLogLinesAndIsCounted() async throws {
+        let broker = try BrokerProcess(["--log-level", "info"])
+        defer { broker.stop() }
+        let endpoint = try await broker.endpoint()
+        let context = ZMQContext()
+        let socket = try ZMQSocket(context, type: .dealer)
+        defer { socket.close() }
+        try socket.connect(endpoint)
+        let before = broker.logBytes
+        for index in 0..<20_000 {
+            let frames: [[UInt8]] = switch index % 4 {
+            case 0: [Array("junk".utf8)]
+            case 1: [Wire.version, [0x7F]]
+            case 2: [Wire.version, Wire.Command.request.frame, [1]]
+            default: [Wire.version, Wire.Command.reply.frame]
+            }
+            try socket.send(frames, dontWait: false)
+        }
+        let client = try BusClient(configuration: .init(endpoint: endpoint), context: context, logger: .init(label: "test"))
+        defer { client.close() }
+        var malformed: UInt64 = 0
+        for _ in 0..<100 where malformed < 20_000 {
+            malformed = try await client.call(Broker.Stats.self, .init()).malformed
+            try await Task.sleep(for: .milliseconds(50))
+        }
+        #expect(malformed == 20_000)
+        let written = broker.logBytes - before
+        #expect(written < 8_000, "\(written) bytes of log for 20,000 malformed messages")
+    }
+
+    @Test func memoryHeldForABurstIsGivenBack() async throws {
+        // Within the start-up grace, requests for services nobody registered are held; when
+        // it ends they are answered noWorkers and their memory must go back to the system.
+        let broker = try BrokerProcess(["--log-level", "info", "--heartbeat-ms", "2000"])
+        defer { broker.stop() }
+        let endpoint = try await broker.endpoint()
+        let baseline = broker.residentBytes
+        let context = ZMQContext()
+        let socket = try ZMQSocket(context, type: .dealer)
+        defer { socket.close() }
+        try socket.connect(endpoint)
+        let body = [UInt8](repeating: 0x7B, count: 1_000_000)
+        for index in 0..<150 {
+            let header = RequestHeader(timeoutMilliseconds: 60_000, principal: "user-1").frame
+            try socket.send([Wire.version, Wire.Command.request.frame, Wire.frame(UInt64(index + 1)), Array("invented-\(index % 40)".utf8),
+                             Array("op".utf8), header, body], dontWait: false)
+        }
+        var answered = 0, peak = 0
+        let deadline = ContinuousClock.now + .seconds(30)
+        while answered < 150, ContinuousClock.now < deadline {
+            peak = max(peak, broker.residentBytes)
+            if let frames = try socket.receive() {
+                #expect(frames[1] == Wire.Command.error.frame)
+                answered += 1
+            } else {
+                try await Task.sleep(for: .milliseconds(20))
+            }
+        }
+        #expect(answered == 150)
+        try await Task.sleep(for: .milliseconds(1_500)) // the give-back runs at most once a second
+        let after = broker.residentBytes
+        #expect(peak > baseline + 100_000_000, "the burst was held: \(baseline) -> \(peak)")
+        #expect(after < baseline + (peak - baseline) / 3, "given back: peak \(peak), after \(after), baseline \(baseline)")
+    }
+}
