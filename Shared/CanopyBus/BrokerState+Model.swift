@@ -78,7 +78,8 @@ extension BrokerState {
             var hasher = Hasher()
             func combine(_ text: String) {
                 hasher.combine(text.utf8.count)
-                for byte in text.utf8 { hasher.combine(byte) }
+                let bulk: Void? = text.utf8.withContiguousStorageIfAvailable { hasher.combine(bytes: UnsafeRawBufferPointer($0)) }
+                if bulk == nil { for byte in text.utf8 { hasher.combine(byte) } }
             }
             combine(service)
             combine(operation)

@@ -214,6 +214,8 @@ private final class ClientLoop: @unchecked Sendable {
         do {
             while true {
                 try poller.poll(timeout: nextTimeout())
+                // Connection news first: a call must not go out on a connection known to be refused.
+                if poller.isReadable(monitorItem) { try connectionEvents() }
                 if poller.isReadable(mailboxItem) {
                     for control in mailbox.drain() {
                         if case .close = control {
@@ -223,7 +225,6 @@ private final class ClientLoop: @unchecked Sendable {
                         try handle(control)
                     }
                 }
-                if poller.isReadable(monitorItem) { try connectionEvents() }
                 if poller.isReadable(socketItem) {
                     while let frames = try socket.receive() { answer(frames) }
                 }
@@ -256,7 +257,8 @@ private final class ClientLoop: @unchecked Sendable {
             deadlines.insert(Deadline(at: deadline, id: id))
             if try !socket.send(frames) {
                 calls[id] = nil
-                continuation.resume(throwing: CanopyError(.busy, "the client's send queue is full; retry later"))
+                try connectionEvents() // a refused handshake leaves no connection to queue on
+                continuation.resume(throwing: refused ? keyRefused : CanopyError(.busy, "the client's send queue is full; retry later"))
             }
         case .cancel(let id):
             guard let call = calls.removeValue(forKey: id) else {

@@ -15,16 +15,15 @@ struct LiveHardeningTests {
         try await withLiveBus(configuration: configuration) { bus in
             bus.startWorker(name: "w1", credit: 2)
             try await bus.waitForWorkers(1)
-            let client = try bus.client(timeout: .seconds(5))
-            // More oversized calls than the worker has credit: each is refused at once.
+            let client = try bus.client(timeout: .seconds(30))
+            // More oversized calls than the worker has credit: each is refused (a wedged worker
+            // would answer timeout instead).
             for _ in 0..<8 {
-                let started = ContinuousClock.now
                 let error = await #expect(throws: CanopyError.self) {
                     try await client.call(TestService.Echo.self, .init(text: "big", replyPaddingBytes: 100_000))
                 }
                 #expect(error?.code == .tooLarge)
                 #expect(error?.message.contains("65536") == true, "the message names the limit: \(error?.message ?? "")")
-                #expect(ContinuousClock.now - started < .seconds(2), "not a timeout")
             }
             let reply = try await client.call(TestService.Echo.self, .init(text: "small"))
             #expect(reply.text == "small", "the worker still has its credit")
@@ -109,13 +108,11 @@ struct LiveHardeningTests {
             #expect(services.first { $0.name == TestService.name }?.workers == 1)
 
             // An unknown key cannot call: told so, not left to time out.
-            let outsider = try bus.client(timeout: .seconds(10), curve: keys.peer(keys.stranger))
-            let started = ContinuousClock.now
+            let outsider = try bus.client(timeout: .seconds(30), curve: keys.peer(keys.stranger))
             let error = await #expect(throws: CanopyError.self) {
                 try await outsider.call(TestService.Echo.self, .init(text: "let me in"))
             }
-            #expect(error?.code == .unauthorized)
-            #expect(ContinuousClock.now - started < .seconds(5))
+            #expect(error?.code == .unauthorized, "told why, not left to time out: \(error?.message ?? "")")
             // And a peer without CURVE at all gets nowhere.
             let plain = try bus.client(timeout: .milliseconds(500))
             await #expect(throws: CanopyError.self) { try await plain.call(TestService.Echo.self, .init(text: "plain")) }
