@@ -163,8 +163,6 @@ public final class BrokerServer: Service, @unchecked Sendable {
 struct MemoryGiveBack {
     private var peak = 0
     private var lastTrim: ContinuousClock.Instant?
-    /// Trims done so far.
-    private(set) var trims = 0
 
     mutating func check(heldBytes: Int, now: ContinuousClock.Instant) {
         peak = max(peak, heldBytes)
@@ -172,7 +170,6 @@ struct MemoryGiveBack {
         if let lastTrim, now - lastTrim < .seconds(1) { return }
         malloc_trim(0)
         lastTrim = now
-        trims += 1
         peak = heldBytes
     }
 }

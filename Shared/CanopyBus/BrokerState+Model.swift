@@ -134,14 +134,17 @@ extension BrokerState {
         /// What a Majordomo worker's operations count as (they declare nothing).
         let majordomoDescriptor: OperationDescriptor?
         let credit: Int
+        /// The CurveZMQ key it registered with; its later messages must come with the same.
+        let key: String?
         /// Flights it holds.
         var held: Set<UInt64> = []
         var expiry: ContinuousClock.Instant
         var draining = false
 
         init(identity: PeerKey, dialect: Dialect, service: ServiceEntry, operations: [String: OperationDescriptor],
-             majordomoDescriptor: OperationDescriptor? = nil, credit: Int, expiry: ContinuousClock.Instant) {
+             majordomoDescriptor: OperationDescriptor? = nil, credit: Int, key: String? = nil, expiry: ContinuousClock.Instant) {
             self.identity = identity
+            self.key = key
             self.dialect = dialect
             self.service = service
             self.operations = operations

@@ -23,7 +23,7 @@ extension BrokerState {
             // Only idempotent operations may be coalesced.
             table[operation.name] = OperationDescriptor(name: operation.name, idempotent: operation.idempotent, coalescable: operation.coalescable && operation.idempotent)
         }
-        if let reason = register(peer, dialect: .canopy, service: name, operations: table, credit: Int(credit), now: now, into: &out) {
+        if let reason = register(peer, dialect: .canopy, service: name, operations: table, credit: Int(credit), key: key, now: now, into: &out) {
             refuse(reason)
         }
     }
@@ -34,7 +34,13 @@ extension BrokerState {
         guard let allowList = configuration.workerKeys, !allowList.allows(key, service: service) else { return nil }
         return key == nil
             ? "this broker takes workers only over CURVE with an allowed key; give the worker --curve-server-key and --curve-secret-key-file"
-            : "this worker's CURVE key may not serve '\(service)'; the operator adds its public key to the broker's worker allow-list (--curve-workers)"
+            : "this worker's CURVE key may not serve '\(service)'; the operator adds its public key to the broker's allow-list (--curve-allow) as a worker of it"
+    }
+
+    /// Whether a message for `worker` came with another CurveZMQ key than the worker registered
+    /// with: a peer that took over its routing identity. Only with an allow-list in force.
+    func impersonates(_ worker: Worker, key: String?) -> Bool {
+        configuration.workerKeys != nil && worker.key != key
     }
 
     /// A valid service name a worker may register, or `nil`.
@@ -48,7 +54,7 @@ extension BrokerState {
     /// Adds a worker to its service; returns why not when it cannot join.
     private mutating func register(
         _ peer: PeerKey, dialect: Dialect, service name: String, operations: [String: OperationDescriptor],
-        majordomoDescriptor: OperationDescriptor? = nil, credit: Int, now: ContinuousClock.Instant, into out: inout [Directive]
+        majordomoDescriptor: OperationDescriptor? = nil, credit: Int, key: String?, now: ContinuousClock.Instant, into out: inout [Directive]
     ) -> String? {
         if workers[peer] != nil { workerGone(peer, now: now, into: &out) }
         let service = services[name] ?? ServiceEntry(name: name)
@@ -58,7 +64,7 @@ extension BrokerState {
         service.dialect = dialect
         services[name] = service
         let worker = Worker(identity: peer, dialect: dialect, service: service, operations: operations,
-                            majordomoDescriptor: majordomoDescriptor, credit: credit, expiry: now + configuration.workerExpiry)
+                            majordomoDescriptor: majordomoDescriptor, credit: credit, key: key, expiry: now + configuration.workerExpiry)
         workers[peer] = worker
         service.workers.append(worker)
         // The first heartbeat at once: it tells a Canopy worker the broker's frame limit.
@@ -267,7 +273,8 @@ extension BrokerState {
             dropMalformed("malformed Majordomo worker message", peer: peer.bytes, into: &out)
             return
         }
-        let known = workers[peer].flatMap { $0.dialect == .majordomo ? $0 : nil }
+        // A worker's messages must come with the key it registered with (an identity is not proof).
+        let known = workers[peer].flatMap { $0.dialect == .majordomo && !impersonates($0, key: key) ? $0 : nil }
         switch command {
         case .ready:
             func refuse(_ reason: String) {
@@ -279,7 +286,7 @@ extension BrokerState {
             let coalesced = configuration.majordomoCoalescedServices.contains(name)
             if let reason = register(peer, dialect: .majordomo, service: name, operations: [:],
                                      majordomoDescriptor: OperationDescriptor(name: "*", idempotent: coalesced, coalescable: coalesced),
-                                     credit: 1, now: now, into: &out) {
+                                     credit: 1, key: key, now: now, into: &out) {
                 refuse(reason)
             }
         case .reply:

@@ -128,6 +128,11 @@ public struct BrokerState {
             replyError(to: peer, correlation: correlation, tooLarge(oversized.count), into: &out)
             return
         }
+        if command == .workerReply || command == .workerHeartbeat || command == .workerDisconnect || command == .drain,
+           let worker = workers[PeerKey(peer)], impersonates(worker, key: key) {
+            dropMalformed("worker message with another key than the worker registered with", peer: peer, into: &out)
+            return
+        }
         switch command {
         case .request: clientRequest(frames, from: peer, now: now, into: &out)
         case .cancel: clientCancel(frames, from: peer, now: now, into: &out)

@@ -233,6 +233,9 @@ public final class ServiceRunner: Service, @unchecked Sendable {
             if now >= nextHeartbeat {
                 try session.socket.send([Wire.version, Wire.Command.workerHeartbeat.frame])
                 nextHeartbeat = now + configuration.heartbeatInterval
+                for (reason, count) in warnings.endWindows(now: now) {
+                    logger.warning("service.dropped.suppressed", metadata: ["service.reason": "\(reason)", "service.suppressed": "\(count)"])
+                }
             }
         }
     }

@@ -102,7 +102,22 @@ struct BrokerHardeningTests {
         let sent = dispatches(broker.request("c", 1))
         #expect(sent.map(\.worker) == ["care"])
         #expect(replies(broker.reply("stranger", request: sent[0].id)).isEmpty)
-        #expect(replies(broker.reply("care", request: sent[0].id)).count == 1)
+        #expect(replies(broker.reply("care", request: sent[0].id, key: careKey)).count == 1)
+    }
+
+    @Test func aPeerWithAnotherKeyCannotSpeakForARegisteredWorker() {
+        let workerKey = "careKEYcareKEYcareKEYcareKEYcareKEYcare0"
+        let clientKey = "clntKEYclntKEYclntKEYclntKEYclntKEYclnt0"
+        var broker = Harness { $0.workerKeys = WorkerKeys([workerKey: ["plants"]]) }
+        broker.ready("w1", key: workerKey)
+        let sent = dispatches(broker.request("c", 1))
+        // The same routing identity, another key: its reply is not an answer.
+        let forged = broker.receive([Wire.version, Wire.Command.workerReply.frame, Wire.frame(sent[0].id), [Wire.Status.ok], Array("{}".utf8)],
+                                    from: "w1", key: clientKey)
+        #expect(replies(forged).isEmpty)
+        #expect(broker.state.statistics(now: broker.now).malformed == 1)
+        #expect(replies(broker.receive([Wire.version, Wire.Command.workerReply.frame, Wire.frame(sent[0].id), [Wire.Status.ok], Array("{}".utf8)],
+                                       from: "w1", key: workerKey)).count == 1)
     }
 
     @Test func majordomoWorkersFollowTheSameAllowList() {

@@ -40,8 +40,8 @@ struct BrokerHarness {
                  RequestHeader(timeoutMilliseconds: timeoutMs, principal: principal).frame, Array(body.utf8)], from: client)
     }
 
-    mutating func reply(_ worker: String, request id: UInt64, body: String = "{\"ok\":true}", status: UInt8 = Wire.Status.ok) -> [BrokerState.Directive] {
-        receive([Wire.version, Wire.Command.workerReply.frame, Wire.frame(id), [status], Array(body.utf8)], from: worker)
+    mutating func reply(_ worker: String, request id: UInt64, body: String = "{\"ok\":true}", status: UInt8 = Wire.Status.ok, key: String? = nil) -> [BrokerState.Directive] {
+        receive([Wire.version, Wire.Command.workerReply.frame, Wire.frame(id), [status], Array(body.utf8)], from: worker, key: key)
     }
 
     static let defaultOperations = [

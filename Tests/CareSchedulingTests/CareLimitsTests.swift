@@ -135,16 +135,9 @@ struct CareLimitsTests {
 @Suite(.serialized)
 struct CareLimitsOnTheBusTests {
     @Test func listingLargePlantsOnASmallBrokerPagesInsteadOfWedging() async throws {
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-care-bus-\(UUID().uuidString)")
-        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
-        defer { try? FileManager.default.removeItem(at: directory) }
         var configuration = BrokerConfiguration.testing
         configuration.maximumFrameBytes = 64 * 1024
-        try await withLiveBus(configuration: configuration) { bus in
-            let library = CareLibrary(store: try CareStore(path: directory.appendingPathComponent("care.sqlite").path))
-            bus.startRunner(CareService(library: library), credit: 2)
-            try await bus.waitForWorkers(1, service: Care.service)
-            let client = try bus.client(timeout: .seconds(5))
+        try await CareServiceTests().withCare(configuration: configuration, credit: 2) { _, client, _, _ in
             let notes = String(repeating: "n", count: 9_500)
             for index in 0..<8 {
                 _ = try await client.call(Care.AddPlant.self, Care.Plant(scientificName: "Ficus lyrata", customName: "\(index)", notes: notes), principal: "alice")
@@ -168,14 +161,7 @@ struct CareLimitsOnTheBusTests {
     }
 
     @Test func malformedNumbersAndDuplicateKeysAreRefusedNamingTheField() async throws {
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-care-json-\(UUID().uuidString)")
-        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
-        defer { try? FileManager.default.removeItem(at: directory) }
-        try await withLiveBus { bus in
-            let library = CareLibrary(store: try CareStore(path: directory.appendingPathComponent("care.sqlite").path))
-            bus.startRunner(CareService(library: library))
-            try await bus.waitForWorkers(1, service: Care.service)
-            let client = try bus.client(timeout: .seconds(5))
+        try await CareServiceTests().withCare { _, client, _, _ in
             for body in [#"{"limit":18446744073709551616}"#, #"{"limit":1.5}"#] {
                 let error = await #expect(throws: CanopyError.self) {
                     try await client.call(service: Care.service, operation: Care.ListPlants.name, body: Array(body.utf8), principal: "alice")
@@ -189,7 +175,8 @@ struct CareLimitsOnTheBusTests {
                                       body: Array(#"{"scientificName":"Ficus lyrata","scientificName":"Other"}"#.utf8), principal: "alice")
             }
             #expect(duplicate?.message.contains("'scientificName' appears twice") == true)
-            #expect(try await client.call(Care.ListPlants.self, .init(), principal: "alice").total == 0)
+            let listed = try await client.call(Care.ListPlants.self, .init(), principal: "alice")
+            #expect(listed.total == 0, "nothing was stored")
         }
     }
 }

@@ -11,13 +11,14 @@ import Testing
 /// canopy-care through the real broker, and its outbox delivering to the real canopy-images.
 @Suite(.serialized)
 struct CareServiceTests {
-    func withCare(_ body: (LiveBus, BusClient, CareLibrary, URL) async throws -> Void) async throws {
+    func withCare(configuration: BrokerConfiguration = .testing, credit: Int = 4,
+                  _ body: (LiveBus, BusClient, CareLibrary, URL) async throws -> Void) async throws {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-care-live-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(at: directory) }
-        try await withLiveBus { bus in
+        try await withLiveBus(configuration: configuration) { bus in
             let library = CareLibrary(store: try CareStore(path: directory.appendingPathComponent("care.sqlite").path))
-            bus.startRunner(CareService(library: library))
+            bus.startRunner(CareService(library: library), credit: credit)
             try await bus.waitForWorkers(1, service: Care.service)
             try await body(bus, try bus.client(), library, directory)
         }
