@@ -46,7 +46,7 @@ struct Stats: AsyncParsableCommand {
                     "\(service.served)", "\(service.errors)", "\(service.p50Micros)", "\(service.p99Micros)",
                 ])
             }
-            print("uptime \(Int(stats.uptimeSeconds)) s, \(stats.rejected) request(s) rejected by the broker, \(stats.openFlights) open flight(s)")
+            print("uptime \(Int(stats.uptimeSeconds)) s, \(stats.rejected) request(s) rejected by the broker (\(stats.malformed) malformed), \(stats.heldBytes) bytes of requests held, \(stats.openFlights) open flight(s)")
             print(stats.services.isEmpty ? "no services" : table.render())
             guard !stats.operations.isEmpty else { return }
             var operations = Table("OPERATION", "REQUESTS", "COALESCED", "WORKER CALLS", "SAVED", "DETACHED", "REDISPATCHED", "WAITERS P50", "WAITERS P99")
