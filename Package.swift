@@ -36,6 +36,9 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-crypto", from: "3.12.3"),
         .package(url: "https://github.com/apple/swift-nio", from: "2.101.2"),
         .package(url: "https://github.com/apple/swift-nio-ssl", from: "2.37.6"),
+        .package(url: "https://github.com/apple/swift-metrics", from: "2.13.0"),
+        .package(url: "https://github.com/swift-server/swift-prometheus", from: "2.4.1"),
+        .package(url: "https://github.com/hummingbird-project/hummingbird", from: "2.28.1"),
     ],
     targets: [
         // MARK: - Shared modules
@@ -68,6 +71,7 @@ let package = Package(
                 "CZeroMQ",
                 "CanopyMessages",
                 .product(name: "Logging", package: "swift-log"),
+                .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "Collections", package: "swift-collections"),
                 .product(name: "Histogram", package: "hdrhistogram-swift"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -82,13 +86,16 @@ let package = Package(
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "Metrics", package: "swift-metrics"),
+                .product(name: "Prometheus", package: "swift-prometheus"),
+                .product(name: "Hummingbird", package: "hummingbird"),
             ],
             path: "Shared/CanopyServiceKit",
             swiftSettings: swiftSettings
         ),
         .target(
             name: "CanopyTesting",
-            dependencies: ["CanopyBus", "CanopyMessages", "CZeroMQ", .product(name: "Logging", package: "swift-log")],
+            dependencies: ["CanopyBus", "CanopyMessages", "CanopyServiceKit", "CZeroMQ", .product(name: "Logging", package: "swift-log")],
             path: "Shared/CanopyTesting",
             swiftSettings: swiftSettings
         ),

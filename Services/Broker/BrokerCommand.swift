@@ -3,6 +3,7 @@ import CanopyBus
 import CanopyServiceKit
 import CanopyMessages
 import Logging
+import ServiceLifecycle
 
 @main
 struct BrokerCommand: AsyncParsableCommand {
@@ -26,11 +27,18 @@ struct Serve: AsyncParsableCommand {
         discussion: "Example: canopy-broker serve --bind tcp://127.0.0.1:5555 --heartbeat-ms 1000 --liveness 3")
 
     @OptionGroup var options: BrokerOptions
+    @OptionGroup var operating: OperatingOptions
 
     func run() async throws {
         let logger = LogSetup.logger(label: "canopy-broker", level: options.logLevel)
         let broker = try makeBroker(options, logger: logger)
-        try await runUntilShutdown([broker], logger: logger)
+        var services: [any Service] = [broker]
+        let endpoint = try OperatingEndpoint.make(operating, default: OperatingOptions.Defaults.broker, health: {
+            let serving = broker.isServing
+            return HealthReport(healthy: serving, checks: ["loop": serving ? "bound, turning" : "not turning"])
+        }, logger: logger)
+        if let endpoint { services.append(endpoint) }
+        try await runUntilShutdown(services, logger: logger)
     }
 }
 

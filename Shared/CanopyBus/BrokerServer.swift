@@ -1,7 +1,9 @@
 import CZeroMQ
+import Dispatch
 import Glibc
 import Logging
 import ServiceLifecycle
+import Synchronization
 
 /// The broker's IO shell: one ROUTER socket, one loop thread, and a ``BrokerState`` that
 /// decides everything. Run it in a `ServiceGroup`; graceful shutdown stops taking new
@@ -22,6 +24,19 @@ public final class BrokerServer: Service, @unchecked Sendable {
     private let logger: Logger
     /// The ZAP handler, when the broker runs CurveZMQ.
     private let zap: ZAPHandler?
+    /// When the loop last went round, in nanoseconds of the monotonic clock (0: not yet).
+    private let lastPass = Atomic<UInt64>(0)
+    /// Set once the loop has stopped.
+    private let stopped = Atomic<Bool>(false)
+
+    /// Whether the loop is turning: it has started, not stopped, and went round within two
+    /// heartbeat intervals (it wakes at least once an interval). For `/health`.
+    public var isServing: Bool {
+        let pass = lastPass.load(ordering: .relaxed)
+        guard pass > 0, !stopped.load(ordering: .relaxed) else { return false }
+        let now = DispatchTime.now().uptimeNanoseconds
+        return now < pass || now - pass < UInt64(configuration.heartbeatInterval.wholeMilliseconds * 2 + 1_000) * 1_000_000
+    }
 
     /// Binds the broker's ROUTER socket.
     ///
@@ -75,9 +90,12 @@ public final class BrokerServer: Service, @unchecked Sendable {
 
     private func loop() throws {
         defer {
+            stopped.store(true, ordering: .relaxed)
             socket.close()
             zap?.close()
         }
+        let metrics = BrokerMetrics()
+        var nextMetrics = ContinuousClock.now
         var state = BrokerState(configuration: configuration, now: .now)
         var directives: [BrokerState.Directive] = []
         directives.reserveCapacity(64)
@@ -128,6 +146,11 @@ public final class BrokerServer: Service, @unchecked Sendable {
                 logger.warning("broker.dropped.suppressed", metadata: ["broker.reason": "\(reason)", "broker.suppressed": "\(count)"])
             }
             memory.check(heldBytes: state.heldBytes, now: now)
+            lastPass.store(DispatchTime.now().uptimeNanoseconds, ordering: .relaxed)
+            if now >= nextMetrics {
+                metrics.refresh(state.statistics(now: now))
+                nextMetrics = now + .seconds(1)
+            }
 
             if let deadline = drainDeadline, state.pendingCount == 0 || ContinuousClock.now >= deadline {
                 state.disconnectAll(into: &directives)

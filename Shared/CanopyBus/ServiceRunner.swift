@@ -2,7 +2,9 @@ import CZeroMQ
 import CanopyMessages
 import Foundation
 import Logging
+import Metrics
 import ServiceLifecycle
+import Synchronization
 
 /// Hosts one ``BusService`` on the bus: connects to the broker, announces the service's
 /// operations and credit (READY), heartbeats both ways, runs handlers concurrently up to
@@ -45,6 +47,13 @@ public final class ServiceRunner: Service, @unchecked Sendable {
     private let logger: Logger
     private let mailbox = Mailbox<Control>()
     private let codec = MessageCodec()
+    private let registered = Atomic<Bool>(false)
+    private let metrics: RunnerMetrics
+
+    /// Whether the broker took this worker's READY and its heartbeats are flowing (for
+    /// `/health`): set by the broker's first heartbeat, cleared when the connection is
+    /// replaced or the runner stops.
+    public var isRegistered: Bool { registered.load(ordering: .relaxed) }
 
     /// - Parameters:
     ///   - service: the service to host.
@@ -56,6 +65,8 @@ public final class ServiceRunner: Service, @unchecked Sendable {
         service.register(&handlers)
         precondition(!handlers.descriptors.isEmpty, "service '\(service.name)' registers no operation")
         self.handlers = handlers
+        self.metrics = RunnerMetrics(service: service.name)
+        metrics.credit.record(configuration.credit)
         self.configuration = configuration
         self.context = context
         var logger = logger
@@ -142,6 +153,7 @@ public final class ServiceRunner: Service, @unchecked Sendable {
                     switch control {
                     case .finished(let id, let number, let result):
                         guard number == session.number, let operation = running.removeValue(forKey: id)?.operation else { continue }
+                        metrics.inFlight.record(running.count)
                         let frames: [[UInt8]]
                         switch result {
                         case .success(let body) where body.count > maximumReplyBytes:
@@ -187,11 +199,13 @@ public final class ServiceRunner: Service, @unchecked Sendable {
                         let operation = String(decoding: frames[3], as: UTF8.self)
                         running[id] = (operation, start(id: id, operation: operation, header: header, body: frames[5],
                                                         maximumReplyBytes: maximumReplyBytes, session: session.number))
+                        metrics.inFlight.record(running.count)
                     case .cancelDispatch:
                         if let id = Wire.uint64(frames.count == 3 ? frames[2] : []) { running[id]?.task.cancel() }
                     case .brokerHeartbeat:
                         // [version, 0x22, frame limit (u64)]: the registration was taken.
                         refusals = 0
+                        registered.store(true, ordering: .relaxed)
                         if frames.count == 3, let limit = Wire.uint64(frames[2]), limit >= 1024 {
                             maximumReplyBytes = Int(clamping: limit)
                         }
@@ -212,6 +226,8 @@ public final class ServiceRunner: Service, @unchecked Sendable {
             let now = ContinuousClock.now
             if let deadline = drainDeadline, running.isEmpty || now >= deadline || reconnect {
                 _ = try? session.socket.send([Wire.version, Wire.Command.workerDisconnect.frame])
+                registered.store(false, ordering: .relaxed)
+                metrics.inFlight.record(0)
                 logger.info("service.stopped", metadata: ["service.abandoned": "\(running.count)"])
                 running.values.forEach { $0.task.cancel() }
                 return
@@ -221,6 +237,8 @@ public final class ServiceRunner: Service, @unchecked Sendable {
                 // What the old broker held is its to answer (or to send to another worker).
                 running.values.forEach { $0.task.cancel() }
                 running.removeAll()
+                metrics.inFlight.record(0)
+                registered.store(false, ordering: .relaxed)
                 session.socket.close()
                 if refusals > 1 {
                     // Refused again and again (a key not on the allow-list, a reserved name): back off, up to 5 s.
@@ -248,9 +266,46 @@ public final class ServiceRunner: Service, @unchecked Sendable {
             deadline: .now + .milliseconds(Int64(header.timeoutMilliseconds)),
             logger: requestLogger,
             maximumReplyBytes: maximumReplyBytes)
-        return Task { [handlers, mailbox] in
+        return Task { [handlers, mailbox, metrics] in
+            let started = ContinuousClock.now
             let result = await handlers.handle(operation, body: body, context: context)
+            metrics.record(operation: operation, result: result, duration: .now - started)
             mailbox.post(.finished(id: id, session: session, result))
         }
+    }
+}
+
+/// What every runner reports through swift-metrics, created once per runner; the handler
+/// timers are made on first use per operation and outcome (both bounded: the registered
+/// operations, `ok` and the error codes).
+final class RunnerMetrics: Sendable {
+    let service: String
+    /// `canopy_service_in_flight{service}`: handlers running now.
+    let inFlight: Gauge
+    /// `canopy_service_credit{service}`: requests the worker takes at once.
+    let credit: Gauge
+    private let timers = Mutex<[String: Metrics.Timer]>([:])
+
+    init(service: String) {
+        self.service = service
+        inFlight = Gauge(label: "canopy_service_in_flight", dimensions: [("service", service)])
+        credit = Gauge(label: "canopy_service_credit", dimensions: [("service", service)])
+    }
+
+    /// Records one handler run in `canopy_service_handler_duration_seconds{service,operation,outcome}`.
+    func record(operation: String, result: Result<[UInt8], CanopyError>, duration: Duration) {
+        let outcome = switch result {
+        case .success: "ok"
+        case .failure(let error): error.code.rawValue
+        }
+        let key = operation + "|" + outcome
+        let timer = timers.withLock { timers in
+            if let timer = timers[key] { return timer }
+            let timer = Metrics.Timer(label: "canopy_service_handler_duration_seconds",
+                                      dimensions: [("service", service), ("operation", operation), ("outcome", outcome)])
+            timers[key] = timer
+            return timer
+        }
+        timer.recordNanoseconds(duration.components.seconds * 1_000_000_000 + duration.components.attoseconds / 1_000_000_000)
     }
 }

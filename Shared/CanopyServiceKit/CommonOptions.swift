@@ -55,8 +55,11 @@ extension Logger.Level: @retroactive ExpressibleByArgument {}
 
 /// Where every executable's logs go: structured lines on standard error.
 public enum LogSetup {
-    /// Bootstraps swift-log once for the process and returns the executable's logger.
+    /// Bootstraps swift-log, and swift-metrics with Prometheus (``Observability``), once for
+    /// the process and returns the executable's logger. Every executable calls it first, so
+    /// every metric it creates afterwards reaches `/metrics`.
     public static func logger(label: String, level: Logger.Level) -> Logger {
+        _ = Observability.registry
         LoggingSystem.bootstrap { label in
             var handler = StreamLogHandler.standardError(label: label)
             handler.logLevel = .trace // each Logger below decides

@@ -1,4 +1,5 @@
 import CanopyBus
+import CanopyServiceKit
 import Foundation
 import Logging
 
@@ -25,6 +26,7 @@ public final class LiveBus: @unchecked Sendable {
 
     /// Starts a broker on `tcp://127.0.0.1:*`, with CurveZMQ when `curve` is given.
     public init(configuration: BrokerConfiguration = .testing, curve: CurveServerSettings? = nil) throws {
+        _ = Observability.registry // metrics are bound to Prometheus before anything creates one
         self.configuration = configuration
         self.curve = curve
         var logger = Logger(label: "canopy-test")
@@ -33,6 +35,11 @@ public final class LiveBus: @unchecked Sendable {
         let broker = try BrokerServer(endpoint: "tcp://127.0.0.1:*", configuration: configuration, curve: curve, context: context, logger: logger)
         self.broker = broker
         brokerTask = Task { try await broker.run() }
+    }
+
+    /// Stops the broker (its workers and clients stay, and notice).
+    public func stopBroker() {
+        broker.stop()
     }
 
     /// Stops the broker (a graceful stop with the configured drain time) and starts a new one
@@ -65,7 +72,8 @@ public final class LiveBus: @unchecked Sendable {
     }
 
     /// Starts an in-process worker for any service (over CURVE with `curve`).
-    public func startRunner(_ service: some BusService, credit: Int = 4, curve: CurveClientSettings? = nil) {
+    @discardableResult
+    public func startRunner(_ service: some BusService, credit: Int = 4, curve: CurveClientSettings? = nil) -> ServiceRunner {
         var runnerConfiguration = ServiceRunner.Configuration(endpoint: endpoint)
         runnerConfiguration.credit = credit
         runnerConfiguration.curve = curve
@@ -73,6 +81,7 @@ public final class LiveBus: @unchecked Sendable {
         runnerConfiguration.liveness = configuration.liveness
         let runner = ServiceRunner(service: service, configuration: runnerConfiguration, context: context, logger: logger)
         runners.append((runner, Task { try await runner.run() }))
+        return runner
     }
 
     /// Starts `canopy-test-worker` as a separate process (for SIGKILL tests).

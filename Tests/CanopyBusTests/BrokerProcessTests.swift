@@ -19,7 +19,7 @@ struct BrokerProcessTests {
         init(_ arguments: [String], environment: [String: String] = [:]) throws {
             process = Process()
             process.executableURL = try LiveBus.executable("canopy-broker")
-            process.arguments = ["serve", "--bind", "tcp://127.0.0.1:*"] + arguments
+            process.arguments = ["serve", "--bind", "tcp://127.0.0.1:*", "--metrics-bind", "127.0.0.1:0"] + arguments
             process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
             let errors = Pipe()
             process.standardError = errors

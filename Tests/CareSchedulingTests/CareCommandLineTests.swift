@@ -41,4 +41,55 @@ struct CareCommandLineTests {
             #expect(!(try run(["upcoming", "--user", "someone-else", "--endpoint", bus.endpoint]).output.contains("Fern")))
         }
     }
+
+    /// A port nothing listens on right now (the system's choice, then released).
+    func freePort() throws -> Int {
+        let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        defer { close(descriptor) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        _ = withUnsafeMutablePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(descriptor, $0, length) } }
+        _ = withUnsafeMutablePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(descriptor, $0, &length) } }
+        return Int(UInt16(bigEndian: address.sin_port))
+    }
+
+    @Test func healthSaysWhetherTheRunningServiceIsRegistered() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-care-health-\(UUID().uuidString)")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let listener = "127.0.0.1:\(try freePort())"
+        let nobody = try run(["health", "--metrics-bind", listener])
+        #expect(nobody.status == 1)
+        #expect(nobody.output.contains("nothing answers"))
+
+        try await withLiveBus { bus in
+            let process = Process()
+            process.executableURL = try LiveBus.executable("canopy-care")
+            process.arguments = ["serve", "--endpoint", bus.endpoint, "--data-dir", directory.path, "--metrics-bind", listener,
+                                 "--heartbeat-ms", "100", "--log-level", "critical"]
+            try process.run()
+            defer {
+                process.terminate()
+                process.waitUntilExit()
+            }
+            try await bus.waitForWorkers(1, service: Care.service)
+            var healthy = try run(["health"], environment: ["CANOPY_METRICS_BIND": listener])
+            for _ in 0..<50 where healthy.status != 0 {
+                try await Task.sleep(for: .milliseconds(100))
+                healthy = try run(["health"], environment: ["CANOPY_METRICS_BIND": listener])
+            }
+            #expect(healthy.status == 0, "\(healthy.output)")
+            #expect(healthy.output.hasPrefix("healthy: broker registered"))
+
+            bus.stopBroker()
+            var gone = healthy
+            for _ in 0..<50 where gone.status == 0 {
+                try await Task.sleep(for: .milliseconds(100))
+                gone = try run(["health", "--metrics-bind", listener])
+            }
+            #expect(gone.status == 1)
+            #expect(gone.output.contains("not registered with the broker"))
+        }
+    }
 }

@@ -16,8 +16,23 @@ struct CareCommand: AsyncParsableCommand {
               canopy-care catalog search monstera
               canopy-care plan --species "Monstera deliciosa" --days 30 --tz Europe/Berlin
               canopy-care upcoming --user user-42 --days 7
+              canopy-care health --metrics-bind 127.0.0.1:9402
             """,
-        subcommands: [ServeCare.self, CatalogCommand.self, Plan.self, Upcoming.self])
+        subcommands: [ServeCare.self, CatalogCommand.self, Plan.self, Upcoming.self, HealthCare.self])
+}
+
+/// `canopy-care health`: asks the running service's `/health`; exit 0 or 1.
+struct HealthCare: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "health",
+        abstract: "Exit 0 when the running canopy-care is healthy (registered with its broker), 1 when not (for container health checks).",
+        discussion: "Example: canopy-care health --metrics-bind 127.0.0.1:9402")
+
+    @OptionGroup var operating: OperatingOptions
+
+    func run() async throws {
+        try await HealthProbe.run(operating, default: OperatingOptions.Defaults.care)
+    }
 }
 
 struct ServeCare: AsyncParsableCommand {
@@ -27,13 +42,18 @@ struct ServeCare: AsyncParsableCommand {
 
     @OptionGroup var common: CommonOptions
     @OptionGroup var worker: WorkerOptions
+    @OptionGroup var operating: OperatingOptions
     @Option(help: ArgumentHelp("Data directory; the store is <dir>/care/care.sqlite. Env: CANOPY_DATA_DIR.", valueName: "dir"))
     var dataDir: String = Environment.string("CANOPY_DATA_DIR") ?? "./.canopy"
 
     func run() async throws {
         let logger = LogSetup.logger(label: "canopy-care", level: common.logLevel)
-        let services = try buildCareService(dataDirectory: URL(fileURLWithPath: dataDir).appendingPathComponent("care", isDirectory: true),
+        var services = try buildCareService(dataDirectory: URL(fileURLWithPath: dataDir).appendingPathComponent("care", isDirectory: true),
                                             runner: try worker.runnerConfiguration(common), context: ZMQContext(), logger: logger)
+        if let endpoint = try OperatingEndpoint.make(operating, default: OperatingOptions.Defaults.care,
+                                                     health: OperatingEndpoint.workerHealth(services), logger: logger) {
+            services.append(endpoint)
+        }
         try await runUntilShutdown(services, logger: logger)
     }
 }

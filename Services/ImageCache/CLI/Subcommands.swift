@@ -14,6 +14,7 @@ struct ServeImages: AsyncParsableCommand {
 
     @OptionGroup var common: CommonOptions
     @OptionGroup var worker: WorkerOptions
+    @OptionGroup var operating: OperatingOptions
     @Option(help: ArgumentHelp("Data directory; images live in <dir>/images. Env: CANOPY_DATA_DIR.", valueName: "dir"))
     var dataDir: String = Environment.string("CANOPY_DATA_DIR") ?? "./.canopy"
     @Option(help: ArgumentHelp("Largest input in MiB. Env: CANOPY_IMAGES_MAX_MB.", valueName: "MiB"))
@@ -63,7 +64,11 @@ struct ServeImages: AsyncParsableCommand {
         settings.fetchesPerHost = fetchesPerHost
         settings.fullSizeConcurrency = fullSizeConcurrency
         settings.fetchAllowedHosts = Set(fetchAllow.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces).lowercased() }.filter { !$0.isEmpty })
-        let services = try buildImageService(settings: settings, runner: try worker.runnerConfiguration(common), context: ZMQContext(), logger: logger)
+        var services = try buildImageService(settings: settings, runner: try worker.runnerConfiguration(common), context: ZMQContext(), logger: logger)
+        if let endpoint = try OperatingEndpoint.make(operating, default: OperatingOptions.Defaults.images,
+                                                     health: OperatingEndpoint.workerHealth(services), logger: logger) {
+            services.append(endpoint)
+        }
         try await runUntilShutdown(services, logger: logger)
     }
 }

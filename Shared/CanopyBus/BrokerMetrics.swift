@@ -1,0 +1,81 @@
+import CanopyMessages
+import Metrics
+
+/// The broker's figures in swift-metrics, refreshed from ``BrokerState/statistics(now:)``
+/// about once a second by the broker's loop (so the routing path itself records nothing).
+/// Counters advance by what changed since the last refresh. Per-service and per-operation
+/// series are created on first sight; both are bounded by the broker (services by their
+/// workers and the start-up grace, operations by its table of 1,024).
+///
+/// Not thread-safe: owned by the broker's loop thread.
+final class BrokerMetrics {
+    private let malformed = Counter(label: "canopy_broker_malformed_messages_total")
+    private let rejected = Counter(label: "canopy_broker_rejected_requests_total")
+    private let heldBytes = Gauge(label: "canopy_broker_held_bytes")
+    private let openFlights = Gauge(label: "canopy_broker_open_flights")
+
+    private struct ServiceSeries {
+        let queued, queuedBytes, inFlight, workers: Gauge
+        let served, errors: Counter
+        init(_ name: String) {
+            let dimensions = [("service", name)]
+            queued = Gauge(label: "canopy_broker_queued_requests", dimensions: dimensions)
+            queuedBytes = Gauge(label: "canopy_broker_queued_bytes", dimensions: dimensions)
+            inFlight = Gauge(label: "canopy_broker_in_flight_requests", dimensions: dimensions)
+            workers = Gauge(label: "canopy_broker_workers", dimensions: dimensions)
+            served = Counter(label: "canopy_broker_served_requests_total", dimensions: dimensions)
+            errors = Counter(label: "canopy_broker_error_replies_total", dimensions: dimensions)
+        }
+    }
+
+    private struct OperationSeries {
+        let requests, coalesced: Counter
+        init(_ service: String, _ operation: String) {
+            let dimensions = [("service", service), ("operation", operation)]
+            requests = Counter(label: "canopy_broker_requests_total", dimensions: dimensions)
+            coalesced = Counter(label: "canopy_broker_coalesced_requests_total", dimensions: dimensions)
+        }
+    }
+
+    private var services: [String: ServiceSeries] = [:]
+    private var operations: [String: OperationSeries] = [:]
+    /// The totals of the last refresh, by series name.
+    private var last: [String: UInt64] = [:]
+
+    /// Brings every series up to `statistics`.
+    func refresh(_ statistics: BrokerStatistics) {
+        /// Advances `counter` by what `total` (named `name`) grew since the last refresh; a
+        /// total that went down started again (a service that lost its last worker).
+        func advance(_ counter: Counter, _ name: String, _ total: UInt64) {
+            let before = last[name] ?? 0
+            let delta = total >= before ? total - before : total
+            if delta > 0 { counter.increment(by: Int64(clamping: delta)) }
+            last[name] = total
+        }
+        advance(malformed, "malformed", statistics.malformed)
+        advance(rejected, "rejected", statistics.rejected)
+        heldBytes.record(statistics.heldBytes)
+        openFlights.record(statistics.openFlights)
+        let seen = Set(statistics.services.map(\.name))
+        for (name, series) in services where !seen.contains(name) {
+            series.queued.record(0); series.queuedBytes.record(0); series.inFlight.record(0); series.workers.record(0)
+        }
+        for service in statistics.services {
+            let series = services[service.name] ?? ServiceSeries(service.name)
+            services[service.name] = series
+            series.queued.record(service.queued)
+            series.queuedBytes.record(service.queuedBytes)
+            series.inFlight.record(service.inFlight)
+            series.workers.record(service.workers)
+            advance(series.served, "served " + service.name, service.served)
+            advance(series.errors, "errors " + service.name, service.errors)
+        }
+        for operation in statistics.operations {
+            let key = operation.service + "." + operation.operation
+            let series = operations[key] ?? OperationSeries(operation.service, operation.operation)
+            operations[key] = series
+            advance(series.requests, "requests " + key, operation.requests)
+            advance(series.coalesced, "coalesced " + key, operation.coalesced)
+        }
+    }
+}

@@ -1,0 +1,136 @@
+import CanopyBus
+import Foundation
+import Hummingbird
+import Logging
+import Metrics
+import Prometheus
+import ServiceLifecycle
+import Synchronization
+
+/// Prometheus behind swift-metrics, set up once per process: every metric any Canopy module
+/// creates through swift-metrics lands in ``registry``, which `/metrics` emits.
+public enum Observability {
+    /// Histogram buckets for durations, from 50 µs to 30 s: bus round trips at the low end,
+    /// full-size image work and deadlines at the high end.
+    public static let durationBuckets: [Duration] = [
+        .microseconds(50), .microseconds(100), .microseconds(250), .microseconds(500),
+        .milliseconds(1), .microseconds(2_500), .milliseconds(5), .milliseconds(10), .milliseconds(25),
+        .milliseconds(50), .milliseconds(100), .milliseconds(250), .milliseconds(500),
+        .seconds(1), .milliseconds(2_500), .seconds(5), .seconds(10), .seconds(30),
+    ]
+
+    /// The process's registry; the first use bootstraps swift-metrics with it.
+    public static let registry: PrometheusCollectorRegistry = {
+        let registry = PrometheusCollectorRegistry()
+        var factory = PrometheusMetricsFactory(registry: registry)
+        factory.defaultDurationHistogramBuckets = durationBuckets
+        MetricsSystem.bootstrap(factory)
+        return registry
+    }()
+}
+
+/// What `/health` answers: healthy or not, and one line per check saying why.
+public struct HealthReport: Codable, Sendable, Equatable {
+    /// Whether every check passed.
+    public var healthy: Bool
+    /// Each check's state in words, by name.
+    public var checks: [String: String]
+
+    /// - Parameters:
+    ///   - healthy: whether every check passed.
+    ///   - checks: each check's state in words.
+    public init(healthy: Bool, checks: [String: String]) {
+        self.healthy = healthy
+        self.checks = checks
+    }
+
+    /// One line for people: `healthy` or `unhealthy`, then the checks.
+    public var summary: String {
+        "\(healthy ? "healthy" : "unhealthy"): " + checks.keys.sorted().map { "\($0) \(checks[$0]!)" }.joined(separator: "; ")
+    }
+}
+
+/// The HTTP listener every executable runs beside its work: `GET /metrics` (Prometheus text
+/// from ``Observability/registry``) and `GET /health` (a ``HealthReport`` as JSON, 200 when
+/// healthy, 503 when not). One implementation for every executable.
+public final class OperatingEndpoint: Service, Sendable {
+    private let application: Application<RouterResponder<BasicRequestContext>>
+    /// The bound port, shared with the listener's start-up callback.
+    private final class BoundPort: Sendable {
+        let value = Mutex<Int?>(nil)
+    }
+    private let port = BoundPort()
+
+    /// - Parameters:
+    ///   - host: the address to listen on, e.g. `127.0.0.1` or `0.0.0.0`.
+    ///   - port: the port; 0 lets the system choose (see ``boundPort(within:)``).
+    ///   - health: the executable's checks, run on every `/health` request.
+    ///   - logger: where the listener logs.
+    public init(host: String, port: Int, health: @escaping @Sendable () async -> HealthReport, logger: Logger) {
+        let registry = Observability.registry
+        let router = Router()
+        router.get("/metrics") { _, _ -> Response in
+            var buffer = [UInt8]()
+            buffer.reserveCapacity(16_384)
+            registry.emit(into: &buffer)
+            return Response(status: .ok, headers: [.contentType: "text/plain; version=0.0.4; charset=utf-8"],
+                            body: .init(byteBuffer: ByteBuffer(bytes: buffer)))
+        }
+        router.get("/health") { _, _ -> Response in
+            let report = await health()
+            let body = (try? JSONEncoder().encode(report)) ?? Data()
+            return Response(status: report.healthy ? .ok : .serviceUnavailable, headers: [.contentType: "application/json"],
+                            body: .init(byteBuffer: ByteBuffer(bytes: body)))
+        }
+        var quiet = logger
+        quiet.logLevel = max(logger.logLevel, .warning)
+        let bound = self.port
+        application = Application(
+            router: router,
+            configuration: .init(address: .hostname(host, port: port), serverName: "canopy"),
+            onServerRunning: { channel in
+                let port = channel.localAddress?.port
+                bound.value.withLock { $0 = port }
+                logger.info("operating.listening", metadata: ["operating.address": "\(host):\(port ?? 0)", "operating.paths": "/metrics /health"])
+            },
+            logger: quiet)
+    }
+
+    /// Serves until graceful shutdown.
+    public func run() async throws {
+        try await application.run()
+    }
+
+    /// The port it listens on, once it does.
+    public func boundPort(within limit: Duration = .seconds(10)) async throws -> Int {
+        let deadline = ContinuousClock.now + limit
+        while ContinuousClock.now < deadline {
+            if let port = port.value.withLock({ $0 }) { return port }
+            try await Task.sleep(for: .milliseconds(10))
+        }
+        throw CommandFailure("the metrics listener did not start within \(limit)")
+    }
+}
+
+extension OperatingEndpoint {
+    /// The listener `options` ask for (the executable's `fallback` when none), or `nil` for
+    /// `off`.
+    public static func make(_ options: OperatingOptions, default fallback: String,
+                            health: @escaping @Sendable () async -> HealthReport, logger: Logger) throws -> OperatingEndpoint? {
+        guard let (host, port) = try options.listener(default: fallback) else { return nil }
+        return OperatingEndpoint(host: host, port: port, health: health, logger: logger)
+    }
+
+    /// The health of a bus worker's services: every ``ServiceRunner`` among them registered
+    /// with its broker (READY taken, heartbeats flowing). Its store opened when it was built.
+    public static func workerHealth(_ services: [any Service]) -> @Sendable () async -> HealthReport {
+        let runners = services.compactMap { $0 as? ServiceRunner }
+        return {
+            let registered = runners.allSatisfy(\.isRegistered)
+            return HealthReport(healthy: registered, checks: [
+                "broker": registered ? "registered, heartbeats flowing" : "not registered with the broker (is canopy-broker running at --endpoint?)",
+                "store": "open",
+            ])
+        }
+    }
+}

@@ -1,0 +1,79 @@
+import ArgumentParser
+import Foundation
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
+import Logging
+
+/// Where an executable serves `/metrics` and `/health`: `--metrics-bind HOST:PORT`
+/// (`CANOPY_METRICS_BIND`), `off` for nowhere. Each executable has its own default port
+/// (``Defaults``), so a laptop runs them side by side.
+public struct OperatingOptions: ParsableArguments {
+    /// The default listeners, one port per executable.
+    public enum Defaults {
+        public static let broker = "127.0.0.1:9400"
+        public static let images = "127.0.0.1:9401"
+        public static let care = "127.0.0.1:9402"
+        public static let testWorker = "off"
+    }
+
+    @Option(help: ArgumentHelp("Where /metrics and /health listen, HOST:PORT, or 'off' (default per executable: broker 9400, images 9401, care 9402 on 127.0.0.1). Env: CANOPY_METRICS_BIND.", valueName: "host:port"))
+    public var metricsBind: String? = Environment.string("CANOPY_METRICS_BIND")
+
+    /// Parsed by argument parser.
+    public init() {}
+
+    /// The host and port to listen on, or `nil` for `off`.
+    ///
+    /// - Parameter fallback: the executable's default (one of ``Defaults``).
+    public func listener(default fallback: String) throws -> (host: String, port: Int)? {
+        try Self.parse(metricsBind ?? fallback)
+    }
+
+    /// Parses `HOST:PORT` or `off`.
+    public static func parse(_ text: String) throws -> (host: String, port: Int)? {
+        if text.lowercased() == "off" { return nil }
+        guard let colon = text.lastIndex(of: ":"), let port = Int(text[text.index(after: colon)...]), (0...65_535).contains(port),
+              colon != text.startIndex
+        else {
+            throw ValidationError("--metrics-bind is HOST:PORT, such as 127.0.0.1:9400 or 0.0.0.0:9400, or 'off'; got '\(text)'")
+        }
+        return (String(text[..<colon]), port)
+    }
+
+    public func validate() throws {
+        if let metricsBind { _ = try Self.parse(metricsBind) }
+    }
+}
+
+/// What every executable's `health` subcommand does: asks `/health` on its listener and
+/// exits 0 when healthy, 1 when not, with one line saying why.
+public enum HealthProbe {
+    /// Asks `http://host:port/health` and returns the report, or an unhealthy one that says
+    /// why it could not ask.
+    public static func check(host: String, port: Int, timeout: TimeInterval = 2) async -> HealthReport {
+        let address = host == "0.0.0.0" ? "127.0.0.1" : host
+        guard let url = URL(string: "http://\(address):\(port)/health") else {
+            return HealthReport(healthy: false, checks: ["listener": "\(host):\(port) is not an address"])
+        }
+        var request = URLRequest(url: url)
+        request.timeoutInterval = timeout
+        do {
+            let (data, _) = try await URLSession.shared.data(for: request)
+            if let report = try? JSONDecoder().decode(HealthReport.self, from: data) { return report }
+            return HealthReport(healthy: false, checks: ["listener": "answered something that is not a health report"])
+        } catch {
+            return HealthReport(healthy: false, checks: ["listener": "nothing answers at \(address):\(port) (is it running, with this --metrics-bind?)"])
+        }
+    }
+
+    /// Prints the report's line and exits 0 or 1.
+    public static func run(_ options: OperatingOptions, default fallback: String) async throws {
+        guard let (host, port) = try options.listener(default: fallback) else {
+            throw ValidationError("health asks the /health listener, which --metrics-bind off turns off; give --metrics-bind HOST:PORT")
+        }
+        let report = await check(host: host, port: port)
+        print(report.summary)
+        if !report.healthy { throw ExitCode(1) }
+    }
+}
