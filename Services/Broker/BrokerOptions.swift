@@ -6,32 +6,35 @@ import Logging
 
 /// Every option of `canopy-broker serve`; each also reads a `CANOPY_*` variable (flags win).
 struct BrokerOptions: ParsableArguments {
+    /// Where every default comes from: one place, the configuration type.
+    static let defaults = BrokerConfiguration.defaults
+
     @Option(help: ArgumentHelp("Endpoint to listen on. Env: CANOPY_BIND.", valueName: "endpoint"))
     var bind: String = Environment.string("CANOPY_BIND") ?? "tcp://127.0.0.1:5555"
 
     @Option(help: ArgumentHelp("Heartbeat interval in milliseconds, both ways. Env: CANOPY_HEARTBEAT_MS.", valueName: "ms"))
-    var heartbeatMs: Int = Environment.int("CANOPY_HEARTBEAT_MS", default: 1_000)
+    var heartbeatMs: Int = Environment.milliseconds("CANOPY_HEARTBEAT_MS", default: Self.defaults.heartbeatInterval)
 
     @Option(help: ArgumentHelp("Missed heartbeats before a worker counts as dead. Env: CANOPY_LIVENESS.", valueName: "beats"))
-    var liveness: Int = Environment.int("CANOPY_LIVENESS", default: 3)
+    var liveness: Int = Environment.int("CANOPY_LIVENESS", default: Self.defaults.liveness)
 
     @Option(help: ArgumentHelp("Requests waiting per service before new ones get 'busy'. Env: CANOPY_MAX_QUEUE.", valueName: "count"))
-    var maxQueue: Int = Environment.int("CANOPY_MAX_QUEUE", default: 500_000)
+    var maxQueue: Int = Environment.int("CANOPY_MAX_QUEUE", default: Self.defaults.maximumQueuedPerService)
 
     @Option(help: ArgumentHelp("Bytes of requests waiting per service before new ones get 'busy'. Env: CANOPY_MAX_QUEUE_BYTES.", valueName: "bytes"))
-    var maxQueueBytes: Int = Environment.int("CANOPY_MAX_QUEUE_BYTES", default: 64 * 1024 * 1024)
+    var maxQueueBytes: Int = Environment.int("CANOPY_MAX_QUEUE_BYTES", default: Self.defaults.maximumQueuedBytesPerService)
 
     @Option(help: ArgumentHelp("Bytes of requests the broker holds in all (queued or at workers) before new ones get 'busy'. Env: CANOPY_MAX_HELD_BYTES.", valueName: "bytes"))
-    var maxHeldBytes: Int = Environment.int("CANOPY_MAX_HELD_BYTES", default: 512 * 1024 * 1024)
+    var maxHeldBytes: Int = Environment.int("CANOPY_MAX_HELD_BYTES", default: Self.defaults.maximumHeldBytes)
 
     @Option(help: ArgumentHelp("Largest frame accepted, in bytes. Env: CANOPY_MAX_FRAME_BYTES.", valueName: "bytes"))
-    var maxFrameBytes: Int = Environment.int("CANOPY_MAX_FRAME_BYTES", default: 16 * 1024 * 1024)
+    var maxFrameBytes: Int = Environment.int("CANOPY_MAX_FRAME_BYTES", default: Self.defaults.maximumFrameBytes)
 
     @Option(help: ArgumentHelp("Deadline of requests that give none, in milliseconds. Env: CANOPY_DEFAULT_TIMEOUT_MS.", valueName: "ms"))
-    var defaultTimeoutMs: Int = Environment.int("CANOPY_DEFAULT_TIMEOUT_MS", default: 30_000)
+    var defaultTimeoutMs: Int = Environment.milliseconds("CANOPY_DEFAULT_TIMEOUT_MS", default: Self.defaults.defaultTimeout)
 
     @Option(help: ArgumentHelp("How long shutdown waits for in-flight requests, in milliseconds. Env: CANOPY_DRAIN_TIMEOUT_MS.", valueName: "ms"))
-    var drainTimeoutMs: Int = Environment.int("CANOPY_DRAIN_TIMEOUT_MS", default: 5_000)
+    var drainTimeoutMs: Int = Environment.milliseconds("CANOPY_DRAIN_TIMEOUT_MS", default: Self.defaults.drainTimeout)
 
     @Flag(inversion: .prefixedNo, help: ArgumentHelp("Coalesce identical in-flight requests of coalescable operations. Env: CANOPY_COALESCING=0 turns it off."))
     var coalescing: Bool = Environment.string("CANOPY_COALESCING").map { !["0", "false", "no", "off"].contains($0.lowercased()) } ?? true
@@ -43,13 +46,13 @@ struct BrokerOptions: ParsableArguments {
     var majordomoCoalesced: String = Environment.string("CANOPY_MAJORDOMO_COALESCED") ?? ""
 
     @Option(help: ArgumentHelp("Waiters one flight takes before identical requests get 'busy'. Env: CANOPY_MAX_WAITERS.", valueName: "count"))
-    var maxWaiters: Int = Environment.int("CANOPY_MAX_WAITERS", default: 10_000)
+    var maxWaiters: Int = Environment.int("CANOPY_MAX_WAITERS", default: Self.defaults.maximumWaitersPerFlight)
 
     @Option(help: ArgumentHelp("Coalescable flights open at once before new ones get 'busy'. Env: CANOPY_MAX_FLIGHTS.", valueName: "count"))
-    var maxFlights: Int = Environment.int("CANOPY_MAX_FLIGHTS", default: 10_000)
+    var maxFlights: Int = Environment.int("CANOPY_MAX_FLIGHTS", default: Self.defaults.maximumOpenFlights)
 
     @Option(help: ArgumentHelp("Age in milliseconds after which a flight takes no new waiters. Env: CANOPY_STUCK_FLIGHT_MS.", valueName: "ms"))
-    var stuckFlightMs: Int = Environment.int("CANOPY_STUCK_FLIGHT_MS", default: 10_000)
+    var stuckFlightMs: Int = Environment.milliseconds("CANOPY_STUCK_FLIGHT_MS", default: Self.defaults.stuckFlightAge)
 
     @Option(help: ArgumentHelp("The broker's key file from 'canopy keys generate'; turns CurveZMQ on (needs --curve-allow). Env: CANOPY_CURVE_SECRET_KEY_FILE, or the key itself in CANOPY_CURVE_SECRET_KEY.", valueName: "file"))
     var curveSecretKeyFile: String? = Environment.string("CANOPY_CURVE_SECRET_KEY_FILE")
@@ -64,6 +67,7 @@ struct BrokerOptions: ParsableArguments {
     var logLevel: Logger.Level = Environment.string("CANOPY_LOG_LEVEL").flatMap(Logger.Level.init(rawValue:)) ?? .info
 
     func validate() throws {
+        try Environment.validate()
         guard heartbeatMs >= 10 else { throw ValidationError("--heartbeat-ms must be at least 10; 1000 is the usual value") }
         guard liveness >= 1 else { throw ValidationError("--liveness must be at least 1 missed heartbeat; 3 is the usual value") }
         guard maxQueue >= 0 else { throw ValidationError("--max-queue cannot be negative; 0 answers 'busy' whenever no worker has credit") }

@@ -11,8 +11,16 @@ public struct BrokerConfiguration: Sendable {
     public var defaultTimeout: Duration = .seconds(30)
     /// Longest deadline a request may ask for.
     public var maximumTimeout: Duration = .seconds(600)
-    /// How long a graceful shutdown waits for in-flight requests.
-    public var drainTimeout: Duration = .seconds(5)
+    /// How long a graceful shutdown waits for in-flight requests; the same default as a
+    /// worker's (``ServiceRunner/Configuration/drainTimeout``), as both read
+    /// `CANOPY_DRAIN_TIMEOUT_MS`.
+    public var drainTimeout: Duration = BrokerConfiguration.defaultDrainTimeout
+
+    /// The drain timeout of the broker and of workers, unless told otherwise.
+    public static let defaultDrainTimeout: Duration = .seconds(10)
+
+    /// The defaults, for options that show them.
+    public static let defaults = BrokerConfiguration()
 
     // MARK: Memory bounds
 

@@ -334,3 +334,15 @@ private final class ClientLoop: @unchecked Sendable {
         calls.removeAll()
     }
 }
+
+import ServiceLifecycle
+
+extension BusClient: Service {
+    /// Keeps the client open until graceful shutdown, then closes it, so a `ServiceGroup`
+    /// owns its lifetime: list it before the services that call through it, and it closes
+    /// after they have stopped.
+    public func run() async throws {
+        try? await gracefulShutdown()
+        close()
+    }
+}

@@ -26,7 +26,7 @@ public final class ServiceRunner: Service, @unchecked Sendable {
         /// Missed broker heartbeats before the runner reconnects.
         public var liveness: Int = 3
         /// How long a graceful shutdown waits for running handlers.
-        public var drainTimeout: Duration = .seconds(10)
+        public var drainTimeout: Duration = BrokerConfiguration.defaultDrainTimeout
         /// CurveZMQ settings when the broker runs with CURVE; `nil` connects without.
         public var curve: CurveClientSettings?
 

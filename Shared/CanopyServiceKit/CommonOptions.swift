@@ -24,6 +24,10 @@ public struct CommonOptions: ParsableArguments {
     /// Parsed by argument parser.
     public init() {}
 
+    public func validate() throws {
+        try Environment.validate()
+    }
+
     /// The CurveZMQ settings these options describe: `nil` without a server key; with one but
     /// no key of its own, a fresh key pair (which only a broker taking any client accepts).
     public func curveSettings() throws -> CurveClientSettings? {

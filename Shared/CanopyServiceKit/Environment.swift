@@ -1,4 +1,6 @@
+import ArgumentParser
 import Foundation
+import Synchronization
 
 /// Reads `CANOPY_*` environment variables, the second source of every option (flags win).
 public enum Environment {
@@ -9,14 +11,29 @@ public enum Environment {
     }
 
     /// The variable as an integer, or `fallback` when it is unset. A value that is not an
-    /// integer stops the program with a message naming the variable.
+    /// integer gives `fallback` too and is remembered: ``validate()`` (which every options
+    /// group calls) then refuses it with a sentence naming the variable.
     public static func int(_ name: String, default fallback: Int) -> Int {
         guard let text = string(name) else { return fallback }
         guard let value = Int(text) else {
-            FileHandle.standardError.write(Data("error: \(name)=\(text) is not a whole number; unset it or give a number\n".utf8))
-            exit(64)
+            problems.withLock { $0.insert("\(name)=\(text.prefix(40)) is not a whole number; unset it or give a number") }
+            return fallback
         }
         return value
+    }
+
+    /// The variable as whole milliseconds, or `fallback`'s milliseconds when it is unset.
+    public static func milliseconds(_ name: String, default fallback: Duration) -> Int {
+        int(name, default: Int(fallback.wholeMilliseconds))
+    }
+
+    /// Variables that could not be read, as sentences.
+    private static let problems = Mutex<Set<String>>([])
+
+    /// Throws a `ValidationError` naming every `CANOPY_*` variable that could not be read.
+    public static func validate() throws {
+        let found = problems.withLock { $0 }
+        guard found.isEmpty else { throw ValidationError(found.sorted().joined(separator: "; ")) }
     }
 }
 

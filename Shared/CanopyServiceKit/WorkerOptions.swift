@@ -3,26 +3,30 @@ import CanopyBus
 
 /// The options every service worker shares (`serve` of each service executable).
 public struct WorkerOptions: ParsableArguments {
+    /// Where every default comes from: the runner's configuration.
+    static let defaults = ServiceRunner.Configuration(endpoint: "")
+
     /// Requests held at once.
     @Option(help: ArgumentHelp("Requests this worker holds at once. Env: CANOPY_CREDIT.", valueName: "count"))
-    public var credit: Int = Environment.int("CANOPY_CREDIT", default: 8)
+    public var credit: Int = Environment.int("CANOPY_CREDIT", default: Self.defaults.credit)
 
     /// Heartbeat interval in milliseconds.
     @Option(help: ArgumentHelp("Heartbeat interval in milliseconds; match the broker's. Env: CANOPY_HEARTBEAT_MS.", valueName: "ms"))
-    public var heartbeatMs: Int = Environment.int("CANOPY_HEARTBEAT_MS", default: 1_000)
+    public var heartbeatMs: Int = Environment.milliseconds("CANOPY_HEARTBEAT_MS", default: Self.defaults.heartbeatInterval)
 
     /// Missed broker heartbeats before reconnecting.
     @Option(help: ArgumentHelp("Missed broker heartbeats before reconnecting. Env: CANOPY_LIVENESS.", valueName: "beats"))
-    public var liveness: Int = Environment.int("CANOPY_LIVENESS", default: 3)
+    public var liveness: Int = Environment.int("CANOPY_LIVENESS", default: Self.defaults.liveness)
 
     /// How long shutdown waits for running handlers.
     @Option(help: ArgumentHelp("How long shutdown waits for running handlers, in milliseconds. Env: CANOPY_DRAIN_TIMEOUT_MS.", valueName: "ms"))
-    public var drainTimeoutMs: Int = Environment.int("CANOPY_DRAIN_TIMEOUT_MS", default: 10_000)
+    public var drainTimeoutMs: Int = Environment.milliseconds("CANOPY_DRAIN_TIMEOUT_MS", default: Self.defaults.drainTimeout)
 
     /// Parsed by argument parser.
     public init() {}
 
     public func validate() throws {
+        try Environment.validate()
         guard credit >= 1, credit <= 100_000 else { throw ValidationError("--credit must be from 1 to 100000; 8 is the usual value") }
         guard heartbeatMs >= 10 else { throw ValidationError("--heartbeat-ms must be at least 10; use the broker's value (1000 by default)") }
         guard liveness >= 1 else { throw ValidationError("--liveness must be at least 1 missed heartbeat; 3 is the usual value") }

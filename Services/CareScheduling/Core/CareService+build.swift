@@ -12,7 +12,8 @@ public func buildCareService(dataDirectory: URL, runner: ServiceRunner.Configura
     var client = BusClient.Configuration(endpoint: runner.endpoint)
     client.curve = runner.curve // the outbox calls other services with the worker's key
     let bus = try BusClient(configuration: client, context: context, logger: logger)
-    return [worker, Outbox(library: library, bus: bus, interval: .seconds(1), logger: logger)]
+    // The client is a service of its own, listed before the outbox: closed after it stops.
+    return [worker, bus, Outbox(library: library, bus: bus, interval: .seconds(1), logger: logger)]
 }
 
 /// One-shot scheduling for the CLI.

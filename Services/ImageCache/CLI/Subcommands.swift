@@ -18,7 +18,7 @@ struct ServeImages: AsyncParsableCommand {
     @Option(help: ArgumentHelp("Data directory; images live in <dir>/images. Env: CANOPY_DATA_DIR.", valueName: "dir"))
     var dataDir: String = Environment.string("CANOPY_DATA_DIR") ?? "./.canopy"
     @Option(help: ArgumentHelp("Largest input in MiB. Env: CANOPY_IMAGES_MAX_MB.", valueName: "MiB"))
-    var maxMb: Int = Environment.int("CANOPY_IMAGES_MAX_MB", default: 25)
+    var maxMb: Int = Environment.int("CANOPY_IMAGES_MAX_MB", default: ImageServiceSettings.defaultMaximumInputBytes / (1024 * 1024))
     @Option(help: ArgumentHelp("Largest input in megapixels (as its header claims). Env: CANOPY_IMAGES_MAX_MEGAPIXELS.", valueName: "MP"))
     var maxMegapixels: Int = Environment.int("CANOPY_IMAGES_MAX_MEGAPIXELS", default: 40)
     @Option(help: ArgumentHelp("Memory tier size in MiB. Env: CANOPY_IMAGES_MEMORY_MB.", valueName: "MiB"))
@@ -41,6 +41,7 @@ struct ServeImages: AsyncParsableCommand {
     var budgetMb: Int = Environment.int("CANOPY_IMAGES_BUDGET_MB", default: 512)
 
     func validate() throws {
+        try Environment.validate()
         guard maxMb >= 1, maxMegapixels >= 1 else { throw ValidationError("--max-mb and --max-megapixels must be at least 1") }
         guard memoryMb >= 0, diskMb >= 0, memoryCount >= 0 else { throw ValidationError("cache sizes cannot be negative; 0 turns a tier off") }
         guard variantDays >= 1, paletteDays >= 1 else { throw ValidationError("--variant-days and --palette-days must be at least 1") }

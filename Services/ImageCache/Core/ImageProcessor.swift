@@ -32,7 +32,9 @@ struct ImageProcessor: Sendable {
     /// Limits on input.
     struct Limits: Sendable {
         /// Largest input file.
-        var maximumBytes = 25 * 1024 * 1024
+        /// The largest input by default: 25 MiB, a phone's largest photo with room to spare.
+        static let defaultMaximumBytes = 25 * 1024 * 1024
+        var maximumBytes = Limits.defaultMaximumBytes
         /// Largest pixel count an input's header may claim.
         var maximumPixels = 40_000_000
     }

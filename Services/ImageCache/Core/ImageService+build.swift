@@ -9,7 +9,9 @@ import ServiceLifecycle
 public struct ImageServiceSettings: Sendable {
     /// Where originals, the disk tier and the index live (`<data-dir>/images`).
     public var directory: URL
-    public var maximumInputBytes = 25 * 1024 * 1024
+    public var maximumInputBytes = ImageServiceSettings.defaultMaximumInputBytes
+    /// The largest input by default (25 MiB).
+    public static let defaultMaximumInputBytes = ImageProcessor.Limits.defaultMaximumBytes
     public var maximumPixels = 40_000_000
     public var memoryTierBytes = 50 * 1024 * 1024
     public var memoryTierCount = 5_000

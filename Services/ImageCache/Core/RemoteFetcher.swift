@@ -24,7 +24,7 @@ final class RemoteFetcher: Sendable {
         var totalTimeout: Duration = .seconds(30)
         var retryDelays: [Duration] = [.seconds(1), .seconds(2), .seconds(4)]
         var maximumRedirects = 5
-        var maximumBytes = 25 * 1024 * 1024
+        var maximumBytes = ImageProcessor.Limits.defaultMaximumBytes
         /// Hosts (as written in URLs) that may resolve to any address.
         var allowedHosts: Set<String> = []
     }
