@@ -206,7 +206,9 @@ struct LiveBusTests {
             #expect(try await client.call(TestService.Echo.self, .init(text: "still here")).text == "still here")
             let stats = try await client.call(Broker.Stats.self, .init())
             #expect(stats.rejected > 1_000)
-            #expect(stats.services.first { $0.name == TestService.name }?.workers == 1)
+            // One worker, none added by the flood (on a loaded machine the worker may have
+            // reconnected once under it, and its old registration expires within a second).
+            try await bus.waitForWorkers(1, within: .seconds(10))
         }
     }
 

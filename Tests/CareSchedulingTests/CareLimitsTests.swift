@@ -129,6 +129,27 @@ struct CareLimitsTests {
         #expect(Set(seen).count == 5)
         #expect(try library.list(.init(limit: 50), owner: "alice").nextOffset == nil, "a 16 MiB reply holds them all")
     }
+
+    @Test func malformedNumbersAndDuplicateKeysAreRefusedNamingTheField() async throws {
+        // Handler level: the bytes go through the decoding and checks the bus uses, no sockets.
+        let care = HandlerTester(CareService(library: library))
+        for body in [#"{"limit":18446744073709551616}"#, #"{"limit":1.5}"#] {
+            let error = await #expect(throws: CanopyError.self) {
+                try await care.call(operation: Care.ListPlants.name, body: Array(body.utf8), principal: "alice")
+            }
+            #expect(error?.code == .badRequest)
+            #expect(error?.message.contains("limit") == true, "\(error?.message ?? "")")
+            #expect(error?.message.contains("not valid JSON") == false)
+        }
+        let duplicate = await #expect(throws: CanopyError.self) {
+            try await care.call(operation: Care.AddPlant.name, body: Array(#"{"scientificName":"Ficus lyrata","scientificName":"Other"}"#.utf8),
+                                principal: "alice")
+        }
+        #expect(duplicate?.message.contains("'scientificName' appears twice") == true)
+        #expect(try plantCount() == 0, "nothing was stored")
+        let anonymous = await #expect(throws: CanopyError.self) { try await care.call(Care.ListPlants.self, .init()) }
+        #expect(anonymous?.code == .unauthorized)
+    }
 }
 
 /// The same bounds through the real broker, with a small frame limit.
@@ -157,26 +178,6 @@ struct CareLimitsOnTheBusTests {
                 }
                 #expect(ids.count == 8)
             }
-        }
-    }
-
-    @Test func malformedNumbersAndDuplicateKeysAreRefusedNamingTheField() async throws {
-        try await CareServiceTests().withCare { _, client, _, _ in
-            for body in [#"{"limit":18446744073709551616}"#, #"{"limit":1.5}"#] {
-                let error = await #expect(throws: CanopyError.self) {
-                    try await client.call(service: Care.service, operation: Care.ListPlants.name, body: Array(body.utf8), principal: "alice")
-                }
-                #expect(error?.code == .badRequest)
-                #expect(error?.message.contains("limit") == true, "\(error?.message ?? "")")
-                #expect(error?.message.contains("not valid JSON") == false)
-            }
-            let duplicate = await #expect(throws: CanopyError.self) {
-                try await client.call(service: Care.service, operation: Care.AddPlant.name,
-                                      body: Array(#"{"scientificName":"Ficus lyrata","scientificName":"Other"}"#.utf8), principal: "alice")
-            }
-            #expect(duplicate?.message.contains("'scientificName' appears twice") == true)
-            let listed = try await client.call(Care.ListPlants.self, .init(), principal: "alice")
-            #expect(listed.total == 0, "nothing was stored")
         }
     }
 }
