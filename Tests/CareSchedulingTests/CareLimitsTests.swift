@@ -1,5 +1,6 @@
 import CanopyBus
 import CanopyMessages
+import CanopyServiceKit
 import CanopyTesting
 import Foundation
 import Testing
@@ -149,6 +150,34 @@ struct CareLimitsTests {
         #expect(try plantCount() == 0, "nothing was stored")
         let anonymous = await #expect(throws: CanopyError.self) { try await care.call(Care.ListPlants.self, .init()) }
         #expect(anonymous?.code == .unauthorized)
+    }
+}
+
+/// The outbox's series: pending, the oldest one's age, deliveries by outcome.
+struct OutboxMetricsTests {
+    @Test func pendingFollowUpsAndTheirAgeAreReported() async throws {
+        _ = Observability.registry
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-care-outbox-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        try await withLiveBus { bus in // no canopy-images, no canopy-remind: follow-ups stay pending
+            let library = CareLibrary(store: try CareStore(path: directory.appendingPathComponent("care.sqlite").path))
+            let start = Date()
+            let plant = try library.add(Care.Plant(scientificName: "Ficus lyrata"), owner: "alice", now: start)
+            try library.delete(plant.id, owner: "alice", now: start)
+            let outbox = Outbox(library: library, bus: try bus.client(timeout: .milliseconds(200)), interval: .seconds(1), logger: bus.logger)
+            let later = start.addingTimeInterval(90)
+            let pass = await outbox.deliverDue(now: later)
+            let figures = outbox.report(pass, now: later)
+            #expect(pass.failed >= 3)
+            #expect(figures.pending >= 3 && figures.oldestSeconds >= 89)
+            // The series are in the registry (other outboxes of this test process share them,
+            // so only the counter, which never goes down, is read as a number).
+            let text = Observability.registry.emitToString()
+            #expect(text.contains("canopy_care_outbox_pending ") && text.contains("canopy_care_outbox_oldest_seconds "))
+            let failed = text.split(separator: "\n").first { $0.hasPrefix(#"canopy_care_outbox_deliveries_total{outcome="failed"} "#) }
+            #expect(failed.flatMap { Double($0.split(separator: " ").last ?? "") }.map { $0 >= 3 } == true)
+        }
     }
 }
 

@@ -81,6 +81,11 @@ final class CareStore: Sendable {
                 CREATE INDEX outboxByNext ON outbox(nextAttempt);
                 """)
         }
+        migrator.registerMigration("v2-outbox-created") { db in
+            // When a follow-up was written, for the age of the oldest pending one (older rows
+            // count from their next attempt).
+            try db.execute(sql: "ALTER TABLE outbox ADD COLUMN createdAt DOUBLE")
+        }
         return migrator
     }
 
@@ -263,8 +268,8 @@ final class CareStore: Sendable {
 
     /// Records a follow-up for another service, delivered by the outbox until confirmed.
     func enqueue(_ db: Database, owner: String, service: String, operation: String, body: [UInt8], now: Date) throws {
-        try db.execute(sql: "INSERT INTO outbox (owner, service, operation, body, nextAttempt) VALUES (?, ?, ?, ?, ?)",
-                       arguments: [owner, service, operation, Data(body), now.timeIntervalSince1970])
+        try db.execute(sql: "INSERT INTO outbox (owner, service, operation, body, nextAttempt, createdAt) VALUES (?, ?, ?, ?, ?, ?)",
+                       arguments: [owner, service, operation, Data(body), now.timeIntervalSince1970, now.timeIntervalSince1970])
     }
 
     /// Asks for the owner's reminder window to be handed over again; one pending request per

@@ -3,6 +3,7 @@ import CanopyMessages
 import Foundation
 import GRDB
 import Logging
+import Metrics
 import ServiceLifecycle
 
 /// Delivers the follow-ups canopy-care owes other services (reminder windows, reminder
@@ -16,6 +17,13 @@ struct Outbox: Service {
     let interval: Duration
     let logger: Logger
     private let codec = MessageCodec()
+    /// `canopy_care_outbox_pending`: follow-ups not yet confirmed.
+    private let pending = Gauge(label: "canopy_care_outbox_pending")
+    /// `canopy_care_outbox_oldest_seconds`: how long the oldest pending follow-up has waited.
+    private let oldest = Gauge(label: "canopy_care_outbox_oldest_seconds")
+    /// `canopy_care_outbox_deliveries_total{outcome}`: attempts, confirmed or failed.
+    private let delivered = Counter(label: "canopy_care_outbox_deliveries_total", dimensions: [("outcome", "ok")])
+    private let failed = Counter(label: "canopy_care_outbox_deliveries_total", dimensions: [("outcome", "failed")])
 
     /// What one pass did.
     struct Pass: Equatable {
@@ -26,11 +34,27 @@ struct Outbox: Service {
     func run() async throws {
         while !Task.isCancelled && !Task.isShuttingDownGracefully {
             let pass = await deliverDue()
+            report(pass)
             if pass.failed > 0 {
                 logger.debug("care.outbox.pending", metadata: ["care.outbox.failed": "\(pass.failed)"])
             }
             try? await Task.sleep(for: interval)
         }
+    }
+
+    /// Brings the outbox's metrics up to date after a pass; returns what the gauges now say.
+    @discardableResult
+    func report(_ pass: Pass, now: Date = Date()) -> (pending: Int, oldestSeconds: Double) {
+        delivered.increment(by: Int64(pass.delivered))
+        failed.increment(by: Int64(pass.failed))
+        let row = try? library.store.database.read { db in
+            try Row.fetchOne(db, sql: "SELECT COUNT(*) AS n, MIN(COALESCE(createdAt, nextAttempt)) AS first FROM outbox")
+        }
+        let count = row?["n"] as Int? ?? 0
+        let age = (row?["first"] as Double?).map { max(0, now.timeIntervalSince1970 - $0) } ?? 0
+        pending.record(count)
+        oldest.record(age)
+        return (count, age)
     }
 
     /// Sends every follow-up whose time has come; returns how many were confirmed.

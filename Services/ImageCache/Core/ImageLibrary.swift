@@ -32,12 +32,14 @@ final class ImageLibrary: Sendable {
     let configuration: Configuration
     private let pressure = Mutex(MemoryPressure.normal)
     private let fullSize: ConcurrencyLimiter<Int>
+    /// canopy-images' metrics (refusals, work times, cache tiers).
+    let metrics = ImageMetrics()
 
     /// Opens the store and the disk tier under `directory`.
     init(directory: URL, configuration: Configuration = Configuration()) throws {
         self.configuration = configuration
         fullSize = ConcurrencyLimiter(maximum: configuration.fullSizeConcurrency)
-        processor = try ImageProcessor(limits: configuration.limits)
+        processor = try ImageProcessor(limits: configuration.limits, metrics: metrics)
         var fetch = configuration.fetch
         fetch.maximumBytes = configuration.limits.maximumBytes
         fetcher = try RemoteFetcher(policy: fetch)
@@ -78,7 +80,7 @@ final class ImageLibrary: Sendable {
         let add = { @Sendable in
             try await offThePool {
                 try store.add(sha256: sha256, owner: owner, plantID: plantID, format: inspected.kind.rawValue,
-                              normalized: { try processor.normalized(bytes, keeping: inspected.kind) }, now: now)
+                              normalized: { try processor.metrics.time(.normalize) { try processor.normalized(bytes, keeping: inspected.kind) } }, now: now)
             }
         }
         // Only a new photo is decoded (at full size, so it waits for a full-size slot).
@@ -132,7 +134,13 @@ final class ImageLibrary: Sendable {
         }
         // One decode makes every small variant; full (in the other format) is made on its own.
         let wanted: Set<Images.Variant> = request.variant == .full ? [.full] : [.gallery, .small, .thumbnail]
-        let make = { @Sendable in try await offThePool { try processor.make(wanted, format: request.format, from: try store.original(request.sha256)) } }
+        let work: ImageMetrics.Work = request.variant == .full ? .fullVariant : .smallVariants
+        let make = { @Sendable in
+            try await offThePool {
+                let original = try store.original(request.sha256)
+                return try processor.metrics.time(work) { try processor.make(wanted, format: request.format, from: original) }
+            }
+        }
         let made = request.variant == .full
             ? try await fullSize.run(0, weight: request.format == .webp ? configuration.fullSizeConcurrency : 1, make)
             : try await make()
@@ -176,9 +184,11 @@ final class ImageLibrary: Sendable {
         let variantsCached = await cache.contains(VariantCache.Key(sha256: sha256, variant: .small, format: .jpeg))
         let (made, swatches) = try await offThePool {
             let original = try store.original(sha256)
-            let (made, pixels) = variantsCached
+            let (made, pixels) = try processor.metrics.time(.palette) {
+                variantsCached
                 ? ([], try processor.palettePixels(from: original))
                 : try processor.makeWithPalettePixels(format: .jpeg, from: original)
+            }
             return (made, PaletteExtractor.swatches(pixels: pixels.bytes, width: pixels.width, height: pixels.height))
         }
         try store.savePalette(swatches, for: sha256, now: now)
@@ -255,6 +265,8 @@ final class ImageLibrary: Sendable {
         let level = MemoryPressure.level(reading, budget: budget)
         pressure.withLock { $0 = level }
         await cache.shed(for: level)
+        let (memory, disk) = await cache.statistics()
+        metrics.refresh(memory: memory, disk: disk)
         return level
     }
 }

@@ -57,23 +57,35 @@ struct ImageProcessor: Sendable {
     }
 
     let limits: Limits
+    /// Where refusals are counted.
+    let metrics: ImageMetrics
 
-    init(limits: Limits = Limits()) throws {
+    init(limits: Limits = Limits(), metrics: ImageMetrics = ImageMetrics()) throws {
         try Vips.start()
         self.limits = limits
+        self.metrics = metrics
     }
 
     /// Refuses, with nothing decoded, what is too large, not one of the four formats, or
     /// claims too many pixels.
     func inspect(_ bytes: [UInt8]) throws -> Inspected {
         guard bytes.count <= limits.maximumBytes else {
+            metrics.refused(.tooManyBytes)
             throw CanopyError(.tooLarge, "the image is \(bytes.count) bytes; the limit is \(limits.maximumBytes) bytes")
         }
         guard let kind = ImageKind(sniffing: bytes) else {
+            metrics.refused(.unknownFormat)
             throw CanopyError(.badRequest, "not a JPEG, PNG, WebP or HEIF image (judged by its first bytes); convert it to one of those")
         }
-        let shown = try header(bytes, kind: kind)
+        let shown: Inspected
+        do {
+            shown = try header(bytes, kind: kind)
+        } catch {
+            metrics.refused(.unreadableHeader)
+            throw error
+        }
         guard shown.width * shown.height <= limits.maximumPixels else {
+            metrics.refused(.tooManyPixels)
             throw CanopyError(.tooLarge, "the image claims \(shown.width)x\(shown.height) pixels; the limit is \(limits.maximumPixels / 1_000_000) megapixels")
         }
         return shown
