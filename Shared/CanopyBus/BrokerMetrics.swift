@@ -29,11 +29,20 @@ final class BrokerMetrics {
     }
 
     private struct OperationSeries {
-        let requests, coalesced: Counter
+        let service, operation: String
+        let coalesced: Counter
+        /// `canopy_broker_requests_total{service,operation,outcome}`, made per outcome as it occurs.
+        var answered: [String: Counter] = [:]
         init(_ service: String, _ operation: String) {
-            let dimensions = [("service", service), ("operation", operation)]
-            requests = Counter(label: "canopy_broker_requests_total", dimensions: dimensions)
-            coalesced = Counter(label: "canopy_broker_coalesced_requests_total", dimensions: dimensions)
+            self.service = service
+            self.operation = operation
+            coalesced = Counter(label: "canopy_broker_coalesced_requests_total", dimensions: [("service", service), ("operation", operation)])
+        }
+        mutating func answered(_ outcome: String) -> Counter {
+            if let counter = answered[outcome] { return counter }
+            let counter = Counter(label: "canopy_broker_requests_total", dimensions: [("service", service), ("operation", operation), ("outcome", outcome)])
+            answered[outcome] = counter
+            return counter
         }
     }
 
@@ -72,10 +81,12 @@ final class BrokerMetrics {
         }
         for operation in statistics.operations {
             let key = operation.service + "." + operation.operation
-            let series = operations[key] ?? OperationSeries(operation.service, operation.operation)
-            operations[key] = series
-            advance(series.requests, "requests " + key, operation.requests)
+            var series = operations[key] ?? OperationSeries(operation.service, operation.operation)
             advance(series.coalesced, "coalesced " + key, operation.coalesced)
+            for (outcome, total) in operation.outcomes {
+                advance(series.answered(outcome), "answered " + key + " " + outcome, total)
+            }
+            operations[key] = series
         }
     }
 }

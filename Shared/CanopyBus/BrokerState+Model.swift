@@ -246,6 +246,15 @@ extension BrokerState {
         var detached: UInt64 = 0
         var redispatched: UInt64 = 0
         var mostWaiters: UInt64 = 0 // exact; the histogram rounds to two significant digits
+        /// Requests answered, by outcome: index 0 is `ok`, then one per error code.
+        var outcomes = [UInt64](repeating: 0, count: 1 + CanopyError.Code.allCases.count)
+
+        /// Counts one answered request: `nil` for a reply, else the error's code.
+        func count(_ code: CanopyError.Code?) {
+            outcomes[code.map { 1 + Self.codeIndex[$0]! } ?? 0] += 1
+        }
+
+        private static let codeIndex = Dictionary(uniqueKeysWithValues: CanopyError.Code.allCases.enumerated().map { ($1, $0) })
         var waitersPerFlight = Histogram<UInt64>(highestTrackableValue: 1_000_000, numberOfSignificantValueDigits: .two)
 
         init(service: String, operation: String) {
@@ -260,7 +269,8 @@ extension BrokerState {
                 flights: waitersPerFlight.totalCount,
                 waitersPerFlightP50: waitersPerFlight.totalCount == 0 ? UInt64(0) : waitersPerFlight.valueAtPercentile(50),
                 waitersPerFlightP99: waitersPerFlight.totalCount == 0 ? UInt64(0) : waitersPerFlight.valueAtPercentile(99),
-                waitersPerFlightMax: mostWaiters)
+                waitersPerFlightMax: mostWaiters,
+                outcomes: Dictionary(uniqueKeysWithValues: zip(["ok"] + CanopyError.Code.allCases.map(\.rawValue), outcomes).filter { $0.1 > 0 }))
         }
     }
 

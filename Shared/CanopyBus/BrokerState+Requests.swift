@@ -80,6 +80,13 @@ extension BrokerState {
             return refuse(CanopyError(.badRequest, "service '\(intake.serviceName)' has no operation '\(intake.operation)'; it has: \(known)"))
         }
         let counters = counters(service: service.name, operation: intake.operation)
+        /// A refusal of a request whose operation is known: counted as the service's error
+        /// and as the operation's outcome.
+        func refuseCounted(_ error: CanopyError) {
+            service.errors += 1
+            counters.count(error.code)
+            refuse(error)
+        }
         var timeout = intake.header.timeoutMilliseconds == 0 ? configuration.defaultTimeout : .milliseconds(Int64(intake.header.timeoutMilliseconds))
         timeout = min(timeout, configuration.maximumTimeout)
 
@@ -92,8 +99,7 @@ extension BrokerState {
                     flight.key = nil // stuck: it keeps its waiters but takes no new ones
                     openFlights[candidate] = nil
                 } else if flight.waiters.count >= configuration.maximumWaitersPerFlight {
-                    service.errors += 1
-                    return refuse(CanopyError(.busy, "\(configuration.maximumWaitersPerFlight) identical requests are already waiting on this one; retry later"))
+                    return refuseCounted(CanopyError(.busy, "\(configuration.maximumWaitersPerFlight) identical requests are already waiting on this one; retry later"))
                 } else {
                     counters.requests += 1
                     counters.coalesced += 1
@@ -102,8 +108,7 @@ extension BrokerState {
                 }
             }
             guard openFlights.count < configuration.maximumOpenFlights else {
-                service.errors += 1
-                return refuse(CanopyError(.busy, "the broker holds \(configuration.maximumOpenFlights) distinct coalescable requests already; retry later"))
+                return refuseCounted(CanopyError(.busy, "the broker holds \(configuration.maximumOpenFlights) distinct coalescable requests already; retry later"))
             }
             key = candidate
         }
@@ -111,18 +116,15 @@ extension BrokerState {
         // A new flight, within the memory bounds.
         let bytes = intake.payload.reduce(0) { $0 + $1.count }
         guard heldBytes + bytes <= configuration.maximumHeldBytes else {
-            service.errors += 1
-            return refuse(CanopyError(.busy, "the broker holds \(heldBytes) bytes of requests already (its limit is \(configuration.maximumHeldBytes)); retry later"))
+            return refuseCounted(CanopyError(.busy, "the broker holds \(heldBytes) bytes of requests already (its limit is \(configuration.maximumHeldBytes)); retry later"))
         }
         let worker = service.freeWorker(for: intake.operation)
         if worker == nil {
             guard service.queue.count < configuration.maximumQueuedPerService else {
-                service.errors += 1
-                return refuse(CanopyError(.busy, "'\(service.name)' has \(configuration.maximumQueuedPerService) requests waiting already; retry later or start more workers"))
+                return refuseCounted(CanopyError(.busy, "'\(service.name)' has \(configuration.maximumQueuedPerService) requests waiting already; retry later or start more workers"))
             }
             guard service.queuedBytes + bytes <= configuration.maximumQueuedBytesPerService else {
-                service.errors += 1
-                return refuse(CanopyError(.busy, "'\(service.name)' has \(service.queuedBytes) bytes of requests waiting already (its limit is \(configuration.maximumQueuedBytesPerService)); retry later or start more workers"))
+                return refuseCounted(CanopyError(.busy, "'\(service.name)' has \(service.queuedBytes) bytes of requests waiting already (its limit is \(configuration.maximumQueuedBytesPerService)); retry later or start more workers"))
             }
         }
         counters.requests += 1
@@ -234,8 +236,12 @@ extension BrokerState {
             forget(waiter)
             _ = flight.service.latencyMicros.record(UInt64(max(0, (now - waiter.receivedAt).microseconds)))
             switch outcome {
-            case .reply: flight.service.served += 1
-            case .failure: flight.service.errors += 1
+            case .reply:
+                flight.service.served += 1
+                flight.counters.count(nil)
+            case .failure(let error):
+                flight.service.errors += 1
+                flight.counters.count(error.code)
             }
             answer(waiter, outcome, shared: shared, into: &out)
         }

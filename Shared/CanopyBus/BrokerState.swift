@@ -152,8 +152,9 @@ public struct BrokerState {
         while let first = deadlines.min, first.at <= now {
             deadlines.removeMin()
             guard let waiter = waiters[first.waiter], waiter.deadline == first.at else { continue }
-            let service = flights[waiter.flight]?.service
-            service?.errors += 1
+            let flight = flights[waiter.flight]
+            flight?.service.errors += 1
+            flight?.counters.count(.timeout)
             detach(waiter, now: now, into: &out)
             answer(waiter, .failure(CanopyError(.timeout, "no reply from '\(waiter.serviceName)' within the request's deadline; the service may be overloaded")), shared: false, into: &out)
         }

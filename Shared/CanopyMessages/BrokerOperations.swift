@@ -150,13 +150,16 @@ public struct OperationStatistics: Codable, Sendable, Equatable {
     public var waitersPerFlightP99: UInt64
     /// Most waiters one flight had.
     public var waitersPerFlightMax: UInt64
+    /// Requests answered, by outcome: `ok` or an error code (only outcomes that occurred).
+    public var outcomes: [String: UInt64]
 
     /// Makes an entry; every figure is as named.
     public init(
         service: String, operation: String, requests: UInt64, coalesced: UInt64, workerCalls: UInt64, workerCallsSaved: UInt64,
         detachedWaiters: UInt64, redispatchedFlights: UInt64, flights: UInt64,
-        waitersPerFlightP50: UInt64, waitersPerFlightP99: UInt64, waitersPerFlightMax: UInt64
+        waitersPerFlightP50: UInt64, waitersPerFlightP99: UInt64, waitersPerFlightMax: UInt64, outcomes: [String: UInt64] = [:]
     ) {
+        self.outcomes = outcomes
         self.service = service
         self.operation = operation
         self.requests = requests

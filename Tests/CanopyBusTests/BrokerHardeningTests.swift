@@ -191,6 +191,22 @@ struct BrokerHardeningTests {
         #expect(broker.state.heldBytes == 0)
     }
 
+    // MARK: - Outcomes
+
+    @Test func everyAnsweredRequestIsCountedByItsOutcome() {
+        var broker = Harness { $0.maximumQueuedPerService = 1 }
+        broker.ready("w1", credit: 1)
+        let first = dispatches(broker.request("c", 1, timeoutMs: 60_000))
+        _ = broker.request("c", 2, timeoutMs: 100)  // queued, then times out
+        _ = broker.request("c", 3)                   // the queue is full: busy
+        _ = broker.advance(.milliseconds(150))
+        _ = broker.reply("w1", request: first[0].id)
+        let failing = dispatches(broker.request("c", 4))
+        _ = broker.reply("w1", request: failing[0].id, body: #"{"code":"notFound","message":"gone"}"#, status: Wire.Status.error)
+        let get = broker.state.statistics(now: broker.now).operations.first { $0.operation == "get" }
+        #expect(get?.outcomes == ["ok": 1, "timeout": 1, "busy": 1, "notFound": 1])
+    }
+
     // MARK: - Malformed messages
 
     @Test func malformedMessagesAreCounted() {

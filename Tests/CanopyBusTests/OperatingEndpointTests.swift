@@ -77,6 +77,9 @@ struct OperatingEndpointTests {
                 served = value(try await get(port, "/metrics").body, #"canopy_broker_served_requests_total{service="test"}"#)
             }
             #expect((served ?? 0) >= 5)
+            let text = try await get(port, "/metrics").body
+            let ok = value(text, #"canopy_broker_requests_total{service="test",operation="echo",outcome="ok"}"#)
+            #expect((ok ?? 0) >= 5, "\(text.split(separator: "\n").filter { $0.contains("canopy_broker_requests_total") })")
         }
     }
 

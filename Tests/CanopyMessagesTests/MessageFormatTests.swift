@@ -45,7 +45,8 @@ struct MessageFormatTests {
             services: [ServiceStatistics(name: "care", workers: 2, queued: 0, queuedBytes: 0, inFlight: 2, served: 41, errors: 1, p50Micros: 180, p99Micros: 950)],
             operations: [OperationStatistics(
                 service: "care", operation: "plants.get", requests: 41, coalesced: 37, workerCalls: 5, workerCallsSaved: 37,
-                detachedWaiters: 2, redispatchedFlights: 1, flights: 4, waitersPerFlightP50: 3, waitersPerFlightP99: 30, waitersPerFlightMax: 30)])
+                detachedWaiters: 2, redispatchedFlights: 1, flights: 4, waitersPerFlightP50: 3, waitersPerFlightP99: 30, waitersPerFlightMax: 30,
+                outcomes: ["ok": 38, "timeout": 1])])
         #expect(try codec.encode(reply) == fixture("broker-stats-reply.json"))
         #expect(try codec.decode(Broker.Stats.Reply.self, from: fixture("broker-stats-reply.json")) == reply)
     }
