@@ -1,5 +1,6 @@
 import ArgumentParser
 import CanopyBus
+import CanopyServiceKit
 import Foundation
 import Logging
 
@@ -14,8 +15,9 @@ struct BenchmarkCommand: AsyncParsableCommand {
               swift run -c release canopy-bench coalescing
               swift run -c release canopy-bench images
               swift run -c release canopy-bench care
+              swift run -c release canopy-bench metrics --clients 64
             """,
-        subcommands: [Bus.self, Coalescing.self, ImagesBenchmark.self, CareBenchmark.self],
+        subcommands: [Bus.self, Coalescing.self, ImagesBenchmark.self, CareBenchmark.self, MetricsCost.self],
         defaultSubcommand: Bus.self)
 }
 
@@ -133,5 +135,54 @@ func printTable(_ rows: [[String]]) {
     let widths = rows[0].indices.map { column in rows.map { $0[column].count }.max()! }
     for row in rows {
         print(row.indices.map { String(repeating: " ", count: widths[$0] - row[$0].count) + row[$0] }.joined(separator: "  "))
+    }
+}
+
+/// What recording metrics costs the broker: the same load with metrics on and off, in turn.
+struct MetricsCost: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "metrics",
+        abstract: "Broker throughput with metrics on against off (and zmq_proxy, to show the load generator is not the limit), in turn in one run.",
+        discussion: "Example: canopy-bench metrics --seconds 3 --rounds 3 --clients 64")
+
+    @Option(help: "Seconds measured per setup.") var seconds = 3.0
+    @Option(help: "Concurrent clients.") var clients = 64
+    @Option(help: "Echo workers behind the broker or proxy.") var workers = 4
+    @Option(help: "Rounds per setup; the best round counts.") var rounds = 3
+
+    func run() async throws {
+        _ = Observability.registry // metrics on means Prometheus, as in canopy-broker serve
+        var logger = Logger(label: "canopy-bench")
+        logger.logLevel = .error
+        let request = benchRequest(operation: "echo", body: Array(#"{"text":"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}"#.utf8))
+        let duration = Duration.milliseconds(Int64(seconds * 1000))
+        print("canopy-bench metrics: \(clients) clients, \(workers) echo workers, \(seconds) s per measurement, best of \(rounds)")
+        var best: [String: LoadGenerator.Result] = [:]
+        for round in 1...rounds {
+            for setup in ["proxy", "off", "on"] {
+                progress("  round \(round)/\(rounds): \(setup == "proxy" ? "zmq_proxy" : "metrics \(setup)")…\n")
+                let result: LoadGenerator.Result
+                if setup == "proxy" {
+                    result = try await Rig(workers: workers).proxy { endpoint, _ in
+                        try LoadGenerator(endpoint: endpoint, clients: clients, request: request).run(warmUp: .milliseconds(500), duration: duration)
+                    }
+                } else {
+                    var configuration = BrokerConfiguration()
+                    configuration.metrics = setup == "on"
+                    result = try await Rig(workers: workers).broker(configuration: configuration, logger: logger) { endpoint, _ in
+                        try LoadGenerator(endpoint: endpoint, clients: clients, request: request).run(warmUp: .milliseconds(500), duration: duration)
+                    }
+                }
+                if result.throughput > best[setup]?.throughput ?? -1 { best[setup] = result }
+            }
+        }
+        guard let proxy = best["proxy"], let off = best["off"], let on = best["on"] else { return }
+        printTable([
+            ["setup", "req/s", "p50 µs", "p99 µs", "against metrics off"],
+            ["zmq_proxy", String(format: "%.0f", proxy.throughput), "\(proxy.p50)", "\(proxy.p99)", String(format: "%.3f", proxy.throughput / off.throughput)],
+            ["broker, metrics off", String(format: "%.0f", off.throughput), "\(off.p50)", "\(off.p99)", "1.000"],
+            ["broker, metrics on", String(format: "%.0f", on.throughput), "\(on.p50)", "\(on.p99)", String(format: "%.3f", on.throughput / off.throughput)],
+        ])
+        print("metrics cost: \(String(format: "%.1f", (1 - on.throughput / off.throughput) * 100))% of throughput (target: at most 3%)")
     }
 }

@@ -31,7 +31,7 @@ struct Serve: AsyncParsableCommand {
 
     func run() async throws {
         let logger = LogSetup.logger(label: "canopy-broker", level: options.logLevel)
-        let broker = try makeBroker(options, logger: logger)
+        let broker = try makeBroker(options, metrics: try operating.listener(default: OperatingOptions.Defaults.broker) != nil, logger: logger)
         var services: [any Service] = [broker]
         let endpoint = try OperatingEndpoint.make(operating, default: OperatingOptions.Defaults.broker, health: {
             let serving = broker.isServing

@@ -128,7 +128,9 @@ struct BrokerOptions: ParsableArguments {
 }
 
 /// Builds the broker from its options (kept apart from `@main` so it stays thin).
-func makeBroker(_ options: BrokerOptions, logger: Logger) throws -> BrokerServer {
+///
+/// - Parameter metrics: whether the broker records metrics (off when nothing serves them).
+func makeBroker(_ options: BrokerOptions, metrics: Bool = true, logger: Logger) throws -> BrokerServer {
     let curve = try options.curveSettings()
     if let curve {
         logger.info("broker.curve", metadata: ["broker.public_key": "\(curve.keyPair.publicKey)",
@@ -136,7 +138,9 @@ func makeBroker(_ options: BrokerOptions, logger: Logger) throws -> BrokerServer
                                                "broker.client_keys": "\(curve.allowList.clients.count)"])
     }
     do {
-        return try BrokerServer(endpoint: options.bind, configuration: options.configuration, curve: curve, context: ZMQContext(), logger: logger)
+        var configuration = options.configuration
+        configuration.metrics = metrics
+        return try BrokerServer(endpoint: options.bind, configuration: configuration, curve: curve, context: ZMQContext(), logger: logger)
     } catch let error as ZMQError {
         throw ValidationError("cannot listen on \(options.bind): \(error). Is another broker running there? Choose another --bind.")
     } catch let error as Curve.KeyError {

@@ -55,6 +55,13 @@ public struct BrokerConfiguration: Sendable {
     /// nothing, so the operator says which are safe: they must be idempotent).
     public var majordomoCoalescedServices: Set<String> = []
 
+    // MARK: Metrics
+
+    /// Record metrics: each answer's latency per service, and every series refreshed from
+    /// the broker's counters once a second (see `BrokerMetrics`). Off, the loop records
+    /// nothing (what the metrics-off benchmark compares against).
+    public var metrics = true
+
     // MARK: Trust
 
     /// Who may register as a worker, by CurveZMQ public key; `nil` lets any peer register

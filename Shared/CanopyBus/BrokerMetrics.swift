@@ -47,6 +47,16 @@ final class BrokerMetrics {
     }
 
     private var services: [String: ServiceSeries] = [:]
+    /// `canopy_broker_request_duration_seconds{service}`: receipt to answer, per answer.
+    private var latency: [String: Metrics.Timer] = [:]
+
+    /// Records one answer's latency (receipt to answer) for `service`.
+    func recordLatency(service: String, nanoseconds: Int64) {
+        if let timer = latency[service] { return timer.recordNanoseconds(nanoseconds) }
+        let timer = Metrics.Timer(label: "canopy_broker_request_duration_seconds", dimensions: [("service", service)])
+        latency[service] = timer
+        timer.recordNanoseconds(nanoseconds)
+    }
     private var operations: [String: OperationSeries] = [:]
     /// The totals of the last refresh, by series name.
     private var last: [String: UInt64] = [:]

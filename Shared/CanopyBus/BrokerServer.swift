@@ -147,9 +147,12 @@ public final class BrokerServer: Service, @unchecked Sendable {
             }
             memory.check(heldBytes: state.heldBytes, now: now)
             lastPass.store(DispatchTime.now().uptimeNanoseconds, ordering: .relaxed)
-            if now >= nextMetrics {
-                metrics.refresh(state.statistics(now: now))
-                nextMetrics = now + .seconds(1)
+            if configuration.metrics {
+                state.drainLatencies { service, nanoseconds in metrics.recordLatency(service: service, nanoseconds: nanoseconds) }
+                if now >= nextMetrics {
+                    metrics.refresh(state.statistics(now: now))
+                    nextMetrics = now + .seconds(1)
+                }
             }
 
             if let deadline = drainDeadline, state.pendingCount == 0 || ContinuousClock.now >= deadline {

@@ -235,6 +235,7 @@ extension BrokerState {
             guard let waiter = waiters[id] else { continue }
             forget(waiter)
             _ = flight.service.latencyMicros.record(UInt64(max(0, (now - waiter.receivedAt).microseconds)))
+            if configuration.metrics { noteLatency(flight.service.name, now - waiter.receivedAt) }
             switch outcome {
             case .reply:
                 flight.service.served += 1

@@ -52,6 +52,9 @@ public struct BrokerState {
     /// Bytes of request bodies held now, queued or at a worker (see ``BrokerConfiguration/maximumHeldBytes``).
     public internal(set) var heldBytes = 0
     var shuttingDown = false
+    /// Answer latencies not yet handed to the metrics: (service, nanoseconds). Only when
+    /// ``BrokerConfiguration/metrics`` is on; drained each loop pass.
+    var latencies: [(service: String, nanoseconds: Int64)] = []
     /// Until then, requests for services no worker has registered yet wait in a queue
     /// instead of being answered `noWorkers`: after a broker restart, clients reconnect
     /// before workers do.
@@ -155,6 +158,7 @@ public struct BrokerState {
             let flight = flights[waiter.flight]
             flight?.service.errors += 1
             flight?.counters.count(.timeout)
+            if configuration.metrics, let flight { noteLatency(flight.service.name, now - waiter.receivedAt) }
             detach(waiter, now: now, into: &out)
             answer(waiter, .failure(CanopyError(.timeout, "no reply from '\(waiter.serviceName)' within the request's deadline; the service may be overloaded")), shared: false, into: &out)
         }
@@ -183,6 +187,17 @@ public struct BrokerState {
         for worker in workers.values {
             out.append(.send(to: worker.identity.bytes, frames: worker.disconnectFrames(reason: "broker shutting down")))
         }
+    }
+
+    /// Hands every answer latency recorded since the last call to `body`, then forgets them.
+    public mutating func drainLatencies(_ body: (_ service: String, _ nanoseconds: Int64) -> Void) {
+        guard !latencies.isEmpty else { return }
+        for (service, nanoseconds) in latencies { body(service, nanoseconds) }
+        latencies.removeAll(keepingCapacity: true)
+    }
+
+    mutating func noteLatency(_ service: String, _ elapsed: Duration) {
+        latencies.append((service, elapsed.components.seconds * 1_000_000_000 + elapsed.components.attoseconds / 1_000_000_000))
     }
 
     // MARK: - Errors

@@ -79,6 +79,7 @@ struct OperatingEndpointTests {
             #expect((served ?? 0) >= 5)
             let text = try await get(port, "/metrics").body
             let ok = value(text, #"canopy_broker_requests_total{service="test",operation="echo",outcome="ok"}"#)
+            #expect((value(text, #"canopy_broker_request_duration_seconds_count{service="test"}"#) ?? 0) >= 5)
             #expect((ok ?? 0) >= 5, "\(text.split(separator: "\n").filter { $0.contains("canopy_broker_requests_total") })")
         }
     }
