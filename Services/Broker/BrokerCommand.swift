@@ -42,15 +42,27 @@ struct Serve: AsyncParsableCommand {
     }
 }
 
-/// `canopy-broker health`: exits 0 when a broker answers `broker.services`.
+/// `canopy-broker health`: exits 0 when a broker answers `broker.services` (or, with
+/// `--via http`, when its `/health` says healthy).
 struct Health: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Exit 0 when the broker answers, 1 when it does not (for container health checks).",
-        discussion: "Example: canopy-broker health --endpoint tcp://127.0.0.1:5555")
+        discussion: """
+            Examples:
+              canopy-broker health --endpoint tcp://127.0.0.1:5555
+              canopy-broker health --via http --metrics-bind 127.0.0.1:9400
+            """)
+
+    enum Via: String, ExpressibleByArgument, CaseIterable { case bus, http }
 
     @OptionGroup var common: CommonOptions
+    @OptionGroup var operating: OperatingOptions
+    @Option(help: "Ask over the bus (broker.services) or the /health listener.") var via: Via = .bus
 
     func run() async throws {
+        if via == .http {
+            return try await HealthProbe.run(operating, default: OperatingOptions.Defaults.broker)
+        }
         let logger = LogSetup.logger(label: "canopy-broker", level: .critical)
         let context = ZMQContext()
         let client = try BusClient(configuration: try common.clientConfiguration(), context: context, logger: logger)

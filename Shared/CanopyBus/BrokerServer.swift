@@ -105,6 +105,7 @@ public final class BrokerServer: Service, @unchecked Sendable {
         let zapItem = zap.map { poller.add($0.socket) }
         var drainDeadline: ContinuousClock.Instant?
         var memory = MemoryGiveBack()
+        lastPass.store(DispatchTime.now().uptimeNanoseconds, ordering: .relaxed) // turning from here on
         logger.info("broker.started", metadata: ["broker.endpoint": "\(endpoint)", "broker.curve": "\(zap != nil)"])
 
         while true {

@@ -63,6 +63,26 @@ struct BrokerProcessTests {
         try runExecutable(name, arguments, environment: environment)
     }
 
+    @Test func healthOverHTTPSaysWhetherTheLoopTurns() async throws {
+        let broker = try BrokerProcess(["--log-level", "info"])
+        _ = try await broker.endpoint()
+        var port: Int?
+        for _ in 0..<200 where port == nil {
+            if let range = broker.text.range(of: #"operating.address=127\.0\.0\.1:[0-9]+"#, options: .regularExpression) {
+                port = Int(broker.text[range].split(separator: ":").last ?? "")
+            } else {
+                try await Task.sleep(for: .milliseconds(50))
+            }
+        }
+        let listener = "127.0.0.1:\(try #require(port))"
+        let healthy = try run("canopy-broker", ["health", "--via", "http", "--metrics-bind", listener])
+        #expect(healthy.status == 0, "\(healthy.output)")
+        #expect(healthy.output.hasPrefix("healthy: loop bound, turning"))
+        broker.stop()
+        let gone = try run("canopy-broker", ["health", "--via", "http", "--metrics-bind", listener])
+        #expect(gone.status == 1 && gone.output.contains("nothing answers"))
+    }
+
     @Test func theBrokerStopsGracefullyOnSIGTERM() async throws {
         let broker = try BrokerProcess(["--log-level", "info"])
         _ = try await broker.endpoint()
