@@ -12,6 +12,10 @@ struct CareCommandLineTests {
         try runExecutable("canopy-care", arguments, environment: environment)
     }
 
+    @Test func everySubcommandShowsAnExampleAndEveryServeOptionItsVariable() throws {
+        #expect(try helpProblems("canopy-care", subcommands: [[], ["serve"], ["catalog", "search"], ["plan"], ["upcoming"], ["health"]]) == [])
+    }
+
     @Test func catalogSearchPrintsAnAlignedTable() throws {
         let result = try run(["catalog", "search", "swiss cheese"])
         #expect(result.status == 0)

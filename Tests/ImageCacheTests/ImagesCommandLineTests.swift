@@ -70,6 +70,10 @@ struct ImagesCommandLineTests {
         }
     }
 
+    @Test func everySubcommandShowsAnExampleAndEveryServeOptionItsVariable() throws {
+        #expect(try helpProblems("canopy-images", subcommands: [[], ["serve"], ["thumbnail"], ["palette"], ["stats"], ["health"]]) == [])
+    }
+
     @Test func serveRefusesBadOptionsWithASentence() throws {
         let result = try run(["serve", "--budget-mb", "1"])
         #expect(result.status != 0)
