@@ -122,15 +122,30 @@ extension OperatingEndpoint {
     }
 
     /// The health of a bus worker's services: every ``ServiceRunner`` among them registered
-    /// with its broker (READY taken, heartbeats flowing). Its store opened when it was built.
+    /// with its broker (READY taken, heartbeats flowing), and every ``HealthReporting``
+    /// service's own checks (its store answering, for example).
     public static func workerHealth(_ services: [any Service]) -> @Sendable () async -> HealthReport {
         let runners = services.compactMap { $0 as? ServiceRunner }
+        let reporters = services.compactMap { $0 as? any HealthReporting }
         return {
             let registered = runners.allSatisfy(\.isRegistered)
-            return HealthReport(healthy: registered, checks: [
+            var report = HealthReport(healthy: registered, checks: [
                 "broker": registered ? "registered, heartbeats flowing" : "not registered with the broker (is canopy-broker running at --endpoint?)",
-                "store": "open",
             ])
+            for reporter in reporters {
+                for check in await reporter.healthChecks() {
+                    report.checks[check.name] = check.detail
+                    report.healthy = report.healthy && check.healthy
+                }
+            }
+            return report
         }
     }
+}
+
+/// A service that says how it is, for `/health`: each check a name, whether it passes, and
+/// a few words.
+public protocol HealthReporting: Sendable {
+    /// The checks, run on every `/health` request (keep them cheap).
+    func healthChecks() async -> [(name: String, healthy: Bool, detail: String)]
 }

@@ -85,6 +85,7 @@ struct CareCommandLineTests {
             }
             #expect(healthy.status == 0, "\(healthy.output)")
             #expect(healthy.output.hasPrefix("healthy: broker registered"))
+            #expect(healthy.output.contains("store answering") && healthy.output.contains("follow-up(s) pending"))
 
             bus.stopBroker()
             var gone = healthy

@@ -2,6 +2,7 @@ import CanopyBus
 import CanopyMessages
 import Foundation
 import GRDB
+import CanopyServiceKit
 import Logging
 import Metrics
 import ServiceLifecycle
@@ -11,7 +12,7 @@ import ServiceLifecycle
 /// outbox in the same transaction as the change that caused it, so nothing is lost when a
 /// service is down or canopy-care restarts; it is sent until the service confirms, waiting
 /// 1, 2, 4 … up to 300 s between attempts.
-struct Outbox: Service {
+struct Outbox: Service, HealthReporting {
     let library: CareLibrary
     let bus: BusClient
     let interval: Duration
@@ -39,6 +40,17 @@ struct Outbox: Service {
                 logger.debug("care.outbox.pending", metadata: ["care.outbox.failed": "\(pass.failed)"])
             }
             try? await Task.sleep(for: interval)
+        }
+    }
+
+    /// The store answers a query, and how many follow-ups wait (waiting is not unhealthy: the
+    /// outbox holds them for services that are down).
+    func healthChecks() async -> [(name: String, healthy: Bool, detail: String)] {
+        do {
+            let pending = try await library.store.database.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM outbox") ?? 0 }
+            return [("store", true, "answering"), ("outbox", true, "\(pending) follow-up(s) pending")]
+        } catch {
+            return [("store", false, "not answering: \(error)")]
         }
     }
 

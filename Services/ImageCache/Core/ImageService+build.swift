@@ -1,6 +1,7 @@
 import CVips
 import CanopyBus
 import CanopyMessages
+import CanopyServiceKit
 import Foundation
 import Logging
 import ServiceLifecycle
@@ -59,8 +60,21 @@ public func buildImageService(
     return [worker, monitor]
 }
 
-/// Reads memory pressure every interval and sheds the memory tier.
-struct PressureMonitor: Service {
+/// Reads memory pressure every interval and sheds the memory tier; reports the store's and
+/// the memory's state for `/health`.
+struct PressureMonitor: Service, HealthReporting {
+    func healthChecks() async -> [(name: String, healthy: Bool, detail: String)] {
+        let store: (String, Bool, String)
+        do {
+            _ = try library.store.originalTotals()
+            store = ("store", true, "answering")
+        } catch {
+            store = ("store", false, "not answering: \(error)")
+        }
+        let pressure = (try? await library.statistics().memoryPressure) ?? "unknown"
+        return [store, ("memory", true, "pressure \(pressure)")]
+    }
+
     let library: ImageLibrary
     let budget: Int
     let interval: Duration
