@@ -2,6 +2,9 @@ import CanopyBus
 import CanopyMessages
 import CanopyTesting
 import Foundation
+#if canImport(FoundationNetworking)
+import FoundationNetworking
+#endif
 import Testing
 @testable import CareScheduling
 
@@ -86,6 +89,18 @@ struct CareCommandLineTests {
             #expect(healthy.status == 0, "\(healthy.output)")
             #expect(healthy.output.hasPrefix("healthy: broker registered"))
             #expect(healthy.output.contains("store answering") && healthy.output.contains("follow-up(s) pending"))
+
+            // The process's /metrics after traffic: a call made is a call counted.
+            let client = try bus.client()
+            _ = try await client.call(Care.AddPlant.self, Care.Plant(scientificName: "Ficus lyrata"), principal: "user-1")
+            let (data, _) = try await URLSession.shared.data(from: URL(string: "http://\(listener)/metrics")!)
+            let metrics = String(decoding: data, as: UTF8.self)
+            let added = metrics.split(separator: "\n").first {
+                $0.hasPrefix("canopy_service_handler_duration_seconds_count") && $0.contains(#"operation="plants.add""#) && $0.contains(#"outcome="ok""#)
+            }
+            #expect(added?.hasSuffix(" 1") == true, "\(added ?? "no plants.add series")")
+            #expect(metrics.contains("canopy_service_credit{service=\"care\"} 8"))
+            #expect(metrics.contains("canopy_care_outbox_pending"))
 
             bus.stopBroker()
             var gone = healthy
