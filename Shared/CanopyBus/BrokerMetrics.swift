@@ -59,17 +59,12 @@ final class BrokerMetrics {
     }
     private var operations: [String: OperationSeries] = [:]
     /// The totals of the last refresh, by series name.
-    private var last: [String: UInt64] = [:]
+    private var totals = CounterTotals()
 
     /// Brings every series up to `statistics`.
     func refresh(_ statistics: BrokerStatistics) {
-        /// Advances `counter` by what `total` (named `name`) grew since the last refresh; a
-        /// total that went down started again (a service that lost its last worker).
         func advance(_ counter: Counter, _ name: String, _ total: UInt64) {
-            let before = last[name] ?? 0
-            let delta = total >= before ? total - before : total
-            if delta > 0 { counter.increment(by: Int64(clamping: delta)) }
-            last[name] = total
+            totals.advance(counter, name, to: total)
         }
         advance(malformed, "malformed", statistics.malformed)
         advance(rejected, "rejected", statistics.rejected)

@@ -1,3 +1,4 @@
+import CanopyBus
 import CanopyMessages
 import Metrics
 
@@ -42,7 +43,7 @@ final class ImageMetrics: Sendable {
     private let work: [Work: Metrics.Timer]
     private let memory = Tier("memory")
     private let disk = Tier("disk")
-    private let last = Mutex<[String: UInt64]>([:])
+    private let totals = Mutex(CounterTotals())
 
     init() {
         refusals = Dictionary(uniqueKeysWithValues: Refusal.allCases.map {
@@ -69,15 +70,13 @@ final class ImageMetrics: Sendable {
 
     /// Brings the tiers' series up to their statistics (counters advance by the growth).
     func refresh(memory memoryStatistics: Images.TierStatistics, disk diskStatistics: Images.TierStatistics) {
-        last.withLock { last in
+        totals.withLock { totals in
             for (name, tier, statistics) in [("memory", memory, memoryStatistics), ("disk", disk, diskStatistics)] {
                 tier.entries.record(statistics.entries)
                 tier.bytes.record(statistics.bytes)
                 for (key, counter, total) in [("hits", tier.hits, statistics.hits), ("misses", tier.misses, statistics.misses),
                                               ("evictions", tier.evictions, statistics.evictions)] {
-                    let before = last[name + key] ?? 0
-                    if total > before { counter.increment(by: Int64(clamping: total - before)) }
-                    last[name + key] = total
+                    totals.advance(counter, name + key, to: total)
                 }
             }
         }
