@@ -125,6 +125,24 @@ public final class LiveBus: @unchecked Sendable {
         throw LiveBusError("'\(service)' did not reach \(workers) worker(s) within \(limit)")
     }
 
+    /// Waits until the broker's `broker.stats` shows `service` with `inFlight` requests held
+    /// by workers and `queued` waiting, so a test orders its steps by state, not by sleeping.
+    public func waitForLoad(inFlight: Int, queued: Int = 0, service: String = TestService.name,
+                            within limit: Duration = .seconds(30)) async throws {
+        let client = try client(timeout: .seconds(1))
+        let deadline = ContinuousClock.now + limit
+        while ContinuousClock.now < deadline {
+            if let statistics = try? await client.call(Broker.Stats.self, .init()),
+               let figures = statistics.services.first(where: { $0.name == service }),
+               figures.inFlight == inFlight, figures.queued == queued
+            {
+                return
+            }
+            try await Task.sleep(for: .milliseconds(10))
+        }
+        throw LiveBusError("'\(service)' did not reach \(inFlight) in flight and \(queued) queued within \(limit)")
+    }
+
     /// Stops clients, workers, worker processes and the broker.
     public func shutdown() async {
         clients.forEach { $0.close() }

@@ -60,23 +60,22 @@ struct LiveBusTests {
         var configuration = BrokerConfiguration.testing
         configuration.maximumQueuedPerService = 1
         try await withLiveBus(configuration: configuration) { bus in
-            bus.startWorker(name: "w1", credit: 1)
+            let worker = bus.startWorker(name: "w1", credit: 1)
             try await bus.waitForWorkers(1)
             let client = try bus.client()
-            let outcomes = await withTaskGroup(of: CanopyError.Code?.self) { group in
-                for index in 0..<3 {
-                    group.addTask {
-                        do {
-                            _ = try await client.call(TestService.Echo.self, .init(text: "\(index)", sleepMilliseconds: 300))
-                            return nil
-                        } catch let error as CanopyError { return error.code } catch { return .internal }
-                    }
-                    try? await Task.sleep(for: .milliseconds(30)) // arrive in order
-                }
-                return await group.reduce(into: []) { $0.append($1) }
+            // Each step waits for the state it needs instead of sleeping, so a busy machine
+            // cannot reorder them: one call held by the worker, one queued, then the third.
+            let held = Task { try await client.call(TestService.Echo.self, .init(text: "held", sleepMilliseconds: 30_000)) }
+            try await eventually(within: .seconds(20)) { worker.counters.running.load(ordering: .relaxed) == 1 }
+            let queued = Task { try await client.call(TestService.Echo.self, .init(text: "queued", sleepMilliseconds: 0)) }
+            try await bus.waitForLoad(inFlight: 1, queued: 1)
+            let refused = await #expect(throws: CanopyError.self) {
+                _ = try await client.call(TestService.Echo.self, .init(text: "third", sleepMilliseconds: 0))
             }
-            #expect(outcomes.filter { $0 == nil }.count == 2, "one held by the worker, one queued")
-            #expect(outcomes.filter { $0 == .busy }.count == 1)
+            #expect(refused?.code == .busy, "one held by the worker, one queued: the third is refused")
+            held.cancel() // the worker's credit comes back and the queued call runs
+            #expect(try await queued.value.text == "queued")
+            #expect(worker.counters.calls.load(ordering: .relaxed) == 2)
         }
     }
 
@@ -134,7 +133,7 @@ struct LiveBusTests {
             // Both go to the only worker, which will hold them for 3 s.
             let idempotent = Task { try await client.call(TestService.Echo.self, .init(text: "again", sleepMilliseconds: 3_000)) }
             let once = Task { try await client.call(TestService.Append.self, .init(text: "once", sleepMilliseconds: 3_000)) }
-            try await Task.sleep(for: .milliseconds(300))
+            try await bus.waitForLoad(inFlight: 2)
             let survivor = try bus.startWorkerProcess(name: "survivor")
             try await bus.waitForWorkers(2)
             kill(doomed.processIdentifier, SIGKILL)

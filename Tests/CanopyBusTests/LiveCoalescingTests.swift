@@ -63,7 +63,7 @@ struct LiveCoalescingTests {
             let calls = (0..<20).map { _ in
                 Task { try await client.call(TestService.Lookup.self, .init(text: "shared", sleepMilliseconds: 2_000)) }
             }
-            try await Task.sleep(for: .milliseconds(300))
+            try await bus.waitForLoad(inFlight: 1)
             let survivor = try bus.startWorkerProcess(name: "survivor")
             try await bus.waitForWorkers(2)
             kill(doomed.processIdentifier, SIGKILL)
