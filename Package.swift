@@ -86,6 +86,7 @@ let package = Package(
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "UnixSignals", package: "swift-service-lifecycle"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
                 .product(name: "Hummingbird", package: "hummingbird"),
@@ -95,17 +96,31 @@ let package = Package(
         ),
         .target(
             name: "CanopyTesting",
-            dependencies: ["CanopyBus", "CanopyMessages", "CanopyServiceKit", "CZeroMQ", .product(name: "Logging", package: "swift-log")],
+            dependencies: [
+                "CanopyBus", "CanopyMessages", "CanopyServiceKit", "CZeroMQ",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
             path: "Shared/CanopyTesting",
             swiftSettings: swiftSettings
         ),
 
         // MARK: - Executables
 
+        .target(
+            name: "MessageBroker",
+            dependencies: [
+                "CanopyBus", "CanopyServiceKit",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            path: "Services/Broker/Core",
+            swiftSettings: swiftSettings
+        ),
         .executableTarget(
             name: "canopy-broker",
-            dependencies: ["CanopyServiceKit", "CanopyBus", "CanopyMessages"],
-            path: "Services/Broker",
+            dependencies: ["MessageBroker", "CanopyServiceKit", "CanopyBus", "CanopyMessages"],
+            path: "Services/Broker/CLI",
             swiftSettings: swiftSettings
         ),
         .target(
@@ -204,7 +219,7 @@ let package = Package(
         .testTarget(
             name: "CanopyBusTests",
             dependencies: [
-                "CanopyBus", "CanopyTesting", "CanopyServiceKit", "CZeroMQ",
+                "CanopyBus", "CanopyTesting", "CanopyServiceKit", "CZeroMQ", "MessageBroker",
                 // Built for the tests that run them as processes.
                 "canopy-test-worker", "canopy", "canopy-broker",
             ],

@@ -24,7 +24,7 @@ struct CareBenchmark: AsyncParsableCommand {
         let context = ZMQContext()
         let broker = try BrokerServer(endpoint: "tcp://127.0.0.1:*", configuration: .init(), context: context, logger: logger)
         let brokerTask = Task { try await broker.run() }
-        let services = try buildCareService(dataDirectory: directory, runner: .init(endpoint: broker.endpoint), context: context, logger: logger)
+        let services = try buildCareService(settings: .init(directory: directory, runner: .init(endpoint: broker.endpoint)), context: context, logger: logger)
         let tasks = services.map { service in Task { try await service.run() } }
         var clientConfiguration = BusClient.Configuration(endpoint: broker.endpoint)
         clientConfiguration.defaultTimeout = .seconds(60)

@@ -125,10 +125,10 @@ struct ImagesBenchmark: AsyncParsableCommand {
             let context = ZMQContext()
             let broker = try BrokerServer(endpoint: "tcp://127.0.0.1:*", configuration: .init(), context: context, logger: logger)
             let brokerTask = Task { try await broker.run() }
-            var settings = ImageServiceSettings(directory: directory.appendingPathComponent("service-\(tier)"))
+            var settings = ImageServiceSettings(directory: directory.appendingPathComponent("service-\(tier)"), runner: .init(endpoint: broker.endpoint))
             settings.memoryTierBytes = memoryBytes
             settings.memoryTierCount = memoryBytes == 0 ? 0 : 5_000
-            let services = try buildImageService(settings: settings, runner: .init(endpoint: broker.endpoint), context: context, logger: logger)
+            let services = try buildImageService(settings: settings, context: context, logger: logger)
             let tasks = services.map { service in Task { try await service.run() } }
             var clientConfiguration = BusClient.Configuration(endpoint: broker.endpoint)
             clientConfiguration.defaultTimeout = .seconds(60)

@@ -11,11 +11,11 @@ public struct CommonOptions: ParsableArguments {
 
     /// The broker's CurveZMQ public key, or a file holding it.
     @Option(name: .long, help: ArgumentHelp("The broker's CurveZMQ public key (Z85) or its .pub file; turns CURVE on. Env: CANOPY_CURVE_SERVER_KEY.", valueName: "key|file"))
-    public var curveServerKey: String? = Environment.string("CANOPY_CURVE_SERVER_KEY")
+    public var curveServerKey: String?
 
     /// This peer's secret key file.
     @Option(name: .long, help: ArgumentHelp("This peer's key file from 'canopy keys generate' (its public key must be on the broker's allow-list). Env: CANOPY_CURVE_SECRET_KEY_FILE, or the key itself in CANOPY_CURVE_SECRET_KEY.", valueName: "file"))
-    public var curveSecretKeyFile: String? = Environment.string("CANOPY_CURVE_SECRET_KEY_FILE")
+    public var curveSecretKeyFile: String?
 
     /// The lowest log level written.
     @Option(name: .long, help: ArgumentHelp("trace, debug, info, notice, warning, error or critical. Env: CANOPY_LOG_LEVEL.", valueName: "level"))
@@ -31,10 +31,10 @@ public struct CommonOptions: ParsableArguments {
     /// The CurveZMQ settings these options describe: `nil` without a server key; with one but
     /// no key of its own, a fresh key pair (which only a broker taking any client accepts).
     public func curveSettings() throws -> CurveClientSettings? {
-        guard let serverKey = curveServerKey else { return nil }
+        guard let serverKey = curveServerKey ?? Environment.string("CANOPY_CURVE_SERVER_KEY") else { return nil }
         do {
             let keyPair: CurveKeyPair
-            if let file = curveSecretKeyFile {
+            if let file = curveSecretKeyFile ?? Environment.string("CANOPY_CURVE_SECRET_KEY_FILE") {
                 keyPair = try Curve.readKeyPair(file: file)
             } else if let inline = Environment.string("CANOPY_CURVE_SECRET_KEY") {
                 keyPair = try CurveKeyPair(secretKey: inline)

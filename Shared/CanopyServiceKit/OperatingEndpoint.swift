@@ -91,12 +91,12 @@ public final class OperatingEndpoint: Service, Sendable {
 }
 
 extension OperatingEndpoint {
-    /// The listener `options` ask for (the executable's `fallback` when none), or `nil` for
-    /// `off`.
-    public static func make(_ options: OperatingOptions, default fallback: String,
-                            health: @escaping @Sendable () async -> HealthReport, logger: Logger) throws -> OperatingEndpoint? {
-        guard let (host, port) = try options.listener(default: fallback) else { return nil }
-        return OperatingEndpoint(host: host, port: port, health: health, logger: logger)
+    /// A bus worker's services with their listener appended when `address` is set: what every
+    /// worker executable's build function returns. Its `/health` is ``workerHealth(_:)`` of
+    /// those services.
+    public static func serving(_ services: [any Service], at address: ListenAddress?, logger: Logger) -> [any Service] {
+        guard let address else { return services }
+        return services + [OperatingEndpoint(host: address.host, port: address.port, health: workerHealth(services), logger: logger)]
     }
 
     /// The health of a bus worker's services: every ``ServiceRunner`` among them registered

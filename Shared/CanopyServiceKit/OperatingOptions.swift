@@ -18,32 +18,56 @@ public struct OperatingOptions: ParsableArguments {
     }
 
     @Option(help: ArgumentHelp("Where /metrics and /health listen, HOST:PORT, or 'off' (default per executable: broker 9400, images 9401, care 9402 on 127.0.0.1). Env: CANOPY_METRICS_BIND.", valueName: "host:port"))
-    public var metricsBind: String? = Environment.string("CANOPY_METRICS_BIND")
+    public var metricsBind: String?
+
+    /// The flag, else `CANOPY_METRICS_BIND`, else `nil` (the executable's default).
+    private var metricsBindOrEnvironment: String? { metricsBind ?? Environment.string("CANOPY_METRICS_BIND") }
 
     /// Parsed by argument parser.
     public init() {}
 
-    /// The host and port to listen on, or `nil` for `off`.
+    /// The address to listen on, or `nil` for `off`.
     ///
     /// - Parameter fallback: the executable's default (one of ``Defaults``).
-    public func listener(default fallback: String) throws -> (host: String, port: Int)? {
-        try Self.parse(metricsBind ?? fallback)
+    public func listener(default fallback: String) throws -> ListenAddress? {
+        try Self.parse(metricsBindOrEnvironment ?? fallback)
     }
 
     /// Parses `HOST:PORT` or `off`.
-    public static func parse(_ text: String) throws -> (host: String, port: Int)? {
+    public static func parse(_ text: String) throws -> ListenAddress? {
         if text.lowercased() == "off" { return nil }
         guard let colon = text.lastIndex(of: ":"), let port = Int(text[text.index(after: colon)...]), (0...65_535).contains(port),
               colon != text.startIndex
         else {
             throw ValidationError("--metrics-bind is HOST:PORT, such as 127.0.0.1:9400 or 0.0.0.0:9400, or 'off'; got '\(text)'")
         }
-        return (String(text[..<colon]), port)
+        return ListenAddress(host: String(text[..<colon]), port: port)
     }
 
     public func validate() throws {
-        if let metricsBind { _ = try Self.parse(metricsBind) }
+        if let bind = metricsBindOrEnvironment { _ = try Self.parse(bind) }
     }
+}
+
+/// Where a listener binds: a host name or address and a port (0: the system chooses).
+public struct ListenAddress: Sendable, Equatable, CustomStringConvertible {
+    /// A host name or address, such as `127.0.0.1` or `0.0.0.0`.
+    public var host: String
+    /// The port; 0 lets the system choose one.
+    public var port: Int
+
+    /// - Parameters:
+    ///   - host: a host name or address.
+    ///   - port: the port, 0 for one the system chooses.
+    public init(host: String, port: Int) {
+        self.host = host
+        self.port = port
+    }
+
+    /// `127.0.0.1` and a port the system chooses, for tests.
+    public static let anyLoopbackPort = ListenAddress(host: "127.0.0.1", port: 0)
+
+    public var description: String { "\(host):\(port)" }
 }
 
 /// What every executable's `health` subcommand does: asks `/health` on its listener and
@@ -69,10 +93,10 @@ public enum HealthProbe {
 
     /// Prints the report's line and exits 0 or 1.
     public static func run(_ options: OperatingOptions, default fallback: String) async throws {
-        guard let (host, port) = try options.listener(default: fallback) else {
+        guard let address = try options.listener(default: fallback) else {
             throw ValidationError("health asks the /health listener, which --metrics-bind off turns off; give --metrics-bind HOST:PORT")
         }
-        let report = await check(host: host, port: port)
+        let report = await check(host: address.host, port: address.port)
         print(report.summary)
         if !report.healthy { throw ExitCode(1) }
     }

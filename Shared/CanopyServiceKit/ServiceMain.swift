@@ -1,13 +1,24 @@
 import CanopyBus
 import Logging
 import ServiceLifecycle
+import UnixSignals
 
-/// Runs long-running services in one `ServiceGroup` that shuts down gracefully on SIGTERM
-/// and SIGINT, in reverse order of `services`.
-public func runUntilShutdown(_ services: [any Service], logger: Logger) async throws {
-    let group = ServiceGroup(configuration: .init(
+/// The `ServiceGroup` every executable runs its services in: started in order, shut down in
+/// reverse order, and the whole group shut down gracefully when any one of them ends.
+///
+/// - Parameters:
+///   - services: what a build function returned, in start order.
+///   - signals: the signals that start a graceful shutdown (none for tests, which trigger it).
+///   - logger: where the group logs.
+public func serviceGroup(_ services: [any Service], signals: [UnixSignal] = [.sigterm, .sigint], logger: Logger) -> ServiceGroup {
+    ServiceGroup(configuration: .init(
         services: services.map { .init(service: $0, successTerminationBehavior: .gracefullyShutdownGroup) },
-        gracefulShutdownSignals: [.sigterm, .sigint],
+        gracefulShutdownSignals: signals,
         logger: logger))
-    try await group.run()
+}
+
+/// Runs long-running services in one ``serviceGroup(_:signals:logger:)`` until SIGTERM or
+/// SIGINT.
+public func runUntilShutdown(_ services: [any Service], logger: Logger) async throws {
+    try await serviceGroup(services, logger: logger).run()
 }

@@ -2,6 +2,7 @@ import CanopyBus
 import CanopyServiceKit
 import Foundation
 import Logging
+import ServiceLifecycle
 
 /// A real broker, workers and clients on `tcp://127.0.0.1` with an ephemeral port, for live
 /// tests. Everything it starts is stopped by ``shutdown()``; ``withLiveBus(configuration:_:)``
@@ -18,6 +19,7 @@ public final class LiveBus: @unchecked Sendable {
     private(set) var broker: BrokerServer
     private var brokerTask: Task<Void, Error>
     private var runners: [(ServiceRunner, Task<Void, Error>)] = []
+    private var groups: [(ServiceGroup, Task<Void, Error>)] = []
     private var clients: [BusClient] = []
     private var processes: [Process] = []
 
@@ -74,14 +76,19 @@ public final class LiveBus: @unchecked Sendable {
     /// Starts an in-process worker for any service (over CURVE with `curve`).
     @discardableResult
     public func startRunner(_ service: some BusService, credit: Int = 4, curve: CurveClientSettings? = nil) -> ServiceRunner {
+        let runner = ServiceRunner(service: service, configuration: runnerConfiguration(credit: credit, curve: curve), context: context, logger: logger)
+        runners.append((runner, Task { try await runner.run() }))
+        return runner
+    }
+
+    /// A worker's settings for this broker: its endpoint and heartbeats, with `credit`.
+    public func runnerConfiguration(credit: Int = 4, curve: CurveClientSettings? = nil) -> ServiceRunner.Configuration {
         var runnerConfiguration = ServiceRunner.Configuration(endpoint: endpoint)
         runnerConfiguration.credit = credit
         runnerConfiguration.curve = curve
         runnerConfiguration.heartbeatInterval = configuration.heartbeatInterval
         runnerConfiguration.liveness = configuration.liveness
-        let runner = ServiceRunner(service: service, configuration: runnerConfiguration, context: context, logger: logger)
-        runners.append((runner, Task { try await runner.run() }))
-        return runner
+        return runnerConfiguration
     }
 
     /// Starts `canopy-test-worker` as a separate process (for SIGKILL tests).
@@ -143,12 +150,23 @@ public final class LiveBus: @unchecked Sendable {
         throw LiveBusError("'\(service)' did not reach \(inFlight) in flight and \(queued) queued within \(limit)")
     }
 
+    /// Runs what a build function made (`buildCareService`, `buildBroker`, …) in one
+    /// `ServiceGroup`, as `serve` runs it, until ``shutdown()`` shuts it down gracefully.
+    public func run(_ services: [any Service]) {
+        let group = serviceGroup(services, signals: [], logger: logger)
+        groups.append((group, Task { try await group.run() }))
+    }
+
     /// Stops clients, workers, worker processes and the broker.
     public func shutdown() async {
         clients.forEach { $0.close() }
         for process in processes where process.isRunning {
             process.terminate()
             process.waitUntilExit()
+        }
+        for (group, task) in groups {
+            await group.triggerGracefulShutdown()
+            _ = try? await task.value
         }
         for (runner, task) in runners {
             runner.stop()
@@ -171,6 +189,14 @@ public final class LiveBus: @unchecked Sendable {
 }
 
 import CanopyMessages
+
+extension Array where Element == any Service {
+    /// The first of these services that is a `T`, such as the ``OperatingEndpoint`` a build
+    /// function appended.
+    public func first<T>(_ type: T.Type) -> T? {
+        lazy.compactMap { $0 as? T }.first
+    }
+}
 
 /// A live-test setup failure.
 public struct LiveBusError: Error, CustomStringConvertible {

@@ -48,12 +48,10 @@ struct ServeCare: AsyncParsableCommand {
 
     func run() async throws {
         let logger = LogSetup.logger(label: "canopy-care", level: common.logLevel)
-        var services = try buildCareService(dataDirectory: URL(fileURLWithPath: dataDir).appendingPathComponent("care", isDirectory: true),
-                                            runner: try worker.runnerConfiguration(common), context: ZMQContext(), logger: logger)
-        if let endpoint = try OperatingEndpoint.make(operating, default: OperatingOptions.Defaults.care,
-                                                     health: OperatingEndpoint.workerHealth(services), logger: logger) {
-            services.append(endpoint)
-        }
+        let settings = CareServiceSettings(directory: URL(fileURLWithPath: dataDir).appendingPathComponent("care", isDirectory: true),
+                                           runner: try worker.runnerConfiguration(common),
+                                           metrics: try operating.listener(default: OperatingOptions.Defaults.care))
+        let services = try buildCareService(settings: settings, context: ZMQContext(), logger: logger)
         try await runUntilShutdown(services, logger: logger)
     }
 }

@@ -1,19 +1,44 @@
 import CanopyBus
 import CanopyMessages
+import CanopyServiceKit
 import Foundation
 import Logging
 import ServiceLifecycle
 
-/// Builds what `canopy-care serve` runs: the bus worker and the outbox.
-public func buildCareService(dataDirectory: URL, runner: ServiceRunner.Configuration, context: ZMQContext, logger: Logger) throws -> [any Service] {
-    try FileManager.default.createDirectory(at: dataDirectory, withIntermediateDirectories: true)
-    let library = CareLibrary(store: try CareStore(path: dataDirectory.appendingPathComponent("care.sqlite").path))
-    let worker = ServiceRunner(service: CareService(library: library), configuration: runner, context: context, logger: logger)
-    var client = BusClient.Configuration(endpoint: runner.endpoint)
-    client.curve = runner.curve // the outbox calls other services with the worker's key
+/// Everything `canopy-care serve` can be told.
+public struct CareServiceSettings: Sendable {
+    /// Where the store lives (`<data-dir>/care`; the database is `care.sqlite` in it).
+    public var directory: URL
+    /// How the worker reaches its broker (endpoint, credit, heartbeats, CURVE keys).
+    public var runner: ServiceRunner.Configuration
+    /// Where `/metrics` and `/health` listen; `nil` for nowhere.
+    public var metrics: ListenAddress?
+    /// How often the outbox looks for follow-ups to deliver.
+    public var outboxInterval: Duration = .seconds(1)
+
+    /// - Parameters:
+    ///   - directory: the store's directory.
+    ///   - runner: the worker's bus settings.
+    ///   - metrics: where `/metrics` and `/health` listen, `nil` for nowhere.
+    public init(directory: URL, runner: ServiceRunner.Configuration, metrics: ListenAddress? = nil) {
+        self.directory = directory
+        self.runner = runner
+        self.metrics = metrics
+    }
+}
+
+/// Builds what `canopy-care serve` runs, in start order: the bus worker, the outbox's bus
+/// client, the outbox, and the `/metrics` and `/health` listener when `settings` name one.
+public func buildCareService(settings: CareServiceSettings, context: ZMQContext, logger: Logger) throws -> [any Service] {
+    try FileManager.default.createDirectory(at: settings.directory, withIntermediateDirectories: true)
+    let library = CareLibrary(store: try CareStore(path: settings.directory.appendingPathComponent("care.sqlite").path))
+    let worker = ServiceRunner(service: CareService(library: library), configuration: settings.runner, context: context, logger: logger)
+    var client = BusClient.Configuration(endpoint: settings.runner.endpoint)
+    client.curve = settings.runner.curve // the outbox calls other services with the worker's key
     let bus = try BusClient(configuration: client, context: context, logger: logger)
     // The client is a service of its own, listed before the outbox: closed after it stops.
-    return [worker, bus, Outbox(library: library, bus: bus, interval: .seconds(1), logger: logger)]
+    let outbox = Outbox(library: library, bus: bus, interval: settings.outboxInterval, logger: logger)
+    return OperatingEndpoint.serving([worker, bus, outbox], at: settings.metrics, logger: logger)
 }
 
 /// One-shot scheduling for the CLI.

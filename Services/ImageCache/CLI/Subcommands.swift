@@ -53,7 +53,9 @@ struct ServeImages: AsyncParsableCommand {
     func run() async throws {
         ImageTools.capMallocArenas()
         let logger = LogSetup.logger(label: "canopy-images", level: common.logLevel)
-        var settings = ImageServiceSettings(directory: URL(fileURLWithPath: dataDir).appendingPathComponent("images", isDirectory: true))
+        var settings = ImageServiceSettings(directory: URL(fileURLWithPath: dataDir).appendingPathComponent("images", isDirectory: true),
+                                            runner: try worker.runnerConfiguration(common),
+                                            metrics: try operating.listener(default: OperatingOptions.Defaults.images))
         settings.maximumInputBytes = maxMb * 1024 * 1024
         settings.maximumPixels = maxMegapixels * 1_000_000
         settings.memoryTierBytes = memoryMb * 1024 * 1024
@@ -65,11 +67,7 @@ struct ServeImages: AsyncParsableCommand {
         settings.fetchesPerHost = fetchesPerHost
         settings.fullSizeConcurrency = fullSizeConcurrency
         settings.fetchAllowedHosts = Set(fetchAllow.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces).lowercased() }.filter { !$0.isEmpty })
-        var services = try buildImageService(settings: settings, runner: try worker.runnerConfiguration(common), context: ZMQContext(), logger: logger)
-        if let endpoint = try OperatingEndpoint.make(operating, default: OperatingOptions.Defaults.images,
-                                                     health: OperatingEndpoint.workerHealth(services), logger: logger) {
-            services.append(endpoint)
-        }
+        let services = try buildImageService(settings: settings, context: ZMQContext(), logger: logger)
         try await runUntilShutdown(services, logger: logger)
     }
 }

@@ -10,6 +10,10 @@ import ServiceLifecycle
 public struct ImageServiceSettings: Sendable {
     /// Where originals, the disk tier and the index live (`<data-dir>/images`).
     public var directory: URL
+    /// How the worker reaches its broker (endpoint, credit, heartbeats, CURVE keys).
+    public var runner: ServiceRunner.Configuration
+    /// Where `/metrics` and `/health` listen; `nil` for nowhere.
+    public var metrics: ListenAddress?
     public var maximumInputBytes = ImageServiceSettings.defaultMaximumInputBytes
     /// The largest input by default (25 MiB).
     public static let defaultMaximumInputBytes = ImageProcessor.Limits.defaultMaximumBytes
@@ -32,8 +36,15 @@ public struct ImageServiceSettings: Sendable {
     public var fetchAllowedHosts: Set<String> = []
 
     /// Defaults, with the store in `directory`.
-    public init(directory: URL) {
+    ///
+    /// - Parameters:
+    ///   - directory: the store's directory.
+    ///   - runner: the worker's bus settings.
+    ///   - metrics: where `/metrics` and `/health` listen, `nil` for nowhere.
+    public init(directory: URL, runner: ServiceRunner.Configuration, metrics: ListenAddress? = nil) {
         self.directory = directory
+        self.runner = runner
+        self.metrics = metrics
     }
 
     var library: ImageLibrary.Configuration {
@@ -49,15 +60,13 @@ public struct ImageServiceSettings: Sendable {
     }
 }
 
-/// Builds the services `canopy-images serve` runs: the bus worker and the memory-pressure
-/// watch.
-public func buildImageService(
-    settings: ImageServiceSettings, runner: ServiceRunner.Configuration, context: ZMQContext, logger: Logger
-) throws -> [any Service] {
+/// Builds what `canopy-images serve` runs, in start order: the bus worker, the
+/// memory-pressure watch, and the `/metrics` and `/health` listener when `settings` name one.
+public func buildImageService(settings: ImageServiceSettings, context: ZMQContext, logger: Logger) throws -> [any Service] {
     let library = try ImageLibrary(directory: settings.directory, configuration: settings.library)
-    let worker = ServiceRunner(service: ImageService(library: library), configuration: runner, context: context, logger: logger)
+    let worker = ServiceRunner(service: ImageService(library: library), configuration: settings.runner, context: context, logger: logger)
     let monitor = PressureMonitor(library: library, budget: settings.memoryBudget, interval: settings.pressureInterval, logger: logger)
-    return [worker, monitor]
+    return OperatingEndpoint.serving([worker, monitor], at: settings.metrics, logger: logger)
 }
 
 /// Reads memory pressure every interval and sheds the memory tier; reports the store's and

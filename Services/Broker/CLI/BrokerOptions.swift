@@ -3,6 +3,7 @@ import Foundation
 import CanopyBus
 import CanopyServiceKit
 import Logging
+import MessageBroker
 
 /// Every option of `canopy-broker serve`; each also reads a `CANOPY_*` variable (flags win).
 struct BrokerOptions: ParsableArguments {
@@ -55,10 +56,15 @@ struct BrokerOptions: ParsableArguments {
     var stuckFlightMs: Int = Environment.milliseconds("CANOPY_STUCK_FLIGHT_MS", default: Self.defaults.stuckFlightAge)
 
     @Option(help: ArgumentHelp("The broker's key file from 'canopy keys generate'; turns CurveZMQ on (needs --curve-allow). Env: CANOPY_CURVE_SECRET_KEY_FILE, or the key itself in CANOPY_CURVE_SECRET_KEY.", valueName: "file"))
-    var curveSecretKeyFile: String? = Environment.string("CANOPY_CURVE_SECRET_KEY_FILE")
+    var curveSecretKeyFile: String?
 
     @Option(help: ArgumentHelp("The allow-list: lines 'worker KEY SERVICES' (comma-separated, or *) and 'client KEY'. Env: CANOPY_CURVE_ALLOW.", valueName: "file"))
-    var curveAllow: String? = Environment.string("CANOPY_CURVE_ALLOW")
+    var curveAllow: String?
+
+    /// The key file from the flag, else `CANOPY_CURVE_SECRET_KEY_FILE`.
+    private var secretKeyFile: String? { curveSecretKeyFile ?? Environment.string("CANOPY_CURVE_SECRET_KEY_FILE") }
+    /// The allow-list from the flag, else `CANOPY_CURVE_ALLOW`.
+    private var allowFile: String? { curveAllow ?? Environment.string("CANOPY_CURVE_ALLOW") }
 
     @Flag(help: ArgumentHelp("With CURVE, let any key call (workers still need an allowed key). Env: CANOPY_CURVE_ANY_CLIENT=1."))
     var curveAnyClient: Bool = Environment.string("CANOPY_CURVE_ANY_CLIENT").map { ["1", "true", "yes", "on"].contains($0.lowercased()) } ?? false
@@ -74,10 +80,10 @@ struct BrokerOptions: ParsableArguments {
         guard maxQueueBytes >= 0, maxHeldBytes >= maxFrameBytes else {
             throw ValidationError("--max-queue-bytes cannot be negative, and --max-held-bytes must be at least --max-frame-bytes (one whole request)")
         }
-        if curveAllow != nil && curveSecretKeyFile == nil && Environment.string("CANOPY_CURVE_SECRET_KEY") == nil {
+        if allowFile != nil && secretKeyFile == nil && Environment.string("CANOPY_CURVE_SECRET_KEY") == nil {
             throw ValidationError("--curve-allow needs the broker's own key: --curve-secret-key-file (make one with canopy keys generate broker)")
         }
-        if (curveSecretKeyFile != nil || Environment.string("CANOPY_CURVE_SECRET_KEY") != nil) && curveAllow == nil {
+        if (secretKeyFile != nil || Environment.string("CANOPY_CURVE_SECRET_KEY") != nil) && allowFile == nil {
             throw ValidationError("CURVE needs an allow-list of worker keys: --curve-allow FILE (see canopy keys generate --help)")
         }
         guard maxFrameBytes >= 1024 else { throw ValidationError("--max-frame-bytes must be at least 1024") }
@@ -111,11 +117,16 @@ struct BrokerOptions: ParsableArguments {
         Set(list.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty })
     }
 
+    /// The settings these options describe, with `/metrics` and `/health` at `metrics`.
+    func settings(metrics: ListenAddress?) throws -> BrokerSettings {
+        BrokerSettings(endpoint: bind, configuration: configuration, curve: try curveSettings(), metrics: metrics)
+    }
+
     /// The CurveZMQ settings, `nil` when CURVE is off (no key given).
     func curveSettings() throws -> CurveServerSettings? {
-        guard let allowFile = curveAllow else { return nil }
+        guard let allowFile else { return nil }
         do {
-            let keyPair = try curveSecretKeyFile.map { try Curve.readKeyPair(file: $0) }
+            let keyPair = try secretKeyFile.map { try Curve.readKeyPair(file: $0) }
                 ?? CurveKeyPair(secretKey: Environment.string("CANOPY_CURVE_SECRET_KEY") ?? "")
             guard let text = try? String(contentsOfFile: allowFile, encoding: .utf8) else {
                 throw Curve.KeyError("cannot read the allow-list \(allowFile); check the path")
@@ -124,26 +135,5 @@ struct BrokerOptions: ParsableArguments {
         } catch let error as Curve.KeyError {
             throw ValidationError(error.description)
         }
-    }
-}
-
-/// Builds the broker from its options (kept apart from `@main` so it stays thin).
-///
-/// - Parameter metrics: whether the broker records metrics (off when nothing serves them).
-func makeBroker(_ options: BrokerOptions, metrics: Bool = true, logger: Logger) throws -> BrokerServer {
-    let curve = try options.curveSettings()
-    if let curve {
-        logger.info("broker.curve", metadata: ["broker.public_key": "\(curve.keyPair.publicKey)",
-                                               "broker.worker_keys": "\(curve.allowList.workers.services.count)",
-                                               "broker.client_keys": "\(curve.allowList.clients.count)"])
-    }
-    do {
-        var configuration = options.configuration
-        configuration.metrics = metrics
-        return try BrokerServer(endpoint: options.bind, configuration: configuration, curve: curve, context: ZMQContext(), logger: logger)
-    } catch let error as ZMQError {
-        throw ValidationError("cannot listen on \(options.bind): \(error). Is another broker running there? Choose another --bind.")
-    } catch let error as Curve.KeyError {
-        throw ValidationError(error.description)
     }
 }

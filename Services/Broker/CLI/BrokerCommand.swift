@@ -3,6 +3,7 @@ import CanopyBus
 import CanopyServiceKit
 import CanopyMessages
 import Logging
+import MessageBroker
 import ServiceLifecycle
 
 @main
@@ -31,13 +32,8 @@ struct Serve: AsyncParsableCommand {
 
     func run() async throws {
         let logger = LogSetup.logger(label: "canopy-broker", level: options.logLevel)
-        let broker = try makeBroker(options, metrics: try operating.listener(default: OperatingOptions.Defaults.broker) != nil, logger: logger)
-        var services: [any Service] = [broker]
-        let endpoint = try OperatingEndpoint.make(operating, default: OperatingOptions.Defaults.broker, health: {
-            let serving = broker.isServing
-            return HealthReport(healthy: serving, checks: ["loop": serving ? "bound, turning" : "not turning"])
-        }, logger: logger)
-        if let endpoint { services.append(endpoint) }
+        let settings = try options.settings(metrics: try operating.listener(default: OperatingOptions.Defaults.broker))
+        let services = try buildBroker(settings: settings, context: ZMQContext(), logger: logger)
         try await runUntilShutdown(services, logger: logger)
     }
 }

@@ -1,0 +1,54 @@
+import CanopyBus
+import CanopyMessages
+import CanopyServiceKit
+import CanopyTesting
+import Foundation
+import Testing
+@testable import ImageCache
+
+/// What `canopy-images serve` runs, built by the same function: its listener says whether it
+/// is registered, and its `/metrics` count the work it did.
+@Suite(.serialized)
+struct ImagesBuildTests {
+    @Test func whatServeBuildsIsHealthyOnlyWhileRegisteredAndCountsItsWork() async throws {
+        let directory = Fixture.directory()
+        defer { try? FileManager.default.removeItem(at: directory) }
+        try await withLiveBus { bus in
+            bus.stopBroker() // registered only once a broker answers
+            let settings = ImageServiceSettings(directory: directory, runner: bus.runnerConfiguration(credit: 4), metrics: .anyLoopbackPort)
+            let services = try buildImageService(settings: settings, context: bus.context, logger: bus.logger)
+            let listener = try #require(services.first(OperatingEndpoint.self))
+            bus.run(services)
+            let port = try await listener.boundPort(within: .seconds(60))
+            let alone = try await OperatingProbe.get(port, "/health")
+            #expect(alone.status == 503 && alone.body.contains("not registered"), "\(alone.body)")
+
+            try await bus.restartBroker()
+            #expect(try await OperatingProbe.waitForHealth(port, status: 200))
+            #expect(try await OperatingProbe.get(port, "/health").body.contains("store"))
+
+            let before = try await OperatingProbe.metrics(port)
+            let client = try bus.client(timeout: .seconds(30))
+            let photo = try await client.call(Images.Put.self, .init(plantID: "p", data: Data(Fixture.jpeg)), principal: "alice")
+            for _ in 0..<3 { _ = try await client.call(Images.GetVariant.self, .init(sha256: photo.sha256, variant: .thumbnail), principal: "alice") }
+            await #expect(throws: CanopyError.self) {
+                try await client.call(Images.Put.self, .init(plantID: "p", data: Data("not a photo".utf8)), principal: "alice")
+            }
+            // Other suites of this process use the same registry at the same time: they can only add.
+            let metrics = try await OperatingProbe.metrics(port) { // the cache series are refreshed each second
+                $0.growth(since: before, "canopy_images_cache_hits_total", ["tier": "memory"]) >= 2
+            }
+            let handled = "canopy_service_handler_duration_seconds_count"
+            #expect(metrics.growth(since: before, handled, ["service": "images", "operation": "images.put", "outcome": "ok"]) >= 1)
+            #expect(metrics.growth(since: before, handled, ["service": "images", "operation": "images.put", "outcome": "badRequest"]) >= 1)
+            #expect(metrics.growth(since: before, handled, ["service": "images", "operation": "images.variant", "outcome": "ok"]) >= 3)
+            #expect(metrics.growth(since: before, "canopy_images_cache_hits_total", ["tier": "memory"]) >= 2)
+            #expect(metrics.growth(since: before, "canopy_images_work_duration_seconds_count", ["work": "small_variants"]) >= 1)
+            #expect(metrics.growth(since: before, "canopy_images_refused_inputs_total", ["reason": "unknown_format"]) >= 1)
+            #expect(metrics.has("canopy_service_credit") && metrics.has("canopy_images_cache_bytes"))
+
+            bus.stopBroker()
+            #expect(try await OperatingProbe.waitForHealth(port, status: 503, within: .seconds(10)))
+        }
+    }
+}
