@@ -1,0 +1,144 @@
+import CZeroMQ
+import CanopyBus
+import Foundation
+import Histogram
+import Synchronization
+
+/// A pipelined load generator: `clients` DEALER sockets spread over `threads` threads, each
+/// client keeping `window` requests in flight (a reply is answered by the next request at
+/// once). Each request's correlation id carries its send time, so replies may come back in
+/// any order and no table of pending requests is needed. The same generator drives the
+/// broker and the `zmq_proxy` baseline.
+///
+/// Each thread reads its own CPU time while measuring (``Result/generatorCPUSeconds``): a
+/// generator that is not the bottleneck leaves room on the machine's cores.
+struct PipelinedLoad {
+    struct Result {
+        var requests = 0
+        var errors = 0
+        var seconds = 0.0
+        /// CPU time the generator's threads used while measuring.
+        var generatorCPUSeconds = 0.0
+        var latencyMicros = Histogram<UInt64>(highestTrackableValue: 60_000_000, numberOfSignificantValueDigits: .three)
+        var throughput: Double { Double(requests) / seconds }
+        var p50: UInt64 { latencyMicros.valueAtPercentile(50) }
+        var p99: UInt64 { latencyMicros.valueAtPercentile(99) }
+        /// The generator's share of one core while measuring.
+        var generatorCoreShare: Double { generatorCPUSeconds / seconds }
+
+        mutating func merge(_ other: Result) {
+            requests += other.requests
+            errors += other.errors
+            generatorCPUSeconds += other.generatorCPUSeconds
+            latencyMicros.add(other.latencyMicros)
+        }
+    }
+
+    let endpoint: String
+    let clients: Int
+    let window: Int
+    let threads: Int
+    /// The request each client sends; frame 2 is replaced by the correlation id.
+    let request: [[UInt8]]
+
+    /// The threads' name (in `top -H` and `perf`).
+    static let threadName = "bench-load"
+
+    /// Runs for `warmUp` (not counted), then for `duration`, and returns the merged figures.
+    func run(warmUp: Duration, duration: Duration) throws -> Result {
+        let threadCount = max(1, min(threads, clients))
+        let context = ZMQContext(ioThreads: Int32(threadCount))
+        let start = ContinuousClock.now
+        let measureFrom = start + warmUp
+        let end = measureFrom + duration
+        let results = Mutex<[Result]>([])
+        let failures = Mutex<[String]>([])
+        let done = DispatchGroup()
+        for thread in 0..<threadCount {
+            let mine = (0..<clients).filter { $0 % threadCount == thread }
+            done.enter()
+            Thread { [self] in
+                canopy_name_thread(Self.threadName)
+                do {
+                    let result = try drive(clientIndexes: mine, context: context, measureFrom: measureFrom, end: end)
+                    results.withLock { $0.append(result) }
+                } catch {
+                    failures.withLock { $0.append("\(error)") }
+                }
+                done.leave()
+            }.start()
+        }
+        done.wait()
+        if let failure = failures.withLock({ $0.first }) { throw BenchmarkFailure(failure) }
+        var merged = Result()
+        results.withLock { $0.forEach { merged.merge($0) } }
+        let elapsed = end - measureFrom
+        merged.seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+        return merged
+    }
+
+    /// One thread's clients, from start to `end`.
+    private func drive(clientIndexes: [Int], context: ZMQContext, measureFrom: ContinuousClock.Instant, end: ContinuousClock.Instant) throws -> Result {
+        let sockets = try dealers(clientIndexes.count, connectedTo: endpoint, in: context)
+        defer { sockets.forEach { $0.close() } }
+        var poller = Poller()
+        sockets.forEach { poller.add($0) }
+        var sequence = [UInt64](repeating: 0, count: sockets.count)
+        let origin = DispatchTime.now().uptimeNanoseconds
+
+        // A correlation id is the send time in nanoseconds since `origin`, shifted left by 8,
+        // with a per-client counter in the low byte so ids stay unique within a client.
+        var frames = request
+        func send(_ index: Int) throws {
+            sequence[index] &+= 1
+            let sentAt = DispatchTime.now().uptimeNanoseconds - origin
+            frames[2] = Wire.frame(sentAt << 8 | (sequence[index] & 0xFF))
+            _ = try sockets[index].send(frames, dontWait: false)
+        }
+        for index in sockets.indices {
+            for _ in 0..<window { try send(index) }
+        }
+
+        var result = Result()
+        var measuring = false
+        var cpuAtStart = 0.0
+        while true {
+            let now = ContinuousClock.now
+            if now >= end { break }
+            if !measuring && now >= measureFrom {
+                measuring = true
+                result = Result()
+                cpuAtStart = currentThreadCPUSeconds()
+            }
+            try poller.poll(timeout: .milliseconds(50))
+            for index in sockets.indices where poller.isReadable(index) {
+                while let reply = try sockets[index].receive() {
+                    guard reply.count >= 3 else { continue }
+                    if measuring {
+                        result.requests += 1
+                        if reply[1] != Wire.Command.reply.frame { result.errors += 1 }
+                        let sentAt = (Wire.uint64(reply[2]) ?? 0) >> 8
+                        let received = DispatchTime.now().uptimeNanoseconds - origin
+                        _ = result.latencyMicros.record(received > sentAt ? (received - sentAt) / 1_000 : 0)
+                    }
+                    try send(index)
+                }
+            }
+        }
+        result.generatorCPUSeconds = currentThreadCPUSeconds() - cpuAtStart
+        return result
+    }
+}
+
+/// CPU time (user and system) the calling thread has used, in seconds.
+func currentThreadCPUSeconds() -> Double {
+    var time = timespec()
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &time)
+    return Double(time.tv_sec) + Double(time.tv_nsec) / 1e9
+}
+
+/// A benchmark set-up that failed, with what went wrong.
+struct BenchmarkFailure: Error, CustomStringConvertible {
+    let description: String
+    init(_ description: String) { self.description = description }
+}
