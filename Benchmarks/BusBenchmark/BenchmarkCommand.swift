@@ -31,12 +31,14 @@ struct Bus: AsyncParsableCommand {
     @Option(help: "Seconds of warm-up before each measurement.") var warmUp = 0.5
     @Option(help: "Loads as CLIENTSxWINDOW (requests each client keeps in flight), comma-separated.") var loads = "1x1,64x1,64x16,256x16"
     @Option(help: "Threads the clients are spread over.") var threads = 2
-    @Option(help: "Echo workers behind the broker or proxy (credit 64 each, answering at once).") var workers = 4
+    @Option(help: "Echo workers behind the broker or proxy, answering at once.") var workers = 4
+    @Option(help: "Requests each worker takes at once (its credit behind the broker).") var credit = 64
     @Option(help: "Request body size in bytes.") var bodyBytes = 64
     @Option(help: "Rounds per setup; the best round counts (the machine is shared and noisy).") var rounds = 2
 
     func validate() throws {
         guard seconds > 0, warmUp >= 0 else { throw ValidationError("--seconds must be positive and --warm-up not negative") }
+        guard credit > 0 else { throw ValidationError("--credit must be positive; 64 is the usual value") }
         guard let parsed = parsedLoads, !parsed.isEmpty else { throw ValidationError("--loads takes CLIENTSxWINDOW pairs, e.g. 1x1,64x16") }
         guard workers > 0, rounds > 0, threads > 0 else { throw ValidationError("--workers, --threads and --rounds must be positive") }
     }
@@ -53,7 +55,7 @@ struct Bus: AsyncParsableCommand {
         logger.logLevel = .error
         let body = Array(("{\"text\":\"" + String(repeating: "x", count: max(0, bodyBytes - 11)) + "\"}").utf8)
         let request = benchRequest(operation: "echo", body: body)
-        print("canopy-bench bus: \(workers) echo workers (credit 64), \(body.count)-byte bodies, clients on \(threads) thread(s), \(seconds) s per measurement, best of \(rounds), loopback TCP")
+        print("canopy-bench bus: \(workers) echo workers (credit \(credit)), \(body.count)-byte bodies, clients on \(threads) thread(s), \(seconds) s per measurement, best of \(rounds), loopback TCP")
         print("cores: \(ProcessInfo.processInfo.activeProcessorCount); 'load CPU' is the generator's threads' CPU time over the measured time (1.00 = one core busy)")
         print("")
         var table: [[String]] = [["clients x window", "proxy req/s", "p50 µs", "p99 µs", "load CPU", "broker req/s", "p50 µs", "p99 µs", "load CPU", "broker CPU",
@@ -65,9 +67,9 @@ struct Bus: AsyncParsableCommand {
                                           warmUp: .milliseconds(Int64(warmUp * 1000)), duration: .milliseconds(Int64(seconds * 1000)))
             for round in 1...rounds {
                 progress("  \(clients)x\(window), round \(round)/\(rounds): zmq_proxy…")
-                let proxy = try await Rig(workers: workers).proxy { endpoint, _ in try load.run(endpoint) }
+                let proxy = try await Rig(workers: workers, capacity: credit).proxy { endpoint, _ in try load.run(endpoint) }
                 progress(" canopy-broker…")
-                let broker = try await Rig(workers: workers).broker(logger: logger) { endpoint, _ in
+                let broker = try await Rig(workers: workers, capacity: credit).broker(logger: logger) { endpoint, _ in
                     let before = threadCPUSeconds(named: "canopy-broker")
                     let result = try load.run(endpoint)
                     return (result, (threadCPUSeconds(named: "canopy-broker") - before) / result.seconds)
