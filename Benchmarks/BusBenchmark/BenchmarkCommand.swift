@@ -138,10 +138,10 @@ struct Rig {
     }
 }
 
-/// A request frame set for the `bench` service.
+/// A request frame set for the `bench` service; generators replace frame 2, the correlation.
 func benchRequest(operation: String, body: [UInt8]) -> [[UInt8]] {
-    [Wire.version, Wire.Command.request.frame, Wire.frame(UInt64(0)), Array("bench".utf8), Array(operation.utf8),
-     RequestHeader(timeoutMilliseconds: 30_000).frame, body]
+    WireMessage.request(WireRequest(correlation: Wire.frame(UInt64(0)), service: "bench", operation: operation,
+                                    header: RequestHeader(timeoutMilliseconds: 30_000), body: body)).encoded
 }
 
 func progress(_ text: String) {

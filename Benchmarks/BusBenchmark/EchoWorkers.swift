@@ -48,12 +48,12 @@ final class EchoWorkers: @unchecked Sendable {
         let sockets = try dealers(count, connectedTo: endpoint, in: context)
         defer { sockets.forEach { $0.close() } }
         if kind == .canopy {
-            let operations = try MessageCodec().encode([
+            let ready = WireMessage.ready(service: "bench", operations: [
                 OperationDescriptor(name: "echo", idempotent: true, coalescable: false),
                 OperationDescriptor(name: "lookup", idempotent: true, coalescable: true),
-            ])
+            ], credit: UInt32(capacity))
             for socket in sockets {
-                try socket.send([Wire.version, Wire.Command.ready.frame, Array("bench".utf8), operations, Wire.frame(UInt32(capacity))], dontWait: false)
+                try socket.send(ready.encoded, dontWait: false)
             }
         }
         var inService = [Int](repeating: 0, count: count)
@@ -63,9 +63,8 @@ final class EchoWorkers: @unchecked Sendable {
         func reply(to frames: [[UInt8]]) -> [[UInt8]]? {
             switch kind {
             case .canopy:
-                // [version, dispatch, id, operation, header, body] -> [version, reply, id, ok, body]
-                guard frames.count == 6, frames[1] == Wire.Command.dispatch.frame else { return nil }
-                return [Wire.version, Wire.Command.workerReply.frame, frames[2], [Wire.Status.ok], frames[5]]
+                guard case .dispatch(let id, _, _, let body)? = try? WireMessage(frames: frames) else { return nil }
+                return WireMessage.workerReply(requestID: id, failed: false, body: body).encoded
             case .proxy:
                 // [client, version, request, correlation, service, operation, header, body]
                 //   -> [client, version, reply, correlation, flags, body]
@@ -103,12 +102,12 @@ final class EchoWorkers: @unchecked Sendable {
                 if let next = backlog[first.worker].popFirst() { try start(next, on: first.worker) }
             }
             if kind == .canopy, now >= nextHeartbeat {
-                for socket in sockets { try socket.send([Wire.version, Wire.Command.workerHeartbeat.frame]) }
+                for socket in sockets { try socket.send(WireMessage.workerHeartbeat.encoded) }
                 nextHeartbeat = now + .milliseconds(500)
             }
         }
         if kind == .canopy {
-            for socket in sockets { try socket.send([Wire.version, Wire.Command.workerDisconnect.frame]) }
+            for socket in sockets { try socket.send(WireMessage.workerDisconnect.encoded) }
         }
     }
 }

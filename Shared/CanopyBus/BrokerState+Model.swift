@@ -167,15 +167,15 @@ extension BrokerState {
         /// never sends a reply the broker would refuse.
         func heartbeatFrames(maximumFrameBytes: Int) -> [[UInt8]] {
             switch dialect {
-            case .canopy: [Wire.version, Wire.Command.brokerHeartbeat.frame, Wire.frame(UInt64(maximumFrameBytes))]
-            case .majordomo: [[], Majordomo.worker, Majordomo.Command.heartbeat.frame]
+            case .canopy: WireMessage.brokerHeartbeat(maximumFrameBytes: UInt64(maximumFrameBytes)).encoded
+            case .majordomo: MajordomoMessage.heartbeat.encoded
             }
         }
 
         func disconnectFrames(reason: String) -> [[UInt8]] {
             switch dialect {
-            case .canopy: [Wire.version, Wire.Command.brokerDisconnect.frame, Array(reason.utf8)]
-            case .majordomo: [[], Majordomo.worker, Majordomo.Command.disconnect.frame]
+            case .canopy: WireMessage.brokerDisconnect(reason: reason).encoded
+            case .majordomo: MajordomoMessage.disconnect.encoded
             }
         }
     }

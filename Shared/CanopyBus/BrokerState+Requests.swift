@@ -15,39 +15,16 @@ extension BrokerState {
         let payload: [[UInt8]]
     }
 
-    mutating func clientRequest(_ frames: [[UInt8]], from client: [UInt8], now: ContinuousClock.Instant, into out: inout [Directive]) {
-        guard frames.count == 7 else {
-            dropMalformed("malformed request", peer: client, into: &out)
-            replyError(to: client, correlation: frames.count > 2 ? frames[2] : [], CanopyError(.badRequest, "a request has 7 frames (version, command, correlation, service, operation, header, body), got \(frames.count)"), into: &out)
-            return
-        }
-        let correlation = frames[2]
-        guard !correlation.isEmpty, correlation.count <= Wire.maximumCorrelationLength else {
-            dropMalformed("malformed correlation id", peer: client, into: &out)
-            replyError(to: client, correlation: [], CanopyError(.badRequest, "the correlation id must be 1 to \(Wire.maximumCorrelationLength) bytes"), into: &out)
-            return
-        }
-        guard Wire.isValidName(frames[3]), Wire.isValidName(frames[4]) else {
-            dropMalformed("invalid service or operation name", peer: client, into: &out)
-            replyError(to: client, correlation: correlation, CanopyError(.badRequest, "service and operation names are 1 to \(Wire.maximumNameLength) characters of a-z, 0-9, '.', '-' and '_'"), into: &out)
-            return
-        }
-        guard let header = RequestHeader(frame: frames[5]) else {
-            dropMalformed("malformed request header", peer: client, into: &out)
-            replyError(to: client, correlation: correlation, CanopyError(.badRequest, "the header frame is malformed: 4-byte timeout, 1 flags byte, then the principal: empty, or 1 to 256 bytes of printable ASCII (0x21-0x7E; no spaces, no Unicode)"), into: &out)
-            return
-        }
-        let serviceName = String(decoding: frames[3], as: UTF8.self)
-        let operation = String(decoding: frames[4], as: UTF8.self)
-        guard byClient[ClientKey(client: client, correlation: correlation)] == nil else {
+    mutating func clientRequest(_ request: WireRequest, from client: [UInt8], now: ContinuousClock.Instant, into out: inout [Directive]) {
+        guard byClient[ClientKey(client: client, correlation: request.correlation)] == nil else {
             return // the same request again (a client resending after a reconnect): the first will be answered
         }
-        if serviceName == Broker.service {
-            management(operation, to: client, correlation: correlation, now: now, into: &out)
+        if request.service == Broker.service {
+            management(request.operation, to: client, correlation: request.correlation, now: now, into: &out)
             return
         }
-        admit(Intake(client: client, correlation: correlation, dialect: .canopy, serviceName: serviceName,
-                     operation: operation, header: header, payload: [frames[6]]), now: now, into: &out)
+        admit(Intake(client: client, correlation: request.correlation, dialect: .canopy, serviceName: request.service,
+                     operation: request.operation, header: request.header, payload: [request.body]), now: now, into: &out)
     }
 
     /// Takes a well-formed request: joins an identical flight, or starts a flight that goes
@@ -174,8 +151,8 @@ extension BrokerState {
         flight.totalWaiters += 1
     }
 
-    mutating func clientCancel(_ frames: [[UInt8]], from client: [UInt8], now: ContinuousClock.Instant, into out: inout [Directive]) {
-        guard frames.count == 3, let id = byClient[ClientKey(client: client, correlation: frames[2])], let waiter = waiters[id] else {
+    mutating func clientCancel(_ correlation: [UInt8], from client: [UInt8], now: ContinuousClock.Instant, into out: inout [Directive]) {
+        guard let id = byClient[ClientKey(client: client, correlation: correlation)], let waiter = waiters[id] else {
             return // nothing held under that id: already answered, or never sent
         }
         detach(waiter, now: now, into: &out)
@@ -252,15 +229,15 @@ extension BrokerState {
     func answer(_ waiter: Waiter, _ outcome: Outcome, shared: Bool, into out: inout [Directive]) {
         switch (waiter.dialect, outcome) {
         case (.canopy, .reply(let frames, _)):
-            out.append(.send(to: waiter.client, frames: [Wire.version, Wire.Command.reply.frame, waiter.correlation, [shared ? Wire.ReplyFlag.shared : 0], frames.first ?? []]))
+            out.append(.send(to: waiter.client, frames: WireMessage.reply(correlation: waiter.correlation, shared: shared, body: frames.first ?? []).encoded))
         case (.canopy, .failure(let error)):
             replyError(to: waiter.client, correlation: waiter.correlation, error, into: &out)
         case (.majordomo, .reply(let frames, let fromMajordomo)):
             // Majordomo to Majordomo passes untouched; a Canopy worker's reply gets a status frame.
             let body = fromMajordomo ? frames : [Majordomo.ok] + frames
-            out.append(.send(to: waiter.client, frames: [[], Majordomo.client, Array(waiter.serviceName.utf8)] + body))
+            out.append(.send(to: waiter.client, frames: MajordomoMessage.client(service: Array(waiter.serviceName.utf8), body: body).encoded))
         case (.majordomo, .failure(let error)):
-            out.append(.send(to: waiter.client, frames: [[], Majordomo.client, Array(waiter.serviceName.utf8), Majordomo.error, (try? codec.encode(error)) ?? []]))
+            out.append(.send(to: waiter.client, frames: MajordomoMessage.client(service: Array(waiter.serviceName.utf8), body: [Majordomo.error, (try? codec.encode(error)) ?? []]).encoded))
         }
     }
 
@@ -270,7 +247,7 @@ extension BrokerState {
         case .canopy:
             replyError(to: intake.client, correlation: intake.correlation, error, into: &out)
         case .majordomo:
-            out.append(.send(to: intake.client, frames: [[], Majordomo.client, Array(intake.serviceName.utf8), Majordomo.error, (try? codec.encode(error)) ?? []]))
+            out.append(.send(to: intake.client, frames: MajordomoMessage.client(service: Array(intake.serviceName.utf8), body: [Majordomo.error, (try? codec.encode(error)) ?? []]).encoded))
         }
     }
 

@@ -4,18 +4,15 @@ import Collections
 // Workers of both protocols: registration, replies, heartbeats, loss, and dispatch.
 
 extension BrokerState {
-    mutating func workerReady(_ frames: [[UInt8]], from peer: PeerKey, key: String?, now: ContinuousClock.Instant, into out: inout [Directive]) {
+    mutating func workerReady(service: String, operations: [OperationDescriptor], credit: UInt32, from peer: PeerKey, key: String?,
+                              now: ContinuousClock.Instant, into out: inout [Directive]) {
         func refuse(_ reason: String) {
             out.append(.log("worker refused: \(reason)", peer: peer.bytes))
-            out.append(.send(to: peer.bytes, frames: [Wire.version, Wire.Command.brokerDisconnect.frame, Array(reason.utf8)]))
+            out.append(.send(to: peer.bytes, frames: WireMessage.brokerDisconnect(reason: reason).encoded))
         }
-        guard frames.count == 5 else { return refuse("READY has 5 frames (version, command, service, operations, credit)") }
-        guard let name = serviceName(frames[2]) else { return refuse("invalid or reserved service name; use 1 to 128 of a-z, 0-9, '.', '-', '_', not 'broker' or 'mmi.'") }
+        guard let name = serviceName(Array(service.utf8)) else { return refuse("invalid or reserved service name; use 1 to 128 of a-z, 0-9, '.', '-', '_', not 'broker' or 'mmi.'") }
         if let reason = unauthorizedWorker(key, service: name) { return refuse(reason) }
-        guard let operations = try? codec.decode([OperationDescriptor].self, from: frames[3]), !operations.isEmpty,
-              operations.allSatisfy({ Wire.isValidName(Array($0.name.utf8)) })
-        else { return refuse("the operations frame must be a non-empty JSON array of {name, idempotent, coalescable}") }
-        guard let credit = Wire.uint32(frames[4]), credit >= 1, credit <= 100_000 else {
+        guard credit >= 1, credit <= 100_000 else {
             return refuse("credit must be a 4-byte big-endian number from 1 to 100000")
         }
         var table: [String: OperationDescriptor] = [:]
@@ -73,23 +70,19 @@ extension BrokerState {
         return nil
     }
 
-    mutating func workerReply(_ frames: [[UInt8]], from peer: PeerKey, now: ContinuousClock.Instant, into out: inout [Directive]) {
+    mutating func workerReply(id: UInt64, failed: Bool, body: [UInt8], from peer: PeerKey, now: ContinuousClock.Instant, into out: inout [Directive]) {
         guard let worker = workers[peer] else { return unknownWorker(peer, into: &out) }
         worker.expiry = now + configuration.workerExpiry
-        guard frames.count == 5, let id = Wire.uint64(frames[2]), frames[3].count == 1 else {
-            dropMalformed("malformed worker reply", peer: peer.bytes, into: &out)
-            return
-        }
         let outcome: Outcome
-        if frames[4].count > configuration.maximumFrameBytes {
+        if body.count > configuration.maximumFrameBytes {
             // Refused, but answered: the callers hear why at once and the credit comes back.
             rejected += 1
             out.append(.log("worker reply over the size limit", peer: peer.bytes))
-            outcome = .failure(oversizedReply(frames[4].count, flight: id))
-        } else if frames[3][0] == Wire.Status.ok {
-            outcome = .reply([frames[4]], fromMajordomo: false)
+            outcome = .failure(oversizedReply(body.count, flight: id))
+        } else if !failed {
+            outcome = .reply([body], fromMajordomo: false)
         } else {
-            outcome = .failure((try? codec.decode(CanopyError.self, from: frames[4])) ?? CanopyError(.internal, "the worker sent an unreadable error"))
+            outcome = .failure((try? codec.decode(CanopyError.self, from: body)) ?? CanopyError(.internal, "the worker sent an unreadable error"))
         }
         complete(id, by: worker, outcome, now: now, into: &out)
     }
@@ -127,7 +120,7 @@ extension BrokerState {
     /// A worker the broker does not know (it registered with an earlier broker): tell it
     /// to register again.
     private func unknownWorker(_ peer: PeerKey, into out: inout [Directive]) {
-        out.append(.send(to: peer.bytes, frames: [Wire.version, Wire.Command.brokerDisconnect.frame, Array("unknown worker; send READY again".utf8)]))
+        out.append(.send(to: peer.bytes, frames: WireMessage.brokerDisconnect(reason: "unknown worker; send READY again").encoded))
     }
 
     /// Removes a worker. Its idempotent flights go once more to another worker with their
@@ -182,20 +175,19 @@ extension BrokerState {
             let deadline = flight.waiters.compactMap { waiters[$0]?.deadline }.max() ?? now
             var header = flight.header
             header.timeoutMilliseconds = UInt32(clamping: max(1, (deadline - now).wholeMilliseconds))
-            out.append(.send(to: worker.identity.bytes, frames: [
-                Wire.version, Wire.Command.dispatch.frame, Wire.frame(flight.id), Array(flight.operation.utf8), header.frame, flight.payload.first ?? [],
-            ]))
+            let message = WireMessage.dispatch(requestID: flight.id, operation: flight.operation, header: header, body: flight.payload.first ?? [])
+            out.append(.send(to: worker.identity.bytes, frames: message.encoded))
         case .majordomo:
             // The flight id stands in the client address; the worker sends it back with the reply.
             let body = flight.operation.isEmpty ? flight.payload : [Array(flight.operation.utf8)] + flight.payload
-            out.append(.send(to: worker.identity.bytes, frames: [[], Majordomo.worker, Majordomo.Command.request.frame, Wire.frame(flight.id), []] + body))
+            out.append(.send(to: worker.identity.bytes, frames: MajordomoMessage.request(client: Wire.frame(flight.id), body: body).encoded))
         }
     }
 
     /// The frames that tell `worker` to stop working on `flight` (Majordomo has none).
     func cancelFrames(_ flight: Flight, worker: Worker) -> [[UInt8]] {
         switch worker.dialect {
-        case .canopy: [Wire.version, Wire.Command.cancelDispatch.frame, Wire.frame(flight.id)]
+        case .canopy: WireMessage.cancelDispatch(requestID: flight.id).encoded
         case .majordomo: [] // nothing to send; the reply will be dropped
         }
     }
@@ -221,31 +213,34 @@ extension BrokerState {
 
     /// A Majordomo (7/MDP) message: `["", "MDPC01" | "MDPW01", ...]`.
     mutating func receiveMajordomo(_ frames: [[UInt8]], from peer: [UInt8], key: String?, now: ContinuousClock.Instant, into out: inout [Directive]) {
-        let isWorkerReply = frames[1] == Majordomo.worker && frames.count > 2 && frames[2] == Majordomo.Command.reply.frame
-        if !isWorkerReply, let oversized = frames.first(where: { $0.count > configuration.maximumFrameBytes }) {
+        let message: MajordomoMessage
+        do {
+            message = try MajordomoMessage(frames: frames)
+        } catch {
+            // A Majordomo client's error must name a valid service, and a worker gets no errors.
+            return dropMalformed("malformed Majordomo message: \(error.reason.rawValue)", peer: peer, into: &out)
+        }
+        if case .reply = message {
+            // An oversized reply still answers its callers; majordomoWorker checks it.
+        } else if let oversized = frames.first(where: { $0.count > configuration.maximumFrameBytes }) {
             rejected += 1
             out.append(.log("frame over the size limit", peer: peer))
-            if frames[1] == Majordomo.client, frames.count > 2 {
-                out.append(.send(to: peer, frames: [[], Majordomo.client, frames[2], Majordomo.error, (try? codec.encode(tooLarge(oversized.count))) ?? []]))
+            if case .client(let service, _) = message {
+                out.append(.send(to: peer, frames: MajordomoMessage.client(service: service, body: [Majordomo.error, (try? codec.encode(tooLarge(oversized.count))) ?? []]).encoded))
             }
             return
         }
-        if frames[1] == Majordomo.client {
-            majordomoClient(frames, from: peer, now: now, into: &out)
+        if case .client(let service, let body) = message {
+            majordomoClient(service: service, body: body, from: peer, now: now, into: &out)
         } else {
-            majordomoWorker(frames, from: PeerKey(peer), key: key, now: now, into: &out)
+            majordomoWorker(message, from: PeerKey(peer), key: key, now: now, into: &out)
         }
     }
 
-    private mutating func majordomoClient(_ frames: [[UInt8]], from client: [UInt8], now: ContinuousClock.Instant, into out: inout [Directive]) {
-        guard frames.count >= 3, Wire.isValidName(frames[2]) else {
-            dropMalformed("malformed Majordomo request", peer: client, into: &out)
-            return // a Majordomo reply must name a valid service; there is none to name
-        }
-        let name = String(decoding: frames[2], as: UTF8.self)
-        let body = Array(frames[3...])
+    private mutating func majordomoClient(service serviceFrame: [UInt8], body: [[UInt8]], from client: [UInt8], now: ContinuousClock.Instant, into out: inout [Directive]) {
+        let name = String(decoding: serviceFrame, as: UTF8.self)
         func reply(_ reply: [[UInt8]]) {
-            out.append(.send(to: client, frames: [[], Majordomo.client, frames[2]] + reply))
+            out.append(.send(to: client, frames: MajordomoMessage.client(service: serviceFrame, body: reply).encoded))
         }
         if name.hasPrefix(Majordomo.managementPrefix) {
             guard name == Majordomo.serviceQuery else { return reply([Array("501".utf8)]) }
@@ -268,20 +263,17 @@ extension BrokerState {
         admit(intake, now: now, into: &out)
     }
 
-    private mutating func majordomoWorker(_ frames: [[UInt8]], from peer: PeerKey, key: String?, now: ContinuousClock.Instant, into out: inout [Directive]) {
-        guard frames.count >= 3, frames[2].count == 1, let command = Majordomo.Command(rawValue: frames[2][0]) else {
-            dropMalformed("malformed Majordomo worker message", peer: peer.bytes, into: &out)
-            return
-        }
+    private mutating func majordomoWorker(_ message: MajordomoMessage, from peer: PeerKey, key: String?, now: ContinuousClock.Instant, into out: inout [Directive]) {
         // A worker's messages must come with the key it registered with (an identity is not proof).
         let known = workers[peer].flatMap { $0.dialect == .majordomo && !impersonates($0, key: key) ? $0 : nil }
-        switch command {
-        case .ready:
+        let disconnect = MajordomoMessage.disconnect.encoded
+        switch message {
+        case .ready(let service):
             func refuse(_ reason: String) {
                 out.append(.log("worker refused: \(reason)", peer: peer.bytes))
-                out.append(.send(to: peer.bytes, frames: [[], Majordomo.worker, Majordomo.Command.disconnect.frame]))
+                out.append(.send(to: peer.bytes, frames: disconnect))
             }
-            guard frames.count == 4, let name = serviceName(frames[3]) else { return refuse("invalid or reserved Majordomo service name") }
+            guard let name = serviceName(service) else { return refuse("invalid or reserved Majordomo service name") }
             if let reason = unauthorizedWorker(key, service: name) { return refuse(reason) }
             let coalesced = configuration.majordomoCoalescedServices.contains(name)
             if let reason = register(peer, dialect: .majordomo, service: name, operations: [:],
@@ -289,15 +281,12 @@ extension BrokerState {
                                      credit: 1, key: key, now: now, into: &out) {
                 refuse(reason)
             }
-        case .reply:
-            guard let worker = known else {
-                return out.append(.send(to: peer.bytes, frames: [[], Majordomo.worker, Majordomo.Command.disconnect.frame]))
-            }
+        case .reply(let client, let body):
+            guard let worker = known else { return out.append(.send(to: peer.bytes, frames: disconnect)) }
             worker.expiry = now + configuration.workerExpiry
-            guard frames.count >= 5, let id = Wire.uint64(frames[3]), frames[4].isEmpty else {
+            guard let id = Wire.uint64(client) else {
                 return dropMalformed("malformed Majordomo reply", peer: peer.bytes, into: &out)
             }
-            let body = Array(frames[5...])
             if let oversized = body.first(where: { $0.count > configuration.maximumFrameBytes }) {
                 rejected += 1
                 out.append(.log("worker reply over the size limit", peer: peer.bytes))
@@ -305,13 +294,11 @@ extension BrokerState {
             }
             complete(id, by: worker, .reply(body, fromMajordomo: true), now: now, into: &out)
         case .heartbeat:
-            guard let worker = known else {
-                return out.append(.send(to: peer.bytes, frames: [[], Majordomo.worker, Majordomo.Command.disconnect.frame]))
-            }
+            guard let worker = known else { return out.append(.send(to: peer.bytes, frames: disconnect)) }
             worker.expiry = now + configuration.workerExpiry
         case .disconnect:
             if known != nil { workerGone(peer, now: now, into: &out) }
-        case .request:
+        case .request, .client:
             dropMalformed("Majordomo REQUEST is sent by the broker, not to it", peer: peer.bytes, into: &out)
         }
     }

@@ -109,44 +109,57 @@ public struct BrokerState {
     ///   - now: the time.
     ///   - out: where the directives go.
     public mutating func receive(_ frames: [[UInt8]], from peer: [UInt8], key: String? = nil, now: ContinuousClock.Instant, into out: inout [Directive]) {
-        if frames.count >= 2, frames[0].isEmpty, frames[1] == Majordomo.client || frames[1] == Majordomo.worker {
+        if MajordomoMessage.claims(frames) {
             receiveMajordomo(frames, from: peer, key: key, now: now, into: &out)
             return
         }
-        guard frames.count >= 2, frames[0] == Wire.version else {
-            refuseVersion(frames, from: peer, into: &out)
-            return
-        }
-        guard frames[1].count == 1, let command = Wire.Command(rawValue: frames[1][0]) else {
-            dropMalformed("unknown command", peer: peer, into: &out)
-            replyError(to: peer, correlation: frames.count > 2 ? frames[2] : [], CanopyError(.badRequest, "unknown command frame; this broker speaks \(versionText) (see docs/PROTOCOL.md)"), into: &out)
+        let message: WireMessage
+        do {
+            message = try WireMessage(frames: frames)
+        } catch {
+            switch error.command {
+            case .ready?:
+                // A worker hears why it may not register, as for every refused READY.
+                out.append(.log("worker refused: \(error.reason.rawValue)", peer: peer))
+                out.append(.send(to: peer, frames: WireMessage.brokerDisconnect(reason: error.description).encoded))
+            case .workerReply?, .workerHeartbeat?, .workerDisconnect?, .drain?:
+                dropMalformed(error.reason.rawValue, peer: peer, into: &out) // workers get no error frames
+            default:
+                dropMalformed(error.reason.rawValue, peer: peer, into: &out)
+                replyError(to: peer, correlation: error.correlation, CanopyError(.badRequest, error.description), into: &out)
+            }
             return
         }
         // A worker's oversized reply still answers its callers (with `tooLarge`) and gives its
         // credit back; workerReply checks the body's size.
-        if command != .workerReply, let oversized = frames.first(where: { $0.count > configuration.maximumFrameBytes }) {
+        if message.command != .workerReply, let oversized = frames.first(where: { $0.count > configuration.maximumFrameBytes }) {
             rejected += 1
             out.append(.log("frame over the size limit", peer: peer))
-            let correlation = command == .request && frames.count > 2 ? frames[2] : []
+            var correlation: [UInt8] = []
+            if case .request(let request) = message { correlation = request.correlation }
             replyError(to: peer, correlation: correlation, tooLarge(oversized.count), into: &out)
             return
         }
-        if command == .workerReply || command == .workerHeartbeat || command == .workerDisconnect || command == .drain,
-           let worker = workers[PeerKey(peer)], impersonates(worker, key: key) {
-            dropMalformed("worker message with another key than the worker registered with", peer: peer, into: &out)
-            return
+        switch message {
+        case .workerReply, .workerHeartbeat, .workerDisconnect, .drain:
+            if let worker = workers[PeerKey(peer)], impersonates(worker, key: key) {
+                dropMalformed("worker message with another key than the worker registered with", peer: peer, into: &out)
+                return
+            }
+        default: break
         }
-        switch command {
-        case .request: clientRequest(frames, from: peer, now: now, into: &out)
-        case .cancel: clientCancel(frames, from: peer, now: now, into: &out)
-        case .ready: workerReady(frames, from: PeerKey(peer), key: key, now: now, into: &out)
-        case .workerReply: workerReply(frames, from: PeerKey(peer), now: now, into: &out)
+        switch message {
+        case .request(let request): clientRequest(request, from: peer, now: now, into: &out)
+        case .cancel(let correlation): clientCancel(correlation, from: peer, now: now, into: &out)
+        case .ready(let service, let operations, let credit):
+            workerReady(service: service, operations: operations, credit: credit, from: PeerKey(peer), key: key, now: now, into: &out)
+        case .workerReply(let id, let failed, let body): workerReply(id: id, failed: failed, body: body, from: PeerKey(peer), now: now, into: &out)
         case .workerHeartbeat: workerHeartbeat(from: PeerKey(peer), now: now, into: &out)
         case .workerDisconnect: workerGone(PeerKey(peer), now: now, into: &out)
         case .drain: workerDrain(from: PeerKey(peer), now: now, into: &out)
         case .reply, .error, .dispatch, .cancelDispatch, .brokerHeartbeat, .brokerDisconnect:
             dropMalformed("command not accepted by a broker", peer: peer, into: &out)
-            replyError(to: peer, correlation: [], CanopyError(.badRequest, "command 0x\(String(command.rawValue, radix: 16)) is sent by the broker, not to it"), into: &out)
+            replyError(to: peer, correlation: [], CanopyError(.badRequest, "command 0x\(String(message.command.rawValue, radix: 16)) is sent by the broker, not to it"), into: &out)
         }
     }
 
@@ -202,8 +215,6 @@ public struct BrokerState {
 
     // MARK: - Errors
 
-    var versionText: String { String(decoding: Wire.version, as: UTF8.self) }
-
     /// Counts a malformed message and asks the shell to log it (the shell rate-limits).
     mutating func dropMalformed(_ reason: String, peer: [UInt8], into out: inout [Directive]) {
         rejected += 1
@@ -222,14 +233,7 @@ public struct BrokerState {
     /// An error to a Canopy peer.
     func replyError(to peer: [UInt8], correlation: [UInt8], _ error: CanopyError, into out: inout [Directive]) {
         let body = (try? codec.encode(error)) ?? Array(#"{"code":"internal","message":"unencodable error"}"#.utf8)
-        out.append(.send(to: peer, frames: [Wire.version, Wire.Command.error.frame, correlation, body]))
-    }
-
-    private mutating func refuseVersion(_ frames: [[UInt8]], from peer: [UInt8], into out: inout [Directive]) {
-        dropMalformed("message without the canopy/1 version frame", peer: peer, into: &out)
-        let correlation = frames.count > 2 && frames[2].count <= Wire.maximumCorrelationLength ? frames[2] : []
-        let seen = frames.first.map { String(decoding: $0.prefix(32), as: UTF8.self) } ?? ""
-        replyError(to: peer, correlation: correlation, CanopyError(.badRequest, "unsupported protocol version '\(seen)'; this broker speaks \(versionText) (or Majordomo MDPC01/MDPW01)"), into: &out)
+        out.append(.send(to: peer, frames: WireMessage.error(correlation: correlation, error: body).encoded))
     }
 
     // MARK: - Management
@@ -244,7 +248,7 @@ public struct BrokerState {
             replyError(to: client, correlation: correlation, CanopyError(.badRequest, "the broker has no operation '\(operation)'; it has: services, stats"), into: &out)
             return
         }
-        out.append(.send(to: client, frames: [Wire.version, Wire.Command.reply.frame, correlation, [0], body ?? []]))
+        out.append(.send(to: client, frames: WireMessage.reply(correlation: correlation, shared: false, body: body ?? []).encoded))
     }
 
     /// What `broker.services` answers.

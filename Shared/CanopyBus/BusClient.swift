@@ -115,7 +115,7 @@ public final class BusClient: Sendable {
             timeoutMilliseconds: UInt32(clamping: max(1, timeout.wholeMilliseconds)),
             flags: idempotent ? RequestHeader.Flag.idempotent : 0,
             principal: principal ?? "")
-        let frames = [Wire.version, Wire.Command.request.frame, Wire.frame(id), Array(service.utf8), Array(operation.utf8), header.frame, body]
+        let frames = WireMessage.request(WireRequest(correlation: Wire.frame(id), service: service, operation: operation, header: header, body: body)).encoded
         let deadline = ContinuousClock.now + timeout
         return try await withTaskCancellationHandler {
             try await withCheckedThrowingContinuation { continuation in
@@ -265,7 +265,7 @@ private final class ClientLoop: @unchecked Sendable {
                 cancelledEarly.insert(id) // the call itself is still on its way in the mailbox
                 return
             }
-            try socket.send([Wire.version, Wire.Command.cancel.frame, Wire.frame(id)])
+            try socket.send(WireMessage.cancel(correlation: Wire.frame(id)).encoded)
             call.continuation.resume(throwing: CancellationError())
         case .close:
             break
@@ -273,17 +273,22 @@ private final class ClientLoop: @unchecked Sendable {
     }
 
     private func answer(_ frames: [[UInt8]]) {
-        guard frames.count >= 4, frames[0] == Wire.version, frames[1].count == 1, let id = Wire.uint64(frames[2]),
-              let call = calls.removeValue(forKey: id)
-        else { return } // late or unknown: the call was answered, cancelled or timed out already
-        switch Wire.Command(rawValue: frames[1][0]) {
-        case .reply where frames.count == 5:
-            call.continuation.resume(returning: RawReply(body: frames[4], shared: frames[3].first.map { $0 & Wire.ReplyFlag.shared != 0 } ?? false))
-        case .error:
-            let error = (try? codec.decode(CanopyError.self, from: frames[3])) ?? CanopyError(.internal, "the broker sent an unreadable error")
-            call.continuation.resume(throwing: error)
-        default:
-            call.continuation.resume(throwing: CanopyError(.internal, "the broker sent a malformed reply"))
+        // Late or unknown ids are dropped: the call was answered, cancelled or timed out already.
+        do {
+            switch try WireMessage(frames: frames) {
+            case .reply(let correlation, let shared, let body):
+                guard let id = Wire.uint64(correlation), let call = calls.removeValue(forKey: id) else { return }
+                call.continuation.resume(returning: RawReply(body: body, shared: shared))
+            case .error(let correlation, let error):
+                guard let id = Wire.uint64(correlation), let call = calls.removeValue(forKey: id) else { return }
+                call.continuation.resume(throwing: (try? codec.decode(CanopyError.self, from: error)) ?? CanopyError(.internal, "the broker sent an unreadable error"))
+            default:
+                logger.debug("bus.client.unexpected", metadata: ["bus.frames": "\(frames.count)"])
+            }
+        } catch {
+            // A malformed answer to a call still ends that call, at once.
+            guard let id = Wire.uint64(error.correlation), let call = calls.removeValue(forKey: id) else { return }
+            call.continuation.resume(throwing: CanopyError(.internal, "the broker sent a malformed reply: \(error.description)"))
         }
     }
 

@@ -43,3 +43,71 @@ public enum Majordomo {
     /// the error as JSON.
     public static let error: [UInt8] = Array("error".utf8)
 }
+
+/// Every Majordomo (7/MDP v0.1) message the broker reads or writes, as a value: one case per
+/// command, encoded and decoded in one place, like ``WireMessage`` for canopy/1. The frames
+/// start with the empty delimiter a REQ socket adds (after the ROUTER's identity frame).
+public enum MajordomoMessage: Equatable, Sendable {
+    /// `["", "MDPC01", service, body...]`: a client's request, or the reply to it.
+    case client(service: [UInt8], body: [[UInt8]])
+    /// `["", "MDPW01", 0x01, service]`
+    case ready(service: [UInt8])
+    /// `["", "MDPW01", 0x02, client address, "", body...]`
+    case request(client: [UInt8], body: [[UInt8]])
+    /// `["", "MDPW01", 0x03, client address, "", body...]`
+    case reply(client: [UInt8], body: [[UInt8]])
+    /// `["", "MDPW01", 0x04]`
+    case heartbeat
+    /// `["", "MDPW01", 0x05]`
+    case disconnect
+
+    /// Whether `frames` claim to be Majordomo: an empty delimiter, then MDPC01 or MDPW01.
+    public static func claims(_ frames: [[UInt8]]) -> Bool {
+        frames.count >= 2 && frames[0].isEmpty && (frames[1] == Majordomo.client || frames[1] == Majordomo.worker)
+    }
+
+    /// The message's frames, ready to send.
+    public var encoded: [[UInt8]] {
+        switch self {
+        case .client(let service, let body): [[], Majordomo.client, service] + body
+        case .ready(let service): [[], Majordomo.worker, Majordomo.Command.ready.frame, service]
+        case .request(let client, let body): [[], Majordomo.worker, Majordomo.Command.request.frame, client, []] + body
+        case .reply(let client, let body): [[], Majordomo.worker, Majordomo.Command.reply.frame, client, []] + body
+        case .heartbeat: [[], Majordomo.worker, Majordomo.Command.heartbeat.frame]
+        case .disconnect: [[], Majordomo.worker, Majordomo.Command.disconnect.frame]
+        }
+    }
+
+    /// Decodes frames that ``claims(_:)`` Majordomo.
+    ///
+    /// - Throws: ``WireDecodingError`` naming what is wrong.
+    public init(frames: [[UInt8]]) throws(WireDecodingError) {
+        guard Self.claims(frames) else {
+            throw WireDecodingError(.wrongVersion, "a Majordomo message starts with an empty frame, then MDPC01 or MDPW01")
+        }
+        if frames[1] == Majordomo.client {
+            guard frames.count >= 3, Wire.isValidName(frames[2]) else {
+                throw WireDecodingError(.invalidName, "a Majordomo request names its service: 1 to \(Wire.maximumNameLength) of a-z, 0-9, '.', '-', '_'")
+            }
+            self = .client(service: frames[2], body: Array(frames[3...]))
+            return
+        }
+        guard frames.count >= 3, frames[2].count == 1, let command = Majordomo.Command(rawValue: frames[2][0]) else {
+            throw WireDecodingError(.unknownCommand, "a Majordomo worker message has a command byte from 0x01 to 0x05")
+        }
+        switch command {
+        case .ready:
+            guard frames.count == 4 else { throw WireDecodingError(.wrongFrameCount, "a Majordomo READY has 4 frames (\"\", MDPW01, 0x01, service), got \(frames.count)") }
+            self = .ready(service: frames[3])
+        case .request, .reply:
+            guard frames.count >= 5, frames[4].isEmpty else {
+                throw WireDecodingError(.wrongFrameCount, "a Majordomo REQUEST or REPLY has the client's address, an empty frame, then the body")
+            }
+            self = command == .request ? .request(client: frames[3], body: Array(frames[5...])) : .reply(client: frames[3], body: Array(frames[5...]))
+        case .heartbeat:
+            self = .heartbeat
+        case .disconnect:
+            self = .disconnect
+        }
+    }
+}

@@ -109,8 +109,8 @@ public final class ServiceRunner: Service, @unchecked Sendable {
         try socket.set(ZMQ_RECONNECT_IVL_MAX, 5_000) // libzmq's reconnect backoff
         try socket.setHeartbeats(interval: configuration.heartbeatInterval, timeout: configuration.heartbeatInterval * configuration.liveness)
         try socket.connect(configuration.endpoint)
-        let operations = try codec.encode(handlers.descriptors)
-        try socket.send([Wire.version, Wire.Command.ready.frame, Array(handlers.service.utf8), operations, Wire.frame(UInt32(configuration.credit))], dontWait: false)
+        let ready = WireMessage.ready(service: handlers.service, operations: handlers.descriptors, credit: UInt32(configuration.credit))
+        try socket.send(ready.encoded, dontWait: false)
         logger.info("service.registering", metadata: ["service.endpoint": "\(configuration.endpoint)", "service.credit": "\(configuration.credit)"])
         return Session(socket: socket, number: number, now: .now)
     }
@@ -154,24 +154,24 @@ public final class ServiceRunner: Service, @unchecked Sendable {
                     case .finished(let id, let number, let result):
                         guard number == session.number, let operation = running.removeValue(forKey: id)?.operation else { continue }
                         metrics.inFlight.record(running.count)
-                        let frames: [[UInt8]]
+                        let reply: WireMessage
                         switch result {
                         case .success(let body) where body.count > maximumReplyBytes:
                             // The broker would refuse it: say why instead.
                             logger.error("service.reply.tooLarge", metadata: ["service.operation": "\(operation)", "service.bytes": "\(body.count)"])
                             let error = CanopyError(.tooLarge, "the reply of \(handlers.service).\(operation) is \(body.count) bytes, over the broker's limit of \(maximumReplyBytes) bytes; ask for less (a smaller page, or the data in pieces)")
-                            frames = [Wire.version, Wire.Command.workerReply.frame, Wire.frame(id), [Wire.Status.error], (try? codec.encode(error)) ?? []]
+                            reply = .workerReply(requestID: id, failed: true, body: (try? codec.encode(error)) ?? [])
                         case .success(let body):
-                            frames = [Wire.version, Wire.Command.workerReply.frame, Wire.frame(id), [Wire.Status.ok], body]
+                            reply = .workerReply(requestID: id, failed: false, body: body)
                         case .failure(let error):
-                            frames = [Wire.version, Wire.Command.workerReply.frame, Wire.frame(id), [Wire.Status.error], (try? codec.encode(error)) ?? []]
+                            reply = .workerReply(requestID: id, failed: true, body: (try? codec.encode(error)) ?? [])
                         }
-                        if try !session.socket.send(frames) {
+                        if try !session.socket.send(reply.encoded) {
                             logger.warning("service.reply.dropped", metadata: ["service.reason": "send queue full"])
                         }
                     case .shutdown where drainDeadline == nil:
                         drainDeadline = .now + configuration.drainTimeout
-                        try session.socket.send([Wire.version, Wire.Command.drain.frame])
+                        try session.socket.send(WireMessage.drain.encoded)
                         logger.info("service.draining", metadata: ["service.running": "\(running.count)"])
                     case .shutdown:
                         break
@@ -183,34 +183,27 @@ public final class ServiceRunner: Service, @unchecked Sendable {
             if poller.isReadable(socketItem) {
                 while let frames = try session.socket.receive() {
                     session.lastHeard = .now
-                    guard frames.count >= 2, frames[0] == Wire.version, frames[1].count == 1,
-                          let command = Wire.Command(rawValue: frames[1][0])
-                    else {
-                        warn("malformed message from the broker")
+                    let message: WireMessage
+                    do {
+                        message = try WireMessage(frames: frames)
+                    } catch {
+                        warn("malformed message from the broker: \(error.reason.rawValue)")
                         continue
                     }
-                    switch command {
-                    case .dispatch:
-                        guard frames.count == 6, let id = Wire.uint64(frames[2]), let header = RequestHeader(frame: frames[4]) else {
-                            warn("malformed request")
-                            continue
-                        }
+                    switch message {
+                    case .dispatch(let id, let operation, let header, let body):
                         refusals = 0
-                        let operation = String(decoding: frames[3], as: UTF8.self)
-                        running[id] = (operation, start(id: id, operation: operation, header: header, body: frames[5],
+                        running[id] = (operation, start(id: id, operation: operation, header: header, body: body,
                                                         maximumReplyBytes: maximumReplyBytes, session: session.number))
                         metrics.inFlight.record(running.count)
-                    case .cancelDispatch:
-                        if let id = Wire.uint64(frames.count == 3 ? frames[2] : []) { running[id]?.task.cancel() }
-                    case .brokerHeartbeat:
-                        // [version, 0x22, frame limit (u64)]: the registration was taken.
+                    case .cancelDispatch(let id):
+                        running[id]?.task.cancel()
+                    case .brokerHeartbeat(let limit):
+                        // The registration was taken, and no frame may be larger than the limit.
                         refusals = 0
                         registered.store(true, ordering: .relaxed)
-                        if frames.count == 3, let limit = Wire.uint64(frames[2]), limit >= 1024 {
-                            maximumReplyBytes = Int(clamping: limit)
-                        }
-                    case .brokerDisconnect:
-                        let reason = frames.count > 2 ? String(decoding: frames[2].prefix(512), as: UTF8.self) : ""
+                        if limit >= 1024 { maximumReplyBytes = Int(clamping: limit) }
+                    case .brokerDisconnect(let reason):
                         if warnings.decide("disconnected", now: .now) == .write {
                             logger.notice("service.disconnected", metadata: ["service.reason": "\(reason)"])
                         }
@@ -225,7 +218,7 @@ public final class ServiceRunner: Service, @unchecked Sendable {
 
             let now = ContinuousClock.now
             if let deadline = drainDeadline, running.isEmpty || now >= deadline || reconnect {
-                _ = try? session.socket.send([Wire.version, Wire.Command.workerDisconnect.frame])
+                _ = try? session.socket.send(WireMessage.workerDisconnect.encoded)
                 registered.store(false, ordering: .relaxed)
                 metrics.inFlight.record(0)
                 logger.info("service.stopped", metadata: ["service.abandoned": "\(running.count)"])
@@ -249,7 +242,7 @@ public final class ServiceRunner: Service, @unchecked Sendable {
                 continue
             }
             if now >= nextHeartbeat {
-                try session.socket.send([Wire.version, Wire.Command.workerHeartbeat.frame])
+                try session.socket.send(WireMessage.workerHeartbeat.encoded)
                 nextHeartbeat = now + configuration.heartbeatInterval
                 for (reason, count) in warnings.endWindows(now: now) {
                     logger.warning("service.dropped.suppressed", metadata: ["service.reason": "\(reason)", "service.suppressed": "\(count)"])

@@ -31,17 +31,17 @@ struct BrokerHarness {
     @discardableResult
     mutating func ready(_ worker: String, service: String = "plants", operations: [OperationDescriptor] = BrokerHarness.defaultOperations, credit: UInt32 = 4,
                         key: String? = nil) -> [BrokerState.Directive] {
-        let json = try! MessageCodec().encode(operations)
-        return receive([Wire.version, Wire.Command.ready.frame, Array(service.utf8), json, Wire.frame(credit)], from: worker, key: key)
+        receive(WireMessage.ready(service: service, operations: operations, credit: credit).encoded, from: worker, key: key)
     }
 
     mutating func request(_ client: String, _ correlation: UInt64, service: String = "plants", operation: String = "get", timeoutMs: UInt32 = 1_000, principal: String = "", body: String = "{}") -> [BrokerState.Directive] {
-        receive([Wire.version, Wire.Command.request.frame, Wire.frame(correlation), Array(service.utf8), Array(operation.utf8),
-                 RequestHeader(timeoutMilliseconds: timeoutMs, principal: principal).frame, Array(body.utf8)], from: client)
+        let header = RequestHeader(timeoutMilliseconds: timeoutMs, principal: principal)
+        return receive(WireMessage.request(WireRequest(correlation: Wire.frame(correlation), service: service, operation: operation,
+                                                       header: header, body: Array(body.utf8))).encoded, from: client)
     }
 
     mutating func reply(_ worker: String, request id: UInt64, body: String = "{\"ok\":true}", status: UInt8 = Wire.Status.ok, key: String? = nil) -> [BrokerState.Directive] {
-        receive([Wire.version, Wire.Command.workerReply.frame, Wire.frame(id), [status], Array(body.utf8)], from: worker, key: key)
+        receive(WireMessage.workerReply(requestID: id, failed: status != Wire.Status.ok, body: Array(body.utf8)).encoded, from: worker, key: key)
     }
 
     static let defaultOperations = [
@@ -58,26 +58,31 @@ func sends(_ directives: [BrokerState.Directive]) -> [(peer: String, frames: [[U
     }
 }
 
+/// The canopy/1 messages among `directives`, decoded, as (peer, message).
+func messages(_ directives: [BrokerState.Directive]) -> [(peer: String, message: WireMessage)] {
+    sends(directives).compactMap { send in (try? WireMessage(frames: send.frames)).map { (send.peer, $0) } }
+}
+
 /// Requests dispatched to workers: (worker, request id, operation, header).
 func dispatches(_ directives: [BrokerState.Directive]) -> [(worker: String, id: UInt64, operation: String, header: RequestHeader)] {
-    sends(directives).compactMap { send in
-        guard send.frames[1] == Wire.Command.dispatch.frame else { return nil }
-        return (send.peer, Wire.uint64(send.frames[2])!, String(decoding: send.frames[3], as: UTF8.self), RequestHeader(frame: send.frames[4])!)
+    messages(directives).compactMap { peer, message in
+        guard case .dispatch(let id, let operation, let header, _) = message else { return nil }
+        return (peer, id, operation, header)
     }
 }
 
 /// Errors sent to clients: (client, correlation, error).
 func errors(_ directives: [BrokerState.Directive]) -> [(client: String, correlation: [UInt8], error: CanopyError)] {
-    sends(directives).compactMap { send in
-        guard send.frames[1] == Wire.Command.error.frame else { return nil }
-        return (send.peer, send.frames[2], try! MessageCodec().decode(CanopyError.self, from: send.frames[3]))
+    messages(directives).compactMap { peer, message in
+        guard case .error(let correlation, let error) = message else { return nil }
+        return (peer, correlation, try! MessageCodec().decode(CanopyError.self, from: error))
     }
 }
 
 /// Replies sent to clients: (client, correlation, body, shared).
 func replies(_ directives: [BrokerState.Directive]) -> [(client: String, correlation: [UInt8], body: String, shared: Bool)] {
-    sends(directives).compactMap { send in
-        guard send.frames[1] == Wire.Command.reply.frame else { return nil }
-        return (send.peer, send.frames[2], String(decoding: send.frames[4], as: UTF8.self), send.frames[3] == [Wire.ReplyFlag.shared])
+    messages(directives).compactMap { peer, message in
+        guard case .reply(let correlation, let shared, let body) = message else { return nil }
+        return (peer, correlation, String(decoding: body, as: UTF8.self), shared)
     }
 }

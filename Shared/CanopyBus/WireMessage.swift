@@ -1,0 +1,298 @@
+import CanopyMessages
+
+/// Every message of canopy/1 as a value: one case per command, encoded and decoded in one
+/// place (``encoded`` and ``init(frames:)``). `docs/PROTOCOL.md` gives the same in prose, and
+/// the golden fixtures pin the bytes.
+///
+/// The frames never include the routing identity a ROUTER socket adds in front.
+public enum WireMessage: Equatable, Sendable {
+    // MARK: client -> broker
+
+    /// `[version, 0x01, correlation, service, operation, header, body]`
+    case request(WireRequest)
+    /// `[version, 0x02, correlation]`: the caller gave up on that request.
+    case cancel(correlation: [UInt8])
+
+    // MARK: broker -> client
+
+    /// `[version, 0x03, correlation, flags, body]`; `shared` is flag bit 0.
+    case reply(correlation: [UInt8], shared: Bool, body: [UInt8])
+    /// `[version, 0x04, correlation, error JSON]`; the correlation is empty when the message
+    /// that caused it had none.
+    case error(correlation: [UInt8], error: [UInt8])
+
+    // MARK: worker -> broker
+
+    /// `[version, 0x10, service, operations JSON, credit (u32 BE)]`
+    case ready(service: String, operations: [OperationDescriptor], credit: UInt32)
+    /// `[version, 0x11, request id (u64 BE), status (0 ok, 1 error), body or error JSON]`
+    case workerReply(requestID: UInt64, failed: Bool, body: [UInt8])
+    /// `[version, 0x12]`
+    case workerHeartbeat
+    /// `[version, 0x13]`
+    case workerDisconnect
+    /// `[version, 0x14]`: take no new requests; replies for held ones still come.
+    case drain
+
+    // MARK: broker -> worker
+
+    /// `[version, 0x20, request id (u64 BE), operation, header, body]`
+    case dispatch(requestID: UInt64, operation: String, header: RequestHeader, body: [UInt8])
+    /// `[version, 0x21, request id (u64 BE)]`
+    case cancelDispatch(requestID: UInt64)
+    /// `[version, 0x22, frame limit (u64 BE)]`: the registration stands, and no frame may be
+    /// larger than the limit.
+    case brokerHeartbeat(maximumFrameBytes: UInt64)
+    /// `[version, 0x23, reason]`: register again (READY) or go away.
+    case brokerDisconnect(reason: String)
+
+    /// The command frame's byte.
+    public var command: Wire.Command {
+        switch self {
+        case .request: .request
+        case .cancel: .cancel
+        case .reply: .reply
+        case .error: .error
+        case .ready: .ready
+        case .workerReply: .workerReply
+        case .workerHeartbeat: .workerHeartbeat
+        case .workerDisconnect: .workerDisconnect
+        case .drain: .drain
+        case .dispatch: .dispatch
+        case .cancelDispatch: .cancelDispatch
+        case .brokerHeartbeat: .brokerHeartbeat
+        case .brokerDisconnect: .brokerDisconnect
+        }
+    }
+}
+
+/// A client's request, as it crosses the wire.
+public struct WireRequest: Equatable, Sendable {
+    /// The client's id for the request: 1 to 64 bytes, echoed in the reply.
+    public var correlation: [UInt8]
+    /// The service's name (see ``Wire/isValidName(_:)``).
+    public var service: String
+    /// The operation's name (see ``Wire/isValidName(_:)``).
+    public var operation: String
+    /// Deadline, flags and principal.
+    public var header: RequestHeader
+    /// The body, JSON from Codable with sorted keys.
+    public var body: [UInt8]
+
+    /// - Parameters:
+    ///   - correlation: the client's id for the request.
+    ///   - service: the service's name.
+    ///   - operation: the operation's name.
+    ///   - header: deadline, flags and principal.
+    ///   - body: the request body.
+    public init(correlation: [UInt8], service: String, operation: String, header: RequestHeader, body: [UInt8]) {
+        self.correlation = correlation
+        self.service = service
+        self.operation = operation
+        self.header = header
+        self.body = body
+    }
+}
+
+/// Why frames are not a canopy/1 message: what is wrong, in words a peer's developer can
+/// act on, and the correlation id when the message had a usable one (so the refusal can
+/// answer the request it refuses).
+public struct WireDecodingError: Error, Equatable, Sendable, CustomStringConvertible {
+    /// What kind of problem it is; also the short reason the broker logs.
+    public enum Reason: String, Sendable {
+        case wrongVersion = "message without the canopy/1 version frame"
+        case unknownCommand = "unknown command"
+        case wrongFrameCount = "wrong number of frames"
+        case malformedCorrelation = "malformed correlation id"
+        case invalidName = "invalid service or operation name"
+        case malformedHeader = "malformed request header"
+        case malformedInteger = "malformed integer frame"
+        case malformedOperations = "malformed operation list"
+    }
+
+    /// What kind of problem it is.
+    public let reason: Reason
+    /// The command the message named, when it named a known one.
+    public internal(set) var command: Wire.Command?
+    /// The message's correlation id when it had a well-formed one, else empty.
+    public let correlation: [UInt8]
+    /// The whole explanation.
+    public let description: String
+
+    init(_ reason: Reason, correlation: [UInt8] = [], _ description: String) {
+        self.reason = reason
+        self.correlation = correlation
+        self.description = description
+    }
+}
+
+extension WireMessage {
+    /// The message's frames, ready to send.
+    public var encoded: [[UInt8]] {
+        switch self {
+        case .request(let request):
+            [Wire.version, Wire.Command.request.frame, request.correlation, Array(request.service.utf8), Array(request.operation.utf8),
+             request.header.frame, request.body]
+        case .cancel(let correlation):
+            [Wire.version, Wire.Command.cancel.frame, correlation]
+        case .reply(let correlation, let shared, let body):
+            [Wire.version, Wire.Command.reply.frame, correlation, [shared ? Wire.ReplyFlag.shared : 0], body]
+        case .error(let correlation, let error):
+            [Wire.version, Wire.Command.error.frame, correlation, error]
+        case .ready(let service, let operations, let credit):
+            [Wire.version, Wire.Command.ready.frame, Array(service.utf8), (try? MessageCodec().encode(operations)) ?? Array("[]".utf8), Wire.frame(credit)]
+        case .workerReply(let id, let failed, let body):
+            [Wire.version, Wire.Command.workerReply.frame, Wire.frame(id), [failed ? Wire.Status.error : Wire.Status.ok], body]
+        case .workerHeartbeat, .workerDisconnect, .drain:
+            [Wire.version, command.frame]
+        case .dispatch(let id, let operation, let header, let body):
+            [Wire.version, Wire.Command.dispatch.frame, Wire.frame(id), Array(operation.utf8), header.frame, body]
+        case .cancelDispatch(let id):
+            [Wire.version, Wire.Command.cancelDispatch.frame, Wire.frame(id)]
+        case .brokerHeartbeat(let limit):
+            [Wire.version, Wire.Command.brokerHeartbeat.frame, Wire.frame(limit)]
+        case .brokerDisconnect(let reason):
+            [Wire.version, Wire.Command.brokerDisconnect.frame, Array(reason.utf8)]
+        }
+    }
+
+    /// Decodes frames (without a ROUTER's identity frame) into a message.
+    ///
+    /// - Throws: ``WireDecodingError`` naming what is wrong: the version, the command, the
+    ///   number of frames, or the field that is malformed.
+    public init(frames: [[UInt8]]) throws(WireDecodingError) {
+        guard frames.count >= 2, frames[0] == Wire.version else {
+            let correlation = frames.count > 2 && frames[2].count <= Wire.maximumCorrelationLength ? frames[2] : []
+            let seen = frames.first.map { String(decoding: $0.prefix(32), as: UTF8.self) } ?? ""
+            throw WireDecodingError(.wrongVersion, correlation: correlation,
+                                    "unsupported protocol version '\(seen)'; this broker speaks \(Wire.versionText) (or Majordomo MDPC01/MDPW01)")
+        }
+        guard frames[1].count == 1, let command = Wire.Command(rawValue: frames[1][0]) else {
+            let correlation = frames.count > 2 && frames[2].count <= Wire.maximumCorrelationLength ? frames[2] : []
+            throw WireDecodingError(.unknownCommand, correlation: correlation, "unknown command frame; this peer speaks \(Wire.versionText) (see docs/PROTOCOL.md)")
+        }
+        do {
+            self = try Self.decode(frames, command)
+        } catch {
+            var error = error
+            error.command = command
+            throw error
+        }
+    }
+
+    private static func decode(_ frames: [[UInt8]], _ command: Wire.Command) throws(WireDecodingError) -> WireMessage {
+        let reader = FrameReader(frames: frames, command: command)
+        switch command {
+        case .request:
+            try reader.expect(7, "a request has 7 frames (version, command, correlation, service, operation, header, body)")
+            let correlation = try reader.correlation(at: 2)
+            guard Wire.isValidName(frames[3]), Wire.isValidName(frames[4]) else {
+                throw WireDecodingError(.invalidName, correlation: correlation,
+                                        "service and operation names are 1 to \(Wire.maximumNameLength) characters of a-z, 0-9, '.', '-' and '_'")
+            }
+            guard let header = RequestHeader(frame: frames[5]) else {
+                throw WireDecodingError(.malformedHeader, correlation: correlation, RequestHeader.formatDescription)
+            }
+            return .request(WireRequest(correlation: correlation, service: String(decoding: frames[3], as: UTF8.self),
+                                        operation: String(decoding: frames[4], as: UTF8.self), header: header, body: frames[6]))
+        case .cancel:
+            try reader.expect(3, "a cancel has 3 frames (version, command, correlation)")
+            return .cancel(correlation: try reader.correlation(at: 2))
+        case .reply:
+            try reader.expect(5, "a reply has 5 frames (version, command, correlation, flags, body)")
+            let correlation = try reader.correlation(at: 2)
+            guard frames[3].count == 1 else { throw WireDecodingError(.malformedInteger, correlation: correlation, "a reply's flags are one byte") }
+            return .reply(correlation: correlation, shared: frames[3][0] & Wire.ReplyFlag.shared != 0, body: frames[4])
+        case .error:
+            try reader.expect(4, "an error has 4 frames (version, command, correlation, error)")
+            guard frames[2].count <= Wire.maximumCorrelationLength else {
+                throw WireDecodingError(.malformedCorrelation, "the correlation id must be at most \(Wire.maximumCorrelationLength) bytes")
+            }
+            return .error(correlation: frames[2], error: frames[3])
+        case .ready:
+            try reader.expect(5, "READY has 5 frames (version, command, service, operations, credit)")
+            guard Wire.isValidName(frames[2]) else {
+                throw WireDecodingError(.invalidName, "invalid service name; use 1 to \(Wire.maximumNameLength) of a-z, 0-9, '.', '-', '_'")
+            }
+            guard let operations = try? MessageCodec().decode([OperationDescriptor].self, from: frames[3]), !operations.isEmpty,
+                  operations.allSatisfy({ Wire.isValidName(Array($0.name.utf8)) })
+            else {
+                throw WireDecodingError(.malformedOperations, "operations must be a non-empty JSON array of {name, idempotent, coalescable} with valid names")
+            }
+            return .ready(service: String(decoding: frames[2], as: UTF8.self), operations: operations, credit: try reader.uint32(at: 4, "credit"))
+        case .workerReply:
+            try reader.expect(5, "a worker reply has 5 frames (version, command, request id, status, body)")
+            let id = try reader.uint64(at: 2, "request id")
+            guard frames[3].count == 1, frames[3][0] <= Wire.Status.error else {
+                throw WireDecodingError(.malformedInteger, "a worker reply's status is one byte, 0 (ok) or 1 (error)")
+            }
+            return .workerReply(requestID: id, failed: frames[3][0] == Wire.Status.error, body: frames[4])
+        case .workerHeartbeat:
+            try reader.expect(2, "a heartbeat has 2 frames (version, command)")
+            return .workerHeartbeat
+        case .workerDisconnect:
+            try reader.expect(2, "a disconnect has 2 frames (version, command)")
+            return .workerDisconnect
+        case .drain:
+            try reader.expect(2, "a drain has 2 frames (version, command)")
+            return .drain
+        case .dispatch:
+            try reader.expect(6, "a dispatch has 6 frames (version, command, request id, operation, header, body)")
+            let id = try reader.uint64(at: 2, "request id")
+            guard Wire.isValidName(frames[3]) else { throw WireDecodingError(.invalidName, "invalid operation name") }
+            guard let header = RequestHeader(frame: frames[4]) else { throw WireDecodingError(.malformedHeader, RequestHeader.formatDescription) }
+            return .dispatch(requestID: id, operation: String(decoding: frames[3], as: UTF8.self), header: header, body: frames[5])
+        case .cancelDispatch:
+            try reader.expect(3, "a cancel dispatch has 3 frames (version, command, request id)")
+            return .cancelDispatch(requestID: try reader.uint64(at: 2, "request id"))
+        case .brokerHeartbeat:
+            try reader.expect(3, "a broker heartbeat has 3 frames (version, command, frame limit)")
+            return .brokerHeartbeat(maximumFrameBytes: try reader.uint64(at: 2, "frame limit"))
+        case .brokerDisconnect:
+            try reader.expect(3, "a broker disconnect has 3 frames (version, command, reason)")
+            return .brokerDisconnect(reason: String(decoding: frames[2].prefix(512), as: UTF8.self))
+        }
+    }
+}
+
+/// Reads the fields of one message's frames, throwing what is wrong with each.
+private struct FrameReader {
+    let frames: [[UInt8]]
+    let command: Wire.Command
+
+    func expect(_ count: Int, _ explanation: String) throws(WireDecodingError) {
+        guard frames.count == count else {
+            let correlation = [.request, .cancel, .reply, .error].contains(command) && frames.count > 2
+                && frames[2].count <= Wire.maximumCorrelationLength ? frames[2] : []
+            throw WireDecodingError(.wrongFrameCount, correlation: correlation, "\(explanation), got \(frames.count)")
+        }
+    }
+
+    func correlation(at index: Int) throws(WireDecodingError) -> [UInt8] {
+        let correlation = frames[index]
+        guard !correlation.isEmpty, correlation.count <= Wire.maximumCorrelationLength else {
+            throw WireDecodingError(.malformedCorrelation, "the correlation id must be 1 to \(Wire.maximumCorrelationLength) bytes")
+        }
+        return correlation
+    }
+
+    func uint64(at index: Int, _ field: String) throws(WireDecodingError) -> UInt64 {
+        guard let value = Wire.uint64(frames[index]) else { throw WireDecodingError(.malformedInteger, "the \(field) is 8 bytes, big-endian") }
+        return value
+    }
+
+    func uint32(at index: Int, _ field: String) throws(WireDecodingError) -> UInt32 {
+        guard let value = Wire.uint32(frames[index]) else { throw WireDecodingError(.malformedInteger, "the \(field) is 4 bytes, big-endian") }
+        return value
+    }
+}
+
+extension Wire {
+    /// The version as text, for messages.
+    public static var versionText: String { String(decoding: version, as: UTF8.self) }
+}
+
+extension RequestHeader {
+    /// What a header frame must be, for refusals.
+    static let formatDescription = "the header frame is malformed: 4-byte timeout, 1 flags byte, then the principal: empty, or 1 to 256 bytes of printable ASCII (0x21-0x7E; no spaces, no Unicode)"
+}

@@ -1,0 +1,201 @@
+import CanopyBus
+import CanopyMessages
+import Foundation
+import Testing
+
+/// The typed frame codec: every canopy/1 and Majordomo command round-trips, golden frames pin
+/// the bytes, and random or half-valid frames are refused with a typed error, never a crash.
+struct WireCodecTests {
+    /// One sample of every canopy/1 command, named as in the golden file.
+    static let samples: [(String, WireMessage)] = {
+        let header = RequestHeader(timeoutMilliseconds: 2_500, flags: RequestHeader.Flag.idempotent, principal: "user-42")
+        let body = Array(#"{"id":"p1"}"#.utf8)
+        return [
+            ("request", .request(WireRequest(correlation: Wire.frame(UInt64(7)), service: "care", operation: "plants.get", header: header, body: body))),
+            ("cancel", .cancel(correlation: Wire.frame(UInt64(7)))),
+            ("reply", .reply(correlation: Wire.frame(UInt64(7)), shared: true, body: body)),
+            ("error", .error(correlation: Wire.frame(UInt64(7)), error: Array(#"{"code":"busy","message":"retry"}"#.utf8))),
+            ("ready", .ready(service: "care", operations: [OperationDescriptor(name: "plants.get", idempotent: true, coalescable: true)], credit: 8)),
+            ("workerReply", .workerReply(requestID: 42, failed: false, body: body)),
+            ("workerHeartbeat", .workerHeartbeat),
+            ("workerDisconnect", .workerDisconnect),
+            ("drain", .drain),
+            ("dispatch", .dispatch(requestID: 42, operation: "plants.get", header: header, body: body)),
+            ("cancelDispatch", .cancelDispatch(requestID: 42)),
+            ("brokerHeartbeat", .brokerHeartbeat(maximumFrameBytes: 16_777_216)),
+            ("brokerDisconnect", .brokerDisconnect(reason: "broker shutting down")),
+        ]
+    }()
+
+    func golden() throws -> [String: [String]] {
+        let url = try #require(Bundle.module.url(forResource: "Fixtures/wire-messages", withExtension: "json"))
+        return try JSONDecoder().decode([String: [String]].self, from: Data(contentsOf: url))
+    }
+
+    @Test func everyCommandHasPinnedFramesAndDecodesBackToItself() throws {
+        let golden = try golden()
+        #expect(Set(golden.keys) == Set(Self.samples.map(\.0)), "one golden entry per command")
+        for (name, message) in Self.samples {
+            #expect(message.encoded.map(\.hex) == golden[name], "\(name)")
+            #expect(try WireMessage(frames: message.encoded) == message, "\(name)")
+        }
+        #expect(Set(Self.samples.map(\.1.command.rawValue)).count == 13, "every command byte has a sample")
+    }
+
+    @Test func majordomoMessagesRoundTrip() throws {
+        let messages: [MajordomoMessage] = [
+            .client(service: Array("echo".utf8), body: [Array("hello".utf8), []]),
+            .ready(service: Array("echo".utf8)),
+            .request(client: Wire.frame(UInt64(9)), body: [Array("hello".utf8)]),
+            .reply(client: Wire.frame(UInt64(9)), body: [Array("hello".utf8), Array("world".utf8)]),
+            .heartbeat,
+            .disconnect,
+        ]
+        for message in messages {
+            #expect(try MajordomoMessage(frames: message.encoded) == message)
+        }
+        #expect(MajordomoMessage.ready(service: Array("echo".utf8)).encoded == [[], Array("MDPW01".utf8), [0x01], Array("echo".utf8)])
+    }
+
+    @Test func malformedFramesAreRefusedNamingWhatIsWrong() throws {
+        func reason(_ frames: [[UInt8]]) -> WireDecodingError.Reason? {
+            do {
+                _ = try WireMessage(frames: frames)
+                return nil
+            } catch {
+                return error.reason
+            }
+        }
+        let request = Self.samples[0].1.encoded
+        #expect(reason([Array("canopy/2".utf8), [0x01]]) == .wrongVersion)
+        #expect(reason([Wire.version, [0x7F]]) == .unknownCommand)
+        #expect(reason(Array(request.prefix(6))) == .wrongFrameCount)
+        var badCorrelation = request
+        badCorrelation[2] = []
+        #expect(reason(badCorrelation) == .malformedCorrelation)
+        var badName = request
+        badName[3] = Array("Care".utf8)
+        #expect(reason(badName) == .invalidName)
+        var badHeader = request
+        badHeader[5] = [0, 0, 0, 1, 0] + Array("jos\u{00E9}".utf8)
+        #expect(reason(badHeader) == .malformedHeader)
+        #expect(reason([Wire.version, Wire.Command.workerReply.frame, [1, 2], [0], []]) == .malformedInteger)
+        #expect(reason([Wire.version, Wire.Command.workerReply.frame, Wire.frame(UInt64(1)), [7], []]) == .malformedInteger, "status is 0 or 1")
+        #expect(reason([Wire.version, Wire.Command.ready.frame, Array("care".utf8), Array("[]".utf8), Wire.frame(UInt32(1))]) == .malformedOperations)
+
+        // A refused request keeps its correlation, so the refusal answers the right call.
+        do {
+            _ = try WireMessage(frames: badName)
+            Issue.record("a bad name was accepted")
+        } catch {
+            #expect(error.correlation == request[2])
+            #expect(error.command == .request)
+        }
+    }
+
+    @Test func randomAndHalfValidFramesNeverCrashAndWhatDecodesReencodesToTheSameMessage() throws {
+        var random = SplitMix64(seed: 0xCA_40_B7)
+        let pieces: [[UInt8]] = [
+            Wire.version, Array("MDPC01".utf8), Array("MDPW01".utf8), [], [0], [1], Array("care".utf8), Array("plants.get".utf8),
+            Wire.frame(UInt64(7)), Wire.frame(UInt32(8)), RequestHeader(timeoutMilliseconds: 10, principal: "p").frame,
+            Array(#"[{"coalescable":false,"idempotent":true,"name":"echo"}]"#.utf8), Array("{}".utf8),
+        ]
+        var decoded = 0, refused = 0
+        for _ in 0..<20_000 {
+            var frames: [[UInt8]] = []
+            let count = Int(random.next() % 9)
+            for index in 0..<count {
+                switch random.next() % 4 {
+                case 0: frames.append((0..<Int(random.next() % 12)).map { _ in UInt8(truncatingIfNeeded: random.next()) })
+                case 1 where index == 1: frames.append([UInt8(truncatingIfNeeded: random.next() % 0x30)]) // a command byte, often a real one
+                default: frames.append(pieces[Int(random.next() % UInt64(pieces.count))])
+                }
+            }
+            if random.next() % 3 == 0, !frames.isEmpty { frames[0] = Wire.version }
+            if random.next() % 2 == 0 {
+                // Half-valid: a real message with up to two mutations (none a fifth of the time).
+                frames = Self.samples[Int(random.next() % UInt64(Self.samples.count))].1.encoded
+                for _ in 0..<Int(random.next() % 3) where !frames.isEmpty {
+                    let index = Int(random.next() % UInt64(frames.count))
+                    switch random.next() % 4 {
+                    case 0: frames.remove(at: index)
+                    case 1: frames.append(pieces[Int(random.next() % UInt64(pieces.count))])
+                    case 2: frames[index] = (0..<Int(random.next() % 10)).map { _ in UInt8(truncatingIfNeeded: random.next()) }
+                    default: if !frames[index].isEmpty { frames[index][Int(random.next() % UInt64(frames[index].count))] ^= 0x20 }
+                    }
+                }
+            }
+            if MajordomoMessage.claims(frames) {
+                if let message = try? MajordomoMessage(frames: frames) {
+                    decoded += 1
+                    #expect(try MajordomoMessage(frames: message.encoded) == message)
+                } else {
+                    refused += 1
+                }
+                continue
+            }
+            do {
+                let message = try WireMessage(frames: frames)
+                decoded += 1
+                #expect(try WireMessage(frames: message.encoded) == message, "\(frames.map(\.hex))")
+            } catch {
+                refused += 1
+                #expect(!error.description.isEmpty)
+            }
+        }
+        #expect(decoded > 100 && refused > 100, "the generator reaches both sides: \(decoded) decoded, \(refused) refused")
+    }
+
+    @Test func randomValidMessagesRoundTrip() throws {
+        var random = SplitMix64(seed: 42)
+        func bytes(_ range: ClosedRange<Int>) -> [UInt8] {
+            (0..<Int.random(in: range, using: &random)).map { _ in UInt8.random(in: 0...255, using: &random) }
+        }
+        func name() -> String {
+            let alphabet = Array("abcdefghijklmnopqrstuvwxyz0123456789.-_")
+            return String((0..<Int.random(in: 1...40, using: &random)).map { _ in alphabet.randomElement(using: &random)! })
+        }
+        func header() -> RequestHeader {
+            let principal = Bool.random(using: &random) ? "" : String((0..<Int.random(in: 1...256, using: &random)).map { _ in
+                Character(Unicode.Scalar(UInt8.random(in: 0x21...0x7E, using: &random)))
+            })
+            return RequestHeader(timeoutMilliseconds: UInt32.random(in: 0...UInt32.max, using: &random), flags: UInt8.random(in: 0...255, using: &random), principal: principal)
+        }
+        for _ in 0..<2_000 {
+            let messages: [WireMessage] = [
+                .request(WireRequest(correlation: bytes(1...64), service: name(), operation: name(), header: header(), body: bytes(0...200))),
+                .cancel(correlation: bytes(1...64)),
+                .reply(correlation: bytes(1...64), shared: Bool.random(using: &random), body: bytes(0...200)),
+                .error(correlation: bytes(0...64), error: bytes(0...100)),
+                .ready(service: name(), operations: (0..<Int.random(in: 1...5, using: &random)).map { _ in
+                    OperationDescriptor(name: name(), idempotent: Bool.random(using: &random), coalescable: Bool.random(using: &random))
+                }, credit: UInt32.random(in: 0...UInt32.max, using: &random)),
+                .workerReply(requestID: random.next(), failed: Bool.random(using: &random), body: bytes(0...200)),
+                .dispatch(requestID: random.next(), operation: name(), header: header(), body: bytes(0...200)),
+                .cancelDispatch(requestID: random.next()),
+                .brokerHeartbeat(maximumFrameBytes: random.next()),
+                .brokerDisconnect(reason: name()),
+            ]
+            for message in messages {
+                #expect(try WireMessage(frames: message.encoded) == message)
+            }
+        }
+    }
+}
+
+/// A small seeded generator, so a failing case can be run again.
+struct SplitMix64: RandomNumberGenerator {
+    var state: UInt64
+    init(seed: UInt64) { state = seed }
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+}
+
+extension [UInt8] {
+    var hex: String { map { String(format: "%02x", $0) }.joined() }
+}
