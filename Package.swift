@@ -25,6 +25,7 @@ let package = Package(
         .executable(name: "canopy-care", targets: ["canopy-care"]),
         .library(name: "CanopyMessages", targets: ["CanopyMessages"]),
         .library(name: "CanopyBus", targets: ["CanopyBus"]),
+        .library(name: "CanopyBroker", targets: ["CanopyBroker"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
@@ -65,18 +66,50 @@ let package = Package(
             path: "Shared/CanopyMessages",
             swiftSettings: swiftSettings
         ),
+        // The IO layer: the libzmq binding (sockets, poller, mailbox, loop threads, CurveZMQ
+        // keys) and the loop helpers every bus executable shares.
+        .target(
+            name: "CanopyIO",
+            dependencies: [
+                "CZeroMQ",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "Metrics", package: "swift-metrics"),
+            ],
+            path: "Shared/CanopyIO",
+            swiftSettings: swiftSettings
+        ),
+        // The wire codec: every canopy/1 and Majordomo message as a typed value.
+        .target(
+            name: "CanopyWire",
+            dependencies: ["CanopyMessages"],
+            path: "Shared/CanopyWire",
+            swiftSettings: swiftSettings
+        ),
+        // What services and clients use: the typed client and the plug-in runtime.
         .target(
             name: "CanopyBus",
             dependencies: [
-                "CZeroMQ",
-                "CanopyMessages",
+                "CanopyIO", "CanopyWire", "CanopyMessages",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "Metrics", package: "swift-metrics"),
+                .product(name: "Collections", package: "swift-collections"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            path: "Shared/CanopyBus",
+            swiftSettings: swiftSettings
+        ),
+        // The broker: routing state, its IO shell, and CurveZMQ's broker side.
+        .target(
+            name: "CanopyBroker",
+            dependencies: [
+                "CZeroMQ", "CanopyIO", "CanopyWire", "CanopyMessages",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "Collections", package: "swift-collections"),
                 .product(name: "Histogram", package: "hdrhistogram-swift"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
-            path: "Shared/CanopyBus",
+            path: "Shared/CanopyBroker",
             swiftSettings: swiftSettings
         ),
         .target(
@@ -97,7 +130,7 @@ let package = Package(
         .target(
             name: "CanopyTesting",
             dependencies: [
-                "CanopyBus", "CanopyMessages", "CanopyServiceKit", "CZeroMQ",
+                "CanopyBus", "CanopyBroker", "CanopyMessages", "CanopyServiceKit", "CZeroMQ",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
@@ -110,7 +143,7 @@ let package = Package(
         .target(
             name: "MessageBroker",
             dependencies: [
-                "CanopyBus", "CanopyServiceKit",
+                "CanopyBroker", "CanopyServiceKit",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
@@ -119,7 +152,7 @@ let package = Package(
         ),
         .executableTarget(
             name: "canopy-broker",
-            dependencies: ["MessageBroker", "CanopyServiceKit", "CanopyBus", "CanopyMessages"],
+            dependencies: ["MessageBroker", "CanopyBroker", "CanopyServiceKit", "CanopyMessages"],
             path: "Services/Broker/CLI",
             swiftSettings: swiftSettings
         ),
@@ -174,7 +207,7 @@ let package = Package(
         .executableTarget(
             name: "canopy-bench",
             dependencies: [
-                "CanopyBus", "CZeroMQ", "CanopyMessages", "ImageCache", "CareScheduling", "CVips", "CanopyServiceKit",
+                "CanopyBus", "CanopyBroker", "CZeroMQ", "CanopyMessages", "ImageCache", "CareScheduling", "CVips", "CanopyServiceKit",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Collections", package: "swift-collections"),
                 .product(name: "Histogram", package: "hdrhistogram-swift"),
@@ -194,7 +227,7 @@ let package = Package(
 
         .testTarget(
             name: "CanopyMessagesTests",
-            dependencies: ["CanopyMessages", "CanopyBus"],
+            dependencies: ["CanopyMessages", "CanopyWire", "CanopyBus"],
             path: "Tests/CanopyMessagesTests",
             resources: [.copy("Fixtures")],
             swiftSettings: swiftSettings
@@ -202,7 +235,7 @@ let package = Package(
         .testTarget(
             name: "ImageCacheTests",
             dependencies: [
-                "ImageCache", "CVips", "CanopyBus", "CanopyTesting", "CanopyServiceKit", "canopy-images",
+                "ImageCache", "CVips", "CanopyBus", "CanopyBroker", "CanopyTesting", "CanopyServiceKit", "canopy-images",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
@@ -212,14 +245,14 @@ let package = Package(
         ),
         .testTarget(
             name: "CareSchedulingTests",
-            dependencies: ["CareScheduling", "ImageCache", "CVips", "CanopyBus", "CanopyTesting", "CanopyServiceKit", "canopy-care"],
+            dependencies: ["CareScheduling", "ImageCache", "CVips", "CanopyBus", "CanopyBroker", "CanopyTesting", "CanopyServiceKit", "canopy-care"],
             path: "Tests/CareSchedulingTests",
             swiftSettings: swiftSettings
         ),
         .testTarget(
             name: "CanopyBusTests",
             dependencies: [
-                "CanopyBus", "CanopyTesting", "CanopyServiceKit", "CZeroMQ", "MessageBroker",
+                "CanopyBus", "CanopyBroker", "CanopyTesting", "CanopyServiceKit", "CZeroMQ", "MessageBroker",
                 // Built for the tests that run them as processes.
                 "canopy-test-worker", "canopy", "canopy-broker",
             ],

@@ -1,3 +1,4 @@
+import CanopyBroker
 import ArgumentParser
 import CanopyBus
 import CanopyMessages

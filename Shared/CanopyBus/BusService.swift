@@ -1,3 +1,5 @@
+import CanopyWire
+import CanopyIO
 import CanopyMessages
 import Logging
 
@@ -33,7 +35,7 @@ public struct RequestContext: Sendable {
     public var maximumReplyBytes: Int
 
     /// The broker's default frame limit, assumed until the broker's first heartbeat says.
-    public static let defaultMaximumReplyBytes = 16 * 1024 * 1024
+    public static let defaultMaximumReplyBytes = BusDefaults.maximumFrameBytes
 
     /// - Parameters:
     ///   - principal: the authenticated user, if any.

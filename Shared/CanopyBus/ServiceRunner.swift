@@ -1,3 +1,5 @@
+import CanopyWire
+import CanopyIO
 import CZeroMQ
 import CanopyMessages
 import Foundation
@@ -22,11 +24,11 @@ public final class ServiceRunner: Service, @unchecked Sendable {
         /// How many requests this worker holds at once.
         public var credit: Int = 8
         /// Heartbeat interval, both ways.
-        public var heartbeatInterval: Duration = .seconds(1)
+        public var heartbeatInterval: Duration = BusDefaults.heartbeatInterval
         /// Missed broker heartbeats before the runner reconnects.
-        public var liveness: Int = 3
+        public var liveness: Int = BusDefaults.liveness
         /// How long a graceful shutdown waits for running handlers.
-        public var drainTimeout: Duration = BrokerConfiguration.defaultDrainTimeout
+        public var drainTimeout: Duration = BusDefaults.drainTimeout
         /// CurveZMQ settings when the broker runs with CURVE; `nil` connects without.
         public var curve: CurveClientSettings?
 

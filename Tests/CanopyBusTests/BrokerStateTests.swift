@@ -1,3 +1,4 @@
+import CanopyBroker
 import CanopyBus
 import CanopyMessages
 import Foundation

@@ -1,3 +1,4 @@
+import CanopyBroker
 import CZeroMQ
 import CanopyBus
 import CanopyMessages

@@ -1,3 +1,4 @@
+import CanopyBroker
 import CVips
 import CanopyBus
 import CanopyMessages

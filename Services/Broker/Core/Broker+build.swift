@@ -1,4 +1,5 @@
-import CanopyBus
+import CanopyBroker
+import CanopyIO
 import CanopyServiceKit
 import Logging
 import ServiceLifecycle

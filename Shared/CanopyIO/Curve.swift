@@ -1,8 +1,9 @@
 import CZeroMQ
 import Foundation
 
-// CurveZMQ on the bus: key pairs, key files, the allow-list and the broker's ZAP handler.
-// Secret keys are never logged or put in an error message; errors name the file instead.
+// CurveZMQ keys for every peer of the bus: key pairs, key files and a client's settings. The
+// broker's side (the allow-list and the ZAP handler) is in CanopyBroker. Secret keys are never
+// logged or put in an error message; errors name the file instead.
 
 // MARK: - Keys
 
@@ -62,7 +63,7 @@ public enum Curve {
     }
 
     /// A 32-byte binary key as Z85 text.
-    static func z85(_ bytes: [UInt8]) -> String? {
+    package static func z85(_ bytes: [UInt8]) -> String? {
         guard bytes.count == 32 else { return nil }
         var text = [CChar](repeating: 0, count: 41)
         guard zmq_z85_encode(&text, bytes, 32) != nil else { return nil }
@@ -130,87 +131,6 @@ public enum Curve {
     }
 }
 
-// MARK: - Allow-list
-
-/// Who may talk to a broker that runs with CURVE: worker keys with the services they may
-/// serve, and client keys. Read from the file `--curve-allow` names, one entry a line:
-///
-/// ```
-/// # role   public key (Z85)                            services (workers only)
-/// worker   Yne@$w-vo<fVvi]a<NY6T1ed:M$fCG*[IaLV{hID   care,images
-/// worker   rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7   *
-/// client   JTKVSB%%)wK0E.X)V>+}o?pNmC{O&4W4b!Ni{Lh6
-/// ```
-///
-/// A worker key may also call (services call each other); a client key may only call.
-public struct CurveAllowList: Sendable, Equatable {
-    /// Services by worker key (`"*"`: any).
-    public var workers: WorkerKeys
-    /// Keys that may call but not serve.
-    public var clients: Set<String>
-
-    /// - Parameters:
-    ///   - workers: worker keys and their services.
-    ///   - clients: client keys.
-    public init(workers: WorkerKeys = WorkerKeys(), clients: Set<String> = []) {
-        self.workers = workers
-        self.clients = clients
-    }
-
-    /// Parses an allow-list; the error names the line that is wrong.
-    public init(parsing text: String) throws {
-        self.init()
-        for (index, raw) in text.split(separator: "\n", omittingEmptySubsequences: false).enumerated() {
-            let line = raw.trimmingCharacters(in: .whitespaces)
-            if line.isEmpty || line.hasPrefix("#") { continue }
-            let words = line.split(whereSeparator: { $0 == " " || $0 == "\t" }).map(String.init)
-            let where_ = "line \(index + 1) of the allow-list"
-            guard words.count >= 2, Curve.isKey(words[1]) else {
-                throw Curve.KeyError("\(where_) must be 'worker KEY SERVICES' or 'client KEY' with a 40-character Z85 public key")
-            }
-            switch words[0] {
-            case "worker":
-                guard words.count == 3 else { throw Curve.KeyError("\(where_): a worker entry names its services, comma-separated, or '*'") }
-                let services = Set(words[2].split(separator: ",").map(String.init))
-                guard services.allSatisfy({ $0 == "*" || Wire.isValidName(Array($0.utf8)) }) else {
-                    throw Curve.KeyError("\(where_): service names are a-z, 0-9, '.', '-', '_', or '*' for any")
-                }
-                workers.services[words[1], default: []].formUnion(services)
-            case "client":
-                guard words.count == 2 else { throw Curve.KeyError("\(where_): a client entry is 'client KEY'") }
-                clients.insert(words[1])
-            default:
-                throw Curve.KeyError("\(where_) starts with '\(words[0].prefix(20))'; use 'worker' or 'client'")
-            }
-        }
-    }
-
-    /// Whether a peer with `key` may connect at all.
-    public func mayConnect(_ key: String) -> Bool {
-        clients.contains(key) || workers.services[key] != nil
-    }
-}
-
-/// How a broker runs CurveZMQ.
-public struct CurveServerSettings: Sendable {
-    /// The broker's own key pair; clients and workers are given its public key.
-    public var keyPair: CurveKeyPair
-    /// Who may connect and who may serve.
-    public var allowList: CurveAllowList
-    /// Let any key connect as a client (workers still need an allowed key).
-    public var anyClient: Bool
-
-    /// - Parameters:
-    ///   - keyPair: the broker's key pair.
-    ///   - allowList: worker and client keys.
-    ///   - anyClient: whether unknown keys may call.
-    public init(keyPair: CurveKeyPair, allowList: CurveAllowList, anyClient: Bool = false) {
-        self.keyPair = keyPair
-        self.allowList = allowList
-        self.anyClient = anyClient
-    }
-}
-
 /// How a client or worker connects to a broker that runs CurveZMQ.
 public struct CurveClientSettings: Sendable {
     /// The broker's public key.
@@ -229,7 +149,7 @@ public struct CurveClientSettings: Sendable {
 
 extension ZMQSocket {
     /// Makes this socket a CURVE server with `keyPair` (before bind).
-    func becomeCurveServer(_ keyPair: CurveKeyPair) throws {
+    package func becomeCurveServer(_ keyPair: CurveKeyPair) throws {
         try set(ZMQ_CURVE_SERVER, 1)
         try setText(ZMQ_CURVE_SECRETKEY, keyPair.secretKey)
         try setText(ZMQ_ZAP_DOMAIN, "canopy")
@@ -243,48 +163,3 @@ extension ZMQSocket {
     }
 }
 
-// MARK: - ZAP
-
-/// The broker's ZAP handler (ZeroMQ RFC 27): libzmq asks it, for every CURVE handshake,
-/// whether the client's public key may connect. It answers from the allow-list and names
-/// the key as the connection's User-Id, which the broker reads off every message to decide
-/// who may register as a worker.
-///
-/// Not thread-safe: its REP socket belongs to the broker's loop thread, like the ROUTER.
-final class ZAPHandler {
-    /// The REP socket libzmq sends ZAP requests to.
-    let socket: ZMQSocket
-    private let mayConnect: (String) -> Bool
-    /// Handshakes refused so far.
-    private(set) var refused: UInt64 = 0
-
-    /// Binds `inproc://zeromq.zap.01` in `context`: one ZAP handler per context.
-    init(context: ZMQContext, mayConnect: @escaping (String) -> Bool) throws {
-        socket = try ZMQSocket(context, type: .rep)
-        do {
-            try socket.bind("inproc://zeromq.zap.01")
-        } catch {
-            throw Curve.KeyError("this ZeroMQ context already has a ZAP handler (one CURVE broker per context)")
-        }
-        self.mayConnect = mayConnect
-    }
-
-    /// Answers every waiting ZAP request.
-    func answerRequests() throws {
-        while let request = try socket.receive() {
-            // version, request id, domain, address, identity, mechanism, credentials...
-            guard request.count >= 6 else { continue }
-            let version = request[0], requestID = request[1]
-            let mechanism = String(decoding: request[5], as: UTF8.self)
-            var status = "400", text = "unknown key", userID = ""
-            if mechanism == "CURVE", request.count >= 7, let key = Curve.z85(request[6]), mayConnect(key) {
-                (status, text, userID) = ("200", "OK", key)
-            } else {
-                refused += 1
-            }
-            try socket.send([version, requestID, Array(status.utf8), Array(text.utf8), Array(userID.utf8), []], dontWait: false)
-        }
-    }
-
-    func close() { socket.close() }
-}

@@ -1,3 +1,5 @@
+import CanopyWire
+import CanopyIO
 import CanopyMessages
 import Collections
 

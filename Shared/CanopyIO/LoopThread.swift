@@ -3,9 +3,9 @@ import CZeroMQ
 
 /// Runs a blocking socket loop on a thread of its own, so a ZeroMQ socket has exactly one
 /// owner and no Swift concurrency thread is blocked in `zmq_poll`.
-enum LoopThread {
+package enum LoopThread {
     /// Starts `body` on a new thread named `name` and returns without waiting.
-    static func start(name: String, _ body: @escaping @Sendable () -> Void) {
+    package static func start(name: String, _ body: @escaping @Sendable () -> Void) {
         let thread = Thread {
             canopy_name_thread(String(name.prefix(15))) // shows in top and perf
             body()
@@ -16,7 +16,7 @@ enum LoopThread {
     }
 
     /// Runs `body` on a new thread and waits for it to finish, rethrowing what it throws.
-    static func run(name: String, _ body: @escaping @Sendable () throws -> Void) async throws {
+    package static func run(name: String, _ body: @escaping @Sendable () throws -> Void) async throws {
         try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, Error>) in
             start(name: name) {
                 do {

@@ -1,23 +1,23 @@
+import CanopyIO
+import CanopyWire
+
 /// The broker's tunables. Defaults match `canopy-broker --help`.
 public struct BrokerConfiguration: Sendable {
     /// How often the broker and workers send heartbeats (busy workers included).
-    public var heartbeatInterval: Duration = .seconds(1)
+    public var heartbeatInterval: Duration = BusDefaults.heartbeatInterval
     /// Missed heartbeats before a worker counts as dead.
-    public var liveness: Int = 3
+    public var liveness: Int = BusDefaults.liveness
     /// Largest frame accepted; larger requests are answered `tooLarge`, and so are the
     /// callers of a worker whose reply is larger.
-    public var maximumFrameBytes: Int = 16 * 1024 * 1024
+    public var maximumFrameBytes: Int = BusDefaults.maximumFrameBytes
     /// Deadline for requests whose header gives none (and for every Majordomo request).
     public var defaultTimeout: Duration = .seconds(30)
     /// Longest deadline a request may ask for.
     public var maximumTimeout: Duration = .seconds(600)
     /// How long a graceful shutdown waits for in-flight requests; the same default as a
-    /// worker's (``ServiceRunner/Configuration/drainTimeout``), as both read
+    /// worker's (``BusDefaults/drainTimeout``), as both read
     /// `CANOPY_DRAIN_TIMEOUT_MS`.
-    public var drainTimeout: Duration = BrokerConfiguration.defaultDrainTimeout
-
-    /// The drain timeout of the broker and of workers, unless told otherwise.
-    public static let defaultDrainTimeout: Duration = .seconds(10)
+    public var drainTimeout: Duration = BusDefaults.drainTimeout
 
     /// The defaults, for options that show them.
     public static let defaults = BrokerConfiguration()
