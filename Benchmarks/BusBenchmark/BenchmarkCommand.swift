@@ -17,8 +17,9 @@ struct BenchmarkCommand: AsyncParsableCommand {
               swift run -c release canopy-bench images
               swift run -c release canopy-bench care
               swift run -c release canopy-bench metrics --clients 64 --window 16
+              swift run -c release canopy-bench transfer
             """,
-        subcommands: [Bus.self, Coalescing.self, ImagesBenchmark.self, CareBenchmark.self, MetricsCost.self],
+        subcommands: [Bus.self, Coalescing.self, ImagesBenchmark.self, CareBenchmark.self, MetricsCost.self, TransferBenchmark.self],
         defaultSubcommand: Bus.self)
 }
 

@@ -260,21 +260,7 @@ struct ImagesBenchmark: AsyncParsableCommand {
     // MARK: - Helpers
 
     private func twelveMegapixelJPEGs(_ kind: Content) throws -> [[UInt8]] {
-        _ = canopy_vips_start()
-        let texture = kind == .photo ? canopy_vips_texture(4000, 3000) : nil
-        defer { canopy_vips_release(texture) }
-        return try (0..<photos).map { seed in
-            // Distinct photos: the smooth ones differ in width, the photo-like ones in texture.
-            guard let image = kind == .photo ? canopy_vips_photo(texture, Int32(seed)) : canopy_vips_pattern(4000 + Int32(seed), 3000) else {
-                throw CommandFailure("libvips could not make a test photo")
-            }
-            defer { canopy_vips_release(image) }
-            var bytes: UnsafeMutableRawPointer?
-            var length = 0
-            guard canopy_vips_encode(image, CANOPY_JPEG, 90, &bytes, &length) == 0 else { throw CommandFailure("encoding a test photo failed") }
-            defer { canopy_vips_free(bytes) }
-            return Array(UnsafeRawBufferPointer(start: bytes, count: length))
-        }
+        try makeTwelveMegapixelJPEGs(kind, count: photos)
     }
 
     private func time(_ work: () throws -> Void) rethrows -> Double {
@@ -296,5 +282,25 @@ struct ImagesBenchmark: AsyncParsableCommand {
     private func which(_ name: String) -> String? {
         (ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin").split(separator: ":")
             .map { "\($0)/\(name)" }.first { FileManager.default.isExecutableFile(atPath: $0) }
+    }
+}
+
+/// `count` distinct 4000x3000 JPEGs at quality 90, made by libvips: photo-like (texture and
+/// noise, about 2.5 MB) or a smooth sweep (about 0.6 MB).
+func makeTwelveMegapixelJPEGs(_ kind: ImagesBenchmark.Content, count: Int) throws -> [[UInt8]] {
+    _ = canopy_vips_start()
+    let texture = kind == .photo ? canopy_vips_texture(4000, 3000) : nil
+    defer { canopy_vips_release(texture) }
+    return try (0..<count).map { seed in
+        // Distinct photos: the smooth ones differ in width, the photo-like ones in texture.
+        guard let image = kind == .photo ? canopy_vips_photo(texture, Int32(seed)) : canopy_vips_pattern(4000 + Int32(seed), 3000) else {
+            throw CommandFailure("libvips could not make a test photo")
+        }
+        defer { canopy_vips_release(image) }
+        var bytes: UnsafeMutableRawPointer?
+        var length = 0
+        guard canopy_vips_encode(image, CANOPY_JPEG, 90, &bytes, &length) == 0 else { throw CommandFailure("encoding a test photo failed") }
+        defer { canopy_vips_free(bytes) }
+        return Array(UnsafeRawBufferPointer(start: bytes, count: length))
     }
 }
