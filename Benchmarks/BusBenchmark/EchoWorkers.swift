@@ -63,8 +63,8 @@ final class EchoWorkers: @unchecked Sendable {
         func reply(to frames: [[UInt8]]) -> [[UInt8]]? {
             switch kind {
             case .canopy:
-                guard case .dispatch(let id, _, _, let body)? = try? WireMessage(frames: frames) else { return nil }
-                return WireMessage.workerReply(requestID: id, failed: false, body: body).encoded
+                guard case .dispatch(let id, _, _, let body, let attachments)? = try? WireMessage(frames: frames) else { return nil }
+                return WireMessage.workerReply(requestID: id, failed: false, body: body, attachments: attachments).encoded
             case .proxy:
                 // [client, version, request, correlation, service, operation, header, body]
                 //   -> [client, version, reply, correlation, flags, body]

@@ -28,7 +28,7 @@ struct TransferBenchmark: AsyncParsableCommand {
         let photo = try makeTwelveMegapixelJPEGs(.photo, count: 1)[0]
         let context = ZMQContext()
         var configuration = BrokerConfiguration()
-        configuration.maximumFrameBytes = 64 * 1024 * 1024 // a 12 MP original and its base64 both fit
+        configuration.maximumFrameBytes = 64 * 1024 * 1024 // a 12 MP original fits whole, in either framing
         let broker = try BrokerServer(endpoint: "tcp://127.0.0.1:*", configuration: configuration, context: context, logger: logger)
         let brokerTask = Task { try await broker.run() }
         var settings = ImageServiceSettings(directory: directory, runner: .init(endpoint: broker.endpoint))

@@ -26,7 +26,7 @@ extension BrokerState {
             return
         }
         admit(Intake(client: client, correlation: request.correlation, dialect: .canopy, serviceName: request.service,
-                     operation: request.operation, header: request.header, payload: [request.body]), now: now, into: &out)
+                     operation: request.operation, header: request.header, payload: [request.body] + request.attachments), now: now, into: &out)
     }
 
     /// Takes a well-formed request: joins an identical flight, or starts a flight that goes
@@ -231,7 +231,8 @@ extension BrokerState {
     func answer(_ waiter: Waiter, _ outcome: Outcome, shared: Bool, into out: inout [Directive]) {
         switch (waiter.dialect, outcome) {
         case (.canopy, .reply(let frames, _)):
-            out.append(.send(to: waiter.client, frames: WireMessage.reply(correlation: waiter.correlation, shared: shared, body: frames.first ?? []).encoded))
+            let reply = WireMessage.reply(correlation: waiter.correlation, shared: shared, body: frames.first ?? [], attachments: Array(frames.dropFirst()))
+            out.append(.send(to: waiter.client, frames: reply.encoded))
         case (.canopy, .failure(let error)):
             replyError(to: waiter.client, correlation: waiter.correlation, error, into: &out)
         case (.majordomo, .reply(let frames, let fromMajordomo)):

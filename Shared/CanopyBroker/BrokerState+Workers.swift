@@ -72,19 +72,20 @@ extension BrokerState {
         return nil
     }
 
-    mutating func workerReply(id: UInt64, failed: Bool, body: [UInt8], from peer: PeerKey, now: ContinuousClock.Instant, into out: inout [Directive]) {
+    /// A Canopy worker's reply: `frames` are the body, then its attachments.
+    mutating func workerReply(id: UInt64, failed: Bool, frames: [[UInt8]], from peer: PeerKey, now: ContinuousClock.Instant, into out: inout [Directive]) {
         guard let worker = workers[peer] else { return unknownWorker(peer, into: &out) }
         worker.expiry = now + configuration.workerExpiry
         let outcome: Outcome
-        if body.count > configuration.maximumFrameBytes {
+        if let oversized = frames.first(where: { $0.count > configuration.maximumFrameBytes }) {
             // Refused, but answered: the callers hear why at once and the credit comes back.
             rejected += 1
             out.append(.log("worker reply over the size limit", peer: peer.bytes))
-            outcome = .failure(oversizedReply(body.count, flight: id))
+            outcome = .failure(oversizedReply(oversized.count, flight: id))
         } else if !failed {
-            outcome = .reply([body], fromMajordomo: false)
+            outcome = .reply(frames, fromMajordomo: false)
         } else {
-            outcome = .failure((try? codec.decode(CanopyError.self, from: body)) ?? CanopyError(.internal, "the worker sent an unreadable error"))
+            outcome = .failure((try? codec.decode(CanopyError.self, from: frames[0])) ?? CanopyError(.internal, "the worker sent an unreadable error"))
         }
         complete(id, by: worker, outcome, now: now, into: &out)
     }
@@ -177,7 +178,8 @@ extension BrokerState {
             let deadline = flight.waiters.compactMap { waiters[$0]?.deadline }.max() ?? now
             var header = flight.header
             header.timeoutMilliseconds = UInt32(clamping: max(1, (deadline - now).wholeMilliseconds))
-            let message = WireMessage.dispatch(requestID: flight.id, operation: flight.operation, header: header, body: flight.payload.first ?? [])
+            let message = WireMessage.dispatch(requestID: flight.id, operation: flight.operation, header: header,
+                                               body: flight.payload.first ?? [], attachments: Array(flight.payload.dropFirst()))
             out.append(.send(to: worker.identity.bytes, frames: message.encoded))
         case .majordomo:
             // The flight id stands in the client address; the worker sends it back with the reply.
@@ -255,12 +257,12 @@ extension BrokerState {
             intake = Intake(client: client, correlation: [], dialect: .majordomo, serviceName: name, operation: "",
                             header: RequestHeader(timeoutMilliseconds: 0), payload: body)
         } else {
-            guard body.count == 2, Wire.isValidName(body[0]) else {
+            guard body.count >= 2, body.count - 2 <= Wire.maximumAttachments, Wire.isValidName(body[0]) else {
                 rejected += 1
-                return reply([Majordomo.error, (try? codec.encode(CanopyError(.badRequest, "a Majordomo request to a Canopy service has two body frames: the operation and the JSON body"))) ?? []])
+                return reply([Majordomo.error, (try? codec.encode(CanopyError(.badRequest, "a Majordomo request to a Canopy service has the operation and the JSON body as its body frames, then up to \(Wire.maximumAttachments) attachments"))) ?? []])
             }
             intake = Intake(client: client, correlation: [], dialect: .majordomo, serviceName: name,
-                            operation: String(decoding: body[0], as: UTF8.self), header: RequestHeader(timeoutMilliseconds: 0), payload: [body[1]])
+                            operation: String(decoding: body[0], as: UTF8.self), header: RequestHeader(timeoutMilliseconds: 0), payload: Array(body[1...]))
         }
         admit(intake, now: now, into: &out)
     }

@@ -155,7 +155,8 @@ public struct BrokerState {
         case .cancel(let correlation): clientCancel(correlation, from: peer, now: now, into: &out)
         case .ready(let service, let operations, let credit):
             workerReady(service: service, operations: operations, credit: credit, from: PeerKey(peer), key: key, now: now, into: &out)
-        case .workerReply(let id, let failed, let body): workerReply(id: id, failed: failed, body: body, from: PeerKey(peer), now: now, into: &out)
+        case .workerReply(let id, let failed, let body, let attachments):
+            workerReply(id: id, failed: failed, frames: [body] + attachments, from: PeerKey(peer), now: now, into: &out)
         case .workerHeartbeat: workerHeartbeat(from: PeerKey(peer), now: now, into: &out)
         case .workerDisconnect: workerGone(PeerKey(peer), now: now, into: &out)
         case .drain: workerDrain(from: PeerKey(peer), now: now, into: &out)

@@ -10,16 +10,23 @@ import Logging
 public struct RawReply: Sendable, Equatable {
     /// The reply body (JSON).
     public var body: [UInt8]
+    /// The reply's attachment frames, in order.
+    public var attachments: [[UInt8]]
     /// Whether the broker shared this reply among coalesced identical requests.
     public var shared: Bool
 
     /// - Parameters:
     ///   - body: the reply body.
+    ///   - attachments: the reply's attachment frames.
     ///   - shared: whether the reply was shared among coalesced requests.
-    public init(body: [UInt8], shared: Bool) {
+    public init(body: [UInt8], attachments: [[UInt8]] = [], shared: Bool) {
         self.body = body
+        self.attachments = attachments
         self.shared = shared
     }
+
+    /// The body and attachments together.
+    public var payload: Payload { Payload(body: body, attachments: attachments) }
 }
 
 /// Calls operations on the bus: `try await bus.call(SomeOperation.self, request)`.
@@ -89,11 +96,11 @@ public final class BusClient: Sendable {
     public func call<Operation: BusOperation>(
         _ operation: Operation.Type, _ request: Operation.Request, principal: String? = nil, timeout: Duration? = nil
     ) async throws -> Operation.Reply {
-        let body = try codec.encode(request)
-        let reply = try await call(service: Operation.service, operation: Operation.name, body: body,
+        let payload = try codec.encodePayload(request)
+        let reply = try await call(service: Operation.service, operation: Operation.name, body: payload.body, attachments: payload.attachments,
                                    principal: principal, timeout: timeout, idempotent: Operation.idempotent)
         do {
-            return try codec.decode(Operation.Reply.self, from: reply.body)
+            return try codec.decodePayload(Operation.Reply.self, from: reply.payload)
         } catch {
             throw CanopyError(.internal, "the reply of \(Operation.service).\(Operation.name) did not decode: \(error.message)")
         }
@@ -105,11 +112,13 @@ public final class BusClient: Sendable {
     ///   - service: the service name.
     ///   - operation: the operation name.
     ///   - body: the request body, JSON.
+    ///   - attachments: frames of their own beside the body (photo bytes).
     ///   - principal: the user the call acts for, if any.
     ///   - timeout: how long to wait; the configuration's default when `nil`.
     ///   - idempotent: whether the call may be sent again after losing the broker.
     public func call(
-        service: String, operation: String, body: [UInt8], principal: String? = nil, timeout: Duration? = nil, idempotent: Bool = false
+        service: String, operation: String, body: [UInt8], attachments: [[UInt8]] = [], principal: String? = nil, timeout: Duration? = nil,
+        idempotent: Bool = false
     ) async throws -> RawReply {
         let id = nextID.next()
         let timeout = timeout ?? configuration.defaultTimeout
@@ -117,7 +126,8 @@ public final class BusClient: Sendable {
             timeoutMilliseconds: UInt32(clamping: max(1, timeout.wholeMilliseconds)),
             flags: idempotent ? RequestHeader.Flag.idempotent : 0,
             principal: principal ?? "")
-        let frames = WireMessage.request(WireRequest(correlation: Wire.frame(id), service: service, operation: operation, header: header, body: body)).encoded
+        let frames = WireMessage.request(WireRequest(correlation: Wire.frame(id), service: service, operation: operation, header: header,
+                                                     body: body, attachments: attachments)).encoded
         let deadline = ContinuousClock.now + timeout
         return try await withTaskCancellationHandler {
             try await withCheckedThrowingContinuation { continuation in
@@ -278,9 +288,9 @@ private final class ClientLoop: @unchecked Sendable {
         // Late or unknown ids are dropped: the call was answered, cancelled or timed out already.
         do {
             switch try WireMessage(frames: frames) {
-            case .reply(let correlation, let shared, let body):
+            case .reply(let correlation, let shared, let body, let attachments):
                 guard let id = Wire.uint64(correlation), let call = calls.removeValue(forKey: id) else { return }
-                call.continuation.resume(returning: RawReply(body: body, shared: shared))
+                call.continuation.resume(returning: RawReply(body: body, attachments: attachments, shared: shared))
             case .error(let correlation, let error):
                 guard let id = Wire.uint64(correlation), let call = calls.removeValue(forKey: id) else { return }
                 call.continuation.resume(throwing: (try? codec.decode(CanopyError.self, from: error)) ?? CanopyError(.internal, "the broker sent an unreadable error"))

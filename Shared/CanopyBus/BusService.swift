@@ -60,8 +60,8 @@ public struct RequestContext: Sendable {
 
 /// The handlers of one service, by operation name, with their flags.
 public struct OperationHandlers: Sendable {
-    /// Decodes the body, runs the handler, encodes the reply.
-    public typealias RawHandler = @Sendable (_ body: [UInt8], _ context: RequestContext) async throws -> [UInt8]
+    /// Decodes the payload, runs the handler, encodes the reply.
+    public typealias RawHandler = @Sendable (_ payload: Payload, _ context: RequestContext) async throws -> Payload
 
     struct Entry: Sendable {
         let descriptor: OperationDescriptor
@@ -88,10 +88,10 @@ public struct OperationHandlers: Sendable {
         let codec = self.codec
         // Requests that check their own fields are checked before the handler sees them.
         let validates = Operation.Request.self is any Validatable.Type
-        entries[Operation.name] = Entry(descriptor: Operation.descriptor) { body, context in
-            let request = try codec.decode(Operation.Request.self, from: body)
+        entries[Operation.name] = Entry(descriptor: Operation.descriptor) { payload, context in
+            let request = try codec.decodePayload(Operation.Request.self, from: payload)
             if validates, let checked = request as? any Validatable { try checked.validate() }
-            return try codec.encode(try await handler(request, context))
+            return try codec.encodePayload(try await handler(request, context))
         }
     }
 
@@ -101,12 +101,12 @@ public struct OperationHandlers: Sendable {
     }
 
     /// Runs the handler of `operation`, turning every failure into a ``CanopyError``.
-    public func handle(_ operation: String, body: [UInt8], context: RequestContext) async -> Result<[UInt8], CanopyError> {
+    public func handle(_ operation: String, payload: Payload, context: RequestContext) async -> Result<Payload, CanopyError> {
         guard let entry = entries[operation] else {
             return .failure(CanopyError(.badRequest, "'\(service)' has no operation '\(operation)'"))
         }
         do {
-            return .success(try await entry.handle(body, context))
+            return .success(try await entry.handle(payload, context))
         } catch let error as CanopyError {
             return .failure(error)
         } catch is CancellationError {

@@ -39,7 +39,7 @@ public final class ServiceRunner: Service, @unchecked Sendable {
     }
 
     private enum Control: Sendable {
-        case finished(id: UInt64, session: Int, Result<[UInt8], CanopyError>)
+        case finished(id: UInt64, session: Int, Result<Payload, CanopyError>)
         case shutdown
     }
 
@@ -158,13 +158,14 @@ public final class ServiceRunner: Service, @unchecked Sendable {
                         metrics.inFlight.record(running.count)
                         let reply: WireMessage
                         switch result {
-                        case .success(let body) where body.count > maximumReplyBytes:
+                        case .success(let payload) where payload.largestFrame > maximumReplyBytes:
                             // The broker would refuse it: say why instead.
-                            logger.error("service.reply.tooLarge", metadata: ["service.operation": "\(operation)", "service.bytes": "\(body.count)"])
-                            let error = CanopyError(.tooLarge, "the reply of \(handlers.service).\(operation) is \(body.count) bytes, over the broker's limit of \(maximumReplyBytes) bytes; ask for less (a smaller page, or the data in pieces)")
+                            let size = payload.largestFrame
+                            logger.error("service.reply.tooLarge", metadata: ["service.operation": "\(operation)", "service.bytes": "\(size)"])
+                            let error = CanopyError(.tooLarge, "a frame of the reply of \(handlers.service).\(operation) is \(size) bytes, over the broker's limit of \(maximumReplyBytes) bytes; ask for less (a smaller page, or the data in pieces)")
                             reply = .workerReply(requestID: id, failed: true, body: (try? codec.encode(error)) ?? [])
-                        case .success(let body):
-                            reply = .workerReply(requestID: id, failed: false, body: body)
+                        case .success(let payload):
+                            reply = .workerReply(requestID: id, failed: false, body: payload.body, attachments: payload.attachments)
                         case .failure(let error):
                             reply = .workerReply(requestID: id, failed: true, body: (try? codec.encode(error)) ?? [])
                         }
@@ -193,9 +194,9 @@ public final class ServiceRunner: Service, @unchecked Sendable {
                         continue
                     }
                     switch message {
-                    case .dispatch(let id, let operation, let header, let body):
+                    case .dispatch(let id, let operation, let header, let body, let attachments):
                         refusals = 0
-                        running[id] = (operation, start(id: id, operation: operation, header: header, body: body,
+                        running[id] = (operation, start(id: id, operation: operation, header: header, payload: Payload(body: body, attachments: attachments),
                                                         maximumReplyBytes: maximumReplyBytes, session: session.number))
                         metrics.inFlight.record(running.count)
                     case .cancelDispatch(let id):
@@ -253,7 +254,7 @@ public final class ServiceRunner: Service, @unchecked Sendable {
         }
     }
 
-    private func start(id: UInt64, operation: String, header: RequestHeader, body: [UInt8], maximumReplyBytes: Int, session: Int) -> Task<Void, Never> {
+    private func start(id: UInt64, operation: String, header: RequestHeader, payload: Payload, maximumReplyBytes: Int, session: Int) -> Task<Void, Never> {
         var requestLogger = logger
         requestLogger[metadataKey: "service.operation"] = "\(operation)"
         let context = RequestContext(
@@ -263,7 +264,7 @@ public final class ServiceRunner: Service, @unchecked Sendable {
             maximumReplyBytes: maximumReplyBytes)
         return Task { [handlers, mailbox, metrics] in
             let started = ContinuousClock.now
-            let result = await handlers.handle(operation, body: body, context: context)
+            let result = await handlers.handle(operation, payload: payload, context: context)
             metrics.record(operation: operation, result: result, duration: .now - started)
             mailbox.post(.finished(id: id, session: session, result))
         }
@@ -288,7 +289,7 @@ final class RunnerMetrics: Sendable {
     }
 
     /// Records one handler run in `canopy_service_handler_duration_seconds{service,operation,outcome}`.
-    func record(operation: String, result: Result<[UInt8], CanopyError>, duration: Duration) {
+    func record(operation: String, result: Result<Payload, CanopyError>, duration: Duration) {
         let outcome = switch result {
         case .success: "ok"
         case .failure(let error): error.code.rawValue

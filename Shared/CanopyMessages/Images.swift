@@ -53,15 +53,27 @@ public enum Images {
         }
     }
 
-    /// `images.put`: store a photo for a plant (bytes as base64 in JSON).
+    /// `images.put`: store a photo for a plant. The photo's bytes travel as the request's one
+    /// attachment, not in the JSON.
     public enum Put: BusOperation {
-        public struct Request: Codable, Sendable {
+        public struct Request: AttachmentCarrying, Sendable {
             public var plantID: String
+            /// The photo's bytes (the attachment).
             public var data: Data
+            enum CodingKeys: String, CodingKey { case plantID }
             public init(plantID: String, data: Data) {
                 self.plantID = plantID
                 self.data = data
             }
+            public init(from decoder: any Decoder) throws {
+                plantID = try decoder.container(keyedBy: CodingKeys.self).decode(String.self, forKey: .plantID)
+                data = Data()
+            }
+            public var attachments: [Data] {
+                get { [data] }
+                set { data = newValue.first ?? Data() }
+            }
+            public static let attachmentCount = 1...1
         }
         public typealias Reply = Photo
         public static let service = Images.service
@@ -88,8 +100,9 @@ public enum Images {
 
     /// `images.variant`: a ready-made size of a photo, made on first request and cached.
     ///
-    /// A variant larger than one reply on the bus may carry (a full-size photo of 20 MB on a
-    /// broker that takes 16 MiB frames) travels in pieces: the reply holds the bytes from
+    /// The variant's bytes travel as the reply's attachment. A variant larger than one frame
+    /// on the bus may carry (a full-size photo of 20 MB on a broker that takes 16 MiB frames)
+    /// travels in pieces: the reply holds the bytes from
     /// `offset` on, as many as fit, with `totalBytes` and `nextOffset`; the caller asks again
     /// from `nextOffset` until it is absent (`BusClient.wholeVariant` does this).
     public enum GetVariant: BusOperation {
@@ -107,13 +120,14 @@ public enum Images {
                 self.offset = offset
             }
         }
-        public struct Reply: Codable, Sendable, Equatable {
+        public struct Reply: AttachmentCarrying, Sendable, Equatable {
             public var sha256: String
             public var variant: Variant
             public var format: Format
             public var width: Int
             public var height: Int
-            /// The variant's bytes from `offset` on: all of them, or one piece.
+            /// The variant's bytes from `offset` on: all of them, or one piece (the reply's one
+            /// attachment, not in the JSON).
             public var data: Data
             /// Where it came from: `memory`, `disk`, `made`, or `original` (the full variant in
             /// the format the original is stored in: the stored original itself).
@@ -137,6 +151,25 @@ public enum Images {
                 self.totalBytes = totalBytes ?? data.count
                 self.nextOffset = nextOffset
             }
+            enum CodingKeys: String, CodingKey { case sha256, variant, format, width, height, source, offset, totalBytes, nextOffset }
+            public init(from decoder: any Decoder) throws {
+                let container = try decoder.container(keyedBy: CodingKeys.self)
+                sha256 = try container.decode(String.self, forKey: .sha256)
+                variant = try container.decode(Variant.self, forKey: .variant)
+                format = try container.decode(Format.self, forKey: .format)
+                width = try container.decode(Int.self, forKey: .width)
+                height = try container.decode(Int.self, forKey: .height)
+                source = try container.decode(String.self, forKey: .source)
+                offset = try container.decode(Int.self, forKey: .offset)
+                totalBytes = try container.decode(Int.self, forKey: .totalBytes)
+                nextOffset = try container.decodeIfPresent(Int.self, forKey: .nextOffset)
+                data = Data()
+            }
+            public var attachments: [Data] {
+                get { [data] }
+                set { data = newValue.first ?? Data() }
+            }
+            public static let attachmentCount = 1...1
         }
         public static let service = Images.service
         public static let name = "images.variant"

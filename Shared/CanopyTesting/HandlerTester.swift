@@ -4,7 +4,7 @@ import Logging
 
 /// Calls a service's registered handlers directly, with a request context and no sockets:
 /// the bytes go through the same decoding, field checks and encoding as on the bus
-/// (``OperationHandlers/handle(_:body:context:)``), but no broker, runner or port is involved.
+/// (``OperationHandlers/handle(_:payload:context:)``), but no broker, runner or port is involved.
 /// The handler-level twin of ``LiveBus``, as Hummingbird's `.router` testing is of `.live`.
 ///
 /// ```swift
@@ -42,16 +42,22 @@ public struct HandlerTester: Sendable {
         _ operation: Operation.Type, _ request: Operation.Request, principal: String? = nil, timeout: Duration = .seconds(30),
         maximumReplyBytes: Int = RequestContext.defaultMaximumReplyBytes
     ) async throws -> Operation.Reply {
-        let body = try codec.encode(request)
-        let reply = try await call(operation: Operation.name, body: body, principal: principal, timeout: timeout, maximumReplyBytes: maximumReplyBytes)
-        return try codec.decode(Operation.Reply.self, from: reply)
+        let payload = try codec.encodePayload(request)
+        let reply = try await call(operation: Operation.name, payload: payload, principal: principal, timeout: timeout, maximumReplyBytes: maximumReplyBytes)
+        return try codec.decodePayload(Operation.Reply.self, from: reply)
     }
 
     /// Calls an operation with a raw body (to send what a typed request cannot: bad JSON,
     /// duplicate keys, numbers out of range).
     public func call(operation: String, body: [UInt8], principal: String? = nil, timeout: Duration = .seconds(30),
                      maximumReplyBytes: Int = RequestContext.defaultMaximumReplyBytes) async throws -> [UInt8] {
+        try await call(operation: operation, payload: Payload(body: body), principal: principal, timeout: timeout, maximumReplyBytes: maximumReplyBytes).body
+    }
+
+    /// Calls an operation with a raw payload: a body and attachment frames.
+    public func call(operation: String, payload: Payload, principal: String? = nil, timeout: Duration = .seconds(30),
+                     maximumReplyBytes: Int = RequestContext.defaultMaximumReplyBytes) async throws -> Payload {
         let context = RequestContext(principal: principal, deadline: .now + timeout, logger: logger, maximumReplyBytes: maximumReplyBytes)
-        return try await handlers.handle(operation, body: body, context: context).get()
+        return try await handlers.handle(operation, payload: payload, context: context).get()
     }
 }

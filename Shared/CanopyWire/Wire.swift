@@ -7,8 +7,12 @@ import CanopyMessages
 /// Clients and workers use DEALER sockets; the broker one ROUTER socket, which adds the
 /// peer's identity frame in front.
 public enum Wire {
-    /// The first frame of every message.
-    public static let version: [UInt8] = Array("canopy/1".utf8)
+    /// The first frame of every message. Version 2 added attachments: frames after the body
+    /// of a request, dispatch, worker reply and reply.
+    public static let version: [UInt8] = Array("canopy/2".utf8)
+
+    /// Most attachment frames one message may carry.
+    public static let maximumAttachments = 64
 
     /// The one-byte command frame that follows the version frame.
     public enum Command: UInt8, Sendable {

@@ -1,6 +1,6 @@
 import CanopyMessages
 
-/// Every message of canopy/1 as a value: one case per command, encoded and decoded in one
+/// Every message of canopy/2 as a value: one case per command, encoded and decoded in one
 /// place (``encoded`` and ``init(frames:)``). `docs/PROTOCOL.md` gives the same in prose, and
 /// the golden fixtures pin the bytes.
 ///
@@ -8,15 +8,15 @@ import CanopyMessages
 public enum WireMessage: Equatable, Sendable {
     // MARK: client -> broker
 
-    /// `[version, 0x01, correlation, service, operation, header, body]`
+    /// `[version, 0x01, correlation, service, operation, header, body, attachment...]`
     case request(WireRequest)
     /// `[version, 0x02, correlation]`: the caller gave up on that request.
     case cancel(correlation: [UInt8])
 
     // MARK: broker -> client
 
-    /// `[version, 0x03, correlation, flags, body]`; `shared` is flag bit 0.
-    case reply(correlation: [UInt8], shared: Bool, body: [UInt8])
+    /// `[version, 0x03, correlation, flags, body, attachment...]`; `shared` is flag bit 0.
+    case reply(correlation: [UInt8], shared: Bool, body: [UInt8], attachments: [[UInt8]] = [])
     /// `[version, 0x04, correlation, error JSON]`; the correlation is empty when the message
     /// that caused it had none.
     case error(correlation: [UInt8], error: [UInt8])
@@ -25,8 +25,8 @@ public enum WireMessage: Equatable, Sendable {
 
     /// `[version, 0x10, service, operations JSON, credit (u32 BE)]`
     case ready(service: String, operations: [OperationDescriptor], credit: UInt32)
-    /// `[version, 0x11, request id (u64 BE), status (0 ok, 1 error), body or error JSON]`
-    case workerReply(requestID: UInt64, failed: Bool, body: [UInt8])
+    /// `[version, 0x11, request id (u64 BE), status (0 ok, 1 error), body or error JSON, attachment...]`
+    case workerReply(requestID: UInt64, failed: Bool, body: [UInt8], attachments: [[UInt8]] = [])
     /// `[version, 0x12]`
     case workerHeartbeat
     /// `[version, 0x13]`
@@ -36,8 +36,8 @@ public enum WireMessage: Equatable, Sendable {
 
     // MARK: broker -> worker
 
-    /// `[version, 0x20, request id (u64 BE), operation, header, body]`
-    case dispatch(requestID: UInt64, operation: String, header: RequestHeader, body: [UInt8])
+    /// `[version, 0x20, request id (u64 BE), operation, header, body, attachment...]`
+    case dispatch(requestID: UInt64, operation: String, header: RequestHeader, body: [UInt8], attachments: [[UInt8]] = [])
     /// `[version, 0x21, request id (u64 BE)]`
     case cancelDispatch(requestID: UInt64)
     /// `[version, 0x22, frame limit (u64 BE)]`: the registration stands, and no frame may be
@@ -78,6 +78,8 @@ public struct WireRequest: Equatable, Sendable {
     public var header: RequestHeader
     /// The body, JSON from Codable with sorted keys.
     public var body: [UInt8]
+    /// Frames of their own beside the body (photo bytes), compared as bytes like the body.
+    public var attachments: [[UInt8]]
 
     /// - Parameters:
     ///   - correlation: the client's id for the request.
@@ -85,22 +87,24 @@ public struct WireRequest: Equatable, Sendable {
     ///   - operation: the operation's name.
     ///   - header: deadline, flags and principal.
     ///   - body: the request body.
-    public init(correlation: [UInt8], service: String, operation: String, header: RequestHeader, body: [UInt8]) {
+    ///   - attachments: frames of their own beside the body.
+    public init(correlation: [UInt8], service: String, operation: String, header: RequestHeader, body: [UInt8], attachments: [[UInt8]] = []) {
         self.correlation = correlation
         self.service = service
         self.operation = operation
         self.header = header
         self.body = body
+        self.attachments = attachments
     }
 }
 
-/// Why frames are not a canopy/1 message: what is wrong, in words a peer's developer can
+/// Why frames are not a canopy/2 message: what is wrong, in words a peer's developer can
 /// act on, and the correlation id when the message had a usable one (so the refusal can
 /// answer the request it refuses).
 public struct WireDecodingError: Error, Equatable, Sendable, CustomStringConvertible {
     /// What kind of problem it is; also the short reason the broker logs.
     public enum Reason: String, Sendable {
-        case wrongVersion = "message without the canopy/1 version frame"
+        case wrongVersion = "message without the canopy/2 version frame"
         case unknownCommand = "unknown command"
         case wrongFrameCount = "wrong number of frames"
         case malformedCorrelation = "malformed correlation id"
@@ -132,21 +136,21 @@ extension WireMessage {
         switch self {
         case .request(let request):
             [Wire.version, Wire.Command.request.frame, request.correlation, Array(request.service.utf8), Array(request.operation.utf8),
-             request.header.frame, request.body]
+             request.header.frame, request.body] + request.attachments
         case .cancel(let correlation):
             [Wire.version, Wire.Command.cancel.frame, correlation]
-        case .reply(let correlation, let shared, let body):
-            [Wire.version, Wire.Command.reply.frame, correlation, [shared ? Wire.ReplyFlag.shared : 0], body]
+        case .reply(let correlation, let shared, let body, let attachments):
+            [Wire.version, Wire.Command.reply.frame, correlation, [shared ? Wire.ReplyFlag.shared : 0], body] + attachments
         case .error(let correlation, let error):
             [Wire.version, Wire.Command.error.frame, correlation, error]
         case .ready(let service, let operations, let credit):
             [Wire.version, Wire.Command.ready.frame, Array(service.utf8), (try? MessageCodec().encode(operations)) ?? Array("[]".utf8), Wire.frame(credit)]
-        case .workerReply(let id, let failed, let body):
-            [Wire.version, Wire.Command.workerReply.frame, Wire.frame(id), [failed ? Wire.Status.error : Wire.Status.ok], body]
+        case .workerReply(let id, let failed, let body, let attachments):
+            [Wire.version, Wire.Command.workerReply.frame, Wire.frame(id), [failed ? Wire.Status.error : Wire.Status.ok], body] + attachments
         case .workerHeartbeat, .workerDisconnect, .drain:
             [Wire.version, command.frame]
-        case .dispatch(let id, let operation, let header, let body):
-            [Wire.version, Wire.Command.dispatch.frame, Wire.frame(id), Array(operation.utf8), header.frame, body]
+        case .dispatch(let id, let operation, let header, let body, let attachments):
+            [Wire.version, Wire.Command.dispatch.frame, Wire.frame(id), Array(operation.utf8), header.frame, body] + attachments
         case .cancelDispatch(let id):
             [Wire.version, Wire.Command.cancelDispatch.frame, Wire.frame(id)]
         case .brokerHeartbeat(let limit):
@@ -184,7 +188,7 @@ extension WireMessage {
         let reader = FrameReader(frames: frames, command: command)
         switch command {
         case .request:
-            try reader.expect(7, "a request has 7 frames (version, command, correlation, service, operation, header, body)")
+            try reader.expect(7, attachments: true, "a request has 7 frames (version, command, correlation, service, operation, header, body), then up to \(Wire.maximumAttachments) attachments")
             let correlation = try reader.correlation(at: 2)
             guard Wire.isValidName(frames[3]), Wire.isValidName(frames[4]) else {
                 throw WireDecodingError(.invalidName, correlation: correlation,
@@ -194,15 +198,16 @@ extension WireMessage {
                 throw WireDecodingError(.malformedHeader, correlation: correlation, RequestHeader.formatDescription)
             }
             return .request(WireRequest(correlation: correlation, service: String(decoding: frames[3], as: UTF8.self),
-                                        operation: String(decoding: frames[4], as: UTF8.self), header: header, body: frames[6]))
+                                        operation: String(decoding: frames[4], as: UTF8.self), header: header, body: frames[6],
+                                        attachments: Array(frames[7...])))
         case .cancel:
             try reader.expect(3, "a cancel has 3 frames (version, command, correlation)")
             return .cancel(correlation: try reader.correlation(at: 2))
         case .reply:
-            try reader.expect(5, "a reply has 5 frames (version, command, correlation, flags, body)")
+            try reader.expect(5, attachments: true, "a reply has 5 frames (version, command, correlation, flags, body), then up to \(Wire.maximumAttachments) attachments")
             let correlation = try reader.correlation(at: 2)
             guard frames[3].count == 1 else { throw WireDecodingError(.malformedInteger, correlation: correlation, "a reply's flags are one byte") }
-            return .reply(correlation: correlation, shared: frames[3][0] & Wire.ReplyFlag.shared != 0, body: frames[4])
+            return .reply(correlation: correlation, shared: frames[3][0] & Wire.ReplyFlag.shared != 0, body: frames[4], attachments: Array(frames[5...]))
         case .error:
             try reader.expect(4, "an error has 4 frames (version, command, correlation, error)")
             guard frames[2].count <= Wire.maximumCorrelationLength else {
@@ -221,12 +226,12 @@ extension WireMessage {
             }
             return .ready(service: String(decoding: frames[2], as: UTF8.self), operations: operations, credit: try reader.uint32(at: 4, "credit"))
         case .workerReply:
-            try reader.expect(5, "a worker reply has 5 frames (version, command, request id, status, body)")
+            try reader.expect(5, attachments: true, "a worker reply has 5 frames (version, command, request id, status, body), then up to \(Wire.maximumAttachments) attachments")
             let id = try reader.uint64(at: 2, "request id")
             guard frames[3].count == 1, frames[3][0] <= Wire.Status.error else {
                 throw WireDecodingError(.malformedInteger, "a worker reply's status is one byte, 0 (ok) or 1 (error)")
             }
-            return .workerReply(requestID: id, failed: frames[3][0] == Wire.Status.error, body: frames[4])
+            return .workerReply(requestID: id, failed: frames[3][0] == Wire.Status.error, body: frames[4], attachments: Array(frames[5...]))
         case .workerHeartbeat:
             try reader.expect(2, "a heartbeat has 2 frames (version, command)")
             return .workerHeartbeat
@@ -237,11 +242,11 @@ extension WireMessage {
             try reader.expect(2, "a drain has 2 frames (version, command)")
             return .drain
         case .dispatch:
-            try reader.expect(6, "a dispatch has 6 frames (version, command, request id, operation, header, body)")
+            try reader.expect(6, attachments: true, "a dispatch has 6 frames (version, command, request id, operation, header, body), then up to \(Wire.maximumAttachments) attachments")
             let id = try reader.uint64(at: 2, "request id")
             guard Wire.isValidName(frames[3]) else { throw WireDecodingError(.invalidName, "invalid operation name") }
             guard let header = RequestHeader(frame: frames[4]) else { throw WireDecodingError(.malformedHeader, RequestHeader.formatDescription) }
-            return .dispatch(requestID: id, operation: String(decoding: frames[3], as: UTF8.self), header: header, body: frames[5])
+            return .dispatch(requestID: id, operation: String(decoding: frames[3], as: UTF8.self), header: header, body: frames[5], attachments: Array(frames[6...]))
         case .cancelDispatch:
             try reader.expect(3, "a cancel dispatch has 3 frames (version, command, request id)")
             return .cancelDispatch(requestID: try reader.uint64(at: 2, "request id"))
@@ -260,8 +265,10 @@ private struct FrameReader {
     let frames: [[UInt8]]
     let command: Wire.Command
 
-    func expect(_ count: Int, _ explanation: String) throws(WireDecodingError) {
-        guard frames.count == count else {
+    /// Checks the number of frames: exactly `count`, or with `attachments`, `count` and up to
+    /// ``Wire/maximumAttachments`` more.
+    func expect(_ count: Int, attachments: Bool = false, _ explanation: String) throws(WireDecodingError) {
+        guard frames.count == count || (attachments && frames.count > count && frames.count - count <= Wire.maximumAttachments) else {
             let correlation = [.request, .cancel, .reply, .error].contains(command) && frames.count > 2
                 && frames[2].count <= Wire.maximumCorrelationLength ? frames[2] : []
             throw WireDecodingError(.wrongFrameCount, correlation: correlation, "\(explanation), got \(frames.count)")

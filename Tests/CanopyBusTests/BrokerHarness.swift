@@ -59,7 +59,7 @@ func sends(_ directives: [BrokerState.Directive]) -> [(peer: String, frames: [[U
     }
 }
 
-/// The canopy/1 messages among `directives`, decoded, as (peer, message).
+/// The canopy/2 messages among `directives`, decoded, as (peer, message).
 func messages(_ directives: [BrokerState.Directive]) -> [(peer: String, message: WireMessage)] {
     sends(directives).compactMap { send in (try? WireMessage(frames: send.frames)).map { (send.peer, $0) } }
 }
@@ -67,7 +67,7 @@ func messages(_ directives: [BrokerState.Directive]) -> [(peer: String, message:
 /// Requests dispatched to workers: (worker, request id, operation, header).
 func dispatches(_ directives: [BrokerState.Directive]) -> [(worker: String, id: UInt64, operation: String, header: RequestHeader)] {
     messages(directives).compactMap { peer, message in
-        guard case .dispatch(let id, let operation, let header, _) = message else { return nil }
+        guard case .dispatch(let id, let operation, let header, _, _) = message else { return nil }
         return (peer, id, operation, header)
     }
 }
@@ -83,7 +83,7 @@ func errors(_ directives: [BrokerState.Directive]) -> [(client: String, correlat
 /// Replies sent to clients: (client, correlation, body, shared).
 func replies(_ directives: [BrokerState.Directive]) -> [(client: String, correlation: [UInt8], body: String, shared: Bool)] {
     messages(directives).compactMap { peer, message in
-        guard case .reply(let correlation, let shared, let body) = message else { return nil }
+        guard case .reply(let correlation, let shared, let body, _) = message else { return nil }
         return (peer, correlation, String(decoding: body, as: UTF8.self), shared)
     }
 }

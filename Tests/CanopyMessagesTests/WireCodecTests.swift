@@ -3,10 +3,10 @@ import CanopyMessages
 import Foundation
 import Testing
 
-/// The typed frame codec: every canopy/1 and Majordomo command round-trips, golden frames pin
+/// The typed frame codec: every canopy/2 and Majordomo command round-trips, golden frames pin
 /// the bytes, and random or half-valid frames are refused with a typed error, never a crash.
 struct WireCodecTests {
-    /// One sample of every canopy/1 command, named as in the golden file.
+    /// One sample of every canopy/2 command, named as in the golden file.
     static let samples: [(String, WireMessage)] = {
         let header = RequestHeader(timeoutMilliseconds: 2_500, flags: RequestHeader.Flag.idempotent, principal: "user-42")
         let body = Array(#"{"id":"p1"}"#.utf8)
@@ -16,7 +16,7 @@ struct WireCodecTests {
             ("reply", .reply(correlation: Wire.frame(UInt64(7)), shared: true, body: body)),
             ("error", .error(correlation: Wire.frame(UInt64(7)), error: Array(#"{"code":"busy","message":"retry"}"#.utf8))),
             ("ready", .ready(service: "care", operations: [OperationDescriptor(name: "plants.get", idempotent: true, coalescable: true)], credit: 8)),
-            ("workerReply", .workerReply(requestID: 42, failed: false, body: body)),
+            ("workerReply", .workerReply(requestID: 42, failed: false, body: body, attachments: [[0xFF, 0xD8, 0xFF]])),
             ("workerHeartbeat", .workerHeartbeat),
             ("workerDisconnect", .workerDisconnect),
             ("drain", .drain),
@@ -67,9 +67,12 @@ struct WireCodecTests {
             }
         }
         let request = Self.samples[0].1.encoded
-        #expect(reason([Array("canopy/2".utf8), [0x01]]) == .wrongVersion)
+        #expect(reason([Array("canopy/1".utf8), [0x01]]) == .wrongVersion)
         #expect(reason([Wire.version, [0x7F]]) == .unknownCommand)
         #expect(reason(Array(request.prefix(6))) == .wrongFrameCount)
+        #expect(reason(request + Array(repeating: [0x01], count: Wire.maximumAttachments)) == nil, "up to 64 attachments")
+        #expect(reason(request + Array(repeating: [0x01], count: Wire.maximumAttachments + 1)) == .wrongFrameCount)
+        #expect(reason(Self.samples[1].1.encoded + [[0x01]]) == .wrongFrameCount, "a cancel takes no attachments")
         var badCorrelation = request
         badCorrelation[2] = []
         #expect(reason(badCorrelation) == .malformedCorrelation)
@@ -163,15 +166,19 @@ struct WireCodecTests {
         }
         for _ in 0..<2_000 {
             let messages: [WireMessage] = [
-                .request(WireRequest(correlation: bytes(1...64), service: name(), operation: name(), header: header(), body: bytes(0...200))),
+                .request(WireRequest(correlation: bytes(1...64), service: name(), operation: name(), header: header(), body: bytes(0...200),
+                                     attachments: (0..<Int.random(in: 0...3, using: &random)).map { _ in bytes(0...100) })),
                 .cancel(correlation: bytes(1...64)),
-                .reply(correlation: bytes(1...64), shared: Bool.random(using: &random), body: bytes(0...200)),
+                .reply(correlation: bytes(1...64), shared: Bool.random(using: &random), body: bytes(0...200),
+                       attachments: (0..<Int.random(in: 0...3, using: &random)).map { _ in bytes(0...100) }),
                 .error(correlation: bytes(0...64), error: bytes(0...100)),
                 .ready(service: name(), operations: (0..<Int.random(in: 1...5, using: &random)).map { _ in
                     OperationDescriptor(name: name(), idempotent: Bool.random(using: &random), coalescable: Bool.random(using: &random))
                 }, credit: UInt32.random(in: 0...UInt32.max, using: &random)),
-                .workerReply(requestID: random.next(), failed: Bool.random(using: &random), body: bytes(0...200)),
-                .dispatch(requestID: random.next(), operation: name(), header: header(), body: bytes(0...200)),
+                .workerReply(requestID: random.next(), failed: Bool.random(using: &random), body: bytes(0...200),
+                             attachments: (0..<Int.random(in: 0...3, using: &random)).map { _ in bytes(0...100) }),
+                .dispatch(requestID: random.next(), operation: name(), header: header(), body: bytes(0...200),
+                          attachments: (0..<Int.random(in: 0...3, using: &random)).map { _ in bytes(0...100) }),
                 .cancelDispatch(requestID: random.next()),
                 .brokerHeartbeat(maximumFrameBytes: random.next()),
                 .brokerDisconnect(reason: name()),
@@ -198,4 +205,29 @@ struct SplitMix64: RandomNumberGenerator {
 
 extension [UInt8] {
     var hex: String { map { String(format: "%02x", $0) }.joined() }
+}
+
+/// Photo bytes travel as attachments beside the JSON body, and come back whole.
+struct AttachmentPayloadTests {
+    let codec = MessageCodec()
+
+    @Test func aPhotoTravelsAsTheAttachmentNotInTheJSON() throws {
+        let photo = Data([0xFF, 0xD8, 0xFF, 0xE0] + Array(repeating: 0x42, count: 10_000))
+        let payload = try codec.encodePayload(Images.Put.Request(plantID: "p1", data: photo))
+        #expect(String(decoding: payload.body, as: UTF8.self) == #"{"plantID":"p1"}"#)
+        #expect(payload.attachments == [[UInt8](photo)])
+        let decoded = try codec.decodePayload(Images.Put.Request.self, from: payload)
+        #expect(decoded.plantID == "p1" && decoded.data == photo)
+    }
+
+    @Test func theNumberOfAttachmentsIsChecked() throws {
+        let body = Array(#"{"plantID":"p1"}"#.utf8)
+        #expect(throws: CanopyError.self) { try codec.decodePayload(Images.Put.Request.self, from: Payload(body: body)) }
+        #expect(throws: CanopyError.self) { try codec.decodePayload(Images.Put.Request.self, from: Payload(body: body, attachments: [[1], [2]])) }
+        // A message that takes none refuses them, rather than dropping bytes silently.
+        let error = #expect(throws: CanopyError.self) {
+            try codec.decodePayload(Images.Palette.Request.self, from: Payload(body: Array(#"{"sha256":"ab"}"#.utf8), attachments: [[1]]))
+        }
+        #expect(error?.message.contains("no attachments") == true)
+    }
 }

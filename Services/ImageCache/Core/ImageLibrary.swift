@@ -92,11 +92,11 @@ final class ImageLibrary: Sendable {
         try await put(try await fetcher.fetch(url), owner: owner, plantID: plantID)
     }
 
-    /// The bytes of variant data one reply carries when replies may be `replyBytes` long:
-    /// base64 takes 4 bytes for 3, and the rest of the reply takes under 2 KiB. At most 8 MiB,
-    /// so one large photo does not hold the bus for long.
+    /// The bytes of variant data one reply carries when frames may be `replyBytes` long: the
+    /// data is the reply's attachment, a frame of its own. At most 8 MiB, so one large photo
+    /// does not hold the bus for long.
     static func pieceBytes(replyBytes: Int) -> Int {
-        min(8 * 1024 * 1024, max(1024, (replyBytes - 2048) / 4 * 3))
+        min(8 * 1024 * 1024, max(1024, replyBytes))
     }
 
     /// A variant, or the piece of it from `request.offset` that fits in a reply of
