@@ -57,6 +57,47 @@ public enum TestService {
         public static let name = "append"
     }
 
+    /// Bytes that travel as attachments, and a label in the JSON.
+    public struct Blobs: AttachmentCarrying, Sendable, Equatable {
+        /// A label, in the JSON body.
+        public var label: String
+        /// The attachments.
+        public var blobs: [Data]
+
+        enum CodingKeys: String, CodingKey { case label }
+
+        /// - Parameters:
+        ///   - label: in the JSON body.
+        ///   - blobs: the attachments.
+        public init(label: String, blobs: [Data]) {
+            self.label = label
+            self.blobs = blobs
+        }
+
+        public init(from decoder: any Decoder) throws {
+            label = try decoder.container(keyedBy: CodingKeys.self).decode(String.self, forKey: .label)
+            blobs = []
+        }
+
+        public var attachments: [Data] {
+            get { blobs }
+            set { blobs = newValue }
+        }
+
+        public static let attachmentCount = 0...Wire.maximumAttachments
+    }
+
+    /// `test.blobs`: answers its attachments reversed, each reversed too, and counts them in
+    /// the label. Coalescable, so tests see attachments compared as flights are joined.
+    public enum ReverseBlobs: BusOperation {
+        public typealias Request = Blobs
+        public typealias Reply = Blobs
+        public static let service = TestService.name
+        public static let name = "blobs"
+        public static let idempotent = true
+        public static let coalescable = true
+    }
+
     /// `test.fail`: sleeps, then answers the error it is asked for (`text` is the code).
     /// Coalescable, so tests see an error fan out.
     public enum Fail: BusOperation {
@@ -109,6 +150,10 @@ public struct TestWorkerService: BusService {
         handlers.on(TestService.Echo.self, respond)
         handlers.on(TestService.Append.self, respond)
         handlers.on(TestService.Lookup.self, respond)
+        handlers.on(TestService.ReverseBlobs.self) { [counters] request, _ in
+            counters.calls.add(1, ordering: .relaxed)
+            return TestService.Blobs(label: "\(request.label):\(request.blobs.count)", blobs: request.blobs.reversed().map { Data($0.reversed()) })
+        }
         handlers.on(TestService.Fail.self) { [counters] request, _ in
             counters.calls.add(1, ordering: .relaxed)
             if request.sleepMilliseconds > 0 { try await Task.sleep(for: .milliseconds(request.sleepMilliseconds)) }
