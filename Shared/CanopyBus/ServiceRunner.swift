@@ -39,7 +39,7 @@ public final class ServiceRunner: Service, @unchecked Sendable {
     }
 
     private enum Control: Sendable {
-        case finished(id: UInt64, session: Int, Result<Payload, CanopyError>)
+        case finished(id: UInt64, connection: Int, Result<Payload, CanopyError>)
         case shutdown
     }
 
@@ -48,7 +48,6 @@ public final class ServiceRunner: Service, @unchecked Sendable {
     private let context: ZMQContext
     private let logger: Logger
     private let mailbox = Mailbox<Control>()
-    private let codec = MessageCodec()
     private let registered = Atomic<Bool>(false)
     private let metrics: RunnerMetrics
 
@@ -92,18 +91,8 @@ public final class ServiceRunner: Service, @unchecked Sendable {
 
     // MARK: - Loop (the loop thread only)
 
-    private final class Session {
-        let socket: ZMQSocket
-        let number: Int
-        var lastHeard: ContinuousClock.Instant
-        init(socket: ZMQSocket, number: Int, now: ContinuousClock.Instant) {
-            self.socket = socket
-            self.number = number
-            self.lastHeard = now
-        }
-    }
-
-    private func connect(number: Int) throws -> Session {
+    /// Connects a new DEALER socket to the broker.
+    private func connect() throws -> ZMQSocket {
         let socket = try ZMQSocket(context, type: .dealer)
         if let curve = configuration.curve { try socket.becomeCurveClient(curve) }
         try socket.setHighWaterMarks(100_000)
@@ -111,150 +100,113 @@ public final class ServiceRunner: Service, @unchecked Sendable {
         try socket.set(ZMQ_RECONNECT_IVL_MAX, 5_000) // libzmq's reconnect backoff
         try socket.setHeartbeats(interval: configuration.heartbeatInterval, timeout: configuration.heartbeatInterval * configuration.liveness)
         try socket.connect(configuration.endpoint)
-        let ready = WireMessage.ready(service: handlers.service, operations: handlers.descriptors, credit: UInt32(configuration.credit))
-        try socket.send(ready.encoded, dontWait: false)
-        logger.info("service.registering", metadata: ["service.endpoint": "\(configuration.endpoint)", "service.credit": "\(configuration.credit)"])
-        return Session(socket: socket, number: number, now: .now)
+        return socket
     }
 
+    /// The IO shell around ``WorkerSession``: one socket, the handlers' tasks, the mailbox.
     private func loop() throws {
-        let expiry = configuration.heartbeatInterval * configuration.liveness
-        var session = try connect(number: 0)
-        defer { session.socket.close() }
-        var running: [UInt64: (operation: String, task: Task<Void, Never>)] = [:]
-        var nextHeartbeat = ContinuousClock.now + configuration.heartbeatInterval
-        var drainDeadline: ContinuousClock.Instant?
-        // The broker's frame limit, from its heartbeats; no reply may be larger.
-        var maximumReplyBytes = RequestContext.defaultMaximumReplyBytes
-        // Refusals in a row (a READY the broker answered with DISCONNECT), for the backoff.
-        var refusals = 0
+        var session = WorkerSession(settings: .init(
+            service: handlers.service, operations: handlers.descriptors, credit: configuration.credit,
+            heartbeatInterval: configuration.heartbeatInterval, liveness: configuration.liveness, drainTimeout: configuration.drainTimeout),
+            now: .now)
+        var socket = try connect()
+        defer { socket.close() }
+        var tasks: [UInt64: Task<Void, Never>] = [:]
         var warnings = LogRateLimiter()
-        func warn(_ reason: String) {
+        var poller = Poller()
+        func watch(_ socket: ZMQSocket) {
+            poller.removeAll()
+            poller.add(socket)
+            poller.add(fileDescriptor: mailbox.fileDescriptor)
+        }
+        watch(socket)
+        let (socketItem, mailboxItem) = (0, 1)
+
+        /// Carries out the session's directives; false once it says stop.
+        func carryOut(_ directives: [WorkerSession.Directive]) throws -> Bool {
+            for directive in directives {
+                switch directive {
+                case .send(let message):
+                    if try !socket.send(message.encoded) {
+                        log(.dropped(reason: "send queue full"), &warnings)
+                    }
+                case .start(let id, let operation, let header, let payload):
+                    tasks[id] = start(id: id, operation: operation, header: header, payload: payload,
+                                      maximumReplyBytes: session.maximumReplyBytes, connection: session.connection)
+                case .cancel(let id):
+                    tasks.removeValue(forKey: id)?.cancel()
+                case .reconnect(let backoff):
+                    registered.store(false, ordering: .relaxed)
+                    socket.close()
+                    if backoff > .zero { Thread.sleep(forTimeInterval: Double(backoff.wholeMilliseconds) / 1_000) }
+                    socket = try connect()
+                    watch(socket)
+                    _ = try carryOut(session.connected(now: .now))
+                case .stop:
+                    registered.store(false, ordering: .relaxed)
+                    return false
+                case .log(let event):
+                    log(event, &warnings)
+                }
+            }
+            registered.store(session.isRegistered, ordering: .relaxed)
+            metrics.inFlight.record(session.running.count)
+            return true
+        }
+
+        guard try carryOut(session.connected(now: .now)) else { return }
+        while true {
+            try poller.poll(timeout: max(.zero, session.nextWakeup - .now))
+            if poller.isReadable(mailboxItem) {
+                for control in mailbox.drain() {
+                    switch control {
+                    case .finished(let id, let connection, let result):
+                        if connection == session.connection { tasks.removeValue(forKey: id) }
+                        guard try carryOut(session.finished(id: id, connection: connection, result)) else { return }
+                    case .shutdown:
+                        guard try carryOut(session.shutdown(now: .now)) else { return }
+                    }
+                }
+            }
+            if poller.isReadable(socketItem) {
+                // What follows a DISCONNECT on the old connection is not read.
+                while !session.disconnected, let frames = try socket.receive() {
+                    guard try carryOut(session.receive(frames, now: .now)) else { return }
+                }
+            }
+            let now = ContinuousClock.now
+            guard try carryOut(session.tick(now: now)) else { return }
+            for (reason, count) in warnings.endWindows(now: now) {
+                logger.warning("service.dropped.suppressed", metadata: ["service.reason": "\(reason)", "service.suppressed": "\(count)"])
+            }
+        }
+    }
+
+    /// Writes one of the session's events (repeated warnings a few at a time).
+    private func log(_ event: WorkerSession.Event, _ warnings: inout LogRateLimiter) {
+        switch event {
+        case .registering:
+            logger.info("service.registering", metadata: ["service.endpoint": "\(configuration.endpoint)", "service.credit": "\(configuration.credit)"])
+        case .draining(let running):
+            logger.info("service.draining", metadata: ["service.running": "\(running)"])
+        case .stopped(let abandoned):
+            logger.info("service.stopped", metadata: ["service.abandoned": "\(abandoned)"])
+        case .brokerSilent:
+            logger.notice("service.broker.silent", metadata: ["service.reconnecting": "true"])
+        case .disconnected(let reason):
+            if warnings.decide("disconnected", now: .now) == .write {
+                logger.notice("service.disconnected", metadata: ["service.reason": "\(reason.prefix(512))"])
+            }
+        case .replyTooLarge(let operation, let bytes):
+            logger.error("service.reply.tooLarge", metadata: ["service.operation": "\(operation)", "service.bytes": "\(bytes)"])
+        case .dropped(let reason):
             if warnings.decide(reason, now: .now) == .write {
                 logger.warning("service.dropped", metadata: ["service.reason": "\(reason)"])
             }
         }
-
-        // Rebuilt only when a reconnect replaces the socket, not on every pass.
-        var poller = Poller()
-        var polled = session.socket
-        let socketItem = poller.add(session.socket)
-        let mailboxItem = poller.add(fileDescriptor: mailbox.fileDescriptor)
-
-        while true {
-            if polled !== session.socket {
-                poller.removeAll()
-                poller.add(session.socket)
-                poller.add(fileDescriptor: mailbox.fileDescriptor)
-                polled = session.socket
-            }
-            try poller.poll(timeout: max(.zero, nextHeartbeat - .now))
-
-            if poller.isReadable(mailboxItem) {
-                for control in mailbox.drain() {
-                    switch control {
-                    case .finished(let id, let number, let result):
-                        guard number == session.number, let operation = running.removeValue(forKey: id)?.operation else { continue }
-                        metrics.inFlight.record(running.count)
-                        let reply: WireMessage
-                        switch result {
-                        case .success(let payload) where payload.largestFrame > maximumReplyBytes:
-                            // The broker would refuse it: say why instead.
-                            let size = payload.largestFrame
-                            logger.error("service.reply.tooLarge", metadata: ["service.operation": "\(operation)", "service.bytes": "\(size)"])
-                            let error = CanopyError(.tooLarge, "a frame of the reply of \(handlers.service).\(operation) is \(size) bytes, over the broker's limit of \(maximumReplyBytes) bytes; ask for less (a smaller page, or the data in pieces)")
-                            reply = .workerReply(requestID: id, failed: true, body: (try? codec.encode(error)) ?? [])
-                        case .success(let payload):
-                            reply = .workerReply(requestID: id, failed: false, body: payload.body, attachments: payload.attachments)
-                        case .failure(let error):
-                            reply = .workerReply(requestID: id, failed: true, body: (try? codec.encode(error)) ?? [])
-                        }
-                        if try !session.socket.send(reply.encoded) {
-                            logger.warning("service.reply.dropped", metadata: ["service.reason": "send queue full"])
-                        }
-                    case .shutdown where drainDeadline == nil:
-                        drainDeadline = .now + configuration.drainTimeout
-                        try session.socket.send(WireMessage.drain.encoded)
-                        logger.info("service.draining", metadata: ["service.running": "\(running.count)"])
-                    case .shutdown:
-                        break
-                    }
-                }
-            }
-
-            var reconnect = false
-            if poller.isReadable(socketItem) {
-                while let frames = try session.socket.receive() {
-                    session.lastHeard = .now
-                    let message: WireMessage
-                    do {
-                        message = try WireMessage(frames: frames)
-                    } catch {
-                        warn("malformed message from the broker: \(error.reason.rawValue)")
-                        continue
-                    }
-                    switch message {
-                    case .dispatch(let id, let operation, let header, let body, let attachments):
-                        refusals = 0
-                        running[id] = (operation, start(id: id, operation: operation, header: header, payload: Payload(body: body, attachments: attachments),
-                                                        maximumReplyBytes: maximumReplyBytes, session: session.number))
-                        metrics.inFlight.record(running.count)
-                    case .cancelDispatch(let id):
-                        running[id]?.task.cancel()
-                    case .brokerHeartbeat(let limit):
-                        // The registration was taken, and no frame may be larger than the limit.
-                        refusals = 0
-                        registered.store(true, ordering: .relaxed)
-                        if limit >= 1024 { maximumReplyBytes = Int(clamping: limit) }
-                    case .brokerDisconnect(let reason):
-                        if warnings.decide("disconnected", now: .now) == .write {
-                            logger.notice("service.disconnected", metadata: ["service.reason": "\(reason)"])
-                        }
-                        refusals += 1
-                        reconnect = true
-                    default:
-                        warn("command not sent to workers")
-                    }
-                    if reconnect { break }
-                }
-            }
-
-            let now = ContinuousClock.now
-            if let deadline = drainDeadline, running.isEmpty || now >= deadline || reconnect {
-                _ = try? session.socket.send(WireMessage.workerDisconnect.encoded)
-                registered.store(false, ordering: .relaxed)
-                metrics.inFlight.record(0)
-                logger.info("service.stopped", metadata: ["service.abandoned": "\(running.count)"])
-                running.values.forEach { $0.task.cancel() }
-                return
-            }
-            if reconnect || now - session.lastHeard > expiry {
-                if !reconnect { logger.notice("service.broker.silent", metadata: ["service.reconnecting": "true"]) }
-                // What the old broker held is its to answer (or to send to another worker).
-                running.values.forEach { $0.task.cancel() }
-                running.removeAll()
-                metrics.inFlight.record(0)
-                registered.store(false, ordering: .relaxed)
-                session.socket.close()
-                if refusals > 1 {
-                    // Refused again and again (a key not on the allow-list, a reserved name): back off, up to 5 s.
-                    Thread.sleep(forTimeInterval: min(5, 0.1 * Double(1 << min(refusals - 2, 6))))
-                }
-                session = try connect(number: session.number + 1)
-                nextHeartbeat = .now + configuration.heartbeatInterval
-                continue
-            }
-            if now >= nextHeartbeat {
-                try session.socket.send(WireMessage.workerHeartbeat.encoded)
-                nextHeartbeat = now + configuration.heartbeatInterval
-                for (reason, count) in warnings.endWindows(now: now) {
-                    logger.warning("service.dropped.suppressed", metadata: ["service.reason": "\(reason)", "service.suppressed": "\(count)"])
-                }
-            }
-        }
     }
 
-    private func start(id: UInt64, operation: String, header: RequestHeader, payload: Payload, maximumReplyBytes: Int, session: Int) -> Task<Void, Never> {
+    private func start(id: UInt64, operation: String, header: RequestHeader, payload: Payload, maximumReplyBytes: Int, connection: Int) -> Task<Void, Never> {
         var requestLogger = logger
         requestLogger[metadataKey: "service.operation"] = "\(operation)"
         let context = RequestContext(
@@ -266,7 +218,7 @@ public final class ServiceRunner: Service, @unchecked Sendable {
             let started = ContinuousClock.now
             let result = await handlers.handle(operation, payload: payload, context: context)
             metrics.record(operation: operation, result: result, duration: .now - started)
-            mailbox.post(.finished(id: id, session: session, result))
+            mailbox.post(.finished(id: id, connection: connection, result))
         }
     }
 }
