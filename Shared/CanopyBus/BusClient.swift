@@ -141,9 +141,6 @@ public final class BusClient: Sendable {
     }
 }
 
-/// What calls fail with while the broker refuses the client's CURVE key.
-private let keyRefused = CanopyError(.unauthorized, "the broker refused this client's CURVE key; the operator adds its public key to the broker's allow-list (--curve-allow), or check --curve-server-key")
-
 /// What calls on a closed client fail with.
 private let clientClosed = CanopyError(.internal, "the bus client was closed; make a new one")
 
@@ -160,38 +157,17 @@ private final class Counter: Sendable {
 
 import Synchronization
 
-/// The client's socket and everything only its thread touches.
+/// The client's socket and everything only its thread touches: the IO shell around
+/// ``ClientSession``, which decides what every event means for the calls in flight.
 private final class ClientLoop: @unchecked Sendable {
-    private struct Call {
-        let frames: [[UInt8]]
-        let idempotent: Bool
-        let deadline: ContinuousClock.Instant
-        let continuation: CheckedContinuation<RawReply, Error>
-        var connection: Int
-    }
-
-    private struct Deadline: Comparable {
-        let at: ContinuousClock.Instant
-        let id: UInt64
-        static func < (lhs: Self, rhs: Self) -> Bool { lhs.at < rhs.at }
-    }
-
-    /// How long after its deadline a call fails locally when the broker has not answered.
-    private static let grace: Duration = .milliseconds(250)
-
     private let context: ZMQContext // outlives the sockets
     private let socket: ZMQSocket
     private let monitor: ZMQSocket
     private let mailbox: Mailbox<BusClient.Control>
     private let logger: Logger
-    private let codec = MessageCodec()
-    private var calls: [UInt64: Call] = [:]
-    private var deadlines = Heap<Deadline>()
-    private var cancelledEarly: Set<UInt64> = []
-    private var connection = 0
-    private var connected = false
-    /// Set when the broker refused this client's CURVE key; cleared by a good handshake.
-    private var refused = false
+    private var session = ClientSession()
+    /// The callers waiting, by call id.
+    private var continuations: [UInt64: CheckedContinuation<RawReply, Error>] = [:]
 
     init(endpoint: String, curve: CurveClientSettings?, context: ZMQContext, mailbox: Mailbox<BusClient.Control>, logger: Logger) throws {
         self.context = context
@@ -225,130 +201,70 @@ private final class ClientLoop: @unchecked Sendable {
         let mailboxItem = poller.add(fileDescriptor: mailbox.fileDescriptor)
         do {
             while true {
-                try poller.poll(timeout: nextTimeout())
+                try poller.poll(timeout: session.nextWakeup().map { max(.zero, $0 - .now) })
                 // Connection news first: a call must not go out on a connection known to be refused.
                 if poller.isReadable(monitorItem) { try connectionEvents() }
                 if poller.isReadable(mailboxItem) {
                     for control in mailbox.drain() {
-                        if case .close = control {
-                            failAll(clientClosed)
+                        switch control {
+                        case .call(let id, let frames, let idempotent, let deadline, let continuation):
+                            continuations[id] = continuation
+                            try carryOut(session.call(id: id, frames: frames, idempotent: idempotent, deadline: deadline), sending: id)
+                        case .cancel(let id):
+                            try carryOut(session.cancel(id: id))
+                        case .close:
+                            try carryOut(session.failAll(clientClosed))
                             return
                         }
-                        try handle(control)
                     }
                 }
                 if poller.isReadable(socketItem) {
-                    while let frames = try socket.receive() { answer(frames) }
+                    while let frames = try socket.receive() { try carryOut(session.receive(frames)) }
                 }
-                expireCalls()
+                try carryOut(session.tick(now: .now))
             }
         } catch {
             logger.error("bus.client.failed", metadata: ["error": "\(error)"])
-            failAll(CanopyError(.internal, "the bus client stopped: \(error)"))
+            try? carryOut(session.failAll(CanopyError(.internal, "the bus client stopped: \(error)")))
         }
     }
 
-    private func nextTimeout() -> Duration? {
-        while let first = deadlines.min, calls[first.id]?.deadline != first.at { deadlines.removeMin() }
-        guard let first = deadlines.min else { return nil }
-        return max(.zero, first.at + Self.grace - .now)
-    }
-
-    private func handle(_ control: BusClient.Control) throws {
-        switch control {
-        case .call(let id, let frames, let idempotent, let deadline, let continuation):
-            if cancelledEarly.remove(id) != nil {
-                continuation.resume(throwing: CancellationError())
-                return
+    /// Carries out the session's directives. `sending` names the call whose REQUEST a
+    /// `.send` carries, so a full queue fails that call.
+    private func carryOut(_ directives: [ClientSession.Directive], sending call: UInt64? = nil) throws {
+        for directive in directives {
+            switch directive {
+            case .send(let frames):
+                if try !socket.send(frames), let call {
+                    try connectionEvents() // a refused handshake leaves no connection to queue on
+                    try carryOut(session.sendFailed(id: call))
+                }
+            case .resolve(let id, let outcome):
+                guard let continuation = continuations.removeValue(forKey: id) else { continue }
+                switch outcome {
+                case .reply(let reply): continuation.resume(returning: reply)
+                case .failure(let error): continuation.resume(throwing: error)
+                case .cancelled: continuation.resume(throwing: CancellationError())
+                }
+            case .log(.disconnected(let calls)):
+                logger.notice("bus.client.disconnected", metadata: ["bus.calls": "\(calls)"])
+            case .log(.keyRefused):
+                logger.error("bus.client.refused", metadata: ["bus.reason": "the broker refused this client's CURVE key"])
             }
-            if refused {
-                continuation.resume(throwing: keyRefused)
-                return
-            }
-            calls[id] = Call(frames: frames, idempotent: idempotent, deadline: deadline, continuation: continuation, connection: connection)
-            deadlines.insert(Deadline(at: deadline, id: id))
-            if try !socket.send(frames) {
-                calls[id] = nil
-                try connectionEvents() // a refused handshake leaves no connection to queue on
-                continuation.resume(throwing: refused ? keyRefused : CanopyError(.busy, "the client's send queue is full; retry later"))
-            }
-        case .cancel(let id):
-            guard let call = calls.removeValue(forKey: id) else {
-                cancelledEarly.insert(id) // the call itself is still on its way in the mailbox
-                return
-            }
-            try socket.send(WireMessage.cancel(correlation: Wire.frame(id)).encoded)
-            call.continuation.resume(throwing: CancellationError())
-        case .close:
-            break
         }
     }
 
-    private func answer(_ frames: [[UInt8]]) {
-        // Late or unknown ids are dropped: the call was answered, cancelled or timed out already.
-        do {
-            switch try WireMessage(frames: frames) {
-            case .reply(let correlation, let shared, let body, let attachments):
-                guard let id = Wire.uint64(correlation), let call = calls.removeValue(forKey: id) else { return }
-                call.continuation.resume(returning: RawReply(body: body, attachments: attachments, shared: shared))
-            case .error(let correlation, let error):
-                guard let id = Wire.uint64(correlation), let call = calls.removeValue(forKey: id) else { return }
-                call.continuation.resume(throwing: (try? codec.decode(CanopyError.self, from: error)) ?? CanopyError(.internal, "the broker sent an unreadable error"))
-            default:
-                logger.debug("bus.client.unexpected", metadata: ["bus.frames": "\(frames.count)"])
-            }
-        } catch {
-            // A malformed answer to a call still ends that call, at once.
-            guard let id = Wire.uint64(error.correlation), let call = calls.removeValue(forKey: id) else { return }
-            call.continuation.resume(throwing: CanopyError(.internal, "the broker sent a malformed reply: \(error.description)"))
-        }
-    }
-
-    /// Reads the socket monitor: on a lost connection, calls that cannot be sent again fail;
-    /// on a new one, idempotent calls that were on the lost connection go out again.
+    /// Reads the socket monitor and tells the session what happened to the connection.
     private func connectionEvents() throws {
         while let frames = try monitor.receive() {
             guard let first = frames.first, first.count >= 2 else { continue }
-            let event = Int32(UInt16(first[0]) | UInt16(first[1]) << 8)
-            if event == ZMQ_EVENT_DISCONNECTED {
-                connected = false
-                connection += 1
-                logger.notice("bus.client.disconnected", metadata: ["bus.calls": "\(calls.count)"])
-                for (id, call) in calls where call.connection < connection && !call.idempotent {
-                    calls[id] = nil
-                    call.continuation.resume(throwing: CanopyError(.workerLost, "the connection to the broker was lost while this call was in flight; it may or may not have run, and it is not idempotent, so it was not sent again"))
-                }
-            } else if event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH {
-                // libzmq keeps retrying; calls fail now, with what to do, instead of timing out.
-                if !refused { logger.error("bus.client.refused", metadata: ["bus.reason": "the broker refused this client's CURVE key"]) }
-                refused = true
-                failAll(keyRefused)
-            } else if event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED {
-                refused = false
-                connected = true
-                for (id, call) in calls where call.connection < connection {
-                    calls[id]!.connection = connection
-                    try socket.send(call.frames)
-                }
+            switch Int32(UInt16(first[0]) | UInt16(first[1]) << 8) {
+            case ZMQ_EVENT_DISCONNECTED: try carryOut(session.disconnected())
+            case ZMQ_EVENT_HANDSHAKE_FAILED_AUTH: try carryOut(session.handshakeRefused())
+            case ZMQ_EVENT_HANDSHAKE_SUCCEEDED: try carryOut(session.handshakeSucceeded())
+            default: break
             }
         }
-    }
-
-    private func expireCalls() {
-        let now = ContinuousClock.now
-        while let first = deadlines.min, first.at + Self.grace <= now {
-            deadlines.removeMin()
-            guard let call = calls[first.id], call.deadline == first.at else { continue }
-            calls[first.id] = nil
-            call.continuation.resume(throwing: CanopyError(.timeout, connected
-                ? "no reply within the call's deadline"
-                : "no reply within the call's deadline; the broker cannot be reached"))
-        }
-    }
-
-    private func failAll(_ error: CanopyError) {
-        for call in calls.values { call.continuation.resume(throwing: error) }
-        calls.removeAll()
     }
 }
 
