@@ -107,6 +107,9 @@ public final class BrokerServer: Service, @unchecked Sendable {
         let zapItem = zap.map { poller.add($0.socket) }
         var drainDeadline: ContinuousClock.Instant?
         var memory = MemoryGiveBack()
+        // Reused for every message received.
+        var identity: [UInt8] = [], frames: [[UInt8]] = [], key: String?
+        frames.reserveCapacity(16)
         lastPass.store(DispatchTime.now().uptimeNanoseconds, ordering: .relaxed) // turning from here on
         logger.info("broker.started", metadata: ["broker.endpoint": "\(endpoint)", "broker.curve": "\(zap != nil)"])
 
@@ -125,21 +128,12 @@ public final class BrokerServer: Service, @unchecked Sendable {
             }
             if poller.isReadable(socketItem) {
                 var budget = 4096 // then let timers run
-                if zap == nil {
-                    while budget > 0, let frames = try socket.receive() {
-                        budget -= 1
-                        guard frames.count >= 2 else { continue } // ROUTER always adds the identity
-                        state.receive(Array(frames[1...]), from: frames[0], now: .now, into: &directives)
-                        try carryOut(&directives)
-                    }
-                } else {
-                    // With CURVE, each message carries the public key its connection authenticated with.
-                    while budget > 0, let (frames, key) = try socket.receiveWithUserID() {
-                        budget -= 1
-                        guard frames.count >= 2 else { continue }
-                        state.receive(Array(frames[1...]), from: frames[0], key: key, now: .now, into: &directives)
-                        try carryOut(&directives)
-                    }
+                // With CURVE, each message carries the public key its connection authenticated with.
+                while budget > 0, try socket.receiveRouted(identity: &identity, frames: &frames, readingUserID: zap != nil, userID: &key) {
+                    budget -= 1
+                    guard !frames.isEmpty else { continue } // ROUTER always adds the identity
+                    state.receive(frames, from: identity, key: key, now: .now, into: &directives)
+                    try carryOut(&directives)
                 }
             }
             state.tick(now: .now, into: &directives)

@@ -196,6 +196,9 @@ extension BrokerState {
         var served: UInt64 = 0
         var errors: UInt64 = 0
         var latencyMicros = Histogram<UInt64>(highestTrackableValue: 3_600_000_000, numberOfSignificantValueDigits: .two)
+        /// The operations' counters, found once per operation name (they live in the broker's
+        /// table, which outlives this entry).
+        var counters: [String: OperationCounters] = [:]
 
         init(name: String) { self.name = name }
 
@@ -232,10 +235,14 @@ extension BrokerState {
         }
     }
 
+    /// A waiter's deadline in the deadline heap, ordered by nanoseconds since the broker
+    /// started (comparing integers, not `Duration`s, on the hot path).
     struct Deadline: Comparable {
         let at: ContinuousClock.Instant
+        let key: UInt64
         let waiter: UInt64
-        static func < (lhs: Self, rhs: Self) -> Bool { lhs.at < rhs.at }
+        static func < (lhs: Self, rhs: Self) -> Bool { lhs.key < rhs.key }
+        static func == (lhs: Self, rhs: Self) -> Bool { lhs.key == rhs.key && lhs.waiter == rhs.waiter }
     }
 
     /// Per-operation coalescing counters, kept across worker comings and goings.
@@ -278,6 +285,13 @@ extension BrokerState {
 
     /// The counters of one operation. Majordomo workers take any operation name, so past
     /// 1024 names new ones share one `service.*` entry and the table stays bounded.
+    mutating func counters(service: ServiceEntry, operation: String) -> OperationCounters {
+        if let known = service.counters[operation] { return known }
+        let found = counters(service: service.name, operation: operation)
+        if service.counters.count < 1024 { service.counters[operation] = found }
+        return found
+    }
+
     mutating func counters(service: String, operation: String) -> OperationCounters {
         var operation = operation
         var name = operation.isEmpty ? service : "\(service).\(operation)"

@@ -58,7 +58,7 @@ extension BrokerState {
             let known = service.operations.map(\.name).joined(separator: ", ")
             return refuse(CanopyError(.badRequest, "service '\(intake.serviceName)' has no operation '\(intake.operation)'; it has: \(known)"))
         }
-        let counters = counters(service: service.name, operation: intake.operation)
+        let counters = counters(service: service, operation: intake.operation)
         /// A refusal of a request whose operation is known: counted as the service's error
         /// and as the operation's outcome.
         func refuseCounted(_ error: CanopyError) {
@@ -148,7 +148,7 @@ extension BrokerState {
         if intake.dialect == .canopy {
             byClient[ClientKey(client: intake.client, correlation: intake.correlation)] = waiter.id
         }
-        deadlines.insert(Deadline(at: waiter.deadline, waiter: waiter.id))
+        deadlines.insert(Deadline(at: waiter.deadline, key: deadlineKey(waiter.deadline), waiter: waiter.id))
         flight.waiters.append(waiter.id)
         flight.totalWaiters += 1
     }

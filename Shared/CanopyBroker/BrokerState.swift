@@ -94,6 +94,12 @@ public struct BrokerState {
         return wakeup
     }
 
+    /// A deadline as nanoseconds since the broker started, for the heap's ordering.
+    func deadlineKey(_ deadline: ContinuousClock.Instant) -> UInt64 {
+        let (seconds, attoseconds) = (deadline - startedAt).components
+        return UInt64(clamping: seconds) &* 1_000_000_000 &+ UInt64(clamping: attoseconds / 1_000_000_000)
+    }
+
     mutating func makeID() -> UInt64 {
         defer { nextID += 1 }
         return nextID

@@ -196,9 +196,33 @@ public final class ZMQSocket {
         return (frames, userID)
     }
 
+    /// Receives one message on a ROUTER socket: the peer's routing identity into `identity`
+    /// and the rest into `frames` (emptied first, its storage kept, so a loop that receives
+    /// message after message allocates no new outer array). With `readingUserID`, also the
+    /// User-Id the connection authenticated with (see ``receiveWithUserID(dontWait:)``).
+    ///
+    /// - Returns: `false` when nothing is waiting.
+    public func receiveRouted(identity: inout [UInt8], frames: inout [[UInt8]], readingUserID: Bool = false, userID: inout String?) throws -> Bool {
+        frames.removeAll(keepingCapacity: true)
+        userID = nil
+        var routing: [UInt8]? = []
+        guard try receive(dontWait: true, readingUserID: readingUserID, userID: &userID, identity: &routing, into: &frames) else { return false }
+        identity = routing ?? []
+        return true
+    }
+
     private func receive(dontWait: Bool, readingUserID: Bool, userID: inout String?) throws -> [[UInt8]]? {
         var frames: [[UInt8]] = []
         frames.reserveCapacity(8)
+        var noIdentity: [UInt8]?
+        return try receive(dontWait: dontWait, readingUserID: readingUserID, userID: &userID, identity: &noIdentity, into: &frames) ? frames : nil
+    }
+
+    /// Receives one message's frames into `frames`; when `identity` is not `nil`, the first
+    /// frame (a ROUTER's routing identity) goes there instead.
+    private func receive(dontWait: Bool, readingUserID: Bool, userID: inout String?, identity: inout [UInt8]?,
+                         into frames: inout [[UInt8]]) throws -> Bool {
+        var wantsIdentity = identity != nil
         var message = zmq_msg_t()
         zmq_msg_init(&message)
         defer { zmq_msg_close(&message) }
@@ -208,20 +232,21 @@ public final class ZMQSocket {
             if rc < 0 {
                 let code = zmq_errno()
                 if code == EINTR { continue }
-                if code == EAGAIN && frames.isEmpty { return nil }
+                if code == EAGAIN && frames.isEmpty && (identity == nil || identity!.isEmpty) { return false }
                 throw ZMQError("zmq_msg_recv", code: code)
             }
             if readingUserID, userID == nil, let property = zmq_msg_gets(&message, "User-Id"), property.pointee != 0 {
                 userID = String(cString: property)
             }
             let count = zmq_msg_size(&message)
-            if count == 0 {
-                frames.append([])
+            let frame: [UInt8] = count == 0 ? [] : Array(UnsafeBufferPointer(start: zmq_msg_data(&message)!.assumingMemoryBound(to: UInt8.self), count: count))
+            if wantsIdentity {
+                identity = frame
+                wantsIdentity = false
             } else {
-                let start = zmq_msg_data(&message)!.assumingMemoryBound(to: UInt8.self)
-                frames.append(Array(UnsafeBufferPointer(start: start, count: count)))
+                frames.append(frame)
             }
-            guard zmq_msg_more(&message) != 0 else { return frames }
+            guard zmq_msg_more(&message) != 0 else { return true }
             flags = 0 // the rest of a multipart message is already here
         }
     }
