@@ -129,12 +129,15 @@ public final class BrokerServer: Service, @unchecked Sendable {
             if poller.isReadable(socketItem) {
                 var budget = 4096 // then let timers run
                 // With CURVE, each message carries the public key its connection authenticated with.
+                // What a batch of messages asks to send goes out together at its end: libzmq wakes
+                // its I/O thread once for a burst instead of once a message.
                 while budget > 0, try socket.receiveRouted(identity: &identity, frames: &frames, readingUserID: zap != nil, userID: &key) {
                     budget -= 1
                     guard !frames.isEmpty else { continue } // ROUTER always adds the identity
                     state.receive(frames, from: identity, key: key, now: .now, into: &directives)
-                    try carryOut(&directives)
+                    if directives.count >= 1024 { try carryOut(&directives) }
                 }
+                try carryOut(&directives)
             }
             state.tick(now: .now, into: &directives)
             try carryOut(&directives)

@@ -47,14 +47,21 @@ public enum Wire {
         /// `[version, 0x23, reason]`: register again (READY) or go away.
         case brokerDisconnect = 0x23
 
-        /// The command as a frame.
-        public var frame: [UInt8] { [rawValue] }
+        /// The command as a frame (one shared array per command: no allocation per message).
+        public var frame: [UInt8] { Self.frames[Int(rawValue)] }
+
+        /// A one-byte frame, shared.
+        static func frame(byte: UInt8) -> [UInt8] { frames[Int(byte)] }
+
+        private static let frames: [[UInt8]] = (0...0xFF).map { [UInt8($0)] }
     }
 
     /// Reply flag bits (the reply flags frame is one byte).
     public enum ReplyFlag {
         /// The reply was shared among coalesced identical requests.
         public static let shared: UInt8 = 0x01
+        /// The flags frame of a reply given to one caller, and of one shared.
+        static let frames: (alone: [UInt8], shared: [UInt8]) = ([0], [shared])
     }
 
     /// Worker reply status byte.

@@ -140,13 +140,13 @@ extension WireMessage {
         case .cancel(let correlation):
             [Wire.version, Wire.Command.cancel.frame, correlation]
         case .reply(let correlation, let shared, let body, let attachments):
-            [Wire.version, Wire.Command.reply.frame, correlation, [shared ? Wire.ReplyFlag.shared : 0], body] + attachments
+            [Wire.version, Wire.Command.reply.frame, correlation, shared ? Wire.ReplyFlag.frames.shared : Wire.ReplyFlag.frames.alone, body] + attachments
         case .error(let correlation, let error):
             [Wire.version, Wire.Command.error.frame, correlation, error]
         case .ready(let service, let operations, let credit):
             [Wire.version, Wire.Command.ready.frame, Array(service.utf8), (try? MessageCodec().encode(operations)) ?? Array("[]".utf8), Wire.frame(credit)]
         case .workerReply(let id, let failed, let body, let attachments):
-            [Wire.version, Wire.Command.workerReply.frame, Wire.frame(id), [failed ? Wire.Status.error : Wire.Status.ok], body] + attachments
+            [Wire.version, Wire.Command.workerReply.frame, Wire.frame(id), Wire.Command.frame(byte: failed ? Wire.Status.error : Wire.Status.ok), body] + attachments
         case .workerHeartbeat, .workerDisconnect, .drain:
             [Wire.version, command.frame]
         case .dispatch(let id, let operation, let header, let body, let attachments):
