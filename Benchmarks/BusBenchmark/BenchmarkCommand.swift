@@ -18,8 +18,9 @@ struct BenchmarkCommand: AsyncParsableCommand {
               swift run -c release canopy-bench care
               swift run -c release canopy-bench metrics --clients 64 --window 16
               swift run -c release canopy-bench transfer
+              swift run -c release canopy-bench coalescing-cost
             """,
-        subcommands: [Bus.self, Coalescing.self, ImagesBenchmark.self, CareBenchmark.self, MetricsCost.self, TransferBenchmark.self],
+        subcommands: [Bus.self, Coalescing.self, ImagesBenchmark.self, CareBenchmark.self, MetricsCost.self, TransferBenchmark.self, CoalescingCost.self],
         defaultSubcommand: Bus.self)
 }
 
@@ -103,9 +104,52 @@ struct PipelinedLoadSetup: Sendable {
     var request: [[UInt8]]
     var warmUp: Duration
     var duration: Duration
+    var uniqueBodies = false
 
     func run(_ endpoint: String) throws -> PipelinedLoad.Result {
-        try PipelinedLoad(endpoint: endpoint, clients: clients, window: window, threads: threads, request: request).run(warmUp: warmUp, duration: duration)
+        var load = PipelinedLoad(endpoint: endpoint, clients: clients, window: window, threads: threads, request: request)
+        load.uniqueBodies = uniqueBodies
+        return try load.run(warmUp: warmUp, duration: duration)
+    }
+}
+
+/// What coalescing costs when nothing coalesces: the same pipelined load of unique bodies to
+/// a coalescable operation through the broker with coalescing off and on, round by round.
+struct CoalescingCost: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "coalescing-cost",
+        abstract: "Broker throughput with coalescing on against off at saturation, on a pipelined load where no two requests are identical.",
+        discussion: "Example: canopy-bench coalescing-cost --rounds 5 --clients 64 --window 16")
+
+    @Option(help: "Seconds measured per setup.") var seconds = 3.0
+    @Option(help: "Concurrent clients.") var clients = 64
+    @Option(help: "Requests each client keeps in flight.") var window = 16
+    @Option(help: "Threads the clients are spread over.") var threads = 2
+    @Option(help: "Rounds; each runs off and on in turn (alternating the order).") var rounds = 5
+
+    func run() async throws {
+        var logger = Logger(label: "canopy-bench")
+        logger.logLevel = .error
+        let load = PipelinedLoadSetup(clients: clients, window: window, threads: threads, request: benchRequest(operation: "lookup", body: Array("{}".utf8)),
+                                      warmUp: .milliseconds(500), duration: .milliseconds(Int64(seconds * 1000)), uniqueBodies: true)
+        print("canopy-bench coalescing-cost: \(clients) clients x \(window) in flight, unique bodies to a coalescable operation, \(seconds) s per measurement, \(rounds) rounds")
+        var rows = [["round", "coalescing off req/s", "p99 µs", "coalescing on req/s", "p99 µs", "on/off"]]
+        var ratios: [Double] = []
+        for round in 1...rounds {
+            var measured: [Bool: PipelinedLoad.Result] = [:]
+            for coalescing in round % 2 == 1 ? [false, true] : [true, false] {
+                progress("  round \(round)/\(rounds): coalescing \(coalescing ? "on" : "off")…\n")
+                var configuration = BrokerConfiguration()
+                configuration.coalescing = coalescing
+                measured[coalescing] = try await Rig(workers: 4).broker(configuration: configuration, logger: logger) { endpoint, _ in try load.run(endpoint) }
+            }
+            guard let off = measured[false], let on = measured[true] else { continue }
+            ratios.append(on.throughput / off.throughput)
+            rows.append(["\(round)", String(format: "%.0f", off.throughput), "\(off.p99)", String(format: "%.0f", on.throughput), "\(on.p99)",
+                         String(format: "%.3f", on.throughput / off.throughput)])
+        }
+        printTable(rows)
+        print("median on/off: \(String(format: "%.3f", ratios.sorted()[ratios.count / 2])) (target: at least 0.95)")
     }
 }
 

@@ -40,6 +40,8 @@ struct PipelinedLoad {
     let threads: Int
     /// The request each client sends; frame 2 is replaced by the correlation id.
     let request: [[UInt8]]
+    /// Whether every request gets a body of its own (`{"n":…}`), so no two are identical.
+    var uniqueBodies = false
 
     /// The threads' name (in `top -H` and `perf`).
     static let threadName = "bench-load"
@@ -93,6 +95,7 @@ struct PipelinedLoad {
             sequence[index] &+= 1
             let sentAt = DispatchTime.now().uptimeNanoseconds - origin
             frames[2] = Wire.frame(sentAt << 8 | (sequence[index] & 0xFF))
+            if uniqueBodies { frames[6] = Array("{\"n\":\"\(clientIndexes[index])-\(sequence[index])\"}".utf8) }
             _ = try sockets[index].send(frames, dontWait: false)
         }
         for index in sockets.indices {
