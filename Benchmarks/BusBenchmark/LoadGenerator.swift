@@ -6,15 +6,7 @@ import Histogram
 /// outstanding, all owned by the calling thread. The same generator drives the broker and
 /// the `zmq_proxy` baseline, so the two see the same load.
 struct LoadGenerator {
-    struct Result {
-        var requests = 0
-        var errors = 0
-        var seconds = 0.0
-        var latencyMicros = Histogram<UInt64>(highestTrackableValue: 60_000_000, numberOfSignificantValueDigits: .three)
-        var throughput: Double { Double(requests) / seconds }
-        var p50: UInt64 { latencyMicros.valueAtPercentile(50) }
-        var p99: UInt64 { latencyMicros.valueAtPercentile(99) }
-    }
+    typealias Result = LoadResult
 
     /// Which bodies the clients send.
     enum Bodies {

@@ -13,26 +13,7 @@ import Synchronization
 /// Each thread reads its own CPU time while measuring (``Result/generatorCPUSeconds``): a
 /// generator that is not the bottleneck leaves room on the machine's cores.
 struct PipelinedLoad {
-    struct Result {
-        var requests = 0
-        var errors = 0
-        var seconds = 0.0
-        /// CPU time the generator's threads used while measuring.
-        var generatorCPUSeconds = 0.0
-        var latencyMicros = Histogram<UInt64>(highestTrackableValue: 60_000_000, numberOfSignificantValueDigits: .three)
-        var throughput: Double { Double(requests) / seconds }
-        var p50: UInt64 { latencyMicros.valueAtPercentile(50) }
-        var p99: UInt64 { latencyMicros.valueAtPercentile(99) }
-        /// The generator's share of one core while measuring.
-        var generatorCoreShare: Double { generatorCPUSeconds / seconds }
-
-        mutating func merge(_ other: Result) {
-            requests += other.requests
-            errors += other.errors
-            generatorCPUSeconds += other.generatorCPUSeconds
-            latencyMicros.add(other.latencyMicros)
-        }
-    }
+    typealias Result = LoadResult
 
     let endpoint: String
     let clients: Int
@@ -138,6 +119,30 @@ func currentThreadCPUSeconds() -> Double {
     var time = timespec()
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &time)
     return Double(time.tv_sec) + Double(time.tv_nsec) / 1e9
+}
+
+/// What a load generator measured: requests answered, errors, time, latency at the client,
+/// and the generator's own CPU time.
+struct LoadResult {
+    var requests = 0
+    var errors = 0
+    var seconds = 0.0
+    /// CPU time the generator's threads used while measuring (0 when not measured).
+    var generatorCPUSeconds = 0.0
+    var latencyMicros = Histogram<UInt64>(highestTrackableValue: 60_000_000, numberOfSignificantValueDigits: .three)
+    var throughput: Double { Double(requests) / seconds }
+    var p50: UInt64 { latencyMicros.valueAtPercentile(50) }
+    var p99: UInt64 { latencyMicros.valueAtPercentile(99) }
+    /// The generator's share of one core while measuring.
+    var generatorCoreShare: Double { generatorCPUSeconds / seconds }
+
+    /// Adds another thread's figures (not its time: the threads measured the same span).
+    mutating func merge(_ other: LoadResult) {
+        requests += other.requests
+        errors += other.errors
+        generatorCPUSeconds += other.generatorCPUSeconds
+        latencyMicros.add(other.latencyMicros)
+    }
 }
 
 /// A benchmark set-up that failed, with what went wrong.
