@@ -128,9 +128,9 @@ public final class BrokerServer: Service, @unchecked Sendable {
             }
             if poller.isReadable(socketItem) {
                 var budget = 4096 // then let timers run
-                // With CURVE, each message carries the public key its connection authenticated with.
                 // What a batch of messages asks to send goes out together at its end: libzmq wakes
-                // its I/O thread once for a burst instead of once a message.
+                // its I/O thread once for a burst instead of once a message. With CURVE, each
+                // message carries the public key its connection authenticated with (`key`).
                 while budget > 0, try socket.receiveRouted(identity: &identity, frames: &frames, readingUserID: zap != nil, userID: &key) {
                     budget -= 1
                     guard !frames.isEmpty else { continue } // ROUTER always adds the identity
