@@ -175,7 +175,8 @@ extension BrokerState {
         switch worker.dialect {
         case .canopy:
             // The worker may work until the last waiter gives up.
-            let deadline = flight.waiters.compactMap { waiters[$0]?.deadline }.max() ?? now
+            var deadline = now
+            for id in flight.waiters { if let waiter = waiters[id], waiter.deadline > deadline { deadline = waiter.deadline } }
             var header = flight.header
             header.timeoutMilliseconds = UInt32(clamping: max(1, (deadline - now).wholeMilliseconds))
             let message = WireMessage.dispatch(requestID: flight.id, operation: flight.operation, header: header,
@@ -197,20 +198,23 @@ extension BrokerState {
     }
 
     /// Hands queued flights of `service` to workers with credit, oldest first.
+    ///
+    /// Flights no worker with credit serves are skipped and put back at the front, in order;
+    /// the rest of the queue is not touched (a reply that frees one credit costs one dispatch,
+    /// not a copy of the queue).
     mutating func dispatchQueued(_ service: ServiceEntry, now: ContinuousClock.Instant, into out: inout [Directive]) {
         guard !service.queue.isEmpty else { return }
-        var kept: Deque<UInt64> = []
+        var skipped: [UInt64] = []
         while let id = service.queue.popFirst() {
             guard let flight = flights[id] else { continue }
             if let worker = service.freeWorker(for: flight.operation) {
                 dispatch(flight, to: worker, now: now, into: &out)
             } else {
-                kept.append(id)
+                skipped.append(id)
                 if service.workers.allSatisfy({ $0.available == 0 }) { break }
             }
         }
-        kept.append(contentsOf: service.queue)
-        service.queue = kept
+        service.queue.prepend(contentsOf: skipped)
     }
 
     // MARK: - Majordomo
