@@ -153,11 +153,14 @@ public final class ZMQSocket {
     @discardableResult
     public func send(_ frames: [[UInt8]], dontWait: Bool = true) throws -> Bool {
         let base = dontWait ? ZMQ_DONTWAIT : 0
-        for (index, frame) in frames.enumerated() {
-            let flags = index == frames.count - 1 ? base : base | ZMQ_SNDMORE
-            if try !sendFrame(frame, flags: flags) { return false }
+        let last = frames.count - 1
+        // Borrowing the frames in place: no retain and release of every frame's storage.
+        return try frames.withUnsafeBufferPointer { frames in
+            for index in frames.indices where try !sendFrame(frames[index], flags: index == last ? base : base | ZMQ_SNDMORE) {
+                return false
+            }
+            return true
         }
-        return true
     }
 
     /// Sends an envelope frame (a ROUTER peer's identity) followed by `frames`.
@@ -167,7 +170,7 @@ public final class ZMQSocket {
         return try send(frames)
     }
 
-    private func sendFrame(_ frame: [UInt8], flags: Int32) throws -> Bool {
+    private func sendFrame(_ frame: borrowing [UInt8], flags: Int32) throws -> Bool {
         while true {
             let rc = frame.withUnsafeBytes { zmq_send(handle, $0.baseAddress, $0.count, flags) }
             if rc >= 0 { return true }
