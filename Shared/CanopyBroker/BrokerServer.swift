@@ -170,8 +170,10 @@ public final class BrokerServer: Service, @unchecked Sendable {
     private func carryOut(_ directives: inout [BrokerState.Directive]) throws {
         for directive in directives {
             switch directive {
-            case .send(let peer, let frames):
-                try socket.send(to: peer, frames)
+            case .send(let peer, let message):
+                try socket.send(to: peer, message.encoded)
+            case .sendMajordomo(let peer, let message):
+                try socket.send(to: peer, message.encoded)
             case .log(let message, let peer):
                 if warnings.decide(message, now: .now) == .write {
                     logger.warning("broker.dropped", metadata: ["broker.reason": "\(message)", "broker.peer": "\(peer.hex)"])

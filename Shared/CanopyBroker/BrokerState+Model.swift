@@ -165,19 +165,20 @@ extension BrokerState {
             }
         }
 
-        /// A heartbeat; a Canopy worker's carries the broker's frame limit, so that its runner
-        /// never sends a reply the broker would refuse.
-        func heartbeatFrames(maximumFrameBytes: Int) -> [[UInt8]] {
+        /// A heartbeat to this worker; a Canopy worker's carries the broker's frame limit, so
+        /// that its runner never sends a reply the broker would refuse.
+        func heartbeat(maximumFrameBytes: Int) -> Directive {
             switch dialect {
-            case .canopy: WireMessage.brokerHeartbeat(maximumFrameBytes: UInt64(maximumFrameBytes)).encoded
-            case .majordomo: MajordomoMessage.heartbeat.encoded
+            case .canopy: .send(to: identity.bytes, .brokerHeartbeat(maximumFrameBytes: UInt64(maximumFrameBytes)))
+            case .majordomo: .sendMajordomo(to: identity.bytes, .heartbeat)
             }
         }
 
-        func disconnectFrames(reason: String) -> [[UInt8]] {
+        /// Tells this worker to go (or register again).
+        func disconnect(reason: String) -> Directive {
             switch dialect {
-            case .canopy: WireMessage.brokerDisconnect(reason: reason).encoded
-            case .majordomo: MajordomoMessage.disconnect.encoded
+            case .canopy: .send(to: identity.bytes, .brokerDisconnect(reason: reason))
+            case .majordomo: .sendMajordomo(to: identity.bytes, .disconnect)
             }
         }
     }

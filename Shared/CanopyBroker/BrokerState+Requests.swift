@@ -172,7 +172,7 @@ extension BrokerState {
             return
         }
         if let worker = flight.worker {
-            out.append(.send(to: worker.identity.bytes, frames: cancelFrames(flight, worker: worker)))
+            if let cancel = cancelDirective(flight, worker: worker) { out.append(cancel) }
         } else if let index = flight.service.queue.firstIndex(of: flight.id) {
             flight.service.queue.remove(at: index)
         }
@@ -231,16 +231,15 @@ extension BrokerState {
     func answer(_ waiter: Waiter, _ outcome: Outcome, shared: Bool, into out: inout [Directive]) {
         switch (waiter.dialect, outcome) {
         case (.canopy, .reply(let frames, _)):
-            let reply = WireMessage.reply(correlation: waiter.correlation, shared: shared, body: frames.first ?? [], attachments: Array(frames.dropFirst()))
-            out.append(.send(to: waiter.client, frames: reply.encoded))
+            out.append(.send(to: waiter.client, .reply(correlation: waiter.correlation, shared: shared, body: frames.first ?? [], attachments: Array(frames.dropFirst()))))
         case (.canopy, .failure(let error)):
             replyError(to: waiter.client, correlation: waiter.correlation, error, into: &out)
         case (.majordomo, .reply(let frames, let fromMajordomo)):
             // Majordomo to Majordomo passes untouched; a Canopy worker's reply gets a status frame.
             let body = fromMajordomo ? frames : [Majordomo.ok] + frames
-            out.append(.send(to: waiter.client, frames: MajordomoMessage.client(service: Array(waiter.serviceName.utf8), body: body).encoded))
+            out.append(.sendMajordomo(to: waiter.client, .client(service: Array(waiter.serviceName.utf8), body: body)))
         case (.majordomo, .failure(let error)):
-            out.append(.send(to: waiter.client, frames: MajordomoMessage.client(service: Array(waiter.serviceName.utf8), body: [Majordomo.error, (try? codec.encode(error)) ?? []]).encoded))
+            out.append(.sendMajordomo(to: waiter.client, .client(service: Array(waiter.serviceName.utf8), body: [Majordomo.error, (try? codec.encode(error)) ?? []])))
         }
     }
 
@@ -250,7 +249,7 @@ extension BrokerState {
         case .canopy:
             replyError(to: intake.client, correlation: intake.correlation, error, into: &out)
         case .majordomo:
-            out.append(.send(to: intake.client, frames: MajordomoMessage.client(service: Array(intake.serviceName.utf8), body: [Majordomo.error, (try? codec.encode(error)) ?? []]).encoded))
+            out.append(.sendMajordomo(to: intake.client, .client(service: Array(intake.serviceName.utf8), body: [Majordomo.error, (try? codec.encode(error)) ?? []])))
         }
     }
 

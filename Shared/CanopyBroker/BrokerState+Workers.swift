@@ -10,7 +10,7 @@ extension BrokerState {
                               now: ContinuousClock.Instant, into out: inout [Directive]) {
         func refuse(_ reason: String) {
             out.append(.log("worker refused: \(reason)", peer: peer.bytes))
-            out.append(.send(to: peer.bytes, frames: WireMessage.brokerDisconnect(reason: reason).encoded))
+            out.append(.send(to: peer.bytes, .brokerDisconnect(reason: reason)))
         }
         guard let name = serviceName(Array(service.utf8)) else { return refuse("invalid or reserved service name; use 1 to 128 of a-z, 0-9, '.', '-', '_', not 'broker' or 'mmi.'") }
         if let reason = unauthorizedWorker(key, service: name) { return refuse(reason) }
@@ -67,7 +67,7 @@ extension BrokerState {
         workers[peer] = worker
         service.workers.append(worker)
         // The first heartbeat at once: it tells a Canopy worker the broker's frame limit.
-        out.append(.send(to: peer.bytes, frames: worker.heartbeatFrames(maximumFrameBytes: configuration.maximumFrameBytes)))
+        out.append(worker.heartbeat(maximumFrameBytes: configuration.maximumFrameBytes))
         dispatchQueued(service, now: now, into: &out)
         return nil
     }
@@ -123,7 +123,7 @@ extension BrokerState {
     /// A worker the broker does not know (it registered with an earlier broker): tell it
     /// to register again.
     private func unknownWorker(_ peer: PeerKey, into out: inout [Directive]) {
-        out.append(.send(to: peer.bytes, frames: WireMessage.brokerDisconnect(reason: "unknown worker; send READY again").encoded))
+        out.append(.send(to: peer.bytes, .brokerDisconnect(reason: "unknown worker; send READY again")))
     }
 
     /// Removes a worker. Its idempotent flights go once more to another worker with their
@@ -181,19 +181,20 @@ extension BrokerState {
             header.timeoutMilliseconds = UInt32(clamping: max(1, (deadline - now).wholeMilliseconds))
             let message = WireMessage.dispatch(requestID: flight.id, operation: flight.operation, header: header,
                                                body: flight.payload.first ?? [], attachments: Array(flight.payload.dropFirst()))
-            out.append(.send(to: worker.identity.bytes, frames: message.encoded))
+            out.append(.send(to: worker.identity.bytes, message))
         case .majordomo:
             // The flight id stands in the client address; the worker sends it back with the reply.
             let body = flight.operation.isEmpty ? flight.payload : [Array(flight.operation.utf8)] + flight.payload
-            out.append(.send(to: worker.identity.bytes, frames: MajordomoMessage.request(client: Wire.frame(flight.id), body: body).encoded))
+            out.append(.sendMajordomo(to: worker.identity.bytes, .request(client: Wire.frame(flight.id), body: body)))
         }
     }
 
-    /// The frames that tell `worker` to stop working on `flight` (Majordomo has none).
-    func cancelFrames(_ flight: Flight, worker: Worker) -> [[UInt8]] {
+    /// What tells `worker` to stop working on `flight`; `nil` for a Majordomo worker, which
+    /// has no such command (its reply will be dropped).
+    func cancelDirective(_ flight: Flight, worker: Worker) -> Directive? {
         switch worker.dialect {
-        case .canopy: WireMessage.cancelDispatch(requestID: flight.id).encoded
-        case .majordomo: [] // nothing to send; the reply will be dropped
+        case .canopy: .send(to: worker.identity.bytes, .cancelDispatch(requestID: flight.id))
+        case .majordomo: nil
         }
     }
 
@@ -234,7 +235,7 @@ extension BrokerState {
             rejected += 1
             out.append(.log("frame over the size limit", peer: peer))
             if case .client(let service, _) = message {
-                out.append(.send(to: peer, frames: MajordomoMessage.client(service: service, body: [Majordomo.error, (try? codec.encode(tooLarge(oversized.count))) ?? []]).encoded))
+                out.append(.sendMajordomo(to: peer, .client(service: service, body: [Majordomo.error, (try? codec.encode(tooLarge(oversized.count))) ?? []])))
             }
             return
         }
@@ -248,7 +249,7 @@ extension BrokerState {
     private mutating func majordomoClient(service serviceFrame: [UInt8], body: [[UInt8]], from client: [UInt8], now: ContinuousClock.Instant, into out: inout [Directive]) {
         let name = String(decoding: serviceFrame, as: UTF8.self)
         func reply(_ reply: [[UInt8]]) {
-            out.append(.send(to: client, frames: MajordomoMessage.client(service: serviceFrame, body: reply).encoded))
+            out.append(.sendMajordomo(to: client, .client(service: serviceFrame, body: reply)))
         }
         if name.hasPrefix(Majordomo.managementPrefix) {
             guard name == Majordomo.serviceQuery else { return reply([Array("501".utf8)]) }
@@ -274,12 +275,11 @@ extension BrokerState {
     private mutating func majordomoWorker(_ message: MajordomoMessage, from peer: PeerKey, key: String?, now: ContinuousClock.Instant, into out: inout [Directive]) {
         // A worker's messages must come with the key it registered with (an identity is not proof).
         let known = workers[peer].flatMap { $0.dialect == .majordomo && !impersonates($0, key: key) ? $0 : nil }
-        let disconnect = MajordomoMessage.disconnect.encoded
         switch message {
         case .ready(let service):
             func refuse(_ reason: String) {
                 out.append(.log("worker refused: \(reason)", peer: peer.bytes))
-                out.append(.send(to: peer.bytes, frames: disconnect))
+                out.append(.sendMajordomo(to: peer.bytes, .disconnect))
             }
             guard let name = serviceName(service) else { return refuse("invalid or reserved Majordomo service name") }
             if let reason = unauthorizedWorker(key, service: name) { return refuse(reason) }
@@ -290,7 +290,7 @@ extension BrokerState {
                 refuse(reason)
             }
         case .reply(let client, let body):
-            guard let worker = known else { return out.append(.send(to: peer.bytes, frames: disconnect)) }
+            guard let worker = known else { return out.append(.sendMajordomo(to: peer.bytes, .disconnect)) }
             worker.expiry = now + configuration.workerExpiry
             guard let id = Wire.uint64(client) else {
                 return dropMalformed("malformed Majordomo reply", peer: peer.bytes, into: &out)
@@ -302,7 +302,7 @@ extension BrokerState {
             }
             complete(id, by: worker, .reply(body, fromMajordomo: true), now: now, into: &out)
         case .heartbeat:
-            guard let worker = known else { return out.append(.send(to: peer.bytes, frames: disconnect)) }
+            guard let worker = known else { return out.append(.sendMajordomo(to: peer.bytes, .disconnect)) }
             worker.expiry = now + configuration.workerExpiry
         case .disconnect:
             if known != nil { workerGone(peer, now: now, into: &out) }

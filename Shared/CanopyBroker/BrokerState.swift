@@ -22,8 +22,10 @@ import Histogram
 public struct BrokerState {
     /// Something the IO shell must do.
     public enum Directive: Equatable, Sendable {
-        /// Send `frames` to the peer with routing identity `to`.
-        case send(to: [UInt8], frames: [[UInt8]])
+        /// Send a canopy/2 message to the peer with routing identity `to`.
+        case send(to: [UInt8], WireMessage)
+        /// Send a Majordomo message to the peer with routing identity `to`.
+        case sendMajordomo(to: [UInt8], MajordomoMessage)
         /// A message was dropped or refused; the shell writes one log line.
         case log(String, peer: [UInt8])
     }
@@ -129,7 +131,7 @@ public struct BrokerState {
             case .ready?:
                 // A worker hears why it may not register, as for every refused READY.
                 out.append(.log("worker refused: \(error.reason.rawValue)", peer: peer))
-                out.append(.send(to: peer, frames: WireMessage.brokerDisconnect(reason: error.description).encoded))
+                out.append(.send(to: peer, .brokerDisconnect(reason: error.description)))
             case .workerReply?, .workerHeartbeat?, .workerDisconnect?, .drain?:
                 dropMalformed(error.reason.rawValue, peer: peer, into: &out) // workers get no error frames
             default:
@@ -191,7 +193,7 @@ public struct BrokerState {
         guard now >= nextHeartbeat else { return }
         nextHeartbeat = now + configuration.heartbeatInterval
         for worker in workers.values {
-            out.append(.send(to: worker.identity.bytes, frames: worker.heartbeatFrames(maximumFrameBytes: configuration.maximumFrameBytes)))
+            out.append(worker.heartbeat(maximumFrameBytes: configuration.maximumFrameBytes))
         }
         for worker in workers.values where worker.expiry < now {
             out.append(.log("worker expired after missed heartbeats", peer: worker.identity.bytes))
@@ -207,7 +209,7 @@ public struct BrokerState {
     /// Tells every worker to go away; called last in a graceful shutdown.
     public mutating func disconnectAll(into out: inout [Directive]) {
         for worker in workers.values {
-            out.append(.send(to: worker.identity.bytes, frames: worker.disconnectFrames(reason: "broker shutting down")))
+            out.append(worker.disconnect(reason: "broker shutting down"))
         }
     }
 
@@ -242,7 +244,7 @@ public struct BrokerState {
     /// An error to a Canopy peer.
     func replyError(to peer: [UInt8], correlation: [UInt8], _ error: CanopyError, into out: inout [Directive]) {
         let body = (try? codec.encode(error)) ?? Array(#"{"code":"internal","message":"unencodable error"}"#.utf8)
-        out.append(.send(to: peer, frames: WireMessage.error(correlation: correlation, error: body).encoded))
+        out.append(.send(to: peer, .error(correlation: correlation, error: body)))
     }
 
     // MARK: - Management
@@ -257,7 +259,7 @@ public struct BrokerState {
             replyError(to: client, correlation: correlation, CanopyError(.badRequest, "the broker has no operation '\(operation)'; it has: services, stats"), into: &out)
             return
         }
-        out.append(.send(to: client, frames: WireMessage.reply(correlation: correlation, shared: false, body: body ?? []).encoded))
+        out.append(.send(to: client, .reply(correlation: correlation, shared: false, body: body ?? [])))
     }
 
     /// What `broker.services` answers.

@@ -57,14 +57,20 @@ struct BrokerHarness {
 /// The sends among `directives`, as (peer, frames).
 func sends(_ directives: [BrokerState.Directive]) -> [(peer: String, frames: [[UInt8]])] {
     directives.compactMap { directive in
-        if case .send(let peer, let frames) = directive { return (String(decoding: peer, as: UTF8.self), frames) }
-        return nil
+        switch directive {
+        case .send(let peer, let message): (String(decoding: peer, as: UTF8.self), message.encoded)
+        case .sendMajordomo(let peer, let message): (String(decoding: peer, as: UTF8.self), message.encoded)
+        case .log: nil
+        }
     }
 }
 
-/// The canopy/2 messages among `directives`, decoded, as (peer, message).
+/// The canopy/2 messages among `directives`, as (peer, message).
 func messages(_ directives: [BrokerState.Directive]) -> [(peer: String, message: WireMessage)] {
-    sends(directives).compactMap { send in (try? WireMessage(frames: send.frames)).map { (send.peer, $0) } }
+    directives.compactMap { directive in
+        if case .send(let peer, let message) = directive { return (String(decoding: peer, as: UTF8.self), message) }
+        return nil
+    }
 }
 
 /// Requests dispatched to workers: (worker, request id, operation, header).

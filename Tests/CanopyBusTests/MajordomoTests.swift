@@ -21,6 +21,15 @@ struct MajordomoTests {
         sends(directives).filter { $0.peer == peer }.map { $0.frames.map { String(decoding: $0, as: UTF8.self) } }
     }
 
+    @Test func aCallerGivingUpOnAMajordomoWorkerSendsTheWorkerNothing() {
+        var broker = BrokerHarness()
+        _ = broker.receive([[], mdpw, [0x01], bytes("echo")], from: "mw")
+        _ = broker.request("c1", 1, service: "echo", operation: "say", timeoutMs: 100)
+        let expired = broker.advance(.milliseconds(200))
+        #expect(errors(expired).map(\.error.code) == [.timeout])
+        #expect(sends(expired).filter { $0.peer == "mw" }.isEmpty, "7/MDP has no cancel: nothing goes to the worker, not an empty message")
+    }
+
     @Test func mmiServiceSaysWhetherAServiceExists() {
         var broker = BrokerHarness()
         broker.ready("w1")
