@@ -9,9 +9,13 @@ struct Send: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Call one operation and print its reply; exits 1 on an error reply.",
         discussion: """
-            Example: canopy send broker services --json '{}'
+            Examples:
+              canopy send broker services --json '{}'
+              canopy send images images.put --principal me --json '{"plantID":"p1"}' --attach monstera.jpg
+              canopy send images images.variant --principal me --json '{"sha256":"…","variant":"thumbnail"}' --save thumb.jpg
             The reply is printed to standard output as indented JSON; an error reply is printed
-            to standard error as 'error (code): message'.
+            to standard error as 'error (code): message'. Photo bytes travel as attachments,
+            frames beside the JSON: --attach sends a file as one, --save writes the reply's.
             """)
 
     @Argument(help: "The service, for example 'broker'.") var service: String
@@ -20,6 +24,8 @@ struct Send: AsyncParsableCommand {
     @Option(help: "The user id to act for. Env: CANOPY_PRINCIPAL.") var principal: String = Environment.string("CANOPY_PRINCIPAL") ?? ""
     @Option(help: "How long to wait, in milliseconds. Env: CANOPY_TIMEOUT_MS.") var timeoutMs: Int = Environment.int("CANOPY_TIMEOUT_MS", default: 10_000)
     @Flag(help: "Let the bus send the call again if the broker restarts mid-call (only for idempotent operations).") var idempotent = false
+    @Option(help: ArgumentHelp("A file sent as an attachment (repeat for more, in order).", valueName: "file")) var attach: [String] = []
+    @Option(help: ArgumentHelp("Where to write the reply's attachments: FILE for one, FILE-1, FILE-2, … for several.", valueName: "file")) var save: String?
     @OptionGroup var common: CommonOptions
 
     func validate() throws {
@@ -27,18 +33,42 @@ struct Send: AsyncParsableCommand {
             throw ValidationError("--json is not valid JSON: \(json.prefix(80)); quote it in single quotes, e.g. --json '{\"id\":\"p1\"}'")
         }
         guard timeoutMs > 0 else { throw ValidationError("--timeout-ms must be positive") }
+        guard attach.count <= Wire.maximumAttachments else { throw ValidationError("--attach takes at most \(Wire.maximumAttachments) files") }
+        for file in attach where !FileManager.default.isReadableFile(atPath: file) {
+            throw ValidationError("cannot read --attach \(file); check the path")
+        }
     }
 
     func run() async throws {
         try await withBus(common) { bus in
             do {
-                let reply = try await bus.call(service: service, operation: operation, body: Array(json.utf8),
+                let attachments = try attach.map { [UInt8](try Data(contentsOf: URL(fileURLWithPath: $0))) }
+                let reply = try await bus.call(service: service, operation: operation, body: Array(json.utf8), attachments: attachments,
                                                principal: principal.isEmpty ? nil : principal, timeout: .milliseconds(timeoutMs), idempotent: idempotent)
                 print(prettyJSON(reply.body))
+                try saveAttachments(reply.attachments)
             } catch let error as CanopyError {
                 FileHandle.standardError.write(Data("error (\(error.code.rawValue)): \(error.message)\n".utf8))
                 throw ExitCode(1)
             }
+        }
+    }
+}
+
+extension Send {
+    /// Writes the reply's attachments where --save says, or says on standard error that
+    /// they came and how to keep them.
+    func saveAttachments(_ attachments: [[UInt8]]) throws {
+        guard !attachments.isEmpty else { return }
+        guard let save else {
+            let sizes = attachments.map { "\($0.count) bytes" }.joined(separator: ", ")
+            FileHandle.standardError.write(Data("the reply has \(attachments.count) attachment(s) (\(sizes)); --save FILE writes them\n".utf8))
+            return
+        }
+        for (index, attachment) in attachments.enumerated() {
+            let path = attachments.count == 1 ? save : "\(save)-\(index + 1)"
+            try Data(attachment).write(to: URL(fileURLWithPath: path))
+            FileHandle.standardError.write(Data("wrote \(attachment.count) bytes to \(path)\n".utf8))
         }
     }
 }

@@ -2,10 +2,10 @@ import Foundation
 
 /// What a CLI's `--help` lacks, as sentences: subcommands without an example, and (for
 /// `serve`) options that do not name their `CANOPY_*` variable. Empty when all is well.
-public func helpProblems(_ executable: String, subcommands: [[String]]) throws -> [String] {
+public func helpProblems(_ executable: String, subcommands: [[String]]) async throws -> [String] {
     var problems: [String] = []
     for subcommand in subcommands {
-        let help = try runExecutable(executable, subcommand + ["--help"])
+        let help = try await runExecutable(executable, subcommand + ["--help"])
         let name = ([executable] + subcommand).joined(separator: " ")
         if help.status != 0 { problems.append("\(name) --help failed") }
         if !help.output.contains("Example") { problems.append("\(name) shows no example") }

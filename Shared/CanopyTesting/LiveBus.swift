@@ -238,8 +238,14 @@ public struct ProcessResult: Sendable {
 }
 
 /// Runs an executable built next to the tests and waits for it (at most `limit`; then it is
-/// terminated), for tests that use the CLIs as an operator does.
-public func runExecutable(_ name: String, _ arguments: [String], environment: [String: String] = [:], limit: TimeInterval = 20) throws -> ProcessResult {
+/// terminated), for tests that use the CLIs as an operator does. The waiting happens on a
+/// Dispatch thread (``offThePool(_:)``): blocking the cooperative pool, one thread per core,
+/// would starve the in-process brokers and workers the executable talks to.
+public func runExecutable(_ name: String, _ arguments: [String], environment: [String: String] = [:], limit: TimeInterval = 20) async throws -> ProcessResult {
+    try await offThePool { try runExecutableBlocking(name, arguments, environment: environment, limit: limit) }
+}
+
+private func runExecutableBlocking(_ name: String, _ arguments: [String], environment: [String: String], limit: TimeInterval) throws -> ProcessResult {
     let process = Process()
     process.executableURL = try LiveBus.executable(name)
     process.arguments = arguments

@@ -59,8 +59,8 @@ struct BrokerProcessTests {
         }
     }
 
-    func run(_ name: String, _ arguments: [String], environment: [String: String] = [:]) throws -> ProcessResult {
-        try runExecutable(name, arguments, environment: environment)
+    func run(_ name: String, _ arguments: [String], environment: [String: String] = [:]) async throws -> ProcessResult {
+        try await runExecutable(name, arguments, environment: environment)
     }
 
     @Test func healthOverHTTPSaysWhetherTheLoopTurns() async throws {
@@ -75,11 +75,11 @@ struct BrokerProcessTests {
             }
         }
         let listener = "127.0.0.1:\(try #require(port))"
-        let healthy = try run("canopy-broker", ["health", "--via", "http", "--metrics-bind", listener])
+        let healthy = try await run("canopy-broker", ["health", "--via", "http", "--metrics-bind", listener])
         #expect(healthy.status == 0, "\(healthy.output)")
         #expect(healthy.output.hasPrefix("healthy: loop bound, turning"))
         broker.stop()
-        let gone = try run("canopy-broker", ["health", "--via", "http", "--metrics-bind", listener])
+        let gone = try await run("canopy-broker", ["health", "--via", "http", "--metrics-bind", listener])
         #expect(gone.status == 1 && gone.output.contains("nothing answers"))
     }
 
@@ -98,14 +98,14 @@ struct BrokerProcessTests {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-keys-\(UUID().uuidString)")
         defer { try? FileManager.default.removeItem(at: directory) }
         for name in ["broker", "ops", "stranger"] {
-            let made = try run("canopy", ["keys", "generate", name, "--directory", directory.path])
+            let made = try await run("canopy", ["keys", "generate", name, "--directory", directory.path])
             #expect(made.status == 0, "\(made.errors)")
             #expect(made.output.contains("public key: "))
         }
         let secret = directory.appendingPathComponent("broker.key").path
         let attributes = try FileManager.default.attributesOfItem(atPath: secret)
         #expect((attributes[.posixPermissions] as? Int) == 0o600, "the secret key is readable by its owner only")
-        let again = try run("canopy", ["keys", "generate", "broker", "--directory", directory.path])
+        let again = try await run("canopy", ["keys", "generate", "broker", "--directory", directory.path])
         #expect(again.status != 0 && again.errors.contains("--force"), "an existing key is not overwritten")
 
         let ops = try Curve.publicKey(directory.appendingPathComponent("ops.pub").path)
@@ -117,18 +117,18 @@ struct BrokerProcessTests {
         let endpoint = try await broker.endpoint()
         let serverKey = directory.appendingPathComponent("broker.pub").path
 
-        let allowed = try run("canopy-broker", ["health", "--endpoint", endpoint, "--curve-server-key", serverKey,
+        let allowed = try await run("canopy-broker", ["health", "--endpoint", endpoint, "--curve-server-key", serverKey,
                                                 "--curve-secret-key-file", directory.appendingPathComponent("ops.key").path])
         #expect(allowed.status == 0, "\(allowed.output)")
-        let stranger = try run("canopy-broker", ["health", "--endpoint", endpoint, "--curve-server-key", serverKey,
+        let stranger = try await run("canopy-broker", ["health", "--endpoint", endpoint, "--curve-server-key", serverKey,
                                                  "--curve-secret-key-file", directory.appendingPathComponent("stranger.key").path])
         #expect(stranger.status != 0)
         #expect(stranger.output.contains("CURVE key"), "told why: \(stranger.output)")
-        let plain = try run("canopy-broker", ["health", "--endpoint", endpoint])
+        let plain = try await run("canopy-broker", ["health", "--endpoint", endpoint])
         #expect(plain.status != 0)
         #expect(!broker.text.contains(secretKey), "the secret key is never logged")
 
-        let missing = try run("canopy-broker", ["serve", "--curve-secret-key-file", secret])
+        let missing = try await run("canopy-broker", ["serve", "--curve-secret-key-file", secret])
         #expect(missing.status != 0 && missing.errors.contains("--curve-allow"))
     }
 

@@ -8,26 +8,50 @@ import Testing
 /// The executables as an operator uses them: real processes against a live broker.
 @Suite(.serialized)
 struct CommandLineTests {
-    func run(_ name: String, _ arguments: [String], environment: [String: String] = [:]) throws -> ProcessResult {
-        try runExecutable(name, arguments, environment: environment)
+    func run(_ name: String, _ arguments: [String], environment: [String: String] = [:]) async throws -> ProcessResult {
+        try await runExecutable(name, arguments, environment: environment)
     }
 
     @Test func canopySendPrintsTheReplyAndExitsNonZeroOnAnError() async throws {
         try await withLiveBus { bus in
             bus.startWorker(name: "cli")
             try await bus.waitForWorkers(1)
-            let ok = try run("canopy", ["send", "test", "echo", "--json", #"{"text":"fern","sleepMilliseconds":0}"#, "--principal", "user-7", "--endpoint", bus.endpoint])
+            let ok = try await run("canopy", ["send", "test", "echo", "--json", #"{"text":"fern","sleepMilliseconds":0}"#, "--principal", "user-7", "--endpoint", bus.endpoint])
             #expect(ok.status == 0)
             #expect(ok.output.contains(#""text" : "fern""#))
             #expect(ok.output.contains(#""principal" : "user-7""#))
 
-            let failed = try run("canopy", ["send", "test", "fail", "--json", #"{"text":"notFound","sleepMilliseconds":0}"#, "--endpoint", bus.endpoint])
+            let failed = try await run("canopy", ["send", "test", "fail", "--json", #"{"text":"notFound","sleepMilliseconds":0}"#, "--endpoint", bus.endpoint])
             #expect(failed.status == 1)
             #expect(failed.errors.contains("error (notFound)"))
 
-            let invalid = try run("canopy", ["send", "test", "echo", "--json", "{nope", "--endpoint", bus.endpoint])
+            let invalid = try await run("canopy", ["send", "test", "echo", "--json", "{nope", "--endpoint", bus.endpoint])
             #expect(invalid.status != 0)
             #expect(invalid.errors.contains("--json is not valid JSON"))
+        }
+    }
+
+    @Test func canopySendAttachesFilesAndSavesTheReplysAttachments() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-send-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let photo = directory.appendingPathComponent("photo.bin")
+        let bytes = Data((0..<50_000).map { UInt8(truncatingIfNeeded: $0 &* 7) })
+        try bytes.write(to: photo)
+        try await withLiveBus { bus in
+            bus.startWorker(name: "cli")
+            try await bus.waitForWorkers(1)
+            let saved = directory.appendingPathComponent("reply.bin")
+            let sent = try await run("canopy", ["send", "test", "blobs", "--json", #"{"label":"photo"}"#, "--attach", photo.path,
+                                          "--save", saved.path, "--endpoint", bus.endpoint])
+            #expect(sent.status == 0, "\(sent.errors)")
+            #expect(sent.output.contains(#""label" : "photo:1""#))
+            #expect(try Data(contentsOf: saved) == Data(bytes.reversed()), "the worker's reply attachment, written whole")
+
+            let unsaved = try await run("canopy", ["send", "test", "blobs", "--json", #"{"label":"x"}"#, "--attach", photo.path, "--endpoint", bus.endpoint])
+            #expect(unsaved.errors.contains("1 attachment(s) (50000 bytes); --save FILE writes them"))
+            let missing = try await run("canopy", ["send", "test", "blobs", "--json", "{}", "--attach", directory.appendingPathComponent("nope").path])
+            #expect(missing.status != 0 && missing.errors.contains("cannot read --attach"))
         }
     }
 
@@ -36,32 +60,32 @@ struct CommandLineTests {
             bus.startWorker(name: "cli")
             try await bus.waitForWorkers(1)
             // The endpoint comes from the environment this time.
-            let services = try run("canopy", ["services"], environment: ["CANOPY_ENDPOINT": bus.endpoint])
+            let services = try await run("canopy", ["services"], environment: ["CANOPY_ENDPOINT": bus.endpoint])
             #expect(services.status == 0)
             let lines = services.output.split(separator: "\n").map(String.init)
             #expect(lines.first == "SERVICE  WORKERS  OPERATION  IDEMPOTENT  COALESCABLE")
             #expect(lines.contains("test     1        append     no          no"))
             #expect(lines.contains("                  echo       yes         no"))
 
-            let stats = try run("canopy", ["stats", "--endpoint", bus.endpoint])
+            let stats = try await run("canopy", ["stats", "--endpoint", bus.endpoint])
             #expect(stats.status == 0)
             #expect(stats.output.contains("SERVICE  WORKERS  QUEUED  IN FLIGHT  SERVED  ERRORS"))
             #expect(stats.output.contains("test"))
         }
     }
 
-    @Test func badOptionsAreRefusedWithASentenceThatSaysWhatToDo() throws {
-        let result = try run("canopy-broker", ["serve", "--liveness", "0"])
+    @Test func badOptionsAreRefusedWithASentenceThatSaysWhatToDo() async throws {
+        let result = try await run("canopy-broker", ["serve", "--liveness", "0"])
         #expect(result.status != 0)
         #expect(result.errors.contains("--liveness must be at least 1"))
-        let environment = try run("canopy-broker", ["serve"], environment: ["CANOPY_HEARTBEAT_MS": "often"])
+        let environment = try await run("canopy-broker", ["serve"], environment: ["CANOPY_HEARTBEAT_MS": "often"])
         #expect(environment.status != 0)
         #expect(environment.errors.contains("CANOPY_HEARTBEAT_MS=often is not a whole number"))
     }
 
-    @Test func everySubcommandShowsAnExampleAndEveryServeOptionItsVariable() throws {
-        #expect(try helpProblems("canopy", subcommands: [[], ["send"], ["services"], ["stats"], ["keys", "generate"]]) == [])
-        #expect(try helpProblems("canopy-broker", subcommands: [[], ["serve"], ["health"]]) == [])
+    @Test func everySubcommandShowsAnExampleAndEveryServeOptionItsVariable() async throws {
+        #expect(try await helpProblems("canopy", subcommands: [[], ["send"], ["services"], ["stats"], ["keys", "generate"]]) == [])
+        #expect(try await helpProblems("canopy-broker", subcommands: [[], ["serve"], ["health"]]) == [])
     }
 
     @Test func tablesAlignTextLeftAndNumbersRight() {
@@ -71,7 +95,7 @@ struct CommandLineTests {
         #expect(table.render() == "NAME      COUNT\nmonstera      7\nfern        120")
     }
 
-    @Test func optionsFallBackToCanopyEnvironmentVariablesAndFlagsWin() throws {
+    @Test func optionsFallBackToCanopyEnvironmentVariablesAndFlagsWin() async throws {
         setenv("CANOPY_ENDPOINT", "tcp://10.0.0.9:7000", 1)
         defer { unsetenv("CANOPY_ENDPOINT") }
         #expect(try CommonOptions.parse([]).endpoint == "tcp://10.0.0.9:7000")

@@ -11,41 +11,41 @@ import Testing
 /// `canopy-care` as an operator runs it.
 @Suite(.serialized)
 struct CareCommandLineTests {
-    func run(_ arguments: [String], environment: [String: String] = [:]) throws -> ProcessResult {
-        try runExecutable("canopy-care", arguments, environment: environment)
+    func run(_ arguments: [String], environment: [String: String] = [:]) async throws -> ProcessResult {
+        try await runExecutable("canopy-care", arguments, environment: environment)
     }
 
-    @Test func everySubcommandShowsAnExampleAndEveryServeOptionItsVariable() throws {
-        #expect(try helpProblems("canopy-care", subcommands: [[], ["serve"], ["catalog", "search"], ["plan"], ["upcoming"], ["health"]]) == [])
+    @Test func everySubcommandShowsAnExampleAndEveryServeOptionItsVariable() async throws {
+        #expect(try await helpProblems("canopy-care", subcommands: [[], ["serve"], ["catalog", "search"], ["plan"], ["upcoming"], ["health"]]) == [])
     }
 
-    @Test func catalogSearchPrintsAnAlignedTable() throws {
-        let result = try run(["catalog", "search", "swiss cheese"])
+    @Test func catalogSearchPrintsAnAlignedTable() async throws {
+        let result = try await run(["catalog", "search", "swiss cheese"])
         #expect(result.status == 0)
         let lines = result.output.split(separator: "\n")
         #expect(lines.first?.hasPrefix("SCIENTIFIC NAME     COMMON NAME") == true)
         #expect(lines.contains { $0.hasPrefix("Monstera deliciosa  Swiss cheese plant  Araceae") })
-        #expect(try run(["catalog", "search", "xyzabc123"]).output.contains("no species matches"))
+        #expect(try await run(["catalog", "search", "xyzabc123"]).output.contains("no species matches"))
     }
 
-    @Test func planPrintsTasksAtTheLocalTimeInTheGivenZone() throws {
-        let result = try run(["plan", "--species", "Monstera deliciosa", "--days", "30", "--tz", "Europe/Berlin", "--time", "08:15"])
+    @Test func planPrintsTasksAtTheLocalTimeInTheGivenZone() async throws {
+        let result = try await run(["plan", "--species", "Monstera deliciosa", "--days", "30", "--tz", "Europe/Berlin", "--time", "08:15"])
         #expect(result.status == 0, "\(result.errors)")
         let rows = result.output.split(separator: "\n").dropFirst(2)
         #expect(!rows.isEmpty)
         #expect(rows.allSatisfy { $0.contains("8:15") })
         #expect(rows.contains { $0.contains("water") })
-        let bad = try run(["plan", "--species", "Monstera deliciosa", "--tz", "Nowhere/Land"])
+        let bad = try await run(["plan", "--species", "Monstera deliciosa", "--tz", "Nowhere/Land"])
         #expect(bad.status != 0 && bad.errors.contains("not an IANA time zone"))
     }
 
     @Test func upcomingAsksTheRunningService() async throws {
         try await CareServiceTests().withCare { bus, client, _, _ in
             _ = try await client.call(Care.AddPlant.self, Care.Plant(scientificName: "Nephrolepis exaltata", customName: "Fern"), principal: "user-42")
-            let result = try run(["upcoming", "--user", "user-42", "--days", "14", "--endpoint", bus.endpoint])
+            let result = try await run(["upcoming", "--user", "user-42", "--days", "14", "--endpoint", bus.endpoint])
             #expect(result.status == 0, "\(result.errors)")
             #expect(result.output.contains("Water Fern"))
-            #expect(!(try run(["upcoming", "--user", "someone-else", "--endpoint", bus.endpoint]).output.contains("Fern")))
+            #expect(!(try await run(["upcoming", "--user", "someone-else", "--endpoint", bus.endpoint]).output.contains("Fern")))
         }
     }
 
@@ -66,7 +66,7 @@ struct CareCommandLineTests {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-care-health-\(UUID().uuidString)")
         defer { try? FileManager.default.removeItem(at: directory) }
         let listener = "127.0.0.1:\(try freePort())"
-        let nobody = try run(["health", "--metrics-bind", listener])
+        let nobody = try await run(["health", "--metrics-bind", listener])
         #expect(nobody.status == 1)
         #expect(nobody.output.contains("nothing answers"))
 
@@ -81,10 +81,10 @@ struct CareCommandLineTests {
                 process.waitUntilExit()
             }
             try await bus.waitForWorkers(1, service: Care.service)
-            var healthy = try run(["health"], environment: ["CANOPY_METRICS_BIND": listener])
+            var healthy = try await run(["health"], environment: ["CANOPY_METRICS_BIND": listener])
             for _ in 0..<50 where healthy.status != 0 {
                 try await Task.sleep(for: .milliseconds(100))
-                healthy = try run(["health"], environment: ["CANOPY_METRICS_BIND": listener])
+                healthy = try await run(["health"], environment: ["CANOPY_METRICS_BIND": listener])
             }
             #expect(healthy.status == 0, "\(healthy.output)")
             #expect(healthy.output.hasPrefix("healthy: broker registered"))
@@ -106,7 +106,7 @@ struct CareCommandLineTests {
             var gone = healthy
             for _ in 0..<50 where gone.status == 0 {
                 try await Task.sleep(for: .milliseconds(100))
-                gone = try run(["health", "--metrics-bind", listener])
+                gone = try await run(["health", "--metrics-bind", listener])
             }
             #expect(gone.status == 1)
             #expect(gone.output.contains("not registered with the broker"))
