@@ -61,7 +61,8 @@ extension MessageCodec {
         }
         let expected = Swift.type(of: carrying).attachmentCount
         guard expected.contains(payload.attachments.count) else {
-            throw CanopyError(.badRequest, "this message takes \(expected.lowerBound == expected.upperBound ? "\(expected.lowerBound)" : "\(expected.lowerBound) to \(expected.upperBound)") attachment(s); got \(payload.attachments.count)")
+            let count = expected.lowerBound == expected.upperBound ? "\(expected.lowerBound)" : "\(expected.lowerBound) to \(expected.upperBound)"
+            throw CanopyError(.badRequest, "this message takes \(count) attachment(s), the bytes as frames after the JSON (canopy send --attach FILE); got \(payload.attachments.count)")
         }
         carrying.attachments = payload.attachments.map { Data($0) }
         return carrying as! T // swiftlint:disable:this force_cast — the same value, its attachments set
