@@ -41,8 +41,8 @@ public struct BrokerState {
     let startedAt: ContinuousClock.Instant
     var services: [String: ServiceEntry] = [:]
     var workers: [PeerKey: Worker] = [:]
-    var waiters: [UInt64: Waiter] = [:]
-    var flights: [UInt64: Flight] = [:]
+    var waiters = IDTable<Waiter>(capacity: 1_024)
+    var flights = IDTable<Flight>(capacity: 1_024)
     /// Coalescable flights that still take waiters.
     var openFlights: [FlightKey: Flight] = [:]
     var byClient: [ClientKey: UInt64] = [:]

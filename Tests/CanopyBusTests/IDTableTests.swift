@@ -1,0 +1,46 @@
+import CanopyBroker
+import Testing
+
+/// The broker's id table behaves as a dictionary does, through growth and deletions.
+struct IDTableTests {
+    @Test func randomInsertsLookupsAndRemovalsAgreeWithADictionary() {
+        var random = SplitMix64Test(seed: 7)
+        var table = IDTable<Int>(capacity: 4)
+        var model: [UInt64: Int] = [:]
+        for step in 0..<200_000 {
+            // Mostly ids near the front of a moving window, as the broker's are; some far behind.
+            let id = UInt64(step / 4 + 1) &- (random.next() % 64 == 0 ? random.next() % 5_000 : random.next() % 300)
+            guard id > 0 else { continue }
+            switch random.next() % 3 {
+            case 0:
+                table[id] = step
+                model[id] = step
+            case 1:
+                #expect(table.removeValue(forKey: id) == model.removeValue(forKey: id))
+            default:
+                #expect(table[id] == model[id])
+            }
+            if step % 20_000 == 0 {
+                #expect(table.count == model.count)
+                #expect(model.allSatisfy { table[$0.key] == $0.value }, "every entry reachable after removals")
+            }
+        }
+        #expect(table.count == model.count)
+        #expect(model.allSatisfy { table[$0.key] == $0.value })
+        table[12_345_678] = nil
+        #expect(table[12_345_678] == nil)
+    }
+}
+
+/// A small seeded generator, so a failure can be run again.
+private struct SplitMix64Test {
+    var state: UInt64
+    init(seed: UInt64) { state = seed }
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+}
