@@ -139,7 +139,7 @@ extension BrokerState {
         /// The CurveZMQ key it registered with; its later messages must come with the same.
         let key: String?
         /// Flights it holds.
-        var held: Set<UInt64> = []
+        var held: IDTable<Void>
         var expiry: ContinuousClock.Instant
         var draining = false
 
@@ -153,6 +153,7 @@ extension BrokerState {
             self.majordomoDescriptor = majordomoDescriptor
             self.credit = credit
             self.expiry = expiry
+            self.held = IDTable(capacity: min(credit, 64)) // grows with what it holds, not with what a READY claims
         }
 
         var available: Int { draining ? 0 : credit - held.count }

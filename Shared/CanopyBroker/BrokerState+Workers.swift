@@ -98,7 +98,7 @@ extension BrokerState {
 
     /// A worker answered flight `id`: release its credit, answer the waiters, feed it more.
     mutating func complete(_ id: UInt64, by worker: Worker, _ outcome: Outcome, now: ContinuousClock.Instant, into out: inout [Directive]) {
-        guard worker.held.remove(id) != nil else {
+        guard worker.held.removeValue(forKey: id) != nil else {
             out.append(.log("reply for a request the worker does not hold", peer: worker.identity.bytes))
             return
         }
@@ -134,7 +134,7 @@ extension BrokerState {
         service.workers.removeAll { $0 === worker }
         service.inFlight -= worker.held.count
         var retry: [UInt64] = []
-        for id in worker.held.sorted() {
+        for id in worker.held.ids.sorted() {
             guard let flight = flights[id], flight.worker === worker else { continue }
             let idempotent = worker.descriptor(for: flight.operation)?.idempotent ?? false
             if idempotent && flight.dispatches < 2 {
@@ -170,7 +170,7 @@ extension BrokerState {
         flight.worker = worker
         flight.dispatches += 1
         flight.counters.workerCalls += 1
-        worker.held.insert(flight.id)
+        worker.held[flight.id] = ()
         flight.service.inFlight += 1
         switch worker.dialect {
         case .canopy:

@@ -58,6 +58,9 @@ package struct IDTable<Value> {
         }
     }
 
+    /// Every id held, in no particular order.
+    package var ids: [UInt64] { keys.filter { $0 != 0 } }
+
     /// Removes `id`'s entry and returns its value, or `nil` when there was none.
     @discardableResult
     package mutating func removeValue(forKey id: UInt64) -> Value? {
