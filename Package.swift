@@ -227,7 +227,7 @@ let package = Package(
 
         .testTarget(
             name: "CanopyMessagesTests",
-            dependencies: ["CanopyMessages", "CanopyWire", "CanopyBus"],
+            dependencies: ["CanopyMessages", "CanopyWire", "CanopyBus", "CanopyTesting"],
             path: "Tests/CanopyMessagesTests",
             resources: [.copy("Fixtures")],
             swiftSettings: swiftSettings

@@ -1,10 +1,11 @@
 import CanopyBroker
+import CanopyTesting
 import Testing
 
 /// The broker's id table behaves as a dictionary does, through growth and deletions.
 struct IDTableTests {
     @Test func randomInsertsLookupsAndRemovalsAgreeWithADictionary() {
-        var random = SplitMix64Test(seed: 7)
+        var random = SeededRandom(seed: 7)
         var table = IDTable<Int>(capacity: 4)
         var model: [UInt64: Int] = [:]
         for step in 0..<200_000 {
@@ -29,18 +30,5 @@ struct IDTableTests {
         #expect(model.allSatisfy { table[$0.key] == $0.value })
         table[12_345_678] = nil
         #expect(table[12_345_678] == nil)
-    }
-}
-
-/// A small seeded generator, so a failure can be run again.
-private struct SplitMix64Test {
-    var state: UInt64
-    init(seed: UInt64) { state = seed }
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
     }
 }

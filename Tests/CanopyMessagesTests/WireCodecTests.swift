@@ -1,5 +1,6 @@
 import CanopyBus
 import CanopyMessages
+import CanopyTesting
 import Foundation
 import Testing
 
@@ -97,7 +98,7 @@ struct WireCodecTests {
     }
 
     @Test func randomAndHalfValidFramesNeverCrashAndWhatDecodesReencodesToTheSameMessage() throws {
-        var random = SplitMix64(seed: 0xCA_40_B7)
+        var random = SeededRandom(seed: 0xCA_40_B7)
         let pieces: [[UInt8]] = [
             Wire.version, Array("MDPC01".utf8), Array("MDPW01".utf8), [], [0], [1], Array("care".utf8), Array("plants.get".utf8),
             Wire.frame(UInt64(7)), Wire.frame(UInt32(8)), RequestHeader(timeoutMilliseconds: 10, principal: "p").frame,
@@ -150,7 +151,7 @@ struct WireCodecTests {
     }
 
     @Test func randomValidMessagesRoundTrip() throws {
-        var random = SplitMix64(seed: 42)
+        var random = SeededRandom(seed: 42)
         func bytes(_ range: ClosedRange<Int>) -> [UInt8] {
             (0..<Int.random(in: range, using: &random)).map { _ in UInt8.random(in: 0...255, using: &random) }
         }
@@ -187,19 +188,6 @@ struct WireCodecTests {
                 #expect(try WireMessage(frames: message.encoded) == message)
             }
         }
-    }
-}
-
-/// A small seeded generator, so a failing case can be run again.
-struct SplitMix64: RandomNumberGenerator {
-    var state: UInt64
-    init(seed: UInt64) { state = seed }
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
     }
 }
 
