@@ -169,7 +169,7 @@ extension WireMessage {
             let correlation = frames.count > 2 && frames[2].count <= Wire.maximumCorrelationLength ? frames[2] : []
             let seen = frames.first.map { String(decoding: $0.prefix(32), as: UTF8.self) } ?? ""
             throw WireDecodingError(.wrongVersion, correlation: correlation,
-                                    "unsupported protocol version '\(seen)'; this broker speaks \(Wire.versionText) (or Majordomo MDPC01/MDPW01)")
+                                    "unsupported protocol version '\(seen)'; Canopy speaks \(Wire.versionText) (or Majordomo MDPC01/MDPW01)")
         }
         guard frames[1].count == 1, let command = Wire.Command(rawValue: frames[1][0]) else {
             let correlation = frames.count > 2 && frames[2].count <= Wire.maximumCorrelationLength ? frames[2] : []
