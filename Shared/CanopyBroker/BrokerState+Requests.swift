@@ -26,7 +26,7 @@ extension BrokerState {
             return
         }
         admit(Intake(client: client, correlation: request.correlation, dialect: .canopy, serviceName: request.service,
-                     operation: request.operation, header: request.header, payload: [request.body] + request.attachments), now: now, into: &out)
+                     operation: request.operation, header: request.header, payload: request.attachments.isEmpty ? [request.body] : [request.body] + request.attachments), now: now, into: &out)
     }
 
     /// Takes a well-formed request: joins an identical flight, or starts a flight that goes
