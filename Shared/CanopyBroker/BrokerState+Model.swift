@@ -9,8 +9,9 @@ import Histogram
 // types showed at the top of the broker's profile).
 
 extension BrokerState {
-    /// One client's request: who to answer, under which correlation id, by when.
-    struct Waiter {
+    /// One client's request: who to answer, under which correlation id, by when. A
+    /// reference, so looking it up hands out one pointer instead of copying its fields.
+    final class Waiter {
         let id: UInt64
         let client: [UInt8]
         /// The client's correlation id (empty for Majordomo clients, which have none).
@@ -22,6 +23,18 @@ extension BrokerState {
         let deadline: ContinuousClock.Instant
         /// The flight this waiter waits on.
         let flight: UInt64
+
+        init(id: UInt64, client: [UInt8], correlation: [UInt8], dialect: Dialect, serviceName: String,
+             receivedAt: ContinuousClock.Instant, deadline: ContinuousClock.Instant, flight: UInt64) {
+            self.id = id
+            self.client = client
+            self.correlation = correlation
+            self.dialect = dialect
+            self.serviceName = serviceName
+            self.receivedAt = receivedAt
+            self.deadline = deadline
+            self.flight = flight
+        }
     }
 
     /// What goes to a worker: one call, answered to all of its waiters.
