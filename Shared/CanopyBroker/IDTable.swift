@@ -1,6 +1,6 @@
 /// A hash table for the ids the broker hands out itself (waiters, flights): open addressing
 /// with linear probing and a multiplicative hash, deletion by backward shift, growth at half
-/// full. It replaces `Dictionary<UInt64, Value>` on the broker's hot path, where SipHash's
+/// full and shrinking at an eighth (so its memory follows what it holds after a burst). It replaces `Dictionary<UInt64, Value>` on the broker's hot path, where SipHash's
 /// seeding and finalizing showed in the profile. A fast, unkeyed hash is safe here because
 /// no peer chooses these keys: ids count up from 1 (keys a peer sends, such as its
 /// correlation ids, stay in `Dictionary`).
@@ -13,13 +13,19 @@ package struct IDTable<Value> {
     private var bits: Int
     /// Entries held.
     package private(set) var count = 0
+    /// The table never shrinks below its starting size.
+    private let minimumSlots: Int
 
     /// An empty table with room for `capacity` entries before it grows.
     package init(capacity: Int = 64) {
         bits = max(4, Int.bitWidth - (max(capacity, 8) * 2 - 1).leadingZeroBitCount)
         keys = Array(repeating: 0, count: 1 << bits)
         values = Array(repeating: nil, count: 1 << bits)
+        minimumSlots = 1 << bits
     }
+
+    /// Slots in the table now (it grows at half full and shrinks at an eighth).
+    package var slots: Int { keys.count }
 
     private var mask: Int { (1 << bits) - 1 }
 
@@ -85,12 +91,17 @@ package struct IDTable<Value> {
             }
             next = (next + 1) & mask
         }
+        // After a burst, give the slots back: an eighth full and larger than the start.
+        if keys.count > minimumSlots, count * 8 < keys.count { resize(bits: bits - 1) }
         return removed
     }
 
-    private mutating func grow() {
+    private mutating func grow() { resize(bits: bits + 1) }
+
+    /// Rebuilds the table with `1 << bits` slots.
+    private mutating func resize(bits newBits: Int) {
         let (oldKeys, oldValues) = (keys, values)
-        bits += 1
+        bits = newBits
         keys = Array(repeating: 0, count: 1 << bits)
         values = Array(repeating: nil, count: 1 << bits)
         count = 0

@@ -31,4 +31,15 @@ struct IDTableTests {
         table[12_345_678] = nil
         #expect(table[12_345_678] == nil)
     }
+
+    @Test func aTableGivesItsSlotsBackAfterABurst() {
+        var table = IDTable<Int>(capacity: 64)
+        let start = table.slots
+        for id in 1...100_000 as ClosedRange<UInt64> { table[id] = Int(id) }
+        #expect(table.slots >= 200_000)
+        for id in 1...99_990 as ClosedRange<UInt64> { table.removeValue(forKey: id) }
+        #expect(table.count == 10)
+        #expect(table.slots <= 8 * start, "back near its starting size: \(table.slots) slots")
+        #expect((99_991...100_000 as ClosedRange<UInt64>).allSatisfy { table[$0] == Int($0) })
+    }
 }
