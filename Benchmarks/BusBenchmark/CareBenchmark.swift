@@ -22,20 +22,10 @@ struct CareBenchmark: AsyncParsableCommand {
         logger.logLevel = .error
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-bench-care-\(UUID().uuidString)")
         defer { try? FileManager.default.removeItem(at: directory) }
-        let context = ZMQContext()
-        let broker = try BrokerServer(endpoint: "tcp://127.0.0.1:*", configuration: .init(), context: context, logger: logger)
-        let brokerTask = Task { try await broker.run() }
-        let services = try buildCareService(settings: .init(directory: directory, runner: .init(endpoint: broker.endpoint)), context: context, logger: logger)
-        let tasks = services.map { service in Task { try await service.run() } }
-        var clientConfiguration = BusClient.Configuration(endpoint: broker.endpoint)
-        clientConfiguration.defaultTimeout = .seconds(60)
-        let client = try BusClient(configuration: clientConfiguration, context: context, logger: logger)
-        defer {
-            client.close()
-            services.compactMap { $0 as? ServiceRunner }.forEach { $0.stop() }
-            tasks.forEach { $0.cancel() }
-            broker.stop()
+        let stack = try BenchStack(logger: logger) { endpoint, context in
+            try buildCareService(settings: .init(directory: directory, runner: .init(endpoint: endpoint)), context: context, logger: logger)
         }
+        let client = stack.client
         while (try? await client.call(Care.CatalogSearch.self, .init(text: "", limit: 1), timeout: .seconds(1))) == nil {
             try await Task.sleep(for: .milliseconds(50))
         }
@@ -95,7 +85,7 @@ struct CareBenchmark: AsyncParsableCommand {
         }
         let seconds = Double(best.components.seconds) + Double(best.components.attoseconds) / 1e18
         print(String(format: "\na year of tasks for 10,000 plants: %d tasks in %.3f s (best of 3; target under 1 s), %.1f µs per plant", count, seconds, seconds * 1e6 / 10_000))
-        _ = brokerTask
+        await stack.shutdown()
     }
 
     private func measure(_ body: () async throws -> Void) async throws -> Histogram<UInt64> {

@@ -123,17 +123,13 @@ struct ImagesBenchmark: AsyncParsableCommand {
         var baseline: UInt64 = 1
         var paletteComputed = Duration.zero
         for (tier, memoryBytes) in [("memory", 50 * 1024 * 1024), ("disk", 0)] {
-            let context = ZMQContext()
-            let broker = try BrokerServer(endpoint: "tcp://127.0.0.1:*", configuration: .init(), context: context, logger: logger)
-            let brokerTask = Task { try await broker.run() }
-            var settings = ImageServiceSettings(directory: directory.appendingPathComponent("service-\(tier)"), runner: .init(endpoint: broker.endpoint))
-            settings.memoryTierBytes = memoryBytes
-            settings.memoryTierCount = memoryBytes == 0 ? 0 : 5_000
-            let services = try buildImageService(settings: settings, context: context, logger: logger)
-            let tasks = services.map { service in Task { try await service.run() } }
-            var clientConfiguration = BusClient.Configuration(endpoint: broker.endpoint)
-            clientConfiguration.defaultTimeout = .seconds(60)
-            let client = try BusClient(configuration: clientConfiguration, context: context, logger: logger)
+            let stack = try BenchStack(logger: logger) { endpoint, context in
+                var settings = ImageServiceSettings(directory: directory.appendingPathComponent("service-\(tier)"), runner: .init(endpoint: endpoint))
+                settings.memoryTierBytes = memoryBytes
+                settings.memoryTierCount = memoryBytes == 0 ? 0 : 5_000
+                return try buildImageService(settings: settings, context: context, logger: logger)
+            }
+            let client = stack.client
             let photo = try await client.call(Images.Put.self, .init(plantID: "bench", data: Data(image)), principal: "bench")
             let request = Images.GetVariant.Request(sha256: photo.sha256, variant: .thumbnail)
             _ = try await client.call(Images.GetVariant.self, request, principal: "bench") // made and cached
@@ -165,12 +161,7 @@ struct ImagesBenchmark: AsyncParsableCommand {
                 rows.append(["images.palette, cached", "\(palettes.valueAtPercentile(50))", "\(palettes.valueAtPercentile(99))",
                              String(format: "%.2f", Double(palettes.valueAtPercentile(99)) / Double(baseline))])
             }
-            client.close()
-            services.compactMap { $0 as? ServiceRunner }.forEach { $0.stop() }
-            tasks.forEach { $0.cancel() }
-            for task in tasks { _ = try? await task.value }
-            broker.stop()
-            _ = try? await brokerTask.value
+            await stack.shutdown()
         }
         print("\n(2) cache hits end to end over the bus (client to broker to canopy-images and back), \(hits) each")
         printTable(rows)

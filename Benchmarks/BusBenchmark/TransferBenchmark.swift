@@ -26,19 +26,14 @@ struct TransferBenchmark: AsyncParsableCommand {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-bench-transfer-\(UUID().uuidString)")
         defer { try? FileManager.default.removeItem(at: directory) }
         let photo = try makeTwelveMegapixelJPEGs(.photo, count: 1)[0]
-        let context = ZMQContext()
         var configuration = BrokerConfiguration()
         configuration.maximumFrameBytes = 64 * 1024 * 1024 // a 12 MP original fits whole, in either framing
-        let broker = try BrokerServer(endpoint: "tcp://127.0.0.1:*", configuration: configuration, context: context, logger: logger)
-        let brokerTask = Task { try await broker.run() }
-        var settings = ImageServiceSettings(directory: directory, runner: .init(endpoint: broker.endpoint))
-        settings.maximumInputBytes = 64 * 1024 * 1024
-        let services = try buildImageService(settings: settings, context: context, logger: logger)
-        let group = serviceGroup(services, signals: [], logger: logger)
-        let serving = Task { try await group.run() }
-        var clientConfiguration = BusClient.Configuration(endpoint: broker.endpoint)
-        clientConfiguration.defaultTimeout = .seconds(60)
-        let client = try BusClient(configuration: clientConfiguration, context: context, logger: logger)
+        let stack = try BenchStack(configuration: configuration, logger: logger) { endpoint, context in
+            var settings = ImageServiceSettings(directory: directory, runner: .init(endpoint: endpoint))
+            settings.maximumInputBytes = 64 * 1024 * 1024
+            return try buildImageService(settings: settings, context: context, logger: logger)
+        }
+        let client = stack.client
 
         let stored = try await client.call(Images.Put.self, .init(plantID: "bench", data: Data(photo)), principal: "bench")
         let full = try await client.wholeVariant(.init(sha256: stored.sha256, variant: .full), principal: "bench")
@@ -59,11 +54,7 @@ struct TransferBenchmark: AsyncParsableCommand {
             ["images.variant full, memory tier", "\(variants.valueAtPercentile(50))", "\(variants.valueAtPercentile(99))",
              String(format: "%.1f", Double(variants.valueAtPercentile(50)) / Double(roundTrip.valueAtPercentile(50)))],
         ])
-        client.close()
-        await group.triggerGracefulShutdown()
-        _ = try? await serving.value
-        broker.stop()
-        _ = try? await brokerTask.value
+        await stack.shutdown()
     }
 
     private func measure(_ body: () async throws -> Void) async throws -> Histogram<UInt64> {

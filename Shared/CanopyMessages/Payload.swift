@@ -15,9 +15,6 @@ public struct Payload: Sendable, Equatable {
         self.body = body
         self.attachments = attachments
     }
-
-    /// Bytes in all: the body and every attachment.
-    public var byteCount: Int { attachments.reduce(body.count) { $0 + $1.count } }
 }
 
 /// A request or reply whose large byte fields travel as attachments: frames of their own
