@@ -92,6 +92,40 @@ struct MajordomoTests {
         #expect(sends(broker.receive(clientRequest("echo", ["2"]), from: "m2")).isEmpty, "queued until the worker replies")
     }
 
+    /// 64 Majordomo clients with 16 requests each outstanding (1,024 at once) and 4 workers
+    /// holding one request at a time, on the default settings: everything queues and is
+    /// answered in turn; nothing is refused `busy`.
+    @Test func aPipelinedMajordomoBurstOnTheDefaultsIsAnsweredWithoutBusy() {
+        var broker = BrokerHarness()
+        let workers = (0..<4).map { "mw\($0)" }
+        for worker in workers { _ = broker.receive([[], mdpw, [0x01], bytes("echo")], from: worker) }
+        var toWorkers: [(peer: String, frames: [[UInt8]])] = []
+        for client in 0..<64 {
+            for index in 0..<16 {
+                let out = sends(broker.receive(clientRequest("echo", ["\(client)/\(index)"]), from: "m\(client)"))
+                #expect(out.allSatisfy { $0.peer.hasPrefix("mw") }, "nothing goes back to a client before its answer")
+                toWorkers += out
+            }
+        }
+        #expect(toWorkers.count == 4, "each worker holds one request; the other 1,020 wait in the queue")
+        var answered: [String] = []
+        while let (worker, request) = toWorkers.popLast() {
+            // The worker echoes the client's envelope and body back.
+            let out = sends(broker.receive([[], mdpw, [0x03], request[3], [], request[5]], from: worker))
+            for message in out {
+                if message.peer.hasPrefix("mw") {
+                    toWorkers.append(message)
+                } else {
+                    #expect(message.frames.count == 4 && message.frames[1] == mdpc, "an echo, not an error")
+                    answered.append(String(decoding: message.frames[3], as: UTF8.self))
+                }
+            }
+        }
+        #expect(answered.count == 1_024)
+        #expect(Set(answered).count == 1_024)
+        #expect(broker.state.pendingCount == 0)
+    }
+
     @Test func majordomoServicesAreCoalescedOnlyWhenTheOperatorSaysSo() {
         var plain = BrokerHarness()
         _ = plain.receive([[], mdpw, [0x01], bytes("echo")], from: "mw")
