@@ -170,13 +170,44 @@ public final class ZMQSocket {
         return try send(frames)
     }
 
+    /// Frames at least this large are handed to libzmq without copying (see
+    /// ``sendFrameWithoutCopy(_:flags:)``); smaller ones are cheaper to copy than to hand over.
+    static let zeroCopyBytes = 4096
+
     private func sendFrame(_ frame: borrowing [UInt8], flags: Int32) throws -> Bool {
+        if frame.count >= Self.zeroCopyBytes { return try sendFrameWithoutCopy(copy frame, flags: flags) }
         while true {
             let rc = frame.withUnsafeBytes { zmq_send(handle, $0.baseAddress, $0.count, flags) }
             if rc >= 0 { return true }
             let code = zmq_errno()
             switch code {
             case EINTR: continue
+            case EAGAIN, EHOSTUNREACH: return false
+            default: throw ZMQError("zmq_send", code: code)
+            }
+        }
+    }
+
+    /// Sends a large frame without copying its bytes: the message points into the array's
+    /// storage, which a retained ``SentFrame`` keeps alive (and, being shared, unchanged) until
+    /// libzmq's I/O thread has written it and calls the free function.
+    private func sendFrameWithoutCopy(_ frame: [UInt8], flags: Int32) throws -> Bool {
+        let box = Unmanaged.passRetained(SentFrame(frame))
+        let data = box.takeUnretainedValue().bytes.withUnsafeBytes { UnsafeMutableRawPointer(mutating: $0.baseAddress!) }
+        var message = zmq_msg_t()
+        let release: @convention(c) (UnsafeMutableRawPointer?, UnsafeMutableRawPointer?) -> Void = { _, hint in
+            Unmanaged<SentFrame>.fromOpaque(hint!).release()
+        }
+        guard zmq_msg_init_data(&message, data, frame.count, release, box.toOpaque()) == 0 else {
+            box.release()
+            throw ZMQError("zmq_msg_init_data", code: zmq_errno())
+        }
+        while true {
+            if zmq_msg_send(&message, handle, flags) >= 0 { return true } // libzmq owns the message now
+            let code = zmq_errno()
+            if code == EINTR { continue }
+            zmq_msg_close(&message) // not sent: gives the storage back through `release`
+            switch code {
             case EAGAIN, EHOSTUNREACH: return false
             default: throw ZMQError("zmq_send", code: code)
             }
@@ -307,4 +338,10 @@ public struct Poller {
     public func isReadable(_ index: Int) -> Bool {
         items[index].revents & Int16(ZMQ_POLLIN) != 0
     }
+}
+
+/// Keeps a frame sent without copying alive until libzmq is done with it.
+private final class SentFrame {
+    let bytes: [UInt8]
+    init(_ bytes: [UInt8]) { self.bytes = bytes }
 }
