@@ -171,7 +171,8 @@ public final class BrokerServer: Service, @unchecked Sendable {
         for directive in directives {
             switch directive {
             case .send(let peer, let message):
-                try socket.send(to: peer, message.encoded)
+                var writer = try RoutedWriter(socket, to: peer)
+                try message.write(into: &writer)
             case .sendMajordomo(let peer, let message):
                 try socket.send(to: peer, message.encoded)
             case .log(let message, let peer):
@@ -181,6 +182,29 @@ public final class BrokerServer: Service, @unchecked Sendable {
             }
         }
         directives.removeAll(keepingCapacity: true)
+    }
+}
+
+/// Writes a message's frames straight to the ROUTER socket behind the peer's identity frame,
+/// with no array of frames built first. A message the socket cannot take (an unroutable peer,
+/// a full queue: found at its first frame) is dropped whole, as ``ZMQSocket/send(to:_:)`` does.
+struct RoutedWriter: FrameWriter {
+    private let socket: ZMQSocket
+    private var dropped: Bool
+
+    init(_ socket: ZMQSocket, to peer: [UInt8]) throws(ZMQError) {
+        self.socket = socket
+        dropped = try !socket.sendPart(peer, more: true)
+    }
+
+    mutating func write(_ frame: [UInt8], more: Bool) throws(ZMQError) {
+        guard !dropped else { return }
+        dropped = try !socket.sendPart(frame, more: more)
+    }
+
+    mutating func write(bytes: UnsafeRawBufferPointer, more: Bool) throws(ZMQError) {
+        guard !dropped else { return }
+        dropped = try !socket.sendPart(bytes: bytes, more: more)
     }
 }
 

@@ -174,24 +174,49 @@ public final class ZMQSocket {
     /// ``sendFrameWithoutCopy(_:flags:)``); smaller ones are cheaper to copy than to hand over.
     static let zeroCopyBytes = 4096
 
-    private func sendFrame(_ frame: borrowing [UInt8], flags: Int32) throws -> Bool {
+    /// Sends one part of a multipart message without waiting: `more` on every part but the
+    /// last. Frames from ``zeroCopyBytes`` up go without copying.
+    ///
+    /// - Returns: `false` when the part could not be queued (`EAGAIN`, or an unroutable
+    ///   ROUTER peer on the first part); send no more parts of that message then.
+    public func sendPart(_ frame: [UInt8], more: Bool) throws(ZMQError) -> Bool {
+        try sendFrame(frame, flags: more ? ZMQ_DONTWAIT | ZMQ_SNDMORE : ZMQ_DONTWAIT)
+    }
+
+    /// Sends one part of a multipart message from bytes valid only during the call (copied).
+    /// See ``sendPart(_:more:)``.
+    public func sendPart(bytes: UnsafeRawBufferPointer, more: Bool) throws(ZMQError) -> Bool {
+        try Self.sent(attemptSend(bytes, flags: more ? ZMQ_DONTWAIT | ZMQ_SNDMORE : ZMQ_DONTWAIT))
+    }
+
+    private func sendFrame(_ frame: borrowing [UInt8], flags: Int32) throws(ZMQError) -> Bool {
         if frame.count >= Self.zeroCopyBytes { return try sendFrameWithoutCopy(copy frame, flags: flags) }
+        return try Self.sent(frame.withUnsafeBytes { attemptSend($0, flags: flags) })
+    }
+
+    /// Copies `bytes` into one part; 0 when queued, else the `errno` (never `EINTR`).
+    private func attemptSend(_ bytes: UnsafeRawBufferPointer, flags: Int32) -> Int32 {
         while true {
-            let rc = frame.withUnsafeBytes { zmq_send(handle, $0.baseAddress, $0.count, flags) }
-            if rc >= 0 { return true }
+            if zmq_send(handle, bytes.baseAddress, bytes.count, flags) >= 0 { return 0 }
             let code = zmq_errno()
-            switch code {
-            case EINTR: continue
-            case EAGAIN, EHOSTUNREACH: return false
-            default: throw ZMQError("zmq_send", code: code)
-            }
+            if code != EINTR { return code }
+        }
+    }
+
+    /// Whether a send's outcome (`0` or an `errno`) queued the part: `false` for the ones
+    /// that drop a message (`EAGAIN`, `EHOSTUNREACH`), thrown for the rest.
+    private static func sent(_ code: Int32) throws(ZMQError) -> Bool {
+        switch code {
+        case 0: return true
+        case EAGAIN, EHOSTUNREACH: return false
+        default: throw ZMQError("zmq_send", code: code)
         }
     }
 
     /// Sends a large frame without copying its bytes: the message points into the array's
     /// storage, which a retained ``SentFrame`` keeps alive (and, being shared, unchanged) until
     /// libzmq's I/O thread has written it and calls the free function.
-    private func sendFrameWithoutCopy(_ frame: [UInt8], flags: Int32) throws -> Bool {
+    private func sendFrameWithoutCopy(_ frame: [UInt8], flags: Int32) throws(ZMQError) -> Bool {
         let box = Unmanaged.passRetained(SentFrame(frame))
         let data = box.takeUnretainedValue().bytes.withUnsafeBytes { UnsafeMutableRawPointer(mutating: $0.baseAddress!) }
         var message = zmq_msg_t()
@@ -207,10 +232,7 @@ public final class ZMQSocket {
             let code = zmq_errno()
             if code == EINTR { continue }
             zmq_msg_close(&message) // not sent: gives the storage back through `release`
-            switch code {
-            case EAGAIN, EHOSTUNREACH: return false
-            default: throw ZMQError("zmq_send", code: code)
-            }
+            return try Self.sent(code)
         }
     }
 

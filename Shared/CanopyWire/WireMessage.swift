@@ -133,30 +133,61 @@ public struct WireDecodingError: Error, Equatable, Sendable, CustomStringConvert
 extension WireMessage {
     /// The message's frames, ready to send.
     public var encoded: [[UInt8]] {
+        var writer = ArrayFrameWriter()
+        write(into: &writer) // an ArrayFrameWriter cannot fail
+        return writer.frames
+    }
+
+    /// Writes the message's frames to `writer`, in order, the last one with `more` false.
+    public func write<Writer: FrameWriter>(into writer: inout Writer) throws(Writer.Failure) {
+        try writer.write(Wire.version, more: true)
         switch self {
         case .request(let request):
-            [Wire.version, Wire.Command.request.frame, request.correlation, Array(request.service.utf8), Array(request.operation.utf8),
-             request.header.frame, request.body] + request.attachments
+            try writer.write(Wire.Command.request.frame, more: true)
+            try writer.write(request.correlation, more: true)
+            try writer.write(request.service, more: true)
+            try writer.write(request.operation, more: true)
+            try writer.write(request.header, more: true)
+            try writer.write(body: request.body, attachments: request.attachments)
         case .cancel(let correlation):
-            [Wire.version, Wire.Command.cancel.frame, correlation]
+            try writer.write(Wire.Command.cancel.frame, more: true)
+            try writer.write(correlation, more: false)
         case .reply(let correlation, let shared, let body, let attachments):
-            [Wire.version, Wire.Command.reply.frame, correlation, shared ? Wire.ReplyFlag.frames.shared : Wire.ReplyFlag.frames.alone, body] + attachments
+            try writer.write(Wire.Command.reply.frame, more: true)
+            try writer.write(correlation, more: true)
+            try writer.write(shared ? Wire.ReplyFlag.frames.shared : Wire.ReplyFlag.frames.alone, more: true)
+            try writer.write(body: body, attachments: attachments)
         case .error(let correlation, let error):
-            [Wire.version, Wire.Command.error.frame, correlation, error]
+            try writer.write(Wire.Command.error.frame, more: true)
+            try writer.write(correlation, more: true)
+            try writer.write(error, more: false)
         case .ready(let service, let operations, let credit):
-            [Wire.version, Wire.Command.ready.frame, Array(service.utf8), (try? MessageCodec().encode(operations)) ?? Array("[]".utf8), Wire.frame(credit)]
+            try writer.write(Wire.Command.ready.frame, more: true)
+            try writer.write(service, more: true)
+            try writer.write((try? MessageCodec().encode(operations)) ?? Array("[]".utf8), more: true)
+            try writer.write(Wire.frame(credit), more: false)
         case .workerReply(let id, let failed, let body, let attachments):
-            [Wire.version, Wire.Command.workerReply.frame, Wire.frame(id), Wire.Command.frame(byte: failed ? Wire.Status.error : Wire.Status.ok), body] + attachments
+            try writer.write(Wire.Command.workerReply.frame, more: true)
+            try writer.write(id, more: true)
+            try writer.write(Wire.Command.frame(byte: failed ? Wire.Status.error : Wire.Status.ok), more: true)
+            try writer.write(body: body, attachments: attachments)
         case .workerHeartbeat, .workerDisconnect, .drain:
-            [Wire.version, command.frame]
+            try writer.write(command.frame, more: false)
         case .dispatch(let id, let operation, let header, let body, let attachments):
-            [Wire.version, Wire.Command.dispatch.frame, Wire.frame(id), Array(operation.utf8), header.frame, body] + attachments
+            try writer.write(Wire.Command.dispatch.frame, more: true)
+            try writer.write(id, more: true)
+            try writer.write(operation, more: true)
+            try writer.write(header, more: true)
+            try writer.write(body: body, attachments: attachments)
         case .cancelDispatch(let id):
-            [Wire.version, Wire.Command.cancelDispatch.frame, Wire.frame(id)]
+            try writer.write(Wire.Command.cancelDispatch.frame, more: true)
+            try writer.write(id, more: false)
         case .brokerHeartbeat(let limit):
-            [Wire.version, Wire.Command.brokerHeartbeat.frame, Wire.frame(limit)]
+            try writer.write(Wire.Command.brokerHeartbeat.frame, more: true)
+            try writer.write(limit, more: false)
         case .brokerDisconnect(let reason):
-            [Wire.version, Wire.Command.brokerDisconnect.frame, Array(reason.utf8)]
+            try writer.write(Wire.Command.brokerDisconnect.frame, more: true)
+            try writer.write(reason, more: false)
         }
     }
 

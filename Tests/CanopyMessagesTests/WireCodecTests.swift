@@ -43,6 +43,27 @@ struct WireCodecTests {
         #expect(Set(Self.samples.map(\.1.command.rawValue)).count == 13, "every command byte has a sample")
     }
 
+    /// Records what a writer is given: each frame's bytes and whether more follow.
+    struct RecordingWriter: FrameWriter {
+        var frames: [(bytes: [UInt8], more: Bool)] = []
+        mutating func write(_ frame: [UInt8], more: Bool) { frames.append((frame, more)) }
+        mutating func write(bytes: UnsafeRawBufferPointer, more: Bool) { frames.append((Array(bytes), more)) }
+    }
+
+    @Test func writingFrameByFrameGivesTheGoldenFramesAndEndsOnTheLast() throws {
+        let golden = try golden()
+        var samples = Self.samples
+        samples.append(("with attachments", .reply(correlation: [1], shared: false, body: [2], attachments: [[3], [], [4, 5]])))
+        samples.append(("without principal", .request(WireRequest(correlation: [1], service: "a", operation: "b", header: RequestHeader(timeoutMilliseconds: 0), body: []))))
+        for (name, message) in samples {
+            var writer = RecordingWriter()
+            message.write(into: &writer)
+            #expect(writer.frames.map(\.bytes) == message.encoded, "\(name)")
+            if let expected = golden[name] { #expect(writer.frames.map(\.bytes.hex) == expected, "\(name)") }
+            #expect(writer.frames.map(\.more) == Array(repeating: true, count: writer.frames.count - 1) + [false], "\(name): only the last frame ends the message")
+        }
+    }
+
     @Test func majordomoMessagesRoundTrip() throws {
         let messages: [MajordomoMessage] = [
             .client(service: Array("echo".utf8), body: [Array("hello".utf8), []]),

@@ -1,0 +1,67 @@
+/// Where an encoder puts a message's frames, one at a time and in order, so a message can go
+/// to a socket without first being built as an array of arrays: fixed frames (version,
+/// command, flags) are shared, integers and names are written from the stack, and bodies and
+/// attachments are handed over as the arrays they are.
+///
+/// ``WireMessage/write(into:)`` writes through it; ``WireMessage/encoded`` is the same
+/// encoding collected into arrays (what the golden fixtures pin).
+public protocol FrameWriter {
+    /// What a write can fail with (`Never` when it cannot).
+    associatedtype Failure: Error
+    /// Writes a frame the caller holds as an array (a body, an attachment, a shared frame).
+    /// `more` is false on the message's last frame.
+    mutating func write(_ frame: [UInt8], more: Bool) throws(Failure)
+    /// Writes a frame built for this message (an integer, a name, a header); the bytes are
+    /// valid only during the call.
+    mutating func write(bytes: UnsafeRawBufferPointer, more: Bool) throws(Failure)
+}
+
+extension FrameWriter {
+    /// A big-endian 64-bit frame.
+    mutating func write(_ value: UInt64, more: Bool) throws(Failure) {
+        try withUnsafeBytes(of: value.bigEndian) { (bytes) throws(Failure) in try write(bytes: bytes, more: more) }
+    }
+
+    /// A name's UTF-8 bytes as a frame.
+    mutating func write(_ text: String, more: Bool) throws(Failure) {
+        let count = text.utf8.count
+        try withUnsafeTemporaryAllocation(byteCount: count, alignment: 1) { (buffer) throws(Failure) in
+            UnsafeMutableRawBufferPointer(buffer).copyBytes(from: text.utf8)
+            try write(bytes: UnsafeRawBufferPointer(buffer), more: more)
+        }
+    }
+
+    /// The body, then each attachment; the last of them ends the message.
+    mutating func write(body: [UInt8], attachments: [[UInt8]]) throws(Failure) {
+        try write(body, more: !attachments.isEmpty)
+        for index in attachments.indices {
+            try write(attachments[index], more: index < attachments.count - 1)
+        }
+    }
+
+    /// A request header's frame, built on the stack.
+    mutating func write(_ header: RequestHeader, more: Bool) throws(Failure) {
+        let principal = header.principal.utf8
+        try withUnsafeTemporaryAllocation(byteCount: 5 + principal.count, alignment: 1) { (buffer) throws(Failure) in
+            withUnsafeBytes(of: header.timeoutMilliseconds.bigEndian) { buffer.copyMemory(from: $0) }
+            buffer[4] = header.flags
+            UnsafeMutableRawBufferPointer(rebasing: buffer[5...]).copyBytes(from: principal)
+            try write(bytes: UnsafeRawBufferPointer(buffer), more: more)
+        }
+    }
+}
+
+/// Collects frames as arrays: what ``WireMessage/encoded`` returns.
+struct ArrayFrameWriter: FrameWriter {
+    typealias Failure = Never
+
+    var frames: [[UInt8]] = []
+
+    mutating func write(_ frame: [UInt8], more: Bool) {
+        frames.append(frame)
+    }
+
+    mutating func write(bytes: UnsafeRawBufferPointer, more: Bool) {
+        frames.append(Array(bytes))
+    }
+}
