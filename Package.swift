@@ -23,6 +23,7 @@ let package = Package(
         .executable(name: "canopy", targets: ["canopy"]),
         .executable(name: "canopy-images", targets: ["canopy-images"]),
         .executable(name: "canopy-care", targets: ["canopy-care"]),
+        .executable(name: "canopy-identify", targets: ["canopy-identify"]),
         .library(name: "CanopyMessages", targets: ["CanopyMessages"]),
         .library(name: "CanopyBus", targets: ["CanopyBus"]),
         .library(name: "CanopyBroker", targets: ["CanopyBroker"]),
@@ -40,6 +41,8 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-metrics", from: "2.13.0"),
         .package(url: "https://github.com/swift-server/swift-prometheus", from: "2.4.1"),
         .package(url: "https://github.com/hummingbird-project/hummingbird", from: "2.28.1"),
+        .package(url: "https://github.com/swift-server/async-http-client", from: "1.37.0"),
+        .package(url: "https://github.com/vapor/multipart-kit", from: "4.7.1"),
     ],
     targets: [
         // MARK: - Shared modules
@@ -64,6 +67,14 @@ let package = Package(
         .target(
             name: "CanopyMessages",
             path: "Shared/CanopyMessages",
+            swiftSettings: swiftSettings
+        ),
+        // Pixels: libvips started once, decoded images, OKLab, and the photo features
+        // canopy-identify matches by (canopy-images and canopy-identify share it).
+        .target(
+            name: "CanopyImaging",
+            dependencies: ["CVips", "CanopyMessages"],
+            path: "Shared/CanopyImaging",
             swiftSettings: swiftSettings
         ),
         // The IO layer: the libzmq binding (sockets, poller, mailbox, loop threads, CurveZMQ
@@ -130,7 +141,7 @@ let package = Package(
         .target(
             name: "CanopyTesting",
             dependencies: [
-                "CanopyBus", "CanopyBroker", "CanopyMessages", "CanopyServiceKit", "CZeroMQ",
+                "CanopyBus", "CanopyBroker", "CanopyMessages", "CanopyServiceKit", "CanopyImaging", "CZeroMQ",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
@@ -159,7 +170,7 @@ let package = Package(
         .target(
             name: "ImageCache",
             dependencies: [
-                "CVips", "CanopyBus", "CanopyMessages", "CanopyServiceKit",
+                "CVips", "CanopyImaging", "CanopyBus", "CanopyMessages", "CanopyServiceKit",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -171,6 +182,27 @@ let package = Package(
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
             path: "Services/ImageCache/Core",
+            swiftSettings: swiftSettings
+        ),
+        .target(
+            name: "Identification",
+            dependencies: [
+                "CanopyImaging", "CanopyBus", "CanopyMessages", "CanopyServiceKit",
+                .product(name: "GRDB", package: "GRDB.swift"),
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "MultipartKit", package: "multipart-kit"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "Metrics", package: "swift-metrics"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            path: "Services/Identification/Core",
+            swiftSettings: swiftSettings
+        ),
+        .executableTarget(
+            name: "canopy-identify",
+            dependencies: ["Identification", "CanopyImaging", "CanopyServiceKit", "CanopyBus", "CanopyMessages"],
+            path: "Services/Identification/CLI",
             swiftSettings: swiftSettings
         ),
         .target(
@@ -207,7 +239,7 @@ let package = Package(
         .executableTarget(
             name: "canopy-bench",
             dependencies: [
-                "CanopyBus", "CanopyBroker", "CZeroMQ", "CanopyMessages", "ImageCache", "CareScheduling", "CVips", "CanopyServiceKit",
+                "CanopyBus", "CanopyBroker", "CZeroMQ", "CanopyMessages", "ImageCache", "CareScheduling", "Identification", "CanopyImaging", "CVips", "CanopyServiceKit",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Collections", package: "swift-collections"),
                 .product(name: "Histogram", package: "hdrhistogram-swift"),
@@ -235,12 +267,23 @@ let package = Package(
         .testTarget(
             name: "ImageCacheTests",
             dependencies: [
-                "ImageCache", "CVips", "CanopyBus", "CanopyBroker", "CanopyTesting", "CanopyServiceKit", "canopy-images",
+                "ImageCache", "CanopyImaging", "CVips", "CanopyBus", "CanopyBroker", "CanopyTesting", "CanopyServiceKit", "canopy-images",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
             ],
             path: "Tests/ImageCacheTests",
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(
+            name: "IdentificationTests",
+            dependencies: [
+                "Identification", "CanopyImaging", "CVips", "ImageCache", "CareScheduling", "CanopyBus", "CanopyBroker", "CanopyTesting",
+                "CanopyServiceKit", "canopy-identify",
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "MultipartKit", package: "multipart-kit"),
+            ],
+            path: "Tests/IdentificationTests",
             swiftSettings: swiftSettings
         ),
         .testTarget(

@@ -1,3 +1,4 @@
+import CanopyImaging
 import CanopyBroker
 import ArgumentParser
 import CVips

@@ -236,6 +236,14 @@ canopy_image *canopy_vips_pattern(int width, int height) {
     return SETTLE(failed, srgb, xy, x, y, l, c, h, lch, tagged);
 }
 
+canopy_image *canopy_vips_from_rgb(const void *pixels, int width, int height) {
+    VipsImage *image = vips_image_new_from_memory_copy(pixels, (size_t)width * height * 3, width, height, 3, VIPS_FORMAT_UCHAR);
+    if (!image) return NULL;
+    VipsImage *tagged = NULL;
+    int failed = vips_copy(image, &tagged, "interpretation", VIPS_INTERPRETATION_sRGB, NULL);
+    return SETTLE(failed, tagged, image);
+}
+
 canopy_image *canopy_vips_texture(int width, int height) {
     // Three independent fractal surfaces (a 1/f spectrum, as natural scenes have), signed
     // 8-bit so 12 MP stay 36 MB.

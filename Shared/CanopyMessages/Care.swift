@@ -95,6 +95,8 @@ public enum Care {
     /// How a plant was identified.
     public enum Source: String, Codable, Sendable, CaseIterable {
         case plantnet, manual, catalog, other
+        /// canopy-identify's reference matcher, alone or with Pl@ntNet (`hybrid`).
+        case reference, hybrid
     }
 
     /// A plant in someone's collection.
@@ -144,7 +146,9 @@ public enum Care {
     }
 
     /// `care.plants.add`: adds a plant (family, genus and common names are filled in from
-    /// the catalog when left empty) and schedules its care. Returns it with its id.
+    /// the catalog when left empty) and schedules its care. Returns it with its id. With an
+    /// `id` chosen by the caller, adding again returns the plant already added (no second
+    /// plant); an id another person's plant has is refused `conflict`.
     public enum AddPlant: BusOperation {
         public typealias Request = Plant
         public typealias Reply = Plant

@@ -1,6 +1,7 @@
 /// Operations other services will serve that canopy-care already calls (through its
 /// outbox, retried until they are confirmed). Defined here, in the shared contract, so both
-/// sides use one definition; canopy-remind and canopy-identify implement them in their issues.
+/// sides use one definition; canopy-remind implements them in its issue. (`identifications.forget-plant`,
+/// the other one care calls, is in `Identification.swift` with the rest of canopy-identify.)
 public enum Reminders {
     /// The reminder service's name.
     public static let service = "remind"
@@ -27,24 +28,6 @@ public enum Reminders {
         public typealias Reply = Empty
         public static let service = Reminders.service
         public static let name = "reminders.cancel-plant"
-        public static let idempotent = true
-    }
-}
-
-/// Identification operations canopy-care calls.
-public enum Identification {
-    /// The identification service's name.
-    public static let service = "identify"
-
-    /// `identifications.forget-plant`: forget the identifications of a deleted plant.
-    public enum ForgetPlant: BusOperation {
-        public struct Request: Codable, Sendable, Equatable {
-            public var plantID: String
-            public init(plantID: String) { self.plantID = plantID }
-        }
-        public typealias Reply = Empty
-        public static let service = Identification.service
-        public static let name = "identifications.forget-plant"
         public static let idempotent = true
     }
 }

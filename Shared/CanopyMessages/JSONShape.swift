@@ -64,5 +64,5 @@ import Foundation
 
 /// One decoder for the rare escaped key, built once.
 private enum JSONDecoderBox {
-    nonisolated(unsafe) static let decoder = JSONDecoder()
+    static let decoder = JSONDecoder()
 }

@@ -16,7 +16,7 @@ public enum Environment {
     public static func int(_ name: String, default fallback: Int) -> Int {
         guard let text = string(name) else { return fallback }
         guard let value = Int(text) else {
-            problems.withLock { $0.insert("\(name)=\(text.prefix(40)) is not a whole number; unset it or give a number") }
+            _ = problems.withLock { $0.insert("\(name)=\(text.prefix(40)) is not a whole number; unset it or give a number") }
             return fallback
         }
         return value

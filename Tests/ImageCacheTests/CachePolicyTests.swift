@@ -1,3 +1,4 @@
+import CanopyImaging
 import CanopyMessages
 import Foundation
 import Synchronization

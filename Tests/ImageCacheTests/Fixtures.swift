@@ -1,3 +1,4 @@
+import CanopyImaging
 import CVips
 import Foundation
 @testable import ImageCache

@@ -24,10 +24,14 @@ final class CareLibrary: Sendable {
 
     // MARK: - Plants
 
+    /// Adds a plant. With an id chosen by the caller (canopy-identify files photos under the
+    /// plant id before the plant exists), adding again answers the plant already added, so a
+    /// retried call makes no second plant; an id someone else's plant has is refused.
     func add(_ plant: Care.Plant, owner: String, now: Date = Date()) throws -> Care.Plant {
         try plant.validate()
         var plant = plant
-        plant.id = UUID().uuidString.lowercased()
+        let chosenID = !plant.id.isEmpty
+        if !chosenID { plant.id = UUID().uuidString.lowercased() }
         plant.dateAdded = now
         if let species = store.catalog.lookup(plant.scientificName) {
             if plant.family.isEmpty { plant.family = species.family }
@@ -36,6 +40,12 @@ final class CareLibrary: Sendable {
         if plant.genus.isEmpty { plant.genus = String(plant.scientificName.split(separator: " ").first ?? "") }
         let override = plant.profileOverridden ? plant.profile : nil
         return try store.database.write { db in
+            if chosenID {
+                if let existing = try store.plant(db, owner: owner, id: plant.id) { return existing }
+                if try Bool.fetchOne(db, sql: "SELECT 1 FROM plants WHERE id = ?", arguments: [plant.id]) ?? false {
+                    throw CanopyError(.conflict, "the plant id '\(plant.id)' is taken; leave id empty and one is chosen")
+                }
+            }
             let count = try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM plants WHERE owner = ?", arguments: [owner]) ?? 0
             guard count < maximumPlants else {
                 throw CanopyError(.tooLarge, "your collection has \(count) plants, the most one person may keep; delete some before adding more")

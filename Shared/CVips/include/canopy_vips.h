@@ -61,6 +61,8 @@ void canopy_vips_release(canopy_image *image);
 
 /// A colourful pattern: a hue sweep across, darker downwards, with a few flat blocks.
 canopy_image *canopy_vips_pattern(int width, int height);
+/// An sRGB image of `width` x `height` 8-bit pixels, three bytes each (copied).
+canopy_image *canopy_vips_from_rgb(const void *pixels, int width, int height);
 /// Texture for photo-like test images: three fractal surfaces (1/f spectrum), signed 8-bit.
 /// Slow (three FFTs): make it once.
 canopy_image *canopy_vips_texture(int width, int height);

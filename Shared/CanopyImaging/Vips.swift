@@ -3,19 +3,19 @@ import CanopyMessages
 
 /// libvips, started once per process (operation cache off, only the JPEG, PNG, WebP and
 /// HEIF loaders allowed). Every entry point of this module goes through ``Vips/start()``.
-enum Vips {
+public enum Vips {
     /// Starts libvips; the first call does the work, later calls return at once.
-    static func start() throws(CanopyError) {
+    public static func start() throws(CanopyError) {
         guard canopy_vips_start() == 0 else {
             throw CanopyError(.internal, "libvips did not start: \(lastError())")
         }
     }
 
     /// The libvips version.
-    static var version: String { String(cString: canopy_vips_version()) }
+    public static var version: String { String(cString: canopy_vips_version()) }
 
     /// The last libvips error on this thread, cleared.
-    static func lastError() -> String {
+    public static func lastError() -> String {
         var buffer = [CChar](repeating: 0, count: 1024)
         canopy_vips_error(&buffer, buffer.count)
         let text = String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
@@ -24,22 +24,22 @@ enum Vips {
 }
 
 /// A decoded image (a libvips image handle). Not thread-safe; owned by one task at a time.
-final class VipsImage {
-    let handle: OpaquePointer
+public final class VipsImage {
+    public let handle: OpaquePointer
 
     /// Takes ownership of a handle returned by the shim, or throws the libvips error.
-    init(_ handle: OpaquePointer?, _ what: @autoclosure () -> String) throws(CanopyError) {
+    public init(_ handle: OpaquePointer?, _ what: @autoclosure () -> String) throws(CanopyError) {
         guard let handle else { throw CanopyError(.badRequest, "\(what()): \(Vips.lastError())") }
         self.handle = handle
     }
 
     deinit { canopy_vips_release(handle) }
 
-    var width: Int { Int(canopy_vips_width(handle)) }
-    var height: Int { Int(canopy_vips_height(handle)) }
+    public var width: Int { Int(canopy_vips_width(handle)) }
+    public var height: Int { Int(canopy_vips_height(handle)) }
 
     /// Encodes with all metadata stripped.
-    func encode(_ format: Images.Format, quality: Int) throws(CanopyError) -> [UInt8] {
+    public func encode(_ format: Images.Format, quality: Int) throws(CanopyError) -> [UInt8] {
         var bytes: UnsafeMutableRawPointer?
         var length = 0
         guard canopy_vips_encode(handle, format.shim, Int32(quality), &bytes, &length) == 0, let bytes else {
@@ -52,7 +52,7 @@ final class VipsImage {
     }
 
     /// 8-bit sRGB pixels, three bytes each.
-    func rgbPixels() throws(CanopyError) -> (pixels: [UInt8], width: Int, height: Int) {
+    public func rgbPixels() throws(CanopyError) -> (pixels: [UInt8], width: Int, height: Int) {
         var bytes: UnsafeMutableRawPointer?
         var length = 0
         var width: Int32 = 0
@@ -65,13 +65,13 @@ final class VipsImage {
     }
 
     /// The image rendered into memory.
-    func inMemory() throws(CanopyError) -> VipsImage {
+    public func inMemory() throws(CanopyError) -> VipsImage {
         try VipsImage(canopy_vips_in_memory(handle), "rendering into memory")
     }
 }
 
 extension Images.Format {
-    var shim: canopy_format {
+    public var shim: canopy_format {
         switch self {
         case .jpeg: CANOPY_JPEG
         case .webp: CANOPY_WEBP
@@ -80,10 +80,10 @@ extension Images.Format {
 }
 
 /// The WebP container (RIFF): enough of it to drop metadata chunks.
-enum WebP {
+public enum WebP {
     /// The file without its EXIF, XMP and ICC chunks, and with the VP8X flags that announce
     /// them cleared. Anything that is not a well-formed WebP comes back unchanged.
-    static func strippingMetadata(_ bytes: [UInt8]) -> [UInt8] {
+    public static func strippingMetadata(_ bytes: [UInt8]) -> [UInt8] {
         guard bytes.count >= 12, bytes[0..<4] == [0x52, 0x49, 0x46, 0x46], bytes[8..<12] == [0x57, 0x45, 0x42, 0x50] else { return bytes }
         var out = Array(bytes[0..<12])
         var offset = 12

@@ -1,0 +1,211 @@
+import CanopyBus
+import CanopyImaging
+import CanopyMessages
+import CanopyServiceKit
+import Crypto
+import Foundation
+
+/// What canopy-identify does, one method per operation. Every method takes the owner (the
+/// request's principal); nothing is read, accepted or forgotten for anyone else.
+///
+/// It asks canopy-images to store and check photos (`images.put`) and for their smaller
+/// sizes (`images.variant`), and canopy-care to add accepted plants (`plants.add`).
+final class IdentificationLibrary: Sendable {
+    let store: IdentificationStore
+    let provider: any IdentificationProvider
+    /// The other services, over the bus.
+    let bus: any IdentificationPeers
+
+    init(store: IdentificationStore, provider: any IdentificationProvider, bus: any IdentificationPeers) {
+        self.store = store
+        self.provider = provider
+        self.bus = bus
+    }
+
+    // MARK: - Submit
+
+    /// Identifies 1 to 5 photos of one plant: stores the new ones through canopy-images,
+    /// computes (or finds) each photo's features, asks the provider, records the answer. The
+    /// same photos and organs again answer the recorded identification at once.
+    func submit(_ request: Identification.Submit.Request, owner: String, now: Date = Date()) async throws -> Identification.Record {
+        // The photos' ids: a stored photo's id, or the SHA-256 of the bytes (canopy-images'
+        // id for them, so a submission is recognised before anything is stored).
+        var attachments = request.data.makeIterator()
+        var photos: [(organ: Identification.Organ, sha256: String, bytes: [UInt8]?)] = []
+        for photo in request.photos {
+            if let id = photo.photoID {
+                photos.append((photo.organ, id, nil))
+            } else {
+                let bytes = [UInt8](attachments.next()!) // validate() checked the count
+                photos.append((photo.organ, try await offThePool { Self.sha256(bytes) }, bytes))
+            }
+        }
+        let key = Self.submissionKey(photos.map { ($0.sha256, $0.organ) })
+        if let existing = try await store.database.read({ [store] db in try store.identification(db, owner: owner, submissionKey: key) }) {
+            return existing
+        }
+
+        let plantID = UUID().uuidString.lowercased()
+        var query: [QueryPhoto] = []
+        for (index, photo) in photos.enumerated() {
+            let features: PhotoFeatures
+            if let bytes = photo.bytes {
+                // canopy-images checks the photo (format, size, that it decodes) and strips it.
+                _ = try await bus.put(bytes, plantID: plantID, owner: owner)
+                features = try await self.features(photo.sha256) { bytes }
+            } else {
+                features = try await self.features(photo.sha256) { [bus] in
+                    do {
+                        return try await bus.variant(photo.sha256, .small, owner: owner)
+                    } catch let error as CanopyError where error.code == .notFound {
+                        throw CanopyError(.notFound, "photos[\(index)].photoID: no photo \(photo.sha256) among yours")
+                    }
+                }
+            }
+            let (bus, sha256) = (self.bus, photo.sha256)
+            query.append(QueryPhoto(sha256: sha256, organ: photo.organ, features: features,
+                                    gallery: { try await bus.variant(sha256, .gallery, owner: owner) }))
+        }
+        let results = try await provider.identify(ProviderQuery(owner: owner, photos: query, askPlantNet: request.askPlantNet))
+        let record = Identification.Record(
+            id: UUID().uuidString.lowercased(), owner: owner, createdAt: Date(timeIntervalSince1970: (now.timeIntervalSince1970 * 1000).rounded() / 1000),
+            provider: provider.kind, organs: photos.map(\.organ), photoIDs: photos.map(\.sha256),
+            location: request.exactLocation ? request.location : request.location?.coarsened, exactLocation: request.exactLocation,
+            results: results, plantID: plantID)
+        return try store.insert(record, submissionKey: key)
+    }
+
+    /// A photo's features: stored ones, or computed from the bytes `load` gives and stored.
+    private func features(_ sha256: String, load: @Sendable () async throws -> [UInt8]) async throws -> PhotoFeatures {
+        if let known = try store.features([sha256])[sha256] { return known }
+        let bytes = try await load()
+        let features = try await offThePool { try PhotoFeatures.compute(from: bytes) }
+        try store.saveFeatures(features, sha256: sha256)
+        return features
+    }
+
+    static func sha256(_ bytes: [UInt8]) -> String {
+        SHA256.hash(data: bytes).map { String(format: "%02x", $0) }.joined()
+    }
+
+    /// The same photos with the same organs, in any order, give the same key.
+    static func submissionKey(_ photos: [(sha256: String, organ: Identification.Organ)]) -> String {
+        let text = photos.map { "\($0.sha256):\($0.organ.rawValue)" }.sorted().joined(separator: "\n")
+        return sha256(Array(text.utf8))
+    }
+
+    // MARK: - Accept
+
+    /// Adds the identified plant to the person's collection through canopy-care, with the
+    /// photos, the provider and the confidence. The plant's id is the identification's
+    /// ``Identification/Record/plantID``, so accepting again (or a retry after a lost reply)
+    /// answers the same plant. A candidate that is one of the person's plants adds nothing:
+    /// it answers that plant, and files the photos under it.
+    func accept(_ request: Identification.Accept.Request, owner: String, now: Date = Date()) async throws -> Identification.Accept.Reply {
+        guard var record = try await store.database.read({ [store] db in try store.identification(db, owner: owner, id: request.id) }) else {
+            throw CanopyError(.notFound, "no identification \(request.id) among yours; identifications.history lists them")
+        }
+        let candidate: Identification.Candidate
+        if let rank = request.rank {
+            guard let chosen = record.results.first(where: { $0.rank == rank }) else {
+                throw CanopyError(.badRequest, "identification \(record.id) has \(record.results.count) candidate(s); rank \(rank) is not one of them")
+            }
+            candidate = chosen
+        } else {
+            let name = request.scientificName!.trimmingCharacters(in: .whitespaces)
+            candidate = Identification.Candidate(rank: 0, score: 1, scientificName: name, scientificNameWithoutAuthor: name, provider: record.provider)
+        }
+        let plant: Care.Plant
+        if let existing = candidate.plantID {
+            plant = try await bus.plant(existing, owner: owner)
+        } else {
+            var new = Care.Plant(
+                id: record.plantID, scientificName: candidate.scientificNameWithoutAuthor, commonNames: candidate.commonNames,
+                family: candidate.family, genus: candidate.genus, customName: request.customName, imageIDs: record.photoIDs,
+                identificationSource: request.rank == nil ? .manual : Care.Source(record.provider),
+                identificationConfidence: request.rank == nil ? nil : candidate.score, dateIdentified: record.createdAt)
+            if new.commonNames.count > Care.Limits.commonNames { new.commonNames = Array(new.commonNames.prefix(Care.Limits.commonNames)) }
+            plant = try await bus.addPlant(new, owner: owner)
+        }
+        if record.acceptedAt == nil {
+            record.acceptedAt = now
+            record.acceptedName = candidate.scientificNameWithoutAuthor
+            try await store.database.write { [store, record] db in try store.accept(db, record, plantID: plant.id, candidate: candidate) }
+        }
+        return Identification.Accept.Reply(identification: record, plant: plant)
+    }
+
+    // MARK: - Reading and forgetting
+
+    func get(_ id: String, owner: String) throws -> Identification.Record {
+        guard let record = try store.database.read({ db in try store.identification(db, owner: owner, id: id) }) else {
+            throw CanopyError(.notFound, "no identification \(id) among yours; identifications.history lists them")
+        }
+        return record
+    }
+
+    func history(_ request: Identification.History.Request, owner: String) throws -> Identification.History.Reply {
+        let limit = request.limit ?? 20
+        var cursor: (Double, String)?
+        if let after = request.after {
+            let parts = after.split(separator: "/", maxSplits: 1)
+            guard parts.count == 2, let createdAt = Double(parts[0]), createdAt.isFinite else {
+                throw CanopyError(.badRequest, "after is not a cursor from identifications.history; pass its next field as given")
+            }
+            cursor = (createdAt, String(parts[1]))
+        }
+        let page = try store.history(owner: owner, plantID: request.plantID, limit: limit + 1, after: cursor)
+        let items = Array(page.prefix(limit))
+        let next = page.count > limit ? items.last.map { "\($0.createdAt.timeIntervalSince1970)/\($0.id)" } : nil
+        return Identification.History.Reply(items: items, next: next)
+    }
+
+    func forget(plantID: String, owner: String) throws {
+        try store.forget(owner: owner, plantID: plantID)
+    }
+}
+
+extension Care.Source {
+    /// How canopy-care records a plant an identification provider named.
+    init(_ provider: Identification.Provider) {
+        switch provider {
+        case .plantnet: self = .plantnet
+        case .reference: self = .reference
+        case .hybrid: self = .hybrid
+        }
+    }
+}
+
+/// The other services canopy-identify asks: canopy-images and canopy-care, over the bus
+/// (``BusPeers``).
+protocol IdentificationPeers: Sendable {
+    /// Stores a photo for a plant (`images.put`); canopy-images checks and strips it.
+    func put(_ bytes: [UInt8], plantID: String, owner: String) async throws -> Images.Photo
+    /// A variant's bytes (`images.variant`, JPEG).
+    func variant(_ sha256: String, _ variant: Images.Variant, owner: String) async throws -> [UInt8]
+    /// Adds a plant (`plants.add`).
+    func addPlant(_ plant: Care.Plant, owner: String) async throws -> Care.Plant
+    /// One of the person's plants (`plants.get`).
+    func plant(_ id: String, owner: String) async throws -> Care.Plant
+}
+
+/// ``IdentificationPeers`` over the bus.
+struct BusPeers: IdentificationPeers {
+    let client: BusClient
+
+    func put(_ bytes: [UInt8], plantID: String, owner: String) async throws -> Images.Photo {
+        try await client.call(Images.Put.self, .init(plantID: plantID, data: Data(bytes)), principal: owner, timeout: .seconds(60))
+    }
+
+    func variant(_ sha256: String, _ variant: Images.Variant, owner: String) async throws -> [UInt8] {
+        [UInt8](try await client.wholeVariant(.init(sha256: sha256, variant: variant, format: .jpeg), principal: owner, timeout: .seconds(60)).data)
+    }
+
+    func addPlant(_ plant: Care.Plant, owner: String) async throws -> Care.Plant {
+        try await client.call(Care.AddPlant.self, plant, principal: owner)
+    }
+
+    func plant(_ id: String, owner: String) async throws -> Care.Plant {
+        try await client.call(Care.GetPlant.self, .init(id: id), principal: owner)
+    }
+}

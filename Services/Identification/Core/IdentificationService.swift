@@ -1,0 +1,170 @@
+import CanopyBus
+import CanopyImaging
+import CanopyMessages
+import CanopyServiceKit
+import Foundation
+import Logging
+import ServiceLifecycle
+
+/// canopy-identify on the bus: one handler per operation of ``Identification``.
+public struct IdentificationService: BusService {
+    public let name = Identification.service
+    let library: IdentificationLibrary
+    /// For `identifications.quota`; `nil` when Pl@ntNet is not in use.
+    let plantNet: PlantNetProvider?
+
+    public func register(_ handlers: inout OperationHandlers) {
+        let (library, plantNet) = (self.library, self.plantNet)
+        handlers.on(Identification.Submit.self) { request, context in try await library.submit(request, owner: try context.requirePrincipal()) }
+        handlers.on(Identification.Accept.self) { request, context in try await library.accept(request, owner: try context.requirePrincipal()) }
+        handlers.on(Identification.Get.self) { request, context in try library.get(request.id, owner: try context.requirePrincipal()) }
+        handlers.on(Identification.History.self) { request, context in try library.history(request, owner: try context.requirePrincipal()) }
+        handlers.on(Identification.ForgetPlant.self) { request, context in
+            try library.forget(plantID: request.plantID, owner: try context.requirePrincipal())
+            return Empty()
+        }
+        handlers.on(Identification.Quota.self) { _, _ in
+            guard let plantNet else {
+                return .init(provider: library.provider.kind, remaining: nil, dailyLimit: 0, resetsAt: nil, calls: 0)
+            }
+            let quota = try plantNet.quota()
+            return .init(provider: library.provider.kind, remaining: quota.remaining, dailyLimit: plantNet.settings.dailyLimit,
+                         resetsAt: quota.resetsAt, calls: plantNet.calls.load(ordering: .relaxed))
+        }
+    }
+}
+
+/// Everything `canopy-identify serve` can be told.
+public struct IdentificationServiceSettings: Sendable {
+    /// Where the store lives (`<data-dir>/identify`; the database is `identify.sqlite` in it).
+    public var directory: URL
+    /// How the worker reaches its broker (endpoint, credit, heartbeats, CURVE keys).
+    public var runner: ServiceRunner.Configuration
+    /// Where `/metrics` and `/health` listen; `nil` for nowhere.
+    public var metrics: ListenAddress?
+    /// Which provider answers.
+    public var provider: Identification.Provider = .reference
+    /// Pl@ntNet's settings; required for `plantnet` and `hybrid`.
+    public var plantNet: PlantNetSettings?
+    /// With `hybrid`: a best reference score at or above this skips Pl@ntNet.
+    public var hybridThreshold = 0.8
+
+    /// - Parameters:
+    ///   - directory: the store's directory.
+    ///   - runner: the worker's bus settings.
+    ///   - metrics: where `/metrics` and `/health` listen, `nil` for nowhere.
+    public init(directory: URL, runner: ServiceRunner.Configuration, metrics: ListenAddress? = nil) {
+        self.directory = directory
+        self.runner = runner
+        self.metrics = metrics
+    }
+
+    /// The store's path.
+    public var databasePath: String { directory.appendingPathComponent("identify.sqlite").path }
+}
+
+/// Builds what `canopy-identify serve` runs, in start order: the bus client it asks
+/// canopy-images and canopy-care with, the bus worker, and the `/metrics` and `/health`
+/// listener when `settings` name one.
+public func buildIdentificationService(settings: IdentificationServiceSettings, context: ZMQContext, logger: Logger) throws -> [any Service] {
+    try FileManager.default.createDirectory(at: settings.directory, withIntermediateDirectories: true)
+    let store = try IdentificationStore(path: settings.databasePath)
+    let reference = ReferenceProvider(store: store)
+    var plantNet: PlantNetProvider?
+    if settings.provider != .reference {
+        guard let plantNetSettings = settings.plantNet, !plantNetSettings.apiKey.isEmpty else {
+            throw CanopyError(.badRequest, "the \(settings.provider.rawValue) provider needs a Pl@ntNet API key: set --plantnet-key or CANOPY_PLANTNET_KEY (or use --provider reference)")
+        }
+        plantNet = PlantNetProvider(settings: plantNetSettings, store: store, logger: logger)
+    }
+    let provider: any IdentificationProvider = switch settings.provider {
+    case .reference: reference
+    case .plantnet: plantNet!
+    case .hybrid: HybridProvider(reference: reference, plantNet: plantNet!, threshold: settings.hybridThreshold)
+    }
+    var client = BusClient.Configuration(endpoint: settings.runner.endpoint)
+    client.curve = settings.runner.curve // calls other services with the worker's key
+    let bus = try BusClient(configuration: client, context: context, logger: logger)
+    let library = IdentificationLibrary(store: store, provider: provider, bus: BusPeers(client: bus))
+    let worker = ServiceRunner(service: IdentificationService(library: library, plantNet: plantNet), configuration: settings.runner, context: context, logger: logger)
+    // The client first: started before the worker takes requests, closed after it stops.
+    return OperatingEndpoint.serving([bus, worker], at: settings.metrics, logger: logger)
+}
+
+/// The operator's tools on the store, for the CLI: reference photos and one-shot matching.
+public struct IdentificationTools: Sendable {
+    let store: IdentificationStore
+
+    /// Opens (or creates) the store at `path`.
+    public init(databasePath path: String) throws {
+        try FileManager.default.createDirectory(at: URL(fileURLWithPath: path).deletingLastPathComponent(), withIntermediateDirectories: true)
+        store = try IdentificationStore(path: path)
+    }
+
+    /// A species as the operator names it: "Monstera deliciosa Liebm." (authorship optional).
+    public struct SpeciesName: Sendable {
+        public var scientificName: String
+        public var commonNames: [String]
+        public var genus: String?
+        public var family: String
+        public var gbifID: Int?
+
+        public init(scientificName: String, commonNames: [String] = [], genus: String? = nil, family: String = "", gbifID: Int? = nil) {
+            self.scientificName = scientificName
+            self.commonNames = commonNames
+            self.genus = genus
+            self.family = family
+            self.gbifID = gbifID
+        }
+
+        /// Genus and epithet (the first two words, or one for a genus), then the authorship.
+        var parts: (withoutAuthor: String, authorship: String) {
+            let words = scientificName.split(separator: " ").map(String.init)
+            let nameWords = words.count >= 2 && words[1].first?.isLowercase == true ? 2 : 1
+            return (words.prefix(nameWords).joined(separator: " "), words.dropFirst(nameWords).joined(separator: " "))
+        }
+    }
+
+    /// Adds reference photos (encoded images) of a species; their features are computed here.
+    /// Returns how many photos the species now has.
+    @discardableResult
+    public func addReferences(_ species: SpeciesName, photos: [[UInt8]], progress: (Int) -> Void = { _ in }) throws -> Int {
+        try Field.text(species.scientificName, "species", maximumBytes: Care.Limits.scientificNameBytes, required: true)
+        let (withoutAuthor, authorship) = species.parts
+        var computed: [(sha256: String, features: PhotoFeatures)] = []
+        for (index, bytes) in photos.enumerated() {
+            computed.append((IdentificationLibrary.sha256(bytes), try PhotoFeatures.compute(from: bytes)))
+            progress(index + 1)
+        }
+        let entry = IdentificationStore.Species(
+            scientificName: species.scientificName, withoutAuthor: withoutAuthor, authorship: authorship,
+            genus: species.genus ?? String(withoutAuthor.split(separator: " ").first ?? ""), family: species.family,
+            commonNames: species.commonNames, gbifID: species.gbifID)
+        try store.addReferences(entry, photos: computed)
+        return try store.referenceSpecies().first { $0.species.scientificName == species.scientificName }?.photos ?? 0
+    }
+
+    /// Removes a species (by its name with or without authorship); `false` when unknown.
+    public func removeReferences(_ scientificName: String) throws -> Bool {
+        try store.removeReferences(scientificName: scientificName)
+    }
+
+    /// Every reference species: name, common name, family, GBIF id and photo count.
+    public func references() throws -> [(scientificName: String, commonName: String, family: String, gbifID: Int?, photos: Int)] {
+        try store.referenceSpecies().map { ($0.species.scientificName, $0.species.commonNames.first ?? "", $0.species.family, $0.species.gbifID, $0.photos) }
+    }
+
+    /// Matches photo files against the reference photos, as the `reference` provider does
+    /// (without anyone's own plants): ranked candidates.
+    public func match(photos: [[UInt8]]) throws -> [Identification.Candidate] {
+        let features = try photos.map { try PhotoFeatures.compute(from: $0) }
+        return try ReferenceProvider(store: store).references().candidates(for: features, neighbours: 32).ranked()
+    }
+
+    /// Pl@ntNet's quota as last reported.
+    public func quota() throws -> (remaining: Int?, resetsAt: Date?) {
+        var state = try store.quota(provider: PlantNetProvider.quotaKey)
+        if let resetsAt = state.resetsAt, resetsAt <= Date() { state = .init() }
+        return (state.remaining, state.resetsAt)
+    }
+}

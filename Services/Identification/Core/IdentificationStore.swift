@@ -1,0 +1,306 @@
+import CanopyImaging
+import CanopyMessages
+import Foundation
+import GRDB
+
+/// canopy-identify's store: one SQLite file (GRDB, WAL) with the identifications, the
+/// features of every photo seen (computed once, by content hash), the operator's labelled
+/// reference photos, the photos of each person's accepted plants, and Pl@ntNet's quota.
+/// Every query about a person's data names the owner. Thread-safe; the operator CLI may
+/// write references while the service runs (``referenceGeneration`` tells it to reload).
+final class IdentificationStore: Sendable {
+    let database: DatabasePool
+    private let codec = MessageCodec()
+
+    init(path: String) throws {
+        var configuration = Configuration()
+        configuration.foreignKeysEnabled = true
+        configuration.busyMode = .timeout(5)
+        database = try DatabasePool(path: path, configuration: configuration)
+        try Self.migrator.migrate(database)
+    }
+
+    static var migrator: DatabaseMigrator {
+        var migrator = DatabaseMigrator()
+        migrator.registerMigration("v1") { db in
+            try db.execute(sql: """
+                CREATE TABLE identifications (
+                    id TEXT PRIMARY KEY,
+                    owner TEXT NOT NULL,
+                    -- SHA-256 of the sorted (photo, organ) pairs: the same submission again finds it
+                    submissionKey TEXT NOT NULL,
+                    createdAt DOUBLE NOT NULL,
+                    plantID TEXT NOT NULL,
+                    -- the plant it was accepted as: plantID, or one of the person's plants
+                    acceptedPlantID TEXT,
+                    record BLOB NOT NULL,
+                    UNIQUE (owner, submissionKey));
+                CREATE INDEX identificationsByOwner ON identifications(owner, createdAt, id);
+                CREATE INDEX identificationsByPlant ON identifications(owner, plantID);
+                CREATE INDEX identificationsByAcceptedPlant ON identifications(owner, acceptedPlantID);
+                CREATE TABLE photoFeatures (
+                    sha256 TEXT PRIMARY KEY,
+                    features BLOB NOT NULL);
+                CREATE TABLE species (
+                    id INTEGER PRIMARY KEY AUTOINCREMENT,
+                    scientificName TEXT NOT NULL UNIQUE,
+                    withoutAuthor TEXT NOT NULL,
+                    authorship TEXT NOT NULL,
+                    genus TEXT NOT NULL,
+                    family TEXT NOT NULL,
+                    commonNames BLOB NOT NULL,
+                    gbifID INTEGER);
+                CREATE TABLE referencePhotos (
+                    speciesID INTEGER NOT NULL REFERENCES species(id) ON DELETE CASCADE,
+                    sha256 TEXT NOT NULL,
+                    addedAt DOUBLE NOT NULL,
+                    PRIMARY KEY (speciesID, sha256));
+                CREATE TABLE plantPhotos (
+                    owner TEXT NOT NULL,
+                    plantID TEXT NOT NULL,
+                    sha256 TEXT NOT NULL,
+                    candidate BLOB NOT NULL,
+                    PRIMARY KEY (owner, plantID, sha256));
+                CREATE TABLE quota (
+                    provider TEXT PRIMARY KEY,
+                    remaining INTEGER,
+                    resetsAt DOUBLE,
+                    updatedAt DOUBLE NOT NULL);
+                CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+                INSERT INTO meta VALUES ('referenceGeneration', 0);
+                """)
+        }
+        return migrator
+    }
+
+    // MARK: - Identifications
+
+    func identification(_ db: Database, owner: String, id: String) throws -> Identification.Record? {
+        try Data.fetchOne(db, sql: "SELECT record FROM identifications WHERE owner = ? AND id = ?", arguments: [owner, id])
+            .map { try codec.decode(Identification.Record.self, from: [UInt8]($0)) }
+    }
+
+    func identification(_ db: Database, owner: String, submissionKey: String) throws -> Identification.Record? {
+        try Data.fetchOne(db, sql: "SELECT record FROM identifications WHERE owner = ? AND submissionKey = ?", arguments: [owner, submissionKey])
+            .map { try codec.decode(Identification.Record.self, from: [UInt8]($0)) }
+    }
+
+    /// Records a new identification; when the same submission was recorded meanwhile (two at
+    /// once), that one stands and is returned.
+    func insert(_ record: Identification.Record, submissionKey: String) throws -> Identification.Record {
+        try database.write { db in
+            if let existing = try identification(db, owner: record.owner, submissionKey: submissionKey) { return existing }
+            try db.execute(sql: """
+                INSERT INTO identifications (id, owner, submissionKey, createdAt, plantID, record) VALUES (?, ?, ?, ?, ?, ?)
+                """, arguments: [record.id, record.owner, submissionKey, record.createdAt.timeIntervalSince1970, record.plantID, Data(try codec.encode(record))])
+            return record
+        }
+    }
+
+    /// Marks an identification accepted as `plantID` and files its photos under that plant,
+    /// for matching the person's later photos against their own plants.
+    func accept(_ db: Database, _ record: Identification.Record, plantID: String, candidate: Identification.Candidate) throws {
+        try db.execute(sql: "UPDATE identifications SET record = ?, acceptedPlantID = ? WHERE owner = ? AND id = ?",
+                       arguments: [Data(try codec.encode(record)), plantID, record.owner, record.id])
+        var own = candidate
+        own.plantID = plantID
+        for sha256 in record.photoIDs {
+            try db.execute(sql: "INSERT OR REPLACE INTO plantPhotos (owner, plantID, sha256, candidate) VALUES (?, ?, ?, ?)",
+                           arguments: [record.owner, plantID, sha256, Data(try codec.encode(own))])
+        }
+    }
+
+    /// A page of `owner`'s identifications (or one plant's), newest first, after `cursor`.
+    func history(owner: String, plantID: String?, limit: Int, after cursor: (createdAt: Double, id: String)?) throws -> [Identification.Record] {
+        try database.read { db in
+            var sql = "SELECT record FROM identifications WHERE owner = ?"
+            var arguments: StatementArguments = [owner]
+            if let plantID {
+                sql += " AND (plantID = ? OR acceptedPlantID = ?)"
+                _ = arguments.append(contentsOf: [plantID, plantID])
+            }
+            if let cursor {
+                sql += " AND (createdAt < ? OR (createdAt = ? AND id < ?))"
+                _ = arguments.append(contentsOf: [cursor.createdAt, cursor.createdAt, cursor.id])
+            }
+            sql += " ORDER BY createdAt DESC, id DESC LIMIT ?"
+            _ = arguments.append(contentsOf: [limit])
+            return try Data.fetchAll(db, sql: sql, arguments: arguments).map { try codec.decode(Identification.Record.self, from: [UInt8]($0)) }
+        }
+    }
+
+    /// Forgets a deleted plant's identifications and its photos' filing. Returns how many
+    /// identifications went.
+    @discardableResult
+    func forget(owner: String, plantID: String) throws -> Int {
+        try database.write { db in
+            try db.execute(sql: "DELETE FROM identifications WHERE owner = ? AND (plantID = ? OR acceptedPlantID = ?)", arguments: [owner, plantID, plantID])
+            let forgotten = db.changesCount
+            try db.execute(sql: "DELETE FROM plantPhotos WHERE owner = ? AND plantID = ?", arguments: [owner, plantID])
+            return forgotten
+        }
+    }
+
+    // MARK: - Features
+
+    /// Stored features of the photos among `sha256s` that have them.
+    func features(_ sha256s: [String]) throws -> [String: PhotoFeatures] {
+        guard !sha256s.isEmpty else { return [:] }
+        return try database.read { db in
+            let rows = try Row.fetchAll(db, sql: "SELECT sha256, features FROM photoFeatures WHERE sha256 IN (\(sha256s.map { _ in "?" }.joined(separator: ",")))",
+                                        arguments: StatementArguments(sha256s))
+            var found: [String: PhotoFeatures] = [:]
+            for row in rows {
+                if let features = PhotoFeatures(packed: row["features"]) { found[row["sha256"]] = features }
+            }
+            return found
+        }
+    }
+
+    func saveFeatures(_ features: PhotoFeatures, sha256: String) throws {
+        try database.write { db in
+            try db.execute(sql: "INSERT OR IGNORE INTO photoFeatures (sha256, features) VALUES (?, ?)", arguments: [sha256, features.packed])
+        }
+    }
+
+    /// The person's accepted plants' photos with their features: what "which of my plants is
+    /// this?" compares against.
+    func plantPhotos(owner: String) throws -> [(candidate: Identification.Candidate, features: PhotoFeatures)] {
+        try database.read { db in
+            try Row.fetchAll(db, sql: """
+                SELECT plantPhotos.candidate, photoFeatures.features FROM plantPhotos
+                JOIN photoFeatures ON photoFeatures.sha256 = plantPhotos.sha256
+                WHERE plantPhotos.owner = ?
+                """, arguments: [owner]).compactMap { row in
+                guard let features = PhotoFeatures(packed: row["features"]) else { return nil }
+                return (try codec.decode(Identification.Candidate.self, from: [UInt8](row["candidate"] as Data)), features)
+            }
+        }
+    }
+
+    // MARK: - References
+
+    /// A labelled species as the operator loaded it.
+    struct Species: Sendable, Equatable {
+        var scientificName: String
+        var withoutAuthor: String
+        var authorship: String
+        var genus: String
+        var family: String
+        var commonNames: [String]
+        var gbifID: Int?
+    }
+
+    /// Bumped by every change to the references: a running service reloads its index when
+    /// the number it built from is no longer current.
+    func referenceGeneration() throws -> Int {
+        try database.read { db in try Int.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'referenceGeneration'") ?? 0 }
+    }
+
+    /// Adds reference photos of a species (created, or updated with the names given).
+    func addReferences(_ species: Species, photos: [(sha256: String, features: PhotoFeatures)], now: Date = Date()) throws {
+        try database.write { db in
+            try db.execute(sql: """
+                INSERT INTO species (scientificName, withoutAuthor, authorship, genus, family, commonNames, gbifID) VALUES (?, ?, ?, ?, ?, ?, ?)
+                ON CONFLICT (scientificName) DO UPDATE SET withoutAuthor = excluded.withoutAuthor, authorship = excluded.authorship,
+                    genus = excluded.genus, family = excluded.family, commonNames = excluded.commonNames, gbifID = excluded.gbifID
+                """, arguments: [species.scientificName, species.withoutAuthor, species.authorship, species.genus, species.family,
+                                 Data(try codec.encode(species.commonNames)), species.gbifID])
+            let id = try Int.fetchOne(db, sql: "SELECT id FROM species WHERE scientificName = ?", arguments: [species.scientificName])!
+            for photo in photos {
+                try db.execute(sql: "INSERT OR IGNORE INTO photoFeatures (sha256, features) VALUES (?, ?)", arguments: [photo.sha256, photo.features.packed])
+                try db.execute(sql: "INSERT OR IGNORE INTO referencePhotos (speciesID, sha256, addedAt) VALUES (?, ?, ?)",
+                               arguments: [id, photo.sha256, now.timeIntervalSince1970])
+            }
+            try db.execute(sql: "UPDATE meta SET value = value + 1 WHERE key = 'referenceGeneration'")
+        }
+    }
+
+    /// Removes a species and its reference photos; `false` when there was none by that name.
+    func removeReferences(scientificName: String) throws -> Bool {
+        try database.write { db in
+            try db.execute(sql: "DELETE FROM species WHERE scientificName = ? OR withoutAuthor = ?", arguments: [scientificName, scientificName])
+            guard db.changesCount > 0 else { return false }
+            try db.execute(sql: "UPDATE meta SET value = value + 1 WHERE key = 'referenceGeneration'")
+            return true
+        }
+    }
+
+    /// Every species with its number of reference photos, by name.
+    func referenceSpecies() throws -> [(species: Species, photos: Int)] {
+        try database.read { db in
+            try Row.fetchAll(db, sql: """
+                SELECT species.*, COUNT(referencePhotos.sha256) AS photos FROM species
+                LEFT JOIN referencePhotos ON referencePhotos.speciesID = species.id
+                GROUP BY species.id ORDER BY species.scientificName
+                """).map { row in (try species(row), row["photos"]) }
+        }
+    }
+
+    /// Every reference photo's species and features, and the generation they are of.
+    func referenceSet() throws -> (generation: Int, entries: [(species: Species, features: PhotoFeatures)]) {
+        try database.read { db in
+            let generation = try Int.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'referenceGeneration'") ?? 0
+            var speciesByID: [Int64: Species] = [:]
+            for row in try Row.fetchAll(db, sql: "SELECT * FROM species") { speciesByID[row["id"]] = try species(row) }
+            let entries = try Row.fetchAll(db, sql: """
+                SELECT referencePhotos.speciesID, photoFeatures.features FROM referencePhotos
+                JOIN photoFeatures ON photoFeatures.sha256 = referencePhotos.sha256
+                """).compactMap { row -> (Species, PhotoFeatures)? in
+                guard let species = speciesByID[row["speciesID"]], let features = PhotoFeatures(packed: row["features"]) else { return nil }
+                return (species, features)
+            }
+            return (generation, entries)
+        }
+    }
+
+    private func species(_ row: Row) throws -> Species {
+        Species(scientificName: row["scientificName"], withoutAuthor: row["withoutAuthor"], authorship: row["authorship"], genus: row["genus"],
+                family: row["family"], commonNames: try codec.decode([String].self, from: [UInt8](row["commonNames"] as Data)), gbifID: row["gbifID"])
+    }
+
+    // MARK: - Quota
+
+    /// What Pl@ntNet last said of the daily quota.
+    struct QuotaState: Sendable, Equatable {
+        var remaining: Int?
+        var resetsAt: Date?
+    }
+
+    func quota(provider: String) throws -> QuotaState {
+        try database.read { db in
+            guard let row = try Row.fetchOne(db, sql: "SELECT remaining, resetsAt FROM quota WHERE provider = ?", arguments: [provider]) else {
+                return QuotaState()
+            }
+            return QuotaState(remaining: row["remaining"], resetsAt: (row["resetsAt"] as Double?).map { Date(timeIntervalSince1970: $0) })
+        }
+    }
+
+    func saveQuota(_ state: QuotaState, provider: String, now: Date = Date()) throws {
+        try database.write { db in
+            try db.execute(sql: "INSERT OR REPLACE INTO quota (provider, remaining, resetsAt, updatedAt) VALUES (?, ?, ?, ?)",
+                           arguments: [provider, state.remaining, state.resetsAt?.timeIntervalSince1970, now.timeIntervalSince1970])
+        }
+    }
+}
+
+extension PhotoFeatures {
+    /// 46 little-endian 32-bit floats then the 64-bit hash: 192 bytes.
+    var packed: Data {
+        var data = Data(capacity: (Self.colourBins + Self.textureBins) * 4 + 8)
+        for value in colour + texture { withUnsafeBytes(of: value.bitPattern.littleEndian) { data.append(contentsOf: $0) } }
+        withUnsafeBytes(of: hash.littleEndian) { data.append(contentsOf: $0) }
+        return data
+    }
+
+    init?(packed: Data) {
+        let floats = Self.colourBins + Self.textureBins
+        guard packed.count == floats * 4 + 8 else { return nil }
+        let bytes = [UInt8](packed)
+        func word(_ offset: Int, _ count: Int) -> UInt64 {
+            (0..<count).reduce(UInt64(0)) { $0 | UInt64(bytes[offset + $1]) << (8 * UInt64($1)) }
+        }
+        let values = (0..<floats).map { Float(bitPattern: UInt32(word($0 * 4, 4))) }
+        self.init(colour: Array(values[0..<Self.colourBins]), texture: Array(values[Self.colourBins...]), hash: word(floats * 4, 8))
+    }
+}

@@ -1,0 +1,106 @@
+import CanopyImaging
+import CanopyMessages
+import Foundation
+import Testing
+@testable import Identification
+
+/// The reference matcher on made-up species and plants (``SyntheticPlant``): photos in,
+/// features computed from the encoded JPEGs, as in service.
+struct ReferenceMatchingTests {
+    /// A store in a fresh directory, removed afterwards.
+    static func withStore<T>(_ body: (IdentificationStore, IdentificationTools) async throws -> T) async throws -> T {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-identify-\(UUID().uuidString)")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let path = directory.appendingPathComponent("identify.sqlite").path
+        let tools = try IdentificationTools(databasePath: path)
+        return try await body(tools.store, tools)
+    }
+
+    static func name(_ index: Int) -> String { "Plantae species\(index) Tester" }
+
+    @Test func theRightSpeciesComesFirstAmongTwelve() async throws {
+        try await Self.withStore { _, tools in
+            for index in 0..<12 {
+                let photos = try (1...4).map { try SyntheticPlant.species(index).photo(seed: $0) }
+                try tools.addReferences(.init(scientificName: Self.name(index), commonNames: ["Test plant \(index)"], family: "Testaceae", gbifID: 1000 + index), photos: photos)
+            }
+            #expect(try tools.references().count == 12)
+            for index in 0..<12 {
+                let candidates = try tools.match(photos: [try SyntheticPlant.species(index).photo(seed: 100 + index)])
+                #expect(candidates.first?.scientificName == Self.name(index), "species \(index): \(candidates.prefix(3).map { "\($0.scientificName) \($0.score)" })")
+                #expect(candidates.first?.scientificNameWithoutAuthor == "Plantae species\(index)")
+                #expect(candidates.first?.authorship == "Tester")
+                #expect(candidates.first?.gbifID == 1000 + index)
+                #expect(candidates.map(\.rank) == Array(1...candidates.count))
+                #expect(candidates.allSatisfy { (0...1).contains($0.score) })
+            }
+        }
+    }
+
+    @Test func twoPhotosOfOnePlantScoreTogether() async throws {
+        try await Self.withStore { _, tools in
+            for index in 0..<6 {
+                try tools.addReferences(.init(scientificName: Self.name(index)), photos: try (1...3).map { try SyntheticPlant.species(index).photo(seed: $0) })
+            }
+            let one = try tools.match(photos: [try SyntheticPlant.species(4).photo(seed: 50)])
+            let two = try tools.match(photos: [try SyntheticPlant.species(4).photo(seed: 50), try SyntheticPlant.species(4).photo(seed: 51)])
+            #expect(one.first?.scientificName == Self.name(4) && two.first?.scientificName == Self.name(4))
+            // The second photo agrees, so the best stays far ahead of the rest.
+            #expect(two[0].score - two[1].score > 0.05)
+        }
+    }
+
+    @Test func aNewPhotoOfOneOfTwentyPlantsFindsThatPlant() async throws {
+        try await Self.withStore { store, _ in
+            let owner = "alice"
+            let plants = (0..<20).map { SyntheticPlant.species(200 + $0) }
+            try await store.database.write { db in
+                for (index, plant) in plants.enumerated() {
+                    for seed in 1...2 {
+                        let bytes = try plant.photo(seed: seed)
+                        let sha256 = IdentificationLibrary.sha256(bytes)
+                        try db.execute(sql: "INSERT INTO photoFeatures (sha256, features) VALUES (?, ?)", arguments: [sha256, try PhotoFeatures.compute(from: bytes).packed])
+                        let record = Identification.Record(id: "i\(index)-\(seed)", owner: owner, createdAt: Date(), provider: .reference, organs: [.leaf],
+                                                           photoIDs: [sha256], location: nil, exactLocation: false, results: [], plantID: "p\(index)")
+                        try db.execute(sql: "INSERT INTO identifications (id, owner, submissionKey, createdAt, plantID, record) VALUES (?, ?, ?, 0, ?, ?)",
+                                       arguments: [record.id, owner, record.id, record.plantID, Data()])
+                        try store.accept(db, record, plantID: "p\(index)",
+                                         candidate: .init(rank: 1, score: 1, scientificName: "Plant \(index)", scientificNameWithoutAuthor: "Plant \(index)", provider: .reference))
+                    }
+                }
+            }
+            let provider = ReferenceProvider(store: store)
+            for (index, plant) in plants.enumerated() {
+                let features = try PhotoFeatures.compute(from: try plant.photo(seed: 77))
+                let query = ProviderQuery(owner: owner, photos: [QueryPhoto(sha256: "q", organ: .leaf, features: features, gallery: { [] })], askPlantNet: false)
+                let candidates = try await provider.identify(query)
+                #expect(candidates.first?.plantID == "p\(index)", "plant \(index): \(candidates.prefix(3).map { "\($0.plantID ?? "-") \($0.score)" })")
+                // Nobody else's plants.
+                let stranger = ProviderQuery(owner: "bob", photos: query.photos, askPlantNet: false)
+                #expect(try await provider.identify(stranger).allSatisfy { $0.plantID == nil })
+            }
+        }
+    }
+
+    @Test func theIndexFindsWhatAFullScanFinds() throws {
+        var random = SplitMix(seed: 7)
+        let items = (0..<2_000).map { index in
+            PhotoFeatures.compute(pixels: SyntheticPlant.species(index % 300).pixels(seed: index, width: 48, height: 48), width: 48, height: 48)
+        }
+        let index = ReferenceIndex(items)
+        for _ in 0..<50 {
+            let query = items[Int(random.next() % UInt64(items.count))]
+            let found = index.nearest(to: query, count: 10).map(\.distance)
+            let scanned = items.map { query.distance(to: $0) }.sorted().prefix(10)
+            #expect(found == Array(scanned))
+        }
+    }
+
+    @Test func brokenPhotosAreRefusedWithATypedError() throws {
+        let photo = try SyntheticPlant.species(1).photo(seed: 1)
+        for bad in [[UInt8](), Array("not a photo".utf8), Array(photo.prefix(photo.count / 3))] {
+            let error = #expect(throws: CanopyError.self) { _ = try PhotoFeatures.compute(from: bad) }
+            #expect(error?.code == .badRequest)
+        }
+    }
+}
