@@ -175,7 +175,8 @@ public enum Identification {
                 set { data = newValue }
             }
 
-            public static let attachmentCount = 0...Limits.photos
+            /// More than ``Limits/photos`` still decode, so that validation names the limit.
+            public static let attachmentCount = 0...(Limits.photos * 3)
         }
 
         public typealias Reply = Record

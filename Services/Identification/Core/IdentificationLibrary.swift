@@ -54,13 +54,14 @@ final class IdentificationLibrary: Sendable {
                 _ = try await bus.put(bytes, plantID: plantID, owner: owner)
                 features = try await self.features(photo.sha256) { bytes }
             } else {
-                features = try await self.features(photo.sha256) { [bus] in
-                    do {
-                        return try await bus.variant(photo.sha256, .small, owner: owner)
-                    } catch let error as CanopyError where error.code == .notFound {
-                        throw CanopyError(.notFound, "photos[\(index)].photoID: no photo \(photo.sha256) among yours")
-                    }
+                // Only its owner may name a stored photo: canopy-images answers no one else,
+                // whether or not its features are known here already.
+                do {
+                    try await bus.requireOwnership(photo.sha256, owner: owner)
+                } catch let error as CanopyError where error.code == .notFound {
+                    throw CanopyError(.notFound, "photos[\(index)].photoID: no photo \(photo.sha256) among yours")
                 }
+                features = try await self.features(photo.sha256) { [bus] in try await bus.variant(photo.sha256, .small, owner: owner) }
             }
             let (bus, sha256) = (self.bus, photo.sha256)
             query.append(QueryPhoto(sha256: sha256, organ: photo.organ, features: features,
@@ -181,6 +182,8 @@ extension Care.Source {
 protocol IdentificationPeers: Sendable {
     /// Stores a photo for a plant (`images.put`); canopy-images checks and strips it.
     func put(_ bytes: [UInt8], plantID: String, owner: String) async throws -> Images.Photo
+    /// Throws `notFound` unless `owner` stored the photo (canopy-images answers only its owner).
+    func requireOwnership(_ sha256: String, owner: String) async throws
     /// A variant's bytes (`images.variant`, JPEG).
     func variant(_ sha256: String, _ variant: Images.Variant, owner: String) async throws -> [UInt8]
     /// Adds a plant (`plants.add`).
@@ -195,6 +198,11 @@ struct BusPeers: IdentificationPeers {
 
     func put(_ bytes: [UInt8], plantID: String, owner: String) async throws -> Images.Photo {
         try await client.call(Images.Put.self, .init(plantID: plantID, data: Data(bytes)), principal: owner, timeout: .seconds(60))
+    }
+
+    func requireOwnership(_ sha256: String, owner: String) async throws {
+        // The smallest thing canopy-images serves only to a photo's owner.
+        _ = try await client.call(Images.GetVariant.self, .init(sha256: sha256, variant: .thumbnail), principal: owner)
     }
 
     func variant(_ sha256: String, _ variant: Images.Variant, owner: String) async throws -> [UInt8] {

@@ -90,10 +90,12 @@ final class IdentificationStore: Sendable {
     func insert(_ record: Identification.Record, submissionKey: String) throws -> Identification.Record {
         try database.write { db in
             if let existing = try identification(db, owner: record.owner, submissionKey: submissionKey) { return existing }
+            let encoded = try codec.encode(record)
             try db.execute(sql: """
                 INSERT INTO identifications (id, owner, submissionKey, createdAt, plantID, record) VALUES (?, ?, ?, ?, ?, ?)
-                """, arguments: [record.id, record.owner, submissionKey, record.createdAt.timeIntervalSince1970, record.plantID, Data(try codec.encode(record))])
-            return record
+                """, arguments: [record.id, record.owner, submissionKey, record.createdAt.timeIntervalSince1970, record.plantID, Data(encoded)])
+            // As it will read back (times to the millisecond), so the first answer and later ones are equal.
+            return try codec.decode(Identification.Record.self, from: encoded)
         }
     }
 

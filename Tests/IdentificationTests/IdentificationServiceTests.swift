@@ -1,0 +1,326 @@
+import CanopyBroker
+import CanopyBus
+import CanopyImaging
+import CanopyMessages
+import CanopyServiceKit
+import CanopyTesting
+import CareScheduling
+import Foundation
+import ImageCache
+import Testing
+@testable import Identification
+
+/// canopy-identify as `serve` builds it, through the real broker, with the real canopy-images
+/// and canopy-care beside it, and a local server that behaves as Pl@ntNet's API does.
+@Suite(.serialized)
+struct IdentificationServiceTests {
+    struct Stack {
+        let bus: LiveBus
+        let client: BusClient
+        let tools: IdentificationTools
+        let plantNet: FakePlantNet?
+
+        func submit(_ photos: [[UInt8]], organs: [Identification.Organ]? = nil, as owner: String = "alice",
+                    location: Identification.Location? = nil, exact: Bool = false) async throws -> Identification.Record {
+            let inputs = (organs ?? Array(repeating: .leaf, count: photos.count)).map { Identification.PhotoInput(organ: $0) }
+            return try await client.call(Identification.Submit.self, .init(photos: inputs, data: photos.map { Data($0) }, location: location, exactLocation: exact),
+                                         principal: owner, timeout: .seconds(60))
+        }
+    }
+
+    func withStack(_ provider: Identification.Provider = .reference, remaining: Int = 500, references: Int = 0,
+                   _ body: (Stack) async throws -> Void) async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-identify-live-\(UUID().uuidString)")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        try await withLiveBus { bus in
+            let images = ImageServiceSettings(directory: directory.appendingPathComponent("images"), runner: bus.runnerConfiguration(credit: 8))
+            bus.run(try buildImageService(settings: images, context: bus.context, logger: bus.logger))
+            var care = CareServiceSettings(directory: directory.appendingPathComponent("care"), runner: bus.runnerConfiguration())
+            care.outboxInterval = .milliseconds(200)
+            bus.run(try buildCareService(settings: care, context: bus.context, logger: bus.logger))
+
+            var settings = IdentificationServiceSettings(directory: directory.appendingPathComponent("identify"), runner: bus.runnerConfiguration(credit: 8))
+            settings.provider = provider
+            let tools = try IdentificationTools(databasePath: settings.databasePath)
+            for index in 0..<references {
+                try tools.addReferences(.init(scientificName: ReferenceMatchingTests.name(index), commonNames: ["Test plant \(index)"], family: "Testaceae"),
+                                        photos: try (1...3).map { try SyntheticPlant.species(index).photo(seed: $0) })
+            }
+            var plantNet: FakePlantNet?
+            if provider != .reference {
+                let fake = FakePlantNet(remaining: remaining)
+                bus.run([fake.application])
+                var remote = PlantNetSettings(apiKey: FakePlantNet.key)
+                remote.baseURL = try await fake.baseURL()
+                remote.backoff = [.milliseconds(10), .milliseconds(20), .milliseconds(40)]
+                settings.plantNet = remote
+                plantNet = fake
+            }
+            bus.run(try buildIdentificationService(settings: settings, context: bus.context, logger: bus.logger))
+            for service in [Images.service, Care.service, Identification.service] {
+                try await bus.waitForWorkers(1, service: service)
+            }
+            try await body(Stack(bus: bus, client: try bus.client(timeout: .seconds(60)), tools: tools, plantNet: plantNet))
+        }
+    }
+
+    static func photo(_ species: Int, seed: Int, width: Int = 320, height: Int = 240) throws -> [UInt8] {
+        try SyntheticPlant.species(species).photo(seed: seed, width: width, height: height)
+    }
+
+    // MARK: - Submit, dedupe, accept
+
+    @Test func submitStoresThePhotosRanksTheSpeciesAndAcceptingAddsThePlantOnce() async throws {
+        try await withStack(references: 10) { stack in
+            let photos = [try Self.photo(3, seed: 40), try Self.photo(3, seed: 41)]
+            let record = try await stack.submit(photos, organs: [.leaf, .flower], location: .init(latitude: 52.520_008, longitude: 13.404_954))
+            #expect(record.owner == "alice" && record.provider == .reference && record.organs == [.leaf, .flower])
+            #expect(record.results.first?.scientificName == ReferenceMatchingTests.name(3))
+            #expect(record.results.first?.commonNames == ["Test plant 3"])
+            #expect(record.location == .init(latitude: 52.52, longitude: 13.4), "coarsened to about 1 km")
+            #expect(record.photoIDs == photos.map(IdentificationLibrary.sha256))
+            let stored = try await stack.client.call(Images.List.self, .init(plantID: record.plantID), principal: "alice")
+            #expect(Set(stored.map(\.sha256)) == Set(record.photoIDs), "the photos went through canopy-images")
+
+            // The same photos and organs again (in another order): the same identification, at once.
+            let again = try await stack.submit(photos.reversed(), organs: [.flower, .leaf])
+            #expect(again == record)
+            let exact = try await stack.submit([try Self.photo(3, seed: 42)], location: .init(latitude: 52.520_008, longitude: 13.404_954), exact: true)
+            #expect(exact.location?.latitude == 52.520_008)
+
+            let accepted = try await stack.client.call(Identification.Accept.self, .init(id: record.id, rank: 1, customName: "Lab plant"), principal: "alice")
+            #expect(accepted.plant.id == record.plantID)
+            #expect(accepted.plant.scientificName == "Plantae species3" && accepted.plant.customName == "Lab plant")
+            #expect(accepted.plant.identificationSource == .reference)
+            #expect(accepted.plant.identificationConfidence == record.results[0].score)
+            #expect(Set(accepted.plant.imageIDs) == Set(record.photoIDs))
+            #expect(accepted.identification.acceptedAt != nil && accepted.identification.acceptedName == "Plantae species3")
+            let twice = try await stack.client.call(Identification.Accept.self, .init(id: record.id, rank: 2), principal: "alice")
+            #expect(twice.plant == accepted.plant, "accepting again makes no second plant")
+            #expect(try await stack.client.call(Care.ListPlants.self, .init(), principal: "alice").total == 1)
+
+            let typed = try await stack.client.call(Identification.Accept.self, .init(id: exact.id, scientificName: "Monstera deliciosa"), principal: "alice")
+            #expect(typed.plant.identificationSource == .manual && typed.plant.identificationConfidence == nil && typed.plant.family == "Araceae")
+        }
+    }
+
+    @Test func everyPersonSeesAndChangesOnlyTheirOwn() async throws {
+        try await withStack(references: 4) { stack in
+            let photo = try Self.photo(1, seed: 9)
+            let alices = try await stack.submit([photo])
+            for call in [
+                { try await stack.client.call(Identification.Get.self, .init(id: alices.id), principal: "bob") as Any },
+                { try await stack.client.call(Identification.Accept.self, .init(id: alices.id, rank: 1), principal: "bob") as Any },
+            ] {
+                let error = await #expect(throws: CanopyError.self) { _ = try await call() }
+                #expect(error?.code == .notFound)
+            }
+            #expect(try await stack.client.call(Identification.History.self, .init(), principal: "bob").items.isEmpty)
+            _ = try await stack.client.call(Identification.ForgetPlant.self, .init(plantID: alices.plantID), principal: "bob")
+            #expect(try await stack.client.call(Identification.Get.self, .init(id: alices.id), principal: "alice") == alices)
+
+            // The same photo from Bob is Bob's identification, not Alice's.
+            let bobs = try await stack.submit([photo], as: "bob")
+            #expect(bobs.id != alices.id && bobs.owner == "bob")
+            // Nor may Bob name Alice's stored photo.
+            let borrowed = await #expect(throws: CanopyError.self) {
+                _ = try await stack.client.call(Identification.Submit.self, .init(photos: [.init(organ: .leaf, photoID: alices.photoIDs[0])]), principal: "mallory")
+            }
+            #expect(borrowed?.code == .notFound)
+            // By id, Alice's own stored photo works.
+            let byID = try await stack.client.call(Identification.Submit.self, .init(photos: [.init(organ: .bark, photoID: alices.photoIDs[0])]), principal: "alice")
+            #expect(byID.photoIDs == alices.photoIDs && byID.id != alices.id, "another organ is another submission")
+            let anonymous = await #expect(throws: CanopyError.self) {
+                _ = try await stack.client.call(Identification.History.self, .init())
+            }
+            #expect(anonymous?.code == .unauthorized)
+        }
+    }
+
+    @Test func historyIsNewestFirstInPagesAndForgettingAPlantForgetsItsIdentifications() async throws {
+        try await withStack(references: 3) { stack in
+            var records: [Identification.Record] = []
+            for seed in 0..<5 {
+                records.append(try await stack.submit([try Self.photo(seed % 3, seed: 100 + seed)]))
+            }
+            var seen: [String] = []
+            var after: String?
+            repeat {
+                let page = try await stack.client.call(Identification.History.self, .init(limit: 2, after: after), principal: "alice")
+                #expect(page.items.count <= 2)
+                seen += page.items.map(\.id)
+                after = page.next
+            } while after != nil
+            #expect(seen == records.reversed().map(\.id))
+
+            let accepted = try await stack.client.call(Identification.Accept.self, .init(id: records[1].id, rank: 1), principal: "alice")
+            let forPlant = try await stack.client.call(Identification.History.self, .init(plantID: accepted.plant.id), principal: "alice")
+            #expect(forPlant.items.map(\.id) == [records[1].id])
+
+            // Deleting the plant in canopy-care reaches canopy-identify through care's outbox.
+            _ = try await stack.client.call(Care.DeletePlant.self, .init(id: accepted.plant.id), principal: "alice")
+            let deadline = ContinuousClock.now + .seconds(20)
+            while try await !stack.client.call(Identification.History.self, .init(plantID: accepted.plant.id), principal: "alice").items.isEmpty {
+                #expect(ContinuousClock.now < deadline, "care's outbox never called identifications.forget-plant")
+                if ContinuousClock.now >= deadline { break }
+                try await Task.sleep(for: .milliseconds(100))
+            }
+            let gone = await #expect(throws: CanopyError.self) {
+                _ = try await stack.client.call(Identification.Get.self, .init(id: records[1].id), principal: "alice")
+            }
+            #expect(gone?.code == .notFound)
+            #expect(try await stack.client.call(Identification.History.self, .init(), principal: "alice").items.count == 4)
+        }
+    }
+
+    @Test func aNewPhotoOfOneOfAPersonsTwentyPlantsNamesThatPlant() async throws {
+        try await withStack(references: 10) { stack in
+            var plants: [String] = []
+            for index in 0..<20 {
+                let record = try await stack.submit([try SyntheticPlant.species(300 + index).photo(seed: 1)])
+                plants.append(try await stack.client.call(Identification.Accept.self, .init(id: record.id, scientificName: "Plant \(index)"), principal: "alice").plant.id)
+            }
+            for index in [0, 7, 13, 19] {
+                let record = try await stack.submit([try SyntheticPlant.species(300 + index).photo(seed: 2)])
+                #expect(record.results.first?.plantID == plants[index], "plant \(index): \(record.results.prefix(3).map { "\($0.plantID ?? $0.scientificName) \($0.score)" })")
+                // Accepting "that is my plant" adds nothing to the collection.
+                let accepted = try await stack.client.call(Identification.Accept.self, .init(id: record.id, rank: 1), principal: "alice")
+                #expect(accepted.plant.id == plants[index])
+            }
+            #expect(try await stack.client.call(Care.ListPlants.self, .init(), principal: "alice").total == 20)
+            // Bob's photos are never matched against Alice's plants.
+            let bobs = try await stack.submit([try SyntheticPlant.species(305).photo(seed: 3)], as: "bob")
+            #expect(bobs.results.allSatisfy { $0.plantID == nil })
+        }
+    }
+
+    // MARK: - Bad input
+
+    @Test func badPhotosGetTypedErrorsAndChangeNothing() async throws {
+        try await withStack(references: 2) { stack in
+            let good = try Self.photo(0, seed: 1)
+            let cases: [(String, Identification.Submit.Request, CanopyError.Code)] = [
+                ("not an image", .init(photos: [.init(organ: .leaf)], data: [Data("this is not a photo".utf8)]), .badRequest),
+                ("truncated", .init(photos: [.init(organ: .leaf)], data: [Data(good.prefix(good.count / 3))]), .badRequest),
+                ("too many", .init(photos: Array(repeating: .init(organ: .leaf), count: 6), data: Array(repeating: Data(good), count: 6)), .tooLarge),
+                ("none", .init(photos: []), .badRequest),
+                ("bytes missing", .init(photos: [.init(organ: .leaf), .init(organ: .flower)], data: [Data(good)]), .badRequest),
+                ("bad photo id", .init(photos: [.init(organ: .leaf, photoID: "../../etc/passwd")]), .badRequest),
+                ("bad location", .init(photos: [.init(organ: .leaf)], data: [Data(good)], location: .init(latitude: 91, longitude: 0)), .badRequest),
+            ]
+            for (name, request, code) in cases {
+                let error = await #expect(throws: CanopyError.self, "\(name)") {
+                    _ = try await stack.client.call(Identification.Submit.self, request, principal: "alice")
+                }
+                #expect(error?.code == code, "\(name): \(error?.message ?? "")")
+            }
+            // A photo over the bus's frame limit is refused by the broker, and the service goes on.
+            let huge = Data(count: 17 * 1024 * 1024)
+            let tooLarge = await #expect(throws: CanopyError.self) {
+                _ = try await stack.client.call(Identification.Submit.self, .init(photos: [.init(organ: .leaf)], data: [huge]), principal: "alice")
+            }
+            #expect(tooLarge?.code == .tooLarge)
+            #expect(try await stack.client.call(Identification.History.self, .init(), principal: "alice").items.isEmpty)
+            #expect(try await stack.submit([good]).results.first != nil)
+        }
+    }
+
+    // MARK: - Pl@ntNet
+
+    @Test func plantNetIsAskedAsDocumentedWithGallerySizedPhotos() async throws {
+        try await withStack(.plantnet) { stack in
+            let big = try Self.photo(5, seed: 1, width: 1600, height: 1200)
+            let record = try await stack.submit([big, try Self.photo(5, seed: 2)], organs: [.leaf, .flower])
+            #expect(record.provider == .plantnet)
+            #expect(record.results.map(\.scientificNameWithoutAuthor) == ["Monstera deliciosa", "Philodendron bipinnatifidum", "Epipremnum aureum"])
+            let best = try #require(record.results.first)
+            #expect(best.authorship == "Liebm." && best.scientificName == "Monstera deliciosa Liebm." && best.genus == "Monstera" && best.family == "Araceae")
+            #expect(best.gbifID == 2_868_241 && best.score == 0.8231 && best.commonNames == ["Swiss cheese plant", "Ceriman"])
+            let call = try #require(stack.plantNet?.calls.last)
+            #expect(call.project == "all" && call.organs == ["leaf", "flower"])
+            #expect(call.query["include-related-images"] == "false" && call.query["nb-results"] == "10" && call.query["lang"] == "en")
+            #expect(call.imageBytes.count == 2 && call.imageBytes[0] < big.count / 2, "the gallery size went, not the original")
+            let quota = try await stack.client.call(Identification.Quota.self, .init())
+            #expect(quota.remaining == 499 && quota.dailyLimit == 500 && quota.provider == .plantnet)
+
+            // Asked once: the same photos again are answered from the store.
+            _ = try await stack.submit([big, try Self.photo(5, seed: 2)], organs: [.leaf, .flower])
+            #expect(stack.plantNet?.calls.count == 1)
+        }
+    }
+
+    @Test func concurrentIdenticalSubmissionsReachPlantNetOnce() async throws {
+        try await withStack(.plantnet) { stack in
+            let photo = try Self.photo(6, seed: 1)
+            let ids = try await withThrowingTaskGroup(of: String.self) { group in
+                for _ in 0..<8 { group.addTask { try await stack.submit([photo]).id } }
+                return try await group.reduce(into: Set<String>()) { $0.insert($1) }
+            }
+            #expect(ids.count == 1)
+            #expect(stack.plantNet?.calls.count == 1)
+        }
+    }
+
+    @Test func everyPlantNetAnswerIsHandledAsDocumented() async throws {
+        try await withStack(.plantnet) { stack in
+            let fake = try #require(stack.plantNet)
+            var seed = 0
+            func submit() async throws -> Identification.Record {
+                seed += 1
+                return try await stack.submit([try Self.photo(7, seed: seed)])
+            }
+            // 404 "Species not found": an identification with no candidates.
+            fake.script([.notFound])
+            #expect(try await submit().results.isEmpty)
+            // 429 and 5xx are retried (1, 2, 4 s in service; shorter here), then answered.
+            fake.script([.status(429), .status(503)])
+            var calls = fake.calls.count
+            #expect(try await submit().results.count == 3)
+            #expect(fake.calls.count == calls + 3)
+            // Still failing after the retries: busy, and nothing recorded.
+            fake.script(Array(repeating: .status(500), count: 4))
+            calls = fake.calls.count
+            let unavailable = await #expect(throws: CanopyError.self) { _ = try await submit() }
+            #expect(unavailable?.code == .busy && fake.calls.count == calls + 4)
+            // Other 4xx: the photos were refused, not retried.
+            fake.script([.status(413)])
+            calls = fake.calls.count
+            let refused = await #expect(throws: CanopyError.self) { _ = try await submit() }
+            #expect(refused?.code == .badRequest && fake.calls.count == calls + 1)
+            // 401: the key is wrong, a configuration error, not retried; the key is never told.
+            fake.script([.status(401)])
+            calls = fake.calls.count
+            let key = await #expect(throws: CanopyError.self) { _ = try await submit() }
+            #expect(key?.code == .internal && key?.message.contains("API key") == true && fake.calls.count == calls + 1)
+            for error in [unavailable, refused, key] { #expect(error?.message.contains(FakePlantNet.key) == false) }
+        }
+    }
+
+    @Test func whenTheDailyQuotaIsUsedUpNoMoreCallsAreMadeUntilItResets() async throws {
+        try await withStack(.plantnet, remaining: 2) { stack in
+            _ = try await stack.submit([try Self.photo(8, seed: 1)])
+            _ = try await stack.submit([try Self.photo(8, seed: 2)])
+            let quota = try await stack.client.call(Identification.Quota.self, .init())
+            #expect(quota.remaining == 0 && quota.resetsAt != nil)
+            let exhausted = await #expect(throws: CanopyError.self) { _ = try await stack.submit([try Self.photo(8, seed: 3)]) }
+            #expect(exhausted?.code == .busy && exhausted?.message.contains("resets at") == true)
+            #expect(stack.plantNet?.calls.count == 2, "no call once the quota is used up")
+            #expect(try stack.tools.quota().remaining == 0)
+        }
+    }
+
+    @Test func hybridAsksPlantNetOnlyWhenTheReferencesAreNotSure() async throws {
+        try await withStack(.hybrid, references: 6) { stack in
+            let sure = try await stack.submit([try Self.photo(2, seed: 500)])
+            #expect(sure.provider == .hybrid && sure.results.first?.scientificName == ReferenceMatchingTests.name(2))
+            let askedBefore = stack.plantNet?.calls.count ?? 0
+            // A plant unlike any reference: Pl@ntNet is asked, and its candidates come first.
+            let unsure = try await stack.submit([try SyntheticPlant.species(999).photo(seed: 1)])
+            #expect(stack.plantNet?.calls.count == askedBefore + 1)
+            #expect(unsure.results.contains { $0.provider == .plantnet } && unsure.results.contains { $0.provider == .reference })
+            // Asked for explicitly.
+            let asked = try await stack.client.call(Identification.Submit.self, .init(photos: [.init(organ: .leaf)], data: [Data(try Self.photo(2, seed: 501))], askPlantNet: true), principal: "alice")
+            #expect(asked.results.contains { $0.provider == .plantnet })
+        }
+    }
+}
