@@ -19,6 +19,8 @@ struct IdentificationServiceTests {
         let client: BusClient
         let tools: IdentificationTools
         let plantNet: FakePlantNet?
+        /// Where `/metrics` and `/health` listen.
+        let operatingPort: Int
 
         func submit(_ photos: [[UInt8]], organs: [Identification.Organ]? = nil, as owner: String = "alice",
                     location: Identification.Location? = nil, exact: Bool = false) async throws -> Identification.Record {
@@ -39,7 +41,8 @@ struct IdentificationServiceTests {
             care.outboxInterval = .milliseconds(200)
             bus.run(try buildCareService(settings: care, context: bus.context, logger: bus.logger))
 
-            var settings = IdentificationServiceSettings(directory: directory.appendingPathComponent("identify"), runner: bus.runnerConfiguration(credit: 8))
+            var settings = IdentificationServiceSettings(directory: directory.appendingPathComponent("identify"), runner: bus.runnerConfiguration(credit: 8),
+                                                         metrics: .anyLoopbackPort)
             settings.provider = provider
             let tools = try IdentificationTools(databasePath: settings.databasePath)
             for index in 0..<references {
@@ -56,11 +59,14 @@ struct IdentificationServiceTests {
                 settings.plantNet = remote
                 plantNet = fake
             }
-            bus.run(try buildIdentificationService(settings: settings, context: bus.context, logger: bus.logger))
+            let identify = try buildIdentificationService(settings: settings, context: bus.context, logger: bus.logger)
+            let listener = try #require(identify.first(OperatingEndpoint.self))
+            bus.run(identify)
             for service in [Images.service, Care.service, Identification.service] {
                 try await bus.waitForWorkers(1, service: service)
             }
-            try await body(Stack(bus: bus, client: try bus.client(timeout: .seconds(60)), tools: tools, plantNet: plantNet))
+            try await body(Stack(bus: bus, client: try bus.client(timeout: .seconds(60)), tools: tools, plantNet: plantNet,
+                                 operatingPort: try await listener.boundPort(within: .seconds(60))))
         }
     }
 
@@ -191,6 +197,24 @@ struct IdentificationServiceTests {
             // Bob's photos are never matched against Alice's plants.
             let bobs = try await stack.submit([try SyntheticPlant.species(305).photo(seed: 3)], as: "bob")
             #expect(bobs.results.allSatisfy { $0.plantID == nil })
+        }
+    }
+
+    @Test func whatServeBuildsIsHealthyAndCountsItsWork() async throws {
+        try await withStack(references: 2) { stack in
+            #expect(try await OperatingProbe.waitForHealth(stack.operatingPort, status: 200))
+            let before = try await OperatingProbe.metrics(stack.operatingPort)
+            let photo = try Self.photo(1, seed: 30) // not one of the reference photos (seeds 1 to 3)
+            _ = try await stack.submit([photo])
+            _ = try await stack.submit([photo])
+            // Other suites of this process share the registry: compare growth only.
+            let after = try await OperatingProbe.metrics(stack.operatingPort)
+            #expect(after.growth(since: before, "canopy_identify_submissions_total", ["result": "new"]) >= 1)
+            #expect(after.growth(since: before, "canopy_identify_submissions_total", ["result": "repeat"]) >= 1)
+            #expect(after.growth(since: before, "canopy_identify_features_computed_total", [:]) >= 1)
+            #expect(after.growth(since: before, "canopy_identify_provider_duration_seconds_count", ["provider": "reference", "outcome": "ok"]) >= 1)
+            #expect(after.growth(since: before, "canopy_service_handler_duration_seconds_count",
+                                 ["service": "identify", "operation": "identifications.submit", "outcome": "ok"]) >= 2)
         }
     }
 

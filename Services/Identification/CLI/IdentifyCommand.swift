@@ -160,6 +160,7 @@ struct SubmitCommand: AsyncParsableCommand {
 struct ReferenceCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "reference", abstract: "Manage the labelled reference photos the reference provider matches against.",
+        discussion: "Example: canopy-identify reference add --species \"Monstera deliciosa Liebm.\" leaf1.jpg leaf2.jpg",
         subcommands: [Add.self, List.self, Remove.self])
 
     struct Add: AsyncParsableCommand {

@@ -15,11 +15,13 @@ final class IdentificationLibrary: Sendable {
     let provider: any IdentificationProvider
     /// The other services, over the bus.
     let bus: any IdentificationPeers
+    let metrics: IdentificationMetrics
 
-    init(store: IdentificationStore, provider: any IdentificationProvider, bus: any IdentificationPeers) {
+    init(store: IdentificationStore, provider: any IdentificationProvider, bus: any IdentificationPeers, metrics: IdentificationMetrics = IdentificationMetrics()) {
         self.store = store
         self.provider = provider
         self.bus = bus
+        self.metrics = metrics
     }
 
     // MARK: - Submit
@@ -42,8 +44,10 @@ final class IdentificationLibrary: Sendable {
         }
         let key = Self.submissionKey(photos.map { ($0.sha256, $0.organ) })
         if let existing = try await store.database.read({ [store] db in try store.identification(db, owner: owner, submissionKey: key) }) {
+            metrics.submission(repeated: true)
             return existing
         }
+        metrics.submission(repeated: false)
 
         let plantID = UUID().uuidString.lowercased()
         var query: [QueryPhoto] = []
@@ -67,7 +71,9 @@ final class IdentificationLibrary: Sendable {
             query.append(QueryPhoto(sha256: sha256, organ: photo.organ, features: features,
                                     gallery: { try await bus.variant(sha256, .gallery, owner: owner) }))
         }
-        let results = try await provider.identify(ProviderQuery(owner: owner, photos: query, askPlantNet: request.askPlantNet))
+        let results = try await metrics.providerCall(provider.kind) {
+            try await provider.identify(ProviderQuery(owner: owner, photos: query, askPlantNet: request.askPlantNet))
+        }
         let record = Identification.Record(
             id: UUID().uuidString.lowercased(), owner: owner, createdAt: Date(timeIntervalSince1970: (now.timeIntervalSince1970 * 1000).rounded() / 1000),
             provider: provider.kind, organs: photos.map(\.organ), photoIDs: photos.map(\.sha256),
@@ -82,6 +88,7 @@ final class IdentificationLibrary: Sendable {
         let bytes = try await load()
         let features = try await offThePool { try PhotoFeatures.compute(from: bytes) }
         try store.saveFeatures(features, sha256: sha256)
+        metrics.computedFeatures()
         return features
     }
 

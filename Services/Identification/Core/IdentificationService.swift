@@ -70,12 +70,13 @@ public func buildIdentificationService(settings: IdentificationServiceSettings, 
     try FileManager.default.createDirectory(at: settings.directory, withIntermediateDirectories: true)
     let store = try IdentificationStore(path: settings.databasePath)
     let reference = ReferenceProvider(store: store)
+    let metrics = IdentificationMetrics()
     var plantNet: PlantNetProvider?
     if settings.provider != .reference {
         guard let plantNetSettings = settings.plantNet, !plantNetSettings.apiKey.isEmpty else {
             throw CanopyError(.badRequest, "the \(settings.provider.rawValue) provider needs a Pl@ntNet API key: set --plantnet-key or CANOPY_PLANTNET_KEY (or use --provider reference)")
         }
-        plantNet = PlantNetProvider(settings: plantNetSettings, store: store, logger: logger)
+        plantNet = PlantNetProvider(settings: plantNetSettings, store: store, metrics: metrics, logger: logger)
     }
     let provider: any IdentificationProvider = switch settings.provider {
     case .reference: reference
@@ -85,7 +86,7 @@ public func buildIdentificationService(settings: IdentificationServiceSettings, 
     var client = BusClient.Configuration(endpoint: settings.runner.endpoint)
     client.curve = settings.runner.curve // calls other services with the worker's key
     let bus = try BusClient(configuration: client, context: context, logger: logger)
-    let library = IdentificationLibrary(store: store, provider: provider, bus: BusPeers(client: bus))
+    let library = IdentificationLibrary(store: store, provider: provider, bus: BusPeers(client: bus), metrics: metrics)
     let worker = ServiceRunner(service: IdentificationService(library: library, plantNet: plantNet), configuration: settings.runner, context: context, logger: logger)
     // The client first: started before the worker takes requests, closed after it stops.
     return OperatingEndpoint.serving([bus, worker], at: settings.metrics, logger: logger)

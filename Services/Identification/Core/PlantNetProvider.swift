@@ -51,13 +51,15 @@ final class PlantNetProvider: IdentificationProvider {
     let logger: Logger
     /// Calls made since the start.
     let calls = Atomic<Int>(0)
+    let metrics: IdentificationMetrics?
 
     var kind: Identification.Provider { .plantnet }
 
-    init(settings: PlantNetSettings, store: IdentificationStore, client: HTTPClient = .shared, logger: Logger) {
+    init(settings: PlantNetSettings, store: IdentificationStore, client: HTTPClient = .shared, metrics: IdentificationMetrics? = nil, logger: Logger) {
         self.settings = settings
         self.store = store
         self.client = client
+        self.metrics = metrics
         self.logger = logger
     }
 
@@ -173,6 +175,7 @@ final class PlantNetProvider: IdentificationProvider {
 
     private func recordQuota(_ remaining: Int?, now: Date = Date()) throws {
         guard let remaining else { return }
+        metrics?.quotaRemaining.record(remaining)
         try store.saveQuota(.init(remaining: remaining, resetsAt: remaining <= 0 ? Self.nextReset(after: now) : nil), provider: Self.quotaKey, now: now)
     }
 
