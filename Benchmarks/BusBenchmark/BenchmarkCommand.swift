@@ -19,8 +19,10 @@ struct BenchmarkCommand: AsyncParsableCommand {
               swift run -c release canopy-bench metrics --clients 64 --window 16
               swift run -c release canopy-bench transfer
               swift run -c release canopy-bench coalescing-cost
+              swift run -c release canopy-bench identify
             """,
-        subcommands: [Bus.self, Coalescing.self, ImagesBenchmark.self, CareBenchmark.self, MetricsCost.self, TransferBenchmark.self, CoalescingCost.self],
+        subcommands: [Bus.self, Coalescing.self, ImagesBenchmark.self, CareBenchmark.self, MetricsCost.self, TransferBenchmark.self, CoalescingCost.self,
+                      IdentifyBenchmark.self],
         defaultSubcommand: Bus.self)
 }
 

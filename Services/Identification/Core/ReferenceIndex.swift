@@ -7,7 +7,7 @@ import CanopyImaging
 /// photos below; nearer ones go inside, the rest outside. A search keeps the best `k` found
 /// so far and skips a side whenever the triangle inequality says nothing there can beat the
 /// `k`-th best. Built once per reference generation, read by any number of tasks at once.
-struct ReferenceIndex: Sendable {
+public struct ReferenceIndex: Sendable {
     private struct Node: Sendable {
         var item: Int32
         var radius: Float
@@ -16,17 +16,17 @@ struct ReferenceIndex: Sendable {
     }
 
     /// The photos' features, in the order given (``Neighbour/item`` indexes into it).
-    let items: [PhotoFeatures]
+    public let items: [PhotoFeatures]
     private var nodes: [Node] = []
     private var root: Int32 = -1
 
     /// A photo found near the query.
-    struct Neighbour: Sendable, Equatable {
-        var item: Int
-        var distance: Float
+    public struct Neighbour: Sendable, Equatable {
+        public var item: Int
+        public var distance: Float
     }
 
-    init(_ items: [PhotoFeatures]) {
+    public init(_ items: [PhotoFeatures]) {
         self.items = items
         nodes.reserveCapacity(items.count)
         var order = Array(0..<Int32(items.count))
@@ -58,7 +58,7 @@ struct ReferenceIndex: Sendable {
     }
 
     /// The `k` photos nearest `query`, nearest first.
-    func nearest(to query: PhotoFeatures, count k: Int) -> [Neighbour] {
+    public func nearest(to query: PhotoFeatures, count k: Int) -> [Neighbour] {
         guard k > 0, root >= 0 else { return [] }
         var best: [Neighbour] = [] // sorted, at most k
         best.reserveCapacity(k + 1)
