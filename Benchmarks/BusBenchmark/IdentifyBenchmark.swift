@@ -31,6 +31,9 @@ struct IdentifyBenchmark: AsyncParsableCommand {
     @Option(help: "Concurrent submitters (and putters) for throughput.") var concurrency = 16
     @Option(help: "Photo width in pixels (height is three quarters).") var width = 1600
     @Option(help: "Reference set sizes for the matching figure, comma-separated.") var sizes = "100,1000,10000"
+    @Option(help: "Figures to measure, comma-separated: latency, repeat, throughput, matching.") var figures = "latency,repeat,throughput,matching"
+
+    private func wants(_ figure: String) -> Bool { figures.split(separator: ",").contains { $0 == figure } }
 
     func run() async throws {
         var logger = Logger(label: "canopy-bench")
@@ -70,7 +73,7 @@ struct IdentifyBenchmark: AsyncParsableCommand {
         print("canopy-bench identify: reference provider, 20 species x 3 reference photos, \(width)x\(height) JPEG photos (\(try photos(1)[0].count) bytes each), \(calls) calls per figure")
 
         var rows = [["figure", "p50 µs", "p99 µs", "baseline", "p50 µs", "p99 µs", "ratio (p50)"]]
-        for count in [1, 5] {
+        for count in [1, 5] where wants("latency") {
             var submits = histogram(), puts = histogram()
             for _ in 0..<calls {
                 let (forPut, forSubmit) = (try photos(count), try photos(count))
@@ -79,29 +82,37 @@ struct IdentifyBenchmark: AsyncParsableCommand {
             }
             rows.append(row("submit, \(count) new photo(s)", submits, "images.put x\(count)", puts))
         }
-        var repeats = histogram(), news = histogram()
-        for _ in 0..<calls {
-            let data = try photos(1)
-            try await time(&news) { _ = try await submit(data) }
-            try await time(&repeats) { _ = try await submit(data) }
+        if wants("repeat") {
+            var repeats = histogram(), news = histogram(), known = histogram()
+            for _ in 0..<calls {
+                let data = try photos(1)
+                try await time(&news) { _ = try await submit(data) }
+                try await time(&repeats) { _ = try await submit(data) }
+                // What carrying and hashing the photo costs: canopy-images finding a photo it has.
+                try await time(&known) { _ = try await client.call(Images.Put.self, .init(plantID: "known", data: data[0]), principal: "bench") }
+            }
+            rows.append(row("submit, the same photo again", repeats, "submit, a new photo", news))
+            rows.append(row("submit, the same photo again", repeats, "images.put, a stored photo", known))
         }
-        rows.append(row("submit, the same photo again", repeats, "submit, a new photo", news))
         printTable(rows)
 
-        // Throughput: fresh photos made beforehand, so the generator only sends.
-        let batch = try (0..<(concurrency * 40)).map { _ in try photos(1) }
-        let putRate = try await throughput(batch) { try await put($0) }
-        let submitRate = try await throughput(batch.map { _ in try photos(1) }) { _ = try await submit($0) }
-        print("")
-        printTable([
-            ["\(concurrency) at once", "per second", "against images.put"],
-            ["images.put (baseline)", String(format: "%.1f", putRate), "1.00"],
-            ["identifications.submit", String(format: "%.1f", submitRate), String(format: "%.2f", submitRate / putRate)],
-        ])
+        if wants("throughput") {
+            // Fresh photos made beforehand, so the generator only sends.
+            let batch = try (0..<(concurrency * 40)).map { _ in try photos(1) }
+            let putRate = try await throughput(batch) { try await put($0) }
+            let submitRate = try await throughput(batch.map { _ in try photos(1) }) { _ = try await submit($0) }
+            print("")
+            printTable([
+                ["\(concurrency) at once", "per second", "against images.put"],
+                ["images.put (baseline)", String(format: "%.1f", putRate), "1.00"],
+                ["identifications.submit", String(format: "%.1f", submitRate), String(format: "%.2f", submitRate / putRate)],
+            ])
+        }
         await stack.shutdown()
-
-        print("")
-        try matching()
+        if wants("matching") {
+            print("")
+            try matching()
+        }
     }
 
     /// Nearest 32 reference photos: the index against a full scan, as the set grows.

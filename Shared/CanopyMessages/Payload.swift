@@ -61,7 +61,7 @@ extension MessageCodec {
             let count = expected.lowerBound == expected.upperBound ? "\(expected.lowerBound)" : "\(expected.lowerBound) to \(expected.upperBound)"
             throw CanopyError(.badRequest, "this message takes \(count) attachment(s), the bytes as frames after the JSON (canopy send --attach FILE); got \(payload.attachments.count)")
         }
-        carrying.attachments = payload.attachments.map { Data($0) }
+        carrying.attachments = payload.attachments.map { Data(sharing: $0) }
         return carrying as! T // swiftlint:disable:this force_cast — the same value, its attachments set
     }
 }
@@ -69,4 +69,19 @@ extension MessageCodec {
 extension Payload {
     /// The size of the largest frame: the broker's frame limit applies to each.
     public var largestFrame: Int { attachments.reduce(body.count) { max($0, $1.count) } }
+}
+
+extension Data {
+    /// The bytes of a received frame as `Data`; from 64 KiB up without copying them: the
+    /// `Data` points into the array's storage and keeps it alive. Receivers treat attachments
+    /// as read-only; a photo of a few megabytes is then copied once less on its way to a
+    /// handler.
+    init(sharing frame: [UInt8]) {
+        guard frame.count >= 64 * 1024 else {
+            self.init(frame)
+            return
+        }
+        let pointer = frame.withUnsafeBytes { UnsafeMutableRawPointer(mutating: $0.baseAddress!) }
+        self.init(bytesNoCopy: pointer, count: frame.count, deallocator: .custom { _, _ in withExtendedLifetime(frame) {} })
+    }
 }
