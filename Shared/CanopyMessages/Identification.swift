@@ -328,6 +328,8 @@ public enum Identification {
         public static let pageSize = 100
         /// Candidates kept per identification.
         public static let candidates = 10
+        /// Identifications one person keeps; past it, the oldest never accepted make room.
+        public static let identificationsPerPerson = 10_000
     }
 }
 

@@ -96,6 +96,28 @@ struct ReferenceMatchingTests {
         }
     }
 
+    @Test func aPersonKeepsAtMostTheLimitAndTheOldestNeverAcceptedMakeRoom() async throws {
+        try await Self.withStore { store, _ in
+            let limit = Identification.Limits.identificationsPerPerson
+            try await store.database.write { db in
+                for index in 0..<limit {
+                    try db.execute(sql: """
+                        INSERT INTO identifications (id, owner, submissionKey, createdAt, plantID, acceptedPlantID, record) VALUES (?, 'alice', ?, ?, ?, ?, x'')
+                        """, arguments: ["i\(index)", "k\(index)", Double(index), "p\(index)", index == 0 ? "p0" : nil])
+                }
+            }
+            func record(_ id: String, owner: String = "alice") -> Identification.Record {
+                .init(id: id, owner: owner, createdAt: Date(timeIntervalSince1970: 1e9), provider: .reference, organs: [.leaf], photoIDs: [],
+                      location: nil, exactLocation: false, results: [], plantID: "p-\(id)")
+            }
+            let (_, dropped) = try store.insert(record("new"), submissionKey: "k-new")
+            #expect(dropped == ["p1"], "the oldest never accepted (i0 was accepted and stays)")
+            let count = try await store.database.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM identifications WHERE owner = 'alice'") }
+            #expect(count == limit)
+            #expect(try store.insert(record("b1", owner: "bob"), submissionKey: "k-b").dropped.isEmpty, "someone else's count is their own")
+        }
+    }
+
     @Test func brokenPhotosAreRefusedWithATypedError() throws {
         let photo = try SyntheticPlant.species(1).photo(seed: 1)
         for bad in [[UInt8](), Array("not a photo".utf8), Array(photo.prefix(photo.count / 3))] {

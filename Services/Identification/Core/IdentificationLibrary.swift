@@ -81,7 +81,12 @@ final class IdentificationLibrary: Sendable {
             provider: provider.kind, organs: photos.map(\.organ), photoIDs: photos.map(\.sha256),
             location: request.exactLocation ? request.location : request.location?.coarsened, exactLocation: request.exactLocation,
             results: results, plantID: plantID)
-        return try store.insert(record, submissionKey: key)
+        let (stored, dropped) = try store.insert(record, submissionKey: key)
+        for plantID in dropped {
+            // Best effort: a photo left behind is only storage, under a plant id nothing names.
+            _ = try? await bus.purge(plantID: plantID, owner: owner)
+        }
+        return stored
     }
 
     /// A photo's features: stored ones, or computed from the bytes `load` gives and stored.
@@ -203,6 +208,8 @@ protocol IdentificationPeers: Sendable {
     func requireOwnership(_ sha256: String, owner: String) async throws
     /// A variant's bytes (`images.variant`, JPEG).
     func variant(_ sha256: String, _ variant: Images.Variant, owner: String) async throws -> [UInt8]
+    /// Drops a plant's photos (`images.purge`).
+    func purge(plantID: String, owner: String) async throws
     /// Adds a plant (`plants.add`).
     func addPlant(_ plant: Care.Plant, owner: String) async throws -> Care.Plant
     /// One of the person's plants (`plants.get`).
@@ -224,6 +231,10 @@ struct BusPeers: IdentificationPeers {
 
     func variant(_ sha256: String, _ variant: Images.Variant, owner: String) async throws -> [UInt8] {
         [UInt8](try await client.wholeVariant(.init(sha256: sha256, variant: variant, format: .jpeg), principal: owner, timeout: .seconds(60)).data)
+    }
+
+    func purge(plantID: String, owner: String) async throws {
+        _ = try await client.call(Images.Purge.self, .init(plantID: plantID), principal: owner)
     }
 
     func addPlant(_ plant: Care.Plant, owner: String) async throws -> Care.Plant {

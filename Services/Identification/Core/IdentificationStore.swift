@@ -86,16 +86,31 @@ final class IdentificationStore: Sendable {
     }
 
     /// Records a new identification; when the same submission was recorded meanwhile (two at
-    /// once), that one stands and is returned.
-    func insert(_ record: Identification.Record, submissionKey: String) throws -> Identification.Record {
+    /// once), that one stands and is returned. A person keeps at most
+    /// ``Identification/Limits/identificationsPerPerson``: past that, their oldest
+    /// identifications that were never accepted make room, and their plant ids come back in
+    /// `dropped` (their photos are then purged from canopy-images).
+    func insert(_ record: Identification.Record, submissionKey: String) throws -> (record: Identification.Record, dropped: [String]) {
         try database.write { db in
-            if let existing = try identification(db, owner: record.owner, submissionKey: submissionKey) { return existing }
+            if let existing = try identification(db, owner: record.owner, submissionKey: submissionKey) { return (existing, []) }
+            let count = try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM identifications WHERE owner = ?", arguments: [record.owner]) ?? 0
+            var dropped: [String] = []
+            let excess = count - Identification.Limits.identificationsPerPerson + 1
+            if excess > 0 {
+                let oldest = try Row.fetchAll(db, sql: """
+                    SELECT id, plantID FROM identifications WHERE owner = ? AND acceptedPlantID IS NULL ORDER BY createdAt, id LIMIT ?
+                    """, arguments: [record.owner, excess])
+                for row in oldest {
+                    try db.execute(sql: "DELETE FROM identifications WHERE owner = ? AND id = ?", arguments: [record.owner, row["id"] as String])
+                    dropped.append(row["plantID"])
+                }
+            }
             let encoded = try codec.encode(record)
             try db.execute(sql: """
                 INSERT INTO identifications (id, owner, submissionKey, createdAt, plantID, record) VALUES (?, ?, ?, ?, ?, ?)
                 """, arguments: [record.id, record.owner, submissionKey, record.createdAt.timeIntervalSince1970, record.plantID, Data(encoded)])
             // As it will read back (times to the millisecond), so the first answer and later ones are equal.
-            return try codec.decode(Identification.Record.self, from: encoded)
+            return (try codec.decode(Identification.Record.self, from: encoded), dropped)
         }
     }
 
