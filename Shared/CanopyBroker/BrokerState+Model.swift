@@ -101,9 +101,32 @@ extension BrokerState {
             combine(principal)
             for frame in payload {
                 hasher.combine(frame.count)
-                frame.withUnsafeBytes { hasher.combine(bytes: $0) }
+                frame.withUnsafeBytes { Self.combine($0, into: &hasher) }
             }
             digest = hasher.finalize()
+        }
+
+        /// Frames up to this size are hashed whole.
+        static let wholeHashBytes = 8 * 1024
+        /// Where larger frames are sampled: chosen at random once per process, so nobody can
+        /// aim payloads that differ elsewhere at one bucket.
+        static let sampleSeeds: [UInt64] = (0..<16).map { _ in UInt64.random(in: .min ... .max) }
+
+        /// A frame's bytes into the hash: whole when small. A large frame (a photo) goes in by
+        /// a sample: its first and last 2 KiB and 64 bytes at 16 secret places. The cost then
+        /// no longer grows with the frame. Equality still compares every byte, so a sample can
+        /// only make two different payloads share a bucket, never join one flight.
+        static func combine(_ bytes: UnsafeRawBufferPointer, into hasher: inout Hasher) {
+            guard bytes.count > wholeHashBytes else {
+                hasher.combine(bytes: bytes)
+                return
+            }
+            hasher.combine(bytes: UnsafeRawBufferPointer(rebasing: bytes[..<2048]))
+            hasher.combine(bytes: UnsafeRawBufferPointer(rebasing: bytes[(bytes.count - 2048)...]))
+            for seed in sampleSeeds {
+                let offset = Int(seed % UInt64(bytes.count - 64))
+                hasher.combine(bytes: UnsafeRawBufferPointer(rebasing: bytes[offset..<(offset + 64)]))
+            }
         }
 
         static func == (lhs: Self, rhs: Self) -> Bool {

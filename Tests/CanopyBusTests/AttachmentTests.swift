@@ -39,6 +39,23 @@ struct AttachmentTests {
         #expect(dispatches(broker.request("c5", 1, body: body)).count == 1, "no attachment")
     }
 
+    /// Large frames are hashed by a sample, but joined only when every byte is equal.
+    @Test func largeAttachmentsDifferingInOneByteAnywhereDoNotShareAFlight() {
+        var broker = BrokerHarness()
+        broker.ready("w1", operations: CoalescingTests.operations, credit: 64)
+        let photo = (0..<300_000).map { UInt8(truncatingIfNeeded: $0 &* 7) }
+        #expect(dispatches(broker.request("c0", 1, body: "{}", attachments: [photo])).count == 1)
+        #expect(dispatches(broker.request("c1", 1, body: "{}", attachments: [photo])).isEmpty, "the same photo joins")
+        for (index, position) in [0, 2_047, 2_048, 150_001, 297_951, 299_999].enumerated() {
+            var changed = photo
+            changed[position] ^= 0xFF
+            #expect(dispatches(broker.request("d\(index)", 1, body: "{}", attachments: [changed])).count == 1, "a byte at \(position) differs")
+        }
+        var longer = photo
+        longer.append(0)
+        #expect(dispatches(broker.request("e", 1, body: "{}", attachments: [longer])).count == 1, "one byte longer")
+    }
+
     @Test func anAttachmentOverTheFrameLimitIsRefusedTooLarge() {
         var broker = BrokerHarness { $0.maximumFrameBytes = 1024 }
         broker.ready("w1", operations: CoalescingTests.operations)
