@@ -210,6 +210,7 @@ let package = Package(
             dependencies: [
                 "CanopyBus", "CanopyMessages", "CanopyServiceKit",
                 .product(name: "GRDB", package: "GRDB.swift"),
+                .product(name: "Collections", package: "swift-collections"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),

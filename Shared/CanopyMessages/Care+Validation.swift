@@ -169,3 +169,9 @@ extension Care.AddCustomTask.Request: Validatable {
 extension Care.CareLog.Request: Validatable {
     public func validate() throws(CanopyError) { try Field.identifier(plantID, "plantID", maximumBytes: Care.Limits.idBytes) }
 }
+
+extension Care.ReminderWindow.Request: Validatable {
+    public func validate() throws(CanopyError) {
+        try Field.integer(count, "count", 1...Reminders.Limits.window)
+    }
+}

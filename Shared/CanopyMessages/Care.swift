@@ -335,6 +335,21 @@ public enum Care {
         }
     }
 
+    /// `care.tasks.reminder-window`: the principal's next care occurrences, soonest first, as
+    /// `reminders.sync` hands them over (canopy-remind asks when its window runs low): each
+    /// task's next occurrence, then the ones after it as if each were done when due.
+    public enum ReminderWindow: BusOperation {
+        public struct Request: Codable, Sendable, Equatable {
+            /// 1 to 64 (the default).
+            public var count: Int?
+            public init(count: Int? = nil) { self.count = count }
+        }
+        public typealias Reply = Reminders.Sync.Request
+        public static let service = Care.service
+        public static let name = "tasks.reminder-window"
+        public static let idempotent = true
+    }
+
     /// `care.tasks.upcoming`: the principal's tasks due within `days`, overdue ones first, in due order.
     public enum UpcomingTasks: BusOperation {
         public struct Request: Codable, Sendable { public var days: Int; public var limit: Int?

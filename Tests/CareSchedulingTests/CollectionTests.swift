@@ -188,6 +188,19 @@ struct CollectionTests {
         #expect(try library.reminderWindow(owner: "bob").isEmpty)
     }
 
+    @Test func aPersonWhoIgnoresEveryTaskStillHasAWindowReachingAhead() throws {
+        let plant = try library.add(Care.Plant(scientificName: "Monstera deliciosa"), owner: "alice", now: start)
+        // Nothing is ever done: the task rows keep their first due times.
+        let window = try library.reminderWindow(owner: "alice")
+        #expect(window.count == 64)
+        let waterings = window.filter { $0.kind == .water }.map(\.due)
+        #expect(waterings.count > 3, "one task, several occurrences")
+        #expect(waterings == waterings.sorted() && Set(waterings).count == waterings.count)
+        #expect(window.allSatisfy { $0.plantID == plant.id })
+        #expect(Set(window.map { "\($0.id) \($0.due)" }).count == 64, "each occurrence once")
+        #expect(try library.reminderWindow(owner: "alice", count: 5) == Array(window.prefix(5)))
+    }
+
     @Test func badPlantsAreRefusedAndChangeNothing() throws {
         for plant in [Care.Plant(scientificName: " "), Care.Plant(scientificName: "Ficus", identificationConfidence: 2),
                       Care.Plant(scientificName: "Ficus", notes: String(repeating: "x", count: 20_000))] {

@@ -1,5 +1,6 @@
 import CanopyBus
 import CanopyMessages
+import Collections
 import Foundation
 import GRDB
 
@@ -238,10 +239,52 @@ final class CareLibrary: Sendable {
         }
     }
 
-    /// The owner's next `reminderWindow` tasks, as handed to canopy-remind.
-    func reminderWindow(owner: String) throws -> [Care.Task] {
-        try store.database.read { db in
-            try Row.fetchAll(db, sql: "SELECT * FROM tasks WHERE owner = ? ORDER BY showAt, id LIMIT ?", arguments: [owner, reminderWindow]).map(CareStore.task)
+    /// The owner's next `reminderWindow` care occurrences, soonest first, as handed to
+    /// canopy-remind: each task's next occurrence (overdue ones too, and snoozed ones at their
+    /// snooze), then the occurrences after it as if each were done when due. So a person who
+    /// ignores every reminder still has a window reaching ahead. A task may come several times,
+    /// once per occurrence (`due`).
+    func reminderWindow(owner: String, count: Int? = nil) throws -> [Care.Task] {
+        let count = min(count ?? reminderWindow, reminderWindow)
+        return try store.database.read { db in
+            let rows = try Row.fetchAll(db, sql: "SELECT * FROM tasks WHERE owner = ? ORDER BY showAt, id LIMIT ?", arguments: [owner, count])
+            guard !rows.isEmpty else { return [] }
+            let scheduler = try Scheduler(preferences: try store.preferences(db, owner: owner))
+            var profiles: [String: Care.Profile?] = [:]
+            // (when it shows, the occurrence, the rule's interval for custom tasks)
+            var queue = Heap<Occurrence>()
+            for row in rows {
+                let task = CareStore.task(row)
+                queue.insert(Occurrence(task: task, everyDays: row["everyDays"]))
+            }
+            var window: [Care.Task] = []
+            while window.count < count, let next = queue.popMin() {
+                window.append(next.task)
+                var following = next.task
+                following.snoozedUntil = nil
+                if following.kind == .custom {
+                    guard let everyDays = next.everyDays else { continue }
+                    following.due = scheduler.nextDue(everyDays: everyDays, after: next.task.due)
+                } else {
+                    if profiles[following.plantID] == nil {
+                        profiles[following.plantID] = try store.plant(db, owner: owner, id: following.plantID)?.profile
+                    }
+                    guard let profile = profiles[following.plantID] ?? nil,
+                          let due = scheduler.nextDue(following.kind, profile: profile, after: next.task.due), due > next.task.due else { continue }
+                    following.due = due
+                }
+                queue.insert(Occurrence(task: following, everyDays: next.everyDays))
+            }
+            return window
         }
+    }
+
+    /// One occurrence in the window being built, ordered by when it shows.
+    private struct Occurrence: Comparable {
+        var task: Care.Task
+        var everyDays: Int?
+        var showAt: Date { task.snoozedUntil ?? task.due }
+        static func < (lhs: Self, rhs: Self) -> Bool { (lhs.showAt, lhs.task.id) < (rhs.showAt, rhs.task.id) }
+        static func == (lhs: Self, rhs: Self) -> Bool { lhs.showAt == rhs.showAt && lhs.task.id == rhs.task.id }
     }
 }
