@@ -24,6 +24,7 @@ let package = Package(
         .executable(name: "canopy-images", targets: ["canopy-images"]),
         .executable(name: "canopy-care", targets: ["canopy-care"]),
         .executable(name: "canopy-identify", targets: ["canopy-identify"]),
+        .executable(name: "canopy-remind", targets: ["canopy-remind"]),
         .library(name: "CanopyMessages", targets: ["CanopyMessages"]),
         .library(name: "CanopyBus", targets: ["CanopyBus"]),
         .library(name: "CanopyBroker", targets: ["CanopyBroker"]),
@@ -206,6 +207,27 @@ let package = Package(
             swiftSettings: swiftSettings
         ),
         .target(
+            name: "Reminders",
+            dependencies: [
+                "CanopyBus", "CanopyMessages", "CanopyServiceKit",
+                .product(name: "GRDB", package: "GRDB.swift"),
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "Collections", package: "swift-collections"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "Metrics", package: "swift-metrics"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            path: "Services/Reminders/Core",
+            swiftSettings: swiftSettings
+        ),
+        .executableTarget(
+            name: "canopy-remind",
+            dependencies: ["Reminders", "CanopyServiceKit", "CanopyBus", "CanopyMessages"],
+            path: "Services/Reminders/CLI",
+            swiftSettings: swiftSettings
+        ),
+        .target(
             name: "CareScheduling",
             dependencies: [
                 "CanopyBus", "CanopyMessages", "CanopyServiceKit",
@@ -285,6 +307,16 @@ let package = Package(
                 .product(name: "MultipartKit", package: "multipart-kit"),
             ],
             path: "Tests/IdentificationTests",
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(
+            name: "ReminderTests",
+            dependencies: [
+                "Reminders", "CareScheduling", "CanopyBus", "CanopyBroker", "CanopyTesting", "CanopyServiceKit", "canopy-remind",
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "Crypto", package: "swift-crypto"),
+            ],
+            path: "Tests/ReminderTests",
             swiftSettings: swiftSettings
         ),
         .testTarget(

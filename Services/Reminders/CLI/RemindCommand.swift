@@ -1,0 +1,133 @@
+import ArgumentParser
+import CanopyBus
+import CanopyMessages
+import CanopyServiceKit
+import Foundation
+import Reminders
+
+@main
+struct RemindCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "canopy-remind",
+        abstract: "Canopy's reminder service: care reminders delivered at the right local time, once, to each person's devices.",
+        discussion: """
+            Examples:
+              canopy-remind serve --endpoint tcp://127.0.0.1:5555 --data-dir ./.canopy
+              canopy-remind devices --user user-42
+              canopy-remind pending --user user-42
+              canopy-remind send-test --user user-42 --device 3f0c…
+              canopy-remind health --metrics-bind 127.0.0.1:9404
+            """,
+        subcommands: [ServeRemind.self, DevicesCommand.self, PendingCommand.self, SendTestCommand.self, HealthRemind.self])
+}
+
+/// `canopy-remind health`: asks the running service's `/health`; exit 0 or 1.
+struct HealthRemind: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "health",
+        abstract: "Exit 0 when the running canopy-remind is healthy (registered with its broker), 1 when not (for container health checks).",
+        discussion: "Example: canopy-remind health --metrics-bind 127.0.0.1:9404")
+
+    @OptionGroup var operating: OperatingOptions
+
+    func run() async throws {
+        try await HealthProbe.run(operating, default: OperatingOptions.Defaults.remind)
+    }
+}
+
+struct ServeRemind: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "serve", abstract: "Serve reminders.* and devices.* on the bus and deliver reminders until SIGTERM or SIGINT.",
+        discussion: "Example: canopy-remind serve --endpoint tcp://127.0.0.1:5555 --data-dir ./.canopy")
+
+    @OptionGroup var common: CommonOptions
+    @OptionGroup var worker: WorkerOptions
+    @OptionGroup var operating: OperatingOptions
+    @Option(help: ArgumentHelp("Data directory; the store is <dir>/remind/remind.sqlite. Env: CANOPY_DATA_DIR.", valueName: "dir"))
+    var dataDir: String = Environment.string("CANOPY_DATA_DIR") ?? "./.canopy"
+    @Option(help: ArgumentHelp("Seconds within which one person's reminders go out as one notification. Env: CANOPY_DIGEST_SECONDS.", valueName: "s"))
+    var digestSeconds: Int = Environment.int("CANOPY_DIGEST_SECONDS", default: 600)
+    @Option(help: ArgumentHelp("Hours after which a missed reminder is recorded as stale instead of sent. Env: CANOPY_STALE_HOURS.", valueName: "h"))
+    var staleHours: Int = Environment.int("CANOPY_STALE_HOURS", default: 12)
+    @Option(help: ArgumentHelp("A host webhooks and ntfy topics may name though it is private or loopback (repeatable). Env: CANOPY_ALLOW_HOSTS (comma-separated).", valueName: "host"))
+    var allowHost: [String] = Environment.string("CANOPY_ALLOW_HOSTS")?.split(separator: ",").map(String.init) ?? []
+
+    func validate() throws {
+        guard (0...86_400).contains(digestSeconds) else { throw ValidationError("--digest-seconds is 0 to 86400") }
+        guard (1...720).contains(staleHours) else { throw ValidationError("--stale-hours is 1 to 720") }
+    }
+
+    func run() async throws {
+        let logger = LogSetup.logger(label: "canopy-remind", level: common.logLevel)
+        var settings = ReminderServiceSettings(directory: URL(fileURLWithPath: dataDir).appendingPathComponent("remind", isDirectory: true),
+                                               runner: try worker.runnerConfiguration(common),
+                                               metrics: try operating.listener(default: OperatingOptions.Defaults.remind))
+        settings.dispatch.digestWindow = .seconds(digestSeconds)
+        settings.dispatch.staleness = .seconds(staleHours * 3_600)
+        settings.allowedHosts = Set(allowHost.map { $0.lowercased() })
+        let services = try buildReminderService(settings: settings, context: ZMQContext(), logger: logger)
+        try await runUntilShutdown(services, logger: logger)
+    }
+}
+
+/// A call to the running service for one person, with an error that says what to check.
+func ask<Operation: BusOperation>(_ operation: Operation.Type, _ request: Operation.Request, user: String, common: CommonOptions) async throws -> Operation.Reply {
+    let bus = try BusClient(configuration: try common.clientConfiguration(), context: ZMQContext(), logger: LogSetup.logger(label: "canopy-remind", level: .error))
+    defer { bus.close() }
+    do {
+        return try await bus.call(operation, request, principal: user, timeout: .seconds(10))
+    } catch let error as CanopyError {
+        throw CommandFailure("\(error.message). Is canopy-remind serving at \(common.endpoint)?")
+    }
+}
+
+struct DevicesCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "devices", abstract: "List a person's devices (asks the running service).", discussion: "Example: canopy-remind devices --user user-42")
+    @OptionGroup var common: CommonOptions
+    @Option(help: "The person's user id.") var user: String
+
+    func run() async throws {
+        let devices = try await ask(Reminders.ListDevices.self, .init(), user: user, common: common)
+        var table = Table("ID", "CHANNEL", "NAME", "ACTIVE", "REGISTERED (UTC)", "ADDRESS")
+        for device in devices {
+            table.append([device.id, device.channel.rawValue, device.name ?? "", device.active ? "yes" : "no: \(device.deactivatedReason ?? "")",
+                          device.registeredAt.formatted(.iso8601), String(device.address.prefix(60))])
+        }
+        print(table.render())
+    }
+}
+
+struct PendingCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "pending", abstract: "List a person's next reminders (asks the running service).", discussion: "Example: canopy-remind pending --user user-42")
+    @OptionGroup var common: CommonOptions
+    @Option(help: "The person's user id.") var user: String
+    @Option(help: "How many, 1 to 256.") var limit = 64
+
+    func run() async throws {
+        let reminders = try await ask(Reminders.Pending.self, .init(limit: limit), user: user, common: common)
+        var table = Table("DUE (UTC)", "TASK", "STATE", "PLANT")
+        for reminder in reminders {
+            table.append([reminder.due.formatted(.iso8601), reminder.title, reminder.state.rawValue, reminder.plantID])
+        }
+        print(table.render())
+    }
+}
+
+struct SendTestCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "send-test", abstract: "Send a test notification to one of a person's devices now.",
+        discussion: "Example: canopy-remind send-test --user user-42 --device 3f0c…")
+    @OptionGroup var common: CommonOptions
+    @Option(help: "The person's user id.") var user: String
+    @Option(help: "The device's id (canopy-remind devices lists them).") var device: String
+
+    func run() async throws {
+        let reply = try await ask(Reminders.SendTest.self, .init(deviceID: device), user: user, common: common)
+        var table = Table("DEVICE", "ACCEPTED", "DETAIL")
+        table.append([device, reply.accepted ? "yes" : "no", reply.detail])
+        print(table.render())
+        if !reply.accepted { throw ExitCode.failure }
+    }
+}

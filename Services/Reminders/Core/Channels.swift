@@ -1,0 +1,197 @@
+import AsyncHTTPClient
+import CanopyMessages
+import Crypto
+import Foundation
+import Logging
+import NIOCore
+import NIOHTTP1
+
+/// One notification: one or more of a person's reminders due together, for one device.
+struct ReminderNotification: Codable, Sendable, Equatable {
+    /// The idempotency key: the same reminders to the same device always get the same one, so
+    /// a resend after a crash is recognisable (`apns-id`, `webhook-id`, ntfy's `X-Canopy-Id`).
+    var id: String
+    var title: String
+    var body: String
+    var reminders: [Reminders.Reminder]
+
+    /// "Water Monstera" for one; "Water 3 plants: Monstera, Pothos, Fern" for several of one
+    /// kind; "4 plant tasks: …" for a mix.
+    init(id: String, reminders: [Reminders.Reminder]) {
+        self.id = id
+        self.reminders = reminders
+        let sorted = reminders.sorted { ($0.due, $0.title) < ($1.due, $1.title) }
+        if sorted.count == 1 {
+            title = sorted[0].title
+            body = "Due \(sorted[0].due.formatted(.iso8601))"
+        } else {
+            let verbs = Set(sorted.map { $0.title.split(separator: " ").first.map(String.init) ?? "" })
+            if verbs.count == 1, let verb = verbs.first, !verb.isEmpty {
+                let names = sorted.map { String($0.title.dropFirst(verb.count).drop { $0 == " " }) }
+                title = "\(verb) \(sorted.count) plants: \(names.joined(separator: ", "))"
+            } else {
+                title = "\(sorted.count) plant tasks: \(sorted.map(\.title).joined(separator: ", "))"
+            }
+            body = sorted.map(\.title).joined(separator: "\n")
+        }
+    }
+
+    /// A key from the device and the reminders (task and due time of each), shaped as a UUID
+    /// (APNs wants one).
+    static func key(deviceID: String, reminders: [(taskID: String, due: Double)]) -> String {
+        let text = ([deviceID] + reminders.map { "\($0.taskID)@\($0.due)" }.sorted()).joined(separator: "\n")
+        let digest = Array(SHA256.hash(data: Array(text.utf8)))
+        let hex = digest.prefix(16).map { String(format: "%02x", $0) }.joined()
+        let characters = Array(hex)
+        return [0..<8, 8..<12, 12..<16, 16..<20, 20..<32].map { String(characters[$0]) }.joined(separator: "-")
+    }
+}
+
+/// What a channel made of one delivery.
+enum DeliveryOutcome: Sendable, Equatable {
+    /// The channel took it; the detail is what it answered.
+    case accepted(String)
+    /// Try again later (throttled, a server error, no connection).
+    case retry(String)
+    /// Never going to work (a bad token, a refused payload); `deactivate` when the device is gone.
+    case rejected(String, deactivate: Bool)
+}
+
+/// A way to reach a device. Plug-ins: ``LogChannel``, ``WebhookChannel``, ``NtfyChannel``,
+/// ``APNsChannel``.
+protocol NotificationChannel: Sendable {
+    var kind: Reminders.Channel { get }
+    func deliver(_ notification: ReminderNotification, to device: ReminderStore.DeviceRecord) async -> DeliveryOutcome
+}
+
+/// `log`: the notification as a log line (the embedded default, demos).
+struct LogChannel: NotificationChannel {
+    let logger: Logger
+    var kind: Reminders.Channel { .log }
+
+    func deliver(_ notification: ReminderNotification, to device: ReminderStore.DeviceRecord) async -> DeliveryOutcome {
+        logger.info("remind.notification", metadata: [
+            "remind.id": "\(notification.id)", "remind.device": "\(device.device.id)", "remind.title": "\(notification.title)",
+            "remind.reminders": "\(notification.reminders.count)",
+        ])
+        return .accepted("logged")
+    }
+}
+
+/// Maps an HTTP answer to an outcome, the same way for webhooks and ntfy: 2xx accepted; 408,
+/// 429 and 5xx retried; 410 gone (the device deactivated); other 4xx refused.
+func httpOutcome(_ status: UInt, _ what: String) -> DeliveryOutcome {
+    switch status {
+    case 200..<300: .accepted("HTTP \(status)")
+    case 408, 429, 500..<600: .retry("\(what) answered HTTP \(status)")
+    case 410: .rejected("\(what) answered 410 Gone", deactivate: true)
+    default: .rejected("\(what) answered HTTP \(status)", deactivate: false)
+    }
+}
+
+/// Runs one HTTP request within `timeout`; a failure to connect or answer is a retry.
+func send(_ request: HTTPClientRequest, with client: HTTPClient, timeout: Duration, what: String) async -> DeliveryOutcome {
+    do {
+        let (seconds, attoseconds) = timeout.components
+        let response = try await client.execute(request, timeout: .nanoseconds(seconds * 1_000_000_000 + attoseconds / 1_000_000_000))
+        _ = try? await response.body.collect(upTo: 64 * 1024)
+        return httpOutcome(UInt(response.status.code), what)
+    } catch {
+        return .retry("\(what) could not be reached (\(type(of: error)))")
+    }
+}
+
+/// `webhook`: an HTTP POST of the notification as JSON, signed as the Standard Webhooks
+/// specification says (https://www.standardwebhooks.com): `webhook-id` (the idempotency key),
+/// `webhook-timestamp` (Unix seconds) and `webhook-signature` (`v1,` and the base64 HMAC-SHA256,
+/// keyed by the secret's bytes, of `id.timestamp.body`). Receivers verify it with any Standard
+/// Webhooks library and refuse old timestamps (replays).
+struct WebhookChannel: NotificationChannel {
+    let client: HTTPClient
+    let policy: AddressPolicy
+    var timeout: Duration = .seconds(10)
+    var now: @Sendable () -> Date = { Date() }
+    var kind: Reminders.Channel { .webhook }
+
+    /// The JSON body a receiver gets.
+    struct Payload: Codable, Equatable {
+        var type: String
+        var timestamp: Date
+        var data: ReminderNotification
+    }
+
+    func deliver(_ notification: ReminderNotification, to device: ReminderStore.DeviceRecord) async -> DeliveryOutcome {
+        do {
+            try policy.check(device.device.address) // the host may resolve elsewhere since it registered
+        } catch {
+            return .rejected(error.message, deactivate: false)
+        }
+        guard let secret = device.secret, let key = Self.key(secret) else {
+            return .rejected("the webhook has no valid signing secret; register it again", deactivate: false)
+        }
+        let timestamp = Int(now().timeIntervalSince1970)
+        guard let body = try? MessageCodec().encode(Payload(type: "reminder.due", timestamp: Date(timeIntervalSince1970: Double(timestamp)), data: notification)) else {
+            return .rejected("the notification could not be encoded", deactivate: false)
+        }
+        var request = HTTPClientRequest(url: device.device.address)
+        request.method = .POST
+        request.headers.add(name: "Content-Type", value: "application/json")
+        request.headers.add(name: "webhook-id", value: notification.id)
+        request.headers.add(name: "webhook-timestamp", value: "\(timestamp)")
+        request.headers.add(name: "webhook-signature", value: Self.signature(id: notification.id, timestamp: timestamp, body: body, key: key))
+        request.body = .bytes(ByteBuffer(bytes: body))
+        return await send(request, with: client, timeout: timeout, what: "the webhook")
+    }
+
+    /// The secret's key bytes: base64 after `whsec_`.
+    static func key(_ secret: String) -> [UInt8]? {
+        guard secret.hasPrefix("whsec_"), let data = Data(base64Encoded: String(secret.dropFirst(6))) else { return nil }
+        return [UInt8](data)
+    }
+
+    /// `v1,` and base64(HMAC-SHA256(key, "id.timestamp.body")).
+    static func signature(id: String, timestamp: Int, body: [UInt8], key: [UInt8]) -> String {
+        let signed = Array("\(id).\(timestamp).".utf8) + body
+        let mac = HMAC<SHA256>.authenticationCode(for: signed, using: SymmetricKey(data: key))
+        return "v1," + Data(mac).base64EncodedString()
+    }
+}
+
+/// `ntfy`: a publish to an ntfy topic URL (https://docs.ntfy.sh/publish/): the message as the
+/// body, with `Title`, `Tags`, `Priority` and, when the topic needs it, `Authorization: Bearer`.
+/// `X-Canopy-Id` carries the idempotency key.
+struct NtfyChannel: NotificationChannel {
+    let client: HTTPClient
+    let policy: AddressPolicy
+    var timeout: Duration = .seconds(10)
+    var kind: Reminders.Channel { .ntfy }
+
+    func deliver(_ notification: ReminderNotification, to device: ReminderStore.DeviceRecord) async -> DeliveryOutcome {
+        do {
+            try policy.check(device.device.address)
+        } catch {
+            return .rejected(error.message, deactivate: false)
+        }
+        var request = HTTPClientRequest(url: device.device.address)
+        request.method = .POST
+        request.headers.add(name: "Title", value: Self.headerSafe(notification.title))
+        request.headers.add(name: "Tags", value: Self.tags(notification))
+        request.headers.add(name: "Priority", value: notification.reminders.count > 1 ? "high" : "default")
+        request.headers.add(name: "X-Canopy-Id", value: notification.id)
+        if let token = device.accessToken { request.headers.add(name: "Authorization", value: "Bearer \(token)") }
+        request.body = .bytes(ByteBuffer(string: notification.body))
+        return await send(request, with: client, timeout: timeout, what: "the ntfy server")
+    }
+
+    /// ntfy shows tags that are emoji short codes as emoji.
+    static func tags(_ notification: ReminderNotification) -> String {
+        let emoji: [Care.TaskKind: String] = [.water: "droplet", .fertilize: "seedling", .mist: "sweat_drops", .repot: "potted_plant",
+                                              .rotate: "arrows_counterclockwise", .prune: "scissors", .custom: "memo"]
+        return Array(Set(notification.reminders.compactMap { emoji[$0.kind] })).sorted().joined(separator: ",")
+    }
+
+    /// Header values are one line of printable characters.
+    static func headerSafe(_ text: String) -> String {
+        String(text.unicodeScalars.filter { $0.value >= 0x20 && $0.value != 0x7F }.prefix(250).map(Character.init))
+    }
+}

@@ -1,0 +1,210 @@
+import CanopyMessages
+import Foundation
+import GRDB
+
+/// What canopy-remind does for requests, one method per operation. Every method takes the
+/// owner (the request's principal); nothing is read or changed for anyone else.
+final class ReminderLibrary: Sendable {
+    let store: ReminderStore
+    /// Hosts webhooks and ntfy topics may name even on loopback or private addresses.
+    let allowedHosts: Set<String>
+
+    init(store: ReminderStore, allowedHosts: Set<String> = []) {
+        self.store = store
+        self.allowedHosts = allowedHosts
+    }
+
+    // MARK: - The window from canopy-care
+
+    /// Replaces the owner's pending reminders with `tasks` by difference: an occurrence
+    /// already pending keeps its reminder (its title and snooze brought up to date), a new one
+    /// is added, a pending one no longer in the window is dropped, and one already sent (or
+    /// given up) for that due time is left as it is, so it is never sent twice.
+    ///
+    /// - Returns: the reminders now pending whose time is new or changed, for the dispatcher.
+    func sync(_ tasks: [Care.Task], owner: String, now: Date = Date()) throws -> [(id: Int64, fireAt: Double)] {
+        try store.database.write { db in
+            var existing: [String: (id: Int64, state: String, fireAt: Double, title: String)] = [:]
+            for row in try Row.fetchAll(db, sql: "SELECT id, taskID, due, state, fireAt, title FROM reminders WHERE owner = ? AND state IN ('pending', 'sending', 'delivered', 'stale', 'failed')",
+                                        arguments: [owner]) {
+                existing[Self.key(row["taskID"], row["due"])] = (row["id"], row["state"], row["fireAt"], row["title"])
+            }
+            var wanted = Set<String>()
+            var scheduled: [(Int64, Double)] = []
+            for task in tasks {
+                let due = task.due.timeIntervalSince1970
+                let fireAt = (task.snoozedUntil ?? task.due).timeIntervalSince1970
+                let key = Self.key(task.id, due)
+                guard wanted.insert(key).inserted else { continue } // the same occurrence twice in one window
+                if let known = existing[key] {
+                    guard known.state == "pending", known.fireAt != fireAt || known.title != task.title else { continue }
+                    try db.execute(sql: "UPDATE reminders SET fireAt = ?, title = ?, updatedAt = ? WHERE id = ?",
+                                   arguments: [fireAt, task.title, now.timeIntervalSince1970, known.id])
+                    if known.fireAt != fireAt { scheduled.append((known.id, fireAt)) }
+                } else {
+                    try db.execute(sql: """
+                        INSERT INTO reminders (owner, taskID, due, plantID, kind, title, fireAt, state, updatedAt) VALUES (?, ?, ?, ?, ?, ?, ?, 'pending', ?)
+                        """, arguments: [owner, task.id, due, task.plantID, task.kind.rawValue, task.title, fireAt, now.timeIntervalSince1970])
+                    scheduled.append((db.lastInsertedRowID, fireAt))
+                }
+            }
+            for (key, known) in existing where known.state == "pending" && !wanted.contains(key) {
+                try db.execute(sql: "DELETE FROM reminders WHERE id = ?", arguments: [known.id])
+            }
+            return scheduled
+        }
+    }
+
+    static func key(_ taskID: String, _ due: Double) -> String { "\(taskID)@\(due)" }
+
+    /// Drops every pending reminder of a plant, and every send not yet made that carries only
+    /// reminders of it.
+    func cancel(plantID: String, owner: String) throws {
+        try store.database.write { db in
+            try db.execute(sql: """
+                UPDATE sends SET state = 'cancelled' WHERE state = 'pending' AND owner = ? AND id IN (
+                    SELECT sendID FROM sendReminders JOIN reminders ON reminders.id = sendReminders.reminderID WHERE reminders.owner = ? AND reminders.plantID = ?)
+                  AND NOT EXISTS (SELECT 1 FROM sendReminders other JOIN reminders r ON r.id = other.reminderID
+                                  WHERE other.sendID = sends.id AND r.plantID != ?)
+                """, arguments: [owner, owner, plantID, plantID])
+            try db.execute(sql: "DELETE FROM reminders WHERE owner = ? AND plantID = ? AND state IN ('pending', 'sending')", arguments: [owner, plantID])
+        }
+    }
+
+    // MARK: - Devices
+
+    func register(_ request: Reminders.RegisterDevice.Request, owner: String, now: Date = Date()) throws -> Reminders.Device {
+        if request.channel == .webhook || request.channel == .ntfy {
+            try AddressPolicy(allowedHosts: allowedHosts).check(request.address)
+        }
+        let address = request.channel == .apns ? request.address.lowercased() : request.address
+        return try store.database.write { db in
+            if let known = try Row.fetchOne(db, sql: "SELECT id FROM devices WHERE owner = ? AND channel = ? AND address = ?",
+                                            arguments: [owner, request.channel.rawValue, address]) {
+                let id: String = known["id"]
+                try db.execute(sql: "UPDATE devices SET active = 1, deactivatedReason = NULL, name = ?, secret = ?, accessToken = ? WHERE id = ?",
+                               arguments: [request.name, request.secret, request.accessToken, id])
+                return try store.device(db, owner: owner, id: id)!.device
+            }
+            let count = try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM devices WHERE owner = ?", arguments: [owner]) ?? 0
+            guard count < Reminders.Limits.devices else {
+                throw CanopyError(.tooLarge, "you have \(count) devices, the most one person may register; remove one with devices.remove first")
+            }
+            let id = UUID().uuidString.lowercased()
+            try db.execute(sql: """
+                INSERT INTO devices (id, owner, channel, address, name, secret, accessToken, active, registeredAt) VALUES (?, ?, ?, ?, ?, ?, ?, 1, ?)
+                """, arguments: [id, owner, request.channel.rawValue, address, request.name, request.secret, request.accessToken, now.timeIntervalSince1970])
+            return try store.device(db, owner: owner, id: id)!.device
+        }
+    }
+
+    func removeDevice(_ id: String, owner: String) throws {
+        try store.database.write { db in
+            try db.execute(sql: "DELETE FROM devices WHERE owner = ? AND id = ?", arguments: [owner, id])
+        }
+    }
+
+    func devices(owner: String) throws -> [Reminders.Device] {
+        try store.database.read { db in try store.devices(db, owner: owner).map(\.device) }
+    }
+
+    // MARK: - Reading
+
+    func pending(owner: String, limit: Int) throws -> [Reminders.Reminder] {
+        try store.database.read { db in
+            try Row.fetchAll(db, sql: "SELECT * FROM reminders WHERE owner = ? AND state IN ('pending', 'sending') ORDER BY fireAt, id LIMIT ?",
+                             arguments: [owner, limit]).map { ReminderStore.reminder($0).reminder }
+        }
+    }
+
+    /// Dead letters: sends that gave up, and reminders that were stale when their time came.
+    func failures(owner: String, limit: Int) throws -> [Reminders.Failure] {
+        try store.database.read { db in
+            let failedSends = try Row.fetchAll(db, sql: """
+                SELECT reminders.*, sends.deviceID, sends.attempts AS attempts, sends.lastError AS lastError, sends.nextAttempt AS at FROM sends
+                JOIN sendReminders ON sendReminders.sendID = sends.id JOIN reminders ON reminders.id = sendReminders.reminderID
+                WHERE sends.owner = ? AND sends.state = 'failed' ORDER BY sends.nextAttempt DESC LIMIT ?
+                """, arguments: [owner, limit]).map { row in
+                Reminders.Failure(reminder: ReminderStore.reminder(row).reminder, deviceID: row["deviceID"], attempts: row["attempts"],
+                                  lastError: row["lastError"] ?? "", at: Date(timeIntervalSince1970: row["at"]))
+            }
+            let stale = try Row.fetchAll(db, sql: "SELECT * FROM reminders WHERE owner = ? AND state = 'stale' ORDER BY updatedAt DESC LIMIT ?",
+                                         arguments: [owner, limit]).map { row in
+                Reminders.Failure(reminder: ReminderStore.reminder(row).reminder, deviceID: nil, attempts: 0,
+                                  lastError: "not sent: past the staleness limit when its time came (the service was down)",
+                                  at: Date(timeIntervalSince1970: row["updatedAt"]))
+            }
+            return Array((failedSends + stale).sorted { $0.at > $1.at }.prefix(limit))
+        }
+    }
+}
+
+/// Which addresses webhooks and ntfy topics may name: not loopback, private, link-local or
+/// other internal addresses (a person must not make the server call into its own network),
+/// unless the operator allowed the host.
+struct AddressPolicy: Sendable {
+    let allowedHosts: Set<String>
+
+    func check(_ address: String) throws(CanopyError) {
+        guard let url = URL(string: address), let host = url.host?.lowercased(), !host.isEmpty else {
+            throw CanopyError(.badRequest, "'\(address.prefix(100))' is not an http(s) URL")
+        }
+        if allowedHosts.contains(host) { return }
+        let bare = host.hasPrefix("[") ? String(host.dropFirst().dropLast()) : host
+        if bare == "localhost" || bare.hasSuffix(".localhost") || bare.hasSuffix(".local") || bare.hasSuffix(".internal") {
+            throw refusal(host)
+        }
+        for address in Self.resolve(bare) where Self.isInternal(address) {
+            throw refusal(host)
+        }
+    }
+
+    private func refusal(_ host: String) -> CanopyError {
+        CanopyError(.badRequest, "'\(host)' is a loopback, private or internal address; notifications go to public hosts only (an operator can allow a host with --allow-host)")
+    }
+
+    /// The host's addresses (the literal itself when it is one), as raw bytes.
+    static func resolve(_ host: String) -> [[UInt8]] {
+        var v4 = in_addr()
+        if inet_pton(AF_INET, host, &v4) == 1 { return [withUnsafeBytes(of: v4) { Array($0) }] }
+        var v6 = in6_addr()
+        if inet_pton(AF_INET6, host, &v6) == 1 { return [withUnsafeBytes(of: v6) { Array($0) }] }
+        var hints = addrinfo()
+        hints.ai_socktype = Int32(SOCK_STREAM.rawValue)
+        var results: UnsafeMutablePointer<addrinfo>?
+        guard getaddrinfo(host, nil, &hints, &results) == 0 else { return [] }
+        defer { freeaddrinfo(results) }
+        var addresses: [[UInt8]] = []
+        var cursor = results
+        while let entry = cursor?.pointee {
+            if entry.ai_family == AF_INET, let address = entry.ai_addr {
+                address.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { addresses.append(withUnsafeBytes(of: $0.pointee.sin_addr) { Array($0) }) }
+            } else if entry.ai_family == AF_INET6, let address = entry.ai_addr {
+                address.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) { addresses.append(withUnsafeBytes(of: $0.pointee.sin6_addr) { Array($0) }) }
+            }
+            cursor = entry.ai_next
+        }
+        return addresses
+    }
+
+    /// Loopback, private, link-local, carrier-grade NAT, unspecified, multicast, and their
+    /// IPv6 forms (including IPv4-mapped addresses).
+    static func isInternal(_ bytes: [UInt8]) -> Bool {
+        if bytes.count == 16 {
+            if bytes.prefix(10).allSatisfy({ $0 == 0 }) && bytes[10] == 0xFF && bytes[11] == 0xFF { return isInternal(Array(bytes.suffix(4))) }
+            if bytes.prefix(15).allSatisfy({ $0 == 0 }) { return true } // :: and ::1
+            if bytes[0] & 0xFE == 0xFC { return true } // fc00::/7
+            if bytes[0] == 0xFE && bytes[1] & 0xC0 == 0x80 { return true } // fe80::/10
+            return bytes[0] == 0xFF // multicast
+        }
+        guard bytes.count == 4 else { return true }
+        switch (bytes[0], bytes[1]) {
+        case (0, _), (10, _), (127, _): return true
+        case (100, 64...127): return true
+        case (169, 254), (192, 168): return true
+        case (172, 16...31): return true
+        case (224...255, _): return true
+        default: return false
+        }
+    }
+}

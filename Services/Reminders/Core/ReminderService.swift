@@ -1,0 +1,115 @@
+import AsyncHTTPClient
+import CanopyBus
+import CanopyMessages
+import CanopyServiceKit
+import Foundation
+import Logging
+import ServiceLifecycle
+
+/// canopy-remind on the bus: one handler per operation of ``Reminders``.
+public struct ReminderService: BusService {
+    public let name = Reminders.service
+    let library: ReminderLibrary
+    let dispatcher: Dispatcher
+
+    public func register(_ handlers: inout OperationHandlers) {
+        let (library, dispatcher) = (self.library, self.dispatcher)
+        handlers.on(Reminders.Sync.self) { request, context in
+            dispatcher.schedule(try library.sync(request.tasks, owner: try context.requirePrincipal()))
+            return Empty()
+        }
+        handlers.on(Reminders.CancelPlant.self) { request, context in
+            try library.cancel(plantID: request.plantID, owner: try context.requirePrincipal())
+            return Empty()
+        }
+        handlers.on(Reminders.RegisterDevice.self) { request, context in try library.register(request, owner: try context.requirePrincipal()) }
+        handlers.on(Reminders.RemoveDevice.self) { request, context in
+            try library.removeDevice(request.id, owner: try context.requirePrincipal())
+            return Empty()
+        }
+        handlers.on(Reminders.ListDevices.self) { _, context in try library.devices(owner: try context.requirePrincipal()) }
+        handlers.on(Reminders.Pending.self) { request, context in try library.pending(owner: try context.requirePrincipal(), limit: request.limit ?? 64) }
+        handlers.on(Reminders.Failures.self) { request, context in try library.failures(owner: try context.requirePrincipal(), limit: request.limit ?? 100) }
+        handlers.on(Reminders.SendTest.self) { request, context in
+            try await dispatcher.sendTest(deviceID: request.deviceID, owner: try context.requirePrincipal())
+        }
+    }
+}
+
+extension Dispatcher {
+    /// A test notification to one of `owner`'s devices, now, outside the reminder queue.
+    func sendTest(deviceID: String, owner: String) async throws -> Reminders.SendTest.Reply {
+        guard let device = try await store.database.read({ [store] db in try store.device(db, owner: owner, id: deviceID) }) else {
+            throw CanopyError(.notFound, "no device \(deviceID) among yours; devices.list shows them")
+        }
+        guard let channel = channels[device.device.channel] else {
+            throw CanopyError(.badRequest, "this service has no \(device.device.channel.rawValue) channel configured")
+        }
+        let now = clock.now()
+        let test = Reminders.Reminder(taskID: "test", plantID: "test", kind: .custom, title: "Canopy test notification", due: now, state: .sending)
+        let notification = ReminderNotification(id: ReminderNotification.key(deviceID: deviceID, reminders: [("test", now.timeIntervalSince1970)]), reminders: [test])
+        return switch await channel.deliver(notification, to: device) {
+        case .accepted(let detail): .init(accepted: true, detail: detail)
+        case .retry(let detail), .rejected(let detail, _): .init(accepted: false, detail: detail)
+        }
+    }
+}
+
+/// Everything `canopy-remind serve` can be told.
+public struct ReminderServiceSettings: Sendable {
+    /// Where the store lives (`<data-dir>/remind`; the database is `remind.sqlite` in it).
+    public var directory: URL
+    /// How the worker reaches its broker (endpoint, credit, heartbeats, CURVE keys).
+    public var runner: ServiceRunner.Configuration
+    /// Where `/metrics` and `/health` listen; `nil` for nowhere.
+    public var metrics: ListenAddress?
+    /// The dispatcher's timing.
+    public var dispatch = DispatchSettings()
+    /// Hosts webhooks and ntfy topics may name even on loopback or private addresses.
+    public var allowedHosts: Set<String> = []
+
+    public init(directory: URL, runner: ServiceRunner.Configuration, metrics: ListenAddress? = nil) {
+        self.directory = directory
+        self.runner = runner
+        self.metrics = metrics
+    }
+
+    /// The store's path.
+    public var databasePath: String { directory.appendingPathComponent("remind.sqlite").path }
+}
+
+/// Builds what `canopy-remind serve` runs, in start order: the bus client (for refills from
+/// canopy-care), the dispatcher, the bus worker, and the `/metrics` and `/health` listener
+/// when `settings` name one.
+public func buildReminderService(settings: ReminderServiceSettings, context: ZMQContext, logger: Logger,
+                                 clock: (any ReminderClock)? = nil) throws -> [any Service] {
+    try FileManager.default.createDirectory(at: settings.directory, withIntermediateDirectories: true)
+    let store = try ReminderStore(path: settings.databasePath)
+    let library = ReminderLibrary(store: store, allowedHosts: settings.allowedHosts)
+    var client = BusClient.Configuration(endpoint: settings.runner.endpoint)
+    client.curve = settings.runner.curve
+    let bus = try BusClient(configuration: client, context: context, logger: logger)
+    let policy = AddressPolicy(allowedHosts: settings.allowedHosts)
+    let channels: [any NotificationChannel] = [
+        LogChannel(logger: logger), WebhookChannel(client: .shared, policy: policy), NtfyChannel(client: .shared, policy: policy),
+    ]
+    let box = DispatcherBox()
+    let dispatcher = Dispatcher(store: store, channels: channels, clock: clock ?? SystemReminderClock(), settings: settings.dispatch,
+                                refill: { owner in
+                                    // The person's window runs low: canopy-care's fresh one replaces it.
+                                    do {
+                                        let window = try await bus.call(Care.ReminderWindow.self, .init(), principal: owner, timeout: .seconds(10))
+                                        box.dispatcher?.schedule(try library.sync(window.tasks, owner: owner))
+                                    } catch {
+                                        logger.warning("remind.refill.failed", metadata: ["remind.error": "\(error)"])
+                                    }
+                                }, logger: logger)
+    box.dispatcher = dispatcher
+    let worker = ServiceRunner(service: ReminderService(library: library, dispatcher: dispatcher), configuration: settings.runner, context: context, logger: logger)
+    return OperatingEndpoint.serving([bus, dispatcher, worker], at: settings.metrics, logger: logger)
+}
+
+/// Lets the refill closure reach the dispatcher it belongs to.
+private final class DispatcherBox: @unchecked Sendable {
+    weak var dispatcher: Dispatcher?
+}
