@@ -199,6 +199,13 @@ struct CollectionTests {
         #expect(window.allSatisfy { $0.plantID == plant.id })
         #expect(Set(window.map { "\($0.id) \($0.due)" }).count == 64, "each occurrence once")
         #expect(try library.reminderWindow(owner: "alice", count: 5) == Array(window.prefix(5)))
+        // Two months later, still ignored: the missed occurrence is there once, and the rest
+        // lie ahead of that day.
+        let later = Date().addingTimeInterval(60 * 86_400)
+        let afterwards = try library.reminderWindow(owner: "alice", now: later)
+        let missed = afterwards.filter { $0.due < later }
+        #expect(missed.count <= 7, "each task's own (missed) occurrence, no more")
+        #expect(afterwards.filter { $0.due >= later }.count >= 57)
     }
 
     @Test func badPlantsAreRefusedAndChangeNothing() throws {

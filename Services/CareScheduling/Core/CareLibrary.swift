@@ -244,7 +244,7 @@ final class CareLibrary: Sendable {
     /// snooze), then the occurrences after it as if each were done when due. So a person who
     /// ignores every reminder still has a window reaching ahead. A task may come several times,
     /// once per occurrence (`due`).
-    func reminderWindow(owner: String, count: Int? = nil) throws -> [Care.Task] {
+    func reminderWindow(owner: String, count: Int? = nil, now: Date = Date()) throws -> [Care.Task] {
         let count = min(count ?? reminderWindow, reminderWindow)
         return try store.database.read { db in
             let rows = try Row.fetchAll(db, sql: "SELECT * FROM tasks WHERE owner = ? ORDER BY showAt, id LIMIT ?", arguments: [owner, count])
@@ -260,19 +260,27 @@ final class CareLibrary: Sendable {
             var window: [Care.Task] = []
             while window.count < count, let next = queue.popMin() {
                 window.append(next.task)
+                // The occurrences after it, from now on: a task ignored for a month still has
+                // reminders ahead of today, not only the ones it missed.
                 var following = next.task
                 following.snoozedUntil = nil
-                if following.kind == .custom {
-                    guard let everyDays = next.everyDays else { continue }
-                    following.due = scheduler.nextDue(everyDays: everyDays, after: next.task.due)
-                } else {
-                    if profiles[following.plantID] == nil {
-                        profiles[following.plantID] = try store.plant(db, owner: owner, id: following.plantID)?.profile
+                var steps = 0
+                repeat {
+                    let after = following.due
+                    if following.kind == .custom {
+                        guard let everyDays = next.everyDays else { break }
+                        following.due = scheduler.nextDue(everyDays: everyDays, after: after)
+                    } else {
+                        if profiles[following.plantID] == nil {
+                            profiles[following.plantID] = try store.plant(db, owner: owner, id: following.plantID)?.profile
+                        }
+                        guard let profile = profiles[following.plantID] ?? nil,
+                              let due = scheduler.nextDue(following.kind, profile: profile, after: after), due > after else { break }
+                        following.due = due
                     }
-                    guard let profile = profiles[following.plantID] ?? nil,
-                          let due = scheduler.nextDue(following.kind, profile: profile, after: next.task.due), due > next.task.due else { continue }
-                    following.due = due
-                }
+                    steps += 1
+                } while following.due < now && steps < 1_000
+                guard following.due > next.task.due, following.due >= now || steps >= 1_000 else { continue }
                 queue.insert(Occurrence(task: following, everyDays: next.everyDays))
             }
             return window

@@ -1,0 +1,105 @@
+import CanopyBus
+import CanopyMessages
+import CanopyServiceKit
+import CanopyTesting
+import CareScheduling
+import Foundation
+import Testing
+@testable import Reminders
+
+/// canopy-remind as `serve` builds it, through the real broker, with canopy-care's outbox
+/// handing it each person's window.
+@Suite(.serialized)
+struct ReminderServiceTests {
+    @Test func careHandsOverTheWindowAndEachPersonSeesOnlyTheirOwn() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-remind-live-\(UUID().uuidString)")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        try await withLiveBus { bus in
+            var care = CareServiceSettings(directory: directory.appendingPathComponent("care"), runner: bus.runnerConfiguration())
+            care.outboxInterval = .milliseconds(100)
+            bus.run(try buildCareService(settings: care, context: bus.context, logger: bus.logger))
+            let settings = ReminderServiceSettings(directory: directory.appendingPathComponent("remind"), runner: bus.runnerConfiguration(), metrics: .anyLoopbackPort)
+            let remind = try buildReminderService(settings: settings, context: bus.context, logger: bus.logger)
+            let listener = try #require(remind.first(OperatingEndpoint.self))
+            bus.run(remind)
+            try await bus.waitForWorkers(1, service: Care.service)
+            try await bus.waitForWorkers(1, service: Reminders.service)
+            let client = try bus.client()
+
+            let phone = try await client.call(Reminders.RegisterDevice.self, .init(channel: .log, address: "alice's phone", name: "phone"), principal: "alice")
+            #expect(try await client.call(Reminders.RegisterDevice.self, .init(channel: .log, address: "alice's phone"), principal: "alice").id == phone.id,
+                    "the same device again is the same device")
+            _ = try await client.call(Care.AddPlant.self, Care.Plant(scientificName: "Monstera deliciosa", customName: "Monty"), principal: "alice")
+
+            // care's outbox hands over the window; remind holds it.
+            var pending: [Reminders.Reminder] = []
+            let deadline = ContinuousClock.now + .seconds(20)
+            while pending.isEmpty, ContinuousClock.now < deadline {
+                pending = try await client.call(Reminders.Pending.self, .init(), principal: "alice")
+                try await Task.sleep(for: .milliseconds(50))
+            }
+            #expect(pending.count == 64 && pending.contains { $0.kind == .water && $0.title.contains("Monty") })
+            let window = try await client.call(Care.ReminderWindow.self, .init(count: 64), principal: "alice")
+            #expect(pending.map(\.taskID) == window.tasks.map(\.id) && pending.map(\.due) == window.tasks.map(\.due))
+
+            let test = try await client.call(Reminders.SendTest.self, .init(deviceID: phone.id), principal: "alice")
+            #expect(test.accepted)
+
+            // Bob sees none of it and cannot use Alice's device.
+            #expect(try await client.call(Reminders.ListDevices.self, .init(), principal: "bob").isEmpty)
+            #expect(try await client.call(Reminders.Pending.self, .init(), principal: "bob").isEmpty)
+            let borrowed = await #expect(throws: CanopyError.self) {
+                _ = try await client.call(Reminders.SendTest.self, .init(deviceID: phone.id), principal: "bob")
+            }
+            #expect(borrowed?.code == .notFound)
+            _ = try await client.call(Reminders.RemoveDevice.self, .init(id: phone.id), principal: "bob")
+            #expect(try await client.call(Reminders.ListDevices.self, .init(), principal: "alice").map(\.id) == [phone.id])
+            let unknown = await #expect(throws: CanopyError.self) {
+                _ = try await client.call(service: Reminders.service, operation: Reminders.RegisterDevice.name,
+                                          body: Array(#"{"channel":"pigeon","address":"x"}"#.utf8), principal: "alice")
+            }
+            #expect(unknown?.code == .badRequest)
+
+            let port = try await listener.boundPort(within: .seconds(30))
+            #expect(try await OperatingProbe.waitForHealth(port, status: 200))
+        }
+    }
+
+    @Test func whenAWindowRunsLowRemindAsksCareForAFreshOne() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-remind-refill-\(UUID().uuidString)")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        try await withLiveBus { bus in
+            var care = CareServiceSettings(directory: directory.appendingPathComponent("care"), runner: bus.runnerConfiguration())
+            care.outboxInterval = .milliseconds(100)
+            bus.run(try buildCareService(settings: care, context: bus.context, logger: bus.logger))
+            var settings = ReminderServiceSettings(directory: directory.appendingPathComponent("remind"), runner: bus.runnerConfiguration())
+            settings.dispatch.refillBelow = 65 // a window of 64 is always "low" here
+            let clock = ManualClock(Date())
+            bus.run(try buildReminderService(settings: settings, context: bus.context, logger: bus.logger, clock: clock))
+            try await bus.waitForWorkers(1, service: Care.service)
+            try await bus.waitForWorkers(1, service: Reminders.service)
+            let client = try bus.client()
+            _ = try await client.call(Reminders.RegisterDevice.self, .init(channel: .log, address: "phone"), principal: "dana")
+            _ = try await client.call(Care.AddPlant.self, Care.Plant(scientificName: "Nephrolepis exaltata"), principal: "dana")
+            var pending: [Reminders.Reminder] = []
+            while pending.isEmpty { pending = try await client.call(Reminders.Pending.self, .init(), principal: "dana") }
+            func windowRequests() async throws -> UInt64 {
+                try await client.call(Broker.Stats.self, .init()).operations.first { $0.operation == Care.ReminderWindow.name }?.requests ?? 0
+            }
+            #expect(try await windowRequests() == 0)
+            // The first reminder comes due and goes; the window is low, so care is asked.
+            clock.advance(by: pending[0].due.timeIntervalSinceNow + 1)
+            let deadline = ContinuousClock.now + .seconds(20)
+            while try await windowRequests() == 0, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(50)) }
+            #expect(try await windowRequests() == 1)
+            // Delivered (the log channel takes it), and the fresh window does not bring it back.
+            var stillThere = true
+            while stillThere, ContinuousClock.now < deadline {
+                stillThere = try await client.call(Reminders.Pending.self, .init(limit: 256), principal: "dana")
+                    .contains { $0.taskID == pending[0].taskID && $0.due == pending[0].due }
+                try await Task.sleep(for: .milliseconds(50))
+            }
+            #expect(!stillThere, "what went does not come back")
+        }
+    }
+}
