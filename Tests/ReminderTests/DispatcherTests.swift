@@ -249,6 +249,32 @@ struct DispatcherTests {
         }
     }
 
+    @Test func ntfyGetsTheTitleTagsPriorityAndToken() async throws {
+        try await withDispatcher { setup in
+            let topic = try await setup.receiver.url("/plants-alice")
+            let device = try setup.library.register(.init(channel: .ntfy, address: topic, accessToken: "tk_secret"), owner: "erin")
+            let channel = NtfyChannel(client: .shared, policy: AddressPolicy(allowedHosts: ["127.0.0.1"]))
+            let reminders = [
+                Reminders.Reminder(taskID: "a:water", plantID: "a", kind: .water, title: "Water Monstera", due: Self.start, state: .sending),
+                Reminders.Reminder(taskID: "b:water", plantID: "b", kind: .water, title: "Water Pothos", due: Self.start, state: .sending),
+            ]
+            let notification = ReminderNotification(id: ReminderNotification.key(deviceID: device.id, reminders: reminders.map { ($0.taskID, $0.due.timeIntervalSince1970) }),
+                                                    reminders: reminders)
+            let record = try await setup.store.database.read { db in try setup.store.device(db, owner: "erin", id: device.id) }
+            #expect(await channel.deliver(notification, to: try #require(record)) == .accepted("HTTP 200"))
+            let received = try #require(setup.receiver.received.last)
+            #expect(received.path == "/plants-alice")
+            #expect(received.headers["title"] == "Water 2 plants: Monstera, Pothos")
+            #expect(received.headers["tags"] == "droplet" && received.headers["priority"] == "high")
+            #expect(received.headers["authorization"] == "Bearer tk_secret")
+            #expect(received.headers["x-canopy-id"] == notification.id)
+            #expect(String(decoding: received.body, as: UTF8.self) == "Water Monstera\nWater Pothos")
+            // The key is the same for the same reminders and device, and differs for another device.
+            #expect(ReminderNotification.key(deviceID: device.id, reminders: [("b:water", Self.start.timeIntervalSince1970), ("a:water", Self.start.timeIntervalSince1970)]) == notification.id)
+            #expect(ReminderNotification.key(deviceID: "other", reminders: [("a:water", Self.start.timeIntervalSince1970)]) != notification.id)
+        }
+    }
+
     // MARK: - Bad input
 
     @Test func devicesAreCheckedWhenTheyRegister() async throws {
