@@ -60,11 +60,13 @@ final class RecordingServer: Sendable {
     private let shared = Shared()
     let application: Application<RouterResponder<BasicRequestContext>>
 
-    init() {
+    /// - Parameter delay: how long each answer takes.
+    init(delay: Duration = .zero) {
         let shared = self.shared
         let router = Router()
         router.post("**") { request, _ -> Response in
             let body = try await request.body.collect(upTo: 1024 * 1024)
+            if delay > .zero { try await Task.sleep(for: delay) }
             var headers: [String: String] = [:]
             for field in request.headers { headers[field.name.canonicalName] = field.value }
             let status = shared.value.withLock { state -> Int in
