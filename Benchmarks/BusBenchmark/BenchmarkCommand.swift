@@ -20,9 +20,10 @@ struct BenchmarkCommand: AsyncParsableCommand {
               swift run -c release canopy-bench transfer
               swift run -c release canopy-bench coalescing-cost
               swift run -c release canopy-bench identify
+              swift run -c release canopy-bench remind
             """,
         subcommands: [Bus.self, Coalescing.self, ImagesBenchmark.self, CareBenchmark.self, MetricsCost.self, TransferBenchmark.self, CoalescingCost.self,
-                      IdentifyBenchmark.self],
+                      IdentifyBenchmark.self, RemindBenchmark.self],
         defaultSubcommand: Bus.self)
 }
 

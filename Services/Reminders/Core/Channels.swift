@@ -23,7 +23,7 @@ struct ReminderNotification: Codable, Sendable, Equatable {
         let sorted = reminders.sorted { ($0.due, $0.title) < ($1.due, $1.title) }
         if sorted.count == 1 {
             title = sorted[0].title
-            body = "Due \(sorted[0].due.formatted(.iso8601))"
+            body = sorted[0].title
         } else {
             let verbs = Set(sorted.map { $0.title.split(separator: " ").first.map(String.init) ?? "" })
             if verbs.count == 1, let verb = verbs.first, !verb.isEmpty {
@@ -40,10 +40,15 @@ struct ReminderNotification: Codable, Sendable, Equatable {
     /// (APNs wants one).
     static func key(deviceID: String, reminders: [(taskID: String, due: Double)]) -> String {
         let text = ([deviceID] + reminders.map { "\($0.taskID)@\($0.due)" }.sorted()).joined(separator: "\n")
-        let digest = Array(SHA256.hash(data: Array(text.utf8)))
-        let hex = digest.prefix(16).map { String(format: "%02x", $0) }.joined()
-        let characters = Array(hex)
-        return [0..<8, 8..<12, 12..<16, 16..<20, 20..<32].map { String(characters[$0]) }.joined(separator: "-")
+        let digits = Array("0123456789abcdef".utf8)
+        var characters: [UInt8] = []
+        characters.reserveCapacity(36)
+        for (index, byte) in SHA256.hash(data: Array(text.utf8)).prefix(16).enumerated() {
+            if [4, 6, 8, 10].contains(index) { characters.append(UInt8(ascii: "-")) }
+            characters.append(digits[Int(byte >> 4)])
+            characters.append(digits[Int(byte & 0x0F)])
+        }
+        return String(decoding: characters, as: UTF8.self)
     }
 }
 

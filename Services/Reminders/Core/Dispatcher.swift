@@ -56,7 +56,7 @@ public struct DispatchSettings: Sendable {
 /// within the digest window into one notification per active device, records the sends, and
 /// delivers them; a failed send is retried with exponential backoff and jitter, then recorded
 /// as a dead letter. A reminder is marked delivered only after a channel accepted it.
-final class Dispatcher: Service, Sendable {
+public final class Dispatcher: Service, Sendable {
     let store: ReminderStore
     let channels: [Reminders.Channel: any NotificationChannel]
     let clock: any ReminderClock
@@ -101,19 +101,24 @@ final class Dispatcher: Service, Sendable {
     }
 
     /// Reminders and sends held in memory now.
-    var held: (reminders: Int, sends: Int) {
+    public var held: (reminders: Int, sends: Int) {
         state.withLock { ($0.reminders.count, $0.sends.count) }
     }
 
-    func run() async throws {
-        let reminders = try store.pendingTimes()
+    public func run() async throws {
+        var entries: [Entry] = []
+        try store.forEachPending { id, fireAt in entries.append(Entry(at: fireAt, id: id)) }
+        let reminders = entries.count
         let sends = try store.pendingSends()
         state.withLock { state in
-            state.reminders = Heap(reminders.map { Entry(at: $0.fireAt, id: $0.id) })
-            state.sends = Heap(sends.map { Entry(at: $0.nextAttempt, id: $0.id) })
+            // Merged with what was scheduled while loading (a sync during start-up): an entry
+            // twice does no harm, since a due reminder is checked against the store.
+            state.reminders = Heap(entries + state.reminders.unordered)
+            state.sends = Heap(sends.map { Entry(at: $0.nextAttempt, id: $0.id) } + state.sends.unordered)
             state.loaded = true
         }
-        logger.info("remind.dispatcher.started", metadata: ["remind.pending": "\(reminders.count)", "remind.sends": "\(sends.count)"])
+        entries = []
+        logger.info("remind.dispatcher.started", metadata: ["remind.pending": "\(reminders)", "remind.sends": "\(sends.count)"])
         try await cancelWhenGracefulShutdown {
             while !Task.isCancelled {
                 try await self.turn()
@@ -178,12 +183,12 @@ final class Dispatcher: Service, Sendable {
             for (owner, due) in owners {
                 // The rest of the digest window comes along.
                 let taken = Set(due.map(\.id))
-                let companions = try Row.fetchAll(db, sql: "SELECT * FROM reminders WHERE owner = ? AND state = 'pending' AND fireAt > ? AND fireAt <= ?",
+                let companions = try Row.fetchAll(try db.cachedStatement(sql: "SELECT * FROM reminders WHERE owner = ? AND state = 'pending' AND fireAt > ? AND fireAt <= ?"),
                                                   arguments: [owner, nowSeconds, horizon]).map(ReminderStore.reminder).filter { !taken.contains($0.id) }
                 let all = due + companions
                 let stale = all.filter { $0.fireAt.timeIntervalSince1970 < staleBefore }
                 for row in stale {
-                    try db.execute(sql: "UPDATE reminders SET state = 'stale', updatedAt = ? WHERE id = ?", arguments: [nowSeconds, row.id])
+                    try db.run("UPDATE reminders SET state = 'stale', updatedAt = ? WHERE id = ?", arguments: [nowSeconds, row.id])
                     logger.info("remind.stale", metadata: ["remind.task": "\(row.reminder.taskID)", "remind.due": "\(row.reminder.due.formatted(.iso8601))"])
                 }
                 let fresh = all.filter { $0.fireAt.timeIntervalSince1970 >= staleBefore }
@@ -191,18 +196,18 @@ final class Dispatcher: Service, Sendable {
                 let devices = try store.devices(db, owner: owner, activeOnly: true)
                 let state = devices.isEmpty ? "delivered" : "sending"
                 for row in fresh {
-                    try db.execute(sql: "UPDATE reminders SET state = ?, updatedAt = ? WHERE id = ?", arguments: [state, nowSeconds, row.id])
+                    try db.run("UPDATE reminders SET state = ?, updatedAt = ? WHERE id = ?", arguments: [state, nowSeconds, row.id])
                 }
                 for device in devices {
                     let key = ReminderNotification.key(deviceID: device.device.id, reminders: fresh.map { ($0.reminder.taskID, $0.reminder.due.timeIntervalSince1970) })
                     let notification = ReminderNotification(id: key, reminders: fresh.map(\.reminder))
-                    try db.execute(sql: """
+                    try db.run("""
                         INSERT OR IGNORE INTO sends (owner, deviceID, idempotencyKey, notification, nextAttempt, state, createdAt) VALUES (?, ?, ?, ?, ?, 'pending', ?)
                         """, arguments: [owner, device.device.id, key, Data(try store.codec.encode(notification)), nowSeconds, nowSeconds])
                     guard db.changesCount > 0 else { continue }
                     let send = db.lastInsertedRowID
                     for row in fresh {
-                        try db.execute(sql: "INSERT INTO sendReminders (sendID, reminderID) VALUES (?, ?)", arguments: [send, row.id])
+                        try db.run("INSERT INTO sendReminders (sendID, reminderID) VALUES (?, ?)", arguments: [send, row.id])
                     }
                     created.append(send)
                 }
@@ -220,7 +225,7 @@ final class Dispatcher: Service, Sendable {
         }
         guard !recent else { return false }
         let (count, last) = (try? store.database.read { db -> (Int, Double?) in
-            let row = try Row.fetchOne(db, sql: "SELECT COUNT(*) AS count, MAX(fireAt) AS last FROM reminders WHERE owner = ? AND state = 'pending'", arguments: [owner])
+            let row = try Row.fetchOne(try db.cachedStatement(sql: "SELECT COUNT(*) AS count, MAX(fireAt) AS last FROM reminders WHERE owner = ? AND state = 'pending'"), arguments: [owner])
             return (row?["count"] ?? 0, row?["last"])
         }) ?? (0, nil)
         return count < settings.refillBelow || (last ?? 0) < now.timeIntervalSince1970 + settings.refillHorizon.seconds
@@ -228,86 +233,123 @@ final class Dispatcher: Service, Sendable {
 
     // MARK: - Delivering
 
-    /// Delivers sends, at most ``DispatchSettings/concurrency`` at once.
+    /// Delivers sends, at most ``DispatchSettings/concurrency`` at once. Outcomes are written
+    /// together, a batch per transaction (group commit), as deliveries finish.
     func deliver(_ sends: [Int64]) async {
         guard !sends.isEmpty else { return }
-        await withTaskGroup(of: Void.self) { group in
+        await withTaskGroup(of: Attempt?.self) { group in
             var next = sends.makeIterator()
             for _ in 0..<settings.concurrency {
                 guard let send = next.next() else { break }
-                group.addTask { await self.deliver(send) }
+                group.addTask { await self.attempt(send) }
             }
-            for await _ in group {
-                if let send = next.next() { group.addTask { await self.deliver(send) } }
+            var finished: [Attempt] = []
+            while let result = await group.next() {
+                if let result { finished.append(result) }
+                if let send = next.next() { group.addTask { await self.attempt(send) } }
+                // Write when a batch is full, or when nothing else is about to finish.
+                if finished.count >= 128 || group.isEmpty || finished.count >= settings.concurrency / 2 {
+                    record(finished)
+                    finished.removeAll(keepingCapacity: true)
+                }
             }
+            record(finished)
         }
     }
 
-    private func deliver(_ sendID: Int64) async {
+    /// One delivery's outcome, to be written.
+    struct Attempt: Sendable {
+        var sendID: Int64
+        var attempt: Int
+        var deviceID: String
+        var outcome: DeliveryOutcome
+    }
+
+    /// Tries one send; `nil` when it is no longer pending (finished or cancelled meanwhile).
+    private func attempt(_ sendID: Int64) async -> Attempt? {
         do {
             guard let (send, device) = try store.database.read({ db -> (Row, ReminderStore.DeviceRecord?)? in
-                guard let send = try Row.fetchOne(db, sql: "SELECT * FROM sends WHERE id = ? AND state = 'pending'", arguments: [sendID]) else { return nil }
-                let device = try Row.fetchOne(db, sql: "SELECT * FROM devices WHERE id = ?", arguments: [send["deviceID"] as String]).map(ReminderStore.device)
+                guard let send = try Row.fetchOne(try db.cachedStatement(sql: "SELECT * FROM sends WHERE id = ? AND state = 'pending'"), arguments: [sendID]) else { return nil }
+                let device = try Row.fetchOne(try db.cachedStatement(sql: "SELECT * FROM devices WHERE id = ?"), arguments: [send["deviceID"] as String]).map(ReminderStore.device)
                 return (send, device)
-            }) else { return } // finished or cancelled meanwhile
-            let attempt: Int = send["attempts"] + 1
+            }) else { return nil }
             let outcome: DeliveryOutcome
             if let device, device.device.active, let channel = channels[device.device.channel] {
                 let notification = try store.codec.decode(ReminderNotification.self, from: [UInt8](send["notification"] as Data))
                 outcome = await channel.deliver(notification, to: device)
             } else if let device, !device.device.active {
                 outcome = .rejected("the device is inactive: \(device.device.deactivatedReason ?? "deactivated")", deactivate: false)
-            } else if device == nil {
-                outcome = .rejected("the device was removed", deactivate: false)
+            } else if let device {
+                outcome = .rejected("this service has no \(device.device.channel.rawValue) channel configured", deactivate: false)
             } else {
-                outcome = .rejected("this service has no \(device!.device.channel.rawValue) channel configured", deactivate: false)
+                outcome = .rejected("the device was removed", deactivate: false)
             }
-            try record(outcome, sendID: sendID, attempt: attempt, deviceID: send["deviceID"])
+            return Attempt(sendID: sendID, attempt: send["attempts"] + 1, deviceID: send["deviceID"], outcome: outcome)
         } catch {
             logger.error("remind.deliver.failed", metadata: ["remind.send": "\(sendID)", "remind.error": "\(error)"])
+            return nil
         }
     }
 
-    /// Writes an attempt's outcome: the send finished (delivered or given up) or scheduled again;
-    /// its reminders finished once none of their sends is still pending.
-    private func record(_ outcome: DeliveryOutcome, sendID: Int64, attempt: Int, deviceID: String) throws {
+    /// Writes attempts' outcomes in one transaction: each send finished (delivered or given
+    /// up) or scheduled again; its reminders finished once none of their sends is pending.
+    private func record(_ attempts: [Attempt]) {
+        guard !attempts.isEmpty else { return }
         let now = clock.now().timeIntervalSince1970
-        var retryAt: Double?
-        let (label, detail): (String, String) = switch outcome {
+        var retries: [Entry] = []
+        do {
+            try store.database.write { db in
+                for attempt in attempts {
+                    if let retryAt = try record(attempt, db: db, now: now) { retries.append(Entry(at: retryAt, id: attempt.sendID)) }
+                }
+            }
+        } catch {
+            // Not written: the sends stay pending and go again after a restart.
+            logger.error("remind.record.failed", metadata: ["remind.sends": "\(attempts.count)", "remind.error": "\(error)"])
+            return
+        }
+        if !retries.isEmpty {
+            state.withLock { state in for entry in retries { state.sends.insert(entry) } }
+            wakeup.signal()
+        }
+    }
+
+    /// One attempt's rows; returns when to try again, if it is to be.
+    private func record(_ attempt: Attempt, db: Database, now: Double) throws -> Double? {
+        let (sendID, number) = (attempt.sendID, attempt.attempt)
+        let (label, detail): (String, String) = switch attempt.outcome {
         case .accepted(let detail): ("accepted", detail)
         case .retry(let detail): ("retry", detail)
         case .rejected(let detail, _): ("rejected", detail)
         }
-        logger.info("remind.attempt", metadata: ["remind.send": "\(sendID)", "remind.attempt": "\(attempt)", "remind.outcome": "\(label)", "remind.detail": "\(detail)"])
-        try store.database.write { db in
-            try db.execute(sql: "INSERT INTO attempts (sendID, attempt, at, outcome, detail) VALUES (?, ?, ?, ?, ?)", arguments: [sendID, attempt, now, label, detail])
-            switch outcome {
-            case .accepted:
-                try db.execute(sql: "UPDATE sends SET state = 'delivered', attempts = ?, lastError = NULL WHERE id = ?", arguments: [attempt, sendID])
-            case .retry(let reason) where attempt < settings.maximumAttempts:
-                let pause = min(settings.maximumBackoff.seconds, settings.firstBackoff.seconds * pow(2, Double(attempt - 1))) * Double.random(in: 0.8...1.2)
-                retryAt = now + pause
-                try db.execute(sql: "UPDATE sends SET attempts = ?, nextAttempt = ?, lastError = ? WHERE id = ?", arguments: [attempt, retryAt, reason, sendID])
-            case .retry(let reason), .rejected(let reason, deactivate: false):
-                try db.execute(sql: "UPDATE sends SET state = 'failed', attempts = ?, lastError = ?, nextAttempt = ? WHERE id = ?", arguments: [attempt, reason, now, sendID])
-            case .rejected(let reason, deactivate: true):
-                try db.execute(sql: "UPDATE sends SET state = 'failed', attempts = ?, lastError = ?, nextAttempt = ? WHERE id = ?", arguments: [attempt, reason, now, sendID])
-                try db.execute(sql: "UPDATE devices SET active = 0, deactivatedReason = ? WHERE id = ?", arguments: [reason, deviceID])
-            }
-            guard retryAt == nil else { return }
-            // Reminders with no send left pending: delivered when any device took them.
-            try db.execute(sql: """
+        logger.info("remind.attempt", metadata: ["remind.send": "\(sendID)", "remind.attempt": "\(number)", "remind.outcome": "\(label)", "remind.detail": "\(detail)"])
+        try db.run("INSERT INTO attempts (sendID, attempt, at, outcome, detail) VALUES (?, ?, ?, ?, ?)", arguments: [sendID, number, now, label, detail])
+        switch attempt.outcome {
+        case .accepted:
+            try db.run("UPDATE sends SET state = 'delivered', attempts = ?, lastError = NULL WHERE id = ?", arguments: [number, sendID])
+        case .retry(let reason) where number < settings.maximumAttempts:
+            let pause = min(settings.maximumBackoff.seconds, settings.firstBackoff.seconds * pow(2, Double(number - 1))) * Double.random(in: 0.8...1.2)
+            try db.run("UPDATE sends SET attempts = ?, nextAttempt = ?, lastError = ? WHERE id = ?", arguments: [number, now + pause, reason, sendID])
+            return now + pause
+        case .retry(let reason), .rejected(let reason, deactivate: false):
+            try db.run("UPDATE sends SET state = 'failed', attempts = ?, lastError = ?, nextAttempt = ? WHERE id = ?", arguments: [number, reason, now, sendID])
+        case .rejected(let reason, deactivate: true):
+            try db.run("UPDATE sends SET state = 'failed', attempts = ?, lastError = ?, nextAttempt = ? WHERE id = ?", arguments: [number, reason, now, sendID])
+            try db.run("UPDATE devices SET active = 0, deactivatedReason = ? WHERE id = ?", arguments: [reason, attempt.deviceID])
+        }
+        // Reminders with no send left pending: delivered when any device took them. One by
+        // primary key (a statement over every reminder being sent would scan them all).
+        let reminderIDs = try Int64.fetchAll(try db.cachedStatement(sql: "SELECT reminderID FROM sendReminders WHERE sendID = ?"), arguments: [sendID])
+        for reminderID in reminderIDs {
+            try db.run("""
                 UPDATE reminders SET updatedAt = ?, state = CASE
-                    WHEN EXISTS (SELECT 1 FROM sendReminders s JOIN sends ON sends.id = s.sendID WHERE s.reminderID = reminders.id AND sends.state = 'delivered') THEN 'delivered'
+                    WHEN EXISTS (SELECT 1 FROM sendReminders s CROSS JOIN sends ON sends.id = s.sendID WHERE s.reminderID = reminders.id AND sends.state = 'delivered') THEN 'delivered'
                     ELSE 'failed' END
-                WHERE state = 'sending' AND id IN (SELECT reminderID FROM sendReminders WHERE sendID = ?)
-                  AND NOT EXISTS (SELECT 1 FROM sendReminders s JOIN sends ON sends.id = s.sendID WHERE s.reminderID = reminders.id AND sends.state = 'pending')
-                """, arguments: [now, sendID])
+                WHERE id = ? AND state = 'sending'
+                  AND NOT EXISTS (SELECT 1 FROM sendReminders s CROSS JOIN sends ON sends.id = s.sendID WHERE s.reminderID = reminders.id AND sends.state = 'pending')
+                """, arguments: [now, reminderID])
         }
-        if let retryAt {
-            state.withLock { $0.sends.insert(Entry(at: retryAt, id: sendID)) }
-            wakeup.signal()
-        }
+        return nil
     }
 }
 

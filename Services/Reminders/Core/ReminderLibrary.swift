@@ -23,36 +23,60 @@ final class ReminderLibrary: Sendable {
     ///
     /// - Returns: the reminders now pending whose time is new or changed, for the dispatcher.
     func sync(_ tasks: [Care.Task], owner: String, now: Date = Date()) throws -> [(id: Int64, fireAt: Double)] {
-        try store.database.write { db in
-            var existing: [String: (id: Int64, state: String, fireAt: Double, title: String)] = [:]
-            for row in try Row.fetchAll(db, sql: "SELECT id, taskID, due, state, fireAt, title FROM reminders WHERE owner = ? AND state IN ('pending', 'sending', 'delivered', 'stale', 'failed')",
-                                        arguments: [owner]) {
-                existing[Self.key(row["taskID"], row["due"])] = (row["id"], row["state"], row["fireAt"], row["title"])
-            }
-            var wanted = Set<String>()
+        // Most syncs change little or nothing: a read decides whether to write at all.
+        guard try !store.database.read({ db in try Self.plan(tasks, owner: owner, db: db) }).isEmpty else { return [] }
+        return try store.database.write { db in
+            let plan = try Self.plan(tasks, owner: owner, db: db) // again, inside the transaction
             var scheduled: [(Int64, Double)] = []
-            for task in tasks {
-                let due = task.due.timeIntervalSince1970
+            for (id, task) in plan.updates {
                 let fireAt = (task.snoozedUntil ?? task.due).timeIntervalSince1970
-                let key = Self.key(task.id, due)
-                guard wanted.insert(key).inserted else { continue } // the same occurrence twice in one window
-                if let known = existing[key] {
-                    guard known.state == "pending", known.fireAt != fireAt || known.title != task.title else { continue }
-                    try db.execute(sql: "UPDATE reminders SET fireAt = ?, title = ?, updatedAt = ? WHERE id = ?",
-                                   arguments: [fireAt, task.title, now.timeIntervalSince1970, known.id])
-                    if known.fireAt != fireAt { scheduled.append((known.id, fireAt)) }
-                } else {
-                    try db.execute(sql: """
-                        INSERT INTO reminders (owner, taskID, due, plantID, kind, title, fireAt, state, updatedAt) VALUES (?, ?, ?, ?, ?, ?, ?, 'pending', ?)
-                        """, arguments: [owner, task.id, due, task.plantID, task.kind.rawValue, task.title, fireAt, now.timeIntervalSince1970])
-                    scheduled.append((db.lastInsertedRowID, fireAt))
-                }
+                try db.run("UPDATE reminders SET fireAt = ?, title = ?, updatedAt = ? WHERE id = ?", arguments: [fireAt, task.title, now.timeIntervalSince1970, id])
+                scheduled.append((id, fireAt))
             }
-            for (key, known) in existing where known.state == "pending" && !wanted.contains(key) {
-                try db.execute(sql: "DELETE FROM reminders WHERE id = ?", arguments: [known.id])
+            for task in plan.inserts {
+                let fireAt = (task.snoozedUntil ?? task.due).timeIntervalSince1970
+                try db.run("""
+                    INSERT INTO reminders (owner, taskID, due, plantID, kind, title, fireAt, state, updatedAt) VALUES (?, ?, ?, ?, ?, ?, ?, 'pending', ?)
+                    """, arguments: [owner, task.id, task.due.timeIntervalSince1970, task.plantID, task.kind.rawValue, task.title, fireAt, now.timeIntervalSince1970])
+                scheduled.append((db.lastInsertedRowID, fireAt))
+            }
+            for id in plan.deletes {
+                try db.run("DELETE FROM reminders WHERE id = ?", arguments: [id])
             }
             return scheduled
         }
+    }
+
+    /// What a sync changes: pending reminders to update (title or time), occurrences to add,
+    /// pending reminders to drop.
+    struct Plan {
+        var updates: [(Int64, Care.Task)] = []
+        var inserts: [Care.Task] = []
+        var deletes: [Int64] = []
+        var isEmpty: Bool { updates.isEmpty && inserts.isEmpty && deletes.isEmpty }
+    }
+
+    static func plan(_ tasks: [Care.Task], owner: String, db: Database) throws -> Plan {
+        var existing: [String: (id: Int64, state: String, fireAt: Double, title: String)] = [:]
+        for row in try Row.fetchAll(try db.cachedStatement(sql: "SELECT id, taskID, due, state, fireAt, title FROM reminders WHERE owner = ?"), arguments: [owner]) {
+            existing[key(row["taskID"], row["due"])] = (row["id"], row["state"], row["fireAt"], row["title"])
+        }
+        var plan = Plan()
+        var wanted = Set<String>()
+        for task in tasks {
+            let key = key(task.id, task.due.timeIntervalSince1970)
+            guard wanted.insert(key).inserted else { continue } // the same occurrence twice in one window
+            if let known = existing[key] {
+                let fireAt = (task.snoozedUntil ?? task.due).timeIntervalSince1970
+                if known.state == "pending", known.fireAt != fireAt || known.title != task.title { plan.updates.append((known.id, task)) }
+            } else {
+                plan.inserts.append(task)
+            }
+        }
+        for (key, known) in existing where known.state == "pending" && !wanted.contains(key) {
+            plan.deletes.append(known.id)
+        }
+        return plan
     }
 
     static func key(_ taskID: String, _ due: Double) -> String { "\(taskID)@\(due)" }
@@ -61,13 +85,13 @@ final class ReminderLibrary: Sendable {
     /// reminders of it.
     func cancel(plantID: String, owner: String) throws {
         try store.database.write { db in
-            try db.execute(sql: """
+            try db.run("""
                 UPDATE sends SET state = 'cancelled' WHERE state = 'pending' AND owner = ? AND id IN (
                     SELECT sendID FROM sendReminders JOIN reminders ON reminders.id = sendReminders.reminderID WHERE reminders.owner = ? AND reminders.plantID = ?)
                   AND NOT EXISTS (SELECT 1 FROM sendReminders other JOIN reminders r ON r.id = other.reminderID
                                   WHERE other.sendID = sends.id AND r.plantID != ?)
                 """, arguments: [owner, owner, plantID, plantID])
-            try db.execute(sql: "DELETE FROM reminders WHERE owner = ? AND plantID = ? AND state IN ('pending', 'sending')", arguments: [owner, plantID])
+            try db.run("DELETE FROM reminders WHERE owner = ? AND plantID = ? AND state IN ('pending', 'sending')", arguments: [owner, plantID])
         }
     }
 
@@ -79,10 +103,10 @@ final class ReminderLibrary: Sendable {
         }
         let address = request.channel == .apns ? request.address.lowercased() : request.address
         return try store.database.write { db in
-            if let known = try Row.fetchOne(db, sql: "SELECT id FROM devices WHERE owner = ? AND channel = ? AND address = ?",
+            if let known = try Row.fetchOne(try db.cachedStatement(sql: "SELECT id FROM devices WHERE owner = ? AND channel = ? AND address = ?"),
                                             arguments: [owner, request.channel.rawValue, address]) {
                 let id: String = known["id"]
-                try db.execute(sql: "UPDATE devices SET active = 1, deactivatedReason = NULL, name = ?, secret = ?, accessToken = ? WHERE id = ?",
+                try db.run("UPDATE devices SET active = 1, deactivatedReason = NULL, name = ?, secret = ?, accessToken = ? WHERE id = ?",
                                arguments: [request.name, request.secret, request.accessToken, id])
                 return try store.device(db, owner: owner, id: id)!.device
             }
@@ -91,7 +115,7 @@ final class ReminderLibrary: Sendable {
                 throw CanopyError(.tooLarge, "you have \(count) devices, the most one person may register; remove one with devices.remove first")
             }
             let id = UUID().uuidString.lowercased()
-            try db.execute(sql: """
+            try db.run("""
                 INSERT INTO devices (id, owner, channel, address, name, secret, accessToken, active, registeredAt) VALUES (?, ?, ?, ?, ?, ?, ?, 1, ?)
                 """, arguments: [id, owner, request.channel.rawValue, address, request.name, request.secret, request.accessToken, now.timeIntervalSince1970])
             return try store.device(db, owner: owner, id: id)!.device
@@ -100,7 +124,7 @@ final class ReminderLibrary: Sendable {
 
     func removeDevice(_ id: String, owner: String) throws {
         try store.database.write { db in
-            try db.execute(sql: "DELETE FROM devices WHERE owner = ? AND id = ?", arguments: [owner, id])
+            try db.run("DELETE FROM devices WHERE owner = ? AND id = ?", arguments: [owner, id])
         }
     }
 
@@ -112,7 +136,7 @@ final class ReminderLibrary: Sendable {
 
     func pending(owner: String, limit: Int) throws -> [Reminders.Reminder] {
         try store.database.read { db in
-            try Row.fetchAll(db, sql: "SELECT * FROM reminders WHERE owner = ? AND state IN ('pending', 'sending') ORDER BY fireAt, id LIMIT ?",
+            try Row.fetchAll(try db.cachedStatement(sql: "SELECT * FROM reminders WHERE owner = ? AND state IN ('pending', 'sending') ORDER BY fireAt, id LIMIT ?"),
                              arguments: [owner, limit]).map { ReminderStore.reminder($0).reminder }
         }
     }
@@ -128,7 +152,7 @@ final class ReminderLibrary: Sendable {
                 Reminders.Failure(reminder: ReminderStore.reminder(row).reminder, deviceID: row["deviceID"], attempts: row["attempts"],
                                   lastError: row["lastError"] ?? "", at: Date(timeIntervalSince1970: row["at"]))
             }
-            let stale = try Row.fetchAll(db, sql: "SELECT * FROM reminders WHERE owner = ? AND state = 'stale' ORDER BY updatedAt DESC LIMIT ?",
+            let stale = try Row.fetchAll(try db.cachedStatement(sql: "SELECT * FROM reminders WHERE owner = ? AND state = 'stale' ORDER BY updatedAt DESC LIMIT ?"),
                                          arguments: [owner, limit]).map { row in
                 Reminders.Failure(reminder: ReminderStore.reminder(row).reminder, deviceID: nil, attempts: 0,
                                   lastError: "not sent: past the staleness limit when its time came (the service was down)",

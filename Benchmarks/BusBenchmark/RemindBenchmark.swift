@@ -1,0 +1,301 @@
+import ArgumentParser
+import CanopyBroker
+import CanopyBus
+import CanopyMessages
+import CanopyServiceKit
+import Foundation
+import GRDB
+import Histogram
+import Hummingbird
+import Logging
+import Reminders
+import Synchronization
+
+/// canopy-remind at load, as `serve` builds it:
+/// - N reminders (one per person, each with a webhook) due over one minute, delivered to a
+///   local webhook sink: deliveries per second and lateness (arrival minus due time), against
+///   the sink's own capacity measured with the same HTTP client in the same run;
+/// - windows of 64 synced for many people over the bus, against a bus round trip;
+/// - the dispatcher's memory for a million pending reminders.
+struct RemindBenchmark: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "remind",
+        abstract: "canopy-remind: deliveries and lateness to a local webhook, window syncs, memory for a million pending reminders.",
+        discussion: "Example: canopy-bench remind --reminders 100000 --seconds 60 --people 10000")
+
+    @Option(help: "Reminders due over the delivery run (one per person).") var reminders = 100_000
+    @Option(help: "Seconds the reminders are spread over.") var seconds = 60.0
+    @Option(help: "People whose windows of 64 are synced.") var people = 10_000
+    @Option(help: "Pending reminders for the memory figure.") var memory = 1_000_000
+    @Option(help: "Deliveries the dispatcher keeps in flight at once.") var concurrency = DispatchSettings().concurrency
+
+    func run() async throws {
+        var logger = Logger(label: "canopy-bench")
+        logger.logLevel = .error
+        try await deliveries(logger: logger)
+        print("")
+        try await syncs(logger: logger)
+        print("")
+        try await memoryFigure(logger: logger)
+    }
+
+    // MARK: - Deliveries
+
+    private func deliveries(logger: Logger) async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-bench-remind-\(UUID().uuidString)")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let sink = Sink()
+        let sinkGroup = serviceGroup([sink.application], signals: [], logger: logger)
+        let sinkTask = Task { try await sinkGroup.run() }
+        let url = try await sink.url()
+
+        // The sink's capacity with the same client, many requests at once: the baseline.
+        let baseline = try await sink.capacity(url: url, requests: 5_000, concurrency: 64)
+
+        let start = Date().addingTimeInterval(20) // time to load the store and start
+        var settings = ReminderServiceSettings(directory: directory, runner: .init(endpoint: "tcp://127.0.0.1:1"))
+        settings.allowedHosts = ["127.0.0.1"]
+        settings.dispatch.digestWindow = .zero
+        settings.dispatch.concurrency = concurrency
+        let path = settings.databasePath
+        let broker = try BrokerServer(endpoint: "tcp://127.0.0.1:*", context: ZMQContext(), logger: logger)
+        settings.runner = .init(endpoint: broker.endpoint)
+        let brokerTask = Task { try await broker.run() }
+        var services = try buildReminderService(settings: settings, context: ZMQContext(), logger: logger)
+        services = services.filter { !($0 is OperatingEndpoint) }
+        FileHandle.standardError.write(Data("loading \(reminders) reminders…".utf8))
+        let pool = try DatabasePool(path: path)
+        let secret = "whsec_" + Data((0..<32).map { UInt8($0) }).base64EncodedString()
+        try await pool.write { db in
+            for person in 0..<reminders {
+                let due = start.timeIntervalSince1970 + seconds * Double(person) / Double(reminders)
+                try db.execute(sql: "INSERT INTO devices (id, owner, channel, address, secret, active, registeredAt) VALUES (?, ?, 'webhook', ?, ?, 1, 0)",
+                               arguments: ["d\(person)", "u\(person)", url, secret])
+                try db.execute(sql: """
+                    INSERT INTO reminders (owner, taskID, due, plantID, kind, title, fireAt, state, updatedAt) VALUES (?, ?, ?, ?, 'water', 'Water it', ?, 'pending', 0)
+                    """, arguments: ["u\(person)", "p\(person):water", due, "p\(person)", due])
+            }
+        }
+        FileHandle.standardError.write(Data(" done\n".utf8))
+        sink.reset()
+        let cpuBefore = processCPU()
+        let group = serviceGroup(services, signals: [], logger: logger)
+        let serving = Task { try await group.run() }
+        let deadline = start.addingTimeInterval(seconds + 120)
+        while sink.count < reminders, Date() < deadline { try await Task.sleep(for: .milliseconds(200)) }
+        let cpu = processCPU() - cpuBefore
+        let arrivals = sink.arrivals()
+        var lateness = Histogram<UInt64>(highestTrackableValue: 600_000, numberOfSignificantValueDigits: .three)
+        var latest = 0.0
+        for arrival in arrivals {
+            let late = max(0, arrival.at - arrival.due) * 1000
+            latest = max(latest, late)
+            _ = lateness.record(UInt64(late.rounded()))
+        }
+        let first = arrivals.map(\.at).min() ?? 0, last = arrivals.map(\.at).max() ?? 0
+        let rate = Double(arrivals.count) / max(0.001, last - first)
+        print("canopy-bench remind: \(reminders) reminders due over \(Int(seconds)) s (\(Int(Double(reminders) / seconds))/s asked), one per person, to a local webhook sink")
+        printTable([
+            ["figure", "value"],
+            ["delivered", "\(arrivals.count) of \(reminders)"],
+            ["deliveries per second (over the run)", String(format: "%.0f", rate)],
+            ["sink capacity, same client, 64 at once (baseline)", String(format: "%.0f/s", baseline)],
+            ["lateness p50 ms", "\(lateness.valueAtPercentile(50))"],
+            ["lateness p99 ms", "\(lateness.valueAtPercentile(99))"],
+            ["lateness max ms", String(format: "%.0f", latest)],
+            ["process CPU over the run (cores)", String(format: "%.2f", cpu / max(0.001, last - first + 1))],
+        ])
+        await group.triggerGracefulShutdown()
+        _ = try? await serving.value
+        broker.stop()
+        _ = try? await brokerTask.value
+        await sinkGroup.triggerGracefulShutdown()
+        _ = try? await sinkTask.value
+    }
+
+    // MARK: - Syncs
+
+    private func syncs(logger: Logger) async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-bench-remind-sync-\(UUID().uuidString)")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let stack = try BenchStack(logger: logger) { endpoint, context in
+            var runner = ServiceRunner.Configuration(endpoint: endpoint)
+            runner.credit = 16
+            return try buildReminderService(settings: ReminderServiceSettings(directory: directory, runner: runner), context: context, logger: logger)
+        }
+        let client = stack.client
+        let base = Date().addingTimeInterval(86_400)
+        func window(_ person: Int, shift: Double) -> [Care.Task] {
+            (0..<64).map { index in
+                Care.Task(id: "p\(person)-\(index % 8):water", plantID: "p\(person)-\(index % 8)", kind: .water, title: "Water plant \(index % 8)",
+                          due: base.addingTimeInterval(Double(index) * 43_200 + shift))
+            }
+        }
+        _ = try await client.call(Reminders.ListDevices.self, .init(), principal: "warm")
+        var roundTrip = Histogram<UInt64>(highestTrackableValue: 60_000_000, numberOfSignificantValueDigits: .three)
+        for _ in 0..<200 {
+            let begin = ContinuousClock.now
+            _ = try await client.call(Reminders.ListDevices.self, .init(), principal: "warm")
+            _ = roundTrip.record(UInt64((ContinuousClock.now - begin).microseconds))
+        }
+        let people = self.people
+        func syncAll(shift: Double) async throws -> (Duration, Histogram<UInt64>) {
+            let begin = ContinuousClock.now
+            let histograms = try await withThrowingTaskGroup(of: Histogram<UInt64>.self) { group in
+                for worker in 0..<16 {
+                    group.addTask {
+                        var histogram = Histogram<UInt64>(highestTrackableValue: 60_000_000, numberOfSignificantValueDigits: .three)
+                        for person in stride(from: worker, to: people, by: 16) {
+                            let start = ContinuousClock.now
+                            _ = try await client.call(Reminders.Sync.self, .init(tasks: window(person, shift: shift)), principal: "u\(person)")
+                            _ = histogram.record(UInt64((ContinuousClock.now - start).microseconds))
+                        }
+                        return histogram
+                    }
+                }
+                return try await group.reduce(into: [Histogram<UInt64>]()) { $0.append($1) }
+            }
+            var all = Histogram<UInt64>(highestTrackableValue: 60_000_000, numberOfSignificantValueDigits: .three)
+            for histogram in histograms { all.add(histogram) }
+            return (ContinuousClock.now - begin, all)
+        }
+        let (first, firstCalls) = try await syncAll(shift: 0)
+        let (again, againCalls) = try await syncAll(shift: 0)
+        let (moved, movedCalls) = try await syncAll(shift: 3_600)
+        print("\(people) people, windows of 64, 16 callers at once, over the bus")
+        printTable([
+            ["sync", "total s", "per sync p50 µs", "p99 µs", "p50 against a bus round trip"],
+            ["bus round trip (devices.list, baseline)", "", "\(roundTrip.valueAtPercentile(50))", "\(roundTrip.valueAtPercentile(99))", "1.0"],
+            row("first window (64 new)", first, firstCalls, roundTrip),
+            row("the same window again", again, againCalls, roundTrip),
+            row("every occurrence moved", moved, movedCalls, roundTrip),
+        ])
+        await stack.shutdown()
+    }
+
+    private func row(_ name: String, _ total: Duration, _ calls: Histogram<UInt64>, _ baseline: Histogram<UInt64>) -> [String] {
+        [name, String(format: "%.2f", Double(total.components.seconds) + Double(total.components.attoseconds) / 1e18),
+         "\(calls.valueAtPercentile(50))", "\(calls.valueAtPercentile(99))",
+         String(format: "%.1f", Double(calls.valueAtPercentile(50)) / Double(baseline.valueAtPercentile(50)))]
+    }
+
+    // MARK: - Memory
+
+    private func memoryFigure(logger: Logger) async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-bench-remind-memory-\(UUID().uuidString)")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let settings = ReminderServiceSettings(directory: directory, runner: .init(endpoint: "tcp://127.0.0.1:1"))
+        let services = try buildReminderService(settings: settings, context: ZMQContext(), logger: logger)
+        guard let dispatcher = services.lazy.compactMap({ $0 as? Dispatcher }).first else { return }
+        FileHandle.standardError.write(Data("loading \(memory) pending reminders…".utf8))
+        let pool = try DatabasePool(path: settings.databasePath)
+        let far = Date().addingTimeInterval(30 * 86_400).timeIntervalSince1970
+        try await pool.write { db in
+            for index in 0..<memory {
+                try db.execute(sql: """
+                    INSERT INTO reminders (owner, taskID, due, plantID, kind, title, fireAt, state, updatedAt) VALUES (?, ?, ?, ?, 'water', 'Water it', ?, 'pending', 0)
+                    """, arguments: ["u\(index / 64)", "p\(index):water", far + Double(index), "p\(index)", far + Double(index)])
+            }
+        }
+        try pool.close()
+        FileHandle.standardError.write(Data(" done\n".utf8))
+        let before = residentBytes()
+        let task = Task { try await dispatcher.run() }
+        while dispatcher.held.reminders < memory { try await Task.sleep(for: .milliseconds(50)) }
+        try await Task.sleep(for: .milliseconds(500))
+        let after = residentBytes()
+        task.cancel()
+        _ = try? await task.value
+        print("The dispatcher holding \(memory) pending reminders")
+        printTable([
+            ["figure", "value"],
+            ["resident memory before loading", "\(before / 1_048_576) MiB"],
+            ["resident memory with them loaded", "\(after / 1_048_576) MiB"],
+            ["growth", String(format: "%.1f MiB, %.1f bytes per reminder", Double(after - before) / 1_048_576, Double(after - before) / Double(memory))],
+        ])
+    }
+}
+
+/// A webhook receiver that answers 200 at once and notes each arrival with the reminders' due times.
+private final class Sink: Sendable {
+    private final class Shared: Sendable {
+        let value = Mutex<(arrivals: [(at: Double, due: Double)], count: Int, port: Int?)>(([], 0, nil))
+        func withLock<T>(_ body: (inout (arrivals: [(at: Double, due: Double)], count: Int, port: Int?)) -> T) -> T { value.withLock { body(&$0) } }
+    }
+
+    private let state = Shared()
+    let application: Application<RouterResponder<BasicRequestContext>>
+
+    init() {
+        let router = Router()
+        let state = self.state
+        let decoder = MessageCodec()
+        router.post("/hook") { request, _ -> HTTPResponse.Status in
+            let body = try await request.body.collect(upTo: 1024 * 1024)
+            let at = Date().timeIntervalSince1970
+            let dues = (try? decoder.decode(Payload.self, from: Array(body.readableBytesView)).data.reminders.map { $0.due.timeIntervalSince1970 }) ?? []
+            state.withLock { state in
+                state.count += 1
+                for due in dues { state.arrivals.append((at, due)) }
+            }
+            return .ok
+        }
+        application = Application(router: router, configuration: .init(address: .hostname("127.0.0.1", port: 0), serverName: "sink"),
+                                  onServerRunning: { channel in state.withLock { $0.port = channel.localAddress?.port } })
+    }
+
+    struct Payload: Decodable {
+        struct Data: Decodable { var reminders: [Reminders.Reminder] }
+        var data: Data
+    }
+
+    func url() async throws -> String {
+        while true {
+            if let port = state.withLock({ $0.port }) { return "http://127.0.0.1:\(port)/hook" }
+            try await Task.sleep(for: .milliseconds(10))
+        }
+    }
+
+    var count: Int { state.withLock { $0.count } }
+    func reset() { state.withLock { $0 = ([], 0, $0.port) } }
+    func arrivals() -> [(at: Double, due: Double)] { state.withLock { $0.arrivals } }
+
+    /// Requests per second the sink takes from AsyncHTTPClient with `concurrency` at once.
+    func capacity(url: String, requests: Int, concurrency: Int) async throws -> Double {
+        let body = Array(#"{"data":{"reminders":[]},"type":"reminder.due","timestamp":"2026-01-01T00:00:00.000Z"}"#.utf8)
+        let begin = ContinuousClock.now
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for worker in 0..<concurrency {
+                group.addTask {
+                    for _ in stride(from: worker, to: requests, by: concurrency) {
+                        var request = HTTPClientRequest(url: url)
+                        request.method = .POST
+                        request.body = .bytes(ByteBuffer(bytes: body))
+                        let response = try await HTTPClient.shared.execute(request, timeout: .seconds(10))
+                        _ = try await response.body.collect(upTo: 1024)
+                    }
+                }
+            }
+            try await group.waitForAll()
+        }
+        let elapsed = ContinuousClock.now - begin
+        return Double(requests) / (Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18)
+    }
+}
+
+/// This process's CPU time so far, in seconds.
+private func processCPU() -> Double {
+    var usage = rusage()
+    getrusage(RUSAGE_SELF.rawValue, &usage)
+    return Double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) + Double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6
+}
+
+/// This process's resident memory, from /proc/self/status.
+private func residentBytes() -> Int {
+    guard let status = try? String(contentsOfFile: "/proc/self/status", encoding: .utf8),
+          let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmRSS:") }) else { return 0 }
+    return (Int(line.split(separator: " ").dropFirst().first ?? "0") ?? 0) * 1024
+}
+
+import AsyncHTTPClient
+import NIOCore
