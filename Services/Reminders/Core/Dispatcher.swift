@@ -119,9 +119,18 @@ public final class Dispatcher: Service, Sendable {
         }
         entries = []
         logger.info("remind.dispatcher.started", metadata: ["remind.pending": "\(reminders)", "remind.sends": "\(sends.count)"])
-        try await cancelWhenGracefulShutdown {
+        await cancelWhenGracefulShutdown {
             while !Task.isCancelled {
-                try await self.turn()
+                do {
+                    try await self.turn()
+                } catch is CancellationError {
+                    return
+                } catch {
+                    // The store failed (a full disk?): what was due is back in the heaps for a
+                    // second from now. Keep turning.
+                    self.logger.error("remind.dispatcher.failed", metadata: ["remind.error": "\(error)"])
+                    try? await self.clock.sleep(until: self.clock.now().addingTimeInterval(1))
+                }
             }
         }
     }
@@ -142,7 +151,17 @@ public final class Dispatcher: Service, Sendable {
         }
         var toDeliver = dueSends
         if !dueReminders.isEmpty {
-            let (created, owners) = try prepare(dueReminders, now: clock.now())
+            let created: [Int64], owners: Set<String>
+            do {
+                (created, owners) = try prepare(dueReminders, now: clock.now())
+            } catch {
+                // Nothing was written: they come round again in a second, with the sends due now.
+                state.withLock { state in
+                    for id in dueReminders { state.reminders.insert(Entry(at: now + 1, id: id)) }
+                    for id in dueSends { state.sends.insert(Entry(at: now + 1, id: id)) }
+                }
+                throw error
+            }
             toDeliver += created
             if let refill { for owner in owners where shouldRefill(owner) { await refill(owner) } }
         }
@@ -287,6 +306,8 @@ public final class Dispatcher: Service, Sendable {
             return Attempt(sendID: sendID, attempt: send["attempts"] + 1, deviceID: send["deviceID"], outcome: outcome)
         } catch {
             logger.error("remind.deliver.failed", metadata: ["remind.send": "\(sendID)", "remind.error": "\(error)"])
+            let now = clock.now().timeIntervalSince1970
+            state.withLock { $0.sends.insert(Entry(at: now + 1, id: sendID)) } // again in a second
             return nil
         }
     }
@@ -304,8 +325,11 @@ public final class Dispatcher: Service, Sendable {
                 }
             }
         } catch {
-            // Not written: the sends stay pending and go again after a restart.
+            // Not written: the sends stay pending; they go again in a second (the receiver may
+            // see their keys twice).
             logger.error("remind.record.failed", metadata: ["remind.sends": "\(attempts.count)", "remind.error": "\(error)"])
+            state.withLock { state in for attempt in attempts { state.sends.insert(Entry(at: now + 1, id: attempt.sendID)) } }
+            wakeup.signal()
             return
         }
         if !retries.isEmpty {
