@@ -300,6 +300,8 @@ struct DispatcherTests {
                 #expect(error?.message.contains("private") == true, "\(address)")
             }
             #expect(!AddressPolicy.isInternal([93, 184, 216, 34]))
+            #expect(AddressPolicy.resolvesInternally("127.0.0.1") && AddressPolicy.resolvesInternally("127.0.0.1"), "the second answer comes from the cache")
+            #expect(!AddressPolicy.resolvesInternally("93.184.216.34"))
             #expect(AddressPolicy.isInternal([0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 192, 168, 1, 1]), "IPv4-mapped private")
         }
     }

@@ -62,6 +62,10 @@ struct ReminderServiceTests {
 
             let port = try await listener.boundPort(within: .seconds(30))
             #expect(try await OperatingProbe.waitForHealth(port, status: 200))
+            let metrics = try await OperatingProbe.metrics(port)
+            #expect(metrics.has("canopy_remind_held"))
+            #expect(metrics.growth(since: try PrometheusText(""), "canopy_service_handler_duration_seconds_count",
+                                   ["service": "remind", "operation": "reminders.sync", "outcome": "ok"]) >= 1)
         }
     }
 

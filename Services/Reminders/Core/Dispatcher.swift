@@ -62,6 +62,7 @@ public final class Dispatcher: Service, Sendable {
     let clock: any ReminderClock
     let settings: DispatchSettings
     let logger: Logger
+    let metrics = ReminderMetrics()
     /// Asks canopy-care for a person's fresh window (and syncs it).
     let refill: (@Sendable (String) async -> Void)?
 
@@ -143,6 +144,7 @@ public final class Dispatcher: Service, Sendable {
             while let first = state.reminders.min, first.at <= now { reminders.append(state.reminders.removeMin().id) }
             while let first = state.sends.min, first.at <= now { sends.append(state.sends.removeMin().id) }
             let next = [state.reminders.min?.at, state.sends.min?.at].compactMap { $0 }.min()
+            metrics.held(reminders: state.reminders.count, sends: state.sends.count)
             return (reminders, sends, next)
         }
         if dueReminders.isEmpty && dueSends.isEmpty {
@@ -282,6 +284,8 @@ public final class Dispatcher: Service, Sendable {
         var attempt: Int
         var deviceID: String
         var outcome: DeliveryOutcome
+        /// The earliest due time among the send's reminders, for the lateness figure.
+        var due: Date?
     }
 
     /// Tries one send; `nil` when it is no longer pending (finished or cancelled meanwhile).
@@ -293,8 +297,10 @@ public final class Dispatcher: Service, Sendable {
                 return (send, device)
             }) else { return nil }
             let outcome: DeliveryOutcome
+            var due: Date?
             if let device, device.device.active, let channel = channels[device.device.channel] {
                 let notification = try store.codec.decode(ReminderNotification.self, from: [UInt8](send["notification"] as Data))
+                due = notification.reminders.map(\.due).min()
                 outcome = await channel.deliver(notification, to: device)
             } else if let device, !device.device.active {
                 outcome = .rejected("the device is inactive: \(device.device.deactivatedReason ?? "deactivated")", deactivate: false)
@@ -303,7 +309,8 @@ public final class Dispatcher: Service, Sendable {
             } else {
                 outcome = .rejected("the device was removed", deactivate: false)
             }
-            return Attempt(sendID: sendID, attempt: send["attempts"] + 1, deviceID: send["deviceID"], outcome: outcome)
+            metrics.attempt(outcome, lateBy: due.map { clock.now().timeIntervalSince($0) })
+            return Attempt(sendID: sendID, attempt: send["attempts"] + 1, deviceID: send["deviceID"], outcome: outcome, due: due)
         } catch {
             logger.error("remind.deliver.failed", metadata: ["remind.send": "\(sendID)", "remind.error": "\(error)"])
             let now = clock.now().timeIntervalSince1970

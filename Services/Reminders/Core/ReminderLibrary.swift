@@ -1,6 +1,7 @@
 import CanopyMessages
 import Foundation
 import GRDB
+import Synchronization
 
 /// What canopy-remind does for requests, one method per operation. Every method takes the
 /// owner (the request's principal); nothing is read or changed for anyone else.
@@ -178,10 +179,23 @@ struct AddressPolicy: Sendable {
         if bare == "localhost" || bare.hasSuffix(".localhost") || bare.hasSuffix(".local") || bare.hasSuffix(".internal") {
             throw refusal(host)
         }
-        for address in Self.resolve(bare) where Self.isInternal(address) {
-            throw refusal(host)
-        }
+        if Self.resolvesInternally(bare) { throw refusal(host) }
     }
+
+    /// Whether a host resolves to an internal address, remembered for a minute per host (at
+    /// most 1,024 hosts): delivering checks again before each send, and asking the resolver
+    /// thousands of times a second would be most of the work.
+    static func resolvesInternally(_ host: String, now: ContinuousClock.Instant = .now) -> Bool {
+        if let known = resolved.withLock({ $0[host] }), now < known.until { return known.internal }
+        let isInternalHost = resolve(host).contains(where: isInternal)
+        resolved.withLock { cache in
+            if cache.count >= 1_024 { cache.removeAll(keepingCapacity: true) }
+            cache[host] = (isInternalHost, now + .seconds(60))
+        }
+        return isInternalHost
+    }
+
+    private static let resolved = Mutex<[String: (internal: Bool, until: ContinuousClock.Instant)]>([:])
 
     private func refusal(_ host: String) -> CanopyError {
         CanopyError(.badRequest, "'\(host)' is a loopback, private or internal address; notifications go to public hosts only (an operator can allow a host with --allow-host)")
