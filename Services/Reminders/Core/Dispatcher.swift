@@ -165,7 +165,11 @@ public final class Dispatcher: Service, Sendable {
                 throw error
             }
             toDeliver += created
-            if let refill { for owner in owners where shouldRefill(owner) { await refill(owner) } }
+            if let refill {
+                // Off the loop: a refill is a call to canopy-care and a sync, and the loop has
+                // reminders to send meanwhile. At most one per person per refill interval.
+                for owner in owners where shouldRefill(owner) { Task { await refill(owner) } }
+            }
         }
         await deliver(toDeliver)
     }
