@@ -74,7 +74,7 @@ let package = Package(
         // canopy-identify matches by (canopy-images and canopy-identify share it).
         .target(
             name: "CanopyImaging",
-            dependencies: ["CVips", "CanopyMessages"],
+            dependencies: ["CVips", "CanopyMessages", .product(name: "Crypto", package: "swift-crypto")],
             path: "Shared/CanopyImaging",
             swiftSettings: swiftSettings
         ),

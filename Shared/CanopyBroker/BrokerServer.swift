@@ -228,7 +228,5 @@ struct MemoryGiveBack {
 
 extension [UInt8] {
     /// Lower-case hexadecimal, for logging identities.
-    var hex: String {
-        lazy.map { String($0, radix: 16).count == 1 ? "0" + String($0, radix: 16) : String($0, radix: 16) }.joined()
-    }
+    var hex: String { lowercaseHex }
 }

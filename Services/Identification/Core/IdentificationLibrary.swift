@@ -2,7 +2,6 @@ import CanopyBus
 import CanopyImaging
 import CanopyMessages
 import CanopyServiceKit
-import Crypto
 import Foundation
 
 /// What canopy-identify does, one method per operation. Every method takes the owner (the
@@ -101,14 +100,7 @@ final class IdentificationLibrary: Sendable {
 
     /// A photo's id: SHA-256 of its bytes, lower-case hexadecimal (canopy-images' photo id).
     static func sha256<Bytes: DataProtocol>(_ bytes: Bytes) -> String {
-        let digits = Array("0123456789abcdef".utf8)
-        var text = [UInt8]()
-        text.reserveCapacity(64)
-        for byte in SHA256.hash(data: bytes) {
-            text.append(digits[Int(byte >> 4)])
-            text.append(digits[Int(byte & 0x0F)])
-        }
-        return String(decoding: text, as: UTF8.self)
+        PhotoID.of(bytes)
     }
 
     /// The same photos with the same organs, in any order, give the same key.

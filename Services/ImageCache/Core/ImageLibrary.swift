@@ -1,6 +1,6 @@
+import CanopyImaging
 import CanopyMessages
 import CanopyServiceKit
-import Crypto
 import Foundation
 import Synchronization
 
@@ -51,7 +51,7 @@ final class ImageLibrary: Sendable {
     static let maximumPhotosPerPlant = 500
 
     static func sha256(_ bytes: [UInt8]) -> String {
-        SHA256.hash(data: bytes).map { String(format: "%02x", $0) }.joined()
+        PhotoID.of(bytes)
     }
 
     private func requireOwnership(_ owner: String, _ sha256: String) throws -> Void {

@@ -40,15 +40,8 @@ struct ReminderNotification: Codable, Sendable, Equatable {
     /// (APNs wants one).
     static func key(deviceID: String, reminders: [(taskID: String, due: Double)]) -> String {
         let text = ([deviceID] + reminders.map { "\($0.taskID)@\($0.due)" }.sorted()).joined(separator: "\n")
-        let digits = Array("0123456789abcdef".utf8)
-        var characters: [UInt8] = []
-        characters.reserveCapacity(36)
-        for (index, byte) in SHA256.hash(data: Array(text.utf8)).prefix(16).enumerated() {
-            if [4, 6, 8, 10].contains(index) { characters.append(UInt8(ascii: "-")) }
-            characters.append(digits[Int(byte >> 4)])
-            characters.append(digits[Int(byte & 0x0F)])
-        }
-        return String(decoding: characters, as: UTF8.self)
+        let hex = Array(SHA256.hash(data: Array(text.utf8)).prefix(16).lowercaseHex)
+        return [0..<8, 8..<12, 12..<16, 16..<20, 20..<32].map { String(hex[$0]) }.joined(separator: "-")
     }
 }
 
