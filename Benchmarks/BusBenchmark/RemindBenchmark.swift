@@ -28,15 +28,23 @@ struct RemindBenchmark: AsyncParsableCommand {
     @Option(help: "People whose windows of 64 are synced.") var people = 10_000
     @Option(help: "Pending reminders for the memory figure.") var memory = 1_000_000
     @Option(help: "Deliveries the dispatcher keeps in flight at once.") var concurrency = DispatchSettings().concurrency
+    @Option(help: "Which parts to run: deliveries, syncs, memory (comma-separated).") var parts = "deliveries,syncs,memory"
 
     func run() async throws {
         var logger = Logger(label: "canopy-bench")
         logger.logLevel = .error
-        try await deliveries(logger: logger)
-        print("")
-        try await syncs(logger: logger)
-        print("")
-        try await memoryFigure(logger: logger)
+        let parts = Set(self.parts.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) })
+        if parts.contains("deliveries") {
+            try await deliveries(logger: logger)
+            print("")
+        }
+        if parts.contains("syncs") {
+            try windowCodec()
+            print("")
+            try await syncs(logger: logger)
+            print("")
+        }
+        if parts.contains("memory") { try await memoryFigure(logger: logger) }
     }
 
     // MARK: - Deliveries
@@ -115,6 +123,43 @@ struct RemindBenchmark: AsyncParsableCommand {
 
     // MARK: - Syncs
 
+    /// A window of 64 (8 tasks, each due 8 times) as canopy-care makes it.
+    static func window(_ person: Int, base: Date, shift: Double) -> [Care.Task] {
+        (0..<64).map { index in
+            Care.Task(id: "p\(person)-\(index % 8):water", plantID: "p\(person)-\(index % 8)", kind: .water, title: "Water plant \(index % 8)",
+                      due: base.addingTimeInterval(Double(index) * 43_200 + shift))
+        }
+    }
+
+    /// What one window costs to encode and decode with the bus's codec: as it travels (each
+    /// task once with its due times) against one keyed object per occurrence (how it
+    /// travelled before), in the same run.
+    private func windowCodec() throws {
+        let codec = MessageCodec()
+        let window = Self.window(1, base: Date(), shift: 0)
+        let rounds = 5_000
+        func measure(_ body: () throws -> Void) rethrows -> Double {
+            for _ in 0..<200 { try body() } // warm
+            let begin = ContinuousClock.now
+            for _ in 0..<rounds { try body() }
+            let elapsed = ContinuousClock.now - begin
+            return (Double(elapsed.components.seconds) * 1e6 + Double(elapsed.components.attoseconds) / 1e12) / Double(rounds)
+        }
+        let flatBytes = try codec.encode(window)
+        let groupedBytes = try codec.encode(Reminders.Sync.Request(window: window))
+        let flatEncode = try measure { _ = try codec.encode(window) }
+        let groupedEncode = try measure { _ = try codec.encode(Reminders.Sync.Request(window: window)) }
+        let flatDecode = try measure { _ = try codec.decode([Care.Task].self, from: flatBytes) }
+        let groupedDecode = try measure { _ = try codec.decode(Reminders.Sync.Request.self, from: groupedBytes).occurrences }
+        print("one window of 64 (8 tasks due 8 times each) through the bus codec, \(rounds) times each")
+        printTable([
+            ["shape", "bytes", "encode µs", "decode µs", "decode against 64 keyed objects"],
+            ["64 keyed occurrences (before, baseline)", "\(flatBytes.count)", String(format: "%.1f", flatEncode), String(format: "%.1f", flatDecode), "1.00"],
+            ["each task once with its due times", "\(groupedBytes.count)", String(format: "%.1f", groupedEncode), String(format: "%.1f", groupedDecode),
+             String(format: "%.2f", groupedDecode / flatDecode)],
+        ])
+    }
+
     private func syncs(logger: Logger) async throws {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-bench-remind-sync-\(UUID().uuidString)")
         defer { try? FileManager.default.removeItem(at: directory) }
@@ -125,12 +170,7 @@ struct RemindBenchmark: AsyncParsableCommand {
         }
         let client = stack.client
         let base = Date().addingTimeInterval(86_400)
-        func window(_ person: Int, shift: Double) -> [Care.Task] {
-            (0..<64).map { index in
-                Care.Task(id: "p\(person)-\(index % 8):water", plantID: "p\(person)-\(index % 8)", kind: .water, title: "Water plant \(index % 8)",
-                          due: base.addingTimeInterval(Double(index) * 43_200 + shift))
-            }
-        }
+        func window(_ person: Int, shift: Double) -> [Care.Task] { Self.window(person, base: base, shift: shift) }
         _ = try await client.call(Reminders.ListDevices.self, .init(), principal: "warm")
         var roundTrip = Histogram<UInt64>(highestTrackableValue: 60_000_000, numberOfSignificantValueDigits: .three)
         for _ in 0..<200 {
@@ -147,7 +187,7 @@ struct RemindBenchmark: AsyncParsableCommand {
                         var histogram = Histogram<UInt64>(highestTrackableValue: 60_000_000, numberOfSignificantValueDigits: .three)
                         for person in stride(from: worker, to: people, by: 16) {
                             let start = ContinuousClock.now
-                            _ = try await client.call(Reminders.Sync.self, .init(tasks: window(person, shift: shift)), principal: "u\(person)")
+                            _ = try await client.call(Reminders.Sync.self, .init(window: window(person, shift: shift)), principal: "u\(person)")
                             _ = histogram.record(UInt64((ContinuousClock.now - start).microseconds))
                         }
                         return histogram

@@ -10,16 +10,69 @@ public enum Reminders {
 
     /// `reminders.sync`: the principal's next window of care occurrences (at most 64, the
     /// number of pending local notifications an iPhone keeps), replacing what was handed over
-    /// before. A task may come several times, once per occurrence (its `due`).
+    /// before. Each task comes once with the due times of its occurrences in the window: a
+    /// window is a few tasks each due several times, and 64 keyed objects cost the decoder
+    /// several times what a few tasks with a list of dates do (see docs/PERFORMANCE.md).
     public enum Sync: BusOperation {
         public struct Request: Codable, Sendable, Equatable {
-            public var tasks: [Care.Task]
-            public init(tasks: [Care.Task]) { self.tasks = tasks }
+            public var tasks: [Occurrences]
+
+            public init(tasks: [Occurrences]) { self.tasks = tasks }
+
+            /// A window of occurrences as canopy-care makes them (one `Care.Task` per due time),
+            /// grouped by task in the order each task first comes.
+            public init(window: [Care.Task]) {
+                var grouped: [Occurrences] = []
+                var index: [String: Int] = [:]
+                for task in window {
+                    if let at = index[task.id], grouped[at].plantID == task.plantID, grouped[at].kind == task.kind, grouped[at].title == task.title {
+                        grouped[at].due.append(task.due)
+                        if grouped[at].snoozedUntil == nil, let snoozed = task.snoozedUntil { grouped[at].snoozedUntil = snoozed }
+                    } else {
+                        index[task.id] = grouped.count
+                        grouped.append(Occurrences(id: task.id, plantID: task.plantID, kind: task.kind, title: task.title, due: [task.due],
+                                                   snoozedUntil: task.snoozedUntil))
+                    }
+                }
+                tasks = grouped
+            }
+
+            /// One `Care.Task` per occurrence, soonest first; a task's snooze moves its first
+            /// occurrence only.
+            public var occurrences: [Care.Task] {
+                tasks.flatMap { task in
+                    task.due.sorted().enumerated().map { index, due in
+                        Care.Task(id: task.id, plantID: task.plantID, kind: task.kind, title: task.title, due: due,
+                                  snoozedUntil: index == 0 ? task.snoozedUntil : nil)
+                    }
+                }.sorted { ($0.due, $0.id) < ($1.due, $1.id) }
+            }
         }
         public typealias Reply = Empty
         public static let service = Reminders.service
         public static let name = "reminders.sync"
         public static let idempotent = true
+    }
+
+    /// A care task and when it is due within a window.
+    public struct Occurrences: Codable, Sendable, Equatable {
+        public var id: String
+        public var plantID: String
+        public var kind: Care.TaskKind
+        public var title: String
+        /// When each occurrence is due.
+        public var due: [Date]
+        /// Set while the task is snoozed: its first occurrence shows at this time instead.
+        public var snoozedUntil: Date?
+
+        public init(id: String, plantID: String, kind: Care.TaskKind, title: String, due: [Date], snoozedUntil: Date? = nil) {
+            self.id = id
+            self.plantID = plantID
+            self.kind = kind
+            self.title = title
+            self.due = due
+            self.snoozedUntil = snoozedUntil
+        }
     }
 
     /// `reminders.cancel-plant`: drop every pending reminder of a deleted plant.
@@ -235,12 +288,18 @@ public enum Reminders {
 
 extension Reminders.Sync.Request: Validatable {
     public func validate() throws(CanopyError) {
-        try Field.list(tasks, "tasks", maximumCount: Reminders.Limits.window * 2) { task, name throws(CanopyError) in
+        let limit = Reminders.Limits.window * 2
+        try Field.list(tasks, "tasks", maximumCount: limit) { task, name throws(CanopyError) in
             try Field.identifier(task.id, "\(name).id", maximumBytes: Reminders.Limits.idBytes)
             try Field.identifier(task.plantID, "\(name).plantID", maximumBytes: Care.Limits.idBytes)
             try Field.text(task.title, "\(name).title", maximumBytes: Care.Limits.titleBytes)
-            try Field.date(task.due, "\(name).due")
+            guard !task.due.isEmpty else { throw CanopyError(.badRequest, "\(name).due lists at least one due time") }
+            try Field.list(task.due, "\(name).due", maximumCount: limit) { due, name throws(CanopyError) in try Field.date(due, name) }
             try Field.date(task.snoozedUntil, "\(name).snoozedUntil")
+        }
+        let count = tasks.reduce(0) { $0 + $1.due.count }
+        guard count <= limit else {
+            throw CanopyError(.tooLarge, "the window has \(count) occurrences; the limit is \(limit)")
         }
     }
 }

@@ -276,3 +276,22 @@ private func runExecutableBlocking(_ name: String, _ arguments: [String], enviro
 
 import Synchronization
 
+
+/// Runs `services` in one `ServiceGroup` while `body` runs, then shuts them down gracefully,
+/// also when `body` throws (local HTTP servers, a dispatcher, a channel).
+public func withRunning<T>(_ services: [any Service], logger: Logger, _ body: () async throws -> T) async throws -> T {
+    let group = serviceGroup(services, signals: [], logger: logger)
+    let running = Task { try await group.run() }
+    defer { running.cancel() }
+    let result: T
+    do {
+        result = try await body()
+    } catch {
+        await group.triggerGracefulShutdown()
+        _ = try? await running.value
+        throw error
+    }
+    await group.triggerGracefulShutdown()
+    _ = try? await running.value
+    return result
+}

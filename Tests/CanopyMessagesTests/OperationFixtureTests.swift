@@ -2,7 +2,7 @@ import CanopyMessages
 import Foundation
 import Testing
 
-/// The request and reply of every `care` and `images` operation, pinned as golden JSON in
+/// The request and reply of every `care`, `images` and `remind` operation, pinned as golden JSON in
 /// `Fixtures/operations/`, so that a change to the contract is always deliberate: a test
 /// fails until the fixture is changed with it. `CANOPY_RECORD_FIXTURES=1 swift test --filter
 /// OperationFixtureTests` writes them anew (then read the diff).
@@ -24,6 +24,15 @@ struct OperationFixtureTests {
                                 due: day, snoozedUntil: nil)
     static let sha = String(repeating: "0f", count: 32)
     static let photo = Images.Photo(sha256: sha, plantID: plant.id, width: 1200, height: 800, format: "jpeg", bytes: 182_311, addedAt: day)
+    /// A window: one task due twice (snoozed the first time), another once.
+    static let window = Reminders.Sync.Request(window: [
+        Care.Task(id: task.id, plantID: plant.id, kind: .water, title: task.title, due: day, snoozedUntil: day.addingTimeInterval(3_600)),
+        Care.Task(id: plant.id + ":mist", plantID: plant.id, kind: .mist, title: "Mist Big Monty", due: day.addingTimeInterval(86_400)),
+        Care.Task(id: task.id, plantID: plant.id, kind: .water, title: task.title, due: day.addingTimeInterval(7 * 86_400)),
+    ])
+    static let device = Reminders.Device(id: "0b7e4c1a-9f3d-4e2b-8a6c-5d1f2e3a4b5c", channel: .webhook, address: "https://hooks.example.org/canopy",
+                                         name: "kitchen display", active: true, registeredAt: day)
+    static let reminder = Reminders.Reminder(taskID: task.id, plantID: plant.id, kind: .water, title: task.title, due: day, state: .pending)
     static let tier = Images.TierStatistics(entries: 12, bytes: 345_678, limitBytes: 52_428_800, hits: 90, misses: 10, evictions: 2)
 
     /// Every fixture: its file name and the value it pins.
@@ -75,6 +84,23 @@ struct OperationFixtureTests {
             ("images.warm.reply", Images.Warm.Reply(made: 2, alreadyCached: 0)),
             ("images.stats.reply", Images.Stats.Reply(memory: tier, disk: tier, originals: 3, originalBytes: 9_000_000, palettes: 2,
                                                       memoryPressure: "normal")),
+            ("care.tasks.reminder-window.request", Care.ReminderWindow.Request(count: 64)),
+            ("care.tasks.reminder-window.reply", window),
+            ("remind.reminders.sync.request", window),
+            ("remind.reminders.cancel-plant.request", Reminders.CancelPlant.Request(plantID: plant.id)),
+            ("remind.devices.register.request", Reminders.RegisterDevice.Request(channel: .webhook, address: "https://hooks.example.org/canopy",
+                                                                                 name: "kitchen display", secret: "whsec_" + String(repeating: "A", count: 32))),
+            ("remind.devices.register.reply", device),
+            ("remind.devices.remove.request", Reminders.RemoveDevice.Request(id: device.id)),
+            ("remind.devices.list.request", Empty()),
+            ("remind.devices.list.reply", [device]),
+            ("remind.reminders.pending.request", Reminders.Pending.Request(limit: 64)),
+            ("remind.reminders.pending.reply", [reminder]),
+            ("remind.reminders.failures.request", Reminders.Failures.Request(limit: 100)),
+            ("remind.reminders.failures.reply", [Reminders.Failure(reminder: reminder, deviceID: device.id, attempts: 8,
+                                                                   lastError: "the webhook answered HTTP 503", at: day)]),
+            ("remind.reminders.send-test.request", Reminders.SendTest.Request(deviceID: device.id)),
+            ("remind.reminders.send-test.reply", Reminders.SendTest.Reply(accepted: true, detail: "HTTP 200")),
         ]
     }
 
@@ -94,13 +120,16 @@ struct OperationFixtureTests {
                 "\(name) changed; if on purpose, record the fixtures again (CANOPY_RECORD_FIXTURES=1)")
     }
 
-    @Test func everyCareAndImagesOperationHasItsRequestPinned() {
+    @Test func everyCareImagesAndRemindOperationHasItsRequestPinned() {
         let pinned = Set(Self.cases.map(\.name))
         let operations: [any BusOperation.Type] = [
             Care.CatalogSearch.self, Care.AddPlant.self, Care.GetPlant.self, Care.UpdatePlant.self, Care.DeletePlant.self, Care.ListPlants.self,
             Care.SetPreferences.self, Care.UpcomingTasks.self, Care.CompleteTask.self, Care.SnoozeTask.self, Care.SkipTask.self,
             Care.AddCustomTask.self, Care.CareLog.self,
+            Care.ReminderWindow.self,
             Images.Put.self, Images.Fetch.self, Images.GetVariant.self, Images.Palette.self, Images.List.self, Images.Purge.self, Images.Warm.self,
+            Reminders.Sync.self, Reminders.CancelPlant.self, Reminders.RegisterDevice.self, Reminders.RemoveDevice.self, Reminders.ListDevices.self,
+            Reminders.Pending.self, Reminders.Failures.self, Reminders.SendTest.self,
         ]
         for operation in operations {
             let full = operation.name.hasPrefix(operation.service + ".") ? operation.name : "\(operation.service).\(operation.name)"

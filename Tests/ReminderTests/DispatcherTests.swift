@@ -1,5 +1,6 @@
 import CanopyMessages
 import CanopyServiceKit
+import CanopyTesting
 import Foundation
 import GRDB
 import Logging
@@ -50,25 +51,19 @@ struct DispatcherTests {
         let store = try ReminderStore(path: directory.appendingPathComponent("remind.sqlite").path)
         let library = ReminderLibrary(store: store, allowedHosts: ["127.0.0.1"])
         let receiver = RecordingServer()
-        let serving = serviceGroup([receiver.application], signals: [], logger: logger)
-        let server = Task { try await serving.run() }
-        defer { server.cancel() }
-        let webhook = try await receiver.url("/hooks/alice")
-        let device = try library.register(.init(channel: .webhook, address: webhook, name: "phone", secret: Self.secret), owner: "alice")
-        #expect(device.active)
-        try preload(library) // what the store held before the dispatcher started
-        let clock = ManualClock(Self.start)
-        let policy = AddressPolicy(allowedHosts: ["127.0.0.1"])
-        let dispatcher = Dispatcher(store: store, channels: [LogChannel(logger: logger), WebhookChannel(client: .shared, policy: policy, now: { clock.now() })],
-                                    clock: clock, settings: settings, logger: logger)
-        let dispatching = serviceGroup([dispatcher], signals: [], logger: logger)
-        let running = Task { try await dispatching.run() }
-        defer { running.cancel() }
-        try await body(Setup(store: store, library: library, dispatcher: dispatcher, clock: clock, receiver: receiver, webhook: webhook))
-        await dispatching.triggerGracefulShutdown()
-        _ = try? await running.value
-        await serving.triggerGracefulShutdown()
-        _ = try? await server.value
+        try await withRunning([receiver.application], logger: logger) {
+            let webhook = try await receiver.url("/hooks/alice")
+            let device = try library.register(.init(channel: .webhook, address: webhook, name: "phone", secret: Self.secret), owner: "alice")
+            #expect(device.active)
+            try preload(library) // what the store held before the dispatcher started
+            let clock = ManualClock(Self.start)
+            let policy = AddressPolicy(allowedHosts: ["127.0.0.1"])
+            let dispatcher = Dispatcher(store: store, channels: [LogChannel(logger: logger), WebhookChannel(client: .shared, policy: policy, now: { clock.now() })],
+                                        clock: clock, settings: settings, logger: logger)
+            try await withRunning([dispatcher], logger: logger) {
+                try await body(Setup(store: store, library: library, dispatcher: dispatcher, clock: clock, receiver: receiver, webhook: webhook))
+            }
+        }
     }
 
     // MARK: - Sync by difference

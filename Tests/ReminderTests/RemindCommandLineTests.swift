@@ -27,7 +27,7 @@ struct RemindCommandLineTests {
             let client = try bus.client()
             let device = try await client.call(Reminders.RegisterDevice.self, .init(channel: .log, address: "desk", name: "desk"), principal: "user-42")
             let due = Date().addingTimeInterval(86_400)
-            _ = try await client.call(Reminders.Sync.self, .init(tasks: [.water("p1", due: due, name: "Fern")]), principal: "user-42")
+            _ = try await client.call(Reminders.Sync.self, .init(window: [.water("p1", due: due, name: "Fern")]), principal: "user-42")
 
             let devices = try await run(["devices", "--user", "user-42", "--endpoint", bus.endpoint])
             #expect(devices.status == 0, "\(devices.errors)")
@@ -40,5 +40,18 @@ struct RemindCommandLineTests {
             let wrong = try await run(["send-test", "--user", "user-42", "--device", "nope", "--endpoint", bus.endpoint])
             #expect(wrong.status != 0 && wrong.errors.contains("devices.list"))
         }
+    }
+
+    @Test func apnsOptionsAreAllOrNoneAndCheckedBeforeServing() async throws {
+        let partial = try await run(["serve", "--apns-key-file", "/tmp/AuthKey.p8", "--apns-topic", "org.canopy.app"])
+        #expect(partial.status != 0)
+        #expect(partial.errors.contains("--apns-key-id") && partial.errors.contains("--apns-team-id"), "\(partial.errors)")
+        let badTeam = try await run(["serve", "--apns-key-file", "/tmp/AuthKey.p8", "--apns-key-id", "ABC123DEFG", "--apns-team-id", "team",
+                                     "--apns-topic", "org.canopy.app"])
+        #expect(badTeam.status != 0 && badTeam.errors.contains("team id"), "\(badTeam.errors)")
+        let noKey = try await run(["serve", "--apns-key-file", "/nonexistent/AuthKey.p8", "--apns-key-id", "ABC123DEFG", "--apns-team-id", "DEF123GHIJ",
+                                   "--apns-topic", "org.canopy.app", "--endpoint", "tcp://127.0.0.1:1", "--metrics-bind", "off",
+                                   "--data-dir", FileManager.default.temporaryDirectory.appendingPathComponent("canopy-remind-cli-\(UUID().uuidString)").path])
+        #expect(noKey.status != 0 && noKey.errors.contains(".p8"), "\(noKey.errors)")
     }
 }

@@ -36,7 +36,7 @@ public struct CareService: BusService {
         handlers.on(Care.SkipTask.self) { request, context in try library.skip(request.id, owner: try context.requirePrincipal()) }
         handlers.on(Care.AddCustomTask.self) { request, context in try library.addCustomTask(request, owner: try context.requirePrincipal()) }
         handlers.on(Care.ReminderWindow.self) { request, context in
-            .init(tasks: try library.reminderWindow(owner: try context.requirePrincipal(), count: request.count))
+            .init(window: try library.reminderWindow(owner: try context.requirePrincipal(), count: request.count))
         }
         handlers.on(Care.CareLog.self) { request, context in try library.log(plantID: request.plantID, owner: try context.requirePrincipal()) }
     }

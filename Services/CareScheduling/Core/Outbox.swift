@@ -85,7 +85,7 @@ struct Outbox: Service, HealthReporting {
             let id: Int64 = row["id"], owner: String = row["owner"], operation: String = row["operation"], attempts: Int = row["attempts"]
             do {
                 let body: [UInt8] = operation == Reminders.Sync.name
-                    ? try codec.encode(Reminders.Sync.Request(tasks: try library.reminderWindow(owner: owner))) // the window as it is now
+                    ? try codec.encode(Reminders.Sync.Request(window: try library.reminderWindow(owner: owner))) // the window as it is now
                     : [UInt8](row["body"] as Data)
                 _ = try await bus.call(service: row["service"], operation: operation, body: body, principal: owner, timeout: .seconds(5), idempotent: true)
                 try await library.store.database.write { db in try db.execute(sql: "DELETE FROM outbox WHERE id = ?", arguments: [id]) }

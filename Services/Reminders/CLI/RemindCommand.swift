@@ -51,10 +51,18 @@ struct ServeRemind: AsyncParsableCommand {
     var staleHours: Int = Environment.int("CANOPY_STALE_HOURS", default: 12)
     @Option(help: ArgumentHelp("A host webhooks and ntfy topics may name though it is private or loopback (repeatable). Env: CANOPY_ALLOW_HOSTS (comma-separated).", valueName: "host"))
     var allowHost: [String] = Environment.string("CANOPY_ALLOW_HOSTS")?.split(separator: ",").map(String.init) ?? []
+    @OptionGroup var apns: APNsOptions
 
     func validate() throws {
         guard (0...86_400).contains(digestSeconds) else { throw ValidationError("--digest-seconds is 0 to 86400") }
         guard (1...720).contains(staleHours) else { throw ValidationError("--stale-hours is 1 to 720") }
+        if let settings = try apns.settings(expiration: .seconds(staleHours * 3_600)) {
+            do {
+                try settings.validate()
+            } catch {
+                throw ValidationError(error.message)
+            }
+        }
     }
 
     func run() async throws {
@@ -65,6 +73,7 @@ struct ServeRemind: AsyncParsableCommand {
         settings.dispatch.digestWindow = .seconds(digestSeconds)
         settings.dispatch.staleness = .seconds(staleHours * 3_600)
         settings.allowedHosts = Set(allowHost.map { $0.lowercased() })
+        settings.apns = try apns.settings(expiration: settings.dispatch.staleness)
         let services = try buildReminderService(settings: settings, context: ZMQContext(), logger: logger)
         try await runUntilShutdown(services, logger: logger)
     }
@@ -129,5 +138,38 @@ struct SendTestCommand: AsyncParsableCommand {
         table.append([device, reply.accepted ? "yes" : "no", reply.detail])
         print(table.render())
         if !reply.accepted { throw ExitCode.failure }
+    }
+}
+
+/// Apple's push service: all four of key file, key id, team id and topic, or none (then there
+/// is no `apns` channel). Never logged.
+struct APNsOptions: ParsableArguments {
+    @Option(help: ArgumentHelp("The .p8 signing key from Apple's developer account, for APNs. Env: CANOPY_APNS_KEY_FILE.", valueName: "file"))
+    var apnsKeyFile: String? = Environment.string("CANOPY_APNS_KEY_FILE")
+    @Option(help: ArgumentHelp("The signing key's 10-character id. Env: CANOPY_APNS_KEY_ID.", valueName: "id"))
+    var apnsKeyID: String? = Environment.string("CANOPY_APNS_KEY_ID")
+    @Option(help: ArgumentHelp("The developer team's 10-character id. Env: CANOPY_APNS_TEAM_ID.", valueName: "id"))
+    var apnsTeamID: String? = Environment.string("CANOPY_APNS_TEAM_ID")
+    @Option(help: ArgumentHelp("The app's bundle id (apns-topic). Env: CANOPY_APNS_TOPIC.", valueName: "bundle-id"))
+    var apnsTopic: String? = Environment.string("CANOPY_APNS_TOPIC")
+    @Option(help: ArgumentHelp("APNs' address: \(APNsSettings.production), or \(APNsSettings.sandbox) for development builds. Env: CANOPY_APNS_SERVER.", valueName: "url"))
+    var apnsServer: String = Environment.string("CANOPY_APNS_SERVER") ?? APNsSettings.production
+    @Option(help: ArgumentHelp("Certificate authorities (PEM) to trust for APNs instead of the system's, for a proxy. Env: CANOPY_APNS_CA_FILE.", valueName: "file"))
+    var apnsCAFile: String? = Environment.string("CANOPY_APNS_CA_FILE")
+
+    /// The settings, `nil` when APNs is not configured; an error naming what is missing when
+    /// it is only partly.
+    func settings(expiration: Duration) throws -> APNsSettings? {
+        let given = [("--apns-key-file", apnsKeyFile), ("--apns-key-id", apnsKeyID), ("--apns-team-id", apnsTeamID), ("--apns-topic", apnsTopic)]
+        let missing = given.filter { $0.1?.isEmpty ?? true }.map(\.0)
+        if missing.count == given.count { return nil }
+        guard missing.isEmpty, let apnsKeyFile, let apnsKeyID, let apnsTeamID, let apnsTopic else {
+            throw ValidationError("APNs needs \(missing.joined(separator: ", ")) too (or none of the --apns options)")
+        }
+        var settings = APNsSettings(keyFile: apnsKeyFile, keyID: apnsKeyID, teamID: apnsTeamID, topic: apnsTopic)
+        settings.server = apnsServer
+        settings.caFile = apnsCAFile
+        settings.expiration = expiration
+        return settings
     }
 }

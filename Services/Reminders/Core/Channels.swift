@@ -110,6 +110,7 @@ struct WebhookChannel: NotificationChannel {
     var timeout: Duration = .seconds(10)
     var now: @Sendable () -> Date = { Date() }
     var kind: Reminders.Channel { .webhook }
+    let codec = MessageCodec()
 
     /// The JSON body a receiver gets.
     struct Payload: Codable, Equatable {
@@ -128,7 +129,7 @@ struct WebhookChannel: NotificationChannel {
             return .rejected("the webhook has no valid signing secret; register it again", deactivate: false)
         }
         let timestamp = Int(now().timeIntervalSince1970)
-        guard let body = try? MessageCodec().encode(Payload(type: "reminder.due", timestamp: Date(timeIntervalSince1970: Double(timestamp)), data: notification)) else {
+        guard let body = try? codec.encode(Payload(type: "reminder.due", timestamp: Date(timeIntervalSince1970: Double(timestamp)), data: notification)) else {
             return .rejected("the notification could not be encoded", deactivate: false)
         }
         var request = HTTPClientRequest(url: device.device.address)

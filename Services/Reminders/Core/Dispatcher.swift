@@ -244,7 +244,12 @@ public final class Dispatcher: Service, Sendable {
     private func shouldRefill(_ owner: String) -> Bool {
         let now = clock.now()
         let recent = state.withLock { state -> Bool in
-            if let last = state.lastRefill[owner], now.timeIntervalSince(last) < settings.refillInterval.seconds { return true }
+            let interval = settings.refillInterval.seconds
+            if let last = state.lastRefill[owner], now.timeIntervalSince(last) < interval { return true }
+            if state.lastRefill.count >= 4_096 {
+                // Only the last interval's checks matter: the rest go (a bound on what it holds).
+                state.lastRefill = state.lastRefill.filter { now.timeIntervalSince($0.value) < interval }
+            }
             state.lastRefill[owner] = now
             return false
         }

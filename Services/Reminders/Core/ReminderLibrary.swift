@@ -9,10 +9,13 @@ final class ReminderLibrary: Sendable {
     let store: ReminderStore
     /// Hosts webhooks and ntfy topics may name even on loopback or private addresses.
     let allowedHosts: Set<String>
+    /// The channels this service delivers through; devices of others are refused.
+    let channels: Set<Reminders.Channel>
 
-    init(store: ReminderStore, allowedHosts: Set<String> = []) {
+    init(store: ReminderStore, allowedHosts: Set<String> = [], channels: Set<Reminders.Channel> = Set(Reminders.Channel.allCases)) {
         self.store = store
         self.allowedHosts = allowedHosts
+        self.channels = channels
     }
 
     // MARK: - The window from canopy-care
@@ -99,6 +102,9 @@ final class ReminderLibrary: Sendable {
     // MARK: - Devices
 
     func register(_ request: Reminders.RegisterDevice.Request, owner: String, now: Date = Date()) throws -> Reminders.Device {
+        guard channels.contains(request.channel) else {
+            throw CanopyError(.badRequest, "this Canopy does not deliver through \(request.channel.rawValue) (its operator has not configured it); register a \(channels.map(\.rawValue).sorted().joined(separator: ", ")) device instead")
+        }
         if request.channel == .webhook || request.channel == .ntfy {
             try AddressPolicy(allowedHosts: allowedHosts).check(request.address)
         }

@@ -15,7 +15,7 @@ public struct ReminderService: BusService {
     public func register(_ handlers: inout OperationHandlers) {
         let (library, dispatcher) = (self.library, self.dispatcher)
         handlers.on(Reminders.Sync.self) { request, context in
-            dispatcher.schedule(try library.sync(request.tasks, owner: try context.requirePrincipal()))
+            dispatcher.schedule(try library.sync(request.occurrences, owner: try context.requirePrincipal()))
             return Empty()
         }
         handlers.on(Reminders.CancelPlant.self) { request, context in
@@ -67,6 +67,9 @@ public struct ReminderServiceSettings: Sendable {
     public var dispatch = DispatchSettings()
     /// Hosts webhooks and ntfy topics may name even on loopback or private addresses.
     public var allowedHosts: Set<String> = []
+    /// Apple's push service, when the operator gave its key; without it there is no `apns`
+    /// channel and APNs devices are refused when they register.
+    public var apns: APNsSettings?
 
     public init(directory: URL, runner: ServiceRunner.Configuration, metrics: ListenAddress? = nil) {
         self.directory = directory
@@ -79,34 +82,43 @@ public struct ReminderServiceSettings: Sendable {
 }
 
 /// Builds what `canopy-remind serve` runs, in start order: the bus client (for refills from
-/// canopy-care), the dispatcher, the bus worker, and the `/metrics` and `/health` listener
+/// canopy-care), the APNs client when configured, the dispatcher, the bus worker, and the `/metrics` and `/health` listener
 /// when `settings` name one.
 public func buildReminderService(settings: ReminderServiceSettings, context: ZMQContext, logger: Logger,
                                  clock: (any ReminderClock)? = nil) throws -> [any Service] {
-    try FileManager.default.createDirectory(at: settings.directory, withIntermediateDirectories: true)
-    let store = try ReminderStore(path: settings.databasePath)
-    let library = ReminderLibrary(store: store, allowedHosts: settings.allowedHosts)
-    var client = BusClient.Configuration(endpoint: settings.runner.endpoint)
-    client.curve = settings.runner.curve
-    let bus = try BusClient(configuration: client, context: context, logger: logger)
-    let policy = AddressPolicy(allowedHosts: settings.allowedHosts)
-    let channels: [any NotificationChannel] = [
-        LogChannel(logger: logger), WebhookChannel(client: .shared, policy: policy), NtfyChannel(client: .shared, policy: policy),
-    ]
-    let box = DispatcherBox()
-    let dispatcher = Dispatcher(store: store, channels: channels, clock: clock ?? SystemReminderClock(), settings: settings.dispatch,
-                                refill: { owner in
-                                    // The person's window runs low: canopy-care's fresh one replaces it.
-                                    do {
-                                        let window = try await bus.call(Care.ReminderWindow.self, .init(), principal: owner, timeout: .seconds(10))
-                                        box.dispatcher?.schedule(try library.sync(window.tasks, owner: owner))
-                                    } catch {
-                                        logger.warning("remind.refill.failed", metadata: ["remind.error": "\(error)"])
-                                    }
-                                }, logger: logger)
-    box.dispatcher = dispatcher
-    let worker = ServiceRunner(service: ReminderService(library: library, dispatcher: dispatcher), configuration: settings.runner, context: context, logger: logger)
-    return OperatingEndpoint.serving([bus, dispatcher, worker], at: settings.metrics, logger: logger)
+    let apns = try settings.apns.map { try APNsChannel(settings: $0, logger: logger) } // its key read before anything is made
+    do {
+        try FileManager.default.createDirectory(at: settings.directory, withIntermediateDirectories: true)
+        let store = try ReminderStore(path: settings.databasePath)
+        let policy = AddressPolicy(allowedHosts: settings.allowedHosts)
+        var channels: [any NotificationChannel] = [
+            LogChannel(logger: logger), WebhookChannel(client: .shared, policy: policy), NtfyChannel(client: .shared, policy: policy),
+        ]
+        if let apns { channels.append(apns) }
+        let library = ReminderLibrary(store: store, allowedHosts: settings.allowedHosts, channels: Set(channels.map(\.kind)))
+        var client = BusClient.Configuration(endpoint: settings.runner.endpoint)
+        client.curve = settings.runner.curve
+        let bus = try BusClient(configuration: client, context: context, logger: logger)
+        let box = DispatcherBox()
+        let dispatcher = Dispatcher(store: store, channels: channels, clock: clock ?? SystemReminderClock(), settings: settings.dispatch,
+                                    refill: { owner in
+                                        // The person's window runs low: canopy-care's fresh one replaces it.
+                                        do {
+                                            let window = try await bus.call(Care.ReminderWindow.self, .init(), principal: owner, timeout: .seconds(10))
+                                            box.dispatcher?.schedule(try library.sync(window.occurrences, owner: owner))
+                                        } catch {
+                                            logger.warning("remind.refill.failed", metadata: ["remind.error": "\(error)"])
+                                        }
+                                    }, logger: logger)
+        box.dispatcher = dispatcher
+        let worker = ServiceRunner(service: ReminderService(library: library, dispatcher: dispatcher), configuration: settings.runner, context: context, logger: logger)
+        // The APNs client starts before the dispatcher and closes after it.
+        let services: [any Service] = [bus] + (apns.map { [$0] } ?? []) + [dispatcher, worker]
+        return OperatingEndpoint.serving(services, at: settings.metrics, logger: logger)
+    } catch {
+        try? apns?.client.syncShutdown() // nothing will run it
+        throw error
+    }
 }
 
 /// Lets the refill closure reach the dispatcher it belongs to.
