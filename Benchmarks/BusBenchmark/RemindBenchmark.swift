@@ -28,7 +28,7 @@ struct RemindBenchmark: AsyncParsableCommand {
     @Option(help: "People whose windows of 64 are synced.") var people = 10_000
     @Option(help: "Pending reminders for the memory figure.") var memory = 1_000_000
     @Option(help: "Deliveries the dispatcher keeps in flight at once.") var concurrency = DispatchSettings().concurrency
-    @Option(help: "Which parts to run: deliveries, syncs, memory (comma-separated).") var parts = "deliveries,syncs,memory"
+    @Option(help: "Which parts to run: deliveries, codec, syncs, memory (comma-separated).") var parts = "deliveries,codec,syncs,memory"
 
     func run() async throws {
         var logger = Logger(label: "canopy-bench")
@@ -38,9 +38,11 @@ struct RemindBenchmark: AsyncParsableCommand {
             try await deliveries(logger: logger)
             print("")
         }
-        if parts.contains("syncs") {
+        if parts.contains("codec") {
             try windowCodec()
             print("")
+        }
+        if parts.contains("syncs") {
             try await syncs(logger: logger)
             print("")
         }
@@ -179,8 +181,9 @@ struct RemindBenchmark: AsyncParsableCommand {
             _ = roundTrip.record(UInt64((ContinuousClock.now - begin).microseconds))
         }
         let people = self.people
-        func syncAll(shift: Double) async throws -> (Duration, Histogram<UInt64>) {
+        func syncAll(shift: Double) async throws -> (Duration, Histogram<UInt64>, cpu: Double) {
             let begin = ContinuousClock.now
+            let cpuBefore = processCPU()
             let histograms = try await withThrowingTaskGroup(of: Histogram<UInt64>.self) { group in
                 for worker in 0..<16 {
                     group.addTask {
@@ -197,18 +200,18 @@ struct RemindBenchmark: AsyncParsableCommand {
             }
             var all = Histogram<UInt64>(highestTrackableValue: 60_000_000, numberOfSignificantValueDigits: .three)
             for histogram in histograms { all.add(histogram) }
-            return (ContinuousClock.now - begin, all)
+            return (ContinuousClock.now - begin, all, processCPU() - cpuBefore)
         }
-        let (first, firstCalls) = try await syncAll(shift: 0)
-        let (again, againCalls) = try await syncAll(shift: 0)
-        let (moved, movedCalls) = try await syncAll(shift: 3_600)
-        print("\(people) people, windows of 64, 16 callers at once, over the bus")
+        let first = try await syncAll(shift: 0)
+        let again = try await syncAll(shift: 0)
+        let moved = try await syncAll(shift: 3_600)
+        print("\(people) people, windows of 64, 16 callers at once, over the bus (CPU: the whole process, callers, broker and service, per sync)")
         printTable([
-            ["sync", "total s", "per sync p50 µs", "p99 µs", "p50 against a bus round trip"],
-            ["bus round trip (devices.list, baseline)", "", "\(roundTrip.valueAtPercentile(50))", "\(roundTrip.valueAtPercentile(99))", "1.0"],
-            row("first window (64 new)", first, firstCalls, roundTrip),
-            row("the same window again", again, againCalls, roundTrip),
-            row("every occurrence moved", moved, movedCalls, roundTrip),
+            ["sync", "total s", "per sync p50 µs", "p99 µs", "p50 against a bus round trip", "CPU µs per sync"],
+            ["bus round trip (devices.list, baseline)", "", "\(roundTrip.valueAtPercentile(50))", "\(roundTrip.valueAtPercentile(99))", "1.0", ""],
+            row("first window (64 new)", first.0, first.1, roundTrip) + [String(format: "%.0f", first.cpu / Double(people) * 1e6)],
+            row("the same window again", again.0, again.1, roundTrip) + [String(format: "%.0f", again.cpu / Double(people) * 1e6)],
+            row("every occurrence moved", moved.0, moved.1, roundTrip) + [String(format: "%.0f", moved.cpu / Double(people) * 1e6)],
         ])
         await stack.shutdown()
     }

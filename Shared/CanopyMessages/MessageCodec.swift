@@ -15,12 +15,18 @@ public struct MessageCodec: Sendable {
         encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
         encoder.dateEncodingStrategy = .custom { date, encoder in
             var container = encoder.singleValueContainer()
-            try container.encode(date.formatted(Self.dateStyle))
+            try container.encode(WireDate.format(date) ?? date.formatted(Self.dateStyle))
         }
         let decoder = JSONDecoder()
         decoder.dateDecodingStrategy = .custom { decoder in
             let container = try decoder.singleValueContainer()
             let text = try container.decode(String.self)
+            switch WireDate.parse(text) {
+            case .date(let date): return date
+            case .invalid:
+                throw DecodingError.dataCorruptedError(in: container, debugDescription: "\(text) is not a date that exists")
+            case .other: break
+            }
             if let date = try? Self.dateStyle.parse(text) { return date }
             if let date = try? Date.ISO8601FormatStyle().parse(text) { return date }
             throw DecodingError.dataCorruptedError(

@@ -195,7 +195,7 @@ struct APNsTests {
 
                 // Throttled once, then delivered on the retry.
                 setup.apns.script([(429, "TooManyRequests")])
-                dispatcher.schedule(try library.sync([.water("p1", due: t + 60, name: "Fern")], owner: "alice", now: t))
+                dispatcher.schedule(try await library.sync([.water("p1", due: t + 60, name: "Fern")], owner: "alice", now: t))
                 setup.clock.advance(by: 60)
                 #expect(try await eventually { setup.apns.received.count == 1 })
                 try await Task.sleep(for: .milliseconds(100)) // the attempt is recorded with its backoff
@@ -207,7 +207,7 @@ struct APNsTests {
 
                 // The app was removed: 410, the phone deactivated, nothing more sent to it.
                 setup.apns.unregister(Self.phone)
-                dispatcher.schedule(try library.sync([.water("p2", due: t + 3_600, name: "Pothos"), .water("p3", due: t + 7_200, name: "Ivy")],
+                dispatcher.schedule(try await library.sync([.water("p2", due: t + 3_600, name: "Pothos"), .water("p3", due: t + 7_200, name: "Ivy")],
                                                      owner: "alice", now: setup.clock.now()))
                 setup.clock.advance(by: 3_600)
                 #expect(try await eventually { try library.devices(owner: "alice").first?.active == false })

@@ -24,8 +24,8 @@ struct DispatcherTests {
         let webhook: String
 
         /// Alice's reminders for these tasks.
-        func sync(_ tasks: [Care.Task], owner: String = "alice") throws {
-            dispatcher.schedule(try library.sync(tasks, owner: owner, now: clock.now()))
+        func sync(_ tasks: [Care.Task], owner: String = "alice") async throws {
+            dispatcher.schedule(try await library.sync(tasks, owner: owner, now: clock.now()))
         }
 
         /// Attempts recorded so far (the receiver counts a request when it arrives, before the
@@ -41,7 +41,7 @@ struct DispatcherTests {
         }
     }
 
-    func withDispatcher(settings: DispatchSettings = .init(), preload: (ReminderLibrary) throws -> Void = { _ in },
+    func withDispatcher(settings: DispatchSettings = .init(), preload: (ReminderLibrary) async throws -> Void = { _ in },
                         _ body: (Setup) async throws -> Void) async throws {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-remind-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
@@ -55,7 +55,7 @@ struct DispatcherTests {
             let webhook = try await receiver.url("/hooks/alice")
             let device = try library.register(.init(channel: .webhook, address: webhook, name: "phone", secret: Self.secret), owner: "alice")
             #expect(device.active)
-            try preload(library) // what the store held before the dispatcher started
+            try await preload(library) // what the store held before the dispatcher started
             let clock = ManualClock(Self.start)
             let policy = AddressPolicy(allowedHosts: ["127.0.0.1"])
             let dispatcher = Dispatcher(store: store, channels: [LogChannel(logger: logger), WebhookChannel(client: .shared, policy: policy, now: { clock.now() })],
@@ -72,20 +72,20 @@ struct DispatcherTests {
         try await withDispatcher { setup in
             let t = Self.start
             let library = setup.library
-            #expect(try library.sync([.water("p1", due: t + 3_600), .water("p2", due: t + 7_200)], owner: "bob").count == 2)
-            #expect(try library.sync([.water("p1", due: t + 3_600), .water("p2", due: t + 7_200)], owner: "bob").isEmpty, "unchanged: nothing new")
+            #expect(try await library.sync([.water("p1", due: t + 3_600), .water("p2", due: t + 7_200)], owner: "bob").count == 2)
+            #expect(try await library.sync([.water("p1", due: t + 3_600), .water("p2", due: t + 7_200)], owner: "bob").isEmpty, "unchanged: nothing new")
             // p2 vanished, p3 is new, p1's title changed, and p1 is snoozed (moved).
             var snoozed = Care.Task.water("p1", due: t + 3_600, name: "Big Monty")
             snoozed.snoozedUntil = t + 5_400
-            let moved = try library.sync([snoozed, .water("p3", due: t + 9_000)], owner: "bob")
+            let moved = try await library.sync([snoozed, .water("p3", due: t + 9_000)], owner: "bob")
             #expect(moved.map(\.fireAt).sorted() == [(t + 5_400).timeIntervalSince1970, (t + 9_000).timeIntervalSince1970])
             #expect(try library.pending(owner: "bob", limit: 10).map(\.title) == ["Water Big Monty", "Water p3"])
             // Once sent, the same occurrence never comes back as pending.
             try await setup.store.database.write { db in try db.execute(sql: "UPDATE reminders SET state = 'delivered' WHERE taskID = 'p1:water'") }
-            #expect(try library.sync([snoozed, .water("p3", due: t + 9_000)], owner: "bob").isEmpty)
+            #expect(try await library.sync([snoozed, .water("p3", due: t + 9_000)], owner: "bob").isEmpty)
             #expect(try library.pending(owner: "bob", limit: 10).map(\.taskID) == ["p3:water"])
             // Its next occurrence is a new reminder.
-            #expect(try library.sync([.water("p1", due: t + 90_000), .water("p3", due: t + 9_000)], owner: "bob").count == 1)
+            #expect(try await library.sync([.water("p1", due: t + 90_000), .water("p3", due: t + 9_000)], owner: "bob").count == 1)
             #expect(try library.pending(owner: "alice", limit: 10).isEmpty, "someone else's window is their own")
         }
     }
@@ -98,7 +98,7 @@ struct DispatcherTests {
                 let tasks = (0..<Int.random(in: 0...40, using: &random)).map { index in
                     Care.Task.water("p\(Int.random(in: 0..<30, using: &random))", due: Self.start + Double(Int.random(in: 1...20, using: &random) * 3_600) + Double(index % 2))
                 }
-                _ = try setup.library.sync(tasks, owner: "carol")
+                _ = try await setup.library.sync(tasks, owner: "carol")
                 let expected = Set(tasks.map { "\($0.id)@\($0.due.timeIntervalSince1970)" }).subtracting(delivered)
                 let pending = try setup.library.pending(owner: "carol", limit: 256).map { "\($0.taskID)@\($0.due.timeIntervalSince1970)" }
                 #expect(pending.count == Set(pending).count, "round \(round): nothing doubled")
@@ -120,7 +120,7 @@ struct DispatcherTests {
     @Test func remindersFireOnTimeDigestedAndSignedAsStandardWebhooksSay() async throws {
         try await withDispatcher { setup in
             let t = Self.start
-            try setup.sync([.water("p1", due: t + 60, name: "Monstera"), .water("p2", due: t + 300, name: "Pothos"), .water("p3", due: t + 2_000, name: "Fern")])
+            try await setup.sync([.water("p1", due: t + 60, name: "Monstera"), .water("p2", due: t + 300, name: "Pothos"), .water("p3", due: t + 2_000, name: "Fern")])
             setup.clock.advance(by: 59)
             #expect(try await !eventually(within: .milliseconds(300)) { !setup.receiver.received.isEmpty }, "nothing before its time")
             setup.clock.advance(by: 1)
@@ -180,7 +180,7 @@ struct DispatcherTests {
         try await withDispatcher(settings: settings) { setup in
             let t = Self.start
             setup.receiver.answer([500, 503])
-            try setup.sync([.water("p1", due: t + 10)])
+            try await setup.sync([.water("p1", due: t + 10)])
             setup.clock.advance(by: 10)
             #expect(try await eventually { try setup.attempts() == 1 })
             setup.clock.advance(by: 1.3) // the first pause: 1 s ± 20%
@@ -193,7 +193,7 @@ struct DispatcherTests {
 
             // Four failures in a row: a dead letter.
             setup.receiver.answer([500, 500, 500, 500])
-            try setup.sync([.water("p1", due: t + 10), .water("p2", due: t + 100)])
+            try await setup.sync([.water("p1", due: t + 10), .water("p2", due: t + 100)])
             setup.clock.advance(by: 100)
             for (count, pause) in [(4, 1.3), (5, 2.5), (6, 4.9)] {
                 #expect(try await eventually { try setup.attempts() == count })
@@ -211,11 +211,11 @@ struct DispatcherTests {
         try await withDispatcher { setup in
             let t = Self.start
             setup.receiver.answer([410])
-            try setup.sync([.water("p1", due: t + 10)])
+            try await setup.sync([.water("p1", due: t + 10)])
             setup.clock.advance(by: 10)
             #expect(try await eventually { try setup.library.devices(owner: "alice").first?.active == false })
             #expect(try setup.library.devices(owner: "alice").first?.deactivatedReason?.contains("410") == true)
-            try setup.sync([.water("p1", due: t + 10), .water("p2", due: t + 100)])
+            try await setup.sync([.water("p1", due: t + 10), .water("p2", due: t + 100)])
             setup.clock.advance(by: 100)
             #expect(try await eventually { try setup.states()["p2:water"] == "delivered" }, "with no active device a reminder counts as done")
             #expect(setup.receiver.received.count == 1)
@@ -227,7 +227,7 @@ struct DispatcherTests {
     @Test func cancellingAPlantDropsItsReminders() async throws {
         try await withDispatcher { setup in
             let t = Self.start
-            try setup.sync([.water("p1", due: t + 60), .water("p2", due: t + 60)])
+            try await setup.sync([.water("p1", due: t + 60), .water("p2", due: t + 60)])
             try setup.library.cancel(plantID: "p1", owner: "alice")
             try setup.library.cancel(plantID: "p2", owner: "mallory") // not hers: nothing happens
             setup.clock.advance(by: 60)
@@ -240,7 +240,7 @@ struct DispatcherTests {
     @Test func afterAnOutageOverdueRemindersGoAtOnceAndVeryOldOnesAreRecordedStale() async throws {
         let t = Self.start
         try await withDispatcher(preload: { library in
-            _ = try library.sync([.water("old", due: t - 13 * 3_600), .water("recent", due: t - 3_600)], owner: "alice")
+            _ = try await library.sync([.water("old", due: t - 13 * 3_600), .water("recent", due: t - 3_600)], owner: "alice")
         }) { setup in
             #expect(try await eventually { setup.receiver.received.count == 1 })
             let payload = try MessageCodec().decode(WebhookChannel.Payload.self, from: setup.receiver.received[0].body)

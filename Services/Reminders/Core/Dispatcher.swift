@@ -92,13 +92,18 @@ public final class Dispatcher: Service, Sendable {
         self.logger = logger
     }
 
-    /// Reminders whose time is new or changed (from a sync).
+    /// Reminders whose time is new or changed (from a sync). The dispatcher is woken only
+    /// when one is earlier than everything it holds: it sleeps until its earliest entry and
+    /// looks again then, and waking it for every sync of a busy hour was a large part of
+    /// what syncs cost.
     func schedule(_ entries: [(id: Int64, fireAt: Double)]) {
         guard !entries.isEmpty else { return }
-        state.withLock { state in
+        let earlier = state.withLock { state -> Bool in
+            let earliest = [state.reminders.min?.at, state.sends.min?.at].compactMap { $0 }.min()
             for entry in entries { state.reminders.insert(Entry(at: entry.fireAt, id: entry.id)) }
+            return earliest.map { earliest in entries.contains { $0.fireAt < earliest } } ?? true
         }
-        wakeup.signal()
+        if earlier { wakeup.signal() }
     }
 
     /// Reminders and sends held in memory now.

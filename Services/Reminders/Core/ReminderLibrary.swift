@@ -25,30 +25,59 @@ final class ReminderLibrary: Sendable {
     /// is added, a pending one no longer in the window is dropped, and one already sent (or
     /// given up) for that due time is left as it is, so it is never sent twice.
     ///
+    /// One write transaction plans and makes the changes (one that changes nothing writes
+    /// nothing). It waits for the store without holding a thread (GRDB's async write): syncs
+    /// of many people at once queue for the one writer, and blocked threads of Swift's small
+    /// cooperative pool would stall every other request meanwhile. (A read first, to skip the
+    /// writer when nothing changed, and running the whole sync on a Dispatch thread were both
+    /// slower, measured: docs/PERFORMANCE.md.)
+    ///
     /// - Returns: the reminders now pending whose time is new or changed, for the dispatcher.
-    func sync(_ tasks: [Care.Task], owner: String, now: Date = Date()) throws -> [(id: Int64, fireAt: Double)] {
-        // Most syncs change little or nothing: a read decides whether to write at all.
-        guard try !store.database.read({ db in try Self.plan(tasks, owner: owner, db: db) }).isEmpty else { return [] }
-        return try store.database.write { db in
-            let plan = try Self.plan(tasks, owner: owner, db: db) // again, inside the transaction
+    func sync(_ tasks: [Care.Task], owner: String, now: Date = Date()) async throws -> [(id: Int64, fireAt: Double)] {
+        try await store.database.write { db in
+            let plan = try Self.plan(tasks, owner: owner, db: db)
+            let updatedAt = now.timeIntervalSince1970
             var scheduled: [(Int64, Double)] = []
-            for (id, task) in plan.updates {
-                let fireAt = (task.snoozedUntil ?? task.due).timeIntervalSince1970
-                try db.run("UPDATE reminders SET fireAt = ?, title = ?, updatedAt = ? WHERE id = ?", arguments: [fireAt, task.title, now.timeIntervalSince1970, id])
-                scheduled.append((id, fireAt))
-            }
-            for task in plan.inserts {
-                let fireAt = (task.snoozedUntil ?? task.due).timeIntervalSince1970
+            // One statement for each kind of change, not one per occurrence: the writer is the
+            // one thing syncs of many people queue for.
+            if !plan.updates.isEmpty {
+                var values: [(any DatabaseValueConvertible)?] = [updatedAt]
+                for (id, task) in plan.updates {
+                    let fireAt = (task.snoozedUntil ?? task.due).timeIntervalSince1970
+                    values += [id, fireAt, task.title]
+                    scheduled.append((id, fireAt))
+                }
                 try db.run("""
-                    INSERT INTO reminders (owner, taskID, due, plantID, kind, title, fireAt, state, updatedAt) VALUES (?, ?, ?, ?, ?, ?, ?, 'pending', ?)
-                    """, arguments: [owner, task.id, task.due.timeIntervalSince1970, task.plantID, task.kind.rawValue, task.title, fireAt, now.timeIntervalSince1970])
-                scheduled.append((db.lastInsertedRowID, fireAt))
+                    UPDATE reminders SET fireAt = changed.column2, title = changed.column3, updatedAt = ?
+                    FROM (VALUES \(Self.placeholders(rows: plan.updates.count, columns: 3))) AS changed WHERE reminders.id = changed.column1
+                    """, arguments: StatementArguments(values))
             }
-            for id in plan.deletes {
-                try db.run("DELETE FROM reminders WHERE id = ?", arguments: [id])
+            if !plan.inserts.isEmpty {
+                var values: [(any DatabaseValueConvertible)?] = []
+                values.reserveCapacity(plan.inserts.count * 8)
+                for task in plan.inserts {
+                    values += [owner, task.id, task.due.timeIntervalSince1970, task.plantID, task.kind.rawValue, task.title,
+                               (task.snoozedUntil ?? task.due).timeIntervalSince1970, updatedAt]
+                }
+                let inserted = try Row.fetchCursor(try db.cachedStatement(sql: """
+                    INSERT INTO reminders (owner, taskID, due, plantID, kind, title, fireAt, updatedAt, state)
+                    VALUES \(Self.placeholders(rows: plan.inserts.count, columns: 8, then: "'pending'")) RETURNING id, fireAt
+                    """), arguments: StatementArguments(values))
+                while let row = try inserted.next() { scheduled.append((row[0], row[1])) }
+            }
+            if !plan.deletes.isEmpty {
+                try db.run("DELETE FROM reminders WHERE id IN (\(Self.placeholders(rows: plan.deletes.count, columns: 1)))",
+                           arguments: StatementArguments(plan.deletes))
             }
             return scheduled
         }
+    }
+
+    /// `(?, ?), (?, ?)` for 2 rows of 2 columns, each row ending in `literal` when given (a window has at most 128 occurrences, so
+    /// each statement has at most 128 shapes, each prepared once per connection).
+    static func placeholders(rows: Int, columns: Int, then literal: String? = nil) -> String {
+        let row = "(" + (Array(repeating: "?", count: columns) + (literal.map { [$0] } ?? [])).joined(separator: ", ") + ")"
+        return Array(repeating: row, count: rows).joined(separator: ", ")
     }
 
     /// What a sync changes: pending reminders to update (title or time), occurrences to add,
@@ -60,30 +89,38 @@ final class ReminderLibrary: Sendable {
         var isEmpty: Bool { updates.isEmpty && inserts.isEmpty && deletes.isEmpty }
     }
 
+    /// An occurrence: a task at a due time (seconds since 1970, as stored).
+    struct Occurrence: Hashable {
+        var taskID: String
+        var due: Double
+    }
+
     static func plan(_ tasks: [Care.Task], owner: String, db: Database) throws -> Plan {
-        var existing: [String: (id: Int64, state: String, fireAt: Double, title: String)] = [:]
-        for row in try Row.fetchAll(try db.cachedStatement(sql: "SELECT id, taskID, due, state, fireAt, title FROM reminders WHERE owner = ?"), arguments: [owner]) {
-            existing[key(row["taskID"], row["due"])] = (row["id"], row["state"], row["fireAt"], row["title"])
+        var existing: [Occurrence: (id: Int64, pending: Bool, fireAt: Double, title: String)] = [:]
+        // By column index, through a cursor: a window is read twice per sync.
+        let rows = try Row.fetchCursor(try db.cachedStatement(sql: "SELECT taskID, due, id, state, fireAt, title FROM reminders WHERE owner = ?"),
+                                       arguments: [owner])
+        while let row = try rows.next() {
+            existing[Occurrence(taskID: row[0], due: row[1])] = (row[2], (row[3] as String) == "pending", row[4], row[5])
         }
         var plan = Plan()
-        var wanted = Set<String>()
+        var wanted = Set<Occurrence>()
+        wanted.reserveCapacity(tasks.count)
         for task in tasks {
-            let key = key(task.id, task.due.timeIntervalSince1970)
+            let key = Occurrence(taskID: task.id, due: task.due.timeIntervalSince1970)
             guard wanted.insert(key).inserted else { continue } // the same occurrence twice in one window
             if let known = existing[key] {
                 let fireAt = (task.snoozedUntil ?? task.due).timeIntervalSince1970
-                if known.state == "pending", known.fireAt != fireAt || known.title != task.title { plan.updates.append((known.id, task)) }
+                if known.pending, known.fireAt != fireAt || known.title != task.title { plan.updates.append((known.id, task)) }
             } else {
                 plan.inserts.append(task)
             }
         }
-        for (key, known) in existing where known.state == "pending" && !wanted.contains(key) {
+        for (key, known) in existing where known.pending && !wanted.contains(key) {
             plan.deletes.append(known.id)
         }
         return plan
     }
-
-    static func key(_ taskID: String, _ due: Double) -> String { "\(taskID)@\(due)" }
 
     /// Drops every pending reminder of a plant, and every send not yet made that carries only
     /// reminders of it.

@@ -15,7 +15,7 @@ public struct ReminderService: BusService {
     public func register(_ handlers: inout OperationHandlers) {
         let (library, dispatcher) = (self.library, self.dispatcher)
         handlers.on(Reminders.Sync.self) { request, context in
-            dispatcher.schedule(try library.sync(request.occurrences, owner: try context.requirePrincipal()))
+            dispatcher.schedule(try await library.sync(request.occurrences, owner: try context.requirePrincipal()))
             return Empty()
         }
         handlers.on(Reminders.CancelPlant.self) { request, context in
@@ -105,7 +105,7 @@ public func buildReminderService(settings: ReminderServiceSettings, context: ZMQ
                                         // The person's window runs low: canopy-care's fresh one replaces it.
                                         do {
                                             let window = try await bus.call(Care.ReminderWindow.self, .init(), principal: owner, timeout: .seconds(10))
-                                            box.dispatcher?.schedule(try library.sync(window.occurrences, owner: owner))
+                                            box.dispatcher?.schedule(try await library.sync(window.occurrences, owner: owner))
                                         } catch {
                                             logger.warning("remind.refill.failed", metadata: ["remind.error": "\(error)"])
                                         }
