@@ -1,6 +1,7 @@
 import CanopyMessages
 import Foundation
 import GRDB
+import DequeModule
 import HeapModule
 import Logging
 import ServiceLifecycle
@@ -75,11 +76,17 @@ public final class Dispatcher: Service, Sendable {
     private struct State {
         var reminders = Heap<Entry>()
         var sends = Heap<Entry>()
+        /// When each person's window was last checked for a refill, and the same in the order
+        /// of the checks, so that the oldest are forgotten first.
         var lastRefill: [String: Date] = [:]
+        var refillChecks = Deque<(owner: String, at: Date)>()
         var loaded = false
     }
 
     private let state = Mutex(State())
+    /// The most refill checks remembered at once (a person checked again sooner than the
+    /// refill interval, past it, costs one more call to canopy-care, nothing else).
+    static let refillMemory = 65_536
     private let wakeup = Wakeup()
 
     init(store: ReminderStore, channels: [any NotificationChannel], clock: any ReminderClock = SystemReminderClock(), settings: DispatchSettings = .init(),
@@ -251,10 +258,14 @@ public final class Dispatcher: Service, Sendable {
         let recent = state.withLock { state -> Bool in
             let interval = settings.refillInterval.seconds
             if let last = state.lastRefill[owner], now.timeIntervalSince(last) < interval { return true }
-            if state.lastRefill.count >= 4_096 {
-                // Only the last interval's checks matter: the rest go (a bound on what it holds).
-                state.lastRefill = state.lastRefill.filter { now.timeIntervalSince($0.value) < interval }
+            // Only the last interval's checks matter, and at most ``refillMemory`` of them: the
+            // oldest go first (a bound on what it holds, in constant time per check).
+            while let oldest = state.refillChecks.first,
+                  now.timeIntervalSince(oldest.at) >= interval || state.refillChecks.count >= Self.refillMemory {
+                state.refillChecks.removeFirst()
+                if state.lastRefill[oldest.owner] == oldest.at { state.lastRefill[oldest.owner] = nil }
             }
+            state.refillChecks.append((owner, now))
             state.lastRefill[owner] = now
             return false
         }
