@@ -25,6 +25,7 @@ let package = Package(
         .executable(name: "canopy-care", targets: ["canopy-care"]),
         .executable(name: "canopy-identify", targets: ["canopy-identify"]),
         .executable(name: "canopy-remind", targets: ["canopy-remind"]),
+        .executable(name: "canopy-batch", targets: ["canopy-batch"]),
         .library(name: "CanopyMessages", targets: ["CanopyMessages"]),
         .library(name: "CanopyBus", targets: ["CanopyBus"]),
         .library(name: "CanopyBroker", targets: ["CanopyBroker"]),
@@ -48,6 +49,11 @@ let package = Package(
         .package(url: "https://github.com/hummingbird-project/hummingbird", from: "2.28.1"),
         .package(url: "https://github.com/swift-server/async-http-client", from: "1.37.0"),
         .package(url: "https://github.com/vapor/multipart-kit", from: "4.7.1"),
+        // canopy-batch's server is generated from docs/openapi.yaml.
+        .package(url: "https://github.com/apple/swift-openapi-generator", from: "1.14.3"),
+        .package(url: "https://github.com/apple/swift-openapi-runtime", from: "1.13.4"),
+        .package(url: "https://github.com/hummingbird-project/swift-openapi-hummingbird", from: "2.1.0"),
+        .package(url: "https://github.com/apple/swift-http-types", from: "1.8.0"),
     ],
     targets: [
         // MARK: - Shared modules
@@ -233,6 +239,31 @@ let package = Package(
             path: "Services/Reminders/CLI",
             swiftSettings: swiftSettings
         ),
+        // canopy-batch: the HTTP API apps call, generated from its OpenAPI document
+        // (Core/openapi.yaml, which docs/openapi.yaml links to) by the generator's build plugin.
+        .target(
+            name: "RequestBatching",
+            dependencies: [
+                "CanopyBus", "CanopyMessages", "CanopyServiceKit",
+                .product(name: "OpenAPIRuntime", package: "swift-openapi-runtime"),
+                .product(name: "OpenAPIHummingbird", package: "swift-openapi-hummingbird"),
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "HTTPTypes", package: "swift-http-types"),
+                .product(name: "JWTKit", package: "jwt-kit"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "Metrics", package: "swift-metrics"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            path: "Services/RequestBatching/Core",
+            swiftSettings: swiftSettings,
+            plugins: [.plugin(name: "OpenAPIGenerator", package: "swift-openapi-generator")]
+        ),
+        .executableTarget(
+            name: "canopy-batch",
+            dependencies: ["RequestBatching", "CanopyServiceKit", "CanopyBus", "CanopyMessages"],
+            path: "Services/RequestBatching/CLI",
+            swiftSettings: swiftSettings
+        ),
         .target(
             name: "CareScheduling",
             dependencies: [
@@ -330,6 +361,17 @@ let package = Package(
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
             ],
             path: "Tests/ReminderTests",
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(
+            name: "RequestBatchingTests",
+            dependencies: [
+                "RequestBatching", "CareScheduling", "CanopyBus", "CanopyBroker", "CanopyTesting", "CanopyServiceKit", "canopy-batch",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+            ],
+            path: "Tests/RequestBatchingTests",
             swiftSettings: swiftSettings
         ),
         .testTarget(

@@ -34,10 +34,7 @@ public struct HealthReport: Codable, Sendable, Equatable {
 public final class OperatingEndpoint: Service, Sendable {
     private let application: Application<RouterResponder<BasicRequestContext>>
     /// The bound port, shared with the listener's start-up callback.
-    private final class BoundPort: Sendable {
-        let value = Mutex<Int?>(nil)
-    }
-    private let port = BoundPort()
+    private let port = BoundPort(listener: "the metrics listener")
 
     /// - Parameters:
     ///   - host: the address to listen on, e.g. `127.0.0.1` or `0.0.0.0`.
@@ -68,7 +65,7 @@ public final class OperatingEndpoint: Service, Sendable {
             configuration: .init(address: .hostname(host, port: port), serverName: "canopy"),
             onServerRunning: { channel in
                 let port = channel.localAddress?.port
-                bound.value.withLock { $0 = port }
+                bound.set(port)
                 logger.info("operating.listening", metadata: ["operating.address": "\(host):\(port ?? 0)", "operating.paths": "/metrics /health"])
             },
             logger: quiet)
@@ -81,12 +78,7 @@ public final class OperatingEndpoint: Service, Sendable {
 
     /// The port it listens on, once it does.
     public func boundPort(within limit: Duration = .seconds(10)) async throws -> Int {
-        let deadline = ContinuousClock.now + limit
-        while ContinuousClock.now < deadline {
-            if let port = port.value.withLock({ $0 }) { return port }
-            try await Task.sleep(for: .milliseconds(10))
-        }
-        throw CommandFailure("the metrics listener did not start within \(limit)")
+        try await port.wait(within: limit)
     }
 }
 

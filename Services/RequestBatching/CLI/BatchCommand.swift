@@ -1,0 +1,109 @@
+import ArgumentParser
+import CanopyBus
+import CanopyMessages
+import CanopyServiceKit
+import Foundation
+import RequestBatching
+
+@main
+struct BatchCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "canopy-batch",
+        abstract: "Canopy's HTTP API: what the apps call, checked for who is calling and carried onto the bus.",
+        discussion: """
+            Examples:
+              canopy-batch serve --http 0.0.0.0:8080 --endpoint tcp://127.0.0.1:5555 --token-key-file ./token.key
+              canopy-batch token issue --user user-42 --days 30 --token-key-file ./token.key
+              canopy-batch health --metrics-bind 127.0.0.1:9405
+            """,
+        subcommands: [ServeBatch.self, TokenCommand.self, HealthBatch.self])
+}
+
+/// Where the token signing key comes from: a file, or the key itself in a variable. Never logged.
+struct TokenKeyOptions: ParsableArguments {
+    @Option(help: ArgumentHelp("A file holding the key bearer tokens are signed with (32 bytes or more, random). Env: CANOPY_TOKEN_KEY_FILE, or the key itself in CANOPY_TOKEN_KEY.", valueName: "file"))
+    var tokenKeyFile: String? = Environment.string("CANOPY_TOKEN_KEY_FILE")
+
+    func key() throws -> [UInt8] {
+        do {
+            return try TokenAuthority.key(file: tokenKeyFile, value: Environment.string("CANOPY_TOKEN_KEY"))
+        } catch {
+            throw ValidationError(error.message)
+        }
+    }
+}
+
+struct ServeBatch: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "serve", abstract: "Serve the HTTP API until SIGTERM or SIGINT.",
+        discussion: "Example: canopy-batch serve --http 0.0.0.0:8080 --endpoint tcp://127.0.0.1:5555 --token-key-file ./token.key")
+
+    @OptionGroup var common: CommonOptions
+    @OptionGroup var operating: OperatingOptions
+    @OptionGroup var token: TokenKeyOptions
+    @Option(help: ArgumentHelp("Where apps reach the API, HOST:PORT. Env: CANOPY_HTTP.", valueName: "host:port"))
+    var http: String = Environment.string("CANOPY_HTTP") ?? "127.0.0.1:8080"
+    @Option(help: ArgumentHelp("The largest request body taken, in bytes. Env: CANOPY_MAX_BODY_BYTES.", valueName: "bytes"))
+    var maxBodyBytes: Int = Environment.int("CANOPY_MAX_BODY_BYTES", default: 1_048_576)
+
+    func validate() throws {
+        guard (1_024...(64 * 1_048_576)).contains(maxBodyBytes) else { throw ValidationError("--max-body-bytes is 1024 to 67108864") }
+        guard try OperatingOptions.parse(http) != nil else { throw ValidationError("--http is HOST:PORT, such as 0.0.0.0:8080") }
+        _ = try token.key()
+    }
+
+    func run() async throws {
+        let logger = LogSetup.logger(label: "canopy-batch", level: common.logLevel)
+        guard let address = try OperatingOptions.parse(http) else { throw ValidationError("--http is HOST:PORT, such as 0.0.0.0:8080") }
+        var settings = BatchServiceSettings(http: address, bus: try common.clientConfiguration(), tokenKey: try token.key(),
+                                            metrics: try operating.listener(default: OperatingOptions.Defaults.batch))
+        settings.maximumBodyBytes = maxBodyBytes
+        try await runUntilShutdown(try buildBatchService(settings: settings, context: ZMQContext(), logger: logger), logger: logger)
+    }
+}
+
+struct TokenCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "token", abstract: "Bearer tokens for operators and demos.",
+        discussion: "Example: canopy-batch token issue --user user-42 --days 30 --token-key-file ./token.key",
+        subcommands: [IssueToken.self])
+}
+
+struct IssueToken: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "issue", abstract: "Print a bearer token for a user, signed with the serving key.",
+        discussion: "Example: canopy-batch token issue --user user-42 --days 30 --token-key-file ./token.key")
+
+    @OptionGroup var token: TokenKeyOptions
+    @Option(help: "The user id the token names (1 to 128 printable ASCII characters).") var user: String
+    @Option(help: "Days the token is valid, 1 to 365.") var days = 30
+
+    func validate() throws {
+        guard (1...365).contains(days) else { throw ValidationError("--days is 1 to 365") }
+        do {
+            try TokenAuthority.check(user: user)
+        } catch {
+            throw ValidationError(error.message)
+        }
+        _ = try token.key()
+    }
+
+    func run() async throws {
+        let authority = try TokenAuthority(key: try token.key())
+        print(try await authority.issue(user: user, lifetime: .seconds(days * 86_400)))
+    }
+}
+
+/// `canopy-batch health`: asks the running service's `/health`; exit 0 or 1.
+struct HealthBatch: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "health",
+        abstract: "Exit 0 when the running canopy-batch is healthy (its broker answers), 1 when not (for container health checks).",
+        discussion: "Example: canopy-batch health --metrics-bind 127.0.0.1:9405")
+
+    @OptionGroup var operating: OperatingOptions
+
+    func run() async throws {
+        try await HealthProbe.run(operating, default: OperatingOptions.Defaults.batch)
+    }
+}

@@ -1,0 +1,89 @@
+import CanopyBus
+import CanopyMessages
+import CanopyServiceKit
+import Foundation
+import Hummingbird
+import Logging
+import OpenAPIHummingbird
+import ServiceLifecycle
+
+/// Everything `canopy-batch serve` can be told.
+public struct BatchServiceSettings: Sendable {
+    /// Where apps reach the HTTP API.
+    public var http: ListenAddress
+    /// How canopy-batch reaches the broker (endpoint, CURVE keys).
+    public var bus: BusClient.Configuration
+    /// The key bearer tokens are signed with (32 bytes or more).
+    public var tokenKey: [UInt8]
+    /// Where `/metrics` and `/health` listen; `nil` for nowhere.
+    public var metrics: ListenAddress?
+    /// The largest request body taken (a photo upload is the largest an app sends).
+    public var maximumBodyBytes = 1_048_576
+    /// How long one bus call may take.
+    public var callTimeout: Duration = .seconds(10)
+
+    public init(http: ListenAddress, bus: BusClient.Configuration, tokenKey: [UInt8], metrics: ListenAddress? = nil) {
+        self.http = http
+        self.bus = bus
+        self.tokenKey = tokenKey
+        self.metrics = metrics
+    }
+}
+
+/// The HTTP listener apps call, as a service of the group, with the port it bound.
+public final class BatchHTTPServer: Service, Sendable {
+    private let application: Application<RouterResponder<BasicRequestContext>>
+    private let port = BoundPort(listener: "the HTTP listener")
+
+    init(router: Router<BasicRequestContext>, address: ListenAddress, logger: Logger) {
+        let bound = port
+        application = Application(
+            router: router, configuration: .init(address: .hostname(address.host, port: address.port), serverName: "canopy"),
+            onServerRunning: { channel in
+                let port = channel.localAddress?.port
+                bound.set(port)
+                logger.info("batch.listening", metadata: ["batch.address": "\(address.host):\(port ?? 0)"])
+            },
+            logger: logger)
+    }
+
+    /// Serves until graceful shutdown.
+    public func run() async throws {
+        try await application.run()
+    }
+
+    /// The port it listens on, once it does.
+    public func boundPort(within limit: Duration = .seconds(10)) async throws -> Int {
+        try await port.wait(within: limit)
+    }
+}
+
+/// Builds what `canopy-batch serve` runs, in start order: the bus client, the HTTP API (the
+/// router generated from docs/openapi.yaml behind the edge middleware), and the `/metrics` and
+/// `/health` listener when `settings` name one. `/health` says whether the broker answers and
+/// which services have workers.
+public func buildBatchService(settings: BatchServiceSettings, context: ZMQContext, logger: Logger) throws -> [any Service] {
+    let tokens = try TokenAuthority(key: settings.tokenKey)
+    let bus = try BusClient(configuration: settings.bus, context: context, logger: logger)
+    let router = Router()
+    router.add(middleware: EdgeMiddleware(tokens: tokens, maximumBodyBytes: settings.maximumBodyBytes))
+    try CanopyAPI(bus: bus, timeout: settings.callTimeout).registerHandlers(on: router, configuration: .init(dateTranscoder: .iso8601WithFractionalSeconds))
+    let http = BatchHTTPServer(router: router, address: settings.http, logger: logger)
+    var services: [any Service] = [bus, http]
+    if let metrics = settings.metrics {
+        services.append(OperatingEndpoint(host: metrics.host, port: metrics.port, health: { await brokerHealth(bus) }, logger: logger))
+    }
+    return services
+}
+
+/// Whether the broker answers, and which services have workers.
+func brokerHealth(_ bus: BusClient) async -> HealthReport {
+    do {
+        let services = try await bus.call(Broker.Services.self, Empty(), timeout: .seconds(2))
+        var report = HealthReport(healthy: true, checks: ["broker": "answers"])
+        for service in services { report.checks["service.\(service.name)"] = "\(service.workers) worker\(service.workers == 1 ? "" : "s")" }
+        return report
+    } catch {
+        return HealthReport(healthy: false, checks: ["broker": "does not answer (\(error)); is canopy-broker running at --endpoint?"])
+    }
+}

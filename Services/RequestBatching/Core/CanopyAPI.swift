@@ -1,0 +1,147 @@
+import CanopyBus
+import CanopyMessages
+import Foundation
+
+/// The routes of docs/openapi.yaml, one handler each (the protocol is generated from the
+/// document), each turning an HTTP request into a bus call made for the caller and its reply
+/// into the response. Errors are thrown as `CanopyError`s and ``RequestFieldError``s; the edge
+/// middleware turns them into problem details.
+struct CanopyAPI: APIProtocol {
+    let bus: BusClient
+    /// How long one bus call may take.
+    var timeout: Duration = .seconds(10)
+
+    /// The caller the edge middleware authenticated (every route needs one).
+    private func caller() throws -> String {
+        guard let principal = Caller.principal else { throw CanopyError(.unauthorized, "this route needs a bearer token") }
+        return principal
+    }
+
+    private func call<Operation: BusOperation>(_ operation: Operation.Type, _ request: Operation.Request) async throws -> Operation.Reply {
+        try await bus.call(operation, request, principal: try caller(), timeout: timeout)
+    }
+
+    // MARK: - Plants
+
+    func listPlants(_ input: Operations.ListPlants.Input) async throws -> Operations.ListPlants.Output {
+        let query = input.query
+        let limit = try RequestFieldError.check(query.limit ?? 20, "limit", 1...100)
+        let offset = try RequestFieldError.check(query.offset ?? 0, "offset", 0...Care.Limits.plantsPerPerson)
+        let request = Care.ListPlants.Request(
+            search: query.search, favourite: query.favourite, family: query.family, light: try query.light.map { try convert($0) },
+            watering: try query.watering.map { try convert($0) }, source: try query.source.map { try convert($0) },
+            addedFrom: query.addedFrom, addedTo: query.addedTo, sort: try query.sort.map { try convert($0) } ?? .dateAdded,
+            descending: query.descending ?? true, limit: limit, offset: offset)
+        let reply = try await call(Care.ListPlants.self, request)
+        return .ok(.init(body: .json(.init(plants: try reply.plants.map(Components.Schemas.Plant.init), total: reply.total,
+                                           nextOffset: reply.nextOffset))))
+    }
+
+    func createPlant(_ input: Operations.CreatePlant.Input) async throws -> Operations.CreatePlant.Output {
+        guard case .json(let body) = input.body else { throw CanopyError(.badRequest, "the body is JSON") }
+        let plant = try await call(Care.AddPlant.self, try Care.Plant(body, id: ""))
+        return .created(.init(body: .json(try .init(plant))))
+    }
+
+    func getPlant(_ input: Operations.GetPlant.Input) async throws -> Operations.GetPlant.Output {
+        .ok(.init(body: .json(try .init(try await call(Care.GetPlant.self, .init(id: input.path.plantID))))))
+    }
+
+    func updatePlant(_ input: Operations.UpdatePlant.Input) async throws -> Operations.UpdatePlant.Output {
+        guard case .json(let body) = input.body else { throw CanopyError(.badRequest, "the body is JSON") }
+        let plant = try await call(Care.UpdatePlant.self, try Care.Plant(body, id: input.path.plantID))
+        return .ok(.init(body: .json(try .init(plant))))
+    }
+
+    func deletePlant(_ input: Operations.DeletePlant.Input) async throws -> Operations.DeletePlant.Output {
+        _ = try await call(Care.DeletePlant.self, .init(id: input.path.plantID))
+        return .noContent(.init())
+    }
+
+    func setFavourite(_ input: Operations.SetFavourite.Input) async throws -> Operations.SetFavourite.Output {
+        guard case .json(let body) = input.body else { throw CanopyError(.badRequest, "the body is JSON") }
+        var plant = try await call(Care.GetPlant.self, .init(id: input.path.plantID))
+        if plant.favourite != body.favourite {
+            plant.favourite = body.favourite
+            plant.profile = plant.profileOverridden ? plant.profile : nil // the catalog's stays the catalog's
+            plant = try await call(Care.UpdatePlant.self, plant)
+        }
+        return .ok(.init(body: .json(try .init(plant))))
+    }
+
+    // MARK: - Tasks
+
+    func listUpcomingTasks(_ input: Operations.ListUpcomingTasks.Input) async throws -> Operations.ListUpcomingTasks.Output {
+        let days = try RequestFieldError.check(input.query.days ?? 7, "days", 0...366)
+        let limit = try RequestFieldError.check(input.query.limit ?? 100, "limit", 1...5_000)
+        let reply = try await call(Care.UpcomingTasks.self, .init(days: days, limit: limit))
+        return .ok(.init(body: .json(.init(tasks: try reply.upcoming.map(Components.Schemas.Task.init)))))
+    }
+
+    func listOverdueTasks(_ input: Operations.ListOverdueTasks.Input) async throws -> Operations.ListOverdueTasks.Output {
+        let limit = try RequestFieldError.check(input.query.limit ?? 100, "limit", 1...5_000)
+        let reply = try await call(Care.UpcomingTasks.self, .init(days: 0, limit: limit))
+        return .ok(.init(body: .json(.init(tasks: try reply.overdue.map(Components.Schemas.Task.init)))))
+    }
+
+    func completeTask(_ input: Operations.CompleteTask.Input) async throws -> Operations.CompleteTask.Output {
+        var at: Date?
+        if case .json(let body) = input.body { at = body.at }
+        let task = try await call(Care.CompleteTask.self, .init(id: input.path.taskID, at: at))
+        return .ok(.init(body: .json(try .init(task))))
+    }
+
+    func snoozeTask(_ input: Operations.SnoozeTask.Input) async throws -> Operations.SnoozeTask.Output {
+        guard case .json(let body) = input.body else { throw CanopyError(.badRequest, "the body is JSON") }
+        let task = try await call(Care.SnoozeTask.self, .init(id: input.path.taskID, until: body.until))
+        return .ok(.init(body: .json(try .init(task))))
+    }
+
+    func skipTask(_ input: Operations.SkipTask.Input) async throws -> Operations.SkipTask.Output {
+        .ok(.init(body: .json(try .init(try await call(Care.SkipTask.self, .init(id: input.path.taskID))))))
+    }
+
+    // MARK: - Account
+
+    func getStatistics(_ input: Operations.GetStatistics.Input) async throws -> Operations.GetStatistics.Output {
+        let statistics = try await call(Care.Statistics.self, Empty())
+        return .ok(.init(body: .json(.init(
+            total: statistics.total, favourites: statistics.favourites, families: .init(additionalProperties: statistics.families),
+            sources: .init(additionalProperties: statistics.sources), addedThisMonth: statistics.addedThisMonth,
+            upcomingTasks: statistics.upcomingTasks, overdueTasks: statistics.overdueTasks))))
+    }
+
+    func setPreferences(_ input: Operations.SetPreferences.Input) async throws -> Operations.SetPreferences.Output {
+        guard case .json(let body) = input.body else { throw CanopyError(.badRequest, "the body is JSON") }
+        guard TimeZone(identifier: body.timeZone) != nil else {
+            throw RequestFieldError(field: "timeZone", "'\(body.timeZone.prefix(64))' is not an IANA time zone, such as Europe/Berlin")
+        }
+        let stored = try await call(Care.SetPreferences.self, Care.Preferences(
+            timeZone: body.timeZone, preferredMinute: body.preferredMinute ?? 540, quietStartMinute: body.quietStartMinute,
+            quietEndMinute: body.quietEndMinute, wateringFactor: body.wateringFactor ?? 1, pauseStart: body.pauseStart, pauseEnd: body.pauseEnd,
+            southernHemisphere: body.southernHemisphere ?? false))
+        return .ok(.init(body: .json(.init(
+            timeZone: stored.timeZone, preferredMinute: stored.preferredMinute, quietStartMinute: stored.quietStartMinute,
+            quietEndMinute: stored.quietEndMinute, wateringFactor: stored.wateringFactor, pauseStart: stored.pauseStart,
+            pauseEnd: stored.pauseEnd, southernHemisphere: stored.southernHemisphere))))
+    }
+}
+
+/// A field of the request that is wrong, named in the problem's `field`.
+struct RequestFieldError: Error {
+    var field: String
+    var message: String
+
+    init(field: String, _ message: String) {
+        self.field = field
+        self.message = message
+    }
+
+    /// `value` when it is in `range`, else an error naming `field`.
+    static func check(_ value: Int, _ field: String, _ range: ClosedRange<Int>) throws -> Int {
+        guard range.contains(value) else {
+            throw RequestFieldError(field: field, "\(field) is \(range.lowerBound) to \(range.upperBound); got \(value)")
+        }
+        return value
+    }
+}

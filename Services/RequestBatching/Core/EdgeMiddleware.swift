@@ -1,0 +1,179 @@
+import CanopyMessages
+import Foundation
+import HTTPTypes
+import Hummingbird
+import Logging
+import OpenAPIRuntime
+import Synchronization
+
+/// What every request passes through before its route: a request id (answered in
+/// `X-Request-ID`, logged with everything about the request), the caller's bearer token
+/// checked, the body's size checked, and any error turned into problem details
+/// (RFC 9457) with a status that says what kind of failure it was.
+struct EdgeMiddleware<Context: RequestContext>: RouterMiddleware {
+    let tokens: TokenAuthority
+    /// The largest request body taken.
+    let maximumBodyBytes: Int
+    private let sequence = RequestSequence()
+
+    static var requestIDHeader: HTTPField.Name { HTTPField.Name("X-Request-ID")! }
+
+    func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
+        let requestID = sequence.next()
+        var context = context
+        context.logger[metadataKey: "batch.request"] = "\(requestID)"
+        var response = await answer(request, context: context, requestID: requestID, next: next)
+        response.headers[Self.requestIDHeader] = requestID
+        if response.status.code >= 500 {
+            context.logger.error("batch.failed", metadata: ["batch.status": "\(response.status.code)", "batch.path": "\(request.uri.path)"])
+        }
+        return response
+    }
+
+    private func answer(_ request: Request, context: Context, requestID: String,
+                        next: (Request, Context) async throws -> Response) async -> Response {
+        guard let authorization = request.headers[.authorization], authorization.utf8.count > 7,
+              authorization.prefix(7).lowercased() == "bearer " else {
+            return Problem.response(.unauthorized, "this needs a bearer token: Authorization: Bearer <token from canopy-batch token issue>",
+                                    requestID: requestID, headers: [.wwwAuthenticate: "Bearer realm=\"canopy\""])
+        }
+        guard let user = await tokens.user(of: String(authorization.dropFirst(7))) else {
+            return Problem.response(.unauthorized, "the bearer token is not valid: forged, expired or not Canopy's; ask for a new one",
+                                    requestID: requestID,
+                                    headers: [.wwwAuthenticate: "Bearer realm=\"canopy\", error=\"invalid_token\""])
+        }
+        if let length = request.headers[.contentLength].flatMap(Int.init), length > maximumBodyBytes {
+            return Problem.response(.contentTooLarge, "the body has \(length) bytes; this route takes at most \(maximumBodyBytes)",
+                                    requestID: requestID)
+        }
+        var request = request
+        do {
+            // Collected here, within the limit, also when it comes in chunks without a length
+            // (the generated server would read any length).
+            request.body = .init(buffer: try await request.body.collect(upTo: maximumBodyBytes))
+        } catch {
+            return Problem.response(.contentTooLarge, "the body has more than \(maximumBodyBytes) bytes, the most this route takes",
+                                    requestID: requestID)
+        }
+        do {
+            return try await Caller.$principal.withValue(user) {
+                try await Caller.$requestID.withValue(requestID) { try await next(request, context) }
+            }
+        } catch {
+            return Problem.response(for: error, requestID: requestID)
+        }
+    }
+}
+
+/// Request ids: a random prefix per process and a counter, short and unique enough to find
+/// a request in the logs.
+final class RequestSequence: Sendable {
+    private let prefix = String(UInt32.random(in: .min ... .max), radix: 36)
+    private let counter = Atomic<UInt64>(0)
+
+    func next() -> String {
+        let number = counter.add(1, ordering: .relaxed).newValue
+        return "\(prefix)-\(String(number, radix: 36))"
+    }
+}
+
+/// Problem details (RFC 9457): one JSON shape for every error.
+enum Problem {
+    struct Body: Encodable {
+        var type: String
+        var title: String
+        var status: Int
+        var detail: String
+        var requestID: String
+        var field: String?
+    }
+
+    private static let encoder: JSONEncoder = {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+        return encoder
+    }()
+
+    static func response(_ status: HTTPResponse.Status, _ detail: String, requestID: String, field: String? = nil,
+                         headers: HTTPFields = [:]) -> Response {
+        let slug = status.reasonPhrase.lowercased().replacingOccurrences(of: " ", with: "-")
+        let body = Body(type: "https://canopy.dev/problems/\(slug)", title: status.reasonPhrase, status: status.code, detail: detail,
+                        requestID: requestID, field: field)
+        var headers = headers
+        headers[.contentType] = "application/problem+json"
+        let bytes = (try? encoder.encode(body)) ?? Data()
+        return Response(status: status, headers: headers, body: .init(byteBuffer: ByteBuffer(bytes: bytes)))
+    }
+
+    /// Any error a route threw, as the problem it is.
+    static func response(for error: any Error, requestID: String) -> Response {
+        switch error {
+        case let error as ServerError:
+            return response(forServerError: error, requestID: requestID)
+        case let error as CanopyError:
+            return response(error, requestID: requestID)
+        case let error as RequestFieldError:
+            return response(.badRequest, error.message, requestID: requestID, field: error.field)
+        case let error as HTTPError:
+            let status = HTTPResponse.Status(code: error.status.code)
+            let detail = status == .notFound ? "there is no such route; docs/openapi.yaml lists them" : (error.body ?? status.reasonPhrase)
+            return response(status, detail, requestID: requestID)
+        default:
+            return response(.internalServerError, "something failed inside canopy-batch; the request id finds it in the log", requestID: requestID)
+        }
+    }
+
+    /// What the generated server threw: the handler's own error, or the request not being
+    /// what the document says (a body that does not decode, a parameter of the wrong type).
+    private static func response(forServerError error: ServerError, requestID: String) -> Response {
+        switch error.underlyingError {
+        case let inner as CanopyError: return response(inner, requestID: requestID)
+        case let inner as RequestFieldError: return response(.badRequest, inner.message, requestID: requestID, field: inner.field)
+        case let inner as DecodingError:
+            return decoding(inner, requestID: requestID, whole: error.requestBody == nil ? "a query or path parameter" : "the body")
+        default:
+            if error.operationInput == nil || error.causeDescription.lowercased().contains("decod") || error.causeDescription.lowercased().contains("pars") {
+                // The request did not become the operation's input.
+                let described = "\(error.underlyingError)".prefix(300)
+                return response(.badRequest, "the request does not match the API document: \(described)", requestID: requestID)
+            }
+            return response(.internalServerError, "something failed inside canopy-batch; the request id finds it in the log", requestID: requestID)
+        }
+    }
+
+    /// A request that did not decode, naming the field when the decoder knows it (`whole`
+    /// says what was wrong when it does not: the body, or a parameter).
+    private static func decoding(_ error: DecodingError, requestID: String, whole: String) -> Response {
+        func path(_ context: DecodingError.Context, _ key: (any CodingKey)? = nil) -> String {
+            let keys = context.codingPath + (key.map { [$0] } ?? [])
+            return keys.map { $0.intValue.map { "[\($0)]" } ?? ".\($0.stringValue)" }.joined().drop { $0 == "." }.description
+        }
+        let (field, detail): (String, String) = switch error {
+        case .keyNotFound(let key, let context): (path(context, key), "is required")
+        case .typeMismatch(let type, let context): (path(context), "is not a valid \(type): \(context.debugDescription.prefix(200))")
+        case .valueNotFound(_, let context): (path(context), "may not be null")
+        case .dataCorrupted(let context): (path(context), "is not valid: \(context.debugDescription.prefix(200))")
+        @unknown default: ("", "does not decode")
+        }
+        return response(.badRequest, "\(field.isEmpty ? whole : field) \(detail)", requestID: requestID, field: field.isEmpty ? nil : field)
+    }
+
+    /// A bus error as HTTP: the caller's mistakes as 4xx, the system's state as 5xx.
+    private static func response(_ error: CanopyError, requestID: String) -> Response {
+        let status: HTTPResponse.Status = switch error.code {
+        case .badRequest: .badRequest
+        case .notFound: .notFound
+        case .conflict: .conflict
+        case .tooLarge: .contentTooLarge
+        case .unauthorized: .forbidden
+        case .busy, .noWorkers: .serviceUnavailable
+        case .timeout: .gatewayTimeout
+        case .workerLost: .badGateway
+        case .internal: .internalServerError
+        }
+        var headers: HTTPFields = [:]
+        if error.code == .busy { headers[.retryAfter] = "1" }
+        if error.code == .noWorkers { headers[.retryAfter] = "5" }
+        return response(status, error.message, requestID: requestID, headers: headers)
+    }
+}
