@@ -366,7 +366,8 @@ let package = Package(
         .testTarget(
             name: "RequestBatchingTests",
             dependencies: [
-                "RequestBatching", "CareScheduling", "CanopyBus", "CanopyBroker", "CanopyTesting", "CanopyServiceKit", "canopy-batch",
+                "RequestBatching", "CareScheduling", "Reminders", "ImageCache", "CanopyImaging", "CanopyBus", "CanopyBroker", "CanopyTesting",
+                "CanopyServiceKit", "canopy-batch",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),

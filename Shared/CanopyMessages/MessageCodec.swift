@@ -38,6 +38,21 @@ public struct MessageCodec: Sendable {
 
     private static let dateStyle = Date.ISO8601FormatStyle(includingFractionalSeconds: true)
 
+    /// A date as the wire writes it, `2026-03-29T09:00:00.000Z` (the HTTP API too).
+    public static func string(from date: Date) -> String {
+        WireDate.format(date) ?? date.formatted(dateStyle)
+    }
+
+    /// A date the wire would take: ISO 8601, with or without fractions, `Z` or an offset;
+    /// `nil` for anything else, and for dates that do not exist (February 30).
+    public static func date(from text: String) -> Date? {
+        switch WireDate.parse(text) {
+        case .date(let date): return date
+        case .invalid: return nil
+        case .other: return (try? dateStyle.parse(text)) ?? (try? Date.ISO8601FormatStyle().parse(text))
+        }
+    }
+
     /// The wire bytes of a value.
     public func encode<T: Encodable>(_ value: T) throws -> [UInt8] {
         [UInt8](try encoder.encode(value))

@@ -5,6 +5,7 @@ import Foundation
 import Hummingbird
 import Logging
 import OpenAPIHummingbird
+import OpenAPIRuntime
 import ServiceLifecycle
 
 /// Everything `canopy-batch serve` can be told.
@@ -17,8 +18,11 @@ public struct BatchServiceSettings: Sendable {
     public var tokenKey: [UInt8]
     /// Where `/metrics` and `/health` listen; `nil` for nowhere.
     public var metrics: ListenAddress?
-    /// The largest request body taken (a photo upload is the largest an app sends).
+    /// The largest JSON body taken.
     public var maximumBodyBytes = 1_048_576
+    /// The largest photo upload taken (canopy-images takes up to 25 MiB; the broker's frame
+    /// limit must allow it).
+    public var maximumPhotoBytes = CanopyAPI.maximumPhotoBytes
     /// How long one bus call may take.
     public var callTimeout: Duration = .seconds(10)
 
@@ -66,8 +70,10 @@ public func buildBatchService(settings: BatchServiceSettings, context: ZMQContex
     let tokens = try TokenAuthority(key: settings.tokenKey)
     let bus = try BusClient(configuration: settings.bus, context: context, logger: logger)
     let router = Router()
-    router.add(middleware: EdgeMiddleware(tokens: tokens, maximumBodyBytes: settings.maximumBodyBytes))
-    try CanopyAPI(bus: bus, timeout: settings.callTimeout).registerHandlers(on: router, configuration: .init(dateTranscoder: .iso8601WithFractionalSeconds))
+    router.add(middleware: EdgeMiddleware(tokens: tokens, maximumBodyBytes: settings.maximumBodyBytes, maximumPhotoBytes: settings.maximumPhotoBytes))
+    // Dates as the bus writes them; compact JSON with sorted keys, as the bus's.
+    let configuration = Configuration(dateTranscoder: WireDateTranscoder(), jsonEncodingOptions: [.sortedKeys, .withoutEscapingSlashes])
+    try CanopyAPI(bus: bus, timeout: settings.callTimeout).registerHandlers(on: router, configuration: configuration)
     let http = BatchHTTPServer(router: router, address: settings.http, logger: logger)
     var services: [any Service] = [bus, http]
     if let metrics = settings.metrics {
@@ -85,5 +91,18 @@ func brokerHealth(_ bus: BusClient) async -> HealthReport {
         return report
     } catch {
         return HealthReport(healthy: false, checks: ["broker": "does not answer (\(error)); is canopy-broker running at --endpoint?"])
+    }
+}
+
+/// The API's dates exactly as the bus's: `2026-03-29T09:00:00.000Z`, parsed by hand, a date that
+/// does not exist refused.
+struct WireDateTranscoder: DateTranscoder {
+    func encode(_ date: Date) throws -> String { MessageCodec.string(from: date) }
+
+    func decode(_ text: String) throws -> Date {
+        guard let date = MessageCodec.date(from: text) else {
+            throw DecodingError.dataCorrupted(.init(codingPath: [], debugDescription: "'\(text.prefix(40))' is not an ISO 8601 date such as 2026-03-29T09:00:00.000Z"))
+        }
+        return date
     }
 }

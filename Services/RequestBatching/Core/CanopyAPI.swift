@@ -12,12 +12,13 @@ struct CanopyAPI: APIProtocol {
     var timeout: Duration = .seconds(10)
 
     /// The caller the edge middleware authenticated (every route needs one).
-    private func caller() throws -> String {
+    func caller() throws -> String {
         guard let principal = Caller.principal else { throw CanopyError(.unauthorized, "this route needs a bearer token") }
         return principal
     }
 
-    private func call<Operation: BusOperation>(_ operation: Operation.Type, _ request: Operation.Request) async throws -> Operation.Reply {
+    /// One bus call made for the caller.
+    func call<Operation: BusOperation>(_ operation: Operation.Type, _ request: Operation.Request) async throws -> Operation.Reply {
         try await bus.call(operation, request, principal: try caller(), timeout: timeout)
     }
 

@@ -12,8 +12,10 @@ import Synchronization
 /// (RFC 9457) with a status that says what kind of failure it was.
 struct EdgeMiddleware<Context: RequestContext>: RouterMiddleware {
     let tokens: TokenAuthority
-    /// The largest request body taken.
+    /// The largest request body taken: a JSON body, and a photo's bytes (`POST
+    /// /v1/plants/{plantID}/photos`).
     let maximumBodyBytes: Int
+    let maximumPhotoBytes: Int
     private let sequence = RequestSequence()
 
     static var requestIDHeader: HTTPField.Name { HTTPField.Name("X-Request-ID")! }
@@ -24,6 +26,13 @@ struct EdgeMiddleware<Context: RequestContext>: RouterMiddleware {
         context.logger[metadataKey: "batch.request"] = "\(requestID)"
         var response = await answer(request, context: context, requestID: requestID, next: next)
         response.headers[Self.requestIDHeader] = requestID
+        // The generated server writes header values URI-encoded (`%22` for a quote), which
+        // these headers must not be: an ETag is a quoted string, Cache-Control has commas.
+        for name in [HTTPField.Name.eTag, .cacheControl, .vary] {
+            if let value = response.headers[name], value.contains("%"), let decoded = value.removingPercentEncoding {
+                response.headers[name] = decoded
+            }
+        }
         if response.status.code >= 500 {
             context.logger.error("batch.failed", metadata: ["batch.status": "\(response.status.code)", "batch.path": "\(request.uri.path)"])
         }
@@ -42,18 +51,18 @@ struct EdgeMiddleware<Context: RequestContext>: RouterMiddleware {
                                     requestID: requestID,
                                     headers: [.wwwAuthenticate: "Bearer realm=\"canopy\", error=\"invalid_token\""])
         }
-        if let length = request.headers[.contentLength].flatMap(Int.init), length > maximumBodyBytes {
-            return Problem.response(.contentTooLarge, "the body has \(length) bytes; this route takes at most \(maximumBodyBytes)",
-                                    requestID: requestID)
+        let isPhoto = request.method == .post && request.uri.path.hasPrefix("/v1/plants/") && request.uri.path.hasSuffix("/photos")
+        let limit = isPhoto ? maximumPhotoBytes : maximumBodyBytes
+        if let length = request.headers[.contentLength].flatMap(Int.init), length > limit {
+            return Problem.response(.contentTooLarge, "the body has \(length) bytes; this route takes at most \(limit)", requestID: requestID)
         }
         var request = request
         do {
             // Collected here, within the limit, also when it comes in chunks without a length
             // (the generated server would read any length).
-            request.body = .init(buffer: try await request.body.collect(upTo: maximumBodyBytes))
+            request.body = .init(buffer: try await request.body.collect(upTo: limit))
         } catch {
-            return Problem.response(.contentTooLarge, "the body has more than \(maximumBodyBytes) bytes, the most this route takes",
-                                    requestID: requestID)
+            return Problem.response(.contentTooLarge, "the body has more than \(limit) bytes, the most this route takes", requestID: requestID)
         }
         do {
             return try await Caller.$principal.withValue(user) {

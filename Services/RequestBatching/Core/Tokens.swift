@@ -63,9 +63,10 @@ public actor TokenAuthority {
     public func issue(user: String, lifetime: Duration, now: Date = Date()) async throws -> String {
         try Self.check(user: user)
         await ready()
-        let seconds = Double(lifetime.components.seconds)
-        let claims = Claims(sub: SubjectClaim(value: user), exp: ExpirationClaim(value: now.addingTimeInterval(seconds)),
-                            iat: IssuedAtClaim(value: now), iss: IssuerClaim(value: Self.issuer))
+        // Whole seconds, as JWT libraries expect of NumericDates.
+        let issued = Date(timeIntervalSince1970: now.timeIntervalSince1970.rounded(.down))
+        let claims = Claims(sub: SubjectClaim(value: user), exp: ExpirationClaim(value: issued.addingTimeInterval(Double(lifetime.components.seconds))),
+                            iat: IssuedAtClaim(value: issued), iss: IssuerClaim(value: Self.issuer))
         return try await keys.sign(claims)
     }
 
