@@ -55,7 +55,7 @@ struct BatchAPITests {
         }
     }
 
-    func withStack(_ body: (Stack) async throws -> Void) async throws {
+    func withStack(rate: Double = 50, burst: Double = 200, _ body: (Stack) async throws -> Void) async throws {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-batch-\(UUID().uuidString)")
         defer { try? FileManager.default.removeItem(at: directory) }
         try await withLiveBus { bus in
@@ -63,6 +63,8 @@ struct BatchAPITests {
                                          context: bus.context, logger: bus.logger))
             var settings = BatchServiceSettings(http: .anyLoopbackPort, bus: .init(endpoint: bus.endpoint), tokenKey: Self.key, metrics: .anyLoopbackPort)
             settings.maximumBodyBytes = 64 * 1_024
+            settings.rateLimit = rate
+            settings.rateBurst = burst
             let services = try buildBatchService(settings: settings, context: bus.context, logger: bus.logger)
             let http = try #require(services.first { $0 is BatchHTTPServer } as? BatchHTTPServer)
             let metrics = try #require(services.first { $0 is OperatingEndpoint } as? OperatingEndpoint)
@@ -214,6 +216,34 @@ struct BatchAPITests {
             let response = try await HTTPClient.shared.execute(HTTPClientRequest(url: "http://127.0.0.1:\(stack.metricsPort)/health"), timeout: .seconds(10))
             let report = try JSONDecoder().decode(HealthReport.self, from: Data(try await response.body.collect(upTo: 65_536).readableBytesView))
             #expect(report.healthy && report.checks["broker"] == "answers" && report.checks["service.care"] == "1 worker", "\(report)")
+        }
+    }
+
+    @Test func eachPersonIsRateLimitedWith429AndRetryAfterAndCountedByRoute() async throws {
+        try await withStack(rate: 1, burst: 3) { stack in
+            // The registry is the process's, shared with other tests: differences count.
+            func value(_ scrape: PrometheusText, _ name: String, _ labels: [String: String] = [:]) -> Double {
+                scrape.samples.filter { sample in sample.name == name && labels.allSatisfy { sample.labels[$0.key] == $0.value } }.map(\.value).reduce(0, +)
+            }
+            let before = try await OperatingProbe.metrics(stack.metricsPort)
+            var statuses: [Int] = []
+            for _ in 0..<4 { statuses.append(try await stack.send(.GET, "/v1/plants", as: "alice").status) }
+            #expect(statuses == [200, 200, 200, 429])
+            let limited = try await stack.send(.GET, "/v1/statistics", as: "alice")
+            #expect(limited.status == 429 && Int(limited.headers["retry-after"] ?? "") ?? 0 >= 1)
+            #expect(limited.object["requestID"] as? String == limited.headers["x-request-id"])
+            #expect(try await stack.send(.GET, "/v1/plants", as: "bob").status == 200, "bob has his own bucket")
+            #expect(try await stack.send(.GET, "/v1/nowhere", as: "bob").status == 404)
+
+            let after = try await OperatingProbe.metrics(stack.metricsPort)
+            func delta(_ name: String, _ labels: [String: String] = [:]) -> Double { value(after, name, labels) - value(before, name, labels) }
+            #expect(delta("canopy_batch_requests_total", ["route": "/v1/plants", "status": "200"]) == 4)
+            #expect(delta("canopy_batch_requests_total", ["route": "/v1/plants", "status": "429"]) == 1)
+            #expect(delta("canopy_batch_requests_total", ["route": "/v1/statistics", "status": "429"]) == 1)
+            #expect(delta("canopy_batch_requests_total", ["status": "404"]) == 1, "an unknown route is counted under one label")
+            #expect(delta("canopy_batch_rate_limited_total") == 2)
+            #expect(Set(after.samples.filter { $0.name == "canopy_batch_requests_total" }.compactMap { $0.labels["route"] })
+                .allSatisfy { $0.hasPrefix("/v1/") || $0 == "NotFound" }, "routes are the document's templates")
         }
     }
 }

@@ -43,11 +43,17 @@ struct ServeBatch: AsyncParsableCommand {
     @OptionGroup var token: TokenKeyOptions
     @Option(help: ArgumentHelp("Where apps reach the API, HOST:PORT. Env: CANOPY_HTTP.", valueName: "host:port"))
     var http: String = Environment.string("CANOPY_HTTP") ?? "127.0.0.1:8080"
-    @Option(help: ArgumentHelp("The largest request body taken, in bytes. Env: CANOPY_MAX_BODY_BYTES.", valueName: "bytes"))
+    @Option(help: ArgumentHelp("The largest JSON body taken, in bytes (a photo may have 25 MiB). Env: CANOPY_MAX_BODY_BYTES.", valueName: "bytes"))
     var maxBodyBytes: Int = Environment.int("CANOPY_MAX_BODY_BYTES", default: 1_048_576)
+    @Option(help: ArgumentHelp("Requests a second one person may make, on average. Env: CANOPY_RATE_LIMIT.", valueName: "n"))
+    var rateLimit: Int = Environment.int("CANOPY_RATE_LIMIT", default: 50)
+    @Option(help: ArgumentHelp("Requests one person may make at once, above the rate. Env: CANOPY_RATE_BURST.", valueName: "n"))
+    var rateBurst: Int = Environment.int("CANOPY_RATE_BURST", default: 200)
 
     func validate() throws {
         guard (1_024...(64 * 1_048_576)).contains(maxBodyBytes) else { throw ValidationError("--max-body-bytes is 1024 to 67108864") }
+        guard (1...100_000).contains(rateLimit) else { throw ValidationError("--rate-limit is 1 to 100000 requests a second") }
+        guard (1...1_000_000).contains(rateBurst) else { throw ValidationError("--rate-burst is 1 to 1000000 requests") }
         guard try OperatingOptions.parse(http) != nil else { throw ValidationError("--http is HOST:PORT, such as 0.0.0.0:8080") }
         _ = try token.key()
     }
@@ -58,6 +64,8 @@ struct ServeBatch: AsyncParsableCommand {
         var settings = BatchServiceSettings(http: address, bus: try common.clientConfiguration(), tokenKey: try token.key(),
                                             metrics: try operating.listener(default: OperatingOptions.Defaults.batch))
         settings.maximumBodyBytes = maxBodyBytes
+        settings.rateLimit = Double(rateLimit)
+        settings.rateBurst = Double(rateBurst)
         try await runUntilShutdown(try buildBatchService(settings: settings, context: ZMQContext(), logger: logger), logger: logger)
     }
 }

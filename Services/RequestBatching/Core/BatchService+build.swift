@@ -25,6 +25,9 @@ public struct BatchServiceSettings: Sendable {
     public var maximumPhotoBytes = CanopyAPI.maximumPhotoBytes
     /// How long one bus call may take.
     public var callTimeout: Duration = .seconds(10)
+    /// Each person's requests a second (a token bucket's rate), and at once (its size).
+    public var rateLimit = 50.0
+    public var rateBurst = 200.0
 
     public init(http: ListenAddress, bus: BusClient.Configuration, tokenKey: [UInt8], metrics: ListenAddress? = nil) {
         self.http = http
@@ -70,7 +73,8 @@ public func buildBatchService(settings: BatchServiceSettings, context: ZMQContex
     let tokens = try TokenAuthority(key: settings.tokenKey)
     let bus = try BusClient(configuration: settings.bus, context: context, logger: logger)
     let router = Router()
-    router.add(middleware: EdgeMiddleware(tokens: tokens, maximumBodyBytes: settings.maximumBodyBytes, maximumPhotoBytes: settings.maximumPhotoBytes))
+    router.add(middleware: EdgeMiddleware(tokens: tokens, maximumBodyBytes: settings.maximumBodyBytes, maximumPhotoBytes: settings.maximumPhotoBytes,
+                                         limiter: RateLimiter(rate: settings.rateLimit, burst: settings.rateBurst), metrics: BatchMetrics()))
     // Dates as the bus writes them; compact JSON with sorted keys, as the bus's.
     let configuration = Configuration(dateTranscoder: WireDateTranscoder(), jsonEncodingOptions: [.sortedKeys, .withoutEscapingSlashes])
     try CanopyAPI(bus: bus, timeout: settings.callTimeout).registerHandlers(on: router, configuration: configuration)

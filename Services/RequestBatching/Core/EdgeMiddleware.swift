@@ -16,11 +16,15 @@ struct EdgeMiddleware<Context: RequestContext>: RouterMiddleware {
     /// /v1/plants/{plantID}/photos`).
     let maximumBodyBytes: Int
     let maximumPhotoBytes: Int
+    /// Each person's requests a second, and at once.
+    let limiter: RateLimiter
+    let metrics: BatchMetrics
     private let sequence = RequestSequence()
 
     static var requestIDHeader: HTTPField.Name { HTTPField.Name("X-Request-ID")! }
 
     func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
+        let started = ContinuousClock.now
         let requestID = sequence.next()
         var context = context
         context.logger[metadataKey: "batch.request"] = "\(requestID)"
@@ -33,6 +37,8 @@ struct EdgeMiddleware<Context: RequestContext>: RouterMiddleware {
                 response.headers[name] = decoded
             }
         }
+        // The route as the document names it (bounded), once the router matched one.
+        metrics.record(route: context.endpointPath ?? "unknown", status: response.status.code, duration: .now - started)
         if response.status.code >= 500 {
             context.logger.error("batch.failed", metadata: ["batch.status": "\(response.status.code)", "batch.path": "\(request.uri.path)"])
         }
@@ -50,6 +56,11 @@ struct EdgeMiddleware<Context: RequestContext>: RouterMiddleware {
             return Problem.response(.unauthorized, "the bearer token is not valid: forged, expired or not Canopy's; ask for a new one",
                                     requestID: requestID,
                                     headers: [.wwwAuthenticate: "Bearer realm=\"canopy\", error=\"invalid_token\""])
+        }
+        if let wait = limiter.take(user) {
+            metrics.rateLimited.increment()
+            return Problem.response(.tooManyRequests, "too many requests from you at once; try again in \(wait) s", requestID: requestID,
+                                    headers: [.retryAfter: String(wait)])
         }
         let isPhoto = request.method == .post && request.uri.path.hasPrefix("/v1/plants/") && request.uri.path.hasSuffix("/photos")
         let limit = isPhoto ? maximumPhotoBytes : maximumBodyBytes

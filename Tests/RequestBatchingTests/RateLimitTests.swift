@@ -1,0 +1,34 @@
+import Foundation
+import Testing
+@testable import RequestBatching
+
+/// Token buckets per person, driven by hand: a burst, then the rate, a wait that says when,
+/// and a bound on how many people are remembered.
+struct RateLimitTests {
+    @Test func aBurstThenTheRateAndTheWaitUntilTheNextToken() {
+        var buckets = TokenBuckets(rate: 2, burst: 3)
+        #expect((0..<3).map { _ in buckets.take("alice", now: 0) } == [nil, nil, nil])
+        #expect(buckets.take("alice", now: 0) == 0.5, "one token comes every half second")
+        #expect(buckets.take("bob", now: 0) == nil, "each person has their own bucket")
+        #expect(buckets.take("alice", now: 0.25) == 0.25)
+        #expect(buckets.take("alice", now: 0.5) == nil)
+        #expect(buckets.take("alice", now: 0.5) != nil)
+        #expect((0..<3).map { _ in buckets.take("alice", now: 100) } == [nil, nil, nil], "a full bucket holds the burst, not more")
+        #expect(buckets.take("alice", now: 100) != nil)
+    }
+
+    @Test func peopleRememberedStayWithinTheBoundFullBucketsForgottenFirst() {
+        var buckets = TokenBuckets(rate: 1, burst: 2, capacity: 100)
+        for index in 0..<10 { _ = buckets.take("busy-\(index)", now: 1_000); _ = buckets.take("busy-\(index)", now: 1_000) }
+        for index in 0..<10_000 {
+            _ = buckets.take("passer-\(index)", now: Double(index) * 0.001)
+            #expect(buckets.count <= 100)
+        }
+        // People who emptied their buckets a moment ago are still held to it when room is made.
+        var held = TokenBuckets(rate: 1, burst: 2, capacity: 100)
+        for index in 0..<95 { _ = held.take("earlier-\(index)", now: 0) } // full again by t = 100
+        for index in 0..<10 { _ = held.take("busy-\(index)", now: 100); _ = held.take("busy-\(index)", now: 100) }
+        #expect(held.count <= 100)
+        #expect(held.take("busy-3", now: 100.1) != nil, "an empty bucket outlives the full ones")
+    }
+}
