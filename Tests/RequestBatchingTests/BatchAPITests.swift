@@ -246,4 +246,55 @@ struct BatchAPITests {
                 .allSatisfy { $0.hasPrefix("/v1/") || $0 == "NotFound" }, "routes are the document's templates")
         }
     }
+
+    @Test func aBatchRunsEachOperationAsIfAloneAndAnswersInOrderMixedSuccessesAndFailures() async throws {
+        try await withStack { stack in
+            let id = try #require(try await stack.send(.POST, "/v1/plants", json: Self.monstera).object["id"] as? String)
+            let batch = """
+                {"operations":[
+                  {"method":"GET","path":"/v1/plants/\(id)"},
+                  {"method":"POST","path":"/v1/plants","body":{"scientificName":"Epipremnum aureum","customName":"Pothos"}},
+                  {"method":"GET","path":"/v1/plants/no-such-plant"},
+                  {"method":"POST","path":"/v1/plants","body":{"scientificName":42}},
+                  {"method":"GET","path":"/v1/plants?limit=1&sort=name&descending=false"},
+                  {"method":"PUT","path":"/v1/plants/\(id)/favourite","body":{"favourite":true}},
+                  {"method":"GET","path":"/v1/statistics"},
+                  {"method":"GET","path":"/health"},
+                  {"method":"POST","path":"/v1/batch","body":{"operations":[]}},
+                  {"method":"DELETE","path":"/v1/nowhere"},
+                  {"method":"GET","path":"/v1/photos/\(String(repeating: "0", count: 64))/variants/thumbnail"}
+                ]}
+                """
+            let answer = try await stack.send(.POST, "/v1/batch", json: batch)
+            #expect(answer.status == 200, "\(String(decoding: answer.body, as: UTF8.self))")
+            let results = try #require(answer.object["results"] as? [[String: Any]])
+            #expect(results.map { $0["status"] as? Int } == [200, 201, 404, 400, 200, 200, 200, 400, 400, 404, 503],
+                    "\(results.map { $0["status"] ?? "-" })")
+            #expect((results[0]["body"] as? [String: Any])?["customName"] as? String == "Monty")
+            #expect((results[1]["body"] as? [String: Any])?["customName"] as? String == "Pothos")
+            #expect((results[3]["body"] as? [String: Any])?["field"] as? String == "scientificName")
+            #expect(((results[4]["body"] as? [String: Any])?["plants"] as? [[String: Any]])?.count == 1)
+            #expect((results[5]["body"] as? [String: Any])?["favourite"] as? Bool == true)
+            for index in [7, 8] { #expect((results[index]["body"] as? [String: Any])?["field"] as? String == "path") }
+            #expect(results[9]["status"] as? Int == 404)
+            // No canopy-images in this stack: its own answer, as alone (the photos test batches one).
+            #expect(((results[10]["body"] as? [String: Any])?["detail"] as? String)?.isEmpty == false)
+            // What the batch did, it did: the second plant exists, the first is a favourite.
+            #expect(try await stack.send(.GET, "/v1/plants").object["total"] as? Int == 2)
+
+            // Bob's batch reaches none of Alice's plants.
+            let bobs = try await stack.send(.POST, "/v1/batch", as: "bob", json: """
+                {"operations":[{"method":"GET","path":"/v1/plants/\(id)"},{"method":"DELETE","path":"/v1/plants/\(id)"},{"method":"GET","path":"/v1/plants"}]}
+                """)
+            let bobResults = try #require(bobs.object["results"] as? [[String: Any]])
+            #expect(bobResults.first?["status"] as? Int == 404)
+            #expect(((bobResults.last?["body"] as? [String: Any])?["total"]) as? Int == 0)
+            #expect(try await stack.send(.GET, "/v1/plants/\(id)").status == 200)
+
+            let tooMany = "{\"operations\":[" + Array(repeating: #"{"method":"GET","path":"/v1/statistics"}"#, count: 51).joined(separator: ",") + "]}"
+            let refused = try await stack.send(.POST, "/v1/batch", json: tooMany)
+            #expect(refused.status == 400 && refused.object["field"] as? String == "operations")
+            #expect(try await stack.send(.POST, "/v1/batch", json: #"{"operations":[]}"#).status == 400)
+        }
+    }
 }

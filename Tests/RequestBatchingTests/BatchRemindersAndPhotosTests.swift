@@ -104,6 +104,14 @@ struct BatchRemindersAndPhotosTests {
             let palette = try await stack.send(.GET, "/v1/photos/\(photoID)/palette")
             #expect(palette.status == 200 && !((palette.object["swatches"] as? [Any]) ?? []).isEmpty)
 
+            // Bytes are not batched; the palette, JSON, is.
+            let batched = try await stack.send(.POST, "/v1/batch", json: """
+                {"operations":[{"method":"GET","path":"/v1/photos/\(photoID)/variants/thumbnail"},{"method":"GET","path":"/v1/photos/\(photoID)/palette"}]}
+                """)
+            let results = try #require(batched.object["results"] as? [[String: Any]])
+            #expect(results.map { $0["status"] as? Int } == [400, 200])
+            #expect(((results[0]["body"] as? [String: Any])?["detail"] as? String)?.contains("bytes") == true)
+
             // Bob cannot see Alice's photo, not even as a 304.
             #expect(try await stack.send(.GET, "/v1/photos/\(photoID)/variants/thumbnail", as: "bob").status == 404)
             #expect(try await stack.send(.GET, "/v1/photos/\(photoID)/variants/thumbnail", as: "bob", headers: [("If-None-Match", eTag)]).status == 404)

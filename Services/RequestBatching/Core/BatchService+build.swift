@@ -77,7 +77,10 @@ public func buildBatchService(settings: BatchServiceSettings, context: ZMQContex
                                          limiter: RateLimiter(rate: settings.rateLimit, burst: settings.rateBurst), metrics: BatchMetrics()))
     // Dates as the bus writes them; compact JSON with sorted keys, as the bus's.
     let configuration = Configuration(dateTranscoder: WireDateTranscoder(), jsonEncodingOptions: [.sortedKeys, .withoutEscapingSlashes])
-    try CanopyAPI(bus: bus, timeout: settings.callTimeout).registerHandlers(on: router, configuration: configuration)
+    let operations = OperationTable()
+    let api = CanopyAPI(bus: bus, timeout: settings.callTimeout, operations: operations)
+    try api.registerHandlers(on: router, configuration: configuration)
+    try api.registerHandlers(on: operations, configuration: configuration) // the same handlers, for batches
     let http = BatchHTTPServer(router: router, address: settings.http, logger: logger)
     var services: [any Service] = [bus, http]
     if let metrics = settings.metrics {

@@ -10,6 +10,8 @@ struct CanopyAPI: APIProtocol {
     let bus: BusClient
     /// How long one bus call may take.
     var timeout: Duration = .seconds(10)
+    /// Every route, for `POST /v1/batch` to run in process.
+    var operations: OperationTable?
 
     /// The caller the edge middleware authenticated (every route needs one).
     func caller() throws -> String {

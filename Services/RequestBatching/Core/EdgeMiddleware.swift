@@ -99,6 +99,24 @@ final class RequestSequence: Sendable {
 
 /// Problem details (RFC 9457): one JSON shape for every error.
 enum Problem {
+    /// A problem made: its status, headers and JSON body.
+    struct Made {
+        var status: HTTPResponse.Status
+        var headers: HTTPFields
+        var bytes: [UInt8]
+
+        var response: Response { Response(status: status, headers: headers, body: .init(byteBuffer: ByteBuffer(bytes: bytes))) }
+    }
+
+    static func response(_ status: HTTPResponse.Status, _ detail: String, requestID: String, field: String? = nil,
+                         headers: HTTPFields = [:]) -> Response {
+        make(status, detail, requestID: requestID, field: field, headers: headers).response
+    }
+
+    static func response(for error: any Error, requestID: String) -> Response {
+        make(for: error, requestID: requestID).response
+    }
+
     struct Body: Encodable {
         var type: String
         var title: String
@@ -114,56 +132,55 @@ enum Problem {
         return encoder
     }()
 
-    static func response(_ status: HTTPResponse.Status, _ detail: String, requestID: String, field: String? = nil,
-                         headers: HTTPFields = [:]) -> Response {
+    static func make(_ status: HTTPResponse.Status, _ detail: String, requestID: String, field: String? = nil,
+                         headers: HTTPFields = [:]) -> Made {
         let slug = status.reasonPhrase.lowercased().replacingOccurrences(of: " ", with: "-")
         let body = Body(type: "https://canopy.dev/problems/\(slug)", title: status.reasonPhrase, status: status.code, detail: detail,
                         requestID: requestID, field: field)
         var headers = headers
         headers[.contentType] = "application/problem+json"
-        let bytes = (try? encoder.encode(body)) ?? Data()
-        return Response(status: status, headers: headers, body: .init(byteBuffer: ByteBuffer(bytes: bytes)))
+        return Made(status: status, headers: headers, bytes: [UInt8]((try? encoder.encode(body)) ?? Data()))
     }
 
     /// Any error a route threw, as the problem it is.
-    static func response(for error: any Error, requestID: String) -> Response {
+    static func make(for error: any Error, requestID: String) -> Made {
         switch error {
         case let error as ServerError:
-            return response(forServerError: error, requestID: requestID)
+            return make(forServerError: error, requestID: requestID)
         case let error as CanopyError:
-            return response(error, requestID: requestID)
+            return make(error, requestID: requestID)
         case let error as RequestFieldError:
-            return response(.badRequest, error.message, requestID: requestID, field: error.field)
+            return make(.badRequest, error.message, requestID: requestID, field: error.field)
         case let error as HTTPError:
             let status = HTTPResponse.Status(code: error.status.code)
             let detail = status == .notFound ? "there is no such route; docs/openapi.yaml lists them" : (error.body ?? status.reasonPhrase)
-            return response(status, detail, requestID: requestID)
+            return make(status, detail, requestID: requestID)
         default:
-            return response(.internalServerError, "something failed inside canopy-batch; the request id finds it in the log", requestID: requestID)
+            return make(.internalServerError, "something failed inside canopy-batch; the request id finds it in the log", requestID: requestID)
         }
     }
 
     /// What the generated server threw: the handler's own error, or the request not being
     /// what the document says (a body that does not decode, a parameter of the wrong type).
-    private static func response(forServerError error: ServerError, requestID: String) -> Response {
+    private static func make(forServerError error: ServerError, requestID: String) -> Made {
         switch error.underlyingError {
-        case let inner as CanopyError: return response(inner, requestID: requestID)
-        case let inner as RequestFieldError: return response(.badRequest, inner.message, requestID: requestID, field: inner.field)
+        case let inner as CanopyError: return make(inner, requestID: requestID)
+        case let inner as RequestFieldError: return make(.badRequest, inner.message, requestID: requestID, field: inner.field)
         case let inner as DecodingError:
             return decoding(inner, requestID: requestID, whole: error.requestBody == nil ? "a query or path parameter" : "the body")
         default:
             if error.operationInput == nil || error.causeDescription.lowercased().contains("decod") || error.causeDescription.lowercased().contains("pars") {
                 // The request did not become the operation's input.
                 let described = "\(error.underlyingError)".prefix(300)
-                return response(.badRequest, "the request does not match the API document: \(described)", requestID: requestID)
+                return make(.badRequest, "the request does not match the API document: \(described)", requestID: requestID)
             }
-            return response(.internalServerError, "something failed inside canopy-batch; the request id finds it in the log", requestID: requestID)
+            return make(.internalServerError, "something failed inside canopy-batch; the request id finds it in the log", requestID: requestID)
         }
     }
 
     /// A request that did not decode, naming the field when the decoder knows it (`whole`
     /// says what was wrong when it does not: the body, or a parameter).
-    private static func decoding(_ error: DecodingError, requestID: String, whole: String) -> Response {
+    private static func decoding(_ error: DecodingError, requestID: String, whole: String) -> Made {
         func path(_ context: DecodingError.Context, _ key: (any CodingKey)? = nil) -> String {
             let keys = context.codingPath + (key.map { [$0] } ?? [])
             return keys.map { $0.intValue.map { "[\($0)]" } ?? ".\($0.stringValue)" }.joined().drop { $0 == "." }.description
@@ -175,11 +192,11 @@ enum Problem {
         case .dataCorrupted(let context): (path(context), "is not valid: \(context.debugDescription.prefix(200))")
         @unknown default: ("", "does not decode")
         }
-        return response(.badRequest, "\(field.isEmpty ? whole : field) \(detail)", requestID: requestID, field: field.isEmpty ? nil : field)
+        return make(.badRequest, "\(field.isEmpty ? whole : field) \(detail)", requestID: requestID, field: field.isEmpty ? nil : field)
     }
 
     /// A bus error as HTTP: the caller's mistakes as 4xx, the system's state as 5xx.
-    private static func response(_ error: CanopyError, requestID: String) -> Response {
+    private static func make(_ error: CanopyError, requestID: String) -> Made {
         let status: HTTPResponse.Status = switch error.code {
         case .badRequest: .badRequest
         case .notFound: .notFound
@@ -194,6 +211,6 @@ enum Problem {
         var headers: HTTPFields = [:]
         if error.code == .busy { headers[.retryAfter] = "1" }
         if error.code == .noWorkers { headers[.retryAfter] = "5" }
-        return response(status, error.message, requestID: requestID, headers: headers)
+        return make(status, error.message, requestID: requestID, headers: headers)
     }
 }
