@@ -12,289 +12,296 @@ import Testing
 
 /// canopy-batch as `serve` builds it, over real HTTP (AsyncHTTPClient), in front of the real
 /// broker and canopy-care: every route, who may call, and what bad requests get.
-@Suite(.serialized)
-struct BatchAPITests {
-    static let key = Array("a signing key for the tests, long enough to be taken".utf8)
+extension LiveBatchTests {
+    @Suite(.serialized)
+    struct BatchAPITests {
+        static let key = Array("a signing key for the tests, long enough to be taken".utf8)
 
-    /// One HTTP answer: status, headers, and the body as JSON when it is.
-    struct Answer {
-        var status: Int
-        var headers: [String: String]
-        var body: [UInt8]
-        var json: Any? { try? JSONSerialization.jsonObject(with: Data(body)) }
-        var object: [String: Any] { json as? [String: Any] ?? [:] }
-    }
+        /// One HTTP answer: status, headers, and the body as JSON when it is.
+        struct Answer {
+            var status: Int
+            var headers: [String: String]
+            var body: [UInt8]
+            var json: Any? { try? JSONSerialization.jsonObject(with: Data(body)) }
+            var object: [String: Any] { json as? [String: Any] ?? [:] }
+        }
 
-    struct Stack {
-        let base: String
-        let tokens: TokenAuthority
-        let bus: LiveBus
-        let metricsPort: Int
+        struct Stack {
+            let base: String
+            let tokens: TokenAuthority
+            let bus: LiveBus
+            let metricsPort: Int
 
-        func token(_ user: String) async throws -> String { try await tokens.issue(user: user, lifetime: .seconds(3_600)) }
+            func token(_ user: String) async throws -> String { try await tokens.issue(user: user, lifetime: .seconds(3_600)) }
 
-        func send(_ method: HTTPMethod, _ path: String, as user: String? = "alice", token: String? = nil, json: String? = nil,
-                  headers: [(String, String)] = []) async throws -> Answer {
-            var request = HTTPClientRequest(url: base + path)
-            request.method = method
-            if let token {
-                request.headers.add(name: "Authorization", value: "Bearer \(token)")
-            } else if let user {
-                request.headers.add(name: "Authorization", value: "Bearer \(try await self.token(user))")
+            func send(_ method: HTTPMethod, _ path: String, as user: String? = "alice", token: String? = nil, json: String? = nil,
+                      headers: [(String, String)] = []) async throws -> Answer {
+                var request = HTTPClientRequest(url: base + path)
+                request.method = method
+                if let token {
+                    request.headers.add(name: "Authorization", value: "Bearer \(token)")
+                } else if let user {
+                    request.headers.add(name: "Authorization", value: "Bearer \(try await self.token(user))")
+                }
+                if let json {
+                    request.headers.add(name: "Content-Type", value: "application/json")
+                    request.body = .bytes(ByteBuffer(string: json))
+                }
+                for (name, value) in headers { request.headers.add(name: name, value: value) }
+                let response = try await HTTPClient.shared.execute(request, timeout: .seconds(30))
+                let body = try await response.body.collect(upTo: 8 * 1_048_576)
+                var fields: [String: String] = [:]
+                for header in response.headers { fields[header.name.lowercased()] = header.value }
+                return Answer(status: Int(response.status.code), headers: fields, body: Array(body.readableBytesView))
             }
-            if let json {
-                request.headers.add(name: "Content-Type", value: "application/json")
-                request.body = .bytes(ByteBuffer(string: json))
+        }
+
+        func withStack(rate: Double = 50, burst: Double = 200, _ body: (Stack) async throws -> Void) async throws {
+            let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-batch-\(UUID().uuidString)")
+            defer { try? FileManager.default.removeItem(at: directory) }
+            try await withLiveBus { bus in
+                bus.run(try buildCareService(settings: CareServiceSettings(directory: directory.appendingPathComponent("care"), runner: bus.runnerConfiguration()),
+                                             context: bus.context, logger: bus.logger))
+                var settings = BatchServiceSettings(http: .anyLoopbackPort, bus: .init(endpoint: bus.endpoint), tokenKey: Self.key, metrics: .anyLoopbackPort)
+                settings.maximumBodyBytes = 64 * 1_024
+                settings.rateLimit = rate
+                settings.rateBurst = burst
+                let services = try buildBatchService(settings: settings, context: bus.context, logger: bus.logger)
+                let http = try #require(services.first { $0 is BatchHTTPServer } as? BatchHTTPServer)
+                let metrics = try #require(services.first { $0 is OperatingEndpoint } as? OperatingEndpoint)
+                bus.run(services)
+                try await bus.waitForWorkers(1, service: Care.service)
+                let port = try await http.boundPort()
+                try await body(Stack(base: "http://127.0.0.1:\(port)", tokens: try TokenAuthority(key: Self.key), bus: bus,
+                                     metricsPort: try await metrics.boundPort()))
             }
-            for (name, value) in headers { request.headers.add(name: name, value: value) }
-            let response = try await HTTPClient.shared.execute(request, timeout: .seconds(30))
-            let body = try await response.body.collect(upTo: 8 * 1_048_576)
-            var fields: [String: String] = [:]
-            for header in response.headers { fields[header.name.lowercased()] = header.value }
-            return Answer(status: Int(response.status.code), headers: fields, body: Array(body.readableBytesView))
         }
-    }
 
-    func withStack(rate: Double = 50, burst: Double = 200, _ body: (Stack) async throws -> Void) async throws {
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-batch-\(UUID().uuidString)")
-        defer { try? FileManager.default.removeItem(at: directory) }
-        try await withLiveBus { bus in
-            bus.run(try buildCareService(settings: CareServiceSettings(directory: directory.appendingPathComponent("care"), runner: bus.runnerConfiguration()),
-                                         context: bus.context, logger: bus.logger))
-            var settings = BatchServiceSettings(http: .anyLoopbackPort, bus: .init(endpoint: bus.endpoint), tokenKey: Self.key, metrics: .anyLoopbackPort)
-            settings.maximumBodyBytes = 64 * 1_024
-            settings.rateLimit = rate
-            settings.rateBurst = burst
-            let services = try buildBatchService(settings: settings, context: bus.context, logger: bus.logger)
-            let http = try #require(services.first { $0 is BatchHTTPServer } as? BatchHTTPServer)
-            let metrics = try #require(services.first { $0 is OperatingEndpoint } as? OperatingEndpoint)
-            bus.run(services)
-            try await bus.waitForWorkers(1, service: Care.service)
-            let port = try await http.boundPort()
-            try await body(Stack(base: "http://127.0.0.1:\(port)", tokens: try TokenAuthority(key: Self.key), bus: bus,
-                                 metricsPort: try await metrics.boundPort()))
-        }
-    }
+        static let monstera = #"{"scientificName":"Monstera deliciosa","customName":"Monty","location":"Living room"}"#
 
-    static let monstera = #"{"scientificName":"Monstera deliciosa","customName":"Monty","location":"Living room"}"#
+        // MARK: - Every route
 
-    // MARK: - Every route
+        @Test func plantsTasksStatisticsAndPreferencesWorkOverHTTP() async throws {
+            try await withStack { stack in
+                let created = try await stack.send(.POST, "/v1/plants", json: Self.monstera)
+                #expect(created.status == 201, "\(String(decoding: created.body, as: UTF8.self))")
+                let id = try #require(created.object["id"] as? String)
+                #expect(created.object["family"] as? String == "Araceae", "filled in from the catalog")
+                #expect((created.object["profile"] as? [String: Any])?["light"] as? String == "brightIndirect")
+                #expect(created.headers["x-request-id"]?.isEmpty == false)
+                _ = try await stack.send(.POST, "/v1/plants", json: #"{"scientificName":"Epipremnum aureum","customName":"Pothos"}"#)
 
-    @Test func plantsTasksStatisticsAndPreferencesWorkOverHTTP() async throws {
-        try await withStack { stack in
-            let created = try await stack.send(.POST, "/v1/plants", json: Self.monstera)
-            #expect(created.status == 201, "\(String(decoding: created.body, as: UTF8.self))")
-            let id = try #require(created.object["id"] as? String)
-            #expect(created.object["family"] as? String == "Araceae", "filled in from the catalog")
-            #expect((created.object["profile"] as? [String: Any])?["light"] as? String == "brightIndirect")
-            #expect(created.headers["x-request-id"]?.isEmpty == false)
-            _ = try await stack.send(.POST, "/v1/plants", json: #"{"scientificName":"Epipremnum aureum","customName":"Pothos"}"#)
+                let got = try await stack.send(.GET, "/v1/plants/\(id)")
+                #expect(got.status == 200 && got.object["customName"] as? String == "Monty")
+                let page = try await stack.send(.GET, "/v1/plants?search=monst&limit=1")
+                #expect(page.status == 200 && page.object["total"] as? Int == 1)
+                let all = try await stack.send(.GET, "/v1/plants?limit=1&sort=name&descending=false")
+                #expect(all.object["total"] as? Int == 2 && all.object["nextOffset"] as? Int == 1)
+                #expect(((all.object["plants"] as? [[String: Any]])?.first?["customName"]) as? String == "Monty")
 
-            let got = try await stack.send(.GET, "/v1/plants/\(id)")
-            #expect(got.status == 200 && got.object["customName"] as? String == "Monty")
-            let page = try await stack.send(.GET, "/v1/plants?search=monst&limit=1")
-            #expect(page.status == 200 && page.object["total"] as? Int == 1)
-            let all = try await stack.send(.GET, "/v1/plants?limit=1&sort=name&descending=false")
-            #expect(all.object["total"] as? Int == 2 && all.object["nextOffset"] as? Int == 1)
-            #expect(((all.object["plants"] as? [[String: Any]])?.first?["customName"]) as? String == "Monty")
+                let favourite = try await stack.send(.PUT, "/v1/plants/\(id)/favourite", json: #"{"favourite":true}"#)
+                #expect(favourite.status == 200 && favourite.object["favourite"] as? Bool == true)
+                #expect(try await stack.send(.GET, "/v1/plants?favourite=true").object["total"] as? Int == 1)
+                let updated = try await stack.send(.PUT, "/v1/plants/\(id)", json: #"{"scientificName":"Monstera deliciosa","customName":"Big Monty","favourite":true}"#)
+                #expect(updated.status == 200 && updated.object["customName"] as? String == "Big Monty")
 
-            let favourite = try await stack.send(.PUT, "/v1/plants/\(id)/favourite", json: #"{"favourite":true}"#)
-            #expect(favourite.status == 200 && favourite.object["favourite"] as? Bool == true)
-            #expect(try await stack.send(.GET, "/v1/plants?favourite=true").object["total"] as? Int == 1)
-            let updated = try await stack.send(.PUT, "/v1/plants/\(id)", json: #"{"scientificName":"Monstera deliciosa","customName":"Big Monty","favourite":true}"#)
-            #expect(updated.status == 200 && updated.object["customName"] as? String == "Big Monty")
+                let statistics = try await stack.send(.GET, "/v1/statistics")
+                #expect(statistics.status == 200 && statistics.object["total"] as? Int == 2 && statistics.object["favourites"] as? Int == 1)
+                let preferences = try await stack.send(.PUT, "/v1/preferences", json: #"{"timeZone":"Europe/Berlin","preferredMinute":480}"#)
+                #expect(preferences.status == 200 && preferences.object["timeZone"] as? String == "Europe/Berlin")
 
-            let statistics = try await stack.send(.GET, "/v1/statistics")
-            #expect(statistics.status == 200 && statistics.object["total"] as? Int == 2 && statistics.object["favourites"] as? Int == 1)
-            let preferences = try await stack.send(.PUT, "/v1/preferences", json: #"{"timeZone":"Europe/Berlin","preferredMinute":480}"#)
-            #expect(preferences.status == 200 && preferences.object["timeZone"] as? String == "Europe/Berlin")
+                let upcoming = try await stack.send(.GET, "/v1/tasks/upcoming?days=30")
+                let tasks = try #require(upcoming.object["tasks"] as? [[String: Any]])
+                #expect(upcoming.status == 200 && !tasks.isEmpty)
+                let task = try #require(tasks.first { $0["plantID"] as? String == id && $0["kind"] as? String == "water" })
+                let taskID = try #require(task["id"] as? String)
+                let snoozed = try await stack.send(.POST, "/v1/tasks/\(taskID)/snooze", json: #"{"until":"2031-01-01T09:00:00.000Z"}"#)
+                #expect(snoozed.status == 200 && snoozed.object["snoozedUntil"] as? String == "2031-01-01T09:00:00.000Z")
+                let completed = try await stack.send(.POST, "/v1/tasks/\(taskID)/complete", json: "{}")
+                #expect(completed.status == 200 && completed.object["snoozedUntil"] == nil)
+                let skipped = try await stack.send(.POST, "/v1/tasks/\(taskID)/skip")
+                #expect(skipped.status == 200 && (skipped.object["due"] as? String ?? "") > (completed.object["due"] as? String ?? "~"))
+                #expect(try await stack.send(.GET, "/v1/tasks/overdue").status == 200)
 
-            let upcoming = try await stack.send(.GET, "/v1/tasks/upcoming?days=30")
-            let tasks = try #require(upcoming.object["tasks"] as? [[String: Any]])
-            #expect(upcoming.status == 200 && !tasks.isEmpty)
-            let task = try #require(tasks.first { $0["plantID"] as? String == id && $0["kind"] as? String == "water" })
-            let taskID = try #require(task["id"] as? String)
-            let snoozed = try await stack.send(.POST, "/v1/tasks/\(taskID)/snooze", json: #"{"until":"2031-01-01T09:00:00.000Z"}"#)
-            #expect(snoozed.status == 200 && snoozed.object["snoozedUntil"] as? String == "2031-01-01T09:00:00.000Z")
-            let completed = try await stack.send(.POST, "/v1/tasks/\(taskID)/complete", json: "{}")
-            #expect(completed.status == 200 && completed.object["snoozedUntil"] == nil)
-            let skipped = try await stack.send(.POST, "/v1/tasks/\(taskID)/skip")
-            #expect(skipped.status == 200 && (skipped.object["due"] as? String ?? "") > (completed.object["due"] as? String ?? "~"))
-            #expect(try await stack.send(.GET, "/v1/tasks/overdue").status == 200)
-
-            #expect(try await stack.send(.DELETE, "/v1/plants/\(id)").status == 204)
-            let gone = try await stack.send(.GET, "/v1/plants/\(id)")
-            #expect(gone.status == 404 && gone.headers["content-type"] == "application/problem+json")
-        }
-    }
-
-    // MARK: - Who is calling
-
-    @Test func aMissingForgedOrExpiredTokenIs401WithWWWAuthenticate() async throws {
-        try await withStack { stack in
-            let missing = try await stack.send(.GET, "/v1/plants", as: nil)
-            #expect(missing.status == 401 && missing.headers["www-authenticate"]?.hasPrefix("Bearer") == true)
-            #expect(missing.object["requestID"] as? String == missing.headers["x-request-id"])
-            let forger = try TokenAuthority(key: Array("another key that is long enough to sign with".utf8))
-            let forged = try await stack.send(.GET, "/v1/plants", token: try await forger.issue(user: "alice", lifetime: .seconds(3_600)))
-            #expect(forged.status == 401 && forged.headers["www-authenticate"]?.contains("invalid_token") == true)
-            let expired = try await stack.tokens.issue(user: "alice", lifetime: .seconds(60), now: Date().addingTimeInterval(-3_600))
-            #expect(try await stack.send(.GET, "/v1/plants", token: expired).status == 401)
-            #expect(try await stack.send(.GET, "/v1/plants", token: "not.a.token").status == 401)
-            #expect(try await stack.send(.GET, "/v1/plants", token: String(repeating: "a", count: 10_000)).status == 401)
-            #expect(try await stack.send(.GET, "/v1/plants").status == 200)
-        }
-    }
-
-    @Test func nobodyReachesAnotherPersonsPlantsOrTasks() async throws {
-        try await withStack { stack in
-            let created = try await stack.send(.POST, "/v1/plants", as: "alice", json: Self.monstera)
-            let id = try #require(created.object["id"] as? String)
-            let tasks = try #require(try await stack.send(.GET, "/v1/tasks/upcoming?days=60", as: "alice").object["tasks"] as? [[String: Any]])
-            let taskID = try #require(tasks.first?["id"] as? String)
-
-            for (method, path, json) in [(HTTPMethod.GET, "/v1/plants/\(id)", nil), (.PUT, "/v1/plants/\(id)", Self.monstera),
-                                         (.PUT, "/v1/plants/\(id)/favourite", #"{"favourite":true}"#), (.DELETE, "/v1/plants/\(id)", nil),
-                                         (.POST, "/v1/tasks/\(taskID)/complete", "{}"), (.POST, "/v1/tasks/\(taskID)/skip", nil),
-                                         (.POST, "/v1/tasks/\(taskID)/snooze", #"{"until":"2031-01-01T09:00:00.000Z"}"#)] as [(HTTPMethod, String, String?)] {
-                let answer = try await stack.send(method, path, as: "bob", json: json)
-                #expect(answer.status == 404 || (method == .DELETE && answer.status == 204), "\(method) \(path) as bob: \(answer.status)")
+                #expect(try await stack.send(.DELETE, "/v1/plants/\(id)").status == 204)
+                let gone = try await stack.send(.GET, "/v1/plants/\(id)")
+                #expect(gone.status == 404 && gone.headers["content-type"] == "application/problem+json")
             }
-            #expect(try await stack.send(.GET, "/v1/plants", as: "bob").object["total"] as? Int == 0)
-            let bobsTasks = try await stack.send(.GET, "/v1/tasks/upcoming?days=60", as: "bob")
-            #expect((bobsTasks.object["tasks"] as? [Any])?.isEmpty == true)
-            // Alice's plant and task are as they were.
-            let plant = try await stack.send(.GET, "/v1/plants/\(id)", as: "alice")
-            #expect(plant.status == 200 && plant.object["favourite"] as? Bool == false)
-            let after = try #require(try await stack.send(.GET, "/v1/tasks/upcoming?days=60", as: "alice").object["tasks"] as? [[String: Any]])
-            #expect(after.first { $0["id"] as? String == taskID }?["due"] as? String == tasks.first?["due"] as? String)
         }
-    }
 
-    // MARK: - Bad requests
+        // MARK: - Who is calling
 
-    @Test func badRequestsGet400NamingTheFieldAndOneProblemShape() async throws {
-        try await withStack { stack in
-            func problem(_ answer: Answer, _ status: Int, field: String? = nil, _ comment: Comment? = nil) {
-                #expect(answer.status == status, comment)
-                #expect(answer.headers["content-type"] == "application/problem+json", comment)
-                #expect(Set(answer.object.keys).isSuperset(of: ["type", "title", "status", "detail", "requestID"]), comment)
-                #expect(answer.object["requestID"] as? String == answer.headers["x-request-id"], comment)
-                if let field { #expect(answer.object["field"] as? String == field, "\(answer.object) \(comment?.description ?? "")") }
+        @Test func aMissingForgedOrExpiredTokenIs401WithWWWAuthenticate() async throws {
+            try await withStack { stack in
+                let missing = try await stack.send(.GET, "/v1/plants", as: nil)
+                #expect(missing.status == 401 && missing.headers["www-authenticate"]?.hasPrefix("Bearer") == true)
+                #expect(missing.object["requestID"] as? String == missing.headers["x-request-id"])
+                let forger = try TokenAuthority(key: Array("another key that is long enough to sign with".utf8))
+                let forged = try await stack.send(.GET, "/v1/plants", token: try await forger.issue(user: "alice", lifetime: .seconds(3_600)))
+                #expect(forged.status == 401 && forged.headers["www-authenticate"]?.contains("invalid_token") == true)
+                let expired = try await stack.tokens.issue(user: "alice", lifetime: .seconds(60), now: Date().addingTimeInterval(-3_600))
+                #expect(try await stack.send(.GET, "/v1/plants", token: expired).status == 401)
+                #expect(try await stack.send(.GET, "/v1/plants", token: "not.a.token").status == 401)
+                #expect(try await stack.send(.GET, "/v1/plants", token: String(repeating: "a", count: 10_000)).status == 401)
+                #expect(try await stack.send(.GET, "/v1/plants").status == 200)
             }
-            problem(try await stack.send(.POST, "/v1/plants", json: "{not json"), 400, "malformed JSON")
-            problem(try await stack.send(.POST, "/v1/plants", json: #"{"scientificName":"Monstera","colour":"green"}"#), 400, "unknown field")
-            problem(try await stack.send(.POST, "/v1/plants", json: #"{"scientificName":42}"#), 400, field: "scientificName", "wrong type")
-            problem(try await stack.send(.POST, "/v1/plants", json: #"{"customName":"Monty"}"#), 400, field: "scientificName", "missing field")
-            problem(try await stack.send(.POST, "/v1/plants", json: #"{"scientificName":"Monstera","identificationConfidence":7}"#), 400, "out of range")
-            problem(try await stack.send(.GET, "/v1/plants?limit=1000"), 400, field: "limit", "limit")
-            problem(try await stack.send(.GET, "/v1/plants?limit=99999999999999999999999"), 400, "huge number")
-            problem(try await stack.send(.GET, "/v1/plants?light=dark"), 400, "unknown enum value")
-            problem(try await stack.send(.PUT, "/v1/preferences", json: #"{"timeZone":"Mars/Olympus_Mons"}"#), 400, field: "timeZone", "time zone")
-            problem(try await stack.send(.PUT, "/v1/preferences", json: #"{"timeZone":"UTC","preferredMinute":1e300}"#), 400, "huge number in the body")
-            problem(try await stack.send(.GET, "/v1/plants/..%2F..%2Fetc"), 400, "an id that cannot be one")
-            problem(try await stack.send(.GET, "/v1/nothing-here"), 404, "unknown route")
-            problem(try await stack.send(.POST, "/v1/plants", json: #"{"scientificName":""#.padding(toLength: 70_000, withPad: "a", startingAt: 0) + #""}"#),
-                    413, "a body over the limit")
-            // In chunks, without a length: still refused at the limit.
-            var chunked = HTTPClientRequest(url: stack.base + "/v1/plants")
-            chunked.method = .POST
-            chunked.headers.add(name: "Authorization", value: "Bearer \(try await stack.token("alice"))")
-            chunked.headers.add(name: "Content-Type", value: "application/json")
-            let pieces = [ByteBuffer(string: #"{"scientificName":""#)] + Array(repeating: ByteBuffer(string: String(repeating: "a", count: 8_192)), count: 10)
-                + [ByteBuffer(string: #""}"#)]
-            chunked.body = .stream(pieces.async, length: .unknown)
-            let refused = try await HTTPClient.shared.execute(chunked, timeout: .seconds(30))
-            #expect(refused.status.code == 413)
-            #expect(try await stack.send(.GET, "/v1/plants").object["total"] as? Int == 0, "nothing was stored")
         }
-    }
 
-    @Test func healthSaysWhetherTheBrokerAnswersAndWhichServicesHaveWorkers() async throws {
-        try await withStack { stack in
-            #expect(try await OperatingProbe.waitForHealth(stack.metricsPort, status: 200))
-            let response = try await HTTPClient.shared.execute(HTTPClientRequest(url: "http://127.0.0.1:\(stack.metricsPort)/health"), timeout: .seconds(10))
-            let report = try JSONDecoder().decode(HealthReport.self, from: Data(try await response.body.collect(upTo: 65_536).readableBytesView))
-            #expect(report.healthy && report.checks["broker"] == "answers" && report.checks["service.care"] == "1 worker", "\(report)")
-        }
-    }
+        @Test func nobodyReachesAnotherPersonsPlantsOrTasks() async throws {
+            try await withStack { stack in
+                let created = try await stack.send(.POST, "/v1/plants", as: "alice", json: Self.monstera)
+                let id = try #require(created.object["id"] as? String)
+                let tasks = try #require(try await stack.send(.GET, "/v1/tasks/upcoming?days=60", as: "alice").object["tasks"] as? [[String: Any]])
+                let taskID = try #require(tasks.first?["id"] as? String)
 
-    @Test func eachPersonIsRateLimitedWith429AndRetryAfterAndCountedByRoute() async throws {
-        try await withStack(rate: 1, burst: 3) { stack in
-            // The registry is the process's, shared with other tests: differences count.
-            func value(_ scrape: PrometheusText, _ name: String, _ labels: [String: String] = [:]) -> Double {
-                scrape.samples.filter { sample in sample.name == name && labels.allSatisfy { sample.labels[$0.key] == $0.value } }.map(\.value).reduce(0, +)
+                for (method, path, json) in [(HTTPMethod.GET, "/v1/plants/\(id)", nil), (.PUT, "/v1/plants/\(id)", Self.monstera),
+                                             (.PUT, "/v1/plants/\(id)/favourite", #"{"favourite":true}"#), (.DELETE, "/v1/plants/\(id)", nil),
+                                             (.POST, "/v1/tasks/\(taskID)/complete", "{}"), (.POST, "/v1/tasks/\(taskID)/skip", nil),
+                                             (.POST, "/v1/tasks/\(taskID)/snooze", #"{"until":"2031-01-01T09:00:00.000Z"}"#)] as [(HTTPMethod, String, String?)] {
+                    let answer = try await stack.send(method, path, as: "bob", json: json)
+                    #expect(answer.status == 404 || (method == .DELETE && answer.status == 204), "\(method) \(path) as bob: \(answer.status)")
+                }
+                #expect(try await stack.send(.GET, "/v1/plants", as: "bob").object["total"] as? Int == 0)
+                let bobsTasks = try await stack.send(.GET, "/v1/tasks/upcoming?days=60", as: "bob")
+                #expect((bobsTasks.object["tasks"] as? [Any])?.isEmpty == true)
+                // Alice's plant and task are as they were.
+                let plant = try await stack.send(.GET, "/v1/plants/\(id)", as: "alice")
+                #expect(plant.status == 200 && plant.object["favourite"] as? Bool == false)
+                let after = try #require(try await stack.send(.GET, "/v1/tasks/upcoming?days=60", as: "alice").object["tasks"] as? [[String: Any]])
+                #expect(after.first { $0["id"] as? String == taskID }?["due"] as? String == tasks.first?["due"] as? String)
             }
-            let before = try await OperatingProbe.metrics(stack.metricsPort)
-            var statuses: [Int] = []
-            for _ in 0..<4 { statuses.append(try await stack.send(.GET, "/v1/plants", as: "alice").status) }
-            #expect(statuses == [200, 200, 200, 429])
-            let limited = try await stack.send(.GET, "/v1/statistics", as: "alice")
-            #expect(limited.status == 429 && Int(limited.headers["retry-after"] ?? "") ?? 0 >= 1)
-            #expect(limited.object["requestID"] as? String == limited.headers["x-request-id"])
-            #expect(try await stack.send(.GET, "/v1/plants", as: "bob").status == 200, "bob has his own bucket")
-            #expect(try await stack.send(.GET, "/v1/nowhere", as: "bob").status == 404)
-
-            let after = try await OperatingProbe.metrics(stack.metricsPort)
-            func delta(_ name: String, _ labels: [String: String] = [:]) -> Double { value(after, name, labels) - value(before, name, labels) }
-            #expect(delta("canopy_batch_requests_total", ["route": "/v1/plants", "status": "200"]) == 4)
-            #expect(delta("canopy_batch_requests_total", ["route": "/v1/plants", "status": "429"]) == 1)
-            #expect(delta("canopy_batch_requests_total", ["route": "/v1/statistics", "status": "429"]) == 1)
-            #expect(delta("canopy_batch_requests_total", ["status": "404"]) == 1, "an unknown route is counted under one label")
-            #expect(delta("canopy_batch_rate_limited_total") == 2)
-            #expect(Set(after.samples.filter { $0.name == "canopy_batch_requests_total" }.compactMap { $0.labels["route"] })
-                .allSatisfy { $0.hasPrefix("/v1/") || $0 == "NotFound" }, "routes are the document's templates")
         }
-    }
 
-    @Test func aBatchRunsEachOperationAsIfAloneAndAnswersInOrderMixedSuccessesAndFailures() async throws {
-        try await withStack { stack in
-            let id = try #require(try await stack.send(.POST, "/v1/plants", json: Self.monstera).object["id"] as? String)
-            let batch = """
-                {"operations":[
-                  {"method":"GET","path":"/v1/plants/\(id)"},
-                  {"method":"POST","path":"/v1/plants","body":{"scientificName":"Epipremnum aureum","customName":"Pothos"}},
-                  {"method":"GET","path":"/v1/plants/no-such-plant"},
-                  {"method":"POST","path":"/v1/plants","body":{"scientificName":42}},
-                  {"method":"GET","path":"/v1/plants?limit=1&sort=name&descending=false"},
-                  {"method":"PUT","path":"/v1/plants/\(id)/favourite","body":{"favourite":true}},
-                  {"method":"GET","path":"/v1/statistics"},
-                  {"method":"GET","path":"/health"},
-                  {"method":"POST","path":"/v1/batch","body":{"operations":[]}},
-                  {"method":"DELETE","path":"/v1/nowhere"},
-                  {"method":"GET","path":"/v1/photos/\(String(repeating: "0", count: 64))/variants/thumbnail"}
-                ]}
-                """
-            let answer = try await stack.send(.POST, "/v1/batch", json: batch)
-            #expect(answer.status == 200, "\(String(decoding: answer.body, as: UTF8.self))")
-            let results = try #require(answer.object["results"] as? [[String: Any]])
-            #expect(results.map { $0["status"] as? Int } == [200, 201, 404, 400, 200, 200, 200, 400, 400, 404, 503],
-                    "\(results.map { $0["status"] ?? "-" })")
-            #expect((results[0]["body"] as? [String: Any])?["customName"] as? String == "Monty")
-            #expect((results[1]["body"] as? [String: Any])?["customName"] as? String == "Pothos")
-            #expect((results[3]["body"] as? [String: Any])?["field"] as? String == "scientificName")
-            #expect(((results[4]["body"] as? [String: Any])?["plants"] as? [[String: Any]])?.count == 1)
-            #expect((results[5]["body"] as? [String: Any])?["favourite"] as? Bool == true)
-            for index in [7, 8] { #expect((results[index]["body"] as? [String: Any])?["field"] as? String == "path") }
-            #expect(results[9]["status"] as? Int == 404)
-            // No canopy-images in this stack: its own answer, as alone (the photos test batches one).
-            #expect(((results[10]["body"] as? [String: Any])?["detail"] as? String)?.isEmpty == false)
-            // What the batch did, it did: the second plant exists, the first is a favourite.
-            #expect(try await stack.send(.GET, "/v1/plants").object["total"] as? Int == 2)
+        // MARK: - Bad requests
 
-            // Bob's batch reaches none of Alice's plants.
-            let bobs = try await stack.send(.POST, "/v1/batch", as: "bob", json: """
-                {"operations":[{"method":"GET","path":"/v1/plants/\(id)"},{"method":"DELETE","path":"/v1/plants/\(id)"},{"method":"GET","path":"/v1/plants"}]}
-                """)
-            let bobResults = try #require(bobs.object["results"] as? [[String: Any]])
-            #expect(bobResults.first?["status"] as? Int == 404)
-            #expect(((bobResults.last?["body"] as? [String: Any])?["total"]) as? Int == 0)
-            #expect(try await stack.send(.GET, "/v1/plants/\(id)").status == 200)
+        @Test func badRequestsGet400NamingTheFieldAndOneProblemShape() async throws {
+            try await withStack { stack in
+                func problem(_ answer: Answer, _ status: Int, field: String? = nil, _ comment: Comment? = nil) {
+                    #expect(answer.status == status, comment)
+                    #expect(answer.headers["content-type"] == "application/problem+json", comment)
+                    #expect(Set(answer.object.keys).isSuperset(of: ["type", "title", "status", "detail", "requestID"]), comment)
+                    #expect(answer.object["requestID"] as? String == answer.headers["x-request-id"], comment)
+                    if let field { #expect(answer.object["field"] as? String == field, "\(answer.object) \(comment?.description ?? "")") }
+                }
+                problem(try await stack.send(.POST, "/v1/plants", json: "{not json"), 400, "malformed JSON")
+                problem(try await stack.send(.POST, "/v1/plants", json: #"{"scientificName":"Monstera","colour":"green"}"#), 400, "unknown field")
+                problem(try await stack.send(.POST, "/v1/plants", json: #"{"scientificName":42}"#), 400, field: "scientificName", "wrong type")
+                problem(try await stack.send(.POST, "/v1/plants", json: #"{"customName":"Monty"}"#), 400, field: "scientificName", "missing field")
+                problem(try await stack.send(.POST, "/v1/plants", json: #"{"scientificName":"Monstera","identificationConfidence":7}"#), 400, "out of range")
+                problem(try await stack.send(.GET, "/v1/plants?limit=1000"), 400, field: "limit", "limit")
+                problem(try await stack.send(.GET, "/v1/plants?limit=99999999999999999999999"), 400, "huge number")
+                problem(try await stack.send(.GET, "/v1/plants?light=dark"), 400, "unknown enum value")
+                problem(try await stack.send(.PUT, "/v1/preferences", json: #"{"timeZone":"Mars/Olympus_Mons"}"#), 400, field: "timeZone", "time zone")
+                problem(try await stack.send(.PUT, "/v1/preferences", json: #"{"timeZone":"UTC","preferredMinute":1e300}"#), 400, "huge number in the body")
+                problem(try await stack.send(.GET, "/v1/plants/..%2F..%2Fetc"), 400, "an id that cannot be one")
+                problem(try await stack.send(.GET, "/v1/nothing-here"), 404, "unknown route")
+                problem(try await stack.send(.POST, "/v1/plants", json: #"{"scientificName":""#.padding(toLength: 70_000, withPad: "a", startingAt: 0) + #""}"#),
+                        413, "a body over the limit")
+                // In chunks, without a length: still refused at the limit.
+                var chunked = HTTPClientRequest(url: stack.base + "/v1/plants")
+                chunked.method = .POST
+                chunked.headers.add(name: "Authorization", value: "Bearer \(try await stack.token("alice"))")
+                chunked.headers.add(name: "Content-Type", value: "application/json")
+                let pieces = [ByteBuffer(string: #"{"scientificName":""#)] + Array(repeating: ByteBuffer(string: String(repeating: "a", count: 8_192)), count: 10)
+                    + [ByteBuffer(string: #""}"#)]
+                chunked.body = .stream(pieces.async, length: .unknown)
+                let refused = try await HTTPClient.shared.execute(chunked, timeout: .seconds(30))
+                #expect(refused.status.code == 413)
+                #expect(try await stack.send(.GET, "/v1/plants").object["total"] as? Int == 0, "nothing was stored")
+            }
+        }
 
-            let tooMany = "{\"operations\":[" + Array(repeating: #"{"method":"GET","path":"/v1/statistics"}"#, count: 51).joined(separator: ",") + "]}"
-            let refused = try await stack.send(.POST, "/v1/batch", json: tooMany)
-            #expect(refused.status == 400 && refused.object["field"] as? String == "operations")
-            #expect(try await stack.send(.POST, "/v1/batch", json: #"{"operations":[]}"#).status == 400)
+        @Test func healthSaysWhetherTheBrokerAnswersAndWhichServicesHaveWorkers() async throws {
+            try await withStack { stack in
+                #expect(try await OperatingProbe.waitForHealth(stack.metricsPort, status: 200))
+                let response = try await HTTPClient.shared.execute(HTTPClientRequest(url: "http://127.0.0.1:\(stack.metricsPort)/health"), timeout: .seconds(10))
+                let report = try JSONDecoder().decode(HealthReport.self, from: Data(try await response.body.collect(upTo: 65_536).readableBytesView))
+                #expect(report.healthy && report.checks["broker"] == "answers" && report.checks["service.care"] == "1 worker", "\(report)")
+            }
+        }
+
+        @Test func eachPersonIsRateLimitedWith429AndRetryAfterAndCountedByRoute() async throws {
+            try await withStack(rate: 1, burst: 3) { stack in
+                // The registry is the process's, shared with other tests: differences count.
+                func value(_ scrape: PrometheusText, _ name: String, _ labels: [String: String] = [:]) -> Double {
+                    scrape.samples.filter { sample in sample.name == name && labels.allSatisfy { sample.labels[$0.key] == $0.value } }.map(\.value).reduce(0, +)
+                }
+                let before = try await OperatingProbe.metrics(stack.metricsPort)
+                var statuses: [Int] = []
+                for _ in 0..<4 { statuses.append(try await stack.send(.GET, "/v1/plants", as: "alice").status) }
+                #expect(statuses == [200, 200, 200, 429])
+                let limited = try await stack.send(.GET, "/v1/statistics", as: "alice")
+                #expect(limited.status == 429 && Int(limited.headers["retry-after"] ?? "") ?? 0 >= 1)
+                #expect(limited.object["requestID"] as? String == limited.headers["x-request-id"])
+                #expect(try await stack.send(.GET, "/v1/plants", as: "bob").status == 200, "bob has his own bucket")
+                #expect(try await stack.send(.GET, "/v1/nowhere", as: "bob").status == 404)
+
+                let after = try await OperatingProbe.metrics(stack.metricsPort)
+                func delta(_ name: String, _ labels: [String: String] = [:]) -> Double { value(after, name, labels) - value(before, name, labels) }
+                #expect(delta("canopy_batch_requests_total", ["route": "/v1/plants", "status": "200"]) == 4)
+                #expect(delta("canopy_batch_requests_total", ["route": "/v1/plants", "status": "429"]) == 1)
+                #expect(delta("canopy_batch_requests_total", ["route": "/v1/statistics", "status": "429"]) == 1)
+                #expect(delta("canopy_batch_requests_total", ["status": "404"]) == 1, "an unknown route is counted under one label")
+                #expect(delta("canopy_batch_rate_limited_total") == 2)
+                #expect(Set(after.samples.filter { $0.name == "canopy_batch_requests_total" }.compactMap { $0.labels["route"] })
+                    .allSatisfy { $0.hasPrefix("/v1/") || $0 == "NotFound" }, "routes are the document's templates")
+            }
+        }
+
+        @Test func aBatchRunsEachOperationAsIfAloneAndAnswersInOrderMixedSuccessesAndFailures() async throws {
+            try await withStack { stack in
+                let id = try #require(try await stack.send(.POST, "/v1/plants", json: Self.monstera).object["id"] as? String)
+                let batch = """
+                    {"operations":[
+                      {"method":"GET","path":"/v1/plants/\(id)"},
+                      {"method":"POST","path":"/v1/plants","body":{"scientificName":"Epipremnum aureum","customName":"Pothos"}},
+                      {"method":"GET","path":"/v1/plants/no-such-plant"},
+                      {"method":"POST","path":"/v1/plants","body":{"scientificName":42}},
+                      {"method":"GET","path":"/v1/plants?limit=1&sort=name&descending=false"},
+                      {"method":"PUT","path":"/v1/plants/\(id)/favourite","body":{"favourite":true}},
+                      {"method":"GET","path":"/v1/statistics"},
+                      {"method":"GET","path":"/health"},
+                      {"method":"POST","path":"/v1/batch","body":{"operations":[]}},
+                      {"method":"DELETE","path":"/v1/nowhere"},
+                      {"method":"GET","path":"/v1/photos/\(String(repeating: "0", count: 64))/variants/thumbnail"}
+                    ]}
+                    """
+                func operationsBatched() async throws -> Double {
+                    try await OperatingProbe.metrics(stack.metricsPort).samples.filter { $0.name == "canopy_batch_batch_operations_sum" }.map(\.value).reduce(0, +)
+                }
+                let batchedBefore = try await operationsBatched()
+                let answer = try await stack.send(.POST, "/v1/batch", json: batch)
+                #expect(answer.status == 200, "\(String(decoding: answer.body, as: UTF8.self))")
+                #expect(try await operationsBatched() - batchedBefore == 11, "the batch's size is recorded")
+                let results = try #require(answer.object["results"] as? [[String: Any]])
+                #expect(results.map { $0["status"] as? Int } == [200, 201, 404, 400, 200, 200, 200, 400, 400, 404, 503],
+                        "\(results.map { $0["status"] ?? "-" })")
+                #expect((results[0]["body"] as? [String: Any])?["customName"] as? String == "Monty")
+                #expect((results[1]["body"] as? [String: Any])?["customName"] as? String == "Pothos")
+                #expect((results[3]["body"] as? [String: Any])?["field"] as? String == "scientificName")
+                #expect(((results[4]["body"] as? [String: Any])?["plants"] as? [[String: Any]])?.count == 1)
+                #expect((results[5]["body"] as? [String: Any])?["favourite"] as? Bool == true)
+                for index in [7, 8] { #expect((results[index]["body"] as? [String: Any])?["field"] as? String == "path") }
+                #expect(results[9]["status"] as? Int == 404)
+                // No canopy-images in this stack: its own answer, as alone (the photos test batches one).
+                #expect(((results[10]["body"] as? [String: Any])?["detail"] as? String)?.isEmpty == false)
+                // What the batch did, it did: the second plant exists, the first is a favourite.
+                #expect(try await stack.send(.GET, "/v1/plants").object["total"] as? Int == 2)
+
+                // Bob's batch reaches none of Alice's plants.
+                let bobs = try await stack.send(.POST, "/v1/batch", as: "bob", json: """
+                    {"operations":[{"method":"GET","path":"/v1/plants/\(id)"},{"method":"DELETE","path":"/v1/plants/\(id)"},{"method":"GET","path":"/v1/plants"}]}
+                    """)
+                let bobResults = try #require(bobs.object["results"] as? [[String: Any]])
+                #expect(bobResults.first?["status"] as? Int == 404)
+                #expect(((bobResults.last?["body"] as? [String: Any])?["total"]) as? Int == 0)
+                #expect(try await stack.send(.GET, "/v1/plants/\(id)").status == 200)
+
+                let tooMany = "{\"operations\":[" + Array(repeating: #"{"method":"GET","path":"/v1/statistics"}"#, count: 51).joined(separator: ",") + "]}"
+                let refused = try await stack.send(.POST, "/v1/batch", json: tooMany)
+                #expect(refused.status == 400 && refused.object["field"] as? String == "operations")
+                #expect(try await stack.send(.POST, "/v1/batch", json: #"{"operations":[]}"#).status == 400)
+            }
         }
     }
 }

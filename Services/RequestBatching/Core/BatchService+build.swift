@@ -73,12 +73,13 @@ public func buildBatchService(settings: BatchServiceSettings, context: ZMQContex
     let tokens = try TokenAuthority(key: settings.tokenKey)
     let bus = try BusClient(configuration: settings.bus, context: context, logger: logger)
     let router = Router()
+    let metrics = BatchMetrics()
     router.add(middleware: EdgeMiddleware(tokens: tokens, maximumBodyBytes: settings.maximumBodyBytes, maximumPhotoBytes: settings.maximumPhotoBytes,
-                                         limiter: RateLimiter(rate: settings.rateLimit, burst: settings.rateBurst), metrics: BatchMetrics()))
+                                         limiter: RateLimiter(rate: settings.rateLimit, burst: settings.rateBurst), metrics: metrics))
     // Dates as the bus writes them; compact JSON with sorted keys, as the bus's.
     let configuration = Configuration(dateTranscoder: WireDateTranscoder(), jsonEncodingOptions: [.sortedKeys, .withoutEscapingSlashes])
     let operations = OperationTable()
-    let api = CanopyAPI(bus: bus, timeout: settings.callTimeout, operations: operations)
+    let api = CanopyAPI(bus: bus, timeout: settings.callTimeout, operations: operations, metrics: metrics)
     try api.registerHandlers(on: router, configuration: configuration)
     try api.registerHandlers(on: operations, configuration: configuration) // the same handlers, for batches
     let http = BatchHTTPServer(router: router, address: settings.http, logger: logger)

@@ -17,6 +17,7 @@ extension CanopyAPI {
         guard !body.operations.isEmpty, body.operations.count <= Self.maximumBatch else {
             throw RequestFieldError(field: "operations", "a batch has 1 to \(Self.maximumBatch) operations; this one has \(body.operations.count)")
         }
+        metrics?.batchOperations.record(body.operations.count)
         let requestID = Caller.requestID
         // Independent operations, all at once; each answers for itself.
         let results = await withTaskGroup(of: (Int, Components.Schemas.BatchResult).self) { group in

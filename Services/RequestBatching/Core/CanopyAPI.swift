@@ -12,6 +12,7 @@ struct CanopyAPI: APIProtocol {
     var timeout: Duration = .seconds(10)
     /// Every route, for `POST /v1/batch` to run in process.
     var operations: OperationTable?
+    var metrics: BatchMetrics?
 
     /// The caller the edge middleware authenticated (every route needs one).
     func caller() throws -> String {
