@@ -32,3 +32,21 @@ struct RateLimitTests {
         #expect(held.take("busy-3", now: 100.1) != nil, "an empty bucket outlives the full ones")
     }
 }
+
+/// Verified tokens are remembered until they end, and only verified ones.
+struct TokenCacheTests {
+    @Test func aVerifiedTokenIsTakenUntilItEndsAndAForgedOneNever() async throws {
+        let authority = try TokenAuthority(key: Array("a key of at least thirty-two bytes for tokens".utf8))
+        let now = Date()
+        let token = try await authority.issue(user: "alice", lifetime: .seconds(60), now: now)
+        #expect(await authority.user(of: token, now: now) == "alice")
+        #expect(await authority.user(of: token, now: now.addingTimeInterval(30)) == "alice", "remembered")
+        #expect(await authority.user(of: token, now: now.addingTimeInterval(61)) == nil, "ended, also when remembered")
+        #expect(await authority.user(of: token, now: now.addingTimeInterval(62)) == nil)
+        var forged = token
+        forged.removeLast(2)
+        forged += "AA"
+        #expect(await authority.user(of: forged, now: now) == nil)
+        #expect(await authority.user(of: forged, now: now) == nil, "a forged token is not remembered as good")
+    }
+}

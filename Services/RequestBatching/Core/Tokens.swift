@@ -70,11 +70,27 @@ public actor TokenAuthority {
         return try await keys.sign(claims)
     }
 
+    /// Tokens verified lately and whom they name, until they end: an app sends the same
+    /// token with every request, and checking its signature each time was work done again.
+    /// Only verified tokens are kept, at most ``verifiedCapacity``.
+    private var verified: [String: (user: String, expires: Date)] = [:]
+    static let verifiedCapacity = 10_000
+
     /// The user a token names; `nil` when it is forged, expired, or not one of ours.
-    public func user(of token: String) async -> String? {
+    public func user(of token: String, now: Date = Date()) async -> String? {
+        if let known = verified[token] {
+            if now < known.expires { return known.user }
+            verified[token] = nil
+            return nil
+        }
         await ready()
         guard token.utf8.count <= 4_096, let claims = try? await keys.verify(token, as: Claims.self) else { return nil }
-        guard (try? Self.check(user: claims.sub.value)) != nil else { return nil }
+        guard (try? Self.check(user: claims.sub.value)) != nil, now < claims.exp.value else { return nil }
+        if verified.count >= Self.verifiedCapacity {
+            verified = verified.filter { now < $0.value.expires } // the ended go; if none had, all go
+            if verified.count >= Self.verifiedCapacity { verified.removeAll(keepingCapacity: true) }
+        }
+        verified[token] = (claims.sub.value, claims.exp.value)
         return claims.sub.value
     }
 
