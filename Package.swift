@@ -366,7 +366,7 @@ let package = Package(
         .testTarget(
             name: "RequestBatchingTests",
             dependencies: [
-                "RequestBatching", "CareScheduling", "Reminders", "ImageCache", "CanopyImaging", "CanopyBus", "CanopyBroker", "CanopyTesting",
+                "RequestBatching", "CareScheduling", "Reminders", "ImageCache", "Identification", "CanopyImaging", "CanopyBus", "CanopyBroker", "CanopyTesting",
                 "CanopyServiceKit", "canopy-batch",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),

@@ -16,5 +16,10 @@ struct ConversionTests {
         #expect(same(Components.Schemas.Source.self, Care.Source.self))
         #expect(same(Components.Schemas.SortKey.self, Care.SortKey.self))
         #expect(same(Components.Schemas.TaskKind.self, Care.TaskKind.self))
+        #expect(same(Components.Schemas.Channel.self, Reminders.Channel.self))
+        #expect(same(Components.Schemas.ReminderState.self, Reminders.State.self))
+        #expect(same(Components.Schemas.Variant.self, Images.Variant.self))
+        #expect(same(Components.Schemas.Organ.self, Identification.Organ.self))
+        #expect(same(Components.Schemas.Provider.self, Identification.Provider.self))
     }
 }

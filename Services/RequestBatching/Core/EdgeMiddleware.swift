@@ -12,8 +12,8 @@ import Synchronization
 /// (RFC 9457) with a status that says what kind of failure it was.
 struct EdgeMiddleware<Context: RequestContext>: RouterMiddleware {
     let tokens: TokenAuthority
-    /// The largest request body taken: a JSON body, and a photo's bytes (`POST
-    /// /v1/plants/{plantID}/photos`).
+    /// The largest request body taken: a JSON body, and photos' bytes (`POST
+    /// /v1/plants/{plantID}/photos`, `POST /v1/identifications`).
     let maximumBodyBytes: Int
     let maximumPhotoBytes: Int
     /// Each person's requests a second, and at once.
@@ -62,7 +62,8 @@ struct EdgeMiddleware<Context: RequestContext>: RouterMiddleware {
             return Problem.response(.tooManyRequests, "too many requests from you at once; try again in \(wait) s", requestID: requestID,
                                     headers: [.retryAfter: String(wait)])
         }
-        let isPhoto = request.method == .post && request.uri.path.hasPrefix("/v1/plants/") && request.uri.path.hasSuffix("/photos")
+        let path = request.uri.path
+        let isPhoto = request.method == .post && ((path.hasPrefix("/v1/plants/") && path.hasSuffix("/photos")) || path == "/v1/identifications")
         let limit = isPhoto ? maximumPhotoBytes : maximumBodyBytes
         if let length = request.headers[.contentLength].flatMap(Int.init), length > limit {
             return Problem.response(.contentTooLarge, "the body has \(length) bytes; this route takes at most \(limit)", requestID: requestID)
@@ -80,7 +81,12 @@ struct EdgeMiddleware<Context: RequestContext>: RouterMiddleware {
                 try await Caller.$requestID.withValue(requestID) { try await next(request, context) }
             }
         } catch {
-            return Problem.response(for: error, requestID: requestID)
+            let problem = Problem.make(for: error, requestID: requestID)
+            if problem.status.code >= 500 {
+                // What the problem body leaves out (it may name internals): the log has it, by request id.
+                context.logger.error("batch.error", metadata: ["batch.error": "\(String(describing: error).prefix(2_000))"])
+            }
+            return problem.response
         }
     }
 }
