@@ -56,6 +56,16 @@ public struct RequestContext: Sendable {
         }
         return principal
     }
+
+    /// The person one key of a multi-key lookup (``Lookup``) is for: the key's principal,
+    /// which a request made for one person (with a principal in its header) may only name
+    /// as that person.
+    public func principal(forKey named: String) throws(CanopyError) -> String {
+        if let principal, !principal.isEmpty, principal != named {
+            throw CanopyError(.unauthorized, "a request made for one person names only that person in its keys")
+        }
+        return named
+    }
 }
 
 /// The handlers of one service, by operation name, with their flags.

@@ -73,6 +73,18 @@ public enum Field {
         }
     }
 
+    /// The most bytes a principal (a user id) has, on the wire and in a body.
+    public static let maximumPrincipalBytes = 256
+
+    /// A principal named in a body (the keys of a ``Lookup``), by the header's rule: 1 to
+    /// ``maximumPrincipalBytes`` bytes of printable ASCII, compared as bytes.
+    public static func principal(_ value: String, _ name: String) throws(CanopyError) {
+        let bytes = value.utf8
+        guard !bytes.isEmpty, bytes.count <= maximumPrincipalBytes, bytes.allSatisfy({ $0 >= 0x21 && $0 <= 0x7E }) else {
+            throw CanopyError(.badRequest, "\(name) must be 1 to \(maximumPrincipalBytes) bytes of printable ASCII (a user id)")
+        }
+    }
+
     /// An identifier: 1 to `maximumBytes` bytes of ASCII letters, digits, `.`, `_`, `:` and `-`.
     public static func identifier(_ value: String?, _ name: String, maximumBytes: Int = 128) throws(CanopyError) {
         guard let value else { return }

@@ -242,12 +242,18 @@ public struct ProcessResult: Sendable {
 /// Dispatch thread (``offThePool(_:)``): blocking the cooperative pool, one thread per core,
 /// would starve the in-process brokers and workers the executable talks to.
 public func runExecutable(_ name: String, _ arguments: [String], environment: [String: String] = [:], limit: TimeInterval = 20) async throws -> ProcessResult {
-    try await offThePool { try runExecutableBlocking(name, arguments, environment: environment, limit: limit) }
+    let executable = try LiveBus.executable(name)
+    return try await offThePool { try runBlocking(executable, arguments, environment: environment, limit: limit) }
 }
 
-private func runExecutableBlocking(_ name: String, _ arguments: [String], environment: [String: String], limit: TimeInterval) throws -> ProcessResult {
+/// Runs a program from elsewhere (a test peer such as schemathesis) as ``runExecutable(_:_:environment:limit:)`` does.
+public func runProgram(at path: String, _ arguments: [String], environment: [String: String] = [:], limit: TimeInterval = 20) async throws -> ProcessResult {
+    try await offThePool { try runBlocking(URL(fileURLWithPath: path), arguments, environment: environment, limit: limit) }
+}
+
+private func runBlocking(_ executable: URL, _ arguments: [String], environment: [String: String], limit: TimeInterval) throws -> ProcessResult {
     let process = Process()
-    process.executableURL = try LiveBus.executable(name)
+    process.executableURL = executable
     process.arguments = arguments
     process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
     let output = Pipe(), errors = Pipe()

@@ -154,8 +154,8 @@ public struct RequestHeader: Sendable, Equatable {
         return bytes
     }
 
-    /// Longest principal, in bytes.
-    public static let maximumPrincipalLength = 256
+    /// Longest principal, in bytes (the same in bodies: ``Field/principal(_:_:)``).
+    public static let maximumPrincipalLength = Field.maximumPrincipalBytes
 
     /// Whether `bytes` may be a principal: 1 to 256 bytes of printable ASCII.
     public static func isValidPrincipal<Bytes: Collection<UInt8>>(_ bytes: Bytes) -> Bool {

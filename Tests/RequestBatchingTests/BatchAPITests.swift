@@ -35,7 +35,7 @@ extension LiveBatchTests {
             func token(_ user: String) async throws -> String { try await tokens.issue(user: user, lifetime: .seconds(3_600)) }
 
             func send(_ method: HTTPMethod, _ path: String, as user: String? = "alice", token: String? = nil, json: String? = nil,
-                      headers: [(String, String)] = []) async throws -> Answer {
+                      headers: [(String, String)] = [], client: HTTPClient = .shared) async throws -> Answer {
                 var request = HTTPClientRequest(url: base + path)
                 request.method = method
                 if let token {
@@ -48,7 +48,7 @@ extension LiveBatchTests {
                     request.body = .bytes(ByteBuffer(string: json))
                 }
                 for (name, value) in headers { request.headers.add(name: name, value: value) }
-                let response = try await HTTPClient.shared.execute(request, timeout: .seconds(30))
+                let response = try await client.execute(request, timeout: .seconds(30))
                 let body = try await response.body.collect(upTo: 8 * 1_048_576)
                 var fields: [String: String] = [:]
                 for header in response.headers { fields[header.name.lowercased()] = header.value }

@@ -18,7 +18,7 @@ import Testing
 extension LiveBatchTests {
     @Suite(.serialized)
     struct BatchRemindersAndPhotosTests {
-        func withFullStack(_ body: (BatchAPITests.Stack) async throws -> Void) async throws {
+        static func withFullStack(configure: (inout BatchServiceSettings) -> Void = { _ in }, _ body: (BatchAPITests.Stack) async throws -> Void) async throws {
             let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-batch-full-\(UUID().uuidString)")
             defer { try? FileManager.default.removeItem(at: directory) }
             try await withLiveBus { bus in
@@ -29,7 +29,8 @@ extension LiveBatchTests {
                                                  context: bus.context, logger: bus.logger))
                 bus.run(try buildImageService(settings: ImageServiceSettings(directory: directory.appendingPathComponent("images"), runner: bus.runnerConfiguration()),
                                               context: bus.context, logger: bus.logger))
-                let settings = BatchServiceSettings(http: .anyLoopbackPort, bus: .init(endpoint: bus.endpoint), tokenKey: BatchAPITests.key)
+                var settings = BatchServiceSettings(http: .anyLoopbackPort, bus: .init(endpoint: bus.endpoint), tokenKey: BatchAPITests.key)
+                configure(&settings)
                 let services = try buildBatchService(settings: settings, context: bus.context, logger: bus.logger)
                 let http = try #require(services.first { $0 is BatchHTTPServer } as? BatchHTTPServer)
                 bus.run(services)
@@ -40,7 +41,7 @@ extension LiveBatchTests {
         }
 
         @Test func devicesAndRemindersOverHTTPEachPersonTheirOwn() async throws {
-            try await withFullStack { stack in
+            try await Self.withFullStack { stack in
                 let device = try await stack.send(.POST, "/v1/devices", json: #"{"channel":"log","address":"alice's desk","name":"desk"}"#)
                 #expect(device.status == 201, "\(String(decoding: device.body, as: UTF8.self))")
                 let deviceID = try #require(device.object["id"] as? String)
@@ -76,7 +77,7 @@ extension LiveBatchTests {
         }
 
         @Test func photosAsACDNServesThemWithETagsAnd304AndWebPWhenAccepted() async throws {
-            try await withFullStack { stack in
+            try await Self.withFullStack { stack in
                 let plant = try #require(try await stack.send(.POST, "/v1/plants", json: BatchAPITests.monstera).object["id"] as? String)
                 let jpeg = try SyntheticPlant.species(3).photo(seed: 7, width: 640, height: 480)
                 var upload = HTTPClientRequest(url: stack.base + "/v1/plants/\(plant)/photos")

@@ -165,6 +165,29 @@ final class CareLibrary: Sendable {
         return Care.UpcomingTasks.Reply(overdue: tasks.filter { ($0.snoozedUntil ?? $0.due) < now }, upcoming: tasks.filter { ($0.snoozedUntil ?? $0.due) >= now })
     }
 
+    /// The next task of several plants (``Care/NextTasks``), each for its own key's
+    /// principal: a plant that is not that person's is `notFound`, whoever else has it. One
+    /// read, off the cooperative pool, two indexed look-ups a key.
+    func nextTasks(_ keys: [Care.NextTasks.Key], context: RequestContext) async throws -> Care.NextTasks.Reply {
+        let owners = keys.map { key in Result { () throws(CanopyError) in try context.principal(forKey: key.principal) } }
+        let results = try await store.database.read { db in
+            try zip(keys, owners).map { key, principal -> Lookup.Result<Care.NextTasks.Next> in
+                let owner: String
+                switch principal {
+                case .success(let principal): owner = principal
+                case .failure(let error): return .init(error: error)
+                }
+                guard try Bool.fetchOne(db, sql: "SELECT 1 FROM plants WHERE id = ? AND owner = ?", arguments: [key.plantID, owner]) != nil else {
+                    return .init(error: self.notFound(key.plantID))
+                }
+                let row = try Row.fetchOne(db, sql: "SELECT * FROM tasks WHERE plantID = ? AND owner = ? ORDER BY showAt, id LIMIT 1",
+                                           arguments: [key.plantID, owner])
+                return .init(value: .init(task: row.map(CareStore.task)))
+            }
+        }
+        return Care.NextTasks.Reply(results: results)
+    }
+
     /// The task's plant, the task row, and the owner's scheduler, or notFound.
     private func withTask<T>(_ id: String, owner: String, _ body: (Database, Care.Plant, Row, Scheduler) throws -> T) throws -> T {
         try store.database.write { db in

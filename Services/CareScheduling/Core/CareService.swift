@@ -31,6 +31,7 @@ public struct CareService: BusService {
         handlers.on(Care.UpcomingTasks.self) { request, context in
             try library.upcoming(days: request.days, limit: request.limit, owner: try context.requirePrincipal())
         }
+        handlers.on(Care.NextTasks.self) { request, context in try await library.nextTasks(request.keys, context: context) }
         handlers.on(Care.CompleteTask.self) { request, context in try library.complete(request.id, at: request.at, owner: try context.requirePrincipal()) }
         handlers.on(Care.SnoozeTask.self) { request, context in try library.snooze(request.id, until: request.until, owner: try context.requirePrincipal()) }
         handlers.on(Care.SkipTask.self) { request, context in try library.skip(request.id, owner: try context.requirePrincipal()) }

@@ -1,3 +1,4 @@
+import CanopyBus
 import CanopyImaging
 import CanopyMessages
 import CanopyServiceKit
@@ -50,6 +51,11 @@ final class ImageLibrary: Sendable {
     /// Photos one plant may have (so `images.list` stays one reply).
     static let maximumPhotosPerPlant = 500
 
+    /// A plant id as canopy-care's: 1 to 200 ASCII letters, digits, `.`, `_`, `:` or `-`.
+    static func checkPlantID(_ plantID: String) throws(CanopyError) {
+        try Field.identifier(plantID, "plantID", maximumBytes: Care.Limits.idBytes)
+    }
+
     static func sha256(_ bytes: [UInt8]) -> String {
         PhotoID.of(bytes)
     }
@@ -69,7 +75,7 @@ final class ImageLibrary: Sendable {
     /// Stores a photo for `owner`'s plant: checked, normalized (auto-rotated, sRGB, every
     /// piece of metadata stripped) and content-addressed, stored once however often it comes.
     func put(_ bytes: [UInt8], owner: String, plantID: String, now: Date = Date()) async throws -> Images.Photo {
-        guard !plantID.isEmpty, plantID.utf8.count <= 128 else { throw CanopyError(.badRequest, "plantID must be 1 to 128 characters") }
+        try Self.checkPlantID(plantID)
         let photos = try store.photos(owner: owner, plantID: plantID)
         guard photos.count < Self.maximumPhotosPerPlant || photos.contains(where: { $0.sha256 == Self.sha256(bytes) }) else {
             throw CanopyError(.tooLarge, "this plant has \(photos.count) photos, the most one plant may have; remove one with images.purge first")
@@ -89,7 +95,8 @@ final class ImageLibrary: Sendable {
 
     /// Fetches a remote photo (see ``RemoteFetcher``) and stores it as ``put(_:owner:plantID:now:)`` does.
     func fetch(_ url: String, owner: String, plantID: String) async throws -> Images.Photo {
-        try await put(try await fetcher.fetch(url), owner: owner, plantID: plantID)
+        try Self.checkPlantID(plantID)
+        return try await put(try await fetcher.fetch(url), owner: owner, plantID: plantID)
     }
 
     /// The bytes of variant data one reply carries when frames may be `replyBytes` long: the
@@ -97,6 +104,45 @@ final class ImageLibrary: Sendable {
     /// does not hold the bus for long.
     static func pieceBytes(replyBytes: Int) -> Int {
         min(8 * 1024 * 1024, max(1024, replyBytes))
+    }
+
+    /// Several whole variants (``Images/GetVariants``), each for its own key's principal, looked
+    /// up concurrently. As many bytes as one piece of ``pieceBytes(replyBytes:)`` come back in
+    /// the keys' order; the keys past that are answered `tooLarge`, to be asked for alone.
+    func variants(_ keys: [Images.GetVariants.Key], context: RequestContext) async -> Images.GetVariants.Reply {
+        let found = await withTaskGroup(of: (Int, Result<Images.GetVariant.Reply, CanopyError>).self) { group in
+            for (index, key) in keys.enumerated() {
+                group.addTask {
+                    do {
+                        let owner = try context.principal(forKey: key.principal)
+                        return (index, .success(try await self.variant(.init(sha256: key.sha256, variant: key.variant, format: key.format), owner: owner)))
+                    } catch let error as CanopyError {
+                        return (index, .failure(error))
+                    } catch {
+                        context.logger.error("images.variants.failed", metadata: ["error": "\(error)"])
+                        return (index, .failure(CanopyError(.internal, "this variant could not be read; the service log has the details")))
+                    }
+                }
+            }
+            var found = [Result<Images.GetVariant.Reply, CanopyError>?](repeating: nil, count: keys.count)
+            for await (index, result) in group { found[index] = result }
+            return found.map { $0! }
+        }
+        var budget = Self.pieceBytes(replyBytes: context.maximumReplyBytes)
+        var reply = Images.GetVariants.Reply(results: [], attachments: [])
+        for result in found {
+            switch result {
+            case .success(let variant) where variant.data.count <= budget:
+                budget -= variant.data.count
+                reply.results.append(.init(value: .init(width: variant.width, height: variant.height, source: variant.source, bytes: variant.data.count)))
+                reply.attachments.append(variant.data)
+            case .success(let variant):
+                reply.results.append(.init(error: CanopyError(.tooLarge, "this variant (\(variant.data.count) bytes) does not fit in this reply; ask images.variant for it")))
+            case .failure(let error):
+                reply.results.append(.init(error: error))
+            }
+        }
+        return reply
     }
 
     /// A variant, or the piece of it from `request.offset` that fits in a reply of
@@ -198,12 +244,14 @@ final class ImageLibrary: Sendable {
     }
 
     func list(owner: String, plantID: String) throws -> [Images.Photo] {
-        try store.photos(owner: owner, plantID: plantID)
+        try Self.checkPlantID(plantID)
+        return try store.photos(owner: owner, plantID: plantID)
     }
 
     /// Forgets a plant's photos (or one of them); originals nobody else holds go with their
     /// variants and palettes.
     func purge(owner: String, plantID: String, sha256: String? = nil) async throws -> Images.Purge.Reply {
+        try Self.checkPlantID(plantID)
         let (photos, deleted) = try store.purge(owner: owner, plantID: plantID, sha256: sha256)
         for sha in deleted { await cache.purge(sha) }
         return Images.Purge.Reply(photos: photos) // whether originals went too is not the caller's to know

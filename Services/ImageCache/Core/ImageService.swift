@@ -24,6 +24,9 @@ public struct ImageService: BusService {
         handlers.on(Images.GetVariant.self) { request, context in
             try await library.variant(request, owner: try context.requirePrincipal(), replyBytes: context.maximumReplyBytes)
         }
+        handlers.on(Images.GetVariants.self) { request, context in
+            await library.variants(request.keys, context: context)
+        }
         handlers.on(Images.Palette.self) { request, context in
             try await library.palette(request.sha256, owner: try context.requirePrincipal())
         }

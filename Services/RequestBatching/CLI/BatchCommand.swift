@@ -49,11 +49,17 @@ struct ServeBatch: AsyncParsableCommand {
     var rateLimit: Int = Environment.int("CANOPY_RATE_LIMIT", default: 50)
     @Option(help: ArgumentHelp("Requests one person may make at once, above the rate. Env: CANOPY_RATE_BURST.", valueName: "n"))
     var rateBurst: Int = Environment.int("CANOPY_RATE_BURST", default: 200)
+    @Option(help: ArgumentHelp("How long the first variant or next-task lookup waits for others to go out with it as one bus request; 0 sends each alone. Env: CANOPY_BATCH_WINDOW_MS.", valueName: "ms"))
+    var batchWindowMs: Int = Environment.int("CANOPY_BATCH_WINDOW_MS", default: 2)
+    @Option(help: ArgumentHelp("The most lookups in one bus request, 1 to 64. Env: CANOPY_BATCH_KEYS.", valueName: "n"))
+    var batchKeys: Int = Environment.int("CANOPY_BATCH_KEYS", default: 64)
 
     func validate() throws {
         guard (1_024...(64 * 1_048_576)).contains(maxBodyBytes) else { throw ValidationError("--max-body-bytes is 1024 to 67108864") }
         guard (1...100_000).contains(rateLimit) else { throw ValidationError("--rate-limit is 1 to 100000 requests a second") }
         guard (1...1_000_000).contains(rateBurst) else { throw ValidationError("--rate-burst is 1 to 1000000 requests") }
+        guard (0...1_000).contains(batchWindowMs) else { throw ValidationError("--batch-window-ms is 0 (off) to 1000 milliseconds") }
+        guard (1...64).contains(batchKeys) else { throw ValidationError("--batch-keys is 1 to 64") }
         guard try OperatingOptions.parse(http) != nil else { throw ValidationError("--http is HOST:PORT, such as 0.0.0.0:8080") }
         _ = try token.key()
     }
@@ -66,6 +72,8 @@ struct ServeBatch: AsyncParsableCommand {
         settings.maximumBodyBytes = maxBodyBytes
         settings.rateLimit = Double(rateLimit)
         settings.rateBurst = Double(rateBurst)
+        settings.batchWindow = .milliseconds(batchWindowMs)
+        settings.batchKeys = batchKeys
         try await runUntilShutdown(try buildBatchService(settings: settings, context: ZMQContext(), logger: logger), logger: logger)
     }
 }

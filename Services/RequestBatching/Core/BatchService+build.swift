@@ -28,6 +28,10 @@ public struct BatchServiceSettings: Sendable {
     /// Each person's requests a second (a token bucket's rate), and at once (its size).
     public var rateLimit = 50.0
     public var rateBurst = 200.0
+    /// Implicit batching: how long the first variant or next-task lookup waits for others
+    /// (zero sends each alone), and the most keys one bus request carries.
+    public var batchWindow: Duration = .milliseconds(2)
+    public var batchKeys = Lookup.maximumKeys
 
     public init(http: ListenAddress, bus: BusClient.Configuration, tokenKey: [UInt8], metrics: ListenAddress? = nil) {
         self.http = http
@@ -79,7 +83,10 @@ public func buildBatchService(settings: BatchServiceSettings, context: ZMQContex
     // Dates as the bus writes them; compact JSON with sorted keys, as the bus's.
     let configuration = Configuration(dateTranscoder: WireDateTranscoder(), jsonEncodingOptions: [.sortedKeys, .withoutEscapingSlashes])
     let operations = OperationTable()
-    let api = CanopyAPI(bus: bus, timeout: settings.callTimeout, operations: operations, metrics: metrics)
+    var api = CanopyAPI(bus: bus, timeout: settings.callTimeout, operations: operations, metrics: metrics)
+    if settings.batchWindow > .zero {
+        api.lookups = Lookups(bus: bus, window: settings.batchWindow, maximumKeys: settings.batchKeys, timeout: settings.callTimeout)
+    }
     try api.registerHandlers(on: router, configuration: configuration)
     try api.registerHandlers(on: operations, configuration: configuration) // the same handlers, for batches
     let http = BatchHTTPServer(router: router, address: settings.http, logger: logger)

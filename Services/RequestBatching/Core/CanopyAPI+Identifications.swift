@@ -76,12 +76,12 @@ extension CanopyAPI {
     }
 
     func getIdentification(_ input: Operations.GetIdentification.Input) async throws -> Operations.GetIdentification.Output {
-        .ok(.init(body: .json(try .init(try await call(Identification.Get.self, .init(id: input.path.identificationID))))))
+        .ok(.init(body: .json(try .init(try await call(Identification.Get.self, .init(id: try RequestFieldError.identifier(input.path.identificationID, "identificationID")))))))
     }
 
     func acceptIdentification(_ input: Operations.AcceptIdentification.Input) async throws -> Operations.AcceptIdentification.Output {
         guard case .json(let body) = input.body else { throw CanopyError(.badRequest, "the body is JSON") }
-        let reply = try await call(Identification.Accept.self, .init(id: input.path.identificationID, rank: body.rank, scientificName: body.scientificName,
+        let reply = try await call(Identification.Accept.self, .init(id: try RequestFieldError.identifier(input.path.identificationID, "identificationID"), rank: body.rank, scientificName: body.scientificName,
                                                                      customName: body.customName))
         return .ok(.init(body: .json(.init(identification: try .init(reply.identification), plant: try .init(reply.plant)))))
     }

@@ -11,7 +11,7 @@ extension CanopyAPI {
     static let variantCacheControl = "private, max-age=31536000, immutable"
 
     func listPlantPhotos(_ input: Operations.ListPlantPhotos.Input) async throws -> Operations.ListPlantPhotos.Output {
-        let photos = try await call(Images.List.self, .init(plantID: input.path.plantID))
+        let photos = try await call(Images.List.self, .init(plantID: try RequestFieldError.identifier(input.path.plantID, "plantID")))
         return .ok(.init(body: .json(.init(photos: photos.map(Components.Schemas.Photo.init)))))
     }
 
@@ -25,7 +25,7 @@ extension CanopyAPI {
         } catch {
             throw CanopyError(.tooLarge, "a photo is at most \(Self.maximumPhotoBytes) bytes")
         }
-        let photo = try await call(Images.Put.self, .init(plantID: input.path.plantID, data: bytes))
+        let photo = try await call(Images.Put.self, .init(plantID: try RequestFieldError.identifier(input.path.plantID, "plantID"), data: bytes))
         return .created(.init(body: .json(.init(photo))))
     }
 
@@ -37,7 +37,7 @@ extension CanopyAPI {
         let format: Images.Format = webp ? .webp : .jpeg
         // The owner is checked by canopy-images even when the client has the bytes already:
         // a 304 for another person's photo would say it exists.
-        var piece = try await call(Images.GetVariant.self, .init(sha256: input.path.photoID, variant: variant, format: format))
+        var piece = try await firstPiece(.init(principal: try caller(), sha256: input.path.photoID, variant: variant, format: format))
         let eTag = "\"\(input.path.photoID)-\(variant.rawValue)-\(format.rawValue)\""
         if let ifNoneMatch = input.headers.ifNoneMatch, Self.matches(ifNoneMatch, eTag) {
             return .notModified(.init(headers: .init(eTag: eTag, cacheControl: Self.variantCacheControl)))
@@ -49,6 +49,18 @@ extension CanopyAPI {
         }
         let headers = Operations.GetPhotoVariant.Output.Ok.Headers(eTag: eTag, cacheControl: Self.variantCacheControl, vary: "Accept")
         return .ok(.init(headers: headers, body: webp ? .imageWebp(HTTPBody(bytes)) : .jpeg(HTTPBody(bytes))))
+    }
+
+    /// A variant whole, or its first piece when it is too large for one reply: small variants
+    /// through implicit batching when it is on, each alone otherwise (and the full size always).
+    private func firstPiece(_ key: Images.GetVariants.Key) async throws -> Images.GetVariant.Reply {
+        let alone = Images.GetVariant.Request(sha256: key.sha256, variant: key.variant, format: key.format)
+        guard let lookups, key.variant != .full else { return try await call(Images.GetVariant.self, alone) }
+        do {
+            return try await lookups.variants.load(key)
+        } catch let error as CanopyError where error.code == .tooLarge {
+            return try await call(Images.GetVariant.self, alone) // did not fit in the batch's reply: in pieces
+        }
     }
 
     /// Whether an `If-None-Match` list names `eTag` (`*`, or the same tag, weak or not, as

@@ -17,12 +17,12 @@ extension CanopyAPI {
     }
 
     func removeDevice(_ input: Operations.RemoveDevice.Input) async throws -> Operations.RemoveDevice.Output {
-        _ = try await call(Reminders.RemoveDevice.self, .init(id: input.path.deviceID))
+        _ = try await call(Reminders.RemoveDevice.self, .init(id: try RequestFieldError.identifier(input.path.deviceID, "deviceID")))
         return .noContent(.init())
     }
 
     func sendTestNotification(_ input: Operations.SendTestNotification.Input) async throws -> Operations.SendTestNotification.Output {
-        let reply = try await call(Reminders.SendTest.self, .init(deviceID: input.path.deviceID))
+        let reply = try await call(Reminders.SendTest.self, .init(deviceID: try RequestFieldError.identifier(input.path.deviceID, "deviceID")))
         return .ok(.init(body: .json(.init(accepted: reply.accepted, detail: reply.detail))))
     }
 

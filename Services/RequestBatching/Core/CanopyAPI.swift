@@ -13,6 +13,8 @@ struct CanopyAPI: APIProtocol {
     /// Every route, for `POST /v1/batch` to run in process.
     var operations: OperationTable?
     var metrics: BatchMetrics?
+    /// Implicit batching of variant and next-task lookups; `nil` sends each lookup alone.
+    var lookups: Lookups?
 
     /// The caller the edge middleware authenticated (every route needs one).
     func caller() throws -> String {
@@ -48,29 +50,39 @@ struct CanopyAPI: APIProtocol {
     }
 
     func getPlant(_ input: Operations.GetPlant.Input) async throws -> Operations.GetPlant.Output {
-        .ok(.init(body: .json(try .init(try await call(Care.GetPlant.self, .init(id: input.path.plantID))))))
+        .ok(.init(body: .json(try .init(try await call(Care.GetPlant.self, .init(id: try RequestFieldError.identifier(input.path.plantID, "plantID")))))))
     }
 
     func updatePlant(_ input: Operations.UpdatePlant.Input) async throws -> Operations.UpdatePlant.Output {
         guard case .json(let body) = input.body else { throw CanopyError(.badRequest, "the body is JSON") }
-        let plant = try await call(Care.UpdatePlant.self, try Care.Plant(body, id: input.path.plantID))
+        let plant = try await call(Care.UpdatePlant.self, try Care.Plant(body, id: try RequestFieldError.identifier(input.path.plantID, "plantID")))
         return .ok(.init(body: .json(try .init(plant))))
     }
 
     func deletePlant(_ input: Operations.DeletePlant.Input) async throws -> Operations.DeletePlant.Output {
-        _ = try await call(Care.DeletePlant.self, .init(id: input.path.plantID))
+        _ = try await call(Care.DeletePlant.self, .init(id: try RequestFieldError.identifier(input.path.plantID, "plantID")))
         return .noContent(.init())
     }
 
     func setFavourite(_ input: Operations.SetFavourite.Input) async throws -> Operations.SetFavourite.Output {
         guard case .json(let body) = input.body else { throw CanopyError(.badRequest, "the body is JSON") }
-        var plant = try await call(Care.GetPlant.self, .init(id: input.path.plantID))
+        var plant = try await call(Care.GetPlant.self, .init(id: try RequestFieldError.identifier(input.path.plantID, "plantID")))
         if plant.favourite != body.favourite {
             plant.favourite = body.favourite
             plant.profile = plant.profileOverridden ? plant.profile : nil // the catalog's stays the catalog's
             plant = try await call(Care.UpdatePlant.self, plant)
         }
         return .ok(.init(body: .json(try .init(plant))))
+    }
+
+    func getNextTask(_ input: Operations.GetNextTask.Input) async throws -> Operations.GetNextTask.Output {
+        let key = Care.NextTasks.Key(principal: try caller(), plantID: try RequestFieldError.identifier(input.path.plantID, "plantID"))
+        let next = if let lookups {
+            try await lookups.nextTasks.load(key)
+        } else {
+            try await call(Care.NextTasks.self, .init(keys: [key])).results[0].get()
+        }
+        return .ok(.init(body: .json(.init(plantID: key.plantID, task: try next.task.map(Components.Schemas.Task.init)))))
     }
 
     // MARK: - Tasks
@@ -91,18 +103,18 @@ struct CanopyAPI: APIProtocol {
     func completeTask(_ input: Operations.CompleteTask.Input) async throws -> Operations.CompleteTask.Output {
         var at: Date?
         if case .json(let body) = input.body { at = body.at }
-        let task = try await call(Care.CompleteTask.self, .init(id: input.path.taskID, at: at))
+        let task = try await call(Care.CompleteTask.self, .init(id: try RequestFieldError.identifier(input.path.taskID, "taskID"), at: at))
         return .ok(.init(body: .json(try .init(task))))
     }
 
     func snoozeTask(_ input: Operations.SnoozeTask.Input) async throws -> Operations.SnoozeTask.Output {
         guard case .json(let body) = input.body else { throw CanopyError(.badRequest, "the body is JSON") }
-        let task = try await call(Care.SnoozeTask.self, .init(id: input.path.taskID, until: body.until))
+        let task = try await call(Care.SnoozeTask.self, .init(id: try RequestFieldError.identifier(input.path.taskID, "taskID"), until: body.until))
         return .ok(.init(body: .json(try .init(task))))
     }
 
     func skipTask(_ input: Operations.SkipTask.Input) async throws -> Operations.SkipTask.Output {
-        .ok(.init(body: .json(try .init(try await call(Care.SkipTask.self, .init(id: input.path.taskID))))))
+        .ok(.init(body: .json(try .init(try await call(Care.SkipTask.self, .init(id: try RequestFieldError.identifier(input.path.taskID, "taskID")))))))
     }
 
     // MARK: - Account
@@ -139,6 +151,18 @@ struct RequestFieldError: Error {
     init(field: String, _ message: String) {
         self.field = field
         self.message = message
+    }
+
+    /// `value` when it is an id as the document's `Identifier` says (1 to 200 ASCII letters,
+    /// digits, `.`, `_`, `:` or `-`: the generated server does not check patterns), else an
+    /// error naming `field`.
+    static func identifier(_ value: String, _ field: String) throws -> String {
+        do {
+            try Field.identifier(value, field, maximumBytes: Care.Limits.idBytes)
+        } catch {
+            throw RequestFieldError(field: field, error.message)
+        }
+        return value
     }
 
     /// `value` when it is in `range`, else an error naming `field`.

@@ -1,0 +1,111 @@
+import CanopyMessages
+import Metrics
+import Synchronization
+
+/// Implicit batching: lookups of one kind from any callers go out together as one multi-key
+/// call, and each caller gets its own key's answer back, value or error.
+///
+/// A batch leaves when it holds `maximumKeys` keys, when `window` has passed since its first
+/// key, or at once when no batch of its kind is in the air: a lone lookup on a quiet edge
+/// never waits, and under load keys gather while the previous batch is answered (as Nagle's
+/// algorithm gathers bytes), never longer than the window.
+///
+/// Keys carry the person they are looked up for (see ``Lookup``), so two people asking for
+/// the same photo are two keys, each checked by the service for its own person; equal keys
+/// (the same person asking twice) share one slot.
+final class ImplicitBatcher<Key: Hashable & Sendable, Value: Sendable>: Sendable {
+    /// Answers a batch: one result per key, in order.
+    typealias Fetch = @Sendable ([Key]) async -> [Result<Value, any Error>]
+
+    private struct Batch {
+        var keys: [Key] = []
+        var waiters: [Key: [CheckedContinuation<Value, any Error>]] = [:]
+        /// Which batch this is, so that a window's timer never sends a later one early.
+        var number: UInt64
+    }
+
+    private struct State {
+        var open: Batch?
+        var opened: UInt64 = 0
+        /// Batches sent and not yet answered.
+        var inFlight = 0
+
+        /// The open batch, taken to be sent.
+        mutating func take() -> Batch? {
+            guard let batch = open else { return nil }
+            open = nil
+            inFlight += 1
+            return batch
+        }
+    }
+
+    let window: Duration
+    let maximumKeys: Int
+    private let fetch: Fetch
+    private let state = Mutex(State())
+    /// Keys per batch sent: how full batches are (`canopy_batch_implicit_batch_keys{kind}`).
+    private let fill: Recorder
+
+    /// - Parameters:
+    ///   - kind: what is looked up, for the fill metric (`variant`, `next-task`).
+    ///   - window: the longest a key waits for others while a batch is in the air.
+    ///   - maximumKeys: the most keys one call carries (1 to ``Lookup/maximumKeys``).
+    ///   - fetch: answers a batch.
+    init(kind: String, window: Duration, maximumKeys: Int, fetch: @escaping Fetch) {
+        self.window = window
+        self.maximumKeys = max(1, min(maximumKeys, Lookup.maximumKeys))
+        self.fetch = fetch
+        self.fill = Recorder(label: "canopy_batch_implicit_batch_keys", dimensions: [("kind", kind)], aggregate: true)
+    }
+
+    /// `key`'s answer, looked up with whatever other keys gather with it.
+    func load(_ key: Key) async throws -> Value {
+        try await withCheckedThrowingContinuation { continuation in
+            let (ready, startWindow) = state.withLock { state -> (Batch?, UInt64?) in
+                var started: UInt64?
+                if state.open == nil {
+                    state.opened += 1
+                    state.open = Batch(number: state.opened)
+                    started = state.opened
+                }
+                if state.open!.waiters[key] == nil { state.open!.keys.append(key) }
+                state.open!.waiters[key, default: []].append(continuation)
+                if state.open!.keys.count >= maximumKeys || state.inFlight == 0 { return (state.take(), nil) }
+                return (nil, started)
+            }
+            if let ready {
+                send(ready)
+            } else if let number = startWindow {
+                Task { [window] in
+                    try? await Task.sleep(for: window)
+                    self.closeWindow(number)
+                }
+            }
+        }
+    }
+
+    /// Sends batch `number` when its window ends, unless it was sent already.
+    private func closeWindow(_ number: UInt64) {
+        let batch = state.withLock { state in state.open?.number == number ? state.take() : nil }
+        if let batch { send(batch) }
+    }
+
+    private func send(_ batch: Batch) {
+        fill.record(batch.keys.count)
+        Task {
+            let results = await fetch(batch.keys)
+            // The next batch goes as soon as nothing of its kind is in the air.
+            let next = state.withLock { state in
+                state.inFlight -= 1
+                return state.inFlight == 0 ? state.take() : nil
+            }
+            if let next { send(next) }
+            for (index, key) in batch.keys.enumerated() {
+                let result: Result<Value, any Error> = index < results.count
+                    ? results[index]
+                    : .failure(CanopyError(.internal, "the lookup answered \(results.count) of \(batch.keys.count) keys"))
+                for waiter in batch.waiters[key] ?? [] { waiter.resume(with: result) }
+            }
+        }
+    }
+}

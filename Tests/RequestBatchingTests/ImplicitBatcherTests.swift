@@ -1,0 +1,97 @@
+import CanopyMessages
+import Synchronization
+import Testing
+@testable import RequestBatching
+
+/// The batcher alone: what goes out together, and what each caller gets back.
+struct ImplicitBatcherTests {
+    /// A fetch that records the batches it was given and answers each key from `answer`,
+    /// after `delay` (a service's time in the air).
+    final class Recorder: Sendable {
+        let batches = Mutex<[[String]]>([])
+        func fetch(delay: Duration = .zero, _ answer: @escaping @Sendable (String) -> Result<String, any Error>) -> ImplicitBatcher<String, String>.Fetch {
+            { keys in
+                self.batches.withLock { $0.append(keys) }
+                if delay > .zero { try? await Task.sleep(for: delay) }
+                return keys.map(answer)
+            }
+        }
+    }
+
+    /// Loads every key at once; each one's answer, in order.
+    static func loadAll(_ keys: [String], from batcher: ImplicitBatcher<String, String>) async -> [Result<String, any Error>] {
+        await withTaskGroup(of: (Int, Result<String, any Error>).self) { group in
+            for (index, key) in keys.enumerated() {
+                group.addTask {
+                    do { return (index, .success(try await batcher.load(key))) } catch { return (index, .failure(error)) }
+                }
+            }
+            var answers = [Result<String, any Error>?](repeating: nil, count: keys.count)
+            for await (index, answer) in group { answers[index] = answer }
+            return answers.map { $0! }
+        }
+    }
+
+    @Test func aLoneKeyGoesAtOnceWithoutWaitingForItsWindow() async throws {
+        let recorder = Recorder()
+        let batcher = ImplicitBatcher<String, String>(kind: "test", window: .seconds(600), maximumKeys: 64, fetch: recorder.fetch { .success("value of \($0)") })
+        #expect(try await batcher.load("a") == "value of a")
+        #expect(try await batcher.load("b") == "value of b")
+        #expect(recorder.batches.withLock { $0 } == [["a"], ["b"]])
+    }
+
+    @Test func keysGatherWhileABatchIsInTheAirAndEachCallerGetsItsOwnAnswerOrError() async throws {
+        let recorder = Recorder()
+        // The first key goes alone and is answered slowly; the window is longer than the test.
+        let batcher = ImplicitBatcher<String, String>(kind: "test", window: .seconds(600), maximumKeys: 64, fetch: recorder.fetch(delay: .milliseconds(300)) { key in
+            key.hasPrefix("secret") ? .failure(CanopyError(.notFound, "no \(key)")) : .success("value of \(key)")
+        })
+        let keys = ["a", "b", "a", "secret-1", "c", "b"]
+        let answers = await Self.loadAll(keys, from: batcher)
+        let batches = recorder.batches.withLock { $0 }
+        #expect(batches.count == 2 && batches[0].count == 1, "\(batches)")
+        #expect(Set(batches.flatMap { $0 }) == ["a", "b", "c", "secret-1"] && Set(batches[1]).count == batches[1].count,
+                "equal keys in one batch share one slot: \(batches)")
+        for (key, answer) in zip(keys, answers) {
+            switch answer {
+            case .success(let value): #expect(value == "value of \(key)")
+            case .failure(let error): #expect(key == "secret-1" && (error as? CanopyError)?.code == CanopyError.Code.notFound)
+            }
+        }
+    }
+
+    @Test func aFullBatchLeavesAtOnceEvenWhileAnotherIsInTheAir() async throws {
+        let recorder = Recorder()
+        let batcher = ImplicitBatcher<String, String>(kind: "test", window: .seconds(600), maximumKeys: 4,
+                                                      fetch: recorder.fetch(delay: .milliseconds(300)) { .success($0) })
+        let clock = ContinuousClock()
+        let started = clock.now
+        let keys = (0..<8).map { "key-\($0)" }
+        let answers = await Self.loadAll(keys, from: batcher)
+        #expect(zip(keys, answers).allSatisfy { key, answer in (try? answer.get()) == key })
+        // One alone (nothing in the air), one full of 4 at once, the last 3 when both are answered.
+        #expect(recorder.batches.withLock { $0.map(\.count) } == [1, 4, 3])
+        #expect(clock.now - started < .seconds(60))
+    }
+
+    @Test func whileABatchIsInTheAirAKeyWaitsNoLongerThanTheWindow() async throws {
+        let batcher = ImplicitBatcher<String, String>(kind: "test", window: .milliseconds(20), maximumKeys: 64) { keys in
+            if keys == ["slow"] { try? await Task.sleep(for: .seconds(2)) }
+            return keys.map { .success($0) }
+        }
+        async let first = batcher.load("slow")
+        try await Task.sleep(for: .milliseconds(50))
+        let clock = ContinuousClock()
+        let started = clock.now
+        #expect(try await batcher.load("next") == "next")
+        #expect(clock.now - started < .milliseconds(1_900), "it left when its window ended, not when the first batch came back")
+        #expect(try await first == "slow")
+    }
+
+    @Test func whenTheCallFailsEveryKeyOfItsBatchGetsThatFailure() async throws {
+        let batcher = ImplicitBatcher<String, String>(kind: "test", window: .milliseconds(5), maximumKeys: 64) { keys in
+            keys.map { _ in .failure(CanopyError(.noWorkers, "no canopy-images worker")) }
+        }
+        await #expect(throws: CanopyError(.noWorkers, "no canopy-images worker")) { try await batcher.load("x") }
+    }
+}
