@@ -300,7 +300,7 @@ let package = Package(
             name: "canopy-bench",
             dependencies: [
                 "CanopyBus", "CanopyBroker", "CZeroMQ", "CanopyMessages", "ImageCache", "CareScheduling", "Identification", "Reminders", "CanopyImaging", "CVips",
-                "CanopyServiceKit",
+                "CanopyServiceKit", "CanopyWire", "RequestBatching",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "Hummingbird", package: "hummingbird"),

@@ -20,10 +20,11 @@ struct BenchmarkCommand: AsyncParsableCommand {
               swift run -c release canopy-bench transfer
               swift run -c release canopy-bench coalescing-cost
               swift run -c release canopy-bench identify
+              swift run -c release canopy-bench edge
               swift run -c release canopy-bench remind
             """,
         subcommands: [Bus.self, Coalescing.self, ImagesBenchmark.self, CareBenchmark.self, MetricsCost.self, TransferBenchmark.self, CoalescingCost.self,
-                      IdentifyBenchmark.self, RemindBenchmark.self],
+                      IdentifyBenchmark.self, RemindBenchmark.self, EdgeBenchmark.self],
         defaultSubcommand: Bus.self)
 }
 
@@ -191,6 +192,12 @@ struct Rig {
 func benchRequest(operation: String, body: [UInt8]) -> [[UInt8]] {
     WireMessage.request(WireRequest(correlation: Wire.frame(UInt64(0)), service: "bench", operation: operation,
                                     header: RequestHeader(timeoutMilliseconds: 30_000), body: body)).encoded
+}
+
+/// Where `name` is on the PATH, if it is.
+func which(_ name: String) -> String? {
+    (ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin").split(separator: ":")
+        .map { "\($0)/\(name)" }.first { FileManager.default.isExecutableFile(atPath: $0) }
 }
 
 func progress(_ text: String) {

@@ -271,10 +271,6 @@ struct ImagesBenchmark: AsyncParsableCommand {
         guard process.terminationStatus == 0 else { throw CommandFailure("\(path) failed with status \(process.terminationStatus)") }
     }
 
-    private func which(_ name: String) -> String? {
-        (ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin").split(separator: ":")
-            .map { "\($0)/\(name)" }.first { FileManager.default.isExecutableFile(atPath: $0) }
-    }
 }
 
 /// `count` distinct 4000x3000 JPEGs at quality 90, made by libvips: photo-like (texture and

@@ -9,6 +9,7 @@ import Foundation
 import Identification
 import ImageCache
 import NIOCore
+import Reminders
 import Testing
 @testable import RequestBatching
 
@@ -20,7 +21,10 @@ extension LiveBatchTests {
     struct BatchIdentificationTests {
         static let species = ["Testus primus", "Testus secundus", "Testus tertius"]
 
-        func withIdentifyStack(_ body: (BatchAPITests.Stack) async throws -> Void) async throws {
+        /// canopy-images, canopy-care and canopy-identify (and canopy-remind when asked) behind
+        /// canopy-batch, as `serve` builds them.
+        static func withIdentifyStack(reminders: Bool = false, configure: (inout BatchServiceSettings) -> Void = { _ in },
+                                      _ body: (BatchAPITests.Stack) async throws -> Void) async throws {
             let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-batch-identify-\(UUID().uuidString)")
             defer { try? FileManager.default.removeItem(at: directory) }
             try await withLiveBus { bus in
@@ -28,6 +32,12 @@ extension LiveBatchTests {
                                               context: bus.context, logger: bus.logger))
                 bus.run(try buildCareService(settings: CareServiceSettings(directory: directory.appendingPathComponent("care"), runner: bus.runnerConfiguration()),
                                              context: bus.context, logger: bus.logger))
+                var services = [Images.service, Care.service, Identification.service]
+                if reminders {
+                    bus.run(try buildReminderService(settings: ReminderServiceSettings(directory: directory.appendingPathComponent("remind"), runner: bus.runnerConfiguration()),
+                                                     context: bus.context, logger: bus.logger))
+                    services.append(Reminders.service)
+                }
                 let settings = IdentificationServiceSettings(directory: directory.appendingPathComponent("identify"), runner: bus.runnerConfiguration())
                 let tools = try IdentificationTools(databasePath: settings.databasePath)
                 for (index, name) in Self.species.enumerated() {
@@ -35,11 +45,12 @@ extension LiveBatchTests {
                                             photos: try (1...3).map { try SyntheticPlant.species(index).photo(seed: $0) })
                 }
                 bus.run(try buildIdentificationService(settings: settings, context: bus.context, logger: bus.logger))
-                let batch = try buildBatchService(settings: BatchServiceSettings(http: .anyLoopbackPort, bus: .init(endpoint: bus.endpoint),
-                                                                                 tokenKey: BatchAPITests.key), context: bus.context, logger: bus.logger)
+                var batchSettings = BatchServiceSettings(http: .anyLoopbackPort, bus: .init(endpoint: bus.endpoint), tokenKey: BatchAPITests.key)
+                configure(&batchSettings)
+                let batch = try buildBatchService(settings: batchSettings, context: bus.context, logger: bus.logger)
                 let http = try #require(batch.first { $0 is BatchHTTPServer } as? BatchHTTPServer)
                 bus.run(batch)
-                for service in [Images.service, Care.service, Identification.service] { try await bus.waitForWorkers(1, service: service) }
+                for service in services { try await bus.waitForWorkers(1, service: service) }
                 try await body(BatchAPITests.Stack(base: "http://127.0.0.1:\(try await http.boundPort())", tokens: try TokenAuthority(key: BatchAPITests.key),
                                                    bus: bus, metricsPort: 0))
             }
@@ -70,7 +81,7 @@ extension LiveBatchTests {
         }
 
         @Test func photosUploadedAsAFormAreIdentifiedAcceptedAndListedEachPersonTheirOwn() async throws {
-            try await withIdentifyStack { stack in
+            try await Self.withIdentifyStack { stack in
                 let photos = try (7...8).map { try SyntheticPlant.species(1).photo(seed: $0) }
                 let submitted = try await submit(stack, as: "alice", [("photo", "image/jpeg", photos[0]), ("photo", "image/jpeg", photos[1]),
                                                                       ("organ", nil, Array("leaf".utf8)), ("organ", nil, Array("flower".utf8)),

@@ -72,7 +72,8 @@ extension LiveBatchTests {
         }
 
         @Test func concurrentLookupsFromTwoPeopleBecomeAFewBusRequestsAndEachGetsOnlyItsOwn() async throws {
-            try await BatchRemindersAndPhotosTests.withFullStack { stack in
+            // One batch of a kind in the air at a time, so that lookups gather as soon as two meet.
+            try await BatchRemindersAndPhotosTests.withFullStack(configure: { $0.batchInFlight = 1 }) { stack in
                 var alicePlants: [String] = []
                 var alicePhotos: [String] = []
                 for index in 0..<3 {
@@ -90,6 +91,7 @@ extension LiveBatchTests {
                     #expect(answer.status == 200)
                     alone[photo] = answer.body
                 }
+                let metricsBefore = try await OperatingProbe.metrics(stack.metricsPort)
                 let imagesBefore = try await Self.requests(stack, Images.service)
                 let careBefore = try await Self.requests(stack, Care.service)
 
@@ -135,6 +137,11 @@ extension LiveBatchTests {
                 #expect(variantRequests >= 1 && variantRequests <= 17, "\(variantRequests) images.variants requests for 34 lookups")
                 #expect(nextTaskRequests >= 1 && nextTaskRequests <= 17, "\(nextTaskRequests) care.tasks.next requests for 35 lookups")
                 #expect((imagesAfter["images.variant"] ?? 0) == (imagesBefore["images.variant"] ?? 0), "no lookup went alone")
+                // The fill metric saw every batch, and the keys in them (equal keys of one person share one).
+                let metrics = try await OperatingProbe.metrics(stack.metricsPort)
+                #expect(metrics.growth(since: metricsBefore, "canopy_batch_implicit_batch_keys_count", ["kind": "variant"]) == Double(variantRequests))
+                #expect(metrics.growth(since: metricsBefore, "canopy_batch_implicit_batch_keys_count", ["kind": "next-task"]) == Double(nextTaskRequests))
+                #expect((1...34).contains(metrics.growth(since: metricsBefore, "canopy_batch_implicit_batch_keys_sum", ["kind": "variant"])))
             }
         }
 

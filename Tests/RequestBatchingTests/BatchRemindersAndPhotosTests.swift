@@ -29,14 +29,16 @@ extension LiveBatchTests {
                                                  context: bus.context, logger: bus.logger))
                 bus.run(try buildImageService(settings: ImageServiceSettings(directory: directory.appendingPathComponent("images"), runner: bus.runnerConfiguration()),
                                               context: bus.context, logger: bus.logger))
-                var settings = BatchServiceSettings(http: .anyLoopbackPort, bus: .init(endpoint: bus.endpoint), tokenKey: BatchAPITests.key)
+                var settings = BatchServiceSettings(http: .anyLoopbackPort, bus: .init(endpoint: bus.endpoint), tokenKey: BatchAPITests.key,
+                                                    metrics: .anyLoopbackPort)
                 configure(&settings)
                 let services = try buildBatchService(settings: settings, context: bus.context, logger: bus.logger)
                 let http = try #require(services.first { $0 is BatchHTTPServer } as? BatchHTTPServer)
+                let metrics = try #require(services.first { $0 is OperatingEndpoint } as? OperatingEndpoint)
                 bus.run(services)
                 for service in [Care.service, Reminders.service, Images.service] { try await bus.waitForWorkers(1, service: service) }
                 try await body(BatchAPITests.Stack(base: "http://127.0.0.1:\(try await http.boundPort())", tokens: try TokenAuthority(key: BatchAPITests.key),
-                                                   bus: bus, metricsPort: 0))
+                                                   bus: bus, metricsPort: try await metrics.boundPort()))
             }
         }
 

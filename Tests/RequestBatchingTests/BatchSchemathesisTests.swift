@@ -1,11 +1,5 @@
-import CanopyImaging
-import CanopyMessages
 import CanopyTesting
-import CareScheduling
 import Foundation
-import Identification
-import ImageCache
-import Reminders
 import Testing
 @testable import RequestBatching
 
@@ -26,29 +20,14 @@ extension LiveBatchTests {
         @Test(.enabled(if: schemathesis != nil, "scripts/test installs schemathesis and names it in CANOPY_SCHEMATHESIS"),
               .timeLimit(.minutes(10)))
         func everyAnswerOfTheWholeAPIIsOneItsDocumentAllows() async throws {
-            let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-batch-schemathesis-\(UUID().uuidString)")
-            defer { try? FileManager.default.removeItem(at: directory) }
-            try await withLiveBus { bus in
-                bus.run(try buildCareService(settings: CareServiceSettings(directory: directory.appendingPathComponent("care"), runner: bus.runnerConfiguration()),
-                                             context: bus.context, logger: bus.logger))
-                bus.run(try buildImageService(settings: ImageServiceSettings(directory: directory.appendingPathComponent("images"), runner: bus.runnerConfiguration()),
-                                              context: bus.context, logger: bus.logger))
-                bus.run(try buildReminderService(settings: ReminderServiceSettings(directory: directory.appendingPathComponent("remind"), runner: bus.runnerConfiguration()),
-                                                 context: bus.context, logger: bus.logger))
-                let identify = IdentificationServiceSettings(directory: directory.appendingPathComponent("identify"), runner: bus.runnerConfiguration())
-                _ = try IdentificationTools(databasePath: identify.databasePath).addReferences(
-                    .init(scientificName: "Testus primus", commonNames: ["Test plant"], family: "Testaceae"),
-                    photos: try (1...2).map { try SyntheticPlant.species(0).photo(seed: $0) })
-                bus.run(try buildIdentificationService(settings: identify, context: bus.context, logger: bus.logger))
-                var settings = BatchServiceSettings(http: .anyLoopbackPort, bus: .init(endpoint: bus.endpoint), tokenKey: BatchAPITests.key)
+            try await BatchIdentificationTests.withIdentifyStack(reminders: true, configure: { settings in
                 settings.rateLimit = 100_000 // schemathesis is one person sending as fast as it can
                 settings.rateBurst = 100_000
-                let services = try buildBatchService(settings: settings, context: bus.context, logger: bus.logger)
-                let http = try #require(services.first { $0 is BatchHTTPServer } as? BatchHTTPServer)
-                bus.run(services)
-                for service in [Care.service, Images.service, Reminders.service, Identification.service] { try await bus.waitForWorkers(1, service: service) }
-                let base = "http://127.0.0.1:\(try await http.boundPort())"
-                let token = try await TokenAuthority(key: BatchAPITests.key).issue(user: "schemathesis", lifetime: .seconds(3_600))
+            }) { stack in
+                let base = stack.base
+                let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-batch-schemathesis-\(UUID().uuidString)")
+                defer { try? FileManager.default.removeItem(at: directory) }
+                let token = try await stack.token("schemathesis")
 
                 let report = directory.appendingPathComponent("report")
                 let run = try await runProgram(at: Self.schemathesis!, [

@@ -32,6 +32,16 @@ struct ImplicitBatcherTests {
         }
     }
 
+    @Test func keysGoAtOnceWhileThereIsRoomInTheAir() async throws {
+        let recorder = Recorder()
+        let batcher = ImplicitBatcher<String, String>(kind: "test", window: .seconds(600), maximumKeys: 64, maximumInFlight: 3,
+                                                      fetch: recorder.fetch(delay: .milliseconds(300)) { .success($0) })
+        let answers = await Self.loadAll((0..<6).map { "key-\($0)" }, from: batcher)
+        #expect(answers.allSatisfy { (try? $0.get()) != nil })
+        // Three alone at once, then the other three together when the first comes back.
+        #expect(recorder.batches.withLock { $0.map(\.count) } == [1, 1, 1, 3])
+    }
+
     @Test func aLoneKeyGoesAtOnceWithoutWaitingForItsWindow() async throws {
         let recorder = Recorder()
         let batcher = ImplicitBatcher<String, String>(kind: "test", window: .seconds(600), maximumKeys: 64, fetch: recorder.fetch { .success("value of \($0)") })
@@ -43,7 +53,8 @@ struct ImplicitBatcherTests {
     @Test func keysGatherWhileABatchIsInTheAirAndEachCallerGetsItsOwnAnswerOrError() async throws {
         let recorder = Recorder()
         // The first key goes alone and is answered slowly; the window is longer than the test.
-        let batcher = ImplicitBatcher<String, String>(kind: "test", window: .seconds(600), maximumKeys: 64, fetch: recorder.fetch(delay: .milliseconds(300)) { key in
+        let batcher = ImplicitBatcher<String, String>(kind: "test", window: .seconds(600), maximumKeys: 64, maximumInFlight: 1,
+                                                      fetch: recorder.fetch(delay: .milliseconds(300)) { key in
             key.hasPrefix("secret") ? .failure(CanopyError(.notFound, "no \(key)")) : .success("value of \(key)")
         })
         let keys = ["a", "b", "a", "secret-1", "c", "b"]
@@ -62,7 +73,7 @@ struct ImplicitBatcherTests {
 
     @Test func aFullBatchLeavesAtOnceEvenWhileAnotherIsInTheAir() async throws {
         let recorder = Recorder()
-        let batcher = ImplicitBatcher<String, String>(kind: "test", window: .seconds(600), maximumKeys: 4,
+        let batcher = ImplicitBatcher<String, String>(kind: "test", window: .seconds(600), maximumKeys: 4, maximumInFlight: 1,
                                                       fetch: recorder.fetch(delay: .milliseconds(300)) { .success($0) })
         let clock = ContinuousClock()
         let started = clock.now
@@ -75,7 +86,7 @@ struct ImplicitBatcherTests {
     }
 
     @Test func whileABatchIsInTheAirAKeyWaitsNoLongerThanTheWindow() async throws {
-        let batcher = ImplicitBatcher<String, String>(kind: "test", window: .milliseconds(20), maximumKeys: 64) { keys in
+        let batcher = ImplicitBatcher<String, String>(kind: "test", window: .milliseconds(20), maximumKeys: 64, maximumInFlight: 1) { keys in
             if keys == ["slow"] { try? await Task.sleep(for: .seconds(2)) }
             return keys.map { .success($0) }
         }

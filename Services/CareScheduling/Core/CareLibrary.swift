@@ -167,10 +167,10 @@ final class CareLibrary: Sendable {
 
     /// The next task of several plants (``Care/NextTasks``), each for its own key's
     /// principal: a plant that is not that person's is `notFound`, whoever else has it. One
-    /// read, off the cooperative pool, two indexed look-ups a key.
-    func nextTasks(_ keys: [Care.NextTasks.Key], context: RequestContext) async throws -> Care.NextTasks.Reply {
+    /// read, two indexed look-ups a key.
+    func nextTasks(_ keys: [Care.NextTasks.Key], context: RequestContext) throws -> Care.NextTasks.Reply {
         let owners = keys.map { key in Result { () throws(CanopyError) in try context.principal(forKey: key.principal) } }
-        let results = try await store.database.read { db in
+        let results = try store.database.read { db in
             try zip(keys, owners).map { key, principal -> Lookup.Result<Care.NextTasks.Next> in
                 let owner: String
                 switch principal {

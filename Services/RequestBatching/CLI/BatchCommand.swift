@@ -53,6 +53,8 @@ struct ServeBatch: AsyncParsableCommand {
     var batchWindowMs: Int = Environment.int("CANOPY_BATCH_WINDOW_MS", default: 2)
     @Option(help: ArgumentHelp("The most lookups in one bus request, 1 to 64. Env: CANOPY_BATCH_KEYS.", valueName: "n"))
     var batchKeys: Int = Environment.int("CANOPY_BATCH_KEYS", default: 64)
+    @Option(help: ArgumentHelp("How many batches of one kind may be in the air before lookups wait for one to return, 1 to 64. Env: CANOPY_BATCH_IN_FLIGHT.", valueName: "n"))
+    var batchInFlight: Int = Environment.int("CANOPY_BATCH_IN_FLIGHT", default: 4)
 
     func validate() throws {
         guard (1_024...(64 * 1_048_576)).contains(maxBodyBytes) else { throw ValidationError("--max-body-bytes is 1024 to 67108864") }
@@ -60,6 +62,7 @@ struct ServeBatch: AsyncParsableCommand {
         guard (1...1_000_000).contains(rateBurst) else { throw ValidationError("--rate-burst is 1 to 1000000 requests") }
         guard (0...1_000).contains(batchWindowMs) else { throw ValidationError("--batch-window-ms is 0 (off) to 1000 milliseconds") }
         guard (1...64).contains(batchKeys) else { throw ValidationError("--batch-keys is 1 to 64") }
+        guard (1...64).contains(batchInFlight) else { throw ValidationError("--batch-in-flight is 1 to 64") }
         guard try OperatingOptions.parse(http) != nil else { throw ValidationError("--http is HOST:PORT, such as 0.0.0.0:8080") }
         _ = try token.key()
     }
@@ -74,6 +77,7 @@ struct ServeBatch: AsyncParsableCommand {
         settings.rateBurst = Double(rateBurst)
         settings.batchWindow = .milliseconds(batchWindowMs)
         settings.batchKeys = batchKeys
+        settings.batchInFlight = batchInFlight
         try await runUntilShutdown(try buildBatchService(settings: settings, context: ZMQContext(), logger: logger), logger: logger)
     }
 }

@@ -32,6 +32,8 @@ public struct BatchServiceSettings: Sendable {
     /// (zero sends each alone), and the most keys one bus request carries.
     public var batchWindow: Duration = .milliseconds(2)
     public var batchKeys = Lookup.maximumKeys
+    /// How many batches of one kind may be in the air before lookups wait for one to return.
+    public var batchInFlight = 4
 
     public init(http: ListenAddress, bus: BusClient.Configuration, tokenKey: [UInt8], metrics: ListenAddress? = nil) {
         self.http = http
@@ -85,7 +87,8 @@ public func buildBatchService(settings: BatchServiceSettings, context: ZMQContex
     let operations = OperationTable()
     var api = CanopyAPI(bus: bus, timeout: settings.callTimeout, operations: operations, metrics: metrics)
     if settings.batchWindow > .zero {
-        api.lookups = Lookups(bus: bus, window: settings.batchWindow, maximumKeys: settings.batchKeys, timeout: settings.callTimeout)
+        api.lookups = Lookups(bus: bus, window: settings.batchWindow, maximumKeys: settings.batchKeys, maximumInFlight: settings.batchInFlight,
+                              timeout: settings.callTimeout)
     }
     try api.registerHandlers(on: router, configuration: configuration)
     try api.registerHandlers(on: operations, configuration: configuration) // the same handlers, for batches

@@ -6,9 +6,9 @@ import Synchronization
 /// call, and each caller gets its own key's answer back, value or error.
 ///
 /// A batch leaves when it holds `maximumKeys` keys, when `window` has passed since its first
-/// key, or at once when no batch of its kind is in the air: a lone lookup on a quiet edge
-/// never waits, and under load keys gather while the previous batch is answered (as Nagle's
-/// algorithm gathers bytes), never longer than the window.
+/// key, or at once while fewer than `maximumInFlight` batches of its kind are in the air: a
+/// lookup on a quiet edge never waits, and under load keys gather while earlier batches are
+/// answered (as Nagle's algorithm gathers bytes), never longer than the window.
 ///
 /// Keys carry the person they are looked up for (see ``Lookup``), so two people asking for
 /// the same photo are two keys, each checked by the service for its own person; equal keys
@@ -41,6 +41,7 @@ final class ImplicitBatcher<Key: Hashable & Sendable, Value: Sendable>: Sendable
 
     let window: Duration
     let maximumKeys: Int
+    let maximumInFlight: Int
     private let fetch: Fetch
     private let state = Mutex(State())
     /// Keys per batch sent: how full batches are (`canopy_batch_implicit_batch_keys{kind}`).
@@ -50,10 +51,12 @@ final class ImplicitBatcher<Key: Hashable & Sendable, Value: Sendable>: Sendable
     ///   - kind: what is looked up, for the fill metric (`variant`, `next-task`).
     ///   - window: the longest a key waits for others while a batch is in the air.
     ///   - maximumKeys: the most keys one call carries (1 to ``Lookup/maximumKeys``).
+    ///   - maximumInFlight: how many batches may be in the air before keys wait for one.
     ///   - fetch: answers a batch.
-    init(kind: String, window: Duration, maximumKeys: Int, fetch: @escaping Fetch) {
+    init(kind: String, window: Duration, maximumKeys: Int, maximumInFlight: Int = 4, fetch: @escaping Fetch) {
         self.window = window
         self.maximumKeys = max(1, min(maximumKeys, Lookup.maximumKeys))
+        self.maximumInFlight = max(1, maximumInFlight)
         self.fetch = fetch
         self.fill = Recorder(label: "canopy_batch_implicit_batch_keys", dimensions: [("kind", kind)], aggregate: true)
     }
@@ -70,7 +73,7 @@ final class ImplicitBatcher<Key: Hashable & Sendable, Value: Sendable>: Sendable
                 }
                 if state.open!.waiters[key] == nil { state.open!.keys.append(key) }
                 state.open!.waiters[key, default: []].append(continuation)
-                if state.open!.keys.count >= maximumKeys || state.inFlight == 0 { return (state.take(), nil) }
+                if state.open!.keys.count >= maximumKeys || state.inFlight < maximumInFlight { return (state.take(), nil) }
                 return (nil, started)
             }
             if let ready {
@@ -94,10 +97,10 @@ final class ImplicitBatcher<Key: Hashable & Sendable, Value: Sendable>: Sendable
         fill.record(batch.keys.count)
         Task {
             let results = await fetch(batch.keys)
-            // The next batch goes as soon as nothing of its kind is in the air.
+            // The next batch goes as soon as there is room in the air for it.
             let next = state.withLock { state in
                 state.inFlight -= 1
-                return state.inFlight == 0 ? state.take() : nil
+                return state.inFlight < self.maximumInFlight ? state.take() : nil
             }
             if let next { send(next) }
             for (index, key) in batch.keys.enumerated() {

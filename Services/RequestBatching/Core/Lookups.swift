@@ -11,14 +11,15 @@ struct Lookups: Sendable {
     /// - Parameters:
     ///   - window: how long the first lookup of a batch waits for others.
     ///   - maximumKeys: the most keys in one bus request.
+    ///   - maximumInFlight: batches of one kind in the air before lookups wait for one.
     ///   - timeout: how long one bus request may take.
-    init(bus: BusClient, window: Duration, maximumKeys: Int, timeout: Duration) {
-        variants = ImplicitBatcher(kind: "variant", window: window, maximumKeys: maximumKeys) { keys in
+    init(bus: BusClient, window: Duration, maximumKeys: Int, maximumInFlight: Int, timeout: Duration) {
+        variants = ImplicitBatcher(kind: "variant", window: window, maximumKeys: maximumKeys, maximumInFlight: maximumInFlight) { keys in
             await Self.each(of: keys) {
                 try await bus.call(Images.GetVariants.self, .init(keys: keys), timeout: timeout).variants(for: keys)
             }
         }
-        nextTasks = ImplicitBatcher(kind: "next-task", window: window, maximumKeys: maximumKeys) { keys in
+        nextTasks = ImplicitBatcher(kind: "next-task", window: window, maximumKeys: maximumKeys, maximumInFlight: maximumInFlight) { keys in
             await Self.each(of: keys) {
                 try await bus.call(Care.NextTasks.self, .init(keys: keys), timeout: timeout).results.map { result in
                     Result { () throws(CanopyError) in try result.get() }

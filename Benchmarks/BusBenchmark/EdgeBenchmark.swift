@@ -1,0 +1,320 @@
+import ArgumentParser
+import CanopyBroker
+import CanopyBus
+import CanopyImaging
+import CanopyMessages
+import CanopyServiceKit
+import CanopyWire
+import CareScheduling
+import Foundation
+import Hummingbird
+import ImageCache
+import Logging
+import RequestBatching
+import ServiceLifecycle
+import Synchronization
+
+/// canopy-batch, the HTTP edge, under load from wrk (Debian): (1) a thumbnail GET (a
+/// memory-cache hit) through canopy-batch against the same bus call made directly by the
+/// pipelined bus load generator and against a bare Hummingbird route answering the same bytes
+/// from memory, at the same concurrency; (2) a collection screen (a page of plants, then each
+/// plant's thumbnail and next task) from many app sessions, implicit batching on against off:
+/// bus messages per screen and screens per second.
+struct EdgeBenchmark: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "edge",
+        abstract: "canopy-batch under wrk: thumbnail GETs against the bus call and a bare Hummingbird route; a collection screen with implicit batching on and off.",
+        discussion: "Needs wrk (apt-get install wrk). Example: canopy-bench edge --seconds 5 --connections 1,16,64 --sessions 50 --plants 100")
+
+    @Option(help: "Seconds measured per setup and load.") var seconds = 5
+    @Option(help: "Concurrent connections (HTTP) or clients (bus) for the thumbnail GET, comma-separated.") var connections = "1,16,64"
+    @Option(help: "App sessions (people) loading their collection screen at once.") var sessions = 50
+    @Option(help: "Plants in each person's collection.") var plants = 100
+    @Option(help: "HTTP connections per app session.") var connectionsPerSession = 4
+    @Option(help: "Rounds per setup; the best counts (the machine is shared and noisy).") var rounds = 2
+
+    func run() async throws {
+        guard let wrk = which("wrk") else { throw CommandFailure("wrk is not installed; apt-get install wrk, then run again") }
+        var logger = Logger(label: "canopy-bench")
+        logger.logLevel = .error
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-bench-edge-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let key = Array("the canopy-bench edge signing key, long enough".utf8)
+
+        // The stack: canopy-images and canopy-care behind the broker, canopy-batch twice (implicit
+        // batching on, and off), and a bare Hummingbird route.
+        var edges: [BatchHTTPServer] = []
+        let bare = BareRoute()
+        let stack = try BenchStack(logger: logger) { endpoint, context in
+            var images = ImageServiceSettings(directory: directory.appendingPathComponent("images"), runner: .init(endpoint: endpoint))
+            images.runner.credit = 64
+            var care = CareServiceSettings(directory: directory.appendingPathComponent("care"), runner: .init(endpoint: endpoint))
+            care.runner.credit = 64
+            var services = try buildImageService(settings: images, context: context, logger: logger)
+            services += try buildCareService(settings: care, context: context, logger: logger)
+            for window in [Duration.milliseconds(2), .zero] {
+                var settings = BatchServiceSettings(http: .anyLoopbackPort, bus: .init(endpoint: endpoint), tokenKey: key)
+                settings.rateLimit = 1_000_000
+                settings.rateBurst = 1_000_000
+                settings.batchWindow = window
+                let built = try buildBatchService(settings: settings, context: context, logger: logger)
+                edges += built.compactMap { $0 as? BatchHTTPServer }
+                services += built
+            }
+            return services + [bare]
+        }
+        let client = stack.client
+        for service in [Images.service, Care.service] {
+            while (try? await client.call(Broker.Services.self, Empty()))?.first(where: { $0.name == service }) == nil {
+                try await Task.sleep(for: .milliseconds(50))
+            }
+        }
+        let batchingOn = "http://127.0.0.1:\(try await edges[0].boundPort())"
+        let batchingOff = "http://127.0.0.1:\(try await edges[1].boundPort())"
+        let barePort = try await bare.port.wait()
+        let tokens = try TokenAuthority(key: key)
+        let script = directory.appendingPathComponent("canopy.lua")
+        try Self.wrkScript.write(to: script, atomically: true, encoding: .utf8)
+        let runner = WrkRunner(wrk: wrk, script: script.path)
+
+        // (1) One thumbnail, a memory hit, for one person.
+        let photo = try await client.call(Images.Put.self, .init(plantID: "bench-plant", data: Data(try SyntheticPlant.species(1).photo(seed: 1, width: 1024, height: 768))),
+                                          principal: "bench")
+        let thumbnail = try await client.call(Images.GetVariant.self, .init(sha256: photo.sha256, variant: .thumbnail), principal: "bench")
+        bare.bytes.withLock { $0 = thumbnail.data }
+        let token = try await tokens.issue(user: "bench", lifetime: .seconds(3_600))
+        let header = "Authorization: Bearer \(token)"
+        let path = "/v1/photos/\(photo.sha256)/variants/thumbnail"
+        let busRequest = WireMessage.request(WireRequest(
+            correlation: Wire.frame(UInt64(0)), service: Images.service, operation: Images.GetVariant.name,
+            header: RequestHeader(timeoutMilliseconds: 30_000, flags: RequestHeader.Flag.idempotent, principal: "bench"),
+            body: try MessageCodec().encode(Images.GetVariant.Request(sha256: photo.sha256, variant: .thumbnail)))).encoded
+        print("canopy-bench edge: a \(thumbnail.data.count)-byte thumbnail (memory hit), \(seconds) s per setup and load, best of \(rounds) rounds, wrk \(runner.version)")
+        var rows = [["setup", "connections", "requests/s", "p50 µs", "p99 µs", "p99 vs direct call", "generator cores", "errors"]]
+        for connections in connections.split(separator: ",").compactMap({ Int($0) }) {
+            progress("  thumbnail GETs over \(connections) connection(s)…\n")
+            var bus = LoadResult(), on = WrkResult(), off = WrkResult(), hummingbird = WrkResult(), direct = LoadResult()
+            for _ in 0..<rounds {
+                let called = try await Self.callers(connections, seconds: seconds) {
+                    _ = try await client.call(Images.GetVariant.self, .init(sha256: photo.sha256, variant: .thumbnail), principal: "bench")
+                }
+                if called.throughput > direct.throughput { direct = called }
+                let load = PipelinedLoad(endpoint: stack.broker.endpoint, clients: connections, window: 1, threads: 1, request: busRequest)
+                let measured = try load.run(warmUp: .milliseconds(500), duration: .seconds(seconds))
+                if measured.throughput > bus.requests.asThroughput(bus.seconds) { bus = measured }
+                on = Swift.max(on, try runner.run(url: batchingOn + path, connections: connections, seconds: seconds, header: header))
+                off = Swift.max(off, try runner.run(url: batchingOff + path, connections: connections, seconds: seconds, header: header))
+                hummingbird = Swift.max(hummingbird, try runner.run(url: "http://127.0.0.1:\(barePort)/thumbnail", connections: connections, seconds: seconds))
+            }
+            let baseline = Double(max(direct.p99, 1))
+            rows.append(["images.variant, BusClient.call from \(connections) caller(s) (baseline)", "\(connections)", String(format: "%.0f", direct.throughput),
+                         "\(direct.p50)", "\(direct.p99)", "1.00", "in process", "\(direct.errors)"])
+            rows.append(["images.variant, raw frames (pipelined generator)", "\(connections)", String(format: "%.0f", bus.throughput), "\(bus.p50)", "\(bus.p99)",
+                         String(format: "%.2f", Double(bus.p99) / baseline), String(format: "%.2f", bus.generatorCoreShare), "\(bus.errors)"])
+            for (name, result) in [("GET through canopy-batch, implicit batching on", on), ("GET through canopy-batch, batching off", off),
+                                   ("GET from a bare Hummingbird route (memory)", hummingbird)] {
+                rows.append([name, "\(connections)", String(format: "%.0f", result.throughput), "\(result.p50)", "\(result.p99)",
+                             String(format: "%.2f", Double(result.p99) / baseline), String(format: "%.2f", result.generatorCoreShare), "\(result.errors)"])
+            }
+        }
+        print("\n(1) thumbnail GET, memory hit: canopy-batch against the same bus call and a bare Hummingbird route (target: p99 at most 1.30 of the same call made directly)")
+        printTable(rows)
+        fflush(nil) // out now, also when it goes to a file
+
+        // (2) The collection screen.
+        progress("  seeding \(sessions) people with \(plants) plants and a photo each…\n")
+        let photos = try (0..<plants).map { try SyntheticPlant.species($0 % 5).photo(seed: $0, width: 320, height: 240) }
+        var lines: [String] = []
+        for session in 0..<sessions {
+            let user = "person-\(session)"
+            let token = try await tokens.issue(user: user, lifetime: .seconds(3_600))
+            let seeded = try await withThrowingTaskGroup(of: (String, String).self) { group in
+                for index in 0..<plants {
+                    group.addTask {
+                        let plant = try await client.call(Care.AddPlant.self, .init(scientificName: "Monstera deliciosa", customName: "Plant \(index)"), principal: user)
+                        let photo = try await client.call(Images.Put.self, .init(plantID: plant.id, data: Data(photos[index])), principal: user)
+                        return (plant.id, photo.sha256)
+                    }
+                }
+                return try await group.reduce(into: []) { $0.append($1) }
+            }
+            for offset in stride(from: 0, to: plants, by: 20) { lines.append("\(token) /v1/plants?limit=20&offset=\(offset)") }
+            for (plant, sha256) in seeded {
+                lines.append("\(token) /v1/photos/\(sha256)/variants/thumbnail")
+                lines.append("\(token) /v1/plants/\(plant)/next-task")
+            }
+        }
+        let screen = lines.count / sessions
+        let paths = directory.appendingPathComponent("screens.txt")
+        try lines.joined(separator: "\n").appending("\n").write(to: paths, atomically: true, encoding: .utf8)
+        let connections = sessions * connectionsPerSession
+        // Made and cached once, as they would be after the first screen.
+        _ = try runner.run(url: batchingOff + "/", connections: connections, seconds: 3, paths: paths.path)
+
+        func busRequests() async throws -> UInt64 {
+            try await client.call(Broker.Stats.self, Empty()).operations.filter { $0.service != Broker.service }.map(\.requests).reduce(0, +)
+        }
+        var screens: [String: (result: WrkResult, busPerScreen: Double)] = [:]
+        for _ in 0..<rounds {
+            for (name, base) in [("off", batchingOff), ("on", batchingOn)] {
+                progress("  collection screens, implicit batching \(name)…\n")
+                let before = try await busRequests()
+                let result = try runner.run(url: base + "/", connections: connections, seconds: seconds, paths: paths.path)
+                let bus = Double(try await busRequests() - before)
+                let perScreen = bus / (Double(result.requests) / Double(screen))
+                if result.throughput > (screens[name]?.result.throughput ?? 0) { screens[name] = (result, perScreen) }
+            }
+        }
+        let (off, on) = (screens["off"]!, screens["on"]!)
+        var table = [["implicit batching", "HTTP requests/s", "screens/s", "p50 µs", "p99 µs", "bus messages per screen", "generator cores", "errors"]]
+        for (name, entry) in [("off", off), ("on (2 ms window, 64 keys)", on)] {
+            table.append([name, String(format: "%.0f", entry.result.throughput), String(format: "%.1f", entry.result.throughput / Double(screen)),
+                          "\(entry.result.p50)", "\(entry.result.p99)", String(format: "%.1f", entry.busPerScreen),
+                          String(format: "%.2f", entry.result.generatorCoreShare), "\(entry.result.errors)"])
+        }
+        print("\n(2) a collection screen (\(plants / 20) pages of 20 plants, then \(plants) thumbnails and \(plants) next tasks: \(screen) requests) from \(sessions) sessions over \(connections) connections")
+        printTable(table)
+        print(String(format: "bus messages, off against on: %.1f times fewer (target at least 10); screens per second, on against off: %.2f (target at least 1.00)",
+                     off.busPerScreen / max(on.busPerScreen, 0.001), on.result.throughput / max(off.result.throughput, 0.001)))
+        await stack.shutdown()
+    }
+
+    /// `count` tasks each making `call` one after another for `seconds` (after a half-second
+    /// warm-up): how the same bus call fares made directly, as a Swift service makes it.
+    static func callers(_ count: Int, seconds: Int, _ call: @escaping @Sendable () async throws -> Void) async throws -> LoadResult {
+        let clock = ContinuousClock()
+        let measureFrom = clock.now + .milliseconds(500)
+        let end = measureFrom + .seconds(seconds)
+        var merged = try await withThrowingTaskGroup(of: LoadResult.self) { group in
+            for _ in 0..<count {
+                group.addTask {
+                    var result = LoadResult()
+                    while clock.now < end {
+                        let start = clock.now
+                        do { try await call() } catch { if start >= measureFrom { result.errors += 1 } }
+                        if start >= measureFrom {
+                            result.requests += 1
+                            _ = result.latencyMicros.record(UInt64((clock.now - start).microseconds))
+                        }
+                    }
+                    return result
+                }
+            }
+            return try await group.reduce(into: LoadResult()) { $0.merge($1) }
+        }
+        merged.seconds = Double(seconds)
+        return merged
+    }
+
+    /// The Lua script wrk runs: with a file of `TOKEN PATH` lines, each request is the next line
+    /// (each thread starts at its own place); it prints its figures in one line at the end.
+    static let wrkScript = """
+        local lines = {}
+        local index = 0
+        function init(args)
+          if args[1] then
+            for line in io.lines(args[1]) do
+              local token, path = line:match("^(%S+) (%S+)$")
+              if token then lines[#lines + 1] = wrk.format("GET", path, { ["Authorization"] = "Bearer " .. token }) end
+            end
+            index = math.random(#lines)
+          end
+        end
+        function request()
+          if #lines == 0 then return wrk.request() end
+          index = index % #lines + 1
+          return lines[index]
+        end
+        function done(summary, latency, requests)
+          local e = summary.errors
+          io.write(string.format("canopy-wrk %d %d %d %d %d\\n", summary.requests, e.status + e.connect + e.read + e.write + e.timeout,
+            latency:percentile(50), latency:percentile(99), summary.duration))
+        end
+        """
+}
+
+/// What one wrk run measured, and the CPU time wrk itself used.
+struct WrkResult: Comparable {
+    var requests = 0
+    var errors = 0
+    var p50: UInt64 = 0
+    var p99: UInt64 = 0
+    var seconds = 0.0
+    var generatorCPUSeconds = 0.0
+    var throughput: Double { seconds > 0 ? Double(requests) / seconds : 0 }
+    var generatorCoreShare: Double { seconds > 0 ? generatorCPUSeconds / seconds : 0 }
+    static func < (lhs: Self, rhs: Self) -> Bool { lhs.throughput < rhs.throughput }
+}
+
+/// Runs wrk with the benchmark's script and reads its figures.
+struct WrkRunner {
+    let wrk: String
+    let script: String
+
+    var version: String {
+        (try? output(["--version"]))?.split(separator: " ").dropFirst().first.map(String.init) ?? "?"
+    }
+
+    func run(url: String, connections: Int, seconds: Int, header: String? = nil, paths: String? = nil) throws -> WrkResult {
+        var arguments = ["-t", "\(min(2, connections))", "-c", "\(connections)", "-d", "\(seconds)s", "--timeout", "10s", "-s", script]
+        if let header { arguments += ["-H", header] }
+        arguments.append(url)
+        if let paths { arguments += ["--", paths] }
+        let before = childCPUSeconds()
+        let text = try output(arguments)
+        guard let line = text.split(separator: "\n").first(where: { $0.hasPrefix("canopy-wrk ") }) else {
+            throw BenchmarkFailure("wrk printed no figures:\n\(text)")
+        }
+        let numbers = line.split(separator: " ").dropFirst().compactMap { UInt64($0) }
+        guard numbers.count == 5 else { throw BenchmarkFailure("wrk's figures are not five numbers: \(line)") }
+        return WrkResult(requests: Int(numbers[0]), errors: Int(numbers[1]), p50: numbers[2], p99: numbers[3], seconds: Double(numbers[4]) / 1e6,
+                         generatorCPUSeconds: childCPUSeconds() - before)
+    }
+
+    private func output(_ arguments: [String]) throws -> String {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: wrk)
+        process.arguments = arguments
+        let pipe = Pipe()
+        process.standardOutput = pipe
+        process.standardError = pipe
+        try process.run()
+        let data = pipe.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        return String(decoding: data, as: UTF8.self)
+    }
+
+    /// CPU time (user and system) of the children waited for so far: wrk's, after each run.
+    private func childCPUSeconds() -> Double {
+        var usage = rusage()
+        getrusage(RUSAGE_CHILDREN.rawValue, &usage)
+        return Double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) + Double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6
+    }
+}
+
+/// The HTTP stack's own limit: a Hummingbird route answering a thumbnail's bytes from memory,
+/// with the headers canopy-batch sends.
+final class BareRoute: Service, Sendable {
+    let bytes = Mutex(Data())
+    let port = BoundPort(listener: "the bare Hummingbird route")
+
+    func run() async throws {
+        let router = Router()
+        router.get("/thumbnail") { [self] _, _ -> Response in
+            let data = self.bytes.withLock { $0 }
+            return Response(status: .ok, headers: [.contentType: "image/jpeg", .eTag: "\"bare-thumbnail-jpeg\"",
+                                                   .cacheControl: "private, max-age=31536000, immutable"],
+                            body: .init(byteBuffer: ByteBuffer(bytes: data)))
+        }
+        let port = self.port
+        let application = Application(router: router, configuration: .init(address: .hostname("127.0.0.1", port: 0)),
+                                      onServerRunning: { port.set($0.localAddress?.port) })
+        try await application.run()
+    }
+}
+
+extension Int {
+    /// Requests over `seconds` as a rate (0 when nothing was measured).
+    func asThroughput(_ seconds: Double) -> Double { seconds > 0 ? Double(self) / seconds : 0 }
+}
