@@ -80,8 +80,6 @@ public func buildBatchService(settings: BatchServiceSettings, context: ZMQContex
     let bus = try BusClient(configuration: settings.bus, context: context, logger: logger)
     let router = Router()
     let metrics = BatchMetrics()
-    router.add(middleware: EdgeMiddleware(tokens: tokens, maximumBodyBytes: settings.maximumBodyBytes, maximumPhotoBytes: settings.maximumPhotoBytes,
-                                         limiter: RateLimiter(rate: settings.rateLimit, burst: settings.rateBurst), metrics: metrics))
     // Dates as the bus writes them; compact JSON with sorted keys, as the bus's.
     let configuration = Configuration(dateTranscoder: WireDateTranscoder(), jsonEncodingOptions: [.sortedKeys, .withoutEscapingSlashes])
     let operations = OperationTable()
@@ -90,6 +88,9 @@ public func buildBatchService(settings: BatchServiceSettings, context: ZMQContex
         api.lookups = Lookups(bus: bus, window: settings.batchWindow, maximumKeys: settings.batchKeys, maximumInFlight: settings.batchInFlight,
                               timeout: settings.callTimeout)
     }
+    router.add(middleware: EdgeMiddleware(tokens: tokens, maximumBodyBytes: settings.maximumBodyBytes, maximumPhotoBytes: settings.maximumPhotoBytes,
+                                         limiter: RateLimiter(rate: settings.rateLimit, burst: settings.rateBurst), metrics: metrics,
+                                         variants: VariantRoute(api: api)))
     try api.registerHandlers(on: router, configuration: configuration)
     try api.registerHandlers(on: operations, configuration: configuration) // the same handlers, for batches
     let http = BatchHTTPServer(router: router, address: settings.http, logger: logger)

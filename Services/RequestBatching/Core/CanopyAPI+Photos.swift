@@ -30,25 +30,42 @@ extension CanopyAPI {
     }
 
     func getPhotoVariant(_ input: Operations.GetPhotoVariant.Input) async throws -> Operations.GetPhotoVariant.Output {
-        let variant: Images.Variant = try convert(input.path.variant)
         // WebP only for a client that names it (without an Accept header the list is every type).
         let accept = input.headers.accept
         let webp = accept != .defaultValues() && accept.contains { $0.contentType == .imageWebp && $0.quality.doubleValue > 0 }
+        switch try await variant(photoID: input.path.photoID, variant: input.path.variant.rawValue, webp: webp, ifNoneMatch: input.headers.ifNoneMatch) {
+        case .notModified(let eTag):
+            return .notModified(.init(headers: .init(eTag: eTag, cacheControl: Self.variantCacheControl)))
+        case .bytes(let eTag, let bytes, let webp):
+            let headers = Operations.GetPhotoVariant.Output.Ok.Headers(eTag: eTag, cacheControl: Self.variantCacheControl, vary: "Accept")
+            return .ok(.init(headers: headers, body: webp ? .imageWebp(HTTPBody(bytes)) : .jpeg(HTTPBody(bytes))))
+        }
+    }
+
+    /// What `GET /v1/photos/{photoID}/variants/{variant}` answers.
+    enum VariantAnswer: Sendable {
+        case notModified(eTag: String)
+        case bytes(eTag: String, Data, webp: Bool)
+    }
+
+    /// A variant for the caller, as `GET /v1/photos/{photoID}/variants/{variant}` answers it:
+    /// the generated route and the edge's direct one (``VariantRoute``) both come here.
+    func variant(photoID: String, variant name: String, webp: Bool, ifNoneMatch: String?) async throws -> VariantAnswer {
+        guard let variant = Images.Variant(rawValue: name) else {
+            throw RequestFieldError(field: "variant", "variant is one of \(Images.Variant.allCases.map(\.rawValue).joined(separator: ", ")); got '\(name.prefix(40))'")
+        }
         let format: Images.Format = webp ? .webp : .jpeg
         // The owner is checked by canopy-images even when the client has the bytes already:
         // a 304 for another person's photo would say it exists.
-        var piece = try await firstPiece(.init(principal: try caller(), sha256: input.path.photoID, variant: variant, format: format))
-        let eTag = "\"\(input.path.photoID)-\(variant.rawValue)-\(format.rawValue)\""
-        if let ifNoneMatch = input.headers.ifNoneMatch, Self.matches(ifNoneMatch, eTag) {
-            return .notModified(.init(headers: .init(eTag: eTag, cacheControl: Self.variantCacheControl)))
-        }
+        var piece = try await firstPiece(.init(principal: try caller(), sha256: photoID, variant: variant, format: format))
+        let eTag = "\"\(photoID)-\(variant.rawValue)-\(format.rawValue)\""
+        if let ifNoneMatch, Self.matches(ifNoneMatch, eTag) { return .notModified(eTag: eTag) }
         var bytes = piece.data
         while let next = piece.nextOffset { // a full-size variant larger than one reply comes in pieces
-            piece = try await call(Images.GetVariant.self, .init(sha256: input.path.photoID, variant: variant, format: format, offset: next))
+            piece = try await call(Images.GetVariant.self, .init(sha256: photoID, variant: variant, format: format, offset: next))
             bytes.append(piece.data)
         }
-        let headers = Operations.GetPhotoVariant.Output.Ok.Headers(eTag: eTag, cacheControl: Self.variantCacheControl, vary: "Accept")
-        return .ok(.init(headers: headers, body: webp ? .imageWebp(HTTPBody(bytes)) : .jpeg(HTTPBody(bytes))))
+        return .bytes(eTag: eTag, bytes, webp: webp)
     }
 
     /// A variant whole, or its first piece when it is too large for one reply: small variants

@@ -19,6 +19,8 @@ struct EdgeMiddleware<Context: RequestContext>: RouterMiddleware {
     /// Each person's requests a second, and at once.
     let limiter: RateLimiter
     let metrics: BatchMetrics
+    /// Photo variants, served here rather than through the generated layer.
+    let variants: VariantRoute
     private let sequence = RequestSequence()
 
     static var requestIDHeader: HTTPField.Name { HTTPField.Name("X-Request-ID")! }
@@ -28,24 +30,19 @@ struct EdgeMiddleware<Context: RequestContext>: RouterMiddleware {
         let requestID = sequence.next()
         var context = context
         context.logger[metadataKey: "batch.request"] = "\(requestID)"
-        var response = await answer(request, context: context, requestID: requestID, next: next)
+        let variant = request.method == .get ? VariantRoute.match(request.uri.path[...]) : nil
+        var response = await answer(request, context: context, requestID: requestID, variant: variant, next: next)
         response.headers[Self.requestIDHeader] = requestID
-        // The generated server writes header values URI-encoded (`%22` for a quote), which
-        // these headers must not be: an ETag is a quoted string, Cache-Control has commas.
-        for name in [HTTPField.Name.eTag, .cacheControl, .vary] {
-            if let value = response.headers[name], value.contains("%"), let decoded = value.removingPercentEncoding {
-                response.headers[name] = decoded
-            }
-        }
         // The route as the document names it (bounded), once the router matched one.
-        metrics.record(route: context.endpointPath ?? "unknown", status: response.status.code, duration: .now - started)
+        let route = variant != nil ? VariantRoute.template : context.endpointPath ?? "unknown"
+        metrics.record(route: route, status: response.status.code, duration: .now - started)
         if response.status.code >= 500 {
             context.logger.error("batch.failed", metadata: ["batch.status": "\(response.status.code)", "batch.path": "\(request.uri.path)"])
         }
         return response
     }
 
-    private func answer(_ request: Request, context: Context, requestID: String,
+    private func answer(_ request: Request, context: Context, requestID: String, variant: (photoID: String, variant: String)?,
                         next: (Request, Context) async throws -> Response) async -> Response {
         guard let authorization = request.headers[.authorization], authorization.utf8.count > 7,
               authorization.prefix(7).lowercased() == "bearer " else {
@@ -69,16 +66,22 @@ struct EdgeMiddleware<Context: RequestContext>: RouterMiddleware {
             return Problem.response(.contentTooLarge, "the body has \(length) bytes; this route takes at most \(limit)", requestID: requestID)
         }
         var request = request
-        do {
-            // Collected here, within the limit, also when it comes in chunks without a length
-            // (the generated server would read any length).
-            request.body = .init(buffer: try await request.body.collect(upTo: limit))
-        } catch {
-            return Problem.response(.contentTooLarge, "the body has more than \(limit) bytes, the most this route takes", requestID: requestID)
+        // No route reads a GET's body: not collected (a read is a task hop for nothing).
+        if request.method != .get && request.method != .head {
+            do {
+                // Collected here, within the limit, also when it comes in chunks without a length
+                // (the generated server would read any length).
+                request.body = .init(buffer: try await request.body.collect(upTo: limit))
+            } catch {
+                return Problem.response(.contentTooLarge, "the body has more than \(limit) bytes, the most this route takes", requestID: requestID)
+            }
         }
         do {
             return try await Caller.$principal.withValue(user) {
-                try await Caller.$requestID.withValue(requestID) { try await next(request, context) }
+                try await Caller.$requestID.withValue(requestID) {
+                    if let variant { return try await variants.respond(to: request, photoID: variant.photoID, variant: variant.variant) }
+                    return try await next(request, context)
+                }
             }
         } catch {
             let problem = Problem.make(for: error, requestID: requestID)

@@ -1,0 +1,54 @@
+import CanopyMessages
+import Foundation
+import HTTPTypes
+import Hummingbird
+
+/// `GET /v1/photos/{photoID}/variants/{variant}` served by the edge middleware itself, past
+/// the generated layer: the route a scrolling app calls most, and the one whose answer is
+/// bytes. The generated server writes every response header URI-encoded (then undone here
+/// for `ETag` and `Cache-Control`) and parses `Accept` into a list: a fifth of the edge's work
+/// for a thumbnail. Both this and the generated handler answer through
+/// ``CanopyAPI/variant(photoID:variant:webp:ifNoneMatch:)``, and schemathesis checks the
+/// route against the document like every other.
+struct VariantRoute: Sendable {
+    /// The document's template, for metrics.
+    static let template = "/v1/photos/{photoID}/variants/{variant}"
+
+    let api: CanopyAPI
+
+    /// The photo id and variant name when `path` is this route's.
+    static func match(_ path: Substring) -> (photoID: String, variant: String)? {
+        let parts = path.split(separator: "/", omittingEmptySubsequences: false)
+        guard parts.count == 6, parts[0].isEmpty, parts[1] == "v1", parts[2] == "photos", parts[4] == "variants", !parts[5].isEmpty else { return nil }
+        return (String(parts[3]), String(parts[5]))
+    }
+
+    /// The answer, or an error for the middleware to turn into problem details.
+    func respond(to request: Request, photoID: String, variant: String) async throws -> Response {
+        guard photoID.utf8.count == 64, photoID.utf8.allSatisfy({ (0x30...0x39).contains($0) || (0x61...0x66).contains($0) }) else {
+            throw RequestFieldError(field: "photoID", "photoID is the photo's SHA-256: 64 lower-case hexadecimal characters")
+        }
+        let answer = try await api.variant(photoID: photoID, variant: variant, webp: Self.acceptsWebP(request.headers[.accept]),
+                                           ifNoneMatch: request.headers[.ifNoneMatch])
+        switch answer {
+        case .notModified(let eTag):
+            return Response(status: .notModified, headers: [.eTag: eTag, .cacheControl: CanopyAPI.variantCacheControl])
+        case .bytes(let eTag, let bytes, let webp):
+            return Response(status: .ok, headers: [.contentType: webp ? "image/webp" : "image/jpeg", .eTag: eTag,
+                                                   .cacheControl: CanopyAPI.variantCacheControl, .vary: "Accept"],
+                            body: .init(byteBuffer: ByteBuffer(bytes: bytes)))
+        }
+    }
+
+    /// Whether an `Accept` header names WebP with a quality above 0 (`image/webp` itself; a
+    /// wildcard alone keeps JPEG, which every client takes).
+    static func acceptsWebP(_ header: String?) -> Bool {
+        guard let header else { return false }
+        return header.split(separator: ",").contains { entry in
+            let parameters = entry.split(separator: ";").map { $0.trimmingCharacters(in: .whitespaces) }
+            guard parameters.first?.lowercased() == "image/webp" else { return false }
+            let quality = parameters.dropFirst().first { $0.lowercased().hasPrefix("q=") }.flatMap { Double($0.dropFirst(2)) } ?? 1
+            return quality > 0
+        }
+    }
+}
