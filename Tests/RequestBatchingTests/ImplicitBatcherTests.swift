@@ -35,7 +35,7 @@ struct ImplicitBatcherTests {
     @Test func keysGoAtOnceWhileThereIsRoomInTheAir() async throws {
         let recorder = Recorder()
         let batcher = ImplicitBatcher<String, String>(kind: "test", window: .seconds(600), maximumKeys: 64, maximumInFlight: 3,
-                                                      fetch: recorder.fetch(delay: .milliseconds(300)) { .success($0) })
+                                                      fetch: recorder.fetch(delay: .seconds(1)) { .success($0) })
         let answers = await Self.loadAll((0..<6).map { "key-\($0)" }, from: batcher)
         #expect(answers.allSatisfy { (try? $0.get()) != nil })
         // Three alone at once, then the other three together when the first comes back.
@@ -45,9 +45,9 @@ struct ImplicitBatcherTests {
     @Test func aKeyAlreadyInTheAirIsNotSentAgain() async throws {
         let recorder = Recorder()
         let batcher = ImplicitBatcher<String, String>(kind: "test", window: .seconds(600), maximumKeys: 64,
-                                                      fetch: recorder.fetch(delay: .milliseconds(300)) { .success("value of \($0)") })
+                                                      fetch: recorder.fetch(delay: .seconds(1)) { .success("value of \($0)") })
         async let first = batcher.load("a")
-        try await Task.sleep(for: .milliseconds(50))
+        while recorder.batches.withLock({ $0.isEmpty }) { try await Task.sleep(for: .milliseconds(5)) } // "a" is in the air
         async let second = batcher.load("a")
         async let other = batcher.load("b")
         #expect(try await [first, second, other] == ["value of a", "value of a", "value of b"])
@@ -69,7 +69,7 @@ struct ImplicitBatcherTests {
         let recorder = Recorder()
         // The first key goes alone and is answered slowly; the window is longer than the test.
         let batcher = ImplicitBatcher<String, String>(kind: "test", window: .seconds(600), maximumKeys: 64, maximumInFlight: 1,
-                                                      fetch: recorder.fetch(delay: .milliseconds(300)) { key in
+                                                      fetch: recorder.fetch(delay: .seconds(1)) { key in
             key.hasPrefix("secret") ? .failure(CanopyError(.notFound, "no \(key)")) : .success("value of \(key)")
         })
         let keys = ["a", "b", "a", "secret-1", "c", "b"]
@@ -89,7 +89,7 @@ struct ImplicitBatcherTests {
     @Test func aFullBatchLeavesAtOnceEvenWhileAnotherIsInTheAir() async throws {
         let recorder = Recorder()
         let batcher = ImplicitBatcher<String, String>(kind: "test", window: .seconds(600), maximumKeys: 4, maximumInFlight: 1,
-                                                      fetch: recorder.fetch(delay: .milliseconds(300)) { .success($0) })
+                                                      fetch: recorder.fetch(delay: .seconds(1)) { .success($0) })
         let clock = ContinuousClock()
         let started = clock.now
         let keys = (0..<8).map { "key-\($0)" }

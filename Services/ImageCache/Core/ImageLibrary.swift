@@ -106,12 +106,18 @@ final class ImageLibrary: Sendable {
         min(8 * 1024 * 1024, max(1024, replyBytes))
     }
 
+    /// Keys of one ``Images/GetVariants`` request looked up at once: a request counts once
+    /// against the worker's credit, so its keys must not each start a decode of their own.
+    static let variantsAtOnce = 4
+
     /// Several whole variants (``Images/GetVariants``), each for its own key's principal, looked
-    /// up concurrently. As many bytes as one piece of ``pieceBytes(replyBytes:)`` come back in
-    /// the keys' order; the keys past that are answered `tooLarge`, to be asked for alone.
+    /// up ``variantsAtOnce`` at a time. As many bytes as one piece of ``pieceBytes(replyBytes:)``
+    /// come back in the keys' order; the keys past that are answered `tooLarge`, to be asked
+    /// for alone.
     func variants(_ keys: [Images.GetVariants.Key], context: RequestContext) async -> Images.GetVariants.Reply {
         let found = await withTaskGroup(of: (Int, Result<Images.GetVariant.Reply, CanopyError>).self) { group in
-            for (index, key) in keys.enumerated() {
+            func look(_ index: Int) {
+                let key = keys[index]
                 group.addTask {
                     do {
                         let owner = try context.principal(forKey: key.principal)
@@ -124,8 +130,16 @@ final class ImageLibrary: Sendable {
                     }
                 }
             }
+            var next = min(Self.variantsAtOnce, keys.count)
+            for index in 0..<next { look(index) }
             var found = [Result<Images.GetVariant.Reply, CanopyError>?](repeating: nil, count: keys.count)
-            for await (index, result) in group { found[index] = result }
+            for await (index, result) in group {
+                found[index] = result
+                if next < keys.count {
+                    look(next)
+                    next += 1
+                }
+            }
             return found.map { $0! }
         }
         var budget = Self.pieceBytes(replyBytes: context.maximumReplyBytes)

@@ -28,8 +28,6 @@ struct EdgeMiddleware<Context: RequestContext>: RouterMiddleware {
     func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
         let started = ContinuousClock.now
         let requestID = sequence.next()
-        var context = context
-        context.logger[metadataKey: "batch.request"] = "\(requestID)"
         let variant = request.method == .get ? VariantRoute.match(request.uri.path[...]) : nil
         var response = await answer(request, context: context, requestID: requestID, variant: variant, next: next)
         response.headers[Self.requestIDHeader] = requestID
@@ -37,7 +35,8 @@ struct EdgeMiddleware<Context: RequestContext>: RouterMiddleware {
         let route = variant != nil ? VariantRoute.template : context.endpointPath ?? "unknown"
         metrics.record(route: route, status: response.status.code, duration: .now - started)
         if response.status.code >= 500 {
-            context.logger.error("batch.failed", metadata: ["batch.status": "\(response.status.code)", "batch.path": "\(request.uri.path)"])
+            context.logger.error("batch.failed", metadata: ["batch.request": "\(requestID)", "batch.status": "\(response.status.code)",
+                                                            "batch.path": "\(request.uri.path)"])
         }
         return response
     }
@@ -87,7 +86,7 @@ struct EdgeMiddleware<Context: RequestContext>: RouterMiddleware {
             let problem = Problem.make(for: error, requestID: requestID)
             if problem.status.code >= 500 {
                 // What the problem body leaves out (it may name internals): the log has it, by request id.
-                context.logger.error("batch.error", metadata: ["batch.error": "\(String(describing: error).prefix(2_000))"])
+                context.logger.error("batch.error", metadata: ["batch.request": "\(requestID)", "batch.error": "\(String(describing: error).prefix(2_000))"])
             }
             return problem.response
         }

@@ -16,11 +16,18 @@ struct VariantRoute: Sendable {
 
     let api: CanopyAPI
 
-    /// The photo id and variant name when `path` is this route's.
+    /// The photo id and variant name when `path` is this route's (`/v1/photos/ID/variants/NAME`,
+    /// read byte by byte: this runs for every GET).
     static func match(_ path: Substring) -> (photoID: String, variant: String)? {
-        let parts = path.split(separator: "/", omittingEmptySubsequences: false)
-        guard parts.count == 6, parts[0].isEmpty, parts[1] == "v1", parts[2] == "photos", parts[4] == "variants", !parts[5].isEmpty else { return nil }
-        return (String(parts[3]), String(parts[5]))
+        let bytes = path.utf8
+        let prefix = "/v1/photos/".utf8, middle = "/variants/".utf8
+        guard bytes.starts(with: prefix) else { return nil }
+        let idStart = bytes.index(bytes.startIndex, offsetBy: prefix.count)
+        guard let idEnd = bytes[idStart...].firstIndex(of: UInt8(ascii: "/")), idEnd > idStart,
+              bytes[idEnd...].starts(with: middle) else { return nil }
+        let nameStart = bytes.index(idEnd, offsetBy: middle.count)
+        guard nameStart < bytes.endIndex, !bytes[nameStart...].contains(UInt8(ascii: "/")) else { return nil }
+        return (String(path[idStart..<idEnd]), String(path[nameStart...]))
     }
 
     /// The answer, or an error for the middleware to turn into problem details.
