@@ -77,10 +77,14 @@ struct CanopyAPI: APIProtocol {
 
     func getNextTask(_ input: Operations.GetNextTask.Input) async throws -> Operations.GetNextTask.Output {
         let key = Care.NextTasks.Key(principal: try caller(), plantID: try RequestFieldError.identifier(input.path.plantID, "plantID"))
-        let next = if let lookups {
-            try await lookups.nextTasks.load(key)
+        let next: Care.NextTasks.Next
+        if let lookups {
+            next = try await lookups.nextTasks.load(key)
         } else {
-            try await call(Care.NextTasks.self, .init(keys: [key])).results[0].get()
+            guard let result = try await call(Care.NextTasks.self, .init(keys: [key])).results.first else {
+                throw CanopyError(.internal, "care.tasks.next answered no result for its one key")
+            }
+            next = try result.get()
         }
         return .ok(.init(body: .json(.init(plantID: key.plantID, task: try next.task.map(Components.Schemas.Task.init)))))
     }
