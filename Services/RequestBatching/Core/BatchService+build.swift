@@ -45,13 +45,13 @@ public struct BatchServiceSettings: Sendable {
 
 /// The HTTP listener apps call, as a service of the group, with the port it bound.
 public final class BatchHTTPServer: Service, Sendable {
-    private let application: Application<RouterResponder<BasicRequestContext>>
+    private let application: Application<EdgeResponder>
     private let port = BoundPort(listener: "the HTTP listener")
 
-    init(router: Router<BasicRequestContext>, address: ListenAddress, logger: Logger) {
+    init(responder: EdgeResponder, address: ListenAddress, logger: Logger) {
         let bound = port
         application = Application(
-            router: router, configuration: .init(address: .hostname(address.host, port: address.port), serverName: "canopy"),
+            responder: responder, configuration: .init(address: .hostname(address.host, port: address.port), serverName: "canopy"),
             onServerRunning: { channel in
                 let port = channel.localAddress?.port
                 bound.set(port)
@@ -88,12 +88,13 @@ public func buildBatchService(settings: BatchServiceSettings, context: ZMQContex
         api.lookups = Lookups(bus: bus, window: settings.batchWindow, maximumKeys: settings.batchKeys, maximumInFlight: settings.batchInFlight,
                               timeout: settings.callTimeout)
     }
-    router.add(middleware: EdgeMiddleware(tokens: tokens, maximumBodyBytes: settings.maximumBodyBytes, maximumPhotoBytes: settings.maximumPhotoBytes,
-                                         limiter: RateLimiter(rate: settings.rateLimit, burst: settings.rateBurst), metrics: metrics,
-                                         variants: VariantRoute(api: api)))
+    let edge = EdgeMiddleware<BasicRequestContext>(tokens: tokens, maximumBodyBytes: settings.maximumBodyBytes, maximumPhotoBytes: settings.maximumPhotoBytes,
+                                                   limiter: RateLimiter(rate: settings.rateLimit, burst: settings.rateBurst), metrics: metrics,
+                                                   variants: VariantRoute(api: api))
+    router.add(middleware: edge)
     try api.registerHandlers(on: router, configuration: configuration)
     try api.registerHandlers(on: operations, configuration: configuration) // the same handlers, for batches
-    let http = BatchHTTPServer(router: router, address: settings.http, logger: logger)
+    let http = BatchHTTPServer(responder: EdgeResponder(router: router.buildResponder(), edge: edge), address: settings.http, logger: logger)
     var services: [any Service] = [bus, http]
     if let metrics = settings.metrics {
         services.append(OperatingEndpoint(host: metrics.host, port: metrics.port, health: { await brokerHealth(bus) }, logger: logger))

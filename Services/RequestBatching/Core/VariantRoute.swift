@@ -59,3 +59,20 @@ struct VariantRoute: Sendable {
         }
     }
 }
+
+/// What the HTTP listener runs: variant GETs go straight to the edge middleware (which
+/// answers them itself, ``VariantRoute``) without the router resolving their path first;
+/// everything else goes through the router, behind the same middleware.
+public struct EdgeResponder: HTTPResponder {
+    let router: RouterResponder<BasicRequestContext>
+    let edge: EdgeMiddleware<BasicRequestContext>
+
+    public func respond(to request: Request, context: BasicRequestContext) async throws -> Response {
+        guard request.method == .get, VariantRoute.match(request.uri.path[...]) != nil else {
+            return try await router.respond(to: request, context: context)
+        }
+        return try await edge.handle(request, context: context) { _, _ in
+            throw CanopyError(.internal, "a variant request reached the router") // the middleware answers variants itself
+        }
+    }
+}
