@@ -25,10 +25,17 @@ struct EdgeMiddleware<Context: RequestContext>: RouterMiddleware {
 
     static var requestIDHeader: HTTPField.Name { HTTPField.Name("X-Request-ID")! }
 
+    /// A request the router matched (variant GETs never reach it: ``EdgeResponder`` takes them first).
     func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
+        try await handle(request, context: context, variant: nil, next: next)
+    }
+
+    /// A request, with the photo and variant when ``EdgeResponder`` found it to be a variant GET
+    /// (answered here, `next` unused).
+    func handle(_ request: Request, context: Context, variant: (photoID: String, variant: String)?,
+                next: (Request, Context) async throws -> Response) async throws -> Response {
         let started = ContinuousClock.now
         let requestID = sequence.next()
-        let variant = request.method == .get ? VariantRoute.match(request.uri.path[...]) : nil
         var response = await answer(request, context: context, requestID: requestID, variant: variant, next: next)
         response.headers[Self.requestIDHeader] = requestID
         // The route as the document names it (bounded), once the router matched one.

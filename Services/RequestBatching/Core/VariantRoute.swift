@@ -68,11 +68,11 @@ public struct EdgeResponder: HTTPResponder {
     let edge: EdgeMiddleware<BasicRequestContext>
 
     public func respond(to request: Request, context: BasicRequestContext) async throws -> Response {
-        guard request.method == .get, VariantRoute.match(request.uri.path[...]) != nil else {
+        guard request.method == .get, let variant = VariantRoute.match(request.uri.path[...]) else {
             return try await router.respond(to: request, context: context)
         }
-        return try await edge.handle(request, context: context) { _, _ in
-            throw CanopyError(.internal, "a variant request reached the router") // the middleware answers variants itself
+        return try await edge.handle(request, context: context, variant: variant) { _, _ in
+            throw CanopyError(.internal, "a variant request reached the router") // the middleware answers it itself
         }
     }
 }
