@@ -284,6 +284,31 @@ struct ImageServiceTests {
         #expect(String(decoding: held, as: UTF8.self) == #"{"photos":1}"#)
     }
 
+    @Test func severalVariantsInOneRequestEachForItsOwnPersonWithinOneReply() async throws {
+        let directory = Fixture.directory()
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let library = try ImageLibrary(directory: directory)
+        let photo = try await library.put(Fixture.jpeg, owner: "alice", plantID: "fern")
+        let thumbnail = try await library.variant(.init(sha256: photo.sha256, variant: .thumbnail), owner: "alice")
+        let keys: [Images.GetVariants.Key] = [
+            .init(principal: "alice", sha256: photo.sha256, variant: .thumbnail),
+            .init(principal: "bob", sha256: photo.sha256, variant: .thumbnail), // not Bob's
+            .init(principal: "alice", sha256: photo.sha256, variant: .gallery), // does not fit after the thumbnail
+        ]
+        // A reply with room for the thumbnail's bytes and little more.
+        let context = RequestContext(principal: nil, deadline: .now + .seconds(30), logger: .init(label: "test"),
+                                     maximumReplyBytes: max(1_024, thumbnail.data.count + 16))
+        let reply = await library.variants(keys, context: context)
+        #expect(reply.results.count == 3 && reply.attachments == [thumbnail.data])
+        #expect(reply.results[0].value?.bytes == thumbnail.data.count)
+        #expect(reply.results[1].error?.code == .notFound && reply.results[1].value == nil)
+        #expect(reply.results[2].error?.code == .tooLarge, "asked for alone, in pieces if need be")
+        // Made for one person, a request may name only that person.
+        let alice = RequestContext(principal: "alice", deadline: .now + .seconds(30), logger: .init(label: "test"))
+        let mixed = await library.variants(Array(keys.prefix(2)), context: alice)
+        #expect(mixed.results[0].value != nil && mixed.results[1].error?.code == .unauthorized)
+    }
+
     @Test func aVariantLargerThanOneReplyTravelsInPiecesAndArrivesWhole() async throws {
         let directory = Fixture.directory()
         defer { try? FileManager.default.removeItem(at: directory) }
