@@ -107,6 +107,17 @@ let package = Package(
             path: "Shared/CanopyWire",
             swiftSettings: swiftSettings
         ),
+        // Capture files: what crossed the broker, written, read and pseudonymized.
+        .target(
+            name: "CanopyCapture",
+            dependencies: [
+                "CanopyWire", "CanopyMessages",
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "Histogram", package: "hdrhistogram-swift"),
+            ],
+            path: "Shared/CanopyCapture",
+            swiftSettings: swiftSettings
+        ),
         // What services and clients use: the typed client and the plug-in runtime.
         .target(
             name: "CanopyBus",
@@ -124,7 +135,7 @@ let package = Package(
         .target(
             name: "CanopyBroker",
             dependencies: [
-                "CZeroMQ", "CanopyIO", "CanopyWire", "CanopyMessages",
+                "CZeroMQ", "CanopyIO", "CanopyWire", "CanopyMessages", "CanopyCapture",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "Collections", package: "swift-collections"),
@@ -292,7 +303,7 @@ let package = Package(
         ),
         .executableTarget(
             name: "canopy",
-            dependencies: ["CanopyServiceKit", "CanopyBus", "CanopyMessages"],
+            dependencies: ["CanopyServiceKit", "CanopyBus", "CanopyMessages", "CanopyCapture"],
             path: "Services/Canopy",
             swiftSettings: swiftSettings
         ),
@@ -379,6 +390,12 @@ let package = Package(
             name: "CareSchedulingTests",
             dependencies: ["CareScheduling", "ImageCache", "CVips", "CanopyBus", "CanopyBroker", "CanopyTesting", "CanopyServiceKit", "canopy-care"],
             path: "Tests/CareSchedulingTests",
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(
+            name: "CanopyCaptureTests",
+            dependencies: ["CanopyCapture", "CanopyBroker", "CanopyBus", "CanopyWire", "CanopyMessages", "CanopyTesting", "CanopyServiceKit"],
+            path: "Tests/CanopyCaptureTests",
             swiftSettings: swiftSettings
         ),
         .testTarget(

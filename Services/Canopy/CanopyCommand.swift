@@ -12,6 +12,7 @@ struct CanopyCommand: AsyncParsableCommand {
               canopy send broker stats --json '{}'
               canopy send care plants.get --json '{"id":"p1"}' --principal user-42
               canopy keys generate broker --directory ./keys
+              canopy capture inspect ./captures/monday
             """,
-        subcommands: [Send.self, Services.self, Stats.self, Keys.self])
+        subcommands: [Send.self, Services.self, Stats.self, Keys.self, Capture.self])
 }

@@ -1,3 +1,4 @@
+import CanopyCapture
 import CanopyIO
 import CanopyWire
 
@@ -67,6 +68,13 @@ public struct BrokerConfiguration: Sendable {
     /// Who may register as a worker, by CurveZMQ public key; `nil` lets any peer register
     /// (the embedded loopback default, where the broker runs without CURVE).
     public var workerKeys: WorkerKeys?
+    /// A capture that begins with the broker (`--capture FILE`); with an empty path, only the
+    /// settings (rotation, queue, pseudonyms) of captures started over the bus.
+    public var capture: CaptureSettings?
+    /// Where `broker.capture.start` (`canopy capture start NAME`) may create capture files;
+    /// without one, capture cannot be started over the bus. Captures started so take their
+    /// rotation and queue settings from ``capture`` when set.
+    public var captureDirectory: String?
 
     /// The defaults.
     public init() {}

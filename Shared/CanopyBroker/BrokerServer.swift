@@ -1,3 +1,5 @@
+import CanopyCapture
+import CanopyMessages
 import CanopyWire
 import CanopyIO
 import CZeroMQ
@@ -107,6 +109,19 @@ public final class BrokerServer: Service, @unchecked Sendable {
         let zapItem = zap.map { poller.add($0.socket) }
         var drainDeadline: ContinuousClock.Instant?
         var memory = MemoryGiveBack()
+        if let settings = configuration.capture, !settings.path.isEmpty {
+            // A capture asked for at start that cannot begin stops the broker: the operator asked for it.
+            capture = try CaptureWriter(settings: settings)
+            state.capturing = true
+            logger.info("broker.capture.started", metadata: ["broker.capture": "\(settings.path)"])
+        }
+        defer {
+            if let capture {
+                let status = capture.stop()
+                logger.info("broker.capture.stopped", metadata: ["broker.capture": "\(status.path ?? "")", "broker.records": "\(status.records)",
+                                                               "broker.dropped": "\(status.dropped)"])
+            }
+        }
         // Reused for every message received.
         var identity: [UInt8] = [], frames: [[UInt8]] = [], key: String?
         frames.reserveCapacity(16)
@@ -135,12 +150,12 @@ public final class BrokerServer: Service, @unchecked Sendable {
                     budget -= 1
                     guard !frames.isEmpty else { continue } // ROUTER always adds the identity
                     state.receive(frames, from: identity, key: key, now: .now, into: &directives)
-                    if directives.count >= 1024 { try carryOut(&directives) }
+                    if directives.count >= 1024 { try carryOut(&directives, state: &state) }
                 }
-                try carryOut(&directives)
+                try carryOut(&directives, state: &state)
             }
             state.tick(now: .now, into: &directives)
-            try carryOut(&directives)
+            try carryOut(&directives, state: &state)
             let now = ContinuousClock.now
             for (reason, count) in warnings.endWindows(now: now) {
                 logger.warning("broker.dropped.suppressed", metadata: ["broker.reason": "\(reason)", "broker.suppressed": "\(count)"])
@@ -150,14 +165,16 @@ public final class BrokerServer: Service, @unchecked Sendable {
             if configuration.metrics {
                 state.drainLatencies { service, nanoseconds in metrics.recordLatency(service: service, nanoseconds: nanoseconds) }
                 if now >= nextMetrics {
-                    metrics.refresh(state.statistics(now: now))
+                    var statistics = state.statistics(now: now)
+                    statistics.capture = captureStatus
+                    metrics.refresh(statistics)
                     nextMetrics = now + .seconds(1)
                 }
             }
 
             if let deadline = drainDeadline, state.pendingCount == 0 || ContinuousClock.now >= deadline {
                 state.disconnectAll(into: &directives)
-                try carryOut(&directives)
+                try carryOut(&directives, state: &state)
                 logger.info("broker.stopped", metadata: ["broker.unanswered": "\(state.pendingCount)"])
                 return
             }
@@ -167,7 +184,16 @@ public final class BrokerServer: Service, @unchecked Sendable {
     /// Repeated warnings are written a few at a time; the rest are counted (loop thread only).
     private var warnings = LogRateLimiter()
 
-    private func carryOut(_ directives: inout [BrokerState.Directive]) throws {
+    /// The running capture (loop thread only).
+    private var capture: CaptureWriter?
+    /// The last capture's final counts, once it stopped (loop thread only).
+    private var lastCapture: CaptureStatus?
+    private let codec = MessageCodec()
+
+    private var captureStatus: CaptureStatus? { capture?.status ?? lastCapture }
+
+    private func carryOut(_ directives: inout [BrokerState.Directive], state: inout BrokerState) throws {
+        var wallClock: Int64 = 0 // read once for the batch's captured messages
         for directive in directives {
             switch directive {
             case .send(let peer, let message):
@@ -179,9 +205,73 @@ public final class BrokerServer: Service, @unchecked Sendable {
                 if warnings.decide(message, now: .now) == .write {
                     logger.warning("broker.dropped", metadata: ["broker.reason": "\(message)", "broker.peer": "\(peer.hex)"])
                 }
+            case .capture(var event):
+                guard let capture else { continue }
+                if wallClock == 0 { wallClock = CaptureWriter.wallClockNanoseconds() }
+                event.record.time = wallClock
+                capture.submit(event)
+            case .captureControl(let control, let client, let correlation):
+                let answer: WireMessage
+                do {
+                    let status = try controlCapture(control, state: &state)
+                    answer = .reply(correlation: correlation, shared: false, body: try codec.encode(status))
+                } catch let error as CanopyError {
+                    answer = .error(correlation: correlation, error: (try? codec.encode(error)) ?? [])
+                }
+                var writer = try RoutedWriter(socket, to: client)
+                try answer.write(into: &writer)
             }
         }
         directives.removeAll(keepingCapacity: true)
+    }
+
+    /// Starts, stops or reports the capture, as `broker.capture.*` asked.
+    private func controlCapture(_ control: BrokerState.CaptureControl, state: inout BrokerState) throws(CanopyError) -> CaptureStatus {
+        switch control {
+        case .status:
+            return captureStatus ?? CaptureStatus(capturing: false)
+        case .stop:
+            guard let running = capture else { throw CanopyError(.conflict, "no capture is running; start one with canopy capture start NAME") }
+            state.capturing = false
+            capture = nil
+            let status = running.stop()
+            lastCapture = status
+            logger.info("broker.capture.stopped", metadata: ["broker.capture": "\(status.path ?? "")", "broker.records": "\(status.records)",
+                                                           "broker.dropped": "\(status.dropped)"])
+            return status
+        case .start(let request):
+            guard let directory = configuration.captureDirectory else {
+                throw CanopyError(.unauthorized, "this broker does not take capture requests; start it with --capture-dir DIR to allow them")
+            }
+            guard capture == nil else {
+                throw CanopyError(.conflict, "a capture is running already (\(capture?.settings.path ?? "")); stop it first with canopy capture stop")
+            }
+            guard Self.isValidCaptureName(request.name) else {
+                throw CanopyError(.badRequest, "a capture's name is 1 to 100 of A-Z, a-z, 0-9, '.', '-', '_', not starting with '.'")
+            }
+            var settings = configuration.capture ?? CaptureSettings(path: "")
+            settings.path = directory.hasSuffix("/") ? directory + request.name : directory + "/" + request.name
+            settings.pseudonymize = request.pseudonymize ?? settings.pseudonymize
+            settings.withoutAttachments = request.withoutAttachments ?? settings.withoutAttachments
+            do {
+                capture = try CaptureWriter(settings: settings)
+            } catch {
+                throw CanopyError(.internal, "the capture could not begin: \(error)")
+            }
+            state.capturing = true
+            logger.info("broker.capture.started", metadata: ["broker.capture": "\(settings.path)"])
+            return capture?.status ?? CaptureStatus(capturing: true, path: settings.path)
+        }
+    }
+
+    /// A capture file's name as `broker.capture.start` takes it: no directories, no hidden files.
+    static func isValidCaptureName(_ name: String) -> Bool {
+        let bytes = Array(name.utf8)
+        guard (1...100).contains(bytes.count), bytes[0] != UInt8(ascii: ".") else { return false }
+        return bytes.allSatisfy { byte in
+            (0x30...0x39).contains(byte) || (0x41...0x5A).contains(byte) || (0x61...0x7A).contains(byte)
+                || byte == UInt8(ascii: ".") || byte == UInt8(ascii: "-") || byte == UInt8(ascii: "_")
+        }
     }
 }
 

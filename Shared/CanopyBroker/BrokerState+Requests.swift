@@ -1,3 +1,4 @@
+import CanopyCapture
 import CanopyWire
 import CanopyIO
 import CanopyMessages
@@ -22,7 +23,7 @@ extension BrokerState {
             return // the same request again (a client resending after a reconnect): the first will be answered
         }
         if request.service == Broker.service {
-            management(request.operation, to: client, correlation: request.correlation, now: now, into: &out)
+            management(request.operation, body: request.body, to: client, correlation: request.correlation, now: now, into: &out)
             return
         }
         admit(Intake(client: client, correlation: request.correlation, dialect: .canopy, serviceName: request.service,
@@ -32,6 +33,7 @@ extension BrokerState {
     /// Takes a well-formed request: joins an identical flight, or starts a flight that goes
     /// to a worker or waits in the service's queue; or refuses it.
     mutating func admit(_ intake: Intake, now: ContinuousClock.Instant, into out: inout [Directive]) {
+        if capturing { out.append(.capture(capturedRequest(intake))) }
         func refuse(_ error: CanopyError) {
             rejected += 1
             send(error, to: intake, into: &out)
@@ -223,12 +225,17 @@ extension BrokerState {
                 flight.service.errors += 1
                 flight.counters.count(error.code)
             }
-            answer(waiter, outcome, shared: shared, into: &out)
+            answer(waiter, outcome, shared: shared, flight: flight, now: now, into: &out)
         }
     }
 
-    /// Sends one waiter its answer, in its protocol.
-    func answer(_ waiter: Waiter, _ outcome: Outcome, shared: Bool, into out: inout [Directive]) {
+    /// Sends one waiter its answer, in its protocol (and to the capture, while one runs).
+    func answer(_ waiter: Waiter, _ outcome: Outcome, shared: Bool, flight: Flight?, now: ContinuousClock.Instant, into out: inout [Directive]) {
+        if capturing {
+            out.append(.capture(capturedAnswer(outcome, client: waiter.client, correlation: waiter.correlation, dialect: waiter.dialect,
+                                               service: waiter.serviceName, operation: flight?.operation ?? "", header: flight?.header,
+                                               worker: flight?.worker?.identity.bytes ?? [], shared: shared, latency: now - waiter.receivedAt)))
+        }
         switch (waiter.dialect, outcome) {
         case (.canopy, .reply(let frames, _)):
             out.append(.send(to: waiter.client, .reply(correlation: waiter.correlation, shared: shared, body: frames.first ?? [], attachments: Array(frames.dropFirst()))))
@@ -245,6 +252,11 @@ extension BrokerState {
 
     /// An error to a request that never became a waiter.
     func send(_ error: CanopyError, to intake: Intake, into out: inout [Directive]) {
+        if capturing {
+            out.append(.capture(capturedAnswer(.failure(error), client: intake.client, correlation: intake.correlation, dialect: intake.dialect,
+                                               service: intake.serviceName, operation: intake.operation, header: intake.header,
+                                               worker: [], shared: false, latency: .zero)))
+        }
         switch intake.dialect {
         case .canopy:
             replyError(to: intake.client, correlation: intake.correlation, error, into: &out)
@@ -268,5 +280,36 @@ extension BrokerState {
             service.queue.removeAll { flights[$0] == nil }
             if service.workers.isEmpty { services[service.name] = nil }
         }
+    }
+}
+
+// MARK: - Capture
+
+extension BrokerState {
+    /// A request as the capture records it (time and pseudonyms are added later).
+    func capturedRequest(_ intake: Intake) -> CaptureEvent {
+        CaptureEvent(record: CaptureRecord(
+            kind: .request, flags: intake.dialect == .majordomo ? .majordomo : [], time: 0, client: "", service: intake.serviceName,
+            operation: intake.operation, correlation: intake.correlation, header: intake.header, body: intake.payload.first ?? [],
+            attachments: Array(intake.payload.dropFirst())), clientIdentity: intake.client)
+    }
+
+    /// An answer as the capture records it: the worker's reply, or the error the client got.
+    func capturedAnswer(_ outcome: Outcome, client: [UInt8], correlation: [UInt8], dialect: Dialect, service: String, operation: String,
+                        header: RequestHeader?, worker: [UInt8], shared: Bool, latency: Duration) -> CaptureEvent {
+        var flags: CaptureRecord.Flags = dialect == .majordomo ? .majordomo : []
+        if shared { flags.insert(.shared) }
+        let body: [UInt8], attachments: [[UInt8]]
+        switch outcome {
+        case .reply(let frames, _):
+            (body, attachments) = (frames.first ?? [], Array(frames.dropFirst()))
+        case .failure(let error):
+            flags.insert(.failed)
+            (body, attachments) = ((try? codec.encode(error)) ?? [], [])
+        }
+        return CaptureEvent(record: CaptureRecord(
+            kind: .reply, flags: flags, time: 0, latencyNanoseconds: UInt64(max(0, latency.nanoseconds)), client: "", service: service,
+            operation: operation, correlation: correlation, header: header ?? RequestHeader(timeoutMilliseconds: 0), body: body,
+            attachments: attachments), clientIdentity: client, workerIdentity: worker)
     }
 }

@@ -1,3 +1,4 @@
+import CanopyCapture
 import CanopyWire
 import CanopyIO
 import CanopyMessages
@@ -28,6 +29,18 @@ public struct BrokerState {
         case sendMajordomo(to: [UInt8], MajordomoMessage)
         /// A message was dropped or refused; the shell writes one log line.
         case log(String, peer: [UInt8])
+        /// A client's request or its answer, for the capture (only while ``capturing``); the
+        /// shell stamps the wall-clock time and hands it to the capture's writer.
+        case capture(CaptureEvent)
+        /// `broker.capture.*` from a client: the shell starts or stops the capture and answers.
+        case captureControl(CaptureControl, client: [UInt8], correlation: [UInt8])
+    }
+
+    /// What a `broker.capture.*` request asks.
+    public enum CaptureControl: Equatable, Sendable {
+        case start(Broker.CaptureStart.Request)
+        case stop
+        case status
     }
 
     /// Which protocol a peer speaks.
@@ -64,6 +77,8 @@ public struct BrokerState {
     /// before workers do.
     var startupGraceEnds: ContinuousClock.Instant?
     let codec = MessageCodec()
+    /// Whether requests and answers go to the capture (set by the shell while one runs).
+    public var capturing = false
 
     /// - Parameters:
     ///   - configuration: the broker's tunables.
@@ -184,7 +199,8 @@ public struct BrokerState {
             flight?.counters.count(.timeout)
             if configuration.metrics, let flight { noteLatency(flight.service.name, now - waiter.receivedAt) }
             detach(waiter, now: now, into: &out)
-            answer(waiter, .failure(CanopyError(.timeout, "no reply from '\(waiter.serviceName)' within the request's deadline; the service may be overloaded")), shared: false, into: &out)
+            answer(waiter, .failure(CanopyError(.timeout, "no reply from '\(waiter.serviceName)' within the request's deadline; the service may be overloaded")),
+                   shared: false, flight: flight, now: now, into: &out)
         }
         if let graceEnds = startupGraceEnds, now >= graceEnds {
             startupGraceEnds = nil
@@ -249,14 +265,28 @@ public struct BrokerState {
 
     // MARK: - Management
 
-    mutating func management(_ operation: String, to client: [UInt8], correlation: [UInt8], now: ContinuousClock.Instant, into out: inout [Directive]) {
+    mutating func management(_ operation: String, body requestBody: [UInt8], to client: [UInt8], correlation: [UInt8], now: ContinuousClock.Instant, into out: inout [Directive]) {
         let body: [UInt8]?
         switch operation {
         case Broker.Services.name: body = try? codec.encode(serviceDescriptions())
         case Broker.Stats.name: body = try? codec.encode(statistics(now: now))
+        case Broker.CaptureStart.name:
+            guard let request = try? codec.decode(Broker.CaptureStart.Request.self, from: requestBody) else {
+                rejected += 1
+                replyError(to: client, correlation: correlation, CanopyError(.badRequest, "capture.start takes {\"name\", \"pseudonymize\", \"withoutAttachments\"}"), into: &out)
+                return
+            }
+            out.append(.captureControl(.start(request), client: client, correlation: correlation))
+            return
+        case Broker.CaptureStop.name:
+            out.append(.captureControl(.stop, client: client, correlation: correlation))
+            return
+        case Broker.CaptureStatusOperation.name:
+            out.append(.captureControl(.status, client: client, correlation: correlation))
+            return
         default:
             rejected += 1
-            replyError(to: client, correlation: correlation, CanopyError(.badRequest, "the broker has no operation '\(operation)'; it has: services, stats"), into: &out)
+            replyError(to: client, correlation: correlation, CanopyError(.badRequest, "the broker has no operation '\(operation)'; it has: services, stats, capture.start, capture.stop, capture.status"), into: &out)
             return
         }
         out.append(.send(to: client, .reply(correlation: correlation, shared: false, body: body ?? [])))
@@ -292,5 +322,11 @@ extension Duration {
     var microseconds: Int64 {
         let (seconds, attoseconds) = components
         return seconds * 1_000_000 + attoseconds / 1_000_000_000_000
+    }
+
+    /// Whole nanoseconds, rounded down.
+    var nanoseconds: Int64 {
+        let (seconds, attoseconds) = components
+        return seconds * 1_000_000_000 + attoseconds / 1_000_000_000
     }
 }

@@ -21,6 +21,75 @@ public enum Broker {
         public static let name = "stats"
         public static let idempotent = true
     }
+
+    /// `broker.capture.start`: begins capturing what crosses the broker into a file of the
+    /// broker's capture directory (`--capture-dir`; without one the broker refuses).
+    public enum CaptureStart: BusOperation {
+        public struct Request: Codable, Sendable, Equatable {
+            /// The file's name in the capture directory: 1 to 100 of A-Z, a-z, 0-9, '.', '-',
+            /// '_', not starting with '.'.
+            public var name: String
+            /// Principals replaced by keyed hashes.
+            public var pseudonymize: Bool?
+            /// Attachment bytes (photos) left out.
+            public var withoutAttachments: Bool?
+
+            public init(name: String, pseudonymize: Bool? = nil, withoutAttachments: Bool? = nil) {
+                self.name = name
+                self.pseudonymize = pseudonymize
+                self.withoutAttachments = withoutAttachments
+            }
+        }
+        public typealias Reply = CaptureStatus
+        public static let service = Broker.service
+        public static let name = "capture.start"
+    }
+
+    /// `broker.capture.stop`: writes what is queued, closes the file, answers the final counts.
+    public enum CaptureStop: BusOperation {
+        public typealias Request = Empty
+        public typealias Reply = CaptureStatus
+        public static let service = Broker.service
+        public static let name = "capture.stop"
+    }
+
+    /// `broker.capture.status`: whether a capture runs, and its counts.
+    public enum CaptureStatusOperation: BusOperation {
+        public typealias Request = Empty
+        public typealias Reply = CaptureStatus
+        public static let service = Broker.service
+        public static let name = "capture.status"
+        public static let idempotent = true
+    }
+}
+
+/// A capture's state and counts (of the running one, or the one just stopped).
+public struct CaptureStatus: Codable, Sendable, Equatable {
+    public var capturing: Bool
+    /// The first file's path.
+    public var path: String?
+    public var records: UInt64
+    public var bytes: UInt64
+    /// Records dropped because the disk did not keep up.
+    public var dropped: UInt64
+    /// Records lost to a write error.
+    public var failed: UInt64
+    /// Files written (rotation by size).
+    public var segments: Int
+    /// The write error that stopped the capture.
+    public var error: String?
+
+    public init(capturing: Bool, path: String? = nil, records: UInt64 = 0, bytes: UInt64 = 0, dropped: UInt64 = 0, failed: UInt64 = 0,
+                segments: Int = 0, error: String? = nil) {
+        self.capturing = capturing
+        self.path = path
+        self.records = records
+        self.bytes = bytes
+        self.dropped = dropped
+        self.failed = failed
+        self.segments = segments
+        self.error = error
+    }
 }
 
 /// A service as the broker sees it.
@@ -65,6 +134,8 @@ public struct BrokerStatistics: Codable, Sendable, Equatable {
     public var services: [ServiceStatistics]
     /// One entry per operation that was called, sorted by service and operation.
     public var operations: [OperationStatistics]
+    /// The capture, when one runs or ran since the broker started.
+    public var capture: CaptureStatus?
 
     /// - Parameters:
     ///   - uptimeSeconds: seconds since the broker started.

@@ -27,6 +27,17 @@ public enum Environment {
         int(name, default: Int(fallback.wholeMilliseconds))
     }
 
+    /// The variable as a switch: on for 1, true, yes or on; off for 0, false, no or off, and
+    /// when unset. Anything else is off and remembered for ``validate()``.
+    public static func flag(_ name: String) -> Bool {
+        guard let text = string(name)?.lowercased() else { return false }
+        if ["1", "true", "yes", "on"].contains(text) { return true }
+        if !["0", "false", "no", "off"].contains(text) {
+            _ = problems.withLock { $0.insert("\(name)=\(text.prefix(40)) is not a switch; give 1 or 0") }
+        }
+        return false
+    }
+
     /// Variables that could not be read, as sentences.
     private static let problems = Mutex<Set<String>>([])
 

@@ -60,7 +60,7 @@ func sends(_ directives: [BrokerState.Directive]) -> [(peer: String, frames: [[U
         switch directive {
         case .send(let peer, let message): (String(decoding: peer, as: UTF8.self), message.encoded)
         case .sendMajordomo(let peer, let message): (String(decoding: peer, as: UTF8.self), message.encoded)
-        case .log: nil
+        case .log, .capture, .captureControl: nil
         }
     }
 }

@@ -1,4 +1,5 @@
 import CanopyBroker
+import CanopyCapture
 import ArgumentParser
 import Foundation
 import CanopyBus
@@ -68,7 +69,28 @@ struct BrokerOptions: ParsableArguments {
     private var allowFile: String? { curveAllow ?? Environment.string("CANOPY_CURVE_ALLOW") }
 
     @Flag(help: ArgumentHelp("With CURVE, let any key call (workers still need an allowed key). Env: CANOPY_CURVE_ANY_CLIENT=1."))
-    var curveAnyClient: Bool = Environment.string("CANOPY_CURVE_ANY_CLIENT").map { ["1", "true", "yes", "on"].contains($0.lowercased()) } ?? false
+    var curveAnyClient: Bool = Environment.flag("CANOPY_CURVE_ANY_CLIENT")
+
+    @Option(help: ArgumentHelp("Capture every request and reply that crosses the broker into this file from the start (see canopy capture --help). Env: CANOPY_CAPTURE.", valueName: "file"))
+    var capture: String? = Environment.string("CANOPY_CAPTURE")
+
+    @Option(help: ArgumentHelp("Directory where 'canopy capture start NAME' may create captures on the running broker; without it the broker refuses. Env: CANOPY_CAPTURE_DIR.", valueName: "dir"))
+    var captureDir: String? = Environment.string("CANOPY_CAPTURE_DIR")
+
+    @Option(help: ArgumentHelp("A capture file that reaches this size is closed and the next begun (FILE.1, FILE.2...). Env: CANOPY_CAPTURE_MAX_BYTES.", valueName: "bytes"))
+    var captureMaxBytes: Int = Environment.int("CANOPY_CAPTURE_MAX_BYTES", default: 1 << 30)
+
+    @Option(help: ArgumentHelp("Capture files kept; the oldest goes when a new one would exceed it (0 keeps all). Env: CANOPY_CAPTURE_KEEP.", valueName: "count"))
+    var captureKeep: Int = Environment.int("CANOPY_CAPTURE_KEEP", default: 0)
+
+    @Option(help: ArgumentHelp("Bytes of records waiting for the disk; beyond it records are dropped and counted, never queued without bound. Env: CANOPY_CAPTURE_QUEUE_BYTES.", valueName: "bytes"))
+    var captureQueueBytes: Int = Environment.int("CANOPY_CAPTURE_QUEUE_BYTES", default: 64 << 20)
+
+    @Flag(help: ArgumentHelp("In captures, replace principals (headers and bodies) by keyed hashes, stable within a capture. Env: CANOPY_CAPTURE_PSEUDONYMIZE=1."))
+    var pseudonymize: Bool = Environment.flag("CANOPY_CAPTURE_PSEUDONYMIZE")
+
+    @Flag(help: ArgumentHelp("In captures, leave attachment bytes (photos) out; their sizes are kept. Env: CANOPY_CAPTURE_WITHOUT_ATTACHMENTS=1."))
+    var withoutAttachments: Bool = Environment.flag("CANOPY_CAPTURE_WITHOUT_ATTACHMENTS")
 
     @Option(help: ArgumentHelp("trace, debug, info, notice, warning, error or critical. Env: CANOPY_LOG_LEVEL.", valueName: "level"))
     var logLevel: Logger.Level = Environment.string("CANOPY_LOG_LEVEL").flatMap(Logger.Level.init(rawValue:)) ?? .info
@@ -92,6 +114,26 @@ struct BrokerOptions: ParsableArguments {
         guard drainTimeoutMs >= 0 else { throw ValidationError("--drain-timeout-ms cannot be negative") }
         guard maxWaiters >= 1, maxFlights >= 1 else { throw ValidationError("--max-waiters and --max-flights must be at least 1; turn coalescing off with --no-coalescing instead") }
         guard stuckFlightMs >= 1 else { throw ValidationError("--stuck-flight-ms must be at least 1") }
+        guard captureMaxBytes >= 1 << 16 else { throw ValidationError("--capture-max-bytes must be at least 65536; 1073741824 (1 GiB) is the default") }
+        guard captureKeep >= 0 else { throw ValidationError("--capture-keep cannot be negative; 0 keeps every file") }
+        guard captureQueueBytes >= 1 << 20 else { throw ValidationError("--capture-queue-bytes must be at least 1048576 (1 MiB)") }
+        if let captureDir {
+            var directory: ObjCBool = false
+            guard FileManager.default.fileExists(atPath: captureDir, isDirectory: &directory), directory.boolValue else {
+                throw ValidationError("--capture-dir \(captureDir) is not a directory; create it first (mkdir -p \(captureDir))")
+            }
+        }
+    }
+
+    /// The capture settings these options describe (the path empty when no --capture).
+    var captureSettings: CaptureSettings {
+        var settings = CaptureSettings(path: capture ?? "")
+        settings.maximumFileBytes = captureMaxBytes
+        settings.keepFiles = captureKeep
+        settings.queueBytes = captureQueueBytes
+        settings.pseudonymize = pseudonymize
+        settings.withoutAttachments = withoutAttachments
+        return settings
     }
 
     /// The broker configuration these options describe.
@@ -111,6 +153,8 @@ struct BrokerOptions: ParsableArguments {
         configuration.maximumWaitersPerFlight = maxWaiters
         configuration.maximumOpenFlights = maxFlights
         configuration.stuckFlightAge = .milliseconds(stuckFlightMs)
+        if capture != nil || captureDir != nil { configuration.capture = captureSettings }
+        configuration.captureDirectory = captureDir
         return configuration
     }
 

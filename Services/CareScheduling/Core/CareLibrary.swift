@@ -177,10 +177,10 @@ final class CareLibrary: Sendable {
                 case .success(let principal): owner = principal
                 case .failure(let error): return .init(error: error)
                 }
-                guard try Bool.fetchOne(db, sql: "SELECT 1 FROM plants WHERE id = ? AND owner = ?", arguments: [key.plantID, owner]) != nil else {
+                guard try Bool.fetchOne(db.cachedStatement(sql: "SELECT 1 FROM plants WHERE id = ? AND owner = ?"), arguments: [key.plantID, owner]) != nil else {
                     return .init(error: self.notFound(key.plantID))
                 }
-                let row = try Row.fetchOne(db, sql: "SELECT * FROM tasks WHERE plantID = ? AND owner = ? ORDER BY showAt, id LIMIT 1",
+                let row = try Row.fetchOne(db.cachedStatement(sql: "SELECT * FROM tasks WHERE plantID = ? AND owner = ? ORDER BY showAt, id LIMIT 1"),
                                            arguments: [key.plantID, owner])
                 return .init(value: .init(task: row.map(CareStore.task)))
             }
@@ -191,7 +191,7 @@ final class CareLibrary: Sendable {
     /// The task's plant, the task row, and the owner's scheduler, or notFound.
     private func withTask<T>(_ id: String, owner: String, _ body: (Database, Care.Plant, Row, Scheduler) throws -> T) throws -> T {
         try store.database.write { db in
-            guard let row = try Row.fetchOne(db, sql: "SELECT * FROM tasks WHERE owner = ? AND id = ?", arguments: [owner, id]),
+            guard let row = try Row.fetchOne(db.cachedStatement(sql: "SELECT * FROM tasks WHERE owner = ? AND id = ?"), arguments: [owner, id]),
                   let plant = try store.plant(db, owner: owner, id: row["plantID"])
             else { throw CanopyError(.notFound, "no task \(id) among yours; care.tasks.upcoming lists them") }
             return try body(db, plant, row, try Scheduler(preferences: try store.preferences(db, owner: owner)))
@@ -199,7 +199,7 @@ final class CareLibrary: Sendable {
     }
 
     private func reread(_ db: Database, _ id: String) throws -> Care.Task {
-        try Row.fetchOne(db, sql: "SELECT * FROM tasks WHERE id = ?", arguments: [id]).map(CareStore.task)!
+        try Row.fetchOne(db.cachedStatement(sql: "SELECT * FROM tasks WHERE id = ?"), arguments: [id]).map(CareStore.task)!
     }
 
     /// Logs the care and re-anchors the rule at `at`.

@@ -93,7 +93,7 @@ final class CareStore: Sendable {
 
     /// The plant with its effective profile, or `nil` when the owner has no such plant.
     func plant(_ db: Database, owner: String, id: String) throws -> Care.Plant? {
-        try Row.fetchOne(db, sql: "SELECT * FROM plants WHERE owner = ? AND id = ?", arguments: [owner, id]).map(plant)
+        try Row.fetchOne(db.cachedStatement(sql: "SELECT * FROM plants WHERE owner = ? AND id = ?"), arguments: [owner, id]).map(plant)
     }
 
     /// The separator of list columns (common names, image ids): a control character no name holds.

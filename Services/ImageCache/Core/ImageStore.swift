@@ -58,13 +58,13 @@ final class ImageStore: Sendable {
 
     /// Whether the original is stored (for anyone).
     func hasOriginal(_ sha256: String) throws -> Bool {
-        try database.read { db in try Bool.fetchOne(db, sql: "SELECT EXISTS(SELECT 1 FROM originals WHERE sha256 = ?)", arguments: [sha256]) ?? false }
+        try database.read { db in try Bool.fetchOne(db.cachedStatement(sql: "SELECT EXISTS(SELECT 1 FROM originals WHERE sha256 = ?)"), arguments: [sha256]) ?? false }
     }
 
     /// The format the original is stored in and its size, or nil when it is not stored.
     func originalSize(_ sha256: String) throws -> (format: Images.Format, width: Int, height: Int)? {
         try database.read { db in
-            try Row.fetchOne(db, sql: "SELECT format, width, height FROM originals WHERE sha256 = ?", arguments: [sha256]).map { row in
+            try Row.fetchOne(db.cachedStatement(sql: "SELECT format, width, height FROM originals WHERE sha256 = ?"), arguments: [sha256]).map { row in
                 (ImageProcessor.storedFormat(ImageKind(rawValue: row["format"]) ?? .jpeg), row["width"], row["height"])
             }
         }
@@ -120,10 +120,11 @@ final class ImageStore: Sendable {
                      format: row["format"], bytes: row["bytes"], addedAt: Date(timeIntervalSince1970: row["addedAt"]))
     }
 
-    /// Whether `owner` holds the photo (for any plant): the check before anything is served.
+    /// Whether `owner` holds the photo (for any plant): the check before anything is served
+    /// (every variant request runs it: the statement is prepared once per connection).
     func owns(_ owner: String, _ sha256: String) throws -> Bool {
         try database.read { db in
-            try Bool.fetchOne(db, sql: "SELECT EXISTS(SELECT 1 FROM photos WHERE sha256 = ? AND owner = ?)", arguments: [sha256, owner]) ?? false
+            try Bool.fetchOne(db.cachedStatement(sql: "SELECT EXISTS(SELECT 1 FROM photos WHERE sha256 = ? AND owner = ?)"), arguments: [sha256, owner]) ?? false
         }
     }
 

@@ -1,0 +1,202 @@
+import ArgumentParser
+import CanopyBus
+import CanopyCapture
+import CanopyMessages
+import CanopyServiceKit
+import Foundation
+
+/// `canopy capture …`: record what crosses the broker, and read what was recorded.
+struct Capture: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Record what crosses the broker, and look into captures.",
+        discussion: """
+            A capture holds every request and answer that crossed the broker (docs/PROTOCOL.md,
+            "Capture files"). Start one with the broker (canopy-broker serve --capture FILE) or
+            on a running broker that allows it (--capture-dir DIR):
+              canopy capture start monday --pseudonymize
+              canopy capture status
+              canopy capture stop
+              canopy capture inspect ./captures/monday
+              canopy capture filter ./captures/monday --output care-only --service care
+            """,
+        subcommands: [Start.self, Stop.self, Status.self, Inspect.self, Filter.self])
+
+    struct Start: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Begin a capture on the running broker, into its --capture-dir.",
+            discussion: "Example: canopy capture start monday --pseudonymize --without-attachments")
+
+        @Argument(help: "The capture file's name in the broker's capture directory (A-Z, a-z, 0-9, '.', '-', '_').") var name: String
+        @Flag(help: "Replace principals by keyed hashes (stable within the capture).") var pseudonymize = false
+        @Flag(help: "Leave attachment bytes (photos) out; their sizes are kept.") var withoutAttachments = false
+        @OptionGroup var common: CommonOptions
+
+        func run() async throws {
+            try await withBus(common) { bus in
+                let status = try await callBroker {
+                    try await bus.call(Broker.CaptureStart.self, .init(name: name, pseudonymize: pseudonymize, withoutAttachments: withoutAttachments),
+                                       timeout: .seconds(10))
+                }
+                print("capturing into \(status.path ?? name); stop with: canopy capture stop")
+            }
+        }
+    }
+
+    struct Stop: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "End the running capture; prints its counts.", discussion: "Example: canopy capture stop")
+
+        @OptionGroup var common: CommonOptions
+
+        func run() async throws {
+            try await withBus(common) { bus in
+                let status = try await callBroker { try await bus.call(Broker.CaptureStop.self, .init(), timeout: .seconds(60)) }
+                print(Capture.render(status))
+                print("look into it with: canopy capture inspect \(status.path ?? "FILE")")
+            }
+        }
+    }
+
+    struct Status: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Whether the broker captures, and its counts.", discussion: "Example: canopy capture status")
+
+        @OptionGroup var common: CommonOptions
+
+        func run() async throws {
+            try await withBus(common) { bus in
+                print(Capture.render(try await callBroker { try await bus.call(Broker.CaptureStatusOperation.self, .init(), timeout: .seconds(10)) }))
+            }
+        }
+    }
+
+    struct Inspect: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Count a capture's requests and answers per service and operation.",
+            discussion: """
+                Reads the file and its rotated segments (FILE.1, FILE.2…) in one pass; memory
+                stays flat however large they are. A file cut short is read up to its last whole
+                record, and the summary says where it stopped (exit status 2).
+                Example: canopy capture inspect ./captures/monday --json
+                """)
+
+        @Argument(help: "The capture's (first) file.") var file: String
+        @Flag(help: "Print the summary as JSON, for scripts.") var json = false
+
+        func run() throws {
+            let reader = try openCapture(file)
+            var progress = ProgressLine()
+            let total = reader.files.reduce(0) { $0 + ((try? FileManager.default.attributesOfItem(atPath: $1)[.size] as? Int) ?? 0) }
+            let summary = try CaptureSummary.make(reader) { read in progress.update("reading \(ProgressLine.bar(read, of: total)) \(read >> 20) of \(total >> 20) MiB") }
+            progress.finish()
+            if json {
+                let encoder = JSONEncoder()
+                encoder.outputFormatting = [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]
+                print(String(decoding: try encoder.encode(summary), as: UTF8.self))
+            } else {
+                print(Capture.render(summary))
+            }
+            if !summary.complete { throw ExitCode(2) }
+        }
+    }
+
+    struct Filter: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Write a smaller capture: only some services, operations, times or people.",
+            discussion: """
+                A request and its answer stay together: an answer is kept when its request was.
+                Times are ISO 8601 (2026-11-24T21:00:00Z) or +SECONDS from the capture's first record.
+                Example: canopy capture filter monday --output monday-care --service care --principal user-42
+                """)
+
+        @Argument(help: "The capture's (first) file.") var file: String
+        @Option(help: "Where to write the smaller capture.") var output: String
+        @Option(help: "Keep only this service (repeat for more).") var service: [String] = []
+        @Option(help: "Keep only this operation (repeat for more).") var operation: [String] = []
+        @Option(help: "Keep only this principal (as the capture holds it: its pseudonym when pseudonymized; repeat for more).") var principal: [String] = []
+        @Option(help: "Keep requests from this time on.") var from: String?
+        @Option(help: "Keep requests before this time.") var to: String?
+
+        func validate() throws {
+            for time in [from, to].compactMap({ $0 }) where CaptureTime(time) == nil {
+                throw ValidationError("'\(time)' is not a time; give ISO 8601 (2026-11-24T21:00:00Z) or +SECONDS from the capture's start")
+            }
+            guard URL(fileURLWithPath: output).standardizedFileURL != URL(fileURLWithPath: file).standardizedFileURL else {
+                throw ValidationError("--output must be another file than the capture read")
+            }
+        }
+
+        func run() throws {
+            let reader = try openCapture(file)
+            var writer = try CaptureFileWriter(path: output, pseudonymized: reader.header.pseudonymized, withoutAttachments: reader.header.withoutAttachments)
+            var selection = CaptureSelection(services: Set(service), operations: Set(operation), principals: Set(principal),
+                                             from: from.flatMap(CaptureTime.init), to: to.flatMap(CaptureTime.init))
+            var progress = ProgressLine()
+            var read = 0
+            while let record = try reader.next() {
+                read += 1
+                if selection.keeps(record) { try writer.append(record) }
+                progress.update("filtering: \(read) records read, \(writer.records) kept")
+            }
+            progress.finish()
+            try writer.close()
+            print("wrote \(writer.records) of \(read) records to \(output)")
+            if reader.ending != .complete {
+                FileHandle.standardError.write(Data("the capture is \(reader.ending!.description)\n".utf8))
+                throw ExitCode(2)
+            }
+        }
+    }
+
+    static func render(_ status: CaptureStatus) -> String {
+        var table = Table("CAPTURING", "FILE", "RECORDS", "BYTES", "DROPPED", "FAILED", "FILES")
+        table.append([status.capturing ? "yes" : "no", status.path ?? "-", "\(status.records)", "\(status.bytes)", "\(status.dropped)",
+                      "\(status.failed)", "\(status.segments)"])
+        return table.render() + (status.error.map { "\nstopped by an error: \($0)" } ?? "")
+            + (status.dropped > 0 ? "\n\(status.dropped) record(s) were dropped: the disk did not keep up (raise --capture-queue-bytes or capture less)" : "")
+    }
+
+    static func render(_ summary: CaptureSummary) -> String {
+        let formatter = ISO8601DateFormatter()
+        formatter.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
+        func time(_ nanoseconds: Int64) -> String { formatter.string(from: Date(timeIntervalSince1970: Double(nanoseconds) / 1e9)) }
+        var lines: [String] = []
+        lines.append("capture \(summary.files.joined(separator: ", "))\(summary.pseudonymized ? " (pseudonymized)" : "")\(summary.withoutAttachments ? " (without attachments)" : "")")
+        if summary.records > 0 {
+            lines.append("from \(time(summary.firstTime)) to \(time(summary.lastTime)) (\(String(format: "%.3f", summary.spanSeconds)) s)")
+        }
+        let clients = summary.clients >= CaptureSummary.clientLimit ? "at least \(summary.clients)" : "\(summary.clients)"
+        lines.append("\(summary.records) records: \(summary.requests) requests, \(summary.replies) answers (\(summary.errors) errors), \(summary.bytes) bytes, \(clients) client(s)")
+        lines.append("read: \(summary.ending)")
+        var table = Table("SERVICE", "OPERATION", "REQUESTS", "ANSWERS", "ERRORS", "SHARED", "REQUEST BYTES", "ANSWER BYTES", "P50 µs", "P99 µs")
+        for row in summary.operations {
+            table.append([row.service, row.operation, "\(row.requests)", "\(row.replies)", "\(row.errors)", "\(row.shared)", "\(row.requestBytes)",
+                          "\(row.replyBytes)", "\(row.latencyP50Micros)", "\(row.latencyP99Micros)"])
+        }
+        if !summary.operations.isEmpty { lines.append(""); lines.append(table.render()) }
+        if !summary.errorCodes.isEmpty {
+            var errors = Table("ERROR", "COUNT")
+            for (code, count) in summary.errorCodes.sorted(by: { $0.key < $1.key }) { errors.append([code, "\(count)"]) }
+            lines.append("")
+            lines.append(errors.render())
+        }
+        return lines.joined(separator: "\n")
+    }
+}
+
+/// A capture opened, or a sentence saying why not.
+func openCapture(_ path: String) throws -> CaptureReader {
+    do {
+        return try CaptureReader(path: path)
+    } catch let error as CaptureFormatError {
+        throw ValidationError(error.description)
+    }
+}
+
+/// Calls the broker, turning its refusals into sentences (exit status 1).
+func callBroker<Reply>(_ call: () async throws -> Reply) async throws -> Reply {
+    do {
+        return try await call()
+    } catch let error as CanopyError where error.code != .timeout {
+        FileHandle.standardError.write(Data("error (\(error.code.rawValue)): \(error.message)\n".utf8))
+        throw ExitCode(1)
+    }
+}

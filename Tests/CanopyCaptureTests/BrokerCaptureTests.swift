@@ -1,0 +1,115 @@
+import CanopyBroker
+import CanopyBus
+import CanopyCapture
+import CanopyMessages
+import CanopyTesting
+import Foundation
+import Testing
+
+/// Capture at a live broker: what it records, and `broker.capture.*`.
+@Suite(.serialized)
+struct BrokerCaptureTests {
+    private struct Pair: Hashable {
+        let client: String
+        let correlation: [UInt8]
+    }
+
+    @Test func theBrokerRecordsEveryRequestAndItsAnswer() async throws {
+        let directory = (CaptureFormatTests.temporaryPath("x") as NSString).deletingLastPathComponent
+        let path = directory + "/from-start"
+        var configuration = BrokerConfiguration.testing
+        configuration.capture = CaptureSettings(path: path)
+        configuration.captureDirectory = directory
+        try await withLiveBus(configuration: configuration) { bus in
+            bus.startWorker(name: "w1", credit: 8)
+            try await bus.waitForWorkers(1)
+            let client = try bus.client()
+            _ = try await client.call(TestService.Echo.self, .init(text: "monstera"), principal: "user-1")
+            // Three identical lookups at once: one worker call, three answers marked shared.
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                for _ in 0..<3 {
+                    group.addTask { _ = try await client.call(TestService.Lookup.self, .init(text: "same", sleepMilliseconds: 200), principal: "user-1") }
+                }
+                try await group.waitForAll()
+            }
+            await #expect(throws: CanopyError.self) { _ = try await client.call(TestService.Fail.self, .init(text: "notFound"), principal: "user-2") }
+            await #expect(throws: CanopyError.self) { _ = try await client.call(service: "test", operation: "no-such-operation", body: Array("{}".utf8)) }
+
+            let status = try await client.call(Broker.CaptureStop.self, .init())
+            #expect(!status.capturing)
+            #expect(status.path == path)
+            #expect(status.records == 12) // six requests, six answers; broker.* calls are not captured
+            #expect(status.dropped == 0)
+
+            let (records, reader) = try CaptureFormatTests.readAll(path)
+            #expect(reader.ending == .complete)
+            #expect(records.count == 12)
+            let requests = records.filter { $0.kind == .request }, answers = records.filter { $0.kind == .reply }
+            #expect(requests.count == 6 && answers.count == 6)
+            // Every answer pairs with a request of the same client and correlation id, and comes after it.
+            for answer in answers {
+                let request = requests.first { Pair(client: $0.client, correlation: $0.correlation) == Pair(client: answer.client, correlation: answer.correlation) }
+                #expect(request != nil)
+                #expect(request.map { $0.time <= answer.time } == true)
+                #expect(request?.operation == answer.operation && request?.header.principal == answer.header.principal)
+            }
+            #expect(Set(records.map(\.client)).count == 1 && records[0].client.hasPrefix("c-"))
+            #expect(!records.contains { $0.service == Broker.service })
+
+            let echo = try #require(answers.first { $0.operation == "echo" })
+            #expect(echo.worker.hasPrefix("w-"))
+            #expect(echo.latencyNanoseconds > 0)
+            #expect(!echo.flags.contains(.failed))
+            #expect(try MessageCodec().decode(TestService.Reply.self, from: echo.body).text == "monstera")
+            let lookups = answers.filter { $0.operation == "lookup" }
+            #expect(lookups.count == 3 && lookups.allSatisfy { $0.flags.contains(.shared) })
+            #expect(lookups.allSatisfy { $0.latencyNanoseconds >= 150_000_000 })
+            let failed = try #require(answers.first { $0.operation == "fail" })
+            #expect(failed.flags.contains(.failed))
+            #expect(try MessageCodec().decode(CanopyError.self, from: failed.body).code == .notFound)
+            #expect(failed.header.principal == "user-2")
+            let refused = try #require(answers.first { $0.operation == "no-such-operation" })
+            #expect(refused.flags.contains(.failed) && refused.worker.isEmpty, "the broker refused it itself")
+
+            // The summary counts them the same way.
+            let summary = try CaptureSummary.make(try CaptureReader(path: path))
+            #expect(summary.requests == 6 && summary.replies == 6 && summary.errors == 2)
+            #expect(summary.errorCodes == ["notFound": 1, "badRequest": 1])
+            #expect(summary.operations.first { $0.operation == "lookup" }?.shared == 3)
+        }
+    }
+
+    @Test func captureIsStartedAndStoppedOverTheBusOnlyWhereTheBrokerAllowsIt() async throws {
+        let directory = (CaptureFormatTests.temporaryPath("x") as NSString).deletingLastPathComponent
+        var configuration = BrokerConfiguration.testing
+        configuration.captureDirectory = directory
+        try await withLiveBus(configuration: configuration) { bus in
+            bus.startWorker(name: "w1")
+            try await bus.waitForWorkers(1)
+            let client = try bus.client()
+            #expect(try await client.call(Broker.CaptureStatusOperation.self, .init()).capturing == false)
+            for name in ["../escape", "", ".hidden", "a/b", String(repeating: "n", count: 101)] {
+                await #expect(throws: CanopyError(.badRequest, "a capture's name is 1 to 100 of A-Z, a-z, 0-9, '.', '-', '_', not starting with '.'")) {
+                    _ = try await client.call(Broker.CaptureStart.self, .init(name: name))
+                }
+            }
+            await #expect(throws: CanopyError.self) { _ = try await client.call(Broker.CaptureStop.self, .init()) } // none running
+
+            let started = try await client.call(Broker.CaptureStart.self, .init(name: "tuesday", pseudonymize: true))
+            #expect(started.capturing && started.path == directory + "/tuesday")
+            await #expect(throws: CanopyError.self) { _ = try await client.call(Broker.CaptureStart.self, .init(name: "another")) } // one at a time
+            _ = try await client.call(TestService.Echo.self, .init(text: "fern"), principal: "user-7")
+            let stopped = try await client.call(Broker.CaptureStop.self, .init())
+            #expect(stopped.records == 2 && !stopped.capturing)
+            #expect(try await client.call(Broker.CaptureStatusOperation.self, .init()) == stopped)
+            let (records, reader) = try CaptureFormatTests.readAll(directory + "/tuesday")
+            #expect(reader.header.pseudonymized)
+            #expect(records.count == 2 && records.allSatisfy { $0.header.principal.hasPrefix("p-") })
+        }
+        // Without a capture directory, nobody on the bus may make the broker write files.
+        try await withLiveBus { bus in
+            let client = try bus.client()
+            await #expect(throws: CanopyError.self) { _ = try await client.call(Broker.CaptureStart.self, .init(name: "sneaky")) }
+        }
+    }
+}
