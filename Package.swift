@@ -118,6 +118,16 @@ let package = Package(
             path: "Shared/CanopyCapture",
             swiftSettings: swiftSettings
         ),
+        // Replay: a capture's requests sent again, their answers compared.
+        .target(
+            name: "CanopyReplay",
+            dependencies: [
+                "CanopyCapture", "CanopyBus", "CanopyWire", "CanopyMessages",
+                .product(name: "Histogram", package: "hdrhistogram-swift"),
+            ],
+            path: "Shared/CanopyReplay",
+            swiftSettings: swiftSettings
+        ),
         // What services and clients use: the typed client and the plug-in runtime.
         .target(
             name: "CanopyBus",
@@ -303,7 +313,7 @@ let package = Package(
         ),
         .executableTarget(
             name: "canopy",
-            dependencies: ["CanopyServiceKit", "CanopyBus", "CanopyMessages", "CanopyCapture"],
+            dependencies: ["CanopyServiceKit", "CanopyBus", "CanopyMessages", "CanopyCapture", "CanopyReplay"],
             path: "Services/Canopy",
             swiftSettings: swiftSettings
         ),
@@ -394,7 +404,7 @@ let package = Package(
         ),
         .testTarget(
             name: "CanopyCaptureTests",
-            dependencies: ["CanopyCapture", "CanopyBroker", "CanopyBus", "CanopyWire", "CanopyMessages", "CanopyTesting", "CanopyServiceKit"],
+            dependencies: ["CanopyCapture", "CanopyReplay", "CanopyBroker", "CanopyBus", "CanopyWire", "CanopyMessages", "CanopyTesting", "CanopyServiceKit"],
             path: "Tests/CanopyCaptureTests",
             swiftSettings: swiftSettings
         ),

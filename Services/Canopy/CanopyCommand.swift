@@ -13,6 +13,7 @@ struct CanopyCommand: AsyncParsableCommand {
               canopy send care plants.get --json '{"id":"p1"}' --principal user-42
               canopy keys generate broker --directory ./keys
               canopy capture inspect ./captures/monday
+              canopy replay ./captures/monday --broker tcp://127.0.0.1:5555
             """,
-        subcommands: [Send.self, Services.self, Stats.self, Keys.self, Capture.self])
+        subcommands: [Send.self, Services.self, Stats.self, Keys.self, Capture.self, Replay.self])
 }

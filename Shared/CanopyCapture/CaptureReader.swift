@@ -93,8 +93,8 @@ public final class CaptureReader {
             let recordOffset = bufferOffset + position
             guard ensure(8) else {
                 if available == 0 {
-                    if try nextSegment() { continue }
-                    ending = .complete
+                    if nextSegment() { continue }
+                    if ending == nil { ending = .complete }
                 } else {
                     ending = .truncated(file: currentFile, offset: recordOffset, detail: "\(available) bytes of a record's 8-byte prefix")
                 }
@@ -159,10 +159,16 @@ public final class CaptureReader {
     }
 
     /// Moves to the next rotated segment of the same capture; false when there is none.
-    private func nextSegment() throws -> Bool {
+    private func nextSegment() -> Bool {
         while let path = remainingFiles.first {
             remainingFiles.removeFirst()
-            let (descriptor, header) = try Self.open(path)
+            let descriptor: Int32, header: CaptureFormat.FileHeader
+            do {
+                (descriptor, header) = try Self.open(path)
+            } catch {
+                ending = .damaged(file: path, offset: 0, detail: "\(error)")
+                return false
+            }
             guard header.captureID == self.header.captureID else { Glibc.close(descriptor); continue }
             Glibc.close(self.descriptor)
             self.descriptor = descriptor

@@ -6,7 +6,7 @@ import Logging
 /// it, and how much to log.
 public struct CommonOptions: ParsableArguments {
     /// The broker endpoint to connect to.
-    @Option(name: .long, help: ArgumentHelp("Broker endpoint. Env: CANOPY_ENDPOINT.", valueName: "endpoint"))
+    @Option(name: [.customLong("endpoint"), .customLong("broker")], help: ArgumentHelp("Broker endpoint (--broker says the same). Env: CANOPY_ENDPOINT.", valueName: "endpoint"))
     public var endpoint: String = Environment.string("CANOPY_ENDPOINT") ?? "tcp://127.0.0.1:5555"
 
     /// The broker's CurveZMQ public key, or a file holding it.

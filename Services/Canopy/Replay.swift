@@ -1,0 +1,144 @@
+import ArgumentParser
+import CanopyBus
+import CanopyCapture
+import CanopyMessages
+import CanopyReplay
+import CanopyServiceKit
+import Foundation
+
+/// `canopy replay FILE`: a capture's requests sent again, each answer compared.
+struct Replay: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Send a capture's requests to a stack again and compare the answers with the captured ones.",
+        discussion: """
+            Each captured client's requests go in their original order (a request waits for the
+            answers its client had before sending it), clients concurrently. Ids that changed
+            (a new plant's id) are learned from the answers and put into later requests.
+            Exits 0 when every answer matched, 1 when any differed or failed.
+            Examples:
+              canopy replay monday --broker tcp://127.0.0.1:5555
+              canopy replay monday --speed 4 --ignore createdAt --ignore '$.plant.addedAt'
+              canopy replay monday --fast --json > report.json
+              canopy replay monday --dry-run
+            """)
+
+    @Argument(help: "The capture's (first) file.") var file: String
+    @Option(help: "Pace: this many times faster than captured (1: as recorded).") var speed: Double?
+    @Option(help: "Pace: this many requests a second, whatever the captured times.") var rate: Double?
+    @Flag(help: "Pace: as fast as the stack answers.") var fast = false
+    @Option(help: ArgumentHelp("A path left out of the comparison: createdAt, plant.createdAt, $.plants[*].addedAt (repeat for more).", valueName: "path"))
+    var ignore: [String] = []
+    @Option(help: "Requests read ahead of their answers at most.") var window = 10_000
+    @Option(help: "Wait this many milliseconds for each answer instead of the captured deadline.") var timeoutMs: Int?
+    @Option(help: "Differing answers shown in full (all are counted).") var examples = 20
+    @Flag(help: "Read the capture and report what would be sent, with checks; send nothing.") var dryRun = false
+    @Flag(help: "Print the report as JSON, for scripts.") var json = false
+    @OptionGroup var common: CommonOptions
+
+    func validate() throws {
+        guard [speed != nil, rate != nil, fast].filter({ $0 }).count <= 1 else {
+            throw ValidationError("give one pace: --speed X, --rate N or --fast")
+        }
+        if let speed, !(speed > 0 && speed <= 1_000_000) { throw ValidationError("--speed must be above 0 (4 replays four times faster)") }
+        if let rate, !(rate > 0 && rate <= 10_000_000) { throw ValidationError("--rate must be above 0 requests a second") }
+        guard window >= 1 else { throw ValidationError("--window must be at least 1") }
+        if let timeoutMs, timeoutMs < 1 { throw ValidationError("--timeout-ms must be at least 1") }
+        guard examples >= 0 else { throw ValidationError("--examples cannot be negative") }
+    }
+
+    func run() async throws {
+        let reader = try openCapture(file)
+        let total = reader.files.reduce(0) { $0 + ((try? FileManager.default.attributesOfItem(atPath: $1)[.size] as? Int) ?? 0) }
+        if dryRun {
+            // The stack is asked what it offers when it is reachable; the checks run without it too.
+            let offered = await offeredOperations()
+            let check = try ReplayCheck.make(reader, offered: offered)
+            try print(json ? Self.json(check) : Self.render(check, offered: offered != nil))
+            if !check.problems.isEmpty { throw ExitCode(1) }
+            return
+        }
+        var options = ReplayOptions()
+        options.pacing = fast ? .fast : rate.map { .rate($0) } ?? .recorded(speed: speed ?? 1)
+        options.ignore = ignore
+        options.window = window
+        options.examples = examples
+        options.timeout = timeoutMs.map { .milliseconds($0) }
+        let progress = ProgressBox()
+        var report = ReplayReport()
+        try await withBus(common) { bus in
+            report = try await Replayer(client: bus, options: options).run(reader) { state in
+                progress.update("replaying \(ProgressLine.bar(state.bytesRead, of: total)) \(state.completed) answered of \(state.sent) sent")
+            }
+        }
+        progress.finish()
+        try print(json ? Self.json(report) : Self.render(report))
+        if !report.isClean { throw ExitCode(1) }
+    }
+
+    /// `service.operation` of every operation the stack offers, or nil when it cannot be asked.
+    private func offeredOperations() async -> Set<String>? {
+        guard let bus = try? BusClient(configuration: try common.clientConfiguration(), context: ZMQContext(),
+                                       logger: LogSetup.logger(label: "canopy", level: .critical)) else { return nil }
+        defer { bus.close() }
+        guard let services = try? await bus.call(Broker.Services.self, .init(), timeout: .seconds(3)) else { return nil }
+        return Set(services.flatMap { service in service.operations.map { "\(service.name).\($0.name)" } })
+    }
+
+    static func json(_ value: some Encodable) throws -> String {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]
+        return String(decoding: try encoder.encode(value), as: UTF8.self)
+    }
+
+    static func render(_ check: ReplayCheck, offered: Bool) -> String {
+        var lines = ["would send \(check.requests) request(s) from \(check.clients) client(s), captured over \(String(format: "%.3f", check.spanSeconds)) s; \(check.answers) captured answer(s) to compare with"]
+        var table = Table("OPERATION", "REQUESTS")
+        for (name, count) in check.operations.sorted(by: { $0.key < $1.key }) { table.append([name, "\(count)"]) }
+        if !check.operations.isEmpty { lines += ["", table.render(), ""] }
+        if !offered { lines.append("(the stack was not reachable: operations were not checked against it)") }
+        let problems = check.problems
+        lines.append(problems.isEmpty ? "checks: all passed" : "checks:\n" + problems.map { "  - \($0)" }.joined(separator: "\n"))
+        return lines.joined(separator: "\n")
+    }
+
+    static func render(_ report: ReplayReport) -> String {
+        var summary = Table("REQUESTS", "MATCHED", "DIFFERED", "FAILED", "SKIPPED", "UNANSWERED", "IDS REBOUND", "REQUESTS/S")
+        summary.append(["\(report.requests)", "\(report.matched)", "\(report.differed)", "\(report.failed)", "\(report.skipped)", "\(report.unanswered)",
+                        "\(report.rebound)", String(format: "%.0f", report.requestsPerSecond)])
+        var latency = Table("LATENCY", "P50 µs", "P99 µs")
+        latency.append(["captured (at the broker)", "\(report.capturedP50Micros)", "\(report.capturedP99Micros)"])
+        latency.append(["replayed (at this client)", "\(report.replayedP50Micros)", "\(report.replayedP99Micros)"])
+        var lines = [summary.render(), "", latency.render()]
+        if report.ending != "complete" { lines += ["", "the capture is \(report.ending)"] }
+        for example in report.examples {
+            lines.append("")
+            let when = Date(timeIntervalSince1970: Double(example.time) / 1e9).formatted(.iso8601)
+            lines.append("\(example.service).\(example.operation) from \(example.client) for \(example.principal.isEmpty ? "nobody" : example.principal), captured \(when):")
+            if let failure = example.failure { lines.append("  failed: \(failure)") }
+            for difference in example.differences { lines.append("  \(difference.path): \(difference.captured) -> \(difference.replayed)") }
+        }
+        let shown = report.examples.count, total = report.differed + report.failed
+        if total > shown { lines += ["", "(\(total - shown) more not shown; --examples N shows more, --json gives them all as data)"] }
+        lines.append("")
+        lines.append(report.isClean ? "every answer matched" : "\(report.differed) answer(s) differed and \(report.failed) request(s) failed")
+        return lines.joined(separator: "\n")
+    }
+}
+
+/// The progress line, updated from the replay's tasks.
+final class ProgressBox: @unchecked Sendable {
+    private let lock = NSLock()
+    private var line = ProgressLine()
+
+    func update(_ text: @autoclosure () -> String) {
+        lock.lock()
+        defer { lock.unlock() }
+        line.update(text())
+    }
+
+    func finish() {
+        lock.lock()
+        defer { lock.unlock() }
+        line.finish()
+    }
+}
