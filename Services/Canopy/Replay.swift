@@ -91,7 +91,7 @@ struct Replay: AsyncParsableCommand {
     }
 
     static func render(_ check: ReplayCheck, offered: Bool) -> String {
-        var lines = ["would send \(check.requests) request(s) from \(check.clients) client(s), captured over \(String(format: "%.3f", check.spanSeconds)) s; \(check.answers) captured answer(s) to compare with"]
+        var lines = ["would send \(check.requests) request(s) from \(check.clients) client(s), captured over \(String(format: "%.3f", check.spanSeconds)) s; \(check.answers) captured answer(s) to compare with; \(check.derived) request(s) the services made themselves are left to them"]
         var table = Table("OPERATION", "REQUESTS")
         for (name, count) in check.operations.sorted(by: { $0.key < $1.key }) { table.append([name, "\(count)"]) }
         if !check.operations.isEmpty { lines += ["", table.render(), ""] }

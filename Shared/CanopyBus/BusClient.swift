@@ -47,6 +47,10 @@ public final class BusClient: Sendable {
         public var defaultTimeout: Duration = .seconds(30)
         /// CurveZMQ settings when the broker runs with CURVE; `nil` connects without.
         public var curve: CurveClientSettings?
+        /// Whether this client belongs to a service: its requests are caused by other requests
+        /// or by the service's own schedule, and say so (``RequestHeader/Flag/derived``), so a
+        /// replay leaves them to the services instead of sending them twice.
+        public var derived = false
 
         /// - Parameter endpoint: the broker's endpoint, for example `tcp://127.0.0.1:5555`.
         public init(endpoint: String) {
@@ -124,7 +128,7 @@ public final class BusClient: Sendable {
         let timeout = timeout ?? configuration.defaultTimeout
         let header = RequestHeader(
             timeoutMilliseconds: UInt32(clamping: max(1, timeout.wholeMilliseconds)),
-            flags: idempotent ? RequestHeader.Flag.idempotent : 0,
+            flags: (idempotent ? RequestHeader.Flag.idempotent : 0) | (configuration.derived ? RequestHeader.Flag.derived : 0),
             principal: principal ?? "")
         let frames = WireMessage.request(WireRequest(correlation: Wire.frame(id), service: service, operation: operation, header: header,
                                                      body: body, attachments: attachments)).encoded

@@ -1,4 +1,5 @@
 import CanopyCapture
+import CanopyWire
 import Foundation
 
 /// What a replay would send, and what in the capture would stop it replaying cleanly
@@ -19,6 +20,8 @@ public struct ReplayCheck: Codable, Sendable, Equatable {
     public var outOfOrder = 0
     /// Requests whose attachments the capture left out: they cannot be sent.
     public var attachmentsOmitted = 0
+    /// Requests services made themselves: left to the services, not sent.
+    public var derived = 0
     /// `service.operation` pairs the stack does not offer (when the stack was asked).
     public var unknownOperations: [String] = []
     /// How reading the capture ended.
@@ -51,6 +54,9 @@ public struct ReplayCheck: Codable, Sendable, Equatable {
                 previous = max(previous, record.time)
                 let key = Key(client: record.client, correlation: record.correlation)
                 switch record.kind {
+                case .request where record.header.flags & RequestHeader.Flag.derived != 0:
+                    check.derived += 1
+                    pending[key, default: 0] += 1
                 case .request:
                     check.requests += 1
                     first = first ?? record.time

@@ -57,6 +57,9 @@ public struct ReplayReport: Codable, Sendable, Equatable {
     public var unanswered = 0
     /// Captured answers whose request began before the capture.
     public var answersWithoutRequest = 0
+    /// Requests services made themselves (``RequestHeader/Flag/derived``): not sent, since the
+    /// replayed requests make the services make them again.
+    public var derived = 0
     /// Ids learned from answers and put into later requests.
     public var rebound = 0
     public var seconds = 0.0
@@ -139,13 +142,19 @@ public final class Replayer: Sendable {
         var awaiting: [Key: [Job]] = [:]
         var answered: [String: [OneShot<Void>]] = [:]
         var lanes: [String: AsyncStream<Job>.Continuation] = [:]
-        var answersWithoutRequest = 0
+        var answersWithoutRequest = 0, derived = 0
+        var derivedInTheAir: [Key: Int] = [:]
 
         await withTaskGroup(of: Void.self) { group in
             do {
                 while let record = try reader.next() {
                     let key = Key(client: record.client, correlation: record.correlation)
                     switch record.kind {
+                    case .request where record.header.flags & RequestHeader.Flag.derived != 0:
+                        derived += 1
+                        derivedInTheAir[key, default: 0] += 1
+                    case .reply where derivedInTheAir[key] != nil:
+                        derivedInTheAir[key] = derivedInTheAir[key]! > 1 ? derivedInTheAir[key]! - 1 : nil
                     case .request:
                         await window.acquire()
                         let time = record.time
@@ -190,6 +199,7 @@ public final class Replayer: Sendable {
         return state.withLock { state in
             var report = state.report
             report.answersWithoutRequest = answersWithoutRequest
+            report.derived = derived
             report.rebound = state.rebindings.count
             let elapsed = ContinuousClock.now - started
             report.seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18

@@ -78,7 +78,9 @@ public struct Rebindings: Sendable {
         case (let captured as [Any], let replayed as [Any]):
             for (value, other) in zip(captured, replayed) { walk(value, other, key: key) }
         case (let captured as String, let replayed as String):
-            if let key, Self.isIdentifierKey(key), captured != replayed, !captured.isEmpty, table.count < Self.limit {
+            // The first answer that shows an id rebinds it: a later list in another order
+            // must not move it to another thing.
+            if let key, Self.isIdentifierKey(key), captured != replayed, !captured.isEmpty, table[captured] == nil, table.count < Self.limit {
                 table[captured] = replayed
             }
         default:

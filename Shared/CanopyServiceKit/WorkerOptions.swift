@@ -22,8 +22,15 @@ public struct WorkerOptions: ParsableArguments {
     @Option(help: ArgumentHelp("How long shutdown waits for running handlers, in milliseconds. Env: CANOPY_DRAIN_TIMEOUT_MS.", valueName: "ms"))
     public var drainTimeoutMs: Int = Environment.milliseconds("CANOPY_DRAIN_TIMEOUT_MS", default: Self.defaults.drainTimeout)
 
+    /// The time the service goes by.
+    @Option(help: ArgumentHelp("The time this service goes by: system, fixed:2026-11-24T09:00:00Z (stopped there, for tests and exact replays) or from:2026-11-24T09:00:00Z (starting there, running). Env: CANOPY_CLOCK.", valueName: "clock"))
+    public var clock: String = Environment.string("CANOPY_CLOCK") ?? "system"
+
     /// Parsed by argument parser.
     public init() {}
+
+    /// The clock `--clock` names (checked by ``validate()``).
+    public var serviceClock: ServiceClock { ServiceClock(parsing: clock) ?? .system }
 
     public func validate() throws {
         try Environment.validate()
@@ -31,6 +38,9 @@ public struct WorkerOptions: ParsableArguments {
         guard heartbeatMs >= 10 else { throw ValidationError("--heartbeat-ms must be at least 10; use the broker's value (1000 by default)") }
         guard liveness >= 1 else { throw ValidationError("--liveness must be at least 1 missed heartbeat; 3 is the usual value") }
         guard drainTimeoutMs >= 0 else { throw ValidationError("--drain-timeout-ms cannot be negative") }
+        guard ServiceClock(parsing: clock) != nil else {
+            throw ValidationError("--clock '\(clock.prefix(60))' is not a clock; give system, fixed:2026-11-24T09:00:00Z or from:2026-11-24T09:00:00Z")
+        }
     }
 
     /// The runner configuration these options describe, for the broker `common` names.

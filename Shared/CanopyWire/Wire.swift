@@ -127,6 +127,9 @@ public struct RequestHeader: Sendable, Equatable {
         /// The caller knows the operation is idempotent (the broker trusts the worker's
         /// declaration, not this bit).
         public static let idempotent: UInt8 = 0x01
+        /// A service made the request (caused by another request or its own schedule), not a
+        /// person through the edge; replay leaves such requests to the services.
+        public static let derived: UInt8 = 0x02
     }
 
     /// Milliseconds the caller will wait; 0 means the broker's default.

@@ -48,9 +48,10 @@ struct ServeCare: AsyncParsableCommand {
 
     func run() async throws {
         let logger = LogSetup.logger(label: "canopy-care", level: common.logLevel)
-        let settings = CareServiceSettings(directory: URL(fileURLWithPath: dataDir).appendingPathComponent("care", isDirectory: true),
+        var settings = CareServiceSettings(directory: URL(fileURLWithPath: dataDir).appendingPathComponent("care", isDirectory: true),
                                            runner: try worker.runnerConfiguration(common),
                                            metrics: try operating.listener(default: OperatingOptions.Defaults.care))
+        settings.clock = worker.serviceClock
         let services = try buildCareService(settings: settings, context: ZMQContext(), logger: logger)
         try await runUntilShutdown(services, logger: logger)
     }

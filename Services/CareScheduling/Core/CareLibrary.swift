@@ -1,11 +1,14 @@
 import CanopyBus
 import CanopyMessages
 import Collections
+import CanopyServiceKit
 import Foundation
 import GRDB
 
 /// canopy-care's operations, each scoped to its owner. Thread-safe.
 final class CareLibrary: Sendable {
+    /// The time it goes by (`--clock`).
+    let clock: ServiceClock
     let store: CareStore
     /// Tasks handed to canopy-remind per person (the pending local notifications an iPhone keeps).
     let reminderWindow: Int
@@ -13,7 +16,8 @@ final class CareLibrary: Sendable {
     let maximumPlants: Int
     private let codec = MessageCodec()
 
-    init(store: CareStore, reminderWindow: Int = 64, maximumPlants: Int = Care.Limits.plantsPerPerson) {
+    init(store: CareStore, reminderWindow: Int = 64, maximumPlants: Int = Care.Limits.plantsPerPerson, clock: ServiceClock = .system) {
+        self.clock = clock
         self.store = store
         self.reminderWindow = reminderWindow
         self.maximumPlants = maximumPlants
@@ -28,7 +32,8 @@ final class CareLibrary: Sendable {
     /// Adds a plant. With an id chosen by the caller (canopy-identify files photos under the
     /// plant id before the plant exists), adding again answers the plant already added, so a
     /// retried call makes no second plant; an id someone else's plant has is refused.
-    func add(_ plant: Care.Plant, owner: String, now: Date = Date()) throws -> Care.Plant {
+    func add(_ plant: Care.Plant, owner: String, now: Date? = nil) throws -> Care.Plant {
+        let now = now ?? clock.now()
         try plant.validate()
         var plant = plant
         let chosenID = !plant.id.isEmpty
@@ -65,7 +70,8 @@ final class CareLibrary: Sendable {
         return plant
     }
 
-    func update(_ plant: Care.Plant, owner: String, now: Date = Date()) throws -> Care.Plant {
+    func update(_ plant: Care.Plant, owner: String, now: Date? = nil) throws -> Care.Plant {
+        let now = now ?? clock.now()
         try plant.validate()
         return try store.database.write { db in
             guard let existing = try store.plant(db, owner: owner, id: plant.id) else { throw notFound(plant.id) }
@@ -86,7 +92,8 @@ final class CareLibrary: Sendable {
     /// Deletes the plant with its tasks and log (cascade), and records in the same
     /// transaction the follow-ups: cancel its reminders, purge its images, forget its
     /// identifications.
-    func delete(_ id: String, owner: String, now: Date = Date()) throws {
+    func delete(_ id: String, owner: String, now: Date? = nil) throws {
+        let now = now ?? clock.now()
         try store.database.write { db in
             guard try store.plant(db, owner: owner, id: id) != nil else { return } // deleting twice is fine
             try db.execute(sql: "DELETE FROM plants WHERE owner = ? AND id = ?", arguments: [owner, id])
@@ -119,8 +126,9 @@ final class CareLibrary: Sendable {
         return reply
     }
 
-    func statistics(owner: String, now: Date = Date()) throws -> Care.Statistics.Reply {
-        try store.database.read { db in
+    func statistics(owner: String, now: Date? = nil) throws -> Care.Statistics.Reply {
+        let now = now ?? clock.now()
+        return try store.database.read { db in
             let scheduler = try Scheduler(preferences: try store.preferences(db, owner: owner))
             let monthStart = scheduler.calendar.date(from: scheduler.calendar.dateComponents([.year, .month], from: now))!
             func count(_ sql: String, _ arguments: StatementArguments) throws -> Int { try Int.fetchOne(db, sql: sql, arguments: arguments) ?? 0 }
@@ -141,7 +149,8 @@ final class CareLibrary: Sendable {
 
     // MARK: - Preferences and tasks
 
-    func setPreferences(_ preferences: Care.Preferences, owner: String, now: Date = Date()) throws -> Care.Preferences {
+    func setPreferences(_ preferences: Care.Preferences, owner: String, now: Date? = nil) throws -> Care.Preferences {
+        let now = now ?? clock.now()
         let scheduler = try Scheduler(preferences: preferences) // validates them
         try store.database.write { db in
             try store.savePreferences(db, preferences, owner: owner)
@@ -153,7 +162,8 @@ final class CareLibrary: Sendable {
         return preferences
     }
 
-    func upcoming(days: Int, limit: Int?, owner: String, now: Date = Date()) throws -> Care.UpcomingTasks.Reply {
+    func upcoming(days: Int, limit: Int?, owner: String, now: Date? = nil) throws -> Care.UpcomingTasks.Reply {
+        let now = now ?? clock.now()
         try Care.UpcomingTasks.Request(days: days, limit: limit).validate()
         let horizon = now.addingTimeInterval(Double(days) * 86_400).timeIntervalSince1970
         let rows = try store.database.read { db in
@@ -161,7 +171,6 @@ final class CareLibrary: Sendable {
                              arguments: [owner, horizon, limit ?? 1_000])
         }
         let tasks = rows.map(CareStore.task)
-        let now = now
         return Care.UpcomingTasks.Reply(overdue: tasks.filter { ($0.snoozedUntil ?? $0.due) < now }, upcoming: tasks.filter { ($0.snoozedUntil ?? $0.due) >= now })
     }
 
@@ -203,8 +212,9 @@ final class CareLibrary: Sendable {
     }
 
     /// Logs the care and re-anchors the rule at `at`.
-    func complete(_ id: String, at: Date?, owner: String, now: Date = Date()) throws -> Care.Task {
-        try withTask(id, owner: owner) { db, plant, row, scheduler in
+    func complete(_ id: String, at: Date?, owner: String, now: Date? = nil) throws -> Care.Task {
+        let now = now ?? clock.now()
+        return try withTask(id, owner: owner) { db, plant, row, scheduler in
             let done = at ?? now
             let kind = Care.TaskKind(rawValue: row["kind"]) ?? .custom
             try db.execute(sql: "INSERT INTO careLog (owner, plantID, kind, at) VALUES (?, ?, ?, ?)",
@@ -216,8 +226,9 @@ final class CareLibrary: Sendable {
     }
 
     /// Shows the task at `until` without changing its rule.
-    func snooze(_ id: String, until: Date, owner: String, now: Date = Date()) throws -> Care.Task {
-        try withTask(id, owner: owner) { db, _, _, _ in
+    func snooze(_ id: String, until: Date, owner: String, now: Date? = nil) throws -> Care.Task {
+        let now = now ?? clock.now()
+        return try withTask(id, owner: owner) { db, _, _, _ in
             try db.execute(sql: "UPDATE tasks SET snoozedUntil = ?, showAt = ? WHERE id = ?", arguments: [until.timeIntervalSince1970, until.timeIntervalSince1970, id])
             try store.enqueueReminderSync(db, owner: owner, now: now)
             return try reread(db, id)
@@ -225,8 +236,9 @@ final class CareLibrary: Sendable {
     }
 
     /// Moves to the next occurrence as if done when due, without logging care.
-    func skip(_ id: String, owner: String, now: Date = Date()) throws -> Care.Task {
-        try withTask(id, owner: owner) { db, plant, row, scheduler in
+    func skip(_ id: String, owner: String, now: Date? = nil) throws -> Care.Task {
+        let now = now ?? clock.now()
+        return try withTask(id, owner: owner) { db, plant, row, scheduler in
             try store.reschedule(db, row: row, plant: plant, anchor: Date(timeIntervalSince1970: row["due"]), scheduler: scheduler)
             try store.enqueueReminderSync(db, owner: owner, now: now)
             return try reread(db, id)
@@ -234,7 +246,8 @@ final class CareLibrary: Sendable {
     }
 
     /// Adds a task of the person's own to a plant.
-    func addCustomTask(_ request: Care.AddCustomTask.Request, owner: String, now: Date = Date()) throws -> Care.Task {
+    func addCustomTask(_ request: Care.AddCustomTask.Request, owner: String, now: Date? = nil) throws -> Care.Task {
+        let now = now ?? clock.now()
         try request.validate()
         let title = request.title.trimmingCharacters(in: .whitespaces)
         return try store.database.write { db in
@@ -267,7 +280,8 @@ final class CareLibrary: Sendable {
     /// snooze), then the occurrences after it as if each were done when due. So a person who
     /// ignores every reminder still has a window reaching ahead. A task may come several times,
     /// once per occurrence (`due`).
-    func reminderWindow(owner: String, count: Int? = nil, now: Date = Date()) throws -> [Care.Task] {
+    func reminderWindow(owner: String, count: Int? = nil, now: Date? = nil) throws -> [Care.Task] {
+        let now = now ?? clock.now()
         let count = min(count ?? reminderWindow, reminderWindow)
         return try store.database.read { db in
             let rows = try Row.fetchAll(db, sql: "SELECT * FROM tasks WHERE owner = ? ORDER BY showAt, id LIMIT ?", arguments: [owner, count])

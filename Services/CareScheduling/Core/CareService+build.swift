@@ -15,6 +15,8 @@ public struct CareServiceSettings: Sendable {
     public var metrics: ListenAddress?
     /// How often the outbox looks for follow-ups to deliver.
     public var outboxInterval: Duration = .seconds(1)
+    /// The time the service goes by (`--clock`).
+    public var clock: ServiceClock = .system
 
     /// - Parameters:
     ///   - directory: the store's directory.
@@ -31,10 +33,11 @@ public struct CareServiceSettings: Sendable {
 /// client, the outbox, and the `/metrics` and `/health` listener when `settings` name one.
 public func buildCareService(settings: CareServiceSettings, context: ZMQContext, logger: Logger) throws -> [any Service] {
     try FileManager.default.createDirectory(at: settings.directory, withIntermediateDirectories: true)
-    let library = CareLibrary(store: try CareStore(path: settings.directory.appendingPathComponent("care.sqlite").path))
+    let library = CareLibrary(store: try CareStore(path: settings.directory.appendingPathComponent("care.sqlite").path), clock: settings.clock)
     let worker = ServiceRunner(service: CareService(library: library), configuration: settings.runner, context: context, logger: logger)
     var client = BusClient.Configuration(endpoint: settings.runner.endpoint)
     client.curve = settings.runner.curve // the outbox calls other services with the worker's key
+    client.derived = true
     let bus = try BusClient(configuration: client, context: context, logger: logger)
     // The client is a service of its own, listed before the outbox: closed after it stops.
     let outbox = Outbox(library: library, bus: bus, interval: settings.outboxInterval, logger: logger)

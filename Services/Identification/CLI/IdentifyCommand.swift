@@ -97,6 +97,7 @@ struct ServeIdentify: AsyncParsableCommand {
             settings.plantNet = plantNet
         }
         do {
+            settings.clock = worker.serviceClock
             let services = try buildIdentificationService(settings: settings, context: ZMQContext(), logger: logger)
             try await runUntilShutdown(services, logger: logger)
         } catch let error as CanopyError {

@@ -10,13 +10,17 @@ import Foundation
 /// It asks canopy-images to store and check photos (`images.put`) and for their smaller
 /// sizes (`images.variant`), and canopy-care to add accepted plants (`plants.add`).
 final class IdentificationLibrary: Sendable {
+    /// The time it goes by (`--clock`).
+    let clock: ServiceClock
     let store: IdentificationStore
     let provider: any IdentificationProvider
     /// The other services, over the bus.
     let bus: any IdentificationPeers
     let metrics: IdentificationMetrics
 
-    init(store: IdentificationStore, provider: any IdentificationProvider, bus: any IdentificationPeers, metrics: IdentificationMetrics = IdentificationMetrics()) {
+    init(store: IdentificationStore, provider: any IdentificationProvider, bus: any IdentificationPeers, metrics: IdentificationMetrics = IdentificationMetrics(),
+         clock: ServiceClock = .system) {
+        self.clock = clock
         self.store = store
         self.provider = provider
         self.bus = bus
@@ -28,7 +32,8 @@ final class IdentificationLibrary: Sendable {
     /// Identifies 1 to 5 photos of one plant: stores the new ones through canopy-images,
     /// computes (or finds) each photo's features, asks the provider, records the answer. The
     /// same photos and organs again answer the recorded identification at once.
-    func submit(_ request: Identification.Submit.Request, owner: String, now: Date = Date()) async throws -> Identification.Record {
+    func submit(_ request: Identification.Submit.Request, owner: String, now: Date? = nil) async throws -> Identification.Record {
+        let now = now ?? clock.now()
         // The photos' ids: a stored photo's id, or the SHA-256 of the bytes (canopy-images'
         // id for them, so a submission is recognised before anything is stored).
         var attachments = request.data.makeIterator()
@@ -116,7 +121,8 @@ final class IdentificationLibrary: Sendable {
     /// ``Identification/Record/plantID``, so accepting again (or a retry after a lost reply)
     /// answers the same plant. A candidate that is one of the person's plants adds nothing:
     /// it answers that plant, and files the photos under it.
-    func accept(_ request: Identification.Accept.Request, owner: String, now: Date = Date()) async throws -> Identification.Accept.Reply {
+    func accept(_ request: Identification.Accept.Request, owner: String, now: Date? = nil) async throws -> Identification.Accept.Reply {
+        let now = now ?? clock.now()
         guard var record = try await store.database.read({ [store] db in try store.identification(db, owner: owner, id: request.id) }) else {
             throw CanopyError(.notFound, "no identification \(request.id) among yours; identifications.history lists them")
         }

@@ -48,6 +48,8 @@ public struct IdentificationServiceSettings: Sendable {
     public var plantNet: PlantNetSettings?
     /// With `hybrid`: a best reference score at or above this skips Pl@ntNet.
     public var hybridThreshold = 0.8
+    /// The time the service goes by (`--clock`).
+    public var clock: ServiceClock = .system
 
     /// - Parameters:
     ///   - directory: the store's directory.
@@ -85,8 +87,9 @@ public func buildIdentificationService(settings: IdentificationServiceSettings, 
     }
     var client = BusClient.Configuration(endpoint: settings.runner.endpoint)
     client.curve = settings.runner.curve // calls other services with the worker's key
+    client.derived = true
     let bus = try BusClient(configuration: client, context: context, logger: logger)
-    let library = IdentificationLibrary(store: store, provider: provider, bus: BusPeers(client: bus), metrics: metrics)
+    let library = IdentificationLibrary(store: store, provider: provider, bus: BusPeers(client: bus), metrics: metrics, clock: settings.clock)
     let worker = ServiceRunner(service: IdentificationService(library: library, plantNet: plantNet), configuration: settings.runner, context: context, logger: logger)
     // The client first: started before the worker takes requests, closed after it stops.
     return OperatingEndpoint.serving([bus, worker], at: settings.metrics, logger: logger)

@@ -67,6 +67,7 @@ struct ServeImages: AsyncParsableCommand {
         settings.fetchesPerHost = fetchesPerHost
         settings.fullSizeConcurrency = fullSizeConcurrency
         settings.fetchAllowedHosts = Set(fetchAllow.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces).lowercased() }.filter { !$0.isEmpty })
+        settings.clock = worker.serviceClock
         let services = try buildImageService(settings: settings, context: ZMQContext(), logger: logger)
         try await runUntilShutdown(services, logger: logger)
     }

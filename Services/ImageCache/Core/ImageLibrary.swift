@@ -9,6 +9,8 @@ import Synchronization
 /// asking. Every method takes the owner; nothing is read, listed, warmed or purged for
 /// someone who does not hold the photo. Thread-safe.
 final class ImageLibrary: Sendable {
+    /// The time it goes by (`--clock`).
+    let clock: ServiceClock
     /// Settings.
     struct Configuration: Sendable {
         var limits = ImageProcessor.Limits()
@@ -37,7 +39,8 @@ final class ImageLibrary: Sendable {
     let metrics = ImageMetrics()
 
     /// Opens the store and the disk tier under `directory`.
-    init(directory: URL, configuration: Configuration = Configuration()) throws {
+    init(directory: URL, configuration: Configuration = Configuration(), clock: ServiceClock = .system) throws {
+        self.clock = clock
         self.configuration = configuration
         fullSize = ConcurrencyLimiter(maximum: configuration.fullSizeConcurrency)
         processor = try ImageProcessor(limits: configuration.limits, metrics: metrics)
@@ -74,7 +77,8 @@ final class ImageLibrary: Sendable {
 
     /// Stores a photo for `owner`'s plant: checked, normalized (auto-rotated, sRGB, every
     /// piece of metadata stripped) and content-addressed, stored once however often it comes.
-    func put(_ bytes: [UInt8], owner: String, plantID: String, now: Date = Date()) async throws -> Images.Photo {
+    func put(_ bytes: [UInt8], owner: String, plantID: String, now: Date? = nil) async throws -> Images.Photo {
+        let now = now ?? clock.now()
         try Self.checkPlantID(plantID)
         let photos = try store.photos(owner: owner, plantID: plantID)
         guard photos.count < Self.maximumPhotosPerPlant || photos.contains(where: { $0.sha256 == Self.sha256(bytes) }) else {
@@ -231,7 +235,8 @@ final class ImageLibrary: Sendable {
     /// The palette: from memory, from the store (younger than 30 days), or computed now from
     /// the 400 px image. When the JPEG variants are not cached yet, the decode that computes
     /// the palette makes and caches them too (a collection screen wants both).
-    func palette(_ sha256: String, owner: String, now: Date = Date()) async throws -> Images.Palette.Reply {
+    func palette(_ sha256: String, owner: String, now: Date? = nil) async throws -> Images.Palette.Reply {
+        let now = now ?? clock.now()
         try requireOwnership(owner, sha256)
         if let swatches = await cache.palette(sha256) {
             return Images.Palette.Reply(sha256: sha256, swatches: swatches, cached: true)

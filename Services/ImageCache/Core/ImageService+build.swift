@@ -16,6 +16,8 @@ public struct ImageServiceSettings: Sendable {
     /// Where `/metrics` and `/health` listen; `nil` for nowhere.
     public var metrics: ListenAddress?
     public var maximumInputBytes = ImageServiceSettings.defaultMaximumInputBytes
+    /// The time the service goes by (`--clock`).
+    public var clock: ServiceClock = .system
     /// The largest input by default (25 MiB).
     public static let defaultMaximumInputBytes = ImageProcessor.Limits.defaultMaximumBytes
     public var maximumPixels = 40_000_000
@@ -64,7 +66,7 @@ public struct ImageServiceSettings: Sendable {
 /// Builds what `canopy-images serve` runs, in start order: the bus worker, the
 /// memory-pressure watch, and the `/metrics` and `/health` listener when `settings` name one.
 public func buildImageService(settings: ImageServiceSettings, context: ZMQContext, logger: Logger) throws -> [any Service] {
-    let library = try ImageLibrary(directory: settings.directory, configuration: settings.library)
+    let library = try ImageLibrary(directory: settings.directory, configuration: settings.library, clock: settings.clock)
     let worker = ServiceRunner(service: ImageService(library: library), configuration: settings.runner, context: context, logger: logger)
     let monitor = PressureMonitor(library: library, budget: settings.memoryBudget, interval: settings.pressureInterval, logger: logger)
     return OperatingEndpoint.serving([worker, monitor], at: settings.metrics, logger: logger)

@@ -74,6 +74,7 @@ struct ServeRemind: AsyncParsableCommand {
         settings.dispatch.staleness = .seconds(staleHours * 3_600)
         settings.allowedHosts = Set(allowHost.map { $0.lowercased() })
         settings.apns = try apns.settings(expiration: settings.dispatch.staleness)
+        settings.clock = worker.serviceClock
         let services = try buildReminderService(settings: settings, context: ZMQContext(), logger: logger)
         try await runUntilShutdown(services, logger: logger)
     }

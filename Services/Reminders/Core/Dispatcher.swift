@@ -1,4 +1,5 @@
 import CanopyMessages
+import CanopyServiceKit
 import Foundation
 import GRDB
 import DequeModule
@@ -16,12 +17,17 @@ public protocol ReminderClock: Sendable {
 
 /// The system's clock.
 public struct SystemReminderClock: ReminderClock {
-    public init() {}
+    /// The time it tells (`--clock`); sleeping always takes real time.
+    let clock: ServiceClock
 
-    public func now() -> Date { Date() }
+    public init(clock: ServiceClock = .system) {
+        self.clock = clock
+    }
+
+    public func now() -> Date { clock.now() }
 
     public func sleep(until deadline: Date) async throws {
-        let seconds = deadline.timeIntervalSinceNow
+        let seconds = deadline.timeIntervalSince(clock.now())
         guard seconds > 0 else { return }
         try await Task.sleep(for: .seconds(min(seconds, 3_600)))
     }

@@ -1,4 +1,5 @@
 import CanopyMessages
+import CanopyServiceKit
 import Foundation
 import GRDB
 import Synchronization
@@ -6,13 +7,17 @@ import Synchronization
 /// What canopy-remind does for requests, one method per operation. Every method takes the
 /// owner (the request's principal); nothing is read or changed for anyone else.
 final class ReminderLibrary: Sendable {
+    /// The time it goes by (`--clock`).
+    let clock: ServiceClock
     let store: ReminderStore
     /// Hosts webhooks and ntfy topics may name even on loopback or private addresses.
     let allowedHosts: Set<String>
     /// The channels this service delivers through; devices of others are refused.
     let channels: Set<Reminders.Channel>
 
-    init(store: ReminderStore, allowedHosts: Set<String> = [], channels: Set<Reminders.Channel> = Set(Reminders.Channel.allCases)) {
+    init(store: ReminderStore, allowedHosts: Set<String> = [], channels: Set<Reminders.Channel> = Set(Reminders.Channel.allCases),
+         clock: ServiceClock = .system) {
+        self.clock = clock
         self.store = store
         self.allowedHosts = allowedHosts
         self.channels = channels
@@ -33,8 +38,9 @@ final class ReminderLibrary: Sendable {
     /// slower, measured: docs/PERFORMANCE.md.)
     ///
     /// - Returns: the reminders now pending whose time is new or changed, for the dispatcher.
-    func sync(_ tasks: [Care.Task], owner: String, now: Date = Date()) async throws -> [(id: Int64, fireAt: Double)] {
-        try await store.database.write { db in
+    func sync(_ tasks: [Care.Task], owner: String, now: Date? = nil) async throws -> [(id: Int64, fireAt: Double)] {
+        let now = now ?? clock.now()
+        return try await store.database.write { db in
             let plan = try Self.plan(tasks, owner: owner, db: db)
             let updatedAt = now.timeIntervalSince1970
             var scheduled: [(Int64, Double)] = []
@@ -138,7 +144,8 @@ final class ReminderLibrary: Sendable {
 
     // MARK: - Devices
 
-    func register(_ request: Reminders.RegisterDevice.Request, owner: String, now: Date = Date()) throws -> Reminders.Device {
+    func register(_ request: Reminders.RegisterDevice.Request, owner: String, now: Date? = nil) throws -> Reminders.Device {
+        let now = now ?? clock.now()
         guard channels.contains(request.channel) else {
             throw CanopyError(.badRequest, "this Canopy does not deliver through \(request.channel.rawValue) (its operator has not configured it); register a \(channels.map(\.rawValue).sorted().joined(separator: ", ")) device instead")
         }

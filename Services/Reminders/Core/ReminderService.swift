@@ -70,6 +70,8 @@ public struct ReminderServiceSettings: Sendable {
     /// Apple's push service, when the operator gave its key; without it there is no `apns`
     /// channel and APNs devices are refused when they register.
     public var apns: APNsSettings?
+    /// The time the service goes by (`--clock`).
+    public var clock: ServiceClock = .system
 
     public init(directory: URL, runner: ServiceRunner.Configuration, metrics: ListenAddress? = nil) {
         self.directory = directory
@@ -95,12 +97,13 @@ public func buildReminderService(settings: ReminderServiceSettings, context: ZMQ
             LogChannel(logger: logger), WebhookChannel(client: .shared, policy: policy), NtfyChannel(client: .shared, policy: policy),
         ]
         if let apns { channels.append(apns) }
-        let library = ReminderLibrary(store: store, allowedHosts: settings.allowedHosts, channels: Set(channels.map(\.kind)))
+        let library = ReminderLibrary(store: store, allowedHosts: settings.allowedHosts, channels: Set(channels.map(\.kind)), clock: settings.clock)
         var client = BusClient.Configuration(endpoint: settings.runner.endpoint)
         client.curve = settings.runner.curve
+        client.derived = true
         let bus = try BusClient(configuration: client, context: context, logger: logger)
         let box = DispatcherBox()
-        let dispatcher = Dispatcher(store: store, channels: channels, clock: clock ?? SystemReminderClock(), settings: settings.dispatch,
+        let dispatcher = Dispatcher(store: store, channels: channels, clock: clock ?? SystemReminderClock(clock: settings.clock), settings: settings.dispatch,
                                     refill: { owner in
                                         // The person's window runs low: canopy-care's fresh one replaces it.
                                         do {
