@@ -404,7 +404,11 @@ let package = Package(
         ),
         .testTarget(
             name: "CanopyCaptureTests",
-            dependencies: ["CanopyCapture", "CanopyReplay", "CanopyBroker", "CanopyBus", "CanopyWire", "CanopyMessages", "CanopyTesting", "CanopyServiceKit"],
+            dependencies: [
+                "CanopyCapture", "CanopyReplay", "CanopyBroker", "CanopyBus", "CanopyWire", "CanopyMessages", "CanopyTesting", "CanopyServiceKit",
+                // Built for the tests that run them as processes.
+                "canopy", "canopy-broker",
+            ],
             path: "Tests/CanopyCaptureTests",
             swiftSettings: swiftSettings
         ),

@@ -12,7 +12,7 @@ struct Capture: AsyncParsableCommand {
         discussion: """
             A capture holds every request and answer that crossed the broker (docs/PROTOCOL.md,
             "Capture files"). Start one with the broker (canopy-broker serve --capture FILE) or
-            on a running broker that allows it (--capture-dir DIR):
+            on a running broker that allows it (--capture-dir DIR). Examples:
               canopy capture start monday --pseudonymize
               canopy capture status
               canopy capture stop

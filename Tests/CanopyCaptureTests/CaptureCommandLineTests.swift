@@ -1,0 +1,91 @@
+import CanopyBroker
+import CanopyCapture
+import CanopyMessages
+import CanopyTesting
+import CanopyWire
+import Foundation
+import Testing
+
+/// `canopy capture …` and `canopy replay` as an operator runs them: real processes.
+@Suite(.serialized)
+struct CaptureCommandLineTests {
+    @Test func inspectPrintsATableOrJSONAndSaysWhereACutFileStops() async throws {
+        let path = CaptureFormatTests.temporaryPath("capture")
+        let records = (1...3).flatMap { [CaptureFormatTests.request($0), CaptureFormatTests.reply($0, failed: $0 == 2)] }
+        try CaptureFormatTests.write(records, to: path)
+        let table = try await runExecutable("canopy", ["capture", "inspect", path])
+        #expect(table.status == 0, "\(table.errors)")
+        #expect(table.output.contains("6 records: 3 requests, 3 answers (1 errors)"))
+        #expect(table.output.contains("SERVICE  OPERATION   REQUESTS  ANSWERS  ERRORS"))
+        #expect(table.output.contains("notFound"))
+        let json = try await runExecutable("canopy", ["capture", "inspect", path, "--json"])
+        let summary = try JSONDecoder().decode(CaptureSummary.self, from: Data(json.output.utf8))
+        #expect(summary.requests == 3 && summary.errors == 1 && summary.complete)
+
+        let data = try Data(contentsOf: URL(fileURLWithPath: path))
+        try data.dropLast(5).write(to: URL(fileURLWithPath: path))
+        let cut = try await runExecutable("canopy", ["capture", "inspect", path])
+        #expect(cut.status == 2)
+        #expect(cut.output.contains("cut short: \(path) ends inside a record at byte"))
+        #expect(cut.output.contains("5 records"))
+        let missing = try await runExecutable("canopy", ["capture", "inspect", path + ".nope"])
+        #expect(missing.status != 0 && missing.errors.contains("cannot open"))
+    }
+
+    @Test func captureOnALiveBrokerThenFilterAndReplayIt() async throws {
+        let directory = (CaptureFormatTests.temporaryPath("x") as NSString).deletingLastPathComponent
+        var configuration = BrokerConfiguration.testing
+        configuration.captureDirectory = directory
+        try await withLiveBus(configuration: configuration) { bus in
+            bus.startWorker(name: "cli")
+            try await bus.waitForWorkers(1)
+            let started = try await runExecutable("canopy", ["capture", "start", "session", "--broker", bus.endpoint])
+            #expect(started.status == 0 && started.output.contains("capturing into \(directory)/session"), "\(started.errors)")
+            for text in ["fern", "ivy"] {
+                let sent = try await runExecutable("canopy", ["send", "test", "echo", "--json", #"{"text":"\#(text)","sleepMilliseconds":0}"#, "--principal", "p1",
+                                                              "--broker", bus.endpoint])
+                #expect(sent.status == 0)
+            }
+            _ = try await runExecutable("canopy", ["send", "test", "lookup", "--json", #"{"text":"x","sleepMilliseconds":0}"#, "--broker", bus.endpoint])
+            let stopped = try await runExecutable("canopy", ["capture", "stop", "--broker", bus.endpoint])
+            #expect(stopped.status == 0)
+            #expect(stopped.output.contains("CAPTURING  FILE"))
+            let row = stopped.output.split(separator: "\n").first { $0.contains("\(directory)/session") }?.split(separator: " ").map(String.init)
+            #expect(row.map { [$0[0], $0[2], $0[4], $0[5], $0[6]] } == ["no", "6", "0", "0", "1"], "\(stopped.output)")
+            let again = try await runExecutable("canopy", ["capture", "stop", "--broker", bus.endpoint])
+            #expect(again.status == 1 && again.errors.contains("no capture is running"))
+
+            let filtered = try await runExecutable("canopy", ["capture", "filter", "\(directory)/session", "--output", "\(directory)/echoes", "--operation", "echo"])
+            #expect(filtered.status == 0 && filtered.output.contains("wrote 4 of 6 records"), "\(filtered.output) \(filtered.errors)")
+
+            let dry = try await runExecutable("canopy", ["replay", "\(directory)/echoes", "--dry-run", "--broker", bus.endpoint])
+            #expect(dry.status == 0, "\(dry.output)")
+            #expect(dry.output.contains("would send 2 request(s)") && dry.output.contains("checks: all passed"))
+            let replayed = try await runExecutable("canopy", ["replay", "\(directory)/session", "--fast", "--broker", bus.endpoint])
+            #expect(replayed.status == 0, "\(replayed.output) \(replayed.errors)")
+            #expect(replayed.output.contains("every answer matched"))
+
+            // A captured answer the worker no longer gives: shown as a JSON path, exit status 1.
+            let changed = "\(directory)/changed"
+            let header = RequestHeader(timeoutMilliseconds: 5_000, flags: 1, principal: "p1")
+            let request = CaptureRecord(kind: .request, time: 1, client: "c-1", service: "test", operation: "echo", correlation: [1], header: header,
+                                        body: Array(#"{"sleepMilliseconds":0,"text":"fern"}"#.utf8))
+            var reply = request
+            reply.kind = .reply
+            reply.body = Array(#"{"pid":\#(getpid()),"principal":"p1","text":"palm","worker":"cli"}"#.utf8)
+            try CaptureFormatTests.write([request, reply], to: changed)
+            let differed = try await runExecutable("canopy", ["replay", changed, "--fast", "--broker", bus.endpoint])
+            #expect(differed.status == 1)
+            #expect(differed.output.contains(#"$.text: "palm" -> "fern""#), "\(differed.output)")
+            #expect(differed.output.contains("1 answer(s) differed"))
+        }
+    }
+
+    @Test func theCaptureAndReplayCommandsShowExamples() async throws {
+        #expect(try await helpProblems("canopy", subcommands: [["capture"], ["capture", "start"], ["capture", "stop"], ["capture", "status"],
+                                                               ["capture", "inspect"], ["capture", "filter"], ["replay"]]) == [])
+        #expect(try await helpProblems("canopy-broker", subcommands: [["serve"]]) == [])
+        let refused = try await runExecutable("canopy-broker", ["serve", "--capture-dir", "/no/such/dir"])
+        #expect(refused.status != 0 && refused.errors.contains("mkdir -p /no/such/dir"))
+    }
+}
