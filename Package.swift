@@ -321,7 +321,7 @@ let package = Package(
             name: "canopy-bench",
             dependencies: [
                 "CanopyBus", "CanopyBroker", "CZeroMQ", "CanopyMessages", "ImageCache", "CareScheduling", "Identification", "Reminders", "CanopyImaging", "CVips",
-                "CanopyServiceKit", "CanopyWire", "RequestBatching",
+                "CanopyServiceKit", "CanopyWire", "RequestBatching", "CanopyCapture", "CanopyReplay",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "Hummingbird", package: "hummingbird"),

@@ -22,9 +22,10 @@ struct BenchmarkCommand: AsyncParsableCommand {
               swift run -c release canopy-bench identify
               swift run -c release canopy-bench edge
               swift run -c release canopy-bench remind
+              swift run -c release canopy-bench capture
             """,
         subcommands: [Bus.self, Coalescing.self, ImagesBenchmark.self, CareBenchmark.self, MetricsCost.self, TransferBenchmark.self, CoalescingCost.self,
-                      IdentifyBenchmark.self, RemindBenchmark.self, EdgeBenchmark.self],
+                      IdentifyBenchmark.self, RemindBenchmark.self, EdgeBenchmark.self, CaptureBenchmark.self, InspectChild.self],
         defaultSubcommand: Bus.self)
 }
 
@@ -181,6 +182,20 @@ struct Rig {
         let echo = EchoWorkers(endpoint: broker.endpoint, count: workers, kind: .canopy, capacity: capacity, serviceTime: serviceTime)
         try await Task.sleep(for: .milliseconds(200)) // workers register
         let result = await Task.detached { Result { try body(broker.endpoint, echo) } }.value
+        echo.stop()
+        broker.stop()
+        try await task.value
+        return try result.get()
+    }
+
+    /// Runs an async `body` against a broker with echo workers behind it.
+    func brokerAsync<T: Sendable>(configuration: BrokerConfiguration = .init(), logger: Logger, _ body: @escaping @Sendable (String) async throws -> T) async throws -> T {
+        let broker = try BrokerServer(endpoint: "tcp://127.0.0.1:*", configuration: configuration, context: ZMQContext(), logger: logger)
+        let task = Task { try await broker.run() }
+        let echo = EchoWorkers(endpoint: broker.endpoint, count: workers, kind: .canopy, capacity: capacity, serviceTime: serviceTime)
+        try await Task.sleep(for: .milliseconds(200)) // workers register
+        let result: Result<T, any Error>
+        do { result = .success(try await body(broker.endpoint)) } catch { result = .failure(error) }
         echo.stop()
         broker.stop()
         try await task.value

@@ -29,6 +29,7 @@ struct Replay: AsyncParsableCommand {
     @Option(help: ArgumentHelp("A path left out of the comparison: createdAt, plant.createdAt, $.plants[*].addedAt (repeat for more).", valueName: "path"))
     var ignore: [String] = []
     @Option(help: "Requests read ahead of their answers at most.") var window = 10_000
+    @Option(help: "Bus connections to send on (captured clients are spread over them).") var connections = 2
     @Option(help: "Wait this many milliseconds for each answer instead of the captured deadline.") var timeoutMs: Int?
     @Option(help: "Differing answers shown in full (all are counted).") var examples = 20
     @Flag(help: "Read the capture and report what would be sent, with checks; send nothing.") var dryRun = false
@@ -42,6 +43,7 @@ struct Replay: AsyncParsableCommand {
         if let speed, !(speed > 0 && speed <= 1_000_000) { throw ValidationError("--speed must be above 0 (4 replays four times faster)") }
         if let rate, !(rate > 0 && rate <= 10_000_000) { throw ValidationError("--rate must be above 0 requests a second") }
         guard window >= 1 else { throw ValidationError("--window must be at least 1") }
+        guard (1...64).contains(connections) else { throw ValidationError("--connections must be from 1 to 64") }
         if let timeoutMs, timeoutMs < 1 { throw ValidationError("--timeout-ms must be at least 1") }
         guard examples >= 0 else { throw ValidationError("--examples cannot be negative") }
     }
@@ -65,10 +67,18 @@ struct Replay: AsyncParsableCommand {
         options.timeout = timeoutMs.map { .milliseconds($0) }
         let progress = ProgressBox()
         var report = ReplayReport()
-        try await withBus(common) { bus in
-            report = try await Replayer(client: bus, options: options).run(reader) { state in
-                progress.update("replaying \(ProgressLine.bar(state.bytesRead, of: total)) \(state.completed) answered of \(state.sent) sent")
-            }
+        let context = ZMQContext()
+        let logger = LogSetup.logger(label: "canopy", level: common.logLevel == .info ? .warning : common.logLevel)
+        let clients = try (0..<connections).map { _ in try BusClient(configuration: try common.clientConfiguration(), context: context, logger: logger) }
+        defer { clients.forEach { $0.close() } }
+        do {
+            _ = try await clients[0].call(Broker.Services.self, .init(), timeout: .seconds(5))
+        } catch {
+            FileHandle.standardError.write(Data("error: no broker answers at \(common.endpoint); start the stack, or pass --broker ENDPOINT\n".utf8))
+            throw ExitCode(1)
+        }
+        report = try await Replayer(clients: clients, options: options).run(reader) { state in
+            progress.update("replaying \(ProgressLine.bar(state.bytesRead, of: total)) \(state.completed) answered of \(state.sent) sent")
         }
         progress.finish()
         try print(json ? Self.json(report) : Self.render(report))

@@ -186,6 +186,8 @@ public final class BrokerServer: Service, @unchecked Sendable {
 
     /// The running capture (loop thread only).
     private var capture: CaptureWriter?
+    /// Captured messages of the pass being carried out (loop thread only).
+    private var captured: [CaptureEvent] = []
     /// The last capture's final counts, once it stopped (loop thread only).
     private var lastCapture: CaptureStatus?
     private let codec = MessageCodec()
@@ -194,6 +196,10 @@ public final class BrokerServer: Service, @unchecked Sendable {
 
     private func carryOut(_ directives: inout [BrokerState.Directive], state: inout BrokerState) throws {
         var wallClock: Int64 = 0 // read once for the batch's captured messages
+        defer {
+            capture?.submit(captured) // one hand-over a pass
+            captured.removeAll(keepingCapacity: true)
+        }
         for directive in directives {
             switch directive {
             case .send(let peer, let message):
@@ -206,10 +212,10 @@ public final class BrokerServer: Service, @unchecked Sendable {
                     logger.warning("broker.dropped", metadata: ["broker.reason": "\(message)", "broker.peer": "\(peer.hex)"])
                 }
             case .capture(var event):
-                guard let capture else { continue }
+                guard capture != nil else { continue }
                 if wallClock == 0 { wallClock = CaptureWriter.wallClockNanoseconds() }
                 event.record.time = wallClock
-                capture.submit(event)
+                captured.append(event)
             case .captureControl(let control, let client, let correlation):
                 let answer: WireMessage
                 do {
@@ -232,6 +238,8 @@ public final class BrokerServer: Service, @unchecked Sendable {
             return captureStatus ?? CaptureStatus(capturing: false)
         case .stop:
             guard let running = capture else { throw CanopyError(.conflict, "no capture is running; start one with canopy capture start NAME") }
+            running.submit(captured) // what this pass captured before the stop
+            captured.removeAll(keepingCapacity: true)
             state.capturing = false
             capture = nil
             let status = running.stop()

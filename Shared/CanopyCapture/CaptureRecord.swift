@@ -156,23 +156,31 @@ public enum CaptureFormat {
     }
 
     /// A record's bytes: length, checksum, payload.
+    /// (The writer's thread runs this for every record: nothing is allocated but `out`'s growth.)
     public static func encode(_ record: CaptureRecord, into out: inout [UInt8]) {
         let start = out.count
-        out.append(contentsOf: [0, 0, 0, 0, 0, 0, 0, 0]) // length and checksum, filled in below
+        out.append(contentsOf: repeatElement(0, count: 8)) // length and checksum, filled in below
         out.append(record.kind.rawValue)
         out.append(record.flags.rawValue)
         out.appendBigEndian(UInt64(bitPattern: record.time))
         out.appendBigEndian(record.latencyNanoseconds)
-        for text in [record.client, record.worker, record.service, record.operation] {
+        func short(_ text: String) {
             let bytes = text.utf8.prefix(255)
             out.append(UInt8(bytes.count))
             out.append(contentsOf: bytes)
         }
+        short(record.client)
+        short(record.worker)
+        short(record.service)
+        short(record.operation)
         out.append(UInt8(min(255, record.correlation.count)))
         out.append(contentsOf: record.correlation.prefix(255))
-        let header = record.header.frame
-        out.appendBigEndian(UInt16(header.count))
-        out.append(contentsOf: header)
+        // The header frame as on the wire: timeout, flags, principal.
+        let principal = record.header.principal.utf8
+        out.appendBigEndian(UInt16(5 + principal.count))
+        out.appendBigEndian(record.header.timeoutMilliseconds)
+        out.append(record.header.flags)
+        out.append(contentsOf: principal)
         out.appendBigEndian(UInt32(record.body.count))
         out.append(contentsOf: record.body)
         let omitted = record.flags.contains(.attachmentsOmitted)
@@ -181,9 +189,12 @@ public enum CaptureFormat {
             out.appendBigEndian(UInt32(size))
             if !omitted { out.append(contentsOf: record.attachments[index]) }
         }
-        let payloadCount = out.count - start - 8
-        let crc = out.withUnsafeBytes { CRC32C.checksum(UnsafeRawBufferPointer(rebasing: $0[(start + 8)...])) }
-        out.replaceSubrange(start..<(start + 8), with: bigEndianBytes(UInt32(payloadCount)) + bigEndianBytes(crc))
+        let payloadCount = UInt32(out.count - start - 8)
+        out.withUnsafeMutableBytes { bytes in
+            let crc = CRC32C.checksum(UnsafeRawBufferPointer(rebasing: bytes[(start + 8)...]))
+            bytes.storeBytes(of: payloadCount.bigEndian, toByteOffset: start, as: UInt32.self)
+            bytes.storeBytes(of: crc.bigEndian, toByteOffset: start + 4, as: UInt32.self)
+        }
     }
 
     /// Decodes one record's payload (its checksum already checked).
@@ -216,10 +227,6 @@ public enum CaptureFormat {
         return CaptureRecord(kind: kind, flags: flags, time: Int64(bitPattern: time), latencyNanoseconds: latency,
                              client: texts[0], worker: texts[1], service: texts[2], operation: texts[3], correlation: correlation,
                              header: header, body: body, attachments: attachments, attachmentSizes: sizes)
-    }
-
-    static func bigEndianBytes(_ value: UInt32) -> [UInt8] {
-        [UInt8(value >> 24), UInt8((value >> 16) & 0xFF), UInt8((value >> 8) & 0xFF), UInt8(value & 0xFF)]
     }
 }
 

@@ -80,6 +80,27 @@ public final class CaptureWriter: Sendable {
         return Int64(now.tv_sec) * 1_000_000_000 + Int64(now.tv_nsec)
     }
 
+    /// Queues events for the disk under one lock (the broker hands over each loop pass's
+    /// events together); those that do not fit the queue are dropped and counted.
+    public func submit(_ events: [CaptureEvent]) {
+        guard !events.isEmpty else { return }
+        let wasEmpty: Bool = queue.withLock { queue in
+            guard !queue.closed, queue.counts.error == nil else { return false }
+            let before = queue.events.count
+            for event in events {
+                let size = event.record.approximateBytes
+                if queue.bytes + size <= settings.queueBytes {
+                    queue.events.append(event)
+                    queue.bytes += size
+                } else {
+                    queue.counts.dropped += 1
+                }
+            }
+            return before == 0 && !queue.events.isEmpty
+        }
+        if wasEmpty { wake.signal() }
+    }
+
     /// Queues an event for the disk; false when it was dropped (the queue is full, or the
     /// capture stopped).
     @discardableResult

@@ -93,7 +93,8 @@ public struct ReplayProgress: Sendable {
 /// in the air together go together again. Lanes run concurrently. Answers teach the replay
 /// ids that changed (``Rebindings``), which later requests are sent with.
 public final class Replayer: Sendable {
-    private let client: BusClient
+    /// The connections requests go out on; each captured client's lane keeps to one.
+    private let clients: [BusClient]
     private let options: ReplayOptions
     private let ignored: IgnoredPaths
     private let state = Mutex(State())
@@ -107,8 +108,13 @@ public final class Replayer: Sendable {
         var completed = 0
     }
 
-    public init(client: BusClient, options: ReplayOptions) {
-        self.client = client
+    /// - Parameters:
+    ///   - clients: the bus connections to send on (lanes are spread over them; one
+    ///     connection's I/O thread is a ceiling at saturation).
+    ///   - options: pacing, comparison and bounds.
+    public init(clients: [BusClient], options: ReplayOptions) {
+        precondition(!clients.isEmpty, "a replay needs a bus connection")
+        self.clients = clients
         self.options = options
         ignored = IgnoredPaths(options.ignore)
     }
@@ -145,7 +151,7 @@ public final class Replayer: Sendable {
         var answersWithoutRequest = 0, derived = 0
         var derivedInTheAir: [Key: Int] = [:]
 
-        await withTaskGroup(of: Void.self) { group in
+        await withDiscardingTaskGroup { group in
             do {
                 while let record = try reader.next() {
                     let key = Key(client: record.client, correlation: record.correlation)
@@ -171,7 +177,8 @@ public final class Replayer: Sendable {
                         if lanes[record.client] == nil {
                             let (stream, continuation) = AsyncStream<Job>.makeStream()
                             lanes[record.client] = continuation
-                            group.addTask { await self.lane(stream, window: window) }
+                            let client = clients[lanes.count % clients.count]
+                            group.addTask { await self.lane(stream, client: client, window: window) }
                         }
                         lanes[record.client]!.yield(job)
                         if index % 1024 == 0 {
@@ -218,13 +225,13 @@ public final class Replayer: Sendable {
     }
 
     /// One client's requests, in order; each sent once the answers it depends on are in.
-    private func lane(_ jobs: AsyncStream<Job>, window: WindowLimiter) async {
-        await withTaskGroup(of: Void.self) { group in
+    private func lane(_ jobs: AsyncStream<Job>, client: BusClient, window: WindowLimiter) async {
+        await withDiscardingTaskGroup { group in
             for await job in jobs {
                 for dependency in job.after { await dependency.value() }
                 if let sendAt = job.sendAt, sendAt > .now { try? await Task.sleep(until: sendAt, clock: .continuous) }
                 group.addTask {
-                    await self.replay(job, window: window)
+                    await self.replay(job, client: client, window: window)
                     job.done.fulfill(())
                 }
             }
@@ -234,7 +241,7 @@ public final class Replayer: Sendable {
     /// Sends one request and compares its answer. Its place in the window is given back once
     /// the stack answered, before the captured answer is awaited: the reading goes on to
     /// find it however many requests the capture had in the air.
-    private func replay(_ job: Job, window: WindowLimiter) async {
+    private func replay(_ job: Job, client: BusClient, window: WindowLimiter) async {
         let record = job.record
         if record.flags.contains(.attachmentsOmitted) {
             state.withLock { $0.report.requests += 1; $0.report.skipped += 1; $0.completed += 1 }
