@@ -122,8 +122,9 @@ let package = Package(
         .target(
             name: "CanopyReplay",
             dependencies: [
-                "CanopyCapture", "CanopyBus", "CanopyWire", "CanopyMessages",
+                "CanopyCapture", "CanopyBus", "CanopyWire", "CanopyMessages", "CZeroMQ",
                 .product(name: "Histogram", package: "hdrhistogram-swift"),
+                .product(name: "Collections", package: "swift-collections"),
             ],
             path: "Shared/CanopyReplay",
             swiftSettings: swiftSettings

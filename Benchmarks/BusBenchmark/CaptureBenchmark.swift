@@ -95,14 +95,9 @@ struct CaptureBenchmark: AsyncParsableCommand {
             let generator = try await Rig(workers: 4).broker(logger: logger) { endpoint, _ in try load.run(endpoint) }
             progress(" replay…\n")
             let report = try await Rig(workers: 4).brokerAsync(logger: logger) { [replayConnections] endpoint in
-                var clientConfiguration = BusClient.Configuration(endpoint: endpoint)
-                clientConfiguration.defaultTimeout = .seconds(60)
-                let context = ZMQContext()
-                let clients = try (0..<replayConnections).map { _ in try BusClient(configuration: clientConfiguration, context: context, logger: logger) }
-                defer { clients.forEach { $0.close() } }
                 var options = ReplayOptions()
                 options.pacing = .fast
-                return try await Replayer(clients: clients, options: options).run(try CaptureReader(path: trimmed))
+                return try await Replayer(connection: .init(endpoint: endpoint, count: replayConnections), options: options).run(try CaptureReader(path: trimmed))
             }
             ratios.append(report.requestsPerSecond / generator.throughput)
             rows.append(["\(round)", String(format: "%.0f", generator.throughput), String(format: "%.0f", report.requestsPerSecond),

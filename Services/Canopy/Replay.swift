@@ -67,17 +67,13 @@ struct Replay: AsyncParsableCommand {
         options.timeout = timeoutMs.map { .milliseconds($0) }
         let progress = ProgressBox()
         var report = ReplayReport()
-        let context = ZMQContext()
-        let logger = LogSetup.logger(label: "canopy", level: common.logLevel == .info ? .warning : common.logLevel)
-        let clients = try (0..<connections).map { _ in try BusClient(configuration: try common.clientConfiguration(), context: context, logger: logger) }
-        defer { clients.forEach { $0.close() } }
-        do {
-            _ = try await clients[0].call(Broker.Services.self, .init(), timeout: .seconds(5))
-        } catch {
+        guard await offeredOperations() != nil else {
             FileHandle.standardError.write(Data("error: no broker answers at \(common.endpoint); start the stack, or pass --broker ENDPOINT\n".utf8))
             throw ExitCode(1)
         }
-        report = try await Replayer(clients: clients, options: options).run(reader) { state in
+        let configuration = try common.clientConfiguration()
+        let connection = Replayer.Connection(endpoint: configuration.endpoint, curve: configuration.curve, count: connections)
+        report = try await Replayer(connection: connection, options: options).run(reader) { state in
             progress.update("replaying \(ProgressLine.bar(state.bytesRead, of: total)) \(state.completed) answered of \(state.sent) sent")
         }
         progress.finish()

@@ -2,8 +2,10 @@ import CanopyBus
 import CanopyCapture
 import CanopyMessages
 import CanopyWire
+import CZeroMQ
 import Foundation
 import Histogram
+import DequeModule
 import Synchronization
 
 /// How a replay is paced and compared.
@@ -90,48 +92,103 @@ public struct ReplayProgress: Sendable {
 /// Each captured client becomes a lane: its requests go in their captured order, and a
 /// request waits for the answers its client had received before sending it in the capture
 /// (so a create is answered before the request that uses its id); requests the client had
-/// in the air together go together again. Lanes run concurrently. Answers teach the replay
-/// ids that changed (``Rebindings``), which later requests are sent with.
+/// in the air together go together again. Lanes run concurrently, spread over a few DEALER
+/// connections. Answers teach the replay ids that changed (``Rebindings``), which later
+/// requests are sent with.
+///
+/// The replay runs on one thread of its own that reads the capture, sends and receives
+/// frames and compares answers (``ReplayEngine``): no task, continuation or lock per request,
+/// so replaying keeps up with the stack it drives.
 public final class Replayer: Sendable {
-    /// The connections requests go out on; each captured client's lane keeps to one.
-    private let clients: [BusClient]
+    /// Where the stack's broker is, and how to reach it.
+    public struct Connection: Sendable {
+        public var endpoint: String
+        /// CurveZMQ client settings when the broker runs CURVE.
+        public var curve: CurveClientSettings?
+        /// DEALER connections the lanes are spread over.
+        public var count: Int
+
+        public init(endpoint: String, curve: CurveClientSettings? = nil, count: Int = 2) {
+            self.endpoint = endpoint
+            self.curve = curve
+            self.count = max(1, count)
+        }
+    }
+
+    private let connection: Connection
     private let options: ReplayOptions
-    private let ignored: IgnoredPaths
-    private let state = Mutex(State())
 
-    private struct State {
-        var rebindings = Rebindings()
-        var report = ReplayReport()
-        var replayed = Histogram<UInt64>(highestTrackableValue: 3_600_000_000, numberOfSignificantValueDigits: .two)
-        var captured = Histogram<UInt64>(highestTrackableValue: 3_600_000_000, numberOfSignificantValueDigits: .two)
-        var sent = 0
-        var completed = 0
-    }
-
-    /// - Parameters:
-    ///   - clients: the bus connections to send on (lanes are spread over them; one
-    ///     connection's I/O thread is a ceiling at saturation).
-    ///   - options: pacing, comparison and bounds.
-    public init(clients: [BusClient], options: ReplayOptions) {
-        precondition(!clients.isEmpty, "a replay needs a bus connection")
-        self.clients = clients
+    public init(connection: Connection, options: ReplayOptions) {
+        self.connection = connection
         self.options = options
-        ignored = IgnoredPaths(options.ignore)
     }
 
-    /// One request on its way: what it must wait for, and where its captured answer will be put.
-    private final class Job: Sendable {
-        let record: CaptureRecord
-        let after: [OneShot<Void>]
-        let sendAt: ContinuousClock.Instant?
-        let captured = OneShot<CaptureRecord?>()
-        let done = OneShot<Void>()
+    /// Replays every request of `reader`'s capture; `progress` is called now and then from
+    /// the replay's thread.
+    public func run(_ reader: CaptureReader, progress: @escaping @Sendable (ReplayProgress) -> Void = { _ in }) async throws -> ReplayReport {
+        let box = ReaderBox(reader)
+        let (connection, options) = (self.connection, self.options)
+        return try await withCheckedThrowingContinuation { continuation in
+            LoopThread.start(name: "canopy-replay") {
+                do {
+                    var engine = try ReplayEngine(connection: connection, options: options)
+                    continuation.resume(returning: try engine.run(box.reader, progress: progress))
+                } catch {
+                    continuation.resume(throwing: error)
+                }
+            }
+        }
+    }
+}
 
-        init(record: CaptureRecord, after: [OneShot<Void>], sendAt: ContinuousClock.Instant?) {
+/// Hands the reader to the replay's thread, which alone uses it from then on.
+private final class ReaderBox: @unchecked Sendable {
+    let reader: CaptureReader
+    init(_ reader: CaptureReader) { self.reader = reader }
+}
+
+/// The replay's loop, owned by one thread: the capture's reader, the sockets, every request's
+/// state.
+struct ReplayEngine {
+    /// One captured request on its way.
+    final class Job {
+        let id: UInt64
+        let record: CaptureRecord
+        let lane: Lane
+        let sendAt: ContinuousClock.Instant?
+        /// Earlier requests of its client whose answers it waits for (as in the capture).
+        var waitingOn = 0
+        var dependents: [Job] = []
+        var sentAt: ContinuousClock.Instant?
+        var deadline: ContinuousClock.Instant?
+        /// What the stack answered (or why it did not).
+        var outcome: Outcome?
+        /// The captured answer, once the reading found it (or found there is none).
+        var captured: CaptureRecord?
+        var capturedKnown = false
+        var done = false
+
+        init(id: UInt64, record: CaptureRecord, lane: Lane, sendAt: ContinuousClock.Instant?) {
+            self.id = id
             self.record = record
-            self.after = after
+            self.lane = lane
             self.sendAt = sendAt
         }
+    }
+
+    /// One captured client's requests not yet sent, in order.
+    final class Lane {
+        let socket: Int
+        var unsent = Deque<Job>()
+        var isDirty = false
+
+        init(socket: Int) { self.socket = socket }
+    }
+
+    enum Outcome {
+        case answer(body: [UInt8], attachments: [[UInt8]])
+        case failure(CanopyError)
+        case skipped
     }
 
     private struct Key: Hashable {
@@ -139,161 +196,265 @@ public final class Replayer: Sendable {
         let correlation: [UInt8]
     }
 
-    /// Replays every request of `reader`'s capture.
-    public func run(_ reader: CaptureReader, progress: @escaping @Sendable (ReplayProgress) -> Void = { _ in }) async throws -> ReplayReport {
-        let window = WindowLimiter(options.window)
-        let started = ContinuousClock.now
-        var firstTime: Int64?
-        var index = 0
-        var awaiting: [Key: [Job]] = [:]
-        var answered: [String: [OneShot<Void>]] = [:]
-        var lanes: [String: AsyncStream<Job>.Continuation] = [:]
-        var answersWithoutRequest = 0, derived = 0
-        var derivedInTheAir: [Key: Int] = [:]
+    private let options: ReplayOptions
+    private let ignored: IgnoredPaths
+    private let context: ZMQContext
+    private let sockets: [ZMQSocket]
+    private var poller = Poller()
+    private let codec = MessageCodec()
 
-        await withDiscardingTaskGroup { group in
-            do {
-                while let record = try reader.next() {
-                    let key = Key(client: record.client, correlation: record.correlation)
-                    switch record.kind {
-                    case .request where record.header.flags & RequestHeader.Flag.derived != 0:
-                        derived += 1
-                        derivedInTheAir[key, default: 0] += 1
-                    case .reply where derivedInTheAir[key] != nil:
-                        derivedInTheAir[key] = derivedInTheAir[key]! > 1 ? derivedInTheAir[key]! - 1 : nil
-                    case .request:
-                        await window.acquire()
-                        let time = record.time
-                        let first = firstTime ?? time
-                        firstTime = first
-                        let sendAt: ContinuousClock.Instant? = switch options.pacing {
-                        case .recorded(let speed): started + .nanoseconds(Int64(Double(max(0, time - first)) / speed))
-                        case .rate(let rate): started + .nanoseconds(Int64(Double(index) / rate * 1e9))
-                        case .fast: nil
-                        }
-                        index += 1
-                        let job = Job(record: record, after: answered.removeValue(forKey: record.client) ?? [], sendAt: sendAt)
-                        awaiting[key, default: []].append(job)
-                        if lanes[record.client] == nil {
-                            let (stream, continuation) = AsyncStream<Job>.makeStream()
-                            lanes[record.client] = continuation
-                            let client = clients[lanes.count % clients.count]
-                            group.addTask { await self.lane(stream, client: client, window: window) }
-                        }
-                        lanes[record.client]!.yield(job)
-                        if index % 1024 == 0 {
-                            let counts = state.withLock { ($0.sent, $0.completed) }
-                            progress(ReplayProgress(bytesRead: reader.bytesRead, sent: counts.0, completed: counts.1))
-                        }
-                    case .reply:
-                        guard var jobs = awaiting[key], !jobs.isEmpty else {
-                            answersWithoutRequest += 1
-                            continue
-                        }
-                        let job = jobs.removeFirst()
-                        awaiting[key] = jobs.isEmpty ? nil : jobs
-                        job.captured.fulfill(record)
-                        answered[record.client, default: []].append(job.done)
-                    }
-                }
-            } catch {
-                // A record the reader could not decode ends the reading like damage does: `reader.ending` says where.
-            }
-            for jobs in awaiting.values { for job in jobs { job.captured.fulfill(nil) } }
-            for lane in lanes.values { lane.finish() }
+    private var lanes: [String: Lane] = [:]
+    private var dirty: [Lane] = []
+    private var sleeping: [Lane] = []
+    private var inFlight: [UInt64: Job] = [:]
+    private var awaiting: [Key: Deque<Job>] = [:]
+    private var answered: [String: [Job]] = [:]
+    private var derivedInTheAir: [Key: Int] = [:]
+    /// Requests read whose answer from the stack has not come yet: bounded by the window.
+    private var outstanding = 0
+    private var nextID: UInt64 = 1
+    private var started = ContinuousClock.now
+    private var firstTime: Int64?
+    private var requestIndex = 0
+
+    private var rebindings = Rebindings()
+    private var report = ReplayReport()
+    private var replayed = Histogram<UInt64>(highestTrackableValue: 3_600_000_000, numberOfSignificantValueDigits: .two)
+    private var capturedLatency = Histogram<UInt64>(highestTrackableValue: 3_600_000_000, numberOfSignificantValueDigits: .two)
+    private var sent = 0
+
+    init(connection: Replayer.Connection, options: ReplayOptions) throws {
+        self.options = options
+        ignored = IgnoredPaths(options.ignore)
+        let context = ZMQContext()
+        self.context = context
+        sockets = try (0..<connection.count).map { _ in
+            let socket = try ZMQSocket(context, type: .dealer)
+            if let curve = connection.curve { try socket.becomeCurveClient(curve) }
+            try socket.setHighWaterMarks(1_000_000)
+            try socket.set(ZMQ_RECONNECT_IVL, 100)
+            try socket.connect(connection.endpoint)
+            return socket
         }
+        for socket in sockets { poller.add(socket) }
+    }
 
-        return state.withLock { state in
-            var report = state.report
-            report.answersWithoutRequest = answersWithoutRequest
-            report.derived = derived
-            report.rebound = state.rebindings.count
-            let elapsed = ContinuousClock.now - started
-            report.seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
-            report.requestsPerSecond = report.seconds > 0 ? Double(report.requests) / report.seconds : 0
-            if state.replayed.totalCount > 0 {
-                report.replayedP50Micros = state.replayed.valueAtPercentile(50)
-                report.replayedP99Micros = state.replayed.valueAtPercentile(99)
+    mutating func run(_ reader: CaptureReader, progress: (ReplayProgress) -> Void) throws -> ReplayReport {
+        defer { sockets.forEach { $0.close() } }
+        started = .now
+        var readerDone = false
+        var lastTimeoutScan = ContinuousClock.now
+        var recordsRead = 0
+        while true {
+            // Read while the window has room (a bounded batch, so answers keep being taken).
+            var budget = 1_024
+            while !readerDone, outstanding < options.window, budget > 0 {
+                guard let record = try? reader.next() else {
+                    readerDone = true
+                    endOfCapture()
+                    break
+                }
+                budget -= 1
+                recordsRead += 1
+                take(record)
+                if recordsRead % 4_096 == 0 { progress(ReplayProgress(bytesRead: reader.bytesRead, sent: sent, completed: report.requests)) }
             }
-            if state.captured.totalCount > 0 {
-                report.capturedP50Micros = state.captured.valueAtPercentile(50)
-                report.capturedP99Micros = state.captured.valueAtPercentile(99)
+            let now = ContinuousClock.now
+            try sendReady(now: now)
+            if readerDone && inFlight.isEmpty && dirty.isEmpty && sleeping.isEmpty && lanes.values.allSatisfy({ $0.unsent.isEmpty }) { break }
+
+            var timeout: Duration = .milliseconds(50)
+            if !readerDone && outstanding < options.window { timeout = .zero }
+            if let wake = sleeping.compactMap({ $0.unsent.first?.sendAt }).min() { timeout = min(timeout, max(.zero, wake - now)) }
+            try poller.poll(timeout: timeout)
+            for socket in sockets {
+                while let frames = try socket.receive(dontWait: true) { answer(frames) }
             }
-            report.ending = reader.ending?.description ?? "complete"
-            return report
+            if now - lastTimeoutScan >= .milliseconds(50) {
+                lastTimeoutScan = now
+                expire(now: now)
+            }
+        }
+        progress(ReplayProgress(bytesRead: reader.bytesRead, sent: sent, completed: report.requests))
+        return finish(ending: reader.ending?.description ?? "complete")
+    }
+
+    // MARK: - Reading
+
+    private mutating func take(_ record: CaptureRecord) {
+        let key = Key(client: record.client, correlation: record.correlation)
+        switch record.kind {
+        case .request where record.header.flags & RequestHeader.Flag.derived != 0:
+            report.derived += 1
+            derivedInTheAir[key, default: 0] += 1
+        case .request:
+            let first = firstTime ?? record.time
+            firstTime = first
+            let sendAt: ContinuousClock.Instant? = switch options.pacing {
+            case .recorded(let speed): started + .nanoseconds(Int64(Double(max(0, record.time - first)) / speed))
+            case .rate(let rate): started + .nanoseconds(Int64(Double(requestIndex) / rate * 1e9))
+            case .fast: nil
+            }
+            requestIndex += 1
+            let lane = lanes[record.client] ?? {
+                let lane = Lane(socket: lanes.count % sockets.count)
+                lanes[record.client] = lane
+                return lane
+            }()
+            let job = Job(id: nextID, record: record, lane: lane, sendAt: sendAt)
+            nextID += 1
+            for earlier in answered.removeValue(forKey: record.client) ?? [] where !earlier.done {
+                earlier.dependents.append(job)
+                job.waitingOn += 1
+            }
+            awaiting[key, default: []].append(job)
+            outstanding += 1
+            lane.unsent.append(job)
+            if lane.unsent.count == 1 { markDirty(lane) }
+        case .reply:
+            if let count = derivedInTheAir[key] {
+                derivedInTheAir[key] = count > 1 ? count - 1 : nil
+                return
+            }
+            guard let job = awaiting[key]?.popFirst() else {
+                report.answersWithoutRequest += 1
+                return
+            }
+            if awaiting[key]?.isEmpty == true { awaiting[key] = nil }
+            job.captured = record
+            job.capturedKnown = true
+            answered[record.client, default: []].append(job)
+            if job.outcome != nil { complete(job) }
         }
     }
 
-    /// One client's requests, in order; each sent once the answers it depends on are in.
-    private func lane(_ jobs: AsyncStream<Job>, client: BusClient, window: WindowLimiter) async {
-        await withDiscardingTaskGroup { group in
-            for await job in jobs {
-                for dependency in job.after { await dependency.value() }
-                if let sendAt = job.sendAt, sendAt > .now { try? await Task.sleep(until: sendAt, clock: .continuous) }
-                group.addTask {
-                    await self.replay(job, client: client, window: window)
-                    job.done.fulfill(())
+    /// The capture ended: requests still waiting for a captured answer have none.
+    private mutating func endOfCapture() {
+        for jobs in awaiting.values {
+            for job in jobs {
+                job.capturedKnown = true
+                if job.outcome != nil { complete(job) }
+            }
+        }
+        awaiting.removeAll()
+    }
+
+    // MARK: - Sending
+
+    private mutating func markDirty(_ lane: Lane) {
+        guard !lane.isDirty else { return }
+        lane.isDirty = true
+        dirty.append(lane)
+    }
+
+    private mutating func sendReady(now: ContinuousClock.Instant) throws {
+        if !sleeping.isEmpty {
+            let waking = sleeping.filter { ($0.unsent.first?.sendAt ?? now) <= now }
+            sleeping.removeAll { ($0.unsent.first?.sendAt ?? now) <= now }
+            for lane in waking { markDirty(lane) }
+        }
+        while let lane = dirty.popLast() {
+            lane.isDirty = false
+            while let job = lane.unsent.first, job.waitingOn == 0 {
+                if let at = job.sendAt, at > now {
+                    sleeping.append(lane)
+                    break
                 }
+                lane.unsent.removeFirst()
+                try send(job, now: now)
             }
         }
     }
 
-    /// Sends one request and compares its answer. Its place in the window is given back once
-    /// the stack answered, before the captured answer is awaited: the reading goes on to
-    /// find it however many requests the capture had in the air.
-    private func replay(_ job: Job, client: BusClient, window: WindowLimiter) async {
+    private mutating func send(_ job: Job, now: ContinuousClock.Instant) throws {
         let record = job.record
         if record.flags.contains(.attachmentsOmitted) {
-            state.withLock { $0.report.requests += 1; $0.report.skipped += 1; $0.completed += 1 }
-            window.release()
+            settle(outcome: .skipped, for: job, now: now)
             return
         }
-        let body = state.withLock { state -> [UInt8] in
-            state.sent += 1
-            return state.rebindings.rewrite(record.body)
+        let timeout = options.timeout ?? (record.header.timeoutMilliseconds > 0 ? .milliseconds(Int64(record.header.timeoutMilliseconds)) : .seconds(30))
+        var header = record.header
+        header.timeoutMilliseconds = UInt32(clamping: max(1, timeout.wholeMilliseconds))
+        let frames = WireMessage.request(WireRequest(correlation: Wire.frame(job.id), service: record.service, operation: record.operation, header: header,
+                                                     body: rebindings.rewrite(record.body), attachments: record.attachments)).encoded
+        guard try sockets[job.lane.socket].send(frames) else {
+            settle(outcome: .failure(CanopyError(.busy, "the replay's connection queue is full")), for: job, now: now)
+            return
         }
-        let timeout = options.timeout ?? (record.header.timeoutMilliseconds > 0 ? .milliseconds(Int64(record.header.timeoutMilliseconds)) : nil)
-        let started = ContinuousClock.now
-        let outcome: Result<RawReply, CanopyError>
-        do {
-            outcome = .success(try await client.call(service: record.service, operation: record.operation, body: body, attachments: record.attachments,
-                                                     principal: record.header.principal.isEmpty ? nil : record.header.principal, timeout: timeout,
-                                                     idempotent: record.header.flags & RequestHeader.Flag.idempotent != 0))
-        } catch let error as CanopyError {
-            outcome = .failure(error)
-        } catch {
-            outcome = .failure(CanopyError(.internal, "\(error)"))
+        sent += 1
+        job.sentAt = now
+        job.deadline = now + timeout + .seconds(1) // the broker answers timeout itself first
+        inFlight[job.id] = job
+    }
+
+    // MARK: - Answers
+
+    private mutating func answer(_ frames: [[UInt8]]) {
+        let now = ContinuousClock.now
+        switch try? WireMessage(frames: frames) {
+        case .reply(let correlation, _, let body, let attachments)?:
+            guard let id = Wire.uint64(correlation), let job = inFlight.removeValue(forKey: id) else { return }
+            settle(outcome: .answer(body: body, attachments: attachments), for: job, now: now)
+        case .error(let correlation, let error)?:
+            guard let id = Wire.uint64(correlation), let job = inFlight.removeValue(forKey: id) else { return }
+            let decoded = (try? codec.decode(CanopyError.self, from: error)) ?? CanopyError(.internal, "an error frame that did not decode")
+            settle(outcome: .failure(decoded), for: job, now: now)
+        default:
+            return // heartbeats and anything else a client may hear
         }
-        let elapsed = ContinuousClock.now - started
-        window.release()
-        let captured = await job.captured.value()
-        let verdict = compare(captured, outcome)
-        state.withLock { state in
-            state.completed += 1
-            state.report.requests += 1
-            _ = state.replayed.record(UInt64(max(0, elapsed.components.seconds * 1_000_000 + elapsed.components.attoseconds / 1_000_000_000_000)))
-            if let captured { _ = state.captured.record(captured.latencyNanoseconds / 1_000) }
-            switch verdict {
-            case .matched: state.report.matched += 1
-            case .unanswered: state.report.unanswered += 1
-            case .differed(let differences):
-                state.report.differed += 1
-                example(record, failure: nil, differences, into: &state.report)
-            case .failed(let failure):
-                state.report.failed += 1
-                example(record, failure: failure, [], into: &state.report)
-            }
+    }
+
+    /// Requests the stack did not answer in time.
+    private mutating func expire(now: ContinuousClock.Instant) {
+        for (id, job) in inFlight where (job.deadline ?? now) < now {
+            inFlight[id] = nil
+            settle(outcome: .failure(CanopyError(.timeout, "no answer within the request's deadline")), for: job, now: now)
         }
+    }
+
+    private mutating func settle(outcome: Outcome, for job: Job, now: ContinuousClock.Instant) {
+        job.outcome = outcome
+        outstanding -= 1
+        if let sentAt = job.sentAt {
+            let elapsed = now - sentAt
+            _ = replayed.record(UInt64(max(0, elapsed.components.seconds * 1_000_000 + elapsed.components.attoseconds / 1_000_000_000_000)))
+        }
+        if job.capturedKnown { complete(job) }
+    }
+
+    /// Both answers are in: compare them, learn ids, and let the requests that waited go.
+    private mutating func complete(_ job: Job) {
+        guard !job.done, let outcome = job.outcome else { return }
+        job.done = true
+        report.requests += 1
+        if let captured = job.captured { _ = capturedLatency.record(captured.latencyNanoseconds / 1_000) }
+        switch verdict(job.captured, outcome) {
+        case .matched: report.matched += 1
+        case .skipped: report.skipped += 1
+        case .unanswered: report.unanswered += 1
+        case .differed(let differences):
+            report.differed += 1
+            example(job.record, failure: nil, differences)
+        case .failed(let failure):
+            report.failed += 1
+            example(job.record, failure: failure, [])
+        }
+        for dependent in job.dependents {
+            dependent.waitingOn -= 1
+            if dependent.waitingOn == 0 { markDirty(dependent.lane) }
+        }
+        job.dependents = []
     }
 
     private enum Verdict {
         case matched
+        case skipped
         case unanswered
         case differed([Difference])
         case failed(String)
     }
 
-    private func example(_ record: CaptureRecord, failure: String?, _ differences: [Difference], into report: inout ReplayReport) {
+    private mutating func example(_ record: CaptureRecord, failure: String?, _ differences: [Difference]) {
         guard report.examples.count < options.examples else { return }
         report.examples.append(.init(client: record.client, service: record.service, operation: record.operation, time: record.time,
                                      principal: record.header.principal, failure: failure, differences: differences))
@@ -302,32 +463,34 @@ public final class Replayer: Sendable {
     /// Errors that say the stack did not answer, rather than what it answered.
     private static let unanswering: Set<CanopyError.Code> = [.timeout, .noWorkers, .workerLost, .busy]
 
-    private func compare(_ captured: CaptureRecord?, _ outcome: Result<RawReply, CanopyError>) -> Verdict {
+    private mutating func verdict(_ captured: CaptureRecord?, _ outcome: Outcome) -> Verdict {
+        if case .skipped = outcome { return .skipped }
         guard let captured else { return .unanswered }
-        let capturedError = captured.flags.contains(.failed) ? (try? MessageCodec().decode(CanopyError.self, from: captured.body)) : nil
+        let capturedError = captured.flags.contains(.failed) ? (try? codec.decode(CanopyError.self, from: captured.body)) : nil
         switch outcome {
+        case .skipped:
+            return .skipped
         case .failure(let error):
             if let capturedError, capturedError.code == error.code { return .matched } // same refusal (messages may name ids)
             if Self.unanswering.contains(error.code) { return .failed("\(error.code.rawValue): \(error.message)") }
             let was = capturedError.map { "error \($0.code.rawValue)" } ?? "an answer"
             return .differed([Difference(path: "$", captured: was, replayed: "error \(error.code.rawValue): \(error.message.prefix(200))")])
-        case .success(let reply):
+        case .answer(let body, let attachments):
             if let capturedError {
                 return .differed([Difference(path: "$", captured: "error \(capturedError.code.rawValue)", replayed: "an answer")])
             }
-            if reply.body != captured.body {
+            if body != captured.body {
                 // Ids first: what this answer teaches explains its own differences too.
                 if let left = try? JSONSerialization.jsonObject(with: Data(captured.body), options: [.fragmentsAllowed]),
-                   let right = try? JSONSerialization.jsonObject(with: Data(reply.body), options: [.fragmentsAllowed]) {
-                    state.withLock { $0.rebindings.learn(captured: left, replayed: right) }
+                   let right = try? JSONSerialization.jsonObject(with: Data(body), options: [.fragmentsAllowed]) {
+                    rebindings.learn(captured: left, replayed: right)
                 }
             }
-            let rebindings = state.withLock { $0.rebindings }
-            var differences = ReplyComparison.differences(captured: captured.body, replayed: reply.body, ignored: ignored, rebindings: rebindings)
+            var differences = ReplyComparison.differences(captured: captured.body, replayed: body, ignored: ignored, rebindings: rebindings)
             if !captured.flags.contains(.attachmentsOmitted) {
-                for index in 0..<max(captured.attachments.count, reply.attachments.count) {
+                for index in 0..<max(captured.attachments.count, attachments.count) {
                     let left = index < captured.attachments.count ? captured.attachments[index] : nil
-                    let right = index < reply.attachments.count ? reply.attachments[index] : nil
+                    let right = index < attachments.count ? attachments[index] : nil
                     if left != right && !ignored.contains(["attachments", "\(index)"]) {
                         differences.append(Difference(path: "$attachments[\(index)]", captured: left.map { "\($0.count) bytes" } ?? "(absent)",
                                                       replayed: right.map { "\($0.count) bytes, other bytes" } ?? "(absent)"))
@@ -337,84 +500,22 @@ public final class Replayer: Sendable {
             return differences.isEmpty ? .matched : .differed(differences)
         }
     }
-}
 
-/// A value set once and awaited by any number of tasks.
-final class OneShot<Value: Sendable>: Sendable {
-    private enum Slot {
-        case waiting([CheckedContinuation<Value, Never>])
-        case set(Value)
-    }
-
-    private let slot = Mutex(Slot.waiting([]))
-
-    func fulfill(_ value: Value) {
-        let waiting: [CheckedContinuation<Value, Never>] = slot.withLock { slot in
-            guard case .waiting(let continuations) = slot else { return [] }
-            slot = .set(value)
-            return continuations
+    private func finish(ending: String) -> ReplayReport {
+        var report = self.report
+        report.rebound = rebindings.count
+        let elapsed = ContinuousClock.now - started
+        report.seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+        report.requestsPerSecond = report.seconds > 0 ? Double(report.requests) / report.seconds : 0
+        if replayed.totalCount > 0 {
+            report.replayedP50Micros = replayed.valueAtPercentile(50)
+            report.replayedP99Micros = replayed.valueAtPercentile(99)
         }
-        for continuation in waiting { continuation.resume(returning: value) }
-    }
-
-    func value() async -> Value {
-        if case .set(let value) = slot.withLock({ $0 }) { return value }
-        return await withCheckedContinuation { continuation in
-            let ready: Value? = slot.withLock { slot in
-                switch slot {
-                case .set(let value): return value
-                case .waiting(var continuations):
-                    continuations.append(continuation)
-                    slot = .waiting(continuations)
-                    return nil
-                }
-            }
-            if let ready { continuation.resume(returning: ready) }
+        if capturedLatency.totalCount > 0 {
+            report.capturedP50Micros = capturedLatency.valueAtPercentile(50)
+            report.capturedP99Micros = capturedLatency.valueAtPercentile(99)
         }
-    }
-}
-
-/// At most `limit` requests read and not yet answered.
-final class WindowLimiter: Sendable {
-    private struct State {
-        var free: Int
-        var waiting: [CheckedContinuation<Void, Never>] = []
-    }
-
-    private let state: Mutex<State>
-
-    init(_ limit: Int) {
-        state = Mutex(State(free: max(1, limit)))
-    }
-
-    func acquire() async {
-        let taken = state.withLock { state -> Bool in
-            guard state.free > 0 else { return false }
-            state.free -= 1
-            return true
-        }
-        if taken { return }
-        await withCheckedContinuation { continuation in
-            let now = state.withLock { state -> Bool in
-                if state.free > 0 {
-                    state.free -= 1
-                    return true
-                }
-                state.waiting.append(continuation)
-                return false
-            }
-            if now { continuation.resume() }
-        }
-    }
-
-    func release() {
-        let next = state.withLock { state -> CheckedContinuation<Void, Never>? in
-            if state.waiting.isEmpty {
-                state.free += 1
-                return nil
-            }
-            return state.waiting.removeFirst()
-        }
-        next?.resume()
+        report.ending = ending
+        return report
     }
 }

@@ -99,7 +99,7 @@ struct ReplayTests {
             bus.startRunner(NotesService(suffix: suffix))
             try await bus.waitForWorkers(1)
             try await bus.waitForWorkers(1, service: "notes")
-            return try await Replayer(clients: [try bus.client()], options: options).run(try CaptureReader(path: path))
+            return try await Replayer(connection: .init(endpoint: bus.endpoint), options: options).run(try CaptureReader(path: path))
         }
     }
 

@@ -144,7 +144,7 @@ extension LiveBatchTests {
             try await withGoldenStack { stack in
                 var options = ReplayOptions()
                 options.pacing = .fast
-                report = try await Replayer(clients: [try stack.bus.client()], options: options).run(try CaptureReader(path: path))
+                report = try await Replayer(connection: .init(endpoint: stack.bus.endpoint), options: options).run(try CaptureReader(path: path))
             }
             return report
         }
