@@ -15,6 +15,9 @@ final class BrokerMetrics {
     private let rejected = Counter(label: "canopy_broker_rejected_requests_total")
     private let heldBytes = Gauge(label: "canopy_broker_held_bytes")
     private let openFlights = Gauge(label: "canopy_broker_open_flights")
+    private let captureRecords = Counter(label: "canopy_broker_capture_records_total")
+    private let captureDropped = Counter(label: "canopy_broker_capture_dropped_total")
+    private let capturing = Gauge(label: "canopy_broker_capturing")
 
     private struct ServiceSeries {
         let queued, queuedBytes, inFlight, workers: Gauge
@@ -72,6 +75,12 @@ final class BrokerMetrics {
         advance(rejected, "rejected", statistics.rejected)
         heldBytes.record(statistics.heldBytes)
         openFlights.record(statistics.openFlights)
+        if let capture = statistics.capture {
+            // A new capture counts from zero: the totals start again.
+            advance(captureRecords, "capture records", capture.records)
+            advance(captureDropped, "capture dropped", capture.dropped)
+            capturing.record(capture.capturing ? 1 : 0)
+        }
         let seen = Set(statistics.services.map(\.name))
         for (name, series) in services where !seen.contains(name) {
             series.queued.record(0); series.queuedBytes.record(0); series.inFlight.record(0); series.workers.record(0)

@@ -261,10 +261,11 @@ public final class BrokerServer: Service, @unchecked Sendable {
             settings.path = directory.hasSuffix("/") ? directory + request.name : directory + "/" + request.name
             settings.pseudonymize = request.pseudonymize ?? settings.pseudonymize
             settings.withoutAttachments = request.withoutAttachments ?? settings.withoutAttachments
+            settings.replaceExisting = false
             do {
                 capture = try CaptureWriter(settings: settings)
             } catch {
-                throw CanopyError(.internal, "the capture could not begin: \(error)")
+                throw CanopyError(.conflict, "the capture could not begin: \(error)")
             }
             state.capturing = true
             logger.info("broker.capture.started", metadata: ["broker.capture": "\(settings.path)"])

@@ -21,6 +21,9 @@ public struct CaptureSettings: Sendable, Equatable {
     public var withoutAttachments = false
     /// Bytes of records waiting for the disk; beyond it records are dropped and counted.
     public var queueBytes: Int = 64 << 20
+    /// Whether a file already at ``path`` is replaced (the operator's `--capture FILE`), or
+    /// the capture refused (one started over the bus never overwrites).
+    public var replaceExisting = true
 
     public init(path: String) {
         self.path = path
@@ -246,8 +249,10 @@ struct SegmentFile {
         path = segment == 0 ? settings.path : "\(settings.path).\(segment)"
         // Owner only: captures hold people's data. A file already there is replaced (O_TRUNC),
         // never followed through a symbolic link.
-        let descriptor = Glibc.open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o600)
+        let exclusive = segment == 0 && !settings.replaceExisting
+        let descriptor = Glibc.open(path, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | (exclusive ? O_EXCL : O_TRUNC), 0o600)
         guard descriptor >= 0 else {
+            if errno == EEXIST { throw CaptureFormatError("\(path) exists already; choose another name") }
             throw CaptureFormatError("cannot create the capture file \(path): \(String(cString: strerror(errno)))")
         }
         fchmod(descriptor, 0o600) // an existing file keeps its mode through O_CREAT

@@ -101,6 +101,8 @@ struct BrokerCaptureTests {
             _ = try await client.call(TestService.Echo.self, .init(text: "fern"), principal: "user-7")
             let stopped = try await client.call(Broker.CaptureStop.self, .init())
             #expect(stopped.records == 2 && !stopped.capturing)
+            // A capture started over the bus never overwrites a file.
+            await #expect(throws: CanopyError.self) { _ = try await client.call(Broker.CaptureStart.self, .init(name: "tuesday")) }
             #expect(try await client.call(Broker.CaptureStatusOperation.self, .init()) == stopped)
             let (records, reader) = try CaptureFormatTests.readAll(directory + "/tuesday")
             #expect(reader.header.pseudonymized)
