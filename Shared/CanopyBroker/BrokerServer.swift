@@ -4,6 +4,7 @@ import CanopyWire
 import CanopyIO
 import CZeroMQ
 import Dispatch
+import Foundation
 import Glibc
 import Logging
 import ServiceLifecycle
@@ -17,7 +18,11 @@ import Synchronization
 /// The socket is bound in `init` (so the endpoint, with the port the system chose for
 /// `tcp://127.0.0.1:*`, is known at once) and from ``run()`` on is owned by the loop thread.
 public final class BrokerServer: Service, @unchecked Sendable {
-    private enum Control: Sendable { case shutdown }
+    private enum Control: Sendable {
+        case shutdown
+        /// A stopped capture finished writing (on a thread of its own): answer who stopped it.
+        case captureStopped(CaptureStatus, client: [UInt8], correlation: [UInt8])
+    }
 
     /// The endpoint the broker listens on, with the real port.
     public let endpoint: String
@@ -133,10 +138,22 @@ public final class BrokerServer: Service, @unchecked Sendable {
             if drainDeadline != nil { timeout = min(timeout, .milliseconds(20)) }
             try poller.poll(timeout: timeout)
 
-            if poller.isReadable(mailboxItem), !mailbox.drain().isEmpty, drainDeadline == nil {
-                state.beginShutdown()
-                drainDeadline = .now + configuration.drainTimeout
-                logger.info("broker.draining", metadata: ["broker.pending": "\(state.pendingCount)"])
+            if poller.isReadable(mailboxItem) {
+                for control in mailbox.drain() {
+                    switch control {
+                    case .shutdown:
+                        guard drainDeadline == nil else { continue }
+                        state.beginShutdown()
+                        drainDeadline = .now + configuration.drainTimeout
+                        logger.info("broker.draining", metadata: ["broker.pending": "\(state.pendingCount)"])
+                    case .captureStopped(let status, let client, let correlation):
+                        lastCapture = status
+                        logger.info("broker.capture.stopped", metadata: ["broker.capture": "\(status.path ?? "")", "broker.records": "\(status.records)",
+                                                                       "broker.dropped": "\(status.dropped)"])
+                        var writer = try RoutedWriter(socket, to: client)
+                        try WireMessage.reply(correlation: correlation, shared: false, body: (try? codec.encode(status)) ?? []).write(into: &writer)
+                    }
+                }
             }
             if let zapItem, poller.isReadable(zapItem) {
                 try zap?.answerRequests()
@@ -219,9 +236,9 @@ public final class BrokerServer: Service, @unchecked Sendable {
             case .captureControl(let control, let client, let correlation):
                 let answer: WireMessage
                 do {
-                    let status = try controlCapture(control, state: &state)
-                    answer = .reply(correlation: correlation, shared: false, body: try codec.encode(status))
-                } catch let error as CanopyError {
+                    guard let status = try controlCapture(control, client: client, correlation: correlation, state: &state) else { continue } // answered later
+                    answer = .reply(correlation: correlation, shared: false, body: (try? codec.encode(status)) ?? [])
+                } catch {
                     answer = .error(correlation: correlation, error: (try? codec.encode(error)) ?? [])
                 }
                 var writer = try RoutedWriter(socket, to: client)
@@ -231,8 +248,11 @@ public final class BrokerServer: Service, @unchecked Sendable {
         directives.removeAll(keepingCapacity: true)
     }
 
-    /// Starts, stops or reports the capture, as `broker.capture.*` asked.
-    private func controlCapture(_ control: BrokerState.CaptureControl, state: inout BrokerState) throws(CanopyError) -> CaptureStatus {
+    /// Starts, stops or reports the capture, as `broker.capture.*` asked; nil when the answer
+    /// comes later (a stop: the writer finishes on a thread of its own, so the loop never
+    /// waits for the disk, and the answer goes out when it is done).
+    private func controlCapture(_ control: BrokerState.CaptureControl, client: [UInt8], correlation: [UInt8],
+                                state: inout BrokerState) throws(CanopyError) -> CaptureStatus? {
         switch control {
         case .status:
             return captureStatus ?? CaptureStatus(capturing: false)
@@ -242,11 +262,13 @@ public final class BrokerServer: Service, @unchecked Sendable {
             captured.removeAll(keepingCapacity: true)
             state.capturing = false
             capture = nil
-            let status = running.stop()
-            lastCapture = status
-            logger.info("broker.capture.stopped", metadata: ["broker.capture": "\(status.path ?? "")", "broker.records": "\(status.records)",
-                                                           "broker.dropped": "\(status.dropped)"])
-            return status
+            let mailbox = self.mailbox
+            let thread = Thread {
+                mailbox.post(.captureStopped(running.stop(), client: client, correlation: correlation))
+            }
+            thread.name = "canopy-capture-stop"
+            thread.start()
+            return nil
         case .start(let request):
             guard let directory = configuration.captureDirectory else {
                 throw CanopyError(.unauthorized, "this broker does not take capture requests; start it with --capture-dir DIR to allow them")
