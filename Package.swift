@@ -54,6 +54,8 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-openapi-runtime", from: "1.13.4"),
         .package(url: "https://github.com/hummingbird-project/swift-openapi-hummingbird", from: "2.1.0"),
         .package(url: "https://github.com/apple/swift-http-types", from: "1.8.0"),
+        // The deployment tests read docker-compose.yml.
+        .package(url: "https://github.com/jpsim/Yams", from: "6.2.2"),
     ],
     targets: [
         // MARK: - Shared modules
@@ -401,6 +403,17 @@ let package = Package(
             name: "CareSchedulingTests",
             dependencies: ["CareScheduling", "ImageCache", "CVips", "CanopyBus", "CanopyBroker", "CanopyTesting", "CanopyServiceKit", "canopy-care"],
             path: "Tests/CareSchedulingTests",
+            swiftSettings: swiftSettings
+        ),
+        .testTarget(
+            name: "DeploymentTests",
+            dependencies: [
+                "CanopyServiceKit", "CanopyTesting",
+                .product(name: "Yams", package: "Yams"),
+                // Built for the tests that ask them for --help.
+                "canopy-broker", "canopy-images", "canopy-care", "canopy-identify", "canopy-remind", "canopy-batch",
+            ],
+            path: "Tests/DeploymentTests",
             swiftSettings: swiftSettings
         ),
         .testTarget(

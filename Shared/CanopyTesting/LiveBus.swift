@@ -247,13 +247,16 @@ public func runExecutable(_ name: String, _ arguments: [String], environment: [S
 }
 
 /// Runs a program from elsewhere (a test peer such as schemathesis) as ``runExecutable(_:_:environment:limit:)`` does.
-public func runProgram(at path: String, _ arguments: [String], environment: [String: String] = [:], limit: TimeInterval = 20) async throws -> ProcessResult {
-    try await offThePool { try runBlocking(URL(fileURLWithPath: path), arguments, environment: environment, limit: limit) }
+public func runProgram(at path: String, _ arguments: [String], environment: [String: String] = [:], directory: URL? = nil,
+                       limit: TimeInterval = 20) async throws -> ProcessResult {
+    try await offThePool { try runBlocking(URL(fileURLWithPath: path), arguments, environment: environment, directory: directory, limit: limit) }
 }
 
-private func runBlocking(_ executable: URL, _ arguments: [String], environment: [String: String], limit: TimeInterval) throws -> ProcessResult {
+private func runBlocking(_ executable: URL, _ arguments: [String], environment: [String: String], directory: URL? = nil,
+                         limit: TimeInterval) throws -> ProcessResult {
     let process = Process()
     process.executableURL = executable
+    if let directory { process.currentDirectoryURL = directory }
     process.arguments = arguments
     process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
     let output = Pipe(), errors = Pipe()

