@@ -411,7 +411,7 @@ let package = Package(
                 "CanopyServiceKit", "CanopyTesting",
                 .product(name: "Yams", package: "Yams"),
                 // Built for the tests that ask them for --help.
-                "canopy-broker", "canopy-images", "canopy-care", "canopy-identify", "canopy-remind", "canopy-batch",
+                "canopy", "canopy-broker", "canopy-images", "canopy-care", "canopy-identify", "canopy-remind", "canopy-batch",
             ],
             path: "Tests/DeploymentTests",
             swiftSettings: swiftSettings

@@ -4,9 +4,11 @@ import ArgumentParser
 struct CanopyCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "canopy",
-        abstract: "Canopy's operator CLI: call operations and look at the bus.",
+        abstract: "Canopy's operator CLI: run the stack, call operations, look at the bus, capture and replay.",
         discussion: """
             Examples:
+              canopy up
+              canopy status
               canopy services
               canopy stats --endpoint tcp://127.0.0.1:5555
               canopy send broker stats --json '{}'
@@ -15,5 +17,5 @@ struct CanopyCommand: AsyncParsableCommand {
               canopy capture inspect ./captures/monday
               canopy replay ./captures/monday --broker tcp://127.0.0.1:5555
             """,
-        subcommands: [Send.self, Services.self, Stats.self, Keys.self, Capture.self, Replay.self])
+        subcommands: [Up.self, Status.self, Logs.self, Down.self, Send.self, Services.self, Stats.self, Keys.self, Capture.self, Replay.self])
 }

@@ -235,6 +235,12 @@ public struct ProcessResult: Sendable {
     public var status: Int32
     public var output: String
     public var errors: String
+
+    public init(status: Int32, output: String, errors: String) {
+        self.status = status
+        self.output = output
+        self.errors = errors
+    }
 }
 
 /// Runs an executable built next to the tests and waits for it (at most `limit`; then it is

@@ -1,0 +1,244 @@
+import CanopyServiceKit
+import Dispatch
+import Foundation
+import Glibc
+
+/// Where a local stack lives and how it is reached: the same for `up`, `status`, `logs` and
+/// `down`, derived from the data directory.
+struct StackLayout {
+    let dataDirectory: URL
+    var logs: URL { dataDirectory.appendingPathComponent("logs", isDirectory: true) }
+    var stateFile: URL { dataDirectory.appendingPathComponent("stack.json") }
+    var tokenKey: URL { dataDirectory.appendingPathComponent("token.key") }
+
+    func log(_ service: String) -> URL { logs.appendingPathComponent("\(service).log") }
+
+    /// The stack's state as the supervisor last wrote it, if a stack ran here.
+    func state() -> StackState? {
+        guard let data = try? Data(contentsOf: stateFile) else { return nil }
+        return try? JSONDecoder().decode(StackState.self, from: data)
+    }
+}
+
+/// What `canopy status` shows: written by the supervisor whenever something changes.
+struct StackState: Codable, Equatable {
+    struct Service: Codable, Equatable {
+        var name: String
+        var pid: Int32
+        /// starting, running, restarting, stopped, failed
+        var state: String
+        var restarts: Int
+        var metrics: String
+    }
+
+    var supervisor: Int32
+    var endpoint: String
+    var http: String
+    var services: [Service]
+    /// The supervisor stopped (after `down`, Ctrl-C, or a failed start).
+    var stopped = false
+
+    /// Whether the supervisor process is still there.
+    var supervisorAlive: Bool { !stopped && kill(supervisor, 0) == 0 }
+}
+
+/// Runs the stack's services as local processes: starts them in order, waits until each is
+/// healthy, restarts one that exits with growing pauses (1 s doubling to 30 s, back to 1 s
+/// after a minute up), records the state for `canopy status`, and stops them all gracefully
+/// (SIGTERM, then SIGKILL after 15 s) when asked.
+final class StackSupervisor: @unchecked Sendable {
+    struct Settings {
+        var layout: StackLayout
+        var executables: URL
+        var endpoint: String
+        var http: String
+        /// The broker's port offset: service metrics ports are this plus their usual offset from 9400.
+        var metricsBase: Int
+        /// Extra `CANOPY_*` settings for every service (a clock for demos, a log level).
+        var environment: [String: String] = [:]
+    }
+
+    final class Child {
+        let service: CanopyStack.Service
+        var process: Process?
+        var restarts = 0
+        var state = "starting"
+        var startedAt = ContinuousClock.now
+        var restartAt: ContinuousClock.Instant?
+        var pause: Duration = .seconds(1)
+
+        init(_ service: CanopyStack.Service) { self.service = service }
+    }
+
+    let settings: Settings
+    private(set) var children: [Child]
+    private let lock = NSLock()
+    private var stopping = false
+
+    init(settings: Settings) {
+        self.settings = settings
+        children = CanopyStack.services.map(Child.init)
+    }
+
+    func metricsAddress(_ service: CanopyStack.Service) -> String {
+        "127.0.0.1:\(settings.metricsBase + service.metricsPort - CanopyStack.broker.metricsPort)"
+    }
+
+    /// The arguments that start `service`.
+    func arguments(_ service: CanopyStack.Service) -> [String] {
+        var arguments = [service.subcommand, "--metrics-bind", metricsAddress(service)]
+        switch service.name {
+        case CanopyStack.broker.name:
+            // Photos up to 25 MiB travel as attachments: frames up to 32 MiB.
+            arguments += ["--bind", settings.endpoint, "--max-frame-bytes", "33554432", "--capture-dir", settings.layout.dataDirectory.path]
+        case "batch":
+            arguments += ["--endpoint", settings.endpoint, "--http", settings.http, "--token-key-file", settings.layout.tokenKey.path]
+        default:
+            arguments += ["--endpoint", settings.endpoint, "--data-dir", settings.layout.dataDirectory.path]
+        }
+        return arguments
+    }
+
+    private func start(_ child: Child) throws {
+        let process = Process()
+        process.executableURL = settings.executables.appendingPathComponent(child.service.executable)
+        process.arguments = arguments(child.service)
+        process.environment = ProcessInfo.processInfo.environment.merging(settings.environment) { $1 }
+        let logPath = settings.layout.log(child.service.name).path
+        if !FileManager.default.fileExists(atPath: logPath) { FileManager.default.createFile(atPath: logPath, contents: nil) }
+        let log = try FileHandle(forWritingTo: URL(fileURLWithPath: logPath))
+        log.seekToEndOfFile()
+        process.standardOutput = log
+        process.standardError = log
+        process.standardInput = FileHandle.nullDevice
+        try process.run()
+        try? log.close()
+        child.process = process
+        child.startedAt = .now
+        child.state = "starting"
+    }
+
+    /// Whether `child` answers its health check (its own `health` command).
+    func healthy(_ child: Child) -> Bool {
+        let check = Process()
+        check.executableURL = settings.executables.appendingPathComponent(child.service.executable)
+        check.arguments = child.service == CanopyStack.broker
+            ? ["health", "--endpoint", settings.endpoint.replacingOccurrences(of: "0.0.0.0", with: "127.0.0.1")]
+            : ["health", "--metrics-bind", metricsAddress(child.service)]
+        check.standardOutput = FileHandle.nullDevice
+        check.standardError = FileHandle.nullDevice
+        guard (try? check.run()) != nil else { return false }
+        check.waitUntilExit()
+        return check.terminationStatus == 0
+    }
+
+    /// Starts every service in order, each once the one before is healthy (the broker first,
+    /// canopy-batch last). `progress` hears each step.
+    func startAll(within limit: Duration = .seconds(90), progress: (String) -> Void) throws {
+        try FileManager.default.createDirectory(at: settings.layout.logs, withIntermediateDirectories: true)
+        for child in children {
+            progress("starting \(child.service.name)…")
+            try start(child)
+            let deadline = ContinuousClock.now + limit
+            while !healthy(child) {
+                if child.process?.isRunning != true {
+                    child.state = "failed"
+                    writeState()
+                    throw CommandFailure("\(child.service.executable) exited while starting (status \(child.process?.terminationStatus ?? 0)); its log is \(settings.layout.log(child.service.name).path) (canopy logs \(child.service.name))")
+                }
+                guard ContinuousClock.now < deadline else {
+                    throw CommandFailure("\(child.service.executable) did not become healthy within \(limit); see canopy logs \(child.service.name)")
+                }
+                Thread.sleep(forTimeInterval: 0.2)
+            }
+            child.state = "running"
+            writeState()
+        }
+    }
+
+    /// Watches the children until ``stop()``: a child that exits is started again after its pause.
+    func supervise(report: (String) -> Void) {
+        while !isStopping {
+            let now = ContinuousClock.now
+            var changed = false
+            for child in children {
+                guard let process = child.process else { continue }
+                if child.state == "restarting", let at = child.restartAt, now >= at {
+                    do {
+                        try start(child)
+                        child.restarts += 1
+                        report("restarted \(child.service.name) (restart \(child.restarts))")
+                    } catch {
+                        report("could not restart \(child.service.name): \(error)")
+                        child.restartAt = now + child.pause
+                    }
+                    changed = true
+                } else if child.state != "restarting", !process.isRunning, !isStopping {
+                    // Up for a minute: the next failure pauses briefly again.
+                    if now - child.startedAt > .seconds(60) { child.pause = .seconds(1) }
+                    report("\(child.service.name) exited (status \(process.terminationStatus)); restarting in \(child.pause)")
+                    child.state = "restarting"
+                    child.restartAt = now + child.pause
+                    child.pause = min(child.pause * 2, .seconds(30))
+                    changed = true
+                } else if child.state == "starting", process.isRunning, now - child.startedAt > .seconds(1), healthy(child) {
+                    child.state = "running"
+                    changed = true
+                }
+            }
+            if changed { writeState() }
+            Thread.sleep(forTimeInterval: 0.2)
+        }
+    }
+
+    var isStopping: Bool {
+        lock.lock()
+        defer { lock.unlock() }
+        return stopping
+    }
+
+    /// Asks the supervision loop to end (from a signal handler's queue).
+    func requestStop() {
+        lock.lock()
+        stopping = true
+        lock.unlock()
+    }
+
+    /// Stops every child, last started first: SIGTERM, then SIGKILL after `grace`.
+    func stopAll(grace: Duration = .seconds(15)) {
+        requestStop()
+        for child in children.reversed() {
+            guard let process = child.process, process.isRunning else { child.state = "stopped"; continue }
+            process.terminate()
+            let deadline = ContinuousClock.now + grace
+            while process.isRunning && ContinuousClock.now < deadline { Thread.sleep(forTimeInterval: 0.05) }
+            if process.isRunning { kill(process.processIdentifier, SIGKILL) }
+            process.waitUntilExit()
+            child.state = "stopped"
+        }
+        writeState(stopped: true)
+    }
+
+    /// Records the state for `canopy status` (written whole, then renamed).
+    func writeState(stopped: Bool = false) {
+        let state = StackState(
+            supervisor: getpid(), endpoint: settings.endpoint, http: settings.http,
+            services: children.map { .init(name: $0.service.name, pid: $0.process?.processIdentifier ?? 0, state: $0.state, restarts: $0.restarts,
+                                           metrics: metricsAddress($0.service)) },
+            stopped: stopped)
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
+        try? encoder.encode(state).write(to: settings.layout.stateFile, options: .atomic)
+    }
+
+    /// The status table.
+    static func table(_ state: StackState) -> String {
+        var table = Table("SERVICE", "PID", "STATE", "RESTARTS", "METRICS")
+        for service in state.services {
+            let alive = service.pid > 0 && kill(service.pid, 0) == 0
+            let shown = state.supervisorAlive ? service.state : (alive ? "orphaned" : "stopped")
+            table.append([service.name, service.pid > 0 ? "\(service.pid)" : "-", shown, "\(service.restarts)", "http://\(service.metrics)/metrics"])
+        }
+        return table.render()
+    }
+}

@@ -1,0 +1,252 @@
+import ArgumentParser
+import CanopyServiceKit
+import Dispatch
+import Foundation
+import Glibc
+
+/// Options every stack command shares: where the stack keeps its data (and its state).
+struct StackOptions: ParsableArguments {
+    @Option(help: ArgumentHelp("Where the stack keeps its stores, logs and state. Env: CANOPY_DATA_DIR.", valueName: "dir"))
+    var dataDir: String = Environment.string("CANOPY_DATA_DIR") ?? "./.canopy"
+
+    var layout: StackLayout { StackLayout(dataDirectory: URL(fileURLWithPath: dataDir, isDirectory: true).standardizedFileURL) }
+}
+
+/// `canopy up`: the whole stack as local processes.
+struct Up: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Run the whole stack as local processes: the broker and every service, restarted when they crash.",
+        discussion: """
+            Builds what is missing (swift build -c release, when run from the repository), starts
+            the broker and every service (the list docker-compose.yml runs) with their stores in
+            --data-dir, waits until each is healthy, prints a status table, the HTTP address and a
+            demo token, and keeps them running; Ctrl-C stops them all gracefully.
+            Examples:
+              canopy up
+              canopy up --detach && canopy status && canopy logs care && canopy down
+              canopy up --http 0.0.0.0:8080 --data-dir /srv/canopy
+            """)
+
+    @OptionGroup var stack: StackOptions
+    @Option(name: [.customLong("broker"), .customLong("endpoint")], help: ArgumentHelp("Where the broker listens. Env: CANOPY_ENDPOINT.", valueName: "endpoint"))
+    var broker: String = Environment.string("CANOPY_ENDPOINT") ?? "tcp://127.0.0.1:5555"
+    @Option(help: ArgumentHelp("Where the HTTP API listens. Env: CANOPY_HTTP.", valueName: "host:port"))
+    var http: String = Environment.string("CANOPY_HTTP") ?? "127.0.0.1:8080"
+    @Option(help: ArgumentHelp("The broker's /metrics port; the services take the next five (9400: 9401 images … 9405 batch). Env: CANOPY_METRICS_BASE.", valueName: "port"))
+    var metricsBase: Int = Environment.int("CANOPY_METRICS_BASE", default: 9400)
+    @Option(help: ArgumentHelp("The clock every service goes by (system, fixed:…, from:…; see --help of a service). Env: CANOPY_CLOCK.", valueName: "clock"))
+    var clock: String = Environment.string("CANOPY_CLOCK") ?? "system"
+    @Flag(help: "Start the stack in the background and return once it is healthy; canopy down stops it.") var detach = false
+    @Flag(help: .hidden) var supervise = false
+
+    func validate() throws {
+        try Environment.validate()
+        guard (1...65_530).contains(metricsBase) else { throw ValidationError("--metrics-base must be a port from 1 to 65530") }
+        guard ServiceClock(parsing: clock) != nil else { throw ValidationError("--clock is system, fixed:2026-11-24T09:00:00Z or from:2026-11-24T09:00:00Z") }
+        _ = try OperatingOptions.parse(http)
+    }
+
+    func run() throws {
+        let layout = stack.layout
+        try FileManager.default.createDirectory(at: layout.logs, withIntermediateDirectories: true)
+        if let state = layout.state(), state.supervisorAlive {
+            throw CommandFailure("a stack runs already from \(layout.dataDirectory.path) (supervisor \(state.supervisor)); see canopy status, or stop it with canopy down")
+        }
+        let executables = try Self.executables()
+        try Self.makeTokenKey(layout.tokenKey)
+        if detach && !supervise { return try startDetached(layout) }
+
+        var environment = ["CANOPY_CLOCK": clock]
+        environment["CANOPY_LOG_LEVEL"] = Environment.string("CANOPY_LOG_LEVEL") ?? "info"
+        let supervisor = StackSupervisor(settings: .init(layout: layout, executables: executables, endpoint: broker, http: http,
+                                                         metricsBase: metricsBase, environment: environment))
+        // Ctrl-C and SIGTERM end the supervision; the children are then stopped in order.
+        signal(SIGINT, SIG_IGN)
+        signal(SIGTERM, SIG_IGN)
+        signal(SIGHUP, SIG_IGN)
+        let signals = [SIGINT, SIGTERM].map { number in
+            let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
+            source.setEventHandler { supervisor.requestStop() }
+            source.resume()
+            return source
+        }
+        defer { signals.forEach { $0.cancel() } }
+        do {
+            try supervisor.startAll { note($0) }
+        } catch {
+            supervisor.stopAll()
+            throw error
+        }
+        let token = try Self.demoToken(executables, key: layout.tokenKey)
+        print(StackSupervisor.table(layout.state()!))
+        print("")
+        print("the HTTP API: http://\(http)  (try: curl -H 'Authorization: Bearer \(token)' http://\(http)/v1/plants)")
+        print("demo token (user demo, 7 days): \(token)")
+        print(supervise ? "supervising; canopy down stops the stack" : "Ctrl-C stops the stack; canopy status and canopy logs SERVICE from another terminal")
+        fflush(nil)
+        supervisor.supervise { note($0) }
+        note("stopping…")
+        supervisor.stopAll()
+        note("stopped")
+    }
+
+    /// `--detach`: the same command, supervising in a session of its own, its output in the logs.
+    private func startDetached(_ layout: StackLayout) throws {
+        let log = layout.log("canopy-up")
+        FileManager.default.createFile(atPath: log.path, contents: nil)
+        let output = try FileHandle(forWritingTo: log)
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/setsid")
+        process.arguments = [Self.selfPath(), "up", "--supervise", "--detach", "--data-dir", stack.dataDir, "--broker", broker, "--http", http,
+                             "--metrics-base", "\(metricsBase)", "--clock", clock]
+        process.standardInput = FileHandle.nullDevice
+        process.standardOutput = output
+        process.standardError = output
+        try process.run()
+        // Wait until every service is running (the supervisor writes the state as they come up).
+        let deadline = ContinuousClock.now + .seconds(180)
+        while ContinuousClock.now < deadline {
+            Thread.sleep(forTimeInterval: 0.3)
+            if let state = layout.state(), state.services.allSatisfy({ $0.state == "running" }), state.supervisorAlive,
+               (try? String(contentsOf: log, encoding: .utf8))?.contains("demo token") == true {
+                print(StackSupervisor.table(state))
+                let text = (try? String(contentsOf: log, encoding: .utf8)) ?? ""
+                for line in text.split(separator: "\n") where line.hasPrefix("the HTTP API") || line.hasPrefix("demo token") { print(line) }
+                print("running in the background; canopy status, canopy logs SERVICE, canopy down")
+                return
+            }
+            if !process.isRunning && process.terminationStatus != 0 {
+                throw CommandFailure("the stack did not start: \(String(((try? String(contentsOf: log, encoding: .utf8)) ?? "").suffix(2_000)))")
+            }
+        }
+        throw CommandFailure("the stack did not become healthy within 3 minutes; see \(log.path) and canopy logs SERVICE")
+    }
+
+    /// This executable's path (to start the detached supervisor).
+    static func selfPath() -> String {
+        (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
+    }
+
+    /// Where the services' executables are: next to this one. Missing ones are built when run
+    /// from the repository (a Package.swift here), else the error says how.
+    static func executables() throws -> URL {
+        let directory = URL(fileURLWithPath: selfPath()).deletingLastPathComponent()
+        let missing = CanopyStack.services.map(\.executable).filter { !FileManager.default.isExecutableFile(atPath: directory.appendingPathComponent($0).path) }
+        guard !missing.isEmpty else { return directory }
+        guard FileManager.default.fileExists(atPath: "Package.swift") else {
+            throw CommandFailure("\(missing.joined(separator: ", ")) are not next to canopy in \(directory.path); build them (swift build -c release) or install them together")
+        }
+        let configuration = directory.lastPathComponent == "debug" ? "debug" : "release"
+        for (index, product) in missing.enumerated() {
+            note("building \(product) (\(index + 1) of \(missing.count), swift build -c \(configuration); the first build takes minutes)…")
+            let build = Process()
+            build.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+            build.arguments = ["swift", "build", "-c", configuration, "--product", product]
+            try build.run()
+            build.waitUntilExit()
+            guard build.terminationStatus == 0 else { throw CommandFailure("swift build --product \(product) failed; run it by hand to see why") }
+        }
+        return directory
+    }
+
+    /// The API's token signing key, made once (48 random bytes, base64, mode 0600).
+    static func makeTokenKey(_ url: URL) throws {
+        guard !FileManager.default.fileExists(atPath: url.path) else { return }
+        var bytes = [UInt8](repeating: 0, count: 48)
+        for index in bytes.indices { bytes[index] = UInt8.random(in: 0 ... 255) }
+        FileManager.default.createFile(atPath: url.path, contents: Data(Data(bytes).base64EncodedString().utf8), attributes: [.posixPermissions: 0o600])
+    }
+
+    static func demoToken(_ executables: URL, key: URL) throws -> String {
+        let issue = Process()
+        issue.executableURL = executables.appendingPathComponent("canopy-batch")
+        issue.arguments = ["token", "issue", "--user", "demo", "--days", "7", "--token-key-file", key.path]
+        let pipe = Pipe()
+        issue.standardOutput = pipe
+        try issue.run()
+        let token = String(decoding: pipe.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+        issue.waitUntilExit()
+        guard issue.terminationStatus == 0, !token.isEmpty else { throw CommandFailure("canopy-batch token issue failed") }
+        return token
+    }
+}
+
+/// `canopy status`: the local stack's services.
+struct Status: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Show the local stack's services: pid, state, restarts, metrics address.",
+                                                    discussion: "Example: canopy status --data-dir ./.canopy")
+    @OptionGroup var stack: StackOptions
+
+    func run() throws {
+        guard let state = stack.layout.state() else {
+            throw CommandFailure("no stack has run from \(stack.layout.dataDirectory.path); start one with canopy up")
+        }
+        print(StackSupervisor.table(state))
+        print(state.supervisorAlive ? "supervisor \(state.supervisor); the HTTP API on http://\(state.http); the broker on \(state.endpoint)" : "the stack is stopped; canopy up starts it")
+    }
+}
+
+/// `canopy logs SERVICE`: a service's log.
+struct Logs: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Print a local stack service's log (--follow keeps printing).",
+                                                    discussion: "Example: canopy logs care --lines 50 --follow")
+    @Argument(help: "The service: \(CanopyStack.services.map(\.name).joined(separator: ", ")), or canopy-up (the supervisor).") var service: String
+    @Option(help: "Lines from the end to print first.") var lines = 100
+    @Flag(help: "Keep printing what is added, until Ctrl-C.") var follow = false
+    @OptionGroup var stack: StackOptions
+
+    func validate() throws {
+        guard CanopyStack.services.contains(where: { $0.name == service }) || service == "canopy-up" else {
+            throw ValidationError("no service '\(service)'; the stack has \(CanopyStack.services.map(\.name).joined(separator: ", ")) (and canopy-up)")
+        }
+        guard lines >= 0 else { throw ValidationError("--lines cannot be negative") }
+    }
+
+    func run() throws {
+        let path = stack.layout.log(service).path
+        guard let handle = FileHandle(forReadingAtPath: path) else {
+            throw CommandFailure("no log at \(path); has the stack run from \(stack.layout.dataDirectory.path)? (canopy up)")
+        }
+        // The last lines: read at most the last 1 MiB, however long the log grew.
+        let size = handle.seekToEndOfFile()
+        handle.seek(toFileOffset: size > 1 << 20 ? size - (1 << 20) : 0)
+        let tail = String(decoding: handle.readDataToEndOfFile(), as: UTF8.self).split(separator: "\n", omittingEmptySubsequences: false)
+        let shown = tail.suffix(lines + 1).joined(separator: "\n")
+        FileHandle.standardOutput.write(Data(shown.utf8))
+        guard follow else { return }
+        while true {
+            let more = handle.readDataToEndOfFile()
+            if !more.isEmpty { FileHandle.standardOutput.write(more) }
+            Thread.sleep(forTimeInterval: 0.3)
+        }
+    }
+}
+
+/// `canopy down`: stops the local stack.
+struct Down: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Stop the local stack gracefully (the services finish what they hold).",
+                                                    discussion: "Example: canopy down --data-dir ./.canopy")
+    @OptionGroup var stack: StackOptions
+
+    func run() throws {
+        guard let state = stack.layout.state(), state.supervisorAlive else {
+            print("no stack runs from \(stack.layout.dataDirectory.path)")
+            return
+        }
+        kill(state.supervisor, SIGTERM)
+        let deadline = ContinuousClock.now + .seconds(120)
+        while kill(state.supervisor, 0) == 0 && ContinuousClock.now < deadline {
+            Thread.sleep(forTimeInterval: 0.2)
+            if stack.layout.state()?.stopped == true { break }
+        }
+        while kill(state.supervisor, 0) == 0 && ContinuousClock.now < deadline { Thread.sleep(forTimeInterval: 0.1) }
+        guard kill(state.supervisor, 0) != 0 else { throw CommandFailure("the stack's supervisor \(state.supervisor) did not stop within 2 minutes") }
+        if let final = stack.layout.state() { print(StackSupervisor.table(final)) }
+        print("stopped")
+    }
+}
+
+/// A line on standard error (progress and events; tables go to standard output).
+func note(_ text: String) {
+    FileHandle.standardError.write(Data("canopy: \(text)\n".utf8))
+}

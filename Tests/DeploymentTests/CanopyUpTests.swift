@@ -1,0 +1,103 @@
+import CanopyServiceKit
+import CanopyTesting
+import Foundation
+import Glibc
+import Testing
+
+/// `canopy up` as an operator runs it: the whole stack as local processes (the executables
+/// built next to the tests), on ports of its own, in a data directory of its own.
+@Suite(.serialized)
+struct CanopyUpTests {
+    /// A TCP port nobody listens on now.
+    static func freePort() throws -> Int {
+        let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        defer { close(descriptor) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        address.sin_port = 0
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        _ = withUnsafePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(descriptor, $0, length) } }
+        _ = withUnsafeMutablePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(descriptor, $0, &length) } }
+        return Int(UInt16(bigEndian: address.sin_port))
+    }
+
+    struct ServiceRow: Equatable {
+        var name: String, pid: Int32, state: String, restarts: Int
+    }
+
+    static func rows(_ table: String) -> [ServiceRow] {
+        table.split(separator: "\n").compactMap { line in
+            let cells = line.split(separator: " ").map(String.init)
+            guard cells.count >= 4, let pid = Int32(cells[1]), let restarts = Int(cells[3]) else { return nil }
+            return ServiceRow(name: cells[0], pid: pid, state: cells[2], restarts: restarts)
+        }
+    }
+
+    @Test func upStartsEveryServiceRestartsACrashedOneAndDownStopsThemAll() async throws {
+        let data = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-up-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: data) }
+        let stack = ["--data-dir", data]
+        // Metrics ports: a base with five free ports after it is likely enough among ephemeral ones; try a few.
+        var base = 0
+        for _ in 0..<20 {
+            let candidate = try Self.freePort()
+            guard candidate < 65_000 else { continue }
+            base = candidate
+            break
+        }
+        let up = try await runExecutable("canopy", ["up", "--detach", "--broker", "tcp://127.0.0.1:\(try Self.freePort())",
+                                                    "--http", "127.0.0.1:\(try Self.freePort())", "--metrics-base", "\(base)"] + stack, limit: 240)
+        defer { _ = try? runDown(stack) }
+        #expect(up.status == 0, "\(up.output) \(up.errors)")
+        let started = Self.rows(up.output)
+        #expect(started.map(\.name) == CanopyStack.services.map(\.name), "the same services as docker-compose.yml, in order")
+        #expect(started.allSatisfy { $0.state == "running" && $0.pid > 0 })
+        #expect(up.output.contains("demo token (user demo, 7 days): ey"))
+        let key = try FileManager.default.attributesOfItem(atPath: data + "/token.key")[.posixPermissions] as? Int
+        #expect(key == 0o600)
+
+        // A service killed hard is started again.
+        let care = try #require(started.first { $0.name == "care" })
+        kill(care.pid, SIGKILL)
+        var restarted: ServiceRow?
+        let deadline = ContinuousClock.now + .seconds(60)
+        while ContinuousClock.now < deadline {
+            try await Task.sleep(for: .milliseconds(300))
+            let status = try await runExecutable("canopy", ["status"] + stack)
+            restarted = Self.rows(status.output).first { $0.name == "care" }
+            if restarted?.restarts == 1 && restarted?.state == "running" { break }
+        }
+        #expect(restarted?.restarts == 1 && restarted?.state == "running" && restarted?.pid != care.pid, "\(String(describing: restarted))")
+        let logs = try await runExecutable("canopy", ["logs", "care", "--lines", "400"] + stack)
+        #expect(logs.status == 0 && logs.output.contains("canopy-care"))
+        let unknown = try await runExecutable("canopy", ["logs", "gardener"] + stack)
+        #expect(unknown.status != 0 && unknown.errors.contains("no service 'gardener'"))
+        let twice = try await runExecutable("canopy", ["up", "--detach"] + stack)
+        #expect(twice.status != 0 && twice.errors.contains("a stack runs already"))
+
+        let down = try runDown(stack)
+        #expect(down.status == 0 && down.output.contains("stopped"), "\(down.output) \(down.errors)")
+        let pids = Self.rows(try await runExecutable("canopy", ["status"] + stack).output).map(\.pid)
+        #expect(pids.count == CanopyStack.services.count && pids.allSatisfy { kill($0, 0) != 0 }, "every process is gone")
+    }
+
+    @Test func statusWithoutAStackSaysHowToStartOne() async throws {
+        let result = try await runExecutable("canopy", ["status", "--data-dir", "/tmp/canopy-no-stack-\(UUID().uuidString)"])
+        #expect(result.status != 0 && result.errors.contains("canopy up"))
+        #expect(try await helpProblems("canopy", subcommands: [["up"], ["status"], ["logs"], ["down"]]) == [])
+    }
+
+    private func runDown(_ stack: [String]) throws -> ProcessResult {
+        let process = Process()
+        process.executableURL = try LiveBus.executable("canopy")
+        process.arguments = ["down"] + stack
+        let output = Pipe(), errors = Pipe()
+        process.standardOutput = output
+        process.standardError = errors
+        try process.run()
+        let out = output.fileHandleForReading.readDataToEndOfFile(), err = errors.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        return ProcessResult(status: process.terminationStatus, output: String(decoding: out, as: UTF8.self), errors: String(decoding: err, as: UTF8.self))
+    }
+}
