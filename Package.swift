@@ -316,7 +316,12 @@ let package = Package(
         ),
         .executableTarget(
             name: "canopy",
-            dependencies: ["CanopyServiceKit", "CanopyBus", "CanopyMessages", "CanopyCapture", "CanopyReplay"],
+            dependencies: [
+                "CanopyServiceKit", "CanopyBus", "CanopyMessages", "CanopyCapture", "CanopyReplay", "CanopyImaging",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+            ],
             path: "Services/Canopy",
             swiftSettings: swiftSettings
         ),

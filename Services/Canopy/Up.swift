@@ -157,10 +157,10 @@ struct Up: ParsableCommand {
         FileManager.default.createFile(atPath: url.path, contents: Data(Data(bytes).base64EncodedString().utf8), attributes: [.posixPermissions: 0o600])
     }
 
-    static func demoToken(_ executables: URL, key: URL) throws -> String {
+    static func demoToken(_ executables: URL, key: URL, user: String = "demo") throws -> String {
         let issue = Process()
         issue.executableURL = executables.appendingPathComponent("canopy-batch")
-        issue.arguments = ["token", "issue", "--user", "demo", "--days", "7", "--token-key-file", key.path]
+        issue.arguments = ["token", "issue", "--user", user, "--days", "7", "--token-key-file", key.path]
         let pipe = Pipe()
         issue.standardOutput = pipe
         try issue.run()
