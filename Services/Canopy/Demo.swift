@@ -48,7 +48,8 @@ struct Demo: AsyncParsableCommand {
         let photo = try SyntheticPlant.species(1).photo(seed: 42)
         var identification = ""
         try await steps.run("identify a photo (POST /v1/identifications)") {
-            let form = DemoAPI.form([("photo", "image/jpeg", photo), ("organ", nil, Array("leaf".utf8))])
+            let form = MultipartForm.encode([.init(name: "photo", type: "image/jpeg", bytes: photo), .init(name: "organ", bytes: Array("leaf".utf8))],
+                                            boundary: DemoAPI.boundary)
             let answer = try await api.send(.POST, "/v1/identifications", body: form, type: "multipart/form-data; boundary=\(DemoAPI.boundary)")
             identification = try answer.string("id")
             let best = try answer.first("results")
@@ -221,17 +222,6 @@ final class DemoAPI: @unchecked Sendable {
             throw CommandFailure("\(method) \(path) answered \(answer.status): \(String(decoding: answer.body.prefix(500), as: UTF8.self))")
         }
         return answer
-    }
-
-    /// A multipart/form-data body: each part a name, an optional content type, and bytes.
-    static func form(_ parts: [(name: String, type: String?, bytes: [UInt8])]) -> [UInt8] {
-        var body: [UInt8] = []
-        for part in parts {
-            body += Array("--\(boundary)\r\nContent-Disposition: form-data; name=\"\(part.name)\"\(part.type == nil ? "" : "; filename=\"\(part.name).jpg\"")\r\n".utf8)
-            if let type = part.type { body += Array("Content-Type: \(type)\r\n".utf8) }
-            body += Array("\r\n".utf8) + part.bytes + Array("\r\n".utf8)
-        }
-        return body + Array("--\(boundary)--\r\n".utf8)
     }
 
     /// Runs a sibling executable and returns its standard output; throws with its errors.

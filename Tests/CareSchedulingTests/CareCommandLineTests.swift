@@ -49,23 +49,10 @@ struct CareCommandLineTests {
         }
     }
 
-    /// A port nothing listens on right now (the system's choice, then released).
-    func freePort() throws -> Int {
-        let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        defer { close(descriptor) }
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        _ = withUnsafeMutablePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(descriptor, $0, length) } }
-        _ = withUnsafeMutablePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(descriptor, $0, &length) } }
-        return Int(UInt16(bigEndian: address.sin_port))
-    }
-
     @Test func healthSaysWhetherTheRunningServiceIsRegistered() async throws {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-care-health-\(UUID().uuidString)")
         defer { try? FileManager.default.removeItem(at: directory) }
-        let listener = "127.0.0.1:\(try freePort())"
+        let listener = "127.0.0.1:\(FreePorts.any())"
         let nobody = try await run(["health", "--metrics-bind", listener])
         #expect(nobody.status == 1)
         #expect(nobody.output.contains("nothing answers"))

@@ -8,20 +8,6 @@ import Testing
 /// built next to the tests), on ports of its own, in a data directory of its own.
 @Suite(.serialized)
 struct CanopyUpTests {
-    /// A TCP port nobody listens on now.
-    static func freePort() throws -> Int {
-        let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        defer { close(descriptor) }
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        address.sin_port = 0
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        _ = withUnsafePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(descriptor, $0, length) } }
-        _ = withUnsafeMutablePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(descriptor, $0, &length) } }
-        return Int(UInt16(bigEndian: address.sin_port))
-    }
-
     struct ServiceRow: Equatable {
         var name: String, pid: Int32, state: String, restarts: Int
     }
@@ -38,16 +24,9 @@ struct CanopyUpTests {
         let data = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-up-\(UUID().uuidString)").path
         defer { try? FileManager.default.removeItem(atPath: data) }
         let stack = ["--data-dir", data]
-        // Metrics ports: a base with five free ports after it is likely enough among ephemeral ones; try a few.
-        var base = 0
-        for _ in 0..<20 {
-            let candidate = try Self.freePort()
-            guard candidate < 65_000 else { continue }
-            base = candidate
-            break
-        }
-        let up = try await runExecutable("canopy", ["up", "--detach", "--broker", "tcp://127.0.0.1:\(try Self.freePort())",
-                                                    "--http", "127.0.0.1:\(try Self.freePort())", "--metrics-base", "\(base)"] + stack, limit: 240)
+        let base = FreePorts.run(of: 5)
+        let up = try await runExecutable("canopy", ["up", "--detach", "--broker", "tcp://127.0.0.1:\(FreePorts.any())",
+                                                    "--http", "127.0.0.1:\(FreePorts.any())", "--metrics-base", "\(base)"] + stack, limit: 240)
         defer { _ = try? runDown(stack) }
         #expect(up.status == 0, "\(up.output) \(up.errors)")
         let started = Self.rows(up.output)

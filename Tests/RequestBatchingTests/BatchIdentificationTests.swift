@@ -58,13 +58,7 @@ extension LiveBatchTests {
 
         /// A multipart/form-data body: each part a name, an optional content type, and bytes.
         static func form(_ parts: [(name: String, type: String?, bytes: [UInt8])], boundary: String = "canopy-test-boundary") -> [UInt8] {
-            var body: [UInt8] = []
-            for part in parts {
-                body += Array("--\(boundary)\r\nContent-Disposition: form-data; name=\"\(part.name)\"\(part.type == nil ? "" : "; filename=\"\(part.name).jpg\"")\r\n".utf8)
-                if let type = part.type { body += Array("Content-Type: \(type)\r\n".utf8) }
-                body += Array("\r\n".utf8) + part.bytes + Array("\r\n".utf8)
-            }
-            return body + Array("--\(boundary)--\r\n".utf8)
+            MultipartForm.encode(parts.map { MultipartForm.Part(name: $0.name, type: $0.type, bytes: $0.bytes) }, boundary: boundary)
         }
 
         func submit(_ stack: BatchAPITests.Stack, as user: String, _ parts: [(name: String, type: String?, bytes: [UInt8])]) async throws -> BatchAPITests.Answer {

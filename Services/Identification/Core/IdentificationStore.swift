@@ -151,9 +151,24 @@ final class IdentificationStore: Sendable {
     @discardableResult
     func forget(owner: String, plantID: String) throws -> Int {
         try database.write { db in
+            // The photos involved: those of the identifications and of the plant's own photos.
+            var photos = Set(try String.fetchAll(db, sql: "SELECT sha256 FROM plantPhotos WHERE owner = ? AND plantID = ?", arguments: [owner, plantID]))
+            for data in try Data.fetchAll(db, sql: "SELECT record FROM identifications WHERE owner = ? AND (plantID = ? OR acceptedPlantID = ?)",
+                                          arguments: [owner, plantID, plantID]) {
+                if let record = try? codec.decode(Identification.Record.self, from: [UInt8](data)) { photos.formUnion(record.photoIDs) }
+            }
             try db.execute(sql: "DELETE FROM identifications WHERE owner = ? AND (plantID = ? OR acceptedPlantID = ?)", arguments: [owner, plantID, plantID])
             let forgotten = db.changesCount
             try db.execute(sql: "DELETE FROM plantPhotos WHERE owner = ? AND plantID = ?", arguments: [owner, plantID])
+            // Their features go too, unless another plant, identification or reference still has the photo.
+            for sha256 in photos {
+                try db.execute(sql: """
+                    DELETE FROM photoFeatures WHERE sha256 = ?1
+                      AND NOT EXISTS (SELECT 1 FROM plantPhotos WHERE sha256 = ?1)
+                      AND NOT EXISTS (SELECT 1 FROM referencePhotos WHERE sha256 = ?1)
+                      AND NOT EXISTS (SELECT 1 FROM identifications WHERE instr(CAST(record AS TEXT), ?1) > 0)
+                    """, arguments: [sha256])
+            }
             return forgotten
         }
     }

@@ -379,6 +379,8 @@ public final class Dispatcher: Service, Sendable {
     /// One attempt's rows; returns when to try again, if it is to be.
     private func record(_ attempt: Attempt, db: Database, now: Double) throws -> Double? {
         let (sendID, number) = (attempt.sendID, attempt.attempt)
+        // Its plant was deleted while it was on its way: nothing of it is kept.
+        guard try Bool.fetchOne(try db.cachedStatement(sql: "SELECT 1 FROM sends WHERE id = ?"), arguments: [sendID]) != nil else { return nil }
         let (label, detail): (String, String) = switch attempt.outcome {
         case .accepted(let detail): ("accepted", detail)
         case .retry(let detail): ("retry", detail)

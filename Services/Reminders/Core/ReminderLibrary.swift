@@ -128,17 +128,20 @@ final class ReminderLibrary: Sendable {
         return plan
     }
 
-    /// Drops every pending reminder of a plant, and every send not yet made that carries only
-    /// reminders of it.
+    /// Forgets a deleted plant: every reminder of it, in any state, and every notification
+    /// that carried only its reminders (sent or not, with their attempts). A digest that also
+    /// named another plant stays for that plant (its reminders of this one are unlinked).
     func cancel(plantID: String, owner: String) throws {
         try store.database.write { db in
+            // Nothing of the plant stays: notifications about it alone (sent or not, with their
+            // attempts) and its reminders in every state.
             try db.run("""
-                UPDATE sends SET state = 'cancelled' WHERE state = 'pending' AND owner = ? AND id IN (
+                DELETE FROM sends WHERE owner = ? AND id IN (
                     SELECT sendID FROM sendReminders JOIN reminders ON reminders.id = sendReminders.reminderID WHERE reminders.owner = ? AND reminders.plantID = ?)
                   AND NOT EXISTS (SELECT 1 FROM sendReminders other JOIN reminders r ON r.id = other.reminderID
                                   WHERE other.sendID = sends.id AND r.plantID != ?)
                 """, arguments: [owner, owner, plantID, plantID])
-            try db.run("DELETE FROM reminders WHERE owner = ? AND plantID = ? AND state IN ('pending', 'sending')", arguments: [owner, plantID])
+            try db.run("DELETE FROM reminders WHERE owner = ? AND plantID = ?", arguments: [owner, plantID])
         }
     }
 
