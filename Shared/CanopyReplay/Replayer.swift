@@ -181,6 +181,8 @@ struct ReplayEngine {
         let socket: Int
         var unsent = Deque<Job>()
         var isDirty = false
+        /// Waiting for its head's send time (in `sleeping`).
+        var isSleeping = false
 
         init(socket: Int) { self.socket = socket }
     }
@@ -351,13 +353,19 @@ struct ReplayEngine {
         if !sleeping.isEmpty {
             let waking = sleeping.filter { ($0.unsent.first?.sendAt ?? now) <= now }
             sleeping.removeAll { ($0.unsent.first?.sendAt ?? now) <= now }
-            for lane in waking { markDirty(lane) }
+            for lane in waking {
+                lane.isSleeping = false
+                markDirty(lane)
+            }
         }
         while let lane = dirty.popLast() {
             lane.isDirty = false
             while let job = lane.unsent.first, job.waitingOn == 0 {
                 if let at = job.sendAt, at > now {
-                    sleeping.append(lane)
+                    if !lane.isSleeping {
+                        lane.isSleeping = true
+                        sleeping.append(lane)
+                    }
                     break
                 }
                 lane.unsent.removeFirst()

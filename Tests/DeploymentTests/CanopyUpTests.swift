@@ -25,8 +25,9 @@ struct CanopyUpTests {
         defer { try? FileManager.default.removeItem(atPath: data) }
         let stack = ["--data-dir", data]
         let base = FreePorts.run(of: 5)
+        let http = "127.0.0.1:\(FreePorts.any())"
         let up = try await runExecutable("canopy", ["up", "--detach", "--broker", "tcp://127.0.0.1:\(FreePorts.any())",
-                                                    "--http", "127.0.0.1:\(FreePorts.any())", "--metrics-base", "\(base)"] + stack, limit: 240)
+                                                    "--http", http, "--metrics-base", "\(base)"] + stack, limit: 240)
         defer { _ = try? runDown(stack) }
         #expect(up.status == 0, "\(up.output) \(up.errors)")
         let started = Self.rows(up.output)
@@ -35,6 +36,15 @@ struct CanopyUpTests {
         #expect(up.output.contains("demo token (user demo, 7 days): ey"))
         let key = try FileManager.default.attributesOfItem(atPath: data + "/token.key")[.posixPermissions] as? Int
         #expect(key == 0o600)
+
+        // The app's journey over HTTP, as canopy demo walks it.
+        let demo = try await runExecutable("canopy", ["demo", "--http", http, "--reminder-seconds", "2"] + stack, limit: 120)
+        #expect(demo.status == 0, "\(demo.output) \(demo.errors)")
+        for step in ["identify a photo", "accept it as a plant", "its care schedule", "its reminder delivered", "sent to the log channel",
+                     "complete the task, then its plant's next task", "the photo's thumbnail and palette", "done in"] {
+            #expect(demo.output.contains(step), "canopy demo shows no '\(step)': \(demo.output)")
+        }
+        #expect(demo.output.contains("best match Ficus exemplaris"), "the demo's photo is of its second reference species")
 
         // A service killed hard is started again.
         let care = try #require(started.first { $0.name == "care" })
