@@ -118,6 +118,7 @@ public final class BrokerServer: Service, @unchecked Sendable {
             // A capture asked for at start that cannot begin stops the broker: the operator asked for it.
             capture = try CaptureWriter(settings: settings)
             state.capturing = true
+            state.captureStatus = capture?.status
             logger.info("broker.capture.started", metadata: ["broker.capture": "\(settings.path)"])
         }
         defer {
@@ -148,6 +149,7 @@ public final class BrokerServer: Service, @unchecked Sendable {
                         logger.info("broker.draining", metadata: ["broker.pending": "\(state.pendingCount)"])
                     case .captureStopped(let status, let client, let correlation):
                         lastCapture = status
+                        state.captureStatus = status
                         logger.info("broker.capture.stopped", metadata: ["broker.capture": "\(status.path ?? "")", "broker.records": "\(status.records)",
                                                                        "broker.dropped": "\(status.dropped)"])
                         var writer = try RoutedWriter(socket, to: client)
@@ -182,9 +184,8 @@ public final class BrokerServer: Service, @unchecked Sendable {
             if configuration.metrics {
                 state.drainLatencies { service, nanoseconds in metrics.recordLatency(service: service, nanoseconds: nanoseconds) }
                 if now >= nextMetrics {
-                    var statistics = state.statistics(now: now)
-                    statistics.capture = captureStatus
-                    metrics.refresh(statistics)
+                    state.captureStatus = captureStatus
+                    metrics.refresh(state.statistics(now: now))
                     nextMetrics = now + .seconds(1)
                 }
             }
@@ -290,6 +291,7 @@ public final class BrokerServer: Service, @unchecked Sendable {
                 throw CanopyError(.conflict, "the capture could not begin: \(error)")
             }
             state.capturing = true
+            state.captureStatus = capture?.status
             logger.info("broker.capture.started", metadata: ["broker.capture": "\(settings.path)"])
             return capture?.status ?? CaptureStatus(capturing: true, path: settings.path)
         }

@@ -79,6 +79,8 @@ public struct BrokerState {
     let codec = MessageCodec()
     /// Whether requests and answers go to the capture (set by the shell while one runs).
     public var capturing = false
+    /// The capture's counts as the shell last saw them (at most a second old), for `broker.stats`.
+    public var captureStatus: CaptureStatus?
 
     /// - Parameters:
     ///   - configuration: the broker's tunables.
@@ -311,9 +313,11 @@ public struct BrokerState {
         }
         let operations = operationCounters.keys.sorted().map { operationCounters[$0]!.statistics }
         let uptime = now - startedAt
-        return BrokerStatistics(
+        var statistics = BrokerStatistics(
             uptimeSeconds: Double(uptime.components.seconds) + Double(uptime.components.attoseconds) / 1e18,
             rejected: rejected, malformed: malformed, heldBytes: heldBytes, openFlights: openFlights.count, services: entries, operations: operations)
+        statistics.capture = captureStatus
+        return statistics
     }
 }
 

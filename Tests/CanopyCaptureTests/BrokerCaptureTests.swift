@@ -104,6 +104,7 @@ struct BrokerCaptureTests {
             // A capture started over the bus never overwrites a file.
             await #expect(throws: CanopyError.self) { _ = try await client.call(Broker.CaptureStart.self, .init(name: "tuesday")) }
             #expect(try await client.call(Broker.CaptureStatusOperation.self, .init()) == stopped)
+            #expect(try await client.call(Broker.Stats.self, .init()).capture == stopped, "broker.stats carries the capture's counts")
             let (records, reader) = try CaptureFormatTests.readAll(directory + "/tuesday")
             #expect(reader.header.pseudonymized)
             #expect(records.count == 2 && records.allSatisfy { $0.header.principal.hasPrefix("p-") })
