@@ -214,6 +214,8 @@ struct ReplayEngine {
     private var derivedInTheAir: [Key: Int] = [:]
     /// Requests read whose answer from the stack has not come yet: bounded by the window.
     private var outstanding = 0
+    /// Requests read and not yet sent, over all lanes.
+    private var unsent = 0
     private var nextID: UInt64 = 1
     private var started = ContinuousClock.now
     private var firstTime: Int64?
@@ -263,7 +265,7 @@ struct ReplayEngine {
             }
             let now = ContinuousClock.now
             try sendReady(now: now)
-            if readerDone && inFlight.isEmpty && dirty.isEmpty && sleeping.isEmpty && lanes.values.allSatisfy({ $0.unsent.isEmpty }) { break }
+            if readerDone && inFlight.isEmpty && unsent == 0 { break }
 
             var timeout: Duration = .milliseconds(50)
             if !readerDone && outstanding < options.window { timeout = .zero }
@@ -311,6 +313,7 @@ struct ReplayEngine {
             }
             awaiting[key, default: []].append(job)
             outstanding += 1
+            unsent += 1
             lane.unsent.append(job)
             if lane.unsent.count == 1 { markDirty(lane) }
         case .reply:
@@ -369,6 +372,7 @@ struct ReplayEngine {
                     break
                 }
                 lane.unsent.removeFirst()
+                unsent -= 1
                 try send(job, now: now)
             }
         }
