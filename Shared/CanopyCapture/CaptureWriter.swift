@@ -127,11 +127,13 @@ public final class CaptureWriter: Sendable {
     /// The counts so far.
     public var status: CaptureStatus { queue.withLock { $0.counts } }
 
-    /// Writes what is queued, closes the file, and returns the final counts.
+    /// Writes what is queued, closes the file, and returns the final counts (again, when
+    /// called again).
     public func stop() -> CaptureStatus {
         queue.withLock { $0.closed = true }
         wake.signal()
         finished.wait()
+        finished.signal() // a later stop returns at once
         var status = self.status
         status.capturing = false
         return status

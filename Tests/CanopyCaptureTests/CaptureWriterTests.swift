@@ -23,6 +23,7 @@ struct CaptureWriterTests {
         writer.submit(Self.event(2, principal: "alice@example.com"))
         writer.submit(Self.event(3, identity: [9, 9, 9, 9, 9], principal: "bob\"o", body: #"{"name":"Monstera","owner":"bob\"o"}"#))
         let status = writer.stop()
+        #expect(writer.stop() == status, "stopping again answers the same")
         #expect(status.records == 3)
         #expect(status.dropped == 0)
         #expect(!status.capturing)
