@@ -1,0 +1,393 @@
+import CanopyBus
+import CanopyCapture
+import CanopyMessages
+import CanopyWire
+import CZeroMQ
+import Foundation
+import Histogram
+import DequeModule
+
+/// The replay's loop, owned by one thread: the capture's reader, the sockets, every request's
+/// state.
+struct ReplayEngine {
+    /// One captured request on its way.
+    final class Job {
+        let id: UInt64
+        let record: CaptureRecord
+        let lane: Lane
+        let sendAt: ContinuousClock.Instant?
+        /// Earlier requests of its client whose answers it waits for (as in the capture).
+        var waitingOn = 0
+        var dependents: [Job] = []
+        var sentAt: ContinuousClock.Instant?
+        var deadline: ContinuousClock.Instant?
+        /// What the stack answered (or why it did not).
+        var outcome: Outcome?
+        /// The captured answer, once the reading found it (or found there is none).
+        var captured: CaptureRecord?
+        var capturedKnown = false
+        var done = false
+
+        init(id: UInt64, record: CaptureRecord, lane: Lane, sendAt: ContinuousClock.Instant?) {
+            self.id = id
+            self.record = record
+            self.lane = lane
+            self.sendAt = sendAt
+        }
+    }
+
+    /// One captured client's requests not yet sent, in order.
+    final class Lane {
+        let socket: Int
+        var unsent = Deque<Job>()
+        var isDirty = false
+        /// Waiting for its head's send time (in `sleeping`).
+        var isSleeping = false
+
+        init(socket: Int) { self.socket = socket }
+    }
+
+    enum Outcome {
+        case answer(body: [UInt8], attachments: [[UInt8]])
+        case failure(CanopyError)
+        case skipped
+    }
+
+    private struct Key: Hashable {
+        let client: String
+        let correlation: [UInt8]
+    }
+
+    private let options: ReplayOptions
+    private let ignored: IgnoredPaths
+    private let context: ZMQContext
+    private let sockets: [ZMQSocket]
+    private var poller = Poller()
+    private let codec = MessageCodec()
+
+    private var lanes: [String: Lane] = [:]
+    private var dirty: [Lane] = []
+    private var sleeping: [Lane] = []
+    private var inFlight: [UInt64: Job] = [:]
+    private var awaiting: [Key: Deque<Job>] = [:]
+    private var answered: [String: [Job]] = [:]
+    private var derivedInTheAir: [Key: Int] = [:]
+    /// Requests read whose answer from the stack has not come yet: bounded by the window.
+    private var outstanding = 0
+    /// Requests read and not yet sent, over all lanes.
+    private var unsent = 0
+    private var nextID: UInt64 = 1
+    private var started = ContinuousClock.now
+    private var firstTime: Int64?
+    private var requestIndex = 0
+
+    private var rebindings = Rebindings()
+    private var report = ReplayReport()
+    private var replayed = Histogram<UInt64>(highestTrackableValue: 3_600_000_000, numberOfSignificantValueDigits: .two)
+    private var capturedLatency = Histogram<UInt64>(highestTrackableValue: 3_600_000_000, numberOfSignificantValueDigits: .two)
+    private var sent = 0
+
+    init(connection: Replayer.Connection, options: ReplayOptions) throws {
+        self.options = options
+        ignored = IgnoredPaths(options.ignore)
+        let context = ZMQContext()
+        self.context = context
+        sockets = try (0..<connection.count).map { _ in
+            let socket = try ZMQSocket(context, type: .dealer)
+            if let curve = connection.curve { try socket.becomeCurveClient(curve) }
+            try socket.setHighWaterMarks(1_000_000)
+            try socket.set(ZMQ_RECONNECT_IVL, 100)
+            try socket.connect(connection.endpoint)
+            return socket
+        }
+        for socket in sockets { poller.add(socket) }
+    }
+
+    mutating func run(_ reader: CaptureReader, progress: (ReplayProgress) -> Void) throws -> ReplayReport {
+        defer { sockets.forEach { $0.close() } }
+        started = .now
+        var readerDone = false
+        var lastTimeoutScan = ContinuousClock.now
+        var recordsRead = 0
+        while true {
+            // Read while the window has room (a bounded batch, so answers keep being taken).
+            var budget = 1_024
+            while !readerDone, outstanding < options.window, budget > 0 {
+                guard let record = try? reader.next() else {
+                    readerDone = true
+                    endOfCapture()
+                    break
+                }
+                budget -= 1
+                recordsRead += 1
+                take(record)
+                if recordsRead % 4_096 == 0 { progress(ReplayProgress(bytesRead: reader.bytesRead, sent: sent, completed: report.requests)) }
+            }
+            let now = ContinuousClock.now
+            try sendReady(now: now)
+            if readerDone && inFlight.isEmpty && unsent == 0 { break }
+
+            var timeout: Duration = .milliseconds(50)
+            if !readerDone && outstanding < options.window { timeout = .zero }
+            if let wake = sleeping.compactMap({ $0.unsent.first?.sendAt }).min() { timeout = min(timeout, max(.zero, wake - now)) }
+            try poller.poll(timeout: timeout)
+            for socket in sockets {
+                while let frames = try socket.receive(dontWait: true) { answer(frames) }
+            }
+            if now - lastTimeoutScan >= .milliseconds(50) {
+                lastTimeoutScan = now
+                expire(now: now)
+            }
+        }
+        progress(ReplayProgress(bytesRead: reader.bytesRead, sent: sent, completed: report.requests))
+        return finish(ending: reader.ending?.description ?? "complete")
+    }
+
+    // MARK: - Reading
+
+    private mutating func take(_ record: CaptureRecord) {
+        let key = Key(client: record.client, correlation: record.correlation)
+        switch record.kind {
+        case .request where record.header.flags & RequestHeader.Flag.derived != 0:
+            report.derived += 1
+            derivedInTheAir[key, default: 0] += 1
+        case .request:
+            let first = firstTime ?? record.time
+            firstTime = first
+            let sendAt: ContinuousClock.Instant? = switch options.pacing {
+            case .recorded(let speed): started + .nanoseconds(Int64(Double(max(0, record.time - first)) / speed))
+            case .rate(let rate): started + .nanoseconds(Int64(Double(requestIndex) / rate * 1e9))
+            case .fast: nil
+            }
+            requestIndex += 1
+            let lane = lanes[record.client] ?? {
+                let lane = Lane(socket: lanes.count % sockets.count)
+                lanes[record.client] = lane
+                return lane
+            }()
+            let job = Job(id: nextID, record: record, lane: lane, sendAt: sendAt)
+            nextID += 1
+            for earlier in answered.removeValue(forKey: record.client) ?? [] where !earlier.done {
+                earlier.dependents.append(job)
+                job.waitingOn += 1
+            }
+            awaiting[key, default: []].append(job)
+            outstanding += 1
+            unsent += 1
+            lane.unsent.append(job)
+            if lane.unsent.count == 1 { markDirty(lane) }
+        case .reply:
+            if let count = derivedInTheAir[key] {
+                derivedInTheAir[key] = count > 1 ? count - 1 : nil
+                return
+            }
+            guard let job = awaiting[key]?.popFirst() else {
+                report.answersWithoutRequest += 1
+                return
+            }
+            if awaiting[key]?.isEmpty == true { awaiting[key] = nil }
+            job.captured = record
+            job.capturedKnown = true
+            answered[record.client, default: []].append(job)
+            if job.outcome != nil { complete(job) }
+        }
+    }
+
+    /// The capture ended: requests still waiting for a captured answer have none.
+    private mutating func endOfCapture() {
+        for jobs in awaiting.values {
+            for job in jobs {
+                job.capturedKnown = true
+                if job.outcome != nil { complete(job) }
+            }
+        }
+        awaiting.removeAll()
+    }
+
+    // MARK: - Sending
+
+    private mutating func markDirty(_ lane: Lane) {
+        guard !lane.isDirty else { return }
+        lane.isDirty = true
+        dirty.append(lane)
+    }
+
+    private mutating func sendReady(now: ContinuousClock.Instant) throws {
+        if !sleeping.isEmpty {
+            let waking = sleeping.filter { ($0.unsent.first?.sendAt ?? now) <= now }
+            sleeping.removeAll { ($0.unsent.first?.sendAt ?? now) <= now }
+            for lane in waking {
+                lane.isSleeping = false
+                markDirty(lane)
+            }
+        }
+        while let lane = dirty.popLast() {
+            lane.isDirty = false
+            while let job = lane.unsent.first, job.waitingOn == 0 {
+                if let at = job.sendAt, at > now {
+                    if !lane.isSleeping {
+                        lane.isSleeping = true
+                        sleeping.append(lane)
+                    }
+                    break
+                }
+                lane.unsent.removeFirst()
+                unsent -= 1
+                try send(job, now: now)
+            }
+        }
+    }
+
+    private mutating func send(_ job: Job, now: ContinuousClock.Instant) throws {
+        let record = job.record
+        if record.flags.contains(.attachmentsOmitted) {
+            settle(outcome: .skipped, for: job, now: now)
+            return
+        }
+        let timeout = options.timeout ?? (record.header.timeoutMilliseconds > 0 ? .milliseconds(Int64(record.header.timeoutMilliseconds)) : .seconds(30))
+        var header = record.header
+        header.timeoutMilliseconds = UInt32(clamping: max(1, timeout.wholeMilliseconds))
+        let frames = WireMessage.request(WireRequest(correlation: Wire.frame(job.id), service: record.service, operation: record.operation, header: header,
+                                                     body: rebindings.rewrite(record.body), attachments: record.attachments)).encoded
+        guard try sockets[job.lane.socket].send(frames) else {
+            settle(outcome: .failure(CanopyError(.busy, "the replay's connection queue is full")), for: job, now: now)
+            return
+        }
+        sent += 1
+        job.sentAt = now
+        job.deadline = now + timeout + .seconds(1) // the broker answers timeout itself first
+        inFlight[job.id] = job
+    }
+
+    // MARK: - Answers
+
+    private mutating func answer(_ frames: [[UInt8]]) {
+        let now = ContinuousClock.now
+        switch try? WireMessage(frames: frames) {
+        case .reply(let correlation, _, let body, let attachments)?:
+            guard let id = Wire.uint64(correlation), let job = inFlight.removeValue(forKey: id) else { return }
+            settle(outcome: .answer(body: body, attachments: attachments), for: job, now: now)
+        case .error(let correlation, let error)?:
+            guard let id = Wire.uint64(correlation), let job = inFlight.removeValue(forKey: id) else { return }
+            let decoded = (try? codec.decode(CanopyError.self, from: error)) ?? CanopyError(.internal, "an error frame that did not decode")
+            settle(outcome: .failure(decoded), for: job, now: now)
+        default:
+            return // heartbeats and anything else a client may hear
+        }
+    }
+
+    /// Requests the stack did not answer in time.
+    private mutating func expire(now: ContinuousClock.Instant) {
+        for (id, job) in inFlight where (job.deadline ?? now) < now {
+            inFlight[id] = nil
+            settle(outcome: .failure(CanopyError(.timeout, "no answer within the request's deadline")), for: job, now: now)
+        }
+    }
+
+    private mutating func settle(outcome: Outcome, for job: Job, now: ContinuousClock.Instant) {
+        job.outcome = outcome
+        outstanding -= 1
+        if let sentAt = job.sentAt {
+            let elapsed = now - sentAt
+            _ = replayed.record(UInt64(max(0, elapsed.components.seconds * 1_000_000 + elapsed.components.attoseconds / 1_000_000_000_000)))
+        }
+        if job.capturedKnown { complete(job) }
+    }
+
+    /// Both answers are in: compare them, learn ids, and let the requests that waited go.
+    private mutating func complete(_ job: Job) {
+        guard !job.done, let outcome = job.outcome else { return }
+        job.done = true
+        report.requests += 1
+        if let captured = job.captured { _ = capturedLatency.record(captured.latencyNanoseconds / 1_000) }
+        switch verdict(job.captured, outcome) {
+        case .matched: report.matched += 1
+        case .skipped: report.skipped += 1
+        case .unanswered: report.unanswered += 1
+        case .differed(let differences):
+            report.differed += 1
+            example(job.record, failure: nil, differences)
+        case .failed(let failure):
+            report.failed += 1
+            example(job.record, failure: failure, [])
+        }
+        for dependent in job.dependents {
+            dependent.waitingOn -= 1
+            if dependent.waitingOn == 0 { markDirty(dependent.lane) }
+        }
+        job.dependents = []
+    }
+
+    private enum Verdict {
+        case matched
+        case skipped
+        case unanswered
+        case differed([Difference])
+        case failed(String)
+    }
+
+    private mutating func example(_ record: CaptureRecord, failure: String?, _ differences: [Difference]) {
+        guard report.examples.count < options.examples else { return }
+        report.examples.append(.init(client: record.client, service: record.service, operation: record.operation, time: record.time,
+                                     principal: record.header.principal, failure: failure, differences: differences))
+    }
+
+    /// Errors that say the stack did not answer, rather than what it answered.
+    private static let unanswering: Set<CanopyError.Code> = [.timeout, .noWorkers, .workerLost, .busy]
+
+    private mutating func verdict(_ captured: CaptureRecord?, _ outcome: Outcome) -> Verdict {
+        if case .skipped = outcome { return .skipped }
+        guard let captured else { return .unanswered }
+        let capturedError = captured.flags.contains(.failed) ? (try? codec.decode(CanopyError.self, from: captured.body)) : nil
+        switch outcome {
+        case .skipped:
+            return .skipped
+        case .failure(let error):
+            if let capturedError, capturedError.code == error.code { return .matched } // same refusal (messages may name ids)
+            if Self.unanswering.contains(error.code) { return .failed("\(error.code.rawValue): \(error.message)") }
+            let was = capturedError.map { "error \($0.code.rawValue)" } ?? "an answer"
+            return .differed([Difference(path: "$", captured: was, replayed: "error \(error.code.rawValue): \(error.message.prefix(200))")])
+        case .answer(let body, let attachments):
+            if let capturedError {
+                return .differed([Difference(path: "$", captured: "error \(capturedError.code.rawValue)", replayed: "an answer")])
+            }
+            if body != captured.body {
+                // Ids first: what this answer teaches explains its own differences too.
+                if let left = try? JSONSerialization.jsonObject(with: Data(captured.body), options: [.fragmentsAllowed]),
+                   let right = try? JSONSerialization.jsonObject(with: Data(body), options: [.fragmentsAllowed]) {
+                    rebindings.learn(captured: left, replayed: right)
+                }
+            }
+            var differences = ReplyComparison.differences(captured: captured.body, replayed: body, ignored: ignored, rebindings: rebindings)
+            if !captured.flags.contains(.attachmentsOmitted) {
+                for index in 0..<max(captured.attachments.count, attachments.count) {
+                    let left = index < captured.attachments.count ? captured.attachments[index] : nil
+                    let right = index < attachments.count ? attachments[index] : nil
+                    if left != right && !ignored.contains(["attachments", "\(index)"]) {
+                        differences.append(Difference(path: "$attachments[\(index)]", captured: left.map { "\($0.count) bytes" } ?? "(absent)",
+                                                      replayed: right.map { "\($0.count) bytes, other bytes" } ?? "(absent)"))
+                    }
+                }
+            }
+            return differences.isEmpty ? .matched : .differed(differences)
+        }
+    }
+
+    private func finish(ending: String) -> ReplayReport {
+        var report = self.report
+        report.rebound = rebindings.count
+        let elapsed = ContinuousClock.now - started
+        report.seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+        report.requestsPerSecond = report.seconds > 0 ? Double(report.requests) / report.seconds : 0
+        if replayed.totalCount > 0 {
+            report.replayedP50Micros = replayed.valueAtPercentile(50)
+            report.replayedP99Micros = replayed.valueAtPercentile(99)
+        }
+        if capturedLatency.totalCount > 0 {
+            report.capturedP50Micros = capturedLatency.valueAtPercentile(50)
+            report.capturedP99Micros = capturedLatency.valueAtPercentile(99)
+        }
+        report.ending = ending
+        return report
+    }
+}

@@ -1,0 +1,80 @@
+import Foundation
+
+/// How a replay is paced and compared.
+public struct ReplayOptions: Sendable {
+    public enum Pacing: Sendable, Equatable {
+        /// At the captured times, `speed` times faster (1: as recorded).
+        case recorded(speed: Double)
+        /// A fixed number of requests a second, whatever the captured times.
+        case rate(Double)
+        /// As fast as the stack answers.
+        case fast
+    }
+
+    public var pacing: Pacing = .recorded(speed: 1)
+    /// Paths left out of the comparison (`--ignore`).
+    public var ignore: [String] = []
+    /// Requests read ahead of their answers at most (a bound on memory).
+    public var window = 10_000
+    /// Differing answers described in the report (all are counted).
+    public var examples = 50
+    /// When set, every request waits this long instead of its captured deadline.
+    public var timeout: Duration?
+
+    public init() {}
+}
+
+/// What a replay found.
+public struct ReplayReport: Codable, Sendable, Equatable {
+    /// One answer that differed, or a request that failed.
+    public struct Example: Codable, Sendable, Equatable {
+        public var client: String
+        public var service: String
+        public var operation: String
+        /// When the request was captured, ns since 1970.
+        public var time: Int64
+        public var principal: String
+        /// For a failure: what went wrong.
+        public var failure: String?
+        public var differences: [Difference]
+    }
+
+    public var requests = 0
+    /// The answer was the captured one (ids the replay rebound and ignored paths aside).
+    public var matched = 0
+    public var differed = 0
+    /// The stack did not answer (timeout, no workers, worker lost, busy) where the capture had an answer.
+    public var failed = 0
+    /// Not sent: the capture left their attachments out.
+    public var skipped = 0
+    /// Sent, but the capture holds no answer to compare with (it ended first).
+    public var unanswered = 0
+    /// Captured answers whose request began before the capture.
+    public var answersWithoutRequest = 0
+    /// Requests services made themselves (``RequestHeader/Flag/derived``): not sent, since the
+    /// replayed requests make the services make them again.
+    public var derived = 0
+    /// Ids learned from answers and put into later requests.
+    public var rebound = 0
+    public var seconds = 0.0
+    public var requestsPerSecond = 0.0
+    public var replayedP50Micros: UInt64 = 0
+    public var replayedP99Micros: UInt64 = 0
+    public var capturedP50Micros: UInt64 = 0
+    public var capturedP99Micros: UInt64 = 0
+    /// How reading the capture ended.
+    public var ending = ""
+    public var examples: [Example] = []
+
+    public init() {}
+
+    /// Whether anything differed or failed (or the capture was cut short).
+    public var isClean: Bool { differed == 0 && failed == 0 && ending == "complete" }
+}
+
+/// Progress of a running replay, for a progress bar.
+public struct ReplayProgress: Sendable {
+    public var bytesRead: Int
+    public var sent: Int
+    public var completed: Int
+}
