@@ -80,29 +80,16 @@ final class StackSupervisor: @unchecked Sendable {
         children = CanopyStack.services.map(Child.init)
     }
 
-    func metricsAddress(_ service: CanopyStack.Service) -> String {
-        "127.0.0.1:\(settings.metricsBase + service.metricsPort - CanopyStack.broker.metricsPort)"
-    }
-
-    /// The arguments that start `service`.
-    func arguments(_ service: CanopyStack.Service) -> [String] {
-        var arguments = [service.subcommand, "--metrics-bind", metricsAddress(service)]
-        switch service.name {
-        case CanopyStack.broker.name:
-            // Photos up to 25 MiB travel as attachments: frames up to 32 MiB.
-            arguments += ["--bind", settings.endpoint, "--max-frame-bytes", "33554432", "--capture-dir", settings.layout.dataDirectory.path]
-        case "batch":
-            arguments += ["--endpoint", settings.endpoint, "--http", settings.http, "--token-key-file", settings.layout.tokenKey.path]
-        default:
-            arguments += ["--endpoint", settings.endpoint, "--data-dir", settings.layout.dataDirectory.path]
-        }
-        return arguments
+    /// What each service is started with: the stack's endpoint, addresses and directories.
+    var launch: CanopyStack.Launch {
+        CanopyStack.Launch(endpoint: settings.endpoint, http: settings.http, dataDirectory: settings.layout.dataDirectory.path,
+                           metricsBase: settings.metricsBase, tokenKeyFile: settings.layout.tokenKey.path)
     }
 
     private func start(_ child: Child) throws {
         let process = Process()
         process.executableURL = settings.executables.appendingPathComponent(child.service.executable)
-        process.arguments = arguments(child.service)
+        process.arguments = launch.arguments(child.service)
         process.environment = ProcessInfo.processInfo.environment.merging(settings.environment) { $1 }
         let logPath = settings.layout.log(child.service.name).path
         if !FileManager.default.fileExists(atPath: logPath) { FileManager.default.createFile(atPath: logPath, contents: nil) }
@@ -122,9 +109,7 @@ final class StackSupervisor: @unchecked Sendable {
     func healthy(_ child: Child) -> Bool {
         let check = Process()
         check.executableURL = settings.executables.appendingPathComponent(child.service.executable)
-        check.arguments = child.service == CanopyStack.broker
-            ? ["health", "--endpoint", settings.endpoint.replacingOccurrences(of: "0.0.0.0", with: "127.0.0.1")]
-            : ["health", "--metrics-bind", metricsAddress(child.service)]
+        check.arguments = launch.healthArguments(child.service)
         check.standardOutput = FileHandle.nullDevice
         check.standardError = FileHandle.nullDevice
         guard (try? check.run()) != nil else { return false }
@@ -224,7 +209,7 @@ final class StackSupervisor: @unchecked Sendable {
         let state = StackState(
             supervisor: getpid(), endpoint: settings.endpoint, http: settings.http,
             services: children.map { .init(name: $0.service.name, pid: $0.process?.processIdentifier ?? 0, state: $0.state, restarts: $0.restarts,
-                                           metrics: metricsAddress($0.service)) },
+                                           metrics: launch.metricsAddress($0.service)) },
             stopped: stopped)
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.prettyPrinted, .sortedKeys]

@@ -30,4 +30,60 @@ public enum CanopyStack {
         Service(name: "remind", executable: "canopy-remind", metricsPort: 9404, scales: false, keepsData: true),
         Service(name: "batch", executable: "canopy-batch", metricsPort: 9405, scales: false, keepsData: false),
     ]
+
+    /// Where one local stack's processes listen and keep their data: what `canopy up` passes
+    /// each service (and what `canopy-bench stack` starts without it, as its baseline).
+    public struct Launch: Sendable {
+        /// The broker's endpoint (`tcp://HOST:PORT`).
+        public var endpoint: String
+        /// canopy-batch's HTTP address (`HOST:PORT`).
+        public var http: String
+        /// The stores' directory.
+        public var dataDirectory: String
+        /// The broker's metrics port; every other service's is its usual offset from 9400 above it.
+        public var metricsBase: Int
+        /// canopy-batch's token signing key file.
+        public var tokenKeyFile: String
+
+        /// - Parameters:
+        ///   - endpoint: the broker's endpoint.
+        ///   - http: canopy-batch's HTTP address.
+        ///   - dataDirectory: the stores' directory.
+        ///   - metricsBase: the broker's metrics port.
+        ///   - tokenKeyFile: canopy-batch's token signing key file.
+        public init(endpoint: String, http: String, dataDirectory: String, metricsBase: Int, tokenKeyFile: String) {
+            self.endpoint = endpoint
+            self.http = http
+            self.dataDirectory = dataDirectory
+            self.metricsBase = metricsBase
+            self.tokenKeyFile = tokenKeyFile
+        }
+
+        /// Where `service`'s `/metrics` and `/health` listen (`127.0.0.1:PORT`).
+        public func metricsAddress(_ service: Service) -> String {
+            "127.0.0.1:\(metricsBase + service.metricsPort - CanopyStack.broker.metricsPort)"
+        }
+
+        /// The arguments that start `service` (its subcommand first).
+        public func arguments(_ service: Service) -> [String] {
+            var arguments = [service.subcommand, "--metrics-bind", metricsAddress(service)]
+            switch service.name {
+            case CanopyStack.broker.name:
+                // Photos up to 25 MiB travel as attachments: frames up to 32 MiB.
+                arguments += ["--bind", endpoint, "--max-frame-bytes", "33554432", "--capture-dir", dataDirectory]
+            case "batch":
+                arguments += ["--endpoint", endpoint, "--http", http, "--token-key-file", tokenKeyFile]
+            default:
+                arguments += ["--endpoint", endpoint, "--data-dir", dataDirectory]
+            }
+            return arguments
+        }
+
+        /// The arguments of `service`'s own `health` command against this stack.
+        public func healthArguments(_ service: Service) -> [String] {
+            service == CanopyStack.broker
+                ? ["health", "--endpoint", endpoint.replacingOccurrences(of: "0.0.0.0", with: "127.0.0.1")]
+                : ["health", "--metrics-bind", metricsAddress(service)]
+        }
+    }
 }
