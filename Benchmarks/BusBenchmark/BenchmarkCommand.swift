@@ -23,9 +23,10 @@ struct BenchmarkCommand: AsyncParsableCommand {
               swift run -c release canopy-bench edge
               swift run -c release canopy-bench remind
               swift run -c release canopy-bench capture
+              swift run -c release canopy-bench stack
             """,
         subcommands: [Bus.self, Coalescing.self, ImagesBenchmark.self, CareBenchmark.self, MetricsCost.self, TransferBenchmark.self, CoalescingCost.self,
-                      IdentifyBenchmark.self, RemindBenchmark.self, EdgeBenchmark.self, CaptureBenchmark.self, InspectChild.self],
+                      IdentifyBenchmark.self, RemindBenchmark.self, EdgeBenchmark.self, CaptureBenchmark.self, StackBenchmark.self, InspectChild.self],
         defaultSubcommand: Bus.self)
 }
 

@@ -203,11 +203,11 @@ struct ImagesBenchmark: AsyncParsableCommand {
         let client = try BusClient(configuration: clientConfiguration, context: context, logger: logger)
         defer { client.close() }
         while (try? await client.call(Images.Stats.self, .init(), timeout: .seconds(1))) == nil { try await Task.sleep(for: .milliseconds(100)) }
-        let idle = residentKiB(service.processIdentifier)
+        let idle = processMemoryKiB(service.processIdentifier)
         var rows = [["moment", "seconds", "resident MiB", "peak so far MiB"],
                     ["idle after start (baseline)", "", String(format: "%.0f", Double(idle.rss) / 1024), String(format: "%.0f", Double(idle.peak) / 1024)]]
         func row(_ label: String, since start: ContinuousClock.Instant) {
-            let now = residentKiB(service.processIdentifier), elapsed = ContinuousClock.now - start
+            let now = processMemoryKiB(service.processIdentifier), elapsed = ContinuousClock.now - start
             rows.append([label, String(format: "%.2f", Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18),
                          String(format: "%.0f", Double(now.rss) / 1024), String(format: "%.0f", Double(now.peak) / 1024)])
         }
@@ -233,20 +233,12 @@ struct ImagesBenchmark: AsyncParsableCommand {
             }
             row("\(concurrent) concurrent \(variant.rawValue) \(format.rawValue)", since: start)
         }
-        let end = residentKiB(service.processIdentifier)
+        let end = processMemoryKiB(service.processIdentifier)
         let fullSize = ProcessInfo.processInfo.environment["CANOPY_IMAGES_FULL_SIZE_CONCURRENCY"] ?? "default"
         print("\n(3) canopy-images resident memory (its own process, default options: credit 8, memory tier 50 MiB; full-size concurrency \(fullSize))")
         printTable(rows)
         print(String(format: "peak %.0f MiB (target under 300 MB = 286 MiB), %.1fx the idle process", Double(end.peak) / 1024, Double(end.peak) / Double(max(1, idle.rss))))
         _ = brokerTask
-    }
-
-    private func residentKiB(_ pid: Int32) -> (rss: Int, peak: Int) {
-        guard let status = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8) else { return (0, 0) }
-        func field(_ name: String) -> Int {
-            status.split(separator: "\n").first { $0.hasPrefix(name) }.flatMap { $0.split(separator: " ").dropFirst().first { Int($0) != nil }.flatMap { Int($0) } } ?? 0
-        }
-        return (field("VmRSS:"), field("VmHWM:"))
     }
 
     // MARK: - Helpers

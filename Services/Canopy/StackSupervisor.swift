@@ -105,40 +105,82 @@ final class StackSupervisor: @unchecked Sendable {
         child.state = "starting"
     }
 
-    /// Whether `child` answers its health check (its own `health` command).
-    func healthy(_ child: Child) -> Bool {
-        let check = Process()
-        check.executableURL = settings.executables.appendingPathComponent(child.service.executable)
-        check.arguments = launch.healthArguments(child.service)
-        check.standardOutput = FileHandle.nullDevice
-        check.standardError = FileHandle.nullDevice
-        guard (try? check.run()) != nil else { return false }
-        check.waitUntilExit()
-        return check.terminationStatus == 0
+    /// Whether `child` is healthy: its `/health` listener answers 200 (what its own `health`
+    /// command asks, without a process started for every check).
+    func healthy(_ child: Child) -> Bool { healthy([child])[0] }
+
+    /// Whether each of `children` is healthy, asked at once.
+    func healthy(_ children: [Child]) -> [Bool] {
+        let ports = children.map { launch.metricsPort($0.service) }
+        let answers = Answers(count: ports.count)
+        let done = DispatchSemaphore(value: 0)
+        Task {
+            await withTaskGroup(of: Void.self) { group in
+                for (index, port) in ports.enumerated() {
+                    group.addTask { answers.set(index, await HealthProbe.check(host: "127.0.0.1", port: port, timeout: 1).healthy) }
+                }
+            }
+            done.signal()
+        }
+        done.wait()
+        return answers.values
     }
 
-    /// Starts every service in order, each once the one before is healthy (the broker first,
-    /// canopy-batch last). `progress` hears each step.
+    /// Health answers gathered from the probes' tasks.
+    private final class Answers: @unchecked Sendable {
+        private let lock = NSLock()
+        private var answers: [Bool]
+        init(count: Int) { answers = Array(repeating: false, count: count) }
+        func set(_ index: Int, _ value: Bool) { lock.withLock { answers[index] = value } }
+        var values: [Bool] { lock.withLock { answers } }
+    }
+
+    /// Starts the broker, and once it is healthy every other service at once (each registers
+    /// with the broker as it comes up); returns when all of them are healthy. `progress` hears
+    /// each step.
     func startAll(within limit: Duration = .seconds(90), progress: (String) -> Void) throws {
         try FileManager.default.createDirectory(at: settings.layout.logs, withIntermediateDirectories: true)
-        for child in children {
-            progress("starting \(child.service.name)…")
-            try start(child)
-            let deadline = ContinuousClock.now + limit
-            while !healthy(child) {
-                if child.process?.isRunning != true {
-                    child.state = "failed"
-                    writeState()
-                    throw CommandFailure("\(child.service.executable) exited while starting (status \(child.process?.terminationStatus ?? 0)); its log is \(settings.layout.log(child.service.name).path) (canopy logs \(child.service.name))")
-                }
-                guard ContinuousClock.now < deadline else {
-                    throw CommandFailure("\(child.service.executable) did not become healthy within \(limit); see canopy logs \(child.service.name)")
-                }
-                Thread.sleep(forTimeInterval: 0.2)
-            }
-            child.state = "running"
-            writeState()
+        for group in [Array(children.prefix(1)), Array(children.dropFirst())] {
+            progress("starting \(group.map(\.service.name).joined(separator: ", "))…")
+            for child in group { try start(child) }
+            try waitUntilHealthy(group, within: limit)
         }
+    }
+
+    /// Polls `group` every 50 ms until each child is healthy; throws when one exits or the
+    /// time runs out.
+    private func waitUntilHealthy(_ group: [Child], within limit: Duration) throws {
+        let deadline = ContinuousClock.now + limit
+        var waiting = group
+        while !waiting.isEmpty {
+            let answers = healthy(waiting)
+            for (child, healthy) in zip(waiting, answers) where healthy { child.state = "running" }
+            waiting = zip(waiting, answers).filter { !$0.1 }.map(\.0)
+            if answers.contains(true) { writeState() }
+            for child in waiting where child.process?.isRunning != true {
+                child.state = "failed"
+                writeState()
+                throw CommandFailure("""
+                    \(child.service.executable) exited while starting (status \(child.process?.terminationStatus ?? 0)); the end of its log \
+                    (\(settings.layout.log(child.service.name).path), canopy logs \(child.service.name)):
+                    \(lastLines(of: child, count: 5))
+                    """)
+            }
+            guard ContinuousClock.now < deadline else {
+                throw CommandFailure("\(waiting.map(\.service.executable).joined(separator: ", ")) did not become healthy within \(limit); see canopy logs \(waiting[0].service.name)")
+            }
+            if !waiting.isEmpty { Thread.sleep(forTimeInterval: 0.05) }
+        }
+    }
+
+    /// The last `count` lines of `child`'s log (read from its last 64 KiB).
+    private func lastLines(of child: Child, count: Int) -> String {
+        guard let handle = FileHandle(forReadingAtPath: settings.layout.log(child.service.name).path) else { return "" }
+        defer { try? handle.close() }
+        let size = handle.seekToEndOfFile()
+        handle.seek(toFileOffset: size > 65_536 ? size - 65_536 : 0)
+        let text = String(decoding: handle.readDataToEndOfFile(), as: UTF8.self)
+        return text.split(separator: "\n").suffix(count).map { "  \($0)" }.joined(separator: "\n")
     }
 
     /// Watches the children until ``stop()``: a child that exits is started again after its pause.

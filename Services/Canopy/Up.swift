@@ -97,7 +97,9 @@ struct Up: ParsableCommand {
         let output = try FileHandle(forWritingTo: log)
         let process = Process()
         process.executableURL = URL(fileURLWithPath: "/usr/bin/setsid")
-        process.arguments = [Self.selfPath(), "up", "--supervise", "--detach", "--data-dir", stack.dataDir, "--broker", broker, "--http", http,
+        // --wait: setsid forks (the child leads its own process group) and answers the
+        // supervisor's exit status, so a stack that fails to start is seen at once.
+        process.arguments = ["--wait", Self.selfPath(), "up", "--supervise", "--detach", "--data-dir", stack.dataDir, "--broker", broker, "--http", http,
                              "--metrics-base", "\(metricsBase)", "--clock", clock]
         process.standardInput = FileHandle.nullDevice
         process.standardOutput = output
@@ -106,7 +108,7 @@ struct Up: ParsableCommand {
         // Wait until every service is running (the supervisor writes the state as they come up).
         let deadline = ContinuousClock.now + .seconds(180)
         while ContinuousClock.now < deadline {
-            Thread.sleep(forTimeInterval: 0.3)
+            Thread.sleep(forTimeInterval: 0.1)
             if let state = layout.state(), state.services.allSatisfy({ $0.state == "running" }), state.supervisorAlive,
                (try? String(contentsOf: log, encoding: .utf8))?.contains("demo token") == true {
                 print(StackSupervisor.table(state))
@@ -115,7 +117,7 @@ struct Up: ParsableCommand {
                 print("running in the background; canopy status, canopy logs SERVICE, canopy down")
                 return
             }
-            if !process.isRunning && process.terminationStatus != 0 {
+            if !process.isRunning {
                 throw CommandFailure("the stack did not start: \(String(((try? String(contentsOf: log, encoding: .utf8)) ?? "").suffix(2_000)))")
             }
         }

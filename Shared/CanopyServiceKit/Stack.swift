@@ -59,9 +59,14 @@ public enum CanopyStack {
             self.tokenKeyFile = tokenKeyFile
         }
 
+        /// The port of `service`'s `/metrics` and `/health` listener.
+        public func metricsPort(_ service: Service) -> Int {
+            metricsBase + service.metricsPort - CanopyStack.broker.metricsPort
+        }
+
         /// Where `service`'s `/metrics` and `/health` listen (`127.0.0.1:PORT`).
         public func metricsAddress(_ service: Service) -> String {
-            "127.0.0.1:\(metricsBase + service.metricsPort - CanopyStack.broker.metricsPort)"
+            "127.0.0.1:\(metricsPort(service))"
         }
 
         /// The arguments that start `service` (its subcommand first).
@@ -77,13 +82,6 @@ public enum CanopyStack {
                 arguments += ["--endpoint", endpoint, "--data-dir", dataDirectory]
             }
             return arguments
-        }
-
-        /// The arguments of `service`'s own `health` command against this stack.
-        public func healthArguments(_ service: Service) -> [String] {
-            service == CanopyStack.broker
-                ? ["health", "--endpoint", endpoint.replacingOccurrences(of: "0.0.0.0", with: "127.0.0.1")]
-                : ["health", "--metrics-bind", metricsAddress(service)]
         }
     }
 }
