@@ -320,6 +320,7 @@ let package = Package(
             dependencies: [
                 "CanopyServiceKit", "CanopyBus", "CanopyMessages", "CanopyCapture", "CanopyReplay", "CanopyImaging",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
             ],
@@ -428,8 +429,9 @@ let package = Package(
         .testTarget(
             name: "DeploymentTests",
             dependencies: [
-                "CanopyServiceKit", "CanopyTesting",
+                "CanopyServiceKit", "CanopyTesting", "CanopyImaging",
                 .product(name: "Yams", package: "Yams"),
+                .product(name: "GRDB", package: "GRDB.swift"),
                 // Built for the tests that ask them for --help.
                 "canopy", "canopy-broker", "canopy-images", "canopy-care", "canopy-identify", "canopy-remind", "canopy-batch",
             ],

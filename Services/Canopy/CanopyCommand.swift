@@ -9,6 +9,7 @@ struct CanopyCommand: AsyncParsableCommand {
             Examples:
               canopy up
               canopy status
+              canopy backup ./backups/monday
               canopy demo
               canopy services
               canopy stats --endpoint tcp://127.0.0.1:5555
@@ -18,5 +19,5 @@ struct CanopyCommand: AsyncParsableCommand {
               canopy capture inspect ./captures/monday
               canopy replay ./captures/monday --broker tcp://127.0.0.1:5555
             """,
-        subcommands: [Up.self, Status.self, Logs.self, Down.self, Demo.self, Send.self, Services.self, Stats.self, Keys.self, Capture.self, Replay.self])
+        subcommands: [Up.self, Status.self, Logs.self, Down.self, Backup.self, Demo.self, Send.self, Services.self, Stats.self, Keys.self, Capture.self, Replay.self])
 }

@@ -17,6 +17,9 @@ public enum CanopyStack {
         public var scales: Bool
         /// Whether it keeps data (a volume of its own).
         public var keepsData: Bool
+
+        /// Its SQLite store, relative to the data directory (`care/care.sqlite`), when it keeps data.
+        public var store: String? { keepsData ? "\(name)/\(name).sqlite" : nil }
     }
 
     public static let broker = Service(name: "broker", executable: "canopy-broker", metricsPort: 9400, scales: false, keepsData: false)

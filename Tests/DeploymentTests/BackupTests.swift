@@ -1,0 +1,96 @@
+import CanopyImaging
+import CanopyServiceKit
+import CanopyTesting
+import Foundation
+import GRDB
+import Testing
+
+/// `canopy backup` as an operator runs it: a running stack's stores copied, and a stack run
+/// from the copy.
+@Suite(.serialized)
+struct BackupTests {
+    /// A stack of real processes (`canopy up --detach`) on ports of its own.
+    struct Stack {
+        let data: String
+        let endpoint = "tcp://127.0.0.1:\(FreePorts.any())"
+
+        init(data: String) async throws {
+            self.data = data
+            let up = try await runExecutable("canopy", ["up", "--detach", "--data-dir", data, "--broker", endpoint, "--http", "127.0.0.1:\(FreePorts.any())",
+                                                        "--metrics-base", "\(FreePorts.run(of: 5))"], limit: 240)
+            #expect(up.status == 0, "canopy up: \(up.output) \(up.errors)")
+        }
+
+        func down() async {
+            _ = try? await runExecutable("canopy", ["down", "--data-dir", data], limit: 120)
+        }
+
+        /// A bus call as `canopy send` makes it, for alice; its JSON reply.
+        func send(_ service: String, _ operation: String, _ json: String, attach: [String] = []) async throws -> Any? {
+            let sent = try await runExecutable("canopy", ["send", service, operation, "--principal", "alice", "--json", json, "--broker", endpoint]
+                                                   + attach.flatMap { ["--attach", $0] })
+            #expect(sent.status == 0, "canopy send \(service) \(operation): \(sent.errors)")
+            return try? JSONSerialization.jsonObject(with: Data(sent.output.utf8))
+        }
+    }
+
+    @Test func aRunningStackIsBackedUpAndAStackRunsFromTheBackup() async throws {
+        let root = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-backup-\(UUID().uuidString)")
+        defer { try? FileManager.default.removeItem(at: root) }
+        let (data, backup, later) = (root.appendingPathComponent("data").path, root.appendingPathComponent("backup").path, root.appendingPathComponent("later").path)
+        try FileManager.default.createDirectory(at: root, withIntermediateDirectories: true)
+        var photos: [String] = []
+        for seed in 1...2 {
+            let file = root.appendingPathComponent("photo-\(seed).jpg").path
+            try Data(try SyntheticPlant.species(seed).photo(seed: seed)).write(to: URL(fileURLWithPath: file))
+            photos.append(file)
+        }
+
+        // A plant with two photos, then a backup while the stack runs.
+        let stack = try await Stack(data: data)
+        var shas: [String] = []
+        do {
+            let plant = try #require((try await stack.send("care", "plants.add", #"{"scientificName":"Monstera deliciosa","customName":"Kept"}"#) as? [String: Any])?["id"] as? String)
+            for photo in photos {
+                shas.append(try #require((try await stack.send("images", "images.put", #"{"plantID":"\#(plant)"}"#, attach: [photo]) as? [String: Any])?["sha256"] as? String))
+            }
+            let backedUp = try await runExecutable("canopy", ["backup", backup, "--data-dir", data], limit: 60)
+            #expect(backedUp.status == 0, "\(backedUp.errors)")
+            for store in ["images/images.sqlite", "care/care.sqlite", "identify/identify.sqlite", "remind/remind.sqlite", "images/originals (2 photos)"] {
+                #expect(backedUp.output.contains(store), "the table names \(store): \(backedUp.output)")
+            }
+            let mode = try FileManager.default.attributesOfItem(atPath: backup)[.posixPermissions] as? Int
+            #expect(mode == 0o700, "people's data: readable by its owner only")
+            let again = try await runExecutable("canopy", ["backup", backup, "--data-dir", data])
+            #expect(again.status != 0 && again.errors.contains("is not empty"), "\(again.errors)")
+        } catch {
+            await stack.down()
+            throw error
+        }
+        await stack.down()
+
+        // A photo purged while a backup runs: its row is in the copied store, its file gone.
+        // (Here: the stopped stack's file removed first.) The backup leaves it out.
+        try FileManager.default.removeItem(atPath: "\(data)/images/originals/\(shas[1])")
+        let partial = try await runExecutable("canopy", ["backup", later, "--data-dir", data], limit: 60)
+        #expect(partial.status == 0 && partial.errors.contains("1 photos were deleted while the backup ran"), "\(partial.output) \(partial.errors)")
+        let kept = try await DatabaseQueue(path: "\(later)/images/images.sqlite").read { db in try String.fetchAll(db, sql: "SELECT sha256 FROM photos") }
+        #expect(kept == [shas[0]])
+
+        // A stack from the first backup has the plant and both photos, bytes and all.
+        let restored = try await Stack(data: backup)
+        do {
+            let plants = (try await restored.send("care", "plants.list", "{}") as? [String: Any])?["plants"] as? [[String: Any]] ?? []
+            #expect(plants.map { $0["customName"] as? String } == ["Kept"], "\(plants)")
+            let plant = try #require(plants.first?["id"] as? String)
+            let listed = try await restored.send("images", "images.list", #"{"plantID":"\#(plant)"}"#) as? [[String: Any]] ?? []
+            #expect(Set(listed.compactMap { $0["sha256"] as? String }) == Set(shas), "\(listed)")
+            let thumbnail = try await restored.send("images", "images.variant", #"{"sha256":"\#(shas[1])","variant":"thumbnail"}"#) as? [String: Any] ?? [:]
+            #expect(thumbnail["width"] as? Int ?? 0 > 0, "\(thumbnail)")
+        } catch {
+            await restored.down()
+            throw error
+        }
+        await restored.down()
+    }
+}
