@@ -44,7 +44,7 @@ struct ImplicitBatcherTests {
 
     @Test func aKeyAlreadyInTheAirIsNotSentAgain() async throws {
         let recorder = Recorder()
-        let batcher = ImplicitBatcher<String, String>(kind: "test", window: .seconds(600), maximumKeys: 64,
+        let batcher = ImplicitBatcher<String, String>(kind: "test", window: .seconds(600), maximumKeys: 64, maximumInFlight: 2,
                                                       fetch: recorder.fetch(delay: .seconds(1)) { .success("value of \($0)") })
         async let first = batcher.load("a")
         while recorder.batches.withLock({ $0.isEmpty }) { try await Task.sleep(for: .milliseconds(5)) } // "a" is in the air
@@ -59,7 +59,7 @@ struct ImplicitBatcherTests {
 
     @Test func aLoneKeyGoesAtOnceWithoutWaitingForItsWindow() async throws {
         let recorder = Recorder()
-        let batcher = ImplicitBatcher<String, String>(kind: "test", window: .seconds(600), maximumKeys: 64, fetch: recorder.fetch { .success("value of \($0)") })
+        let batcher = ImplicitBatcher<String, String>(kind: "test", window: .seconds(600), maximumKeys: 64, maximumInFlight: 2, fetch: recorder.fetch { .success("value of \($0)") })
         #expect(try await batcher.load("a") == "value of a")
         #expect(try await batcher.load("b") == "value of b")
         #expect(recorder.batches.withLock { $0 } == [["a"], ["b"]])
@@ -120,7 +120,7 @@ struct ImplicitBatcherTests {
     }
 
     @Test func whenTheCallFailsEveryKeyOfItsBatchGetsThatFailure() async throws {
-        let batcher = ImplicitBatcher<String, String>(kind: "test", window: .milliseconds(5), maximumKeys: 64) { keys in
+        let batcher = ImplicitBatcher<String, String>(kind: "test", window: .milliseconds(5), maximumKeys: 64, maximumInFlight: 2) { keys in
             keys.map { _ in .failure(CanopyError(.noWorkers, "no canopy-images worker")) }
         }
         await #expect(throws: CanopyError(.noWorkers, "no canopy-images worker")) { try await batcher.load("x") }

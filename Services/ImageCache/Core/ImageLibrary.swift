@@ -119,28 +119,28 @@ final class ImageLibrary: Sendable {
     /// come back in the keys' order; the keys past that are answered `tooLarge`, to be asked
     /// for alone.
     func variants(_ keys: [Images.GetVariants.Key], context: RequestContext) async -> Images.GetVariants.Reply {
-        let found = await withTaskGroup(of: (Int, Result<Images.GetVariant.Reply, CanopyError>).self) { group in
-            func look(_ index: Int) {
-                let key = keys[index]
-                group.addTask {
-                    do {
-                        let owner = try context.principal(forKey: key.principal)
-                        return (index, .success(try await self.variant(.init(sha256: key.sha256, variant: key.variant, format: key.format), owner: owner)))
-                    } catch let error as CanopyError {
-                        return (index, .failure(error))
-                    } catch {
-                        context.logger.error("images.variants.failed", metadata: ["error": "\(error)"])
-                        return (index, .failure(CanopyError(.internal, "this variant could not be read; the service log has the details")))
-                    }
-                }
+        @Sendable func look(_ key: Images.GetVariants.Key) async -> Result<Images.GetVariant.Reply, CanopyError> {
+            do {
+                let owner = try context.principal(forKey: key.principal)
+                return .success(try await self.variant(.init(sha256: key.sha256, variant: key.variant, format: key.format), owner: owner))
+            } catch let error as CanopyError {
+                return .failure(error)
+            } catch {
+                context.logger.error("images.variants.failed", metadata: ["error": "\(error)"])
+                return .failure(CanopyError(.internal, "this variant could not be read; the service log has the details"))
             }
+        }
+        // A lone key (a quiet edge sends each lookup at once) is looked up in this task: a
+        // child task would be two hops for nothing.
+        let found = keys.count == 1 ? [await look(keys[0])] : await withTaskGroup(of: (Int, Result<Images.GetVariant.Reply, CanopyError>).self) { group in
             var next = min(Self.variantsAtOnce, keys.count)
-            for index in 0..<next { look(index) }
+            for index in 0..<next { group.addTask { (index, await look(keys[index])) } }
             var found = [Result<Images.GetVariant.Reply, CanopyError>?](repeating: nil, count: keys.count)
             for await (index, result) in group {
                 found[index] = result
                 if next < keys.count {
-                    look(next)
+                    let index = next
+                    group.addTask { (index, await look(keys[index])) }
                     next += 1
                 }
             }

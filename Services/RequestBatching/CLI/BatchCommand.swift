@@ -54,7 +54,7 @@ struct ServeBatch: AsyncParsableCommand {
     @Option(help: ArgumentHelp("The most lookups in one bus request, 1 to 64. Env: CANOPY_BATCH_KEYS.", valueName: "n"))
     var batchKeys: Int = Environment.int("CANOPY_BATCH_KEYS", default: 64)
     @Option(help: ArgumentHelp("How many batches of one kind may be in the air before lookups wait for one to return, 1 to 64. Env: CANOPY_BATCH_IN_FLIGHT.", valueName: "n"))
-    var batchInFlight: Int = Environment.int("CANOPY_BATCH_IN_FLIGHT", default: 4)
+    var batchInFlight: Int = Environment.int("CANOPY_BATCH_IN_FLIGHT", default: 2)
 
     func validate() throws {
         guard (1_024...(64 * 1_048_576)).contains(maxBodyBytes) else { throw ValidationError("--max-body-bytes is 1024 to 67108864") }

@@ -33,7 +33,7 @@ public struct BatchServiceSettings: Sendable {
     public var batchWindow: Duration = .milliseconds(2)
     public var batchKeys = Lookup.maximumKeys
     /// How many batches of one kind may be in the air before lookups wait for one to return.
-    public var batchInFlight = 4
+    public var batchInFlight = 2
 
     public init(http: ListenAddress, bus: BusClient.Configuration, tokenKey: [UInt8], metrics: ListenAddress? = nil) {
         self.http = http

@@ -66,7 +66,7 @@ final class ImplicitBatcher<Key: Hashable & Sendable, Value: Sendable>: Sendable
     ///   - maximumKeys: the most keys one call carries (1 to ``Lookup/maximumKeys``).
     ///   - maximumInFlight: how many batches may be in the air before keys wait for one.
     ///   - fetch: answers a batch.
-    init(kind: String, window: Duration, maximumKeys: Int, maximumInFlight: Int = 4, fetch: @escaping Fetch) {
+    init(kind: String, window: Duration, maximumKeys: Int, maximumInFlight: Int, fetch: @escaping Fetch) {
         self.window = window
         self.maximumKeys = max(1, min(maximumKeys, Lookup.maximumKeys))
         self.maximumInFlight = max(1, maximumInFlight)
