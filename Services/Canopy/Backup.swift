@@ -30,6 +30,10 @@ struct Backup: ParsableCommand {
         guard !stores.isEmpty else {
             throw CommandFailure("no stores in \(source.path); name the stack's data directory with --data-dir (canopy status shows it)")
         }
+        var isDirectory: ObjCBool = false
+        if FileManager.default.fileExists(atPath: target.path, isDirectory: &isDirectory), !isDirectory.boolValue {
+            throw CommandFailure("\(target.path) is a file; name a new directory for the backup")
+        }
         if let contents = try? FileManager.default.contentsOfDirectory(atPath: target.path), !contents.isEmpty {
             throw CommandFailure("\(target.path) is not empty; name a new directory for the backup")
         }

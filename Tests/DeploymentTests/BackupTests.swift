@@ -63,6 +63,9 @@ struct BackupTests {
             #expect(mode == 0o700, "people's data: readable by its owner only")
             let again = try await runExecutable("canopy", ["backup", backup, "--data-dir", data])
             #expect(again.status != 0 && again.errors.contains("is not empty"), "\(again.errors)")
+            let file = root.appendingPathComponent("photo-1.jpg").path
+            let onAFile = try await runExecutable("canopy", ["backup", file, "--data-dir", data])
+            #expect(onAFile.status != 0 && onAFile.errors.contains("is a file; name a new directory"), "\(onAFile.errors)")
         } catch {
             await stack.down()
             throw error
