@@ -6,11 +6,11 @@ import GRDB
 import Testing
 
 /// `canopy backup` as an operator runs it: a running stack's stores copied, and a stack run
-/// from the copy.
-@Suite(.serialized)
-struct BackupTests {
+/// from the copy. Part of ``CanopyUpTests``, whose tests run one at a time: their stacks of
+/// six processes each would otherwise share the machine's cores at once.
+extension CanopyUpTests {
     /// A stack of real processes (`canopy up --detach`) on ports of its own.
-    struct Stack {
+    struct BackupStack {
         let data: String
         let endpoint = "tcp://127.0.0.1:\(FreePorts.any())"
 
@@ -47,7 +47,7 @@ struct BackupTests {
         }
 
         // A plant with two photos, then a backup while the stack runs.
-        let stack = try await Stack(data: data)
+        let stack = try await BackupStack(data: data)
         var shas: [String] = []
         do {
             let plant = try #require((try await stack.send("care", "plants.add", #"{"scientificName":"Monstera deliciosa","customName":"Kept"}"#) as? [String: Any])?["id"] as? String)
@@ -81,7 +81,7 @@ struct BackupTests {
         #expect(kept == [shas[0]])
 
         // A stack from the first backup has the plant and both photos, bytes and all.
-        let restored = try await Stack(data: backup)
+        let restored = try await BackupStack(data: backup)
         do {
             let plants = (try await restored.send("care", "plants.list", "{}") as? [String: Any])?["plants"] as? [[String: Any]] ?? []
             #expect(plants.map { $0["customName"] as? String } == ["Kept"], "\(plants)")
