@@ -91,7 +91,9 @@ struct Demo: AsyncParsableCommand {
                 let pending = try await api.send(.GET, "/v1/reminders/pending?limit=256").array("reminders").filter { $0["taskID"] as? String == task }.count
                 most = max(most, pending)
                 if Date() >= dueAt.addingTimeInterval(-1) {
-                    let lines = ((try? String(contentsOf: log, encoding: .utf8)) ?? "").split(separator: "\n").filter { $0.contains(device) && $0.contains("remind.title") }
+                    // Decoded leniently: one bad byte anywhere in the log must not hide the line.
+                    let text = String(decoding: FileManager.default.contents(atPath: log.path) ?? Data(), as: UTF8.self)
+                    let lines = text.split(separator: "\n").filter { $0.contains(device) && $0.contains("remind.title") }
                     if let line = lines.last {
                         return "sent to the log channel at \(line.prefix(19).replacingOccurrences(of: "T", with: " ")) (due \(dueAt.formatted(.iso8601).prefix(19).replacingOccurrences(of: "T", with: " "))): canopy logs remind"
                     }

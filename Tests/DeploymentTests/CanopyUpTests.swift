@@ -39,7 +39,7 @@ struct CanopyUpTests {
 
         // The app's journey over HTTP, as canopy demo walks it.
         let demo = try await runExecutable("canopy", ["demo", "--http", http, "--reminder-seconds", "2"] + stack, limit: 120)
-        #expect(demo.status == 0, "\(demo.output) \(demo.errors)")
+        #expect(demo.status == 0, "\(demo.output) \(demo.errors)\n\(Self.logTails(data, ["remind", "care"]))")
         for step in ["identify a photo", "accept it as a plant", "its care schedule", "its reminder delivered", "sent to the log channel",
                      "complete the task, then its plant's next task", "the photo's thumbnail and palette", "done in"] {
             #expect(demo.output.contains(step), "canopy demo shows no '\(step)': \(demo.output)")
@@ -90,6 +90,14 @@ struct CanopyUpTests {
         #expect(ContinuousClock.now - started < .seconds(60), "not the three minutes a healthy stack is waited for")
         let pids = Self.rows(try await runExecutable("canopy", ["status", "--data-dir", data]).output).map(\.pid).filter { $0 > 0 }
         #expect(!pids.isEmpty && pids.allSatisfy { kill($0, 0) != 0 }, "the services that did start are stopped again")
+    }
+
+    /// The last lines of the stack's service logs, to show with a failure.
+    static func logTails(_ data: String, _ services: [String], lines: Int = 40) -> String {
+        services.map { service in
+            let text = (try? String(contentsOfFile: "\(data)/logs/\(service).log", encoding: .utf8)) ?? "(no log)"
+            return "--- \(service).log\n" + text.split(separator: "\n").suffix(lines).joined(separator: "\n")
+        }.joined(separator: "\n")
     }
 
     private func runDown(_ stack: [String]) throws -> ProcessResult {
