@@ -5,6 +5,7 @@ import CanopyMessages
 import CanopyTesting
 import Foundation
 import GRDB
+import Synchronization
 import Testing
 @testable import CareScheduling
 @testable import ImageCache
@@ -83,6 +84,54 @@ struct CareServiceTests {
             let later = await Outbox(library: CareLibrary(store: reopened), bus: try bus.client(timeout: .seconds(2)), interval: .seconds(1), logger: bus.logger)
                 .deliverDue(now: now.addingTimeInterval(3))
             #expect(later.failed == 3, "retried after the backoff")
+        }
+    }
+
+    /// A change made while the person's reminder sync is on its way (its window already read)
+    /// is not lost: the row stays, and the next pass sends the newer window. Before, the
+    /// change found the sync pending, added none, and the sent row was deleted.
+    @Test func aChangeWhileItsSyncIsOnItsWayGoesInTheNextSync() async throws {
+        try await withCare { bus, client, library, _ in
+            let plant = try await client.call(Care.AddPlant.self, Care.Plant(scientificName: "Ficus lyrata"), principal: "alice")
+            let task = try #require(try await client.call(Care.UpcomingTasks.self, .init(days: 60), principal: "alice").upcoming.first { $0.plantID == plant.id })
+            let until = Date(timeIntervalSince1970: (Date().timeIntervalSince1970 + 3_600).rounded())
+            let remind = SyncRecorder { library in
+                _ = try library.snooze(task.id, until: until, owner: "alice") // the change, while the first sync is answered
+            }
+            remind.library = library
+            bus.startRunner(remind)
+            try await bus.waitForWorkers(1, service: Reminders.service)
+
+            let outbox = Outbox(library: library, bus: try bus.client(timeout: .seconds(10)), interval: .seconds(1), logger: bus.logger)
+            _ = await outbox.deliverDue()
+            _ = await outbox.deliverDue()
+            let windows = remind.windows.withLock { $0 }
+            #expect(windows.count == 2, "the sync on its way during the snooze was sent again")
+            #expect(windows.first?.tasks.first { $0.id == task.id }?.snoozedUntil == nil)
+            #expect(windows.last?.tasks.first { $0.id == task.id }?.snoozedUntil == until, "the second window has the snooze")
+            #expect(await outbox.deliverDue().delivered == 0, "and then nothing is left")
+        }
+    }
+
+    /// A canopy-remind stand-in that records the windows it is handed, and makes a change in
+    /// canopy-care while it answers the first.
+    final class SyncRecorder: BusService, @unchecked Sendable {
+        let name = Reminders.service
+        let windows = Mutex<[Reminders.Sync.Request]>([])
+        let change: @Sendable (CareLibrary) throws -> Void
+        var library: CareLibrary?
+
+        init(change: @escaping @Sendable (CareLibrary) throws -> Void) { self.change = change }
+
+        func register(_ handlers: inout OperationHandlers) {
+            handlers.on(Reminders.Sync.self) { [self] request, _ in
+                let first = windows.withLock { windows in
+                    windows.append(request)
+                    return windows.count == 1
+                }
+                if first, let library { try change(library) }
+                return Empty()
+            }
         }
     }
 

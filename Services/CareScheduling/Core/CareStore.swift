@@ -86,6 +86,11 @@ final class CareStore: Sendable {
             // count from their next attempt).
             try db.execute(sql: "ALTER TABLE outbox ADD COLUMN createdAt DOUBLE")
         }
+        migrator.registerMigration("v3-outbox-generation") { db in
+            // Bumped when a change asks again for a reminder sync that is already pending: the
+            // outbox deletes a sent row only when no change asked since it read the window.
+            try db.execute(sql: "ALTER TABLE outbox ADD COLUMN generation INTEGER NOT NULL DEFAULT 0")
+        }
         return migrator
     }
 
@@ -273,11 +278,13 @@ final class CareStore: Sendable {
     }
 
     /// Asks for the owner's reminder window to be handed over again; one pending request per
-    /// owner is enough (the window is read when it is sent).
+    /// owner is enough (the window is read when it is sent). A pending one is marked asked
+    /// again (its generation bumped): it may be on its way with a window read before this
+    /// change, and is then sent again rather than deleted (see ``Outbox``).
     func enqueueReminderSync(_ db: Database, owner: String, now: Date) throws {
-        let pending = try Bool.fetchOne(db, sql: "SELECT EXISTS(SELECT 1 FROM outbox WHERE owner = ? AND operation = ? AND attempts = 0)",
-                                        arguments: [owner, Reminders.Sync.name]) ?? false
-        if !pending {
+        try db.execute(sql: "UPDATE outbox SET generation = generation + 1 WHERE owner = ? AND operation = ? AND attempts = 0",
+                       arguments: [owner, Reminders.Sync.name])
+        if db.changesCount == 0 {
             try enqueue(db, owner: owner, service: Reminders.service, operation: Reminders.Sync.name, body: [], now: now)
         }
     }

@@ -83,12 +83,17 @@ struct Outbox: Service, HealthReporting {
         var pass = Pass()
         for row in due {
             let id: Int64 = row["id"], owner: String = row["owner"], operation: String = row["operation"], attempts: Int = row["attempts"]
+            let generation: Int64 = row["generation"]
             do {
                 let body: [UInt8] = operation == Reminders.Sync.name
                     ? try codec.encode(Reminders.Sync.Request(window: try library.reminderWindow(owner: owner))) // the window as it is now
                     : [UInt8](row["body"] as Data)
                 _ = try await bus.call(service: row["service"], operation: operation, body: body, principal: owner, timeout: .seconds(5), idempotent: true)
-                try await library.store.database.write { db in try db.execute(sql: "DELETE FROM outbox WHERE id = ?", arguments: [id]) }
+                // Only if nothing asked for this sync again since its row (and then the window)
+                // was read: otherwise the row stays, and the next pass sends the newer window.
+                try await library.store.database.write { db in
+                    try db.execute(sql: "DELETE FROM outbox WHERE id = ? AND generation = ?", arguments: [id, generation])
+                }
                 pass.delivered += 1
             } catch {
                 let delay = min(300, pow(2, Double(attempts)))
