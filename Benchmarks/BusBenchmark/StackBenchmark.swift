@@ -241,7 +241,7 @@ struct StackRig: Sendable {
     func startByHand(_ name: String) async throws -> Double {
         let stack = layout(name)
         try FileManager.default.createDirectory(atPath: stack.directory, withIntermediateDirectories: true)
-        FileManager.default.createFile(atPath: stack.launch.tokenKeyFile, contents: Data(String(repeating: "k", count: 64).utf8),
+        _ = FileManager.default.createFile(atPath: stack.launch.tokenKeyFile, contents: Data(String(repeating: "k", count: 64).utf8),
                                        attributes: [.posixPermissions: 0o600])
         let started = ContinuousClock.now
         var processes: [Process] = []

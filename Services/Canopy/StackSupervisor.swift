@@ -92,7 +92,7 @@ final class StackSupervisor: @unchecked Sendable {
         process.arguments = launch.arguments(child.service)
         process.environment = ProcessInfo.processInfo.environment.merging(settings.environment) { $1 }
         let logPath = settings.layout.log(child.service.name).path
-        if !FileManager.default.fileExists(atPath: logPath) { FileManager.default.createFile(atPath: logPath, contents: nil) }
+        if !FileManager.default.fileExists(atPath: logPath) { _ = FileManager.default.createFile(atPath: logPath, contents: nil) }
         let log = try FileHandle(forWritingTo: URL(fileURLWithPath: logPath))
         log.seekToEndOfFile()
         process.standardOutput = log

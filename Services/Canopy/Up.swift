@@ -93,7 +93,7 @@ struct Up: ParsableCommand {
     /// `--detach`: the same command, supervising in a session of its own, its output in the logs.
     private func startDetached(_ layout: StackLayout) throws {
         let log = layout.log("canopy-up")
-        FileManager.default.createFile(atPath: log.path, contents: nil)
+        _ = FileManager.default.createFile(atPath: log.path, contents: nil)
         let output = try FileHandle(forWritingTo: log)
         let process = Process()
         process.executableURL = URL(fileURLWithPath: "/usr/bin/setsid")
@@ -156,7 +156,9 @@ struct Up: ParsableCommand {
         guard !FileManager.default.fileExists(atPath: url.path) else { return }
         var bytes = [UInt8](repeating: 0, count: 48)
         for index in bytes.indices { bytes[index] = UInt8.random(in: 0 ... 255) }
-        FileManager.default.createFile(atPath: url.path, contents: Data(Data(bytes).base64EncodedString().utf8), attributes: [.posixPermissions: 0o600])
+        guard FileManager.default.createFile(atPath: url.path, contents: Data(Data(bytes).base64EncodedString().utf8), attributes: [.posixPermissions: 0o600]) else {
+            throw CommandFailure("cannot create the token key \(url.path); check that its directory is writable")
+        }
     }
 
     static func demoToken(_ executables: URL, key: URL, user: String = "demo") throws -> String {

@@ -1,6 +1,10 @@
+import CanopyBus
 import CanopyImaging
+import CanopyMessages
 import CanopyTesting
+import CareScheduling
 import Foundation
+import ImageCache
 import Testing
 
 /// `canopy-identify` as an operator runs it: reference photos in, one-shot matching offline.
@@ -70,5 +74,56 @@ struct IdentifyCommandLineTests {
         #expect(result.status != 0 && result.errors.contains("CANOPY_PLANTNET_KEY"), "\(result.errors)")
         let bad = try await run(["serve", "--provider", "oracle"])
         #expect(bad.status != 0 && bad.errors.contains("reference, plantnet or hybrid"))
+    }
+
+    /// The key as a container gets it: a file (`--plantnet-key-file`, a compose secret). A
+    /// missing file is named, an empty one means no key, and a key read from the file is the
+    /// one Pl@ntNet (a local server that checks it as the real API does) receives.
+    @Test func serveReadsThePlantNetKeyFromAFile() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-identify-keyfile-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let serve = ["serve", "--provider", "plantnet", "--metrics-bind", "off", "--data-dir", directory.appendingPathComponent("identify").path]
+        let nowhere = ["--endpoint", "tcp://127.0.0.1:1"]
+
+        let missing = try await run(serve + nowhere + ["--plantnet-key-file", directory.appendingPathComponent("missing.key").path])
+        #expect(missing.status != 0 && missing.errors.contains("cannot read --plantnet-key-file"), "\(missing.errors)")
+        let empty = directory.appendingPathComponent("empty.key")
+        try Data().write(to: empty)
+        let none = try await run(serve + nowhere + ["--plantnet-key-file", empty.path])
+        #expect(none.status != 0 && none.errors.contains("CANOPY_PLANTNET_KEY_FILE"), "\(none.errors)")
+
+        let keyFile = directory.appendingPathComponent("plantnet.key")
+        try Data("\(FakePlantNet.key)\n".utf8).write(to: keyFile)
+        try await withLiveBus { bus in
+            let images = ImageServiceSettings(directory: directory.appendingPathComponent("images"), runner: bus.runnerConfiguration(credit: 8))
+            bus.run(try buildImageService(settings: images, context: bus.context, logger: bus.logger))
+            let care = CareServiceSettings(directory: directory.appendingPathComponent("care"), runner: bus.runnerConfiguration())
+            bus.run(try buildCareService(settings: care, context: bus.context, logger: bus.logger))
+            let plantNet = FakePlantNet()
+            bus.run([plantNet.application])
+
+            let process = Process()
+            process.executableURL = try LiveBus.executable("canopy-identify")
+            process.arguments = serve + ["--endpoint", bus.endpoint, "--plantnet-key-file", keyFile.path, "--plantnet-url", try await plantNet.baseURL(),
+                                         "--heartbeat-ms", "100", "--log-level", "critical"]
+            var environment = ProcessInfo.processInfo.environment
+            environment["CANOPY_PLANTNET_KEY"] = nil
+            process.environment = environment
+            try process.run()
+            defer {
+                process.terminate()
+                process.waitUntilExit()
+            }
+            for service in [Images.service, Care.service, Identification.service] {
+                try await bus.waitForWorkers(1, service: service)
+            }
+            let client = try bus.client(timeout: .seconds(60))
+            let photo = try SyntheticPlant.species(1).photo(seed: 7)
+            let record = try await client.call(Identification.Submit.self, .init(photos: [.init(organ: .leaf)], data: [Data(photo)]),
+                                               principal: "alice", timeout: .seconds(60))
+            #expect(record.provider == .plantnet && !record.results.isEmpty)
+            #expect(plantNet.calls.map { $0.query["api-key"] } == [FakePlantNet.key], "the key from the file, trimmed")
+        }
     }
 }

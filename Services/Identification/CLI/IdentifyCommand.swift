@@ -70,10 +70,10 @@ struct ServeIdentify: AsyncParsableCommand {
 
     /// The key from the flag, the variable, or the file, in that order (nil or empty: none).
     func plantNetKey() throws -> String? {
-        if let key = try plantNetKey() { return key }
+        if let key = plantnetKey ?? Environment.string("CANOPY_PLANTNET_KEY"), !key.isEmpty { return key }
         guard let plantnetKeyFile else { return nil }
         guard let text = try? String(contentsOfFile: plantnetKeyFile, encoding: .utf8) else {
-            throw ValidationError("cannot read --plantnet-key-file \(plantnetKeyFile); check the path and its permissions")
+            throw CommandFailure("cannot read --plantnet-key-file \(plantnetKeyFile); check the path and its permissions")
         }
         let key = text.trimmingCharacters(in: .whitespacesAndNewlines)
         return key.isEmpty ? nil : key
@@ -102,7 +102,7 @@ struct ServeIdentify: AsyncParsableCommand {
                                                      metrics: try operating.listener(default: OperatingOptions.Defaults.identify))
         settings.provider = Identification.Provider(rawValue: provider)!
         settings.hybridThreshold = hybridThreshold
-        if let key = plantnetKey ?? Environment.string("CANOPY_PLANTNET_KEY") {
+        if let key = try plantNetKey() {
             var plantNet = PlantNetSettings(apiKey: key)
             plantNet.baseURL = plantnetURL
             plantNet.project = plantnetProject

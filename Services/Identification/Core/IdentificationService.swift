@@ -76,7 +76,7 @@ public func buildIdentificationService(settings: IdentificationServiceSettings, 
     var plantNet: PlantNetProvider?
     if settings.provider != .reference {
         guard let plantNetSettings = settings.plantNet, !plantNetSettings.apiKey.isEmpty else {
-            throw CanopyError(.badRequest, "the \(settings.provider.rawValue) provider needs a Pl@ntNet API key: set --plantnet-key or CANOPY_PLANTNET_KEY (or use --provider reference)")
+            throw CanopyError(.badRequest, "the \(settings.provider.rawValue) provider needs a Pl@ntNet API key: set --plantnet-key or CANOPY_PLANTNET_KEY, or --plantnet-key-file (CANOPY_PLANTNET_KEY_FILE) (or use --provider reference)")
         }
         plantNet = PlantNetProvider(settings: plantNetSettings, store: store, metrics: metrics, logger: logger)
     }

@@ -56,7 +56,7 @@ extension Care.Profile {
                   temperatureMinimumC: profile.temperatureMinimumC, temperatureMaximumC: profile.temperatureMaximumC,
                   temperatureOptimumC: profile.temperatureOptimumC, humidity: profile.humidity.rawValue,
                   fertilizerIntervalDays: profile.fertilizerIntervalDays, fertilizerType: profile.fertilizerType,
-                  dormancyMonths: profile.dormancyMonths ?? [], toxicToPets: profile.toxicToPets, mistIntervalDays: profile.mistIntervalDays,
+                  dormancyMonths: profile.dormancyMonths, toxicToPets: profile.toxicToPets, mistIntervalDays: profile.mistIntervalDays,
                   repotIntervalMonths: profile.repotIntervalMonths, prune: profile.prune)
     }
 }
