@@ -42,10 +42,10 @@ struct StackState: Codable, Equatable {
     var supervisorAlive: Bool { !stopped && kill(supervisor, 0) == 0 }
 }
 
-/// Runs the stack's services as local processes: starts them in order, waits until each is
-/// healthy, restarts one that exits with growing pauses (1 s doubling to 30 s, back to 1 s
-/// after a minute up), records the state for `canopy status`, and stops them all gracefully
-/// (SIGTERM, then SIGKILL after 15 s) when asked.
+/// Runs the stack's services as local processes: starts the broker, then every other service
+/// at once, waits until each is healthy, restarts one that exits with growing pauses (1 s
+/// doubling to 30 s, back to 1 s after a minute up), records the state for `canopy status`,
+/// and stops them all gracefully (SIGTERM, then SIGKILL after 15 s) when asked.
 final class StackSupervisor: @unchecked Sendable {
     struct Settings {
         var layout: StackLayout
