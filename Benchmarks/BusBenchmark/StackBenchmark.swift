@@ -242,7 +242,7 @@ struct StackRig: Sendable {
         let stack = layout(name)
         try FileManager.default.createDirectory(atPath: stack.directory, withIntermediateDirectories: true)
         _ = FileManager.default.createFile(atPath: stack.launch.tokenKeyFile, contents: Data(String(repeating: "k", count: 64).utf8),
-                                       attributes: [.posixPermissions: 0o600])
+                                           attributes: [.posixPermissions: 0o600])
         let started = ContinuousClock.now
         var processes: [Process] = []
         defer {

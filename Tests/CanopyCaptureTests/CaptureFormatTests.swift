@@ -62,7 +62,7 @@ struct CaptureFormatTests {
 
     @Test func captureFilesAreReadableByTheirOwnerOnly() throws {
         let path = Self.temporaryPath("capture")
-        FileManager.default.createFile(atPath: path, contents: Data("old".utf8), attributes: [.posixPermissions: 0o644])
+        #expect(FileManager.default.createFile(atPath: path, contents: Data("old".utf8), attributes: [.posixPermissions: 0o644]))
         try Self.write([Self.request(1)], to: path)
         let mode = try FileManager.default.attributesOfItem(atPath: path)[.posixPermissions] as? Int
         #expect(mode == 0o600)
