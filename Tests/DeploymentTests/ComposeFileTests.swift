@@ -99,47 +99,6 @@ struct ComposeFileTests {
         #expect(result.status == 0, "hadolint: \(result.output) \(result.errors)")
     }
 
-    /// Compose mounts secret files with their host owner and mode, and the containers run as
-    /// the Dockerfile's user: `scripts/compose-secrets` leaves every secret readable by that
-    /// user's group (and its owner), by nobody else, keeps the token key it made, and writes a
-    /// Pl@ntNet key when given one.
-    @Test(.enabled(if: getuid() == 0, "giving files the containers' group needs root"))
-    func composeSecretsLeavesEverySecretReadableByTheContainersUser() async throws {
-        let dockerfile = try String(contentsOf: Self.root.appendingPathComponent("Dockerfile"), encoding: .utf8)
-        let uid = try #require(dockerfile.firstMatch(of: /--uid (\d+)/).flatMap { Int($0.1) })
-        #expect(dockerfile.contains("USER \(uid):\(uid)"), "the containers run as the user useradd made")
-
-        let tree = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-secrets-\(UUID().uuidString)")
-        try FileManager.default.createDirectory(at: tree.appendingPathComponent("scripts"), withIntermediateDirectories: true)
-        defer { try? FileManager.default.removeItem(at: tree) }
-        let script = tree.appendingPathComponent("scripts/compose-secrets")
-        try FileManager.default.copyItem(at: Self.root.appendingPathComponent("scripts/compose-secrets"), to: script)
-        try FileManager.default.createDirectory(at: tree.appendingPathComponent("secrets"), withIntermediateDirectories: true)
-        try Data("apple's key".utf8).write(to: tree.appendingPathComponent("secrets/apns.p8")) // one of the operator's own
-
-        let made = try await runProgram(at: script.path, [], environment: ["CANOPY_PLANTNET_KEY": ""])
-        #expect(made.status == 0, "\(made.errors)")
-        func attributes(_ name: String) throws -> (mode: Int, group: Int, bytes: Data) {
-            let path = tree.appendingPathComponent("secrets/\(name)").path
-            let attributes = try FileManager.default.attributesOfItem(atPath: path)
-            return (attributes[.posixPermissions] as? Int ?? -1, (attributes[.groupOwnerAccountID] as? NSNumber)?.intValue ?? -1,
-                    try Data(contentsOf: URL(fileURLWithPath: path)))
-        }
-        for name in ["token.key", "plantnet.key", "apns.p8"] {
-            let file = try attributes(name)
-            #expect(file.mode == 0o640 && file.group == uid, "secrets/\(name): mode \(String(file.mode, radix: 8)), group \(file.group)")
-        }
-        let token = try attributes("token.key").bytes
-        let emptyKey = try attributes("plantnet.key").bytes
-        #expect(token.count >= 64 && emptyKey.isEmpty)
-
-        let again = try await runProgram(at: script.path, [], environment: ["CANOPY_PLANTNET_KEY": "pn-key-1"])
-        #expect(again.status == 0, "\(again.errors)")
-        let tokenAgain = try attributes("token.key").bytes
-        #expect(tokenAgain == token, "the token key is made once")
-        let plantNet = try attributes("plantnet.key")
-        #expect(plantNet.bytes == Data("pn-key-1\n".utf8) && plantNet.mode == 0o640 && plantNet.group == uid)
-    }
 }
 
 /// Where `name` is on the PATH, if it is.
