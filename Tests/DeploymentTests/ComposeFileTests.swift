@@ -98,7 +98,6 @@ struct ComposeFileTests {
         let result = try await runProgram(at: hadolint, ["Dockerfile"], directory: Self.root)
         #expect(result.status == 0, "hadolint: \(result.output) \(result.errors)")
     }
-
 }
 
 /// Where `name` is on the PATH, if it is.
