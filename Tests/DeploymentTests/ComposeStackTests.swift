@@ -23,6 +23,10 @@ struct ComposeStackTests {
         return uid
     }
 
+    /// The group the secrets get: as root the script's own choice, which must be the
+    /// containers'; otherwise this user's own (CANOPY_SECRETS_GROUP, so no sudo is asked for).
+    static var secretsGroup: Int { getuid() == 0 ? (try? containerUser()) ?? 10001 : Int(getgid()) }
+
     /// `scripts/compose-secrets` run in a copy of the repository's layout under `tree`, with
     /// the canopy built next to the tests making the key pairs.
     static func makeSecrets(in tree: URL, environment: [String: String] = [:]) async throws -> ProcessResult {
@@ -31,8 +35,8 @@ struct ComposeStackTests {
             try FileManager.default.createDirectory(at: tree.appendingPathComponent("scripts"), withIntermediateDirectories: true)
             try FileManager.default.copyItem(at: ComposeFileTests.root.appendingPathComponent("scripts/compose-secrets"), to: script)
         }
-        return try await runProgram(at: script.path, [], environment: ["CANOPY_BIN": try LiveBus.executable("canopy").path,
-                                                                         "CANOPY_PLANTNET_KEY": ""].merging(environment) { $1 })
+        return try await runProgram(at: script.path, [], environment: ["CANOPY_BIN": try LiveBus.executable("canopy").path, "CANOPY_PLANTNET_KEY": "",
+                                                                         "CANOPY_SECRETS_GROUP": getuid() == 0 ? "" : "\(getgid())"].merging(environment) { $1 })
     }
 
     static func temporaryTree() throws -> URL {
@@ -45,9 +49,10 @@ struct ComposeStackTests {
     /// the Dockerfile's user: every secret ends readable by that user's group (and its owner)
     /// and by nobody else; the token key and key pairs are made once; a Pl@ntNet key is written
     /// when given; the allow-list names each service's key for its own service alone.
-    @Test(.enabled(if: getuid() == 0, "giving files the containers' group needs root"))
-    func composeSecretsMakesEverySecretTheFileNamesReadableByTheContainersUser() async throws {
+    @Test func composeSecretsMakesEverySecretTheFileNamesReadableByTheContainersUser() async throws {
         let uid = try Self.containerUser()
+        let group = Self.secretsGroup
+        #expect(getuid() != 0 || group == uid, "as root the secrets get the containers' own group")
         let tree = try Self.temporaryTree()
         defer { try? FileManager.default.removeItem(at: tree) }
         try FileManager.default.createDirectory(at: tree.appendingPathComponent("secrets"), withIntermediateDirectories: true)
@@ -69,7 +74,7 @@ struct ComposeStackTests {
         }
         for name in Set(names) {
             let secret = try file(name)
-            #expect(secret.mode == 0o640 && secret.group == uid, "secrets/\(name): mode \(String(secret.mode, radix: 8)), group \(secret.group)")
+            #expect(secret.mode == 0o640 && secret.group == group, "secrets/\(name): mode \(String(secret.mode, radix: 8)), group \(secret.group)")
         }
         let token = try file("token.key").bytes, emptyKey = try file("plantnet.key").bytes, brokerKey = try file("broker.key").bytes
         #expect(token.count >= 64 && emptyKey.isEmpty)
@@ -92,7 +97,7 @@ struct ComposeStackTests {
         let tokenAgain = try file("token.key").bytes, brokerKeyAgain = try file("broker.key").bytes
         #expect(tokenAgain == token && brokerKeyAgain == brokerKey, "keys are made once")
         let plantNet = try file("plantnet.key")
-        #expect(plantNet.bytes == Data("pn-key-1\n".utf8) && plantNet.mode == 0o640 && plantNet.group == uid)
+        #expect(plantNet.bytes == Data("pn-key-1\n".utf8) && plantNet.mode == 0o640 && plantNet.group == group)
     }
 
     /// One compose service as the process its container runs.
@@ -104,8 +109,7 @@ struct ComposeStackTests {
         let log: URL
     }
 
-    @Test(.enabled(if: getuid() == 0, "giving files the containers' group needs root"))
-    func theComposeStackRunsAsProcessesOverCurveZMQWithItsSecrets() async throws {
+    @Test func theComposeStackRunsAsProcessesOverCurveZMQWithItsSecrets() async throws {
         let tree = try Self.temporaryTree()
         defer { try? FileManager.default.removeItem(at: tree) }
         let made = try await Self.makeSecrets(in: tree)
