@@ -95,7 +95,8 @@ struct CanopyUpTests {
     /// The last lines of the stack's service logs, to show with a failure.
     static func logTails(_ data: String, _ services: [String], lines: Int = 40) -> String {
         services.map { service in
-            let text = (try? String(contentsOfFile: "\(data)/logs/\(service).log", encoding: .utf8)) ?? "(no log)"
+            // Decoded leniently, as canopy demo reads it: one bad byte must not hide the log.
+            let text = FileManager.default.contents(atPath: "\(data)/logs/\(service).log").map { String(decoding: $0, as: UTF8.self) } ?? "(no log)"
             return "--- \(service).log\n" + text.split(separator: "\n").suffix(lines).joined(separator: "\n")
         }.joined(separator: "\n")
     }
