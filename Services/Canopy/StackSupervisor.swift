@@ -10,6 +10,9 @@ struct StackLayout {
     var logs: URL { dataDirectory.appendingPathComponent("logs", isDirectory: true) }
     var stateFile: URL { dataDirectory.appendingPathComponent("stack.json") }
     var tokenKey: URL { dataDirectory.appendingPathComponent("token.key") }
+    /// The stack's id, made once: every service of the stack announces it on the bus, and the
+    /// broker and the services refuse peers of another stack.
+    var stackIDFile: URL { dataDirectory.appendingPathComponent("stack-id") }
 
     func log(_ service: String) -> URL { logs.appendingPathComponent("\(service).log") }
 

@@ -48,15 +48,21 @@ struct Up: ParsableCommand {
 
     func run() throws {
         let layout = stack.layout
+        // Stores, photos, logs (the demo token) and keys are the owner's alone: what this
+        // process and every service it starts creates is 0600 (directories 0700).
+        umask(0o077)
         try FileManager.default.createDirectory(at: layout.logs, withIntermediateDirectories: true)
         if let state = layout.state(), state.supervisorAlive {
             throw CommandFailure("a stack runs already from \(layout.dataDirectory.path) (supervisor \(state.supervisor)); see canopy status, or stop it with canopy down")
         }
+        try refuseTakenPorts(layout)
+        StackPermissions.restrict(layout.dataDirectory)
         let executables = try Self.executables()
         try Self.makeTokenKey(layout.tokenKey)
+        let stackID = try Self.stackID(layout.stackIDFile)
         if detach && !supervise { return try startDetached(layout) }
 
-        var environment = ["CANOPY_CLOCK": clock]
+        var environment = ["CANOPY_CLOCK": clock, "CANOPY_STACK": stackID]
         environment["CANOPY_LOG_LEVEL"] = Environment.string("CANOPY_LOG_LEVEL") ?? "info"
         let supervisor = StackSupervisor(settings: .init(layout: layout, executables: executables, endpoint: broker, http: http,
                                                          metricsBase: metricsBase, environment: environment))
@@ -149,6 +155,45 @@ struct Up: ParsableCommand {
             guard build.terminationStatus == 0 else { throw CommandFailure("swift build --product \(product) failed; run it by hand to see why") }
         }
         return directory
+    }
+
+    /// Every port the stack would listen on, checked before anything starts: a taken one
+    /// (another stack's, most often) refuses the start with a sentence naming the port, what
+    /// holds it (and that stack's data directory) and the options that choose others.
+    func refuseTakenPorts(_ layout: StackLayout) throws {
+        var ports: [(what: String, address: ListenAddress)] = []
+        if let bus = ListenAddress(zeroMQEndpoint: broker) { ports.append(("the broker's bus (--broker)", bus)) }
+        if let api = try OperatingOptions.parse(http) { ports.append(("the HTTP API (--http)", api)) }
+        for service in CanopyStack.services {
+            ports.append(("\(service.name)'s /metrics (--metrics-base)", ListenAddress(host: "127.0.0.1", port: metricsBase + service.metricsPort - CanopyStack.broker.metricsPort)))
+        }
+        var taken: [String] = []
+        for (what, address) in ports {
+            do {
+                try PortCheck.check(address)
+            } catch let error as PortCheck.Taken {
+                taken.append("\(address) for \(what) \(error.problem)")
+            }
+        }
+        guard !taken.isEmpty else { return }
+        throw CommandFailure("""
+            cannot start a stack from \(layout.dataDirectory.path): \(taken.joined(separator: "; ")). \
+            Another stack (canopy status --data-dir DIR shows it) or program holds them: stop it (canopy down --data-dir DIR), \
+            or give this stack free ports with --broker tcp://127.0.0.1:PORT, --http 127.0.0.1:PORT and --metrics-base PORT (6 ports from it)
+            """)
+    }
+
+    /// The stack's id, made once per data directory (16 random bytes, hex) and kept.
+    static func stackID(_ url: URL) throws -> String {
+        if let text = try? String(contentsOf: url, encoding: .utf8), case let id = text.trimmingCharacters(in: .whitespacesAndNewlines),
+           (try? CommonOptions.validate(stack: id)) != nil {
+            return id
+        }
+        let id = (0..<16).map { _ in String(format: "%02x", UInt8.random(in: 0...255)) }.joined()
+        guard FileManager.default.createFile(atPath: url.path, contents: Data(id.utf8), attributes: [.posixPermissions: 0o600]) else {
+            throw CommandFailure("cannot create the stack id \(url.path); check that its directory is writable")
+        }
+        return id
     }
 
     /// The API's token signing key, made once (48 random bytes, base64, mode 0600).

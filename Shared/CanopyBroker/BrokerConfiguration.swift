@@ -68,6 +68,11 @@ public struct BrokerConfiguration: Sendable {
     /// Who may register as a worker, by CurveZMQ public key; `nil` lets any peer register
     /// (the embedded loopback default, where the broker runs without CURVE).
     public var workerKeys: WorkerKeys?
+    /// The stack this broker belongs to (`--stack`, set by `canopy up`): announced on every
+    /// connection, and peers that announce another stack are refused (their READY with
+    /// DISCONNECT, their requests with `unauthorized`), so two stacks on one machine never mix.
+    /// Peers that announce none (an operator's `canopy send`, Majordomo peers) are served.
+    public var stack: String?
     /// A capture that begins with the broker (`--capture FILE`); with an empty path, only the
     /// settings (rotation, queue, pseudonyms) of captures started over the bus.
     public var capture: CaptureSettings?

@@ -72,6 +72,7 @@ public final class BrokerServer: Service, @unchecked Sendable {
         self.logger = logger
         socket = try ZMQSocket(context, type: .router)
         if let curve { try socket.becomeCurveServer(curve.keyPair) }
+        if let stack = configuration.stack { try socket.announceStack(stack) }
         try socket.setHighWaterMarks(100_000)
         // Frames up to twice the limit still arrive and get a polite `tooLarge`; anything
         // larger makes libzmq drop the connection before it fills memory.
@@ -81,11 +82,17 @@ public final class BrokerServer: Service, @unchecked Sendable {
         self.endpoint = socket.lastEndpoint
     }
 
-    /// Serves until graceful shutdown or ``stop()``.
+    /// Serves until graceful shutdown, ``stop()`` or cancellation. Cancellation (the group
+    /// ending because another of its services failed, such as a listener whose port is taken)
+    /// shuts down as SIGTERM does, so the process never outlives its group.
     public func run() async throws {
-        try await withGracefulShutdownHandler {
-            try await LoopThread.run(name: "canopy-broker") { [self] in try loop() }
-        } onGracefulShutdown: { [mailbox] in
+        try await withTaskCancellationHandler {
+            try await withGracefulShutdownHandler {
+                try await LoopThread.run(name: "canopy-broker") { [self] in try loop() }
+            } onGracefulShutdown: { [mailbox] in
+                mailbox.post(.shutdown)
+            }
+        } onCancel: { [mailbox] in
             mailbox.post(.shutdown)
         }
     }
@@ -129,7 +136,10 @@ public final class BrokerServer: Service, @unchecked Sendable {
             }
         }
         // Reused for every message received.
-        var identity: [UInt8] = [], frames: [[UInt8]] = [], key: String?
+        var identity: [UInt8] = [], frames: [[UInt8]] = [], peer = PeerProperties()
+        var reading: PeerProperties.Names = []
+        if zap != nil { reading.insert(.userID) }
+        if configuration.stack != nil { reading.insert(.stack) }
         frames.reserveCapacity(16)
         lastPass.store(DispatchTime.now().uptimeNanoseconds, ordering: .relaxed) // turning from here on
         logger.info("broker.started", metadata: ["broker.endpoint": "\(endpoint)", "broker.curve": "\(zap != nil)"])
@@ -165,10 +175,10 @@ public final class BrokerServer: Service, @unchecked Sendable {
                 // What a batch of messages asks to send goes out together at its end: libzmq wakes
                 // its I/O thread once for a burst instead of once a message. With CURVE, each
                 // message carries the public key its connection authenticated with (`key`).
-                while budget > 0, try socket.receiveRouted(identity: &identity, frames: &frames, readingUserID: zap != nil, userID: &key) {
+                while budget > 0, try socket.receiveRouted(identity: &identity, frames: &frames, reading: reading, properties: &peer) {
                     budget -= 1
                     guard !frames.isEmpty else { continue } // ROUTER always adds the identity
-                    state.receive(frames, from: identity, key: key, now: .now, into: &directives)
+                    state.receive(frames, from: identity, key: peer.userID, stack: peer.stack, now: .now, into: &directives)
                     if directives.count >= 1024 { try carryOut(&directives, state: &state) }
                 }
                 try carryOut(&directives, state: &state)

@@ -133,9 +133,12 @@ public struct BrokerState {
     ///   - peer: the peer's routing identity.
     ///   - key: the CurveZMQ public key (Z85) the peer authenticated with, when the broker
     ///     runs with CURVE; it decides whether the peer may register as a worker.
+    ///   - stack: the stack the peer announced, when it announced one; a peer of another stack
+    ///     than ``BrokerConfiguration/stack`` is refused.
     ///   - now: the time.
     ///   - out: where the directives go.
-    public mutating func receive(_ frames: [[UInt8]], from peer: [UInt8], key: String? = nil, now: ContinuousClock.Instant, into out: inout [Directive]) {
+    public mutating func receive(_ frames: [[UInt8]], from peer: [UInt8], key: String? = nil, stack: String? = nil,
+                                 now: ContinuousClock.Instant, into out: inout [Directive]) {
         if MajordomoMessage.claims(frames) {
             receiveMajordomo(frames, from: peer, key: key, now: now, into: &out)
             return
@@ -155,6 +158,10 @@ public struct BrokerState {
                 dropMalformed(error.reason.rawValue, peer: peer, into: &out)
                 replyError(to: peer, correlation: error.correlation, CanopyError(.badRequest, error.description), into: &out)
             }
+            return
+        }
+        if let stack, let own = configuration.stack, stack != own {
+            refuseForeignStack(message, stack: stack, own: own, peer: peer, into: &out)
             return
         }
         // A worker's oversized reply still answers its callers (with `tooLarge`) and gives its
@@ -188,6 +195,22 @@ public struct BrokerState {
         case .reply, .error, .dispatch, .cancelDispatch, .brokerHeartbeat, .brokerDisconnect:
             dropMalformed("command not accepted by a broker", peer: peer, into: &out)
             replyError(to: peer, correlation: [], CanopyError(.badRequest, "command 0x\(String(message.command.rawValue, radix: 16)) is sent by the broker, not to it"), into: &out)
+        }
+    }
+
+    /// Refuses a message from a peer of another stack: a READY with DISCONNECT, a request
+    /// with `unauthorized`, anything else dropped; each says which stacks met.
+    private mutating func refuseForeignStack(_ message: WireMessage, stack: String, own: String, peer: [UInt8], into out: inout [Directive]) {
+        let reason = "this broker belongs to stack \(own.prefix(64)), the peer to stack \(stack.prefix(64)): two stacks share one broker endpoint; give each stack its own (canopy up --broker)"
+        switch message {
+        case .ready:
+            out.append(.log("worker refused: another stack", peer: peer))
+            out.append(.send(to: peer, .brokerDisconnect(reason: reason)))
+        case .request(let request):
+            rejected += 1
+            replyError(to: peer, correlation: request.correlation, CanopyError(.unauthorized, reason), into: &out)
+        default:
+            dropMalformed("message from another stack", peer: peer, into: &out)
         }
     }
 

@@ -51,6 +51,9 @@ public final class BusClient: Sendable {
         /// or by the service's own schedule, and say so (``RequestHeader/Flag/derived``), so a
         /// replay leaves them to the services instead of sending them twice.
         public var derived = false
+        /// The stack this client belongs to, announced to the broker, which refuses the calls
+        /// of another stack's clients (see `BrokerConfiguration.stack`); `nil` announces none.
+        public var stack: String?
 
         /// - Parameter endpoint: the broker's endpoint, for example `tcp://127.0.0.1:5555`.
         public init(endpoint: String) {
@@ -77,7 +80,7 @@ public final class BusClient: Sendable {
     ///   - logger: where the client logs connection changes.
     public init(configuration: Configuration, context: ZMQContext, logger: Logger) throws {
         self.configuration = configuration
-        let loop = try ClientLoop(endpoint: configuration.endpoint, curve: configuration.curve, context: context, mailbox: mailbox, logger: logger)
+        let loop = try ClientLoop(endpoint: configuration.endpoint, curve: configuration.curve, stack: configuration.stack, context: context, mailbox: mailbox, logger: logger)
         LoopThread.start(name: "canopy-bus-client") { loop.run() }
     }
 
@@ -173,12 +176,13 @@ private final class ClientLoop: @unchecked Sendable {
     /// The callers waiting, by call id.
     private var continuations: [UInt64: CheckedContinuation<RawReply, Error>] = [:]
 
-    init(endpoint: String, curve: CurveClientSettings?, context: ZMQContext, mailbox: Mailbox<BusClient.Control>, logger: Logger) throws {
+    init(endpoint: String, curve: CurveClientSettings?, stack: String?, context: ZMQContext, mailbox: Mailbox<BusClient.Control>, logger: Logger) throws {
         self.context = context
         self.mailbox = mailbox
         self.logger = logger
         socket = try ZMQSocket(context, type: .dealer)
         if let curve { try socket.becomeCurveClient(curve) }
+        if let stack { try socket.announceStack(stack) }
         try socket.setHighWaterMarks(100_000)
         try socket.set(ZMQ_RECONNECT_IVL, 100)
         try socket.set(ZMQ_RECONNECT_IVL_MAX, 2_000)

@@ -31,10 +31,37 @@ public final class ServiceRunner: Service, @unchecked Sendable {
         public var drainTimeout: Duration = BusDefaults.drainTimeout
         /// CurveZMQ settings when the broker runs with CURVE; `nil` connects without.
         public var curve: CurveClientSettings?
+        /// The stack this worker belongs to (`--stack`, set by `canopy up`): announced to the
+        /// broker, and the broker must announce the same, or the runner stops with
+        /// ``ForeignBroker`` instead of serving another stack. `nil` serves any broker.
+        public var stack: String?
 
         /// - Parameter endpoint: the broker's endpoint, for example `tcp://127.0.0.1:5555`.
         public init(endpoint: String) {
             self.endpoint = endpoint
+        }
+
+        /// How the service calls other services: through the same broker with the same key
+        /// and stack, its requests marked as caused by others (``BusClient/Configuration/derived``).
+        public var client: BusClient.Configuration {
+            var client = BusClient.Configuration(endpoint: endpoint)
+            client.curve = curve
+            client.stack = stack
+            client.derived = true
+            return client
+        }
+    }
+
+    /// The broker a runner reached belongs to another stack than the runner's (or to none):
+    /// the runner stops rather than serve it.
+    public struct ForeignBroker: Error, CustomStringConvertible {
+        public var endpoint: String
+        public var expected: String
+        public var announced: String?
+
+        public var description: String {
+            "the broker at \(endpoint) belongs to \(announced.map { "stack \($0.prefix(64))" } ?? "no stack"), not this service's stack \(expected.prefix(64)): "
+                + "another stack's broker holds that endpoint; stop it or give this stack its own (canopy up --broker)"
         }
     }
 
@@ -75,11 +102,17 @@ public final class ServiceRunner: Service, @unchecked Sendable {
         self.logger = logger
     }
 
-    /// Serves until graceful shutdown or ``stop()``.
+    /// Serves until graceful shutdown, ``stop()`` or cancellation. Cancellation (the group
+    /// ending because another of its services failed, such as a listener whose port is taken)
+    /// shuts down as SIGTERM does, so the process never outlives its group.
     public func run() async throws {
-        try await withGracefulShutdownHandler {
-            try await LoopThread.run(name: "canopy-\(handlers.service)") { [self] in try loop() }
-        } onGracefulShutdown: { [mailbox] in
+        try await withTaskCancellationHandler {
+            try await withGracefulShutdownHandler {
+                try await LoopThread.run(name: "canopy-\(handlers.service)") { [self] in try loop() }
+            } onGracefulShutdown: { [mailbox] in
+                mailbox.post(.shutdown)
+            }
+        } onCancel: { [mailbox] in
             mailbox.post(.shutdown)
         }
     }
@@ -95,6 +128,7 @@ public final class ServiceRunner: Service, @unchecked Sendable {
     private func connect() throws -> ZMQSocket {
         let socket = try ZMQSocket(context, type: .dealer)
         if let curve = configuration.curve { try socket.becomeCurveClient(curve) }
+        if let stack = configuration.stack { try socket.announceStack(stack) }
         try socket.setHighWaterMarks(100_000)
         try socket.set(ZMQ_RECONNECT_IVL, 100)
         try socket.set(ZMQ_RECONNECT_IVL_MAX, 5_000) // libzmq's reconnect backoff
@@ -112,6 +146,9 @@ public final class ServiceRunner: Service, @unchecked Sendable {
         var socket = try connect()
         defer { socket.close() }
         var tasks: [UInt64: Task<Void, Never>] = [:]
+        // With a stack, every message says which stack the broker belongs to.
+        let reading: PeerProperties.Names = configuration.stack == nil ? [] : .stack
+        var broker = PeerProperties()
         var warnings = LogRateLimiter()
         var poller = Poller()
         func watch(_ socket: ZMQSocket) {
@@ -170,7 +207,10 @@ public final class ServiceRunner: Service, @unchecked Sendable {
             }
             if poller.isReadable(socketItem) {
                 // What follows a DISCONNECT on the old connection is not read.
-                while !session.disconnected, let frames = try socket.receive() {
+                while !session.disconnected, let frames = try socket.receive(reading: reading, properties: &broker) {
+                    if let stack = configuration.stack, broker.stack != stack {
+                        throw ForeignBroker(endpoint: configuration.endpoint, expected: stack, announced: broker.stack)
+                    }
                     guard try carryOut(session.receive(frames, now: .now)) else { return }
                 }
             }

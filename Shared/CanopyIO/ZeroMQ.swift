@@ -144,6 +144,15 @@ public final class ZMQSocket {
         try set64(ZMQ_MAXMSGSIZE, Int64(bytes))
     }
 
+    /// Announces the stack this socket belongs to in its connections' handshake (ZMTP
+    /// metadata `X-Canopy-Stack`), which the peer reads off every message it receives (see
+    /// ``PeerProperties``). Set before connecting or binding.
+    public func announceStack(_ stack: String) throws {
+        // ZMQ_METADATA (95) is in libzmq 4.3's draft section of zmq.h; Debian's libzmq takes it.
+        let rc = "\(PeerProperties.stackName):\(stack)".withCString { zmq_setsockopt(handle, 95, $0, strlen($0)) }
+        guard rc == 0 else { throw ZMQError("zmq_setsockopt ZMQ_METADATA (this libzmq may lack it; 4.3.2 or newer takes it)") }
+    }
+
     // MARK: Sending and receiving
 
     /// Sends a multipart message; all frames arrive together or not at all.
@@ -240,49 +249,46 @@ public final class ZMQSocket {
     ///
     /// - Returns: `nil` when nothing is waiting and `dontWait` is set.
     public func receive(dontWait: Bool = true) throws -> [[UInt8]]? {
-        var userID: String?
-        return try receive(dontWait: dontWait, readingUserID: false, userID: &userID)
+        var properties = PeerProperties()
+        return try receive(dontWait: dontWait, reading: [], properties: &properties)
     }
 
-    /// Receives one whole multipart message and the User-Id its connection authenticated
-    /// with (the ZAP handler's answer: the CURVE public key), `nil` without one.
-    public func receiveWithUserID(dontWait: Bool = true) throws -> (frames: [[UInt8]], userID: String?)? {
-        var userID: String?
-        guard let frames = try receive(dontWait: dontWait, readingUserID: true, userID: &userID) else { return nil }
-        return (frames, userID)
+    /// Receives one whole multipart message and what its connection announced: the User-Id
+    /// it authenticated with and the stack it belongs to, as far as `reading` asks.
+    public func receive(dontWait: Bool = true, reading: PeerProperties.Names, properties: inout PeerProperties) throws -> [[UInt8]]? {
+        var frames: [[UInt8]] = []
+        frames.reserveCapacity(8)
+        var noIdentity: [UInt8]?
+        properties = PeerProperties()
+        return try receive(dontWait: dontWait, reading: reading, properties: &properties, identity: &noIdentity, into: &frames) ? frames : nil
     }
 
     /// Receives one message on a ROUTER socket: the peer's routing identity into `identity`
     /// and the rest into `frames` (emptied first, its storage kept, so a loop that receives
-    /// message after message allocates no new outer array). With `readingUserID`, also the
-    /// User-Id the connection authenticated with (see ``receiveWithUserID(dontWait:)``).
+    /// message after message allocates no new outer array), and the connection's properties
+    /// `reading` names into `properties`.
     ///
     /// - Returns: `false` when nothing is waiting.
-    public func receiveRouted(identity: inout [UInt8], frames: inout [[UInt8]], readingUserID: Bool = false, userID: inout String?) throws -> Bool {
+    public func receiveRouted(identity: inout [UInt8], frames: inout [[UInt8]], reading: PeerProperties.Names = [],
+                              properties: inout PeerProperties) throws -> Bool {
         frames.removeAll(keepingCapacity: true)
-        userID = nil
+        properties = PeerProperties()
         var routing: [UInt8]? = []
-        guard try receive(dontWait: true, readingUserID: readingUserID, userID: &userID, identity: &routing, into: &frames) else { return false }
+        guard try receive(dontWait: true, reading: reading, properties: &properties, identity: &routing, into: &frames) else { return false }
         identity = routing ?? []
         return true
     }
 
-    private func receive(dontWait: Bool, readingUserID: Bool, userID: inout String?) throws -> [[UInt8]]? {
-        var frames: [[UInt8]] = []
-        frames.reserveCapacity(8)
-        var noIdentity: [UInt8]?
-        return try receive(dontWait: dontWait, readingUserID: readingUserID, userID: &userID, identity: &noIdentity, into: &frames) ? frames : nil
-    }
-
     /// Receives one message's frames into `frames`; when `identity` is not `nil`, the first
     /// frame (a ROUTER's routing identity) goes there instead.
-    private func receive(dontWait: Bool, readingUserID: Bool, userID: inout String?, identity: inout [UInt8]?,
+    private func receive(dontWait: Bool, reading: PeerProperties.Names, properties: inout PeerProperties, identity: inout [UInt8]?,
                          into frames: inout [[UInt8]]) throws -> Bool {
         var wantsIdentity = identity != nil
         var message = zmq_msg_t()
         zmq_msg_init(&message)
         defer { zmq_msg_close(&message) }
         var flags = dontWait ? ZMQ_DONTWAIT : 0
+        var unread = reading
         while true {
             let rc = zmq_msg_recv(&message, handle, flags)
             if rc < 0 {
@@ -291,8 +297,15 @@ public final class ZMQSocket {
                 if code == EAGAIN && frames.isEmpty && (identity == nil || identity!.isEmpty) { return false }
                 throw ZMQError("zmq_msg_recv", code: code)
             }
-            if readingUserID, userID == nil, let property = zmq_msg_gets(&message, "User-Id"), property.pointee != 0 {
-                userID = String(cString: property)
+            // A ROUTER's identity frame carries no metadata: the properties come from the next.
+            if !unread.isEmpty && !wantsIdentity {
+                if unread.contains(.userID), let property = zmq_msg_gets(&message, "User-Id"), property.pointee != 0 {
+                    properties.userID = String(cString: property)
+                }
+                if unread.contains(.stack), let property = zmq_msg_gets(&message, PeerProperties.stackName), property.pointee != 0 {
+                    properties.stack = String(cString: property)
+                }
+                unread = [] // one connection's properties are the same on every frame of it
             }
             let count = zmq_msg_size(&message)
             let frame: [UInt8] = count == 0 ? [] : Array(UnsafeBufferPointer(start: zmq_msg_data(&message)!.assumingMemoryBound(to: UInt8.self), count: count))
@@ -366,4 +379,30 @@ public struct Poller {
 private final class SentFrame {
     let bytes: [UInt8]
     init(_ bytes: [UInt8]) { self.bytes = bytes }
+}
+
+/// What a peer's connection says about it, read off the messages it sends: the User-Id its
+/// CurveZMQ handshake authenticated (the ZAP handler's answer: its public key), and the stack
+/// it announced (``ZMQSocket/announceStack(_:)``).
+public struct PeerProperties: Sendable, Equatable {
+    /// The ZMTP metadata property that carries a stack's id.
+    public static let stackName = "X-Canopy-Stack"
+
+    /// Which properties to read.
+    public struct Names: OptionSet, Sendable {
+        public let rawValue: UInt8
+        public init(rawValue: UInt8) { self.rawValue = rawValue }
+        public static let userID = Names(rawValue: 1)
+        public static let stack = Names(rawValue: 2)
+    }
+
+    /// The CURVE public key (Z85) the connection authenticated with.
+    public var userID: String?
+    /// The stack the peer announced.
+    public var stack: String?
+
+    public init(userID: String? = nil, stack: String? = nil) {
+        self.userID = userID
+        self.stack = stack
+    }
 }

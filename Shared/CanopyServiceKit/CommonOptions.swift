@@ -1,5 +1,6 @@
 import ArgumentParser
 import CanopyBus
+import Glibc
 import Logging
 
 /// The options every Canopy executable shares: where the broker is, how to authenticate to
@@ -17,6 +18,10 @@ public struct CommonOptions: ParsableArguments {
     @Option(name: .long, help: ArgumentHelp("This peer's key file from 'canopy keys generate' (its public key must be on the broker's allow-list). Env: CANOPY_CURVE_SECRET_KEY_FILE, or the key itself in CANOPY_CURVE_SECRET_KEY.", valueName: "file"))
     public var curveSecretKeyFile: String?
 
+    /// The stack this executable belongs to.
+    @Option(name: .long, help: ArgumentHelp("The stack this belongs to (canopy up sets it): the broker must announce the same, or a worker stops rather than serve another stack. Env: CANOPY_STACK.", valueName: "id"))
+    public var stack: String? = Environment.string("CANOPY_STACK")
+
     /// The lowest log level written.
     @Option(name: .long, help: ArgumentHelp("trace, debug, info, notice, warning, error or critical. Env: CANOPY_LOG_LEVEL.", valueName: "level"))
     public var logLevel: Logger.Level = Environment.string("CANOPY_LOG_LEVEL").flatMap(Logger.Level.init(rawValue:)) ?? .info
@@ -26,6 +31,14 @@ public struct CommonOptions: ParsableArguments {
 
     public func validate() throws {
         try Environment.validate()
+        if let stack { try Self.validate(stack: stack) }
+    }
+
+    /// A stack id is 1 to 64 of a-z, A-Z, 0-9, '-' and '_' (it travels in ZMTP metadata).
+    public static func validate(stack: String) throws {
+        guard (1...64).contains(stack.utf8.count), stack.utf8.allSatisfy({ $0 == 0x2D || $0 == 0x5F || (0x30...0x39).contains($0) || (0x41...0x5A).contains($0) || (0x61...0x7A).contains($0) }) else {
+            throw ValidationError("--stack (CANOPY_STACK) is 1 to 64 of a-z, A-Z, 0-9, '-' and '_'; got '\(stack.prefix(80))'")
+        }
     }
 
     /// The CurveZMQ settings these options describe: `nil` without a server key; with one but
@@ -51,6 +64,7 @@ public struct CommonOptions: ParsableArguments {
     public func clientConfiguration() throws -> BusClient.Configuration {
         var configuration = BusClient.Configuration(endpoint: endpoint)
         configuration.curve = try curveSettings()
+        configuration.stack = stack
         return configuration
     }
 }
@@ -63,6 +77,9 @@ public enum LogSetup {
     /// the process and returns the executable's logger. Every executable calls it first, so
     /// every metric it creates afterwards reaches `/metrics`.
     public static func logger(label: String, level: Logger.Level) -> Logger {
+        // Stores, photos, captures and keys hold people's data and secrets: whatever an
+        // executable creates is its owner's alone (files 0600, directories 0700).
+        umask(0o077)
         _ = Observability.registry
         LoggingSystem.bootstrap { label in
             var handler = StreamLogHandler.standardError(label: label)

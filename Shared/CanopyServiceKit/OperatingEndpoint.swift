@@ -36,12 +36,19 @@ public final class OperatingEndpoint: Service, Sendable {
     /// The bound port, shared with the listener's start-up callback.
     private let port = BoundPort(listener: "the metrics listener")
 
+    /// The address, for the sentence a failed bind stops the process with.
+    private let address: ListenAddress
+
     /// - Parameters:
     ///   - host: the address to listen on, e.g. `127.0.0.1` or `0.0.0.0`.
     ///   - port: the port; 0 lets the system choose (see ``boundPort(within:)``).
     ///   - health: the executable's checks, run on every `/health` request.
     ///   - logger: where the listener logs.
-    public init(host: String, port: Int, health: @escaping @Sendable () async -> HealthReport, logger: Logger) {
+    /// - Throws: ``CommandFailure`` naming the port, `--metrics-bind` and what holds it when
+    ///   the address cannot be listened on, before anything starts.
+    public init(host: String, port: Int, health: @escaping @Sendable () async -> HealthReport, logger: Logger) throws {
+        address = ListenAddress(host: host, port: port)
+        try PortCheck.ensureFree(address, for: Self.purpose, option: Self.option)
         let registry = Observability.registry
         let router = Router()
         router.get("/metrics") { _, _ -> Response in
@@ -71,9 +78,23 @@ public final class OperatingEndpoint: Service, Sendable {
             logger: quiet)
     }
 
-    /// Serves until graceful shutdown.
+    /// What listens, and the option that moves it, for sentences.
+    public static let purpose = "/metrics and /health"
+    public static let option = "--metrics-bind HOST:PORT or off (CANOPY_METRICS_BIND)"
+
+    /// Throws the sentence a taken `address` stops the process with; build functions call it
+    /// first, before they open stores or connect.
+    public static func ensureFree(_ address: ListenAddress?) throws {
+        guard let address else { return }
+        try PortCheck.ensureFree(address, for: purpose, option: option)
+    }
+
+    /// Serves until graceful shutdown. A bind that fails (the port taken since the check)
+    /// throws the same sentence as the check.
     public func run() async throws {
-        try await application.run()
+        try await PortCheck.translatingBindErrors(address, for: Self.purpose, option: Self.option) {
+            try await application.run()
+        }
     }
 
     /// The port it listens on, once it does.
@@ -86,9 +107,9 @@ extension OperatingEndpoint {
     /// A bus worker's services with their listener appended when `address` is set: what every
     /// worker executable's build function returns. Its `/health` is ``workerHealth(_:)`` of
     /// those services.
-    public static func serving(_ services: [any Service], at address: ListenAddress?, logger: Logger) -> [any Service] {
+    public static func serving(_ services: [any Service], at address: ListenAddress?, logger: Logger) throws -> [any Service] {
         guard let address else { return services }
-        return services + [OperatingEndpoint(host: address.host, port: address.port, health: workerHealth(services), logger: logger)]
+        return services + [try OperatingEndpoint(host: address.host, port: address.port, health: workerHealth(services), logger: logger)]
     }
 
     /// The health of a bus worker's services: every ``ServiceRunner`` among them registered

@@ -47,6 +47,7 @@ public struct WorkerOptions: ParsableArguments {
     public func runnerConfiguration(_ common: CommonOptions) throws -> ServiceRunner.Configuration {
         var configuration = ServiceRunner.Configuration(endpoint: common.endpoint)
         configuration.curve = try common.curveSettings()
+        configuration.stack = common.stack
         configuration.credit = credit
         configuration.heartbeatInterval = .milliseconds(heartbeatMs)
         configuration.liveness = liveness

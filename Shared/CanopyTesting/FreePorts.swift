@@ -31,6 +31,33 @@ public enum FreePorts {
         return withUnsafePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(descriptor, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) } } == 0
     }
 
+    /// A port of 127.0.0.1 this process listens on until ``Held/release()``: a port taken, as
+    /// another program would take it.
+    /// - Parameter port: the port to hold, 0 for one the system chooses.
+    public static func hold(_ port: Int = 0) -> Held {
+        let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        var address = loopback(port: port)
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        _ = withUnsafeMutablePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(descriptor, $0, length) } }
+        _ = withUnsafeMutablePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(descriptor, $0, &length) } }
+        listen(descriptor, 8)
+        return Held(port: Int(UInt16(bigEndian: address.sin_port)), descriptor: descriptor)
+    }
+
+    /// A listening port held by this process.
+    public final class Held: Sendable {
+        public let port: Int
+        private let descriptor: Int32
+
+        init(port: Int, descriptor: Int32) {
+            self.port = port
+            self.descriptor = descriptor
+        }
+
+        /// Stops listening.
+        public func release() { close(descriptor) }
+    }
+
     private static func loopback(port: Int) -> sockaddr_in {
         var address = sockaddr_in()
         address.sin_family = sa_family_t(AF_INET)

@@ -283,6 +283,10 @@ private func runBlocking(_ executable: URL, _ arguments: [String], environment: 
     let deadline = Date().addingTimeInterval(limit)
     while process.isRunning, Date() < deadline { usleep(10_000) }
     if process.isRunning { process.terminate() }
+    // One that ignores SIGTERM too is killed after 20 s more, so a test fails instead of hanging.
+    let killAt = Date().addingTimeInterval(20)
+    while process.isRunning, Date() < killAt { usleep(10_000) }
+    if process.isRunning { kill(process.processIdentifier, SIGKILL) }
     process.waitUntilExit()
     reading.wait()
     let (out, err) = collected.withLock { ($0.output, $0.errors) }

@@ -13,7 +13,7 @@ struct OperatingEndpointTests {
     @Test func aWorkersMetricsCountItsCallsAndItsHealthFollowsItsBroker() async throws {
         try await withLiveBus { bus in
             let runner = bus.startRunner(TestWorkerService(workerName: "w1"), credit: 3)
-            let services = OperatingEndpoint.serving([runner], at: .anyLoopbackPort, logger: bus.logger)
+            let services = try OperatingEndpoint.serving([runner], at: .anyLoopbackPort, logger: bus.logger)
             let endpoint = try #require(services.first(OperatingEndpoint.self))
             bus.run([endpoint])
             let port = try await endpoint.boundPort(within: .seconds(60)) // generous: a loaded 2-core machine starves start-up
@@ -114,5 +114,34 @@ struct OperatingEndpointTests {
         #expect(text.value("latency_bucket", ["le": "+Inf"]) == 4)
         #expect(throws: PrometheusText.ParseError.self) { try PrometheusText("requests_total{service=\"care} 3") }
         #expect(throws: PrometheusText.ParseError.self) { try PrometheusText("requests_total three") }
+    }
+}
+
+/// A listener whose port is taken after the build's check (another program was quicker) ends
+/// the whole group with the check's sentence: the worker's loop, which ignored cancellation,
+/// used to keep the process alive past SIGTERM.
+@Suite struct PortTakenAtRunTests {
+    @Test func aListenerThatCannotBindEndsTheGroupWithASentence() async throws {
+        try await withLiveBus { bus in
+            let port = FreePorts.any()
+            let runner = ServiceRunner(service: TestWorkerService(workerName: "w1"), configuration: bus.runnerConfiguration(credit: 1),
+                                       context: bus.context, logger: bus.logger)
+            let services = try OperatingEndpoint.serving([runner], at: ListenAddress(host: "127.0.0.1", port: port), logger: bus.logger)
+            let taken = FreePorts.hold(port)
+            defer { taken.release() }
+            let group = serviceGroup(services, signals: [], logger: bus.logger)
+            let running = Task { try await group.run() }
+            // Bounded so a hang fails the test: the group must end by itself, long before this.
+            let watchdog = Task {
+                try await Task.sleep(for: .seconds(60))
+                running.cancel()
+            }
+            defer { watchdog.cancel() }
+            await #expect {
+                try await running.value
+            } throws: { error in
+                "\(error)".contains("cannot listen on 127.0.0.1:\(port) for /metrics and /health") && "\(error)".contains("--metrics-bind")
+            }
+        }
     }
 }

@@ -26,7 +26,8 @@ struct CanopyUpTests {
         let stack = ["--data-dir", data]
         let base = FreePorts.run(of: 5)
         let http = "127.0.0.1:\(FreePorts.any())"
-        let up = try await runExecutable("canopy", ["up", "--detach", "--broker", "tcp://127.0.0.1:\(FreePorts.any())",
+        let broker = "tcp://127.0.0.1:\(FreePorts.any())"
+        let up = try await runExecutable("canopy", ["up", "--detach", "--broker", broker,
                                                     "--http", http, "--metrics-base", "\(base)"] + stack, limit: 240)
         defer { _ = try? runDown(stack) }
         #expect(up.status == 0, "\(up.output) \(up.errors)")
@@ -34,8 +35,27 @@ struct CanopyUpTests {
         #expect(started.map(\.name) == CanopyStack.services.map(\.name), "the same services as docker-compose.yml, in order")
         #expect(started.allSatisfy { $0.state == "running" && $0.pid > 0 })
         #expect(up.output.contains("demo token (user demo, 7 days): ey"))
-        let key = try FileManager.default.attributesOfItem(atPath: data + "/token.key")[.posixPermissions] as? Int
-        #expect(key == 0o600)
+        // Secrets and personal data are the owner's alone.
+        func mode(_ path: String) -> Int { ((try? FileManager.default.attributesOfItem(atPath: data + path))?[.posixPermissions] as? Int) ?? -1 }
+        for file in ["/token.key", "/stack-id", "/logs/canopy-up.log", "/logs/care.log", "/care/care.sqlite", "/images/images.sqlite"] {
+            #expect(mode(file) == 0o600, "\(file) is \(String(mode(file), radix: 8))")
+        }
+        for directory in ["", "/logs", "/care", "/images"] {
+            #expect(mode(directory) == 0o700, "\(directory) is \(String(mode(directory), radix: 8))")
+        }
+
+        // A second stack on the same ports is refused before anything of it starts, with a
+        // sentence naming the ports, the first stack's data directory and the options.
+        let second = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-up-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: second) }
+        let clash = try await runExecutable("canopy", ["up", "--detach", "--broker", broker, "--http", http, "--metrics-base", "\(base)", "--data-dir", second],
+                                            limit: 60)
+        #expect(clash.status != 0, "\(clash.output)")
+        #expect(clash.errors.contains("cannot start a stack from \(second)"), "\(clash.errors)")
+        #expect(clash.errors.contains("\(broker.dropFirst(6)) for the broker's bus (--broker) is in use by canopy-broker"))
+        #expect(clash.errors.contains("data dir \(data)"))
+        #expect(clash.errors.contains("--http") && clash.errors.contains("--metrics-base"))
+        #expect(!FileManager.default.fileExists(atPath: second + "/care/care.sqlite"), "nothing of the second stack started")
 
         // The app's journey over HTTP, as canopy demo walks it.
         let demo = try await runExecutable("canopy", ["demo", "--http", http, "--reminder-seconds", "2"] + stack, limit: 120)

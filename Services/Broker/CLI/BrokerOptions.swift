@@ -15,6 +15,9 @@ struct BrokerOptions: ParsableArguments {
     @Option(help: ArgumentHelp("Endpoint to listen on. Env: CANOPY_BIND.", valueName: "endpoint"))
     var bind: String = Environment.string("CANOPY_BIND") ?? "tcp://127.0.0.1:5555"
 
+    @Option(help: ArgumentHelp("The stack this broker belongs to (canopy up sets it): announced to every peer, and peers of another stack are refused. Env: CANOPY_STACK.", valueName: "id"))
+    var stack: String? = Environment.string("CANOPY_STACK")
+
     @Option(help: ArgumentHelp("Heartbeat interval in milliseconds, both ways. Env: CANOPY_HEARTBEAT_MS.", valueName: "ms"))
     var heartbeatMs: Int = Environment.milliseconds("CANOPY_HEARTBEAT_MS", default: Self.defaults.heartbeatInterval)
 
@@ -97,6 +100,7 @@ struct BrokerOptions: ParsableArguments {
 
     func validate() throws {
         try Environment.validate()
+        if let stack { try CommonOptions.validate(stack: stack) }
         guard heartbeatMs >= 10 else { throw ValidationError("--heartbeat-ms must be at least 10; 1000 is the usual value") }
         guard liveness >= 1 else { throw ValidationError("--liveness must be at least 1 missed heartbeat; 3 is the usual value") }
         guard maxQueue >= 0 else { throw ValidationError("--max-queue cannot be negative; 0 answers 'busy' whenever no worker has credit") }
@@ -155,6 +159,7 @@ struct BrokerOptions: ParsableArguments {
         configuration.stuckFlightAge = .milliseconds(stuckFlightMs)
         if capture != nil || captureDir != nil { configuration.capture = captureSettings }
         configuration.captureDirectory = captureDir
+        configuration.stack = stack
         return configuration
     }
 

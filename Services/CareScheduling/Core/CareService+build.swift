@@ -32,16 +32,14 @@ public struct CareServiceSettings: Sendable {
 /// Builds what `canopy-care serve` runs, in start order: the bus worker, the outbox's bus
 /// client, the outbox, and the `/metrics` and `/health` listener when `settings` name one.
 public func buildCareService(settings: CareServiceSettings, context: ZMQContext, logger: Logger) throws -> [any Service] {
+    try OperatingEndpoint.ensureFree(settings.metrics) // a taken port stops it before anything opens
     try FileManager.default.createDirectory(at: settings.directory, withIntermediateDirectories: true)
     let library = CareLibrary(store: try CareStore(path: settings.directory.appendingPathComponent("care.sqlite").path), clock: settings.clock)
     let worker = ServiceRunner(service: CareService(library: library), configuration: settings.runner, context: context, logger: logger)
-    var client = BusClient.Configuration(endpoint: settings.runner.endpoint)
-    client.curve = settings.runner.curve // the outbox calls other services with the worker's key
-    client.derived = true
-    let bus = try BusClient(configuration: client, context: context, logger: logger)
+    let bus = try BusClient(configuration: settings.runner.client, context: context, logger: logger)
     // The client is a service of its own, listed before the outbox: closed after it stops.
     let outbox = Outbox(library: library, bus: bus, interval: settings.outboxInterval, logger: logger)
-    return OperatingEndpoint.serving([worker, bus, outbox], at: settings.metrics, logger: logger)
+    return try OperatingEndpoint.serving([worker, bus, outbox], at: settings.metrics, logger: logger)
 }
 
 /// One-shot scheduling for the CLI.

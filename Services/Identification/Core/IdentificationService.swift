@@ -69,6 +69,7 @@ public struct IdentificationServiceSettings: Sendable {
 /// canopy-images and canopy-care with, the bus worker, and the `/metrics` and `/health`
 /// listener when `settings` name one.
 public func buildIdentificationService(settings: IdentificationServiceSettings, context: ZMQContext, logger: Logger) throws -> [any Service] {
+    try OperatingEndpoint.ensureFree(settings.metrics) // a taken port stops it before anything opens
     try FileManager.default.createDirectory(at: settings.directory, withIntermediateDirectories: true)
     let store = try IdentificationStore(path: settings.databasePath)
     let reference = ReferenceProvider(store: store)
@@ -85,14 +86,11 @@ public func buildIdentificationService(settings: IdentificationServiceSettings, 
     case .plantnet: plantNet!
     case .hybrid: HybridProvider(reference: reference, plantNet: plantNet!, threshold: settings.hybridThreshold)
     }
-    var client = BusClient.Configuration(endpoint: settings.runner.endpoint)
-    client.curve = settings.runner.curve // calls other services with the worker's key
-    client.derived = true
-    let bus = try BusClient(configuration: client, context: context, logger: logger)
+    let bus = try BusClient(configuration: settings.runner.client, context: context, logger: logger)
     let library = IdentificationLibrary(store: store, provider: provider, bus: BusPeers(client: bus), metrics: metrics, clock: settings.clock)
     let worker = ServiceRunner(service: IdentificationService(library: library, plantNet: plantNet), configuration: settings.runner, context: context, logger: logger)
     // The client first: started before the worker takes requests, closed after it stops.
-    return OperatingEndpoint.serving([bus, worker], at: settings.metrics, logger: logger)
+    return try OperatingEndpoint.serving([bus, worker], at: settings.metrics, logger: logger)
 }
 
 /// The operator's tools on the store, for the CLI: reference photos and one-shot matching.

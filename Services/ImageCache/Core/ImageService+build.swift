@@ -66,10 +66,11 @@ public struct ImageServiceSettings: Sendable {
 /// Builds what `canopy-images serve` runs, in start order: the bus worker, the
 /// memory-pressure watch, and the `/metrics` and `/health` listener when `settings` name one.
 public func buildImageService(settings: ImageServiceSettings, context: ZMQContext, logger: Logger) throws -> [any Service] {
+    try OperatingEndpoint.ensureFree(settings.metrics) // a taken port stops it before anything opens
     let library = try ImageLibrary(directory: settings.directory, configuration: settings.library, clock: settings.clock)
     let worker = ServiceRunner(service: ImageService(library: library), configuration: settings.runner, context: context, logger: logger)
     let monitor = PressureMonitor(library: library, budget: settings.memoryBudget, interval: settings.pressureInterval, logger: logger)
-    return OperatingEndpoint.serving([worker, monitor], at: settings.metrics, logger: logger)
+    return try OperatingEndpoint.serving([worker, monitor], at: settings.metrics, logger: logger)
 }
 
 /// Reads memory pressure every interval and sheds the memory tier; reports the store's and

@@ -88,6 +88,7 @@ public struct ReminderServiceSettings: Sendable {
 /// when `settings` name one.
 public func buildReminderService(settings: ReminderServiceSettings, context: ZMQContext, logger: Logger,
                                  clock: (any ReminderClock)? = nil) throws -> [any Service] {
+    try OperatingEndpoint.ensureFree(settings.metrics) // a taken port stops it before anything opens
     let apns = try settings.apns.map { try APNsChannel(settings: $0, logger: logger) } // its key read before anything is made
     do {
         try FileManager.default.createDirectory(at: settings.directory, withIntermediateDirectories: true)
@@ -98,10 +99,7 @@ public func buildReminderService(settings: ReminderServiceSettings, context: ZMQ
         ]
         if let apns { channels.append(apns) }
         let library = ReminderLibrary(store: store, allowedHosts: settings.allowedHosts, channels: Set(channels.map(\.kind)), clock: settings.clock)
-        var client = BusClient.Configuration(endpoint: settings.runner.endpoint)
-        client.curve = settings.runner.curve
-        client.derived = true
-        let bus = try BusClient(configuration: client, context: context, logger: logger)
+        let bus = try BusClient(configuration: settings.runner.client, context: context, logger: logger)
         let box = DispatcherBox()
         let dispatcher = Dispatcher(store: store, channels: channels, clock: clock ?? SystemReminderClock(clock: settings.clock), settings: settings.dispatch,
                                     refill: { owner in
@@ -117,7 +115,7 @@ public func buildReminderService(settings: ReminderServiceSettings, context: ZMQ
         let worker = ServiceRunner(service: ReminderService(library: library, dispatcher: dispatcher), configuration: settings.runner, context: context, logger: logger)
         // The APNs client starts before the dispatcher and closes after it.
         let services: [any Service] = [bus] + (apns.map { [$0] } ?? []) + [dispatcher, worker]
-        return OperatingEndpoint.serving(services, at: settings.metrics, logger: logger)
+        return try OperatingEndpoint.serving(services, at: settings.metrics, logger: logger)
     } catch {
         try? apns?.client.syncShutdown() // nothing will run it
         throw error

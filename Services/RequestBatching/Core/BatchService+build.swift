@@ -49,6 +49,7 @@ public final class BatchHTTPServer: Service, Sendable {
     private let port = BoundPort(listener: "the HTTP listener")
 
     init(responder: EdgeResponder, address: ListenAddress, logger: Logger) {
+        self.address = address
         let bound = port
         application = Application(
             responder: responder, configuration: .init(address: .hostname(address.host, port: address.port), serverName: "canopy"),
@@ -60,9 +61,17 @@ public final class BatchHTTPServer: Service, Sendable {
             logger: logger)
     }
 
-    /// Serves until graceful shutdown.
+    /// Where it listens, for the sentence a failed bind stops the process with.
+    private let address: ListenAddress
+    static let purpose = "the HTTP API"
+    static let option = "--http HOST:PORT (CANOPY_HTTP)"
+
+    /// Serves until graceful shutdown. A bind that fails (the port taken since the build's
+    /// check) throws the same sentence as the check.
     public func run() async throws {
-        try await application.run()
+        try await PortCheck.translatingBindErrors(address, for: Self.purpose, option: Self.option) {
+            try await application.run()
+        }
     }
 
     /// The port it listens on, once it does.
@@ -76,6 +85,9 @@ public final class BatchHTTPServer: Service, Sendable {
 /// `/health` listener when `settings` name one. `/health` says whether the broker answers and
 /// which services have workers.
 public func buildBatchService(settings: BatchServiceSettings, context: ZMQContext, logger: Logger) throws -> [any Service] {
+    // Every port first, so a taken one stops the process before anything starts.
+    try PortCheck.ensureFree(settings.http, for: BatchHTTPServer.purpose, option: BatchHTTPServer.option)
+    try OperatingEndpoint.ensureFree(settings.metrics)
     let tokens = try TokenAuthority(key: settings.tokenKey)
     let bus = try BusClient(configuration: settings.bus, context: context, logger: logger)
     let router = Router()
@@ -97,7 +109,7 @@ public func buildBatchService(settings: BatchServiceSettings, context: ZMQContex
     let http = BatchHTTPServer(responder: EdgeResponder(router: router.buildResponder(), edge: edge), address: settings.http, logger: logger)
     var services: [any Service] = [bus, http]
     if let metrics = settings.metrics {
-        services.append(OperatingEndpoint(host: metrics.host, port: metrics.port, health: { await brokerHealth(bus) }, logger: logger))
+        services.append(try OperatingEndpoint(host: metrics.host, port: metrics.port, health: { await brokerHealth(bus) }, logger: logger))
     }
     return services
 }
