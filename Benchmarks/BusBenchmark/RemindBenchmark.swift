@@ -9,6 +9,7 @@ import Histogram
 import Hummingbird
 import Logging
 import Reminders
+import ServiceLifecycle
 import Synchronization
 
 /// canopy-remind at load, as `serve` builds it:
@@ -28,7 +29,10 @@ struct RemindBenchmark: AsyncParsableCommand {
     @Option(help: "People whose windows of 64 are synced.") var people = 10_000
     @Option(help: "Pending reminders for the memory figure.") var memory = 1_000_000
     @Option(help: "Deliveries the dispatcher keeps in flight at once.") var concurrency = DispatchSettings().concurrency
-    @Option(help: "Which parts to run: deliveries, codec, syncs, memory (comma-separated).") var parts = "deliveries,codec,syncs,memory"
+    @Option(help: "Which parts to run: deliveries, fairness, codec, syncs, memory (comma-separated).") var parts = "deliveries,fairness,codec,syncs,memory"
+    @Option(help: "Fairness: receivers that take --slow-seconds to answer, each on a host of its own.") var slowReceivers = 10
+    @Option(help: "Fairness: how long each slow receiver takes to answer.") var slowSeconds = 10.0
+    @Option(help: "Fairness: other people's reminders, due over 5 s while the slow receivers hold theirs.") var others = 2_000
 
     func run() async throws {
         var logger = Logger(label: "canopy-bench")
@@ -36,6 +40,10 @@ struct RemindBenchmark: AsyncParsableCommand {
         let parts = Set(self.parts.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) })
         if parts.contains("deliveries") {
             try await deliveries(logger: logger)
+            print("")
+        }
+        if parts.contains("fairness") {
+            try await fairness(logger: logger)
             print("")
         }
         if parts.contains("codec") {
@@ -52,8 +60,6 @@ struct RemindBenchmark: AsyncParsableCommand {
     // MARK: - Deliveries
 
     private func deliveries(logger: Logger) async throws {
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-bench-remind-\(UUID().uuidString)")
-        defer { try? FileManager.default.removeItem(at: directory) }
         let sink = Sink()
         let sinkGroup = serviceGroup([sink.application], signals: [], logger: logger)
         let sinkTask = Task { try await sinkGroup.run() }
@@ -63,34 +69,16 @@ struct RemindBenchmark: AsyncParsableCommand {
         let baseline = try await sink.capacity(url: url, requests: 5_000, concurrency: 64)
 
         let start = Date().addingTimeInterval(20) // time to load the store and start
-        var settings = ReminderServiceSettings(directory: directory, runner: .init(endpoint: "tcp://127.0.0.1:1"))
-        settings.allowedHosts = ["127.0.0.1"]
-        settings.dispatch.digestWindow = .zero
-        settings.dispatch.concurrency = concurrency
-        let path = settings.databasePath
-        let broker = try BrokerServer(endpoint: "tcp://127.0.0.1:*", context: ZMQContext(), logger: logger)
-        settings.runner = .init(endpoint: broker.endpoint)
-        let brokerTask = Task { try await broker.run() }
-        var services = try buildReminderService(settings: settings, context: ZMQContext(), logger: logger)
-        services = services.filter { !($0 is OperatingEndpoint) }
-        FileHandle.standardError.write(Data("loading \(reminders) reminders…".utf8))
-        let pool = try DatabasePool(path: path)
-        let secret = "whsec_" + Data((0..<32).map { UInt8($0) }).base64EncodedString()
-        try await pool.write { db in
+        let secret = Self.secret
+        let running = try await RunningDispatcher.start(concurrency: concurrency, logger: logger) { db in
+            FileHandle.standardError.write(Data("loading \(reminders) reminders…".utf8))
             for person in 0..<reminders {
-                let due = start.timeIntervalSince1970 + seconds * Double(person) / Double(reminders)
-                try db.execute(sql: "INSERT INTO devices (id, owner, channel, address, secret, active, registeredAt) VALUES (?, ?, 'webhook', ?, ?, 1, 0)",
-                               arguments: ["d\(person)", "u\(person)", url, secret])
-                try db.execute(sql: """
-                    INSERT INTO reminders (owner, taskID, due, plantID, kind, title, fireAt, state, updatedAt) VALUES (?, ?, ?, ?, 'water', 'Water it', ?, 'pending', 0)
-                    """, arguments: ["u\(person)", "p\(person):water", due, "p\(person)", due])
+                try Self.insert(db, person: "u\(person)", url: url, secret: secret, due: start.timeIntervalSince1970 + seconds * Double(person) / Double(reminders))
             }
+            FileHandle.standardError.write(Data(" done\n".utf8))
+            sink.reset()
         }
-        FileHandle.standardError.write(Data(" done\n".utf8))
-        sink.reset()
         let cpuBefore = processCPU()
-        let group = serviceGroup(services, signals: [], logger: logger)
-        let serving = Task { try await group.run() }
         let deadline = start.addingTimeInterval(seconds + 120)
         while sink.count < reminders, Date() < deadline { try await Task.sleep(for: .milliseconds(200)) }
         let cpu = processCPU() - cpuBefore
@@ -115,12 +103,73 @@ struct RemindBenchmark: AsyncParsableCommand {
             ["lateness max ms", String(format: "%.0f", latest)],
             ["process CPU over the run (cores)", String(format: "%.2f", cpu / max(0.001, last - first + 1))],
         ])
-        await group.triggerGracefulShutdown()
-        _ = try? await serving.value
-        broker.stop()
-        _ = try? await brokerTask.value
+        await running.stop()
         await sinkGroup.triggerGracefulShutdown()
         _ = try? await sinkTask.value
+    }
+
+    static let secret = "whsec_" + Data((0..<32).map { UInt8($0) }).base64EncodedString()
+
+    /// One person with a webhook device and one reminder due at `due`.
+    static func insert(_ db: Database, person: String, url: String, secret: String, due: Double) throws {
+        try db.execute(sql: "INSERT INTO devices (id, owner, channel, address, secret, active, registeredAt) VALUES (?, ?, 'webhook', ?, ?, 1, 0)",
+                       arguments: ["d-\(person)", person, url, secret])
+        try db.execute(sql: """
+            INSERT INTO reminders (owner, taskID, due, plantID, kind, title, fireAt, state, updatedAt) VALUES (?, ?, ?, ?, 'water', 'Water it', ?, 'pending', 0)
+            """, arguments: [person, "p-\(person):water", due, "p-\(person)", due])
+    }
+
+    // MARK: - Fairness
+
+    /// Other people's lateness while `slowReceivers` receivers, each on a host of its own,
+    /// take `slowSeconds` to answer each of their many sends, against the same run without
+    /// them (the baseline).
+    private func fairness(logger: Logger) async throws {
+        func othersLateness(slow: Int) async throws -> (Histogram<UInt64>, delivered: Int, slowArrived: Int) {
+            let sink = Sink()
+            let slowSinks = (0..<slow).map { Sink(host: "127.0.0.\(2 + $0)", delay: .seconds(slowSeconds)) }
+            let sinks = serviceGroup([sink.application] + slowSinks.map(\.application), signals: [], logger: logger)
+            let sinksTask = Task { try await sinks.run() }
+            let url = try await sink.url()
+            var urls: [String] = []
+            for slowSink in slowSinks { urls.append(try await slowSink.url()) }
+            let slowURLs = urls
+            let start = Date().addingTimeInterval(3)
+            let (others, secret) = (self.others, Self.secret)
+            let running = try await RunningDispatcher.start(concurrency: concurrency, allowedHosts: Set((0..<max(1, slow)).map { "127.0.0.\(2 + $0)" }),
+                                                            logger: logger) { db in
+                // Each slow receiver: 20 people's reminders due first, at the start.
+                for (index, slowURL) in slowURLs.enumerated() {
+                    for person in 0..<20 { try Self.insert(db, person: "slow\(index)-\(person)", url: slowURL, secret: secret, due: start.timeIntervalSince1970) }
+                }
+                // Everyone else's from 0.5 s on, over 5 s.
+                for person in 0..<others {
+                    try Self.insert(db, person: "u\(person)", url: url, secret: secret, due: start.timeIntervalSince1970 + 0.5 + 5 * Double(person) / Double(others))
+                }
+            }
+            let deadline = start.addingTimeInterval(60)
+            while sink.count < others, Date() < deadline { try await Task.sleep(for: .milliseconds(100)) }
+            var lateness = Histogram<UInt64>(highestTrackableValue: 600_000, numberOfSignificantValueDigits: .three)
+            for arrival in sink.arrivals() { _ = lateness.record(UInt64((max(0, arrival.at - arrival.due) * 1000).rounded())) }
+            let slowArrived = slowSinks.reduce(0) { $0 + $1.arrived }
+            await running.stop()
+            await sinks.triggerGracefulShutdown()
+            _ = try? await sinksTask.value
+            return (lateness, sink.count, slowArrived)
+        }
+        let (baseline, baselineDelivered, _) = try await othersLateness(slow: 0)
+        let (loaded, delivered, slowArrived) = try await othersLateness(slow: slowReceivers)
+        print("canopy-bench remind fairness: \(others) people's reminders due over 5 s, while \(slowReceivers) receivers (a host each) take \(Int(slowSeconds)) s per answer for 20 sends each")
+        printTable([
+            ["figure", "without slow receivers (baseline)", "with them", "ratio"],
+            ["others delivered", "\(baselineDelivered) of \(others)", "\(delivered) of \(others)", ""],
+            ["others' lateness p50 ms", "\(baseline.valueAtPercentile(50))", "\(loaded.valueAtPercentile(50))",
+             String(format: "%.2f", Double(loaded.valueAtPercentile(50)) / Double(max(1, baseline.valueAtPercentile(50))))],
+            ["others' lateness p99 ms (target under 100)", "\(baseline.valueAtPercentile(99))", "\(loaded.valueAtPercentile(99))",
+             String(format: "%.2f", Double(loaded.valueAtPercentile(99)) / Double(max(1, baseline.valueAtPercentile(99))))],
+            ["others' lateness max ms", "\(baseline.max)", "\(loaded.max)", ""],
+            ["slow receivers' requests in flight at the end (at most 4 a host)", "", "\(slowArrived)", ""],
+        ])
     }
 
     // MARK: - Syncs
@@ -259,22 +308,61 @@ struct RemindBenchmark: AsyncParsableCommand {
     }
 }
 
-/// A webhook receiver that answers 200 at once and notes each arrival with the reminders' due times.
+/// canopy-remind as `serve` builds it, with a broker of its own and its store loaded first.
+private struct RunningDispatcher {
+    let group: ServiceGroup
+    let serving: Task<Void, Error>
+    let broker: BrokerServer
+    let brokerTask: Task<Void, Error>
+    let directory: URL
+
+    static func start(concurrency: Int, allowedHosts: Set<String> = [], logger: Logger, load: @escaping @Sendable (Database) throws -> Void) async throws -> RunningDispatcher {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-bench-remind-\(UUID().uuidString)")
+        var settings = ReminderServiceSettings(directory: directory, runner: .init(endpoint: "tcp://127.0.0.1:1"))
+        settings.allowedHosts = allowedHosts.union(["127.0.0.1"])
+        settings.dispatch.digestWindow = .zero
+        settings.dispatch.concurrency = concurrency
+        let broker = try BrokerServer(endpoint: "tcp://127.0.0.1:*", context: ZMQContext(), logger: logger)
+        settings.runner = .init(endpoint: broker.endpoint)
+        let brokerTask = Task { try await broker.run() }
+        let services = try buildReminderService(settings: settings, context: ZMQContext(), logger: logger).filter { !($0 is OperatingEndpoint) }
+        let pool = try DatabasePool(path: settings.databasePath)
+        try await pool.write { db in try load(db) }
+        let group = serviceGroup(services, signals: [], logger: logger)
+        return RunningDispatcher(group: group, serving: Task { try await group.run() }, broker: broker, brokerTask: brokerTask, directory: directory)
+    }
+
+    func stop() async {
+        await group.triggerGracefulShutdown()
+        _ = try? await serving.value
+        broker.stop()
+        _ = try? await brokerTask.value
+        try? FileManager.default.removeItem(at: directory)
+    }
+}
+
+/// A webhook receiver that answers 200 (at once, or after `delay`) and notes each arrival with
+/// the reminders' due times.
 private final class Sink: Sendable {
     private final class Shared: Sendable {
         let value = Mutex<(arrivals: [(at: Double, due: Double)], count: Int, port: Int?)>(([], 0, nil))
+        let arrived = Atomic<Int>(0)
         func withLock<T>(_ body: (inout (arrivals: [(at: Double, due: Double)], count: Int, port: Int?)) -> T) -> T { value.withLock { body(&$0) } }
     }
 
     private let state = Shared()
+    private let host: String
     let application: Application<RouterResponder<BasicRequestContext>>
 
-    init() {
+    init(host: String = "127.0.0.1", delay: Duration = .zero) {
         let router = Router()
         let state = self.state
+        self.host = host
         let decoder = MessageCodec()
         router.post("/hook") { request, _ -> HTTPResponse.Status in
             let body = try await request.body.collect(upTo: 1024 * 1024)
+            state.arrived.add(1, ordering: .relaxed)
+            if delay > .zero { try await Task.sleep(for: delay) }
             let at = Date().timeIntervalSince1970
             let dues = (try? decoder.decode(Payload.self, from: Array(body.readableBytesView)).data.reminders.map { $0.due.timeIntervalSince1970 }) ?? []
             state.withLock { state in
@@ -283,7 +371,7 @@ private final class Sink: Sendable {
             }
             return .ok
         }
-        application = Application(router: router, configuration: .init(address: .hostname("127.0.0.1", port: 0), serverName: "sink"),
+        application = Application(router: router, configuration: .init(address: .hostname(host, port: 0), serverName: "sink"),
                                   onServerRunning: { channel in state.withLock { $0.port = channel.localAddress?.port } })
     }
 
@@ -294,12 +382,14 @@ private final class Sink: Sendable {
 
     func url() async throws -> String {
         while true {
-            if let port = state.withLock({ $0.port }) { return "http://127.0.0.1:\(port)/hook" }
+            if let port = state.withLock({ $0.port }) { return "http://\(host):\(port)/hook" }
             try await Task.sleep(for: .milliseconds(10))
         }
     }
 
     var count: Int { state.withLock { $0.count } }
+    /// Requests that arrived, answered or not.
+    var arrived: Int { state.arrived.load(ordering: .relaxed) }
     func reset() { state.withLock { $0 = ([], 0, $0.port) } }
     func arrivals() -> [(at: Double, due: Double)] { state.withLock { $0.arrivals } }
 

@@ -12,19 +12,25 @@ public final class RecordingServer: Sendable {
     }
 
     private final class Shared: Sendable {
-        let value = Mutex<(received: [Received], statuses: [Int], port: Int?)>(([], [], nil))
+        let value = Mutex<(received: [Received], statuses: [Int], port: Int?, arrived: Int, holding: Bool)>(([], [], nil, 0, false))
     }
 
     private let shared = Shared()
+    private let host: String
     public let application: Application<RouterResponder<BasicRequestContext>>
 
-    /// - Parameter delay: how long each answer takes.
-    public init(delay: Duration = .zero) {
+    /// - Parameters:
+    ///   - delay: how long each answer takes.
+    ///   - host: the loopback address it listens on (127.0.0.2 is another host than 127.0.0.1).
+    public init(delay: Duration = .zero, host: String = "127.0.0.1") {
         let shared = self.shared
         let router = Router()
         router.post("**") { request, _ -> Response in
             let body = try await request.body.collect(upTo: 1024 * 1024)
+            shared.value.withLock { $0.arrived += 1 }
             if delay > .zero { try await Task.sleep(for: delay) }
+            // A receiver that does not answer, until released (or the server stops).
+            while shared.value.withLock({ $0.holding }) { try await Task.sleep(for: .milliseconds(10)) }
             var headers: [String: String] = [:]
             for field in request.headers { headers[field.name.canonicalName] = field.value }
             let status = shared.value.withLock { state -> Int in
@@ -33,14 +39,15 @@ public final class RecordingServer: Sendable {
             }
             return Response(status: .init(code: status))
         }
-        application = Application(router: router, configuration: .init(address: .hostname("127.0.0.1", port: 0), serverName: "recording"),
+        self.host = host
+        application = Application(router: router, configuration: .init(address: .hostname(host, port: 0), serverName: "recording"),
                                   onServerRunning: { channel in shared.value.withLock { $0.port = channel.localAddress?.port } })
     }
 
     public func url(_ path: String, within limit: Duration = .seconds(30)) async throws -> String {
         let deadline = ContinuousClock.now + limit
         while ContinuousClock.now < deadline {
-            if let port = shared.value.withLock({ $0.port }) { return "http://127.0.0.1:\(port)\(path)" }
+            if let port = shared.value.withLock({ $0.port }) { return "http://\(host):\(port)\(path)" }
             try await Task.sleep(for: .milliseconds(10))
         }
         throw CancellationError()
@@ -50,5 +57,14 @@ public final class RecordingServer: Sendable {
     public func answer(_ statuses: [Int]) { shared.value.withLock { $0.statuses += statuses } }
 
     public var received: [Received] { shared.value.withLock { $0.received } }
+
+    /// Requests that arrived, answered or not.
+    public var arrived: Int { shared.value.withLock { $0.arrived } }
+
+    /// Answers nothing from now on, until ``release()``: a receiver that hangs.
+    public func hold() { shared.value.withLock { $0.holding = true } }
+
+    /// Answers what it held, and everything after.
+    public func release() { shared.value.withLock { $0.holding = false } }
 }
 

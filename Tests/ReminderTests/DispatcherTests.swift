@@ -49,7 +49,7 @@ struct DispatcherTests {
         var logger = Logger(label: "test")
         logger.logLevel = .warning
         let store = try ReminderStore(path: directory.appendingPathComponent("remind.sqlite").path)
-        let library = ReminderLibrary(store: store, allowedHosts: ["127.0.0.1"])
+        let library = ReminderLibrary(store: store, allowedHosts: ["127.0.0.1", "127.0.0.2"])
         let receiver = RecordingServer()
         try await withRunning([receiver.application], logger: logger) {
             let webhook = try await receiver.url("/hooks/alice")
@@ -57,7 +57,7 @@ struct DispatcherTests {
             #expect(device.active)
             try await preload(library) // what the store held before the dispatcher started
             let clock = ManualClock(Self.start)
-            let policy = AddressPolicy(allowedHosts: ["127.0.0.1"])
+            let policy = AddressPolicy(allowedHosts: ["127.0.0.1", "127.0.0.2"])
             let dispatcher = Dispatcher(store: store, channels: [LogChannel(logger: logger), WebhookChannel(client: .shared, policy: policy, now: { clock.now() })],
                                         clock: clock, settings: settings, logger: logger)
             try await withRunning([dispatcher], logger: logger) {
@@ -170,6 +170,36 @@ struct DispatcherTests {
         try input.fileHandleForWriting.close()
         process.waitUntilExit()
         return process.terminationStatus == 0
+    }
+
+    // MARK: - Independent deliveries
+
+    @Test func aReceiverThatNeverAnswersHoldsBackOnlyItsOwnReminders() async throws {
+        var settings = DispatchSettings()
+        settings.concurrency = 4
+        settings.perDestination = 2
+        try await withDispatcher(settings: settings) { setup in
+            let t = Self.start
+            // Mallory registers five devices at a receiver that hangs (anyone can).
+            let hanging = RecordingServer(host: "127.0.0.2") // another host than Alice's receiver
+            hanging.hold()
+            try await withRunning([hanging.application], logger: Logger(label: "test")) {
+                for index in 0..<5 {
+                    let address = try await hanging.url("/hooks/mallory/\(index)")
+                    _ = try setup.library.register(.init(channel: .webhook, address: address, name: "tablet \(index)", secret: Self.secret), owner: "mallory")
+                }
+                setup.dispatcher.schedule(try await setup.library.sync([.water("m1", due: t + 60)], owner: "mallory", now: setup.clock.now()))
+                try await setup.sync([.water("a1", due: t + 61, name: "Monstera")])
+                setup.clock.advance(by: 60)
+                #expect(try await eventually { hanging.arrived == 2 }, "two of Mallory's five sends reach her host; three wait for it")
+                setup.clock.advance(by: 1)
+                #expect(try await eventually { setup.receiver.received.count == 1 }, "Alice's reminder goes while Mallory's host hangs")
+                #expect(try await eventually { try setup.states()["a1:water"] == "delivered" })
+                #expect(hanging.arrived == 2 && hanging.received.isEmpty, "still nothing answered there, and no more than its share in flight")
+                hanging.release()
+                #expect(try await eventually { hanging.received.count == 5 }, "then her own five arrive")
+            }
+        }
     }
 
     // MARK: - Retries and dead letters

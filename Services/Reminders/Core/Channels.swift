@@ -60,6 +60,20 @@ enum DeliveryOutcome: Sendable, Equatable {
 protocol NotificationChannel: Sendable {
     var kind: Reminders.Channel { get }
     func deliver(_ notification: ReminderNotification, to device: ReminderStore.DeviceRecord) async -> DeliveryOutcome
+    /// Who receives a delivery to `device`, for the dispatcher's bound per destination: a
+    /// receiver anyone can register (a webhook's or ntfy server's host) is one destination,
+    /// so a slow one holds only its own deliveries. `nil` for channels with no such bound
+    /// (APNs, one trusted provider; the log).
+    func destination(of device: ReminderStore.DeviceRecord) -> String?
+}
+
+extension NotificationChannel {
+    func destination(of device: ReminderStore.DeviceRecord) -> String? { nil }
+
+    /// The lowercased host of the device's address, as the destination of HTTP channels.
+    func hostDestination(of device: ReminderStore.DeviceRecord) -> String? {
+        URLComponents(string: device.device.address)?.host.map { "\(kind.rawValue):\($0.lowercased())" } ?? "\(kind.rawValue):?"
+    }
 }
 
 /// `log`: the notification as a log line (the embedded default, demos).
@@ -110,6 +124,7 @@ struct WebhookChannel: NotificationChannel {
     var timeout: Duration = .seconds(10)
     var now: @Sendable () -> Date = { Date() }
     var kind: Reminders.Channel { .webhook }
+    func destination(of device: ReminderStore.DeviceRecord) -> String? { hostDestination(of: device) }
     let codec = MessageCodec()
 
     /// The JSON body a receiver gets.
@@ -164,6 +179,7 @@ struct NtfyChannel: NotificationChannel {
     let policy: AddressPolicy
     var timeout: Duration = .seconds(10)
     var kind: Reminders.Channel { .ntfy }
+    func destination(of device: ReminderStore.DeviceRecord) -> String? { hostDestination(of: device) }
 
     func deliver(_ notification: ReminderNotification, to device: ReminderStore.DeviceRecord) async -> DeliveryOutcome {
         do {

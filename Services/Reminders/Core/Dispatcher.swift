@@ -45,8 +45,11 @@ public struct DispatchSettings: Sendable {
     /// The first retry's pause; each next one doubles, up to ``maximumBackoff``, ±20% jitter.
     public var firstBackoff: Duration = .seconds(1)
     public var maximumBackoff: Duration = .seconds(300)
-    /// Deliveries in flight at once.
+    /// Deliveries in flight at once, in all.
     public var concurrency = 64
+    /// Deliveries in flight at once to one destination (a webhook's or ntfy server's host):
+    /// a slow or dead receiver holds at most this many of ``concurrency``.
+    public var perDestination = 4
     /// Ask canopy-care for a fresh window when fewer than this many reminders are pending.
     public var refillBelow = 32
     /// …or when the last pending one is within this.
@@ -63,6 +66,11 @@ public struct DispatchSettings: Sendable {
 /// within the digest window into one notification per active device, records the sends, and
 /// delivers them; a failed send is retried with exponential backoff and jitter, then recorded
 /// as a dead letter. A reminder is marked delivered only after a channel accepted it.
+///
+/// Deliveries are independent of the timer loop and of one another: each is a task of its
+/// own, at most ``DispatchSettings/concurrency`` in flight in all and
+/// ``DispatchSettings/perDestination`` to one receiving host (``DeliverySlots``), so a slow or
+/// dead webhook costs only its own reminders' time.
 public final class Dispatcher: Service, Sendable {
     let store: ReminderStore
     let channels: [Reminders.Channel: any NotificationChannel]
@@ -87,9 +95,16 @@ public final class Dispatcher: Service, Sendable {
         var lastRefill: [String: Date] = [:]
         var refillChecks = Deque<(owner: String, at: Date)>()
         var loaded = false
+        /// Which sends are in flight, in all and per destination.
+        var slots: DeliverySlots
+        /// Outcomes finished and not yet written, and whether a writer is at it.
+        var finished: [Attempt] = []
+        var writing = false
     }
 
-    private let state = Mutex(State())
+    private let state: Mutex<State>
+    /// Sends to start, handed from whoever freed a slot to the task group of ``run()``.
+    private let starts = AsyncStream<DeliverySlots.Start>.makeStream()
     /// The most refill checks remembered at once (a person checked again sooner than the
     /// refill interval, past it, costs one more call to canopy-care, nothing else).
     static let refillMemory = 65_536
@@ -103,6 +118,7 @@ public final class Dispatcher: Service, Sendable {
         self.settings = settings
         self.refill = refill
         self.logger = logger
+        state = Mutex(State(slots: DeliverySlots(total: settings.concurrency, perDestination: settings.perDestination)))
     }
 
     /// Reminders whose time is new or changed (from a sync). The dispatcher is woken only
@@ -139,17 +155,31 @@ public final class Dispatcher: Service, Sendable {
         entries = []
         logger.info("remind.dispatcher.started", metadata: ["remind.pending": "\(reminders)", "remind.sends": "\(sends.count)"])
         await cancelWhenGracefulShutdown {
-            while !Task.isCancelled {
-                do {
-                    try await self.turn()
-                } catch is CancellationError {
-                    return
-                } catch {
-                    // The store failed (a full disk?): what was due is back in the heaps for a
-                    // second from now. Keep turning.
-                    self.logger.error("remind.dispatcher.failed", metadata: ["remind.error": "\(error)"])
-                    try? await self.clock.sleep(until: self.clock.now().addingTimeInterval(1))
+            // The timer loop is one task; every delivery another, started as slots free up.
+            // The loop never waits on a send.
+            await withDiscardingTaskGroup { group in
+                group.addTask {
+                    await self.turnUntilCancelled()
+                    self.starts.continuation.finish()
                 }
+                for await start in self.starts.stream {
+                    group.addTask { await self.perform(start) }
+                }
+            }
+        }
+    }
+
+    private func turnUntilCancelled() async {
+        while !Task.isCancelled {
+            do {
+                try await turn()
+            } catch is CancellationError {
+                return
+            } catch {
+                // The store failed (a full disk?): what was due is back in the heaps for a
+                // second from now. Keep turning.
+                logger.error("remind.dispatcher.failed", metadata: ["remind.error": "\(error)"])
+                try? await clock.sleep(until: clock.now().addingTimeInterval(1))
             }
         }
     }
@@ -189,7 +219,7 @@ public final class Dispatcher: Service, Sendable {
                 for owner in owners where shouldRefill(owner) { Task { await refill(owner) } }
             }
         }
-        await deliver(toDeliver)
+        enqueue(toDeliver)
     }
 
     private func wait(until deadline: Date?) async {
@@ -285,27 +315,65 @@ public final class Dispatcher: Service, Sendable {
 
     // MARK: - Delivering
 
-    /// Delivers sends, at most ``DispatchSettings/concurrency`` at once. Outcomes are written
-    /// together, a batch per transaction (group commit), as deliveries finish.
-    func deliver(_ sends: [Int64]) async {
+    /// Hands sends to the delivery slots and starts what they let start now. Never waits.
+    func enqueue(_ sends: [Int64]) {
         guard !sends.isEmpty else { return }
-        await withTaskGroup(of: Attempt?.self) { group in
-            var next = sends.makeIterator()
-            for _ in 0..<settings.concurrency {
-                guard let send = next.next() else { break }
-                group.addTask { await self.attempt(send) }
-            }
-            var finished: [Attempt] = []
-            while let result = await group.next() {
-                if let result { finished.append(result) }
-                if let send = next.next() { group.addTask { await self.attempt(send) } }
-                // Write when a batch is full, or when nothing else is about to finish.
-                if finished.count >= 128 || group.isEmpty || finished.count >= settings.concurrency / 2 {
-                    record(finished)
-                    finished.removeAll(keepingCapacity: true)
+        let starting = state.withLock { state in
+            state.slots.enqueue(sends)
+            return state.slots.start()
+        }
+        for start in starting { starts.continuation.yield(start) }
+    }
+
+    /// One started send: loaded, admitted to its destination (or left waiting for it), tried,
+    /// its slots freed, its outcome written with others finishing about then (group commit).
+    private func perform(_ start: DeliverySlots.Start) async {
+        var destination = start.reserved
+        var attempt: Attempt?
+        do {
+            if let (send, device) = try load(start.id) {
+                let channel = device.flatMap { channels[$0.device.channel] }
+                if start.reserved == nil {
+                    destination = device.flatMap { channel?.destination(of: $0) }
+                    let admitted = state.withLock { $0.slots.admit(start.id, to: destination) }
+                    guard admitted else { return startFreed() } // waits for its destination
                 }
+                attempt = try await self.attempt(send, device: device, channel: channel)
             }
-            record(finished)
+        } catch {
+            logger.error("remind.deliver.failed", metadata: ["remind.send": "\(start.id)", "remind.error": "\(error)"])
+            let now = clock.now().timeIntervalSince1970
+            state.withLock { $0.sends.insert(Entry(at: now + 1, id: start.id)) } // again in a second
+        }
+        state.withLock { $0.slots.finish(destination: destination) }
+        startFreed()
+        if let attempt { write(attempt) }
+    }
+
+    /// Starts the sends that freed slots let start.
+    private func startFreed() {
+        for start in state.withLock({ $0.slots.start() }) { starts.continuation.yield(start) }
+    }
+
+    /// Writes a finished attempt: the first to finish while no one writes becomes the writer
+    /// and writes, a transaction at a time, everything that finishes meanwhile.
+    private func write(_ attempt: Attempt) {
+        let becomesWriter = state.withLock { state -> Bool in
+            state.finished.append(attempt)
+            guard !state.writing else { return false }
+            state.writing = true
+            return true
+        }
+        guard becomesWriter else { return }
+        while true {
+            let batch = state.withLock { state -> [Attempt] in
+                let batch = state.finished.prefix(256)
+                state.finished.removeFirst(batch.count)
+                if batch.isEmpty { state.writing = false }
+                return Array(batch)
+            }
+            guard !batch.isEmpty else { return }
+            record(batch)
         }
     }
 
@@ -319,35 +387,33 @@ public final class Dispatcher: Service, Sendable {
         var due: Date?
     }
 
-    /// Tries one send; `nil` when it is no longer pending (finished or cancelled meanwhile).
-    private func attempt(_ sendID: Int64) async -> Attempt? {
-        do {
-            guard let (send, device) = try store.database.read({ db -> (Row, ReminderStore.DeviceRecord?)? in
-                guard let send = try Row.fetchOne(try db.cachedStatement(sql: "SELECT * FROM sends WHERE id = ? AND state = 'pending'"), arguments: [sendID]) else { return nil }
-                let device = try Row.fetchOne(try db.cachedStatement(sql: "SELECT * FROM devices WHERE id = ?"), arguments: [send["deviceID"] as String]).map(ReminderStore.device)
-                return (send, device)
-            }) else { return nil }
-            let outcome: DeliveryOutcome
-            var due: Date?
-            if let device, device.device.active, let channel = channels[device.device.channel] {
-                let notification = try store.codec.decode(ReminderNotification.self, from: [UInt8](send["notification"] as Data))
-                due = notification.reminders.map(\.due).min()
-                outcome = await channel.deliver(notification, to: device)
-            } else if let device, !device.device.active {
-                outcome = .rejected("the device is inactive: \(device.device.deactivatedReason ?? "deactivated")", deactivate: false)
-            } else if let device {
-                outcome = .rejected("this service has no \(device.device.channel.rawValue) channel configured", deactivate: false)
-            } else {
-                outcome = .rejected("the device was removed", deactivate: false)
-            }
-            metrics.attempt(outcome, lateBy: due.map { clock.now().timeIntervalSince($0) })
-            return Attempt(sendID: sendID, attempt: send["attempts"] + 1, deviceID: send["deviceID"], outcome: outcome, due: due)
-        } catch {
-            logger.error("remind.deliver.failed", metadata: ["remind.send": "\(sendID)", "remind.error": "\(error)"])
-            let now = clock.now().timeIntervalSince1970
-            state.withLock { $0.sends.insert(Entry(at: now + 1, id: sendID)) } // again in a second
-            return nil
+    /// A send and its device; `nil` when the send is no longer pending (finished or cancelled
+    /// meanwhile).
+    private func load(_ sendID: Int64) throws -> (Row, ReminderStore.DeviceRecord?)? {
+        try store.database.read { db -> (Row, ReminderStore.DeviceRecord?)? in
+            guard let send = try Row.fetchOne(try db.cachedStatement(sql: "SELECT * FROM sends WHERE id = ? AND state = 'pending'"), arguments: [sendID]) else { return nil }
+            let device = try Row.fetchOne(try db.cachedStatement(sql: "SELECT * FROM devices WHERE id = ?"), arguments: [send["deviceID"] as String]).map(ReminderStore.device)
+            return (send, device)
         }
+    }
+
+    /// Tries one send through its device's channel.
+    private func attempt(_ send: Row, device: ReminderStore.DeviceRecord?, channel: (any NotificationChannel)?) async throws -> Attempt {
+        let outcome: DeliveryOutcome
+        var due: Date?
+        if let device, device.device.active, let channel {
+            let notification = try store.codec.decode(ReminderNotification.self, from: [UInt8](send["notification"] as Data))
+            due = notification.reminders.map(\.due).min()
+            outcome = await channel.deliver(notification, to: device)
+        } else if let device, !device.device.active {
+            outcome = .rejected("the device is inactive: \(device.device.deactivatedReason ?? "deactivated")", deactivate: false)
+        } else if let device {
+            outcome = .rejected("this service has no \(device.device.channel.rawValue) channel configured", deactivate: false)
+        } else {
+            outcome = .rejected("the device was removed", deactivate: false)
+        }
+        metrics.attempt(outcome, lateBy: due.map { clock.now().timeIntervalSince($0) })
+        return Attempt(sendID: send["id"], attempt: send["attempts"] + 1, deviceID: send["deviceID"], outcome: outcome, due: due)
     }
 
     /// Writes attempts' outcomes in one transaction: each send finished (delivered or given
