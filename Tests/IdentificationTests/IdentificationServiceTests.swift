@@ -244,6 +244,24 @@ struct IdentificationServiceTests {
                 _ = try await stack.client.call(Identification.Submit.self, .init(photos: [.init(organ: .leaf)], data: [huge]), principal: "alice")
             }
             #expect(tooLarge?.code == .tooLarge)
+
+            // A valid photo with a broken one: refused, and neither the valid photo nor its
+            // features stay behind, however often it is tried.
+            let valid = try Self.photo(1, seed: 5)
+            let svg = Data(#"<svg xmlns="http://www.w3.org/2000/svg" width="10" height="10"/>"#.utf8)
+            for _ in 0..<3 {
+                let mixed = await #expect(throws: CanopyError.self) {
+                    _ = try await stack.client.call(Identification.Submit.self, .init(photos: [.init(organ: .leaf), .init(organ: .flower)], data: [Data(valid), svg]),
+                                                    principal: "alice", timeout: .seconds(60))
+                }
+                #expect(mixed?.code == .badRequest)
+            }
+            let validID = PhotoID.of(valid)
+            let gone = await #expect(throws: CanopyError.self) {
+                _ = try await stack.client.call(Images.GetVariant.self, .init(sha256: validID, variant: .thumbnail), principal: "alice")
+            }
+            #expect(gone?.code == .notFound, "the valid photo was removed again")
+            #expect(try stack.tools.store.features([validID]).isEmpty, "and its features")
             #expect(try await stack.client.call(Identification.History.self, .init(), principal: "alice").items.isEmpty)
             #expect(try await stack.submit([good]).results.first != nil)
         }

@@ -149,6 +149,28 @@ struct ImageServiceTests {
         }
     }
 
+    @Test func onePersonsPhotosAreBoundedInCountAndBytesAndOthersAreNot() async throws {
+        let directory = Fixture.directory()
+        defer { try? FileManager.default.removeItem(at: directory) }
+        var configuration = ImageLibrary.Configuration()
+        configuration.photosPerPerson = 3
+        let library = try ImageLibrary(directory: directory, configuration: configuration)
+        for plant in ["p1", "p2", "p3"] { _ = try await library.put(Fixture.jpeg, owner: "alice", plantID: plant) }
+        let error = await #expect(throws: CanopyError.self) { _ = try await library.put(Fixture.jpeg, owner: "alice", plantID: "p4") }
+        #expect(error?.code == .tooLarge && error?.message.contains("at most 3 photos") == true)
+        #expect(try library.store.usage(owner: "alice").photos == 3)
+        _ = try await library.put(Fixture.jpeg, owner: "bob", plantID: "p1") // someone else's count is their own
+
+        // What one stored photo counts (its original as kept), then room for exactly two.
+        let stored = try library.store.usage(owner: "bob").bytes
+        configuration.photosPerPerson = 100
+        configuration.bytesPerPerson = stored + Fixture.jpeg.count
+        let bytesBound = try ImageLibrary(directory: directory.appendingPathComponent("bytes"), configuration: configuration)
+        for plant in ["p1", "p2"] { _ = try await bytesBound.put(Fixture.jpeg, owner: "alice", plantID: plant) }
+        await #expect(throws: CanopyError.self) { _ = try await bytesBound.put(Fixture.jpeg, owner: "alice", plantID: "p3") }
+        #expect(try bytesBound.store.usage(owner: "alice").photos == 2)
+    }
+
     @Test func variantsFinishedAfterTheirPhotoWasPurgedAreNotKept() async throws {
         let directory = Fixture.directory()
         defer { try? FileManager.default.removeItem(at: directory) }

@@ -127,6 +127,16 @@ extension LiveBatchTests {
                 #expect(try await HTTPClient.shared.execute(text, timeout: .seconds(30)).status.code == 400)
                 #expect((try await stack.send(.GET, "/v1/plants/\(plant)/photos").object["photos"] as? [Any])?.count == 1)
                 #expect(try await stack.send(.GET, "/v1/photos/\(String(repeating: "z", count: 64))/variants/thumbnail").status == 400)
+
+                // A photo for a plant that does not exist, or is another person's: 404, nothing stored.
+                for (target, token) in [("0", "alice"), (plant, "bob")] {
+                    var stray = upload
+                    stray.url = stack.base + "/v1/plants/\(target)/photos"
+                    stray.headers.replaceOrAdd(name: "Authorization", value: "Bearer \(try await stack.token(token))")
+                    #expect(try await HTTPClient.shared.execute(stray, timeout: .seconds(30)).status.code == 404, "\(target) as \(token)")
+                    #expect((try await stack.send(.GET, "/v1/plants/\(target)/photos", as: token).object["photos"] as? [Any])?.isEmpty != false)
+                }
+                #expect((try await stack.send(.GET, "/v1/plants/\(plant)/photos").object["photos"] as? [Any])?.count == 1)
             }
         }
     }

@@ -56,13 +56,33 @@ final class IdentificationLibrary: Sendable {
         metrics.submission(repeated: false)
 
         let plantID = UUID().uuidString.lowercased()
+        // A submission that fails leaves nothing behind: the photos it stored (under its own
+        // plant id) and the features it computed go again.
+        var storedAny = false
+        var computed: [String] = []
+        do {
+            return try await identify(photos, request: request, key: key, plantID: plantID, owner: owner, now: now,
+                                      storedAny: &storedAny, computed: &computed)
+        } catch {
+            if storedAny { _ = try? await bus.purge(plantID: plantID, owner: owner) }
+            try? store.deleteFeatures(computed)
+            throw error
+        }
+    }
+
+    /// The work of ``submit(_:owner:now:)`` once the submission is new: every photo stored
+    /// (or its owner checked) and its features known, the provider asked, the record written.
+    private func identify(_ photos: [(organ: Identification.Organ, sha256: String, bytes: Data?)], request: Identification.Submit.Request,
+                          key: String, plantID: String, owner: String, now: Date,
+                          storedAny: inout Bool, computed: inout [String]) async throws -> Identification.Record {
         var query: [QueryPhoto] = []
         for (index, photo) in photos.enumerated() {
             let features: PhotoFeatures
             if let bytes = photo.bytes {
                 // canopy-images checks the photo (format, size, that it decodes) and strips it.
+                storedAny = true // from here on (a reply lost after the store counts too)
                 _ = try await bus.put(bytes, plantID: plantID, owner: owner)
-                features = try await self.features(photo.sha256) { [UInt8](bytes) }
+                features = try await self.features(photo.sha256, computed: &computed) { [UInt8](bytes) }
             } else {
                 // Only its owner may name a stored photo: canopy-images answers no one else,
                 // whether or not its features are known here already.
@@ -71,7 +91,7 @@ final class IdentificationLibrary: Sendable {
                 } catch let error as CanopyError where error.code == .notFound {
                     throw CanopyError(.notFound, "photos[\(index)].photoID: no photo \(photo.sha256) among yours")
                 }
-                features = try await self.features(photo.sha256) { [bus] in try await bus.variant(photo.sha256, .small, owner: owner) }
+                features = try await self.features(photo.sha256, computed: &computed) { [bus] in try await bus.variant(photo.sha256, .small, owner: owner) }
             }
             let (bus, sha256) = (self.bus, photo.sha256)
             query.append(QueryPhoto(sha256: sha256, organ: photo.organ, features: features,
@@ -94,11 +114,13 @@ final class IdentificationLibrary: Sendable {
     }
 
     /// A photo's features: stored ones, or computed from the bytes `load` gives and stored.
-    private func features(_ sha256: String, load: @Sendable () async throws -> [UInt8]) async throws -> PhotoFeatures {
+    /// Those it computed are added to `computed`.
+    private func features(_ sha256: String, computed: inout [String], load: @Sendable () async throws -> [UInt8]) async throws -> PhotoFeatures {
         if let known = try store.features([sha256])[sha256] { return known }
         let bytes = try await load()
         let features = try await offThePool { try PhotoFeatures.compute(from: bytes) }
         try store.saveFeatures(features, sha256: sha256)
+        computed.append(sha256)
         metrics.computedFeatures()
         return features
     }

@@ -189,6 +189,14 @@ final class IdentificationStore: Sendable {
         }
     }
 
+    /// Forgets the features of these photos (a failed submission's).
+    func deleteFeatures(_ sha256s: [String]) throws {
+        guard !sha256s.isEmpty else { return }
+        try database.write { db in
+            try db.execute(sql: "DELETE FROM photoFeatures WHERE sha256 IN (\(sha256s.map { _ in "?" }.joined(separator: ",")))", arguments: StatementArguments(sha256s))
+        }
+    }
+
     func saveFeatures(_ features: PhotoFeatures, sha256: String) throws {
         try database.write { db in
             try db.execute(sql: "INSERT OR IGNORE INTO photoFeatures (sha256, features) VALUES (?, ?)", arguments: [sha256, features.packed])

@@ -26,6 +26,10 @@ final class ImageLibrary: Sendable {
         var fullSizeConcurrency = 2
         /// How remote photos are fetched.
         var fetch = RemoteFetcher.Policy()
+        /// What one person may store in all: photos, and bytes of their originals (a photo
+        /// kept under two plants counts twice).
+        var photosPerPerson = 20_000
+        var bytesPerPerson = 10 << 30
     }
 
     let store: ImageStore
@@ -83,6 +87,11 @@ final class ImageLibrary: Sendable {
         let photos = try store.photos(owner: owner, plantID: plantID)
         guard photos.count < Self.maximumPhotosPerPlant || photos.contains(where: { $0.sha256 == Self.sha256(bytes) }) else {
             throw CanopyError(.tooLarge, "this plant has \(photos.count) photos, the most one plant may have; remove one with images.purge first")
+        }
+        let usage = try store.usage(owner: owner)
+        let (most, mostBytes) = (configuration.photosPerPerson, configuration.bytesPerPerson)
+        guard usage.photos < most, usage.bytes + bytes.count <= mostBytes else {
+            throw CanopyError(.tooLarge, "you keep \(usage.photos) photos of \(usage.bytes >> 20) MiB; one person keeps at most \(most) photos and \(mostBytes >> 20) MiB: remove some first")
         }
         let (store, processor) = (self.store, self.processor)
         let inspected = try processor.inspect(bytes)

@@ -129,6 +129,16 @@ final class ImageStore: Sendable {
     }
 
     /// `owner`'s photos of `plantID`, newest first.
+    /// How many photos a person keeps, and the bytes of their originals.
+    func usage(owner: String) throws -> (photos: Int, bytes: Int) {
+        try database.read { db in
+            let row = try Row.fetchOne(db, sql: """
+                SELECT COUNT(*) AS photos, COALESCE(SUM(o.bytes), 0) AS bytes FROM photos p JOIN originals o ON o.sha256 = p.sha256 WHERE p.owner = ?
+                """, arguments: [owner])
+            return (row?["photos"] ?? 0, row?["bytes"] ?? 0)
+        }
+    }
+
     func photos(owner: String, plantID: String) throws -> [Images.Photo] {
         try database.read { db in
             try Row.fetchAll(db, sql: """

@@ -25,7 +25,10 @@ extension CanopyAPI {
         } catch {
             throw CanopyError(.tooLarge, "a photo is at most \(Self.maximumPhotoBytes) bytes")
         }
-        let photo = try await call(Images.Put.self, .init(plantID: try RequestFieldError.identifier(input.path.plantID, "plantID"), data: bytes))
+        let plantID = try RequestFieldError.identifier(input.path.plantID, "plantID")
+        // Photos belong to one of the caller's plants: another's, or none, is 404 and stores nothing.
+        _ = try await call(Care.GetPlant.self, .init(id: plantID))
+        let photo = try await call(Images.Put.self, .init(plantID: plantID, data: bytes))
         return .created(.init(body: .json(.init(photo))))
     }
 
