@@ -175,6 +175,17 @@ let package = Package(
             swiftSettings: swiftSettings
         ),
         .target(
+            name: "CanopyOutbound",
+            dependencies: [
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+            ],
+            path: "Shared/CanopyOutbound",
+            swiftSettings: swiftSettings
+        ),
+        .target(
             name: "CanopyTesting",
             dependencies: [
                 "CanopyBus", "CanopyBroker", "CanopyMessages", "CanopyServiceKit", "CanopyImaging", "CZeroMQ",
@@ -207,7 +218,7 @@ let package = Package(
         .target(
             name: "ImageCache",
             dependencies: [
-                "CVips", "CanopyImaging", "CanopyBus", "CanopyMessages", "CanopyServiceKit",
+                "CVips", "CanopyImaging", "CanopyBus", "CanopyMessages", "CanopyServiceKit", "CanopyOutbound",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -245,7 +256,7 @@ let package = Package(
         .target(
             name: "Reminders",
             dependencies: [
-                "CanopyBus", "CanopyMessages", "CanopyServiceKit",
+                "CanopyBus", "CanopyMessages", "CanopyServiceKit", "CanopyOutbound",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
@@ -331,6 +342,7 @@ let package = Package(
         .executableTarget(
             name: "canopy-bench",
             dependencies: [
+                "CanopyOutbound",
                 "CanopyBus", "CanopyBroker", "CZeroMQ", "CanopyMessages", "ImageCache", "CareScheduling", "Identification", "Reminders", "CanopyImaging", "CVips",
                 "CanopyServiceKit", "CanopyWire", "RequestBatching", "CanopyCapture", "CanopyReplay",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
@@ -363,6 +375,7 @@ let package = Package(
         .testTarget(
             name: "ImageCacheTests",
             dependencies: [
+                "CanopyOutbound",
                 "ImageCache", "CanopyImaging", "CVips", "CanopyBus", "CanopyBroker", "CanopyTesting", "CanopyServiceKit", "canopy-images",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
@@ -385,6 +398,7 @@ let package = Package(
         .testTarget(
             name: "ReminderTests",
             dependencies: [
+                "CanopyOutbound",
                 "Reminders", "CareScheduling", "CanopyBus", "CanopyBroker", "CanopyTesting", "CanopyServiceKit", "canopy-remind",
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "HummingbirdHTTP2", package: "hummingbird"),

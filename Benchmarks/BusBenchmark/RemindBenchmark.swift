@@ -2,6 +2,7 @@ import ArgumentParser
 import CanopyBroker
 import CanopyBus
 import CanopyMessages
+import CanopyOutbound
 import CanopyServiceKit
 import Foundation
 import GRDB
@@ -393,19 +394,19 @@ private final class Sink: Sendable {
     func reset() { state.withLock { $0 = ([], 0, $0.port) } }
     func arrivals() -> [(at: Double, due: Double)] { state.withLock { $0.arrivals } }
 
-    /// Requests per second the sink takes from AsyncHTTPClient with `concurrency` at once.
+    /// Requests per second the sink takes from the webhooks' own client (``PinnedHTTP``, a
+    /// connection a request) with `concurrency` at once.
     func capacity(url: String, requests: Int, concurrency: Int) async throws -> Double {
         let body = Array(#"{"data":{"reminders":[]},"type":"reminder.due","timestamp":"2026-01-01T00:00:00.000Z"}"#.utf8)
+        var settings = PinnedHTTP.Settings()
+        settings.allowedHosts = ["127.0.0.1"]
+        let http = try PinnedHTTP(settings: settings)
         let begin = ContinuousClock.now
         try await withThrowingTaskGroup(of: Void.self) { group in
             for worker in 0..<concurrency {
                 group.addTask {
                     for _ in stride(from: worker, to: requests, by: concurrency) {
-                        var request = HTTPClientRequest(url: url)
-                        request.method = .POST
-                        request.body = .bytes(ByteBuffer(bytes: body))
-                        let response = try await HTTPClient.shared.execute(request, timeout: .seconds(10))
-                        _ = try await response.body.collect(upTo: 1024)
+                        _ = try await http.send(.init(url: url, method: .POST, headers: ["Content-Type": "application/json"], body: body))
                     }
                 }
             }

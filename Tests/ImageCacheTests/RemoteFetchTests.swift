@@ -1,3 +1,4 @@
+import CanopyOutbound
 import CanopyMessages
 import Foundation
 import NIOCore
@@ -123,8 +124,12 @@ struct RemoteFetchTests {
         ("192.168.1.1", true), ("169.254.169.254", true), ("100.64.0.1", true), ("0.0.0.0", true), ("224.0.0.1", true),
         ("8.8.8.8", false), ("93.184.216.34", false),
         ("::1", true), ("fe80::1", true), ("fd00::1", true), ("::ffff:10.0.0.1", true), ("::ffff:8.8.8.8", false), ("2001:4860:4860::8888", false),
+        // IPv6 forms of internal IPv4 addresses: IPv4-compatible, NAT64, local-use NAT64, 6to4, Teredo.
+        ("::a9fe:a9fe", true), ("::8.8.8.8", true), ("64:ff9b::a9fe:a9fe", true), ("64:ff9b::808:808", false), ("64:ff9b:1::1", true),
+        ("2002:a9fe:a9fe::1", true), ("2002:808:808::1", false), ("2001:0:4136:e378::1", true), ("fec0::1", true), ("2001:db8::1", true),
+        ("198.18.0.1", true), ("192.0.0.8", true),
     ])
-    func addressPolicy(address: String, forbidden: Bool) throws {
-        #expect(AddressPolicy.isForbidden(try SocketAddress(ipAddress: address, port: 80)) == forbidden)
+    func theOneAddressPolicy(address: String, isInternal: Bool) throws {
+        #expect(PublicAddress.isInternal(try SocketAddress(ipAddress: address, port: 80)) == isInternal)
     }
 }

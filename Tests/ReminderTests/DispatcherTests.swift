@@ -1,4 +1,5 @@
 import CanopyMessages
+import CanopyOutbound
 import CanopyServiceKit
 import CanopyTesting
 import Foundation
@@ -57,8 +58,8 @@ struct DispatcherTests {
             #expect(device.active)
             try await preload(library) // what the store held before the dispatcher started
             let clock = ManualClock(Self.start)
-            let policy = AddressPolicy(allowedHosts: ["127.0.0.1", "127.0.0.2"])
-            let dispatcher = Dispatcher(store: store, channels: [LogChannel(logger: logger), WebhookChannel(client: .shared, policy: policy, now: { clock.now() })],
+            let http = try notificationHTTP(allowedHosts: ["127.0.0.1", "127.0.0.2"])
+            let dispatcher = Dispatcher(store: store, channels: [LogChannel(logger: logger), WebhookChannel(http: http, now: { clock.now() })],
                                         clock: clock, settings: settings, logger: logger)
             try await withRunning([dispatcher], logger: logger) {
                 try await body(Setup(store: store, library: library, dispatcher: dispatcher, clock: clock, receiver: receiver, webhook: webhook))
@@ -284,7 +285,7 @@ struct DispatcherTests {
         try await withDispatcher { setup in
             let topic = try await setup.receiver.url("/plants-alice")
             let device = try setup.library.register(.init(channel: .ntfy, address: topic, accessToken: "tk_secret"), owner: "erin")
-            let channel = NtfyChannel(client: .shared, policy: AddressPolicy(allowedHosts: ["127.0.0.1"]))
+            let channel = NtfyChannel(http: try notificationHTTP(allowedHosts: ["127.0.0.1"]))
             let reminders = [
                 Reminders.Reminder(taskID: "a:water", plantID: "a", kind: .water, title: "Water Monstera", due: Self.start, state: .sending),
                 Reminders.Reminder(taskID: "b:water", plantID: "b", kind: .water, title: "Water Pothos", due: Self.start, state: .sending),
@@ -320,14 +321,27 @@ struct DispatcherTests {
                 #expect(throws: CanopyError.self) { try request.validate() }
             }
             let library = ReminderLibrary(store: setup.store) // no host allowed
-            for address in ["http://127.0.0.1:8080/x", "http://10.1.2.3/x", "http://[::1]/x", "http://localhost/x", "http://169.254.169.254/latest"] {
+            for address in ["http://127.0.0.1:8080/x", "http://10.1.2.3/x", "http://[::1]/x", "http://localhost/x", "http://169.254.169.254/latest",
+                            "http://[::a9fe:a9fe]/", "http://[64:ff9b::a9fe:a9fe]/", "http://[2002:a9fe:a9fe::1]/", "http://[::ffff:10.0.0.1]/"] {
                 let error = #expect(throws: CanopyError.self) { _ = try library.register(.init(channel: .webhook, address: address, secret: Self.secret), owner: "alice") }
                 #expect(error?.message.contains("private") == true, "\(address)")
             }
-            #expect(!AddressPolicy.isInternal([93, 184, 216, 34]))
-            #expect(AddressPolicy.resolvesInternally("127.0.0.1") && AddressPolicy.resolvesInternally("127.0.0.1"), "the second answer comes from the cache")
-            #expect(!AddressPolicy.resolvesInternally("93.184.216.34"))
-            #expect(AddressPolicy.isInternal([0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 192, 168, 1, 1]), "IPv4-mapped private")
+            let unresolvable = #expect(throws: CanopyError.self) {
+                _ = try library.register(.init(channel: .webhook, address: "https://no-such-host.invalid/hook", secret: Self.secret), owner: "alice")
+            }
+            #expect(unresolvable?.message.contains("does not resolve") == true)
+            #expect(!PublicAddress.isInternal([93, 184, 216, 34]))
+            #expect(PublicAddress.isInternal([0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF, 192, 168, 1, 1]), "IPv4-mapped private")
+
+            // Checked again where the delivery connects: a device registered while its host was
+            // allowed goes nowhere once the connection's own check refuses the address.
+            let device = try setup.library.register(.init(channel: .webhook, address: setup.webhook, name: "old", secret: Self.secret), owner: "frank")
+            let strict = WebhookChannel(http: try notificationHTTP(allowedHosts: []))
+            let outcome = await strict.deliver(ReminderNotification(id: "00000000-0000-0000-0000-000000000001", reminders: []),
+                                               to: try #require(try await setup.store.database.read { db in try setup.store.device(db, owner: "frank", id: device.id) }))
+            guard case .rejected(let reason, deactivate: false) = outcome else { Issue.record("\(outcome)"); return }
+            #expect(reason.contains("internal"))
+            #expect(setup.receiver.received.isEmpty, "nothing reached the internal address")
         }
     }
 }

@@ -1,5 +1,6 @@
 import AsyncHTTPClient
 import CanopyMessages
+import CanopyOutbound
 import Crypto
 import Foundation
 import Logging
@@ -101,16 +102,30 @@ func httpOutcome(_ status: UInt, _ what: String) -> DeliveryOutcome {
     }
 }
 
-/// Runs one HTTP request within `timeout`; a failure to connect or answer is a retry.
-func send(_ request: HTTPClientRequest, with client: HTTPClient, timeout: Duration, what: String) async -> DeliveryOutcome {
+/// Sends one request to an address a person registered, through ``PinnedHTTP``: only to a
+/// public address, checked when the connection is made. An internal address is refused for
+/// good; a host that cannot be reached, or does not answer in time, is a retry.
+func send(_ request: PinnedHTTP.Request, with http: PinnedHTTP, what: String) async -> DeliveryOutcome {
     do {
-        let (seconds, attoseconds) = timeout.components
-        let response = try await client.execute(request, timeout: .nanoseconds(seconds * 1_000_000_000 + attoseconds / 1_000_000_000))
-        _ = try? await response.body.collect(upTo: 64 * 1024)
-        return httpOutcome(UInt(response.status.code), what)
+        return httpOutcome(UInt((try await http.send(request)).status.code), what)
     } catch {
-        return .retry("\(what) could not be reached (\(type(of: error)))")
+        switch error.kind {
+        case .refused: return .rejected("\(what): \(error.message)", deactivate: false)
+        case .unreachable, .timeout, .tooLarge: return .retry("\(what) could not be reached: \(error.message)")
+        }
     }
+}
+
+/// The outbound HTTP of webhooks and ntfy: answers of at most 64 KiB within `timeout`; hosts
+/// in `allowedHosts` (`--allow-host`) may be internal.
+func notificationHTTP(allowedHosts: Set<String>, timeout: Duration = .seconds(10)) throws -> PinnedHTTP {
+    var settings = PinnedHTTP.Settings()
+    settings.connectTimeout = min(timeout, .seconds(5))
+    settings.totalTimeout = timeout
+    settings.maximumBytes = 64 * 1024
+    settings.allowedHosts = Set(allowedHosts.map { $0.lowercased() })
+    settings.userAgent = "canopy-remind"
+    return try PinnedHTTP(settings: settings)
 }
 
 /// `webhook`: an HTTP POST of the notification as JSON, signed as the Standard Webhooks
@@ -119,9 +134,8 @@ func send(_ request: HTTPClientRequest, with client: HTTPClient, timeout: Durati
 /// keyed by the secret's bytes, of `id.timestamp.body`). Receivers verify it with any Standard
 /// Webhooks library and refuse old timestamps (replays).
 struct WebhookChannel: NotificationChannel {
-    let client: HTTPClient
-    let policy: AddressPolicy
-    var timeout: Duration = .seconds(10)
+    /// Connects only to checked public addresses, and gives up after its total timeout.
+    let http: PinnedHTTP
     var now: @Sendable () -> Date = { Date() }
     var kind: Reminders.Channel { .webhook }
     func destination(of device: ReminderStore.DeviceRecord) -> String? { hostDestination(of: device) }
@@ -135,11 +149,6 @@ struct WebhookChannel: NotificationChannel {
     }
 
     func deliver(_ notification: ReminderNotification, to device: ReminderStore.DeviceRecord) async -> DeliveryOutcome {
-        do {
-            try policy.check(device.device.address) // the host may resolve elsewhere since it registered
-        } catch {
-            return .rejected(error.message, deactivate: false)
-        }
         guard let secret = device.secret, let key = Self.key(secret) else {
             return .rejected("the webhook has no valid signing secret; register it again", deactivate: false)
         }
@@ -147,14 +156,12 @@ struct WebhookChannel: NotificationChannel {
         guard let body = try? codec.encode(Payload(type: "reminder.due", timestamp: Date(timeIntervalSince1970: Double(timestamp)), data: notification)) else {
             return .rejected("the notification could not be encoded", deactivate: false)
         }
-        var request = HTTPClientRequest(url: device.device.address)
-        request.method = .POST
+        var request = PinnedHTTP.Request(url: device.device.address, method: .POST, body: body)
         request.headers.add(name: "Content-Type", value: "application/json")
         request.headers.add(name: "webhook-id", value: notification.id)
         request.headers.add(name: "webhook-timestamp", value: "\(timestamp)")
         request.headers.add(name: "webhook-signature", value: Self.signature(id: notification.id, timestamp: timestamp, body: body, key: key))
-        request.body = .bytes(ByteBuffer(bytes: body))
-        return await send(request, with: client, timeout: timeout, what: "the webhook")
+        return await send(request, with: http, what: "the webhook")
     }
 
     /// The secret's key bytes: base64 after `whsec_`.
@@ -175,27 +182,19 @@ struct WebhookChannel: NotificationChannel {
 /// body, with `Title`, `Tags`, `Priority` and, when the topic needs it, `Authorization: Bearer`.
 /// `X-Canopy-Id` carries the idempotency key.
 struct NtfyChannel: NotificationChannel {
-    let client: HTTPClient
-    let policy: AddressPolicy
-    var timeout: Duration = .seconds(10)
+    /// Connects only to checked public addresses, and gives up after its total timeout.
+    let http: PinnedHTTP
     var kind: Reminders.Channel { .ntfy }
     func destination(of device: ReminderStore.DeviceRecord) -> String? { hostDestination(of: device) }
 
     func deliver(_ notification: ReminderNotification, to device: ReminderStore.DeviceRecord) async -> DeliveryOutcome {
-        do {
-            try policy.check(device.device.address)
-        } catch {
-            return .rejected(error.message, deactivate: false)
-        }
-        var request = HTTPClientRequest(url: device.device.address)
-        request.method = .POST
+        var request = PinnedHTTP.Request(url: device.device.address, method: .POST, body: Array(notification.body.utf8))
         request.headers.add(name: "Title", value: Self.headerSafe(notification.title))
         request.headers.add(name: "Tags", value: Self.tags(notification))
         request.headers.add(name: "Priority", value: notification.reminders.count > 1 ? "high" : "default")
         request.headers.add(name: "X-Canopy-Id", value: notification.id)
         if let token = device.accessToken { request.headers.add(name: "Authorization", value: "Bearer \(token)") }
-        request.body = .bytes(ByteBuffer(string: notification.body))
-        return await send(request, with: client, timeout: timeout, what: "the ntfy server")
+        return await send(request, with: http, what: "the ntfy server")
     }
 
     /// ntfy shows tags that are emoji short codes as emoji.

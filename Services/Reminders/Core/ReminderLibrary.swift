@@ -1,4 +1,5 @@
 import CanopyMessages
+import CanopyOutbound
 import CanopyServiceKit
 import Foundation
 import GRDB
@@ -217,14 +218,17 @@ final class ReminderLibrary: Sendable {
     }
 }
 
-/// Which addresses webhooks and ntfy topics may name: not loopback, private, link-local or
-/// other internal addresses (a person must not make the server call into its own network),
-/// unless the operator allowed the host.
+/// Which addresses webhooks and ntfy topics may name when they are registered: http(s) URLs
+/// of hosts that resolve, and only to public addresses (``PublicAddress``, the one rule the
+/// project has), unless the operator allowed the host. Deliveries check again when they
+/// connect (``PinnedHTTP``), so a name that resolves elsewhere later is refused then.
 struct AddressPolicy: Sendable {
     let allowedHosts: Set<String>
 
     func check(_ address: String) throws(CanopyError) {
-        guard let url = URL(string: address), let host = url.host?.lowercased(), !host.isEmpty else {
+        guard let url = URL(string: address), let scheme = url.scheme?.lowercased(), scheme == "http" || scheme == "https",
+              let host = url.host?.lowercased(), !host.isEmpty
+        else {
             throw CanopyError(.badRequest, "'\(address.prefix(100))' is not an http(s) URL")
         }
         if allowedHosts.contains(host) { return }
@@ -232,70 +236,14 @@ struct AddressPolicy: Sendable {
         if bare == "localhost" || bare.hasSuffix(".localhost") || bare.hasSuffix(".local") || bare.hasSuffix(".internal") {
             throw refusal(host)
         }
-        if Self.resolvesInternally(bare) { throw refusal(host) }
-    }
-
-    /// Whether a host resolves to an internal address, remembered for a minute per host (at
-    /// most 1,024 hosts): delivering checks again before each send, and asking the resolver
-    /// thousands of times a second would be most of the work.
-    static func resolvesInternally(_ host: String, now: ContinuousClock.Instant = .now) -> Bool {
-        if let known = resolved.withLock({ $0[host] }), now < known.until { return known.internal }
-        let isInternalHost = resolve(host).contains(where: isInternal)
-        resolved.withLock { cache in
-            if cache.count >= 1_024 { cache.removeAll(keepingCapacity: true) }
-            cache[host] = (isInternalHost, now + .seconds(60))
+        let addresses = PinnedHTTP.addresses(of: bare)
+        guard !addresses.isEmpty else {
+            throw CanopyError(.badRequest, "'\(host.prefix(100))' does not resolve; check the address")
         }
-        return isInternalHost
+        if addresses.contains(where: PublicAddress.isInternal) { throw refusal(host) }
     }
-
-    private static let resolved = Mutex<[String: (internal: Bool, until: ContinuousClock.Instant)]>([:])
 
     private func refusal(_ host: String) -> CanopyError {
         CanopyError(.badRequest, "'\(host)' is a loopback, private or internal address; notifications go to public hosts only (an operator can allow a host with --allow-host)")
-    }
-
-    /// The host's addresses (the literal itself when it is one), as raw bytes.
-    static func resolve(_ host: String) -> [[UInt8]] {
-        var v4 = in_addr()
-        if inet_pton(AF_INET, host, &v4) == 1 { return [withUnsafeBytes(of: v4) { Array($0) }] }
-        var v6 = in6_addr()
-        if inet_pton(AF_INET6, host, &v6) == 1 { return [withUnsafeBytes(of: v6) { Array($0) }] }
-        var hints = addrinfo()
-        hints.ai_socktype = Int32(SOCK_STREAM.rawValue)
-        var results: UnsafeMutablePointer<addrinfo>?
-        guard getaddrinfo(host, nil, &hints, &results) == 0 else { return [] }
-        defer { freeaddrinfo(results) }
-        var addresses: [[UInt8]] = []
-        var cursor = results
-        while let entry = cursor?.pointee {
-            if entry.ai_family == AF_INET, let address = entry.ai_addr {
-                address.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { addresses.append(withUnsafeBytes(of: $0.pointee.sin_addr) { Array($0) }) }
-            } else if entry.ai_family == AF_INET6, let address = entry.ai_addr {
-                address.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) { addresses.append(withUnsafeBytes(of: $0.pointee.sin6_addr) { Array($0) }) }
-            }
-            cursor = entry.ai_next
-        }
-        return addresses
-    }
-
-    /// Loopback, private, link-local, carrier-grade NAT, unspecified, multicast, and their
-    /// IPv6 forms (including IPv4-mapped addresses).
-    static func isInternal(_ bytes: [UInt8]) -> Bool {
-        if bytes.count == 16 {
-            if bytes.prefix(10).allSatisfy({ $0 == 0 }) && bytes[10] == 0xFF && bytes[11] == 0xFF { return isInternal(Array(bytes.suffix(4))) }
-            if bytes.prefix(15).allSatisfy({ $0 == 0 }) { return true } // :: and ::1
-            if bytes[0] & 0xFE == 0xFC { return true } // fc00::/7
-            if bytes[0] == 0xFE && bytes[1] & 0xC0 == 0x80 { return true } // fe80::/10
-            return bytes[0] == 0xFF // multicast
-        }
-        guard bytes.count == 4 else { return true }
-        switch (bytes[0], bytes[1]) {
-        case (0, _), (10, _), (127, _): return true
-        case (100, 64...127): return true
-        case (169, 254), (192, 168): return true
-        case (172, 16...31): return true
-        case (224...255, _): return true
-        default: return false
-        }
     }
 }

@@ -93,9 +93,9 @@ public func buildReminderService(settings: ReminderServiceSettings, context: ZMQ
     do {
         try FileManager.default.createDirectory(at: settings.directory, withIntermediateDirectories: true)
         let store = try ReminderStore(path: settings.databasePath)
-        let policy = AddressPolicy(allowedHosts: settings.allowedHosts)
+        let http = try notificationHTTP(allowedHosts: settings.allowedHosts)
         var channels: [any NotificationChannel] = [
-            LogChannel(logger: logger), WebhookChannel(client: .shared, policy: policy), NtfyChannel(client: .shared, policy: policy),
+            LogChannel(logger: logger), WebhookChannel(http: http), NtfyChannel(http: http),
         ]
         if let apns { channels.append(apns) }
         let library = ReminderLibrary(store: store, allowedHosts: settings.allowedHosts, channels: Set(channels.map(\.kind)), clock: settings.clock)
