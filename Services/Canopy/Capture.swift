@@ -187,7 +187,10 @@ func openCapture(_ path: String) throws -> CaptureReader {
     do {
         return try CaptureReader(path: path)
     } catch let error as CaptureFormatError {
-        throw ValidationError(error.description)
+        // Not a usage mistake but a file that is not a capture: a sentence and exit status 2,
+        // as for a capture that ends damaged.
+        FileHandle.standardError.write(Data("Error: \(error.description)\n".utf8))
+        throw ExitCode(2)
     }
 }
 

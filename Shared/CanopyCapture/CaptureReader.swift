@@ -44,6 +44,8 @@ public final class CaptureReader {
     /// Offset in the current file of `buffer[0]`.
     private var bufferOffset = 0
     private var endOfFile = false
+    /// The current segment's size in bytes, which bounds what a record can claim.
+    private var fileSize: Int
     private static let chunk = 1 << 20
 
     /// Opens `path` (and the rotated segments after it, when `followRotations`).
@@ -53,6 +55,7 @@ public final class CaptureReader {
         let (descriptor, header) = try Self.open(path)
         self.descriptor = descriptor
         self.header = header
+        fileSize = Self.size(descriptor)
         currentFile = path
         var following: [String] = []
         if followRotations {
@@ -70,20 +73,38 @@ public final class CaptureReader {
 
     deinit { if descriptor >= 0 { Glibc.close(descriptor) } }
 
+    private static func size(_ descriptor: Int32) -> Int {
+        var status = stat()
+        return fstat(descriptor, &status) == 0 ? Int(status.st_size) : 0
+    }
+
+    /// The largest record a writer can make: one that fills a segment of the format's largest.
+    static let maximumRecordBytes = CaptureFormat.maximumPayloadBytes - CaptureFormat.fileHeaderBytes - 8
+
     private static func open(_ path: String) throws -> (Int32, CaptureFormat.FileHeader) {
         let descriptor = Glibc.open(path, O_RDONLY | O_CLOEXEC)
         guard descriptor >= 0 else {
             throw CaptureFormatError("cannot open \(path): \(String(cString: strerror(errno)))")
         }
+        var status = stat()
+        if fstat(descriptor, &status) == 0, status.st_mode & S_IFMT != S_IFREG {
+            Glibc.close(descriptor)
+            throw CaptureFormatError("\(path) is not a file (a directory?); give a capture file")
+        }
         var header = [UInt8](repeating: 0, count: CaptureFormat.fileHeaderBytes)
         let count = header.withUnsafeMutableBytes { Glibc.read(descriptor, $0.baseAddress, $0.count) }
+        guard count == CaptureFormat.fileHeaderBytes else {
+            Glibc.close(descriptor)
+            throw CaptureFormatError("\(path) is too short to be a capture file")
+        }
+        let decoded: CaptureFormat.FileHeader
         do {
-            guard count == CaptureFormat.fileHeaderBytes else { throw CaptureFormatError("\(path) is too short to be a capture file") }
-            return (descriptor, try CaptureFormat.FileHeader(decoding: header))
+            decoded = try CaptureFormat.FileHeader(decoding: header)
         } catch {
             Glibc.close(descriptor)
-            throw error
+            throw CaptureFormatError("\(path): \(error)")
         }
+        return (descriptor, decoded)
     }
 
     /// The next record, or nil at the end (see ``ending``).
@@ -101,12 +122,16 @@ public final class CaptureReader {
                 return nil
             }
             let length = Int(readUInt32(at: position)), crc = readUInt32(at: position + 4)
-            guard length <= CaptureFormat.maximumPayloadBytes else {
-                ending = .damaged(file: currentFile, offset: recordOffset, detail: "a record length of \(length) bytes")
+            guard length <= Self.maximumRecordBytes else {
+                ending = .damaged(file: currentFile, offset: recordOffset, detail: "a record length of \(length) bytes, over the format's \(Self.maximumRecordBytes)")
                 return nil
             }
-            guard ensure(8 + length) else {
-                ending = .truncated(file: currentFile, offset: recordOffset, detail: "\(available - 8) of the record's \(length) bytes")
+            // Bounded by what the file still holds (asked again once: a capture being written
+            // grows) before anything is allocated for it.
+            if length > fileSize - recordOffset - 8 { fileSize = Self.size(descriptor) }
+            let remaining = max(0, fileSize - recordOffset - 8)
+            guard length <= remaining, ensure(8 + length) else {
+                ending = .truncated(file: currentFile, offset: recordOffset, detail: "\(min(remaining, max(0, available - 8))) of the record's \(length) bytes")
                 return nil
             }
             let payload = buffer[(position + 8)..<(position + 8 + length)]
@@ -172,6 +197,7 @@ public final class CaptureReader {
             guard header.captureID == self.header.captureID else { Glibc.close(descriptor); continue }
             Glibc.close(self.descriptor)
             self.descriptor = descriptor
+            fileSize = Self.size(descriptor)
             currentFile = path
             buffer.removeAll(keepingCapacity: true)
             position = 0

@@ -32,6 +32,42 @@ struct CaptureCommandLineTests {
         #expect(missing.status != 0 && missing.errors.contains("cannot open"))
     }
 
+    @Test func aRecordClaimingMoreThanItsFileHoldsIsNeverAllocatedAndNonCapturesExitTwo() async throws {
+        let path = CaptureFormatTests.temporaryPath("capture")
+        let records = (1...40).map { CaptureFormatTests.request($0, attachments: [Array(repeating: UInt8($0), count: 600)]) }
+        try CaptureFormatTests.write(records, to: path)
+        let original = [UInt8](try Data(contentsOf: URL(fileURLWithPath: path)))
+        #expect(original.count > 25_000)
+        var first: [UInt8] = []
+        CaptureFormat.encode(records[0], into: &first)
+        let second = CaptureFormat.fileHeaderBytes + first.count
+        // The length each claim writes into the second record's prefix, and how it must end.
+        for (claim, ending) in [(UInt32(0x3FFF_FFFF), "damaged"), (UInt32(1 << 30), "damaged"), (UInt32(1 << 20), "cut short")] {
+            var bytes = original
+            bytes.replaceSubrange(second..<(second + 4), with: withUnsafeBytes(of: claim.bigEndian) { Array($0) })
+            try Data(bytes).write(to: URL(fileURLWithPath: path))
+            // Under a 400 MB address-space limit: allocating the claim would kill it.
+            for command in [["capture", "inspect", path], ["capture", "filter", path, "--output", path + ".out"], ["replay", path, "--dry-run"]] {
+                let result = try await runProgram(at: "/bin/bash", ["-c", "ulimit -v 400000; exec \"$0\" \"$@\"", try LiveBus.executable("canopy").path] + command)
+                // inspect and filter exit 2 for a capture that ends early; a dry run 1 (its checks found something)
+                #expect(result.status == (command[0] == "replay" ? 1 : 2), "\(command) \(claim): \(result.status) \(result.errors)")
+                #expect((result.output + result.errors).contains("\(ending): \(path)"), "\(command) \(claim): \(result.output) \(result.errors)")
+                try? FileManager.default.removeItem(atPath: path + ".out")
+            }
+        }
+        // Not a capture at all: a directory, a short file, a damaged header: exit 2 with a sentence.
+        let short = CaptureFormatTests.temporaryPath("short")
+        try Data(original.prefix(5)).write(to: URL(fileURLWithPath: short))
+        let header = CaptureFormatTests.temporaryPath("header")
+        var damaged = original
+        damaged[0] ^= 0xFF
+        try Data(damaged).write(to: URL(fileURLWithPath: header))
+        for (file, sentence) in [((path as NSString).deletingLastPathComponent, "is not a file"), (short, "too short"), (header, header)] {
+            let result = try await runExecutable("canopy", ["capture", "inspect", file])
+            #expect(result.status == 2 && result.errors.contains(sentence) && !result.errors.contains("Usage"), "\(file): \(result.status) \(result.errors)")
+        }
+    }
+
     @Test func captureOnALiveBrokerThenFilterAndReplayIt() async throws {
         let directory = (CaptureFormatTests.temporaryPath("x") as NSString).deletingLastPathComponent
         var configuration = BrokerConfiguration.testing
