@@ -66,18 +66,26 @@ public struct PhotoFeatures: Codable, Sendable, Equatable {
     /// The features of an encoded photo (JPEG, PNG, WebP or HEIF), decoded with shrink-on-load
     /// to about ``side`` pixels.
     ///
-    /// - Throws: `badRequest` when the bytes are not a photo libvips can decode.
+    /// - Throws: `badRequest` when the bytes are not a photo libvips can decode, `tooLarge`
+    ///   when they are over ``PhotoLimits``.
     public static func compute(from bytes: [UInt8]) throws(CanopyError) -> PhotoFeatures {
         try Vips.start()
-        let decoded = bytes.withUnsafeBytes { buffer -> OpaquePointer? in
+        let header = bytes.withUnsafeBytes { buffer -> (width: Int32, height: Int32)? in
             var width: Int32 = 0, height: Int32 = 0
             var loader = [CChar](repeating: 0, count: 64)
             guard canopy_vips_header(buffer.baseAddress, buffer.count, &width, &height, &loader, loader.count) == 0, width > 0, height > 0 else {
                 return nil
             }
-            let scale = Double(side) / Double(min(width, height))
-            let shrink = [8, 4, 2].first { 1 / Double($0) >= scale } ?? 1
-            return canopy_vips_decode(buffer.baseAddress, buffer.count, Int32(shrink))
+            return (width, height)
+        }
+        // The project's one photo limit, before anything is decoded.
+        if let header { try PhotoLimits.check(bytes: bytes.count, width: Int(header.width), height: Int(header.height)) }
+        let decoded = header.flatMap { header in
+            bytes.withUnsafeBytes { buffer -> OpaquePointer? in
+                let scale = Double(side) / Double(min(header.width, header.height))
+                let shrink = [8, 4, 2].first { 1 / Double($0) >= scale } ?? 1
+                return canopy_vips_decode(buffer.baseAddress, buffer.count, Int32(shrink))
+            }
         }
         let source = try VipsImage(decoded, "the photo cannot be decoded (not a JPEG, PNG, WebP or HEIF, or truncated)")
         let image = try VipsImage(canopy_vips_resize(source.handle, Int32(side), Int32(side), 1), "the photo cannot be decoded (truncated or corrupt?)")

@@ -63,6 +63,16 @@ struct IdentifyCommandLineTests {
         let refused = try await run(["reference", "add", "--species", "Broken one", notPhoto.path] + dataDir)
         #expect(refused.status != 0 && refused.errors.contains("nothing was added"))
 
+        // The one photo limit, offline too: a PNG claiming 30000x30000 pixels is refused by its
+        // header, before any decoding, by reference add and by submit.
+        let bomb = directory.appendingPathComponent("bomb.png")
+        try Data(PNGClaim.bytes(width: 30_000, height: 30_000)).write(to: bomb)
+        let huge = try await run(["reference", "add", "--species", "Huge one", bomb.path] + dataDir)
+        #expect(huge.status != 0 && huge.errors.contains("megapixels"), "\(huge.errors)")
+        let hugeSubmit = try await run(["submit", bomb.path] + dataDir)
+        #expect(hugeSubmit.status != 0 && hugeSubmit.errors.contains("megapixels"), "\(hugeSubmit.errors)")
+        #expect(!(try await run(["reference", "list"] + dataDir)).output.contains("Huge one"))
+
         let quota = try await run(["quota"] + dataDir)
         #expect(quota.status == 0 && quota.output.contains("not called yet today"))
     }

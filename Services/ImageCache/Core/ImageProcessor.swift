@@ -32,12 +32,12 @@ enum ImageKind: String, Sendable {
 struct ImageProcessor: Sendable {
     /// Limits on input.
     struct Limits: Sendable {
+        /// The largest input by default (``PhotoLimits``, the project's one limit).
+        static let defaultMaximumBytes = PhotoLimits.maximumBytes
         /// Largest input file.
-        /// The largest input by default: 25 MiB, a phone's largest photo with room to spare.
-        static let defaultMaximumBytes = 25 * 1024 * 1024
         var maximumBytes = Limits.defaultMaximumBytes
         /// Largest pixel count an input's header may claim.
-        var maximumPixels = 40_000_000
+        var maximumPixels = PhotoLimits.maximumPixels
     }
 
     /// A checked input, sized as shown (after its EXIF orientation).
@@ -85,9 +85,11 @@ struct ImageProcessor: Sendable {
             metrics.refused(.unreadableHeader)
             throw error
         }
-        guard shown.width * shown.height <= limits.maximumPixels else {
+        do {
+            try PhotoLimits.check(bytes: bytes.count, width: shown.width, height: shown.height, maximumBytes: limits.maximumBytes, maximumPixels: limits.maximumPixels)
+        } catch {
             metrics.refused(.tooManyPixels)
-            throw CanopyError(.tooLarge, "the image claims \(shown.width)x\(shown.height) pixels; the limit is \(limits.maximumPixels / 1_000_000) megapixels")
+            throw error
         }
         return shown
     }
