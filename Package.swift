@@ -414,6 +414,7 @@ let package = Package(
             dependencies: [
                 "RequestBatching", "CareScheduling", "Reminders", "ImageCache", "Identification", "CanopyImaging", "CanopyBus", "CanopyBroker", "CanopyTesting",
                 "CanopyServiceKit", "CanopyCapture", "CanopyReplay", "CanopyMessages", "canopy-batch",
+                .product(name: "Yams", package: "Yams"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),

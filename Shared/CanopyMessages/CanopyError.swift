@@ -1,7 +1,8 @@
 /// The error every Canopy operation answers with: a code a program can switch on and a
 /// sentence a person can act on.
 ///
-/// On the wire it is the JSON object `{"code":"busy","message":"..."}`.
+/// On the wire it is the JSON object `{"code":"busy","message":"..."}`, with `"field"` naming
+/// the request's field when the error is about one (`"field":"plant.scientificName"`).
 public struct CanopyError: Error, Codable, Sendable, Equatable, CustomStringConvertible {
     /// What kind of failure this is.
     public enum Code: String, Codable, Sendable, CaseIterable {
@@ -32,13 +33,18 @@ public struct CanopyError: Error, Codable, Sendable, Equatable, CustomStringConv
     public var code: Code
     /// A sentence a person can act on.
     public var message: String
+    /// The request field the error is about (`commonNames[3]`), when it is about one: the
+    /// HTTP API answers 400 naming it.
+    public var field: String?
 
     /// - Parameters:
     ///   - code: what kind of failure this is.
     ///   - message: a sentence a person can act on.
-    public init(_ code: Code, _ message: String) {
+    ///   - field: the request field it is about, if any.
+    public init(_ code: Code, _ message: String, field: String? = nil) {
         self.code = code
         self.message = message
+        self.field = field
     }
 
     public var description: String { "\(code.rawValue): \(message)" }

@@ -323,7 +323,9 @@ public enum Identification {
         public static let photos = 5
         /// Bytes of one photo.
         public static let photoBytes = 25 * 1024 * 1024
-        public static let idBytes = 128
+        /// Bytes of an identification's id: every id's limit (``Care/Limits/idBytes``, the API
+        /// document's `Identifier`).
+        public static let idBytes = Care.Limits.idBytes
         /// Largest page of `identifications.history`.
         public static let pageSize = 100
         /// Candidates kept per identification.

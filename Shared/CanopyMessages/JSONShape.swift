@@ -5,11 +5,13 @@
 ///
 /// One pass over the bytes; keys are compared after unescaping (`"a"` and `"\u0061"` are the
 /// same key), as bytes. Thread-safe: it keeps no state.
-enum JSONShape {
+public enum JSONShape {
     /// Deepest nesting of objects and arrays a message may have.
-    static let maximumDepth = 64
+    public static let maximumDepth = 64
 
-    static func check(_ bytes: [UInt8]) throws(CanopyError) {
+    /// Throws `badRequest` for a key twice in one object, or nesting past ``maximumDepth``:
+    /// the bus's rule, which the HTTP API applies to JSON bodies too.
+    public static func check(_ bytes: [UInt8]) throws(CanopyError) {
         var containers: [(isObject: Bool, keys: Set<[UInt8]>, expectingKey: Bool)] = []
         var index = 0
         let count = bytes.count

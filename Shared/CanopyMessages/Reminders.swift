@@ -293,7 +293,7 @@ extension Reminders.Sync.Request: Validatable {
             try Field.identifier(task.id, "\(name).id", maximumBytes: Reminders.Limits.idBytes)
             try Field.identifier(task.plantID, "\(name).plantID", maximumBytes: Care.Limits.idBytes)
             try Field.text(task.title, "\(name).title", maximumBytes: Care.Limits.titleBytes)
-            guard !task.due.isEmpty else { throw CanopyError(.badRequest, "\(name).due lists at least one due time") }
+            guard !task.due.isEmpty else { throw CanopyError(.badRequest, "\(name).due lists at least one due time", field: "\(name).due") }
             try Field.list(task.due, "\(name).due", maximumCount: limit) { due, name throws(CanopyError) in try Field.date(due, name) }
             try Field.date(task.snoozedUntil, "\(name).snoozedUntil")
         }

@@ -21,19 +21,19 @@ public enum Field {
     /// but for line breaks and tabs where `multiline`.
     public static func text(_ value: String?, _ name: String, maximumBytes: Int, required: Bool = false, multiline: Bool = false) throws(CanopyError) {
         guard let value else {
-            if required { throw CanopyError(.badRequest, "\(name) is required") }
+            if required { throw CanopyError(.badRequest, "\(name) is required", field: name) }
             return
         }
         let bytes = value.utf8.count
         guard bytes <= maximumBytes else {
-            throw CanopyError(.tooLarge, "\(name) is \(bytes) bytes; the limit is \(maximumBytes) bytes of UTF-8")
+            throw CanopyError(.tooLarge, "\(name) is \(bytes) bytes; the limit is \(maximumBytes) bytes of UTF-8", field: name)
         }
         if required, value.allSatisfy(\.isWhitespace) {
-            throw CanopyError(.badRequest, "\(name) must not be empty")
+            throw CanopyError(.badRequest, "\(name) must not be empty", field: name)
         }
         for scalar in value.unicodeScalars where scalar.value < 0x20 || scalar.value == 0x7F {
             if multiline, scalar == "\n" || scalar == "\t" || scalar == "\r" { continue }
-            throw CanopyError(.badRequest, "\(name) contains a control character (U+\(String(scalar.value, radix: 16, uppercase: true)))")
+            throw CanopyError(.badRequest, "\(name) contains a control character (U+\(String(scalar.value, radix: 16, uppercase: true)))", field: name)
         }
     }
 
@@ -41,7 +41,7 @@ public enum Field {
     public static func integer(_ value: Int?, _ name: String, _ range: ClosedRange<Int>) throws(CanopyError) {
         guard let value else { return }
         guard range.contains(value) else {
-            throw CanopyError(.badRequest, "\(name) is \(value); it must be from \(range.lowerBound) to \(range.upperBound)")
+            throw CanopyError(.badRequest, "\(name) is \(value); it must be from \(range.lowerBound) to \(range.upperBound)", field: name)
         }
     }
 
@@ -49,7 +49,7 @@ public enum Field {
     public static func number(_ value: Double?, _ name: String, _ range: ClosedRange<Double>) throws(CanopyError) {
         guard let value else { return }
         guard value.isFinite, range.contains(value) else {
-            throw CanopyError(.badRequest, "\(name) is \(value); it must be from \(range.lowerBound) to \(range.upperBound)")
+            throw CanopyError(.badRequest, "\(name) is \(value); it must be from \(range.lowerBound) to \(range.upperBound)", field: name)
         }
     }
 
@@ -57,7 +57,7 @@ public enum Field {
     public static func date(_ value: Date?, _ name: String) throws(CanopyError) {
         guard let value else { return }
         guard value >= earliestDate, value < latestDate else {
-            throw CanopyError(.badRequest, "\(name) must be from 1970-01-01 to 2199-12-31")
+            throw CanopyError(.badRequest, "\(name) must be from 1970-01-01 to 2199-12-31", field: name)
         }
     }
 
@@ -66,7 +66,7 @@ public enum Field {
     public static func list<Item>(_ values: [Item], _ name: String, maximumCount: Int,
                                   each: (Item, String) throws(CanopyError) -> Void) throws(CanopyError) {
         guard values.count <= maximumCount else {
-            throw CanopyError(.tooLarge, "\(name) has \(values.count) items; the limit is \(maximumCount)")
+            throw CanopyError(.tooLarge, "\(name) has \(values.count) items; the limit is \(maximumCount)", field: name)
         }
         for (index, value) in values.enumerated() {
             try each(value, "\(name)[\(index)]")
@@ -81,7 +81,7 @@ public enum Field {
     public static func principal(_ value: String, _ name: String) throws(CanopyError) {
         let bytes = value.utf8
         guard !bytes.isEmpty, bytes.count <= maximumPrincipalBytes, bytes.allSatisfy({ $0 >= 0x21 && $0 <= 0x7E }) else {
-            throw CanopyError(.badRequest, "\(name) must be 1 to \(maximumPrincipalBytes) bytes of printable ASCII (a user id)")
+            throw CanopyError(.badRequest, "\(name) must be 1 to \(maximumPrincipalBytes) bytes of printable ASCII (a user id)", field: name)
         }
     }
 
@@ -91,7 +91,7 @@ public enum Field {
         guard !value.isEmpty, value.utf8.count <= maximumBytes, value.utf8.allSatisfy({ byte in
             (byte >= 0x30 && byte <= 0x39) || (byte >= 0x41 && byte <= 0x5A) || (byte >= 0x61 && byte <= 0x7A) || byte == 0x2E || byte == 0x5F || byte == 0x3A || byte == 0x2D
         }) else {
-            throw CanopyError(.badRequest, "\(name) must be 1 to \(maximumBytes) ASCII letters, digits, '.', '_', ':' or '-'")
+            throw CanopyError(.badRequest, "\(name) must be 1 to \(maximumBytes) ASCII letters, digits, '.', '_', ':' or '-'", field: name)
         }
     }
 }

@@ -56,7 +56,8 @@ extension LiveBatchTests {
             }
         }
 
-        func withStack(rate: Double = 50, burst: Double = 200, _ body: (Stack) async throws -> Void) async throws {
+        func withStack(rate: Double = 50, burst: Double = 200, idleTimeout: Duration = BatchServiceSettings.defaultIdleTimeout,
+                       readTimeout: Duration = BatchServiceSettings.defaultReadTimeout, _ body: (Stack) async throws -> Void) async throws {
             let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-batch-\(UUID().uuidString)")
             defer { try? FileManager.default.removeItem(at: directory) }
             try await withLiveBus { bus in
@@ -66,6 +67,8 @@ extension LiveBatchTests {
                 settings.maximumBodyBytes = 64 * 1_024
                 settings.rateLimit = rate
                 settings.rateBurst = burst
+                settings.idleTimeout = idleTimeout
+                settings.readTimeout = readTimeout
                 let services = try buildBatchService(settings: settings, context: bus.context, logger: bus.logger)
                 let http = try #require(services.first { $0 is BatchHTTPServer } as? BatchHTTPServer)
                 let metrics = try #require(services.first { $0 is OperatingEndpoint } as? OperatingEndpoint)
@@ -194,7 +197,20 @@ extension LiveBatchTests {
                 problem(try await stack.send(.PUT, "/v1/preferences", json: #"{"timeZone":"Mars/Olympus_Mons"}"#), 400, field: "timeZone", "time zone")
                 problem(try await stack.send(.PUT, "/v1/preferences", json: #"{"timeZone":"UTC","preferredMinute":1e300}"#), 400, "huge number in the body")
                 problem(try await stack.send(.GET, "/v1/plants/..%2F..%2Fetc"), 400, "an id that cannot be one")
-                problem(try await stack.send(.GET, "/v1/nothing-here"), 404, "unknown route")
+                let noRoute = try await stack.send(.GET, "/v1/nothing-here")
+                problem(noRoute, 404, "unknown route")
+                #expect(noRoute.object["title"] as? String == "Not Found" && noRoute.object["type"] as? String == "https://canopy.dev/problems/not-found")
+                // A path the document has, with a method it does not take: 405 saying which it takes.
+                let wrongMethod = try await stack.send(.DELETE, "/v1/plants")
+                problem(wrongMethod, 405, "a method the path does not declare")
+                #expect(wrongMethod.headers["allow"] == "GET, POST" && wrongMethod.object["title"] as? String == "Method Not Allowed", "\(wrongMethod.headers)")
+                #expect(try await stack.send(.PATCH, "/v1/plants/p1").headers["allow"]?.contains("DELETE") == true)
+                // A field over its limit is the request's mistake: 400 naming the field (413 is for bodies).
+                problem(try await stack.send(.POST, "/v1/plants", json: #"{"scientificName":"\#(String(repeating: "a", count: 201))"}"#), 400,
+                        field: "scientificName", "a field over its length")
+                // A key twice: refused, as the bus refuses it, whichever a decoder would keep.
+                problem(try await stack.send(.POST, "/v1/plants", json: #"{"scientificName":"Monstera","scientificName":"Ficus"}"#), 400, "a key twice")
+                problem(try await stack.send(.POST, "/v1/plants", json: #"{"scientificName":"Monstera","scientific\u004eame":"Ficus"}"#), 400, "a key twice, escaped")
                 problem(try await stack.send(.POST, "/v1/plants", json: #"{"scientificName":""#.padding(toLength: 70_000, withPad: "a", startingAt: 0) + #""}"#),
                         413, "a body over the limit")
                 // In chunks, without a length: still refused at the limit.
@@ -208,6 +224,28 @@ extension LiveBatchTests {
                 let refused = try await HTTPClient.shared.execute(chunked, timeout: .seconds(30))
                 #expect(refused.status.code == 413)
                 #expect(try await stack.send(.GET, "/v1/plants").object["total"] as? Int == 0, "nothing was stored")
+            }
+        }
+
+        @Test func idleAndStalledConnectionsAreClosedAndAnOversizedBodyIsRefusedBeforeItIsSent() async throws {
+            try await withStack(idleTimeout: .milliseconds(500), readTimeout: .milliseconds(500)) { stack in
+                let port = Int(stack.base.split(separator: ":").last!)!
+                // Connected, and never a byte: closed.
+                let idle = try RawConnection(port: port)
+                #expect(idle.closedByServer(within: .seconds(30)), "an idle connection is closed")
+                // A request whose body stalls half way: closed.
+                let stalled = try RawConnection(port: port)
+                stalled.send("POST /v1/plants HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \(try await stack.token("alice"))\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"scien")
+                #expect(stalled.closedByServer(within: .seconds(30)), "a stalled body is closed")
+                // A keep-alive connection that answered a request, then idles: closed too.
+                let used = try RawConnection(port: port)
+                used.send("GET /v1/plants HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \(try await stack.token("alice"))\r\n\r\n")
+                #expect(used.closedByServer(within: .seconds(30)) && used.received.hasPrefix("HTTP/1.1 200"), "\(used.received.prefix(80))")
+                // A body announced over the limit: 413 at once, before any of it is sent; a client
+                // that then sends nothing is closed like any stalled one.
+                let large = try RawConnection(port: port)
+                large.send("POST /v1/plants HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \(try await stack.token("alice"))\r\nContent-Type: application/json\r\nContent-Length: 20000000\r\n\r\n")
+                #expect(large.closedByServer(within: .seconds(30)) && large.received.hasPrefix("HTTP/1.1 413"), "\(large.received.prefix(80))")
             }
         }
 

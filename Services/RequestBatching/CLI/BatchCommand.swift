@@ -55,6 +55,10 @@ struct ServeBatch: AsyncParsableCommand {
     var batchKeys: Int = Environment.int("CANOPY_BATCH_KEYS", default: 64)
     @Option(help: ArgumentHelp("How many batches of one kind may be in the air before lookups wait for one to return, 1 to 64. Env: CANOPY_BATCH_IN_FLIGHT.", valueName: "n"))
     var batchInFlight: Int = Environment.int("CANOPY_BATCH_IN_FLIGHT", default: 2)
+    @Option(help: ArgumentHelp("How long a connection may sit idle between requests before it is closed. Env: CANOPY_HTTP_IDLE_TIMEOUT_MS.", valueName: "ms"))
+    var idleTimeoutMs: Int = Environment.milliseconds("CANOPY_HTTP_IDLE_TIMEOUT_MS", default: BatchServiceSettings.defaultIdleTimeout)
+    @Option(help: ArgumentHelp("How long a connection may send nothing while its request is being read before it is closed. Env: CANOPY_HTTP_READ_TIMEOUT_MS.", valueName: "ms"))
+    var readTimeoutMs: Int = Environment.milliseconds("CANOPY_HTTP_READ_TIMEOUT_MS", default: BatchServiceSettings.defaultReadTimeout)
 
     func validate() throws {
         guard (1_024...(64 * 1_048_576)).contains(maxBodyBytes) else { throw ValidationError("--max-body-bytes is 1024 to 67108864") }
@@ -63,6 +67,8 @@ struct ServeBatch: AsyncParsableCommand {
         guard (0...1_000).contains(batchWindowMs) else { throw ValidationError("--batch-window-ms is 0 (off) to 1000 milliseconds") }
         guard (1...64).contains(batchKeys) else { throw ValidationError("--batch-keys is 1 to 64") }
         guard (1...64).contains(batchInFlight) else { throw ValidationError("--batch-in-flight is 1 to 64") }
+        guard (100...3_600_000).contains(idleTimeoutMs) else { throw ValidationError("--idle-timeout-ms is 100 to 3600000 milliseconds") }
+        guard (100...3_600_000).contains(readTimeoutMs) else { throw ValidationError("--read-timeout-ms is 100 to 3600000 milliseconds") }
         guard try OperatingOptions.parse(http) != nil else { throw ValidationError("--http is HOST:PORT, such as 0.0.0.0:8080") }
         _ = try token.key()
     }
@@ -78,6 +84,8 @@ struct ServeBatch: AsyncParsableCommand {
         settings.batchWindow = .milliseconds(batchWindowMs)
         settings.batchKeys = batchKeys
         settings.batchInFlight = batchInFlight
+        settings.idleTimeout = .milliseconds(idleTimeoutMs)
+        settings.readTimeout = .milliseconds(readTimeoutMs)
         try await runUntilShutdown(try buildBatchService(settings: settings, context: ZMQContext(), logger: logger), logger: logger)
     }
 }

@@ -3,6 +3,8 @@ import CanopyMessages
 import CanopyServiceKit
 import Foundation
 import Hummingbird
+import HummingbirdCore
+import NIOCore
 import Logging
 import OpenAPIHummingbird
 import OpenAPIRuntime
@@ -34,6 +36,13 @@ public struct BatchServiceSettings: Sendable {
     public var batchKeys = Lookup.maximumKeys
     /// How many batches of one kind may be in the air before lookups wait for one to return.
     public var batchInFlight = 2
+    /// How long a connection may sit idle between requests before it is closed.
+    public var idleTimeout = BatchServiceSettings.defaultIdleTimeout
+    /// How long a connection may send nothing while a request of it is being read (its head
+    /// or its body) before it is closed.
+    public var readTimeout = BatchServiceSettings.defaultReadTimeout
+    public static let defaultIdleTimeout: Duration = .seconds(60)
+    public static let defaultReadTimeout: Duration = .seconds(30)
 
     public init(http: ListenAddress, bus: BusClient.Configuration, tokenKey: [UInt8], metrics: ListenAddress? = nil) {
         self.http = http
@@ -48,11 +57,18 @@ public final class BatchHTTPServer: Service, Sendable {
     private let application: Application<EdgeResponder>
     private let port = BoundPort(listener: "the HTTP listener")
 
-    init(responder: EdgeResponder, address: ListenAddress, logger: Logger) {
+    init(responder: EdgeResponder, address: ListenAddress, idleTimeout: Duration, readTimeout: Duration, logger: Logger) {
         self.address = address
         let bound = port
+        let read = TimeAmount.milliseconds(readTimeout.wholeMilliseconds)
         application = Application(
-            responder: responder, configuration: .init(address: .hostname(address.host, port: address.port), serverName: "canopy"),
+            responder: responder,
+            server: .http1(configuration: .init(
+                // A read timeout closes a connection that stalls while its request is read (or
+                // that holds no request); one being answered is not cut.
+                additionalChannelHandlers: [IdleStateHandler(readTimeout: read), HTTPUserEventHandler(logger: logger)],
+                idleTimeout: .milliseconds(idleTimeout.wholeMilliseconds))),
+            configuration: .init(address: .hostname(address.host, port: address.port), serverName: "canopy"),
             onServerRunning: { channel in
                 let port = channel.localAddress?.port
                 bound.set(port)
@@ -100,13 +116,16 @@ public func buildBatchService(settings: BatchServiceSettings, context: ZMQContex
         api.lookups = Lookups(bus: bus, window: settings.batchWindow, maximumKeys: settings.batchKeys, maximumInFlight: settings.batchInFlight,
                               timeout: settings.callTimeout)
     }
+    let routes = RouteMethods()
     let edge = EdgeMiddleware<BasicRequestContext>(tokens: tokens, maximumBodyBytes: settings.maximumBodyBytes, maximumPhotoBytes: settings.maximumPhotoBytes,
                                                    limiter: RateLimiter(rate: settings.rateLimit, burst: settings.rateBurst), metrics: metrics,
-                                                   variants: VariantRoute(api: api))
+                                                   variants: VariantRoute(api: api), routes: routes)
     router.add(middleware: edge)
     try api.registerHandlers(on: router, configuration: configuration)
+    routes.load(router.routes.map { ("\($0.path)", $0.method.rawValue) })
     try api.registerHandlers(on: operations, configuration: configuration) // the same handlers, for batches
-    let http = BatchHTTPServer(responder: EdgeResponder(router: router.buildResponder(), edge: edge), address: settings.http, logger: logger)
+    let http = BatchHTTPServer(responder: EdgeResponder(router: router.buildResponder(), edge: edge), address: settings.http,
+                               idleTimeout: settings.idleTimeout, readTimeout: settings.readTimeout, logger: logger)
     var services: [any Service] = [bus, http]
     if let metrics = settings.metrics {
         services.append(try OperatingEndpoint(host: metrics.host, port: metrics.port, health: { await brokerHealth(bus) }, logger: logger))
@@ -138,3 +157,4 @@ struct WireDateTranscoder: DateTranscoder {
         return date
     }
 }
+

@@ -21,6 +21,8 @@ struct EdgeMiddleware<Context: RequestContext>: RouterMiddleware {
     let metrics: BatchMetrics
     /// Photo variants, served here rather than through the generated layer.
     let variants: VariantRoute
+    /// The document's routes, for 405 and `Allow`.
+    let routes: RouteMethods
     private let sequence = RequestSequence()
 
     static var requestIDHeader: HTTPField.Name { HTTPField.Name("X-Request-ID")! }
@@ -73,13 +75,24 @@ struct EdgeMiddleware<Context: RequestContext>: RouterMiddleware {
         }
         var request = request
         // No route reads a GET's body: not collected (a read is a task hop for nothing).
+        var collected = ByteBuffer()
         if request.method != .get && request.method != .head {
             do {
                 // Collected here, within the limit, also when it comes in chunks without a length
                 // (the generated server would read any length).
-                request.body = .init(buffer: try await request.body.collect(upTo: limit))
+                collected = try await request.body.collect(upTo: limit)
+                request.body = .init(buffer: collected)
             } catch {
                 return Problem.response(.contentTooLarge, "the body has more than \(limit) bytes, the most this route takes", requestID: requestID)
+            }
+            // A JSON body is read as the bus reads one: a key twice in an object is refused
+            // (decoders disagree on which one wins), as is nesting past 64 levels.
+            if let type = request.headers[.contentType]?.lowercased(), type.hasPrefix("application/json") || type.contains("+json") {
+                do {
+                    try JSONShape.check(Array(collected.readableBytesView))
+                } catch {
+                    return Problem.response(.badRequest, "the JSON body: \(error.message)", requestID: requestID)
+                }
             }
         }
         do {
@@ -89,6 +102,12 @@ struct EdgeMiddleware<Context: RequestContext>: RouterMiddleware {
                     return try await next(request, context)
                 }
             }
+        } catch let error as HTTPError where error.status == .notFound && variant == nil {
+            // No route: a path the document has, with another method, is 405 and says which it takes.
+            let allowed = routes.methods(for: path)
+            guard !allowed.isEmpty else { return Problem.make(for: error, requestID: requestID).response }
+            return Problem.response(.methodNotAllowed, "\(path) takes \(allowed.joined(separator: ", ")), not \(request.method)", requestID: requestID,
+                                    headers: [.allow: allowed.joined(separator: ", ")])
         } catch {
             let problem = Problem.make(for: error, requestID: requestID)
             if problem.status.code >= 500 {
@@ -97,6 +116,36 @@ struct EdgeMiddleware<Context: RequestContext>: RouterMiddleware {
             }
             return problem.response
         }
+    }
+}
+
+/// The routes the router has, by path template and method: which methods a path takes, for
+/// 405 Method Not Allowed and its `Allow` header. Filled once the routes are registered.
+final class RouteMethods: Sendable {
+    private let table = Mutex<[(template: [Substring], methods: Set<String>)]>([])
+
+    /// Takes the router's routes (`Router.routes`: a path such as `/v1/plants/{plantID}` and a method).
+    func load(_ routes: [(path: String, method: String)]) {
+        var byPath: [String: Set<String>] = [:]
+        for route in routes { byPath[route.path, default: []].insert(route.method) }
+        table.withLock { $0 = byPath.map { (Self.components($0.key), $0.value) } }
+    }
+
+    /// The methods `path` takes, sorted; none when no route has its shape.
+    func methods(for path: String) -> [String] {
+        let parts = Self.components(path)
+        return table.withLock { table in
+            var methods = Set<String>()
+            for route in table where route.template.count == parts.count
+                && zip(route.template, parts).allSatisfy({ template, part in template == part || (template.hasPrefix("{") && template.hasSuffix("}") && !part.isEmpty) }) {
+                methods.formUnion(route.methods)
+            }
+            return methods.sorted()
+        }
+    }
+
+    private static func components(_ path: String) -> [Substring] {
+        path.split(separator: "/", omittingEmptySubsequences: true)
     }
 }
 
@@ -147,8 +196,17 @@ enum Problem {
         return encoder
     }()
 
+    /// The statuses canopy-batch answers, by code, with their reason phrases (a status made from
+    /// a bare code, as the router's errors carry, has none).
+    private static let known: [Int: HTTPResponse.Status] = Dictionary(uniqueKeysWithValues: [
+        HTTPResponse.Status.badRequest, .unauthorized, .forbidden, .notFound, .methodNotAllowed, .notAcceptable, .requestTimeout, .conflict, .gone,
+        .lengthRequired, .preconditionFailed, .contentTooLarge, .uriTooLong, .unsupportedMediaType, .unprocessableContent, .tooManyRequests,
+        .requestHeaderFieldsTooLarge, .internalServerError, .notImplemented, .badGateway, .serviceUnavailable, .gatewayTimeout,
+    ].map { ($0.code, $0) })
+
     static func make(_ status: HTTPResponse.Status, _ detail: String, requestID: String, field: String? = nil,
                          headers: HTTPFields = [:]) -> Made {
+        let status = status.reasonPhrase.isEmpty ? known[status.code] ?? HTTPResponse.Status(code: status.code, reasonPhrase: "HTTP \(status.code)") : status
         let slug = status.reasonPhrase.lowercased().replacingOccurrences(of: " ", with: "-")
         let body = Body(type: "https://canopy.dev/problems/\(slug)", title: status.reasonPhrase, status: status.code, detail: detail,
                         requestID: requestID, field: field)
@@ -210,8 +268,11 @@ enum Problem {
         return make(.badRequest, "\(field.isEmpty ? whole : field) \(detail)", requestID: requestID, field: field.isEmpty ? nil : field)
     }
 
-    /// A bus error as HTTP: the caller's mistakes as 4xx, the system's state as 5xx.
+    /// A bus error as HTTP: the caller's mistakes as 4xx, the system's state as 5xx. An error
+    /// about a request field is 400 naming it, whatever its code (a field over its length is
+    /// the request's mistake; 413 is for bodies over the body limit).
     private static func make(_ error: CanopyError, requestID: String) -> Made {
+        if let field = error.field { return make(.badRequest, error.message, requestID: requestID, field: field) }
         let status: HTTPResponse.Status = switch error.code {
         case .badRequest: .badRequest
         case .notFound: .notFound
