@@ -41,7 +41,7 @@ public struct BatchServiceSettings: Sendable {
     /// How long a connection may send nothing while a request of it is being read (its head
     /// or its body) before it is closed.
     public var readTimeout = BatchServiceSettings.defaultReadTimeout
-    public static let defaultIdleTimeout: Duration = .seconds(60)
+    public static let defaultIdleTimeout: Duration = .seconds(30)
     public static let defaultReadTimeout: Duration = .seconds(30)
 
     public init(http: ListenAddress, bus: BusClient.Configuration, tokenKey: [UInt8], metrics: ListenAddress? = nil) {
