@@ -227,7 +227,10 @@ extension BrokerState {
         var dialect: Dialect?
         var workers: [Worker] = []
         var cursor = 0
+        /// Flight ids in order; ids of flights taken out meanwhile are skipped (and compacted).
         var queue: Deque<UInt64> = []
+        /// Flights waiting in the queue (its live ids).
+        var queuedCount = 0
         /// Bytes of the queued flights' bodies.
         var queuedBytes = 0
         var inFlight = 0

@@ -101,7 +101,7 @@ extension BrokerState {
         }
         let worker = service.freeWorker(for: intake.operation)
         if worker == nil {
-            guard service.queue.count < configuration.maximumQueuedPerService else {
+            guard service.queuedCount < configuration.maximumQueuedPerService else {
                 return refuseCounted(CanopyError(.busy, "'\(service.name)' has \(configuration.maximumQueuedPerService) requests waiting already; retry later or start more workers"))
             }
             guard service.queuedBytes + bytes <= configuration.maximumQueuedBytesPerService else {
@@ -131,15 +131,23 @@ extension BrokerState {
             flight.service.queue.append(flight.id)
         }
         flight.isQueued = true
+        flight.service.queuedCount += 1
         flight.service.queuedBytes += flight.bytes
     }
 
-    /// Takes a flight's bytes out of its service's queue count (it was dispatched or closed;
-    /// its id may still sit in the queue and is skipped there).
+    /// Takes a flight out of its service's queue counts (it was dispatched or closed). Its id
+    /// may still sit in the queue: it is skipped there, and the queue is compacted once such
+    /// ids outnumber the live ones, so taking a flight out is O(1) amortized wherever it
+    /// stands (a cancel used to search the queue from its front).
     func unqueue(_ flight: Flight) {
         guard flight.isQueued else { return }
         flight.isQueued = false
-        flight.service.queuedBytes -= flight.bytes
+        let service = flight.service
+        service.queuedCount -= 1
+        service.queuedBytes -= flight.bytes
+        if service.queue.count > 2 * service.queuedCount + 1_024 {
+            service.queue.removeAll { flights[$0]?.isQueued != true }
+        }
     }
 
     /// Adds a waiter for `intake` to `flight`.
@@ -173,12 +181,10 @@ extension BrokerState {
             flight.counters.detached += 1
             return
         }
-        if let worker = flight.worker {
-            if let cancel = cancelDirective(flight, worker: worker) { out.append(cancel) }
-        } else if let index = flight.service.queue.firstIndex(of: flight.id) {
-            flight.service.queue.remove(at: index)
+        if let worker = flight.worker, let cancel = cancelDirective(flight, worker: worker) {
+            out.append(cancel)
         }
-        close(flight)
+        close(flight) // a queued one's id stays in the queue, skipped (see ``unqueue(_:)``)
     }
 
     /// Forgets a waiter (answered, or gone).
@@ -270,7 +276,7 @@ extension BrokerState {
     mutating func endStartupGrace(now: ContinuousClock.Instant, into out: inout [Directive]) {
         for service in Array(services.values) {
             for id in service.queue {
-                guard let flight = flights[id] else { continue }
+                guard let flight = flights[id], flight.isQueued else { continue }
                 if service.workers.isEmpty {
                     finish(flight, .failure(noWorkers(service.name)), now: now, into: &out)
                 } else if service.describe(flight.operation) == nil {

@@ -154,7 +154,7 @@ extension BrokerState {
         if service.workers.isEmpty {
             services[service.name] = nil
             for id in service.queue {
-                guard let flight = flights[id] else { continue }
+                guard let flight = flights[id], flight.isQueued else { continue }
                 finish(flight, .failure(CanopyError(.noWorkers, "the last worker of '\(service.name)' went away before it could take this request")), now: now, into: &out)
             }
             service.queue.removeAll()
@@ -207,7 +207,7 @@ extension BrokerState {
         guard !service.queue.isEmpty else { return }
         var skipped: [UInt64] = []
         while let id = service.queue.popFirst() {
-            guard let flight = flights[id] else { continue }
+            guard let flight = flights[id], flight.isQueued else { continue }
             if let worker = service.freeWorker(for: flight.operation) {
                 dispatch(flight, to: worker, now: now, into: &out)
             } else {

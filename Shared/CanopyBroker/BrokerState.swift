@@ -242,6 +242,12 @@ public struct BrokerState {
         }
     }
 
+    /// The ids a service's queue holds, live or taken out and not yet compacted (for tests of
+    /// its bound).
+    public func queueLength(of service: String) -> Int {
+        services[service]?.queue.count ?? 0
+    }
+
     /// Stops taking new requests (they are answered `busy`); held ones are still answered.
     public mutating func beginShutdown() {
         shuttingDown = true
@@ -329,7 +335,7 @@ public struct BrokerState {
         let entries = services.values.sorted { $0.name < $1.name }.map { service in
             let histogram = service.latencyMicros
             return ServiceStatistics(
-                name: service.name, workers: service.workers.count, queued: service.queue.count, queuedBytes: service.queuedBytes, inFlight: service.inFlight,
+                name: service.name, workers: service.workers.count, queued: service.queuedCount, queuedBytes: service.queuedBytes, inFlight: service.inFlight,
                 served: service.served, errors: service.errors,
                 p50Micros: histogram.totalCount == 0 ? 0 : histogram.valueAtPercentile(50),
                 p99Micros: histogram.totalCount == 0 ? 0 : histogram.valueAtPercentile(99))

@@ -50,6 +50,31 @@ struct BrokerStateTests {
         #expect(afterReply.count == 1, "the queued request goes out when credit comes back")
     }
 
+    @Test func cancelsAnywhereInALongQueueLeaveTheRestInOrderAndTheQueueBounded() {
+        var broker = Harness()
+        broker.ready("w1", credit: 1)
+        let held = dispatches(broker.request("c", 0))
+        #expect(held.count == 1)
+        let count: UInt64 = 20_000
+        for index in 1...count { _ = broker.request("c", index, timeoutMs: 600_000) }
+        // Cancelled from the back, as a client that gives up on its newest first: each one is
+        // taken out without a search of the queue.
+        for index in stride(from: count, through: 2, by: -1) where index % 4 != 0 {
+            _ = broker.receive(WireMessage.cancel(correlation: Wire.frame(index)).encoded, from: "c")
+        }
+        let statistics = broker.state.statistics(now: broker.now).services[0]
+        #expect(statistics.queued == Int(count / 4) + 1, "the live ones: every fourth, and the first")
+        #expect(broker.state.queueLength(of: "plants") <= 2 * (Int(count / 4) + 1) + 1_024, "cancelled ids do not pile up")
+        // What is left goes out in its order.
+        var next = dispatches(broker.reply("w1", request: held[0].id))
+        var order: [UInt64] = []
+        while let sent = next.first {
+            order.append(sent.id)
+            next = dispatches(broker.reply("w1", request: sent.id))
+        }
+        #expect(order.count == Int(count / 4) + 1 && order == order.sorted(), "every live one, oldest first")
+    }
+
     @Test func dispatchesOnlyToWorkersThatDeclaredTheOperation() {
         var broker = Harness()
         broker.ready("reader", operations: [OperationDescriptor(name: "get", idempotent: true, coalescable: false)])
