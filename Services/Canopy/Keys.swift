@@ -2,12 +2,50 @@ import ArgumentParser
 import CanopyBus
 import CanopyServiceKit
 import Foundation
+import Glibc
 
 /// `canopy keys`: CurveZMQ key pairs for the broker, its workers and clients.
 struct Keys: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Make CurveZMQ key pairs for the bus.",
-        subcommands: [Generate.self])
+        subcommands: [Generate.self, Reload.self])
+
+    /// `canopy keys reload`: the broker reads its allow-list again (SIGHUP).
+    struct Reload: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Make a running broker read its allow-list (--curve-allow) again: removed keys stop working at once.",
+            discussion: """
+                Sends SIGHUP to the broker: the broker of the local stack in --data-dir (canopy up), or the
+                process --pid names. Handshakes from then on go by the new list; workers whose key no
+                longer serves their service are disconnected, and requests from keys no longer on it are
+                refused. A list that does not parse is logged and the old one kept.
+                In containers: docker compose kill -s HUP broker.
+                Examples:
+                  canopy keys reload --data-dir /srv/canopy
+                  canopy keys reload --pid 4242
+                """)
+
+        @OptionGroup var stack: StackOptions
+        @Option(help: ArgumentHelp("The broker's process id (instead of the local stack's broker).", valueName: "pid"))
+        var pid: Int32?
+
+        func run() throws {
+            let target: Int32
+            if let pid {
+                target = pid
+            } else {
+                guard let state = stack.layout.state(), state.supervisorAlive,
+                      let broker = state.services.first(where: { $0.name == CanopyStack.broker.name }), broker.pid > 0 else {
+                    throw CommandFailure("no stack runs from \(stack.layout.dataDirectory.path); give the broker's --pid, or the stack's --data-dir")
+                }
+                target = broker.pid
+            }
+            guard kill(target, SIGHUP) == 0 else {
+                throw CommandFailure("cannot signal process \(target): \(String(cString: strerror(errno))); is it the broker, and yours?")
+            }
+            print("asked the broker (pid \(target)) to read its allow-list again; its log says what it read (broker.curve.reloaded)")
+        }
+    }
 
     /// `canopy keys generate NAME`: writes NAME.key (secret, mode 0600) and NAME.pub.
     struct Generate: ParsableCommand {

@@ -68,6 +68,10 @@ public struct BrokerConfiguration: Sendable {
     /// Who may register as a worker, by CurveZMQ public key; `nil` lets any peer register
     /// (the embedded loopback default, where the broker runs without CURVE).
     public var workerKeys: WorkerKeys?
+    /// Keys that may call (besides worker keys, which may call too); `nil` lets any key that
+    /// connected call. Checked on every request, so a key taken off a reloaded allow-list
+    /// stops working on the connection it already has.
+    public var clientKeys: Set<String>?
     /// The stack this broker belongs to (`--stack`, set by `canopy up`): announced on every
     /// connection, and peers that announce another stack are refused (their READY with
     /// DISCONNECT, their requests with `unauthorized`), so two stacks on one machine never mix.

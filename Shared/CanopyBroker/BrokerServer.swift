@@ -20,6 +20,8 @@ import Synchronization
 public final class BrokerServer: Service, @unchecked Sendable {
     private enum Control: Sendable {
         case shutdown
+        /// A new allow-list, read by ``reloadAllowList()``.
+        case allowList(CurveAllowList)
         /// A stopped capture finished writing (on a thread of its own): answer who stopped it.
         case captureStopped(CaptureStatus, client: [UInt8], correlation: [UInt8])
     }
@@ -33,6 +35,8 @@ public final class BrokerServer: Service, @unchecked Sendable {
     private let logger: Logger
     /// The ZAP handler, when the broker runs CurveZMQ.
     private let zap: ZAPHandler?
+    /// The CurveZMQ settings it started with (the allow-list's file, for reloads).
+    private let curve: CurveServerSettings?
     /// When the loop last went round, in nanoseconds of the monotonic clock (0: not yet).
     private let lastPass = Atomic<UInt64>(0)
     /// Set once the loop has stopped.
@@ -60,8 +64,10 @@ public final class BrokerServer: Service, @unchecked Sendable {
     public init(endpoint: String, configuration: BrokerConfiguration = .init(), curve: CurveServerSettings? = nil,
                 context: ZMQContext, logger: Logger) throws {
         var configuration = configuration
+        self.curve = curve
         if let curve {
             configuration.workerKeys = curve.allowList.workers
+            configuration.clientKeys = curve.anyClient ? nil : curve.allowList.clients
             let (allowList, anyClient) = (curve.allowList, curve.anyClient)
             zap = try ZAPHandler(context: context) { key in anyClient || allowList.mayConnect(key) }
         } else {
@@ -100,6 +106,23 @@ public final class BrokerServer: Service, @unchecked Sendable {
     /// Begins a graceful shutdown, as SIGTERM does.
     public func stop() {
         mailbox.post(.shutdown)
+    }
+
+    /// Reads the allow-list file again (SIGHUP, `canopy keys reload`) and hands it to the
+    /// loop: handshakes from then on go by it, workers whose key no longer serves their service
+    /// are told DISCONNECT and removed, and requests from keys no longer on it are refused
+    /// `unauthorized`, so a key taken off the list stops working without a restart.
+    ///
+    /// - Returns: the new list's worker and client key counts.
+    /// - Throws: ``Curve/KeyError`` when the broker runs without CURVE, or the file cannot be
+    ///   read or parsed (the old list stays).
+    @discardableResult
+    public func reloadAllowList() throws -> (workers: Int, clients: Int) {
+        guard let curve else { throw Curve.KeyError("this broker runs without CurveZMQ: there is no allow-list to reload") }
+        guard let file = curve.allowListFile else { throw Curve.KeyError("this broker's allow-list was not read from a file; restart it to change it") }
+        let list = try CurveServerSettings.readAllowList(file)
+        mailbox.post(.allowList(list))
+        return (list.workers.services.count, list.clients.count)
     }
 
     // MARK: - Loop (the loop thread only)
@@ -157,6 +180,13 @@ public final class BrokerServer: Service, @unchecked Sendable {
                         state.beginShutdown()
                         drainDeadline = .now + configuration.drainTimeout
                         logger.info("broker.draining", metadata: ["broker.pending": "\(state.pendingCount)"])
+                    case .allowList(let list):
+                        let anyClient = curve?.anyClient ?? false
+                        zap?.mayConnect = { key in anyClient || list.mayConnect(key) }
+                        state.replaceKeys(workers: list.workers, clients: anyClient ? nil : list.clients, into: &directives)
+                        try carryOut(&directives, state: &state)
+                        logger.notice("broker.curve.reloaded", metadata: ["broker.worker_keys": "\(list.workers.services.count)",
+                                                                         "broker.client_keys": "\(list.clients.count)"])
                     case .captureStopped(let status, let client, let correlation):
                         lastCapture = status
                         state.captureStatus = status

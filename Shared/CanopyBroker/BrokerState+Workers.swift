@@ -27,6 +27,28 @@ extension BrokerState {
         }
     }
 
+    /// Takes a reloaded allow-list: workers whose key may no longer serve their service are told
+    /// DISCONNECT and removed (what they held goes as for a lost worker), and requests from
+    /// keys on neither list are refused from now on.
+    public mutating func replaceKeys(workers: WorkerKeys, clients: Set<String>?, into out: inout [Directive]) {
+        configuration.workerKeys = workers
+        configuration.clientKeys = clients
+        let now = ContinuousClock.now
+        for worker in Array(self.workers.values) where !workers.allows(worker.key, service: worker.service.name) {
+            out.append(.log("worker removed: its key left the allow-list", peer: worker.identity.bytes))
+            out.append(worker.disconnect(reason: "this worker's key was taken off the broker's allow-list"))
+            workerGone(worker.identity, now: now, into: &out)
+        }
+    }
+
+    /// Why a request from the peer that authenticated with `key` is refused, or `nil` when
+    /// it may call (always without CURVE, or when any client may).
+    func unauthorizedCaller(_ key: String?) -> String? {
+        guard let clients = configuration.clientKeys, let key else { return nil }
+        if clients.contains(key) || configuration.workerKeys?.services[key] != nil { return nil }
+        return "this key is no longer on the broker's allow-list; the operator adds it again (--curve-allow, then SIGHUP)"
+    }
+
     /// Why the peer that authenticated with `key` may not serve `service`, or `nil` when it may
     /// (always, when the broker runs without an allow-list).
     func unauthorizedWorker(_ key: String?, service: String) -> String? {

@@ -50,7 +50,7 @@ public struct BrokerState {
     }
 
     /// The settings in force.
-    public let configuration: BrokerConfiguration
+    public internal(set) var configuration: BrokerConfiguration
     let startedAt: ContinuousClock.Instant
     var services: [String: ServiceEntry] = [:]
     var workers: [PeerKey: Worker] = [:]
@@ -183,7 +183,13 @@ public struct BrokerState {
         default: break
         }
         switch message {
-        case .request(let request): clientRequest(request, from: peer, now: now, into: &out)
+        case .request(let request):
+            if let reason = unauthorizedCaller(key) {
+                rejected += 1
+                replyError(to: peer, correlation: request.correlation, CanopyError(.unauthorized, reason), into: &out)
+                return
+            }
+            clientRequest(request, from: peer, now: now, into: &out)
         case .cancel(let correlation): clientCancel(correlation, from: peer, now: now, into: &out)
         case .ready(let service, let operations, let credit):
             workerReady(service: service, operations: operations, credit: credit, from: PeerKey(peer), key: key, now: now, into: &out)

@@ -75,15 +75,28 @@ public struct CurveServerSettings: Sendable {
     public var allowList: CurveAllowList
     /// Let any key connect as a client (workers still need an allowed key).
     public var anyClient: Bool
+    /// The file the allow-list was read from, read again by ``BrokerServer/reloadAllowList()``
+    /// (SIGHUP); `nil` when it came from elsewhere and cannot be reloaded.
+    public var allowListFile: String?
 
     /// - Parameters:
     ///   - keyPair: the broker's key pair.
     ///   - allowList: worker and client keys.
     ///   - anyClient: whether unknown keys may call.
-    public init(keyPair: CurveKeyPair, allowList: CurveAllowList, anyClient: Bool = false) {
+    ///   - allowListFile: the file it was read from, for reloads.
+    public init(keyPair: CurveKeyPair, allowList: CurveAllowList, anyClient: Bool = false, allowListFile: String? = nil) {
         self.keyPair = keyPair
         self.allowList = allowList
         self.anyClient = anyClient
+        self.allowListFile = allowListFile
+    }
+
+    /// Reads an allow-list file; the error says which file and what is wrong in it.
+    public static func readAllowList(_ file: String) throws -> CurveAllowList {
+        guard let text = try? String(contentsOfFile: file, encoding: .utf8) else {
+            throw Curve.KeyError("cannot read the allow-list \(file); check the path")
+        }
+        return try CurveAllowList(parsing: text)
     }
 }
 
@@ -98,7 +111,8 @@ public struct CurveServerSettings: Sendable {
 final class ZAPHandler {
     /// The REP socket libzmq sends ZAP requests to.
     let socket: ZMQSocket
-    private let mayConnect: (String) -> Bool
+    /// Whether a key may connect: the allow-list of now (replaced on reload, loop thread only).
+    var mayConnect: (String) -> Bool
     /// Handshakes refused so far.
     private(set) var refused: UInt64 = 0
 

@@ -17,7 +17,8 @@ public final class LiveBus: @unchecked Sendable {
     public let curve: CurveServerSettings?
     /// A logger that writes only errors (set `CANOPY_TEST_LOG_LEVEL` for more).
     public let logger: Logger
-    private(set) var broker: BrokerServer
+    /// The broker now (a new one after ``restartBroker()``).
+    public private(set) var broker: BrokerServer
     private var brokerTask: Task<Void, Error>
     private var runners: [(ServiceRunner, Task<Void, Error>)] = []
     private var groups: [(ServiceGroup, Task<Void, Error>)] = []

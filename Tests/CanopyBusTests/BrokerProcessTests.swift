@@ -128,6 +128,22 @@ struct BrokerProcessTests {
         #expect(plain.status != 0)
         #expect(!broker.text.contains(secretKey), "the secret key is never logged")
 
+        // The operator takes ops off the list and asks the broker to read it again (SIGHUP,
+        // what canopy keys reload --pid sends): ops is refused from then on, without a restart.
+        try "# nobody now\n".write(to: allow, atomically: true, encoding: .utf8)
+        let reload = try await run("canopy", ["keys", "reload", "--pid", "\(broker.process.processIdentifier)"])
+        #expect(reload.status == 0, "\(reload.errors)")
+        var reloaded = false
+        for _ in 0..<200 where !reloaded {
+            reloaded = broker.text.contains("broker.curve.reloaded")
+            if !reloaded { try await Task.sleep(for: .milliseconds(50)) }
+        }
+        #expect(reloaded, "\(broker.text.suffix(500))")
+        let removed = try await run("canopy-broker", ["health", "--endpoint", endpoint, "--curve-server-key", serverKey,
+                                                "--curve-secret-key-file", directory.appendingPathComponent("ops.key").path])
+        #expect(removed.status != 0, "ops is no longer let in: \(removed.output)")
+        #expect(broker.process.isRunning, "SIGHUP reloads; it does not stop the broker")
+
         let missing = try await run("canopy-broker", ["serve", "--curve-secret-key-file", secret])
         #expect(missing.status != 0 && missing.errors.contains("--curve-allow"))
     }

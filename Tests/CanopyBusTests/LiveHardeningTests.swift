@@ -120,6 +120,48 @@ struct LiveHardeningTests {
         }
     }
 
+    @Test func aKeyTakenOffTheAllowListStopsWorkingWhenTheListIsReloaded() async throws {
+        guard Curve.isAvailable else { return }
+        let keys = Keys()
+        let file = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-allow-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: file) }
+        let second = try CurveKeyPair.generate() // a second client, who stays
+        func write(workers: [CurveKeyPair], clients: [CurveKeyPair]) throws {
+            let lines = workers.map { "worker \($0.publicKey) \(TestService.name)" } + clients.map { "client \($0.publicKey)" }
+            try Data((lines.joined(separator: "\n") + "\n").utf8).write(to: URL(fileURLWithPath: file))
+        }
+        try write(workers: [keys.worker], clients: [keys.client, second])
+        var settings = keys.settings()
+        settings.allowList = try CurveServerSettings.readAllowList(file)
+        settings.allowListFile = file
+        try await withLiveBus(curve: settings) { bus in
+            let worker = TestWorkerService(workerName: "allowed")
+            bus.startRunner(worker, curve: keys.peer(keys.worker))
+            try await bus.waitForWorkers(1, curve: keys.peer(second))
+            let leaving = try bus.client(timeout: .seconds(30), curve: keys.peer(keys.client))
+            #expect(try await leaving.call(TestService.Echo.self, .init(text: "before")).text == "before")
+
+            // The client and the worker are taken off the list; the list is read again.
+            try write(workers: [], clients: [second])
+            #expect(try bus.broker.reloadAllowList() == (0, 1))
+            let staying = try bus.client(timeout: .seconds(30), curve: keys.peer(second))
+            var services: [ServiceDescription] = []
+            for _ in 0..<300 {
+                services = try await staying.call(Broker.Services.self, .init())
+                if !services.contains(where: { $0.name == TestService.name }) { break }
+                try await Task.sleep(for: .milliseconds(20))
+            }
+            #expect(!services.contains { $0.name == TestService.name }, "the removed worker was disconnected and is not taken back")
+            // On the connection it already has, the removed client is refused, saying why.
+            let refused = await #expect(throws: CanopyError.self) { try await leaving.call(TestService.Echo.self, .init(text: "after")) }
+            #expect(refused?.code == .unauthorized && refused?.message.contains("allow-list") == true, "\(refused?.message ?? "")")
+            // A list that does not parse is refused, and the one in force stays.
+            try Data("worker not-a-key\n".utf8).write(to: URL(fileURLWithPath: file))
+            #expect(throws: Curve.KeyError.self) { try bus.broker.reloadAllowList() }
+            _ = try await staying.call(Broker.Services.self, .init()) // the client still on it still calls
+        }
+    }
+
     @Test func withCurveAMajordomoWorkerNeedsAnAllowedWorkerKeyToo() async throws {
         guard Curve.isAvailable else { return }
         let keys = Keys()

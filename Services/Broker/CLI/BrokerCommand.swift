@@ -1,4 +1,7 @@
 import ArgumentParser
+import CanopyBroker
+import Dispatch
+import Foundation
 import CanopyBus
 import CanopyServiceKit
 import CanopyMessages
@@ -34,6 +37,20 @@ struct Serve: AsyncParsableCommand {
         let logger = LogSetup.logger(label: "canopy-broker", level: options.logLevel)
         let settings = try options.settings(metrics: try operating.listener(default: OperatingOptions.Defaults.broker))
         let services = try buildBroker(settings: settings, context: ZMQContext(), logger: logger)
+        // SIGHUP reads the allow-list again (canopy keys reload sends it).
+        let broker = services.compactMap { $0 as? BrokerServer }.first
+        signal(SIGHUP, SIG_IGN)
+        let hangUp = DispatchSource.makeSignalSource(signal: SIGHUP, queue: .global())
+        hangUp.setEventHandler {
+            do {
+                let counts = try broker?.reloadAllowList()
+                logger.notice("broker.curve.reload", metadata: ["broker.worker_keys": "\(counts?.workers ?? 0)", "broker.client_keys": "\(counts?.clients ?? 0)"])
+            } catch {
+                logger.error("broker.curve.reload.failed", metadata: ["broker.error": "\(error)"])
+            }
+        }
+        hangUp.resume()
+        defer { hangUp.cancel() }
         try await runUntilShutdown(services, logger: logger)
     }
 }

@@ -178,10 +178,8 @@ struct BrokerOptions: ParsableArguments {
         do {
             let keyPair = try secretKeyFile.map { try Curve.readKeyPair(file: $0) }
                 ?? CurveKeyPair(secretKey: Environment.string("CANOPY_CURVE_SECRET_KEY") ?? "")
-            guard let text = try? String(contentsOfFile: allowFile, encoding: .utf8) else {
-                throw Curve.KeyError("cannot read the allow-list \(allowFile); check the path")
-            }
-            return CurveServerSettings(keyPair: keyPair, allowList: try CurveAllowList(parsing: text), anyClient: curveAnyClient)
+            return CurveServerSettings(keyPair: keyPair, allowList: try CurveServerSettings.readAllowList(allowFile), anyClient: curveAnyClient,
+                                       allowListFile: allowFile)
         } catch let error as Curve.KeyError {
             throw ValidationError(error.description)
         }
