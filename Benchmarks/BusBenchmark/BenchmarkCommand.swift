@@ -26,7 +26,7 @@ struct BenchmarkCommand: AsyncParsableCommand {
               swift run -c release canopy-bench stack
             """,
         subcommands: [Bus.self, Coalescing.self, ImagesBenchmark.self, CareBenchmark.self, MetricsCost.self, TransferBenchmark.self, CoalescingCost.self,
-                      IdentifyBenchmark.self, RemindBenchmark.self, EdgeBenchmark.self, CaptureBenchmark.self, StackBenchmark.self, CancelBenchmark.self,
+                      IdentifyBenchmark.self, RemindBenchmark.self, EdgeBenchmark.self, CaptureBenchmark.self, StackBenchmark.self, CancelBenchmark.self, OutboxBenchmark.self,
                       InspectChild.self],
         defaultSubcommand: Bus.self)
 }

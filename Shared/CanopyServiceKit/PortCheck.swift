@@ -120,7 +120,7 @@ public enum PortCheck {
         var inodes = Set<String>()
         let hexPort = String(format: "%04X", port)
         for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
-            guard let text = try? String(contentsOfFile: table, encoding: .utf8) else { continue }
+            guard let text = readWhole(table) else { continue }
             for line in text.split(separator: "\n").dropFirst() {
                 let fields = line.split(separator: " ", omittingEmptySubsequences: true)
                 // sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
@@ -129,6 +129,23 @@ public enum PortCheck {
             }
         }
         return inodes
+    }
+
+    /// A /proc file read to its end (they report size 0, and a read by size sees the first
+    /// page at most: a machine with many sockets has a longer table).
+    static func readWhole(_ path: String) -> String? {
+        let descriptor = open(path, O_RDONLY | O_CLOEXEC)
+        guard descriptor >= 0 else { return nil }
+        defer { close(descriptor) }
+        var bytes: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 65_536)
+        while true {
+            let count = chunk.withUnsafeMutableBytes { read(descriptor, $0.baseAddress, $0.count) }
+            if count < 0 && errno == EINTR { continue }
+            guard count > 0 else { break }
+            bytes += chunk[0..<count]
+        }
+        return String(decoding: bytes, as: UTF8.self)
     }
 
     /// A process's name and the data directory its command line names.

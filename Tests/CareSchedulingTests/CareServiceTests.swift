@@ -69,7 +69,7 @@ struct CareServiceTests {
             let now = Date()
             let first = await outbox.deliverDue(now: now)
             #expect(first.delivered == 1, "images.purge reached canopy-images")
-            #expect(first.failed == 3, "canopy-remind and canopy-identify are not running yet")
+            #expect(first.failed == 2, "canopy-remind and canopy-identify are not running yet; canopy-remind's second follow-up waits behind its first")
             #expect(try await client.call(Images.List.self, .init(plantID: plant.id), principal: "alice").isEmpty)
             #expect(throws: (any Error).self) { _ = try images.store.original(photo.sha256) }
 
@@ -80,10 +80,45 @@ struct CareServiceTests {
                 try Row.fetchAll(db, sql: "SELECT operation, attempts, lastError FROM outbox ORDER BY id")
             }
             #expect(Set(pending.map { $0["operation"] as String }) == [Reminders.CancelPlant.name, Identification.ForgetPlant.name, Reminders.Sync.name])
-            #expect(pending.allSatisfy { ($0["attempts"] as Int) == 1 && ($0["lastError"] as String).contains("noWorkers") })
+            // canopy-remind's two go in their order: the first was tried, the second waits behind it.
+            let tried = pending.filter { ($0["attempts"] as Int) == 1 }
+            #expect(tried.count == 2 && tried.allSatisfy { ($0["lastError"] as String).contains("noWorkers") })
+            let waiting = pending.filter { ($0["attempts"] as Int) == 0 }
+            #expect(waiting.count == 1 && [Reminders.CancelPlant.name, Reminders.Sync.name].contains(waiting.first?["operation"] as String? ?? ""))
             let later = await Outbox(library: CareLibrary(store: reopened), bus: try bus.client(timeout: .seconds(2)), interval: .seconds(1), logger: bus.logger)
                 .deliverDue(now: now.addingTimeInterval(3))
-            #expect(later.failed == 3, "retried after the backoff")
+            #expect(later.failed == 2, "retried after the backoff, canopy-remind's second still behind its first")
+        }
+    }
+
+    /// The outbox sleeps until a commit adds a follow-up, not until its timer: with an hour's
+    /// interval, a window still reaches canopy-remind at once; and a backlog of many people's
+    /// windows goes side by side, each arriving once.
+    @Test func aCommitWakesTheOutboxAndManyPeoplesFollowUpsGoSideBySide() async throws {
+        try await withCare { bus, client, library, _ in
+            let remind = SyncRecorder { _ in }
+            bus.startRunner(remind, credit: 32)
+            try await bus.waitForWorkers(1, service: Reminders.service)
+            let outbox = Outbox(library: library, bus: try bus.client(timeout: .seconds(10)), interval: .seconds(3_600), logger: bus.logger)
+            try await withRunning([outbox], logger: bus.logger) {
+                try await Task.sleep(for: .milliseconds(100)) // asleep now, for an hour
+                _ = try await client.call(Care.AddPlant.self, Care.Plant(scientificName: "Ficus lyrata"), principal: "alice")
+                var arrived = false
+                for _ in 0..<600 where !arrived {
+                    arrived = remind.windows.withLock { !$0.isEmpty }
+                    if !arrived { try await Task.sleep(for: .milliseconds(50)) }
+                }
+                #expect(arrived, "the commit woke the outbox")
+                let owners = (0..<300).map { "person-\($0)" }
+                for owner in owners { _ = try library.add(Care.Plant(scientificName: "Monstera deliciosa"), owner: owner) }
+                var count = 0
+                for _ in 0..<600 where count < 301 {
+                    count = remind.windows.withLock { $0.count }
+                    if count < 301 { try await Task.sleep(for: .milliseconds(50)) }
+                }
+                #expect(count == 301, "each person's window once: \(count)")
+                #expect(try await library.store.database.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM outbox") } == 0)
+            }
         }
     }
 

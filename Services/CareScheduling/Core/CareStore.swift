@@ -91,6 +91,11 @@ final class CareStore: Sendable {
             // outbox deletes a sent row only when no change asked since it read the window.
             try db.execute(sql: "ALTER TABLE outbox ADD COLUMN generation INTEGER NOT NULL DEFAULT 0")
         }
+        migrator.registerMigration("v4-outbox-lanes") { db in
+            // One person's follow-ups to one service go in order: a row waits behind an earlier
+            // one of its lane that is waiting for a retry.
+            try db.execute(sql: "CREATE INDEX outboxByLane ON outbox(owner, service, id)")
+        }
         return migrator
     }
 
