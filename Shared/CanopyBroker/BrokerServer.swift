@@ -200,6 +200,7 @@ public final class BrokerServer: Service, @unchecked Sendable {
             if let zapItem, poller.isReadable(zapItem) {
                 try zap?.answerRequests()
             }
+            var received = 0
             if poller.isReadable(socketItem) {
                 var budget = 4096 // then let timers run
                 // What a batch of messages asks to send goes out together at its end: libzmq wakes
@@ -207,6 +208,7 @@ public final class BrokerServer: Service, @unchecked Sendable {
                 // message carries the public key its connection authenticated with (`key`).
                 while budget > 0, try socket.receiveRouted(identity: &identity, frames: &frames, reading: reading, properties: &peer) {
                     budget -= 1
+                    received += 1
                     guard !frames.isEmpty else { continue } // ROUTER always adds the identity
                     state.receive(frames, from: identity, key: peer.userID, stack: peer.stack, now: .now, into: &directives)
                     if directives.count >= 1024 { try carryOut(&directives, state: &state) }
@@ -219,7 +221,7 @@ public final class BrokerServer: Service, @unchecked Sendable {
             for (reason, count) in warnings.endWindows(now: now) {
                 logger.warning("broker.dropped.suppressed", metadata: ["broker.reason": "\(reason)", "broker.suppressed": "\(count)"])
             }
-            memory.check(heldBytes: state.heldBytes, now: now)
+            memory.check(heldBytes: state.heldBytes, received: received, now: now)
             lastPass.store(DispatchTime.now().uptimeNanoseconds, ordering: .relaxed)
             if configuration.metrics {
                 state.drainLatencies { service, nanoseconds in metrics.recordLatency(service: service, nanoseconds: nanoseconds) }
@@ -372,20 +374,27 @@ struct RoutedWriter: FrameWriter {
 }
 
 /// Gives memory back to the system after a burst: once the bytes the broker holds fall to a
-/// quarter of their peak (and the peak was over 16 MiB), `malloc_trim` returns the freed
-/// pages of every malloc arena (libzmq's I/O thread allocates the large messages in its
-/// own). At most once a second.
+/// quarter of their peak (and the peak was over 16 MiB), or once a burst of messages (100,000
+/// or more since the last give-back, held or refused: refused ones cost libzmq's and the
+/// allocator's memory too) has calmed (a pass with under 64 messages), `malloc_trim` returns
+/// the freed pages of every malloc arena (libzmq's I/O thread allocates the large messages in
+/// its own). At most once a second.
 struct MemoryGiveBack {
     private var peak = 0
+    private var receivedSinceTrim = 0
     private var lastTrim: ContinuousClock.Instant?
 
-    mutating func check(heldBytes: Int, now: ContinuousClock.Instant) {
+    mutating func check(heldBytes: Int, received: Int, now: ContinuousClock.Instant) {
         peak = max(peak, heldBytes)
-        guard peak > 16 * 1024 * 1024, heldBytes <= peak / 4 else { return }
+        receivedSinceTrim += received
+        let heldFell = peak > 16 * 1024 * 1024 && heldBytes <= peak / 4
+        let burstCalmed = receivedSinceTrim >= 100_000 && received < 64 && heldBytes <= 16 * 1024 * 1024
+        guard heldFell || burstCalmed else { return }
         if let lastTrim, now - lastTrim < .seconds(1) { return }
         malloc_trim(0)
         lastTrim = now
         peak = heldBytes
+        receivedSinceTrim = 0
     }
 }
 

@@ -23,6 +23,12 @@ extension BrokerState {
         let deadline: ContinuousClock.Instant
         /// The flight this waiter waits on.
         let flight: UInt64
+        /// What holding it costs, counted against the broker's memory bounds: its names and
+        /// ids (the client's routing id and correlation twice, here and in the by-client
+        /// index), and the bookkeeping around them (the object, its table and index slots,
+        /// its deadline entry).
+        let bytes: Int
+        static let bookkeepingBytes = 192
 
         init(id: UInt64, client: [UInt8], correlation: [UInt8], dialect: Dialect, serviceName: String,
              receivedAt: ContinuousClock.Instant, deadline: ContinuousClock.Instant, flight: UInt64) {
@@ -34,6 +40,7 @@ extension BrokerState {
             self.receivedAt = receivedAt
             self.deadline = deadline
             self.flight = flight
+            bytes = 2 * (client.count + correlation.count) + serviceName.utf8.count + Self.bookkeepingBytes
         }
     }
 
@@ -55,8 +62,11 @@ extension BrokerState {
         var totalWaiters = 0
         var worker: Worker?
         var dispatches = 0
-        /// Bytes of `payload`, counted against the broker's memory bounds while it is held.
+        /// What holding it costs, counted against the broker's memory bounds: its body frames,
+        /// operation and header (the principal again in its coalescing key), and the
+        /// bookkeeping around them (the object, its table slot, its queue slot).
         let bytes: Int
+        static let bookkeepingBytes = 256
         /// Whether it waits in its service's queue (and counts in its queued bytes).
         var isQueued = false
 
@@ -70,7 +80,8 @@ extension BrokerState {
             self.key = key
             self.createdAt = createdAt
             self.counters = counters
-            self.bytes = payload.reduce(0) { $0 + $1.count }
+            self.bytes = payload.reduce(0) { $0 + $1.count + 24 } + operation.utf8.count + header.principal.utf8.count * (key == nil ? 1 : 2)
+                + 32 + Self.bookkeepingBytes // 32: the header's fixed fields and the strings' storage
         }
     }
 

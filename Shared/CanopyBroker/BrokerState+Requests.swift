@@ -82,6 +82,9 @@ extension BrokerState {
                 } else if flight.waiters.count >= configuration.maximumWaitersPerFlight {
                     return refuseCounted(CanopyError(.busy, "\(configuration.maximumWaitersPerFlight) identical requests are already waiting on this one; retry later"))
                 } else {
+                    guard heldBytes + Self.waiterBytes(intake) <= configuration.maximumHeldBytes else {
+                        return refuseCounted(CanopyError(.busy, "the broker holds \(heldBytes) bytes of requests already (its limit is \(configuration.maximumHeldBytes)); retry later"))
+                    }
                     counters.requests += 1
                     counters.coalesced += 1
                     join(flight, intake, now: now, timeout: timeout)
@@ -94,9 +97,9 @@ extension BrokerState {
             key = candidate
         }
 
-        // A new flight, within the memory bounds.
+        // A new flight, within the memory bounds: everything it and its waiter cost.
         let bytes = intake.payload.reduce(0) { $0 + $1.count }
-        guard heldBytes + bytes <= configuration.maximumHeldBytes else {
+        guard heldBytes + bytes + Self.waiterBytes(intake) + Flight.bookkeepingBytes <= configuration.maximumHeldBytes else {
             return refuseCounted(CanopyError(.busy, "the broker holds \(heldBytes) bytes of requests already (its limit is \(configuration.maximumHeldBytes)); retry later"))
         }
         let worker = service.freeWorker(for: intake.operation)
@@ -150,11 +153,17 @@ extension BrokerState {
         }
     }
 
+    /// What a waiter for `intake` will cost (``Waiter/bytes``), before it is made.
+    static func waiterBytes(_ intake: Intake) -> Int {
+        2 * (intake.client.count + intake.correlation.count) + intake.serviceName.utf8.count + Waiter.bookkeepingBytes
+    }
+
     /// Adds a waiter for `intake` to `flight`.
     private mutating func join(_ flight: Flight, _ intake: Intake, now: ContinuousClock.Instant, timeout: Duration) {
         let waiter = Waiter(id: makeID(), client: intake.client, correlation: intake.correlation, dialect: intake.dialect,
                             serviceName: intake.serviceName, receivedAt: now, deadline: now + timeout, flight: flight.id)
         waiters[waiter.id] = waiter
+        heldBytes += waiter.bytes
         if intake.dialect == .canopy {
             byClient[ClientKey(client: intake.client, correlation: intake.correlation)] = waiter.id
         }
@@ -190,6 +199,7 @@ extension BrokerState {
     /// Forgets a waiter (answered, or gone).
     private mutating func forget(_ waiter: Waiter) {
         waiters[waiter.id] = nil
+        heldBytes -= waiter.bytes
         if waiter.dialect == .canopy {
             byClient[ClientKey(client: waiter.client, correlation: waiter.correlation)] = nil
         }

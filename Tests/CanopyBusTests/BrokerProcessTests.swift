@@ -178,6 +178,48 @@ struct BrokerProcessTests {
         #expect(written < 8_000, "\(written) bytes of log for 20,000 malformed messages")
     }
 
+    @Test func memoryOfABurstOfRefusedRequestsIsGivenBack() async throws {
+        // Nothing is held for refused requests, yet a burst of them costs libzmq's and the
+        // allocator's memory: once the burst calms it goes back to the system.
+        let broker = try BrokerProcess(["--log-level", "info", "--heartbeat-ms", "2000"])
+        defer { broker.stop() }
+        let endpoint = try await broker.endpoint()
+        let context = ZMQContext()
+        let socket = try ZMQSocket(context, type: .dealer)
+        defer { socket.close() }
+        try socket.connect(endpoint)
+        let header = RequestHeader(timeoutMilliseconds: 60_000, principal: String(repeating: "p", count: 200)).frame
+        func request(_ index: Int, service: String) throws {
+            try socket.send([Wire.version, Wire.Command.request.frame, Array(repeating: 0x63, count: 56) + Wire.frame(UInt64(index)),
+                             Array(service.utf8), Array("op".utf8), header, []], dontWait: false)
+        }
+        // The start-up grace holds requests for 64 unknown services; names past those are
+        // refused noWorkers at once.
+        for index in 0..<64 { try request(index, service: "held-\(index)") }
+        var answered = 0
+        func drain() throws { while try socket.receive() != nil { answered += 1 } }
+        try await Task.sleep(for: .milliseconds(200))
+        let baseline = broker.residentBytes
+        var peak = baseline
+        for index in 0..<300_000 {
+            try request(64 + index, service: "refused-\(index % 1_000)")
+            if index % 1_000 == 0 {
+                try drain()
+                peak = max(peak, broker.residentBytes)
+            }
+        }
+        let deadline = ContinuousClock.now + .seconds(60)
+        while answered < 300_000, ContinuousClock.now < deadline {
+            try drain()
+            peak = max(peak, broker.residentBytes)
+            try await Task.sleep(for: .milliseconds(10))
+        }
+        #expect(answered >= 300_000, "every refused request is answered: \(answered)")
+        try await Task.sleep(for: .milliseconds(2_500)) // calm, and the give-back runs at most once a second
+        let after = broker.residentBytes
+        #expect(after < baseline + max(8_000_000, (peak - baseline) / 2), "given back: baseline \(baseline), peak \(peak), after \(after)")
+    }
+
     @Test func memoryHeldForABurstIsGivenBack() async throws {
         // Within the start-up grace, requests for services nobody registered are held; when
         // it ends they are answered noWorkers and their memory must go back to the system.

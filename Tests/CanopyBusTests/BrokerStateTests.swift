@@ -75,6 +75,32 @@ struct BrokerStateTests {
         #expect(order.count == Int(count / 4) + 1 && order == order.sorted(), "every live one, oldest first")
     }
 
+    @Test func everyByteAHeldRequestCostsIsCountedAndBoundedEvenWithEmptyBodies() {
+        var broker = Harness { $0.maximumHeldBytes = 256 * 1024 }
+        let configuration = broker.state.configuration
+        broker.ready("w1", credit: 1)
+        let principal = String(repeating: "p", count: 256)
+        var refused = 0
+        for index in 0..<2_000 {
+            // An empty body, a 256-byte principal, a 64-byte correlation id.
+            let header = RequestHeader(timeoutMilliseconds: 600_000, principal: principal)
+            let request = WireRequest(correlation: Array(repeating: UInt8(index % 250), count: 56) + Wire.frame(UInt64(index)), service: "plants",
+                                      operation: "get", header: header, body: [], attachments: [])
+            refused += errors(broker.receive(WireMessage.request(request).encoded, from: "client-\(index % 7)")).filter { $0.error.code == .busy }.count
+        }
+        let held = broker.state.heldBytes
+        #expect(held > 0 && held <= configuration.maximumHeldBytes, "\(held)")
+        #expect(refused > 0, "empty bodies are not free: the bound refuses some")
+        let accepted = 2_000 - refused
+        #expect(held >= accepted * (256 + 64), "each counts at least its principal and correlation id: \(held) for \(accepted)")
+        // Cancelled, everything is given back to the count.
+        for index in 0..<2_000 {
+            let correlation = Array(repeating: UInt8(index % 250), count: 56) + Wire.frame(UInt64(index))
+            _ = broker.receive(WireMessage.cancel(correlation: correlation).encoded, from: "client-\(index % 7)")
+        }
+        #expect(broker.state.heldBytes == 0, "\(broker.state.heldBytes) bytes left counted after every request went")
+    }
+
     @Test func dispatchesOnlyToWorkersThatDeclaredTheOperation() {
         var broker = Harness()
         broker.ready("reader", operations: [OperationDescriptor(name: "get", idempotent: true, coalescable: false)])
