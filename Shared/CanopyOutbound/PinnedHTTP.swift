@@ -3,13 +3,16 @@ import NIOCore
 import NIOHTTP1
 import NIOPosix
 import NIOSSL
+import Synchronization
 
-/// One HTTP/1.1 request to an address a person named, made safely: the host is resolved here,
+/// HTTP/1.1 requests to addresses a person named, made safely: the host is resolved here,
 /// every address it resolves to must be public (``PublicAddress``) unless the operator allowed
 /// the host, the connection goes to one of those checked addresses (so the name cannot resolve
 /// elsewhere between the check and the connect: no DNS-rebinding window), and the address the
 /// connection actually reached is checked again. TLS names the host (SNI and the certificate
-/// check). A connect timeout, a total timeout, and a bound on the answer's bytes.
+/// check). A connect timeout, a total timeout, and a bound on the answer's bytes. Connections
+/// the server keeps open are kept for the next request to the same host (at most 8 a host):
+/// they go to the address checked when they were made.
 ///
 /// Used for remote photos (canopy-images) and for webhooks and ntfy topics (canopy-remind).
 /// Thread-safe.
@@ -100,13 +103,27 @@ public final class PinnedHTTP: Sendable {
         _ = try await publicAddresses(host, port: 80)
     }
 
-    /// Sends the request and collects the answer.
+    /// Sends the request and collects the answer: on a kept connection to the same host when
+    /// one is idle (it went to an address checked when it was made), else on a new one.
     public func send(_ request: Request) async throws(Failure) -> Response {
         let target = try Target(request.url)
+        let key = Pool.Key(host: target.host, port: target.port, secure: target.secure)
+        while let kept = pool.take(key) {
+            do {
+                return try await exchange(request, target: target, on: kept, key: key)
+            } catch let failure as Failure where failure.kind == .unreachable && !kept.answered {
+                continue // the server closed it meanwhile: another, or a new one
+            } catch let failure as Failure {
+                throw failure
+            } catch {
+                throw Failure(kind: .unreachable, message: "\(target.host): \(error)")
+            }
+        }
         let trusted = settings.allowedHosts.contains(target.host)
         let addresses = trusted ? try await Self.resolve(target.host, port: target.port) : try await publicAddresses(target.host, port: target.port)
         do {
-            return try await exchange(request, target: target, address: addresses[0], trusted: trusted)
+            let connection = try await connect(target: target, address: addresses[0], trusted: trusted)
+            return try await exchange(request, target: target, on: connection, key: key)
         } catch let failure as Failure {
             throw failure
         } catch {
@@ -123,9 +140,24 @@ public final class PinnedHTTP: Sendable {
         return addresses
     }
 
-    private func exchange(_ request: Request, target: Target, address: SocketAddress, trusted: Bool) async throws -> Response {
-        let promise = group.next().makePromise(of: Response.self)
+    /// A connection to a checked address, with its response collector.
+    final class Connection: Sendable {
+        let channel: any Channel
+        let collector: ResponseCollector
+        /// Whether the answer to the request on it now began (a kept one that fails before
+        /// that, closed by the server meanwhile, is tried again on another).
+        var answered: Bool { collector.answered.load(ordering: .relaxed) }
+
+        init(channel: any Channel, collector: ResponseCollector) {
+            self.channel = channel
+            self.collector = collector
+        }
+    }
+
+    /// Connects to `address` (one of the host's, checked) and checks the address reached.
+    private func connect(target: Target, address: SocketAddress, trusted: Bool) async throws -> Connection {
         let (limit, tls) = (settings.maximumBytes, self.tls)
+        let collector = ResponseCollector(limit: limit)
         let bootstrap = ClientBootstrap(group: group)
             .connectTimeout(.milliseconds(settings.connectTimeout.wholeMilliseconds))
             .channelInitializer { channel in
@@ -134,46 +166,96 @@ public final class PinnedHTTP: Sendable {
                         try channel.pipeline.syncOperations.addHandler(try NIOSSLClientHandler(context: tls, serverHostname: target.host))
                     }
                     try channel.pipeline.syncOperations.addHTTPClientHandlers()
-                    try channel.pipeline.syncOperations.addHandler(ResponseCollector(promise: promise, limit: limit))
+                    try channel.pipeline.syncOperations.addHandler(collector)
                 }
             }
         let channel: any Channel
         do {
             channel = try await bootstrap.connect(to: address).get()
         } catch {
-            promise.fail(error)
             throw Failure(kind: .unreachable, message: "cannot connect to \(target.host): \(error)")
         }
         // The address actually connected to is checked again.
         if !trusted, let remote = channel.remoteAddress, PublicAddress.isInternal(remote) {
             channel.close(promise: nil)
-            promise.fail(ChannelError.ioOnClosedChannel)
             throw Failure(kind: .refused, message: "\(target.host) connected to an internal address; refused")
         }
+        return Connection(channel: channel, collector: collector)
+    }
+
+    /// One request and its answer on `connection`; the connection is kept for the next
+    /// request to the same host when the server keeps it open, else closed.
+    private func exchange(_ request: Request, target: Target, on connection: Connection, key: Pool.Key) async throws -> Response {
+        let channel = connection.channel
+        let promise = channel.eventLoop.makePromise(of: Response.self)
+        try await channel.eventLoop.submit { connection.collector.begin(promise) }.get()
         let total = settings.totalTimeout
         let timeout = channel.eventLoop.scheduleTask(in: .milliseconds(total.wholeMilliseconds)) {
             promise.fail(Failure(kind: .timeout, message: "\(target.host) did not answer within \(total)"))
             channel.close(promise: nil)
         }
-        defer {
-            timeout.cancel()
-            channel.close(promise: nil)
-        }
+        defer { timeout.cancel() }
         var head = HTTPRequestHead(version: .http1_1, method: request.method, uri: target.pathAndQuery)
         head.headers.add(name: "Host", value: target.port == (target.secure ? 443 : 80) ? target.host : "\(target.host):\(target.port)")
         head.headers.add(name: "User-Agent", value: settings.userAgent)
         head.headers.add(contentsOf: request.headers)
         if request.method != .GET || !request.body.isEmpty { head.headers.replaceOrAdd(name: "Content-Length", value: "\(request.body.count)") }
-        head.headers.replaceOrAdd(name: "Connection", value: "close")
         channel.write(HTTPClientRequestPart.head(head), promise: nil)
         if !request.body.isEmpty { channel.write(HTTPClientRequestPart.body(.byteBuffer(ByteBuffer(bytes: request.body))), promise: nil) }
         channel.writeAndFlush(HTTPClientRequestPart.end(nil), promise: nil)
-        return try await withTaskCancellationHandler {
-            try await promise.futureResult.get()
-        } onCancel: {
+        let response: Response
+        do {
+            response = try await withTaskCancellationHandler {
+                try await promise.futureResult.get()
+            } onCancel: {
+                channel.close(promise: nil)
+            }
+        } catch {
             channel.close(promise: nil)
+            throw error
+        }
+        let closes = response.headers[canonicalForm: "connection"].contains { $0.lowercased() == "close" }
+        if closes || !channel.isActive || !pool.put(connection, for: key) { channel.close(promise: nil) }
+        return response
+    }
+
+    /// Idle kept connections by host: at most ``Pool/perHost`` each and ``Pool/total`` in all
+    /// (more are closed); a kept one the server closed meanwhile is dropped when taken.
+    final class Pool: Sendable {
+        struct Key: Hashable, Sendable {
+            var host: String
+            var port: Int
+            var secure: Bool
+        }
+
+        static let perHost = 8
+        static let total = 512
+        private let idle = Mutex<(byKey: [Key: [Connection]], count: Int)>(([:], 0))
+
+        /// An idle connection to `key`'s host that is still open, if one is kept.
+        func take(_ key: Key) -> Connection? {
+            idle.withLock { idle in
+                while var list = idle.byKey[key], let connection = list.popLast() {
+                    idle.byKey[key] = list.isEmpty ? nil : list
+                    idle.count -= 1
+                    if connection.channel.isActive { return connection }
+                }
+                return nil
+            }
+        }
+
+        /// Keeps `connection` for the next request to its host; false when the pool is full.
+        func put(_ connection: Connection, for key: Key) -> Bool {
+            idle.withLock { idle in
+                guard idle.count < Self.total, idle.byKey[key, default: []].count < Self.perHost else { return false }
+                idle.byKey[key, default: []].append(connection)
+                idle.count += 1
+                return true
+            }
         }
     }
+
+    private let pool = Pool()
 
     /// The host's addresses (``addresses(of:port:)``, off the event loops); `unreachable` when none.
     static func resolve(_ host: String, port: Int) async throws(Failure) -> [SocketAddress] {
@@ -215,23 +297,35 @@ extension Duration {
     }
 }
 
-/// Collects one HTTP response, failing past `limit` body bytes.
-private final class ResponseCollector: ChannelInboundHandler, @unchecked Sendable {
+/// Collects the responses of one connection, one request at a time (``begin(_:)`` on the
+/// channel's event loop before each), failing past `limit` body bytes. Its state belongs to
+/// the event loop.
+final class ResponseCollector: ChannelInboundHandler, @unchecked Sendable {
     typealias InboundIn = HTTPClientResponsePart
 
-    private let promise: EventLoopPromise<PinnedHTTP.Response>
+    private var promise: EventLoopPromise<PinnedHTTP.Response>?
     private let limit: Int
     private var head: HTTPResponseHead?
     private var body: [UInt8] = []
+    /// Whether the response to the request under way began (read from other threads).
+    let answered = Atomic<Bool>(false)
 
-    init(promise: EventLoopPromise<PinnedHTTP.Response>, limit: Int) {
-        self.promise = promise
+    init(limit: Int) {
         self.limit = limit
+    }
+
+    /// The next response goes to `promise`.
+    func begin(_ promise: EventLoopPromise<PinnedHTTP.Response>) {
+        self.promise = promise
+        head = nil
+        body = []
+        answered.store(false, ordering: .relaxed)
     }
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         switch unwrapInboundIn(data) {
         case .head(let head):
+            answered.store(true, ordering: .relaxed)
             self.head = head
             if let length = head.headers.first(name: "content-length").flatMap(Int.init), length > limit {
                 fail(context, PinnedHTTP.Failure(kind: .tooLarge, message: "the answer is \(length) bytes; the limit is \(limit)"))
@@ -243,13 +337,17 @@ private final class ResponseCollector: ChannelInboundHandler, @unchecked Sendabl
             body += buffer.readBytes(length: buffer.readableBytes) ?? []
         case .end:
             guard let head else { return fail(context, ChannelError.inputClosed) }
-            promise.succeed(.init(status: head.status, headers: head.headers, body: body))
-            context.close(promise: nil)
+            let response = PinnedHTTP.Response(status: head.status, headers: head.headers, body: body)
+            self.head = nil
+            body = []
+            promise?.succeed(response)
+            promise = nil
         }
     }
 
     func channelInactive(context: ChannelHandlerContext) {
-        promise.fail(PinnedHTTP.Failure(kind: .unreachable, message: "the connection closed before the answer was complete"))
+        promise?.fail(PinnedHTTP.Failure(kind: .unreachable, message: "the connection closed before the answer was complete"))
+        promise = nil
     }
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {
@@ -257,7 +355,8 @@ private final class ResponseCollector: ChannelInboundHandler, @unchecked Sendabl
     }
 
     private func fail(_ context: ChannelHandlerContext, _ error: any Error) {
-        promise.fail(error)
+        promise?.fail(error)
+        promise = nil
         context.close(promise: nil)
     }
 }

@@ -40,6 +40,24 @@ struct DeliverySlotsTests {
         #expect(slots.inFlightTo.isEmpty && slots.inFlight == 0)
     }
 
+    @Test func aDestinationsBoundFollowsHowItAnswers() {
+        var slots = DeliverySlots(total: 64, perDestination: 4, perQuickDestination: 32, perSlowDestination: 2)
+        let host = "webhook:busy.example"
+        slots.enqueue((0..<100).map { Int64($0) })
+        var started = slots.start()
+        #expect(started.count == 64)
+        let admitted = started.filter { slots.admit($0.id, to: host) }
+        #expect(admitted.count == 4, "a host not heard from yet gets 4")
+        // It answers quickly: the sends waiting for it take the slots its bound now gives.
+        slots.finish(destination: host, quickly: true)
+        started = slots.start()
+        #expect(slots.limit(of: host) == 32)
+        #expect(started.filter { $0.reserved == host }.count == 29, "32 in flight now: 3 still out and 29 that waited")
+        // Then it answers slowly: no new sends go until it is under its slow bound.
+        for _ in 0..<30 { slots.finish(destination: host, quickly: false) }
+        #expect(slots.limit(of: host) == 2 && slots.inFlightTo[host] == 2, "\(String(describing: slots.inFlightTo[host]))")
+    }
+
     @Test func tenDeadHostsHoldAtMostTheirShareAndEveryoneElseFlows() {
         var slots = DeliverySlots(total: 64, perDestination: 4)
         // 10 hosts that never answer, 20 sends each, queued before 100 others' sends.

@@ -1,9 +1,12 @@
 import DequeModule
 
-/// Which sends may be in flight: at most `total` at once, and at most `perDestination` to one
-/// destination (a webhook's host, see ``NotificationChannel/destination(of:)``). A send whose
+/// Which sends may be in flight: at most `total` at once, and a bound per destination (a
+/// webhook's host, see ``NotificationChannel/destination(of:)``) that follows how it answers:
+/// `perDestination` for one not heard from yet, `perQuickDestination` once its last answer
+/// came quickly, `perSlowDestination` once it came slowly (or not at all). A send whose
 /// destination is full waits for that destination without holding one of the total's slots,
-/// so a slow or dead receiver, which anyone can register, holds back only its own deliveries.
+/// so a slow or dead receiver, which anyone can register, holds back only its own deliveries,
+/// while a busy receiver that answers quickly gets as many as it takes.
 ///
 /// A pure value: the dispatcher keeps it under its lock and carries out what it answers.
 struct DeliverySlots {
@@ -16,6 +19,12 @@ struct DeliverySlots {
 
     let total: Int
     let perDestination: Int
+    let perQuickDestination: Int
+    let perSlowDestination: Int
+    /// How each destination answered last: quickly (true) or slowly (false). At most
+    /// ``rememberedDestinations``; forgotten ones start again at `perDestination`.
+    private var quick: [String: Bool] = [:]
+    static let rememberedDestinations = 10_000
     /// Sends not yet started, in order.
     private(set) var ready = Deque<Int64>()
     /// Sends that waited for their destination and hold its slot now: they start first.
@@ -29,11 +38,24 @@ struct DeliverySlots {
 
     /// - Parameters:
     ///   - total: sends in flight at once, at least 1.
-    ///   - perDestination: sends in flight to one destination, at least 1.
-    init(total: Int, perDestination: Int) {
+    ///   - perDestination: sends in flight to a destination not heard from yet, at least 1.
+    ///   - perQuickDestination: to one whose last answer came quickly.
+    ///   - perSlowDestination: to one whose last answer came slowly or not at all.
+    init(total: Int, perDestination: Int, perQuickDestination: Int? = nil, perSlowDestination: Int? = nil) {
         precondition(total >= 1 && perDestination >= 1, "delivery slots need at least one in all and one per destination")
         self.total = total
         self.perDestination = perDestination
+        self.perQuickDestination = max(1, perQuickDestination ?? perDestination)
+        self.perSlowDestination = max(1, perSlowDestination ?? perDestination)
+    }
+
+    /// The bound of `destination` now.
+    func limit(of destination: String) -> Int {
+        switch quick[destination] {
+        case true?: perQuickDestination
+        case false?: perSlowDestination
+        case nil: perDestination
+        }
     }
 
     /// Sends waiting for a destination, in all.
@@ -65,7 +87,7 @@ struct DeliverySlots {
     /// full: the send waits for it and gives its total slot back (call ``start()`` again).
     mutating func admit(_ id: Int64, to destination: String?) -> Bool {
         guard let destination else { return true }
-        if inFlightTo[destination, default: 0] < perDestination {
+        if inFlightTo[destination, default: 0] < limit(of: destination) {
             inFlightTo[destination, default: 0] += 1
             return true
         }
@@ -74,17 +96,22 @@ struct DeliverySlots {
         return false
     }
 
-    /// A started send ended (delivered, failed, or no longer pending): its slots are free, and
-    /// the next send waiting for its destination takes that destination's slot.
-    mutating func finish(destination: String?) {
+    /// A started send ended (delivered, failed, or no longer pending): its slots are free,
+    /// the destination's bound follows how it answered (`quickly`: `nil` when it was not
+    /// asked), and the sends waiting for it take the slots its bound now gives.
+    mutating func finish(destination: String?, quickly: Bool? = nil) {
         inFlight -= 1
         guard let destination else { return }
-        if var queue = waiting[destination], let next = queue.popFirst() {
-            waiting[destination] = queue.isEmpty ? nil : queue
-            resumed.append(Start(id: next, reserved: destination)) // the slot passes to it
-        } else {
-            let left = inFlightTo[destination, default: 1] - 1
-            inFlightTo[destination] = left > 0 ? left : nil
+        if let quickly {
+            if quick[destination] == nil, quick.count >= Self.rememberedDestinations { quick.removeAll(keepingCapacity: true) }
+            quick[destination] = quickly
         }
+        inFlightTo[destination, default: 1] -= 1
+        while inFlightTo[destination, default: 0] < limit(of: destination), var queue = waiting[destination], let next = queue.popFirst() {
+            waiting[destination] = queue.isEmpty ? nil : queue
+            inFlightTo[destination, default: 0] += 1
+            resumed.append(Start(id: next, reserved: destination)) // it holds the destination's slot
+        }
+        if inFlightTo[destination] == 0 { inFlightTo[destination] = nil }
     }
 }

@@ -47,9 +47,16 @@ public struct DispatchSettings: Sendable {
     public var maximumBackoff: Duration = .seconds(300)
     /// Deliveries in flight at once, in all.
     public var concurrency = 64
-    /// Deliveries in flight at once to one destination (a webhook's or ntfy server's host):
-    /// a slow or dead receiver holds at most this many of ``concurrency``.
+    /// Deliveries in flight at once to one destination (a webhook's or ntfy server's host)
+    /// not heard from yet, or whose last answer came slowly: a slow or dead receiver holds at
+    /// most this many of ``concurrency``.
     public var perDestination = 4
+    /// …to one whose last answer came within ``quickAnswer``: a busy receiver that keeps up.
+    public var perQuickDestination = 32
+    /// …to one whose last answer took longer, or never came.
+    public var perSlowDestination = 2
+    /// An answer within this counts as quick.
+    public var quickAnswer: Duration = .seconds(1)
     /// Ask canopy-care for a fresh window when fewer than this many reminders are pending.
     public var refillBelow = 32
     /// …or when the last pending one is within this.
@@ -118,7 +125,8 @@ public final class Dispatcher: Service, Sendable {
         self.settings = settings
         self.refill = refill
         self.logger = logger
-        state = Mutex(State(slots: DeliverySlots(total: settings.concurrency, perDestination: settings.perDestination)))
+        state = Mutex(State(slots: DeliverySlots(total: settings.concurrency, perDestination: settings.perDestination,
+                                                 perQuickDestination: settings.perQuickDestination, perSlowDestination: settings.perSlowDestination)))
     }
 
     /// Reminders whose time is new or changed (from a sync). The dispatcher is woken only
@@ -330,6 +338,7 @@ public final class Dispatcher: Service, Sendable {
     private func perform(_ start: DeliverySlots.Start) async {
         var destination = start.reserved
         var attempt: Attempt?
+        var quickly: Bool?
         do {
             if let (send, device) = try load(start.id) {
                 let channel = device.flatMap { channels[$0.device.channel] }
@@ -338,14 +347,25 @@ public final class Dispatcher: Service, Sendable {
                     let admitted = state.withLock { $0.slots.admit(start.id, to: destination) }
                     guard admitted else { return startFreed() } // waits for its destination
                 }
+                let began = ContinuousClock.now
                 attempt = try await self.attempt(send, device: device, channel: channel)
+                if destination != nil, let outcome = attempt?.outcome {
+                    // A quick answer raises the destination's bound; a slow one, or one to try
+                    // again (a timeout, a refused connection, a 5xx or 429: it cannot keep up),
+                    // lowers it.
+                    if case .retry = outcome {
+                        quickly = false
+                    } else {
+                        quickly = ContinuousClock.now - began < settings.quickAnswer
+                    }
+                }
             }
         } catch {
             logger.error("remind.deliver.failed", metadata: ["remind.send": "\(start.id)", "remind.error": "\(error)"])
             let now = clock.now().timeIntervalSince1970
             state.withLock { $0.sends.insert(Entry(at: now + 1, id: start.id)) } // again in a second
         }
-        state.withLock { $0.slots.finish(destination: destination) }
+        state.withLock { $0.slots.finish(destination: destination, quickly: quickly) }
         startFreed()
         if let attempt { write(attempt) }
     }
