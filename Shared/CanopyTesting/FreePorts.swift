@@ -2,8 +2,37 @@ import Glibc
 
 /// Ports for tests that start real processes, which need a port before they listen.
 public enum FreePorts {
-    /// A TCP port nothing on 127.0.0.1 listens on right now (the system's choice, then released).
+    /// A TCP port nothing on 127.0.0.1 uses right now, below the system's ephemeral range
+    /// (`ip_local_port_range`): a port from that range may be given to any process's outgoing
+    /// connection between the choice and the listen, and a service of a test stack would then
+    /// stop at start with its port taken.
     public static func any() -> Int {
+        run(of: 0)
+    }
+
+    /// A free port with `count` more free ports after it (for executables that take a base port).
+    public static func run(of count: Int) -> Int {
+        let floor = 10_000
+        let ceiling = max(floor + 1_000, ephemeralStart() - count - 1)
+        for _ in 0..<1_000 {
+            let port = Int.random(in: floor..<ceiling)
+            if (0...count).allSatisfy({ isFree(port + $0) }) { return port }
+        }
+        return systemChoice()
+    }
+
+    /// The first port of the system's ephemeral range (32768 when it cannot be read).
+    static func ephemeralStart() -> Int {
+        guard let file = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r") else { return 32_768 }
+        defer { fclose(file) }
+        var line = [CChar](repeating: 0, count: 64)
+        guard fgets(&line, Int32(line.count), file) != nil else { return 32_768 }
+        let text = String(decoding: line.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+        return text.split(whereSeparator: { $0 == " " || $0 == "\t" }).first.flatMap { Int($0) } ?? 32_768
+    }
+
+    /// The system's choice of a free port (from the ephemeral range), then released.
+    private static func systemChoice() -> Int {
         let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         defer { close(descriptor) }
         var address = loopback(port: 0)
@@ -11,16 +40,6 @@ public enum FreePorts {
         _ = withUnsafeMutablePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(descriptor, $0, length) } }
         _ = withUnsafeMutablePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(descriptor, $0, &length) } }
         return Int(UInt16(bigEndian: address.sin_port))
-    }
-
-    /// A free port with `count` more free ports after it (for executables that take a base port).
-    public static func run(of count: Int) -> Int {
-        for _ in 0..<100 {
-            let port = any()
-            guard port + count < 65_535 else { continue }
-            if (1...max(1, count)).allSatisfy({ isFree(port + $0) }) { return port }
-        }
-        return any()
     }
 
     /// Whether nothing listens on `port` of 127.0.0.1 now.

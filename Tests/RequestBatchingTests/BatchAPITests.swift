@@ -228,7 +228,8 @@ extension LiveBatchTests {
         }
 
         @Test func idleAndStalledConnectionsAreClosedAndAnOversizedBodyIsRefusedBeforeItIsSent() async throws {
-            try await withStack(idleTimeout: .milliseconds(500), readTimeout: .milliseconds(500)) { stack in
+            // Short timeouts, yet long enough that a loaded machine answers within them.
+            try await withStack(idleTimeout: .seconds(2), readTimeout: .seconds(2)) { stack in
                 let port = Int(stack.base.split(separator: ":").last!)!
                 // Connected, and never a byte: closed.
                 let idle = try RawConnection(port: port)
