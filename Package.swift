@@ -97,6 +97,7 @@ let package = Package(
             dependencies: [
                 "CZeroMQ",
                 .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "Metrics", package: "swift-metrics"),
             ],
             path: "Shared/CanopyIO",

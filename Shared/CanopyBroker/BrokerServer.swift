@@ -92,15 +92,7 @@ public final class BrokerServer: Service, @unchecked Sendable {
     /// ending because another of its services failed, such as a listener whose port is taken)
     /// shuts down as SIGTERM does, so the process never outlives its group.
     public func run() async throws {
-        try await withTaskCancellationHandler {
-            try await withGracefulShutdownHandler {
-                try await LoopThread.run(name: "canopy-broker") { [self] in try loop() }
-            } onGracefulShutdown: { [mailbox] in
-                mailbox.post(.shutdown)
-            }
-        } onCancel: { [mailbox] in
-            mailbox.post(.shutdown)
-        }
+        try await LoopThread.serve(name: "canopy-broker", stop: { [mailbox] in mailbox.post(.shutdown) }) { [self] in try loop() }
     }
 
     /// Begins a graceful shutdown, as SIGTERM does.

@@ -1,5 +1,6 @@
 import Foundation
 import CZeroMQ
+import ServiceLifecycle
 
 /// Runs a blocking socket loop on a thread of its own, so a ZeroMQ socket has exactly one
 /// owner and no Swift concurrency thread is blocked in `zmq_poll`.
@@ -26,6 +27,22 @@ package enum LoopThread {
                     continuation.resume(throwing: error)
                 }
             }
+        }
+    }
+
+    /// Runs a socket loop as a service's `run()`: `body` on a thread of its own until it
+    /// returns, and `stop` (which asks the loop to end, as SIGTERM does) on graceful shutdown
+    /// and on cancellation too, so a loop never outlives its service group (the group cancels
+    /// its services when one of them fails, such as a listener whose port is taken).
+    package static func serve(name: String, stop: @escaping @Sendable () -> Void, _ body: @escaping @Sendable () throws -> Void) async throws {
+        try await withTaskCancellationHandler {
+            try await withGracefulShutdownHandler {
+                try await run(name: name, body)
+            } onGracefulShutdown: {
+                stop()
+            }
+        } onCancel: {
+            stop()
         }
     }
 }
