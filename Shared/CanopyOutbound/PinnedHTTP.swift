@@ -94,15 +94,6 @@ public final class PinnedHTTP: Sendable {
         }
     }
 
-    /// Whether `host` may be connected to: every address it resolves to is public (or the
-    /// operator allowed it). Throws `refused` for an internal one, `unreachable` when it does
-    /// not resolve. What registration checks; ``send(_:)`` checks again at connect time.
-    public func check(host: String) async throws(Failure) {
-        let host = host.lowercased()
-        guard !settings.allowedHosts.contains(host) else { return }
-        _ = try await publicAddresses(host, port: 80)
-    }
-
     /// Sends the request and collects the answer: on a kept connection to the same host when
     /// one is idle (it went to an address checked when it was made), else on a new one.
     public func send(_ request: Request) async throws(Failure) -> Response {
