@@ -46,9 +46,11 @@ struct CaptureCommandLineTests {
             var bytes = original
             bytes.replaceSubrange(second..<(second + 4), with: withUnsafeBytes(of: claim.bigEndian) { Array($0) })
             try Data(bytes).write(to: URL(fileURLWithPath: path))
-            // Under a 400 MB address-space limit: allocating the claim would kill it.
+            // Under an address-space limit below 1 GiB (with few malloc arenas, whose reservations
+            // count too): allocating the claim would kill it, and room is left for the threads.
             for command in [["capture", "inspect", path], ["capture", "filter", path, "--output", path + ".out"], ["replay", path, "--dry-run"]] {
-                let result = try await runProgram(at: "/bin/bash", ["-c", "ulimit -v 400000; exec \"$0\" \"$@\"", try LiveBus.executable("canopy").path] + command)
+                let result = try await runProgram(at: "/bin/bash", ["-c", "ulimit -v 1000000; exec \"$0\" \"$@\"", try LiveBus.executable("canopy").path] + command,
+                                                  environment: ["MALLOC_ARENA_MAX": "2"])
                 // inspect and filter exit 2 for a capture that ends early; a dry run 1 (its checks found something)
                 #expect(result.status == (command[0] == "replay" ? 1 : 2), "\(command) \(claim): \(result.status) \(result.errors)")
                 #expect((result.output + result.errors).contains("\(ending): \(path)"), "\(command) \(claim): \(result.output) \(result.errors)")
