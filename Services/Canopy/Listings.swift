@@ -47,6 +47,9 @@ struct Stats: AsyncParsableCommand {
                 ])
             }
             print("uptime \(Int(stats.uptimeSeconds)) s, \(stats.rejected) request(s) rejected by the broker (\(stats.malformed) malformed), \(stats.heldBytes) bytes of requests held, \(stats.openFlights) open flight(s)")
+            if let unread = stats.unreadReplyBytes, let drops = stats.slowReaderDrops {
+                print("\(unread) bytes of replies wait for clients to read them; \(drops) dropped for slow readers")
+            }
             print(stats.services.isEmpty ? "no services" : table.render())
             guard !stats.operations.isEmpty else { return }
             var operations = Table("OPERATION", "REQUESTS", "COALESCED", "WORKER CALLS", "SAVED", "DETACHED", "REDISPATCHED", "WAITERS P50", "WAITERS P99")

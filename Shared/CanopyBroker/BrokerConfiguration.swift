@@ -34,6 +34,12 @@ public struct BrokerConfiguration: Sendable {
     /// Bytes of request bodies the broker holds in all (queued, or at a worker and kept to be
     /// sent again if it dies) before new requests are answered `busy`.
     public var maximumHeldBytes: Int = 512 * 1024 * 1024
+    /// Bytes of replies that may wait unread for one client (in libzmq, for a client that
+    /// reads slowly) before further replies to it are dropped and it is told `busy` for each
+    /// (NATS' 64 MiB per slow consumer). A client with nothing waiting always gets its reply.
+    public var maximumUnreadBytesPerClient: Int = 64 * 1024 * 1024
+    /// Bytes of replies that may wait unread for all clients together.
+    public var maximumUnreadBytes: Int = 512 * 1024 * 1024
     /// Services without workers that requests may name during the start-up grace (after a
     /// broker restart, clients reconnect before workers do); past it they are answered
     /// `noWorkers` at once.

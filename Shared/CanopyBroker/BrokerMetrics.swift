@@ -14,6 +14,8 @@ final class BrokerMetrics {
     private let malformed = Counter(label: "canopy_broker_malformed_messages_total")
     private let rejected = Counter(label: "canopy_broker_rejected_requests_total")
     private let heldBytes = Gauge(label: "canopy_broker_held_bytes")
+    private let unreadReplyBytes = Gauge(label: "canopy_broker_unread_reply_bytes")
+    private let slowReaderDrops = Counter(label: "canopy_broker_slow_reader_drops_total")
     private let openFlights = Gauge(label: "canopy_broker_open_flights")
     private let captureRecords = Counter(label: "canopy_broker_capture_records_total")
     private let captureDropped = Counter(label: "canopy_broker_capture_dropped_total")
@@ -74,6 +76,8 @@ final class BrokerMetrics {
         advance(malformed, "malformed", statistics.malformed)
         advance(rejected, "rejected", statistics.rejected)
         heldBytes.record(statistics.heldBytes)
+        unreadReplyBytes.record(statistics.unreadReplyBytes ?? 0)
+        advance(slowReaderDrops, "slow reader drops", statistics.slowReaderDrops ?? 0)
         openFlights.record(statistics.openFlights)
         if let capture = statistics.capture {
             // A new capture counts from zero: the totals start again.

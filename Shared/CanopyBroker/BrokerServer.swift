@@ -184,8 +184,7 @@ public final class BrokerServer: Service, @unchecked Sendable {
                         state.captureStatus = status
                         logger.info("broker.capture.stopped", metadata: ["broker.capture": "\(status.path ?? "")", "broker.records": "\(status.records)",
                                                                        "broker.dropped": "\(status.dropped)"])
-                        var writer = try RoutedWriter(socket, to: client)
-                        try WireMessage.reply(correlation: correlation, shared: false, body: (try? codec.encode(status)) ?? []).write(into: &writer)
+                        try send(.reply(correlation: correlation, shared: false, body: (try? codec.encode(status)) ?? []), to: client)
                     }
                 }
             }
@@ -213,7 +212,8 @@ public final class BrokerServer: Service, @unchecked Sendable {
             for (reason, count) in warnings.endWindows(now: now) {
                 logger.warning("broker.dropped.suppressed", metadata: ["broker.reason": "\(reason)", "broker.suppressed": "\(count)"])
             }
-            memory.check(heldBytes: state.heldBytes, received: received, now: now)
+            memory.check(heldBytes: state.heldBytes + replies.bytes, received: received, now: now)
+            state.unreadReplies = (replies.bytes, replies.dropped)
             lastPass.store(DispatchTime.now().uptimeNanoseconds, ordering: .relaxed)
             if configuration.metrics {
                 state.drainLatencies { service, nanoseconds in metrics.recordLatency(service: service, nanoseconds: nanoseconds) }
@@ -235,6 +235,8 @@ public final class BrokerServer: Service, @unchecked Sendable {
 
     /// Repeated warnings are written a few at a time; the rest are counted (loop thread only).
     private var warnings = LogRateLimiter()
+    /// Replies waiting in libzmq for clients that read slowly (loop thread only).
+    private lazy var replies = ReplyBacklog(perClient: configuration.maximumUnreadBytesPerClient, total: configuration.maximumUnreadBytes)
 
     /// The running capture (loop thread only).
     private var capture: CaptureWriter?
@@ -255,10 +257,16 @@ public final class BrokerServer: Service, @unchecked Sendable {
         for directive in directives {
             switch directive {
             case .send(let peer, let message):
-                var writer = try RoutedWriter(socket, to: peer)
-                try message.write(into: &writer)
+                try send(message, to: peer)
             case .sendMajordomo(let peer, let message):
-                try socket.send(to: peer, message.encoded)
+                let frames = message.encoded
+                var ticket: SendTicket?
+                if case .client = message { // a reply to a Majordomo client: bounded as ours are (no error to send instead)
+                    ticket = admitReply(frames.reduce(peer.count) { $0 + $1.count }, to: peer)
+                    if ticket == nil { continue }
+                }
+                var writer = try RoutedWriter(socket, to: peer, ticket: ticket)
+                for (index, frame) in frames.enumerated() { try writer.write(frame, more: index < frames.count - 1) }
             case .log(let message, let peer):
                 if warnings.decide(message, now: .now) == .write {
                     logger.warning("broker.dropped", metadata: ["broker.reason": "\(message)", "broker.peer": "\(peer.hex)"])
@@ -276,11 +284,44 @@ public final class BrokerServer: Service, @unchecked Sendable {
                 } catch {
                     answer = .error(correlation: correlation, error: (try? codec.encode(error)) ?? [])
                 }
-                var writer = try RoutedWriter(socket, to: client)
-                try answer.write(into: &writer)
+                try send(answer, to: client)
             }
         }
         directives.removeAll(keepingCapacity: true)
+        replies.sweep()
+    }
+
+    /// Sends a message to a peer. Replies and errors for clients wait in libzmq until the
+    /// client reads them, so they are bounded (``ReplyBacklog``): one past a bound is dropped
+    /// and counted, and the client is told `busy` for it instead.
+    private func send(_ message: WireMessage, to peer: [UInt8]) throws {
+        var ticket: SendTicket?
+        switch message {
+        case .reply(let correlation, _, _, _):
+            ticket = admitReply(message.byteCount + peer.count, to: peer)
+            guard ticket != nil else {
+                let error = CanopyError(.busy, "the reply was dropped: more than \(replies.perClient) bytes of replies waited unread for this connection, or \(replies.total) for all (a slow reader); read replies as they come")
+                return try send(.error(correlation: correlation, error: (try? codec.encode(error)) ?? []), to: peer)
+            }
+        case .error:
+            ticket = admitReply(message.byteCount + peer.count, to: peer, slack: ReplyBacklog.errorSlack)
+            guard ticket != nil else { return }
+        default:
+            break
+        }
+        var writer = try RoutedWriter(socket, to: peer, ticket: ticket)
+        try message.write(into: &writer)
+    }
+
+    /// A ticket for a reply to `peer`, or `nil` (counted and logged) when it passes a bound.
+    private func admitReply(_ bytes: Int, to peer: [UInt8], slack: Int = 0) -> SendTicket? {
+        if let ticket = replies.admit(bytes, to: peer, slack: slack) { return ticket }
+        replies.countDrop()
+        if warnings.decide("slow reader: a reply was dropped", now: .now) == .write {
+            logger.warning("broker.dropped", metadata: ["broker.reason": "slow reader: a reply was dropped", "broker.peer": "\(peer.hex)",
+                                                       "broker.unread_bytes": "\(replies.bytes)"])
+        }
+        return nil
     }
 
     /// Starts, stops or reports the capture, as `broker.capture.*` asked; nil when the answer
@@ -345,22 +386,31 @@ public final class BrokerServer: Service, @unchecked Sendable {
 /// Writes a message's frames straight to the ROUTER socket behind the peer's identity frame,
 /// with no array of frames built first. A message the socket cannot take (an unroutable peer,
 /// a full queue: found at its first frame) is dropped whole, as ``ZMQSocket/send(to:_:)`` does.
+/// With a ticket, the last frame carries it until libzmq lets the message go.
 struct RoutedWriter: FrameWriter {
     private let socket: ZMQSocket
     private var dropped: Bool
+    private var ticket: SendTicket?
 
-    init(_ socket: ZMQSocket, to peer: [UInt8]) throws(ZMQError) {
+    init(_ socket: ZMQSocket, to peer: [UInt8], ticket: SendTicket? = nil) throws(ZMQError) {
         self.socket = socket
+        self.ticket = ticket
         dropped = try !socket.sendPart(peer, more: true)
     }
 
     mutating func write(_ frame: [UInt8], more: Bool) throws(ZMQError) {
         guard !dropped else { return }
-        dropped = try !socket.sendPart(frame, more: more)
+        if !more, let ticket {
+            self.ticket = nil
+            dropped = try !socket.sendLastPart(frame, ticket: ticket)
+        } else {
+            dropped = try !socket.sendPart(frame, more: more)
+        }
     }
 
     mutating func write(bytes: UnsafeRawBufferPointer, more: Bool) throws(ZMQError) {
         guard !dropped else { return }
+        if !more, ticket != nil { return try write(Array(bytes), more: false) }
         dropped = try !socket.sendPart(bytes: bytes, more: more)
     }
 }

@@ -81,6 +81,9 @@ public struct BrokerState {
     public var capturing = false
     /// The capture's counts as the shell last saw them (at most a second old), for `broker.stats`.
     public var captureStatus: CaptureStatus?
+    /// Bytes of replies waiting unread for clients, and replies dropped at the bounds since
+    /// the start, as the shell counts them (``ReplyBacklog``), for `broker.stats`.
+    public var unreadReplies: (bytes: Int, dropped: UInt64) = (0, 0)
 
     /// - Parameters:
     ///   - configuration: the broker's tunables.
@@ -352,6 +355,8 @@ public struct BrokerState {
             uptimeSeconds: Double(uptime.components.seconds) + Double(uptime.components.attoseconds) / 1e18,
             rejected: rejected, malformed: malformed, heldBytes: heldBytes, openFlights: openFlights.count, services: entries, operations: operations)
         statistics.capture = captureStatus
+        statistics.unreadReplyBytes = unreadReplies.bytes
+        statistics.slowReaderDrops = unreadReplies.dropped
         return statistics
     }
 }

@@ -1,5 +1,6 @@
 import CZeroMQ
 import Glibc
+import Synchronization
 
 // MARK: - Errors
 
@@ -180,7 +181,7 @@ public final class ZMQSocket {
     }
 
     /// Frames at least this large are handed to libzmq without copying (see
-    /// ``sendFrameWithoutCopy(_:flags:)``); smaller ones are cheaper to copy than to hand over.
+    /// ``sendFrameWithoutCopy(_:flags:ticket:)``); smaller ones are cheaper to copy than to hand over.
     static let zeroCopyBytes = 4096
 
     /// Sends one part of a multipart message without waiting: `more` on every part but the
@@ -196,6 +197,15 @@ public final class ZMQSocket {
     /// See ``sendPart(_:more:)``.
     public func sendPart(bytes: UnsafeRawBufferPointer, more: Bool) throws(ZMQError) -> Bool {
         try Self.sent(attemptSend(bytes, flags: more ? ZMQ_DONTWAIT | ZMQ_SNDMORE : ZMQ_DONTWAIT))
+    }
+
+    /// Sends a message's last part without copying it, carrying `ticket` until libzmq lets
+    /// the message go: written to the connection, or dropped with it (a peer that went away).
+    /// So the ticket's counts say how many bytes wait in libzmq for a peer that reads slowly.
+    ///
+    /// - Returns: `false` when the part could not be queued (the ticket is let go at once).
+    public func sendLastPart(_ frame: [UInt8], ticket: SendTicket) throws(ZMQError) -> Bool {
+        try sendFrameWithoutCopy(frame, flags: ZMQ_DONTWAIT, ticket: ticket)
     }
 
     private func sendFrame(_ frame: borrowing [UInt8], flags: Int32) throws(ZMQError) -> Bool {
@@ -225,9 +235,10 @@ public final class ZMQSocket {
     /// Sends a large frame without copying its bytes: the message points into the array's
     /// storage, which a retained ``SentFrame`` keeps alive (and, being shared, unchanged) until
     /// libzmq's I/O thread has written it and calls the free function.
-    private func sendFrameWithoutCopy(_ frame: [UInt8], flags: Int32) throws(ZMQError) -> Bool {
-        let box = Unmanaged.passRetained(SentFrame(frame))
-        let data = box.takeUnretainedValue().bytes.withUnsafeBytes { UnsafeMutableRawPointer(mutating: $0.baseAddress!) }
+    private func sendFrameWithoutCopy(_ frame: [UInt8], flags: Int32, ticket: SendTicket? = nil) throws(ZMQError) -> Bool {
+        let box = Unmanaged.passRetained(SentFrame(frame, ticket: ticket))
+        // An empty frame has no storage: libzmq takes a null pointer with size 0.
+        let data = box.takeUnretainedValue().bytes.withUnsafeBytes { $0.baseAddress.map { UnsafeMutableRawPointer(mutating: $0) } }
         var message = zmq_msg_t()
         let release: @convention(c) (UnsafeMutableRawPointer?, UnsafeMutableRawPointer?) -> Void = { _, hint in
             Unmanaged<SentFrame>.fromOpaque(hint!).release()
@@ -375,10 +386,53 @@ public struct Poller {
     }
 }
 
-/// Keeps a frame sent without copying alive until libzmq is done with it.
+/// Keeps a frame sent without copying alive until libzmq is done with it, and with it the
+/// ticket of the message it ends, if any.
 private final class SentFrame {
     let bytes: [UInt8]
-    init(_ bytes: [UInt8]) { self.bytes = bytes }
+    let ticket: SendTicket?
+    init(_ bytes: [UInt8], ticket: SendTicket?) {
+        self.bytes = bytes
+        self.ticket = ticket
+    }
+}
+
+/// A number of bytes counted from more than one thread: what waits in libzmq for one peer,
+/// or for all of them.
+public final class ByteCount: Sendable {
+    private let value = Atomic<Int>(0)
+
+    public init() {}
+
+    /// The bytes counted now.
+    public var bytes: Int { value.load(ordering: .relaxed) }
+
+    fileprivate func add(_ bytes: Int) { value.add(bytes, ordering: .relaxed) }
+    fileprivate func subtract(_ bytes: Int) { value.subtract(bytes, ordering: .relaxed) }
+}
+
+/// One message's bytes, added to its counts while libzmq holds the message: the ticket rides
+/// on the message's last frame (``ZMQSocket/sendLastPart(_:ticket:)``), and when libzmq frees
+/// that frame (the whole message is written, or was dropped with its connection) or the
+/// ticket is let go unsent, the bytes are taken off again (on whichever thread that is).
+public final class SendTicket: Sendable {
+    private let bytes: Int
+    private let peer: ByteCount
+    private let all: ByteCount
+
+    /// Counts `bytes` in `peer` and `all` until the ticket is let go.
+    public init(bytes: Int, peer: ByteCount, all: ByteCount) {
+        self.bytes = bytes
+        self.peer = peer
+        self.all = all
+        peer.add(bytes)
+        all.add(bytes)
+    }
+
+    deinit {
+        peer.subtract(bytes)
+        all.subtract(bytes)
+    }
 }
 
 /// What a peer's connection says about it, read off the messages it sends: the User-Id its

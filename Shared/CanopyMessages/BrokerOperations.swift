@@ -136,6 +136,11 @@ public struct BrokerStatistics: Codable, Sendable, Equatable {
     public var operations: [OperationStatistics]
     /// The capture, when one runs or ran since the broker started.
     public var capture: CaptureStatus?
+    /// Bytes of replies waiting for clients to read them (bounded per client and in all).
+    public var unreadReplyBytes: Int?
+    /// Replies dropped since the broker started because their client read too slowly (a
+    /// bound on unread replies was reached); the client was told `busy` instead.
+    public var slowReaderDrops: UInt64?
 
     /// - Parameters:
     ///   - uptimeSeconds: seconds since the broker started.

@@ -65,3 +65,18 @@ struct ArrayFrameWriter: FrameWriter {
         frames.append(Array(bytes))
     }
 }
+
+/// Counts a message's bytes without building it.
+struct ByteCountingWriter: FrameWriter {
+    typealias Failure = Never
+
+    var bytes = 0
+
+    mutating func write(_ frame: [UInt8], more: Bool) {
+        bytes += frame.count
+    }
+
+    mutating func write(bytes: UnsafeRawBufferPointer, more: Bool) {
+        self.bytes += bytes.count
+    }
+}

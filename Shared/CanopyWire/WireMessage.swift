@@ -138,6 +138,13 @@ extension WireMessage {
         return writer.frames
     }
 
+    /// The bytes of the message's frames together (what it costs in a queue, framing aside).
+    public var byteCount: Int {
+        var counter = ByteCountingWriter()
+        write(into: &counter)
+        return counter.bytes
+    }
+
     /// Writes the message's frames to `writer`, in order, the last one with `more` false.
     public func write<Writer: FrameWriter>(into writer: inout Writer) throws(Writer.Failure) {
         try writer.write(Wire.version, more: true)

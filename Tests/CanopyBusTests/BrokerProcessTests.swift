@@ -4,6 +4,7 @@ import CanopyMessages
 import CanopyServiceKit
 import CanopyTesting
 import Foundation
+import Logging
 import Synchronization
 import Testing
 
@@ -210,6 +211,7 @@ struct BrokerProcessTests {
             if index % 1_000 == 0 {
                 try drain()
                 peak = max(peak, broker.residentBytes)
+                await Task.yield() // a long loop on one of the cooperative pool's few threads
             }
         }
         let deadline = ContinuousClock.now + .seconds(60)
@@ -261,5 +263,48 @@ struct BrokerProcessTests {
         let after = broker.residentBytes
         #expect(peak > baseline + 100_000_000, "the burst was held: \(baseline) -> \(peak)")
         #expect(after < baseline + (peak - baseline) / 3, "given back: peak \(peak), after \(after), baseline \(baseline)")
+    }
+
+    @Test func repliesForAReaderThatDoesNotReadCostAtMostItsBoundInMemory() async throws {
+        // 300 replies of 1 MiB for a client that does not read took 300 MB and more of the
+        // broker's memory before; now at most --max-unread-bytes-per-client waits for it.
+        let broker = try BrokerProcess(["--log-level", "info", "--heartbeat-ms", "2000", "--liveness", "30",
+                                        "--max-unread-bytes-per-client", "\(16 << 20)"])
+        defer { broker.stop() }
+        let endpoint = try await broker.endpoint()
+        let worker = Process()
+        worker.executableURL = try LiveBus.executable("canopy-test-worker")
+        worker.arguments = ["--endpoint", endpoint, "--name", "w1", "--credit", "4", "--heartbeat-ms", "2000", "--log-level", "critical"]
+        try worker.run()
+        defer { worker.terminate(); worker.waitUntilExit() }
+        let context = ZMQContext()
+        let observer = try BusClient(configuration: .init(endpoint: endpoint), context: context, logger: Logger(label: "test"))
+        func served() async -> Int {
+            ((try? await observer.call(Broker.Stats.self, .init()))?.services.first { $0.name == "test" }?.served).map(Int.init) ?? -1
+        }
+        var deadline = ContinuousClock.now + .seconds(30)
+        while await served() < 0, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(50)) }
+        let baseline = broker.residentBytes
+
+        let (readerContext, reader) = try Self.dealer(to: endpoint)
+        defer { withExtendedLifetime(readerContext) { reader.close() } }
+        try reader.set(ZMQ_RCVHWM, 1)
+        let body = try MessageCodec().encode(TestService.Request(text: "big", replyPaddingBytes: 1_000_000))
+        for index in 0..<300 {
+            try reader.send([Wire.version, Wire.Command.request.frame, Wire.frame(UInt64(index + 1)), Array("test".utf8), Array("echo".utf8),
+                             RequestHeader(timeoutMilliseconds: 60_000).frame, body], dontWait: false)
+        }
+        var peak = baseline
+        deadline = ContinuousClock.now + .seconds(60)
+        while await served() < 300, ContinuousClock.now < deadline {
+            peak = max(peak, broker.residentBytes)
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        peak = max(peak, broker.residentBytes)
+        let statistics = try await observer.call(Broker.Stats.self, .init())
+        #expect(await served() >= 300, "the worker answered every request")
+        #expect((statistics.slowReaderDrops ?? 0) > 200, "most were dropped: \(statistics.slowReaderDrops ?? 0)")
+        #expect(peak - baseline < 80_000_000, "bounded: baseline \(baseline), peak \(peak)")
+        observer.close()
     }
 }

@@ -166,7 +166,9 @@ struct LiveHardeningTests {
         guard Curve.isAvailable else { return }
         let keys = Keys()
         try await withLiveBus(curve: keys.settings()) { bus in
-            func majordomoReady(_ pair: CurveKeyPair) throws -> [[UInt8]]? {
+            // Waits with Task.sleep, not usleep: a blocked thread of the cooperative pool (two
+            // on this machine) can keep another test's broker from starting.
+            func majordomoReady(_ pair: CurveKeyPair) async throws -> [[UInt8]]? {
                 let socket = try ZMQSocket(bus.context, type: .dealer)
                 defer { socket.close() }
                 try socket.becomeCurveClient(keys.peer(pair))
@@ -176,13 +178,13 @@ struct LiveHardeningTests {
                 let deadline = ContinuousClock.now + .seconds(3)
                 while ContinuousClock.now < deadline {
                     if let frames = try socket.receive() { return frames }
-                    usleep(10_000)
+                    try await Task.sleep(for: .milliseconds(10))
                 }
                 return nil
             }
-            let refused = try majordomoReady(keys.client)
+            let refused = try await majordomoReady(keys.client)
             #expect(refused.map { $0.count > 2 ? $0[2] : [] } == Majordomo.Command.disconnect.frame)
-            let accepted = try majordomoReady(keys.worker)
+            let accepted = try await majordomoReady(keys.worker)
             #expect(accepted == nil || accepted?[2] == Majordomo.Command.heartbeat.frame)
         }
     }
@@ -200,6 +202,86 @@ struct LiveHardeningTests {
                 #expect(try await client.call(TestService.Echo.self, .init(text: "\(index)")).worker == "allowed")
             }
             #expect(stranger.counters.calls.load(ordering: .relaxed) == 0)
+        }
+    }
+
+    @Test func repliesWaitingForASlowReaderAreBoundedInBytesAndTheRestAnsweredBusy() async throws {
+        // A client that sends requests with large replies and does not read: before, the
+        // broker kept every reply for it (600 of 1 MiB were 639 MB). Now what waits for one
+        // client is bounded in bytes; past it replies are dropped, counted, and answered busy.
+        var configuration = BrokerConfiguration.testing
+        configuration.heartbeatInterval = .seconds(1)
+        configuration.liveness = 60 // the stalled reader must not be dropped for missing heartbeats
+        configuration.maximumUnreadBytesPerClient = 4 * 1024 * 1024
+        try await withLiveBus(configuration: configuration) { bus in
+            bus.startWorker(name: "w1", credit: 4)
+            try await bus.waitForWorkers(1)
+            let observer = try bus.client(timeout: .seconds(30))
+            func statistics() async throws -> BrokerStatistics { try await observer.call(Broker.Stats.self, .init()) }
+            func waitFor(_ condition: (BrokerStatistics) -> Bool) async throws -> BrokerStatistics {
+                let deadline = ContinuousClock.now + .seconds(30)
+                var latest = try await statistics()
+                while !condition(latest), ContinuousClock.now < deadline {
+                    try await Task.sleep(for: .milliseconds(20))
+                    latest = try await statistics()
+                }
+                return latest
+            }
+            /// A client that takes one message at a time from a small socket buffer.
+            func slowReader(requests: Int) throws -> (ZMQContext, ZMQSocket) {
+                let context = ZMQContext()
+                let socket = try ZMQSocket(context, type: .dealer)
+                try socket.set(ZMQ_RCVHWM, 1)
+                try socket.set(ZMQ_RCVBUF, 64 * 1024)
+                try socket.set(ZMQ_LINGER, 0)
+                try socket.connect(bus.endpoint)
+                let body = try MessageCodec().encode(TestService.Request(text: "big", replyPaddingBytes: 1_000_000))
+                for index in 0..<requests {
+                    try socket.send([Wire.version, Wire.Command.request.frame, Wire.frame(UInt64(index + 1)), Array("test".utf8), Array("echo".utf8),
+                                     RequestHeader(timeoutMilliseconds: 60_000).frame, body], dontWait: false)
+                }
+                return (context, socket)
+            }
+
+            let (context, reader) = try slowReader(requests: 40)
+            let served = try await waitFor { ($0.services.first { $0.name == "test" }?.served ?? 0) >= 40 }
+            #expect((served.services.first { $0.name == "test" }?.served ?? 0) >= 40, "every request was answered by the worker")
+            let limit = configuration.maximumUnreadBytesPerClient + 1024 * 1024 // the busy errors' slack
+            #expect((served.unreadReplyBytes ?? .max) <= limit, "bounded: \(served.unreadReplyBytes ?? -1) bytes wait")
+            #expect((served.unreadReplyBytes ?? 0) > 0, "some wait for the reader")
+            #expect((served.slowReaderDrops ?? 0) > 0, "the rest were dropped and counted")
+            // Others are served meanwhile.
+            #expect(try await observer.call(TestService.Echo.self, .init(text: "others")).text == "others")
+
+            // The reader reads: its first replies, then a busy error for each dropped one.
+            var replies = 0, busy = 0
+            let deadline = ContinuousClock.now + .seconds(30)
+            while replies + busy < 40, ContinuousClock.now < deadline {
+                guard let frames = try reader.receive() else {
+                    try await Task.sleep(for: .milliseconds(5))
+                    continue
+                }
+                if frames[1] == Wire.Command.reply.frame {
+                    #expect(frames[4].count > 1_000_000)
+                    replies += 1
+                } else {
+                    let error = try MessageCodec().decode(CanopyError.self, from: frames[3])
+                    #expect(error.code == .busy && error.message.contains("slow reader"), "\(error)")
+                    busy += 1
+                }
+            }
+            #expect(replies >= 1 && busy >= 1 && replies + busy == 40, "replies \(replies), busy \(busy)")
+            let read = try await waitFor { $0.unreadReplyBytes == 0 }
+            #expect(read.unreadReplyBytes == 0, "nothing waits once read")
+            withExtendedLifetime(context) { reader.close() }
+
+            // A reader that goes away: what waited for it is let go with its connection.
+            let (gone, leaver) = try slowReader(requests: 20)
+            let waiting = try await waitFor { ($0.unreadReplyBytes ?? 0) > 0 && ($0.services.first { $0.name == "test" }?.served ?? 0) >= 61 }
+            #expect((waiting.unreadReplyBytes ?? 0) > 0)
+            withExtendedLifetime(gone) { leaver.close() }
+            let after = try await waitFor { $0.unreadReplyBytes == 0 }
+            #expect(after.unreadReplyBytes == 0, "let go with the connection: \(after.unreadReplyBytes ?? -1)")
         }
     }
 

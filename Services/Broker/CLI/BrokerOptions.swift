@@ -33,6 +33,12 @@ struct BrokerOptions: ParsableArguments {
     @Option(help: ArgumentHelp("Bytes of requests the broker holds in all (queued or at workers) before new ones get 'busy'. Env: CANOPY_MAX_HELD_BYTES.", valueName: "bytes"))
     var maxHeldBytes: Int = Environment.int("CANOPY_MAX_HELD_BYTES", default: Self.defaults.maximumHeldBytes)
 
+    @Option(help: ArgumentHelp("Bytes of replies waiting unread for one client before more are dropped (it gets 'busy' instead). Env: CANOPY_MAX_UNREAD_BYTES_PER_CLIENT.", valueName: "bytes"))
+    var maxUnreadBytesPerClient: Int = Environment.int("CANOPY_MAX_UNREAD_BYTES_PER_CLIENT", default: Self.defaults.maximumUnreadBytesPerClient)
+
+    @Option(help: ArgumentHelp("Bytes of replies waiting unread for all clients before more are dropped. Env: CANOPY_MAX_UNREAD_BYTES.", valueName: "bytes"))
+    var maxUnreadBytes: Int = Environment.int("CANOPY_MAX_UNREAD_BYTES", default: Self.defaults.maximumUnreadBytes)
+
     @Option(help: ArgumentHelp("Largest frame accepted, in bytes. Env: CANOPY_MAX_FRAME_BYTES.", valueName: "bytes"))
     var maxFrameBytes: Int = Environment.int("CANOPY_MAX_FRAME_BYTES", default: Self.defaults.maximumFrameBytes)
 
@@ -114,6 +120,9 @@ struct BrokerOptions: ParsableArguments {
             throw ValidationError("CURVE needs an allow-list of worker keys: --curve-allow FILE (see canopy keys generate --help)")
         }
         guard maxFrameBytes >= 1024 else { throw ValidationError("--max-frame-bytes must be at least 1024") }
+        guard maxUnreadBytesPerClient >= 1 << 20, maxUnreadBytes >= maxUnreadBytesPerClient else {
+            throw ValidationError("--max-unread-bytes-per-client must be at least 1048576 (1 MiB) and --max-unread-bytes at least as large; 67108864 and 536870912 are the defaults")
+        }
         guard defaultTimeoutMs >= 1 else { throw ValidationError("--default-timeout-ms must be at least 1") }
         guard drainTimeoutMs >= 0 else { throw ValidationError("--drain-timeout-ms cannot be negative") }
         guard maxWaiters >= 1, maxFlights >= 1 else { throw ValidationError("--max-waiters and --max-flights must be at least 1; turn coalescing off with --no-coalescing instead") }
@@ -148,6 +157,8 @@ struct BrokerOptions: ParsableArguments {
         configuration.maximumQueuedPerService = maxQueue
         configuration.maximumQueuedBytesPerService = maxQueueBytes
         configuration.maximumHeldBytes = maxHeldBytes
+        configuration.maximumUnreadBytesPerClient = maxUnreadBytesPerClient
+        configuration.maximumUnreadBytes = maxUnreadBytes
         configuration.maximumFrameBytes = maxFrameBytes
         configuration.defaultTimeout = .milliseconds(defaultTimeoutMs)
         configuration.drainTimeout = .milliseconds(drainTimeoutMs)
