@@ -47,18 +47,17 @@ extension BrokerState {
         } else if startupGraceEnds != nil {
             // Its workers are expected to register soon; how many such services is bounded.
             guard services.values.count(where: { $0.workers.isEmpty }) < configuration.maximumGraceServices else {
-                return refuse(noWorkers(intake.serviceName))
+                return refuse(Self.noWorkers(intake.serviceName))
             }
             service = ServiceEntry(name: intake.serviceName)
             services[intake.serviceName] = service
         } else {
-            return refuse(noWorkers(intake.serviceName))
+            return refuse(Self.noWorkers(intake.serviceName))
         }
         let descriptor = service.describe(intake.operation)
         guard descriptor != nil || (service.workers.isEmpty && startupGraceEnds != nil) else {
             service.errors += 1
-            let known = service.operations.map(\.name).joined(separator: ", ")
-            return refuse(CanopyError(.badRequest, "service '\(intake.serviceName)' has no operation '\(intake.operation)'; it has: \(known)"))
+            return refuse(Self.unknownOperation(intake.operation, of: intake.serviceName, known: service.operations.map(\.name)))
         }
         let counters = counters(service: service, operation: intake.operation)
         /// A refusal of a request whose operation is known: counted as the service's error
@@ -288,9 +287,9 @@ extension BrokerState {
             for id in service.queue {
                 guard let flight = flights[id], flight.isQueued else { continue }
                 if service.workers.isEmpty {
-                    finish(flight, .failure(noWorkers(service.name)), now: now, into: &out)
+                    finish(flight, .failure(Self.noWorkers(service.name)), now: now, into: &out)
                 } else if service.describe(flight.operation) == nil {
-                    finish(flight, .failure(CanopyError(.badRequest, "service '\(service.name)' has no operation '\(flight.operation)'")), now: now, into: &out)
+                    finish(flight, .failure(Self.unknownOperation(flight.operation, of: service.name, known: service.operations.map(\.name))), now: now, into: &out)
                 }
             }
             service.queue.removeAll { flights[$0] == nil }

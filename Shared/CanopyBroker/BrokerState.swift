@@ -233,7 +233,7 @@ public struct BrokerState {
             flight?.counters.count(.timeout)
             if configuration.metrics, let flight { noteLatency(flight.service.name, now - waiter.receivedAt) }
             detach(waiter, now: now, into: &out)
-            answer(waiter, .failure(CanopyError(.timeout, "no reply from '\(waiter.serviceName)' within the request's deadline; the service may be overloaded")),
+            answer(waiter, .failure(Self.timeout(waiter.serviceName)),
                    shared: false, flight: flight, now: now, into: &out)
         }
         if let graceEnds = startupGraceEnds, now >= graceEnds {
@@ -290,11 +290,27 @@ public struct BrokerState {
     }
 
     func tooLarge(_ count: Int) -> CanopyError {
-        CanopyError(.tooLarge, "a frame of \(count) bytes is over the broker's limit of \(configuration.maximumFrameBytes) bytes; send less per request or raise --max-frame-bytes")
+        Self.tooLarge(count, limit: configuration.maximumFrameBytes)
     }
 
-    func noWorkers(_ service: String) -> CanopyError {
+    /// What a request with a frame over the broker's limit is answered.
+    public static func tooLarge(_ count: Int, limit: Int) -> CanopyError {
+        CanopyError(.tooLarge, "a frame of \(count) bytes is over the broker's limit of \(limit) bytes; send less per request or raise --max-frame-bytes")
+    }
+
+    /// What a request for a service without workers is answered.
+    public static func noWorkers(_ service: String) -> CanopyError {
         CanopyError(.noWorkers, "no worker serves '\(service)'; start one (canopy services lists what is connected)")
+    }
+
+    /// What a request for an operation its service's workers did not declare is answered.
+    public static func unknownOperation(_ operation: String, of service: String, known: [String]) -> CanopyError {
+        CanopyError(.badRequest, "service '\(service)' has no operation '\(operation)'; it has: \(known.joined(separator: ", "))")
+    }
+
+    /// What a request whose deadline passed is answered.
+    public static func timeout(_ service: String) -> CanopyError {
+        CanopyError(.timeout, "no reply from '\(service)' within the request's deadline; the service may be overloaded")
     }
 
     /// An error to a Canopy peer.

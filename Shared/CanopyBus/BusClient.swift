@@ -29,7 +29,8 @@ public struct RawReply: Sendable, Equatable {
     public var payload: Payload { Payload(body: body, attachments: attachments) }
 }
 
-/// Calls operations on the bus: `try await bus.call(SomeOperation.self, request)`.
+/// Calls operations on the bus over ZeroMQ: `try await bus.call(SomeOperation.self, request)`
+/// (the typed call is ``BusCalling``'s).
 ///
 /// Many concurrent calls share one DEALER connection, told apart by correlation id. Every
 /// call has a deadline; cancelling the calling task sends a cancel to the broker. When the
@@ -38,7 +39,7 @@ public struct RawReply: Sendable, Equatable {
 ///
 /// Thread-safe: the socket is owned by the client's loop thread, and calls reach it through
 /// a ``Mailbox``. Call ``close()`` when done.
-public final class BusClient: Sendable {
+public final class BusClient: BusCalling {
     /// How the client behaves.
     public struct Configuration: Sendable {
         /// The broker's endpoint.
@@ -70,7 +71,6 @@ public final class BusClient: Sendable {
     private let configuration: Configuration
     private let mailbox = Mailbox<Control>()
     private let nextID = Counter()
-    private let codec = MessageCodec()
 
     /// Connects to the broker and starts the client's loop thread.
     ///
@@ -91,28 +91,6 @@ public final class BusClient: Sendable {
         mailbox.post(.close)
     }
 
-    /// Calls a typed operation and decodes its reply.
-    ///
-    /// - Parameters:
-    ///   - operation: the operation type.
-    ///   - request: the request body.
-    ///   - principal: the user the call acts for, when it touches a person's data.
-    ///   - timeout: how long to wait; the configuration's default when `nil`.
-    /// - Throws: ``CanopyError`` for every failure the bus or the service reports, or
-    ///   `CancellationError` when the calling task is cancelled.
-    public func call<Operation: BusOperation>(
-        _ operation: Operation.Type, _ request: Operation.Request, principal: String? = nil, timeout: Duration? = nil
-    ) async throws -> Operation.Reply {
-        let payload = try codec.encodePayload(request)
-        let reply = try await call(service: Operation.service, operation: Operation.name, body: payload.body, attachments: payload.attachments,
-                                   principal: principal, timeout: timeout, idempotent: Operation.idempotent)
-        do {
-            return try codec.decodePayload(Operation.Reply.self, from: reply.payload)
-        } catch {
-            throw CanopyError(.internal, "the reply of \(Operation.service).\(Operation.name) did not decode: \(error.message)")
-        }
-    }
-
     /// Calls an operation with a raw JSON body (what `canopy send` does).
     ///
     /// - Parameters:
@@ -129,12 +107,8 @@ public final class BusClient: Sendable {
     ) async throws -> RawReply {
         let id = nextID.next()
         let timeout = timeout ?? configuration.defaultTimeout
-        let header = RequestHeader(
-            timeoutMilliseconds: UInt32(clamping: max(1, timeout.wholeMilliseconds)),
-            flags: (idempotent ? RequestHeader.Flag.idempotent : 0) | (configuration.derived ? RequestHeader.Flag.derived : 0),
-            principal: principal ?? "")
-        let frames = WireMessage.request(WireRequest(correlation: Wire.frame(id), service: service, operation: operation, header: header,
-                                                     body: body, attachments: attachments)).encoded
+        let frames = ClientSession.requestFrames(correlation: Wire.frame(id), service: service, operation: operation, body: body, attachments: attachments,
+                                                 principal: principal, timeout: timeout, idempotent: idempotent, derived: configuration.derived)
         let deadline = ContinuousClock.now + timeout
         return try await withTaskCancellationHandler {
             try await withCheckedThrowingContinuation { continuation in

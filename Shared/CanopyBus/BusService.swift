@@ -49,6 +49,15 @@ public struct RequestContext: Sendable {
         self.maximumReplyBytes = maximumReplyBytes
     }
 
+    /// The context of a request as its header gives it: the principal (none when empty) and
+    /// the deadline, counted from now.
+    public init(header: RequestHeader, operation: String, logger: Logger, maximumReplyBytes: Int) {
+        var logger = logger
+        logger[metadataKey: "service.operation"] = "\(operation)"
+        self.init(principal: header.principal.isEmpty ? nil : header.principal, deadline: .now + .milliseconds(Int64(header.timeoutMilliseconds)),
+                  logger: logger, maximumReplyBytes: maximumReplyBytes)
+    }
+
     /// The principal, or an `unauthorized` error when the request carries none.
     public func requirePrincipal() throws(CanopyError) -> String {
         guard let principal, !principal.isEmpty else {

@@ -56,7 +56,6 @@ public struct ClientSession: Sendable {
     private var connected = false
     /// Set when the broker refused this client's CURVE key; cleared by a good handshake.
     public private(set) var refused = false
-    private let codec = MessageCodec()
 
     /// A session with nothing in flight.
     public init() {}
@@ -100,13 +99,11 @@ public struct ClientSession: Sendable {
     public mutating func receive(_ frames: [[UInt8]]) -> [Directive] {
         // Late or unknown ids are dropped: the call was answered, cancelled or timed out already.
         do {
-            switch try WireMessage(frames: frames) {
-            case .reply(let correlation, let shared, let body, let attachments):
-                guard let id = take(correlation) else { return [] }
-                return [.resolve(id: id, .reply(RawReply(body: body, attachments: attachments, shared: shared)))]
-            case .error(let correlation, let error):
-                guard let id = take(correlation) else { return [] }
-                return [.resolve(id: id, .failure((try? codec.decode(CanopyError.self, from: error)) ?? CanopyError(.internal, "the broker sent an unreadable error")))]
+            let message = try WireMessage(frames: frames)
+            switch message {
+            case .reply(let correlation, _, _, _), .error(let correlation, _):
+                guard let id = take(correlation), let outcome = Self.outcome(of: message) else { return [] }
+                return [.resolve(id: id, outcome)]
             default:
                 return []
             }
@@ -177,5 +174,34 @@ public struct ClientSession: Sendable {
     }
 
     /// What calls fail with while the broker refuses the client's CURVE key.
+    /// The frames of a request, as every caller sends it: the header carries the deadline
+    /// (at least 1 ms), the flags and the principal.
+    ///
+    /// - Parameters:
+    ///   - correlation: the call's correlation id.
+    ///   - derived: the caller is a service acting on its own (``RequestHeader/Flag/derived``).
+    public static func requestFrames(correlation: [UInt8], service: String, operation: String, body: [UInt8], attachments: [[UInt8]],
+                                     principal: String?, timeout: Duration, idempotent: Bool, derived: Bool) -> [[UInt8]] {
+        let header = RequestHeader(
+            timeoutMilliseconds: UInt32(clamping: max(1, timeout.wholeMilliseconds)),
+            flags: (idempotent ? RequestHeader.Flag.idempotent : 0) | (derived ? RequestHeader.Flag.derived : 0),
+            principal: principal ?? "")
+        return WireMessage.request(WireRequest(correlation: correlation, service: service, operation: operation, header: header,
+                                               body: body, attachments: attachments)).encoded
+    }
+
+    /// How a reply or error message ends its call (`nil` for other messages): the error's JSON
+    /// decoded as the service wrote it, field included.
+    public static func outcome(of message: WireMessage) -> Outcome? {
+        switch message {
+        case .reply(_, let shared, let body, let attachments):
+            .reply(RawReply(body: body, attachments: attachments, shared: shared))
+        case .error(_, let error):
+            .failure((try? MessageCodec.shared.decode(CanopyError.self, from: error)) ?? CanopyError(.internal, "the broker sent an unreadable error"))
+        default:
+            nil
+        }
+    }
+
     public static let keyRefused = CanopyError(.unauthorized, "the broker refused this client's CURVE key; the operator adds its public key to the broker's allow-list (--curve-allow), or check --curve-server-key")
 }

@@ -239,13 +239,7 @@ public final class ServiceRunner: Service, @unchecked Sendable {
     }
 
     private func start(id: UInt64, operation: String, header: RequestHeader, payload: Payload, maximumReplyBytes: Int, connection: Int) -> Task<Void, Never> {
-        var requestLogger = logger
-        requestLogger[metadataKey: "service.operation"] = "\(operation)"
-        let context = RequestContext(
-            principal: header.principal.isEmpty ? nil : header.principal,
-            deadline: .now + .milliseconds(Int64(header.timeoutMilliseconds)),
-            logger: requestLogger,
-            maximumReplyBytes: maximumReplyBytes)
+        let context = RequestContext(header: header, operation: operation, logger: logger, maximumReplyBytes: maximumReplyBytes)
         return Task { [handlers, mailbox, metrics] in
             let started = ContinuousClock.now
             let result = await handlers.handle(operation, payload: payload, context: context)

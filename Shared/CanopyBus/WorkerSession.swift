@@ -152,16 +152,23 @@ public struct WorkerSession: Sendable {
     /// larger than the broker's frame limit is answered `tooLarge` instead).
     public mutating func finished(id: UInt64, connection: Int, _ result: Result<Payload, CanopyError>) -> [Directive] {
         guard connection == self.connection, let operation = running.removeValue(forKey: id) else { return [] }
-        switch result {
-        case .success(let payload) where payload.largestFrame > maximumReplyBytes:
-            let size = payload.largestFrame
-            let error = CanopyError(.tooLarge, "a frame of the reply of \(settings.service).\(operation) is \(size) bytes, over the broker's limit of \(maximumReplyBytes) bytes; ask for less (a smaller page, or the data in pieces)")
-            return [.log(.replyTooLarge(operation: operation, bytes: size)), .send(.workerReply(requestID: id, failed: true, body: encoded(error)))]
+        switch Self.checked(result, service: settings.service, operation: operation, maximumReplyBytes: maximumReplyBytes) {
+        case .failure(let error) where result.isSuccess:
+            return [.log(.replyTooLarge(operation: operation, bytes: (try? result.get())?.largestFrame ?? 0)),
+                    .send(.workerReply(requestID: id, failed: true, body: encoded(error)))]
         case .success(let payload):
             return [.send(.workerReply(requestID: id, failed: false, body: payload.body, attachments: payload.attachments))]
         case .failure(let error):
             return [.send(.workerReply(requestID: id, failed: true, body: encoded(error)))]
         }
+    }
+
+    /// A handler's result as it may go to the broker: a reply with a frame larger than the
+    /// broker takes becomes `tooLarge` (the broker would refuse it).
+    public static func checked(_ result: Result<Payload, CanopyError>, service: String, operation: String,
+                               maximumReplyBytes: Int) -> Result<Payload, CanopyError> {
+        guard case .success(let payload) = result, payload.largestFrame > maximumReplyBytes else { return result }
+        return .failure(CanopyError(.tooLarge, "a frame of the reply of \(service).\(operation) is \(payload.largestFrame) bytes, over the broker's limit of \(maximumReplyBytes) bytes; ask for less (a smaller page, or the data in pieces)"))
     }
 
     /// A graceful shutdown begins: take no new requests, let the running ones finish.
@@ -198,5 +205,13 @@ public struct WorkerSession: Sendable {
 
     private func encoded(_ error: CanopyError) -> [UInt8] {
         (try? codec.encode(error)) ?? Array(#"{"code":"internal","message":"unencodable error"}"#.utf8)
+    }
+}
+
+extension Result {
+    /// Whether it is a success.
+    var isSuccess: Bool {
+        if case .success = self { return true }
+        return false
     }
 }

@@ -38,6 +38,10 @@ public struct MessageCodec: Sendable {
 
     private static let dateStyle = Date.ISO8601FormatStyle(includingFractionalSeconds: true)
 
+    /// One codec for code that keeps none of its own (protocol extensions): building a
+    /// codec's encoder and decoder is not done per message.
+    public static let shared = MessageCodec()
+
     /// A date as the wire writes it, `2026-03-29T09:00:00.000Z` (the HTTP API too).
     public static func string(from date: Date) -> String {
         WireDate.format(date) ?? date.formatted(dateStyle)

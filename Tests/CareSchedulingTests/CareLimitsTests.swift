@@ -133,18 +133,18 @@ struct CareLimitsTests {
     }
 
     @Test func malformedNumbersAndDuplicateKeysAreRefusedNamingTheField() async throws {
-        // Handler level: the bytes go through the decoding and checks the bus uses, no sockets.
-        let care = HandlerTester(CareService(library: library))
+        // In process: the bytes go through the decoding and checks the bus uses, no sockets.
+        let care = InProcessBus(serving: CareService(library: library))
         for body in [#"{"limit":18446744073709551616}"#, #"{"limit":1.5}"#] {
             let error = await #expect(throws: CanopyError.self) {
-                try await care.call(operation: Care.ListPlants.name, body: Array(body.utf8), principal: "alice")
+                try await care.call(service: Care.ListPlants.service, operation: Care.ListPlants.name, body: Array(body.utf8), principal: "alice")
             }
             #expect(error?.code == .badRequest)
             #expect(error?.message.contains("limit") == true, "\(error?.message ?? "")")
             #expect(error?.message.contains("not valid JSON") == false)
         }
         let duplicate = await #expect(throws: CanopyError.self) {
-            try await care.call(operation: Care.AddPlant.name, body: Array(#"{"scientificName":"Ficus lyrata","scientificName":"Other"}"#.utf8),
+            try await care.call(service: Care.AddPlant.service, operation: Care.AddPlant.name, body: Array(#"{"scientificName":"Ficus lyrata","scientificName":"Other"}"#.utf8),
                                 principal: "alice")
         }
         #expect(duplicate?.message.contains("'scientificName' appears twice") == true)

@@ -20,7 +20,7 @@ struct ImageMetricsTests {
         _ = Observability.registry // bound to Prometheus before the library makes its metrics
         let directory = Fixture.directory()
         defer { try? FileManager.default.removeItem(at: directory) }
-        let images = HandlerTester(ImageService(library: try ImageLibrary(directory: directory)))
+        let images = InProcessBus(serving: ImageService(library: try ImageLibrary(directory: directory)))
         let library = try ImageLibrary(directory: directory.appendingPathComponent("second"))
         let refusedBefore = value(#"canopy_images_refused_inputs_total{reason="unknown_format"}"#)
         let normalizedBefore = value(#"canopy_images_work_duration_seconds_count{work="normalize"}"#)

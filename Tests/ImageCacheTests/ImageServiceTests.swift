@@ -295,13 +295,13 @@ struct ImageServiceTests {
         // Handler level: what the reply says is the handler's business, not the bus's.
         let directory = Fixture.directory()
         defer { try? FileManager.default.removeItem(at: directory) }
-        let images = HandlerTester(ImageService(library: try ImageLibrary(directory: directory)))
+        let images = InProcessBus(serving: ImageService(library: try ImageLibrary(directory: directory)))
         let shared = Fixture.jpeg
         _ = try await images.call(Images.Put.self, .init(plantID: "monstera", data: Data(shared)), principal: "alice")
         _ = try await images.call(Images.Put.self, .init(plantID: "probe", data: Data(shared)), principal: "mallory")
         _ = try await images.call(Images.Put.self, .init(plantID: "own", data: Data(Fixture.png)), principal: "mallory")
-        let held = try await images.call(operation: Images.Purge.name, body: try MessageCodec().encode(Images.Purge.Request(plantID: "probe")), principal: "mallory")
-        let alone = try await images.call(operation: Images.Purge.name, body: try MessageCodec().encode(Images.Purge.Request(plantID: "own")), principal: "mallory")
+        let held = try await images.call(service: Images.Purge.service, operation: Images.Purge.name, body: try MessageCodec().encode(Images.Purge.Request(plantID: "probe")), principal: "mallory").body
+        let alone = try await images.call(service: Images.Purge.service, operation: Images.Purge.name, body: try MessageCodec().encode(Images.Purge.Request(plantID: "own")), principal: "mallory").body
         #expect(held == alone, "the same answer whether or not alice holds the bytes")
         #expect(String(decoding: held, as: UTF8.self) == #"{"photos":1}"#)
     }

@@ -3,7 +3,7 @@ import CanopyIO
 import CanopyMessages
 import Foundation
 
-extension BusClient {
+extension BusCalling {
     /// A whole image variant: one call, or one call per piece when the variant is larger than
     /// one reply on the bus may be (see ``Images/GetVariant``). The pieces are checked to fit
     /// together: the same total size, each starting where the last ended.
