@@ -91,23 +91,12 @@ public final class BusClient: BusCalling {
         mailbox.post(.close)
     }
 
-    /// Calls an operation with a raw JSON body (what `canopy send` does).
-    ///
-    /// - Parameters:
-    ///   - service: the service name.
-    ///   - operation: the operation name.
-    ///   - body: the request body, JSON.
-    ///   - attachments: frames of their own beside the body (photo bytes).
-    ///   - principal: the user the call acts for, if any.
-    ///   - timeout: how long to wait; the configuration's default when `nil`.
-    ///   - idempotent: whether the call may be sent again after losing the broker.
     public func call(
-        service: String, operation: String, body: [UInt8], attachments: [[UInt8]] = [], principal: String? = nil, timeout: Duration? = nil,
-        idempotent: Bool = false
+        service: String, operation: String, payload: Payload, principal: String?, timeout: Duration?, idempotent: Bool
     ) async throws -> RawReply {
         let id = nextID.next()
         let timeout = timeout ?? configuration.defaultTimeout
-        let frames = ClientSession.requestFrames(correlation: Wire.frame(id), service: service, operation: operation, body: body, attachments: attachments,
+        let frames = ClientSession.requestFrames(correlation: Wire.frame(id), service: service, operation: operation, body: payload.body, attachments: payload.attachments,
                                                  principal: principal, timeout: timeout, idempotent: idempotent, derived: configuration.derived)
         let deadline = ContinuousClock.now + timeout
         return try await withTaskCancellationHandler {

@@ -31,7 +31,8 @@ import Synchronization
 /// let plant = try await bus.call(Care.AddPlant.self, request, principal: "alice")
 /// ```
 public final class InProcessBus: BusCalling {
-    private let services = Mutex<[String: OperationHandlers]>([:])
+    /// The services served, shared by the buses ``timingOut(after:)`` makes.
+    private let services: Registry
     private let defaultTimeout: Duration
     private let maximumFrameBytes: Int
     private let derived: Bool
@@ -42,7 +43,12 @@ public final class InProcessBus: BusCalling {
     ///   - maximumFrameBytes: the broker's frame limit, for requests and replies.
     ///   - defaultTimeout: the deadline of calls that give none.
     ///   - derived: the calls are a service's own (``RequestHeader/Flag/derived``).
-    public init(maximumFrameBytes: Int = BusDefaults.maximumFrameBytes, defaultTimeout: Duration = .seconds(30), derived: Bool = false) {
+    public convenience init(maximumFrameBytes: Int = BusDefaults.maximumFrameBytes, defaultTimeout: Duration = .seconds(30), derived: Bool = false) {
+        self.init(services: Registry(), maximumFrameBytes: maximumFrameBytes, defaultTimeout: defaultTimeout, derived: derived)
+    }
+
+    private init(services: Registry, maximumFrameBytes: Int, defaultTimeout: Duration, derived: Bool) {
+        self.services = services
         self.maximumFrameBytes = maximumFrameBytes
         self.defaultTimeout = defaultTimeout
         self.derived = derived
@@ -57,28 +63,33 @@ public final class InProcessBus: BusCalling {
         for service in services { register(service) }
     }
 
+    /// The same bus (the same services) for a caller whose calls have another default
+    /// deadline, as a second ``BusClient`` with its own configuration would be.
+    public func timingOut(after timeout: Duration) -> InProcessBus {
+        InProcessBus(services: services, maximumFrameBytes: maximumFrameBytes, defaultTimeout: timeout, derived: derived)
+    }
+
     /// Serves `service`'s operations from now on (replacing a service of the same name, as a
     /// new worker would).
     public func register(_ service: some BusService) {
         var handlers = OperationHandlers(service: service.name)
         service.register(&handlers)
-        services.withLock { $0[service.name] = handlers }
+        services.handlers.withLock { $0[service.name] = handlers }
     }
 
     /// Stops serving `name`: calls are answered `noWorkers`, as when its last worker left.
     public func unregister(_ name: String) {
-        _ = services.withLock { $0.removeValue(forKey: name) }
+        _ = services.handlers.withLock { $0.removeValue(forKey: name) }
     }
 
     /// The operations `service` declares, as its worker would announce them.
     public func descriptors(of service: String) -> [OperationDescriptor] {
-        services.withLock { $0[service]?.descriptors ?? [] }
+        services.handlers.withLock { $0[service]?.descriptors ?? [] }
     }
 
-    public func call(service: String, operation: String, body: [UInt8], attachments: [[UInt8]] = [], principal: String? = nil,
-                     timeout: Duration? = nil, idempotent: Bool = false) async throws -> RawReply {
+    public func call(service: String, operation: String, payload: Payload, principal: String?, timeout: Duration?, idempotent: Bool) async throws -> RawReply {
         let correlation = Wire.frame(nextCorrelation.add(1, ordering: .relaxed).newValue)
-        let frames = ClientSession.requestFrames(correlation: correlation, service: service, operation: operation, body: body, attachments: attachments,
+        let frames = ClientSession.requestFrames(correlation: correlation, service: service, operation: operation, body: payload.body, attachments: payload.attachments,
                                                  principal: principal, timeout: timeout ?? defaultTimeout, idempotent: idempotent, derived: derived)
         let answer = await answer(frames)
         try Task.checkCancellation() // as BusClient: a cancelled caller gets CancellationError
@@ -103,7 +114,7 @@ public final class InProcessBus: BusCalling {
         if let oversized = frames.first(where: { $0.count > maximumFrameBytes }) {
             return .failure(BrokerState.tooLarge(oversized.count, limit: maximumFrameBytes))
         }
-        guard let handlers = services.withLock({ $0[request.service] }) else {
+        guard let handlers = services.handlers.withLock({ $0[request.service] }) else {
             return .failure(BrokerState.noWorkers(request.service))
         }
         let operations = handlers.descriptors.map(\.name)
@@ -148,6 +159,11 @@ extension Result<Payload, CanopyError> {
             .error(correlation: correlation, error: (try? MessageCodec.shared.encode(error)) ?? [])
         }
     }
+}
+
+/// The handlers of the services an in-process bus serves, by service name.
+private final class Registry: Sendable {
+    let handlers = Mutex<[String: OperationHandlers]>([:])
 }
 
 /// The first of several answers; the rest are ignored.

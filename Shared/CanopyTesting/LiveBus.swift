@@ -33,12 +33,17 @@ public final class LiveBus: @unchecked Sendable {
         _ = Observability.registry // metrics are bound to Prometheus before anything creates one
         self.configuration = configuration
         self.curve = curve
-        var logger = Logger(label: "canopy-test")
-        logger.logLevel = ProcessInfo.processInfo.environment["CANOPY_TEST_LOG_LEVEL"].flatMap(Logger.Level.init(rawValue:)) ?? .critical
-        self.logger = logger
+        logger = Self.testLogger
         let broker = try BrokerServer(endpoint: "tcp://127.0.0.1:*", configuration: configuration, curve: curve, context: context, logger: logger)
         self.broker = broker
         brokerTask = Task { try await broker.run() }
+    }
+
+    /// The tests' logger: quiet (critical only) unless `CANOPY_TEST_LOG_LEVEL` names a level.
+    public static var testLogger: Logger {
+        var logger = Logger(label: "canopy-test")
+        logger.logLevel = ProcessInfo.processInfo.environment["CANOPY_TEST_LOG_LEVEL"].flatMap(Logger.Level.init(rawValue:)) ?? .critical
+        return logger
     }
 
     /// Stops the broker (its workers and clients stay, and notice).

@@ -69,7 +69,7 @@ struct LiveBusTests {
             // Each step waits for the state it needs instead of sleeping, so a busy machine
             // cannot reorder them: one call held by the worker, one queued, then the third.
             let held = Task { try await client.call(TestService.Echo.self, .init(text: "held", sleepMilliseconds: 30_000)) }
-            try await eventually(within: .seconds(20)) { worker.counters.running.load(ordering: .relaxed) == 1 }
+            #expect(try await eventually(within: .seconds(20)) { worker.counters.running.load(ordering: .relaxed) == 1 })
             let queued = Task { try await client.call(TestService.Echo.self, .init(text: "queued", sleepMilliseconds: 0)) }
             try await bus.waitForLoad(inFlight: 1, queued: 1)
             let refused = await #expect(throws: CanopyError.self) {
@@ -93,7 +93,7 @@ struct LiveBusTests {
             }
             #expect(error?.code == .timeout)
             #expect(ContinuousClock.now - started < .seconds(5), "answered before the worker would have (at 5 s)")
-            try await eventually { worker.counters.cancellations.load(ordering: .relaxed) == 1 }
+            #expect(try await eventually { worker.counters.cancellations.load(ordering: .relaxed) == 1 })
         }
     }
 
@@ -103,10 +103,10 @@ struct LiveBusTests {
             try await bus.waitForWorkers(1)
             let client = try bus.client()
             let call = Task { try await client.call(TestService.Echo.self, .init(text: "slow", sleepMilliseconds: 5_000)) }
-            try await eventually { worker.counters.running.load(ordering: .relaxed) == 1 }
+            #expect(try await eventually { worker.counters.running.load(ordering: .relaxed) == 1 })
             call.cancel()
             await #expect(throws: CancellationError.self) { _ = try await call.value }
-            try await eventually { worker.counters.cancellations.load(ordering: .relaxed) == 1 }
+            #expect(try await eventually { worker.counters.cancellations.load(ordering: .relaxed) == 1 })
             // The worker's credit came back: it still serves.
             #expect(try await client.call(TestService.Echo.self, .init(text: "after")).text == "after")
         }
@@ -250,14 +250,3 @@ struct LiveBusTests {
     }
 }
 
-/// Waits until `condition` holds, for at most `limit`.
-func eventually(within limit: Duration = .seconds(5), _ condition: () -> Bool) async throws {
-    let deadline = ContinuousClock.now + limit
-    while !condition() {
-        guard ContinuousClock.now < deadline else {
-            Issue.record("condition not met within \(limit)")
-            return
-        }
-        try await Task.sleep(for: .milliseconds(10))
-    }
-}

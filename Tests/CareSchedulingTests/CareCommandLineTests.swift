@@ -40,12 +40,13 @@ struct CareCommandLineTests {
     }
 
     @Test func upcomingAsksTheRunningService() async throws {
-        try await CareServiceTests().withCare { bus, client, _, _ in
+        try await CareServiceTests().withCare(.live) { bus, client, _, _ in
+            let endpoint = try #require(bus.live?.endpoint)
             _ = try await client.call(Care.AddPlant.self, Care.Plant(scientificName: "Nephrolepis exaltata", customName: "Fern"), principal: "user-42")
-            let result = try await run(["upcoming", "--user", "user-42", "--days", "14", "--endpoint", bus.endpoint])
+            let result = try await run(["upcoming", "--user", "user-42", "--days", "14", "--endpoint", endpoint])
             #expect(result.status == 0, "\(result.errors)")
             #expect(result.output.contains("Water Fern"))
-            #expect(!(try await run(["upcoming", "--user", "someone-else", "--endpoint", bus.endpoint]).output.contains("Fern")))
+            #expect(!(try await run(["upcoming", "--user", "someone-else", "--endpoint", endpoint]).output.contains("Fern")))
         }
     }
 

@@ -188,7 +188,7 @@ struct CareLimitsOnTheBusTests {
     @Test func listingLargePlantsOnASmallBrokerPagesInsteadOfWedging() async throws {
         var configuration = BrokerConfiguration.testing
         configuration.maximumFrameBytes = 64 * 1024
-        try await CareServiceTests().withCare(configuration: configuration, credit: 2) { _, client, _, _ in
+        try await CareServiceTests().withCare(.live, configuration: configuration, credit: 2) { _, client, _, _ in
             let notes = String(repeating: "n", count: 9_500)
             for index in 0..<8 {
                 _ = try await client.call(Care.AddPlant.self, Care.Plant(scientificName: "Ficus lyrata", customName: "\(index)", notes: notes), principal: "alice")

@@ -10,24 +10,24 @@ import Testing
 @testable import CareScheduling
 @testable import ImageCache
 
-/// canopy-care through the real broker, and its outbox delivering to the real canopy-images.
+/// canopy-care on the bus (in process, and over the real broker for the lifecycle), and its
+/// outbox delivering to the real canopy-images.
 @Suite(.serialized)
 struct CareServiceTests {
-    func withCare(configuration: BrokerConfiguration = .testing, credit: Int = 4,
-                  _ body: (LiveBus, BusClient, CareLibrary, URL) async throws -> Void) async throws {
+    func withCare(_ mode: BusMode = .inProcess, configuration: BrokerConfiguration = .testing, credit: Int = 4,
+                  _ body: (TestBus, any BusCalling, CareLibrary, URL) async throws -> Void) async throws {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-care-live-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(at: directory) }
-        try await withLiveBus(configuration: configuration) { bus in
+        try await withTestBus(mode, configuration: configuration) { bus in
             let library = CareLibrary(store: try CareStore(path: directory.appendingPathComponent("care.sqlite").path))
-            bus.startRunner(CareService(library: library), credit: credit)
-            try await bus.waitForWorkers(1, service: Care.service)
+            try await bus.serve(CareService(library: library), credit: credit)
             try await body(bus, try bus.client(), library, directory)
         }
     }
 
-    @Test func thePlantLifecycleWorksOverTheBus() async throws {
-        try await withCare { _, client, _, _ in
+    @Test(arguments: BusMode.allCases) func thePlantLifecycleWorksOverTheBus(_ mode: BusMode) async throws {
+        try await withCare(mode) { _, client, _, _ in
             let added = try await client.call(Care.AddPlant.self, Care.Plant(scientificName: "Monstera deliciosa", favourite: true), principal: "alice")
             #expect(added.family == "Araceae" && added.commonNames.contains("Swiss cheese plant"))
             #expect(added.profile?.wateringIntervalDays == 7)
@@ -59,8 +59,7 @@ struct CareServiceTests {
     @Test func followUpsAreDeliveredWhenTheirServiceIsUpAndRetriedWhenItIsNot() async throws {
         try await withCare { bus, client, library, directory in
             let images = try ImageLibrary(directory: directory.appendingPathComponent("images"))
-            bus.startRunner(ImageService(library: images))
-            try await bus.waitForWorkers(1, service: Images.service)
+            try await bus.serve(ImageService(library: images))
             let plant = try await client.call(Care.AddPlant.self, Care.Plant(scientificName: "Ficus lyrata"), principal: "alice")
             let photo = try await client.call(Images.Put.self, .init(plantID: plant.id, data: Data(Self.jpeg)), principal: "alice")
             _ = try await client.call(Care.DeletePlant.self, .init(id: plant.id), principal: "alice")
@@ -97,33 +96,20 @@ struct CareServiceTests {
     @Test func aCommitWakesTheOutboxAndManyPeoplesFollowUpsGoSideBySide() async throws {
         try await withCare { bus, client, library, _ in
             let remind = SyncRecorder { _ in }
-            bus.startRunner(remind, credit: 32)
-            try await bus.waitForWorkers(1, service: Reminders.service)
+            try await bus.serve(remind, credit: 32)
             let outbox = Outbox(library: library, bus: try bus.client(timeout: .seconds(10)), interval: .seconds(3_600), logger: bus.logger)
             try await withRunning([outbox], logger: bus.logger) {
                 try await Task.sleep(for: .milliseconds(100)) // asleep now, for an hour
                 _ = try await client.call(Care.AddPlant.self, Care.Plant(scientificName: "Ficus lyrata"), principal: "alice")
-                var arrived = false
-                for _ in 0..<600 where !arrived {
-                    arrived = remind.windows.withLock { !$0.isEmpty }
-                    if !arrived { try await Task.sleep(for: .milliseconds(50)) }
-                }
-                #expect(arrived, "the commit woke the outbox")
+                #expect(try await eventually(within: .seconds(30)) { remind.windows.withLock { !$0.isEmpty } }, "the commit woke the outbox")
                 let owners = (0..<300).map { "person-\($0)" }
                 for owner in owners { _ = try library.add(Care.Plant(scientificName: "Monstera deliciosa"), owner: owner) }
-                var count = 0
-                for _ in 0..<600 where count < 301 {
-                    count = remind.windows.withLock { $0.count }
-                    if count < 301 { try await Task.sleep(for: .milliseconds(50)) }
-                }
-                #expect(count == 301, "each person's window once: \(count)")
+                #expect(try await eventually(within: .seconds(30)) { remind.windows.withLock { $0.count } >= 301 })
+                #expect(remind.windows.withLock { $0.count } == 301, "each person's window once")
                 // Confirmed ones are deleted when their pass ends, after they arrived.
-                var left = -1
-                for _ in 0..<600 where left != 0 {
-                    left = try await library.store.database.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM outbox") ?? -1 }
-                    if left != 0 { try await Task.sleep(for: .milliseconds(50)) }
-                }
-                #expect(left == 0, "every confirmed follow-up is deleted: \(left) left")
+                #expect(try await eventually(within: .seconds(30)) {
+                    try await library.store.database.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM outbox") ?? -1 } == 0
+                }, "every confirmed follow-up is deleted")
             }
         }
     }
@@ -140,8 +126,7 @@ struct CareServiceTests {
                 _ = try library.snooze(task.id, until: until, owner: "alice") // the change, while the first sync is answered
             }
             remind.library = library
-            bus.startRunner(remind)
-            try await bus.waitForWorkers(1, service: Reminders.service)
+            try await bus.serve(remind)
 
             let outbox = Outbox(library: library, bus: try bus.client(timeout: .seconds(10)), interval: .seconds(1), logger: bus.logger)
             _ = await outbox.deliverDue()

@@ -44,15 +44,6 @@ final class ManualClock: ReminderClock {
     }
 }
 
-/// Waits until `condition` holds, for at most `limit`.
-func eventually(within limit: Duration = .seconds(10), _ condition: () throws -> Bool) async throws -> Bool {
-    let deadline = ContinuousClock.now + limit
-    while ContinuousClock.now < deadline {
-        if try condition() { return true }
-        try await Task.sleep(for: .milliseconds(10))
-    }
-    return try condition()
-}
 
 extension Care.Task {
     static func water(_ plant: String, due: Date, name: String? = nil) -> Care.Task {

@@ -23,7 +23,7 @@ import ServiceLifecycle
 /// ``interval``.
 struct Outbox: Service, HealthReporting {
     let library: CareLibrary
-    let bus: BusClient
+    let bus: any BusCalling
     /// The longest it sleeps without a commit or a retry coming due (a safety net).
     let interval: Duration
     let logger: Logger

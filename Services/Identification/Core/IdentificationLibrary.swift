@@ -238,7 +238,7 @@ protocol IdentificationPeers: Sendable {
 
 /// ``IdentificationPeers`` over the bus.
 struct BusPeers: IdentificationPeers {
-    let client: BusClient
+    let client: any BusCalling
 
     func put(_ bytes: Data, plantID: String, owner: String) async throws -> Images.Photo {
         try await client.call(Images.Put.self, .init(plantID: plantID, data: bytes), principal: owner, timeout: .seconds(60))

@@ -7,7 +7,7 @@ import Foundation
 /// into the response. Errors are thrown as `CanopyError`s and ``RequestFieldError``s; the edge
 /// middleware turns them into problem details.
 struct CanopyAPI: APIProtocol {
-    let bus: BusClient
+    let bus: any BusCalling
     /// How long one bus call may take.
     var timeout: Duration = .seconds(10)
     /// Every route, for `POST /v1/batch` to run in process.

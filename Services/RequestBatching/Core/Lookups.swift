@@ -13,7 +13,7 @@ struct Lookups: Sendable {
     ///   - maximumKeys: the most keys in one bus request.
     ///   - maximumInFlight: batches of one kind in the air before lookups wait for one.
     ///   - timeout: how long one bus request may take.
-    init(bus: BusClient, window: Duration, maximumKeys: Int, maximumInFlight: Int, timeout: Duration) {
+    init(bus: any BusCalling, window: Duration, maximumKeys: Int, maximumInFlight: Int, timeout: Duration) {
         variants = ImplicitBatcher(kind: "variant", window: window, maximumKeys: maximumKeys, maximumInFlight: maximumInFlight) { keys in
             await Self.each(of: keys) {
                 try await bus.call(Images.GetVariants.self, .init(keys: keys), timeout: timeout).variants(for: keys)
