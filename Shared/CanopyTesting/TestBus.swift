@@ -1,6 +1,9 @@
 import CanopyBroker
 import CanopyBus
+import CanopyServiceKit
 import Logging
+import ServiceLifecycle
+import Synchronization
 
 /// Where a service test's calls go: straight to the services' handlers (``inProcess``, the
 /// default: no broker, no sockets, no waiting for workers) or over a broker and runners on
@@ -29,13 +32,45 @@ public final class TestBus: Sendable {
 
     /// Serves `service` from now on: registered in process, or a runner with `credit` that
     /// the broker has seen register, live.
-    public func serve(_ service: some BusService, credit: Int = 4) async throws {
+    public func serve(_ service: any BusService, credit: Int = 4) async throws {
         if let inProcess {
             inProcess.register(service)
         } else if let live {
             live.startRunner(service, credit: credit)
             try await live.waitForWorkers(1, service: service.name)
         }
+    }
+
+    /// Runs a worker's parts (what its `make…Service` made): the handlers served as
+    /// ``serve(_:credit:)`` does, the background services beside them until the test ends.
+    public func run(_ parts: ServiceParts, credit: Int = 4) async throws {
+        run(parts.background)
+        try await serve(parts.handlers, credit: credit)
+    }
+
+    /// Runs `services` (a fake peer's HTTP server, a worker's background) in a service group
+    /// until the test ends.
+    public func run(_ services: [any Service]) {
+        if let live { return live.run(services) }
+        guard !services.isEmpty else { return }
+        let group = serviceGroup(services, signals: [], logger: logger)
+        groups.withLock { $0.append((group, Task { try await group.run() })) }
+    }
+
+    /// Ends what ``run(_:)`` started, last first.
+    func shutdown() async {
+        for (group, task) in groups.withLock({ $0.reversed() }) {
+            await group.triggerGracefulShutdown()
+            _ = try? await task.value
+        }
+    }
+
+    private let groups = Mutex<[(ServiceGroup, Task<Void, Error>)]>([])
+
+    /// A runner configuration for a worker's settings: the live broker's, or (in process,
+    /// where no runner connects) one that names no broker.
+    public func runnerConfiguration(credit: Int = 4) -> ServiceRunner.Configuration {
+        live?.runnerConfiguration(credit: credit) ?? ServiceRunner.Configuration(endpoint: "inproc://canopy-in-process-bus")
     }
 
     /// A caller whose calls wait at most `timeout` unless they say otherwise.
@@ -51,7 +86,15 @@ public func withTestBus<T>(_ mode: BusMode = .inProcess, configuration: BrokerCo
                            _ body: (TestBus) async throws -> T) async throws -> T {
     switch mode {
     case .inProcess:
-        return try await body(TestBus(mode: mode, live: nil, configuration: configuration))
+        let bus = TestBus(mode: mode, live: nil, configuration: configuration)
+        do {
+            let result = try await body(bus)
+            await bus.shutdown()
+            return result
+        } catch {
+            await bus.shutdown()
+            throw error
+        }
     case .live:
         return try await withLiveBus(configuration: configuration) { live in
             try await body(TestBus(mode: mode, live: live, configuration: configuration))

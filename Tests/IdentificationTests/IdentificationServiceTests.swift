@@ -10,17 +10,18 @@ import ImageCache
 import Testing
 @testable import Identification
 
-/// canopy-identify as `serve` builds it, through the real broker, with the real canopy-images
-/// and canopy-care beside it, and a local server that behaves as Pl@ntNet's API does.
+/// canopy-identify as `serve` makes it, with the real canopy-images and canopy-care beside
+/// it and a local server that behaves as Pl@ntNet's API does: on the in-process bus, and
+/// through the real broker (`.live`) as `serve` builds it where the test says so.
 @Suite(.serialized)
 struct IdentificationServiceTests {
     struct Stack {
-        let bus: LiveBus
-        let client: BusClient
+        let bus: TestBus
+        let client: any BusCalling
         let tools: IdentificationTools
         let plantNet: FakePlantNet?
-        /// Where `/metrics` and `/health` listen.
-        let operatingPort: Int
+        /// Where `/metrics` and `/health` listen (live only).
+        let operatingPort: Int?
 
         func submit(_ photos: [[UInt8]], organs: [Identification.Organ]? = nil, as owner: String = "alice",
                     location: Identification.Location? = nil, exact: Bool = false) async throws -> Identification.Record {
@@ -30,17 +31,14 @@ struct IdentificationServiceTests {
         }
     }
 
-    func withStack(_ provider: Identification.Provider = .reference, remaining: Int = 500, references: Int = 0,
+    func withStack(_ provider: Identification.Provider = .reference, remaining: Int = 500, references: Int = 0, mode: BusMode = .inProcess,
                    _ body: (Stack) async throws -> Void) async throws {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-identify-live-\(UUID().uuidString)")
         defer { try? FileManager.default.removeItem(at: directory) }
-        try await withLiveBus { bus in
+        try await withTestBus(mode) { bus in
             let images = ImageServiceSettings(directory: directory.appendingPathComponent("images"), runner: bus.runnerConfiguration(credit: 8))
-            bus.run(try buildImageService(settings: images, context: bus.context, logger: bus.logger))
             var care = CareServiceSettings(directory: directory.appendingPathComponent("care"), runner: bus.runnerConfiguration())
             care.outboxInterval = .milliseconds(200)
-            bus.run(try buildCareService(settings: care, context: bus.context, logger: bus.logger))
-
             var settings = IdentificationServiceSettings(directory: directory.appendingPathComponent("identify"), runner: bus.runnerConfiguration(credit: 8),
                                                          metrics: .anyLoopbackPort)
             settings.provider = provider
@@ -59,14 +57,23 @@ struct IdentificationServiceTests {
                 settings.plantNet = remote
                 plantNet = fake
             }
-            let identify = try buildIdentificationService(settings: settings, context: bus.context, logger: bus.logger)
-            let listener = try #require(identify.first(OperatingEndpoint.self))
-            bus.run(identify)
-            for service in [Images.service, Care.service, Identification.service] {
-                try await bus.waitForWorkers(1, service: service)
+            var operatingPort: Int?
+            if let live = bus.live {
+                live.run(try buildImageService(settings: images, context: live.context, logger: live.logger))
+                live.run(try buildCareService(settings: care, context: live.context, logger: live.logger))
+                let identify = try buildIdentificationService(settings: settings, context: live.context, logger: live.logger)
+                let listener = try #require(identify.first(OperatingEndpoint.self))
+                live.run(identify)
+                for service in [Images.service, Care.service, Identification.service] {
+                    try await live.waitForWorkers(1, service: service)
+                }
+                operatingPort = try await listener.boundPort(within: .seconds(60))
+            } else {
+                try await bus.run(try makeImageService(settings: images, logger: bus.logger))
+                try await bus.run(try makeCareService(settings: care, bus: try bus.client(), logger: bus.logger))
+                try await bus.run(try makeIdentificationService(settings: settings, bus: try bus.client(timeout: .seconds(60)), logger: bus.logger))
             }
-            try await body(Stack(bus: bus, client: try bus.client(timeout: .seconds(60)), tools: tools, plantNet: plantNet,
-                                 operatingPort: try await listener.boundPort(within: .seconds(60))))
+            try await body(Stack(bus: bus, client: try bus.client(timeout: .seconds(60)), tools: tools, plantNet: plantNet, operatingPort: operatingPort))
         }
     }
 
@@ -201,14 +208,15 @@ struct IdentificationServiceTests {
     }
 
     @Test func whatServeBuildsIsHealthyAndCountsItsWork() async throws {
-        try await withStack(references: 2) { stack in
-            #expect(try await OperatingProbe.waitForHealth(stack.operatingPort, status: 200))
-            let before = try await OperatingProbe.metrics(stack.operatingPort)
+        try await withStack(references: 2, mode: .live) { stack in
+            let port = try #require(stack.operatingPort)
+            #expect(try await OperatingProbe.waitForHealth(port, status: 200))
+            let before = try await OperatingProbe.metrics(port)
             let photo = try Self.photo(1, seed: 30) // not one of the reference photos (seeds 1 to 3)
             _ = try await stack.submit([photo])
             _ = try await stack.submit([photo])
             // Other suites of this process share the registry: compare growth only.
-            let after = try await OperatingProbe.metrics(stack.operatingPort)
+            let after = try await OperatingProbe.metrics(port)
             #expect(after.growth(since: before, "canopy_identify_submissions_total", ["result": "new"]) >= 1)
             #expect(after.growth(since: before, "canopy_identify_submissions_total", ["result": "repeat"]) >= 1)
             #expect(after.growth(since: before, "canopy_identify_features_computed_total", [:]) >= 1)
@@ -292,7 +300,8 @@ struct IdentificationServiceTests {
     }
 
     @Test func concurrentIdenticalSubmissionsReachPlantNetOnce() async throws {
-        try await withStack(.plantnet) { stack in
+        // Live: the broker coalesces identical submissions in flight (the in-process bus does not).
+        try await withStack(.plantnet, mode: .live) { stack in
             let photo = try Self.photo(6, seed: 1)
             let ids = try await withThrowingTaskGroup(of: String.self) { group in
                 for _ in 0..<8 { group.addTask { try await stack.submit([photo]).id } }

@@ -29,17 +29,22 @@ public struct CareServiceSettings: Sendable {
     }
 }
 
-/// Builds what `canopy-care serve` runs, in start order: the bus worker, the outbox's bus
-/// client, the outbox, and the `/metrics` and `/health` listener when `settings` name one.
+/// Builds what `canopy-care serve` runs, in start order: the outbox's bus client, the outbox,
+/// the bus worker, and the `/metrics` and `/health` listener when `settings` name one.
 public func buildCareService(settings: CareServiceSettings, context: ZMQContext, logger: Logger) throws -> [any Service] {
     try OperatingEndpoint.ensureFree(settings.metrics) // a taken port stops it before anything opens
+    let bus = try BusClient(configuration: settings.runner.client, context: context, logger: logger)
+    return try makeCareService(settings: settings, bus: bus, logger: logger)
+        .assembled(runner: settings.runner, bus: bus, metrics: settings.metrics, context: context, logger: logger)
+}
+
+/// canopy-care's parts: its handlers on the store in `settings.directory`, and the outbox
+/// that hands follow-ups to other services through `bus`.
+public func makeCareService(settings: CareServiceSettings, bus: any BusCalling, logger: Logger) throws -> ServiceParts {
     try FileManager.default.createDirectory(at: settings.directory, withIntermediateDirectories: true)
     let library = CareLibrary(store: try CareStore(path: settings.directory.appendingPathComponent("care.sqlite").path), clock: settings.clock)
-    let worker = ServiceRunner(service: CareService(library: library), configuration: settings.runner, context: context, logger: logger)
-    let bus = try BusClient(configuration: settings.runner.client, context: context, logger: logger)
-    // The client is a service of its own, listed before the outbox: closed after it stops.
     let outbox = Outbox(library: library, bus: bus, interval: settings.outboxInterval, logger: logger)
-    return try OperatingEndpoint.serving([worker, bus, outbox], at: settings.metrics, logger: logger)
+    return ServiceParts(handlers: CareService(library: library), background: [outbox])
 }
 
 /// One-shot scheduling for the CLI.

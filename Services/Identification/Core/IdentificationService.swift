@@ -70,6 +70,14 @@ public struct IdentificationServiceSettings: Sendable {
 /// listener when `settings` name one.
 public func buildIdentificationService(settings: IdentificationServiceSettings, context: ZMQContext, logger: Logger) throws -> [any Service] {
     try OperatingEndpoint.ensureFree(settings.metrics) // a taken port stops it before anything opens
+    let bus = try BusClient(configuration: settings.runner.client, context: context, logger: logger)
+    return try makeIdentificationService(settings: settings, bus: bus, logger: logger)
+        .assembled(runner: settings.runner, bus: bus, metrics: settings.metrics, context: context, logger: logger)
+}
+
+/// canopy-identify's parts: its handlers on the store in `settings.directory`, with the
+/// provider `settings` name, calling canopy-images and canopy-care through `bus`.
+public func makeIdentificationService(settings: IdentificationServiceSettings, bus: any BusCalling, logger: Logger) throws -> ServiceParts {
     try FileManager.default.createDirectory(at: settings.directory, withIntermediateDirectories: true)
     let store = try IdentificationStore(path: settings.databasePath)
     let reference = ReferenceProvider(store: store)
@@ -86,11 +94,8 @@ public func buildIdentificationService(settings: IdentificationServiceSettings, 
     case .plantnet: plantNet!
     case .hybrid: HybridProvider(reference: reference, plantNet: plantNet!, threshold: settings.hybridThreshold)
     }
-    let bus = try BusClient(configuration: settings.runner.client, context: context, logger: logger)
     let library = IdentificationLibrary(store: store, provider: provider, bus: BusPeers(client: bus), metrics: metrics, clock: settings.clock)
-    let worker = ServiceRunner(service: IdentificationService(library: library, plantNet: plantNet), configuration: settings.runner, context: context, logger: logger)
-    // The client first: started before the worker takes requests, closed after it stops.
-    return try OperatingEndpoint.serving([bus, worker], at: settings.metrics, logger: logger)
+    return ServiceParts(handlers: IdentificationService(library: library, plantNet: plantNet))
 }
 
 /// The operator's tools on the store, for the CLI: reference photos and one-shot matching.

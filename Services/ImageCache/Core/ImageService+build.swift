@@ -63,14 +63,20 @@ public struct ImageServiceSettings: Sendable {
     }
 }
 
-/// Builds what `canopy-images serve` runs, in start order: the bus worker, the
-/// memory-pressure watch, and the `/metrics` and `/health` listener when `settings` name one.
+/// Builds what `canopy-images serve` runs, in start order: the memory-pressure watch, the
+/// bus worker, and the `/metrics` and `/health` listener when `settings` name one.
 public func buildImageService(settings: ImageServiceSettings, context: ZMQContext, logger: Logger) throws -> [any Service] {
     try OperatingEndpoint.ensureFree(settings.metrics) // a taken port stops it before anything opens
+    return try makeImageService(settings: settings, logger: logger)
+        .assembled(runner: settings.runner, bus: nil, metrics: settings.metrics, context: context, logger: logger)
+}
+
+/// canopy-images' parts: its handlers on the store in `settings.directory`, and the monitor
+/// that sheds the memory tier under pressure. It calls no other service.
+public func makeImageService(settings: ImageServiceSettings, logger: Logger) throws -> ServiceParts {
     let library = try ImageLibrary(directory: settings.directory, configuration: settings.library, clock: settings.clock)
-    let worker = ServiceRunner(service: ImageService(library: library), configuration: settings.runner, context: context, logger: logger)
     let monitor = PressureMonitor(library: library, budget: settings.memoryBudget, interval: settings.pressureInterval, logger: logger)
-    return try OperatingEndpoint.serving([worker, monitor], at: settings.metrics, logger: logger)
+    return ServiceParts(handlers: ImageService(library: library), background: [monitor])
 }
 
 /// Reads memory pressure every interval and sheds the memory tier; reports the store's and

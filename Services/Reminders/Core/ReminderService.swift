@@ -89,6 +89,16 @@ public struct ReminderServiceSettings: Sendable {
 public func buildReminderService(settings: ReminderServiceSettings, context: ZMQContext, logger: Logger,
                                  clock: (any ReminderClock)? = nil) throws -> [any Service] {
     try OperatingEndpoint.ensureFree(settings.metrics) // a taken port stops it before anything opens
+    let bus = try BusClient(configuration: settings.runner.client, context: context, logger: logger)
+    return try makeReminderService(settings: settings, bus: bus, logger: logger, clock: clock)
+        .assembled(runner: settings.runner, bus: bus, metrics: settings.metrics, context: context, logger: logger)
+}
+
+/// canopy-remind's parts: its handlers on the store in `settings.directory`, the APNs client
+/// when configured (started before the dispatcher, closed after it), and the dispatcher, which
+/// asks canopy-care for fresh windows through `bus`.
+public func makeReminderService(settings: ReminderServiceSettings, bus: any BusCalling, logger: Logger,
+                                clock: (any ReminderClock)? = nil) throws -> ServiceParts {
     let apns = try settings.apns.map { try APNsChannel(settings: $0, logger: logger) } // its key read before anything is made
     do {
         try FileManager.default.createDirectory(at: settings.directory, withIntermediateDirectories: true)
@@ -99,7 +109,6 @@ public func buildReminderService(settings: ReminderServiceSettings, context: ZMQ
         ]
         if let apns { channels.append(apns) }
         let library = ReminderLibrary(store: store, allowedHosts: settings.allowedHosts, channels: Set(channels.map(\.kind)), clock: settings.clock)
-        let bus = try BusClient(configuration: settings.runner.client, context: context, logger: logger)
         let box = DispatcherBox()
         let dispatcher = Dispatcher(store: store, channels: channels, clock: clock ?? SystemReminderClock(clock: settings.clock), settings: settings.dispatch,
                                     refill: { owner in
@@ -112,10 +121,7 @@ public func buildReminderService(settings: ReminderServiceSettings, context: ZMQ
                                         }
                                     }, logger: logger)
         box.dispatcher = dispatcher
-        let worker = ServiceRunner(service: ReminderService(library: library, dispatcher: dispatcher), configuration: settings.runner, context: context, logger: logger)
-        // The APNs client starts before the dispatcher and closes after it.
-        let services: [any Service] = [bus] + (apns.map { [$0] } ?? []) + [dispatcher, worker]
-        return try OperatingEndpoint.serving(services, at: settings.metrics, logger: logger)
+        return ServiceParts(handlers: ReminderService(library: library, dispatcher: dispatcher), background: (apns.map { [$0] } ?? []) + [dispatcher])
     } catch {
         try? apns?.client.syncShutdown() // nothing will run it
         throw error
