@@ -8,17 +8,17 @@ import Foundation
 import Testing
 @testable import ImageCache
 
-/// canopy-images through the real broker on tcp://127.0.0.1, as other services use it.
+/// canopy-images on the bus, as other services use it: in process, and through the real
+/// broker on tcp://127.0.0.1 where the broker's part is what is tested.
 @Suite(.serialized)
 struct ImageServiceTests {
-    /// A live bus with an image service on a fresh directory.
-    func withImages(configuration: BrokerConfiguration = .testing, _ body: (LiveBus, BusClient, URL) async throws -> Void) async throws {
+    /// A bus with an image service on a fresh directory.
+    func withImages(_ mode: BusMode = .inProcess, configuration: BrokerConfiguration = .testing,
+                    _ body: (TestBus, any BusCalling, URL) async throws -> Void) async throws {
         let directory = Fixture.directory()
         defer { try? FileManager.default.removeItem(at: directory) }
-        try await withLiveBus(configuration: configuration) { bus in
-            let library = try ImageLibrary(directory: directory)
-            bus.startRunner(ImageService(library: library), credit: 8)
-            try await bus.waitForWorkers(1, service: Images.service)
+        try await withTestBus(mode, configuration: configuration) { bus in
+            try await bus.serve(ImageService(library: try ImageLibrary(directory: directory)), credit: 8)
             try await body(bus, try bus.client(timeout: .seconds(30)), directory)
         }
     }
@@ -275,7 +275,7 @@ struct ImageServiceTests {
     }
 
     @Test func identicalConcurrentVariantRequestsAreCoalescedAtTheBroker() async throws {
-        try await withImages { _, client, _ in
+        try await withImages(.live) { _, client, _ in
             let photo = try await client.call(Images.Put.self, .init(plantID: "p1", data: Data(Fixture.image { $0.width = 3000; $0.height = 2000 })), principal: "alice")
             let request = Images.GetVariant.Request(sha256: photo.sha256, variant: .full)
             let replies = try await withThrowingTaskGroup(of: Images.GetVariant.Reply.self) { group in
@@ -357,12 +357,12 @@ struct ImageServiceTests {
         #expect(past?.code == .badRequest)
     }
 
-    @Test func aFullVariantOverTheFrameLimitIsFetchedWholeOverTheBus() async throws {
+    @Test(arguments: BusMode.allCases) func aFullVariantOverTheFrameLimitIsFetchedWholeOverTheBus(_ mode: BusMode) async throws {
         // Uploaded small (quality 20), stored at quality 90: the stored original, which is the
         // full variant, is larger than one reply may be on this broker.
         var configuration = BrokerConfiguration.testing
         configuration.maximumFrameBytes = 128 * 1024
-        try await withImages(configuration: configuration) { _, client, _ in
+        try await withImages(mode, configuration: configuration) { _, client, _ in
             let upload = Fixture.image { $0.width = 2400; $0.height = 1600; $0.quality = 20 }
             let photo = try await client.call(Images.Put.self, .init(plantID: "fern", data: Data(upload)), principal: "alice")
             try #require(photo.bytes > ImageLibrary.pieceBytes(replyBytes: configuration.maximumFrameBytes), "the stored photo (\(photo.bytes) bytes) must need pieces")

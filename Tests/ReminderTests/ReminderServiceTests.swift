@@ -7,8 +7,9 @@ import Foundation
 import Testing
 @testable import Reminders
 
-/// canopy-remind as `serve` builds it, through the real broker, with canopy-care's outbox
-/// handing it each person's window.
+/// canopy-remind as `serve` builds it, through the real broker (its `.live` tests: the
+/// operating endpoint, the broker's counts), with canopy-care's outbox handing it each
+/// person's window.
 @Suite(.serialized)
 struct ReminderServiceTests {
     @Test func careHandsOverTheWindowAndEachPersonSeesOnlyTheirOwn() async throws {
@@ -33,11 +34,10 @@ struct ReminderServiceTests {
 
             // care's outbox hands over the window; remind holds it.
             var pending: [Reminders.Reminder] = []
-            let deadline = ContinuousClock.now + .seconds(20)
-            while pending.isEmpty, ContinuousClock.now < deadline {
+            #expect(try await eventually(within: .seconds(20)) {
                 pending = try await client.call(Reminders.Pending.self, .init(), principal: "alice")
-                try await Task.sleep(for: .milliseconds(50))
-            }
+                return !pending.isEmpty
+            })
             #expect(pending.count == 64 && pending.contains { $0.kind == .water && $0.title.contains("Monty") })
             let window = try await client.call(Care.ReminderWindow.self, .init(count: 64), principal: "alice")
             #expect(pending.map(\.taskID) == window.occurrences.map(\.id) && pending.map(\.due) == window.occurrences.map(\.due))
@@ -86,7 +86,10 @@ struct ReminderServiceTests {
             _ = try await client.call(Reminders.RegisterDevice.self, .init(channel: .log, address: "phone"), principal: "dana")
             _ = try await client.call(Care.AddPlant.self, Care.Plant(scientificName: "Nephrolepis exaltata"), principal: "dana")
             var pending: [Reminders.Reminder] = []
-            while pending.isEmpty { pending = try await client.call(Reminders.Pending.self, .init(), principal: "dana") }
+            try #require(try await eventually(within: .seconds(20)) {
+                pending = try await client.call(Reminders.Pending.self, .init(), principal: "dana")
+                return !pending.isEmpty
+            })
             func windowRequests() async throws -> UInt64 {
                 try await client.call(Broker.Stats.self, .init()).operations.first { $0.operation == Care.ReminderWindow.name }?.requests ?? 0
             }
@@ -94,17 +97,13 @@ struct ReminderServiceTests {
             // The first reminder comes due and goes; the window is low, so care is asked.
             // By the service's clock (the test's own time may have run on since it was made).
             clock.advance(by: pending[0].due.timeIntervalSince(clock.now()) + 1)
-            let deadline = ContinuousClock.now + .seconds(20)
-            while try await windowRequests() == 0, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(50)) }
+            #expect(try await eventually(within: .seconds(20)) { try await windowRequests() > 0 })
             #expect(try await windowRequests() == 1)
             // Delivered (the log channel takes it), and the fresh window does not bring it back.
-            var stillThere = true
-            while stillThere, ContinuousClock.now < deadline {
-                stillThere = try await client.call(Reminders.Pending.self, .init(limit: 256), principal: "dana")
+            #expect(try await eventually(within: .seconds(20)) {
+                try await !client.call(Reminders.Pending.self, .init(limit: 256), principal: "dana")
                     .contains { $0.taskID == pending[0].taskID && $0.due == pending[0].due }
-                try await Task.sleep(for: .milliseconds(50))
-            }
-            #expect(!stillThere, "what went does not come back")
+            }, "what went does not come back")
         }
     }
 }
