@@ -23,6 +23,11 @@ public final class TestBus: Sendable {
     /// Where the test's services log (quiet unless `CANOPY_TEST_LOG_LEVEL` says otherwise).
     public let logger: Logger
 
+    /// The test bus of a live bus a test started itself.
+    public convenience init(live: LiveBus) {
+        self.init(mode: .live, live: live, configuration: live.configuration)
+    }
+
     init(mode: BusMode, live: LiveBus?, configuration: BrokerConfiguration) {
         self.mode = mode
         self.live = live

@@ -7,6 +7,7 @@ import CareScheduling
 import Foundation
 import NIOCore
 import NIOHTTP1
+import ServiceLifecycle
 import Testing
 @testable import RequestBatching
 
@@ -29,7 +30,7 @@ extension LiveBatchTests {
         struct Stack {
             let base: String
             let tokens: TokenAuthority
-            let bus: LiveBus
+            let bus: TestBus
             let metricsPort: Int
 
             func token(_ user: String) async throws -> String { try await tokens.issue(user: user, lifetime: .seconds(3_600)) }
@@ -56,24 +57,33 @@ extension LiveBatchTests {
             }
         }
 
-        func withStack(rate: Double = 50, burst: Double = 200, idleTimeout: Duration = BatchServiceSettings.defaultIdleTimeout,
+        /// canopy-batch over real HTTP in front of canopy-care: on the in-process bus, or
+        /// (`.live`) as `serve` builds it, through the real broker.
+        func withStack(_ mode: BusMode = .inProcess, rate: Double = 50, burst: Double = 200, idleTimeout: Duration = BatchServiceSettings.defaultIdleTimeout,
                        readTimeout: Duration = BatchServiceSettings.defaultReadTimeout, _ body: (Stack) async throws -> Void) async throws {
             let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-batch-\(UUID().uuidString)")
             defer { try? FileManager.default.removeItem(at: directory) }
-            try await withLiveBus { bus in
-                bus.run(try buildCareService(settings: CareServiceSettings(directory: directory.appendingPathComponent("care"), runner: bus.runnerConfiguration()),
-                                             context: bus.context, logger: bus.logger))
-                var settings = BatchServiceSettings(http: .anyLoopbackPort, bus: .init(endpoint: bus.endpoint), tokenKey: Self.key, metrics: .anyLoopbackPort)
+            try await withTestBus(mode) { bus in
+                let care = CareServiceSettings(directory: directory.appendingPathComponent("care"), runner: bus.runnerConfiguration())
+                var settings = BatchServiceSettings(http: .anyLoopbackPort, bus: .init(endpoint: bus.live?.endpoint ?? ""), tokenKey: Self.key,
+                                                    metrics: .anyLoopbackPort)
                 settings.maximumBodyBytes = 64 * 1_024
                 settings.rateLimit = rate
                 settings.rateBurst = burst
                 settings.idleTimeout = idleTimeout
                 settings.readTimeout = readTimeout
-                let services = try buildBatchService(settings: settings, context: bus.context, logger: bus.logger)
+                let services: [any Service]
+                if let live = bus.live {
+                    live.run(try buildCareService(settings: care, context: live.context, logger: live.logger))
+                    services = try buildBatchService(settings: settings, context: live.context, logger: live.logger)
+                } else {
+                    try await bus.run(try makeCareService(settings: care, bus: try bus.client(), logger: bus.logger))
+                    services = try makeBatchService(settings: settings, bus: try bus.client(timeout: settings.callTimeout), logger: bus.logger)
+                }
                 let http = try #require(services.first { $0 is BatchHTTPServer } as? BatchHTTPServer)
                 let metrics = try #require(services.first { $0 is OperatingEndpoint } as? OperatingEndpoint)
                 bus.run(services)
-                try await bus.waitForWorkers(1, service: Care.service)
+                if let live = bus.live { try await live.waitForWorkers(1, service: Care.service) }
                 let port = try await http.boundPort()
                 try await body(Stack(base: "http://127.0.0.1:\(port)", tokens: try TokenAuthority(key: Self.key), bus: bus,
                                      metricsPort: try await metrics.boundPort()))
@@ -84,8 +94,8 @@ extension LiveBatchTests {
 
         // MARK: - Every route
 
-        @Test func plantsTasksStatisticsAndPreferencesWorkOverHTTP() async throws {
-            try await withStack { stack in
+        @Test(arguments: BusMode.allCases) func plantsTasksStatisticsAndPreferencesWorkOverHTTP(_ mode: BusMode) async throws {
+            try await withStack(mode) { stack in
                 let created = try await stack.send(.POST, "/v1/plants", json: Self.monstera)
                 #expect(created.status == 201, "\(String(decoding: created.body, as: UTF8.self))")
                 let id = try #require(created.object["id"] as? String)
@@ -251,7 +261,7 @@ extension LiveBatchTests {
         }
 
         @Test func healthSaysWhetherTheBrokerAnswersAndWhichServicesHaveWorkers() async throws {
-            try await withStack { stack in
+            try await withStack(.live) { stack in
                 #expect(try await OperatingProbe.waitForHealth(stack.metricsPort, status: 200))
                 let response = try await HTTPClient.shared.execute(HTTPClientRequest(url: "http://127.0.0.1:\(stack.metricsPort)/health"), timeout: .seconds(10))
                 let report = try JSONDecoder().decode(HealthReport.self, from: Data(try await response.body.collect(upTo: 65_536).readableBytesView))

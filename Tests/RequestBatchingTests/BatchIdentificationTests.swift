@@ -52,7 +52,7 @@ extension LiveBatchTests {
                 bus.run(batch)
                 for service in services { try await bus.waitForWorkers(1, service: service) }
                 try await body(BatchAPITests.Stack(base: "http://127.0.0.1:\(try await http.boundPort())", tokens: try TokenAuthority(key: BatchAPITests.key),
-                                                   bus: bus, metricsPort: 0))
+                                                   bus: TestBus(live: bus), metricsPort: 0))
             }
         }
 

@@ -38,7 +38,7 @@ extension LiveBatchTests {
                 bus.run(services)
                 for service in [Care.service, Reminders.service, Images.service] { try await bus.waitForWorkers(1, service: service) }
                 try await body(BatchAPITests.Stack(base: "http://127.0.0.1:\(try await http.boundPort())", tokens: try TokenAuthority(key: BatchAPITests.key),
-                                                   bus: bus, metricsPort: try await metrics.boundPort()))
+                                                   bus: TestBus(live: bus), metricsPort: try await metrics.boundPort()))
             }
         }
 

@@ -104,8 +104,16 @@ public func buildBatchService(settings: BatchServiceSettings, context: ZMQContex
     // Every port first, so a taken one stops the process before anything starts.
     try PortCheck.ensureFree(settings.http, for: BatchHTTPServer.purpose, option: BatchHTTPServer.option)
     try OperatingEndpoint.ensureFree(settings.metrics)
-    let tokens = try TokenAuthority(key: settings.tokenKey)
+    _ = try TokenAuthority(key: settings.tokenKey) // a bad key stops it before the client connects
     let bus = try BusClient(configuration: settings.bus, context: context, logger: logger)
+    return [bus] + (try makeBatchService(settings: settings, bus: bus, logger: logger))
+}
+
+/// The HTTP API and the `/metrics` and `/health` listener (when `settings` name one), calling
+/// the services through `bus`: what ``buildBatchService(settings:context:logger:)`` runs after
+/// its bus client, and what tests run on an in-process bus.
+public func makeBatchService(settings: BatchServiceSettings, bus: any BusCalling, logger: Logger) throws -> [any Service] {
+    let tokens = try TokenAuthority(key: settings.tokenKey)
     let router = Router()
     let metrics = BatchMetrics()
     // Dates as the bus writes them; compact JSON with sorted keys, as the bus's.
@@ -126,7 +134,7 @@ public func buildBatchService(settings: BatchServiceSettings, context: ZMQContex
     try api.registerHandlers(on: operations, configuration: configuration) // the same handlers, for batches
     let http = BatchHTTPServer(responder: EdgeResponder(router: router.buildResponder(), edge: edge), address: settings.http,
                                idleTimeout: settings.idleTimeout, readTimeout: settings.readTimeout, logger: logger)
-    var services: [any Service] = [bus, http]
+    var services: [any Service] = [http]
     if let metrics = settings.metrics {
         services.append(try OperatingEndpoint(host: metrics.host, port: metrics.port, health: { await brokerHealth(bus) }, logger: logger))
     }
@@ -134,7 +142,7 @@ public func buildBatchService(settings: BatchServiceSettings, context: ZMQContex
 }
 
 /// Whether the broker answers, and which services have workers.
-func brokerHealth(_ bus: BusClient) async -> HealthReport {
+func brokerHealth(_ bus: any BusCalling) async -> HealthReport {
     do {
         let services = try await bus.call(Broker.Services.self, Empty(), timeout: .seconds(2))
         var report = HealthReport(healthy: true, checks: ["broker": "answers"])
