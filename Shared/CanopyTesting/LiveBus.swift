@@ -226,14 +226,20 @@ extension BrokerConfiguration {
 public func withLiveBus<T>(configuration: BrokerConfiguration = .testing, curve: CurveServerSettings? = nil,
                            _ body: (LiveBus) async throws -> T) async throws -> T {
     let bus = try LiveBus(configuration: configuration, curve: curve)
+    return try await ending(with: bus.shutdown) { try await body(bus) }
+}
+
+/// Runs `body`, then `cleanup`, also when `body` throws.
+func ending<T>(with cleanup: () async -> Void, _ body: () async throws -> T) async throws -> T {
+    let result: T
     do {
-        let result = try await body(bus)
-        await bus.shutdown()
-        return result
+        result = try await body()
     } catch {
-        await bus.shutdown()
+        await cleanup()
         throw error
     }
+    await cleanup()
+    return result
 }
 
 /// What a finished process printed and how it ended.

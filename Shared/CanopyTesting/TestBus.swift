@@ -1,6 +1,7 @@
 import CanopyBroker
 import CanopyBus
 import CanopyServiceKit
+import Foundation
 import Logging
 import ServiceLifecycle
 import Synchronization
@@ -86,20 +87,15 @@ public final class TestBus: Sendable {
 }
 
 /// Runs `body` with a ``TestBus`` in `mode`, and stops whatever it started afterwards, also
-/// when `body` throws.
+/// when `body` throws. `CANOPY_TEST_BUS=live` runs the in-process tests over a live broker too
+/// (`CANOPY_TEST_BUS=live scripts/test`), to compare the two paths or their times.
 public func withTestBus<T>(_ mode: BusMode = .inProcess, configuration: BrokerConfiguration = .testing,
                            _ body: (TestBus) async throws -> T) async throws -> T {
+    let mode = ProcessInfo.processInfo.environment["CANOPY_TEST_BUS"] == "live" ? .live : mode
     switch mode {
     case .inProcess:
         let bus = TestBus(mode: mode, live: nil, configuration: configuration)
-        do {
-            let result = try await body(bus)
-            await bus.shutdown()
-            return result
-        } catch {
-            await bus.shutdown()
-            throw error
-        }
+        return try await ending(with: bus.shutdown) { try await body(bus) }
     case .live:
         return try await withLiveBus(configuration: configuration) { live in
             try await body(TestBus(mode: mode, live: live, configuration: configuration))

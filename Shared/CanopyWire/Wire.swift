@@ -1,6 +1,6 @@
 import CanopyMessages
 
-/// Canopy's wire protocol, version 1: the frames of every command. `docs/PROTOCOL.md`
+/// Canopy's wire protocol, version 2 (`canopy/2`): the frames of every command. `docs/PROTOCOL.md`
 /// gives the same in prose.
 ///
 /// Every message starts with the version frame ``version`` and a one-byte command frame.
