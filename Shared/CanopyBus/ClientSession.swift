@@ -173,7 +173,6 @@ public struct ClientSession: Sendable {
         return id
     }
 
-    /// What calls fail with while the broker refuses the client's CURVE key.
     /// The frames of a request, as every caller sends it: the header carries the deadline
     /// (at least 1 ms), the flags and the principal.
     ///
@@ -203,5 +202,6 @@ public struct ClientSession: Sendable {
         }
     }
 
+    /// What calls fail with while the broker refuses the client's CURVE key.
     public static let keyRefused = CanopyError(.unauthorized, "the broker refused this client's CURVE key; the operator adds its public key to the broker's allow-list (--curve-allow), or check --curve-server-key")
 }
