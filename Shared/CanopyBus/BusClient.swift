@@ -176,7 +176,8 @@ private final class ClientLoop: @unchecked Sendable {
                 // Connection news first: a call must not go out on a connection known to be refused.
                 if poller.isReadable(monitorItem) { try connectionEvents() }
                 if poller.isReadable(mailboxItem) {
-                    for control in mailbox.drain() {
+                    let controls = mailbox.drain()
+                    for (index, control) in controls.enumerated() {
                         switch control {
                         case .call(let id, let frames, let idempotent, let deadline, let continuation):
                             continuations[id] = continuation
@@ -185,6 +186,10 @@ private final class ClientLoop: @unchecked Sendable {
                             try carryOut(session.cancel(id: id))
                         case .close:
                             try carryOut(session.failAll(clientClosed))
+                            // Calls posted after the close, in the same batch: failed too, not left waiting.
+                            for case .call(_, _, _, _, let continuation) in controls[(index + 1)...] {
+                                continuation.resume(throwing: clientClosed)
+                            }
                             return
                         }
                     }

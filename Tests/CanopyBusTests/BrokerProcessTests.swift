@@ -97,7 +97,7 @@ struct BrokerProcessTests {
         _ = try await broker.endpoint()
         broker.stop() // SIGTERM
         #expect(broker.process.terminationStatus == 0)
-        try await Task.sleep(for: .milliseconds(100))
+        #expect(try await eventually { broker.text.contains("broker.stopped") }, "its last lines are read")
         #expect(broker.text.contains("broker.draining"))
         #expect(broker.text.contains("broker.stopped"))
     }
@@ -259,7 +259,8 @@ struct BrokerProcessTests {
             }
         }
         #expect(answered == 150)
-        try await Task.sleep(for: .milliseconds(1_500)) // the give-back runs at most once a second
+        // The give-back runs at most once a second.
+        _ = try await eventually(within: .seconds(10), every: .milliseconds(100)) { broker.residentBytes < baseline + (peak - baseline) / 3 }
         let after = broker.residentBytes
         #expect(peak > baseline + 100_000_000, "the burst was held: \(baseline) -> \(peak)")
         #expect(after < baseline + (peak - baseline) / 3, "given back: peak \(peak), after \(after), baseline \(baseline)")

@@ -154,14 +154,14 @@ struct LiveBusTests {
         var configuration = BrokerConfiguration.testing
         configuration.drainTimeout = .zero // the old broker leaves its requests unanswered
         try await withLiveBus(configuration: configuration) { bus in
-            bus.startWorker(name: "w1")
+            let worker = bus.startWorker(name: "w1")
             try await bus.waitForWorkers(1)
             let client = try bus.client()
             #expect(try await client.call(TestService.Echo.self, .init(text: "before")).text == "before")
 
             let inFlight = Task { try await client.call(TestService.Echo.self, .init(text: "during", sleepMilliseconds: 400)) }
             let lost = Task { try await client.call(TestService.Append.self, .init(text: "during", sleepMilliseconds: 400)) }
-            try await Task.sleep(for: .milliseconds(100))
+            #expect(try await eventually { worker.counters.running.load(ordering: .relaxed) == 2 }, "both at the worker")
             try await bus.restartBroker()
 
             #expect(try await inFlight.value.text == "during", "an idempotent call is sent again to the new broker")
@@ -217,8 +217,7 @@ struct LiveBusTests {
     @Test func callsOnAClosedClientFailAtOnceInsteadOfWaiting() async throws {
         try await withLiveBus { bus in
             let client = try bus.client()
-            client.close()
-            try await Task.sleep(for: .milliseconds(50)) // the loop thread has stopped
+            client.close() // a call posted now meets the close first, or the stopped loop: failed either way
             let started = ContinuousClock.now
             let error = await #expect(throws: CanopyError.self) { _ = try await client.call(Broker.Services.self, .init()) }
             #expect(error?.message.contains("closed") == true)

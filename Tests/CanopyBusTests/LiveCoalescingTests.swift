@@ -110,7 +110,9 @@ struct LiveCoalescingTests {
             let patient = Task { try await client.call(TestService.Lookup.self, .init(text: "slow", sleepMilliseconds: 800)) }
             #expect(try await eventually { worker.counters.running.load(ordering: .relaxed) == 1 })
             let cancelled = Task { try await client.call(TestService.Lookup.self, .init(text: "slow", sleepMilliseconds: 800)) }
-            try await Task.sleep(for: .milliseconds(50))
+            #expect(try await eventually { // it joined the flight in the air
+                try await client.call(Broker.Stats.self, .init()).operations.first { $0.operation == TestService.Lookup.name }?.coalesced == 1
+            })
             cancelled.cancel()
             await #expect(throws: CancellationError.self) { _ = try await cancelled.value }
             let hurried = await #expect(throws: CanopyError.self) {

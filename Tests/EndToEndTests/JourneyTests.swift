@@ -184,15 +184,16 @@ struct JourneyTests {
             kill(images, SIGSTOP)
             let deleted = try await stack.send(.DELETE, "/v1/plants/\(plant)", token: alice)
             #expect(deleted.status == 204, "\(deleted.text)")
-            try await Task.sleep(for: .seconds(4)) // the broker gives up on the stopped worker meanwhile
+            #expect(try await eventually(within: .seconds(30), every: .milliseconds(250)) { // the broker gives up on the stopped worker
+                let services = try await runExecutable("canopy", ["services", "--broker", stack.endpoint])
+                return services.status == 0 && !services.output.contains("images")
+            }, "the stopped canopy-images was dropped by the broker")
             kill(images, SIGCONT)
             var left: [String] = []
-            let clean = ContinuousClock.now + .seconds(90)
-            repeat {
-                try await Task.sleep(for: .milliseconds(500))
+            #expect(try await eventually(within: .seconds(90), every: .milliseconds(500)) {
                 left = try Self.mentions(of: plant, in: stack.data) + Self.mentions(of: photo, in: stack.data)
-            } while !left.isEmpty && ContinuousClock.now < clean
-            #expect(left.isEmpty, "still held: \(left)")
+                return left.isEmpty
+            }, "still held: \(left)")
             #expect(try await stack.send(.GET, "/v1/plants/\(plant)", token: alice).status == 404)
         } catch {
             await stack.stop()

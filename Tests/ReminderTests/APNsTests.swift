@@ -198,7 +198,9 @@ struct APNsTests {
                 dispatcher.schedule(try await library.sync([.water("p1", due: t + 60, name: "Fern")], owner: "alice", now: t))
                 setup.clock.advance(by: 60)
                 #expect(try await eventually { setup.apns.received.count == 1 })
-                try await Task.sleep(for: .milliseconds(100)) // the attempt is recorded with its backoff
+                #expect(try await eventually { // the attempt is recorded with its backoff
+                    try store.database.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM attempts") ?? 0 } == 1
+                })
                 setup.clock.advance(by: 3)
                 #expect(try await eventually { setup.apns.received.count == 2 })
                 #expect(try await eventually { try library.pending(owner: "alice", limit: 10).isEmpty })
@@ -214,7 +216,7 @@ struct APNsTests {
                 #expect(try library.devices(owner: "alice").first?.deactivatedReason?.contains("Unregistered") == true)
                 #expect(try library.failures(owner: "alice", limit: 10).first?.lastError.contains("410") == true)
                 setup.clock.advance(by: 3_600)
-                try await Task.sleep(for: .milliseconds(300))
+                #expect(try await eventually { dispatcher.held.sends == 0 }, "nothing left to send")
                 #expect(setup.apns.received.count == 3, "nothing goes to a deactivated phone")
 
                 // Registering again makes it active.

@@ -141,7 +141,8 @@ struct DispatcherTests {
             setup.clock.advance(by: 2_000)
             #expect(try await eventually { setup.receiver.received.count == 2 })
             #expect(try MessageCodec().decode(WebhookChannel.Payload.self, from: setup.receiver.received[1].body).data.title == "Water Fern")
-            try await Task.sleep(for: .milliseconds(200))
+            // Nothing left to send (no send held, none running): nothing more can arrive.
+            #expect(try await eventually { setup.dispatcher.held.sends == 0 })
             #expect(setup.receiver.received.count == 2, "each once")
         }
     }
