@@ -321,7 +321,19 @@ public struct BrokerState {
 
     // MARK: - Management
 
-    mutating func management(_ operation: String, body requestBody: [UInt8], to client: [UInt8], correlation: [UInt8], now: ContinuousClock.Instant, into out: inout [Directive]) {
+    /// Who may call the broker's own operations (their types declare it).
+    static let managementAccess: [String: Access] = [
+        Broker.Services.name: Broker.Services.access, Broker.Stats.name: Broker.Stats.access, Broker.CaptureStart.name: Broker.CaptureStart.access,
+        Broker.CaptureStop.name: Broker.CaptureStop.access, Broker.CaptureStatusOperation.name: Broker.CaptureStatusOperation.access,
+    ]
+
+    mutating func management(_ operation: String, body requestBody: [UInt8], principal: String, to client: [UInt8], correlation: [UInt8],
+                             now: ContinuousClock.Instant, into out: inout [Directive]) {
+        if let refusal = Self.managementAccess[operation]?.refusal(principal: principal) {
+            rejected += 1
+            replyError(to: client, correlation: correlation, refusal, into: &out)
+            return
+        }
         let body: [UInt8]?
         switch operation {
         case Broker.Services.name: body = try? codec.encode(serviceDescriptions())

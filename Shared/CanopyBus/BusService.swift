@@ -58,14 +58,6 @@ public struct RequestContext: Sendable {
                   logger: logger, maximumReplyBytes: maximumReplyBytes)
     }
 
-    /// The principal, or an `unauthorized` error when the request carries none.
-    public func requirePrincipal() throws(CanopyError) -> String {
-        guard let principal, !principal.isEmpty else {
-            throw CanopyError(.unauthorized, "this operation acts on a person's data and needs a principal (the user id the edge authenticated)")
-        }
-        return principal
-    }
-
     /// The person one key of a multi-key lookup (``Lookup``) is for: the key's principal,
     /// which a request made for one person (with a principal in its header) may only name
     /// as that person.
@@ -97,8 +89,27 @@ public struct OperationHandlers: Sendable {
         self.service = service
     }
 
-    /// Registers the handler of `operation`.
+    /// Registers the handler of an operation on one person's data (``Access/own``): the
+    /// runtime has checked that the request carries a principal and hands it over as `owner`.
     public mutating func on<Operation: BusOperation>(
+        _ operation: Operation.Type,
+        _ handler: @escaping @Sendable (_ request: Operation.Request, _ owner: String, RequestContext) async throws -> Operation.Reply
+    ) {
+        precondition(Operation.access == .own, "\(service).\(Operation.name) is \(Operation.access), not a person's own data: register it without an owner")
+        register(operation) { request, context in try await handler(request, context.principal ?? "", context) }
+    }
+
+    /// Registers the handler of an operation that is not one person's own data
+    /// (``Access/public``, ``Access/perKey``, ``Access/operator``).
+    public mutating func on<Operation: BusOperation>(
+        _ operation: Operation.Type,
+        _ handler: @escaping @Sendable (Operation.Request, RequestContext) async throws -> Operation.Reply
+    ) {
+        precondition(Operation.access != .own, "\(service).\(Operation.name) acts on a person's own data: register a handler that takes the owner")
+        register(operation, handler)
+    }
+
+    private mutating func register<Operation: BusOperation>(
         _ operation: Operation.Type,
         _ handler: @escaping @Sendable (Operation.Request, RequestContext) async throws -> Operation.Reply
     ) {
@@ -108,6 +119,8 @@ public struct OperationHandlers: Sendable {
         // Requests that check their own fields are checked before the handler sees them.
         let validates = Operation.Request.self is any Validatable.Type
         entries[Operation.name] = Entry(descriptor: Operation.descriptor) { payload, context in
+            // Who may call it first: a refused caller learns nothing from decoding errors.
+            if let refusal = Operation.access.refusal(principal: context.principal) { throw refusal }
             let request = try codec.decodePayload(Operation.Request.self, from: payload)
             if validates, let checked = request as? any Validatable { try checked.validate() }
             return try codec.encodePayload(try await handler(request, context))

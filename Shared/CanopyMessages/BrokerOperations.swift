@@ -10,6 +10,7 @@ public enum Broker {
         public typealias Reply = [ServiceDescription]
         public static let service = Broker.service
         public static let name = "services"
+        public static let access = Access.public
         public static let idempotent = true
     }
 
@@ -19,6 +20,7 @@ public enum Broker {
         public typealias Reply = BrokerStatistics
         public static let service = Broker.service
         public static let name = "stats"
+        public static let access = Access.operator
         public static let idempotent = true
     }
 
@@ -43,6 +45,7 @@ public enum Broker {
         public typealias Reply = CaptureStatus
         public static let service = Broker.service
         public static let name = "capture.start"
+        public static let access = Access.operator
     }
 
     /// `broker.capture.stop`: writes what is queued, closes the file, answers the final counts.
@@ -51,6 +54,7 @@ public enum Broker {
         public typealias Reply = CaptureStatus
         public static let service = Broker.service
         public static let name = "capture.stop"
+        public static let access = Access.operator
     }
 
     /// `broker.capture.status`: whether a capture runs, and its counts.
@@ -59,6 +63,7 @@ public enum Broker {
         public typealias Reply = CaptureStatus
         public static let service = Broker.service
         public static let name = "capture.status"
+        public static let access = Access.operator
         public static let idempotent = true
     }
 }

@@ -29,11 +29,48 @@ public protocol BusOperation: Sendable {
     /// Identical in-flight requests may share one worker call. Only idempotent operations
     /// qualify.
     static var coalescable: Bool { get }
+    /// Who may call it; the runtime checks it before the handler runs. One person's own data
+    /// (``Access/own``) unless the operation says otherwise.
+    static var access: Access { get }
+}
+
+/// Who may call an operation: declared once, in the operation's type, and enforced by the
+/// runtime (`OperationHandlers`) before the request is decoded or the handler runs, so no
+/// handler checks it again.
+public enum Access: String, Sendable, Codable, CaseIterable {
+    /// Anyone connected, for or without a person: nothing of anyone's is read or changed (the
+    /// species catalog).
+    case `public`
+    /// One person's own data: the request carries the principal the edge authenticated
+    /// (`unauthorized` without one), and the handler acts for that person only.
+    case own
+    /// Several people's data in one request, each key naming its person (a multi-key
+    /// ``Lookup``): a principal is optional, and a request made for one person may name
+    /// only that person in its keys.
+    case perKey
+    /// The operator's figures about the service as a whole (no person's data): a request made
+    /// on someone's behalf (with a principal) is refused, so the edge can never reach them.
+    case `operator`
+
+    /// Why a request with `principal` may not call an operation with this access, or `nil`
+    /// when it may.
+    public func refusal(principal: String?) -> CanopyError? {
+        let present = !(principal ?? "").isEmpty
+        switch self {
+        case .own where !present:
+            return CanopyError(.unauthorized, "this operation acts on a person's data and needs a principal (the user id the edge authenticated)")
+        case .operator where present:
+            return CanopyError(.unauthorized, "this is an operator's operation, about the service as a whole; it is not called on a person's behalf (send it without a principal)")
+        default:
+            return nil
+        }
+    }
 }
 
 extension BusOperation {
     public static var idempotent: Bool { false }
     public static var coalescable: Bool { false }
+    public static var access: Access { .own }
 
     /// The flags a worker announces for this operation.
     public static var descriptor: OperationDescriptor {

@@ -86,6 +86,7 @@ public enum Care {
         public typealias Reply = [Species]
         public static let service = Care.service
         public static let name = "catalog.search"
+        public static let access = Access.public
         public static let idempotent = true
         public static let coalescable = true
     }

@@ -300,6 +300,7 @@ public enum Identification {
 
         public static let service = Identification.service
         public static let name = "identifications.quota"
+        public static let access = Access.operator
         public static let idempotent = true
     }
 

@@ -324,6 +324,7 @@ public enum Images {
         }
         public static let service = Images.service
         public static let name = "images.stats"
+        public static let access = Access.operator
         public static let idempotent = true
     }
 }

@@ -117,6 +117,7 @@ extension Images {
         }
         public static let service = Images.service
         public static let name = "images.variants"
+        public static let access = Access.perKey
         public static let idempotent = true
     }
 }
@@ -155,6 +156,7 @@ extension Care {
         }
         public static let service = Care.service
         public static let name = "tasks.next"
+        public static let access = Access.perKey
         public static let idempotent = true
     }
 }

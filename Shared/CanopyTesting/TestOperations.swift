@@ -46,6 +46,7 @@ public enum TestService {
         public typealias Reply = TestService.Reply
         public static let service = TestService.name
         public static let name = "echo"
+        public static let access = Access.public
         public static let idempotent = true
     }
 
@@ -55,6 +56,7 @@ public enum TestService {
         public typealias Reply = TestService.Reply
         public static let service = TestService.name
         public static let name = "append"
+        public static let access = Access.public
     }
 
     /// Bytes that travel as attachments, and a label in the JSON.
@@ -94,6 +96,7 @@ public enum TestService {
         public typealias Reply = Blobs
         public static let service = TestService.name
         public static let name = "blobs"
+        public static let access = Access.public
         public static let idempotent = true
         public static let coalescable = true
     }
@@ -105,6 +108,7 @@ public enum TestService {
         public typealias Reply = TestService.Reply
         public static let service = TestService.name
         public static let name = "fail"
+        public static let access = Access.public
         public static let idempotent = true
         public static let coalescable = true
     }
@@ -115,6 +119,7 @@ public enum TestService {
         public typealias Reply = TestService.Reply
         public static let service = TestService.name
         public static let name = "lookup"
+        public static let access = Access.public
         public static let idempotent = true
         public static let coalescable = true
     }

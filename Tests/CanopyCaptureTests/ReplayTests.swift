@@ -44,14 +44,12 @@ struct NotesService: BusService {
 
     func register(_ handlers: inout OperationHandlers) {
         let notes = store
-        handlers.on(Create.self) { request, context in
-            let owner = try context.requirePrincipal()
+        handlers.on(Create.self) { request, owner, _ in
             let note = Note(id: UUID().uuidString, text: request.text)
             notes.notes.withLock { $0[note.id] = (owner, note) }
             return note
         }
-        handlers.on(Get.self) { [suffix] request, context in
-            let owner = try context.requirePrincipal()
+        handlers.on(Get.self) { [suffix] request, owner, _ in
             guard var note = notes.notes.withLock({ $0[request.id] }).flatMap({ $0.owner == owner ? $0.note : nil }) else {
                 throw CanopyError(.notFound, "no note \(request.id)")
             }

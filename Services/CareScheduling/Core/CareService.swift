@@ -20,30 +20,34 @@ public struct CareService: BusService {
         func on<Operation: BusOperation>(_ operation: Operation.Type, _ work: @escaping @Sendable (Operation.Request, RequestContext) throws -> Operation.Reply) {
             handlers.on(operation) { request, context in try await offThePool { try work(request, context) } }
         }
+        func on<Operation: BusOperation>(_ operation: Operation.Type,
+                                         _ work: @escaping @Sendable (Operation.Request, _ owner: String, RequestContext) throws -> Operation.Reply) {
+            handlers.on(operation) { request, owner, context in try await offThePool { try work(request, owner, context) } }
+        }
         on(Care.CatalogSearch.self) { request, _ in library.store.catalog.search(request.text, limit: request.limit ?? 20) }
-        on(Care.AddPlant.self) { plant, context in try library.add(plant, owner: try context.requirePrincipal()) }
-        on(Care.GetPlant.self) { request, context in try library.get(request.id, owner: try context.requirePrincipal()) }
-        on(Care.UpdatePlant.self) { plant, context in try library.update(plant, owner: try context.requirePrincipal()) }
-        on(Care.DeletePlant.self) { request, context in
-            try library.delete(request.id, owner: try context.requirePrincipal())
+        on(Care.AddPlant.self) { plant, owner, _ in try library.add(plant, owner: owner) }
+        on(Care.GetPlant.self) { request, owner, _ in try library.get(request.id, owner: owner) }
+        on(Care.UpdatePlant.self) { plant, owner, _ in try library.update(plant, owner: owner) }
+        on(Care.DeletePlant.self) { request, owner, _ in
+            try library.delete(request.id, owner: owner)
             return Empty()
         }
-        on(Care.ListPlants.self) { request, context in
-            try library.list(request, owner: try context.requirePrincipal(), replyBytes: context.maximumReplyBytes)
+        on(Care.ListPlants.self) { request, owner, context in
+            try library.list(request, owner: owner, replyBytes: context.maximumReplyBytes)
         }
-        on(Care.Statistics.self) { _, context in try library.statistics(owner: try context.requirePrincipal()) }
-        on(Care.SetPreferences.self) { preferences, context in try library.setPreferences(preferences, owner: try context.requirePrincipal()) }
-        on(Care.UpcomingTasks.self) { request, context in
-            try library.upcoming(days: request.days, limit: request.limit, owner: try context.requirePrincipal())
+        on(Care.Statistics.self) { _, owner, _ in try library.statistics(owner: owner) }
+        on(Care.SetPreferences.self) { preferences, owner, _ in try library.setPreferences(preferences, owner: owner) }
+        on(Care.UpcomingTasks.self) { request, owner, _ in
+            try library.upcoming(days: request.days, limit: request.limit, owner: owner)
         }
         on(Care.NextTasks.self) { request, context in try library.nextTasks(request.keys, context: context) }
-        on(Care.CompleteTask.self) { request, context in try library.complete(request.id, at: request.at, owner: try context.requirePrincipal()) }
-        on(Care.SnoozeTask.self) { request, context in try library.snooze(request.id, until: request.until, owner: try context.requirePrincipal()) }
-        on(Care.SkipTask.self) { request, context in try library.skip(request.id, owner: try context.requirePrincipal()) }
-        on(Care.AddCustomTask.self) { request, context in try library.addCustomTask(request, owner: try context.requirePrincipal()) }
-        on(Care.ReminderWindow.self) { request, context in
-            .init(window: try library.reminderWindow(owner: try context.requirePrincipal(), count: request.count))
+        on(Care.CompleteTask.self) { request, owner, _ in try library.complete(request.id, at: request.at, owner: owner) }
+        on(Care.SnoozeTask.self) { request, owner, _ in try library.snooze(request.id, until: request.until, owner: owner) }
+        on(Care.SkipTask.self) { request, owner, _ in try library.skip(request.id, owner: owner) }
+        on(Care.AddCustomTask.self) { request, owner, _ in try library.addCustomTask(request, owner: owner) }
+        on(Care.ReminderWindow.self) { request, owner, _ in
+            .init(window: try library.reminderWindow(owner: owner, count: request.count))
         }
-        on(Care.CareLog.self) { request, context in try library.log(plantID: request.plantID, owner: try context.requirePrincipal()) }
+        on(Care.CareLog.self) { request, owner, _ in try library.log(plantID: request.plantID, owner: owner) }
     }
 }

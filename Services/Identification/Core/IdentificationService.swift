@@ -15,12 +15,12 @@ public struct IdentificationService: BusService {
 
     public func register(_ handlers: inout OperationHandlers) {
         let (library, plantNet) = (self.library, self.plantNet)
-        handlers.on(Identification.Submit.self) { request, context in try await library.submit(request, owner: try context.requirePrincipal()) }
-        handlers.on(Identification.Accept.self) { request, context in try await library.accept(request, owner: try context.requirePrincipal()) }
-        handlers.on(Identification.Get.self) { request, context in try library.get(request.id, owner: try context.requirePrincipal()) }
-        handlers.on(Identification.History.self) { request, context in try library.history(request, owner: try context.requirePrincipal()) }
-        handlers.on(Identification.ForgetPlant.self) { request, context in
-            try library.forget(plantID: request.plantID, owner: try context.requirePrincipal())
+        handlers.on(Identification.Submit.self) { request, owner, _ in try await library.submit(request, owner: owner) }
+        handlers.on(Identification.Accept.self) { request, owner, _ in try await library.accept(request, owner: owner) }
+        handlers.on(Identification.Get.self) { request, owner, _ in try library.get(request.id, owner: owner) }
+        handlers.on(Identification.History.self) { request, owner, _ in try library.history(request, owner: owner) }
+        handlers.on(Identification.ForgetPlant.self) { request, owner, _ in
+            try library.forget(plantID: request.plantID, owner: owner)
             return Empty()
         }
         handlers.on(Identification.Quota.self) { _, _ in

@@ -14,30 +14,29 @@ public struct ImageService: BusService {
 
     public func register(_ handlers: inout OperationHandlers) {
         let library = self.library
-        handlers.on(Images.Put.self) { request, context in
-            let owner = try context.requirePrincipal()
-            return try await library.put([UInt8](request.data), owner: owner, plantID: request.plantID)
+        handlers.on(Images.Put.self) { request, owner, _ in
+            try await library.put([UInt8](request.data), owner: owner, plantID: request.plantID)
         }
-        handlers.on(Images.Fetch.self) { request, context in
-            try await library.fetch(request.url, owner: try context.requirePrincipal(), plantID: request.plantID)
+        handlers.on(Images.Fetch.self) { request, owner, _ in
+            try await library.fetch(request.url, owner: owner, plantID: request.plantID)
         }
-        handlers.on(Images.GetVariant.self) { request, context in
-            try await library.variant(request, owner: try context.requirePrincipal(), replyBytes: context.maximumReplyBytes)
+        handlers.on(Images.GetVariant.self) { request, owner, context in
+            try await library.variant(request, owner: owner, replyBytes: context.maximumReplyBytes)
         }
         handlers.on(Images.GetVariants.self) { request, context in
             await library.variants(request.keys, context: context)
         }
-        handlers.on(Images.Palette.self) { request, context in
-            try await library.palette(request.sha256, owner: try context.requirePrincipal())
+        handlers.on(Images.Palette.self) { request, owner, _ in
+            try await library.palette(request.sha256, owner: owner)
         }
-        handlers.on(Images.List.self) { request, context in
-            try library.list(owner: try context.requirePrincipal(), plantID: request.plantID)
+        handlers.on(Images.List.self) { request, owner, _ in
+            try library.list(owner: owner, plantID: request.plantID)
         }
-        handlers.on(Images.Purge.self) { request, context in
-            try await library.purge(owner: try context.requirePrincipal(), plantID: request.plantID, sha256: request.sha256)
+        handlers.on(Images.Purge.self) { request, owner, _ in
+            try await library.purge(owner: owner, plantID: request.plantID, sha256: request.sha256)
         }
-        handlers.on(Images.Warm.self) { request, context in
-            try await library.warm(request, owner: try context.requirePrincipal())
+        handlers.on(Images.Warm.self) { request, owner, _ in
+            try await library.warm(request, owner: owner)
         }
         handlers.on(Images.Stats.self) { _, _ in
             try await library.statistics()

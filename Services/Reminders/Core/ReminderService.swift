@@ -14,24 +14,24 @@ public struct ReminderService: BusService {
 
     public func register(_ handlers: inout OperationHandlers) {
         let (library, dispatcher) = (self.library, self.dispatcher)
-        handlers.on(Reminders.Sync.self) { request, context in
-            dispatcher.schedule(try await library.sync(request.occurrences, owner: try context.requirePrincipal()))
+        handlers.on(Reminders.Sync.self) { request, owner, _ in
+            dispatcher.schedule(try await library.sync(request.occurrences, owner: owner))
             return Empty()
         }
-        handlers.on(Reminders.CancelPlant.self) { request, context in
-            try library.cancel(plantID: request.plantID, owner: try context.requirePrincipal())
+        handlers.on(Reminders.CancelPlant.self) { request, owner, _ in
+            try library.cancel(plantID: request.plantID, owner: owner)
             return Empty()
         }
-        handlers.on(Reminders.RegisterDevice.self) { request, context in try library.register(request, owner: try context.requirePrincipal()) }
-        handlers.on(Reminders.RemoveDevice.self) { request, context in
-            try library.removeDevice(request.id, owner: try context.requirePrincipal())
+        handlers.on(Reminders.RegisterDevice.self) { request, owner, _ in try library.register(request, owner: owner) }
+        handlers.on(Reminders.RemoveDevice.self) { request, owner, _ in
+            try library.removeDevice(request.id, owner: owner)
             return Empty()
         }
-        handlers.on(Reminders.ListDevices.self) { _, context in try library.devices(owner: try context.requirePrincipal()) }
-        handlers.on(Reminders.Pending.self) { request, context in try library.pending(owner: try context.requirePrincipal(), limit: request.limit ?? 64) }
-        handlers.on(Reminders.Failures.self) { request, context in try library.failures(owner: try context.requirePrincipal(), limit: request.limit ?? 100) }
-        handlers.on(Reminders.SendTest.self) { request, context in
-            try await dispatcher.sendTest(deviceID: request.deviceID, owner: try context.requirePrincipal())
+        handlers.on(Reminders.ListDevices.self) { _, owner, _ in try library.devices(owner: owner) }
+        handlers.on(Reminders.Pending.self) { request, owner, _ in try library.pending(owner: owner, limit: request.limit ?? 64) }
+        handlers.on(Reminders.Failures.self) { request, owner, _ in try library.failures(owner: owner, limit: request.limit ?? 100) }
+        handlers.on(Reminders.SendTest.self) { request, owner, _ in
+            try await dispatcher.sendTest(deviceID: request.deviceID, owner: owner)
         }
     }
 }
