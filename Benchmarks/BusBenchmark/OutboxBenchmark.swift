@@ -29,8 +29,7 @@ struct OutboxBenchmark: AsyncParsableCommand {
         let name = Reminders.service
         let seen = Mutex<[String: ContinuousClock.Instant]>([:])
         func register(_ handlers: inout OperationHandlers) {
-            handlers.on(Reminders.Sync.self) { [self] _, context in
-                let owner = context.principal ?? ""
+            handlers.on(Reminders.Sync.self) { [self] _, owner, _ in
                 let now = ContinuousClock.now
                 seen.withLock { if $0[owner] == nil { $0[owner] = now } }
                 return Empty()

@@ -69,10 +69,10 @@ struct CareCommandLineTests {
                 process.waitUntilExit()
             }
             try await bus.waitForWorkers(1, service: Care.service)
-            var healthy = try await run(["health"], environment: ["CANOPY_METRICS_BIND": listener])
-            for _ in 0..<50 where healthy.status != 0 {
-                try await Task.sleep(for: .milliseconds(100))
+            var healthy = ProcessResult(status: -1, output: "", errors: "")
+            _ = try await eventually(within: .seconds(5), every: .milliseconds(100)) {
                 healthy = try await run(["health"], environment: ["CANOPY_METRICS_BIND": listener])
+                return healthy.status == 0
             }
             #expect(healthy.status == 0, "\(healthy.output)")
             #expect(healthy.output.hasPrefix("healthy: broker registered"))
@@ -92,9 +92,9 @@ struct CareCommandLineTests {
 
             bus.stopBroker()
             var gone = healthy
-            for _ in 0..<50 where gone.status == 0 {
-                try await Task.sleep(for: .milliseconds(100))
+            _ = try await eventually(within: .seconds(5), every: .milliseconds(100)) {
                 gone = try await run(["health", "--metrics-bind", listener])
+                return gone.status != 0
             }
             #expect(gone.status == 1)
             #expect(gone.output.contains("not registered with the broker"))

@@ -150,7 +150,7 @@ struct CareServiceTests {
         init(change: @escaping @Sendable (CareLibrary) throws -> Void) { self.change = change }
 
         func register(_ handlers: inout OperationHandlers) {
-            handlers.on(Reminders.Sync.self) { [self] request, _ in
+            handlers.on(Reminders.Sync.self) { [self] request, _, _ in
                 let first = windows.withLock { windows in
                     windows.append(request)
                     return windows.count == 1

@@ -172,12 +172,9 @@ struct IdentificationServiceTests {
 
             // Deleting the plant in canopy-care reaches canopy-identify through care's outbox.
             _ = try await stack.client.call(Care.DeletePlant.self, .init(id: accepted.plant.id), principal: "alice")
-            let deadline = ContinuousClock.now + .seconds(20)
-            while try await !stack.client.call(Identification.History.self, .init(plantID: accepted.plant.id), principal: "alice").items.isEmpty {
-                #expect(ContinuousClock.now < deadline, "care's outbox never called identifications.forget-plant")
-                if ContinuousClock.now >= deadline { break }
-                try await Task.sleep(for: .milliseconds(100))
-            }
+            #expect(try await eventually(within: .seconds(20)) {
+                try await stack.client.call(Identification.History.self, .init(plantID: accepted.plant.id), principal: "alice").items.isEmpty
+            }, "care's outbox called identifications.forget-plant")
             let gone = await #expect(throws: CanopyError.self) {
                 _ = try await stack.client.call(Identification.Get.self, .init(id: records[1].id), principal: "alice")
             }

@@ -54,10 +54,9 @@ extension LiveBatchTests {
 
                 _ = try await stack.send(.POST, "/v1/plants", json: BatchAPITests.monstera)
                 var pending: [[String: Any]] = []
-                let deadline = ContinuousClock.now + .seconds(20)
-                while pending.isEmpty, ContinuousClock.now < deadline { // canopy-care's outbox hands the window over
+                _ = try await eventually(within: .seconds(20)) { // canopy-care's outbox hands the window over
                     pending = try await stack.send(.GET, "/v1/reminders/pending?limit=10").object["reminders"] as? [[String: Any]] ?? []
-                    try await Task.sleep(for: .milliseconds(50))
+                    return !pending.isEmpty
                 }
                 #expect(pending.count == 10 && pending.first?["state"] as? String == "pending")
                 #expect(try await stack.send(.GET, "/v1/reminders/failures").status == 200)
