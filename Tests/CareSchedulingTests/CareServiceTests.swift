@@ -99,7 +99,7 @@ struct CareServiceTests {
             try await bus.serve(remind, credit: 32)
             let outbox = Outbox(library: library, bus: try bus.client(timeout: .seconds(10)), interval: .seconds(3_600), logger: bus.logger)
             try await withRunning([outbox], logger: bus.logger) {
-                try await Task.sleep(for: .milliseconds(100)) // asleep now, for an hour
+                #expect(try await eventually { outbox.passes.count >= 1 }, "its first pass is done: asleep now, for an hour")
                 _ = try await client.call(Care.AddPlant.self, Care.Plant(scientificName: "Ficus lyrata"), principal: "alice")
                 #expect(try await eventually(within: .seconds(30)) { remind.windows.withLock { !$0.isEmpty } }, "the commit woke the outbox")
                 let owners = (0..<300).map { "person-\($0)" }

@@ -6,6 +6,7 @@ import CanopyServiceKit
 import Logging
 import Metrics
 import ServiceLifecycle
+import Synchronization
 
 /// Delivers the follow-ups canopy-care owes other services (reminder windows, reminder
 /// cancellations, image purges, forgotten identifications). Each one was written to the
@@ -42,6 +43,16 @@ struct Outbox: Service, HealthReporting {
     private let delivered = Counter(label: "canopy_care_outbox_deliveries_total", dimensions: [("outcome", "ok")])
     private let failed = Counter(label: "canopy_care_outbox_deliveries_total", dimensions: [("outcome", "failed")])
 
+    /// Passes the loop has finished, each followed by a sleep unless a backlog waits (tests
+    /// wait on it to know the outbox is asleep).
+    let passes = PassCount()
+
+    final class PassCount: Sendable {
+        private let value = Atomic<Int>(0)
+        var count: Int { value.load(ordering: .relaxed) }
+        func add() { value.add(1, ordering: .relaxed) }
+    }
+
     /// What one pass did.
     struct Pass: Equatable {
         var delivered = 0
@@ -73,6 +84,7 @@ struct Outbox: Service, HealthReporting {
                 delivered.increment(by: Int64(pass.delivered))
                 failed.increment(by: Int64(pass.failed))
             }
+            passes.add()
             if pass.read >= batch { continue } // a backlog: the next pass at once
             await sleep(until: nextAttempt())
         }
