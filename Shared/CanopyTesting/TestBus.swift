@@ -79,8 +79,9 @@ public final class TestBus: Sendable {
         live?.runnerConfiguration(credit: credit) ?? ServiceRunner.Configuration(endpoint: "inproc://canopy-in-process-bus")
     }
 
-    /// A caller whose calls wait at most `timeout` unless they say otherwise.
-    public func client(timeout: Duration = .seconds(10)) throws -> any BusCalling {
+    /// A caller whose calls wait at most `timeout` unless they say otherwise (30 s, as a
+    /// `BusClient`'s default: a full parallel run can keep a handler from a thread for seconds).
+    public func client(timeout: Duration = .seconds(30)) throws -> any BusCalling {
         if let live { return try live.client(timeout: timeout) }
         return inProcess!.timingOut(after: timeout)
     }
