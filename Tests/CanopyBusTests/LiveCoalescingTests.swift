@@ -107,16 +107,18 @@ struct LiveCoalescingTests {
             let worker = bus.startWorker(name: "w1")
             try await bus.waitForWorkers(1)
             let client = try bus.client()
-            let patient = Task { try await client.call(TestService.Lookup.self, .init(text: "slow", sleepMilliseconds: 800)) }
+            // The flight stays in the air 5 s: what follows (a join, a cancel, a hurried call) has
+            // that long on a loaded machine, where 800 ms was sometimes not enough.
+            let patient = Task { try await client.call(TestService.Lookup.self, .init(text: "slow", sleepMilliseconds: 5_000)) }
             #expect(try await eventually { worker.counters.running.load(ordering: .relaxed) == 1 })
-            let cancelled = Task { try await client.call(TestService.Lookup.self, .init(text: "slow", sleepMilliseconds: 800)) }
+            let cancelled = Task { try await client.call(TestService.Lookup.self, .init(text: "slow", sleepMilliseconds: 5_000)) }
             #expect(try await eventually { // it joined the flight in the air
                 try await client.call(Broker.Stats.self, .init()).operations.first { $0.operation == TestService.Lookup.name }?.coalesced == 1
             })
             cancelled.cancel()
             await #expect(throws: CancellationError.self) { _ = try await cancelled.value }
             let hurried = await #expect(throws: CanopyError.self) {
-                _ = try await client.call(TestService.Lookup.self, .init(text: "slow", sleepMilliseconds: 800), timeout: .milliseconds(100))
+                _ = try await client.call(TestService.Lookup.self, .init(text: "slow", sleepMilliseconds: 5_000), timeout: .milliseconds(100))
             }
             #expect(hurried?.code == .timeout)
             #expect(try await patient.value.text == "slow")
