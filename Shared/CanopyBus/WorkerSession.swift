@@ -152,10 +152,11 @@ public struct WorkerSession: Sendable {
     /// larger than the broker's frame limit is answered `tooLarge` instead).
     public mutating func finished(id: UInt64, connection: Int, _ result: Result<Payload, CanopyError>) -> [Directive] {
         guard connection == self.connection, let operation = running.removeValue(forKey: id) else { return [] }
-        switch Self.checked(result, service: settings.service, operation: operation, maximumReplyBytes: maximumReplyBytes) {
-        case .failure(let error) where result.isSuccess:
-            return [.log(.replyTooLarge(operation: operation, bytes: (try? result.get())?.largestFrame ?? 0)),
-                    .send(.workerReply(requestID: id, failed: true, body: encoded(error)))]
+        let checked = Self.checked(result, service: settings.service, operation: operation, maximumReplyBytes: maximumReplyBytes)
+        if case .success(let payload) = result, case .failure(let error) = checked { // a reply over the limit
+            return [.log(.replyTooLarge(operation: operation, bytes: payload.largestFrame)), .send(.workerReply(requestID: id, failed: true, body: encoded(error)))]
+        }
+        switch checked {
         case .success(let payload):
             return [.send(.workerReply(requestID: id, failed: false, body: payload.body, attachments: payload.attachments))]
         case .failure(let error):
@@ -205,13 +206,5 @@ public struct WorkerSession: Sendable {
 
     private func encoded(_ error: CanopyError) -> [UInt8] {
         (try? codec.encode(error)) ?? Array(#"{"code":"internal","message":"unencodable error"}"#.utf8)
-    }
-}
-
-extension Result {
-    /// Whether it is a success.
-    var isSuccess: Bool {
-        if case .success = self { return true }
-        return false
     }
 }

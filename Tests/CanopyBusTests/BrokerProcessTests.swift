@@ -283,8 +283,7 @@ struct BrokerProcessTests {
         func served() async -> Int {
             ((try? await observer.call(Broker.Stats.self, .init()))?.services.first { $0.name == "test" }?.served).map(Int.init) ?? -1
         }
-        var deadline = ContinuousClock.now + .seconds(30)
-        while await served() < 0, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(50)) }
+        #expect(try await eventually(within: .seconds(30), every: .milliseconds(50)) { await served() >= 0 }, "the worker registered")
         let baseline = broker.residentBytes
 
         let (readerContext, reader) = try Self.dealer(to: endpoint)
@@ -296,10 +295,9 @@ struct BrokerProcessTests {
                              RequestHeader(timeoutMilliseconds: 60_000).frame, body], dontWait: false)
         }
         var peak = baseline
-        deadline = ContinuousClock.now + .seconds(60)
-        while await served() < 300, ContinuousClock.now < deadline {
+        _ = try await eventually(within: .seconds(60), every: .milliseconds(20)) { // sampling the memory as it goes
             peak = max(peak, broker.residentBytes)
-            try await Task.sleep(for: .milliseconds(20))
+            return await served() >= 300
         }
         peak = max(peak, broker.residentBytes)
         let statistics = try await observer.call(Broker.Stats.self, .init())

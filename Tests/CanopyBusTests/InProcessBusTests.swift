@@ -100,15 +100,10 @@ struct InProcessBusTests {
         #expect(error?.code == .timeout)
         #expect(ContinuousClock.now - started < .seconds(5), "answered at the deadline, not when the handler would end")
         let call = Task { try await bus.call(TestService.Echo.self, .init(text: "slow", sleepMilliseconds: 10_000)) }
-        while service.counters.running.load(ordering: .relaxed) == 0 { try await Task.sleep(for: .milliseconds(5)) }
+        #expect(try await eventually { service.counters.running.load(ordering: .relaxed) == 1 })
         call.cancel()
         await #expect(throws: CancellationError.self) { try await call.value }
-        var waited = Duration.zero
-        while service.counters.cancellations.load(ordering: .relaxed) < 2, waited < .seconds(5) {
-            try await Task.sleep(for: .milliseconds(5))
-            waited += .milliseconds(5)
-        }
-        #expect(service.counters.cancellations.load(ordering: .relaxed) == 2, "both handlers were cancelled")
+        #expect(try await eventually { service.counters.cancellations.load(ordering: .relaxed) == 2 }, "both handlers were cancelled")
     }
 
     @Test func aServiceThatLeavesIsAnsweredNoWorkers() async throws {

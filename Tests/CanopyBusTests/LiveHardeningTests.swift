@@ -219,11 +219,10 @@ struct LiveHardeningTests {
             let observer = try bus.client(timeout: .seconds(30))
             func statistics() async throws -> BrokerStatistics { try await observer.call(Broker.Stats.self, .init()) }
             func waitFor(_ condition: (BrokerStatistics) -> Bool) async throws -> BrokerStatistics {
-                let deadline = ContinuousClock.now + .seconds(30)
                 var latest = try await statistics()
-                while !condition(latest), ContinuousClock.now < deadline {
-                    try await Task.sleep(for: .milliseconds(20))
+                _ = try await eventually(within: .seconds(30), every: .milliseconds(20)) {
                     latest = try await statistics()
+                    return condition(latest)
                 }
                 return latest
             }
@@ -255,20 +254,18 @@ struct LiveHardeningTests {
 
             // The reader reads: its first replies, then a busy error for each dropped one.
             var replies = 0, busy = 0
-            let deadline = ContinuousClock.now + .seconds(30)
-            while replies + busy < 40, ContinuousClock.now < deadline {
-                guard let frames = try reader.receive() else {
-                    try await Task.sleep(for: .milliseconds(5))
-                    continue
+            _ = try await eventually(within: .seconds(30), every: .milliseconds(5)) {
+                while let frames = try reader.receive() {
+                    if frames[1] == Wire.Command.reply.frame {
+                        #expect(frames[4].count > 1_000_000)
+                        replies += 1
+                    } else {
+                        let error = try MessageCodec().decode(CanopyError.self, from: frames[3])
+                        #expect(error.code == .busy && error.message.contains("slow reader"), "\(error)")
+                        busy += 1
+                    }
                 }
-                if frames[1] == Wire.Command.reply.frame {
-                    #expect(frames[4].count > 1_000_000)
-                    replies += 1
-                } else {
-                    let error = try MessageCodec().decode(CanopyError.self, from: frames[3])
-                    #expect(error.code == .busy && error.message.contains("slow reader"), "\(error)")
-                    busy += 1
-                }
+                return replies + busy >= 40
             }
             #expect(replies >= 1 && busy >= 1 && replies + busy == 40, "replies \(replies), busy \(busy)")
             let read = try await waitFor { $0.unreadReplyBytes == 0 }
