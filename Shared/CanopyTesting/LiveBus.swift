@@ -127,15 +127,10 @@ public final class LiveBus: @unchecked Sendable {
     public func waitForWorkers(_ workers: Int, service: String = TestService.name, within limit: Duration = .seconds(30),
                                curve: CurveClientSettings? = nil) async throws {
         let client = try client(timeout: .seconds(1), curve: curve)
-        let deadline = ContinuousClock.now + limit
-        while ContinuousClock.now < deadline {
-            if let services = try? await client.call(Broker.Services.self, .init()),
-               services.first(where: { $0.name == service })?.workers == workers
-            {
-                return
-            }
-            try await Task.sleep(for: .milliseconds(20))
+        let reached = try await eventually(within: limit, every: .milliseconds(20)) {
+            (try? await client.call(Broker.Services.self, .init()))?.first { $0.name == service }?.workers == workers
         }
+        if reached { return }
         throw LiveBusError("'\(service)' did not reach \(workers) worker(s) within \(limit)")
     }
 
@@ -144,16 +139,11 @@ public final class LiveBus: @unchecked Sendable {
     public func waitForLoad(inFlight: Int, queued: Int = 0, service: String = TestService.name,
                             within limit: Duration = .seconds(30)) async throws {
         let client = try client(timeout: .seconds(1))
-        let deadline = ContinuousClock.now + limit
-        while ContinuousClock.now < deadline {
-            if let statistics = try? await client.call(Broker.Stats.self, .init()),
-               let figures = statistics.services.first(where: { $0.name == service }),
-               figures.inFlight == inFlight, figures.queued == queued
-            {
-                return
-            }
-            try await Task.sleep(for: .milliseconds(10))
+        let reached = try await eventually(within: limit) {
+            guard let figures = (try? await client.call(Broker.Stats.self, .init()))?.services.first(where: { $0.name == service }) else { return false }
+            return figures.inFlight == inFlight && figures.queued == queued
         }
+        if reached { return }
         throw LiveBusError("'\(service)' did not reach \(inFlight) in flight and \(queued) queued within \(limit)")
     }
 

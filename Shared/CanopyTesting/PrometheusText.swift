@@ -122,22 +122,16 @@ public enum OperatingProbe {
     /// `/metrics` scraped until `condition` holds (series refreshed once a second need a
     /// moment), or the last scrape when it never does within `limit`.
     public static func metrics(_ port: Int, until condition: (PrometheusText) -> Bool, within limit: Duration = .seconds(10)) async throws -> PrometheusText {
-        let deadline = ContinuousClock.now + limit
         var scrape = try await metrics(port)
-        while !condition(scrape), ContinuousClock.now < deadline {
-            try await Task.sleep(for: .milliseconds(100))
+        _ = try await eventually(within: limit, every: .milliseconds(100)) {
             scrape = try await metrics(port)
+            return condition(scrape)
         }
         return scrape
     }
 
     /// Asks `/health` until its status is `status`; false when it never is within `limit`.
     public static func waitForHealth(_ port: Int, status: Int, within limit: Duration = .seconds(30)) async throws -> Bool {
-        let deadline = ContinuousClock.now + limit
-        while ContinuousClock.now < deadline {
-            if (try? await get(port, "/health").status) == status { return true }
-            try await Task.sleep(for: .milliseconds(50))
-        }
-        return false
+        try await eventually(within: limit, every: .milliseconds(50)) { (try? await get(port, "/health").status) == status }
     }
 }

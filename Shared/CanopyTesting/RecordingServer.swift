@@ -30,7 +30,7 @@ public final class RecordingServer: Sendable {
             shared.value.withLock { $0.arrived += 1 }
             if delay > .zero { try await Task.sleep(for: delay) }
             // A receiver that does not answer, until released (or the server stops).
-            while shared.value.withLock({ $0.holding }) { try await Task.sleep(for: .milliseconds(10)) }
+            _ = try await eventually(within: .seconds(3_600)) { !shared.value.withLock { $0.holding } }
             var headers: [String: String] = [:]
             for field in request.headers { headers[field.name.canonicalName] = field.value }
             let status = shared.value.withLock { state -> Int in
@@ -45,12 +45,9 @@ public final class RecordingServer: Sendable {
     }
 
     public func url(_ path: String, within limit: Duration = .seconds(30)) async throws -> String {
-        let deadline = ContinuousClock.now + limit
-        while ContinuousClock.now < deadline {
-            if let port = shared.value.withLock({ $0.port }) { return "http://\(host):\(port)\(path)" }
-            try await Task.sleep(for: .milliseconds(10))
-        }
-        throw CancellationError()
+        guard try await eventually(within: limit, { shared.value.withLock { $0.port } != nil }),
+              let port = shared.value.withLock({ $0.port }) else { throw CancellationError() }
+        return "http://\(host):\(port)\(path)"
     }
 
     /// The next answers' statuses, before the 200s.

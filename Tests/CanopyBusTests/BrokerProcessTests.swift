@@ -37,14 +37,12 @@ struct BrokerProcessTests {
 
         /// The endpoint from the `broker.started` line, once it is there.
         func endpoint(within limit: Duration = .seconds(20)) async throws -> String {
-            let deadline = ContinuousClock.now + limit
-            while ContinuousClock.now < deadline {
-                if let range = text.range(of: #"broker.endpoint=tcp://127\.0\.0\.1:[0-9]+"#, options: .regularExpression) {
-                    return String(text[range].dropFirst("broker.endpoint=".count))
-                }
-                try await Task.sleep(for: .milliseconds(20))
+            let pattern = #"broker.endpoint=tcp://127\.0\.0\.1:[0-9]+"#
+            guard try await eventually(within: limit, { text.range(of: pattern, options: .regularExpression) != nil }),
+                  let range = text.range(of: pattern, options: .regularExpression) else {
+                throw CommandFailure("the broker did not start: \(text)")
             }
-            throw CommandFailure("the broker did not start: \(text)")
+            return String(text[range].dropFirst("broker.endpoint=".count))
         }
 
         /// Resident memory in bytes, from /proc.
@@ -76,12 +74,11 @@ struct BrokerProcessTests {
         let broker = try BrokerProcess(["--log-level", "info"])
         _ = try await broker.endpoint()
         var port: Int?
-        for _ in 0..<200 where port == nil {
+        _ = try await eventually {
             if let range = broker.text.range(of: #"operating.address=127\.0\.0\.1:[0-9]+"#, options: .regularExpression) {
                 port = Int(broker.text[range].split(separator: ":").last ?? "")
-            } else {
-                try await Task.sleep(for: .milliseconds(50))
             }
+            return port != nil
         }
         let listener = "127.0.0.1:\(try #require(port))"
         let healthy = try await run("canopy-broker", ["health", "--via", "http", "--metrics-bind", listener])
@@ -142,12 +139,7 @@ struct BrokerProcessTests {
         try "# nobody now\n".write(to: allow, atomically: true, encoding: .utf8)
         let reload = try await run("canopy", ["keys", "reload", "--pid", "\(broker.process.processIdentifier)"])
         #expect(reload.status == 0, "\(reload.errors)")
-        var reloaded = false
-        for _ in 0..<200 where !reloaded {
-            reloaded = broker.text.contains("broker.curve.reloaded")
-            if !reloaded { try await Task.sleep(for: .milliseconds(50)) }
-        }
-        #expect(reloaded, "\(broker.text.suffix(500))")
+        #expect(try await eventually { broker.text.contains("broker.curve.reloaded") }, "\(broker.text.suffix(500))")
         let removed = try await run("canopy-broker", ["health", "--endpoint", endpoint, "--curve-server-key", serverKey,
                                                 "--curve-secret-key-file", directory.appendingPathComponent("ops.key").path])
         #expect(removed.status != 0, "ops is no longer let in: \(removed.output)")
@@ -176,9 +168,9 @@ struct BrokerProcessTests {
         let client = try BusClient(configuration: .init(endpoint: endpoint), context: context, logger: .init(label: "test"))
         defer { client.close() }
         var malformed: UInt64 = 0
-        for _ in 0..<100 where malformed < 20_000 {
+        _ = try await eventually(every: .milliseconds(50)) {
             malformed = try await client.call(Broker.Stats.self, .init()).malformed
-            try await Task.sleep(for: .milliseconds(50))
+            return malformed >= 20_000
         }
         #expect(malformed == 20_000)
         let written = broker.logBytes - before
@@ -203,7 +195,11 @@ struct BrokerProcessTests {
         for index in 0..<64 { try request(index, service: "held-\(index)") }
         var answered = 0
         func drain() throws { while try socket.receive() != nil { answered += 1 } }
-        try await Task.sleep(for: .milliseconds(200))
+        let client = try BusClient(configuration: .init(endpoint: endpoint), context: context, logger: .init(label: "test"))
+        defer { client.close() }
+        #expect(try await eventually {
+            try await client.call(Broker.Stats.self, .init()).services.filter { $0.name.hasPrefix("held-") }.map(\.queued).reduce(0, +) == 64
+        }, "the 64 requests are held before the baseline is read")
         let baseline = broker.residentBytes
         var peak = baseline
         for index in 0..<300_000 {
@@ -214,20 +210,18 @@ struct BrokerProcessTests {
                 await Task.yield() // a long loop on one of the cooperative pool's few threads
             }
         }
-        let deadline = ContinuousClock.now + .seconds(60)
-        while answered < 300_000, ContinuousClock.now < deadline {
+        _ = try await eventually(within: .seconds(60)) {
             try drain()
             peak = max(peak, broker.residentBytes)
-            try await Task.sleep(for: .milliseconds(10))
+            return answered >= 300_000
         }
         #expect(answered >= 300_000, "every refused request is answered: \(answered)")
         // Once the burst has calmed (the give-back runs at most once a second).
         let limit = baseline + max(8_000_000, (peak - baseline) / 2)
         var after = broker.residentBytes
-        let calm = ContinuousClock.now + .seconds(30)
-        while after >= limit, ContinuousClock.now < calm {
-            try await Task.sleep(for: .milliseconds(100))
+        _ = try await eventually(within: .seconds(30), every: .milliseconds(100)) {
             after = broker.residentBytes
+            return after < limit
         }
         #expect(after < limit, "given back: baseline \(baseline), peak \(peak), after \(after)")
     }
@@ -248,15 +242,13 @@ struct BrokerProcessTests {
                              Array("op".utf8), header, body], dontWait: false)
         }
         var answered = 0, peak = 0
-        let deadline = ContinuousClock.now + .seconds(30)
-        while answered < 150, ContinuousClock.now < deadline {
+        _ = try await eventually(within: .seconds(30)) {
             peak = max(peak, broker.residentBytes)
-            if let frames = try socket.receive() {
+            while let frames = try socket.receive() {
                 #expect(frames[1] == Wire.Command.error.frame)
                 answered += 1
-            } else {
-                try await Task.sleep(for: .milliseconds(20))
             }
+            return answered >= 150
         }
         #expect(answered == 150)
         // The give-back runs at most once a second.

@@ -232,13 +232,7 @@ struct LiveBusTests {
             defer { peer.close() }
             try peer.connect(bus.endpoint)
             try peer.send([Array("canopy/9".utf8), Wire.Command.request.frame, [7]])
-            var reply: [[UInt8]]?
-            let deadline = ContinuousClock.now + .seconds(5)
-            while reply == nil, ContinuousClock.now < deadline {
-                reply = try peer.receive()
-                if reply == nil { try await Task.sleep(for: .milliseconds(10)) }
-            }
-            let frames = try #require(reply)
+            let frames = try #require(try await peer.receive(within: .seconds(5)))
             #expect(frames[0] == Wire.version)
             #expect(frames[1] == Wire.Command.error.frame)
             #expect(frames[2] == [7])

@@ -174,12 +174,8 @@ struct LiveCoalescingTests {
     /// Sends on a REQ socket and waits for the answer, for at most 5 s.
     func roundTrip(_ socket: ZMQSocket, _ frames: [[UInt8]]) async throws -> [[UInt8]] {
         try socket.send(frames, dontWait: false)
-        let deadline = ContinuousClock.now + .seconds(5)
-        while ContinuousClock.now < deadline {
-            if let reply = try socket.receive() { return reply }
-            try await Task.sleep(for: .milliseconds(5))
-        }
-        throw CanopyError(.timeout, "no Majordomo reply within 5 s")
+        guard let reply = try await socket.receive(within: .seconds(5)) else { throw CanopyError(.timeout, "no Majordomo reply within 5 s") }
+        return reply
     }
 }
 

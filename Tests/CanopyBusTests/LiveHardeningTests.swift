@@ -145,13 +145,9 @@ struct LiveHardeningTests {
             try write(workers: [], clients: [second])
             #expect(try bus.broker.reloadAllowList() == (0, 1))
             let staying = try bus.client(timeout: .seconds(30), curve: keys.peer(second))
-            var services: [ServiceDescription] = []
-            for _ in 0..<300 {
-                services = try await staying.call(Broker.Services.self, .init())
-                if !services.contains(where: { $0.name == TestService.name }) { break }
-                try await Task.sleep(for: .milliseconds(20))
-            }
-            #expect(!services.contains { $0.name == TestService.name }, "the removed worker was disconnected and is not taken back")
+            #expect(try await eventually {
+                try await !staying.call(Broker.Services.self, .init()).contains { $0.name == TestService.name }
+            }, "the removed worker was disconnected and is not taken back")
             // On the connection it already has, the removed client is refused, saying why.
             let refused = await #expect(throws: CanopyError.self) { try await leaving.call(TestService.Echo.self, .init(text: "after")) }
             #expect(refused?.code == .unauthorized && refused?.message.contains("allow-list") == true, "\(refused?.message ?? "")")
@@ -166,8 +162,6 @@ struct LiveHardeningTests {
         guard Curve.isAvailable else { return }
         let keys = Keys()
         try await withLiveBus(curve: keys.settings()) { bus in
-            // Waits with Task.sleep, not usleep: a blocked thread of the cooperative pool (two
-            // on this machine) can keep another test's broker from starting.
             func majordomoReady(_ pair: CurveKeyPair) async throws -> [[UInt8]]? {
                 let socket = try ZMQSocket(bus.context, type: .dealer)
                 defer { socket.close() }
@@ -175,12 +169,7 @@ struct LiveHardeningTests {
                 try socket.connect(bus.endpoint)
                 try socket.send([[], Majordomo.worker, [0x01], Array("legacy".utf8)], dontWait: false)
                 // The broker answers a refused READY with DISCONNECT; an accepted one with nothing.
-                let deadline = ContinuousClock.now + .seconds(3)
-                while ContinuousClock.now < deadline {
-                    if let frames = try socket.receive() { return frames }
-                    try await Task.sleep(for: .milliseconds(10))
-                }
-                return nil
+                return try await socket.receive(within: .seconds(3))
             }
             let refused = try await majordomoReady(keys.client)
             #expect(refused.map { $0.count > 2 ? $0[2] : [] } == Majordomo.Command.disconnect.frame)

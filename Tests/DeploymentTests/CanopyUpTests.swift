@@ -70,12 +70,10 @@ struct CanopyUpTests {
         let care = try #require(started.first { $0.name == "care" })
         kill(care.pid, SIGKILL)
         var restarted: ServiceRow?
-        let deadline = ContinuousClock.now + .seconds(60)
-        while ContinuousClock.now < deadline {
-            try await Task.sleep(for: .milliseconds(300))
+        _ = try await eventually(within: .seconds(60), every: .milliseconds(300)) {
             let status = try await runExecutable("canopy", ["status"] + stack)
             restarted = Self.rows(status.output).first { $0.name == "care" }
-            if restarted?.restarts == 1 && restarted?.state == "running" { break }
+            return restarted?.restarts == 1 && restarted?.state == "running"
         }
         #expect(restarted?.restarts == 1 && restarted?.state == "running" && restarted?.pid != care.pid, "\(String(describing: restarted))")
         let logs = try await runExecutable("canopy", ["logs", "care", "--lines", "400"] + stack)

@@ -167,18 +167,17 @@ struct ComposeStackTests {
         }
         /// Waits until the service's own health check passes, as compose's `service_healthy` does.
         func waitHealthy(_ service: Launched) async throws {
-            let deadline = ContinuousClock.now + .seconds(90)
             var last: ProcessResult?
-            while ContinuousClock.now < deadline {
+            let healthy = try await eventually(within: .seconds(90), every: .milliseconds(200)) {
                 guard service.process.isRunning else {
                     Issue.record("\(service.name) exited: \((try? String(contentsOf: service.log, encoding: .utf8))?.suffix(2_000) ?? "")")
                     throw CancellationError()
                 }
                 let result = try await runExecutable(service.health[0], Array(service.health.dropFirst()), environment: service.environment)
-                if result.status == 0 { return }
                 last = result
-                try await Task.sleep(for: .milliseconds(200))
+                return result.status == 0
             }
+            if healthy { return }
             let log = (try? String(contentsOf: service.log, encoding: .utf8))?.suffix(2_000) ?? ""
             Issue.record("\(service.name) never became healthy: \(last?.output ?? "") \(last?.errors ?? "")\n\(log)")
             throw CancellationError()

@@ -159,8 +159,7 @@ struct JourneyTests {
             let snoozed = try await stack.send(.POST, "/v1/tasks/\(task)/snooze", token: alice,
                                                json: #"{"until":"\#(due.formatted(Date.ISO8601FormatStyle(includingFractionalSeconds: true)))"}"#)
             #expect(snoozed.status == 200, "\(snoozed.text)")
-            let deadline = ContinuousClock.now + .seconds(60)
-            while webhook.received.isEmpty && ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(100)) }
+            _ = try await eventually(within: .seconds(60), every: .milliseconds(100)) { !webhook.received.isEmpty }
             let delivered = try #require(webhook.received.first, "no webhook arrived within a minute of the reminder's time")
             #expect(Date() >= due.addingTimeInterval(-1), "delivered at its time, not before")
             #expect(delivered.path == "/hooks/canopy" && String(decoding: delivered.body, as: UTF8.self).contains("Uno"))

@@ -1,3 +1,4 @@
+import CanopyTesting
 import Foundation
 import Hummingbird
 import MultipartKit
@@ -101,12 +102,9 @@ final class FakePlantNet: Sendable {
 
     /// The base URL, once the server listens.
     func baseURL(within limit: Duration = .seconds(30)) async throws -> String {
-        let deadline = ContinuousClock.now + limit
-        while ContinuousClock.now < deadline {
-            if let port = state.withLock({ $0.port }) { return "http://127.0.0.1:\(port)" }
-            try await Task.sleep(for: .milliseconds(10))
-        }
-        throw CancellationError()
+        guard try await eventually(within: limit, { state.withLock { $0.port } != nil }),
+              let port = state.withLock({ $0.port }) else { throw CancellationError() }
+        return "http://127.0.0.1:\(port)"
     }
 
     /// The next answers, before the normal ones.

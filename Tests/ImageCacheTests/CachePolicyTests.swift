@@ -1,5 +1,6 @@
 import CanopyImaging
 import CanopyMessages
+import CanopyTesting
 import Foundation
 import Synchronization
 import Testing
@@ -93,9 +94,11 @@ struct ConcurrencyLimiterTests {
             }
         }
         async let first: Void = piece("light 1", weight: 1)
-        while log.state.withLock({ $0.order.isEmpty }) { try await Task.sleep(for: .milliseconds(1)) }
+        #expect(try await eventually(every: .milliseconds(1)) { !log.state.withLock { $0.order.isEmpty } })
         async let heavy: Void = piece("heavy", weight: 2)
-        while await limiter.queued(0) == 0, !log.state.withLock({ $0.order.contains("heavy") }) { try await Task.sleep(for: .milliseconds(1)) }
+        #expect(try await eventually(every: .milliseconds(1)) {
+            await limiter.queued(0) > 0 || log.state.withLock { $0.order.contains("heavy") }
+        })
         async let second: Void = piece("light 2", weight: 1) // would fit beside light 1, but the heavy one came first
         _ = try await (first, heavy, second)
         let result = log.state.withLock { $0 }

@@ -1,3 +1,4 @@
+import CanopyTesting
 import Crypto
 import Foundation
 import Hummingbird
@@ -123,12 +124,9 @@ final class FakeAPNs: Sendable {
 
     /// The server's base URL (its certificate names `localhost`).
     func url(within limit: Duration = .seconds(30)) async throws -> String {
-        let deadline = ContinuousClock.now + limit
-        while ContinuousClock.now < deadline {
-            if let port = shared.value.withLock({ $0.port }) { return "https://localhost:\(port)" }
-            try await Task.sleep(for: .milliseconds(10))
-        }
-        throw CancellationError()
+        guard try await eventually(within: limit, { shared.value.withLock { $0.port } != nil }),
+              let port = shared.value.withLock({ $0.port }) else { throw CancellationError() }
+        return "https://localhost:\(port)"
     }
 
     /// The next answers, before the documented checks' 200s.

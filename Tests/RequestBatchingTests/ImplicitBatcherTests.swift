@@ -1,4 +1,5 @@
 import CanopyMessages
+import CanopyTesting
 import Synchronization
 import Testing
 @testable import RequestBatching
@@ -47,7 +48,7 @@ struct ImplicitBatcherTests {
         let batcher = ImplicitBatcher<String, String>(kind: "test", window: .seconds(600), maximumKeys: 64, maximumInFlight: 2,
                                                       fetch: recorder.fetch(delay: .seconds(1)) { .success("value of \($0)") })
         async let first = batcher.load("a")
-        while recorder.batches.withLock({ $0.isEmpty }) { try await Task.sleep(for: .milliseconds(5)) } // "a" is in the air
+        #expect(try await eventually { !recorder.batches.withLock { $0.isEmpty } }) // "a" is in the air
         async let second = batcher.load("a")
         async let other = batcher.load("b")
         #expect(try await [first, second, other] == ["value of a", "value of a", "value of b"])
@@ -108,12 +109,12 @@ struct ImplicitBatcherTests {
         let batcher = ImplicitBatcher<String, String>(kind: "test", window: .milliseconds(20), maximumKeys: 64, maximumInFlight: 1) { keys in
             if keys == ["slow"] {
                 started.withLock { $0 = true }
-                while !landed.withLock({ $0 }) { try? await Task.sleep(for: .milliseconds(5)) }
+                _ = try? await eventually(within: .seconds(60)) { landed.withLock { $0 } }
             }
             return keys.map { .success($0) }
         }
         async let first = batcher.load("slow")
-        while !started.withLock({ $0 }) { try await Task.sleep(for: .milliseconds(5)) }
+        #expect(try await eventually { started.withLock { $0 } })
         #expect(try await batcher.load("next") == "next", "it left when its window ended, with the first still in the air")
         landed.withLock { $0 = true }
         #expect(try await first == "slow")
