@@ -198,6 +198,14 @@ let package = Package(
             swiftSettings: swiftSettings
         ),
 
+        // The one way every store opens its SQLite file (pragmas, migrations).
+        .target(
+            name: "CanopyStore",
+            dependencies: [.product(name: "GRDB", package: "GRDB.swift")],
+            path: "Shared/CanopyStore",
+            swiftSettings: swiftSettings
+        ),
+
         // MARK: - Executables
 
         .target(
@@ -219,7 +227,7 @@ let package = Package(
         .target(
             name: "ImageCache",
             dependencies: [
-                "CVips", "CanopyImaging", "CanopyBus", "CanopyMessages", "CanopyServiceKit", "CanopyOutbound",
+                "CVips", "CanopyImaging", "CanopyBus", "CanopyMessages", "CanopyServiceKit", "CanopyStore", "CanopyOutbound",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -236,7 +244,7 @@ let package = Package(
         .target(
             name: "Identification",
             dependencies: [
-                "CanopyImaging", "CanopyBus", "CanopyMessages", "CanopyServiceKit",
+                "CanopyImaging", "CanopyBus", "CanopyMessages", "CanopyServiceKit", "CanopyStore",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
@@ -257,7 +265,7 @@ let package = Package(
         .target(
             name: "Reminders",
             dependencies: [
-                "CanopyBus", "CanopyMessages", "CanopyServiceKit", "CanopyOutbound",
+                "CanopyBus", "CanopyMessages", "CanopyServiceKit", "CanopyStore", "CanopyOutbound",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
@@ -305,7 +313,7 @@ let package = Package(
         .target(
             name: "CareScheduling",
             dependencies: [
-                "CanopyBus", "CanopyMessages", "CanopyServiceKit",
+                "CanopyBus", "CanopyMessages", "CanopyServiceKit", "CanopyStore",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "Collections", package: "swift-collections"),
                 .product(name: "Logging", package: "swift-log"),
@@ -415,6 +423,7 @@ let package = Package(
             dependencies: [
                 "RequestBatching", "CareScheduling", "Reminders", "ImageCache", "Identification", "CanopyImaging", "CanopyBus", "CanopyBroker", "CanopyTesting",
                 "CanopyServiceKit", "CanopyCapture", "CanopyReplay", "CanopyMessages", "canopy-batch",
+                .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "Yams", package: "Yams"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),

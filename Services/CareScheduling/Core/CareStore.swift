@@ -1,4 +1,5 @@
 import CanopyMessages
+import CanopyStore
 import Foundation
 import GRDB
 
@@ -11,11 +12,8 @@ final class CareStore: Sendable {
     private let codec = MessageCodec()
 
     init(path: String, catalog: Catalog = .shipped) throws {
-        var configuration = Configuration()
-        configuration.foreignKeysEnabled = true
-        database = try DatabasePool(path: path, configuration: configuration)
+        database = try SQLiteStore.open(path: path, migrator: Self.migrator)
         self.catalog = catalog
-        try Self.migrator.migrate(database)
     }
 
     static var migrator: DatabaseMigrator {

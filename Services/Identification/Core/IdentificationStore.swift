@@ -1,5 +1,6 @@
 import CanopyImaging
 import CanopyMessages
+import CanopyStore
 import Foundation
 import GRDB
 
@@ -13,11 +14,7 @@ final class IdentificationStore: Sendable {
     private let codec = MessageCodec()
 
     init(path: String) throws {
-        var configuration = Configuration()
-        configuration.foreignKeysEnabled = true
-        configuration.busyMode = .timeout(5)
-        database = try DatabasePool(path: path, configuration: configuration)
-        try Self.migrator.migrate(database)
+        database = try SQLiteStore.open(path: path, migrator: Self.migrator)
     }
 
     static var migrator: DatabaseMigrator {

@@ -1,4 +1,5 @@
 import CanopyMessages
+import CanopyStore
 import Foundation
 import GRDB
 
@@ -10,7 +11,7 @@ import GRDB
 /// files no row names are swept away at start, so a crash leaves no half-written store.
 /// Thread-safe.
 final class ImageStore: Sendable {
-    private let database: DatabasePool
+    let database: DatabasePool
     private let originals: URL
     private let codec = MessageCodec()
 
@@ -18,8 +19,7 @@ final class ImageStore: Sendable {
     init(directory: URL) throws {
         originals = directory.appendingPathComponent("originals", isDirectory: true)
         try FileManager.default.createDirectory(at: originals, withIntermediateDirectories: true)
-        database = try DatabasePool(path: directory.appendingPathComponent("images.sqlite").path)
-        try Self.migrator.migrate(database)
+        database = try SQLiteStore.open(path: directory.appendingPathComponent("images.sqlite").path, migrator: Self.migrator)
         try sweepOrphans()
     }
 

@@ -1,4 +1,5 @@
 import CanopyMessages
+import CanopyStore
 import Foundation
 import GRDB
 
@@ -11,18 +12,10 @@ final class ReminderStore: Sendable {
     let codec = MessageCodec()
 
     init(path: String) throws {
-        var configuration = Configuration()
-        configuration.foreignKeysEnabled = true
-        configuration.busyMode = .timeout(5)
-        configuration.prepareDatabase { db in
-            // WAL with NORMAL: every commit survives the process crashing (what the crash
-            // test checks); only losing power can roll back the last moments, and then a
-            // reminder is sent again (its idempotency key unchanged), never lost from the
-            // window canopy-care hands over again. Commits then cost no fsync each.
-            try db.execute(sql: "PRAGMA synchronous = NORMAL")
-        }
-        database = try DatabasePool(path: path, configuration: configuration)
-        try Self.migrator.migrate(database)
+        // Every commit survives the process crashing (what the crash test checks); losing
+        // power can roll back the last moments, and then a reminder is sent again (its
+        // idempotency key unchanged), never lost from the window canopy-care hands over again.
+        database = try SQLiteStore.open(path: path, migrator: Self.migrator)
     }
 
     static var migrator: DatabaseMigrator {
