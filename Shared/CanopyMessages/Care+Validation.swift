@@ -87,8 +87,18 @@ extension Care.Plant: Validatable {
 }
 
 extension Care.Preferences: Validatable {
+    /// The time zone `timeZone` names when it is an IANA name (`Europe/Berlin`, `UTC`), the
+    /// one rule for what a time zone is; nil for anything else (`CET+1`, `Mars/Olympus`).
+    public var zone: TimeZone? {
+        guard timeZone.contains("/") || timeZone == "UTC" || timeZone == "GMT" else { return nil }
+        return TimeZone(identifier: timeZone)
+    }
+
     public func validate() throws(CanopyError) {
         try Field.text(timeZone, "timeZone", maximumBytes: Care.Limits.timeZoneBytes, required: true)
+        guard zone != nil else {
+            throw CanopyError(.badRequest, "timeZone '\(timeZone)' is not an IANA time zone such as Europe/Berlin or America/New_York", field: "timeZone")
+        }
         try Field.integer(preferredMinute, "preferredMinute", 0...1439)
         try Field.integer(quietStartMinute, "quietStartMinute", 0...1439)
         try Field.integer(quietEndMinute, "quietEndMinute", 0...1439)

@@ -124,8 +124,10 @@ struct SchedulerTests {
     @Test func invalidPreferencesAreRefused() {
         for preferences in [Care.Preferences(timeZone: "Mars/Olympus"), Care.Preferences(timeZone: "Berlin"), Care.Preferences(timeZone: "UTC", preferredMinute: 1440),
                             Care.Preferences(timeZone: "UTC", wateringFactor: 0)] {
-            #expect(throws: CanopyError.self) { _ = try Scheduler(preferences: preferences) }
+            #expect(throws: CanopyError.self) { try preferences.validate() }
         }
+        // A calendar cannot be made without a zone: the scheduler refuses one that is not IANA too.
+        #expect(throws: CanopyError.self) { _ = try Scheduler(preferences: Care.Preferences(timeZone: "Mars/Olympus")) }
     }
 
     @Test func aPlanListsEveryTaskInDueOrder() throws {

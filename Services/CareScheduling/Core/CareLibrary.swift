@@ -5,7 +5,9 @@ import CanopyServiceKit
 import Foundation
 import GRDB
 
-/// canopy-care's operations, each scoped to its owner. Thread-safe.
+/// canopy-care's operations, each scoped to its owner. Requests arrive validated (the
+/// runtime checks every field before a handler runs), so nothing here checks them again.
+/// Thread-safe.
 final class CareLibrary: Sendable {
     /// The time it goes by (`--clock`).
     let clock: ServiceClock
@@ -34,7 +36,6 @@ final class CareLibrary: Sendable {
     /// retried call makes no second plant; an id someone else's plant has is refused.
     func add(_ plant: Care.Plant, owner: String, now: Date? = nil) throws -> Care.Plant {
         let now = now ?? clock.now()
-        try plant.validate()
         var plant = plant
         let chosenID = !plant.id.isEmpty
         if !chosenID { plant.id = UUID().uuidString.lowercased() }
@@ -72,7 +73,6 @@ final class CareLibrary: Sendable {
 
     func update(_ plant: Care.Plant, owner: String, now: Date? = nil) throws -> Care.Plant {
         let now = now ?? clock.now()
-        try plant.validate()
         return try store.database.write { db in
             guard let existing = try store.plant(db, owner: owner, id: plant.id) else { throw notFound(plant.id) }
             var updated = plant
@@ -110,7 +110,6 @@ final class CareLibrary: Sendable {
     /// A page of the collection. The page ends early when the next plant would take the
     /// reply past `replyBytes` (the broker's frame limit); `nextOffset` says where to go on.
     func list(_ request: Care.ListPlants.Request, owner: String, replyBytes: Int = RequestContext.defaultMaximumReplyBytes) throws -> Care.ListPlants.Reply {
-        try request.validate()
         var reply = try store.list(owner: owner, request)
         var budget = replyBytes - 1_024
         let fitting = reply.plants.prefix { plant in
@@ -151,7 +150,7 @@ final class CareLibrary: Sendable {
 
     func setPreferences(_ preferences: Care.Preferences, owner: String, now: Date? = nil) throws -> Care.Preferences {
         let now = now ?? clock.now()
-        let scheduler = try Scheduler(preferences: preferences) // validates them
+        let scheduler = try Scheduler(preferences: preferences)
         try store.database.write { db in
             try store.savePreferences(db, preferences, owner: owner)
             for row in try Row.fetchAll(db, sql: "SELECT * FROM plants WHERE owner = ?", arguments: [owner]) {
@@ -162,10 +161,10 @@ final class CareLibrary: Sendable {
         return preferences
     }
 
-    func upcoming(days: Int, limit: Int?, owner: String, now: Date? = nil) throws -> Care.UpcomingTasks.Reply {
+    func upcoming(_ request: Care.UpcomingTasks.Request, owner: String, now: Date? = nil) throws -> Care.UpcomingTasks.Reply {
         let now = now ?? clock.now()
-        try Care.UpcomingTasks.Request(days: days, limit: limit).validate()
-        let horizon = now.addingTimeInterval(Double(days) * 86_400).timeIntervalSince1970
+        let limit = request.limit
+        let horizon = now.addingTimeInterval(Double(request.days) * 86_400).timeIntervalSince1970
         let rows = try store.database.read { db in
             try Row.fetchAll(db, sql: "SELECT * FROM tasks WHERE owner = ? AND showAt < ? ORDER BY showAt, id LIMIT ?",
                              arguments: [owner, horizon, limit ?? 1_000])
@@ -248,7 +247,6 @@ final class CareLibrary: Sendable {
     /// Adds a task of the person's own to a plant.
     func addCustomTask(_ request: Care.AddCustomTask.Request, owner: String, now: Date? = nil) throws -> Care.Task {
         let now = now ?? clock.now()
-        try request.validate()
         let title = request.title.trimmingCharacters(in: .whitespaces)
         return try store.database.write { db in
             guard try store.plant(db, owner: owner, id: request.plantID) != nil else { throw notFound(request.plantID) }

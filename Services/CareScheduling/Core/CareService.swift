@@ -38,7 +38,7 @@ public struct CareService: BusService {
         on(Care.Statistics.self) { _, owner, _ in try library.statistics(owner: owner) }
         on(Care.SetPreferences.self) { preferences, owner, _ in try library.setPreferences(preferences, owner: owner) }
         on(Care.UpcomingTasks.self) { request, owner, _ in
-            try library.upcoming(days: request.days, limit: request.limit, owner: owner)
+            try library.upcoming(request, owner: owner)
         }
         on(Care.NextTasks.self) { request, context in try library.nextTasks(request.keys, context: context) }
         on(Care.CompleteTask.self) { request, owner, _ in try library.complete(request.id, at: request.at, owner: owner) }

@@ -19,12 +19,13 @@ struct Scheduler: Sendable {
     let preferences: Care.Preferences
     let calendar: Calendar
 
-    /// - Throws: `badRequest` for preferences out of range (``Care/Preferences/validate()``)
-    ///   or a time zone that is not an IANA name.
+    /// - Parameter preferences: validated (the runtime validates a request before its
+    ///   handler runs; stored preferences were validated when they were set).
+    /// - Throws: `badRequest` for a time zone that is not an IANA name, the one check a
+    ///   calendar cannot be made without.
     init(preferences: Care.Preferences) throws(CanopyError) {
-        try preferences.validate()
-        guard let zone = TimeZone(identifier: preferences.timeZone), preferences.timeZone.contains("/") || preferences.timeZone == "UTC" || preferences.timeZone == "GMT" else {
-            throw CanopyError(.badRequest, "'\(preferences.timeZone)' is not an IANA time zone such as Europe/Berlin or America/New_York")
+        guard let zone = preferences.zone else {
+            throw CanopyError(.badRequest, "timeZone '\(preferences.timeZone)' is not an IANA time zone such as Europe/Berlin or America/New_York", field: "timeZone")
         }
         var calendar = Calendar(identifier: .gregorian)
         calendar.timeZone = zone

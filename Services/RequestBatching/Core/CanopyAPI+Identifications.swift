@@ -70,8 +70,7 @@ extension CanopyAPI {
     }
 
     func listIdentifications(_ input: Operations.ListIdentifications.Input) async throws -> Operations.ListIdentifications.Output {
-        let limit = try RequestFieldError.check(input.query.limit ?? 20, "limit", 1...Identification.Limits.pageSize)
-        let page = try await call(Identification.History.self, .init(plantID: input.query.plantID, limit: limit, after: input.query.after))
+        let page = try await call(Identification.History.self, .init(plantID: input.query.plantID, limit: input.query.limit ?? 20, after: input.query.after))
         return .ok(.init(body: .json(.init(identifications: try page.items.map(Components.Schemas.Identification.init), next: page.next))))
     }
 

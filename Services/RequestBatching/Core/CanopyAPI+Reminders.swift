@@ -27,14 +27,12 @@ extension CanopyAPI {
     }
 
     func listPendingReminders(_ input: Operations.ListPendingReminders.Input) async throws -> Operations.ListPendingReminders.Output {
-        let limit = try RequestFieldError.check(input.query.limit ?? 64, "limit", 1...256)
-        let reminders = try await call(Reminders.Pending.self, .init(limit: limit))
+        let reminders = try await call(Reminders.Pending.self, .init(limit: input.query.limit ?? 64))
         return .ok(.init(body: .json(.init(reminders: try reminders.map(Components.Schemas.Reminder.init)))))
     }
 
     func listReminderFailures(_ input: Operations.ListReminderFailures.Input) async throws -> Operations.ListReminderFailures.Output {
-        let limit = try RequestFieldError.check(input.query.limit ?? 100, "limit", 1...500)
-        let failures = try await call(Reminders.Failures.self, .init(limit: limit))
+        let failures = try await call(Reminders.Failures.self, .init(limit: input.query.limit ?? 100))
         return .ok(.init(body: .json(.init(failures: try failures.map { failure in
             Components.Schemas.Failure(reminder: try .init(failure.reminder), deviceID: failure.deviceID, attempts: failure.attempts,
                                        lastError: failure.lastError, at: failure.at)

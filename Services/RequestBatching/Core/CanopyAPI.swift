@@ -4,8 +4,10 @@ import Foundation
 
 /// The routes of docs/openapi.yaml, one handler each (the protocol is generated from the
 /// document), each turning an HTTP request into a bus call made for the caller and its reply
-/// into the response. Errors are thrown as `CanopyError`s and ``RequestFieldError``s; the edge
-/// middleware turns them into problem details.
+/// into the response. Fields are checked once, where the request is validated before its
+/// handler runs (a service's `Validatable` request); the `CanopyError` that comes back names
+/// the field, and the edge middleware turns it, like a ``RequestFieldError`` (what only the
+/// edge can check: path parameters, multipart parts), into a problem naming that field.
 struct CanopyAPI: APIProtocol {
     let bus: any BusCalling
     /// How long one bus call may take.
@@ -31,13 +33,14 @@ struct CanopyAPI: APIProtocol {
 
     func listPlants(_ input: Operations.ListPlants.Input) async throws -> Operations.ListPlants.Output {
         let query = input.query
+        // The API's pages are smaller than the bus allows (100, not 500): the one range the
+        // edge checks itself. Every other field is checked once, by canopy-care.
         let limit = try RequestFieldError.check(query.limit ?? 20, "limit", 1...100)
-        let offset = try RequestFieldError.check(query.offset ?? 0, "offset", 0...Care.Limits.plantsPerPerson)
         let request = Care.ListPlants.Request(
             search: query.search, favourite: query.favourite, family: query.family, light: try query.light.map { try convert($0) },
             watering: try query.watering.map { try convert($0) }, source: try query.source.map { try convert($0) },
             addedFrom: query.addedFrom, addedTo: query.addedTo, sort: try query.sort.map { try convert($0) } ?? .dateAdded,
-            descending: query.descending ?? true, limit: limit, offset: offset)
+            descending: query.descending ?? true, limit: limit, offset: query.offset ?? 0)
         let reply = try await call(Care.ListPlants.self, request)
         return .ok(.init(body: .json(.init(plants: try reply.plants.map(Components.Schemas.Plant.init), total: reply.total,
                                            nextOffset: reply.nextOffset))))
@@ -92,15 +95,12 @@ struct CanopyAPI: APIProtocol {
     // MARK: - Tasks
 
     func listUpcomingTasks(_ input: Operations.ListUpcomingTasks.Input) async throws -> Operations.ListUpcomingTasks.Output {
-        let days = try RequestFieldError.check(input.query.days ?? 7, "days", 0...366)
-        let limit = try RequestFieldError.check(input.query.limit ?? 100, "limit", 1...5_000)
-        let reply = try await call(Care.UpcomingTasks.self, .init(days: days, limit: limit))
+        let reply = try await call(Care.UpcomingTasks.self, .init(days: input.query.days ?? 7, limit: input.query.limit ?? 100))
         return .ok(.init(body: .json(.init(tasks: try reply.upcoming.map(Components.Schemas.Task.init)))))
     }
 
     func listOverdueTasks(_ input: Operations.ListOverdueTasks.Input) async throws -> Operations.ListOverdueTasks.Output {
-        let limit = try RequestFieldError.check(input.query.limit ?? 100, "limit", 1...5_000)
-        let reply = try await call(Care.UpcomingTasks.self, .init(days: 0, limit: limit))
+        let reply = try await call(Care.UpcomingTasks.self, .init(days: 0, limit: input.query.limit ?? 100))
         return .ok(.init(body: .json(.init(tasks: try reply.overdue.map(Components.Schemas.Task.init)))))
     }
 
@@ -133,9 +133,6 @@ struct CanopyAPI: APIProtocol {
 
     func setPreferences(_ input: Operations.SetPreferences.Input) async throws -> Operations.SetPreferences.Output {
         guard case .json(let body) = input.body else { throw CanopyError(.badRequest, "the body is JSON") }
-        guard TimeZone(identifier: body.timeZone) != nil else {
-            throw RequestFieldError(field: "timeZone", "'\(body.timeZone.prefix(64))' is not an IANA time zone, such as Europe/Berlin")
-        }
         let stored = try await call(Care.SetPreferences.self, Care.Preferences(
             timeZone: body.timeZone, preferredMinute: body.preferredMinute ?? 540, quietStartMinute: body.quietStartMinute,
             quietEndMinute: body.quietEndMinute, wateringFactor: body.wateringFactor ?? 1, pauseStart: body.pauseStart, pauseEnd: body.pauseEnd,
