@@ -36,7 +36,7 @@ struct CareLimitsTests {
     }
 
     func plantCount() throws -> Int {
-        try library.store.database.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM plants") ?? 0 }
+        try library.store.read { data in try data.plantCount(owner: "alice") }
     }
 
     /// A plant with one field far over its limit (built here: test arguments are printed).
@@ -200,7 +200,7 @@ struct OutboxMetricsTests {
             let outbox = Outbox(library: library, bus: try bus.client(timeout: .milliseconds(200)), interval: .seconds(1), logger: bus.logger)
             let later = start.addingTimeInterval(90)
             let pass = await outbox.deliverDue(now: later)
-            let figures = outbox.report(pass, now: later)
+            let figures = await outbox.report(pass, now: later)
             #expect(pass.failed >= 3)
             #expect(figures.pending >= 3 && figures.oldestSeconds >= 89)
             // The series are in the registry (other outboxes of this test process share them,

@@ -74,7 +74,7 @@ struct CareServiceTests {
 
             // Nothing is lost: the rest waits, with backoff, across a restart.
             #expect(await outbox.deliverDue(now: now).failed == 0, "not due again yet")
-            let reopened = try CareStore(path: library.store.database.path)
+            let reopened = try CareStore(path: try #require(library.store as? CareStore).database.path)
             let pending = try reopened.database.read { db in
                 try Row.fetchAll(db, sql: "SELECT operation, attempts, lastError FROM outbox ORDER BY id")
             }
@@ -108,8 +108,33 @@ struct CareServiceTests {
                 #expect(remind.windows.withLock { $0.count } == 301, "each person's window once")
                 // Confirmed ones are deleted when their pass ends, after they arrived.
                 #expect(try await eventually(within: .seconds(30)) {
-                    try await library.store.database.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM outbox") ?? -1 } == 0
+                    try await library.store.pendingFollowUps().count == 0
                 }, "every confirmed follow-up is deleted")
+            }
+        }
+    }
+
+    /// While a lane waits for a retry, the follow-up behind it is due but not sent: the outbox
+    /// sleeps until the retry instead of turning without pause (it made thousands of passes a
+    /// second before).
+    @Test func aLaneWaitingForARetryDoesNotKeepTheOutboxTurning() async throws {
+        try await withCare { bus, client, library, _ in // nobody serves canopy-remind
+            let outbox = Outbox(library: library, bus: try bus.client(timeout: .seconds(2)), interval: .seconds(3_600), logger: bus.logger)
+            let store = try #require(library.store as? CareStore)
+            func mostAttempts() throws -> Int {
+                try store.database.read { db in try Int.fetchOne(db, sql: "SELECT MAX(attempts) FROM outbox") ?? 0 }
+            }
+            try await withRunning([outbox], logger: bus.logger) {
+                let plant = try await client.call(Care.AddPlant.self, Care.Plant(scientificName: "Ficus lyrata"), principal: "alice")
+                _ = try await client.call(Care.DeletePlant.self, .init(id: plant.id), principal: "alice")
+                #expect(try await eventually { try mostAttempts() >= 1 }, "the first failed")
+                let passesAtFirstFailure = outbox.passes.count
+                // The retry comes 1 s later, then 2 s after that.
+                #expect(try await eventually(within: .seconds(20)) { try mostAttempts() >= 3 }, "retried with backoff")
+                let passes = outbox.passes.count - passesAtFirstFailure
+                // Three lanes (remind, images, identify) fail and retry; each retry is a pass,
+                // and so is the wake-up its own commit makes: about a dozen (5,493 before).
+                #expect(passes <= 40, "\(passes) passes in 3 s of waiting for retries")
             }
         }
     }

@@ -3,22 +3,23 @@ import CanopyMessages
 import Collections
 import CanopyServiceKit
 import Foundation
-import GRDB
 
-/// canopy-care's operations, each scoped to its owner. Requests arrive validated (the
-/// runtime checks every field before a handler runs), so nothing here checks them again.
+/// canopy-care's operations, each scoped to its owner: the domain's rules (what a plant
+/// gets on its way in, when its tasks fall, what other services are told), over a store that
+/// holds the data (``CareStoring``; no SQL here). Requests arrive validated (the runtime
+/// checks every field before a handler runs), so nothing here checks them again.
 /// Thread-safe.
 final class CareLibrary: Sendable {
     /// The time it goes by (`--clock`).
     let clock: ServiceClock
-    let store: CareStore
+    let store: any CareStoring
     /// Tasks handed to canopy-remind per person (the pending local notifications an iPhone keeps).
     let reminderWindow: Int
     /// Plants one person may keep.
     let maximumPlants: Int
     private let codec = MessageCodec()
 
-    init(store: CareStore, reminderWindow: Int = 64, maximumPlants: Int = Care.Limits.plantsPerPerson, clock: ServiceClock = .system) {
+    init(store: any CareStoring, reminderWindow: Int = 64, maximumPlants: Int = Care.Limits.plantsPerPerson, clock: ServiceClock = .system) {
         self.clock = clock
         self.store = store
         self.reminderWindow = reminderWindow
@@ -46,71 +47,70 @@ final class CareLibrary: Sendable {
         }
         if plant.genus.isEmpty { plant.genus = String(plant.scientificName.split(separator: " ").first ?? "") }
         let override = plant.profileOverridden ? plant.profile : nil
-        return try store.database.write { db in
+        return try store.write { data in
             if chosenID {
-                if let existing = try store.plant(db, owner: owner, id: plant.id) { return existing }
-                if try Bool.fetchOne(db, sql: "SELECT 1 FROM plants WHERE id = ?", arguments: [plant.id]) ?? false {
+                if let existing = try data.plant(owner: owner, id: plant.id) { return existing }
+                if try data.plantIDTaken(plant.id) {
                     throw CanopyError(.conflict, "the plant id '\(plant.id)' is taken; leave id empty and one is chosen")
                 }
             }
-            let count = try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM plants WHERE owner = ?", arguments: [owner]) ?? 0
+            let count = try data.plantCount(owner: owner)
             guard count < maximumPlants else {
                 throw CanopyError(.tooLarge, "your collection has \(count) plants, the most one person may keep; delete some before adding more")
             }
-            let scheduler = try Scheduler(preferences: try store.preferences(db, owner: owner))
-            try store.save(db, plant, owner: owner, override: override)
-            let saved = try store.plant(db, owner: owner, id: plant.id)!
-            try store.reschedule(db, owner: owner, plant: saved, scheduler: scheduler, now: now)
-            try store.enqueueReminderSync(db, owner: owner, now: now)
+            let scheduler = try Scheduler(preferences: try data.preferences(owner: owner))
+            try data.save(plant, owner: owner, override: override)
+            let saved = try data.plant(owner: owner, id: plant.id)!
+            try reschedule(data, owner: owner, plant: saved, scheduler: scheduler, now: now)
+            try data.enqueueReminderSync(owner: owner, now: now)
             return saved
         }
     }
 
     func get(_ id: String, owner: String) throws -> Care.Plant {
-        guard let plant = try store.database.read({ db in try store.plant(db, owner: owner, id: id) }) else { throw notFound(id) }
+        guard let plant = try store.read({ data in try data.plant(owner: owner, id: id) }) else { throw notFound(id) }
         return plant
     }
 
     func update(_ plant: Care.Plant, owner: String, now: Date? = nil) throws -> Care.Plant {
         let now = now ?? clock.now()
-        return try store.database.write { db in
-            guard let existing = try store.plant(db, owner: owner, id: plant.id) else { throw notFound(plant.id) }
+        return try store.write { data in
+            guard let existing = try data.plant(owner: owner, id: plant.id) else { throw notFound(plant.id) }
             var updated = plant
             updated.dateAdded = existing.dateAdded
             if updated.genus.isEmpty { updated.genus = String(updated.scientificName.split(separator: " ").first ?? "") }
             let override = plant.profileOverridden ? plant.profile : nil
-            try store.save(db, updated, owner: owner, override: override)
-            let saved = try store.plant(db, owner: owner, id: plant.id)!
+            try data.save(updated, owner: owner, override: override)
+            let saved = try data.plant(owner: owner, id: plant.id)!
             if saved.profile != existing.profile {
-                try store.reschedule(db, owner: owner, plant: saved, scheduler: try Scheduler(preferences: try store.preferences(db, owner: owner)), now: now)
-                try store.enqueueReminderSync(db, owner: owner, now: now)
+                try reschedule(data, owner: owner, plant: saved, scheduler: try Scheduler(preferences: try data.preferences(owner: owner)), now: now)
+                try data.enqueueReminderSync(owner: owner, now: now)
             }
             return saved
         }
     }
 
-    /// Deletes the plant with its tasks and log (cascade), and records in the same
-    /// transaction the follow-ups: cancel its reminders, purge its images, forget its
-    /// identifications.
+    /// Deletes the plant with its tasks and log, and records in the same transaction the
+    /// follow-ups: cancel its reminders, purge its images, forget its identifications.
     func delete(_ id: String, owner: String, now: Date? = nil) throws {
         let now = now ?? clock.now()
-        try store.database.write { db in
-            guard try store.plant(db, owner: owner, id: id) != nil else { return } // deleting twice is fine
-            try db.execute(sql: "DELETE FROM plants WHERE owner = ? AND id = ?", arguments: [owner, id])
-            try store.enqueue(db, owner: owner, service: Reminders.service, operation: Reminders.CancelPlant.name,
-                              body: try codec.encode(Reminders.CancelPlant.Request(plantID: id)), now: now)
-            try store.enqueue(db, owner: owner, service: Images.service, operation: Images.Purge.name,
-                              body: try codec.encode(Images.Purge.Request(plantID: id)), now: now)
-            try store.enqueue(db, owner: owner, service: Identification.service, operation: Identification.ForgetPlant.name,
-                              body: try codec.encode(Identification.ForgetPlant.Request(plantID: id)), now: now)
-            try store.enqueueReminderSync(db, owner: owner, now: now)
+        try store.write { data in
+            guard try data.hasPlant(owner: owner, id: id) else { return } // deleting twice is fine
+            try data.deletePlant(owner: owner, id: id)
+            try data.enqueue(owner: owner, service: Reminders.service, operation: Reminders.CancelPlant.name,
+                             body: try codec.encode(Reminders.CancelPlant.Request(plantID: id)), now: now)
+            try data.enqueue(owner: owner, service: Images.service, operation: Images.Purge.name,
+                             body: try codec.encode(Images.Purge.Request(plantID: id)), now: now)
+            try data.enqueue(owner: owner, service: Identification.service, operation: Identification.ForgetPlant.name,
+                             body: try codec.encode(Identification.ForgetPlant.Request(plantID: id)), now: now)
+            try data.enqueueReminderSync(owner: owner, now: now)
         }
     }
 
     /// A page of the collection. The page ends early when the next plant would take the
     /// reply past `replyBytes` (the broker's frame limit); `nextOffset` says where to go on.
     func list(_ request: Care.ListPlants.Request, owner: String, replyBytes: Int = RequestContext.defaultMaximumReplyBytes) throws -> Care.ListPlants.Reply {
-        var reply = try store.list(owner: owner, request)
+        var reply = try store.read { data in try data.plants(owner: owner, matching: request) }
         var budget = replyBytes - 1_024
         let fitting = reply.plants.prefix { plant in
             budget -= plant.listingBytesBound
@@ -125,24 +125,13 @@ final class CareLibrary: Sendable {
         return reply
     }
 
+    /// The collection's counts; "this month" and "this week" in the person's time zone.
     func statistics(owner: String, now: Date? = nil) throws -> Care.Statistics.Reply {
         let now = now ?? clock.now()
-        return try store.database.read { db in
-            let scheduler = try Scheduler(preferences: try store.preferences(db, owner: owner))
+        return try store.read { data in
+            let scheduler = try Scheduler(preferences: try data.preferences(owner: owner))
             let monthStart = scheduler.calendar.date(from: scheduler.calendar.dateComponents([.year, .month], from: now))!
-            func count(_ sql: String, _ arguments: StatementArguments) throws -> Int { try Int.fetchOne(db, sql: sql, arguments: arguments) ?? 0 }
-            func groups(_ column: String) throws -> [String: Int] {
-                Dictionary(uniqueKeysWithValues: try Row.fetchAll(db, sql: "SELECT \(column) AS key, COUNT(*) AS n FROM plants WHERE owner = ? GROUP BY \(column)",
-                                                                   arguments: [owner]).map { ($0["key"] as String, $0["n"] as Int) })
-            }
-            let week = now.addingTimeInterval(7 * 86_400).timeIntervalSince1970
-            return Care.Statistics.Reply(
-                total: try count("SELECT COUNT(*) FROM plants WHERE owner = ?", [owner]),
-                favourites: try count("SELECT COUNT(*) FROM plants WHERE owner = ? AND favourite", [owner]),
-                families: try groups("family"), sources: try groups("source"),
-                addedThisMonth: try count("SELECT COUNT(*) FROM plants WHERE owner = ? AND dateAdded >= ?", [owner, monthStart.timeIntervalSince1970]),
-                upcomingTasks: try count("SELECT COUNT(*) FROM tasks WHERE owner = ? AND showAt >= ? AND showAt < ?", [owner, now.timeIntervalSince1970, week]),
-                overdueTasks: try count("SELECT COUNT(*) FROM tasks WHERE owner = ? AND showAt < ?", [owner, now.timeIntervalSince1970]))
+            return try data.statistics(owner: owner, monthStart: monthStart, now: now, weekEnd: now.addingTimeInterval(7 * 86_400))
         }
     }
 
@@ -151,26 +140,21 @@ final class CareLibrary: Sendable {
     func setPreferences(_ preferences: Care.Preferences, owner: String, now: Date? = nil) throws -> Care.Preferences {
         let now = now ?? clock.now()
         let scheduler = try Scheduler(preferences: preferences)
-        try store.database.write { db in
-            try store.savePreferences(db, preferences, owner: owner)
-            for row in try Row.fetchAll(db, sql: "SELECT * FROM plants WHERE owner = ?", arguments: [owner]) {
-                try store.reschedule(db, owner: owner, plant: try store.plant(row), scheduler: scheduler, now: now)
+        try store.write { data in
+            try data.savePreferences(preferences, owner: owner)
+            for plant in try data.plants(owner: owner) {
+                try reschedule(data, owner: owner, plant: plant, scheduler: scheduler, now: now)
             }
-            try store.enqueueReminderSync(db, owner: owner, now: now)
+            try data.enqueueReminderSync(owner: owner, now: now)
         }
         return preferences
     }
 
     func upcoming(_ request: Care.UpcomingTasks.Request, owner: String, now: Date? = nil) throws -> Care.UpcomingTasks.Reply {
         let now = now ?? clock.now()
-        let limit = request.limit
-        let horizon = now.addingTimeInterval(Double(request.days) * 86_400).timeIntervalSince1970
-        let rows = try store.database.read { db in
-            try Row.fetchAll(db, sql: "SELECT * FROM tasks WHERE owner = ? AND showAt < ? ORDER BY showAt, id LIMIT ?",
-                             arguments: [owner, horizon, limit ?? 1_000])
-        }
-        let tasks = rows.map(CareStore.task)
-        return Care.UpcomingTasks.Reply(overdue: tasks.filter { ($0.snoozedUntil ?? $0.due) < now }, upcoming: tasks.filter { ($0.snoozedUntil ?? $0.due) >= now })
+        let horizon = now.addingTimeInterval(Double(request.days) * 86_400)
+        let tasks = try store.read { data in try data.tasks(owner: owner, showingBefore: horizon, limit: request.limit ?? 1_000) }
+        return Care.UpcomingTasks.Reply(overdue: tasks.filter { $0.showAt < now }.map(\.task), upcoming: tasks.filter { $0.showAt >= now }.map(\.task))
     }
 
     /// The next task of several plants (``Care/NextTasks``), each for its own key's
@@ -178,69 +162,53 @@ final class CareLibrary: Sendable {
     /// read, two indexed look-ups a key.
     func nextTasks(_ keys: [Care.NextTasks.Key], context: RequestContext) throws -> Care.NextTasks.Reply {
         let owners = keys.map { key in Result { () throws(CanopyError) in try context.principal(forKey: key.principal) } }
-        let results = try store.database.read { db in
+        let results = try store.read { data in
             try zip(keys, owners).map { key, principal -> Lookup.Result<Care.NextTasks.Next> in
                 let owner: String
                 switch principal {
                 case .success(let principal): owner = principal
                 case .failure(let error): return .init(error: error)
                 }
-                guard try Bool.fetchOne(db.cachedStatement(sql: "SELECT 1 FROM plants WHERE id = ? AND owner = ?"), arguments: [key.plantID, owner]) != nil else {
-                    return .init(error: self.notFound(key.plantID))
-                }
-                let row = try Row.fetchOne(db.cachedStatement(sql: "SELECT * FROM tasks WHERE plantID = ? AND owner = ? ORDER BY showAt, id LIMIT 1"),
-                                           arguments: [key.plantID, owner])
-                return .init(value: .init(task: row.map(CareStore.task)))
+                guard try data.hasPlant(owner: owner, id: key.plantID) else { return .init(error: self.notFound(key.plantID)) }
+                return .init(value: .init(task: try data.nextTask(owner: owner, plantID: key.plantID)?.task))
             }
         }
         return Care.NextTasks.Reply(results: results)
     }
 
-    /// The task's plant, the task row, and the owner's scheduler, or notFound.
-    private func withTask<T>(_ id: String, owner: String, _ body: (Database, Care.Plant, Row, Scheduler) throws -> T) throws -> T {
-        try store.database.write { db in
-            guard let row = try Row.fetchOne(db.cachedStatement(sql: "SELECT * FROM tasks WHERE owner = ? AND id = ?"), arguments: [owner, id]),
-                  let plant = try store.plant(db, owner: owner, id: row["plantID"])
+    /// The task, its plant and the owner's scheduler, in a write transaction; or notFound.
+    private func withTask(_ id: String, owner: String, now: Date, _ body: (any CareWrites, StoredTask, Care.Plant, Scheduler) throws -> Void) throws -> Care.Task {
+        try store.write { data in
+            guard let task = try data.task(owner: owner, id: id),
+                  let plant = try data.plant(owner: owner, id: task.task.plantID)
             else { throw CanopyError(.notFound, "no task \(id) among yours; care.tasks.upcoming lists them") }
-            return try body(db, plant, row, try Scheduler(preferences: try store.preferences(db, owner: owner)))
+            try body(data, task, plant, try Scheduler(preferences: try data.preferences(owner: owner)))
+            try data.enqueueReminderSync(owner: owner, now: now)
+            return try data.task(owner: owner, id: id)!.task
         }
-    }
-
-    private func reread(_ db: Database, _ id: String) throws -> Care.Task {
-        try Row.fetchOne(db.cachedStatement(sql: "SELECT * FROM tasks WHERE id = ?"), arguments: [id]).map(CareStore.task)!
     }
 
     /// Logs the care and re-anchors the rule at `at`.
     func complete(_ id: String, at: Date?, owner: String, now: Date? = nil) throws -> Care.Task {
         let now = now ?? clock.now()
-        return try withTask(id, owner: owner) { db, plant, row, scheduler in
-            let done = at ?? now
-            let kind = Care.TaskKind(rawValue: row["kind"]) ?? .custom
-            try db.execute(sql: "INSERT INTO careLog (owner, plantID, kind, at) VALUES (?, ?, ?, ?)",
-                           arguments: [owner, plant.id, kind.rawValue, done.timeIntervalSince1970])
-            try store.reschedule(db, row: row, plant: plant, anchor: done, scheduler: scheduler)
-            try store.enqueueReminderSync(db, owner: owner, now: now)
-            return try reread(db, id)
+        let done = at ?? now
+        return try withTask(id, owner: owner, now: now) { data, task, plant, scheduler in
+            try data.logCare(owner: owner, plantID: plant.id, kind: task.task.kind, at: done)
+            try reschedule(data, task, plant: plant, anchor: done, scheduler: scheduler)
         }
     }
 
     /// Shows the task at `until` without changing its rule.
     func snooze(_ id: String, until: Date, owner: String, now: Date? = nil) throws -> Care.Task {
-        let now = now ?? clock.now()
-        return try withTask(id, owner: owner) { db, _, _, _ in
-            try db.execute(sql: "UPDATE tasks SET snoozedUntil = ?, showAt = ? WHERE id = ?", arguments: [until.timeIntervalSince1970, until.timeIntervalSince1970, id])
-            try store.enqueueReminderSync(db, owner: owner, now: now)
-            return try reread(db, id)
+        try withTask(id, owner: owner, now: now ?? clock.now()) { data, _, _, _ in
+            try data.snoozeTask(owner: owner, id: id, until: until)
         }
     }
 
     /// Moves to the next occurrence as if done when due, without logging care.
     func skip(_ id: String, owner: String, now: Date? = nil) throws -> Care.Task {
-        let now = now ?? clock.now()
-        return try withTask(id, owner: owner) { db, plant, row, scheduler in
-            try store.reschedule(db, row: row, plant: plant, anchor: Date(timeIntervalSince1970: row["due"]), scheduler: scheduler)
-            try store.enqueueReminderSync(db, owner: owner, now: now)
-            return try reread(db, id)
+        try withTask(id, owner: owner, now: now ?? clock.now()) { data, task, plant, scheduler in
+            try reschedule(data, task, plant: plant, anchor: task.task.due, scheduler: scheduler)
         }
     }
 
@@ -248,30 +216,80 @@ final class CareLibrary: Sendable {
     func addCustomTask(_ request: Care.AddCustomTask.Request, owner: String, now: Date? = nil) throws -> Care.Task {
         let now = now ?? clock.now()
         let title = request.title.trimmingCharacters(in: .whitespaces)
-        return try store.database.write { db in
-            guard try store.plant(db, owner: owner, id: request.plantID) != nil else { throw notFound(request.plantID) }
-            let custom = try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM tasks WHERE owner = ? AND plantID = ? AND kind = 'custom'",
-                                          arguments: [owner, request.plantID]) ?? 0
+        return try store.write { data in
+            guard try data.hasPlant(owner: owner, id: request.plantID) else { throw notFound(request.plantID) }
+            let custom = try data.customTaskCount(owner: owner, plantID: request.plantID)
             guard custom < Care.Limits.customTasksPerPlant else {
                 throw CanopyError(.tooLarge, "this plant has \(custom) custom tasks, the most one plant may have; remove one first")
             }
-            let id = "\(request.plantID):custom:\(UUID().uuidString.lowercased())"
-            try store.scheduleCustom(db, id: id, owner: owner, plantID: request.plantID, title: title, everyDays: request.everyDays,
-                                     anchor: now, scheduler: try Scheduler(preferences: try store.preferences(db, owner: owner)))
-            try store.enqueueReminderSync(db, owner: owner, now: now)
-            return try reread(db, id)
+            let scheduler = try Scheduler(preferences: try data.preferences(owner: owner))
+            let task = StoredTask(
+                task: Care.Task(id: "\(request.plantID):custom:\(UUID().uuidString.lowercased())", plantID: request.plantID, kind: .custom, title: title,
+                                due: scheduler.nextDue(everyDays: request.everyDays, after: now)),
+                owner: owner, anchor: now, everyDays: request.everyDays)
+            try data.saveTask(task)
+            try data.enqueueReminderSync(owner: owner, now: now)
+            return task.task
         }
     }
 
     func log(plantID: String, owner: String) throws -> [Care.LogEntry] {
-        try store.database.read { db in
-            guard try store.plant(db, owner: owner, id: plantID) != nil else { throw notFound(plantID) }
-            return try Row.fetchAll(db, sql: "SELECT * FROM careLog WHERE owner = ? AND plantID = ? ORDER BY at DESC LIMIT ?",
-                                    arguments: [owner, plantID, Care.Limits.logEntries]).map {
-                Care.LogEntry(plantID: $0["plantID"], kind: Care.TaskKind(rawValue: $0["kind"]) ?? .custom, at: Date(timeIntervalSince1970: $0["at"]))
+        try store.read { data in
+            guard try data.hasPlant(owner: owner, id: plantID) else { throw notFound(plantID) }
+            return try data.careLog(owner: owner, plantID: plantID, limit: Care.Limits.logEntries)
+        }
+    }
+
+    // MARK: - Scheduling
+
+    /// (Re)writes the task of `kind` for a plant: due after `anchor`, or removed when the
+    /// profile no longer calls for it.
+    private func schedule(_ data: any CareWrites, owner: String, plant: Care.Plant, kind: Care.TaskKind, anchor: Date, scheduler: Scheduler) throws {
+        let id = "\(plant.id):\(kind.rawValue)"
+        guard let profile = plant.profile, let due = scheduler.nextDue(kind, profile: profile, after: anchor) else {
+            try data.deleteTask(owner: owner, id: id)
+            return
+        }
+        let name = plant.customName ?? plant.commonNames.first ?? plant.scientificName
+        try data.saveTask(StoredTask(task: Care.Task(id: id, plantID: plant.id, kind: kind, title: "\(kind.rawValue.capitalized) \(name)", due: due),
+                                     owner: owner, anchor: anchor, everyDays: nil))
+    }
+
+    /// Reschedules one task from `anchor` (after complete or skip, or new preferences).
+    private func reschedule(_ data: any CareWrites, _ stored: StoredTask, plant: Care.Plant, anchor: Date, scheduler: Scheduler) throws {
+        if stored.task.kind == .custom, let everyDays = stored.everyDays {
+            var next = stored
+            next.anchor = anchor
+            next.task.due = scheduler.nextDue(everyDays: everyDays, after: anchor)
+            next.task.snoozedUntil = nil
+            try data.saveTask(next)
+        } else {
+            try schedule(data, owner: stored.owner, plant: plant, kind: stored.task.kind, anchor: anchor, scheduler: scheduler)
+        }
+    }
+
+    /// Reschedules every task of a plant from its anchors (or `now` for new ones); custom
+    /// tasks keep their own interval.
+    private func reschedule(_ data: any CareWrites, owner: String, plant: Care.Plant, scheduler: Scheduler, now: Date) throws {
+        var anchors: [Care.TaskKind: Date] = [:]
+        for task in try data.tasks(owner: owner, plantID: plant.id) {
+            if task.task.kind == .custom {
+                try reschedule(data, task, plant: plant, anchor: task.anchor, scheduler: scheduler)
+            } else {
+                anchors[task.task.kind] = task.anchor
+            }
+        }
+        let wanted = plant.profile.map(Scheduler.kinds(for:)) ?? []
+        for kind in Care.TaskKind.allCases where kind != .custom {
+            if wanted.contains(kind) {
+                try schedule(data, owner: owner, plant: plant, kind: kind, anchor: anchors[kind] ?? now, scheduler: scheduler)
+            } else {
+                try data.deleteTask(owner: owner, id: "\(plant.id):\(kind.rawValue)")
             }
         }
     }
+
+    // MARK: - Reminder windows
 
     /// The owner's next `reminderWindow` care occurrences, soonest first, as handed to
     /// canopy-remind: each task's next occurrence (overdue ones too, and snoozed ones at their
@@ -281,17 +299,13 @@ final class CareLibrary: Sendable {
     func reminderWindow(owner: String, count: Int? = nil, now: Date? = nil) throws -> [Care.Task] {
         let now = now ?? clock.now()
         let count = min(count ?? reminderWindow, reminderWindow)
-        return try store.database.read { db in
-            let rows = try Row.fetchAll(db, sql: "SELECT * FROM tasks WHERE owner = ? ORDER BY showAt, id LIMIT ?", arguments: [owner, count])
-            guard !rows.isEmpty else { return [] }
-            let scheduler = try Scheduler(preferences: try store.preferences(db, owner: owner))
+        return try store.read { data in
+            let tasks = try data.tasks(owner: owner, showingBefore: nil, limit: count)
+            guard !tasks.isEmpty else { return [] }
+            let scheduler = try Scheduler(preferences: try data.preferences(owner: owner))
             var profiles: [String: Care.Profile?] = [:]
-            // (when it shows, the occurrence, the rule's interval for custom tasks)
             var queue = Heap<Occurrence>()
-            for row in rows {
-                let task = CareStore.task(row)
-                queue.insert(Occurrence(task: task, everyDays: row["everyDays"]))
-            }
+            for task in tasks { queue.insert(Occurrence(task: task.task, everyDays: task.everyDays)) }
             var window: [Care.Task] = []
             while window.count < count, let next = queue.popMin() {
                 window.append(next.task)
@@ -307,7 +321,7 @@ final class CareLibrary: Sendable {
                         following.due = scheduler.nextDue(everyDays: everyDays, after: after)
                     } else {
                         if profiles[following.plantID] == nil {
-                            profiles[following.plantID] = try store.plant(db, owner: owner, id: following.plantID)?.profile
+                            profiles[following.plantID] = try data.plant(owner: owner, id: following.plantID)?.profile
                         }
                         guard let profile = profiles[following.plantID] ?? nil,
                               let due = scheduler.nextDue(following.kind, profile: profile, after: after), due > after else { break }

@@ -3,13 +3,15 @@ import CanopyStore
 import Foundation
 import GRDB
 
-/// canopy-care's store: one SQLite file (GRDB, WAL) with the collection, preferences, tasks,
-/// the care log and the outbox of follow-ups for other services. Every query names the
-/// owner. Searching, filtering, sorting and paging happen in SQL. Thread-safe.
-final class CareStore: Sendable {
+/// canopy-care's store in SQLite (``CareStoring``): one file (GRDB, WAL) with the collection,
+/// preferences, tasks, the care log and the outbox of follow-ups for other services. Every
+/// query names the owner. Searching, filtering, sorting and paging happen in SQL; the columns
+/// they use (search text, sort name, light, watering interval) are derived once, when a plant
+/// is saved. Thread-safe.
+final class CareStore: CareStoring {
     let database: DatabasePool
     let catalog: Catalog
-    private let codec = MessageCodec()
+    fileprivate let codec = MessageCodec()
 
     init(path: String, catalog: Catalog = .shipped) throws {
         database = try SQLiteStore.open(path: path, migrator: Self.migrator)
@@ -97,12 +99,15 @@ final class CareStore: Sendable {
         return migrator
     }
 
-    // MARK: - Plants
-
-    /// The plant with its effective profile, or `nil` when the owner has no such plant.
-    func plant(_ db: Database, owner: String, id: String) throws -> Care.Plant? {
-        try Row.fetchOne(db.cachedStatement(sql: "SELECT * FROM plants WHERE owner = ? AND id = ?"), arguments: [owner, id]).map(plant)
+    func read<T>(_ body: (any CareReads) throws -> T) throws -> T {
+        try database.read { db in try body(Transaction(db: db, store: self)) }
     }
+
+    func write<T>(_ body: (any CareWrites) throws -> T) throws -> T {
+        try database.write { db in try body(Transaction(db: db, store: self)) }
+    }
+
+    // MARK: - Rows
 
     /// The separator of list columns (common names, image ids): a control character no name holds.
     static let separator: Character = "\u{1F}"
@@ -116,7 +121,7 @@ final class CareStore: Sendable {
     }
 
     /// A plant from its row; with `profile` false the care profile is left out (listings).
-    func plant(_ row: Row, profile: Bool) throws -> Care.Plant {
+    fileprivate func plant(_ row: Row, profile: Bool) -> Care.Plant {
         let overrideData = row["profileOverride"] as Data?
         let override = profile ? overrideData.flatMap { try? codec.decode(Care.Profile.self, from: [UInt8]($0)) } : nil
         let scientificName: String = row["scientificName"]
@@ -130,35 +135,96 @@ final class CareStore: Sendable {
             profile: profile ? override ?? catalog.lookup(scientificName)?.profile : nil, profileOverridden: overrideData != nil)
     }
 
-    func plant(_ row: Row) throws -> Care.Plant { try plant(row, profile: true) }
-
-    /// Writes every column of a plant, the derived ones included.
-    func save(_ db: Database, _ plant: Care.Plant, owner: String, override: Care.Profile?) throws {
-        let profile = override ?? catalog.lookup(plant.scientificName)?.profile
-        let searchText = ([plant.scientificName, plant.family, plant.customName ?? ""] + plant.commonNames).joined(separator: "\u{1F}").lowercased()
-        let sortName = (plant.customName ?? plant.commonNames.first ?? plant.scientificName).lowercased()
-        // An upsert, not INSERT OR REPLACE: a replace deletes the row first, and the delete
-        // would cascade to the plant's tasks and care log.
-        try db.execute(sql: """
-            INSERT INTO plants (id, owner, scientificName, commonNames, family, genus, customName, location, notes, favourite,
-                imageIDs, source, confidence, dateIdentified, dateAdded, profileOverride, searchText, sortName, light, wateringDays)
-            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-            ON CONFLICT (id) DO UPDATE SET scientificName = excluded.scientificName, commonNames = excluded.commonNames,
-                family = excluded.family, genus = excluded.genus, customName = excluded.customName, location = excluded.location,
-                notes = excluded.notes, favourite = excluded.favourite, imageIDs = excluded.imageIDs, source = excluded.source,
-                confidence = excluded.confidence, dateIdentified = excluded.dateIdentified, profileOverride = excluded.profileOverride,
-                searchText = excluded.searchText, sortName = excluded.sortName, light = excluded.light, wateringDays = excluded.wateringDays
-            """, arguments: [
-                plant.id, owner, plant.scientificName, Self.joined(plant.commonNames), plant.family, plant.genus,
-                plant.customName, plant.location, plant.notes, plant.favourite, Self.joined(plant.imageIDs),
-                plant.identificationSource.rawValue, plant.identificationConfidence, plant.dateIdentified?.timeIntervalSince1970,
-                plant.dateAdded.timeIntervalSince1970, try override.map { Data(try codec.encode($0)) }, searchText, sortName,
-                profile?.light.rawValue, profile?.wateringIntervalDays,
-            ])
+    fileprivate static func task(_ row: Row) -> StoredTask {
+        StoredTask(
+            task: Care.Task(id: row["id"], plantID: row["plantID"], kind: Care.TaskKind(rawValue: row["kind"]) ?? .custom, title: row["title"],
+                            due: Date(timeIntervalSince1970: row["due"]), snoozedUntil: (row["snoozedUntil"] as Double?).map(Date.init(timeIntervalSince1970:))),
+            owner: row["owner"], anchor: Date(timeIntervalSince1970: row["anchor"]), everyDays: row["everyDays"])
     }
 
-    /// One page of the owner's plants matching `request`, and how many match in all.
-    func list(owner: String, _ request: Care.ListPlants.Request) throws -> Care.ListPlants.Reply {
+    // MARK: - The outbox
+
+    func dueFollowUps(now: Date, limit: Int) async throws -> [FollowUp] {
+        try await database.read { db in
+            // Due, and not behind an earlier follow-up of its lane that waits for a retry.
+            try Row.fetchAll(db, sql: """
+                SELECT id, owner, service, operation, body, attempts, generation FROM outbox
+                WHERE nextAttempt <= ?1
+                  AND NOT EXISTS (SELECT 1 FROM outbox earlier INDEXED BY outboxByLane
+                                  WHERE earlier.owner = outbox.owner AND earlier.service = outbox.service
+                                    AND earlier.id < outbox.id AND earlier.nextAttempt > ?1)
+                ORDER BY id LIMIT ?2
+                """, arguments: [now.timeIntervalSince1970, limit]).map { row in
+                FollowUp(id: row["id"], owner: row["owner"], service: row["service"], operation: row["operation"],
+                         body: [UInt8](row["body"] as Data? ?? Data()), attempts: row["attempts"], generation: row["generation"])
+            }
+        }
+    }
+
+    func settle(_ outcomes: [FollowUp.Outcome], now: Date) throws {
+        try database.write { db in
+            let confirm = try db.cachedStatement(sql: "DELETE FROM outbox WHERE id = ? AND generation = ?")
+            let putOff = try db.cachedStatement(sql: "UPDATE outbox SET attempts = attempts + 1, nextAttempt = ?, lastError = ? WHERE id = ?")
+            for outcome in outcomes {
+                switch outcome {
+                case .confirmed(let id, let generation):
+                    try confirm.execute(arguments: [id, generation])
+                case .failed(let id, let attempts, let error):
+                    try putOff.execute(arguments: [now.timeIntervalSince1970 + FollowUp.backoff(afterAttempts: attempts), String(error.prefix(2_000)), id])
+                }
+            }
+        }
+    }
+
+    func nextFollowUpDue(after now: Date) throws -> Date? {
+        try database.read { db in
+            try Double.fetchOne(db, sql: "SELECT MIN(nextAttempt) FROM outbox WHERE nextAttempt > ?", arguments: [now.timeIntervalSince1970])
+        }.map(Date.init(timeIntervalSince1970:))
+    }
+
+    func pendingFollowUps() async throws -> (count: Int, oldest: Date?) {
+        let row = try await database.read { db in
+            try Row.fetchOne(db, sql: "SELECT COUNT(*) AS n, MIN(COALESCE(createdAt, nextAttempt)) AS first FROM outbox")
+        }
+        return (row?["n"] as Int? ?? 0, (row?["first"] as Double?).map(Date.init(timeIntervalSince1970:)))
+    }
+
+    func observeFollowUps(_ wake: @escaping @Sendable () -> Void) -> any FollowUpObservation {
+        let observer = OutboxCommits(wake: wake, database: database)
+        database.add(transactionObserver: observer, extent: .observerLifetime)
+        return observer
+    }
+}
+
+/// One transaction of a ``CareStore``: every statement canopy-care runs on a person's data.
+private struct Transaction: CareWrites {
+    let db: Database
+    let store: CareStore
+
+    // MARK: Plants
+
+    func plant(owner: String, id: String) throws -> Care.Plant? {
+        try Row.fetchOne(db.cachedStatement(sql: "SELECT * FROM plants WHERE owner = ? AND id = ?"), arguments: [owner, id])
+            .map { store.plant($0, profile: true) }
+    }
+
+    func hasPlant(owner: String, id: String) throws -> Bool {
+        try Bool.fetchOne(db.cachedStatement(sql: "SELECT 1 FROM plants WHERE id = ? AND owner = ?"), arguments: [id, owner]) != nil
+    }
+
+    func plantIDTaken(_ id: String) throws -> Bool {
+        try Bool.fetchOne(db, sql: "SELECT 1 FROM plants WHERE id = ?", arguments: [id]) ?? false
+    }
+
+    func plantCount(owner: String) throws -> Int {
+        try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM plants WHERE owner = ?", arguments: [owner]) ?? 0
+    }
+
+    func plants(owner: String) throws -> [Care.Plant] {
+        try Row.fetchAll(db, sql: "SELECT * FROM plants WHERE owner = ?", arguments: [owner]).map { store.plant($0, profile: true) }
+    }
+
+    func plants(owner: String, matching request: Care.ListPlants.Request) throws -> Care.ListPlants.Reply {
         var conditions = ["owner = ?"]
         var arguments: [any DatabaseValueConvertible] = [owner]
         if let search = request.search?.trimmingCharacters(in: .whitespaces).lowercased(), !search.isEmpty {
@@ -187,108 +253,175 @@ final class CareStore: Sendable {
         case .family: "family COLLATE NOCASE \(direction), sortName, id"
         }
         let filter = conditions.joined(separator: " AND ")
-        return try database.read { db in
-            let total = try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM plants WHERE \(filter)", arguments: StatementArguments(arguments)) ?? 0
-            let rows = try Row.fetchAll(db, sql: "SELECT * FROM plants WHERE \(filter) ORDER BY \(order) LIMIT ? OFFSET ?",
-                                        arguments: StatementArguments(arguments + [request.limit, request.offset]))
-            return Care.ListPlants.Reply(plants: try rows.map { try plant($0, profile: false) }, total: total)
-        }
+        let total = try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM plants WHERE \(filter)", arguments: StatementArguments(arguments)) ?? 0
+        let rows = try Row.fetchAll(db, sql: "SELECT * FROM plants WHERE \(filter) ORDER BY \(order) LIMIT ? OFFSET ?",
+                                    arguments: StatementArguments(arguments + [request.limit, request.offset]))
+        return Care.ListPlants.Reply(plants: rows.map { store.plant($0, profile: false) }, total: total)
     }
 
-    // MARK: - Preferences
+    func statistics(owner: String, monthStart: Date, now: Date, weekEnd: Date) throws -> Care.Statistics.Reply {
+        func count(_ sql: String, _ arguments: StatementArguments) throws -> Int { try Int.fetchOne(db, sql: sql, arguments: arguments) ?? 0 }
+        func groups(_ column: String) throws -> [String: Int] {
+            Dictionary(uniqueKeysWithValues: try Row.fetchAll(db, sql: "SELECT \(column) AS key, COUNT(*) AS n FROM plants WHERE owner = ? GROUP BY \(column)",
+                                                               arguments: [owner]).map { ($0["key"] as String, $0["n"] as Int) })
+        }
+        return Care.Statistics.Reply(
+            total: try count("SELECT COUNT(*) FROM plants WHERE owner = ?", [owner]),
+            favourites: try count("SELECT COUNT(*) FROM plants WHERE owner = ? AND favourite", [owner]),
+            families: try groups("family"), sources: try groups("source"),
+            addedThisMonth: try count("SELECT COUNT(*) FROM plants WHERE owner = ? AND dateAdded >= ?", [owner, monthStart.timeIntervalSince1970]),
+            upcomingTasks: try count("SELECT COUNT(*) FROM tasks WHERE owner = ? AND showAt >= ? AND showAt < ?",
+                                     [owner, now.timeIntervalSince1970, weekEnd.timeIntervalSince1970]),
+            overdueTasks: try count("SELECT COUNT(*) FROM tasks WHERE owner = ? AND showAt < ?", [owner, now.timeIntervalSince1970]))
+    }
 
-    func preferences(_ db: Database, owner: String) throws -> Care.Preferences {
+    func save(_ plant: Care.Plant, owner: String, override: Care.Profile?) throws {
+        let profile = override ?? store.catalog.lookup(plant.scientificName)?.profile
+        let searchText = ([plant.scientificName, plant.family, plant.customName ?? ""] + plant.commonNames).joined(separator: "\u{1F}").lowercased()
+        let sortName = (plant.customName ?? plant.commonNames.first ?? plant.scientificName).lowercased()
+        // An upsert, not INSERT OR REPLACE: a replace deletes the row first, and the delete
+        // would cascade to the plant's tasks and care log.
+        try db.execute(sql: """
+            INSERT INTO plants (id, owner, scientificName, commonNames, family, genus, customName, location, notes, favourite,
+                imageIDs, source, confidence, dateIdentified, dateAdded, profileOverride, searchText, sortName, light, wateringDays)
+            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+            ON CONFLICT (id) DO UPDATE SET scientificName = excluded.scientificName, commonNames = excluded.commonNames,
+                family = excluded.family, genus = excluded.genus, customName = excluded.customName, location = excluded.location,
+                notes = excluded.notes, favourite = excluded.favourite, imageIDs = excluded.imageIDs, source = excluded.source,
+                confidence = excluded.confidence, dateIdentified = excluded.dateIdentified, profileOverride = excluded.profileOverride,
+                searchText = excluded.searchText, sortName = excluded.sortName, light = excluded.light, wateringDays = excluded.wateringDays
+            """, arguments: [
+                plant.id, owner, plant.scientificName, CareStore.joined(plant.commonNames), plant.family, plant.genus,
+                plant.customName, plant.location, plant.notes, plant.favourite, CareStore.joined(plant.imageIDs),
+                plant.identificationSource.rawValue, plant.identificationConfidence, plant.dateIdentified?.timeIntervalSince1970,
+                plant.dateAdded.timeIntervalSince1970, try override.map { Data(try store.codec.encode($0)) }, searchText, sortName,
+                profile?.light.rawValue, profile?.wateringIntervalDays,
+            ])
+    }
+
+    func deletePlant(owner: String, id: String) throws {
+        try db.execute(sql: "DELETE FROM plants WHERE owner = ? AND id = ?", arguments: [owner, id])
+    }
+
+    // MARK: Preferences
+
+    func preferences(owner: String) throws -> Care.Preferences {
         guard let data = try Data.fetchOne(db, sql: "SELECT value FROM preferences WHERE owner = ?", arguments: [owner]) else { return Care.Preferences() }
-        return (try? codec.decode(Care.Preferences.self, from: [UInt8](data))) ?? Care.Preferences()
+        return (try? store.codec.decode(Care.Preferences.self, from: [UInt8](data))) ?? Care.Preferences()
     }
 
-    func savePreferences(_ db: Database, _ preferences: Care.Preferences, owner: String) throws {
-        try db.execute(sql: "INSERT OR REPLACE INTO preferences (owner, value) VALUES (?, ?)", arguments: [owner, Data(try codec.encode(preferences))])
+    func savePreferences(_ preferences: Care.Preferences, owner: String) throws {
+        try db.execute(sql: "INSERT OR REPLACE INTO preferences (owner, value) VALUES (?, ?)", arguments: [owner, Data(try store.codec.encode(preferences))])
     }
 
-    // MARK: - Tasks
+    // MARK: Tasks and the care log
 
-    static func task(_ row: Row) -> Care.Task {
-        Care.Task(id: row["id"], plantID: row["plantID"], kind: Care.TaskKind(rawValue: row["kind"]) ?? .custom, title: row["title"],
-                  due: Date(timeIntervalSince1970: row["due"]), snoozedUntil: (row["snoozedUntil"] as Double?).map(Date.init(timeIntervalSince1970:)))
+    func task(owner: String, id: String) throws -> StoredTask? {
+        try Row.fetchOne(db.cachedStatement(sql: "SELECT * FROM tasks WHERE owner = ? AND id = ?"), arguments: [owner, id]).map(CareStore.task)
     }
 
-    /// (Re)writes the task of `kind` for a plant: due after `anchor`, or removed when the
-    /// profile no longer calls for it.
-    func schedule(_ db: Database, owner: String, plant: Care.Plant, kind: Care.TaskKind, anchor: Date, scheduler: Scheduler) throws {
-        let id = "\(plant.id):\(kind.rawValue)"
-        guard let profile = plant.profile, let due = scheduler.nextDue(kind, profile: profile, after: anchor) else {
-            try db.execute(sql: "DELETE FROM tasks WHERE id = ?", arguments: [id])
-            return
+    func tasks(owner: String, plantID: String) throws -> [StoredTask] {
+        try Row.fetchAll(db, sql: "SELECT * FROM tasks WHERE owner = ? AND plantID = ?", arguments: [owner, plantID]).map(CareStore.task)
+    }
+
+    func tasks(owner: String, showingBefore before: Date?, limit: Int) throws -> [StoredTask] {
+        let rows = if let before {
+            try Row.fetchAll(db.cachedStatement(sql: "SELECT * FROM tasks WHERE owner = ? AND showAt < ? ORDER BY showAt, id LIMIT ?"),
+                             arguments: [owner, before.timeIntervalSince1970, limit])
+        } else {
+            try Row.fetchAll(db.cachedStatement(sql: "SELECT * FROM tasks WHERE owner = ? ORDER BY showAt, id LIMIT ?"), arguments: [owner, limit])
         }
-        let name = plant.customName ?? plant.commonNames.first ?? plant.scientificName
-        try write(db, id: id, owner: owner, plantID: plant.id, kind: kind, title: "\(kind.rawValue.capitalized) \(name)", anchor: anchor, due: due, everyDays: nil)
+        return rows.map(CareStore.task)
     }
 
-    /// (Re)writes a custom task: due `everyDays` after `anchor`.
-    func scheduleCustom(_ db: Database, id: String, owner: String, plantID: String, title: String, everyDays: Int, anchor: Date, scheduler: Scheduler) throws {
-        try write(db, id: id, owner: owner, plantID: plantID, kind: .custom, title: title, anchor: anchor,
-                  due: scheduler.nextDue(everyDays: everyDays, after: anchor), everyDays: everyDays)
+    func nextTask(owner: String, plantID: String) throws -> StoredTask? {
+        try Row.fetchOne(db.cachedStatement(sql: "SELECT * FROM tasks WHERE plantID = ? AND owner = ? ORDER BY showAt, id LIMIT 1"),
+                         arguments: [plantID, owner]).map(CareStore.task)
     }
 
-    private func write(_ db: Database, id: String, owner: String, plantID: String, kind: Care.TaskKind, title: String, anchor: Date, due: Date, everyDays: Int?) throws {
+    func customTaskCount(owner: String, plantID: String) throws -> Int {
+        try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM tasks WHERE owner = ? AND plantID = ? AND kind = 'custom'", arguments: [owner, plantID]) ?? 0
+    }
+
+    func saveTask(_ stored: StoredTask) throws {
+        let task = stored.task
         try db.execute(sql: """
             INSERT INTO tasks (id, owner, plantID, kind, title, anchor, due, snoozedUntil, showAt, everyDays) VALUES (?, ?, ?, ?, ?, ?, ?, NULL, ?, ?)
             ON CONFLICT (id) DO UPDATE SET title = excluded.title, anchor = excluded.anchor, due = excluded.due,
                 snoozedUntil = NULL, showAt = excluded.showAt, everyDays = excluded.everyDays
-            """, arguments: [id, owner, plantID, kind.rawValue, title, anchor.timeIntervalSince1970, due.timeIntervalSince1970, due.timeIntervalSince1970, everyDays])
+            """, arguments: [task.id, stored.owner, task.plantID, task.kind.rawValue, task.title, stored.anchor.timeIntervalSince1970,
+                             task.due.timeIntervalSince1970, task.due.timeIntervalSince1970, stored.everyDays])
     }
 
-    /// Reschedules one task row from its anchor (after preferences change, or complete/skip).
-    func reschedule(_ db: Database, row: Row, plant: Care.Plant, anchor: Date, scheduler: Scheduler) throws {
-        let kind = Care.TaskKind(rawValue: row["kind"]) ?? .custom
-        if kind == .custom, let everyDays = row["everyDays"] as Int? {
-            try scheduleCustom(db, id: row["id"], owner: row["owner"], plantID: plant.id, title: row["title"], everyDays: everyDays, anchor: anchor, scheduler: scheduler)
-        } else {
-            try schedule(db, owner: row["owner"], plant: plant, kind: kind, anchor: anchor, scheduler: scheduler)
+    func deleteTask(owner: String, id: String) throws {
+        try db.execute(sql: "DELETE FROM tasks WHERE owner = ? AND id = ?", arguments: [owner, id])
+    }
+
+    func snoozeTask(owner: String, id: String, until: Date) throws {
+        try db.execute(sql: "UPDATE tasks SET snoozedUntil = ?, showAt = ? WHERE owner = ? AND id = ?",
+                       arguments: [until.timeIntervalSince1970, until.timeIntervalSince1970, owner, id])
+    }
+
+    func logCare(owner: String, plantID: String, kind: Care.TaskKind, at: Date) throws {
+        try db.execute(sql: "INSERT INTO careLog (owner, plantID, kind, at) VALUES (?, ?, ?, ?)",
+                       arguments: [owner, plantID, kind.rawValue, at.timeIntervalSince1970])
+    }
+
+    func careLog(owner: String, plantID: String, limit: Int) throws -> [Care.LogEntry] {
+        try Row.fetchAll(db, sql: "SELECT * FROM careLog WHERE owner = ? AND plantID = ? ORDER BY at DESC LIMIT ?",
+                         arguments: [owner, plantID, limit]).map {
+            Care.LogEntry(plantID: $0["plantID"], kind: Care.TaskKind(rawValue: $0["kind"]) ?? .custom, at: Date(timeIntervalSince1970: $0["at"]))
         }
     }
 
-    /// Reschedules every task of a plant from its anchors (or `now` for new ones); custom
-    /// tasks keep their own interval.
-    func reschedule(_ db: Database, owner: String, plant: Care.Plant, scheduler: Scheduler, now: Date) throws {
-        let rows = try Row.fetchAll(db, sql: "SELECT * FROM tasks WHERE plantID = ?", arguments: [plant.id])
-        var anchors: [Care.TaskKind: Date] = [:]
-        for row in rows {
-            let kind = Care.TaskKind(rawValue: row["kind"]) ?? .custom
-            if kind == .custom {
-                try reschedule(db, row: row, plant: plant, anchor: Date(timeIntervalSince1970: row["anchor"]), scheduler: scheduler)
-            } else {
-                anchors[kind] = Date(timeIntervalSince1970: row["anchor"])
-            }
-        }
-        let wanted = plant.profile.map(Scheduler.kinds(for:)) ?? []
-        for kind in Care.TaskKind.allCases where kind != .custom {
-            if wanted.contains(kind) {
-                try schedule(db, owner: owner, plant: plant, kind: kind, anchor: anchors[kind] ?? now, scheduler: scheduler)
-            } else {
-                try db.execute(sql: "DELETE FROM tasks WHERE id = ?", arguments: ["\(plant.id):\(kind.rawValue)"])
-            }
-        }
-    }
+    // MARK: Follow-ups
 
-    // MARK: - Outbox
-
-    /// Records a follow-up for another service, delivered by the outbox until confirmed.
-    func enqueue(_ db: Database, owner: String, service: String, operation: String, body: [UInt8], now: Date) throws {
+    func enqueue(owner: String, service: String, operation: String, body: [UInt8], now: Date) throws {
         try db.execute(sql: "INSERT INTO outbox (owner, service, operation, body, nextAttempt, createdAt) VALUES (?, ?, ?, ?, ?, ?)",
                        arguments: [owner, service, operation, Data(body), now.timeIntervalSince1970, now.timeIntervalSince1970])
     }
 
-    /// Asks for the owner's reminder window to be handed over again; one pending request per
-    /// owner is enough (the window is read when it is sent). A pending one is marked asked
-    /// again (its generation bumped): it may be on its way with a window read before this
-    /// change, and is then sent again rather than deleted (see ``Outbox``).
-    func enqueueReminderSync(_ db: Database, owner: String, now: Date) throws {
+    func enqueueReminderSync(owner: String, now: Date) throws {
         try db.execute(sql: "UPDATE outbox SET generation = generation + 1 WHERE owner = ? AND operation = ? AND attempts = 0",
                        arguments: [owner, Reminders.Sync.name])
         if db.changesCount == 0 {
-            try enqueue(db, owner: owner, service: Reminders.service, operation: Reminders.Sync.name, body: [], now: now)
+            try enqueue(owner: owner, service: Reminders.service, operation: Reminders.Sync.name, body: [], now: now)
         }
+    }
+}
+
+/// Calls back when a transaction that added or changed follow-ups commits.
+private final class OutboxCommits: TransactionObserver, FollowUpObservation, @unchecked Sendable {
+    private let wake: @Sendable () -> Void
+    private weak var database: DatabasePool?
+    /// Whether the transaction under way touched the outbox (the writer's thread only).
+    private var touched = false
+
+    init(wake: @escaping @Sendable () -> Void, database: DatabasePool) {
+        self.wake = wake
+        self.database = database
+    }
+
+    func stop() { database?.remove(transactionObserver: self) }
+
+    func observes(eventsOfKind eventKind: DatabaseEventKind) -> Bool {
+        switch eventKind {
+        case .insert(let table), .update(let table, _): table == "outbox"
+        case .delete: false
+        }
+    }
+
+    func databaseDidChange(with event: DatabaseEvent) {
+        touched = true
+    }
+
+    func databaseDidCommit(_ db: Database) {
+        guard touched else { return }
+        touched = false
+        wake()
+    }
+
+    func databaseDidRollback(_ db: Database) {
+        touched = false
     }
 }

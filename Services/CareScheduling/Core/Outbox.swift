@@ -1,7 +1,6 @@
 import CanopyBus
 import CanopyMessages
 import Foundation
-import GRDB
 import CanopyServiceKit
 import Logging
 import Metrics
@@ -14,8 +13,8 @@ import Synchronization
 /// service is down or canopy-care restarts; it is sent until the service confirms, waiting
 /// 1, 2, 4 … up to 300 s between attempts.
 ///
-/// It is woken by the commit that adds a follow-up (a GRDB transaction observer on the
-/// table), not by a timer: a follow-up leaves within milliseconds of its commit. A pass sends
+/// It is woken by the commit that adds a follow-up (``CareStoring/observeFollowUps(_:)``),
+/// not by a timer: a follow-up leaves within milliseconds of its commit. A pass sends
 /// up to ``batch`` due follow-ups, at most ``concurrency`` at once; one person's follow-ups to
 /// one service go in their order, one after the other, and stop at the first that fails (the
 /// rest wait behind it), while different people and services go side by side. What was
@@ -62,9 +61,9 @@ struct Outbox: Service, HealthReporting {
     }
 
     func run() async throws {
-        let observer = OutboxCommits(wakeup: commits)
-        library.store.database.add(transactionObserver: observer, extent: .observerLifetime)
-        defer { library.store.database.remove(transactionObserver: observer) }
+        let commits = self.commits
+        let observation = library.store.observeFollowUps { commits.signal() }
+        defer { observation.stop() }
         // A graceful shutdown cancels the loop, and with it a sleep until the next commit.
         await cancelWhenGracefulShutdown { await self.loop() }
     }
@@ -72,13 +71,14 @@ struct Outbox: Service, HealthReporting {
     private func loop() async {
         var lastReport = ContinuousClock.now - .seconds(1)
         while !Task.isCancelled {
-            let pass = await deliverDue()
+            let started = Date()
+            let pass = await deliverDue(now: started)
             if pass.failed > 0 {
                 logger.debug("care.outbox.pending", metadata: ["care.outbox.failed": "\(pass.failed)"])
             }
             // The gauges count the whole table: at most once a second under load.
             if ContinuousClock.now - lastReport >= .seconds(1) || pass.read < batch {
-                report(pass)
+                await report(pass)
                 lastReport = .now
             } else {
                 delivered.increment(by: Int64(pass.delivered))
@@ -86,14 +86,17 @@ struct Outbox: Service, HealthReporting {
             }
             passes.add()
             if pass.read >= batch { continue } // a backlog: the next pass at once
-            await sleep(until: nextAttempt())
+            await sleep(until: nextAttempt(after: started))
         }
     }
 
-    /// When the earliest follow-up not yet due comes due, if any.
-    private func nextAttempt() -> Date? {
-        (try? library.store.database.read { db in try Double.fetchOne(db, sql: "SELECT MIN(nextAttempt) FROM outbox") })?
-            .flatMap { $0 }.map(Date.init(timeIntervalSince1970:))
+    /// When the earliest follow-up not due when the pass began comes due, if any (one that
+    /// came due during the pass: at once).
+    ///
+    /// Not the earliest of all: a follow-up due but waiting behind a retry of its lane
+    /// would make the loop turn without pause until the retry (as it did before 2026-11).
+    private func nextAttempt(after now: Date) -> Date? {
+        (try? library.store.nextFollowUpDue(after: now)) ?? nil
     }
 
     /// Sleeps until a commit adds a follow-up, `until` passes, or ``interval`` does.
@@ -117,7 +120,7 @@ struct Outbox: Service, HealthReporting {
     /// outbox holds them for services that are down).
     func healthChecks() async -> [(name: String, healthy: Bool, detail: String)] {
         do {
-            let pending = try await library.store.database.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM outbox") ?? 0 }
+            let pending = try await library.store.pendingFollowUps().count
             return [("store", true, "answering"), ("outbox", true, "\(pending) follow-up(s) pending")]
         } catch {
             return [("store", false, "not answering: \(error)")]
@@ -126,34 +129,15 @@ struct Outbox: Service, HealthReporting {
 
     /// Brings the outbox's metrics up to date after a pass; returns what the gauges now say.
     @discardableResult
-    func report(_ pass: Pass, now: Date = Date()) -> (pending: Int, oldestSeconds: Double) {
+    func report(_ pass: Pass, now: Date = Date()) async -> (pending: Int, oldestSeconds: Double) {
         delivered.increment(by: Int64(pass.delivered))
         failed.increment(by: Int64(pass.failed))
-        let row = try? library.store.database.read { db in
-            try Row.fetchOne(db, sql: "SELECT COUNT(*) AS n, MIN(COALESCE(createdAt, nextAttempt)) AS first FROM outbox")
-        }
-        let count = row?["n"] as Int? ?? 0
-        let age = (row?["first"] as Double?).map { max(0, now.timeIntervalSince1970 - $0) } ?? 0
+        let waiting = try? await library.store.pendingFollowUps()
+        let count = waiting?.count ?? 0
+        let age = waiting?.oldest.map { max(0, now.timeIntervalSince($0)) } ?? 0
         pending.record(count)
         oldest.record(age)
         return (count, age)
-    }
-
-    /// One follow-up read from the outbox.
-    struct FollowUp: Sendable {
-        var id: Int64
-        var owner: String
-        var service: String
-        var operation: String
-        var body: Data
-        var attempts: Int
-        var generation: Int64
-    }
-
-    /// What became of one follow-up.
-    enum Outcome: Sendable {
-        case confirmed(id: Int64, generation: Int64)
-        case failed(id: Int64, attempts: Int, error: String)
     }
 
     /// Sends up to ``batch`` follow-ups whose time has come (see the type's summary for the
@@ -161,20 +145,7 @@ struct Outbox: Service, HealthReporting {
     func deliverDue(now: Date = Date()) async -> Pass {
         let due: [FollowUp]
         do {
-            due = try await library.store.database.read { db in
-                // Due, and not behind an earlier follow-up of its lane that waits for a retry.
-                try Row.fetchAll(db, sql: """
-                    SELECT id, owner, service, operation, body, attempts, generation FROM outbox
-                    WHERE nextAttempt <= ?1
-                      AND NOT EXISTS (SELECT 1 FROM outbox earlier INDEXED BY outboxByLane
-                                      WHERE earlier.owner = outbox.owner AND earlier.service = outbox.service
-                                        AND earlier.id < outbox.id AND earlier.nextAttempt > ?1)
-                    ORDER BY id LIMIT ?2
-                    """, arguments: [now.timeIntervalSince1970, batch]).map { row in
-                    FollowUp(id: row["id"], owner: row["owner"], service: row["service"], operation: row["operation"],
-                        body: row["body"] ?? Data(), attempts: row["attempts"], generation: row["generation"])
-                }
-            }
+            due = try await library.store.dueFollowUps(now: now, limit: batch)
         } catch {
             logger.error("care.outbox.read.failed", metadata: ["error": "\(error)"])
             return Pass()
@@ -188,10 +159,10 @@ struct Outbox: Service, HealthReporting {
             if lanes[lane] == nil { order.append(lane) }
             lanes[lane, default: []].append(row)
         }
-        var outcomes: [Outcome] = []
+        var outcomes: [FollowUp.Outcome] = []
         outcomes.reserveCapacity(due.count)
         let allLanes = lanes
-        await withTaskGroup(of: [Outcome].self) { group in
+        await withTaskGroup(of: [FollowUp.Outcome].self) { group in
             var next = order.makeIterator()
             for _ in 0..<concurrency {
                 guard let lane = next.next() else { break }
@@ -206,13 +177,13 @@ struct Outbox: Service, HealthReporting {
     }
 
     /// Sends one lane's follow-ups one after the other, stopping at the first that fails.
-    private func send(_ rows: [FollowUp]) async -> [Outcome] {
-        var outcomes: [Outcome] = []
+    private func send(_ rows: [FollowUp]) async -> [FollowUp.Outcome] {
+        var outcomes: [FollowUp.Outcome] = []
         for row in rows {
             do {
                 let body: [UInt8] = row.operation == Reminders.Sync.name
                     ? try codec.encode(Reminders.Sync.Request(window: try library.reminderWindow(owner: row.owner))) // the window as it is now
-                    : [UInt8](row.body)
+                    : row.body
                 _ = try await bus.call(service: row.service, operation: row.operation, body: body, principal: row.owner, timeout: .seconds(5), idempotent: true)
                 outcomes.append(.confirmed(id: row.id, generation: row.generation))
             } catch is CancellationError {
@@ -228,21 +199,10 @@ struct Outbox: Service, HealthReporting {
     /// Writes a pass's outcomes in one transaction: confirmed follow-ups deleted (a sync only
     /// when nothing asked for it again since its row, and then its window, was read: else it
     /// stays and the next pass sends the newer window), failed ones put off with backoff.
-    private func record(_ outcomes: [Outcome], now: Date, read: Int) -> Pass {
+    private func record(_ outcomes: [FollowUp.Outcome], now: Date, read: Int) -> Pass {
         var pass = Pass(read: read)
         do {
-            try library.store.database.write { db in
-                let confirm = try db.cachedStatement(sql: "DELETE FROM outbox WHERE id = ? AND generation = ?")
-                let putOff = try db.cachedStatement(sql: "UPDATE outbox SET attempts = attempts + 1, nextAttempt = ?, lastError = ? WHERE id = ?")
-                for outcome in outcomes {
-                    switch outcome {
-                    case .confirmed(let id, let generation):
-                        try confirm.execute(arguments: [id, generation])
-                    case .failed(let id, let attempts, let error):
-                        try putOff.execute(arguments: [now.timeIntervalSince1970 + min(300, pow(2, Double(attempts))), String(error.prefix(2_000)), id])
-                    }
-                }
-            }
+            try library.store.settle(outcomes, now: now)
         } catch {
             // Not written: everything of the pass is sent again (services take follow-ups twice).
             logger.error("care.outbox.write.failed", metadata: ["error": "\(error)"])
@@ -254,37 +214,5 @@ struct Outbox: Service, HealthReporting {
             }
         }
         return pass
-    }
-}
-
-/// Wakes the outbox when a transaction that added or changed follow-ups commits.
-final class OutboxCommits: TransactionObserver, @unchecked Sendable {
-    private let wakeup: Wakeup
-    /// Whether the transaction under way touched the outbox (the writer's thread only).
-    private var touched = false
-
-    init(wakeup: Wakeup) {
-        self.wakeup = wakeup
-    }
-
-    func observes(eventsOfKind eventKind: DatabaseEventKind) -> Bool {
-        switch eventKind {
-        case .insert(let table), .update(let table, _): table == "outbox"
-        case .delete: false
-        }
-    }
-
-    func databaseDidChange(with event: DatabaseEvent) {
-        touched = true
-    }
-
-    func databaseDidCommit(_ db: Database) {
-        guard touched else { return }
-        touched = false
-        wakeup.signal()
-    }
-
-    func databaseDidRollback(_ db: Database) {
-        touched = false
     }
 }

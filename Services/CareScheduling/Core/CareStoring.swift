@@ -1,0 +1,139 @@
+import CanopyMessages
+import Foundation
+
+/// What canopy-care keeps, as the operations its rules need: no SQL outside the type that
+/// implements this (``CareStore``, SQLite), so a second database is one more file.
+///
+/// Reads and writes happen in transactions: ``read(_:)`` and ``write(_:)`` hand their body a
+/// view of the data (``CareReads``, ``CareWrites``) that only lives for the transaction.
+/// A write that throws changes nothing. Every operation on a person's data names its owner.
+/// The outbox's own operations are transactions of their own.
+protocol CareStoring: Sendable {
+    /// The species catalog plants take their care profile from.
+    var catalog: Catalog { get }
+
+    /// Runs `body` in a read transaction: it sees one state of the data.
+    func read<T>(_ body: (any CareReads) throws -> T) throws -> T
+    /// Runs `body` in a write transaction: all of it is stored, or nothing.
+    func write<T>(_ body: (any CareWrites) throws -> T) throws -> T
+
+    // MARK: The outbox
+
+    /// Up to `limit` follow-ups due at `now`, in the order they were written, leaving out
+    /// any behind an earlier follow-up of its lane (owner, service) that waits for a retry.
+    func dueFollowUps(now: Date, limit: Int) async throws -> [FollowUp]
+    /// Records what became of sent follow-ups, in one transaction: confirmed ones are deleted
+    /// (only when their generation is still the one sent), failed ones are put off until
+    /// `now` plus their backoff.
+    func settle(_ outcomes: [FollowUp.Outcome], now: Date) throws
+    /// When the earliest follow-up that is not due at `now` comes due, if there is one: when
+    /// the outbox next has something to send (one due at `now` was either read by the pass
+    /// just made or waits behind a retry, which comes due later).
+    func nextFollowUpDue(after now: Date) throws -> Date?
+    /// How many follow-ups wait, and when the oldest was written.
+    func pendingFollowUps() async throws -> (count: Int, oldest: Date?)
+    /// Calls `wake` after every commit that adds or changes a follow-up, until `stop` is
+    /// called on what it returns.
+    func observeFollowUps(_ wake: @escaping @Sendable () -> Void) -> any FollowUpObservation
+}
+
+/// A ``CareStoring/observeFollowUps(_:)`` in force.
+protocol FollowUpObservation: Sendable {
+    func stop()
+}
+
+/// What a read transaction sees.
+protocol CareReads {
+    /// The plant with its effective profile (its override, else the catalog's), or nil
+    /// when the owner has no such plant.
+    func plant(owner: String, id: String) throws -> Care.Plant?
+    /// Whether the owner has a plant with this id (cheaper than reading it).
+    func hasPlant(owner: String, id: String) throws -> Bool
+    /// Whether anyone has a plant with this id.
+    func plantIDTaken(_ id: String) throws -> Bool
+    func plantCount(owner: String) throws -> Int
+    /// Every plant of the owner, with profiles.
+    func plants(owner: String) throws -> [Care.Plant]
+    /// A page of the owner's plants matching `request` (filtered, sorted and paged by the
+    /// database), without profiles, and how many match in all.
+    func plants(owner: String, matching request: Care.ListPlants.Request) throws -> Care.ListPlants.Reply
+    /// The counts of ``Care/Statistics``: plants added from `monthStart`, tasks showing
+    /// from `now` to `weekEnd`, tasks showing before `now`.
+    func statistics(owner: String, monthStart: Date, now: Date, weekEnd: Date) throws -> Care.Statistics.Reply
+    /// The owner's preferences, or the defaults.
+    func preferences(owner: String) throws -> Care.Preferences
+
+    func task(owner: String, id: String) throws -> StoredTask?
+    /// The tasks of one plant.
+    func tasks(owner: String, plantID: String) throws -> [StoredTask]
+    /// The owner's tasks in the order they show, those showing before `before` when given,
+    /// at most `limit`.
+    func tasks(owner: String, showingBefore before: Date?, limit: Int) throws -> [StoredTask]
+    /// The plant's task that shows first, if it has any (an indexed look-up).
+    func nextTask(owner: String, plantID: String) throws -> StoredTask?
+    /// How many custom tasks the plant has.
+    func customTaskCount(owner: String, plantID: String) throws -> Int
+    /// The plant's care log, newest first, at most `limit` entries.
+    func careLog(owner: String, plantID: String, limit: Int) throws -> [Care.LogEntry]
+}
+
+/// What a write transaction can change (it reads too).
+protocol CareWrites: CareReads {
+    /// Writes a plant (new or changed) with every derived column; `override` is the care
+    /// profile the person set, if any. Its tasks and log stay.
+    func save(_ plant: Care.Plant, owner: String, override: Care.Profile?) throws
+    /// Deletes a plant with its tasks and care log.
+    func deletePlant(owner: String, id: String) throws
+    func savePreferences(_ preferences: Care.Preferences, owner: String) throws
+    /// Writes a task (new or changed), its snooze cleared.
+    func saveTask(_ task: StoredTask) throws
+    func deleteTask(owner: String, id: String) throws
+    /// Shows the task at `until`, its rule unchanged.
+    func snoozeTask(owner: String, id: String, until: Date) throws
+    /// Logs care done.
+    func logCare(owner: String, plantID: String, kind: Care.TaskKind, at: Date) throws
+    /// Records a follow-up for another service, delivered by the outbox until confirmed.
+    func enqueue(owner: String, service: String, operation: String, body: [UInt8], now: Date) throws
+    /// Asks for the owner's reminder window to be handed over again; one pending request per
+    /// owner is enough (the window is read when it is sent). A pending one is marked asked
+    /// again (its generation bumped): it may be on its way with a window read before this
+    /// change, and is then sent again rather than deleted (see ``Outbox``).
+    func enqueueReminderSync(owner: String, now: Date) throws
+}
+
+/// A task as kept: what the person sees, and what its rule needs to move on.
+struct StoredTask: Sendable, Equatable {
+    var task: Care.Task
+    var owner: String
+    /// Where its rule counts from: when the care was last done (or the plant added).
+    var anchor: Date
+    /// A custom task's interval in days.
+    var everyDays: Int?
+
+    /// When it shows: at its snooze, else when due.
+    var showAt: Date { task.snoozedUntil ?? task.due }
+}
+
+/// One follow-up in the outbox.
+struct FollowUp: Sendable, Equatable {
+    var id: Int64
+    var owner: String
+    var service: String
+    var operation: String
+    var body: [UInt8]
+    /// Attempts that failed so far.
+    var attempts: Int
+    /// Bumped when a change asks again for a pending reminder sync.
+    var generation: Int64
+
+    /// What became of one follow-up.
+    enum Outcome: Sendable, Equatable {
+        case confirmed(id: Int64, generation: Int64)
+        case failed(id: Int64, attempts: Int, error: String)
+    }
+
+    /// How long a follow-up that failed `attempts` times before waits: 1, 2, 4 … up to 300 s.
+    static func backoff(afterAttempts attempts: Int) -> TimeInterval {
+        min(300, pow(2, Double(attempts)))
+    }
+}

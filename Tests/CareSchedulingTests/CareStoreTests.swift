@@ -1,0 +1,148 @@
+import CanopyMessages
+import Foundation
+import Synchronization
+import Testing
+@testable import CareScheduling
+
+/// The store contract (``CareStoring``) on its own, without the library's rules: what any
+/// implementation must do. It runs against each implementation there is (SQLite today).
+struct CareStoreTests {
+    /// Every implementation, each opened fresh in a temporary directory.
+    static let implementations = ["sqlite"]
+
+    static func open(_ implementation: String) throws -> (any CareStoring, cleanup: () -> Void) {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-care-store-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        let store: any CareStoring = switch implementation {
+        default: try CareStore(path: directory.appendingPathComponent("care.sqlite").path)
+        }
+        return (store, { try? FileManager.default.removeItem(at: directory) })
+    }
+
+    let start = Date(timeIntervalSince1970: 1_780_000_000)
+
+    func task(_ id: String, plant: String, owner: String, due: TimeInterval, kind: Care.TaskKind = .water) -> StoredTask {
+        StoredTask(task: Care.Task(id: id, plantID: plant, kind: kind, title: id, due: start.addingTimeInterval(due)), owner: owner,
+                   anchor: start, everyDays: kind == .custom ? 3 : nil)
+    }
+
+    /// Alice's plant p1 with a water task due in a day, and whatever `more` writes.
+    func aliceWithAPlant(_ store: any CareStoring, _ more: (any CareWrites) throws -> Void) throws {
+        try store.write { (data: any CareWrites) throws in
+            try data.save(Care.Plant(id: "p1", scientificName: "Ficus lyrata", dateAdded: start), owner: "alice", override: nil)
+            try data.saveTask(task("p1:water", plant: "p1", owner: "alice", due: 86_400))
+            try more(data)
+        }
+    }
+
+    @Test(arguments: implementations)
+    func everythingIsScopedToItsOwner(_ implementation: String) throws {
+        let (store, cleanup) = try Self.open(implementation)
+        defer { cleanup() }
+        try aliceWithAPlant(store) { data in
+            try data.logCare(owner: "alice", plantID: "p1", kind: .water, at: start)
+        }
+        try store.read { (data: any CareReads) throws in
+            #expect(try data.plant(owner: "alice", id: "p1")?.profile != nil, "the catalog's profile")
+            #expect(try data.plant(owner: "bob", id: "p1") == nil)
+            #expect(try !data.hasPlant(owner: "bob", id: "p1"))
+            #expect(try data.plantIDTaken("p1"))
+            #expect(try data.task(owner: "bob", id: "p1:water") == nil)
+            #expect(try data.tasks(owner: "bob", plantID: "p1").isEmpty)
+            #expect(try data.careLog(owner: "bob", plantID: "p1", limit: 10).isEmpty)
+            #expect(try data.careLog(owner: "alice", plantID: "p1", limit: 10).count == 1)
+            #expect(try data.plants(owner: "bob", matching: .init()).total == 0)
+        }
+        // Bob's delete and snooze change nothing of alice's.
+        try store.write { (data: any CareWrites) throws in
+            try data.deletePlant(owner: "bob", id: "p1")
+            try data.snoozeTask(owner: "bob", id: "p1:water", until: start)
+            try data.deleteTask(owner: "bob", id: "p1:water")
+        }
+        #expect(try store.read { data in try data.task(owner: "alice", id: "p1:water")?.task.snoozedUntil } == nil)
+        // Deleting a plant takes its tasks and log with it.
+        try store.write { data in try data.deletePlant(owner: "alice", id: "p1") }
+        try store.read { (data: any CareReads) throws in
+            #expect(try data.task(owner: "alice", id: "p1:water") == nil)
+            #expect(try data.careLog(owner: "alice", plantID: "p1", limit: 10).isEmpty)
+        }
+    }
+
+    @Test(arguments: implementations)
+    func tasksShowInOrderAndASnoozeMovesOnlyWhenOneShows(_ implementation: String) throws {
+        let (store, cleanup) = try Self.open(implementation)
+        defer { cleanup() }
+        try aliceWithAPlant(store) { data in
+            try data.saveTask(task("p1:custom:a", plant: "p1", owner: "alice", due: 2 * 86_400, kind: .custom))
+            try data.snoozeTask(owner: "alice", id: "p1:water", until: start.addingTimeInterval(3 * 86_400))
+        }
+        try store.read { (data: any CareReads) throws in
+            #expect(try data.nextTask(owner: "alice", plantID: "p1")?.task.id == "p1:custom:a", "the snoozed one shows later")
+            #expect(try data.tasks(owner: "alice", showingBefore: nil, limit: 10).map(\.task.id) == ["p1:custom:a", "p1:water"])
+            #expect(try data.tasks(owner: "alice", showingBefore: start.addingTimeInterval(2.5 * 86_400), limit: 10).map(\.task.id) == ["p1:custom:a"])
+            #expect(try data.customTaskCount(owner: "alice", plantID: "p1") == 1)
+            #expect(try data.task(owner: "alice", id: "p1:custom:a")?.everyDays == 3)
+        }
+        // Saving a task again clears its snooze.
+        try store.write { data in try data.saveTask(task("p1:water", plant: "p1", owner: "alice", due: 86_400)) }
+        #expect(try store.read { data in try data.nextTask(owner: "alice", plantID: "p1")?.task.id } == "p1:water")
+    }
+
+    @Test(arguments: implementations)
+    func aWriteThatThrowsChangesNothing(_ implementation: String) throws {
+        let (store, cleanup) = try Self.open(implementation)
+        defer { cleanup() }
+        struct Refused: Error {}
+        #expect(throws: Refused.self) {
+            try store.write { (data: any CareWrites) throws in
+                try data.save(Care.Plant(id: "p1", scientificName: "Ficus lyrata", dateAdded: start), owner: "alice", override: nil)
+                try data.enqueueReminderSync(owner: "alice", now: start)
+                throw Refused()
+            }
+        }
+        #expect(try store.read { data in try data.plantCount(owner: "alice") } == 0)
+        #expect(try store.nextFollowUpDue(after: .distantPast) == nil)
+    }
+
+    @Test(arguments: implementations)
+    func followUpsWaitInLanesAndBackOff(_ implementation: String) async throws {
+        let (store, cleanup) = try Self.open(implementation)
+        defer { cleanup() }
+        let commits = Atomic<Int>(0)
+        let observation = store.observeFollowUps { commits.add(1, ordering: .relaxed) }
+        defer { observation.stop() }
+        try store.write { (data: any CareWrites) throws in
+            try data.enqueue(owner: "alice", service: "images", operation: "images.purge", body: [1], now: start)
+            try data.enqueue(owner: "alice", service: "images", operation: "images.purge", body: [2], now: start)
+            try data.enqueue(owner: "bob", service: "images", operation: "images.purge", body: [3], now: start)
+        }
+        #expect(commits.load(ordering: .relaxed) == 1, "one commit, one wake-up")
+        let due = try await store.dueFollowUps(now: start, limit: 10)
+        #expect(due.map(\.body) == [[1], [2], [3]])
+        // Alice's first fails: her second waits behind it; bob's is confirmed.
+        try store.settle([.failed(id: due[0].id, attempts: 0, error: "down"), .confirmed(id: due[2].id, generation: due[2].generation)], now: start)
+        #expect(try await store.dueFollowUps(now: start, limit: 10).isEmpty, "alice's lane waits for its retry")
+        // The next time anything can go is the retry, not the second one already due behind it
+        // (an outbox sleeping until then does not turn without pause).
+        #expect(try store.nextFollowUpDue(after: start) == start.addingTimeInterval(1))
+        let retried = try await store.dueFollowUps(now: start.addingTimeInterval(1), limit: 10)
+        #expect(retried.map(\.body) == [[1], [2]] && retried[0].attempts == 1)
+        #expect(try await store.pendingFollowUps().count == 2)
+        #expect(try await store.pendingFollowUps().oldest == start)
+    }
+
+    @Test(arguments: implementations)
+    func aReminderSyncAskedAgainIsOneRowWithANewGeneration(_ implementation: String) async throws {
+        let (store, cleanup) = try Self.open(implementation)
+        defer { cleanup() }
+        try store.write { data in try data.enqueueReminderSync(owner: "alice", now: start) }
+        let sent = try #require(try await store.dueFollowUps(now: start, limit: 10).first)
+        try store.write { data in try data.enqueueReminderSync(owner: "alice", now: start) } // while it is on its way
+        // Confirmed with the generation it was read at: it stays, for the newer window.
+        try store.settle([.confirmed(id: sent.id, generation: sent.generation)], now: start)
+        let again = try await store.dueFollowUps(now: start, limit: 10)
+        #expect(again.count == 1 && again[0].id == sent.id && again[0].generation == sent.generation + 1)
+        try store.settle([.confirmed(id: again[0].id, generation: again[0].generation)], now: start)
+        #expect(try await store.pendingFollowUps().count == 0)
+    }
+}
