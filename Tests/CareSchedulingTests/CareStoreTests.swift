@@ -1,4 +1,5 @@
 import CanopyMessages
+import CanopyTesting
 import Foundation
 import Synchronization
 import Testing
@@ -11,12 +12,11 @@ struct CareStoreTests {
     static let implementations = ["sqlite"]
 
     static func open(_ implementation: String) throws -> (any CareStoring, cleanup: () -> Void) {
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-care-store-\(UUID().uuidString)")
-        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        let directory = try TemporaryDirectory("care-store")
         let store: any CareStoring = switch implementation {
-        default: try CareStore(path: directory.appendingPathComponent("care.sqlite").path)
+        default: try CareStore(path: directory.path("care.sqlite"))
         }
-        return (store, { try? FileManager.default.removeItem(at: directory) })
+        return (store, directory.remove)
     }
 
     let start = Date(timeIntervalSince1970: 1_780_000_000)

@@ -22,8 +22,8 @@ struct APNsTests {
         let clock: ManualClock
         let directory: URL
 
-        func device(_ token: String = APNsTests.phone, owner: String = "alice") -> ReminderStore.DeviceRecord {
-            ReminderStore.DeviceRecord(device: Reminders.Device(id: "device-\(token.prefix(6))", channel: .apns, address: token, name: "iPhone",
+        func device(_ token: String = APNsTests.phone, owner: String = "alice") -> DeviceRecord {
+            DeviceRecord(device: Reminders.Device(id: "device-\(token.prefix(6))", channel: .apns, address: token, name: "iPhone",
                                                                 active: true, registeredAt: APNsTests.start), owner: owner)
         }
 

@@ -293,7 +293,7 @@ struct DispatcherTests {
             ]
             let notification = ReminderNotification(id: ReminderNotification.key(deviceID: device.id, reminders: reminders.map { ($0.taskID, $0.due.timeIntervalSince1970) }),
                                                     reminders: reminders)
-            let record = try await setup.store.database.read { db in try setup.store.device(db, owner: "erin", id: device.id) }
+            let record = try await setup.store.read { data in try data.device(owner: "erin", id: device.id) }
             #expect(await channel.deliver(notification, to: try #require(record)) == .accepted("HTTP 200"))
             let received = try #require(setup.receiver.received.last)
             #expect(received.path == "/plants-alice")
@@ -339,7 +339,7 @@ struct DispatcherTests {
             let device = try setup.library.register(.init(channel: .webhook, address: setup.webhook, name: "old", secret: Self.secret), owner: "frank")
             let strict = WebhookChannel(http: try notificationHTTP(allowedHosts: []))
             let outcome = await strict.deliver(ReminderNotification(id: "00000000-0000-0000-0000-000000000001", reminders: []),
-                                               to: try #require(try await setup.store.database.read { db in try setup.store.device(db, owner: "frank", id: device.id) }))
+                                               to: try #require(try await setup.store.read { data in try data.device(owner: "frank", id: device.id) }))
             guard case .rejected(let reason, deactivate: false) = outcome else { Issue.record("\(outcome)"); return }
             #expect(reason.contains("internal"))
             #expect(setup.receiver.received.isEmpty, "nothing reached the internal address")

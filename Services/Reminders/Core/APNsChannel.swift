@@ -125,7 +125,7 @@ final class APNsChannel: NotificationChannel, Service {
         try await client.shutdown()
     }
 
-    func deliver(_ notification: ReminderNotification, to device: ReminderStore.DeviceRecord) async -> DeliveryOutcome {
+    func deliver(_ notification: ReminderNotification, to device: DeviceRecord) async -> DeliveryOutcome {
         guard let payload = try? Self.payload(notification) else {
             return .rejected("the notification does not fit APNs' 4,096 bytes", deactivate: false)
         }

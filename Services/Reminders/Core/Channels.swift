@@ -60,19 +60,19 @@ enum DeliveryOutcome: Sendable, Equatable {
 /// ``APNsChannel``.
 protocol NotificationChannel: Sendable {
     var kind: Reminders.Channel { get }
-    func deliver(_ notification: ReminderNotification, to device: ReminderStore.DeviceRecord) async -> DeliveryOutcome
+    func deliver(_ notification: ReminderNotification, to device: DeviceRecord) async -> DeliveryOutcome
     /// Who receives a delivery to `device`, for the dispatcher's bound per destination: a
     /// receiver anyone can register (a webhook's or ntfy server's host) is one destination,
     /// so a slow one holds only its own deliveries. `nil` for channels with no such bound
     /// (APNs, one trusted provider; the log).
-    func destination(of device: ReminderStore.DeviceRecord) -> String?
+    func destination(of device: DeviceRecord) -> String?
 }
 
 extension NotificationChannel {
-    func destination(of device: ReminderStore.DeviceRecord) -> String? { nil }
+    func destination(of device: DeviceRecord) -> String? { nil }
 
     /// The lowercased host of the device's address, as the destination of HTTP channels.
-    func hostDestination(of device: ReminderStore.DeviceRecord) -> String? {
+    func hostDestination(of device: DeviceRecord) -> String? {
         URLComponents(string: device.device.address)?.host.map { "\(kind.rawValue):\($0.lowercased())" } ?? "\(kind.rawValue):?"
     }
 }
@@ -82,7 +82,7 @@ struct LogChannel: NotificationChannel {
     let logger: Logger
     var kind: Reminders.Channel { .log }
 
-    func deliver(_ notification: ReminderNotification, to device: ReminderStore.DeviceRecord) async -> DeliveryOutcome {
+    func deliver(_ notification: ReminderNotification, to device: DeviceRecord) async -> DeliveryOutcome {
         logger.info("remind.notification", metadata: [
             "remind.id": "\(notification.id)", "remind.device": "\(device.device.id)", "remind.title": "\(notification.title)",
             "remind.reminders": "\(notification.reminders.count)",
@@ -138,7 +138,7 @@ struct WebhookChannel: NotificationChannel {
     let http: PinnedHTTP
     var now: @Sendable () -> Date = { Date() }
     var kind: Reminders.Channel { .webhook }
-    func destination(of device: ReminderStore.DeviceRecord) -> String? { hostDestination(of: device) }
+    func destination(of device: DeviceRecord) -> String? { hostDestination(of: device) }
     let codec = MessageCodec()
 
     /// The JSON body a receiver gets.
@@ -148,7 +148,7 @@ struct WebhookChannel: NotificationChannel {
         var data: ReminderNotification
     }
 
-    func deliver(_ notification: ReminderNotification, to device: ReminderStore.DeviceRecord) async -> DeliveryOutcome {
+    func deliver(_ notification: ReminderNotification, to device: DeviceRecord) async -> DeliveryOutcome {
         guard let secret = device.secret, let key = Self.key(secret) else {
             return .rejected("the webhook has no valid signing secret; register it again", deactivate: false)
         }
@@ -185,9 +185,9 @@ struct NtfyChannel: NotificationChannel {
     /// Connects only to checked public addresses, and gives up after its total timeout.
     let http: PinnedHTTP
     var kind: Reminders.Channel { .ntfy }
-    func destination(of device: ReminderStore.DeviceRecord) -> String? { hostDestination(of: device) }
+    func destination(of device: DeviceRecord) -> String? { hostDestination(of: device) }
 
-    func deliver(_ notification: ReminderNotification, to device: ReminderStore.DeviceRecord) async -> DeliveryOutcome {
+    func deliver(_ notification: ReminderNotification, to device: DeviceRecord) async -> DeliveryOutcome {
         var request = PinnedHTTP.Request(url: device.device.address, method: .POST, body: Array(notification.body.utf8))
         request.headers.add(name: "Title", value: Self.headerSafe(notification.title))
         request.headers.add(name: "Tags", value: Self.tags(notification))

@@ -1,9 +1,7 @@
 import CanopyMessages
 import CanopyServiceKit
 import Foundation
-import GRDB
 import DequeModule
-import HeapModule
 import Logging
 import ServiceLifecycle
 import Synchronization
@@ -78,25 +76,22 @@ public struct DispatchSettings: Sendable {
 /// own, at most ``DispatchSettings/concurrency`` in flight in all and
 /// ``DispatchSettings/perDestination`` to one receiving host (``DeliverySlots``), so a slow or
 /// dead webhook costs only its own reminders' time.
+///
+/// The decisions (what is due, what a digest holds, when to retry) are ``DispatchPlan``'s,
+/// the data the store's (``ReminderStoring``); this type keeps the time and delivers.
 public final class Dispatcher: Service, Sendable {
-    let store: ReminderStore
+    let store: any ReminderStoring
     let channels: [Reminders.Channel: any NotificationChannel]
     let clock: any ReminderClock
     let settings: DispatchSettings
+    let plan: DispatchPlan
     let logger: Logger
     let metrics = ReminderMetrics()
     /// Asks canopy-care for a person's fresh window (and syncs it).
     let refill: (@Sendable (String) async -> Void)?
 
-    private struct Entry: Comparable {
-        var at: Double
-        var id: Int64
-        static func < (lhs: Self, rhs: Self) -> Bool { (lhs.at, lhs.id) < (rhs.at, rhs.id) }
-    }
-
     private struct State {
-        var reminders = Heap<Entry>()
-        var sends = Heap<Entry>()
+        var due = DispatchPlan.DueQueue()
         /// When each person's window was last checked for a refill, and the same in the order
         /// of the checks, so that the oldest are forgotten first.
         var lastRefill: [String: Date] = [:]
@@ -117,12 +112,13 @@ public final class Dispatcher: Service, Sendable {
     static let refillMemory = 65_536
     private let wakeup = Wakeup()
 
-    init(store: ReminderStore, channels: [any NotificationChannel], clock: any ReminderClock = SystemReminderClock(), settings: DispatchSettings = .init(),
+    init(store: any ReminderStoring, channels: [any NotificationChannel], clock: any ReminderClock = SystemReminderClock(), settings: DispatchSettings = .init(),
          refill: (@Sendable (String) async -> Void)? = nil, logger: Logger) {
         self.store = store
         self.channels = Dictionary(uniqueKeysWithValues: channels.map { ($0.kind, $0) })
         self.clock = clock
         self.settings = settings
+        plan = DispatchPlan(settings: settings)
         self.refill = refill
         self.logger = logger
         state = Mutex(State(slots: DeliverySlots(total: settings.concurrency, perDestination: settings.perDestination,
@@ -135,29 +131,23 @@ public final class Dispatcher: Service, Sendable {
     /// what syncs cost.
     func schedule(_ entries: [(id: Int64, fireAt: Double)]) {
         guard !entries.isEmpty else { return }
-        let earlier = state.withLock { state -> Bool in
-            let earliest = [state.reminders.min?.at, state.sends.min?.at].compactMap { $0 }.min()
-            for entry in entries { state.reminders.insert(Entry(at: entry.fireAt, id: entry.id)) }
-            return earliest.map { earliest in entries.contains { $0.fireAt < earliest } } ?? true
-        }
+        let earlier = state.withLock { $0.due.schedule(entries) }
         if earlier { wakeup.signal() }
     }
 
     /// Reminders and sends held in memory now.
     public var held: (reminders: Int, sends: Int) {
-        state.withLock { ($0.reminders.count, $0.sends.count) }
+        state.withLock { ($0.due.reminders.count, $0.due.sends.count) }
     }
 
     public func run() async throws {
-        var entries: [Entry] = []
-        try store.forEachPending { id, fireAt in entries.append(Entry(at: fireAt, id: id)) }
+        var entries: [DispatchPlan.DueQueue.Entry] = []
+        try store.forEachPending { id, fireAt in entries.append(.init(at: fireAt, id: id)) }
         let reminders = entries.count
         let sends = try store.pendingSends()
         state.withLock { state in
-            // Merged with what was scheduled while loading (a sync during start-up): an entry
-            // twice does no harm, since a due reminder is checked against the store.
-            state.reminders = Heap(entries + state.reminders.unordered)
-            state.sends = Heap(sends.map { Entry(at: $0.nextAttempt, id: $0.id) } + state.sends.unordered)
+            // Merged with what was scheduled while loading (a sync during start-up).
+            state.due.load(reminders: entries, sends: sends.map { .init(at: $0.nextAttempt, id: $0.id) })
             state.loaded = true
         }
         entries = []
@@ -196,12 +186,9 @@ public final class Dispatcher: Service, Sendable {
     func turn() async throws {
         let now = clock.now().timeIntervalSince1970
         let (dueReminders, dueSends, next) = state.withLock { state -> ([Int64], [Int64], Double?) in
-            var reminders: [Int64] = [], sends: [Int64] = []
-            while let first = state.reminders.min, first.at <= now { reminders.append(state.reminders.removeMin().id) }
-            while let first = state.sends.min, first.at <= now { sends.append(state.sends.removeMin().id) }
-            let next = [state.reminders.min?.at, state.sends.min?.at].compactMap { $0 }.min()
-            metrics.held(reminders: state.reminders.count, sends: state.sends.count)
-            return (reminders, sends, next)
+            let (reminders, sends) = state.due.takeDue(at: now)
+            metrics.held(reminders: state.due.reminders.count, sends: state.due.sends.count)
+            return (reminders, sends, state.due.wake)
         }
         if dueReminders.isEmpty && dueSends.isEmpty {
             await wait(until: next.map(Date.init(timeIntervalSince1970:)))
@@ -215,8 +202,8 @@ public final class Dispatcher: Service, Sendable {
             } catch {
                 // Nothing was written: they come round again in a second, with the sends due now.
                 state.withLock { state in
-                    for id in dueReminders { state.reminders.insert(Entry(at: now + 1, id: id)) }
-                    for id in dueSends { state.sends.insert(Entry(at: now + 1, id: id)) }
+                    for id in dueReminders { state.due.remind(id, at: now + 1) }
+                    for id in dueSends { state.due.retry(id, at: now + 1) }
                 }
                 throw error
             }
@@ -243,54 +230,33 @@ public final class Dispatcher: Service, Sendable {
     // MARK: - Reminders due
 
     /// Turns due reminders into sends, in one transaction: each person's reminders due within
-    /// the digest window make one notification per active device. Stale ones are recorded as
-    /// such; without an active device a reminder counts as done.
+    /// the digest window make one notification per active device (``DispatchPlan/digest(_:now:devices:)``).
+    /// Stale ones are recorded as such; without an active device a reminder counts as done.
     ///
     /// - Returns: the sends to deliver, and the people whose reminders went.
     func prepare(_ ids: [Int64], now: Date) throws -> (sends: [Int64], owners: Set<String>) {
-        let nowSeconds = now.timeIntervalSince1970
-        let horizon = nowSeconds + settings.digestWindow.seconds
-        let staleBefore = nowSeconds - settings.staleness.seconds
-        return try store.database.write { db in
-            var owners: [String: [ReminderStore.ReminderRow]] = [:]
-            for chunk in stride(from: 0, to: ids.count, by: 500).map({ Array(ids[$0..<min($0 + 500, ids.count)]) }) {
-                let rows = try Row.fetchAll(db, sql: "SELECT * FROM reminders WHERE state = 'pending' AND id IN (\(chunk.map { _ in "?" }.joined(separator: ",")))",
-                                            arguments: StatementArguments(chunk))
-                for row in rows.map(ReminderStore.reminder) where row.fireAt.timeIntervalSince1970 <= nowSeconds {
-                    owners[row.owner, default: []].append(row) // moved later by a sync: its new time is in the heap
-                }
+        let (plan, logger) = (self.plan, self.logger)
+        return try store.write { data in
+            var owners: [String: [ReminderRow]] = [:]
+            for row in try data.pendingReminders(ids: ids) where row.fireAt <= now {
+                owners[row.owner, default: []].append(row) // moved later by a sync: its new time is in the queue
             }
             var created: [Int64] = []
             for (owner, due) in owners {
                 // The rest of the digest window comes along.
                 let taken = Set(due.map(\.id))
-                let companions = try Row.fetchAll(try db.cachedStatement(sql: "SELECT * FROM reminders WHERE owner = ? AND state = 'pending' AND fireAt > ? AND fireAt <= ?"),
-                                                  arguments: [owner, nowSeconds, horizon]).map(ReminderStore.reminder).filter { !taken.contains($0.id) }
-                let all = due + companions
-                let stale = all.filter { $0.fireAt.timeIntervalSince1970 < staleBefore }
-                for row in stale {
-                    try db.run("UPDATE reminders SET state = 'stale', updatedAt = ? WHERE id = ?", arguments: [nowSeconds, row.id])
+                let companions = try data.pendingReminders(owner: owner, firingAfter: now, through: plan.digestHorizon(now: now)).filter { !taken.contains($0.id) }
+                let digest = try plan.digest(due + companions, now: now) { try data.devices(owner: owner, activeOnly: true) }
+                try data.setState(.stale, ofReminders: digest.stale.map(\.id), at: now)
+                for row in digest.stale {
                     logger.info("remind.stale", metadata: ["remind.task": "\(row.reminder.taskID)", "remind.due": "\(row.reminder.due.formatted(.iso8601))"])
                 }
-                let fresh = all.filter { $0.fireAt.timeIntervalSince1970 >= staleBefore }
-                guard !fresh.isEmpty else { continue }
-                let devices = try store.devices(db, owner: owner, activeOnly: true)
-                let state = devices.isEmpty ? "delivered" : "sending"
-                for row in fresh {
-                    try db.run("UPDATE reminders SET state = ?, updatedAt = ? WHERE id = ?", arguments: [state, nowSeconds, row.id])
-                }
-                for device in devices {
-                    let key = ReminderNotification.key(deviceID: device.device.id, reminders: fresh.map { ($0.reminder.taskID, $0.reminder.due.timeIntervalSince1970) })
-                    let notification = ReminderNotification(id: key, reminders: fresh.map(\.reminder))
-                    try db.run("""
-                        INSERT OR IGNORE INTO sends (owner, deviceID, idempotencyKey, notification, nextAttempt, state, createdAt) VALUES (?, ?, ?, ?, ?, 'pending', ?)
-                        """, arguments: [owner, device.device.id, key, Data(try store.codec.encode(notification)), nowSeconds, nowSeconds])
-                    guard db.changesCount > 0 else { continue }
-                    let send = db.lastInsertedRowID
-                    for row in fresh {
-                        try db.run("INSERT INTO sendReminders (sendID, reminderID) VALUES (?, ?)", arguments: [send, row.id])
+                guard !digest.fresh.isEmpty else { continue }
+                try data.setState(digest.state, ofReminders: digest.fresh.map(\.id), at: now)
+                for (deviceID, notification) in digest.notifications {
+                    if let send = try data.insertSend(owner: owner, deviceID: deviceID, notification: notification, reminderIDs: digest.fresh.map(\.id), at: now) {
+                        created.append(send)
                     }
-                    created.append(send)
                 }
             }
             return (created, Set(owners.keys))
@@ -314,11 +280,8 @@ public final class Dispatcher: Service, Sendable {
             return false
         }
         guard !recent else { return false }
-        let (count, last) = (try? store.database.read { db -> (Int, Double?) in
-            let row = try Row.fetchOne(try db.cachedStatement(sql: "SELECT COUNT(*) AS count, MAX(fireAt) AS last FROM reminders WHERE owner = ? AND state = 'pending'"), arguments: [owner])
-            return (row?["count"] ?? 0, row?["last"])
-        }) ?? (0, nil)
-        return count < settings.refillBelow || (last ?? 0) < now.timeIntervalSince1970 + settings.refillHorizon.seconds
+        let (count, last) = (try? store.read { data in try data.pendingSummary(owner: owner) }) ?? (0, nil)
+        return count < settings.refillBelow || (last ?? .distantPast) < now.addingTimeInterval(settings.refillHorizon.seconds)
     }
 
     // MARK: - Delivering
@@ -363,7 +326,7 @@ public final class Dispatcher: Service, Sendable {
         } catch {
             logger.error("remind.deliver.failed", metadata: ["remind.send": "\(start.id)", "remind.error": "\(error)"])
             let now = clock.now().timeIntervalSince1970
-            state.withLock { $0.sends.insert(Entry(at: now + 1, id: start.id)) } // again in a second
+            state.withLock { $0.due.retry(start.id, at: now + 1) } // again in a second
         }
         state.withLock { $0.slots.finish(destination: destination, quickly: quickly) }
         startFreed()
@@ -409,22 +372,17 @@ public final class Dispatcher: Service, Sendable {
 
     /// A send and its device; `nil` when the send is no longer pending (finished or cancelled
     /// meanwhile).
-    private func load(_ sendID: Int64) throws -> (Row, ReminderStore.DeviceRecord?)? {
-        try store.database.read { db -> (Row, ReminderStore.DeviceRecord?)? in
-            guard let send = try Row.fetchOne(try db.cachedStatement(sql: "SELECT * FROM sends WHERE id = ? AND state = 'pending'"), arguments: [sendID]) else { return nil }
-            let device = try Row.fetchOne(try db.cachedStatement(sql: "SELECT * FROM devices WHERE id = ?"), arguments: [send["deviceID"] as String]).map(ReminderStore.device)
-            return (send, device)
-        }
+    private func load(_ sendID: Int64) throws -> (StoredSend, DeviceRecord?)? {
+        try store.read { data in try data.pendingSend(id: sendID) }
     }
 
     /// Tries one send through its device's channel.
-    private func attempt(_ send: Row, device: ReminderStore.DeviceRecord?, channel: (any NotificationChannel)?) async throws -> Attempt {
+    private func attempt(_ send: StoredSend, device: DeviceRecord?, channel: (any NotificationChannel)?) async throws -> Attempt {
         let outcome: DeliveryOutcome
         var due: Date?
         if let device, device.device.active, let channel {
-            let notification = try store.codec.decode(ReminderNotification.self, from: [UInt8](send["notification"] as Data))
-            due = notification.reminders.map(\.due).min()
-            outcome = await channel.deliver(notification, to: device)
+            due = send.notification.reminders.map(\.due).min()
+            outcome = await channel.deliver(send.notification, to: device)
         } else if let device, !device.device.active {
             outcome = .rejected("the device is inactive: \(device.device.deactivatedReason ?? "deactivated")", deactivate: false)
         } else if let device {
@@ -433,73 +391,64 @@ public final class Dispatcher: Service, Sendable {
             outcome = .rejected("the device was removed", deactivate: false)
         }
         metrics.attempt(outcome, lateBy: due.map { clock.now().timeIntervalSince($0) })
-        return Attempt(sendID: send["id"], attempt: send["attempts"] + 1, deviceID: send["deviceID"], outcome: outcome, due: due)
+        return Attempt(sendID: send.id, attempt: send.attempts + 1, deviceID: send.deviceID, outcome: outcome, due: due)
     }
 
     /// Writes attempts' outcomes in one transaction: each send finished (delivered or given
-    /// up) or scheduled again; its reminders finished once none of their sends is pending.
+    /// up) or scheduled again (``DispatchPlan/update(after:attempt:now:jitter:)``); its
+    /// reminders finished once none of their sends is pending.
     private func record(_ attempts: [Attempt]) {
         guard !attempts.isEmpty else { return }
-        let now = clock.now().timeIntervalSince1970
-        var retries: [Entry] = []
+        let now = clock.now()
+        let (plan, logger) = (self.plan, self.logger)
+        var retries: [(Int64, Double)] = []
         do {
-            try store.database.write { db in
+            try store.write { data in
                 for attempt in attempts {
-                    if let retryAt = try record(attempt, db: db, now: now) { retries.append(Entry(at: retryAt, id: attempt.sendID)) }
+                    // Its plant was deleted while it was on its way: nothing of it is kept.
+                    guard try data.sendExists(id: attempt.sendID) else { continue }
+                    let update = plan.update(after: attempt.outcome, attempt: attempt.attempt, now: now.timeIntervalSince1970, jitter: Double.random(in: 0.8...1.2))
+                    logger.info("remind.attempt", metadata: ["remind.send": "\(attempt.sendID)", "remind.attempt": "\(attempt.attempt)",
+                                                            "remind.outcome": "\(attempt.outcome.label)", "remind.detail": "\(attempt.outcome.detail)"])
+                    try data.record(attempt, update: update, at: now)
+                    if case .retry(let at, _) = update {
+                        retries.append((attempt.sendID, at))
+                    } else {
+                        try data.settleReminders(ofSend: attempt.sendID, at: now)
+                    }
                 }
             }
         } catch {
             // Not written: the sends stay pending; they go again in a second (the receiver may
             // see their keys twice).
             logger.error("remind.record.failed", metadata: ["remind.sends": "\(attempts.count)", "remind.error": "\(error)"])
-            state.withLock { state in for attempt in attempts { state.sends.insert(Entry(at: now + 1, id: attempt.sendID)) } }
+            let again = now.timeIntervalSince1970 + 1
+            state.withLock { state in for attempt in attempts { state.due.retry(attempt.sendID, at: again) } }
             wakeup.signal()
             return
         }
         if !retries.isEmpty {
-            state.withLock { state in for entry in retries { state.sends.insert(entry) } }
+            state.withLock { state in for (id, at) in retries { state.due.retry(id, at: at) } }
             wakeup.signal()
         }
     }
+}
 
-    /// One attempt's rows; returns when to try again, if it is to be.
-    private func record(_ attempt: Attempt, db: Database, now: Double) throws -> Double? {
-        let (sendID, number) = (attempt.sendID, attempt.attempt)
-        // Its plant was deleted while it was on its way: nothing of it is kept.
-        guard try Bool.fetchOne(try db.cachedStatement(sql: "SELECT 1 FROM sends WHERE id = ?"), arguments: [sendID]) != nil else { return nil }
-        let (label, detail): (String, String) = switch attempt.outcome {
-        case .accepted(let detail): ("accepted", detail)
-        case .retry(let detail): ("retry", detail)
-        case .rejected(let detail, _): ("rejected", detail)
+extension DeliveryOutcome {
+    /// How an attempt is recorded: accepted, retry or rejected.
+    var label: String {
+        switch self {
+        case .accepted: "accepted"
+        case .retry: "retry"
+        case .rejected: "rejected"
         }
-        logger.info("remind.attempt", metadata: ["remind.send": "\(sendID)", "remind.attempt": "\(number)", "remind.outcome": "\(label)", "remind.detail": "\(detail)"])
-        try db.run("INSERT INTO attempts (sendID, attempt, at, outcome, detail) VALUES (?, ?, ?, ?, ?)", arguments: [sendID, number, now, label, detail])
-        switch attempt.outcome {
-        case .accepted:
-            try db.run("UPDATE sends SET state = 'delivered', attempts = ?, lastError = NULL WHERE id = ?", arguments: [number, sendID])
-        case .retry(let reason) where number < settings.maximumAttempts:
-            let pause = min(settings.maximumBackoff.seconds, settings.firstBackoff.seconds * pow(2, Double(number - 1))) * Double.random(in: 0.8...1.2)
-            try db.run("UPDATE sends SET attempts = ?, nextAttempt = ?, lastError = ? WHERE id = ?", arguments: [number, now + pause, reason, sendID])
-            return now + pause
-        case .retry(let reason), .rejected(let reason, deactivate: false):
-            try db.run("UPDATE sends SET state = 'failed', attempts = ?, lastError = ?, nextAttempt = ? WHERE id = ?", arguments: [number, reason, now, sendID])
-        case .rejected(let reason, deactivate: true):
-            try db.run("UPDATE sends SET state = 'failed', attempts = ?, lastError = ?, nextAttempt = ? WHERE id = ?", arguments: [number, reason, now, sendID])
-            try db.run("UPDATE devices SET active = 0, deactivatedReason = ? WHERE id = ?", arguments: [reason, attempt.deviceID])
+    }
+
+    /// What the channel answered.
+    var detail: String {
+        switch self {
+        case .accepted(let detail), .retry(let detail), .rejected(let detail, _): detail
         }
-        // Reminders with no send left pending: delivered when any device took them. One by
-        // primary key (a statement over every reminder being sent would scan them all).
-        let reminderIDs = try Int64.fetchAll(try db.cachedStatement(sql: "SELECT reminderID FROM sendReminders WHERE sendID = ?"), arguments: [sendID])
-        for reminderID in reminderIDs {
-            try db.run("""
-                UPDATE reminders SET updatedAt = ?, state = CASE
-                    WHEN EXISTS (SELECT 1 FROM sendReminders s CROSS JOIN sends ON sends.id = s.sendID WHERE s.reminderID = reminders.id AND sends.state = 'delivered') THEN 'delivered'
-                    ELSE 'failed' END
-                WHERE id = ? AND state = 'sending'
-                  AND NOT EXISTS (SELECT 1 FROM sendReminders s CROSS JOIN sends ON sends.id = s.sendID WHERE s.reminderID = reminders.id AND sends.state = 'pending')
-                """, arguments: [now, reminderID])
-        }
-        return nil
     }
 }
 

@@ -39,7 +39,7 @@ public struct ReminderService: BusService {
 extension Dispatcher {
     /// A test notification to one of `owner`'s devices, now, outside the reminder queue.
     func sendTest(deviceID: String, owner: String) async throws -> Reminders.SendTest.Reply {
-        guard let device = try await store.database.read({ [store] db in try store.device(db, owner: owner, id: deviceID) }) else {
+        guard let device = try await store.read({ data in try data.device(owner: owner, id: deviceID) }) else {
             throw CanopyError(.notFound, "no device \(deviceID) among yours; devices.list shows them")
         }
         guard let channel = channels[device.device.channel] else {
