@@ -198,6 +198,21 @@ let package = Package(
             swiftSettings: swiftSettings
         ),
 
+        // Made-up plant photos and multipart forms, as phones send them: for `canopy demo`,
+        // the tests and the benchmark, never for anything from users.
+        .target(
+            name: "CanopySamples",
+            dependencies: ["CVips", "CanopyImaging", "CanopyMessages"],
+            path: "Shared/CanopySamples",
+            swiftSettings: swiftSettings
+        ),
+        // The services a whole stack runs (`canopy up`, docker-compose.yml, the deployment tests).
+        .target(
+            name: "CanopyDeployment",
+            path: "Shared/CanopyDeployment",
+            swiftSettings: swiftSettings
+        ),
+
         // The one way every store opens its SQLite file (pragmas, migrations).
         .target(
             name: "CanopyStore",
@@ -339,6 +354,7 @@ let package = Package(
         .executableTarget(
             name: "canopy",
             dependencies: [
+                "CanopySamples", "CanopyDeployment",
                 "CanopyServiceKit", "CanopyBus", "CanopyMessages", "CanopyCapture", "CanopyReplay", "CanopyImaging",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "GRDB", package: "GRDB.swift"),
@@ -351,6 +367,7 @@ let package = Package(
         .executableTarget(
             name: "canopy-bench",
             dependencies: [
+                "CanopySamples", "CanopyDeployment",
                 "CanopyOutbound",
                 "CanopyBus", "CanopyBroker", "CZeroMQ", "CanopyMessages", "ImageCache", "CareScheduling", "Identification", "Reminders", "CanopyImaging", "CVips",
                 "CanopyServiceKit", "CanopyWire", "RequestBatching", "CanopyCapture", "CanopyReplay",
@@ -396,6 +413,7 @@ let package = Package(
         .testTarget(
             name: "IdentificationTests",
             dependencies: [
+                "CanopySamples",
                 "Identification", "CanopyImaging", "CVips", "ImageCache", "CareScheduling", "CanopyBus", "CanopyBroker", "CanopyTesting",
                 "CanopyServiceKit", "canopy-identify",
                 .product(name: "Hummingbird", package: "hummingbird"),
@@ -421,6 +439,7 @@ let package = Package(
         .testTarget(
             name: "RequestBatchingTests",
             dependencies: [
+                "CanopySamples",
                 "RequestBatching", "CareScheduling", "Reminders", "ImageCache", "Identification", "CanopyImaging", "CanopyBus", "CanopyBroker", "CanopyTesting",
                 "CanopyServiceKit", "CanopyCapture", "CanopyReplay", "CanopyMessages", "canopy-batch",
                 .product(name: "GRDB", package: "GRDB.swift"),
@@ -441,6 +460,7 @@ let package = Package(
         .testTarget(
             name: "EndToEndTests",
             dependencies: [
+                "CanopySamples",
                 "CanopyServiceKit", "CanopyTesting", "CanopyCapture", "CanopyReplay", "CanopyImaging",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
@@ -455,6 +475,7 @@ let package = Package(
         .testTarget(
             name: "DeploymentTests",
             dependencies: [
+                "CanopySamples", "CanopyDeployment",
                 "CanopyServiceKit", "CanopyTesting", "CanopyImaging",
                 .product(name: "Yams", package: "Yams"),
                 .product(name: "GRDB", package: "GRDB.swift"),

@@ -3,6 +3,7 @@ import CanopyBroker
 import CanopyBus
 import CanopyImaging
 import CanopyMessages
+import CanopySamples
 import CanopyServiceKit
 import CareScheduling
 import Foundation

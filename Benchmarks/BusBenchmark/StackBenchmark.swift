@@ -1,6 +1,8 @@
 import ArgumentParser
 import AsyncHTTPClient
+import CanopyDeployment
 import CanopyImaging
+import CanopySamples
 import CanopyServiceKit
 import Foundation
 import Glibc

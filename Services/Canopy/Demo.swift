@@ -1,6 +1,7 @@
 import ArgumentParser
 import AsyncHTTPClient
 import CanopyImaging
+import CanopySamples
 import CanopyServiceKit
 import Foundation
 import NIOCore

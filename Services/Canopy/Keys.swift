@@ -1,5 +1,6 @@
 import ArgumentParser
 import CanopyBus
+import CanopyDeployment
 import CanopyServiceKit
 import Foundation
 import Glibc

@@ -1,3 +1,4 @@
+import CanopyDeployment
 import CanopyServiceKit
 import Dispatch
 import Foundation

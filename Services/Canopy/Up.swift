@@ -1,4 +1,5 @@
 import ArgumentParser
+import CanopyDeployment
 import CanopyServiceKit
 import Dispatch
 import Foundation

@@ -1,4 +1,5 @@
 import CanopyImaging
+import CanopySamples
 import CanopyServiceKit
 import CanopyTesting
 import Foundation

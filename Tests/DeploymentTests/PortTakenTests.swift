@@ -1,3 +1,4 @@
+import CanopyDeployment
 import CanopyServiceKit
 import CanopyTesting
 import Foundation

@@ -2,6 +2,7 @@ import AsyncHTTPClient
 import CanopyCapture
 import CanopyImaging
 import CanopyReplay
+import CanopySamples
 import CanopyServiceKit
 import CanopyTesting
 import Foundation

@@ -2,6 +2,7 @@ import CanopyBroker
 import CanopyBus
 import CanopyImaging
 import CanopyMessages
+import CanopySamples
 import CanopyServiceKit
 import CanopyTesting
 import CareScheduling

@@ -1,6 +1,7 @@
 import CanopyBus
 import CanopyImaging
 import CanopyMessages
+import CanopySamples
 import CanopyTesting
 import CareScheduling
 import Foundation

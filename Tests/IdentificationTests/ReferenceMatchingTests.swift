@@ -1,5 +1,6 @@
 import CanopyImaging
 import CanopyMessages
+import CanopySamples
 import Foundation
 import Testing
 @testable import Identification

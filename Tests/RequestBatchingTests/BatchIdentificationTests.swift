@@ -2,6 +2,7 @@ import AsyncHTTPClient
 import CanopyBus
 import CanopyImaging
 import CanopyMessages
+import CanopySamples
 import CanopyServiceKit
 import CanopyTesting
 import CareScheduling

@@ -5,6 +5,7 @@ import CanopyCapture
 import CanopyImaging
 import CanopyMessages
 import CanopyReplay
+import CanopySamples
 import CanopyServiceKit
 import CanopyTesting
 import CareScheduling

@@ -1,4 +1,5 @@
 import CVips
+import CanopyImaging
 import CanopyMessages
 import Foundation
 
