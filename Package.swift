@@ -95,7 +95,7 @@ let package = Package(
         .target(
             name: "CanopyIO",
             dependencies: [
-                "CZeroMQ",
+                "CZeroMQ", "CanopyMessages",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "Metrics", package: "swift-metrics"),
@@ -178,6 +178,7 @@ let package = Package(
         .target(
             name: "CanopyOutbound",
             dependencies: [
+                "CanopyMessages",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),

@@ -53,6 +53,6 @@ struct CancelBenchmark: ParsableCommand {
             state.receive(frames, from: client, now: start, into: &out)
         }
         let elapsed = ContinuousClock.now - began
-        return (Double(elapsed.components.seconds) * 1e9 + Double(elapsed.components.attoseconds) / 1e9) / Double(count)
+        return Double(elapsed.nanoseconds) / Double(count)
     }
 }

@@ -149,7 +149,7 @@ struct CaptureBenchmark: AsyncParsableCommand {
             let output = String(decoding: pipe.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
             child.waitUntilExit()
             let elapsed = ContinuousClock.now - started
-            let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+            let seconds = elapsed.seconds
             let fields = output.split(separator: " ").map(String.init) // "RECORDS PEAK_KIB"
             guard child.terminationStatus == 0, fields.count == 2, let counted = Int(fields[0]), let peak = Double(fields[1].trimmingCharacters(in: .whitespacesAndNewlines)) else {
                 throw BenchmarkFailure("inspect-child failed: \(output)")

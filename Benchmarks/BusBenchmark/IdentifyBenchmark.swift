@@ -188,7 +188,7 @@ struct IdentifyBenchmark: AsyncParsableCommand {
             return try await group.reduce(0, +)
         }
         let elapsed = ContinuousClock.now - start
-        return Double(done) / (Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18)
+        return Double(done) / (elapsed.seconds)
     }
 }
 
@@ -205,10 +205,6 @@ private final class WorkQueue: Sendable {
             return state.items[state.next]
         }
     }
-}
-
-extension Duration {
-    var nanoseconds: Int64 { components.seconds * 1_000_000_000 + components.attoseconds / 1_000_000_000 }
 }
 
 import Synchronization

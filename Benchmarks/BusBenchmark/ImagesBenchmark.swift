@@ -208,7 +208,7 @@ struct ImagesBenchmark: AsyncParsableCommand {
                     ["idle after start (baseline)", "", String(format: "%.0f", Double(idle.rss) / 1024), String(format: "%.0f", Double(idle.peak) / 1024)]]
         func row(_ label: String, since start: ContinuousClock.Instant) {
             let now = processMemoryKiB(service.processIdentifier), elapsed = ContinuousClock.now - start
-            rows.append([label, String(format: "%.2f", Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18),
+            rows.append([label, String(format: "%.2f", elapsed.seconds),
                          String(format: "%.0f", Double(now.rss) / 1024), String(format: "%.0f", Double(now.peak) / 1024)])
         }
         let sources = (0..<concurrent).map { index in images[index % images.count] + Array("\(index)".utf8) } // distinct photos
@@ -251,7 +251,7 @@ struct ImagesBenchmark: AsyncParsableCommand {
         let start = ContinuousClock.now
         try work()
         let elapsed = ContinuousClock.now - start
-        return Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+        return elapsed.seconds
     }
 
     private func runProcess(_ path: String, _ arguments: [String]) throws {

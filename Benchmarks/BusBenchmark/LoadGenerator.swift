@@ -78,7 +78,7 @@ struct LoadGenerator {
             }
         }
         let elapsed = ContinuousClock.now - measureFrom
-        result.seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+        result.seconds = elapsed.seconds
         return result
     }
 }
@@ -109,7 +109,7 @@ func burst(endpoint: String, clients: Int, perClient: Int, request: [[UInt8]], l
         }
     }
     let elapsed = ContinuousClock.now - start
-    return (Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18, replies, errors)
+    return (elapsed.seconds, replies, errors)
 }
 
 /// `count` DEALER sockets connected to `endpoint`, with high-water marks that hold a burst.
@@ -119,12 +119,5 @@ func dealers(_ count: Int, connectedTo endpoint: String, in context: ZMQContext)
         try socket.setHighWaterMarks(100_000)
         try socket.connect(endpoint)
         return socket
-    }
-}
-
-extension Duration {
-    var microseconds: Int64 {
-        let (seconds, attoseconds) = components
-        return seconds * 1_000_000 + attoseconds / 1_000_000_000_000
     }
 }

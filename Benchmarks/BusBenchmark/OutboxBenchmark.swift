@@ -71,7 +71,7 @@ struct OutboxBenchmark: AsyncParsableCommand {
                 arrived = arrivals.seen.withLock { $0[owner] }
                 if arrived == nil { try await Task.sleep(for: .microseconds(200)) }
             }
-            _ = latency.record(UInt64(max(0, (arrived! - sent).wholeMicroseconds)))
+            _ = latency.record(UInt64(max(0, (arrived! - sent).microseconds)))
             try await Task.sleep(for: .milliseconds(20))
         }
         // The baseline for the drain: the same calls, straight over the bus, 64 at once.
@@ -122,8 +122,4 @@ struct OutboxBenchmark: AsyncParsableCommand {
              String(format: "%.2f", drained / direct), "2,000"],
         ])
     }
-}
-
-extension Duration {
-    fileprivate var wholeMicroseconds: Int64 { components.seconds * 1_000_000 + components.attoseconds / 1_000_000_000_000 }
 }

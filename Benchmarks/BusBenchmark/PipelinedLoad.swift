@@ -56,7 +56,7 @@ struct PipelinedLoad {
         var merged = Result()
         results.withLock { $0.forEach { merged.merge($0) } }
         let elapsed = end - measureFrom
-        merged.seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+        merged.seconds = elapsed.seconds
         return merged
     }
 

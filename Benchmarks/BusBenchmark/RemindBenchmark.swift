@@ -195,7 +195,7 @@ struct RemindBenchmark: AsyncParsableCommand {
             let begin = ContinuousClock.now
             for _ in 0..<rounds { try body() }
             let elapsed = ContinuousClock.now - begin
-            return (Double(elapsed.components.seconds) * 1e6 + Double(elapsed.components.attoseconds) / 1e12) / Double(rounds)
+            return Double(elapsed.microseconds) / Double(rounds)
         }
         let flatBytes = try codec.encode(window)
         let groupedBytes = try codec.encode(Reminders.Sync.Request(window: window))
@@ -267,7 +267,7 @@ struct RemindBenchmark: AsyncParsableCommand {
     }
 
     private func row(_ name: String, _ total: Duration, _ calls: Histogram<UInt64>, _ baseline: Histogram<UInt64>) -> [String] {
-        [name, String(format: "%.2f", Double(total.components.seconds) + Double(total.components.attoseconds) / 1e18),
+        [name, String(format: "%.2f", total.seconds),
          "\(calls.valueAtPercentile(50))", "\(calls.valueAtPercentile(99))",
          String(format: "%.1f", Double(calls.valueAtPercentile(50)) / Double(baseline.valueAtPercentile(50)))]
     }
@@ -413,7 +413,7 @@ private final class Sink: Sendable {
             try await group.waitForAll()
         }
         let elapsed = ContinuousClock.now - begin
-        return Double(requests) / (Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18)
+        return Double(requests) / (elapsed.seconds)
     }
 }
 

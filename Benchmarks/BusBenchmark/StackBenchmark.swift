@@ -27,7 +27,6 @@ struct StackBenchmark: AsyncParsableCommand {
             Example: canopy-bench stack --rounds 3 --people 40 --at-once 1,8
             """)
 
-
     @Option(help: "Rounds of the start measurement; each setup's best and worst are printed.") var rounds = 3
     @Option(help: "People who each make the whole journey.") var people = 40
     @Option(help: "People on their journey at once, comma-separated: each count is a run of --people journeys.") var atOnce = "1,8"
@@ -421,9 +420,4 @@ func processMemoryKiB(_ pid: Int32) -> (rss: Int, peak: Int) {
         status.split(separator: "\n").first { $0.hasPrefix(name) }.flatMap { $0.split(separator: " ").dropFirst().first { Int($0) != nil }.flatMap { Int($0) } } ?? 0
     }
     return (field("VmRSS:"), field("VmHWM:"))
-}
-
-extension Duration {
-    /// The duration in seconds, as a `Double`.
-    var seconds: Double { Double(components.seconds) + Double(components.attoseconds) / 1e18 }
 }

@@ -111,8 +111,3 @@ struct Backup: ParsableCommand {
         return (copied, bytes, gone.count)
     }
 }
-
-extension Duration {
-    /// The duration in seconds, as a `Double`.
-    var seconds: Double { Double(components.seconds) + Double(components.attoseconds) / 1e18 }
-}

@@ -151,7 +151,7 @@ struct DemoSteps {
         let started = ContinuousClock.now
         do {
             let result = try await step()
-            let elapsed = Int((ContinuousClock.now - started).components.attoseconds / 1_000_000_000_000_000) + Int((ContinuousClock.now - started).components.seconds) * 1_000
+            let elapsed = Int((ContinuousClock.now - started).wholeMilliseconds)
             total += elapsed
             let label = "\(number). \(title)"
             print("\(label.padding(toLength: max(label.count, 48), withPad: " ", startingAt: 0)) \(String(repeating: " ", count: max(0, 6 - "\(elapsed)".count)))\(elapsed) ms  \(result)")

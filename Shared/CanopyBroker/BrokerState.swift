@@ -277,7 +277,7 @@ public struct BrokerState {
     }
 
     mutating func noteLatency(_ service: String, _ elapsed: Duration) {
-        latencies.append((service, elapsed.components.seconds * 1_000_000_000 + elapsed.components.attoseconds / 1_000_000_000))
+        latencies.append((service, elapsed.nanoseconds))
     }
 
     // MARK: - Errors
@@ -380,25 +380,11 @@ public struct BrokerState {
         let operations = operationCounters.keys.sorted().map { operationCounters[$0]!.statistics }
         let uptime = now - startedAt
         var statistics = BrokerStatistics(
-            uptimeSeconds: Double(uptime.components.seconds) + Double(uptime.components.attoseconds) / 1e18,
+            uptimeSeconds: uptime.seconds,
             rejected: rejected, malformed: malformed, heldBytes: heldBytes, openFlights: openFlights.count, services: entries, operations: operations)
         statistics.capture = captureStatus
         statistics.unreadReplyBytes = unreadReplies.bytes
         statistics.slowReaderDrops = unreadReplies.dropped
         return statistics
-    }
-}
-
-extension Duration {
-    /// Whole microseconds, rounded down.
-    var microseconds: Int64 {
-        let (seconds, attoseconds) = components
-        return seconds * 1_000_000 + attoseconds / 1_000_000_000_000
-    }
-
-    /// Whole nanoseconds, rounded down.
-    var nanoseconds: Int64 {
-        let (seconds, attoseconds) = components
-        return seconds * 1_000_000_000 + attoseconds / 1_000_000_000
     }
 }

@@ -280,6 +280,6 @@ final class RunnerMetrics: Sendable {
             timers[key] = timer
             return timer
         }
-        timer.recordNanoseconds(duration.components.seconds * 1_000_000_000 + duration.components.attoseconds / 1_000_000_000)
+        timer.recordNanoseconds(duration.nanoseconds)
     }
 }

@@ -1,3 +1,4 @@
+import CanopyMessages
 import CZeroMQ
 import Glibc
 import Synchronization
@@ -334,14 +335,6 @@ public final class ZMQSocket {
     /// Asks libzmq to report this socket's connection events on an inproc PAIR endpoint.
     public func monitor(_ endpoint: String, events: Int32) throws {
         guard zmq_socket_monitor(handle, endpoint, events) == 0 else { throw ZMQError("zmq_socket_monitor") }
-    }
-}
-
-extension Duration {
-    /// Whole milliseconds, rounded down, at least zero.
-    public var wholeMilliseconds: Int64 {
-        let (seconds, attoseconds) = components
-        return max(0, seconds * 1000 + attoseconds / 1_000_000_000_000_000)
     }
 }
 

@@ -1,3 +1,4 @@
+import CanopyMessages
 import Foundation
 import NIOCore
 import NIOHTTP1
@@ -278,13 +279,6 @@ public final class PinnedHTTP: Sendable {
             cursor = entry.pointee.ai_next
         }
         return addresses
-    }
-}
-
-extension Duration {
-    fileprivate var wholeMilliseconds: Int64 {
-        let (seconds, attoseconds) = components
-        return max(0, seconds * 1000 + attoseconds / 1_000_000_000_000_000)
     }
 }
 

@@ -289,7 +289,7 @@ struct ReplayEngine {
         outstanding -= 1
         if let sentAt = job.sentAt {
             let elapsed = now - sentAt
-            _ = replayed.record(UInt64(max(0, elapsed.components.seconds * 1_000_000 + elapsed.components.attoseconds / 1_000_000_000_000)))
+            _ = replayed.record(UInt64(max(0, elapsed.microseconds)))
         }
         if job.capturedKnown { complete(job) }
     }
@@ -377,7 +377,7 @@ struct ReplayEngine {
         var report = self.report
         report.rebound = rebindings.count
         let elapsed = ContinuousClock.now - started
-        report.seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+        report.seconds = elapsed.seconds
         report.requestsPerSecond = report.seconds > 0 ? Double(report.requests) / report.seconds : 0
         if replayed.totalCount > 0 {
             report.replayedP50Micros = replayed.valueAtPercentile(50)

@@ -104,7 +104,7 @@ public final class LiveBus: @unchecked Sendable {
         process.executableURL = try Self.executable("canopy-test-worker")
         process.arguments = [
             "--endpoint", endpoint, "--name", name, "--credit", "\(credit)",
-            "--heartbeat-ms", "\(configuration.heartbeatInterval.components.seconds * 1000 + configuration.heartbeatInterval.components.attoseconds / 1_000_000_000_000_000)",
+            "--heartbeat-ms", "\(configuration.heartbeatInterval.wholeMilliseconds)",
             "--log-level", "critical",
         ]
         try process.run()

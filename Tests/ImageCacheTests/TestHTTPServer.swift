@@ -86,7 +86,7 @@ final class TestHTTPServer: Sendable {
                 case .failing(let times, let bytes): seen <= times ? respond(context, 500, []) : respond(context, 200, bytes)
                 case .slow(let delay, let bytes):
                     let loopBound = NIOLoopBound((self, context), eventLoop: context.eventLoop)
-                    context.eventLoop.scheduleTask(in: .milliseconds(delay.components.seconds * 1000 + delay.components.attoseconds / 1_000_000_000_000_000)) {
+                    context.eventLoop.scheduleTask(in: .milliseconds(delay.wholeMilliseconds)) {
                         let (responder, context) = loopBound.value
                         responder.respond(context, 200, bytes)
                     }

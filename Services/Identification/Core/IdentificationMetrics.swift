@@ -30,7 +30,7 @@ final class IdentificationMetrics: Sendable {
         defer {
             let elapsed = ContinuousClock.now - started
             Metrics.Timer(label: "canopy_identify_provider_duration_seconds", dimensions: [("provider", provider.rawValue), ("outcome", outcome)])
-                .recordNanoseconds(elapsed.components.seconds * 1_000_000_000 + elapsed.components.attoseconds / 1_000_000_000)
+                .recordNanoseconds(elapsed.nanoseconds)
         }
         do {
             let candidates = try await body()

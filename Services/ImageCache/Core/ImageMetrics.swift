@@ -63,7 +63,7 @@ final class ImageMetrics: Sendable {
         let started = ContinuousClock.now
         defer {
             let elapsed = ContinuousClock.now - started
-            work[kind]?.recordNanoseconds(elapsed.components.seconds * 1_000_000_000 + elapsed.components.attoseconds / 1_000_000_000)
+            work[kind]?.recordNanoseconds(elapsed.nanoseconds)
         }
         return try body()
     }

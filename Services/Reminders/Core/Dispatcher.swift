@@ -451,8 +451,3 @@ extension DeliveryOutcome {
         }
     }
 }
-
-extension Duration {
-    /// In seconds, with fractions.
-    var seconds: Double { Double(components.seconds) + Double(components.attoseconds) / 1e18 }
-}

@@ -28,6 +28,6 @@ final class BatchMetrics: Sendable {
             timers[route] = timer
             return timer
         }
-        timer.recordNanoseconds(duration.components.seconds * 1_000_000_000 + duration.components.attoseconds / 1_000_000_000)
+        timer.recordNanoseconds(duration.nanoseconds)
     }
 }

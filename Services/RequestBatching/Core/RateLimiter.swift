@@ -59,7 +59,7 @@ final class RateLimiter: Sendable {
     /// `nil` when `user` may go on, else whole seconds to wait (for `Retry-After`).
     func take(_ user: String) -> Int? {
         let elapsed = ContinuousClock.now - start
-        let now = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+        let now = elapsed.seconds
         return buckets.withLock { $0.take(user, now: now) }.map { Int($0.rounded(.up)) }
     }
 }
