@@ -188,7 +188,7 @@ struct IdentifyBenchmark: AsyncParsableCommand {
             return try await group.reduce(0, +)
         }
         let elapsed = ContinuousClock.now - start
-        return Double(done) / (elapsed.seconds)
+        return Double(done) / elapsed.seconds
     }
 }
 

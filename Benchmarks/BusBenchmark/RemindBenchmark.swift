@@ -413,7 +413,7 @@ private final class Sink: Sendable {
             try await group.waitForAll()
         }
         let elapsed = ContinuousClock.now - begin
-        return Double(requests) / (elapsed.seconds)
+        return Double(requests) / elapsed.seconds
     }
 }
 

@@ -18,21 +18,14 @@ struct CareCommand: AsyncParsableCommand {
               canopy-care upcoming --user user-42 --days 7
               canopy-care health --metrics-bind 127.0.0.1:9402
             """,
-        subcommands: [ServeCare.self, CatalogCommand.self, Plan.self, Upcoming.self, HealthCare.self])
+        subcommands: [ServeCare.self, CatalogCommand.self, Plan.self, Upcoming.self, HealthCommand<CanopyCare>.self])
 }
 
-/// `canopy-care health`: asks the running service's `/health`; exit 0 or 1.
-struct HealthCare: AsyncParsableCommand {
-    static let configuration = CommandConfiguration(
-        commandName: "health",
-        abstract: "Exit 0 when the running canopy-care is healthy (registered with its broker), 1 when not (for container health checks).",
-        discussion: "Example: canopy-care health --metrics-bind 127.0.0.1:9402")
-
-    @OptionGroup var operating: OperatingOptions
-
-    func run() async throws {
-        try await HealthProbe.run(operating, default: OperatingOptions.Defaults.care)
-    }
+/// What the shared subcommands (`health`, `serve`'s options) know of canopy-care.
+enum CanopyCare: ServiceExecutable {
+    static let name = "canopy-care"
+    static let directoryName = "care"
+    static let defaultListener = OperatingOptions.Defaults.care
 }
 
 struct ServeCare: AsyncParsableCommand {
@@ -40,18 +33,12 @@ struct ServeCare: AsyncParsableCommand {
         commandName: "serve", abstract: "Serve care.* on the bus until SIGTERM or SIGINT.",
         discussion: "Example: canopy-care serve --endpoint tcp://127.0.0.1:5555 --data-dir ./.canopy")
 
-    @OptionGroup var common: CommonOptions
-    @OptionGroup var worker: WorkerOptions
-    @OptionGroup var operating: OperatingOptions
-    @Option(help: ArgumentHelp("Data directory; the store is <dir>/care/care.sqlite. Env: CANOPY_DATA_DIR.", valueName: "dir"))
-    var dataDir: String = Environment.string("CANOPY_DATA_DIR") ?? "./.canopy"
+    @OptionGroup var serve: ServeOptions<CanopyCare>
 
     func run() async throws {
-        let logger = LogSetup.logger(label: "canopy-care", level: common.logLevel)
-        var settings = CareServiceSettings(directory: URL(fileURLWithPath: dataDir).appendingPathComponent("care", isDirectory: true),
-                                           runner: try worker.runnerConfiguration(common),
-                                           metrics: try operating.listener(default: OperatingOptions.Defaults.care))
-        settings.clock = worker.serviceClock
+        let logger = serve.logger()
+        var settings = CareServiceSettings(directory: serve.directory, runner: try serve.runner(), metrics: try serve.metrics())
+        settings.clock = serve.worker.serviceClock
         let services = try buildCareService(settings: settings, context: ZMQContext(), logger: logger)
         try await runUntilShutdown(services, logger: logger)
     }

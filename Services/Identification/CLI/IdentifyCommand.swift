@@ -19,7 +19,14 @@ struct IdentifyCommand: AsyncParsableCommand {
               canopy-identify quota
               canopy-identify health --metrics-bind 127.0.0.1:9403
             """,
-        subcommands: [ServeIdentify.self, SubmitCommand.self, ReferenceCommand.self, QuotaCommand.self, HealthIdentify.self])
+        subcommands: [ServeIdentify.self, SubmitCommand.self, ReferenceCommand.self, QuotaCommand.self, HealthCommand<CanopyIdentify>.self])
+}
+
+/// What the shared subcommands (`health`, `serve`'s options) know of canopy-identify.
+enum CanopyIdentify: ServiceExecutable {
+    static let name = "canopy-identify"
+    static let directoryName = "identify"
+    static let defaultListener = OperatingOptions.Defaults.identify
 }
 
 /// The data directory option every local command shares.
@@ -34,20 +41,6 @@ struct DataDirectory: ParsableArguments {
     }
 }
 
-/// `canopy-identify health`: asks the running service's `/health`; exit 0 or 1.
-struct HealthIdentify: AsyncParsableCommand {
-    static let configuration = CommandConfiguration(
-        commandName: "health",
-        abstract: "Exit 0 when the running canopy-identify is healthy (registered with its broker), 1 when not (for container health checks).",
-        discussion: "Example: canopy-identify health --metrics-bind 127.0.0.1:9403")
-
-    @OptionGroup var operating: OperatingOptions
-
-    func run() async throws {
-        try await HealthProbe.run(operating, default: OperatingOptions.Defaults.identify)
-    }
-}
-
 struct ServeIdentify: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "serve", abstract: "Serve identifications.* on the bus until SIGTERM or SIGINT.",
@@ -56,10 +49,7 @@ struct ServeIdentify: AsyncParsableCommand {
             The reference provider needs no account; plantnet and hybrid need a Pl@ntNet API key (https://my.plantnet.org).
             """)
 
-    @OptionGroup var common: CommonOptions
-    @OptionGroup var worker: WorkerOptions
-    @OptionGroup var operating: OperatingOptions
-    @OptionGroup var data: DataDirectory
+    @OptionGroup var serve: ServeOptions<CanopyIdentify>
     @Option(help: ArgumentHelp("Who identifies: reference, plantnet or hybrid. Env: CANOPY_IDENTIFY_PROVIDER.", valueName: "name"))
     var provider: String = Environment.string("CANOPY_IDENTIFY_PROVIDER") ?? "reference"
     @Option(help: ArgumentHelp("Pl@ntNet API key (never logged). Env: CANOPY_PLANTNET_KEY.", valueName: "key"))
@@ -97,9 +87,9 @@ struct ServeIdentify: AsyncParsableCommand {
     }
 
     func run() async throws {
-        let logger = LogSetup.logger(label: "canopy-identify", level: common.logLevel)
-        var settings = IdentificationServiceSettings(directory: data.directory, runner: try worker.runnerConfiguration(common),
-                                                     metrics: try operating.listener(default: OperatingOptions.Defaults.identify))
+        let logger = serve.logger()
+        var settings = IdentificationServiceSettings(directory: serve.directory, runner: try serve.runner(),
+                                                     metrics: try serve.metrics())
         settings.provider = Identification.Provider(rawValue: provider)!
         settings.hybridThreshold = hybridThreshold
         if let key = try plantNetKey() {
@@ -111,7 +101,7 @@ struct ServeIdentify: AsyncParsableCommand {
             settings.plantNet = plantNet
         }
         do {
-            settings.clock = worker.serviceClock
+            settings.clock = serve.worker.serviceClock
             let services = try buildIdentificationService(settings: settings, context: ZMQContext(), logger: logger)
             try await runUntilShutdown(services, logger: logger)
         } catch let error as CanopyError {

@@ -15,19 +15,13 @@ struct ImagesCommand: AsyncParsableCommand {
               canopy-images stats --endpoint tcp://127.0.0.1:5555
               canopy-images health --metrics-bind 127.0.0.1:9401
             """,
-        subcommands: [ServeImages.self, Thumbnail.self, PaletteCommand.self, StatsCommand.self, HealthImages.self])
+        subcommands: [ServeImages.self, Thumbnail.self, PaletteCommand.self, StatsCommand.self, HealthCommand<CanopyImages>.self])
 }
 
-/// `canopy-images health`: asks the running service's `/health`; exit 0 or 1.
-struct HealthImages: AsyncParsableCommand {
-    static let configuration = CommandConfiguration(
-        commandName: "health",
-        abstract: "Exit 0 when the running canopy-images is healthy (registered with its broker), 1 when not (for container health checks).",
-        discussion: "Example: canopy-images health --metrics-bind 127.0.0.1:9401")
-
-    @OptionGroup var operating: OperatingOptions
-
-    func run() async throws {
-        try await HealthProbe.run(operating, default: OperatingOptions.Defaults.images)
-    }
+/// What the shared subcommands (`health`, `serve`'s options) know of canopy-images.
+enum CanopyImages: ServiceExecutable {
+    static let name = "canopy-images"
+    static let directoryName = "images"
+    static let defaultListener = OperatingOptions.Defaults.images
 }
+

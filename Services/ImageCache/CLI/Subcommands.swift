@@ -12,11 +12,7 @@ struct ServeImages: AsyncParsableCommand {
         abstract: "Serve images.* on the bus until SIGTERM or SIGINT.",
         discussion: "Example: canopy-images serve --endpoint tcp://127.0.0.1:5555 --data-dir ./.canopy --memory-mb 50 --disk-mb 100")
 
-    @OptionGroup var common: CommonOptions
-    @OptionGroup var worker: WorkerOptions
-    @OptionGroup var operating: OperatingOptions
-    @Option(help: ArgumentHelp("Data directory; images live in <dir>/images. Env: CANOPY_DATA_DIR.", valueName: "dir"))
-    var dataDir: String = Environment.string("CANOPY_DATA_DIR") ?? "./.canopy"
+    @OptionGroup var serve: ServeOptions<CanopyImages>
     @Option(help: ArgumentHelp("Largest input in MiB. Env: CANOPY_IMAGES_MAX_MB.", valueName: "MiB"))
     var maxMb: Int = Environment.int("CANOPY_IMAGES_MAX_MB", default: ImageServiceSettings.defaultMaximumInputBytes / (1024 * 1024))
     @Option(help: ArgumentHelp("Largest input in megapixels (as its header claims). Env: CANOPY_IMAGES_MAX_MEGAPIXELS.", valueName: "MP"))
@@ -52,10 +48,8 @@ struct ServeImages: AsyncParsableCommand {
 
     func run() async throws {
         ImageTools.capMallocArenas()
-        let logger = LogSetup.logger(label: "canopy-images", level: common.logLevel)
-        var settings = ImageServiceSettings(directory: URL(fileURLWithPath: dataDir).appendingPathComponent("images", isDirectory: true),
-                                            runner: try worker.runnerConfiguration(common),
-                                            metrics: try operating.listener(default: OperatingOptions.Defaults.images))
+        let logger = serve.logger()
+        var settings = ImageServiceSettings(directory: serve.directory, runner: try serve.runner(), metrics: try serve.metrics())
         settings.maximumInputBytes = maxMb * 1024 * 1024
         settings.maximumPixels = maxMegapixels * 1_000_000
         settings.memoryTierBytes = memoryMb * 1024 * 1024
@@ -67,7 +61,7 @@ struct ServeImages: AsyncParsableCommand {
         settings.fetchesPerHost = fetchesPerHost
         settings.fullSizeConcurrency = fullSizeConcurrency
         settings.fetchAllowedHosts = Set(fetchAllow.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces).lowercased() }.filter { !$0.isEmpty })
-        settings.clock = worker.serviceClock
+        settings.clock = serve.worker.serviceClock
         let services = try buildImageService(settings: settings, context: ZMQContext(), logger: logger)
         try await runUntilShutdown(services, logger: logger)
     }

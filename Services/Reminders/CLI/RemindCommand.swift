@@ -18,21 +18,14 @@ struct RemindCommand: AsyncParsableCommand {
               canopy-remind send-test --user user-42 --device 3f0c…
               canopy-remind health --metrics-bind 127.0.0.1:9404
             """,
-        subcommands: [ServeRemind.self, DevicesCommand.self, PendingCommand.self, SendTestCommand.self, HealthRemind.self])
+        subcommands: [ServeRemind.self, DevicesCommand.self, PendingCommand.self, SendTestCommand.self, HealthCommand<CanopyRemind>.self])
 }
 
-/// `canopy-remind health`: asks the running service's `/health`; exit 0 or 1.
-struct HealthRemind: AsyncParsableCommand {
-    static let configuration = CommandConfiguration(
-        commandName: "health",
-        abstract: "Exit 0 when the running canopy-remind is healthy (registered with its broker), 1 when not (for container health checks).",
-        discussion: "Example: canopy-remind health --metrics-bind 127.0.0.1:9404")
-
-    @OptionGroup var operating: OperatingOptions
-
-    func run() async throws {
-        try await HealthProbe.run(operating, default: OperatingOptions.Defaults.remind)
-    }
+/// What the shared subcommands (`health`, `serve`'s options) know of canopy-remind.
+enum CanopyRemind: ServiceExecutable {
+    static let name = "canopy-remind"
+    static let directoryName = "remind"
+    static let defaultListener = OperatingOptions.Defaults.remind
 }
 
 struct ServeRemind: AsyncParsableCommand {
@@ -40,11 +33,7 @@ struct ServeRemind: AsyncParsableCommand {
         commandName: "serve", abstract: "Serve reminders.* and devices.* on the bus and deliver reminders until SIGTERM or SIGINT.",
         discussion: "Example: canopy-remind serve --endpoint tcp://127.0.0.1:5555 --data-dir ./.canopy")
 
-    @OptionGroup var common: CommonOptions
-    @OptionGroup var worker: WorkerOptions
-    @OptionGroup var operating: OperatingOptions
-    @Option(help: ArgumentHelp("Data directory; the store is <dir>/remind/remind.sqlite. Env: CANOPY_DATA_DIR.", valueName: "dir"))
-    var dataDir: String = Environment.string("CANOPY_DATA_DIR") ?? "./.canopy"
+    @OptionGroup var serve: ServeOptions<CanopyRemind>
     @Option(help: ArgumentHelp("Seconds within which one person's reminders go out as one notification. Env: CANOPY_DIGEST_SECONDS.", valueName: "s"))
     var digestSeconds: Int = Environment.int("CANOPY_DIGEST_SECONDS", default: 600)
     @Option(help: ArgumentHelp("Hours after which a missed reminder is recorded as stale instead of sent. Env: CANOPY_STALE_HOURS.", valueName: "h"))
@@ -66,15 +55,13 @@ struct ServeRemind: AsyncParsableCommand {
     }
 
     func run() async throws {
-        let logger = LogSetup.logger(label: "canopy-remind", level: common.logLevel)
-        var settings = ReminderServiceSettings(directory: URL(fileURLWithPath: dataDir).appendingPathComponent("remind", isDirectory: true),
-                                               runner: try worker.runnerConfiguration(common),
-                                               metrics: try operating.listener(default: OperatingOptions.Defaults.remind))
+        let logger = serve.logger()
+        var settings = ReminderServiceSettings(directory: serve.directory, runner: try serve.runner(), metrics: try serve.metrics())
         settings.dispatch.digestWindow = .seconds(digestSeconds)
         settings.dispatch.staleness = .seconds(staleHours * 3_600)
         settings.allowedHosts = Set(allowHost.map { $0.lowercased() })
         settings.apns = try apns.settings(expiration: settings.dispatch.staleness)
-        settings.clock = worker.serviceClock
+        settings.clock = serve.worker.serviceClock
         let services = try buildReminderService(settings: settings, context: ZMQContext(), logger: logger)
         try await runUntilShutdown(services, logger: logger)
     }

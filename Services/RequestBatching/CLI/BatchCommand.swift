@@ -16,7 +16,15 @@ struct BatchCommand: AsyncParsableCommand {
               canopy-batch token issue --user user-42 --days 30 --token-key-file ./token.key
               canopy-batch health --metrics-bind 127.0.0.1:9405
             """,
-        subcommands: [ServeBatch.self, TokenCommand.self, HealthBatch.self])
+        subcommands: [ServeBatch.self, TokenCommand.self, HealthCommand<CanopyBatch>.self])
+}
+
+/// What the shared `health` knows of canopy-batch.
+enum CanopyBatch: ServiceExecutable {
+    static let name = "canopy-batch"
+    static let directoryName = "batch"
+    static let defaultListener = OperatingOptions.Defaults.batch
+    static let healthyMeans = "its broker answers"
 }
 
 /// Where the token signing key comes from: a file, or the key itself in a variable. Never logged.
@@ -122,16 +130,3 @@ struct IssueToken: AsyncParsableCommand {
     }
 }
 
-/// `canopy-batch health`: asks the running service's `/health`; exit 0 or 1.
-struct HealthBatch: AsyncParsableCommand {
-    static let configuration = CommandConfiguration(
-        commandName: "health",
-        abstract: "Exit 0 when the running canopy-batch is healthy (its broker answers), 1 when not (for container health checks).",
-        discussion: "Example: canopy-batch health --metrics-bind 127.0.0.1:9405")
-
-    @OptionGroup var operating: OperatingOptions
-
-    func run() async throws {
-        try await HealthProbe.run(operating, default: OperatingOptions.Defaults.batch)
-    }
-}
