@@ -15,6 +15,216 @@ let multiarch = "aarch64-linux-gnu"
 let multiarch = "x86_64-linux-gnu"
 #endif
 
+/// A module of Shared/: one place each for what several executables share.
+func shared(_ name: String, _ dependencies: [Target.Dependency] = []) -> Target {
+    .target(name: name, dependencies: dependencies, path: "Shared/\(name)", swiftSettings: swiftSettings)
+}
+
+/// The core module of a service (Services/<directory>/Core: its handlers, stores and
+/// `build…Service`) and its executable (Services/<directory>/CLI: `serve`, `health` and the
+/// operator's commands), which links the core and what every executable links.
+func service(_ directory: String, core: String, executable: String, dependencies: [Target.Dependency],
+             executableDependencies: [Target.Dependency] = [], resources: [Resource]? = nil,
+             plugins: [Target.PluginUsage]? = nil) -> [Target] {
+    [
+        .target(name: core, dependencies: dependencies, path: "Services/\(directory)/Core", resources: resources,
+                swiftSettings: swiftSettings, plugins: plugins),
+        .executableTarget(name: executable,
+                          dependencies: [.byName(name: core), "CanopyServiceKit", "CanopyBus", "CanopyMessages"] + executableDependencies,
+                          path: "Services/\(directory)/CLI", swiftSettings: swiftSettings),
+    ]
+}
+
+/// A test suite in Tests/<name>.
+func tests(_ name: String, _ dependencies: [Target.Dependency], resources: [Resource]? = nil) -> Target {
+    .testTarget(name: name, dependencies: dependencies, path: "Tests/\(name)", resources: resources, swiftSettings: swiftSettings)
+}
+
+/// The products of other packages the targets use, by name.
+enum P {
+    static let argumentParser: Target.Dependency = .product(name: "ArgumentParser", package: "swift-argument-parser")
+    static let asyncHTTPClient: Target.Dependency = .product(name: "AsyncHTTPClient", package: "async-http-client")
+    static let collections: Target.Dependency = .product(name: "Collections", package: "swift-collections")
+    static let crypto: Target.Dependency = .product(name: "Crypto", package: "swift-crypto")
+    static let grdb: Target.Dependency = .product(name: "GRDB", package: "GRDB.swift")
+    static let histogram: Target.Dependency = .product(name: "Histogram", package: "hdrhistogram-swift")
+    static let httpTypes: Target.Dependency = .product(name: "HTTPTypes", package: "swift-http-types")
+    static let hummingbird: Target.Dependency = .product(name: "Hummingbird", package: "hummingbird")
+    static let hummingbirdHTTP2: Target.Dependency = .product(name: "HummingbirdHTTP2", package: "hummingbird")
+    static let jwtKit: Target.Dependency = .product(name: "JWTKit", package: "jwt-kit")
+    static let logging: Target.Dependency = .product(name: "Logging", package: "swift-log")
+    static let metrics: Target.Dependency = .product(name: "Metrics", package: "swift-metrics")
+    static let multipartKit: Target.Dependency = .product(name: "MultipartKit", package: "multipart-kit")
+    static let nioCore: Target.Dependency = .product(name: "NIOCore", package: "swift-nio")
+    static let nioHTTP1: Target.Dependency = .product(name: "NIOHTTP1", package: "swift-nio")
+    static let nioPosix: Target.Dependency = .product(name: "NIOPosix", package: "swift-nio")
+    static let nioSSL: Target.Dependency = .product(name: "NIOSSL", package: "swift-nio-ssl")
+    static let openAPIHummingbird: Target.Dependency = .product(name: "OpenAPIHummingbird", package: "swift-openapi-hummingbird")
+    static let openAPIRuntime: Target.Dependency = .product(name: "OpenAPIRuntime", package: "swift-openapi-runtime")
+    static let prometheus: Target.Dependency = .product(name: "Prometheus", package: "swift-prometheus")
+    static let serviceLifecycle: Target.Dependency = .product(name: "ServiceLifecycle", package: "swift-service-lifecycle")
+    static let unixSignals: Target.Dependency = .product(name: "UnixSignals", package: "swift-service-lifecycle")
+    static let x509: Target.Dependency = .product(name: "X509", package: "swift-certificates")
+    static let yams: Target.Dependency = .product(name: "Yams", package: "Yams")
+}
+
+var targets: [Target] = [
+    // MARK: - Shared modules
+
+    // libzmq from Debian's libzmq3-dev (scripts/setup checks it with `pkg-config --exists
+    // libzmq` and installs it). The target does not name `pkgConfig: "libzmq"`: Debian's
+    // libzmq.pc pulls krb5's `-isystem` flags in through Requires.private, which SwiftPM
+    // refuses with a warning on every build; zmq.h is in /usr/include either way.
+    .systemLibrary(
+        name: "CZeroMQ",
+        path: "Shared/CZeroMQ",
+        providers: [.apt(["libzmq3-dev"])]
+    ),
+    // libvips from Debian's libvips-dev, behind a small C shim: Swift cannot call C
+    // variadic functions, and the shim keeps glib's headers out of Swift.
+    .target(
+        name: "CVips",
+        path: "Shared/CVips",
+        cSettings: [.unsafeFlags(["-I/usr/include/glib-2.0", "-I/usr/lib/\(multiarch)/glib-2.0/include"])],
+        linkerSettings: [.linkedLibrary("vips"), .linkedLibrary("gobject-2.0"), .linkedLibrary("glib-2.0")]
+    ),
+    shared("CanopyMessages"),
+    // Pixels: libvips started once, decoded images, OKLab, and the photo features
+    // canopy-identify matches by (canopy-images and canopy-identify share it).
+    shared("CanopyImaging", ["CVips", "CanopyMessages", P.crypto]),
+    // The IO layer: the libzmq binding (sockets, poller, mailbox, loop threads, CurveZMQ
+    // keys) and the loop helpers every bus executable shares.
+    shared("CanopyIO", ["CZeroMQ", "CanopyMessages", P.logging, P.metrics, P.serviceLifecycle]),
+    // The wire codec: every canopy/1 and Majordomo message as a typed value.
+    shared("CanopyWire", ["CanopyMessages"]),
+    // Capture files: what crossed the broker, written, read and pseudonymized.
+    shared("CanopyCapture", ["CanopyWire", "CanopyMessages", P.crypto, P.histogram]),
+    // Replay: a capture's requests sent again, their answers compared.
+    shared("CanopyReplay", ["CanopyCapture", "CanopyBus", "CanopyWire", "CanopyMessages", "CZeroMQ", P.collections, P.histogram]),
+    // What services and clients use: the typed client and the plug-in runtime.
+    shared("CanopyBus", ["CanopyIO", "CanopyWire", "CanopyMessages", P.collections, P.logging, P.metrics, P.serviceLifecycle]),
+    // The broker: routing state, its IO shell, and CurveZMQ's broker side.
+    shared("CanopyBroker", [
+        "CZeroMQ", "CanopyIO", "CanopyWire", "CanopyMessages", "CanopyCapture", P.collections, P.histogram, P.logging,
+        P.metrics, P.serviceLifecycle,
+    ]),
+    shared("CanopyServiceKit", [
+        "CanopyBus", P.argumentParser, P.hummingbird, P.logging, P.metrics, P.nioCore, P.prometheus, P.serviceLifecycle,
+        P.unixSignals,
+    ]),
+    shared("CanopyOutbound", ["CanopyMessages", P.nioCore, P.nioHTTP1, P.nioPosix, P.nioSSL]),
+    shared("CanopyTesting", [
+        "CanopyBus", "CanopyBroker", "CanopyMessages", "CanopyServiceKit", "CanopyImaging", "CZeroMQ", P.hummingbird,
+        P.logging, P.serviceLifecycle,
+    ]),
+
+    // Made-up plant photos and multipart forms, as phones send them: for `canopy demo`,
+    // the tests and the benchmark, never for anything from users.
+    shared("CanopySamples", ["CVips", "CanopyImaging", "CanopyMessages"]),
+    // The services a whole stack runs (`canopy up`, docker-compose.yml, the deployment tests).
+    shared("CanopyDeployment"),
+
+    // The one way every store opens its SQLite file (pragmas, migrations).
+    shared("CanopyStore", [P.grdb]),
+]
+
+// MARK: - Services: each a core module and its executable
+
+targets += service("Broker", core: "MessageBroker", executable: "canopy-broker",
+    dependencies: ["CanopyBroker", "CanopyServiceKit", P.logging, P.serviceLifecycle],
+    executableDependencies: ["CanopyBroker"])
+targets += service("ImageCache", core: "ImageCache", executable: "canopy-images",
+    dependencies: [
+        "CVips", "CanopyImaging", "CanopyBus", "CanopyMessages", "CanopyServiceKit", "CanopyStore", "CanopyOutbound",
+        P.crypto, P.grdb, P.logging, P.metrics, P.nioCore, P.nioHTTP1, P.nioPosix, P.nioSSL, P.serviceLifecycle,
+    ])
+targets += service("Identification", core: "Identification", executable: "canopy-identify",
+    dependencies: [
+        "CanopyImaging", "CanopyBus", "CanopyMessages", "CanopyServiceKit", "CanopyStore", P.asyncHTTPClient,
+        P.crypto, P.grdb, P.logging, P.metrics, P.multipartKit, P.serviceLifecycle,
+    ],
+    executableDependencies: ["CanopyImaging"])
+targets += service("Reminders", core: "Reminders", executable: "canopy-remind",
+    dependencies: [
+        "CanopyBus", "CanopyMessages", "CanopyServiceKit", "CanopyStore", "CanopyOutbound", P.asyncHTTPClient,
+        P.collections, P.crypto, P.grdb, P.jwtKit, P.logging, P.metrics, P.nioSSL, P.serviceLifecycle,
+    ])
+// canopy-batch: the HTTP API apps call, generated from its OpenAPI document
+// (Core/openapi.yaml, which docs/openapi.yaml links to) by the generator's build plugin.
+targets += service("RequestBatching", core: "RequestBatching", executable: "canopy-batch",
+    dependencies: [
+        "CanopyBus", "CanopyMessages", "CanopyServiceKit", P.httpTypes, P.hummingbird, P.jwtKit, P.logging,
+        P.metrics, P.openAPIHummingbird, P.openAPIRuntime, P.serviceLifecycle,
+    ],
+    plugins: [.plugin(name: "OpenAPIGenerator", package: "swift-openapi-generator")])
+targets += service("CareScheduling", core: "CareScheduling", executable: "canopy-care",
+    dependencies: [
+        "CanopyBus", "CanopyMessages", "CanopyServiceKit", "CanopyStore", P.collections, P.grdb, P.logging,
+        P.metrics, P.serviceLifecycle,
+    ],
+    resources: [.copy("Resources/catalog.json")])
+
+// MARK: - The operator's CLI, the benchmark, and the tests
+
+targets += [
+    .executableTarget(name: "canopy", dependencies: [
+        "CanopySamples", "CanopyDeployment", "CanopyServiceKit", "CanopyBus", "CanopyMessages", "CanopyCapture",
+        "CanopyReplay", "CanopyImaging", P.asyncHTTPClient, P.grdb, P.nioCore, P.nioHTTP1,
+    ], path: "Services/Canopy", swiftSettings: swiftSettings),
+    .executableTarget(name: "canopy-bench", dependencies: [
+        "CanopySamples", "CanopyDeployment", "CanopyOutbound", "CanopyBus", "CanopyBroker", "CZeroMQ", "CanopyMessages",
+        "ImageCache", "CareScheduling", "Identification", "Reminders", "CanopyImaging", "CVips", "CanopyServiceKit",
+        "CanopyWire", "RequestBatching", "CanopyCapture", "CanopyReplay", P.argumentParser, P.asyncHTTPClient, P.collections,
+        P.grdb, P.histogram, P.hummingbird,
+    ], path: "Benchmarks/BusBenchmark", swiftSettings: swiftSettings),
+    // A worker process the live tests start and kill with SIGKILL.
+    .executableTarget(name: "canopy-test-worker", dependencies: ["CanopyTesting", "CanopyServiceKit"], path: "Tests/TestWorker",
+                      swiftSettings: swiftSettings),
+
+    // MARK: - Tests
+    // A suite that names an executable gets it built, for the tests that run it as a process
+    // or ask it for --help.
+
+    tests("CanopyMessagesTests", ["CanopyMessages", "CanopyWire", "CanopyBus", "CanopyTesting"], resources: [.copy("Fixtures")]),
+    tests("ImageCacheTests", [
+        "CanopyOutbound", "ImageCache", "CanopyImaging", "CVips", "CanopyBus", "CanopyBroker", "CanopyTesting",
+        "CanopyServiceKit", "canopy-images", P.nioCore, P.nioHTTP1, P.nioPosix,
+    ]),
+    tests("IdentificationTests", [
+        "CanopySamples", "Identification", "CanopyImaging", "CVips", "ImageCache", "CareScheduling", "CanopyBus",
+        "CanopyBroker", "CanopyTesting", "CanopyServiceKit", "canopy-identify", P.hummingbird, P.multipartKit,
+    ]),
+    tests("ReminderTests", [
+        "CanopyOutbound", "Reminders", "CareScheduling", "CanopyBus", "CanopyBroker", "CanopyTesting", "CanopyServiceKit",
+        "canopy-remind", P.crypto, P.hummingbird, P.hummingbirdHTTP2, P.nioSSL, P.x509,
+    ]),
+    tests("RequestBatchingTests", [
+        "CanopySamples", "RequestBatching", "CareScheduling", "Reminders", "ImageCache", "Identification", "CanopyImaging",
+        "CanopyBus", "CanopyBroker", "CanopyTesting", "CanopyServiceKit", "CanopyCapture", "CanopyReplay", "CanopyMessages",
+        "canopy-batch", P.asyncHTTPClient, P.grdb, P.nioCore, P.nioHTTP1, P.yams,
+    ]),
+    tests("CareSchedulingTests", [
+        "CareScheduling", "ImageCache", "CVips", "CanopyBus", "CanopyBroker", "CanopyTesting", "CanopyServiceKit", "canopy-care",
+    ]),
+    tests("EndToEndTests", [
+        "CanopySamples", "CanopyServiceKit", "CanopyTesting", "CanopyCapture", "CanopyReplay", "CanopyImaging",
+        "canopy", "canopy-broker", "canopy-images", "canopy-care", "canopy-identify", "canopy-remind", "canopy-batch",
+        P.asyncHTTPClient, P.grdb, P.nioCore, P.nioHTTP1,
+    ]),
+    tests("DeploymentTests", [
+        "CanopySamples", "CanopyDeployment", "CanopyServiceKit", "CanopyTesting", "CanopyImaging", "canopy", "canopy-broker",
+        "canopy-images", "canopy-care", "canopy-identify", "canopy-remind", "canopy-batch", P.grdb, P.yams,
+    ]),
+    tests("CanopyCaptureTests", [
+        "CanopyCapture", "CanopyReplay", "CanopyBroker", "CanopyBus", "CanopyWire", "CanopyMessages", "CanopyTesting",
+        "CanopyServiceKit", "canopy", "canopy-broker",
+    ]),
+    tests("CanopyBusTests", [
+        "CanopyBus", "CanopyBroker", "CanopyTesting", "CanopyServiceKit", "CZeroMQ", "MessageBroker", "canopy", "canopy-broker",
+        "canopy-test-worker",
+    ]),
+]
+
 let package = Package(
     name: "Canopy",
     platforms: [.macOS(.v15)],
@@ -57,454 +267,5 @@ let package = Package(
         // The deployment tests read docker-compose.yml.
         .package(url: "https://github.com/jpsim/Yams", from: "6.2.2"),
     ],
-    targets: [
-        // MARK: - Shared modules
-
-        // libzmq from Debian's libzmq3-dev (scripts/setup checks it with `pkg-config --exists
-        // libzmq` and installs it). The target does not name `pkgConfig: "libzmq"`: Debian's
-        // libzmq.pc pulls krb5's `-isystem` flags in through Requires.private, which SwiftPM
-        // refuses with a warning on every build; zmq.h is in /usr/include either way.
-        .systemLibrary(
-            name: "CZeroMQ",
-            path: "Shared/CZeroMQ",
-            providers: [.apt(["libzmq3-dev"])]
-        ),
-        // libvips from Debian's libvips-dev, behind a small C shim: Swift cannot call C
-        // variadic functions, and the shim keeps glib's headers out of Swift.
-        .target(
-            name: "CVips",
-            path: "Shared/CVips",
-            cSettings: [.unsafeFlags(["-I/usr/include/glib-2.0", "-I/usr/lib/\(multiarch)/glib-2.0/include"])],
-            linkerSettings: [.linkedLibrary("vips"), .linkedLibrary("gobject-2.0"), .linkedLibrary("glib-2.0")]
-        ),
-        .target(
-            name: "CanopyMessages",
-            path: "Shared/CanopyMessages",
-            swiftSettings: swiftSettings
-        ),
-        // Pixels: libvips started once, decoded images, OKLab, and the photo features
-        // canopy-identify matches by (canopy-images and canopy-identify share it).
-        .target(
-            name: "CanopyImaging",
-            dependencies: ["CVips", "CanopyMessages", .product(name: "Crypto", package: "swift-crypto")],
-            path: "Shared/CanopyImaging",
-            swiftSettings: swiftSettings
-        ),
-        // The IO layer: the libzmq binding (sockets, poller, mailbox, loop threads, CurveZMQ
-        // keys) and the loop helpers every bus executable shares.
-        .target(
-            name: "CanopyIO",
-            dependencies: [
-                "CZeroMQ", "CanopyMessages",
-                .product(name: "Logging", package: "swift-log"),
-                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
-                .product(name: "Metrics", package: "swift-metrics"),
-            ],
-            path: "Shared/CanopyIO",
-            swiftSettings: swiftSettings
-        ),
-        // The wire codec: every canopy/1 and Majordomo message as a typed value.
-        .target(
-            name: "CanopyWire",
-            dependencies: ["CanopyMessages"],
-            path: "Shared/CanopyWire",
-            swiftSettings: swiftSettings
-        ),
-        // Capture files: what crossed the broker, written, read and pseudonymized.
-        .target(
-            name: "CanopyCapture",
-            dependencies: [
-                "CanopyWire", "CanopyMessages",
-                .product(name: "Crypto", package: "swift-crypto"),
-                .product(name: "Histogram", package: "hdrhistogram-swift"),
-            ],
-            path: "Shared/CanopyCapture",
-            swiftSettings: swiftSettings
-        ),
-        // Replay: a capture's requests sent again, their answers compared.
-        .target(
-            name: "CanopyReplay",
-            dependencies: [
-                "CanopyCapture", "CanopyBus", "CanopyWire", "CanopyMessages", "CZeroMQ",
-                .product(name: "Histogram", package: "hdrhistogram-swift"),
-                .product(name: "Collections", package: "swift-collections"),
-            ],
-            path: "Shared/CanopyReplay",
-            swiftSettings: swiftSettings
-        ),
-        // What services and clients use: the typed client and the plug-in runtime.
-        .target(
-            name: "CanopyBus",
-            dependencies: [
-                "CanopyIO", "CanopyWire", "CanopyMessages",
-                .product(name: "Logging", package: "swift-log"),
-                .product(name: "Metrics", package: "swift-metrics"),
-                .product(name: "Collections", package: "swift-collections"),
-                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
-            ],
-            path: "Shared/CanopyBus",
-            swiftSettings: swiftSettings
-        ),
-        // The broker: routing state, its IO shell, and CurveZMQ's broker side.
-        .target(
-            name: "CanopyBroker",
-            dependencies: [
-                "CZeroMQ", "CanopyIO", "CanopyWire", "CanopyMessages", "CanopyCapture",
-                .product(name: "Logging", package: "swift-log"),
-                .product(name: "Metrics", package: "swift-metrics"),
-                .product(name: "Collections", package: "swift-collections"),
-                .product(name: "Histogram", package: "hdrhistogram-swift"),
-                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
-            ],
-            path: "Shared/CanopyBroker",
-            swiftSettings: swiftSettings
-        ),
-        .target(
-            name: "CanopyServiceKit",
-            dependencies: [
-                "CanopyBus",
-                .product(name: "ArgumentParser", package: "swift-argument-parser"),
-                .product(name: "Logging", package: "swift-log"),
-                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
-                .product(name: "UnixSignals", package: "swift-service-lifecycle"),
-                .product(name: "Metrics", package: "swift-metrics"),
-                .product(name: "Prometheus", package: "swift-prometheus"),
-                .product(name: "Hummingbird", package: "hummingbird"),
-                .product(name: "NIOCore", package: "swift-nio"),
-            ],
-            path: "Shared/CanopyServiceKit",
-            swiftSettings: swiftSettings
-        ),
-        .target(
-            name: "CanopyOutbound",
-            dependencies: [
-                "CanopyMessages",
-                .product(name: "NIOCore", package: "swift-nio"),
-                .product(name: "NIOPosix", package: "swift-nio"),
-                .product(name: "NIOHTTP1", package: "swift-nio"),
-                .product(name: "NIOSSL", package: "swift-nio-ssl"),
-            ],
-            path: "Shared/CanopyOutbound",
-            swiftSettings: swiftSettings
-        ),
-        .target(
-            name: "CanopyTesting",
-            dependencies: [
-                "CanopyBus", "CanopyBroker", "CanopyMessages", "CanopyServiceKit", "CanopyImaging", "CZeroMQ",
-                .product(name: "Logging", package: "swift-log"),
-                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
-                .product(name: "Hummingbird", package: "hummingbird"),
-            ],
-            path: "Shared/CanopyTesting",
-            swiftSettings: swiftSettings
-        ),
-
-        // Made-up plant photos and multipart forms, as phones send them: for `canopy demo`,
-        // the tests and the benchmark, never for anything from users.
-        .target(
-            name: "CanopySamples",
-            dependencies: ["CVips", "CanopyImaging", "CanopyMessages"],
-            path: "Shared/CanopySamples",
-            swiftSettings: swiftSettings
-        ),
-        // The services a whole stack runs (`canopy up`, docker-compose.yml, the deployment tests).
-        .target(
-            name: "CanopyDeployment",
-            path: "Shared/CanopyDeployment",
-            swiftSettings: swiftSettings
-        ),
-
-        // The one way every store opens its SQLite file (pragmas, migrations).
-        .target(
-            name: "CanopyStore",
-            dependencies: [.product(name: "GRDB", package: "GRDB.swift")],
-            path: "Shared/CanopyStore",
-            swiftSettings: swiftSettings
-        ),
-
-        // MARK: - Executables
-
-        .target(
-            name: "MessageBroker",
-            dependencies: [
-                "CanopyBroker", "CanopyServiceKit",
-                .product(name: "Logging", package: "swift-log"),
-                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
-            ],
-            path: "Services/Broker/Core",
-            swiftSettings: swiftSettings
-        ),
-        .executableTarget(
-            name: "canopy-broker",
-            dependencies: ["MessageBroker", "CanopyBroker", "CanopyServiceKit", "CanopyMessages"],
-            path: "Services/Broker/CLI",
-            swiftSettings: swiftSettings
-        ),
-        .target(
-            name: "ImageCache",
-            dependencies: [
-                "CVips", "CanopyImaging", "CanopyBus", "CanopyMessages", "CanopyServiceKit", "CanopyStore", "CanopyOutbound",
-                .product(name: "GRDB", package: "GRDB.swift"),
-                .product(name: "Crypto", package: "swift-crypto"),
-                .product(name: "NIOCore", package: "swift-nio"),
-                .product(name: "NIOPosix", package: "swift-nio"),
-                .product(name: "NIOHTTP1", package: "swift-nio"),
-                .product(name: "NIOSSL", package: "swift-nio-ssl"),
-                .product(name: "Logging", package: "swift-log"),
-                .product(name: "Metrics", package: "swift-metrics"),
-                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
-            ],
-            path: "Services/ImageCache/Core",
-            swiftSettings: swiftSettings
-        ),
-        .target(
-            name: "Identification",
-            dependencies: [
-                "CanopyImaging", "CanopyBus", "CanopyMessages", "CanopyServiceKit", "CanopyStore",
-                .product(name: "GRDB", package: "GRDB.swift"),
-                .product(name: "Crypto", package: "swift-crypto"),
-                .product(name: "AsyncHTTPClient", package: "async-http-client"),
-                .product(name: "MultipartKit", package: "multipart-kit"),
-                .product(name: "Logging", package: "swift-log"),
-                .product(name: "Metrics", package: "swift-metrics"),
-                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
-            ],
-            path: "Services/Identification/Core",
-            swiftSettings: swiftSettings
-        ),
-        .executableTarget(
-            name: "canopy-identify",
-            dependencies: ["Identification", "CanopyImaging", "CanopyServiceKit", "CanopyBus", "CanopyMessages"],
-            path: "Services/Identification/CLI",
-            swiftSettings: swiftSettings
-        ),
-        .target(
-            name: "Reminders",
-            dependencies: [
-                "CanopyBus", "CanopyMessages", "CanopyServiceKit", "CanopyStore", "CanopyOutbound",
-                .product(name: "GRDB", package: "GRDB.swift"),
-                .product(name: "Crypto", package: "swift-crypto"),
-                .product(name: "AsyncHTTPClient", package: "async-http-client"),
-                .product(name: "JWTKit", package: "jwt-kit"),
-                .product(name: "NIOSSL", package: "swift-nio-ssl"),
-                .product(name: "Collections", package: "swift-collections"),
-                .product(name: "Logging", package: "swift-log"),
-                .product(name: "Metrics", package: "swift-metrics"),
-                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
-            ],
-            path: "Services/Reminders/Core",
-            swiftSettings: swiftSettings
-        ),
-        .executableTarget(
-            name: "canopy-remind",
-            dependencies: ["Reminders", "CanopyServiceKit", "CanopyBus", "CanopyMessages"],
-            path: "Services/Reminders/CLI",
-            swiftSettings: swiftSettings
-        ),
-        // canopy-batch: the HTTP API apps call, generated from its OpenAPI document
-        // (Core/openapi.yaml, which docs/openapi.yaml links to) by the generator's build plugin.
-        .target(
-            name: "RequestBatching",
-            dependencies: [
-                "CanopyBus", "CanopyMessages", "CanopyServiceKit",
-                .product(name: "OpenAPIRuntime", package: "swift-openapi-runtime"),
-                .product(name: "OpenAPIHummingbird", package: "swift-openapi-hummingbird"),
-                .product(name: "Hummingbird", package: "hummingbird"),
-                .product(name: "HTTPTypes", package: "swift-http-types"),
-                .product(name: "JWTKit", package: "jwt-kit"),
-                .product(name: "Logging", package: "swift-log"),
-                .product(name: "Metrics", package: "swift-metrics"),
-                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
-            ],
-            path: "Services/RequestBatching/Core",
-            swiftSettings: swiftSettings,
-            plugins: [.plugin(name: "OpenAPIGenerator", package: "swift-openapi-generator")]
-        ),
-        .executableTarget(
-            name: "canopy-batch",
-            dependencies: ["RequestBatching", "CanopyServiceKit", "CanopyBus", "CanopyMessages"],
-            path: "Services/RequestBatching/CLI",
-            swiftSettings: swiftSettings
-        ),
-        .target(
-            name: "CareScheduling",
-            dependencies: [
-                "CanopyBus", "CanopyMessages", "CanopyServiceKit", "CanopyStore",
-                .product(name: "GRDB", package: "GRDB.swift"),
-                .product(name: "Collections", package: "swift-collections"),
-                .product(name: "Logging", package: "swift-log"),
-                .product(name: "Metrics", package: "swift-metrics"),
-                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
-            ],
-            path: "Services/CareScheduling/Core",
-            resources: [.copy("Resources/catalog.json")],
-            swiftSettings: swiftSettings
-        ),
-        .executableTarget(
-            name: "canopy-care",
-            dependencies: ["CareScheduling", "CanopyServiceKit", "CanopyBus", "CanopyMessages"],
-            path: "Services/CareScheduling/CLI",
-            swiftSettings: swiftSettings
-        ),
-        .executableTarget(
-            name: "canopy-images",
-            dependencies: ["ImageCache", "CanopyServiceKit", "CanopyBus", "CanopyMessages"],
-            path: "Services/ImageCache/CLI",
-            swiftSettings: swiftSettings
-        ),
-        .executableTarget(
-            name: "canopy",
-            dependencies: [
-                "CanopySamples", "CanopyDeployment",
-                "CanopyServiceKit", "CanopyBus", "CanopyMessages", "CanopyCapture", "CanopyReplay", "CanopyImaging",
-                .product(name: "AsyncHTTPClient", package: "async-http-client"),
-                .product(name: "GRDB", package: "GRDB.swift"),
-                .product(name: "NIOCore", package: "swift-nio"),
-                .product(name: "NIOHTTP1", package: "swift-nio"),
-            ],
-            path: "Services/Canopy",
-            swiftSettings: swiftSettings
-        ),
-        .executableTarget(
-            name: "canopy-bench",
-            dependencies: [
-                "CanopySamples", "CanopyDeployment",
-                "CanopyOutbound",
-                "CanopyBus", "CanopyBroker", "CZeroMQ", "CanopyMessages", "ImageCache", "CareScheduling", "Identification", "Reminders", "CanopyImaging", "CVips",
-                "CanopyServiceKit", "CanopyWire", "RequestBatching", "CanopyCapture", "CanopyReplay",
-                .product(name: "ArgumentParser", package: "swift-argument-parser"),
-                .product(name: "GRDB", package: "GRDB.swift"),
-                .product(name: "Hummingbird", package: "hummingbird"),
-                .product(name: "AsyncHTTPClient", package: "async-http-client"),
-                .product(name: "Collections", package: "swift-collections"),
-                .product(name: "Histogram", package: "hdrhistogram-swift"),
-            ],
-            path: "Benchmarks/BusBenchmark",
-            swiftSettings: swiftSettings
-        ),
-        // A worker process the live tests start and kill with SIGKILL.
-        .executableTarget(
-            name: "canopy-test-worker",
-            dependencies: ["CanopyTesting", "CanopyServiceKit"],
-            path: "Tests/TestWorker",
-            swiftSettings: swiftSettings
-        ),
-
-        // MARK: - Tests
-
-        .testTarget(
-            name: "CanopyMessagesTests",
-            dependencies: ["CanopyMessages", "CanopyWire", "CanopyBus", "CanopyTesting"],
-            path: "Tests/CanopyMessagesTests",
-            resources: [.copy("Fixtures")],
-            swiftSettings: swiftSettings
-        ),
-        .testTarget(
-            name: "ImageCacheTests",
-            dependencies: [
-                "CanopyOutbound",
-                "ImageCache", "CanopyImaging", "CVips", "CanopyBus", "CanopyBroker", "CanopyTesting", "CanopyServiceKit", "canopy-images",
-                .product(name: "NIOCore", package: "swift-nio"),
-                .product(name: "NIOPosix", package: "swift-nio"),
-                .product(name: "NIOHTTP1", package: "swift-nio"),
-            ],
-            path: "Tests/ImageCacheTests",
-            swiftSettings: swiftSettings
-        ),
-        .testTarget(
-            name: "IdentificationTests",
-            dependencies: [
-                "CanopySamples",
-                "Identification", "CanopyImaging", "CVips", "ImageCache", "CareScheduling", "CanopyBus", "CanopyBroker", "CanopyTesting",
-                "CanopyServiceKit", "canopy-identify",
-                .product(name: "Hummingbird", package: "hummingbird"),
-                .product(name: "MultipartKit", package: "multipart-kit"),
-            ],
-            path: "Tests/IdentificationTests",
-            swiftSettings: swiftSettings
-        ),
-        .testTarget(
-            name: "ReminderTests",
-            dependencies: [
-                "CanopyOutbound",
-                "Reminders", "CareScheduling", "CanopyBus", "CanopyBroker", "CanopyTesting", "CanopyServiceKit", "canopy-remind",
-                .product(name: "Hummingbird", package: "hummingbird"),
-                .product(name: "HummingbirdHTTP2", package: "hummingbird"),
-                .product(name: "Crypto", package: "swift-crypto"),
-                .product(name: "X509", package: "swift-certificates"),
-                .product(name: "NIOSSL", package: "swift-nio-ssl"),
-            ],
-            path: "Tests/ReminderTests",
-            swiftSettings: swiftSettings
-        ),
-        .testTarget(
-            name: "RequestBatchingTests",
-            dependencies: [
-                "CanopySamples",
-                "RequestBatching", "CareScheduling", "Reminders", "ImageCache", "Identification", "CanopyImaging", "CanopyBus", "CanopyBroker", "CanopyTesting",
-                "CanopyServiceKit", "CanopyCapture", "CanopyReplay", "CanopyMessages", "canopy-batch",
-                .product(name: "GRDB", package: "GRDB.swift"),
-                .product(name: "Yams", package: "Yams"),
-                .product(name: "AsyncHTTPClient", package: "async-http-client"),
-                .product(name: "NIOCore", package: "swift-nio"),
-                .product(name: "NIOHTTP1", package: "swift-nio"),
-            ],
-            path: "Tests/RequestBatchingTests",
-            swiftSettings: swiftSettings
-        ),
-        .testTarget(
-            name: "CareSchedulingTests",
-            dependencies: ["CareScheduling", "ImageCache", "CVips", "CanopyBus", "CanopyBroker", "CanopyTesting", "CanopyServiceKit", "canopy-care"],
-            path: "Tests/CareSchedulingTests",
-            swiftSettings: swiftSettings
-        ),
-        .testTarget(
-            name: "EndToEndTests",
-            dependencies: [
-                "CanopySamples",
-                "CanopyServiceKit", "CanopyTesting", "CanopyCapture", "CanopyReplay", "CanopyImaging",
-                .product(name: "GRDB", package: "GRDB.swift"),
-                .product(name: "AsyncHTTPClient", package: "async-http-client"),
-                .product(name: "NIOCore", package: "swift-nio"),
-                .product(name: "NIOHTTP1", package: "swift-nio"),
-                // The stack's processes.
-                "canopy", "canopy-broker", "canopy-images", "canopy-care", "canopy-identify", "canopy-remind", "canopy-batch",
-            ],
-            path: "Tests/EndToEndTests",
-            swiftSettings: swiftSettings
-        ),
-        .testTarget(
-            name: "DeploymentTests",
-            dependencies: [
-                "CanopySamples", "CanopyDeployment",
-                "CanopyServiceKit", "CanopyTesting", "CanopyImaging",
-                .product(name: "Yams", package: "Yams"),
-                .product(name: "GRDB", package: "GRDB.swift"),
-                // Built for the tests that ask them for --help.
-                "canopy", "canopy-broker", "canopy-images", "canopy-care", "canopy-identify", "canopy-remind", "canopy-batch",
-            ],
-            path: "Tests/DeploymentTests",
-            swiftSettings: swiftSettings
-        ),
-        .testTarget(
-            name: "CanopyCaptureTests",
-            dependencies: [
-                "CanopyCapture", "CanopyReplay", "CanopyBroker", "CanopyBus", "CanopyWire", "CanopyMessages", "CanopyTesting", "CanopyServiceKit",
-                // Built for the tests that run them as processes.
-                "canopy", "canopy-broker",
-            ],
-            path: "Tests/CanopyCaptureTests",
-            swiftSettings: swiftSettings
-        ),
-        .testTarget(
-            name: "CanopyBusTests",
-            dependencies: [
-                "CanopyBus", "CanopyBroker", "CanopyTesting", "CanopyServiceKit", "CZeroMQ", "MessageBroker",
-                // Built for the tests that run them as processes.
-                "canopy-test-worker", "canopy", "canopy-broker",
-            ],
-            path: "Tests/CanopyBusTests",
-            swiftSettings: swiftSettings
-        ),
-    ]
+    targets: targets
 )
