@@ -54,6 +54,19 @@ public final class TestBus: Sendable {
         try await serve(parts.handlers, credit: credit)
     }
 
+    /// Starts a worker as its executable would: live, what its `build…Service` made, until
+    /// the broker has seen `service` register; in process, the parts its `make…Service` made
+    /// (given a caller of this bus for the services it calls).
+    public func start(_ service: String, live build: (ZMQContext, Logger) throws -> [any Service],
+                      inProcess make: (any BusCalling, Logger) throws -> ServiceParts) async throws {
+        if let live {
+            live.run(try build(live.context, live.logger))
+            try await live.waitForWorkers(1, service: service)
+        } else {
+            try await run(try make(try client(), logger))
+        }
+    }
+
     /// Runs `services` (a fake peer's HTTP server, a worker's background) in a service group
     /// until the test ends.
     public func run(_ services: [any Service]) {

@@ -65,29 +65,34 @@ extension LiveBatchTests {
             defer { try? FileManager.default.removeItem(at: directory) }
             try await withTestBus(mode) { bus in
                 let care = CareServiceSettings(directory: directory.appendingPathComponent("care"), runner: bus.runnerConfiguration())
-                var settings = BatchServiceSettings(http: .anyLoopbackPort, bus: .init(endpoint: bus.live?.endpoint ?? ""), tokenKey: Self.key,
-                                                    metrics: .anyLoopbackPort)
-                settings.maximumBodyBytes = 64 * 1_024
-                settings.rateLimit = rate
-                settings.rateBurst = burst
-                settings.idleTimeout = idleTimeout
-                settings.readTimeout = readTimeout
-                let services: [any Service]
-                if let live = bus.live {
-                    live.run(try buildCareService(settings: care, context: live.context, logger: live.logger))
-                    services = try buildBatchService(settings: settings, context: live.context, logger: live.logger)
-                } else {
-                    try await bus.run(try makeCareService(settings: care, bus: try bus.client(), logger: bus.logger))
-                    services = try makeBatchService(settings: settings, bus: try bus.client(timeout: settings.callTimeout), logger: bus.logger)
-                }
-                let http = try #require(services.first { $0 is BatchHTTPServer } as? BatchHTTPServer)
-                let metrics = try #require(services.first { $0 is OperatingEndpoint } as? OperatingEndpoint)
-                bus.run(services)
-                if let live = bus.live { try await live.waitForWorkers(1, service: Care.service) }
-                let port = try await http.boundPort()
-                try await body(Stack(base: "http://127.0.0.1:\(port)", tokens: try TokenAuthority(key: Self.key), bus: bus,
-                                     metricsPort: try await metrics.boundPort()))
+                try await bus.start(Care.service, live: { try buildCareService(settings: care, context: $0, logger: $1) },
+                                    inProcess: { try makeCareService(settings: care, bus: $0, logger: $1) })
+                try await body(try await Self.startBatch(on: bus) { settings in
+                    settings.maximumBodyBytes = 64 * 1_024
+                    settings.rateLimit = rate
+                    settings.rateBurst = burst
+                    settings.idleTimeout = idleTimeout
+                    settings.readTimeout = readTimeout
+                })
             }
+        }
+
+        /// canopy-batch on `bus`, as `serve` builds it (live) or its parts (in process), with
+        /// its HTTP API and `/metrics` on ephemeral loopback ports: the stack tests call.
+        static func startBatch(on bus: TestBus, configure: (inout BatchServiceSettings) -> Void = { _ in }) async throws -> Stack {
+            var settings = BatchServiceSettings(http: .anyLoopbackPort, bus: .init(endpoint: bus.live?.endpoint ?? ""), tokenKey: Self.key,
+                                                metrics: .anyLoopbackPort)
+            configure(&settings)
+            let services = if let live = bus.live {
+                try buildBatchService(settings: settings, context: live.context, logger: live.logger)
+            } else {
+                try makeBatchService(settings: settings, bus: try bus.client(timeout: settings.callTimeout), logger: bus.logger)
+            }
+            let http = try #require(services.first { $0 is BatchHTTPServer } as? BatchHTTPServer)
+            let metrics = services.first { $0 is OperatingEndpoint } as? OperatingEndpoint
+            bus.run(services)
+            return Stack(base: "http://127.0.0.1:\(try await http.boundPort())", tokens: try TokenAuthority(key: Self.key), bus: bus,
+                         metricsPort: try await metrics?.boundPort() ?? 0)
         }
 
         static let monstera = #"{"scientificName":"Monstera deliciosa","customName":"Monty","location":"Living room"}"#

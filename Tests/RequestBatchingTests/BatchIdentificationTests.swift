@@ -24,36 +24,31 @@ extension LiveBatchTests {
 
         /// canopy-images, canopy-care and canopy-identify (and canopy-remind when asked) behind
         /// canopy-batch, as `serve` builds them.
-        static func withIdentifyStack(reminders: Bool = false, configure: (inout BatchServiceSettings) -> Void = { _ in },
+        static func withIdentifyStack(_ mode: BusMode = .inProcess, reminders: Bool = false, configure: (inout BatchServiceSettings) -> Void = { _ in },
                                       _ body: (BatchAPITests.Stack) async throws -> Void) async throws {
-            let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-batch-identify-\(UUID().uuidString)")
-            defer { try? FileManager.default.removeItem(at: directory) }
-            try await withLiveBus { bus in
-                bus.run(try buildImageService(settings: ImageServiceSettings(directory: directory.appendingPathComponent("images"), runner: bus.runnerConfiguration()),
-                                              context: bus.context, logger: bus.logger))
-                bus.run(try buildCareService(settings: CareServiceSettings(directory: directory.appendingPathComponent("care"), runner: bus.runnerConfiguration()),
-                                             context: bus.context, logger: bus.logger))
-                var services = [Images.service, Care.service, Identification.service]
+            let directory = try TemporaryDirectory("batch-identify")
+            defer { directory.remove() }
+            try await withTestBus(mode) { bus in
+                let images = ImageServiceSettings(directory: directory.url.appendingPathComponent("images"), runner: bus.runnerConfiguration())
+                let care = CareServiceSettings(directory: directory.url.appendingPathComponent("care"), runner: bus.runnerConfiguration())
+                try await bus.start(Images.service, live: { try buildImageService(settings: images, context: $0, logger: $1) },
+                                    inProcess: { try makeImageService(settings: images, logger: $1) })
+                try await bus.start(Care.service, live: { try buildCareService(settings: care, context: $0, logger: $1) },
+                                    inProcess: { try makeCareService(settings: care, bus: $0, logger: $1) })
                 if reminders {
-                    bus.run(try buildReminderService(settings: ReminderServiceSettings(directory: directory.appendingPathComponent("remind"), runner: bus.runnerConfiguration()),
-                                                     context: bus.context, logger: bus.logger))
-                    services.append(Reminders.service)
+                    let remind = ReminderServiceSettings(directory: directory.url.appendingPathComponent("remind"), runner: bus.runnerConfiguration())
+                    try await bus.start(Reminders.service, live: { try buildReminderService(settings: remind, context: $0, logger: $1) },
+                                        inProcess: { try makeReminderService(settings: remind, bus: $0, logger: $1) })
                 }
-                let settings = IdentificationServiceSettings(directory: directory.appendingPathComponent("identify"), runner: bus.runnerConfiguration())
+                let settings = IdentificationServiceSettings(directory: directory.url.appendingPathComponent("identify"), runner: bus.runnerConfiguration())
                 let tools = try IdentificationTools(databasePath: settings.databasePath)
                 for (index, name) in Self.species.enumerated() {
                     try tools.addReferences(.init(scientificName: name, commonNames: ["Test plant \(index)"], family: "Testaceae"),
                                             photos: try (1...3).map { try SyntheticPlant.species(index).photo(seed: $0) })
                 }
-                bus.run(try buildIdentificationService(settings: settings, context: bus.context, logger: bus.logger))
-                var batchSettings = BatchServiceSettings(http: .anyLoopbackPort, bus: .init(endpoint: bus.endpoint), tokenKey: BatchAPITests.key)
-                configure(&batchSettings)
-                let batch = try buildBatchService(settings: batchSettings, context: bus.context, logger: bus.logger)
-                let http = try #require(batch.first { $0 is BatchHTTPServer } as? BatchHTTPServer)
-                bus.run(batch)
-                for service in services { try await bus.waitForWorkers(1, service: service) }
-                try await body(BatchAPITests.Stack(base: "http://127.0.0.1:\(try await http.boundPort())", tokens: try TokenAuthority(key: BatchAPITests.key),
-                                                   bus: TestBus(live: bus), metricsPort: 0))
+                try await bus.start(Identification.service, live: { try buildIdentificationService(settings: settings, context: $0, logger: $1) },
+                                    inProcess: { try makeIdentificationService(settings: settings, bus: $0, logger: $1) })
+                try await body(try await BatchAPITests.startBatch(on: bus, configure: configure))
             }
         }
 

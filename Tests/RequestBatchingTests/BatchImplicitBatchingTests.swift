@@ -74,7 +74,7 @@ extension LiveBatchTests {
 
         @Test func concurrentLookupsFromTwoPeopleBecomeAFewBusRequestsAndEachGetsOnlyItsOwn() async throws {
             // One batch of a kind in the air at a time, so that lookups gather as soon as two meet.
-            try await BatchRemindersAndPhotosTests.withFullStack(configure: { $0.batchInFlight = 1 }) { stack in
+            try await BatchRemindersAndPhotosTests.withFullStack(.live, configure: { $0.batchInFlight = 1 }) { stack in
                 var alicePlants: [String] = []
                 var alicePhotos: [String] = []
                 for index in 0..<3 {
@@ -147,7 +147,7 @@ extension LiveBatchTests {
         }
 
         @Test func withBatchingOffEachLookupIsABusRequestOfItsOwn() async throws {
-            try await BatchRemindersAndPhotosTests.withFullStack(configure: { $0.batchWindow = .zero }) { stack in
+            try await BatchRemindersAndPhotosTests.withFullStack(.live, configure: { $0.batchWindow = .zero }) { stack in
                 let plant = try #require(try await stack.send(.POST, "/v1/plants", json: BatchAPITests.monstera).object["id"] as? String)
                 let photo = try await Self.upload(stack, plant: plant, as: "alice", seed: 1)
                 let before = try await Self.requests(stack, Images.service)

@@ -19,27 +19,24 @@ import Testing
 extension LiveBatchTests {
     @Suite(.serialized)
     struct BatchRemindersAndPhotosTests {
-        static func withFullStack(configure: (inout BatchServiceSettings) -> Void = { _ in }, _ body: (BatchAPITests.Stack) async throws -> Void) async throws {
-            let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-batch-full-\(UUID().uuidString)")
-            defer { try? FileManager.default.removeItem(at: directory) }
-            try await withLiveBus { bus in
-                var care = CareServiceSettings(directory: directory.appendingPathComponent("care"), runner: bus.runnerConfiguration())
+        /// canopy-care, canopy-remind and canopy-images behind canopy-batch: on the in-process
+        /// bus, or (`.live`) as `serve` builds them, through the real broker.
+        static func withFullStack(_ mode: BusMode = .inProcess, configure: (inout BatchServiceSettings) -> Void = { _ in },
+                                  _ body: (BatchAPITests.Stack) async throws -> Void) async throws {
+            let directory = try TemporaryDirectory("batch-full")
+            defer { directory.remove() }
+            try await withTestBus(mode) { bus in
+                var care = CareServiceSettings(directory: directory.url.appendingPathComponent("care"), runner: bus.runnerConfiguration())
                 care.outboxInterval = .milliseconds(100)
-                bus.run(try buildCareService(settings: care, context: bus.context, logger: bus.logger))
-                bus.run(try buildReminderService(settings: ReminderServiceSettings(directory: directory.appendingPathComponent("remind"), runner: bus.runnerConfiguration()),
-                                                 context: bus.context, logger: bus.logger))
-                bus.run(try buildImageService(settings: ImageServiceSettings(directory: directory.appendingPathComponent("images"), runner: bus.runnerConfiguration()),
-                                              context: bus.context, logger: bus.logger))
-                var settings = BatchServiceSettings(http: .anyLoopbackPort, bus: .init(endpoint: bus.endpoint), tokenKey: BatchAPITests.key,
-                                                    metrics: .anyLoopbackPort)
-                configure(&settings)
-                let services = try buildBatchService(settings: settings, context: bus.context, logger: bus.logger)
-                let http = try #require(services.first { $0 is BatchHTTPServer } as? BatchHTTPServer)
-                let metrics = try #require(services.first { $0 is OperatingEndpoint } as? OperatingEndpoint)
-                bus.run(services)
-                for service in [Care.service, Reminders.service, Images.service] { try await bus.waitForWorkers(1, service: service) }
-                try await body(BatchAPITests.Stack(base: "http://127.0.0.1:\(try await http.boundPort())", tokens: try TokenAuthority(key: BatchAPITests.key),
-                                                   bus: TestBus(live: bus), metricsPort: try await metrics.boundPort()))
+                let remind = ReminderServiceSettings(directory: directory.url.appendingPathComponent("remind"), runner: bus.runnerConfiguration())
+                let images = ImageServiceSettings(directory: directory.url.appendingPathComponent("images"), runner: bus.runnerConfiguration())
+                try await bus.start(Care.service, live: { try buildCareService(settings: care, context: $0, logger: $1) },
+                                    inProcess: { try makeCareService(settings: care, bus: $0, logger: $1) })
+                try await bus.start(Reminders.service, live: { try buildReminderService(settings: remind, context: $0, logger: $1) },
+                                    inProcess: { try makeReminderService(settings: remind, bus: $0, logger: $1) })
+                try await bus.start(Images.service, live: { try buildImageService(settings: images, context: $0, logger: $1) },
+                                    inProcess: { try makeImageService(settings: images, logger: $1) })
+                try await body(try await BatchAPITests.startBatch(on: bus, configure: configure))
             }
         }
 
