@@ -17,8 +17,10 @@ final class BenchStack {
     /// - Parameters:
     ///   - configuration: the broker's settings.
     ///   - logger: where everything logs.
+    ///   - asService: the client stands in for a service (canopy-care sending windows), so
+    ///     its requests say a service made them (service-to-service operations take only those).
     ///   - build: the services to run, given the broker's endpoint and the context to share.
-    init(configuration: BrokerConfiguration = .init(), logger: Logger,
+    init(configuration: BrokerConfiguration = .init(), logger: Logger, asService: Bool = false,
          build: (_ endpoint: String, _ context: ZMQContext) throws -> [any Service]) throws {
         let context = ZMQContext()
         let broker = try BrokerServer(endpoint: "tcp://127.0.0.1:*", configuration: configuration, context: context, logger: logger)
@@ -29,6 +31,7 @@ final class BenchStack {
         serving = Task { try await group.run() }
         var clientConfiguration = BusClient.Configuration(endpoint: broker.endpoint)
         clientConfiguration.defaultTimeout = .seconds(60)
+        clientConfiguration.derived = asService
         client = try BusClient(configuration: clientConfiguration, context: context, logger: logger)
     }
 

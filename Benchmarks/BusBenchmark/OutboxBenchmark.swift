@@ -45,7 +45,7 @@ struct OutboxBenchmark: AsyncParsableCommand {
         defer { try? FileManager.default.removeItem(at: directory) }
         let arrivals = Arrivals()
         func stack() throws -> BenchStack {
-            try BenchStack(logger: logger) { endpoint, context in
+            try BenchStack(logger: logger, asService: true) { endpoint, context in
                 var settings = CareServiceSettings(directory: directory, runner: .init(endpoint: endpoint))
                 settings.outboxInterval = .seconds(1)
                 var runner = ServiceRunner.Configuration(endpoint: endpoint)

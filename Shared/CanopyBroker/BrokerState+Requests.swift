@@ -23,7 +23,7 @@ extension BrokerState {
             return // the same request again (a client resending after a reconnect): the first will be answered
         }
         if request.service == Broker.service {
-            management(request.operation, body: request.body, principal: request.header.principal, to: client, correlation: request.correlation, now: now, into: &out)
+            management(request.operation, body: request.body, header: request.header, to: client, correlation: request.correlation, now: now, into: &out)
             return
         }
         admit(Intake(client: client, correlation: request.correlation, dialect: .canopy, serviceName: request.service,

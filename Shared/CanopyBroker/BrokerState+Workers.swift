@@ -49,6 +49,15 @@ extension BrokerState {
         return "this key is no longer on the broker's allow-list; the operator adds it again (--curve-allow, then SIGHUP)"
     }
 
+    /// Why a request that says a service made it (``RequestHeader/Flag/derived``: operations of
+    /// ``Access/service`` take only those) is refused from the peer that authenticated with
+    /// `key`: with an allow-list in force, only a worker's key may say so. `nil` when it may.
+    func unauthorizedService(_ key: String?, flags: UInt8) -> String? {
+        guard flags & RequestHeader.Flag.derived != 0, let workers = configuration.workerKeys else { return nil }
+        if let key, workers.services[key] != nil { return nil }
+        return "only a service's worker key may make a request as a service (the derived flag); this key is a client's"
+    }
+
     /// Why the peer that authenticated with `key` may not serve `service`, or `nil` when it may
     /// (always, when the broker runs without an allow-list).
     func unauthorizedWorker(_ key: String?, service: String) -> String? {

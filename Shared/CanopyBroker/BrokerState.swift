@@ -187,7 +187,7 @@ public struct BrokerState {
         }
         switch message {
         case .request(let request):
-            if let reason = unauthorizedCaller(key) {
+            if let reason = unauthorizedCaller(key) ?? unauthorizedService(key, flags: request.header.flags) {
                 rejected += 1
                 replyError(to: peer, correlation: request.correlation, CanopyError(.unauthorized, reason), into: &out)
                 return
@@ -327,9 +327,9 @@ public struct BrokerState {
         Broker.CaptureStop.name: Broker.CaptureStop.access, Broker.CaptureStatusOperation.name: Broker.CaptureStatusOperation.access,
     ]
 
-    mutating func management(_ operation: String, body requestBody: [UInt8], principal: String, to client: [UInt8], correlation: [UInt8],
+    mutating func management(_ operation: String, body requestBody: [UInt8], header: RequestHeader, to client: [UInt8], correlation: [UInt8],
                              now: ContinuousClock.Instant, into out: inout [Directive]) {
-        if let refusal = Self.managementAccess[operation]?.refusal(principal: principal) {
+        if let refusal = Self.managementAccess[operation]?.refusal(principal: header.principal, byService: header.flags & RequestHeader.Flag.derived != 0) {
             rejected += 1
             replyError(to: client, correlation: correlation, refusal, into: &out)
             return

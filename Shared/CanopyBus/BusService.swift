@@ -33,6 +33,9 @@ public struct RequestContext: Sendable {
     /// whose reply could be larger sends less (a shorter page, the data in pieces); a larger
     /// reply is answered `tooLarge` by the runner instead.
     public var maximumReplyBytes: Int
+    /// Whether a service made the request (``RequestHeader/Flag/derived``), not a person
+    /// through the edge.
+    public var byService: Bool
 
     /// The broker's default frame limit, assumed until the broker's first heartbeat says.
     public static let defaultMaximumReplyBytes = BusDefaults.maximumFrameBytes
@@ -42,11 +45,14 @@ public struct RequestContext: Sendable {
     ///   - deadline: when the caller stops waiting.
     ///   - logger: the request's logger.
     ///   - maximumReplyBytes: the largest reply the broker takes.
-    public init(principal: String?, deadline: ContinuousClock.Instant, logger: Logger, maximumReplyBytes: Int = defaultMaximumReplyBytes) {
+    ///   - byService: whether a service made the request.
+    public init(principal: String?, deadline: ContinuousClock.Instant, logger: Logger, maximumReplyBytes: Int = defaultMaximumReplyBytes,
+                byService: Bool = false) {
         self.principal = principal
         self.deadline = deadline
         self.logger = logger
         self.maximumReplyBytes = maximumReplyBytes
+        self.byService = byService
     }
 
     /// The context of a request as its header gives it: the principal (none when empty) and
@@ -55,7 +61,7 @@ public struct RequestContext: Sendable {
         var logger = logger
         logger[metadataKey: "service.operation"] = "\(operation)"
         self.init(principal: header.principal.isEmpty ? nil : header.principal, deadline: .now + .milliseconds(Int64(header.timeoutMilliseconds)),
-                  logger: logger, maximumReplyBytes: maximumReplyBytes)
+                  logger: logger, maximumReplyBytes: maximumReplyBytes, byService: header.flags & RequestHeader.Flag.derived != 0)
     }
 
     /// The person one key of a multi-key lookup (``Lookup``) is for: the key's principal,
@@ -89,23 +95,27 @@ public struct OperationHandlers: Sendable {
         self.service = service
     }
 
-    /// Registers the handler of an operation on one person's data (``Access/own``): the
-    /// runtime has checked that the request carries a principal and hands it over as `owner`.
+    /// Registers the handler of an operation on one person's data (``Access/own``, or
+    /// ``Access/service`` when another service sends it for that person): the runtime has
+    /// checked that the request carries a principal (and for `service`, that a service made
+    /// it) and hands the principal over as `owner`.
     public mutating func on<Operation: BusOperation>(
         _ operation: Operation.Type,
         _ handler: @escaping @Sendable (_ request: Operation.Request, _ owner: String, RequestContext) async throws -> Operation.Reply
     ) {
-        precondition(Operation.access == .own, "\(service).\(Operation.name) is \(Operation.access), not a person's own data: register it without an owner")
+        precondition(Operation.access == .own || Operation.access == .service,
+                     "\(service).\(Operation.name) is \(Operation.access), not one person's data: register it without an owner")
         register(operation) { request, context in try await handler(request, context.principal ?? "", context) }
     }
 
-    /// Registers the handler of an operation that is not one person's own data
+    /// Registers the handler of an operation that is not one person's data
     /// (``Access/public``, ``Access/perKey``, ``Access/operator``).
     public mutating func on<Operation: BusOperation>(
         _ operation: Operation.Type,
         _ handler: @escaping @Sendable (Operation.Request, RequestContext) async throws -> Operation.Reply
     ) {
-        precondition(Operation.access != .own, "\(service).\(Operation.name) acts on a person's own data: register a handler that takes the owner")
+        precondition(Operation.access != .own && Operation.access != .service,
+                     "\(service).\(Operation.name) acts on one person's data: register a handler that takes the owner")
         register(operation, handler)
     }
 
@@ -120,7 +130,7 @@ public struct OperationHandlers: Sendable {
         let validates = Operation.Request.self is any Validatable.Type
         entries[Operation.name] = Entry(descriptor: Operation.descriptor) { payload, context in
             // Who may call it first: a refused caller learns nothing from decoding errors.
-            if let refusal = Operation.access.refusal(principal: context.principal) { throw refusal }
+            if let refusal = Operation.access.refusal(principal: context.principal, byService: context.byService) { throw refusal }
             let request = try codec.decodePayload(Operation.Request.self, from: payload)
             if validates, let checked = request as? any Validatable { try checked.validate() }
             return try codec.encodePayload(try await handler(request, context))

@@ -51,14 +51,23 @@ public enum Access: String, Sendable, Codable, CaseIterable {
     /// The operator's figures about the service as a whole (no person's data): a request made
     /// on someone's behalf (with a principal) is refused, so the edge can never reach them.
     case `operator`
+    /// Service to service, for one person: what one service owes another about that person's
+    /// data (canopy-care's follow-ups: a reminder window, a deleted plant's reminders, photos
+    /// and identifications; canopy-remind's refill). The request carries a principal and the
+    /// flag a service's own client sets (``RequestHeader/Flag/derived`` on the wire); with
+    /// CURVE the broker takes that flag only from a worker's key, so neither the edge nor a
+    /// client can send these.
+    case service
 
-    /// Why a request with `principal` may not call an operation with this access, or `nil`
-    /// when it may.
-    public func refusal(principal: String?) -> CanopyError? {
+    /// Why a request with `principal`, made by a service (`byService`) or not, may not call an
+    /// operation with this access, or `nil` when it may.
+    public func refusal(principal: String?, byService: Bool) -> CanopyError? {
         let present = !(principal ?? "").isEmpty
         switch self {
-        case .own where !present:
+        case .own where !present, .service where !present:
             return CanopyError(.unauthorized, "this operation acts on a person's data and needs a principal (the user id the edge authenticated)")
+        case .service where !byService:
+            return CanopyError(.unauthorized, "this operation is one service's to another (a follow-up about a person's data); only a service's own bus client sends it")
         case .operator where present:
             return CanopyError(.unauthorized, "this is an operator's operation, about the service as a whole; it is not called on a person's behalf (send it without a principal)")
         default:

@@ -349,6 +349,8 @@ public enum Care {
         public static let service = Care.service
         public static let name = "tasks.reminder-window"
         public static let idempotent = true
+        /// canopy-remind's refill; never a person's request (the API lists tasks with tasks.upcoming).
+        public static let access = Access.service
     }
 
     /// `care.tasks.upcoming`: the principal's tasks due within `days`, overdue ones first, in due order.

@@ -316,6 +316,8 @@ public enum Identification {
         public static let service = Identification.service
         public static let name = "identifications.forget-plant"
         public static let idempotent = true
+        /// canopy-care's follow-up to a deleted plant; never a person's request.
+        public static let access = Access.service
     }
 
     /// Field limits, in bytes or counts.

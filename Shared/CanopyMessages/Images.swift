@@ -255,6 +255,8 @@ public enum Images {
         public static let service = Images.service
         public static let name = "images.purge"
         public static let idempotent = true
+        /// canopy-care's follow-up to a deleted plant, canopy-identify's to a failed identification; never a person's request.
+        public static let access = Access.service
     }
 
     /// `images.warm`: make variants ahead of time, with bounded concurrency.

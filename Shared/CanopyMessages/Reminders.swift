@@ -52,6 +52,8 @@ public enum Reminders {
         public static let service = Reminders.service
         public static let name = "reminders.sync"
         public static let idempotent = true
+        /// canopy-care's outbox hands a person's window over; never a person's request.
+        public static let access = Access.service
     }
 
     /// A care task and when it is due within a window.
@@ -85,6 +87,8 @@ public enum Reminders {
         public static let service = Reminders.service
         public static let name = "reminders.cancel-plant"
         public static let idempotent = true
+        /// canopy-care's follow-up to a deleted plant; never a person's request.
+        public static let access = Access.service
     }
 
     // MARK: - Devices

@@ -64,9 +64,10 @@ public final class InProcessBus: BusCalling {
     }
 
     /// The same bus (the same services) for a caller whose calls have another default
-    /// deadline, as a second ``BusClient`` with its own configuration would be.
-    public func timingOut(after timeout: Duration) -> InProcessBus {
-        InProcessBus(services: services, maximumFrameBytes: maximumFrameBytes, defaultTimeout: timeout, derived: derived)
+    /// deadline (and, with `asService`, are made or not as a service's own client makes
+    /// them), as a second ``BusClient`` with its own configuration would be.
+    public func timingOut(after timeout: Duration, asService: Bool? = nil) -> InProcessBus {
+        InProcessBus(services: services, maximumFrameBytes: maximumFrameBytes, defaultTimeout: timeout, derived: asService ?? derived)
     }
 
     /// Serves `service`'s operations from now on (replacing a service of the same name, as a

@@ -112,11 +112,13 @@ public final class LiveBus: @unchecked Sendable {
         return process
     }
 
-    /// A new client of the broker (over CURVE with `curve`).
-    public func client(timeout: Duration = .seconds(10), curve: CurveClientSettings? = nil) throws -> BusClient {
+    /// A new client of the broker (over CURVE with `curve`); `asService` makes its requests
+    /// as a service's own client does (operations of ``Access/service`` take only those).
+    public func client(timeout: Duration = .seconds(10), curve: CurveClientSettings? = nil, asService: Bool = false) throws -> BusClient {
         var clientConfiguration = BusClient.Configuration(endpoint: endpoint)
         clientConfiguration.defaultTimeout = timeout
         clientConfiguration.curve = curve
+        clientConfiguration.derived = asService
         let client = try BusClient(configuration: clientConfiguration, context: context, logger: logger)
         clients.append(client)
         return client

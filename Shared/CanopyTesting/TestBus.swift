@@ -63,7 +63,7 @@ public final class TestBus: Sendable {
             live.run(try build(live.context, live.logger))
             try await live.waitForWorkers(1, service: service)
         } else {
-            try await run(try make(try client(), logger))
+            try await run(try make(try client(asService: true), logger))
         }
     }
 
@@ -94,9 +94,11 @@ public final class TestBus: Sendable {
 
     /// A caller whose calls wait at most `timeout` unless they say otherwise (30 s, as a
     /// `BusClient`'s default: a full parallel run can keep a handler from a thread for seconds).
-    public func client(timeout: Duration = .seconds(30)) throws -> any BusCalling {
-        if let live { return try live.client(timeout: timeout) }
-        return inProcess!.timingOut(after: timeout)
+    /// `asService` makes its requests as a service's own client does (operations of
+    /// ``Access/service`` take only those): what a worker is given to call others with.
+    public func client(timeout: Duration = .seconds(30), asService: Bool = false) throws -> any BusCalling {
+        if let live { return try live.client(timeout: timeout, asService: asService) }
+        return inProcess!.timingOut(after: timeout, asService: asService)
     }
 }
 

@@ -39,6 +39,15 @@ struct AccessTests {
         static let access = Access.public
     }
 
+    /// `access.follow-up`: one service's to another, for a person.
+    enum FollowUp: BusOperation {
+        typealias Request = Text
+        typealias Reply = Text
+        static let service = "access"
+        static let name = "follow-up"
+        static let access = Access.service
+    }
+
     struct AccessService: BusService {
         let name = "access"
         let ran = Calls()
@@ -58,6 +67,10 @@ struct AccessTests {
             handlers.on(Open.self) { [ran] request, context in
                 ran.count.add(1, ordering: .relaxed)
                 return Text(text: "open \(context.principal ?? "none")")
+            }
+            handlers.on(FollowUp.self) { [ran] request, owner, context in
+                ran.count.add(1, ordering: .relaxed)
+                return Text(text: "follow-up for \(owner), by a service: \(context.byService)")
             }
         }
     }
@@ -88,12 +101,20 @@ struct AccessTests {
             #expect(try await client.call(Open.self, .init(text: "")).text == "open none")
             #expect(try await client.call(Open.self, .init(text: ""), principal: "bob").text == "open bob")
 
+            // Service to service: only a service's own client, and for a person.
+            let services = try bus.client(asService: true)
+            #expect(try await services.call(FollowUp.self, .init(text: ""), principal: "alice").text == "follow-up for alice, by a service: true")
+            let fromTheEdge = await Self.refusal { try await client.call(FollowUp.self, .init(text: ""), principal: "alice") }
+            #expect(fromTheEdge?.code == .unauthorized && fromTheEdge?.message.contains("only a service's own bus client") == true)
+            let forNobody = await Self.refusal { try await services.call(FollowUp.self, .init(text: "")) }
+            #expect(forNobody?.code == .unauthorized && forNobody?.message.contains("needs a principal") == true)
+
             // A refused call is refused before its body is read, and its handler never runs.
             let garbled = await #expect(throws: CanopyError.self) {
                 try await client.call(service: "access", operation: "mine", body: Array("{not json".utf8))
             }
             #expect(garbled?.code == .unauthorized)
-            #expect(service.ran.count.load(ordering: .relaxed) == 4, "only the four allowed calls ran")
+            #expect(service.ran.count.load(ordering: .relaxed) == 5, "only the five allowed calls ran")
         }
     }
 
@@ -104,6 +125,26 @@ struct AccessTests {
             let onBehalf = await #expect(throws: CanopyError.self) { try await client.call(Broker.Stats.self, .init(), principal: "alice") }
             #expect(onBehalf?.code == .unauthorized)
             _ = try await client.call(Broker.Services.self, .init(), principal: "alice") // public: the edge's health asks it
+        }
+    }
+
+    @Test func withCurveOnlyAWorkersKeyMayCallAsAService() async throws {
+        guard Curve.isAvailable else { return }
+        let broker = try CurveKeyPair.generate(), worker = try CurveKeyPair.generate(), client = try CurveKeyPair.generate()
+        let curve = CurveServerSettings(keyPair: broker, allowList: CurveAllowList(workers: WorkerKeys([worker.publicKey: ["access"]]), clients: [client.publicKey]))
+        func peer(_ pair: CurveKeyPair) -> CurveClientSettings { CurveClientSettings(serverKey: broker.publicKey, keyPair: pair) }
+        try await withLiveBus(curve: curve) { bus in
+            bus.startRunner(AccessService(), curve: peer(worker))
+            try await bus.waitForWorkers(1, service: "access", curve: peer(client))
+            // A client key that claims to be a service is refused by the broker itself.
+            let pretender = try bus.client(curve: peer(client), asService: true)
+            let refused = await Self.refusal { try await pretender.call(FollowUp.self, .init(text: ""), principal: "alice") }
+            #expect(refused?.code == .unauthorized && refused?.message.contains("worker key") == true, "\(refused?.message ?? "")")
+            // A service's key (its worker key: a service calls with the key it serves with) may.
+            let service = try bus.client(curve: peer(worker), asService: true)
+            #expect(try await service.call(FollowUp.self, .init(text: ""), principal: "alice").text == "follow-up for alice, by a service: true")
+            // The same client key, as itself, still calls what a person may.
+            #expect(try await bus.client(curve: peer(client)).call(Mine.self, .init(text: "fern"), principal: "alice").text == "alice: fern")
         }
     }
 }

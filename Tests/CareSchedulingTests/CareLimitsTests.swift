@@ -197,7 +197,7 @@ struct OutboxMetricsTests {
             let start = Date()
             let plant = try library.add(Care.Plant(scientificName: "Ficus lyrata"), owner: "alice", now: start)
             try library.delete(plant.id, owner: "alice", now: start)
-            let outbox = Outbox(library: library, bus: try bus.client(timeout: .milliseconds(200)), interval: .seconds(1), logger: bus.logger)
+            let outbox = Outbox(library: library, bus: try bus.client(timeout: .milliseconds(200), asService: true), interval: .seconds(1), logger: bus.logger)
             let later = start.addingTimeInterval(90)
             let pass = await outbox.deliverDue(now: later)
             let figures = await outbox.report(pass, now: later)

@@ -64,7 +64,7 @@ struct CareServiceTests {
             let photo = try await client.call(Images.Put.self, .init(plantID: plant.id, data: Data(Self.jpeg)), principal: "alice")
             _ = try await client.call(Care.DeletePlant.self, .init(id: plant.id), principal: "alice")
 
-            let outbox = Outbox(library: library, bus: try bus.client(timeout: .seconds(2)), interval: .seconds(1), logger: bus.logger)
+            let outbox = Outbox(library: library, bus: try bus.client(timeout: .seconds(2), asService: true), interval: .seconds(1), logger: bus.logger)
             let now = Date()
             let first = await outbox.deliverDue(now: now)
             #expect(first.delivered == 1, "images.purge reached canopy-images")
@@ -84,7 +84,7 @@ struct CareServiceTests {
             #expect(tried.count == 2 && tried.allSatisfy { ($0["lastError"] as String).contains("noWorkers") })
             let waiting = pending.filter { ($0["attempts"] as Int) == 0 }
             #expect(waiting.count == 1 && [Reminders.CancelPlant.name, Reminders.Sync.name].contains(waiting.first?["operation"] as String? ?? ""))
-            let later = await Outbox(library: CareLibrary(store: reopened), bus: try bus.client(timeout: .seconds(2)), interval: .seconds(1), logger: bus.logger)
+            let later = await Outbox(library: CareLibrary(store: reopened), bus: try bus.client(timeout: .seconds(2), asService: true), interval: .seconds(1), logger: bus.logger)
                 .deliverDue(now: now.addingTimeInterval(3))
             #expect(later.failed == 2, "retried after the backoff, canopy-remind's second still behind its first")
         }
@@ -97,7 +97,7 @@ struct CareServiceTests {
         try await withCare { bus, client, library, _ in
             let remind = SyncRecorder { _ in }
             try await bus.serve(remind, credit: 32)
-            let outbox = Outbox(library: library, bus: try bus.client(timeout: .seconds(10)), interval: .seconds(3_600), logger: bus.logger)
+            let outbox = Outbox(library: library, bus: try bus.client(timeout: .seconds(10), asService: true), interval: .seconds(3_600), logger: bus.logger)
             try await withRunning([outbox], logger: bus.logger) {
                 #expect(try await eventually { outbox.passes.count >= 1 }, "its first pass is done: asleep now, for an hour")
                 _ = try await client.call(Care.AddPlant.self, Care.Plant(scientificName: "Ficus lyrata"), principal: "alice")
@@ -119,7 +119,7 @@ struct CareServiceTests {
     /// second before).
     @Test func aLaneWaitingForARetryDoesNotKeepTheOutboxTurning() async throws {
         try await withCare { bus, client, library, _ in // nobody serves canopy-remind
-            let outbox = Outbox(library: library, bus: try bus.client(timeout: .seconds(2)), interval: .seconds(3_600), logger: bus.logger)
+            let outbox = Outbox(library: library, bus: try bus.client(timeout: .seconds(2), asService: true), interval: .seconds(3_600), logger: bus.logger)
             let store = try #require(library.store as? CareStore)
             func mostAttempts() throws -> Int {
                 try store.database.read { db in try Int.fetchOne(db, sql: "SELECT MAX(attempts) FROM outbox") ?? 0 }
@@ -153,7 +153,7 @@ struct CareServiceTests {
             remind.library = library
             try await bus.serve(remind)
 
-            let outbox = Outbox(library: library, bus: try bus.client(timeout: .seconds(10)), interval: .seconds(1), logger: bus.logger)
+            let outbox = Outbox(library: library, bus: try bus.client(timeout: .seconds(10), asService: true), interval: .seconds(1), logger: bus.logger)
             _ = await outbox.deliverDue()
             _ = await outbox.deliverDue()
             let windows = remind.windows.withLock { $0 }

@@ -71,8 +71,8 @@ struct IdentificationServiceTests {
                 operatingPort = try await listener.boundPort(within: .seconds(60))
             } else {
                 try await bus.run(try makeImageService(settings: images, logger: bus.logger))
-                try await bus.run(try makeCareService(settings: care, bus: try bus.client(), logger: bus.logger))
-                try await bus.run(try makeIdentificationService(settings: settings, bus: try bus.client(timeout: .seconds(60)), logger: bus.logger))
+                try await bus.run(try makeCareService(settings: care, bus: try bus.client(asService: true), logger: bus.logger))
+                try await bus.run(try makeIdentificationService(settings: settings, bus: try bus.client(timeout: .seconds(60), asService: true), logger: bus.logger))
             }
             try await body(Stack(bus: bus, client: try bus.client(timeout: .seconds(60)), tools: tools, plantNet: plantNet, operatingPort: operatingPort))
         }
@@ -130,7 +130,7 @@ struct IdentificationServiceTests {
                 #expect(error?.code == .notFound)
             }
             #expect(try await stack.client.call(Identification.History.self, .init(), principal: "bob").items.isEmpty)
-            _ = try await stack.client.call(Identification.ForgetPlant.self, .init(plantID: alices.plantID), principal: "bob")
+            _ = try await stack.bus.client(asService: true).call(Identification.ForgetPlant.self, .init(plantID: alices.plantID), principal: "bob")
             #expect(try await stack.client.call(Identification.Get.self, .init(id: alices.id), principal: "alice") == alices)
 
             // The same photo from Bob is Bob's identification, not Alice's.

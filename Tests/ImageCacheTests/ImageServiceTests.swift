@@ -79,7 +79,7 @@ struct ImageServiceTests {
     }
 
     @Test func nobodyReadsListsWarmsOrPurgesAnotherPersonsPhotos() async throws {
-        try await withImages { _, client, _ in
+        try await withImages { bus, client, _ in
             let photo = try await client.call(Images.Put.self, .init(plantID: "monstera", data: Data(Fixture.jpeg)), principal: "alice")
             for call in [
                 { _ = try await client.call(Images.GetVariant.self, .init(sha256: photo.sha256, variant: .thumbnail), principal: "bob") },
@@ -90,7 +90,7 @@ struct ImageServiceTests {
                 #expect(error?.code == .notFound)
             }
             #expect(try await client.call(Images.List.self, .init(plantID: "monstera"), principal: "bob").isEmpty)
-            let purge = try await client.call(Images.Purge.self, .init(plantID: "monstera"), principal: "bob")
+            let purge = try await bus.client(asService: true).call(Images.Purge.self, .init(plantID: "monstera"), principal: "bob")
             #expect(purge == .init(photos: 0))
             #expect(try await client.call(Images.List.self, .init(plantID: "monstera"), principal: "alice").map(\.sha256) == [photo.sha256])
             let anonymous = await #expect(throws: CanopyError.self) {
@@ -101,7 +101,7 @@ struct ImageServiceTests {
     }
 
     @Test func purgingAPlantRemovesWhatNobodyElseHoldsFromEveryTier() async throws {
-        try await withImages { _, client, directory in
+        try await withImages { bus, client, directory in
             let shared = Fixture.jpeg
             let own = Fixture.png
             let sharedPhoto = try await client.call(Images.Put.self, .init(plantID: "monstera", data: Data(shared)), principal: "alice")
@@ -114,7 +114,7 @@ struct ImageServiceTests {
             let variants = directory.appendingPathComponent("variants")
             #expect(try FileManager.default.contentsOfDirectory(atPath: variants.path).count == 6)
 
-            let purge = try await client.call(Images.Purge.self, .init(plantID: "monstera"), principal: "alice")
+            let purge = try await bus.client(asService: true).call(Images.Purge.self, .init(plantID: "monstera"), principal: "alice")
             #expect(purge == .init(photos: 2))
             let left = try FileManager.default.contentsOfDirectory(atPath: variants.path)
             #expect(left.count == 3 && left.allSatisfy { $0.hasPrefix(sharedPhoto.sha256) })
@@ -128,15 +128,15 @@ struct ImageServiceTests {
     }
 
     @Test func onePhotoOfAPlantCanBeRemovedAlone() async throws {
-        try await withImages { _, client, directory in
+        try await withImages { bus, client, directory in
             let keep = try await client.call(Images.Put.self, .init(plantID: "fern", data: Data(Fixture.jpeg)), principal: "alice")
             let drop = try await client.call(Images.Put.self, .init(plantID: "fern", data: Data(Fixture.png)), principal: "alice")
             for sha in [keep.sha256, drop.sha256] {
                 _ = try await client.call(Images.GetVariant.self, .init(sha256: sha, variant: .thumbnail), principal: "alice")
             }
             // Someone else naming the photo changes nothing.
-            #expect(try await client.call(Images.Purge.self, .init(plantID: "fern", sha256: drop.sha256), principal: "bob") == .init(photos: 0))
-            let removed = try await client.call(Images.Purge.self, .init(plantID: "fern", sha256: drop.sha256), principal: "alice")
+            #expect(try await bus.client(asService: true).call(Images.Purge.self, .init(plantID: "fern", sha256: drop.sha256), principal: "bob") == .init(photos: 0))
+            let removed = try await bus.client(asService: true).call(Images.Purge.self, .init(plantID: "fern", sha256: drop.sha256), principal: "alice")
             #expect(removed == .init(photos: 1))
             #expect(try await client.call(Images.List.self, .init(plantID: "fern"), principal: "alice").map(\.sha256) == [keep.sha256])
             let variants = try FileManager.default.contentsOfDirectory(atPath: directory.appendingPathComponent("variants").path)
@@ -300,8 +300,10 @@ struct ImageServiceTests {
         _ = try await images.call(Images.Put.self, .init(plantID: "monstera", data: Data(shared)), principal: "alice")
         _ = try await images.call(Images.Put.self, .init(plantID: "probe", data: Data(shared)), principal: "mallory")
         _ = try await images.call(Images.Put.self, .init(plantID: "own", data: Data(Fixture.png)), principal: "mallory")
-        let held = try await images.call(service: Images.Purge.service, operation: Images.Purge.name, body: try MessageCodec().encode(Images.Purge.Request(plantID: "probe")), principal: "mallory").body
-        let alone = try await images.call(service: Images.Purge.service, operation: Images.Purge.name, body: try MessageCodec().encode(Images.Purge.Request(plantID: "own")), principal: "mallory").body
+        // A purge is a service's (canopy-care's follow-up for mallory's deleted plant).
+        let care = images.timingOut(after: .seconds(30), asService: true)
+        let held = try await care.call(service: Images.Purge.service, operation: Images.Purge.name, body: try MessageCodec().encode(Images.Purge.Request(plantID: "probe")), principal: "mallory").body
+        let alone = try await care.call(service: Images.Purge.service, operation: Images.Purge.name, body: try MessageCodec().encode(Images.Purge.Request(plantID: "own")), principal: "mallory").body
         #expect(held == alone, "the same answer whether or not alice holds the bytes")
         #expect(String(decoding: held, as: UTF8.self) == #"{"photos":1}"#)
     }

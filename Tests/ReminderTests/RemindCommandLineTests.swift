@@ -27,7 +27,7 @@ struct RemindCommandLineTests {
             let client = try bus.client()
             let device = try await client.call(Reminders.RegisterDevice.self, .init(channel: .log, address: "desk", name: "desk"), principal: "user-42")
             let due = Date().addingTimeInterval(86_400)
-            _ = try await client.call(Reminders.Sync.self, .init(window: [.water("p1", due: due, name: "Fern")]), principal: "user-42")
+            _ = try await bus.client(asService: true).call(Reminders.Sync.self, .init(window: [.water("p1", due: due, name: "Fern")]), principal: "user-42")
 
             let devices = try await run(["devices", "--user", "user-42", "--endpoint", bus.endpoint])
             #expect(devices.status == 0, "\(devices.errors)")
