@@ -9,7 +9,7 @@ import Testing
 /// features computed from the encoded JPEGs, as in service.
 struct ReferenceMatchingTests {
     /// A store in a fresh directory, removed afterwards.
-    static func withStore<T>(_ body: (IdentificationStore, IdentificationTools) async throws -> T) async throws -> T {
+    static func withStore<T>(_ body: (any IdentificationStoring, IdentificationTools) async throws -> T) async throws -> T {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-identify-\(UUID().uuidString)")
         defer { try? FileManager.default.removeItem(at: directory) }
         let path = directory.appendingPathComponent("identify.sqlite").path
@@ -55,19 +55,16 @@ struct ReferenceMatchingTests {
         try await Self.withStore { store, _ in
             let owner = "alice"
             let plants = (0..<20).map { SyntheticPlant.species(200 + $0) }
-            try await store.database.write { db in
-                for (index, plant) in plants.enumerated() {
-                    for seed in 1...2 {
-                        let bytes = try plant.photo(seed: seed)
-                        let sha256 = IdentificationLibrary.sha256(bytes)
-                        try db.execute(sql: "INSERT INTO photoFeatures (sha256, features) VALUES (?, ?)", arguments: [sha256, try PhotoFeatures.compute(from: bytes).packed])
-                        let record = Identification.Record(id: "i\(index)-\(seed)", owner: owner, createdAt: Date(), provider: .reference, organs: [.leaf],
-                                                           photoIDs: [sha256], location: nil, exactLocation: false, results: [], plantID: "p\(index)")
-                        try db.execute(sql: "INSERT INTO identifications (id, owner, submissionKey, createdAt, plantID, record) VALUES (?, ?, ?, 0, ?, ?)",
-                                       arguments: [record.id, owner, record.id, record.plantID, Data()])
-                        try store.accept(db, record, plantID: "p\(index)",
-                                         candidate: .init(rank: 1, score: 1, scientificName: "Plant \(index)", scientificNameWithoutAuthor: "Plant \(index)", provider: .reference))
-                    }
+            for (index, plant) in plants.enumerated() {
+                for seed in 1...2 {
+                    let bytes = try plant.photo(seed: seed)
+                    let sha256 = IdentificationLibrary.sha256(bytes)
+                    try store.saveFeatures(try PhotoFeatures.compute(from: bytes), sha256: sha256)
+                    let record = Identification.Record(id: "i\(index)-\(seed)", owner: owner, createdAt: Date(), provider: .reference, organs: [.leaf],
+                                                       photoIDs: [sha256], location: nil, exactLocation: false, results: [], plantID: "p\(index)")
+                    _ = try store.insert(record, submissionKey: record.id)
+                    try await store.accept(record, plantID: "p\(index)",
+                                           candidate: .init(rank: 1, score: 1, scientificName: "Plant \(index)", scientificNameWithoutAuthor: "Plant \(index)", provider: .reference))
                 }
             }
             let provider = ReferenceProvider(store: store)
@@ -100,7 +97,8 @@ struct ReferenceMatchingTests {
     @Test func aPersonKeepsAtMostTheLimitAndTheOldestNeverAcceptedMakeRoom() async throws {
         try await Self.withStore { store, _ in
             let limit = Identification.Limits.identificationsPerPerson
-            try await store.database.write { db in
+            // Filled in one SQL transaction of the SQLite store (the limit is thousands).
+            try await #require(store as? IdentificationStore).database.write { db in
                 for index in 0..<limit {
                     try db.execute(sql: """
                         INSERT INTO identifications (id, owner, submissionKey, createdAt, plantID, acceptedPlantID, record) VALUES (?, 'alice', ?, ?, ?, ?, x'')
@@ -113,7 +111,9 @@ struct ReferenceMatchingTests {
             }
             let (_, dropped) = try store.insert(record("new"), submissionKey: "k-new")
             #expect(dropped == ["p1"], "the oldest never accepted (i0 was accepted and stays)")
-            let count = try await store.database.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM identifications WHERE owner = 'alice'") }
+            let count = try await #require(store as? IdentificationStore).database.read { db in
+                try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM identifications WHERE owner = 'alice'")
+            }
             #expect(count == limit)
             #expect(try store.insert(record("b1", owner: "bob"), submissionKey: "k-b").dropped.isEmpty, "someone else's count is their own")
         }

@@ -12,13 +12,13 @@ import Foundation
 final class IdentificationLibrary: Sendable {
     /// The time it goes by (`--clock`).
     let clock: ServiceClock
-    let store: IdentificationStore
+    let store: any IdentificationStoring
     let provider: any IdentificationProvider
     /// The other services, over the bus.
     let bus: any IdentificationPeers
     let metrics: IdentificationMetrics
 
-    init(store: IdentificationStore, provider: any IdentificationProvider, bus: any IdentificationPeers, metrics: IdentificationMetrics = IdentificationMetrics(),
+    init(store: any IdentificationStoring, provider: any IdentificationProvider, bus: any IdentificationPeers, metrics: IdentificationMetrics = IdentificationMetrics(),
          clock: ServiceClock = .system) {
         self.clock = clock
         self.store = store
@@ -49,7 +49,7 @@ final class IdentificationLibrary: Sendable {
             }
         }
         let key = Self.submissionKey(photos.map { ($0.sha256, $0.organ) })
-        if let existing = try await store.database.read({ [store] db in try store.identification(db, owner: owner, submissionKey: key) }) {
+        if let existing = try await store.identification(owner: owner, submissionKey: key) {
             metrics.submission(repeated: true)
             return existing
         }
@@ -145,7 +145,7 @@ final class IdentificationLibrary: Sendable {
     /// it answers that plant, and files the photos under it.
     func accept(_ request: Identification.Accept.Request, owner: String, now: Date? = nil) async throws -> Identification.Accept.Reply {
         let now = now ?? clock.now()
-        guard var record = try await store.database.read({ [store] db in try store.identification(db, owner: owner, id: request.id) }) else {
+        guard var record = try await store.identification(owner: owner, id: request.id) else {
             throw CanopyError(.notFound, "no identification \(request.id) among yours; identifications.history lists them")
         }
         let candidate: Identification.Candidate
@@ -173,15 +173,15 @@ final class IdentificationLibrary: Sendable {
         if record.acceptedAt == nil {
             record.acceptedAt = now
             record.acceptedName = candidate.scientificNameWithoutAuthor
-            try await store.database.write { [store, record] db in try store.accept(db, record, plantID: plant.id, candidate: candidate) }
+            try await store.accept(record, plantID: plant.id, candidate: candidate)
         }
         return Identification.Accept.Reply(identification: record, plant: plant)
     }
 
     // MARK: - Reading and forgetting
 
-    func get(_ id: String, owner: String) throws -> Identification.Record {
-        guard let record = try store.database.read({ db in try store.identification(db, owner: owner, id: id) }) else {
+    func get(_ id: String, owner: String) async throws -> Identification.Record {
+        guard let record = try await store.identification(owner: owner, id: id) else {
             throw CanopyError(.notFound, "no identification \(id) among yours; identifications.history lists them")
         }
         return record

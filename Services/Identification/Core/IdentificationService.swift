@@ -17,7 +17,7 @@ public struct IdentificationService: BusService {
         let (library, plantNet) = (self.library, self.plantNet)
         handlers.on(Identification.Submit.self) { request, owner, _ in try await library.submit(request, owner: owner) }
         handlers.on(Identification.Accept.self) { request, owner, _ in try await library.accept(request, owner: owner) }
-        handlers.on(Identification.Get.self) { request, owner, _ in try library.get(request.id, owner: owner) }
+        handlers.on(Identification.Get.self) { request, owner, _ in try await library.get(request.id, owner: owner) }
         handlers.on(Identification.History.self) { request, owner, _ in try library.history(request, owner: owner) }
         handlers.on(Identification.ForgetPlant.self) { request, owner, _ in
             try library.forget(plantID: request.plantID, owner: owner)
@@ -100,7 +100,7 @@ public func makeIdentificationService(settings: IdentificationServiceSettings, b
 
 /// The operator's tools on the store, for the CLI: reference photos and one-shot matching.
 public struct IdentificationTools: Sendable {
-    let store: IdentificationStore
+    let store: any IdentificationStoring
 
     /// Opens (or creates) the store at `path`.
     public init(databasePath path: String) throws {
@@ -143,7 +143,7 @@ public struct IdentificationTools: Sendable {
             computed.append((IdentificationLibrary.sha256(bytes), try PhotoFeatures.compute(from: bytes)))
             progress(index + 1)
         }
-        let entry = IdentificationStore.Species(
+        let entry = ReferenceSpecies(
             scientificName: species.scientificName, withoutAuthor: withoutAuthor, authorship: authorship,
             genus: species.genus ?? String(withoutAuthor.split(separator: " ").first ?? ""), family: species.family,
             commonNames: species.commonNames, gbifID: species.gbifID)

@@ -9,7 +9,7 @@ import GRDB
 /// reference photos, the photos of each person's accepted plants, and Pl@ntNet's quota.
 /// Every query about a person's data names the owner. Thread-safe; the operator CLI may
 /// write references while the service runs (``referenceGeneration`` tells it to reload).
-final class IdentificationStore: Sendable {
+final class IdentificationStore: IdentificationStoring {
     let database: DatabasePool
     private let codec = MessageCodec()
 
@@ -72,12 +72,20 @@ final class IdentificationStore: Sendable {
 
     // MARK: - Identifications
 
-    func identification(_ db: Database, owner: String, id: String) throws -> Identification.Record? {
+    func identification(owner: String, id: String) async throws -> Identification.Record? {
+        try await database.read { [self] db in try identification(db, owner: owner, id: id) }
+    }
+
+    func identification(owner: String, submissionKey: String) async throws -> Identification.Record? {
+        try await database.read { [self] db in try identification(db, owner: owner, submissionKey: submissionKey) }
+    }
+
+    private func identification(_ db: Database, owner: String, id: String) throws -> Identification.Record? {
         try Data.fetchOne(db, sql: "SELECT record FROM identifications WHERE owner = ? AND id = ?", arguments: [owner, id])
             .map { try codec.decode(Identification.Record.self, from: [UInt8]($0)) }
     }
 
-    func identification(_ db: Database, owner: String, submissionKey: String) throws -> Identification.Record? {
+    private func identification(_ db: Database, owner: String, submissionKey: String) throws -> Identification.Record? {
         try Data.fetchOne(db, sql: "SELECT record FROM identifications WHERE owner = ? AND submissionKey = ?", arguments: [owner, submissionKey])
             .map { try codec.decode(Identification.Record.self, from: [UInt8]($0)) }
     }
@@ -113,7 +121,11 @@ final class IdentificationStore: Sendable {
 
     /// Marks an identification accepted as `plantID` and files its photos under that plant,
     /// for matching the person's later photos against their own plants.
-    func accept(_ db: Database, _ record: Identification.Record, plantID: String, candidate: Identification.Candidate) throws {
+    func accept(_ record: Identification.Record, plantID: String, candidate: Identification.Candidate) async throws {
+        try await database.write { [self] db in try accept(db, record, plantID: plantID, candidate: candidate) }
+    }
+
+    private func accept(_ db: Database, _ record: Identification.Record, plantID: String, candidate: Identification.Candidate) throws {
         try db.execute(sql: "UPDATE identifications SET record = ?, acceptedPlantID = ? WHERE owner = ? AND id = ?",
                        arguments: [Data(try codec.encode(record)), plantID, record.owner, record.id])
         var own = candidate
@@ -217,16 +229,7 @@ final class IdentificationStore: Sendable {
 
     // MARK: - References
 
-    /// A labelled species as the operator loaded it.
-    struct Species: Sendable, Equatable {
-        var scientificName: String
-        var withoutAuthor: String
-        var authorship: String
-        var genus: String
-        var family: String
-        var commonNames: [String]
-        var gbifID: Int?
-    }
+    typealias Species = ReferenceSpecies
 
     /// Bumped by every change to the references: a running service reloads its index when
     /// the number it built from is no longer current.
@@ -298,11 +301,7 @@ final class IdentificationStore: Sendable {
 
     // MARK: - Quota
 
-    /// What Pl@ntNet last said of the daily quota.
-    struct QuotaState: Sendable, Equatable {
-        var remaining: Int?
-        var resetsAt: Date?
-    }
+    typealias QuotaState = ProviderQuota
 
     func quota(provider: String) throws -> QuotaState {
         try database.read { db in

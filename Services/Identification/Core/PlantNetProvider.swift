@@ -46,7 +46,7 @@ public struct PlantNetSettings: Sendable {
 /// `busy`, naming when.
 final class PlantNetProvider: IdentificationProvider {
     let settings: PlantNetSettings
-    let store: IdentificationStore
+    let store: any IdentificationStoring
     let client: HTTPClient
     let logger: Logger
     /// Calls made since the start.
@@ -66,7 +66,7 @@ final class PlantNetProvider: IdentificationProvider {
     static let quotaKey = "plantnet"
 
     /// The quota as last reported, and when an exhausted one resets.
-    func quota(now: Date = Date()) throws -> IdentificationStore.QuotaState {
+    func quota(now: Date = Date()) throws -> ProviderQuota {
         var state = try store.quota(provider: Self.quotaKey)
         if let resetsAt = state.resetsAt, resetsAt <= now { state = .init(remaining: nil, resetsAt: nil) }
         return state

@@ -12,7 +12,7 @@ import Synchronization
 /// the person's plants scores the same way against that plant's photos. Scores are
 /// similarities of appearance, 0 to 1, not probabilities (docs/IDENTIFICATION.md).
 final class ReferenceProvider: IdentificationProvider {
-    let store: IdentificationStore
+    let store: any IdentificationStoring
     /// How many nearest reference photos each query photo looks at.
     let neighbours: Int
     /// The index of the reference generation it was built from; rebuilt when the operator
@@ -22,12 +22,12 @@ final class ReferenceProvider: IdentificationProvider {
     struct Loaded: Sendable {
         var generation: Int
         var index: ReferenceIndex
-        var species: [IdentificationStore.Species]
+        var species: [ReferenceSpecies]
     }
 
     var kind: Identification.Provider { .reference }
 
-    init(store: IdentificationStore, neighbours: Int = 32) {
+    init(store: any IdentificationStoring, neighbours: Int = 32) {
         self.store = store
         self.neighbours = neighbours
     }
@@ -80,9 +80,9 @@ extension ReferenceProvider.Loaded {
     /// Species candidates for the query photos.
     func candidates(for queries: [PhotoFeatures], neighbours: Int) -> [Identification.Candidate] {
         guard !queries.isEmpty else { return [] }
-        var totals: [String: (species: IdentificationStore.Species, sum: Double)] = [:]
+        var totals: [String: (species: ReferenceSpecies, sum: Double)] = [:]
         for query in queries {
-            var best: [String: (IdentificationStore.Species, Double)] = [:]
+            var best: [String: (ReferenceSpecies, Double)] = [:]
             for neighbour in index.nearest(to: query, count: neighbours) {
                 let species = self.species[neighbour.item]
                 let similarity = 1 - Double(neighbour.distance)

@@ -32,7 +32,7 @@ final class ImageLibrary: Sendable {
         var bytesPerPerson = 10 << 30
     }
 
-    let store: ImageStore
+    let store: any ImageStoring
     let cache: VariantCache
     let processor: ImageProcessor
     let fetcher: RemoteFetcher

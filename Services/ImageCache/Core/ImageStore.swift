@@ -10,7 +10,7 @@ import GRDB
 /// Files are written before the rows that name them and deleted after the rows are gone;
 /// files no row names are swept away at start, so a crash leaves no half-written store.
 /// Thread-safe.
-final class ImageStore: Sendable {
+final class ImageStore: ImageStoring {
     let database: DatabasePool
     private let originals: URL
     private let codec = MessageCodec()
@@ -153,7 +153,7 @@ final class ImageStore: Sendable {
     /// Forgets `owner`'s photos of `plantID` (only `sha256` when given). Originals nobody
     /// else holds lose their rows (and palettes) in the same transaction; their files go after
     /// the commit. Returns how many photos were forgotten and which originals are gone.
-    func purge(owner: String, plantID: String, sha256: String? = nil) throws -> (photos: Int, deleted: [String]) {
+    func purge(owner: String, plantID: String, sha256: String?) throws -> (photos: Int, deleted: [String]) {
         let (count, deleted) = try database.write { db -> (Int, [String]) in
             let matching = "owner = ? AND plantID = ? AND (? IS NULL OR sha256 = ?)"
             let arguments: StatementArguments = [owner, plantID, sha256, sha256]

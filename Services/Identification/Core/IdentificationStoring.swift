@@ -1,0 +1,84 @@
+import CanopyImaging
+import CanopyMessages
+import Foundation
+
+/// What canopy-identify keeps, as the operations its rules need: no SQL outside the type that
+/// implements this (``IdentificationStore``, SQLite), so a second database is one more file.
+/// Every operation is a transaction of its own; every one on a person's data names the owner.
+protocol IdentificationStoring: Sendable {
+    // MARK: Identifications
+
+    func identification(owner: String, id: String) async throws -> Identification.Record?
+    /// The identification of these photos, if the person submitted them before.
+    func identification(owner: String, submissionKey: String) async throws -> Identification.Record?
+    /// Records a new identification; when the same submission was recorded meanwhile (two at
+    /// once), that one stands and is returned. A person keeps at most
+    /// ``Identification/Limits/identificationsPerPerson``: past that, their oldest
+    /// identifications that were never accepted make room, and their plant ids come back in
+    /// `dropped` (their photos are then purged from canopy-images).
+    func insert(_ record: Identification.Record, submissionKey: String) throws -> (record: Identification.Record, dropped: [String])
+    /// Marks an identification accepted as `plantID` and files its photos under that plant,
+    /// for matching the person's later photos against their own plants.
+    func accept(_ record: Identification.Record, plantID: String, candidate: Identification.Candidate) async throws
+    /// A page of `owner`'s identifications (or one plant's), newest first, after `cursor`.
+    func history(owner: String, plantID: String?, limit: Int, after cursor: (createdAt: Double, id: String)?) throws -> [Identification.Record]
+    /// Forgets a deleted plant's identifications and its photos' filing; how many went.
+    func forget(owner: String, plantID: String) throws -> Int
+
+    // MARK: Photo features
+
+    /// Stored features of the photos among `sha256s` that have them.
+    func features(_ sha256s: [String]) throws -> [String: PhotoFeatures]
+    func saveFeatures(_ features: PhotoFeatures, sha256: String) throws
+    /// Forgets the features of these photos (a failed submission's).
+    func deleteFeatures(_ sha256s: [String]) throws
+    /// The person's accepted plants' photos with their features: what "which of my plants is
+    /// this?" compares against.
+    func plantPhotos(owner: String) throws -> [(candidate: Identification.Candidate, features: PhotoFeatures)]
+
+    // MARK: References (the operator's labelled photos)
+
+    /// Bumped by every change to the references: a running service reloads its index when
+    /// the number it built from is no longer current.
+    func referenceGeneration() throws -> Int
+    /// Adds reference photos of a species (created, or updated with the names given).
+    func addReferences(_ species: ReferenceSpecies, photos: [(sha256: String, features: PhotoFeatures)], now: Date) throws
+    /// Removes a species and its reference photos; `false` when there was none by that name.
+    func removeReferences(scientificName: String) throws -> Bool
+    /// Every species with its number of reference photos, by name.
+    func referenceSpecies() throws -> [(species: ReferenceSpecies, photos: Int)]
+    /// Every reference photo's species and features, and the generation they are of.
+    func referenceSet() throws -> (generation: Int, entries: [(species: ReferenceSpecies, features: PhotoFeatures)])
+
+    // MARK: A provider's daily quota
+
+    func quota(provider: String) throws -> ProviderQuota
+    func saveQuota(_ state: ProviderQuota, provider: String, now: Date) throws
+}
+
+/// A labelled species as the operator loaded it.
+struct ReferenceSpecies: Sendable, Equatable {
+    var scientificName: String
+    var withoutAuthor: String
+    var authorship: String
+    var genus: String
+    var family: String
+    var commonNames: [String]
+    var gbifID: Int?
+}
+
+/// What a provider (Pl@ntNet) last said of its daily quota.
+struct ProviderQuota: Sendable, Equatable {
+    var remaining: Int?
+    var resetsAt: Date?
+}
+
+extension IdentificationStoring {
+    func addReferences(_ species: ReferenceSpecies, photos: [(sha256: String, features: PhotoFeatures)]) throws {
+        try addReferences(species, photos: photos, now: Date())
+    }
+
+    func saveQuota(_ state: ProviderQuota, provider: String) throws {
+        try saveQuota(state, provider: provider, now: Date())
+    }
+}
