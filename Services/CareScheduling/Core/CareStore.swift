@@ -321,7 +321,10 @@ private struct Transaction: CareWrites {
     }
 
     func tasks(owner: String, plantID: String) throws -> [StoredTask] {
-        try Row.fetchAll(db, sql: "SELECT * FROM tasks WHERE owner = ? AND plantID = ?", arguments: [owner, plantID]).map(CareStore.task)
+        // By the plant's index: SQLite's planner would take the owner's (every task of the
+        // person) for the two equalities, and a collection of 500 plants made saves 25% slower.
+        try Row.fetchAll(db.cachedStatement(sql: "SELECT * FROM tasks INDEXED BY tasksByPlant WHERE plantID = ? AND owner = ?"),
+                         arguments: [plantID, owner]).map(CareStore.task)
     }
 
     func tasks(owner: String, showingBefore before: Date?, limit: Int) throws -> [StoredTask] {
@@ -335,12 +338,13 @@ private struct Transaction: CareWrites {
     }
 
     func nextTask(owner: String, plantID: String) throws -> StoredTask? {
-        try Row.fetchOne(db.cachedStatement(sql: "SELECT * FROM tasks WHERE plantID = ? AND owner = ? ORDER BY showAt, id LIMIT 1"),
+        try Row.fetchOne(db.cachedStatement(sql: "SELECT * FROM tasks INDEXED BY tasksByPlant WHERE plantID = ? AND owner = ? ORDER BY showAt, id LIMIT 1"),
                          arguments: [plantID, owner]).map(CareStore.task)
     }
 
     func customTaskCount(owner: String, plantID: String) throws -> Int {
-        try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM tasks WHERE owner = ? AND plantID = ? AND kind = 'custom'", arguments: [owner, plantID]) ?? 0
+        try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM tasks INDEXED BY tasksByPlant WHERE plantID = ? AND owner = ? AND kind = 'custom'",
+                         arguments: [plantID, owner]) ?? 0
     }
 
     func saveTask(_ stored: StoredTask) throws {
