@@ -61,6 +61,7 @@ enum P {
     static let nioSSL: Target.Dependency = .product(name: "NIOSSL", package: "swift-nio-ssl")
     static let openAPIHummingbird: Target.Dependency = .product(name: "OpenAPIHummingbird", package: "swift-openapi-hummingbird")
     static let openAPIRuntime: Target.Dependency = .product(name: "OpenAPIRuntime", package: "swift-openapi-runtime")
+    static let postgresNIO: Target.Dependency = .product(name: "PostgresNIO", package: "postgres-nio")
     static let prometheus: Target.Dependency = .product(name: "Prometheus", package: "swift-prometheus")
     static let serviceLifecycle: Target.Dependency = .product(name: "ServiceLifecycle", package: "swift-service-lifecycle")
     static let unixSignals: Target.Dependency = .product(name: "UnixSignals", package: "swift-service-lifecycle")
@@ -114,8 +115,8 @@ var targets: [Target] = [
     ]),
     shared("CanopyOutbound", ["CanopyMessages", P.nioCore, P.nioHTTP1, P.nioPosix, P.nioSSL]),
     shared("CanopyTesting", [
-        "CanopyBus", "CanopyBroker", "CanopyMessages", "CanopyServiceKit", "CanopyImaging", "CZeroMQ", P.hummingbird,
-        P.logging, P.serviceLifecycle,
+        "CanopyBus", "CanopyBroker", "CanopyMessages", "CanopyServiceKit", "CanopyImaging", "CanopyStore", "CZeroMQ", P.hummingbird,
+        P.logging, P.postgresNIO, P.serviceLifecycle,
     ]),
 
     // Made-up plant photos and multipart forms, as phones send them: for `canopy demo`,
@@ -124,8 +125,9 @@ var targets: [Target] = [
     // The services a whole stack runs (`canopy up`, docker-compose.yml, the deployment tests).
     shared("CanopyDeployment"),
 
-    // The one way every store opens its SQLite file (pragmas, migrations).
-    shared("CanopyStore", [P.grdb]),
+    // Where a store keeps its data (SQLite, the embedded default, or PostgreSQL), and the one
+    // way every store opens its SQLite file (pragmas, migrations).
+    shared("CanopyStore", [P.grdb, P.postgresNIO, P.logging]),
 ]
 
 // MARK: - Services: each a core module and its executable
@@ -219,6 +221,7 @@ targets += [
         "CanopyCapture", "CanopyReplay", "CanopyBroker", "CanopyBus", "CanopyWire", "CanopyMessages", "CanopyTesting",
         "CanopyServiceKit", "canopy", "canopy-broker",
     ]),
+    tests("CanopyStoreTests", ["CanopyStore", "CanopyTesting", P.postgresNIO]),
     tests("CanopyBusTests", [
         "CanopyBus", "CanopyBroker", "CanopyTesting", "CanopyServiceKit", "CZeroMQ", "MessageBroker", "canopy", "canopy-broker",
         "canopy-test-worker",
@@ -266,6 +269,8 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-http-types", from: "1.8.0"),
         // The deployment tests read docker-compose.yml.
         .package(url: "https://github.com/jpsim/Yams", from: "6.2.2"),
+        // PostgreSQL, for stores that several replicas share.
+        .package(url: "https://github.com/vapor/postgres-nio", from: "1.33.2"),
     ],
     targets: targets
 )
