@@ -96,7 +96,7 @@ var targets: [Target] = [
     // The IO layer: the libzmq binding (sockets, poller, mailbox, loop threads, CurveZMQ
     // keys) and the loop helpers every bus executable shares.
     shared("CanopyIO", ["CZeroMQ", "CanopyMessages", P.logging, P.metrics, P.serviceLifecycle]),
-    // The wire codec: every canopy/1 and Majordomo message as a typed value.
+    // The wire codec: every canopy/2 and Majordomo message as a typed value.
     shared("CanopyWire", ["CanopyMessages"]),
     // Capture files: what crossed the broker, written, read and pseudonymized.
     shared("CanopyCapture", ["CanopyWire", "CanopyMessages", P.crypto, P.histogram]),
@@ -127,7 +127,7 @@ var targets: [Target] = [
 
     // Where a store keeps its data (SQLite, the embedded default, or PostgreSQL), and the one
     // way every store opens its SQLite file (pragmas, migrations).
-    shared("CanopyStore", [P.grdb, P.postgresNIO, P.logging]),
+    shared("CanopyStore", [P.grdb, P.postgresNIO]),
 ]
 
 // MARK: - Services: each a core module and its executable

@@ -43,7 +43,7 @@ public final class InProcessBus: BusCalling {
     ///   - maximumFrameBytes: the broker's frame limit, for requests and replies.
     ///   - defaultTimeout: the deadline of calls that give none.
     ///   - derived: the calls are a service's own (``RequestHeader/Flag/derived``).
-    public convenience init(maximumFrameBytes: Int = BusDefaults.maximumFrameBytes, defaultTimeout: Duration = .seconds(30), derived: Bool = false) {
+    public convenience init(maximumFrameBytes: Int = BusDefaults.maximumFrameBytes, defaultTimeout: Duration = .seconds(60), derived: Bool = false) {
         self.init(services: Registry(), maximumFrameBytes: maximumFrameBytes, defaultTimeout: defaultTimeout, derived: derived)
     }
 

@@ -92,11 +92,12 @@ public final class TestBus: Sendable {
         live?.runnerConfiguration(credit: credit) ?? ServiceRunner.Configuration(endpoint: "inproc://canopy-in-process-bus")
     }
 
-    /// A caller whose calls wait at most `timeout` unless they say otherwise (30 s, as a
-    /// `BusClient`'s default: a full parallel run can keep a handler from a thread for seconds).
+    /// A caller whose calls wait at most `timeout` unless they say otherwise (60 s: a full
+    /// parallel run on two cores, with the machine busy besides, kept handlers from a thread
+    /// for over 30 s; the timeout is there to fail a hang, not to time anything).
     /// `asService` makes its requests as a service's own client does (operations of
     /// ``Access/service`` take only those): what a worker is given to call others with.
-    public func client(timeout: Duration = .seconds(30), asService: Bool = false) throws -> any BusCalling {
+    public func client(timeout: Duration = .seconds(60), asService: Bool = false) throws -> any BusCalling {
         if let live { return try live.client(timeout: timeout, asService: asService) }
         return inProcess!.timingOut(after: timeout, asService: asService)
     }

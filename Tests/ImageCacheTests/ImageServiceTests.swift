@@ -19,7 +19,7 @@ struct ImageServiceTests {
         defer { try? FileManager.default.removeItem(at: directory) }
         try await withTestBus(mode, configuration: configuration) { bus in
             try await bus.serve(ImageService(library: try ImageLibrary(directory: directory)), credit: 8)
-            try await body(bus, try bus.client(timeout: .seconds(30)), directory)
+            try await body(bus, try bus.client(), directory)
         }
     }
 
