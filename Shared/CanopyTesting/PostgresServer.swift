@@ -18,7 +18,7 @@ import Glibc
 public final class PostgresServer: @unchecked Sendable { // its Process is touched only by init and stop
     /// The cluster's superuser and its database.
     public let url: DatabaseURL
-    private let directory: URL
+    private let directory: TemporaryDirectory
     private let process: Process
     /// The file the server writes its log to (shown when it does not start).
     private let log: URL
@@ -42,17 +42,16 @@ public final class PostgresServer: @unchecked Sendable { // its Process is touch
         guard let bin = Self.binaries else {
             throw PostgresServerError("PostgreSQL is not installed; scripts/setup installs Debian's postgresql package")
         }
-        directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-postgres-\(UUID().uuidString)")
-        let data = directory.appendingPathComponent("data")
-        log = directory.appendingPathComponent("server.log")
-        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        directory = try TemporaryDirectory("postgres")
+        let data = directory.url.appendingPathComponent("data")
+        log = directory.url.appendingPathComponent("server.log")
         let password = UUID().uuidString
-        let passwordFile = directory.appendingPathComponent("password")
+        let passwordFile = directory.url.appendingPathComponent("password")
         try Data(password.utf8).write(to: passwordFile)
         // PostgreSQL will not run as root: as root, everything belongs to `nobody`.
         let asRoot = getuid() == 0
         if asRoot {
-            for path in [directory, passwordFile] {
+            for path in [directory.url, passwordFile] {
                 try FileManager.default.setAttributes([.ownerAccountID: 65_534, .groupOwnerAccountID: 65_534], ofItemAtPath: path.path)
             }
         }
@@ -125,7 +124,7 @@ public final class PostgresServer: @unchecked Sendable { // its Process is touch
     public var isRunning: Bool { process.isRunning }
 
     /// Where its files are (removed by ``stop()``).
-    public var files: URL { directory }
+    public var files: URL { directory.url }
 
     /// Ends the server (a fast shutdown: SIGINT, then SIGKILL after 10 s) and removes its files.
     public func stop() {
@@ -136,7 +135,7 @@ public final class PostgresServer: @unchecked Sendable { // its Process is touch
             if process.isRunning { kill(process.processIdentifier, SIGKILL) }
             process.waitUntilExit()
         }
-        try? FileManager.default.removeItem(at: directory)
+        directory.remove()
     }
 }
 

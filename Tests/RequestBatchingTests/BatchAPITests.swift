@@ -65,8 +65,7 @@ extension LiveBatchTests {
             defer { try? FileManager.default.removeItem(at: directory) }
             try await withTestBus(mode) { bus in
                 let care = CareServiceSettings(directory: directory.appendingPathComponent("care"), runner: bus.runnerConfiguration())
-                try await bus.start(Care.service, live: { try buildCareService(settings: care, context: $0, logger: $1) },
-                                    inProcess: { try makeCareService(settings: care, bus: $0, logger: $1) })
+                try await bus.start(care)
                 try await body(try await Self.startBatch(on: bus) { settings in
                     settings.maximumBodyBytes = 64 * 1_024
                     settings.rateLimit = rate

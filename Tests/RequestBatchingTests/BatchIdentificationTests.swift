@@ -31,14 +31,11 @@ extension LiveBatchTests {
             try await withTestBus(mode) { bus in
                 let images = ImageServiceSettings(directory: directory.url.appendingPathComponent("images"), runner: bus.runnerConfiguration())
                 let care = CareServiceSettings(directory: directory.url.appendingPathComponent("care"), runner: bus.runnerConfiguration())
-                try await bus.start(Images.service, live: { try buildImageService(settings: images, context: $0, logger: $1) },
-                                    inProcess: { try makeImageService(settings: images, logger: $1) })
-                try await bus.start(Care.service, live: { try buildCareService(settings: care, context: $0, logger: $1) },
-                                    inProcess: { try makeCareService(settings: care, bus: $0, logger: $1) })
+                try await bus.start(images)
+                try await bus.start(care)
                 if reminders {
                     let remind = ReminderServiceSettings(directory: directory.url.appendingPathComponent("remind"), runner: bus.runnerConfiguration())
-                    try await bus.start(Reminders.service, live: { try buildReminderService(settings: remind, context: $0, logger: $1) },
-                                        inProcess: { try makeReminderService(settings: remind, bus: $0, logger: $1) })
+                    try await bus.start(remind)
                 }
                 let settings = IdentificationServiceSettings(directory: directory.url.appendingPathComponent("identify"), runner: bus.runnerConfiguration())
                 let tools = try IdentificationTools(databasePath: settings.databasePath)
@@ -46,8 +43,7 @@ extension LiveBatchTests {
                     try tools.addReferences(.init(scientificName: name, commonNames: ["Test plant \(index)"], family: "Testaceae"),
                                             photos: try (1...3).map { try SyntheticPlant.species(index).photo(seed: $0) })
                 }
-                try await bus.start(Identification.service, live: { try buildIdentificationService(settings: settings, context: $0, logger: $1) },
-                                    inProcess: { try makeIdentificationService(settings: settings, bus: $0, logger: $1) })
+                try await bus.start(settings)
                 try await body(try await BatchAPITests.startBatch(on: bus, configure: configure))
             }
         }

@@ -30,12 +30,9 @@ extension LiveBatchTests {
                 care.outboxInterval = .milliseconds(100)
                 let remind = ReminderServiceSettings(directory: directory.url.appendingPathComponent("remind"), runner: bus.runnerConfiguration())
                 let images = ImageServiceSettings(directory: directory.url.appendingPathComponent("images"), runner: bus.runnerConfiguration())
-                try await bus.start(Care.service, live: { try buildCareService(settings: care, context: $0, logger: $1) },
-                                    inProcess: { try makeCareService(settings: care, bus: $0, logger: $1) })
-                try await bus.start(Reminders.service, live: { try buildReminderService(settings: remind, context: $0, logger: $1) },
-                                    inProcess: { try makeReminderService(settings: remind, bus: $0, logger: $1) })
-                try await bus.start(Images.service, live: { try buildImageService(settings: images, context: $0, logger: $1) },
-                                    inProcess: { try makeImageService(settings: images, logger: $1) })
+                try await bus.start(care)
+                try await bus.start(remind)
+                try await bus.start(images)
                 try await body(try await BatchAPITests.startBatch(on: bus, configure: configure))
             }
         }

@@ -1,3 +1,4 @@
+import CanopyTesting
 import Foundation
 import GRDB
 import Testing
@@ -24,25 +25,24 @@ struct StoreOpeningTests {
     }
 
     @Test func everyStoreOpensWithTheSamePragmas() throws {
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-stores-\(UUID().uuidString)")
-        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
-        defer { try? FileManager.default.removeItem(at: directory) }
-        func path(_ name: String) -> String { directory.appendingPathComponent(name).path }
+        let directory = try TemporaryDirectory("stores")
+        defer { directory.remove() }
+        func path(_ name: String) -> String { directory.path(name) }
         // synchronous NORMAL (1): with WAL, every commit survives the process crashing.
         let expected = Pragmas(journal: "wal", foreignKeys: 1, busyMilliseconds: 5_000, synchronous: 1)
         let opened = [
             try Self.pragmas(CareStore(path: path("care.sqlite")).database),
             try Self.pragmas(IdentificationStore(path: path("identify.sqlite")).database),
-            try Self.pragmas(ImageStore(directory: directory.appendingPathComponent("images")).database),
+            try Self.pragmas(ImageStore(directory: directory.url.appendingPathComponent("images")).database),
             try Self.pragmas(ReminderStore(path: path("remind.sqlite")).database),
         ]
         #expect(opened == Array(repeating: expected, count: 4), "\(opened)")
     }
 
     @Test func aForeignKeyIsEnforcedInTheImageIndexToo() throws {
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-stores-\(UUID().uuidString)")
-        defer { try? FileManager.default.removeItem(at: directory) }
-        let store = try ImageStore(directory: directory)
+        let directory = try TemporaryDirectory("stores")
+        defer { directory.remove() }
+        let store = try ImageStore(directory: directory.url)
         #expect(throws: DatabaseError.self) {
             try store.database.write { db in
                 try db.execute(sql: "INSERT INTO photos (owner, plantID, sha256, addedAt) VALUES ('alice', 'p', 'no-such-original', 0)")

@@ -94,7 +94,7 @@ struct Outbox: Service, HealthReporting {
     /// came due during the pass: at once).
     ///
     /// Not the earliest of all: a follow-up due but waiting behind a retry of its lane
-    /// would make the loop turn without pause until the retry (as it did before 2026-11).
+    /// would make the loop turn without pause until the retry.
     private func nextAttempt(after now: Date) -> Date? {
         (try? library.store.nextFollowUpDue(after: now)) ?? nil
     }

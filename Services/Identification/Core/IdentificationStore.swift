@@ -229,8 +229,6 @@ final class IdentificationStore: IdentificationStoring {
 
     // MARK: - References
 
-    typealias Species = ReferenceSpecies
-
     /// Bumped by every change to the references: a running service reloads its index when
     /// the number it built from is no longer current.
     func referenceGeneration() throws -> Int {
@@ -238,7 +236,7 @@ final class IdentificationStore: IdentificationStoring {
     }
 
     /// Adds reference photos of a species (created, or updated with the names given).
-    func addReferences(_ species: Species, photos: [(sha256: String, features: PhotoFeatures)], now: Date = Date()) throws {
+    func addReferences(_ species: ReferenceSpecies, photos: [(sha256: String, features: PhotoFeatures)], now: Date) throws {
         try database.write { db in
             try db.execute(sql: """
                 INSERT INTO species (scientificName, withoutAuthor, authorship, genus, family, commonNames, gbifID) VALUES (?, ?, ?, ?, ?, ?, ?)
@@ -267,7 +265,7 @@ final class IdentificationStore: IdentificationStoring {
     }
 
     /// Every species with its number of reference photos, by name.
-    func referenceSpecies() throws -> [(species: Species, photos: Int)] {
+    func referenceSpecies() throws -> [(species: ReferenceSpecies, photos: Int)] {
         try database.read { db in
             try Row.fetchAll(db, sql: """
                 SELECT species.*, COUNT(referencePhotos.sha256) AS photos FROM species
@@ -278,15 +276,15 @@ final class IdentificationStore: IdentificationStoring {
     }
 
     /// Every reference photo's species and features, and the generation they are of.
-    func referenceSet() throws -> (generation: Int, entries: [(species: Species, features: PhotoFeatures)]) {
+    func referenceSet() throws -> (generation: Int, entries: [(species: ReferenceSpecies, features: PhotoFeatures)]) {
         try database.read { db in
             let generation = try Int.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'referenceGeneration'") ?? 0
-            var speciesByID: [Int64: Species] = [:]
+            var speciesByID: [Int64: ReferenceSpecies] = [:]
             for row in try Row.fetchAll(db, sql: "SELECT * FROM species") { speciesByID[row["id"]] = try species(row) }
             let entries = try Row.fetchAll(db, sql: """
                 SELECT referencePhotos.speciesID, photoFeatures.features FROM referencePhotos
                 JOIN photoFeatures ON photoFeatures.sha256 = referencePhotos.sha256
-                """).compactMap { row -> (Species, PhotoFeatures)? in
+                """).compactMap { row -> (ReferenceSpecies, PhotoFeatures)? in
                 guard let species = speciesByID[row["speciesID"]], let features = PhotoFeatures(packed: row["features"]) else { return nil }
                 return (species, features)
             }
@@ -294,25 +292,23 @@ final class IdentificationStore: IdentificationStoring {
         }
     }
 
-    private func species(_ row: Row) throws -> Species {
-        Species(scientificName: row["scientificName"], withoutAuthor: row["withoutAuthor"], authorship: row["authorship"], genus: row["genus"],
+    private func species(_ row: Row) throws -> ReferenceSpecies {
+        ReferenceSpecies(scientificName: row["scientificName"], withoutAuthor: row["withoutAuthor"], authorship: row["authorship"], genus: row["genus"],
                 family: row["family"], commonNames: try codec.decode([String].self, from: [UInt8](row["commonNames"] as Data)), gbifID: row["gbifID"])
     }
 
     // MARK: - Quota
 
-    typealias QuotaState = ProviderQuota
-
-    func quota(provider: String) throws -> QuotaState {
+    func quota(provider: String) throws -> ProviderQuota {
         try database.read { db in
             guard let row = try Row.fetchOne(db, sql: "SELECT remaining, resetsAt FROM quota WHERE provider = ?", arguments: [provider]) else {
-                return QuotaState()
+                return ProviderQuota()
             }
-            return QuotaState(remaining: row["remaining"], resetsAt: (row["resetsAt"] as Double?).map { Date(timeIntervalSince1970: $0) })
+            return ProviderQuota(remaining: row["remaining"], resetsAt: (row["resetsAt"] as Double?).map { Date(timeIntervalSince1970: $0) })
         }
     }
 
-    func saveQuota(_ state: QuotaState, provider: String, now: Date = Date()) throws {
+    func saveQuota(_ state: ProviderQuota, provider: String, now: Date) throws {
         try database.write { db in
             try db.execute(sql: "INSERT OR REPLACE INTO quota (provider, remaining, resetsAt, updatedAt) VALUES (?, ?, ?, ?)",
                            arguments: [provider, state.remaining, state.resetsAt?.timeIntervalSince1970, now.timeIntervalSince1970])

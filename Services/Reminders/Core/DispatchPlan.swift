@@ -66,13 +66,13 @@ struct DispatchPlan: Sendable {
         /// device to send to (nothing to wait for).
         var state: Reminders.State = .sending
         /// One notification per active device, keyed so that a resend is recognisable.
-        var notifications: [(deviceID: String, notification: ReminderNotification)] = []
+        var notifications: [Addressed] = []
+    }
 
-        static func == (lhs: Self, rhs: Self) -> Bool {
-            lhs.stale == rhs.stale && lhs.fresh == rhs.fresh && lhs.state == rhs.state
-                && lhs.notifications.map(\.deviceID) == rhs.notifications.map(\.deviceID)
-                && lhs.notifications.map(\.notification) == rhs.notifications.map(\.notification)
-        }
+    /// A notification and the device it goes to.
+    struct Addressed: Equatable {
+        var deviceID: String
+        var notification: ReminderNotification
     }
 
     /// Until when reminders come along with one due at `now` (they fire after `now` and up to this).
@@ -92,8 +92,8 @@ struct DispatchPlan: Sendable {
         digest.state = active.isEmpty ? .delivered : .sending
         let occurrences = digest.fresh.map { ($0.reminder.taskID, $0.reminder.due.timeIntervalSince1970) }
         digest.notifications = active.map { device in
-            (device.device.id, ReminderNotification(id: ReminderNotification.key(deviceID: device.device.id, reminders: occurrences),
-                                                    reminders: digest.fresh.map(\.reminder)))
+            Addressed(deviceID: device.device.id, notification: ReminderNotification(id: ReminderNotification.key(deviceID: device.device.id, reminders: occurrences),
+                                                                                     reminders: digest.fresh.map(\.reminder)))
         }
         return digest
     }

@@ -253,8 +253,9 @@ public final class Dispatcher: Service, Sendable {
                 }
                 guard !digest.fresh.isEmpty else { continue }
                 try data.setState(digest.state, ofReminders: digest.fresh.map(\.id), at: now)
-                for (deviceID, notification) in digest.notifications {
-                    if let send = try data.insertSend(owner: owner, deviceID: deviceID, notification: notification, reminderIDs: digest.fresh.map(\.id), at: now) {
+                for addressed in digest.notifications {
+                    if let send = try data.insertSend(owner: owner, deviceID: addressed.deviceID, notification: addressed.notification,
+                                                      reminderIDs: digest.fresh.map(\.id), at: now) {
                         created.append(send)
                     }
                 }

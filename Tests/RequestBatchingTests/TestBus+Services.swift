@@ -1,0 +1,30 @@
+import CanopyMessages
+import CanopyTesting
+import CareScheduling
+import Identification
+import ImageCache
+import Reminders
+
+/// Each service behind the API with `settings`, as `serve` builds it (live) or as its parts
+/// (in process): one line per service in the suites' stacks.
+extension TestBus {
+    func start(_ settings: CareServiceSettings) async throws {
+        try await start(Care.service, live: { try buildCareService(settings: settings, context: $0, logger: $1) },
+                        inProcess: { try makeCareService(settings: settings, bus: $0, logger: $1) })
+    }
+
+    func start(_ settings: ReminderServiceSettings) async throws {
+        try await start(Reminders.service, live: { try buildReminderService(settings: settings, context: $0, logger: $1) },
+                        inProcess: { try makeReminderService(settings: settings, bus: $0, logger: $1) })
+    }
+
+    func start(_ settings: ImageServiceSettings) async throws {
+        try await start(Images.service, live: { try buildImageService(settings: settings, context: $0, logger: $1) },
+                        inProcess: { try makeImageService(settings: settings, logger: $1) })
+    }
+
+    func start(_ settings: IdentificationServiceSettings) async throws {
+        try await start(Identification.service, live: { try buildIdentificationService(settings: settings, context: $0, logger: $1) },
+                        inProcess: { try makeIdentificationService(settings: settings, bus: $0, logger: $1) })
+    }
+}
