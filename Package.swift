@@ -127,7 +127,7 @@ var targets: [Target] = [
 
     // Where a store keeps its data (SQLite, the embedded default, or PostgreSQL), and the one
     // way every store opens its SQLite file (pragmas, migrations).
-    shared("CanopyStore", [P.grdb, P.postgresNIO]),
+    shared("CanopyStore", [P.argumentParser, P.grdb, P.postgresNIO]),
 ]
 
 // MARK: - Services: each a core module and its executable
@@ -138,18 +138,18 @@ targets += service("Broker", core: "MessageBroker", executable: "canopy-broker",
 targets += service("ImageCache", core: "ImageCache", executable: "canopy-images",
     dependencies: [
         "CVips", "CanopyImaging", "CanopyBus", "CanopyMessages", "CanopyServiceKit", "CanopyStore", "CanopyOutbound",
-        P.crypto, P.grdb, P.logging, P.metrics, P.nioCore, P.nioHTTP1, P.nioPosix, P.nioSSL, P.serviceLifecycle,
+        P.crypto, P.grdb, P.logging, P.metrics, P.nioCore, P.nioHTTP1, P.nioPosix, P.nioSSL, P.postgresNIO, P.serviceLifecycle,
     ])
 targets += service("Identification", core: "Identification", executable: "canopy-identify",
     dependencies: [
         "CanopyImaging", "CanopyBus", "CanopyMessages", "CanopyServiceKit", "CanopyStore", P.asyncHTTPClient,
-        P.crypto, P.grdb, P.logging, P.metrics, P.multipartKit, P.serviceLifecycle,
+        P.crypto, P.grdb, P.logging, P.metrics, P.multipartKit, P.postgresNIO, P.serviceLifecycle,
     ],
     executableDependencies: ["CanopyImaging"])
 targets += service("Reminders", core: "Reminders", executable: "canopy-remind",
     dependencies: [
         "CanopyBus", "CanopyMessages", "CanopyServiceKit", "CanopyStore", "CanopyOutbound", P.asyncHTTPClient,
-        P.collections, P.crypto, P.grdb, P.jwtKit, P.logging, P.metrics, P.nioSSL, P.serviceLifecycle,
+        P.collections, P.crypto, P.grdb, P.jwtKit, P.logging, P.metrics, P.nioSSL, P.postgresNIO, P.serviceLifecycle,
     ])
 // canopy-batch: the HTTP API apps call, generated from its OpenAPI document
 // (Core/openapi.yaml, which docs/openapi.yaml links to) by the generator's build plugin.
@@ -162,8 +162,9 @@ targets += service("RequestBatching", core: "RequestBatching", executable: "cano
 targets += service("CareScheduling", core: "CareScheduling", executable: "canopy-care",
     dependencies: [
         "CanopyBus", "CanopyMessages", "CanopyServiceKit", "CanopyStore", P.collections, P.grdb, P.logging,
-        P.metrics, P.serviceLifecycle,
+        P.metrics, P.postgresNIO, P.serviceLifecycle,
     ],
+    executableDependencies: ["CanopyStore"],
     resources: [.copy("Resources/catalog.json")])
 
 // MARK: - The operator's CLI, the benchmark, and the tests

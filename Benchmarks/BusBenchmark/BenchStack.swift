@@ -21,12 +21,12 @@ final class BenchStack {
     ///     its requests say a service made them (service-to-service operations take only those).
     ///   - build: the services to run, given the broker's endpoint and the context to share.
     init(configuration: BrokerConfiguration = .init(), logger: Logger, asService: Bool = false,
-         build: (_ endpoint: String, _ context: ZMQContext) throws -> [any Service]) throws {
+         build: (_ endpoint: String, _ context: ZMQContext) async throws -> [any Service]) async throws {
         let context = ZMQContext()
         let broker = try BrokerServer(endpoint: "tcp://127.0.0.1:*", configuration: configuration, context: context, logger: logger)
         self.broker = broker
         brokerTask = Task { try await broker.run() }
-        let group = serviceGroup(try build(broker.endpoint, context), signals: [], logger: logger)
+        let group = serviceGroup(try await build(broker.endpoint, context), signals: [], logger: logger)
         self.group = group
         serving = Task { try await group.run() }
         var clientConfiguration = BusClient.Configuration(endpoint: broker.endpoint)

@@ -22,8 +22,8 @@ struct CareBenchmark: AsyncParsableCommand {
         logger.logLevel = .error
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-bench-care-\(UUID().uuidString)")
         defer { try? FileManager.default.removeItem(at: directory) }
-        let stack = try BenchStack(logger: logger) { endpoint, context in
-            try buildCareService(settings: .init(directory: directory, runner: .init(endpoint: endpoint)), context: context, logger: logger)
+        let stack = try await BenchStack(logger: logger) { endpoint, context in
+            try await buildCareService(settings: .init(directory: directory, runner: .init(endpoint: endpoint)), context: context, logger: logger)
         }
         let client = stack.client
         while (try? await client.call(Care.CatalogSearch.self, .init(text: "", limit: 1), timeout: .seconds(1))) == nil {

@@ -50,13 +50,13 @@ struct EdgeBenchmark: AsyncParsableCommand {
         // batching on, and off), and a bare Hummingbird route.
         var edges: [BatchHTTPServer] = []
         let bare = BareRoute()
-        let stack = try BenchStack(logger: logger) { endpoint, context in
+        let stack = try await BenchStack(logger: logger) { endpoint, context in
             var images = ImageServiceSettings(directory: directory.appendingPathComponent("images"), runner: .init(endpoint: endpoint))
             images.runner.credit = 64
             var care = CareServiceSettings(directory: directory.appendingPathComponent("care"), runner: .init(endpoint: endpoint))
             care.runner.credit = 64
             var services = try buildImageService(settings: images, context: context, logger: logger)
-            services += try buildCareService(settings: care, context: context, logger: logger)
+            services += try await buildCareService(settings: care, context: context, logger: logger)
             for window in [Duration.milliseconds(2), .zero] {
                 var settings = BatchServiceSettings(http: .anyLoopbackPort, bus: .init(endpoint: endpoint), tokenKey: key)
                 settings.rateLimit = 1_000_000

@@ -47,14 +47,15 @@ struct IdentifyBenchmark: AsyncParsableCommand {
         for species in 0..<20 {
             try tools.addReferences(.init(scientificName: "Benchus species\(species)"), photos: try (1...3).map { try SyntheticPlant.species(species).photo(seed: $0) })
         }
-        let stack = try BenchStack(logger: logger) { endpoint, context in
+        let stack = try await BenchStack(logger: logger) { endpoint, context in
             var runner = ServiceRunner.Configuration(endpoint: endpoint)
             runner.credit = 16
             var identify = settings
             identify.runner = runner
+            let care = try await buildCareService(settings: CareServiceSettings(directory: directory.appendingPathComponent("care"), runner: runner),
+                                                  context: context, logger: logger)
             return try buildImageService(settings: ImageServiceSettings(directory: directory.appendingPathComponent("images"), runner: runner), context: context, logger: logger)
-                + buildCareService(settings: CareServiceSettings(directory: directory.appendingPathComponent("care"), runner: runner), context: context, logger: logger)
-                + buildIdentificationService(settings: identify, context: context, logger: logger)
+                + care + buildIdentificationService(settings: identify, context: context, logger: logger)
         }
         let client = stack.client
         // Fresh photos for every call: a photo seen before is answered from the store.

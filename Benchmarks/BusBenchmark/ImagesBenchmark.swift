@@ -124,7 +124,7 @@ struct ImagesBenchmark: AsyncParsableCommand {
         var baseline: UInt64 = 1
         var paletteComputed = Duration.zero
         for (tier, memoryBytes) in [("memory", 50 * 1024 * 1024), ("disk", 0)] {
-            let stack = try BenchStack(logger: logger) { endpoint, context in
+            let stack = try await BenchStack(logger: logger) { endpoint, context in
                 var settings = ImageServiceSettings(directory: directory.appendingPathComponent("service-\(tier)"), runner: .init(endpoint: endpoint))
                 settings.memoryTierBytes = memoryBytes
                 settings.memoryTierCount = memoryBytes == 0 ? 0 : 5_000

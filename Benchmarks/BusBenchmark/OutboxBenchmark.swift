@@ -44,19 +44,19 @@ struct OutboxBenchmark: AsyncParsableCommand {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-bench-outbox-\(UUID().uuidString)")
         defer { try? FileManager.default.removeItem(at: directory) }
         let arrivals = Arrivals()
-        func stack() throws -> BenchStack {
-            try BenchStack(logger: logger, asService: true) { endpoint, context in
+        func stack() async throws -> BenchStack {
+            try await BenchStack(logger: logger, asService: true) { endpoint, context in
                 var settings = CareServiceSettings(directory: directory, runner: .init(endpoint: endpoint))
                 settings.outboxInterval = .seconds(1)
                 var runner = ServiceRunner.Configuration(endpoint: endpoint)
                 runner.credit = 64
                 return [ServiceRunner(service: arrivals, configuration: runner, context: context, logger: logger)]
-                    + (try buildCareService(settings: settings, context: context, logger: logger))
+                    + (try await buildCareService(settings: settings, context: context, logger: logger))
             }
         }
 
         // Light load: one save at a time.
-        let first = try stack()
+        let first = try await stack()
         while (try? await first.client.call(Care.CatalogSearch.self, .init(text: "", limit: 1), timeout: .seconds(1))) == nil {
             try await Task.sleep(for: .milliseconds(50))
         }
@@ -76,7 +76,7 @@ struct OutboxBenchmark: AsyncParsableCommand {
         }
         // The baseline for the drain: the same calls, straight over the bus, 64 at once.
         let calls = min(backlog, 10_000)
-        let window = try Reminders.Sync.Request(window: [])
+        let window = Reminders.Sync.Request(window: [])
         let began = ContinuousClock.now
         let client = first.client
         try await withThrowingTaskGroup(of: Void.self) { group in
@@ -104,7 +104,7 @@ struct OutboxBenchmark: AsyncParsableCommand {
         }
         try pool.close()
         let before = arrivals.count
-        let second = try stack()
+        let second = try await stack()
         let deadline = ContinuousClock.now + .seconds(300)
         while arrivals.count < before + backlog, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(20)) }
         let times = arrivals.seen.withLock { seen in seen.filter { $0.key.hasPrefix("backlog-") }.map(\.value) }

@@ -215,7 +215,7 @@ struct RemindBenchmark: AsyncParsableCommand {
     private func syncs(logger: Logger) async throws {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-bench-remind-sync-\(UUID().uuidString)")
         defer { try? FileManager.default.removeItem(at: directory) }
-        let stack = try BenchStack(logger: logger, asService: true) { endpoint, context in
+        let stack = try await BenchStack(logger: logger, asService: true) { endpoint, context in
             var runner = ServiceRunner.Configuration(endpoint: endpoint)
             runner.credit = 16
             return try buildReminderService(settings: ReminderServiceSettings(directory: directory, runner: runner), context: context, logger: logger)

@@ -28,7 +28,7 @@ struct TransferBenchmark: AsyncParsableCommand {
         let photo = try makeTwelveMegapixelJPEGs(.photo, count: 1)[0]
         var configuration = BrokerConfiguration()
         configuration.maximumFrameBytes = 64 * 1024 * 1024 // a 12 MP original fits whole, in either framing
-        let stack = try BenchStack(configuration: configuration, logger: logger) { endpoint, context in
+        let stack = try await BenchStack(configuration: configuration, logger: logger) { endpoint, context in
             var settings = ImageServiceSettings(directory: directory, runner: .init(endpoint: endpoint))
             settings.maximumInputBytes = 64 * 1024 * 1024
             return try buildImageService(settings: settings, context: context, logger: logger)

@@ -65,6 +65,13 @@ public struct DatabaseURL: Sendable, Equatable, CustomStringConvertible {
     /// The URL without its password: what logs and errors may show.
     public var description: String { "postgres://\(user)@\(host):\(port)/\(database)\(requiresTLS ? "?sslmode=require" : "")" }
 
+    /// A postgres-nio connection configuration for this server (``PostgresStore``'s
+    /// connections).
+    public func connectionConfiguration() throws -> PostgresConnection.Configuration {
+        PostgresConnection.Configuration(host: host, port: port, username: user, password: password, database: database,
+                                         tls: requiresTLS ? .require(try NIOSSLContext(configuration: .makeClientConfiguration())) : .disable)
+    }
+
     /// A postgres-nio client configuration for this server.
     public func clientConfiguration() -> PostgresClient.Configuration {
         PostgresClient.Configuration(host: host, port: port, username: user, password: password, database: database,

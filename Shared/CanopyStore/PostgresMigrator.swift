@@ -40,9 +40,16 @@ public struct PostgresMigrator: Sendable {
     /// Applies the migrations `client`'s database has not had yet; returns their names.
     @discardableResult
     public func migrate(_ client: PostgresClient, logger: Logger) async throws -> [String] {
+        try await client.withConnection { connection in try await migrate(connection, logger: logger) }
+    }
+
+    /// Applies the migrations the database `connection` is connected to has not had yet;
+    /// returns their names.
+    @discardableResult
+    public func migrate(_ connection: PostgresConnection, logger: Logger) async throws -> [String] {
         // Under a lock too: two replicas creating the table at once collide in PostgreSQL's
         // catalog (CREATE TABLE IF NOT EXISTS is not safe against itself).
-        try await client.withTransaction(logger: logger) { connection in
+        try await connection.withTransaction(logger: logger) { connection in
             try await connection.query("SELECT pg_advisory_xact_lock(hashtext('canopy_migrations'))", logger: logger)
             try await connection.query("""
                 CREATE TABLE IF NOT EXISTS canopy_migrations (
@@ -54,7 +61,7 @@ public struct PostgresMigrator: Sendable {
         }
         var applied: [String] = []
         for migration in migrations {
-            let ran = try await Self.unwrapped { try await client.withTransaction(logger: logger) { connection -> Bool in
+            let ran = try await Self.unwrapped { try await connection.withTransaction(logger: logger) { connection -> Bool in
                 // One replica at a time per store: the lock ends with the transaction.
                 try await connection.query("SELECT pg_advisory_xact_lock(hashtext(\(store)))", logger: logger)
                 let done = try await self.applied(connection, logger: logger)

@@ -3,6 +3,7 @@ import CanopyStore
 import Foundation
 import Logging
 import PostgresNIO
+import Synchronization
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -137,6 +138,23 @@ public final class PostgresServer: @unchecked Sendable { // its Process is touch
         }
         directory.remove()
     }
+}
+
+extension PostgresServer {
+    /// One server for every test of this process that only needs a database of its own
+    /// (``database(_:)``): started by the first that asks, stopped when the process exits.
+    public static func shared() async throws -> PostgresServer {
+        try await sharedServer.value
+    }
+
+    private static let sharedServer = Task<PostgresServer, any Error> {
+        let server = try await PostgresServer()
+        sharedForExit.withLock { $0 = server }
+        atexit { PostgresServer.sharedForExit.withLock { $0 }?.stop() }
+        return server
+    }
+
+    private static let sharedForExit = Mutex<PostgresServer?>(nil)
 }
 
 /// Runs `body` with a fresh PostgreSQL server and stops it afterwards, also when `body` throws.

@@ -57,13 +57,13 @@ public final class TestBus: Sendable {
     /// Starts a worker as its executable would: live, what its `build…Service` made, until
     /// the broker has seen `service` register; in process, the parts its `make…Service` made
     /// (given a caller of this bus for the services it calls).
-    public func start(_ service: String, live build: (ZMQContext, Logger) throws -> [any Service],
-                      inProcess make: (any BusCalling, Logger) throws -> ServiceParts) async throws {
+    public func start(_ service: String, live build: (ZMQContext, Logger) async throws -> [any Service],
+                      inProcess make: (any BusCalling, Logger) async throws -> ServiceParts) async throws {
         if let live {
-            live.run(try build(live.context, live.logger))
+            live.run(try await build(live.context, live.logger))
             try await live.waitForWorkers(1, service: service)
         } else {
-            try await run(try make(try client(asService: true), logger))
+            try await run(try await make(try client(asService: true), logger))
         }
     }
 

@@ -50,6 +50,52 @@ struct CareCommandLineTests {
         }
     }
 
+    @Test func replicasAsProcessesShareOnePostgreSQL() async throws {
+        let server = try await PostgresServer.shared()
+        var url = try await server.database()
+        let directory = try TemporaryDirectory("canopy-care-replicas")
+        defer { directory.remove() }
+        // The password from a file, as compose secrets mount it; the URL names none.
+        let passwordFile = directory.url.appendingPathComponent("password")
+        try Data((url.password ?? "").utf8).write(to: passwordFile)
+        url.password = nil
+        try await withLiveBus { bus in
+            func replica() throws -> Process {
+                let process = Process()
+                process.executableURL = try LiveBus.executable("canopy-care")
+                process.arguments = ["serve", "--endpoint", bus.endpoint, "--data-dir", directory.path("data"), "--metrics-bind", "off",
+                                     "--heartbeat-ms", "100", "--log-level", "critical"]
+                process.environment = ["CANOPY_DATABASE_URL": url.description, "CANOPY_DATABASE_PASSWORD_FILE": passwordFile.path]
+                try process.run()
+                return process
+            }
+            let replicas = [try replica(), try replica()]
+            defer { replicas.filter(\.isRunning).forEach { $0.terminate(); $0.waitUntilExit() } }
+            try await bus.waitForWorkers(2, service: Care.service)
+            let client = try bus.client()
+            for index in 0..<10 {
+                _ = try await client.call(Care.AddPlant.self, Care.Plant(id: "plant-\(index)", scientificName: "Ficus lyrata"), principal: "alice")
+            }
+            // Whichever replica answers, it sees every plant; nothing is in the data directory.
+            for _ in 0..<4 {
+                #expect(try await client.call(Care.ListPlants.self, .init(limit: 100), principal: "alice").total == 10)
+            }
+            #expect(!FileManager.default.fileExists(atPath: directory.path("data/care/care.sqlite")))
+            // One replica killed: the other goes on with the same data.
+            kill(replicas[0].processIdentifier, SIGKILL)
+            replicas[0].waitUntilExit()
+            try await bus.waitForWorkers(1, service: Care.service)
+            _ = try await client.call(Care.AddPlant.self, Care.Plant(id: "plant-10", scientificName: "Ficus lyrata"), principal: "alice")
+            #expect(try await client.call(Care.ListPlants.self, .init(limit: 100), principal: "alice").total == 11)
+        }
+        // A URL that is not one, and a server that is not there, stop it with a sentence.
+        let invalid = try await run(["serve", "--endpoint", "tcp://127.0.0.1:1", "--database-url", "mysql://db/canopy"])
+        #expect(invalid.status != 0 && invalid.errors.contains("not postgres"), "\(invalid.errors)")
+        let absent = try await run(["serve", "--endpoint", "tcp://127.0.0.1:1", "--metrics-bind", "off",
+                                    "--database-url", "postgres://canopy@127.0.0.1:\(FreePorts.any())/canopy"])
+        #expect(absent.status != 0 && absent.errors.contains("cannot reach PostgreSQL"), "\(absent.errors)")
+    }
+
     @Test func healthSaysWhetherTheRunningServiceIsRegistered() async throws {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-care-health-\(UUID().uuidString)")
         defer { try? FileManager.default.removeItem(at: directory) }

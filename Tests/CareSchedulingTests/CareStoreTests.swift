@@ -1,22 +1,28 @@
 import CanopyMessages
+import CanopyStore
 import CanopyTesting
 import Foundation
+import Logging
 import Synchronization
 import Testing
 @testable import CareScheduling
 
 /// The store contract (``CareStoring``) on its own, without the library's rules: what any
-/// implementation must do. It runs against each implementation there is (SQLite today).
+/// implementation must do. It runs against each implementation: SQLite, and PostgreSQL on a
+/// throwaway server the tests start (a fresh database each test).
 struct CareStoreTests {
-    /// Every implementation, each opened fresh in a temporary directory.
-    static let implementations = ["sqlite"]
+    /// Every implementation.
+    static let implementations = ["sqlite", "postgres"]
 
-    static func open(_ implementation: String) throws -> (any CareStoring, cleanup: () -> Void) {
-        let directory = try TemporaryDirectory("care-store")
-        let store: any CareStoring = switch implementation {
-        default: try CareStore(path: directory.path("care.sqlite"))
+    static func open(_ implementation: String) async throws -> (any CareStoring, cleanup: () -> Void) {
+        switch implementation {
+        case "postgres":
+            let store = try await PostgresCareStore.open(url: try await PostgresServer.shared().database(), logger: Logger(label: "care-store-test"))
+            return (store, store.database.close)
+        default:
+            let directory = try TemporaryDirectory("care-store")
+            return (try CareStore(path: directory.path("care.sqlite")), directory.remove)
         }
-        return (store, directory.remove)
     }
 
     let start = Date(timeIntervalSince1970: 1_780_000_000)
@@ -36,8 +42,8 @@ struct CareStoreTests {
     }
 
     @Test(arguments: implementations)
-    func everythingIsScopedToItsOwner(_ implementation: String) throws {
-        let (store, cleanup) = try Self.open(implementation)
+    func everythingIsScopedToItsOwner(_ implementation: String) async throws {
+        let (store, cleanup) = try await Self.open(implementation)
         defer { cleanup() }
         try aliceWithAPlant(store) { data in
             try data.logCare(owner: "alice", plantID: "p1", kind: .water, at: start)
@@ -69,8 +75,8 @@ struct CareStoreTests {
     }
 
     @Test(arguments: implementations)
-    func tasksShowInOrderAndASnoozeMovesOnlyWhenOneShows(_ implementation: String) throws {
-        let (store, cleanup) = try Self.open(implementation)
+    func tasksShowInOrderAndASnoozeMovesOnlyWhenOneShows(_ implementation: String) async throws {
+        let (store, cleanup) = try await Self.open(implementation)
         defer { cleanup() }
         try aliceWithAPlant(store) { data in
             try data.saveTask(task("p1:custom:a", plant: "p1", owner: "alice", due: 2 * 86_400, kind: .custom))
@@ -89,8 +95,8 @@ struct CareStoreTests {
     }
 
     @Test(arguments: implementations)
-    func aWriteThatThrowsChangesNothing(_ implementation: String) throws {
-        let (store, cleanup) = try Self.open(implementation)
+    func aWriteThatThrowsChangesNothing(_ implementation: String) async throws {
+        let (store, cleanup) = try await Self.open(implementation)
         defer { cleanup() }
         struct Refused: Error {}
         #expect(throws: Refused.self) {
@@ -101,30 +107,32 @@ struct CareStoreTests {
             }
         }
         #expect(try store.read { data in try data.plantCount(owner: "alice") } == 0)
-        #expect(try store.nextFollowUpDue(after: .distantPast) == nil)
+        #expect(try await store.nextFollowUpDue(after: .distantPast) == nil)
     }
 
     @Test(arguments: implementations)
     func followUpsWaitInLanesAndBackOff(_ implementation: String) async throws {
-        let (store, cleanup) = try Self.open(implementation)
+        let (store, cleanup) = try await Self.open(implementation)
         defer { cleanup() }
         let commits = Atomic<Int>(0)
-        let observation = store.observeFollowUps { commits.add(1, ordering: .relaxed) }
+        let observation = await store.observeFollowUps { commits.add(1, ordering: .relaxed) }
         defer { observation.stop() }
         try store.write { (data: any CareWrites) throws in
             try data.enqueue(owner: "alice", service: "images", operation: "images.purge", body: [1], now: start)
             try data.enqueue(owner: "alice", service: "images", operation: "images.purge", body: [2], now: start)
             try data.enqueue(owner: "bob", service: "images", operation: "images.purge", body: [3], now: start)
         }
+        #expect(try await eventually { commits.load(ordering: .relaxed) >= 1 })
         #expect(commits.load(ordering: .relaxed) == 1, "one commit, one wake-up")
         let due = try await store.dueFollowUps(now: start, limit: 10)
         #expect(due.map(\.body) == [[1], [2], [3]])
         // Alice's first fails: her second waits behind it; bob's is confirmed.
-        try store.settle([.failed(id: due[0].id, attempts: 0, error: "down"), .confirmed(id: due[2].id, generation: due[2].generation)], now: start)
+        try await store.settle([.failed(id: due[0].id, attempts: 0, error: "down"), .returned(id: due[1].id),
+                                .confirmed(id: due[2].id, generation: due[2].generation)], now: start)
         #expect(try await store.dueFollowUps(now: start, limit: 10).isEmpty, "alice's lane waits for its retry")
         // The next time anything can go is the retry, not the second one already due behind it
         // (an outbox sleeping until then does not turn without pause).
-        #expect(try store.nextFollowUpDue(after: start) == start.addingTimeInterval(1))
+        #expect(try await store.nextFollowUpDue(after: start) == start.addingTimeInterval(1))
         let retried = try await store.dueFollowUps(now: start.addingTimeInterval(1), limit: 10)
         #expect(retried.map(\.body) == [[1], [2]] && retried[0].attempts == 1)
         #expect(try await store.pendingFollowUps().count == 2)
@@ -133,16 +141,16 @@ struct CareStoreTests {
 
     @Test(arguments: implementations)
     func aReminderSyncAskedAgainIsOneRowWithANewGeneration(_ implementation: String) async throws {
-        let (store, cleanup) = try Self.open(implementation)
+        let (store, cleanup) = try await Self.open(implementation)
         defer { cleanup() }
         try store.write { data in try data.enqueueReminderSync(owner: "alice", now: start) }
         let sent = try #require(try await store.dueFollowUps(now: start, limit: 10).first)
         try store.write { data in try data.enqueueReminderSync(owner: "alice", now: start) } // while it is on its way
         // Confirmed with the generation it was read at: it stays, for the newer window.
-        try store.settle([.confirmed(id: sent.id, generation: sent.generation)], now: start)
+        try await store.settle([.confirmed(id: sent.id, generation: sent.generation)], now: start)
         let again = try await store.dueFollowUps(now: start, limit: 10)
         #expect(again.count == 1 && again[0].id == sent.id && again[0].generation == sent.generation + 1)
-        try store.settle([.confirmed(id: again[0].id, generation: again[0].generation)], now: start)
+        try await store.settle([.confirmed(id: again[0].id, generation: again[0].generation)], now: start)
         #expect(try await store.pendingFollowUps().count == 0)
     }
 }

@@ -61,7 +61,7 @@ struct IdentificationServiceTests {
             var operatingPort: Int?
             if let live = bus.live {
                 live.run(try buildImageService(settings: images, context: live.context, logger: live.logger))
-                live.run(try buildCareService(settings: care, context: live.context, logger: live.logger))
+                live.run(try await buildCareService(settings: care, context: live.context, logger: live.logger))
                 let identify = try buildIdentificationService(settings: settings, context: live.context, logger: live.logger)
                 let listener = try #require(identify.first(OperatingEndpoint.self))
                 live.run(identify)
@@ -71,7 +71,7 @@ struct IdentificationServiceTests {
                 operatingPort = try await listener.boundPort(within: .seconds(60))
             } else {
                 try await bus.run(try makeImageService(settings: images, logger: bus.logger))
-                try await bus.run(try makeCareService(settings: care, bus: try bus.client(asService: true), logger: bus.logger))
+                try await bus.run(try await makeCareService(settings: care, bus: try bus.client(asService: true), logger: bus.logger))
                 try await bus.run(try makeIdentificationService(settings: settings, bus: try bus.client(timeout: .seconds(60), asService: true), logger: bus.logger))
             }
             try await body(Stack(bus: bus, client: try bus.client(timeout: .seconds(60)), tools: tools, plantNet: plantNet, operatingPort: operatingPort))

@@ -110,7 +110,7 @@ struct IdentifyCommandLineTests {
             let images = ImageServiceSettings(directory: directory.appendingPathComponent("images"), runner: bus.runnerConfiguration(credit: 8))
             bus.run(try buildImageService(settings: images, context: bus.context, logger: bus.logger))
             let care = CareServiceSettings(directory: directory.appendingPathComponent("care"), runner: bus.runnerConfiguration())
-            bus.run(try buildCareService(settings: care, context: bus.context, logger: bus.logger))
+            bus.run(try await buildCareService(settings: care, context: bus.context, logger: bus.logger))
             let plantNet = FakePlantNet()
             bus.run([plantNet.application])
 

@@ -18,7 +18,7 @@ struct ReminderServiceTests {
         try await withLiveBus { bus in
             var care = CareServiceSettings(directory: directory.appendingPathComponent("care"), runner: bus.runnerConfiguration())
             care.outboxInterval = .milliseconds(100)
-            bus.run(try buildCareService(settings: care, context: bus.context, logger: bus.logger))
+            bus.run(try await buildCareService(settings: care, context: bus.context, logger: bus.logger))
             let settings = ReminderServiceSettings(directory: directory.appendingPathComponent("remind"), runner: bus.runnerConfiguration(), metrics: .anyLoopbackPort)
             let remind = try buildReminderService(settings: settings, context: bus.context, logger: bus.logger)
             let listener = try #require(remind.first(OperatingEndpoint.self))
@@ -75,7 +75,7 @@ struct ReminderServiceTests {
         try await withLiveBus { bus in
             var care = CareServiceSettings(directory: directory.appendingPathComponent("care"), runner: bus.runnerConfiguration())
             care.outboxInterval = .milliseconds(100)
-            bus.run(try buildCareService(settings: care, context: bus.context, logger: bus.logger))
+            bus.run(try await buildCareService(settings: care, context: bus.context, logger: bus.logger))
             var settings = ReminderServiceSettings(directory: directory.appendingPathComponent("remind"), runner: bus.runnerConfiguration())
             settings.dispatch.refillBelow = 65 // a window of 64 is always "low" here
             let clock = ManualClock(Date())

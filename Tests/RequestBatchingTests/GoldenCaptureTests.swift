@@ -48,7 +48,7 @@ extension LiveBatchTests {
                 var care = CareServiceSettings(directory: directory.appendingPathComponent("care"), runner: bus.runnerConfiguration())
                 care.clock = clock
                 care.outboxInterval = .milliseconds(100)
-                bus.run(try buildCareService(settings: care, context: bus.context, logger: bus.logger))
+                bus.run(try await buildCareService(settings: care, context: bus.context, logger: bus.logger))
                 var remind = ReminderServiceSettings(directory: directory.appendingPathComponent("remind"), runner: bus.runnerConfiguration())
                 remind.clock = clock
                 bus.run(try buildReminderService(settings: remind, context: bus.context, logger: bus.logger))

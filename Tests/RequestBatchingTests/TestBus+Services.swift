@@ -9,8 +9,8 @@ import Reminders
 /// (in process): one line per service in the suites' stacks.
 extension TestBus {
     func start(_ settings: CareServiceSettings) async throws {
-        try await start(Care.service, live: { try buildCareService(settings: settings, context: $0, logger: $1) },
-                        inProcess: { try makeCareService(settings: settings, bus: $0, logger: $1) })
+        try await start(Care.service, live: { try await buildCareService(settings: settings, context: $0, logger: $1) },
+                        inProcess: { try await makeCareService(settings: settings, bus: $0, logger: $1) })
     }
 
     func start(_ settings: ReminderServiceSettings) async throws {

@@ -2,6 +2,7 @@ import ArgumentParser
 import CanopyBus
 import CanopyMessages
 import CanopyServiceKit
+import CanopyStore
 import CareScheduling
 import Foundation
 
@@ -13,6 +14,7 @@ struct CareCommand: AsyncParsableCommand {
         discussion: """
             Examples:
               canopy-care serve --endpoint tcp://127.0.0.1:5555 --data-dir ./.canopy
+              canopy-care serve --endpoint tcp://127.0.0.1:5555 --database-url postgres://canopy@db:5432/canopy --database-password-file /run/secrets/db
               canopy-care catalog search monstera
               canopy-care plan --species "Monstera deliciosa" --days 30 --tz Europe/Berlin
               canopy-care upcoming --user user-42 --days 7
@@ -34,12 +36,14 @@ struct ServeCare: AsyncParsableCommand {
         discussion: "Example: canopy-care serve --endpoint tcp://127.0.0.1:5555 --data-dir ./.canopy")
 
     @OptionGroup var serve: ServeOptions<CanopyCare>
+    @OptionGroup var database: DatabaseOptions
 
     func run() async throws {
         let logger = serve.logger()
         var settings = CareServiceSettings(directory: serve.directory, runner: try serve.runner(), metrics: try serve.metrics())
+        settings.postgres = try database.postgres()
         settings.clock = serve.worker.serviceClock
-        let services = try buildCareService(settings: settings, context: ZMQContext(), logger: logger)
+        let services = try await buildCareService(settings: settings, context: ZMQContext(), logger: logger)
         try await runUntilShutdown(services, logger: logger)
     }
 }

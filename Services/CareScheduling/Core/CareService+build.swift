@@ -1,14 +1,18 @@
 import CanopyBus
 import CanopyMessages
 import CanopyServiceKit
+import CanopyStore
 import Foundation
 import Logging
 import ServiceLifecycle
 
 /// Everything `canopy-care serve` can be told.
 public struct CareServiceSettings: Sendable {
-    /// Where the store lives (`<data-dir>/care`; the database is `care.sqlite` in it).
+    /// Where the store lives (`<data-dir>/care`; the database is `care.sqlite` in it) when
+    /// ``postgres`` is nil.
     public var directory: URL
+    /// The PostgreSQL every replica shares (`--database-url`), or nil for SQLite.
+    public var postgres: PostgresSettings?
     /// How the worker reaches its broker (endpoint, credit, heartbeats, CURVE keys).
     public var runner: ServiceRunner.Configuration
     /// Where `/metrics` and `/health` listen; `nil` for nowhere.
@@ -31,18 +35,25 @@ public struct CareServiceSettings: Sendable {
 
 /// Builds what `canopy-care serve` runs, in start order: the outbox's bus client, the outbox,
 /// the bus worker, and the `/metrics` and `/health` listener when `settings` name one.
-public func buildCareService(settings: CareServiceSettings, context: ZMQContext, logger: Logger) throws -> [any Service] {
+public func buildCareService(settings: CareServiceSettings, context: ZMQContext, logger: Logger) async throws -> [any Service] {
     try OperatingEndpoint.ensureFree(settings.metrics) // a taken port stops it before anything opens
     let bus = try BusClient(configuration: settings.runner.client, context: context, logger: logger)
-    return try makeCareService(settings: settings, bus: bus, logger: logger)
+    return try await makeCareService(settings: settings, bus: bus, logger: logger)
         .assembled(runner: settings.runner, bus: bus, metrics: settings.metrics, context: context, logger: logger)
 }
 
-/// canopy-care's parts: its handlers on the store in `settings.directory`, and the outbox
-/// that hands follow-ups to other services through `bus`.
-public func makeCareService(settings: CareServiceSettings, bus: any BusCalling, logger: Logger) throws -> ServiceParts {
-    try FileManager.default.createDirectory(at: settings.directory, withIntermediateDirectories: true)
-    let library = CareLibrary(store: try CareStore(path: settings.directory.appendingPathComponent("care.sqlite").path), clock: settings.clock)
+/// canopy-care's parts: its handlers on its store (PostgreSQL when `settings` name one, else
+/// SQLite in `settings.directory`), and the outbox that hands follow-ups to other services
+/// through `bus`.
+public func makeCareService(settings: CareServiceSettings, bus: any BusCalling, logger: Logger) async throws -> ServiceParts {
+    let store: any CareStoring
+    if let postgres = settings.postgres {
+        store = try await PostgresCareStore.open(url: postgres.url, poolSize: postgres.poolSize, logger: logger)
+    } else {
+        try FileManager.default.createDirectory(at: settings.directory, withIntermediateDirectories: true)
+        store = try CareStore(path: settings.directory.appendingPathComponent("care.sqlite").path)
+    }
+    let library = CareLibrary(store: store, clock: settings.clock)
     let outbox = Outbox(library: library, bus: bus, interval: settings.outboxInterval, logger: logger)
     return ServiceParts(handlers: CareService(library: library), background: [outbox])
 }

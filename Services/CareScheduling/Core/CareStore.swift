@@ -161,8 +161,8 @@ final class CareStore: CareStoring {
         }
     }
 
-    func settle(_ outcomes: [FollowUp.Outcome], now: Date) throws {
-        try database.write { db in
+    func settle(_ outcomes: [FollowUp.Outcome], now: Date) async throws {
+        try await database.write { db in
             let confirm = try db.cachedStatement(sql: "DELETE FROM outbox WHERE id = ? AND generation = ?")
             let putOff = try db.cachedStatement(sql: "UPDATE outbox SET attempts = attempts + 1, nextAttempt = ?, lastError = ? WHERE id = ?")
             for outcome in outcomes {
@@ -171,25 +171,28 @@ final class CareStore: CareStoring {
                     try confirm.execute(arguments: [id, generation])
                 case .failed(let id, let attempts, let error):
                     try putOff.execute(arguments: [now.timeIntervalSince1970 + FollowUp.backoff(afterAttempts: attempts), String(error.prefix(2_000)), id])
+                case .returned:
+                    break // one process sends: nothing is held
                 }
             }
         }
     }
 
-    func nextFollowUpDue(after now: Date) throws -> Date? {
-        try database.read { db in
+    func nextFollowUpDue(after now: Date) async throws -> Date? {
+        try await database.read { db in
             try Double.fetchOne(db, sql: "SELECT MIN(nextAttempt) FROM outbox WHERE nextAttempt > ?", arguments: [now.timeIntervalSince1970])
         }.map(Date.init(timeIntervalSince1970:))
     }
 
     func pendingFollowUps() async throws -> (count: Int, oldest: Date?) {
-        let row = try await database.read { db in
-            try Row.fetchOne(db, sql: "SELECT COUNT(*) AS n, MIN(COALESCE(createdAt, nextAttempt)) AS first FROM outbox")
+        let (count, first) = try await database.read { db -> (Int, Double?) in
+            let row = try Row.fetchOne(db, sql: "SELECT COUNT(*) AS n, MIN(COALESCE(createdAt, nextAttempt)) AS first FROM outbox")
+            return (row?["n"] as Int? ?? 0, row?["first"] as Double?)
         }
-        return (row?["n"] as Int? ?? 0, (row?["first"] as Double?).map(Date.init(timeIntervalSince1970:)))
+        return (count, first.map(Date.init(timeIntervalSince1970:)))
     }
 
-    func observeFollowUps(_ wake: @escaping @Sendable () -> Void) -> any FollowUpObservation {
+    func observeFollowUps(_ wake: @escaping @Sendable () -> Void) async -> any FollowUpObservation {
         let observer = OutboxCommits(wake: wake, database: database)
         database.add(transactionObserver: observer, extent: .observerLifetime)
         return observer

@@ -2,7 +2,8 @@ import CanopyMessages
 import Foundation
 
 /// What canopy-care keeps, as the operations its rules need: no SQL outside the type that
-/// implements this (``CareStore``, SQLite), so a second database is one more file.
+/// implements it: ``CareStore`` (SQLite, the embedded default) and ``PostgresCareStore``
+/// (PostgreSQL, which replicas share).
 ///
 /// Reads and writes happen in transactions: ``read(_:)`` and ``write(_:)`` hand their body a
 /// view of the data (``CareReads``, ``CareWrites``) that only lives for the transaction.
@@ -20,21 +21,24 @@ protocol CareStoring: Sendable {
     // MARK: The outbox
 
     /// Up to `limit` follow-ups due at `now`, in the order they were written, leaving out
-    /// any behind an earlier follow-up of its lane (owner, service) that waits for a retry.
+    /// any behind an earlier follow-up of its lane (owner, service) that waits for a retry or
+    /// is on its way from another replica. With replicas sharing the store, the follow-ups
+    /// read are leased to the caller until it settles them (or for ``FollowUp/lease``, when a
+    /// replica that stopped is taken to be gone and another sends them).
     func dueFollowUps(now: Date, limit: Int) async throws -> [FollowUp]
     /// Records what became of sent follow-ups, in one transaction: confirmed ones are deleted
     /// (only when their generation is still the one sent), failed ones are put off until
-    /// `now` plus their backoff.
-    func settle(_ outcomes: [FollowUp.Outcome], now: Date) throws
+    /// `now` plus their backoff, returned ones (not tried) are free to go again.
+    func settle(_ outcomes: [FollowUp.Outcome], now: Date) async throws
     /// When the earliest follow-up that is not due at `now` comes due, if there is one: when
     /// the outbox next has something to send (one due at `now` was either read by the pass
     /// just made or waits behind a retry, which comes due later).
-    func nextFollowUpDue(after now: Date) throws -> Date?
+    func nextFollowUpDue(after now: Date) async throws -> Date?
     /// How many follow-ups wait, and when the oldest was written.
     func pendingFollowUps() async throws -> (count: Int, oldest: Date?)
-    /// Calls `wake` after every commit that adds or changes a follow-up, until `stop` is
-    /// called on what it returns.
-    func observeFollowUps(_ wake: @escaping @Sendable () -> Void) -> any FollowUpObservation
+    /// Calls `wake` after every commit that adds or changes a follow-up (by any replica),
+    /// until `stop` is called on what it returns; returns once it observes.
+    func observeFollowUps(_ wake: @escaping @Sendable () -> Void) async -> any FollowUpObservation
 }
 
 /// A ``CareStoring/observeFollowUps(_:)`` in force.
@@ -130,7 +134,14 @@ struct FollowUp: Sendable, Equatable {
     enum Outcome: Sendable, Equatable {
         case confirmed(id: Int64, generation: Int64)
         case failed(id: Int64, attempts: Int, error: String)
+        /// Not tried (its lane stopped at a failure, or the outbox is shutting down).
+        case returned(id: Int64)
     }
+
+    /// How long a replica holds the follow-ups it read: longer than a lane of them takes
+    /// (5 s a call at most), short enough that a replica killed mid-pass delays its
+    /// follow-ups by no more than this.
+    static let lease: TimeInterval = 60
 
     /// How long a follow-up that failed `attempts` times before waits: 1, 2, 4 … up to 300 s.
     static func backoff(afterAttempts attempts: Int) -> TimeInterval {

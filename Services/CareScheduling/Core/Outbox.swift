@@ -62,7 +62,7 @@ struct Outbox: Service, HealthReporting {
 
     func run() async throws {
         let commits = self.commits
-        let observation = library.store.observeFollowUps { commits.signal() }
+        let observation = await library.store.observeFollowUps { commits.signal() }
         defer { observation.stop() }
         // A graceful shutdown cancels the loop, and with it a sleep until the next commit.
         await cancelWhenGracefulShutdown { await self.loop() }
@@ -86,7 +86,7 @@ struct Outbox: Service, HealthReporting {
             }
             passes.add()
             if pass.read >= batch { continue } // a backlog: the next pass at once
-            await sleep(until: nextAttempt(after: started))
+            await sleep(until: await nextAttempt(after: started))
         }
     }
 
@@ -95,8 +95,8 @@ struct Outbox: Service, HealthReporting {
     ///
     /// Not the earliest of all: a follow-up due but waiting behind a retry of its lane
     /// would make the loop turn without pause until the retry.
-    private func nextAttempt(after now: Date) -> Date? {
-        (try? library.store.nextFollowUpDue(after: now)) ?? nil
+    private func nextAttempt(after now: Date) async -> Date? {
+        (try? await library.store.nextFollowUpDue(after: now)) ?? nil
     }
 
     /// Sleeps until a commit adds a follow-up, `until` passes, or ``interval`` does.
@@ -173,7 +173,7 @@ struct Outbox: Service, HealthReporting {
                 if let lane = next.next() { group.addTask { await self.send(allLanes[lane] ?? []) } }
             }
         }
-        return record(outcomes, now: now, read: due.count)
+        return await record(outcomes, now: now, read: due.count)
     }
 
     /// Sends one lane's follow-ups one after the other, stopping at the first that fails.
@@ -181,8 +181,9 @@ struct Outbox: Service, HealthReporting {
         var outcomes: [FollowUp.Outcome] = []
         for row in rows {
             do {
-                let body: [UInt8] = row.operation == Reminders.Sync.name
-                    ? try codec.encode(Reminders.Sync.Request(window: try library.reminderWindow(owner: row.owner))) // the window as it is now
+                let (library, owner) = (self.library, row.owner)
+                let body: [UInt8] = row.operation == Reminders.Sync.name // the window as it is now, read off the pool (it waits on the store)
+                    ? try codec.encode(Reminders.Sync.Request(window: try await offThePool { try library.reminderWindow(owner: owner) }))
                     : row.body
                 _ = try await bus.call(service: row.service, operation: row.operation, body: body, principal: row.owner, timeout: .seconds(5), idempotent: true)
                 outcomes.append(.confirmed(id: row.id, generation: row.generation))
@@ -193,16 +194,18 @@ struct Outbox: Service, HealthReporting {
                 break // the rest of this lane waits behind it
             }
         }
+        // What was not tried goes back: another replica may send it.
+        outcomes += rows.dropFirst(outcomes.count).map { .returned(id: $0.id) }
         return outcomes
     }
 
     /// Writes a pass's outcomes in one transaction: confirmed follow-ups deleted (a sync only
     /// when nothing asked for it again since its row, and then its window, was read: else it
     /// stays and the next pass sends the newer window), failed ones put off with backoff.
-    private func record(_ outcomes: [FollowUp.Outcome], now: Date, read: Int) -> Pass {
+    private func record(_ outcomes: [FollowUp.Outcome], now: Date, read: Int) async -> Pass {
         var pass = Pass(read: read)
         do {
-            try library.store.settle(outcomes, now: now)
+            try await library.store.settle(outcomes, now: now)
         } catch {
             // Not written: everything of the pass is sent again (services take follow-ups twice).
             logger.error("care.outbox.write.failed", metadata: ["error": "\(error)"])
@@ -211,6 +214,7 @@ struct Outbox: Service, HealthReporting {
             switch outcome {
             case .confirmed: pass.delivered += 1
             case .failed: pass.failed += 1
+            case .returned: break
             }
         }
         return pass

@@ -1,0 +1,264 @@
+import Dispatch
+import Foundation
+import Logging
+import PostgresNIO
+import Synchronization
+
+/// How every Canopy store reaches PostgreSQL (what ``SQLiteStore`` is for the embedded
+/// default): a bounded pool of connections and transactions run synchronously, so a store's
+/// rules read and write inside one transaction on either backend without turning async.
+///
+/// Callers are Dispatch threads (handlers run off Swift's cooperative pool, see
+/// `offThePool`): a statement waits for postgres-nio's event loop, never on it.
+///
+/// - Writes are `SERIALIZABLE`: replicas writing at once behave as if one wrote after the
+///   other, as SQLite's single writer does. A transaction PostgreSQL aborts for that
+///   (serialization failure, deadlock) is run again from the start, up to
+///   ``retries`` times, so a body must only read and write through its session.
+/// - Reads are `REPEATABLE READ READ ONLY`: one snapshot for the whole body.
+/// - A connection that fails is closed and replaced by the next caller; at most ``size``
+///   are open, and a caller that finds all busy for ``acquireTimeout`` gets an error that
+///   says so.
+public final class PostgresStore: Sendable {
+    public let url: DatabaseURL
+    /// Connections at most (`--database-pool`): replicas × size is what the server must allow.
+    public let size: Int
+    /// How many times a transaction aborted by a conflict with another is run again.
+    public static let retries = 10
+    /// How long a caller waits for a free connection.
+    public static let acquireTimeout: Double = 30
+    private let configuration: PostgresConnection.Configuration
+    private let logger: Logger
+    private let idle = Mutex<[PostgresConnection]>([])
+    private let slots: DispatchSemaphore
+    private let opened = Atomic<Int>(0)
+    private let closed = Atomic<Bool>(false)
+
+    /// The store could not be reached or refused what was asked, with a sentence.
+    public struct Failure: Error, CustomStringConvertible {
+        public let description: String
+    }
+
+    private init(url: DatabaseURL, size: Int, logger: Logger) throws {
+        precondition(size >= 1, "a pool of \(size) connections")
+        self.url = url
+        self.size = size
+        self.logger = logger
+        configuration = try url.connectionConfiguration()
+        slots = DispatchSemaphore(value: size)
+    }
+
+    /// Connects to `url` and applies `migrator`'s migrations (one replica at a time).
+    public static func open(url: DatabaseURL, migrator: PostgresMigrator, size: Int = 8, logger: Logger) async throws -> PostgresStore {
+        let store = try PostgresStore(url: url, size: size, logger: logger)
+        let connection: PostgresConnection
+        do {
+            connection = try await store.connect().get()
+        } catch {
+            throw store.unreachable(error)
+        }
+        do {
+            try await migrator.migrate(connection, logger: logger)
+        } catch {
+            try? await connection.close().get()
+            throw error
+        }
+        store.idle.withLock { $0.append(connection) }
+        return store
+    }
+
+    /// Closes every idle connection; calls after this fail.
+    public func close() {
+        closed.store(true, ordering: .relaxed)
+        for connection in idle.withLock({ idle in defer { idle.removeAll() }; return idle }) {
+            Self.close(connection)
+        }
+    }
+
+    /// Why a connection could not be made, as a sentence (postgres-nio's own description
+    /// hides the cause; its reflection names it, never the password).
+    private func unreachable(_ error: any Error) -> Failure {
+        Failure(description: "cannot reach PostgreSQL at \(url): \(String(reflecting: error).prefix(400)); is it running, and does it let this user in?")
+    }
+
+    /// Closes `connection` without waiting; it lives until closed (postgres-nio requires it).
+    private static func close(_ connection: PostgresConnection) {
+        connection.close().whenComplete { _ in withExtendedLifetime(connection) {} }
+    }
+
+    private func connect() -> EventLoopFuture<PostgresConnection> {
+        let id = opened.add(1, ordering: .relaxed).newValue
+        return PostgresConnection.connect(on: MultiThreadedEventLoopGroup.singleton.any(), configuration: configuration, id: id, logger: logger)
+    }
+
+    // MARK: - Transactions
+
+    /// Runs `body` in a read-only transaction that sees one snapshot.
+    public func read<T>(_ body: (PostgresSession) throws -> T) throws -> T {
+        try transaction(begin: "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", body)
+    }
+
+    /// How a write transaction is isolated from others running at once.
+    public enum Isolation: String, Sendable {
+        /// As if the transactions ran one after the other (the default).
+        case serializable = "SERIALIZABLE"
+        /// Each statement sees what committed before it: for work that orders itself
+        /// (an advisory lock, `FOR UPDATE`), such as claiming a queue's rows.
+        case readCommitted = "READ COMMITTED"
+    }
+
+    /// Runs `body` in a write transaction, serializable unless told: all of it is
+    /// committed, or nothing.
+    public func write<T>(isolation: Isolation = .serializable, _ body: (PostgresSession) throws -> T) throws -> T {
+        try transaction(begin: "BEGIN ISOLATION LEVEL \(isolation.rawValue)", body)
+    }
+
+    private func transaction<T>(begin: String, _ body: (PostgresSession) throws -> T) throws -> T {
+        var attempt = 0
+        while true {
+            attempt += 1
+            do {
+                return try withConnection { session in
+                    try session.execute(PostgresQuery(unsafeSQL: begin))
+                    do {
+                        let result = try body(session)
+                        try session.execute("COMMIT")
+                        return result
+                    } catch {
+                        if !session.connection.isClosed { _ = try? session.execute("ROLLBACK") }
+                        throw error
+                    }
+                }
+            } catch let error as PSQLError where Self.isConflict(error) && attempt <= Self.retries {
+                // Another replica's transaction won; run this one again on what it wrote,
+                // after a short random pause so that the two do not meet again.
+                usleep(useconds_t(Int.random(in: 0...(500 << min(attempt, 5)))))
+                continue
+            }
+        }
+    }
+
+    /// A serialization failure or a deadlock: the transaction may succeed when run again.
+    static func isConflict(_ error: PSQLError) -> Bool {
+        guard let state = error.serverInfo?[.sqlState] else { return false }
+        return state == "40001" || state == "40P01"
+    }
+
+    /// Runs `body` with a connection of the pool (no transaction of its own).
+    public func withConnection<T>(_ body: (PostgresSession) throws -> T) throws -> T {
+        guard !closed.load(ordering: .relaxed) else { throw Failure(description: "the store at \(url) is closed") }
+        guard slots.wait(timeout: .now() + Self.acquireTimeout) == .success else {
+            throw Failure(description: "all \(size) connections to \(url) were busy for \(Int(Self.acquireTimeout)) s; raise --database-pool or the server's max_connections, or add replicas of the database")
+        }
+        defer { slots.signal() }
+        var connection = idle.withLock { $0.popLast() }
+        if let open = connection, open.isClosed { connection = nil }
+        let session: PostgresSession
+        do {
+            session = PostgresSession(connection: try connection ?? connect().wait(), logger: logger)
+        } catch {
+            throw unreachable(error)
+        }
+        do {
+            let result = try body(session)
+            if !session.connection.isClosed { idle.withLock { $0.append(session.connection) } }
+            return result
+        } catch let error as PSQLError where !Self.isConflict(error) && error.serverInfo == nil {
+            // Not an answer of the server's: the connection may be in any state.
+            Self.close(session.connection)
+            throw error
+        } catch {
+            if !session.connection.isClosed { idle.withLock { $0.append(session.connection) } }
+            throw error
+        }
+    }
+}
+
+/// One connection of a ``PostgresStore`` while a transaction (or a caller) holds it.
+public struct PostgresSession {
+    public let connection: PostgresConnection
+    let logger: Logger
+
+    /// Every row `query` answers, read by column name.
+    public func rows(_ query: PostgresQuery) throws -> [PostgresRandomAccessRow] {
+        try connection.query(query, logger: logger).wait().rows.map { $0.makeRandomAccess() }
+    }
+
+    /// The first row `query` answers, if any.
+    public func row(_ query: PostgresQuery) throws -> PostgresRandomAccessRow? {
+        try rows(query).first
+    }
+
+    /// The first column of the first row, if there is one and it is not NULL.
+    public func value<T: PostgresDecodable>(_ type: T.Type = T.self, _ query: PostgresQuery) throws -> T? {
+        guard let row = try connection.query(query, logger: logger).wait().rows.first, let cell = row.first, cell.bytes != nil else { return nil }
+        return try cell.decode(T.self)
+    }
+
+    /// Runs `query`; returns how many rows it changed.
+    @discardableResult
+    public func execute(_ query: PostgresQuery) throws -> Int {
+        try connection.query(query, logger: logger).wait().metadata.rows ?? 0
+    }
+}
+
+extension PostgresRandomAccessRow {
+    /// The column `name`, in lower case (PostgreSQL folds unquoted names), NULL as nil when
+    /// `T` is optional.
+    public func get<T: PostgresDecodable>(_ name: String, as type: T.Type = T.self) throws -> T {
+        try self[name].decode(T.self)
+    }
+}
+
+// MARK: - Notifications
+
+extension PostgresStore {
+    /// Calls `onNotification` with the payload of every `NOTIFY` on `channel` (sent by any
+    /// replica, on commit), until the returned listening is stopped; returns once the server
+    /// listens (or after 5 s without it, listening on in the background). It holds a
+    /// connection of its own, outside the pool, and connects again a second after losing it;
+    /// each time it listens again it calls `onNotification` with an empty payload, for
+    /// whatever was sent meanwhile.
+    public func listen(_ channel: String, _ onNotification: @escaping @Sendable (String) -> Void) async -> PostgresListening {
+        let logger = self.logger
+        let (listening, listeningNow) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
+        let task = Task.detached { [self] in
+            var first = true
+            while !Task.isCancelled {
+                do {
+                    let connection = try await connect().get()
+                    do {
+                        try await connection.listen(on: channel) { notifications in
+                            listeningNow.yield()
+                            if !first { onNotification("") }
+                            first = false
+                            for try await notification in notifications { onNotification(notification.payload) }
+                        }
+                    } catch {
+                        if !Task.isCancelled { logger.warning("store.listen.lost", metadata: ["channel": "\(channel)", "error": "\(error)"]) }
+                    }
+                    try? await connection.close().get()
+                } catch {
+                    logger.warning("store.listen.connect.failed", metadata: ["channel": "\(channel)", "error": "\(error)"])
+                }
+                try? await Task.sleep(for: .seconds(1))
+            }
+            listeningNow.finish()
+        }
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask { for await _ in listening { return } }
+            group.addTask { try? await Task.sleep(for: .seconds(5)) }
+            await group.next()
+            group.cancelAll()
+        }
+        return PostgresListening(task: task)
+    }
+}
+
+/// A ``PostgresStore/listen(_:_:)`` in force.
+public struct PostgresListening: Sendable {
+    let task: Task<Void, Never>
+
+    /// Stops listening and closes its connection.
+    public func stop() { task.cancel() }
+}
