@@ -12,6 +12,9 @@ public struct CanopyError: Error, Codable, Sendable, Equatable, CustomStringConv
         case notFound
         /// The request conflicts with the current state.
         case conflict
+        /// The request was made against a version of the thing that has changed since it was
+        /// read (HTTP 412, a stale `If-Match`): read it again and apply the change to that.
+        case stale
         /// The caller is not allowed to do this.
         case unauthorized
         /// A frame, body or file is larger than the configured limit.

@@ -71,6 +71,7 @@ extension Care.Plant: Validatable {
         try Field.number(identificationConfidence, "identificationConfidence", 0...1)
         try Field.date(dateIdentified, "dateIdentified")
         try Field.date(dateAdded, "dateAdded")
+        try Field.integer(version, "version", 1...Int(Int32.max))
         if profileOverridden, profile == nil {
             throw CanopyError(.badRequest, "profileOverridden is true but no profile is given")
         }

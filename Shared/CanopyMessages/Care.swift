@@ -122,11 +122,16 @@ public enum Care {
         public var profile: Profile?
         /// Whether `profile` holds overrides of the catalog.
         public var profileOverridden: Bool
+        /// Bumped by every change: in a reply, the version stored (the HTTP API's `ETag`);
+        /// in `care.plants.update`, when given, the version the change was made against
+        /// (`If-Match`): a plant changed since is refused `stale`, never overwritten.
+        public var version: Int?
 
         public init(id: String = "", scientificName: String, commonNames: [String] = [], family: String = "", genus: String = "",
                     customName: String? = nil, location: String? = nil, notes: String? = nil, favourite: Bool = false, imageIDs: [String] = [],
                     identificationSource: Source = .manual, identificationConfidence: Double? = nil, dateIdentified: Date? = nil,
-                    dateAdded: Date = Date(timeIntervalSince1970: 0), profile: Profile? = nil, profileOverridden: Bool = false) {
+                    dateAdded: Date = Date(timeIntervalSince1970: 0), profile: Profile? = nil, profileOverridden: Bool = false,
+                    version: Int? = nil) {
             self.id = id
             self.scientificName = scientificName
             self.commonNames = commonNames
@@ -143,6 +148,7 @@ public enum Care {
             self.dateAdded = dateAdded
             self.profile = profile
             self.profileOverridden = profileOverridden
+            self.version = version
         }
     }
 
@@ -168,6 +174,7 @@ public enum Care {
 
     /// `care.plants.update`: replaces the editable fields (names, location, notes, favourite,
     /// images, identification) and, when `profile` is given, overrides the care profile.
+    /// With `version` given, only when the plant is still at that version (else `stale`).
     public enum UpdatePlant: BusOperation {
         public typealias Request = Plant
         public typealias Reply = Plant
@@ -460,7 +467,8 @@ extension Care.Plant {
             dateIdentified: try values.decodeIfPresent(Date.self, forKey: .dateIdentified),
             dateAdded: try values.decodeIfPresent(Date.self, forKey: .dateAdded) ?? Date(timeIntervalSince1970: 0),
             profile: try values.decodeIfPresent(Care.Profile.self, forKey: .profile),
-            profileOverridden: try values.decodeIfPresent(Bool.self, forKey: .profileOverridden) ?? false)
+            profileOverridden: try values.decodeIfPresent(Bool.self, forKey: .profileOverridden) ?? false,
+            version: try values.decodeIfPresent(Int.self, forKey: .version))
     }
 }
 

@@ -83,4 +83,28 @@ struct CareReplicaTests {
         // One pending reminder sync for alice, however many replicas asked.
         #expect(try await stores[0].pendingFollowUps().count == 1)
     }
+
+    @Test func anEditAgainstAVersionChangedOnAnotherReplicaIsRefusedStale() async throws {
+        let stores = try await replicas(2)
+        defer { stores.forEach { $0.database.close() } }
+        let (a, b) = (CareLibrary(store: stores[0]), CareLibrary(store: stores[1]))
+        let added = try a.add(Care.Plant(scientificName: "Ficus lyrata"), owner: "alice")
+        #expect(added.version == 1)
+        var kitchen = added
+        kitchen.customName = "Kitchen"
+        var hall = added
+        hall.customName = "Hall"
+        // Both phones read version 1; the first write wins on one replica, the second is
+        // refused on the other, and the first edit stands.
+        #expect(try b.update(kitchen, owner: "alice").version == 2)
+        let stale = #expect(throws: CanopyError.self) { try a.update(hall, owner: "alice") }
+        #expect(stale?.code == .stale)
+        #expect(try a.get(added.id, owner: "alice").customName == "Kitchen")
+        // Without a version, an edit goes in whatever the version.
+        hall.version = nil
+        #expect(try a.update(hall, owner: "alice").version == 3)
+        // Someone else cannot edit it, with or without its version.
+        kitchen.version = 3
+        #expect(#expect(throws: CanopyError.self) { try b.update(kitchen, owner: "bob") }?.code == .notFound)
+    }
 }

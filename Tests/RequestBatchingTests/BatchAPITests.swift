@@ -146,6 +146,41 @@ extension LiveBatchTests {
             }
         }
 
+        /// Two phones editing one plant: each read answers the plant's version as its ETag; a
+        /// write made against a version that has changed since answers 412 and keeps the other
+        /// phone's change.
+        @Test(arguments: BusMode.allCases) func aStaleIfMatchIs412AndLosesNoEdit(_ mode: BusMode) async throws {
+            try await withStack(mode) { stack in
+                let created = try await stack.send(.POST, "/v1/plants", json: Self.monstera)
+                let id = try #require(created.object["id"] as? String)
+                let read = try await stack.send(.GET, "/v1/plants/\(id)")
+                #expect(read.headers["etag"] == #""1""# && read.object["version"] as? Int == 1, "\(read.headers) \(read.object)")
+                // The first phone's edit, made against version 1, goes in: version 2.
+                let first = try await stack.send(.PUT, "/v1/plants/\(id)", json: #"{"scientificName":"Monstera deliciosa","customName":"Kitchen"}"#,
+                                                 headers: [("If-Match", #""1""#)])
+                #expect(first.status == 200 && first.headers["etag"] == #""2""#, "\(first.object)")
+                // The second phone read version 1 too: refused, the first edit stands.
+                let second = try await stack.send(.PUT, "/v1/plants/\(id)", json: #"{"scientificName":"Monstera deliciosa","customName":"Hall"}"#,
+                                                  headers: [("If-Match", #""1""#)])
+                #expect(second.status == 412 && second.headers["content-type"] == "application/problem+json")
+                #expect((second.object["detail"] as? String)?.contains("read it again") == true, "\(second.object)")
+                let now = try await stack.send(.GET, "/v1/plants/\(id)")
+                #expect(now.object["customName"] as? String == "Kitchen" && now.headers["etag"] == #""2""#)
+                // A weak tag or a tag that is no version matches nothing; * and no If-Match match any.
+                for tag in [#"W/"2""#, "2", #""two""#] {
+                    let refused = try await stack.send(.PUT, "/v1/plants/\(id)", json: Self.monstera, headers: [("If-Match", tag)])
+                    #expect(refused.status == 412, "If-Match \(tag)")
+                }
+                #expect(try await stack.send(.PUT, "/v1/plants/\(id)", json: Self.monstera, headers: [("If-Match", "*")]).headers["etag"] == #""3""#)
+                #expect(try await stack.send(.PUT, "/v1/plants/\(id)", json: Self.monstera).headers["etag"] == #""4""#)
+                // Setting the favourite reads and writes against the version read.
+                #expect(try await stack.send(.PUT, "/v1/plants/\(id)/favourite", json: #"{"favourite":true}"#).object["version"] as? Int == 5)
+                #expect(try await stack.send(.PUT, "/v1/plants/\(id)", json: Self.monstera, headers: [("If-Match", #""999""#)]).status == 412)
+                let missing = try await stack.send(.PUT, "/v1/plants/nope", json: Self.monstera, headers: [("If-Match", #""1""#)])
+                #expect(missing.status == 404)
+            }
+        }
+
         // MARK: - Who is calling
 
         @Test func aMissingForgedOrExpiredTokenIs401WithWWWAuthenticate() async throws {

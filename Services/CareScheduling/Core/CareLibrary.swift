@@ -72,10 +72,15 @@ final class CareLibrary: Sendable {
         return plant
     }
 
+    /// Replaces the plant's editable fields; with `plant.version` given, only when the plant
+    /// is still at that version (two phones editing one plant: the second sees `stale`).
     func update(_ plant: Care.Plant, owner: String, now: Date? = nil) throws -> Care.Plant {
         let now = now ?? clock.now()
         return try store.write { data in
             guard let existing = try data.plant(owner: owner, id: plant.id) else { throw notFound(plant.id) }
+            if let expected = plant.version, expected != existing.version {
+                throw CanopyError(.stale, "the plant \(plant.id) changed since version \(expected) was read (it is at version \(existing.version ?? 1)); read it again and make the change to that")
+            }
             var updated = plant
             updated.dateAdded = existing.dateAdded
             if updated.genus.isEmpty { updated.genus = String(updated.scientificName.split(separator: " ").first ?? "") }

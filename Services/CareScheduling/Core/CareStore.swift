@@ -96,6 +96,10 @@ final class CareStore: CareStoring {
             // one of its lane that is waiting for a retry.
             try db.execute(sql: "CREATE INDEX outboxByLane ON outbox(owner, service, id)")
         }
+        migrator.registerMigration("v5-plant-version") { db in
+            // Bumped by every save: the HTTP API's ETag, checked by updates made against a version.
+            try db.execute(sql: "ALTER TABLE plants ADD COLUMN version INTEGER NOT NULL DEFAULT 1")
+        }
         return migrator
     }
 
@@ -132,7 +136,8 @@ final class CareStore: CareStoring {
             identificationSource: Care.Source(rawValue: row["source"]) ?? .other, identificationConfidence: row["confidence"],
             dateIdentified: (row["dateIdentified"] as Double?).map(Date.init(timeIntervalSince1970:)),
             dateAdded: Date(timeIntervalSince1970: row["dateAdded"]),
-            profile: profile ? override ?? catalog.lookup(scientificName)?.profile : nil, profileOverridden: overrideData != nil)
+            profile: profile ? override ?? catalog.lookup(scientificName)?.profile : nil, profileOverridden: overrideData != nil,
+            version: row["version"])
     }
 
     fileprivate static func task(_ row: Row) -> StoredTask {
@@ -292,7 +297,8 @@ private struct Transaction: CareWrites {
                 family = excluded.family, genus = excluded.genus, customName = excluded.customName, location = excluded.location,
                 notes = excluded.notes, favourite = excluded.favourite, imageIDs = excluded.imageIDs, source = excluded.source,
                 confidence = excluded.confidence, dateIdentified = excluded.dateIdentified, profileOverride = excluded.profileOverride,
-                searchText = excluded.searchText, sortName = excluded.sortName, light = excluded.light, wateringDays = excluded.wateringDays
+                searchText = excluded.searchText, sortName = excluded.sortName, light = excluded.light, wateringDays = excluded.wateringDays,
+                version = plants.version + 1
             """, arguments: [
                 plant.id, owner, plant.scientificName, CareStore.joined(plant.commonNames), plant.family, plant.genus,
                 plant.customName, plant.location, plant.notes, plant.favourite, CareStore.joined(plant.imageIDs),

@@ -83,8 +83,9 @@ protocol CareReads {
 
 /// What a write transaction can change (it reads too).
 protocol CareWrites: CareReads {
-    /// Writes a plant (new or changed) with every derived column; `override` is the care
-    /// profile the person set, if any. Its tasks and log stay.
+    /// Writes a plant (new or changed) with every derived column, its version 1 when new and
+    /// one more when changed; `override` is the care profile the person set, if any. Its
+    /// tasks and log stay.
     func save(_ plant: Care.Plant, owner: String, override: Care.Profile?) throws
     /// Deletes a plant with its tasks and care log.
     func deletePlant(owner: String, id: String) throws

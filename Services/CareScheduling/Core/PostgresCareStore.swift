@@ -60,7 +60,9 @@ final class PostgresCareStore: CareStoring {
                 searchText TEXT NOT NULL,
                 sortName TEXT COLLATE "C" NOT NULL,
                 light TEXT,
-                wateringDays INTEGER)
+                wateringDays INTEGER,
+                -- bumped by every save (the HTTP API's ETag)
+                version INTEGER NOT NULL DEFAULT 1)
             """,
             "CREATE INDEX plantsByOwner ON plants(owner, id)",
             "CREATE INDEX plantsByAdded ON plants(owner, dateAdded)",
@@ -125,7 +127,7 @@ final class PostgresCareStore: CareStoring {
     /// The columns a plant is read from, in this order (``plant(_:profile:)``).
     static let plantColumns = """
         id, scientificName, commonNames, family, genus, customName, location, notes, favourite, imageIDs, source, confidence,
-        dateIdentified, dateAdded, profileOverride
+        dateIdentified, dateAdded, profileOverride, version
         """
 
     fileprivate func plant(_ row: PostgresRandomAccessRow, profile: Bool) throws -> Care.Plant {
@@ -141,7 +143,8 @@ final class PostgresCareStore: CareStoring {
             identificationConfidence: try row[11].decode(Double?.self),
             dateIdentified: try row[12].decode(Double?.self).map(Date.init(timeIntervalSince1970:)),
             dateAdded: Date(timeIntervalSince1970: try row[13].decode(Double.self)),
-            profile: profile ? override ?? catalog.lookup(scientificName)?.profile : nil, profileOverridden: overrideData != nil)
+            profile: profile ? override ?? catalog.lookup(scientificName)?.profile : nil, profileOverridden: overrideData != nil,
+            version: try row[15].decode(Int.self))
     }
 
     /// The columns a task is read from, in this order (``task(_:)``).
@@ -354,7 +357,8 @@ private struct PostgresCareTransaction: CareWrites {
                 family = excluded.family, genus = excluded.genus, customName = excluded.customName, location = excluded.location,
                 notes = excluded.notes, favourite = excluded.favourite, imageIDs = excluded.imageIDs, source = excluded.source,
                 confidence = excluded.confidence, dateIdentified = excluded.dateIdentified, profileOverride = excluded.profileOverride,
-                searchText = excluded.searchText, sortName = excluded.sortName, light = excluded.light, wateringDays = excluded.wateringDays
+                searchText = excluded.searchText, sortName = excluded.sortName, light = excluded.light, wateringDays = excluded.wateringDays,
+                version = plants.version + 1
             """)
     }
 

@@ -129,9 +129,9 @@ public func makeBatchService(settings: BatchServiceSettings, bus: any BusCalling
                                                    limiter: RateLimiter(rate: settings.rateLimit, burst: settings.rateBurst), metrics: metrics,
                                                    variants: VariantRoute(api: api), routes: routes)
     router.add(middleware: edge)
-    try api.registerHandlers(on: router, configuration: configuration)
+    try api.registerHandlers(on: router, configuration: configuration, middlewares: [EntityTags()])
     routes.load(router.routes.map { ("\($0.path)", $0.method.rawValue) })
-    try api.registerHandlers(on: operations, configuration: configuration) // the same handlers, for batches
+    try api.registerHandlers(on: operations, configuration: configuration, middlewares: [EntityTags()]) // the same handlers, for batches
     let http = BatchHTTPServer(responder: EdgeResponder(router: router.buildResponder(), edge: edge), address: settings.http,
                                idleTimeout: settings.idleTimeout, readTimeout: settings.readTimeout, logger: logger)
     var services: [any Service] = [http]

@@ -53,13 +53,16 @@ struct CanopyAPI: APIProtocol {
     }
 
     func getPlant(_ input: Operations.GetPlant.Input) async throws -> Operations.GetPlant.Output {
-        .ok(.init(body: .json(try .init(try await call(Care.GetPlant.self, .init(id: try RequestFieldError.identifier(input.path.plantID, "plantID")))))))
+        let plant = try await call(Care.GetPlant.self, .init(id: try RequestFieldError.identifier(input.path.plantID, "plantID")))
+        return .ok(.init(headers: .init(eTag: PlantVersion.entityTag(plant)), body: .json(try .init(plant))))
     }
 
     func updatePlant(_ input: Operations.UpdatePlant.Input) async throws -> Operations.UpdatePlant.Output {
         guard case .json(let body) = input.body else { throw CanopyError(.badRequest, "the body is JSON") }
-        let plant = try await call(Care.UpdatePlant.self, try Care.Plant(body, id: try RequestFieldError.identifier(input.path.plantID, "plantID")))
-        return .ok(.init(body: .json(try .init(plant))))
+        var change = try Care.Plant(body, id: try RequestFieldError.identifier(input.path.plantID, "plantID"))
+        change.version = try input.headers.ifMatch.flatMap(PlantVersion.expected)
+        let plant = try await call(Care.UpdatePlant.self, change)
+        return .ok(.init(headers: .init(eTag: PlantVersion.entityTag(plant)), body: .json(try .init(plant))))
     }
 
     func deletePlant(_ input: Operations.DeletePlant.Input) async throws -> Operations.DeletePlant.Output {
@@ -69,13 +72,21 @@ struct CanopyAPI: APIProtocol {
 
     func setFavourite(_ input: Operations.SetFavourite.Input) async throws -> Operations.SetFavourite.Output {
         guard case .json(let body) = input.body else { throw CanopyError(.badRequest, "the body is JSON") }
-        var plant = try await call(Care.GetPlant.self, .init(id: try RequestFieldError.identifier(input.path.plantID, "plantID")))
-        if plant.favourite != body.favourite {
+        let id = try RequestFieldError.identifier(input.path.plantID, "plantID")
+        // Read, change, write against the version read: an edit made in between is kept (the
+        // write is refused stale and made again on the plant as it is now).
+        for attempt in 1... {
+            var plant = try await call(Care.GetPlant.self, .init(id: id))
+            guard plant.favourite != body.favourite else { return .ok(.init(body: .json(try .init(plant)))) }
             plant.favourite = body.favourite
             plant.profile = plant.profileOverridden ? plant.profile : nil // the catalog's stays the catalog's
-            plant = try await call(Care.UpdatePlant.self, plant)
+            do {
+                return .ok(.init(body: .json(try .init(try await call(Care.UpdatePlant.self, plant)))))
+            } catch let error as CanopyError where error.code == .stale && attempt < 5 {
+                continue
+            }
         }
-        return .ok(.init(body: .json(try .init(plant))))
+        fatalError("unreachable: the loop returns or throws")
     }
 
     func getNextTask(_ input: Operations.GetNextTask.Input) async throws -> Operations.GetNextTask.Output {

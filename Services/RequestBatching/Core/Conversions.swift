@@ -19,7 +19,8 @@ extension Components.Schemas.Plant {
                   customName: plant.customName, location: plant.location, notes: plant.notes, favourite: plant.favourite,
                   imageIDs: plant.imageIDs, identificationSource: try convert(plant.identificationSource),
                   identificationConfidence: plant.identificationConfidence, dateIdentified: plant.dateIdentified, dateAdded: plant.dateAdded,
-                  profile: try plant.profile.map(Components.Schemas.Profile.init), profileOverridden: plant.profileOverridden)
+                  profile: try plant.profile.map(Components.Schemas.Profile.init), profileOverridden: plant.profileOverridden,
+                  version: plant.version)
     }
 }
 
@@ -64,5 +65,25 @@ extension Care.Profile {
 extension Components.Schemas.Task {
     init(_ task: Care.Task) throws {
         self.init(id: task.id, plantID: task.plantID, kind: try convert(task.kind), title: task.title, due: task.due, snoozedUntil: task.snoozedUntil)
+    }
+}
+
+/// A plant's version as HTTP has it: the `ETag` every read and write answers, and the
+/// `If-Match` a write is made against.
+enum PlantVersion {
+    /// `"3"`: strong, as a version names one state of the plant exactly.
+    static func entityTag(_ plant: Care.Plant) -> String {
+        "\"\(plant.version ?? 1)\""
+    }
+
+    /// The version `If-Match` names, or nil for `*` (any). A weak tag, a list or anything
+    /// else matches no version of a plant: 412, as HTTP says (strong comparison).
+    static func expected(_ ifMatch: String) throws -> Int? {
+        let value = ifMatch.trimmingCharacters(in: .whitespaces)
+        if value == "*" { return nil }
+        guard value.count >= 3, value.first == "\"", value.last == "\"", let version = Int(value.dropFirst().dropLast()), version >= 1 else {
+            throw CanopyError(.stale, "If-Match \(value.prefix(40)) names no version of this plant; give the ETag a read answered, such as \"3\"")
+        }
+        return version
     }
 }

@@ -277,6 +277,7 @@ enum Problem {
         case .badRequest: .badRequest
         case .notFound: .notFound
         case .conflict: .conflict
+        case .stale: .preconditionFailed
         case .tooLarge: .contentTooLarge
         case .unauthorized: .forbidden
         case .busy, .noWorkers: .serviceUnavailable
