@@ -150,7 +150,8 @@ targets += service("Reminders", core: "Reminders", executable: "canopy-remind",
     dependencies: [
         "CanopyBus", "CanopyMessages", "CanopyServiceKit", "CanopyStore", "CanopyOutbound", P.asyncHTTPClient,
         P.collections, P.crypto, P.grdb, P.jwtKit, P.logging, P.metrics, P.nioSSL, P.postgresNIO, P.serviceLifecycle,
-    ])
+    ],
+    executableDependencies: ["CanopyStore"])
 // canopy-batch: the HTTP API apps call, generated from its OpenAPI document
 // (Core/openapi.yaml, which docs/openapi.yaml links to) by the generator's build plugin.
 targets += service("RequestBatching", core: "RequestBatching", executable: "canopy-batch",

@@ -218,7 +218,7 @@ struct RemindBenchmark: AsyncParsableCommand {
         let stack = try await BenchStack(logger: logger, asService: true) { endpoint, context in
             var runner = ServiceRunner.Configuration(endpoint: endpoint)
             runner.credit = 16
-            return try buildReminderService(settings: ReminderServiceSettings(directory: directory, runner: runner), context: context, logger: logger)
+            return try await buildReminderService(settings: ReminderServiceSettings(directory: directory, runner: runner), context: context, logger: logger)
         }
         let client = stack.client
         let base = Date().addingTimeInterval(86_400)
@@ -278,7 +278,7 @@ struct RemindBenchmark: AsyncParsableCommand {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-bench-remind-memory-\(UUID().uuidString)")
         defer { try? FileManager.default.removeItem(at: directory) }
         let settings = ReminderServiceSettings(directory: directory, runner: .init(endpoint: "tcp://127.0.0.1:1"))
-        let services = try buildReminderService(settings: settings, context: ZMQContext(), logger: logger)
+        let services = try await buildReminderService(settings: settings, context: ZMQContext(), logger: logger)
         guard let dispatcher = services.lazy.compactMap({ $0 as? Dispatcher }).first else { return }
         FileHandle.standardError.write(Data("loading \(memory) pending reminders…".utf8))
         let pool = try DatabasePool(path: settings.databasePath)
@@ -326,7 +326,7 @@ private struct RunningDispatcher {
         let broker = try BrokerServer(endpoint: "tcp://127.0.0.1:*", context: ZMQContext(), logger: logger)
         settings.runner = .init(endpoint: broker.endpoint)
         let brokerTask = Task { try await broker.run() }
-        let services = try buildReminderService(settings: settings, context: ZMQContext(), logger: logger).filter { !($0 is OperatingEndpoint) }
+        let services = try await buildReminderService(settings: settings, context: ZMQContext(), logger: logger).filter { !($0 is OperatingEndpoint) }
         let pool = try DatabasePool(path: settings.databasePath)
         try await pool.write { db in try load(db) }
         let group = serviceGroup(services, signals: [], logger: logger)

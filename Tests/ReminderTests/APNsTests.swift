@@ -255,7 +255,7 @@ struct APNsTests {
             try await withLiveBus { bus in
                 var settings = ReminderServiceSettings(directory: directory.appendingPathComponent("remind"), runner: bus.runnerConfiguration())
                 settings.apns = configured
-                bus.run(try buildReminderService(settings: settings, context: bus.context, logger: bus.logger))
+                bus.run(try await buildReminderService(settings: settings, context: bus.context, logger: bus.logger))
                 try await bus.waitForWorkers(1, service: Reminders.service)
                 let client = try bus.client()
                 let phone = try await client.call(Reminders.RegisterDevice.self, .init(channel: .apns, address: Self.phone, name: "iPhone"), principal: "alice")

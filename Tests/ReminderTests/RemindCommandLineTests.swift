@@ -22,7 +22,7 @@ struct RemindCommandLineTests {
         defer { try? FileManager.default.removeItem(at: directory) }
         try await withLiveBus { bus in
             let settings = ReminderServiceSettings(directory: directory, runner: bus.runnerConfiguration())
-            bus.run(try buildReminderService(settings: settings, context: bus.context, logger: bus.logger))
+            bus.run(try await buildReminderService(settings: settings, context: bus.context, logger: bus.logger))
             try await bus.waitForWorkers(1, service: Reminders.service)
             let client = try bus.client()
             let device = try await client.call(Reminders.RegisterDevice.self, .init(channel: .log, address: "desk", name: "desk"), principal: "user-42")

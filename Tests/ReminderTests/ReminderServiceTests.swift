@@ -20,7 +20,7 @@ struct ReminderServiceTests {
             care.outboxInterval = .milliseconds(100)
             bus.run(try await buildCareService(settings: care, context: bus.context, logger: bus.logger))
             let settings = ReminderServiceSettings(directory: directory.appendingPathComponent("remind"), runner: bus.runnerConfiguration(), metrics: .anyLoopbackPort)
-            let remind = try buildReminderService(settings: settings, context: bus.context, logger: bus.logger)
+            let remind = try await buildReminderService(settings: settings, context: bus.context, logger: bus.logger)
             let listener = try #require(remind.first(OperatingEndpoint.self))
             bus.run(remind)
             try await bus.waitForWorkers(1, service: Care.service)
@@ -79,7 +79,7 @@ struct ReminderServiceTests {
             var settings = ReminderServiceSettings(directory: directory.appendingPathComponent("remind"), runner: bus.runnerConfiguration())
             settings.dispatch.refillBelow = 65 // a window of 64 is always "low" here
             let clock = ManualClock(Date())
-            bus.run(try buildReminderService(settings: settings, context: bus.context, logger: bus.logger, clock: clock))
+            bus.run(try await buildReminderService(settings: settings, context: bus.context, logger: bus.logger, clock: clock))
             try await bus.waitForWorkers(1, service: Care.service)
             try await bus.waitForWorkers(1, service: Reminders.service)
             let client = try bus.client()

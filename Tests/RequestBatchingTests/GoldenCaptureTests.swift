@@ -51,7 +51,7 @@ extension LiveBatchTests {
                 bus.run(try await buildCareService(settings: care, context: bus.context, logger: bus.logger))
                 var remind = ReminderServiceSettings(directory: directory.appendingPathComponent("remind"), runner: bus.runnerConfiguration())
                 remind.clock = clock
-                bus.run(try buildReminderService(settings: remind, context: bus.context, logger: bus.logger))
+                bus.run(try await buildReminderService(settings: remind, context: bus.context, logger: bus.logger))
                 var identify = IdentificationServiceSettings(directory: directory.appendingPathComponent("identify"), runner: bus.runnerConfiguration())
                 identify.clock = clock
                 let tools = try IdentificationTools(databasePath: identify.databasePath)

@@ -14,8 +14,8 @@ extension TestBus {
     }
 
     func start(_ settings: ReminderServiceSettings) async throws {
-        try await start(Reminders.service, live: { try buildReminderService(settings: settings, context: $0, logger: $1) },
-                        inProcess: { try makeReminderService(settings: settings, bus: $0, logger: $1) })
+        try await start(Reminders.service, live: { try await buildReminderService(settings: settings, context: $0, logger: $1) },
+                        inProcess: { try await makeReminderService(settings: settings, bus: $0, logger: $1) })
     }
 
     func start(_ settings: ImageServiceSettings) async throws {

@@ -2,6 +2,7 @@ import ArgumentParser
 import CanopyBus
 import CanopyMessages
 import CanopyServiceKit
+import CanopyStore
 import Foundation
 import Reminders
 
@@ -41,6 +42,7 @@ struct ServeRemind: AsyncParsableCommand {
     @Option(help: ArgumentHelp("A host webhooks and ntfy topics may name though it is private or loopback (repeatable). Env: CANOPY_ALLOW_HOSTS (comma-separated).", valueName: "host"))
     var allowHost: [String] = Environment.string("CANOPY_ALLOW_HOSTS")?.split(separator: ",").map(String.init) ?? []
     @OptionGroup var apns: APNsOptions
+    @OptionGroup var database: DatabaseOptions
 
     func validate() throws {
         guard (0...86_400).contains(digestSeconds) else { throw ValidationError("--digest-seconds is 0 to 86400") }
@@ -57,12 +59,13 @@ struct ServeRemind: AsyncParsableCommand {
     func run() async throws {
         let logger = serve.logger()
         var settings = ReminderServiceSettings(directory: serve.directory, runner: try serve.runner(), metrics: try serve.metrics())
+        settings.postgres = try database.postgres()
         settings.dispatch.digestWindow = .seconds(digestSeconds)
         settings.dispatch.staleness = .seconds(staleHours * 3_600)
         settings.allowedHosts = Set(allowHost.map { $0.lowercased() })
         settings.apns = try apns.settings(expiration: settings.dispatch.staleness)
         settings.clock = serve.worker.serviceClock
-        let services = try buildReminderService(settings: settings, context: ZMQContext(), logger: logger)
+        let services = try await buildReminderService(settings: settings, context: ZMQContext(), logger: logger)
         try await runUntilShutdown(services, logger: logger)
     }
 }

@@ -61,6 +61,16 @@ public struct DispatchSettings: Sendable {
     public var refillHorizon: Duration = .seconds(86_400)
     /// At most one refill request per person this often.
     public var refillInterval: Duration = .seconds(600)
+    /// With replicas sharing the store: how long a replica holds a send it is trying (longer
+    /// than any channel takes to answer); a replica killed mid-delivery delays the send by
+    /// this, then another tries it.
+    public var lease: Duration = .seconds(120)
+    /// …how often each replica looks for work nobody is doing (a stopped replica's reminders
+    /// and sends, reminders another replica was busy with)…
+    public var sweepInterval: Duration = .seconds(1)
+    /// …and how late that work must be before another replica takes it (the replica that
+    /// holds it takes it on time).
+    public var orphanGrace: Duration = .seconds(2)
 
     public init() {}
 }
@@ -92,6 +102,8 @@ public final class Dispatcher: Service, Sendable {
 
     private struct State {
         var due = DispatchPlan.DueQueue()
+        /// When to look next for work nobody is doing (replicas only).
+        var nextSweep = 0.0
         /// When each person's window was last checked for a refill, and the same in the order
         /// of the checks, so that the oldest are forgotten first.
         var lastRefill: [String: Date] = [:]
@@ -185,10 +197,12 @@ public final class Dispatcher: Service, Sendable {
     /// One pass: send what is due, deliver what is due, else sleep until the next.
     func turn() async throws {
         let now = clock.now().timeIntervalSince1970
+        if store.sharedWithReplicas { try sweep(now: now) }
         let (dueReminders, dueSends, next) = state.withLock { state -> ([Int64], [Int64], Double?) in
             let (reminders, sends) = state.due.takeDue(at: now)
             metrics.held(reminders: state.due.reminders.count, sends: state.due.sends.count)
-            return (reminders, sends, state.due.wake)
+            let wake = store.sharedWithReplicas ? [state.due.wake, state.nextSweep].compactMap { $0 }.min() : state.due.wake
+            return (reminders, sends, wake)
         }
         if dueReminders.isEmpty && dueSends.isEmpty {
             await wait(until: next.map(Date.init(timeIntervalSince1970:)))
@@ -217,6 +231,25 @@ public final class Dispatcher: Service, Sendable {
         enqueue(toDeliver)
     }
 
+    /// With replicas: at most once a ``DispatchSettings/sweepInterval``, takes into the queue
+    /// the work nobody is doing (late by ``DispatchSettings/orphanGrace``): what a stopped
+    /// replica held, and what another replica left (a person it was busy with). Whoever
+    /// claims it first does it; the rest find it done.
+    private func sweep(now: Double) throws {
+        let due = state.withLock { state -> Bool in
+            guard now >= state.nextSweep else { return false }
+            state.nextSweep = now + settings.sweepInterval.seconds
+            return true
+        }
+        guard due else { return }
+        let found = try store.orphans(dueBefore: Date(timeIntervalSince1970: now - settings.orphanGrace.seconds), now: Date(timeIntervalSince1970: now))
+        guard !found.reminders.isEmpty || !found.sends.isEmpty else { return }
+        state.withLock { state in
+            for reminder in found.reminders { state.due.remind(reminder.id, at: reminder.fireAt) }
+            for send in found.sends { state.due.retry(send.id, at: send.nextAttempt) }
+        }
+    }
+
     private func wait(until deadline: Date?) async {
         let clock = self.clock, wakeup = self.wakeup
         await withTaskGroup(of: Void.self) { group in
@@ -236,13 +269,20 @@ public final class Dispatcher: Service, Sendable {
     /// - Returns: the sends to deliver, and the people whose reminders went.
     func prepare(_ ids: [Int64], now: Date) throws -> (sends: [Int64], owners: Set<String>) {
         let (plan, logger) = (self.plan, self.logger)
-        return try store.write { data in
+        let (created, owners, left) = try store.write { data -> ([Int64], Set<String>, [Int64]) in
             var owners: [String: [ReminderRow]] = [:]
             for row in try data.pendingReminders(ids: ids) where row.fireAt <= now {
                 owners[row.owner, default: []].append(row) // moved later by a sync: its new time is in the queue
             }
             var created: [Int64] = []
+            var left: [Int64] = []
             for (owner, due) in owners {
+                // Another replica is turning this person's reminders into sends now: it takes
+                // these too, or they come round again in a second.
+                guard try data.lockOwner(owner) else {
+                    left += due.map(\.id)
+                    continue
+                }
                 // The rest of the digest window comes along.
                 let taken = Set(due.map(\.id))
                 let companions = try data.pendingReminders(owner: owner, firingAfter: now, through: plan.digestHorizon(now: now)).filter { !taken.contains($0.id) }
@@ -260,8 +300,13 @@ public final class Dispatcher: Service, Sendable {
                     }
                 }
             }
-            return (created, Set(owners.keys))
+            return (created, Set(owners.keys), left)
         }
+        if !left.isEmpty {
+            let again = now.timeIntervalSince1970 + 1
+            state.withLock { state in for id in left { state.due.remind(id, at: again) } }
+        }
+        return (created, owners)
     }
 
     private func shouldRefill(_ owner: String) -> Bool {
@@ -373,8 +418,13 @@ public final class Dispatcher: Service, Sendable {
 
     /// A send and its device; `nil` when the send is no longer pending (finished or cancelled
     /// meanwhile).
+    /// With replicas, the send is leased to this one first; `nil` too when another holds it.
     private func load(_ sendID: Int64) throws -> (StoredSend, DeviceRecord?)? {
-        try store.read { data in try data.pendingSend(id: sendID) }
+        if store.sharedWithReplicas {
+            let now = clock.now()
+            guard try store.claimSend(id: sendID, now: now, until: now.addingTimeInterval(settings.lease.seconds)) else { return nil }
+        }
+        return try store.read { data in try data.pendingSend(id: sendID) }
     }
 
     /// Tries one send through its device's channel.

@@ -2,6 +2,7 @@ import AsyncHTTPClient
 import CanopyBus
 import CanopyMessages
 import CanopyServiceKit
+import CanopyStore
 import Foundation
 import Logging
 import ServiceLifecycle
@@ -57,8 +58,11 @@ extension Dispatcher {
 
 /// Everything `canopy-remind serve` can be told.
 public struct ReminderServiceSettings: Sendable {
-    /// Where the store lives (`<data-dir>/remind`; the database is `remind.sqlite` in it).
+    /// Where the store lives (`<data-dir>/remind`; the database is `remind.sqlite` in it) when
+    /// ``postgres`` is nil.
     public var directory: URL
+    /// The PostgreSQL every replica shares (`--database-url`), or nil for SQLite.
+    public var postgres: PostgresSettings?
     /// How the worker reaches its broker (endpoint, credit, heartbeats, CURVE keys).
     public var runner: ServiceRunner.Configuration
     /// Where `/metrics` and `/health` listen; `nil` for nowhere.
@@ -87,22 +91,28 @@ public struct ReminderServiceSettings: Sendable {
 /// canopy-care), the APNs client when configured, the dispatcher, the bus worker, and the `/metrics` and `/health` listener
 /// when `settings` name one.
 public func buildReminderService(settings: ReminderServiceSettings, context: ZMQContext, logger: Logger,
-                                 clock: (any ReminderClock)? = nil) throws -> [any Service] {
+                                 clock: (any ReminderClock)? = nil) async throws -> [any Service] {
     try OperatingEndpoint.ensureFree(settings.metrics) // a taken port stops it before anything opens
     let bus = try BusClient(configuration: settings.runner.client, context: context, logger: logger)
-    return try makeReminderService(settings: settings, bus: bus, logger: logger, clock: clock)
+    return try await makeReminderService(settings: settings, bus: bus, logger: logger, clock: clock)
         .assembled(runner: settings.runner, bus: bus, metrics: settings.metrics, context: context, logger: logger)
 }
 
-/// canopy-remind's parts: its handlers on the store in `settings.directory`, the APNs client
-/// when configured (started before the dispatcher, closed after it), and the dispatcher, which
-/// asks canopy-care for fresh windows through `bus`.
+/// canopy-remind's parts: its handlers on its store (PostgreSQL when `settings` name one, else
+/// SQLite in `settings.directory`), the APNs client when configured (started before the
+/// dispatcher, closed after it), and the dispatcher, which asks canopy-care for fresh windows
+/// through `bus`.
 public func makeReminderService(settings: ReminderServiceSettings, bus: any BusCalling, logger: Logger,
-                                clock: (any ReminderClock)? = nil) throws -> ServiceParts {
+                                clock: (any ReminderClock)? = nil) async throws -> ServiceParts {
     let apns = try settings.apns.map { try APNsChannel(settings: $0, logger: logger) } // its key read before anything is made
     do {
-        try FileManager.default.createDirectory(at: settings.directory, withIntermediateDirectories: true)
-        let store = try ReminderStore(path: settings.databasePath)
+        let store: any ReminderStoring
+        if let postgres = settings.postgres {
+            store = try await PostgresReminderStore.open(url: postgres.url, poolSize: postgres.poolSize, logger: logger)
+        } else {
+            try FileManager.default.createDirectory(at: settings.directory, withIntermediateDirectories: true)
+            store = try ReminderStore(path: settings.databasePath)
+        }
         let http = try notificationHTTP(allowedHosts: settings.allowedHosts)
         var channels: [any NotificationChannel] = [
             LogChannel(logger: logger), WebhookChannel(http: http), NtfyChannel(http: http),
@@ -123,7 +133,7 @@ public func makeReminderService(settings: ReminderServiceSettings, bus: any BusC
         box.dispatcher = dispatcher
         return ServiceParts(handlers: ReminderService(library: library, dispatcher: dispatcher), background: (apns.map { [$0] } ?? []) + [dispatcher])
     } catch {
-        try? apns?.client.syncShutdown() // nothing will run it
+        try? await apns?.client.shutdown() // nothing will run it
         throw error
     }
 }

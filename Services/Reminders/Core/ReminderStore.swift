@@ -118,6 +118,16 @@ final class ReminderStore: ReminderStoring {
         }
     }
 
+    // One process uses a SQLite file: every pending send is its own, and nothing is left
+    // behind by another.
+    var sharedWithReplicas: Bool { false }
+
+    func claimSend(id: Int64, now: Date, until: Date) throws -> Bool { true }
+
+    func orphans(dueBefore before: Date, now: Date) throws -> (reminders: [(id: Int64, fireAt: Double)], sends: [(id: Int64, nextAttempt: Double)]) {
+        ([], [])
+    }
+
     fileprivate static func device(_ row: Row) -> DeviceRecord {
         DeviceRecord(
             device: Reminders.Device(id: row["id"], channel: Reminders.Channel(rawValue: row["channel"]) ?? .log, address: row["address"], name: row["name"],
@@ -301,6 +311,8 @@ private struct Transaction: ReminderWrites {
         try Row.fetchAll(try db.cachedStatement(sql: "SELECT * FROM reminders WHERE owner = ? AND state = 'stale' ORDER BY updatedAt DESC LIMIT ?"),
                          arguments: [owner, limit]).map { (ReminderStore.reminder($0).reminder, Date(timeIntervalSince1970: $0["updatedAt"])) }
     }
+
+    func lockOwner(_ owner: String) throws -> Bool { true } // one writer at a time already
 
     func setState(_ state: Reminders.State, ofReminders ids: [Int64], at: Date) throws {
         for id in ids {

@@ -1,8 +1,9 @@
 import CanopyMessages
 import Foundation
 
-/// What canopy-remind keeps, as the operations its rules need: no SQL outside the type that
-/// implements this (``ReminderStore``, SQLite), so a second database is one more file.
+/// What canopy-remind keeps, as the operations its rules need: no SQL outside the types that
+/// implement it: ``ReminderStore`` (SQLite, the embedded default) and
+/// ``PostgresReminderStore`` (PostgreSQL, which replicas share).
 ///
 /// Reads and writes happen in transactions: ``read(_:)`` and ``write(_:)`` hand their body a
 /// view of the data (``ReminderReads``, ``ReminderWrites``) that only lives for the
@@ -23,6 +24,20 @@ protocol ReminderStoring: Sendable {
     func forEachPending(_ body: (_ id: Int64, _ fireAt: Double) -> Void) throws
     /// Every send not yet finished and when it is next tried.
     func pendingSends() throws -> [(id: Int64, nextAttempt: Double)]
+
+    // MARK: Replicas
+
+    /// Whether several replicas share this store: the dispatcher then claims each send before
+    /// trying it (``claimSend(id:now:until:)``) and looks for work a replica that stopped left
+    /// behind (``orphans(dueBefore:now:)``).
+    var sharedWithReplicas: Bool { get }
+    /// Leases a pending send to the caller for one attempt, until `until`: false when it is
+    /// finished, gone or leased to another replica whose lease has not ended. (With one
+    /// process, a pending send is always the caller's.)
+    func claimSend(id: Int64, now: Date, until: Date) throws -> Bool
+    /// Work nobody is doing: pending reminders that were due before `before`, and pending
+    /// sends due before `before` whose lease (if any) ended by `now`.
+    func orphans(dueBefore before: Date, now: Date) throws -> (reminders: [(id: Int64, fireAt: Double)], sends: [(id: Int64, nextAttempt: Double)])
 }
 
 /// What a read transaction sees.
@@ -68,11 +83,16 @@ protocol ReminderWrites: ReminderReads {
     func removeDevice(owner: String, id: String) throws
     func deactivateDevice(id: String, reason: String) throws
 
+    /// Makes the caller the one replica turning the owner's due reminders into sends until
+    /// the transaction ends; false when another replica is at it now (it takes them).
+    func lockOwner(_ owner: String) throws -> Bool
+
     func setState(_ state: Reminders.State, ofReminders ids: [Int64], at: Date) throws
     /// Records a notification to a device carrying `reminderIDs`; nil when the same key was
     /// already recorded for that device (it is being or was sent).
     func insertSend(owner: String, deviceID: String, notification: ReminderNotification, reminderIDs: [Int64], at: Date) throws -> Int64?
-    /// Records an attempt and what it made of its send (``DispatchPlan/update(after:attempt:now:jitter:)``).
+    /// Records an attempt and what it made of its send (``DispatchPlan/update(after:attempt:now:jitter:)``),
+    /// ending its lease.
     func record(_ attempt: Dispatcher.Attempt, update: SendUpdate, at: Date) throws
     /// The send's reminders that no send still waits for: delivered when any device took
     /// them, else failed.
