@@ -145,7 +145,7 @@ targets += service("Identification", core: "Identification", executable: "canopy
         "CanopyImaging", "CanopyBus", "CanopyMessages", "CanopyServiceKit", "CanopyStore", P.asyncHTTPClient,
         P.crypto, P.grdb, P.logging, P.metrics, P.multipartKit, P.postgresNIO, P.serviceLifecycle,
     ],
-    executableDependencies: ["CanopyImaging"])
+    executableDependencies: ["CanopyImaging", "CanopyStore", P.logging])
 targets += service("Reminders", core: "Reminders", executable: "canopy-remind",
     dependencies: [
         "CanopyBus", "CanopyMessages", "CanopyServiceKit", "CanopyStore", "CanopyOutbound", P.asyncHTTPClient,
@@ -196,10 +196,10 @@ targets += [
     ]),
     tests("IdentificationTests", [
         "CanopySamples", "Identification", "CanopyImaging", "CVips", "ImageCache", "CareScheduling", "CanopyBus",
-        "CanopyBroker", "CanopyTesting", "CanopyServiceKit", "canopy-identify", P.hummingbird, P.multipartKit,
+        "CanopyBroker", "CanopyStore", "CanopyTesting", "CanopyServiceKit", "canopy-identify", P.hummingbird, P.multipartKit,
     ]),
     tests("ReminderTests", [
-        "CanopyOutbound", "Reminders", "CareScheduling", "CanopyBus", "CanopyBroker", "CanopyTesting", "CanopyServiceKit",
+        "CanopyOutbound", "Reminders", "CareScheduling", "CanopyBus", "CanopyBroker", "CanopyStore", "CanopyTesting", "CanopyServiceKit",
         "canopy-remind", P.crypto, P.hummingbird, P.hummingbirdHTTP2, P.nioSSL, P.x509,
     ]),
     tests("RequestBatchingTests", [
@@ -208,7 +208,7 @@ targets += [
         "canopy-batch", P.asyncHTTPClient, P.grdb, P.nioCore, P.nioHTTP1, P.yams,
     ]),
     tests("CareSchedulingTests", [
-        "CareScheduling", "ImageCache", "CVips", "CanopyBus", "CanopyBroker", "CanopyTesting", "CanopyServiceKit", "canopy-care",
+        "CareScheduling", "ImageCache", "CVips", "CanopyBus", "CanopyBroker", "CanopyStore", "CanopyTesting", "CanopyServiceKit", "canopy-care",
     ]),
     tests("EndToEndTests", [
         "CanopySamples", "CanopyServiceKit", "CanopyTesting", "CanopyCapture", "CanopyReplay", "CanopyImaging",

@@ -54,8 +54,9 @@ struct IdentifyBenchmark: AsyncParsableCommand {
             identify.runner = runner
             let care = try await buildCareService(settings: CareServiceSettings(directory: directory.appendingPathComponent("care"), runner: runner),
                                                   context: context, logger: logger)
+            let identification = try await buildIdentificationService(settings: identify, context: context, logger: logger)
             return try buildImageService(settings: ImageServiceSettings(directory: directory.appendingPathComponent("images"), runner: runner), context: context, logger: logger)
-                + care + buildIdentificationService(settings: identify, context: context, logger: logger)
+                + care + identification
         }
         let client = stack.client
         // Fresh photos for every call: a photo seen before is answered from the store.

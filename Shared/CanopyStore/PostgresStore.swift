@@ -67,6 +67,10 @@ public final class PostgresStore: Sendable {
         return store
     }
 
+    deinit {
+        close()
+    }
+
     /// Closes every idle connection; calls after this fail.
     public func close() {
         closed.store(true, ordering: .relaxed)

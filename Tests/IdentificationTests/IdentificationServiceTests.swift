@@ -4,6 +4,7 @@ import CanopyImaging
 import CanopyMessages
 import CanopySamples
 import CanopyServiceKit
+import CanopyStore
 import CanopyTesting
 import CareScheduling
 import Foundation
@@ -32,8 +33,10 @@ struct IdentificationServiceTests {
         }
     }
 
+    /// canopy-identify (`replicas` of it, on one PostgreSQL database when more than one or
+    /// `postgres`), canopy-images and canopy-care on a test bus.
     func withStack(_ provider: Identification.Provider = .reference, remaining: Int = 500, references: Int = 0, mode: BusMode = .inProcess,
-                   _ body: (Stack) async throws -> Void) async throws {
+                   replicas: Int = 1, postgres: Bool = false, _ body: (Stack) async throws -> Void) async throws {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-identify-live-\(UUID().uuidString)")
         defer { try? FileManager.default.removeItem(at: directory) }
         try await withTestBus(mode) { bus in
@@ -43,7 +46,10 @@ struct IdentificationServiceTests {
             var settings = IdentificationServiceSettings(directory: directory.appendingPathComponent("identify"), runner: bus.runnerConfiguration(credit: 8),
                                                          metrics: .anyLoopbackPort)
             settings.provider = provider
-            let tools = try IdentificationTools(databasePath: settings.databasePath)
+            if postgres || replicas > 1 {
+                settings.postgres = PostgresSettings(url: try await PostgresServer.shared().database(), poolSize: 4)
+            }
+            let tools = try await IdentificationTools(databasePath: settings.databasePath, postgres: settings.postgres, logger: bus.logger)
             for index in 0..<references {
                 try tools.addReferences(.init(scientificName: ReferenceMatchingTests.name(index), commonNames: ["Test plant \(index)"], family: "Testaceae"),
                                         photos: try (1...3).map { try SyntheticPlant.species(index).photo(seed: $0) })
@@ -62,17 +68,24 @@ struct IdentificationServiceTests {
             if let live = bus.live {
                 live.run(try buildImageService(settings: images, context: live.context, logger: live.logger))
                 live.run(try await buildCareService(settings: care, context: live.context, logger: live.logger))
-                let identify = try buildIdentificationService(settings: settings, context: live.context, logger: live.logger)
+                let identify = try await buildIdentificationService(settings: settings, context: live.context, logger: live.logger)
                 let listener = try #require(identify.first(OperatingEndpoint.self))
                 live.run(identify)
-                for service in [Images.service, Care.service, Identification.service] {
+                for _ in 1..<replicas {
+                    var replica = settings
+                    replica.metrics = nil
+                    live.run(try await buildIdentificationService(settings: replica, context: live.context, logger: live.logger))
+                }
+                for service in [Images.service, Care.service] {
                     try await live.waitForWorkers(1, service: service)
                 }
+                try await live.waitForWorkers(replicas, service: Identification.service)
                 operatingPort = try await listener.boundPort(within: .seconds(60))
             } else {
+                precondition(replicas == 1, "replicas of a service run on the live bus")
                 try await bus.run(try makeImageService(settings: images, logger: bus.logger))
                 try await bus.run(try await makeCareService(settings: care, bus: try bus.client(asService: true), logger: bus.logger))
-                try await bus.run(try makeIdentificationService(settings: settings, bus: try bus.client(timeout: .seconds(60), asService: true), logger: bus.logger))
+                try await bus.run(try await makeIdentificationService(settings: settings, bus: try bus.client(timeout: .seconds(60), asService: true), logger: bus.logger))
             }
             try await body(Stack(bus: bus, client: try bus.client(timeout: .seconds(60)), tools: tools, plantNet: plantNet, operatingPort: operatingPort))
         }
@@ -307,6 +320,23 @@ struct IdentificationServiceTests {
             }
             #expect(ids.count == 1)
             #expect(stack.plantNet?.calls.count == 1)
+        }
+    }
+
+    @Test func theSamePhotosOnTwoReplicasAtOnceAreIdentifiedOnceAndCountedOnce() async throws {
+        // Two canopy-identify replicas on one PostgreSQL; the requests differ (a location or
+        // none), so the broker does not coalesce them: the store's claim does.
+        try await withStack(.plantnet, mode: .live, replicas: 2) { stack in
+            let photo = try Self.photo(7, seed: 1)
+            let location = Identification.Location(latitude: 52.5, longitude: 13.4)
+            let ids = try await withThrowingTaskGroup(of: String.self) { group in
+                for index in 0..<8 { group.addTask { try await stack.submit([photo], location: index % 2 == 0 ? location : nil).id } }
+                return try await group.reduce(into: Set<String>()) { $0.insert($1) }
+            }
+            #expect(ids.count == 1, "one identification: \(ids)")
+            #expect(stack.plantNet?.calls.count == 1, "one call to Pl@ntNet, one unit of its quota: \(stack.plantNet?.calls.map(\.query) ?? [])")
+            let history = try await stack.client.call(Identification.History.self, .init(), principal: "alice")
+            #expect(history.items.count == 1)
         }
     }
 

@@ -59,7 +59,7 @@ extension LiveBatchTests {
                     try tools.addReferences(.init(scientificName: name, commonNames: ["Test plant \(index)"], family: "Testaceae"),
                                             photos: try (1...3).map { try SyntheticPlant.species(index).photo(seed: $0) })
                 }
-                bus.run(try buildIdentificationService(settings: identify, context: bus.context, logger: bus.logger))
+                bus.run(try await buildIdentificationService(settings: identify, context: bus.context, logger: bus.logger))
                 let batch = try buildBatchService(settings: BatchServiceSettings(http: .anyLoopbackPort, bus: .init(endpoint: bus.endpoint), tokenKey: BatchAPITests.key),
                                                   context: bus.context, logger: bus.logger)
                 let http = try #require(batch.first { $0 is BatchHTTPServer } as? BatchHTTPServer)

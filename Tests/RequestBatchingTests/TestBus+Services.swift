@@ -24,7 +24,7 @@ extension TestBus {
     }
 
     func start(_ settings: IdentificationServiceSettings) async throws {
-        try await start(Identification.service, live: { try buildIdentificationService(settings: settings, context: $0, logger: $1) },
-                        inProcess: { try makeIdentificationService(settings: settings, bus: $0, logger: $1) })
+        try await start(Identification.service, live: { try await buildIdentificationService(settings: settings, context: $0, logger: $1) },
+                        inProcess: { try await makeIdentificationService(settings: settings, bus: $0, logger: $1) })
     }
 }

@@ -2,6 +2,8 @@ import ArgumentParser
 import CanopyBus
 import CanopyMessages
 import CanopyServiceKit
+import CanopyStore
+import Logging
 import Foundation
 import Identification
 
@@ -29,15 +31,17 @@ enum CanopyIdentify: ServiceExecutable {
     static let defaultListener = OperatingOptions.Defaults.identify
 }
 
-/// The data directory option every local command shares.
+/// The store option every local command shares: the data directory, or PostgreSQL.
 struct DataDirectory: ParsableArguments {
     @Option(help: ArgumentHelp("Data directory; the store is <dir>/identify/identify.sqlite. Env: CANOPY_DATA_DIR.", valueName: "dir"))
     var dataDir: String = Environment.string("CANOPY_DATA_DIR") ?? "./.canopy"
+    @OptionGroup var database: DatabaseOptions
 
     var directory: URL { URL(fileURLWithPath: dataDir).appendingPathComponent("identify", isDirectory: true) }
 
-    func tools() throws -> IdentificationTools {
-        try IdentificationTools(databasePath: directory.appendingPathComponent("identify.sqlite").path)
+    func tools() async throws -> IdentificationTools {
+        try await IdentificationTools(databasePath: directory.appendingPathComponent("identify.sqlite").path, postgres: try database.postgres(),
+                                      logger: Logger(label: "canopy-identify"))
     }
 }
 
@@ -50,6 +54,7 @@ struct ServeIdentify: AsyncParsableCommand {
             """)
 
     @OptionGroup var serve: ServeOptions<CanopyIdentify>
+    @OptionGroup var database: DatabaseOptions
     @Option(help: ArgumentHelp("Who identifies: reference, plantnet or hybrid. Env: CANOPY_IDENTIFY_PROVIDER.", valueName: "name"))
     var provider: String = Environment.string("CANOPY_IDENTIFY_PROVIDER") ?? "reference"
     @Option(help: ArgumentHelp("Pl@ntNet API key (never logged). Env: CANOPY_PLANTNET_KEY.", valueName: "key"))
@@ -100,9 +105,10 @@ struct ServeIdentify: AsyncParsableCommand {
             plantNet.dailyLimit = plantnetDailyLimit
             settings.plantNet = plantNet
         }
+        settings.postgres = try database.postgres()
         do {
             settings.clock = serve.worker.serviceClock
-            let services = try buildIdentificationService(settings: settings, context: ZMQContext(), logger: logger)
+            let services = try await buildIdentificationService(settings: settings, context: ZMQContext(), logger: logger)
             try await runUntilShutdown(services, logger: logger)
         } catch let error as CanopyError {
             throw CommandFailure(error.message)
@@ -139,7 +145,7 @@ struct SubmitCommand: AsyncParsableCommand {
     }
 
     func run() async throws {
-        let tools = try data.tools()
+        let tools = try await data.tools()
         guard try !tools.references().isEmpty else {
             throw CommandFailure("the store at \(data.directory.path) has no reference photos; add some with canopy-identify reference add --species NAME PHOTO...")
         }
@@ -181,7 +187,7 @@ struct ReferenceCommand: AsyncParsableCommand {
         @Argument(help: "Photos of the species.") var photos: [String]
 
         func run() async throws {
-            let tools = try data.tools()
+            let tools = try await data.tools()
             let bytes = try readPhotos(photos)
             do {
                 let total = try tools.addReferences(.init(scientificName: species, commonNames: commonName, family: family, gbifID: gbif), photos: bytes) { done in
@@ -200,7 +206,7 @@ struct ReferenceCommand: AsyncParsableCommand {
         @OptionGroup var data: DataDirectory
 
         func run() async throws {
-            let species = try data.tools().references()
+            let species = try await data.tools().references()
             guard !species.isEmpty else {
                 print("no reference photos yet; add some with canopy-identify reference add --species NAME PHOTO...")
                 return
@@ -220,7 +226,7 @@ struct ReferenceCommand: AsyncParsableCommand {
         @Option(help: "Scientific name, with or without authorship.") var species: String
 
         func run() async throws {
-            guard try data.tools().removeReferences(species) else {
+            guard try await data.tools().removeReferences(species) else {
                 throw CommandFailure("no reference species '\(species)'; canopy-identify reference list shows them")
             }
             print("removed \(species)")
@@ -236,7 +242,7 @@ struct QuotaCommand: AsyncParsableCommand {
     @OptionGroup var data: DataDirectory
 
     func run() async throws {
-        let quota = try data.tools().quota()
+        let quota = try await data.tools().quota()
         var table = Table("PROVIDER", "REMAINING TODAY", "RESETS AT")
         table.append(["plantnet", quota.remaining.map(String.init) ?? "not called yet today", quota.resetsAt?.formatted(.iso8601) ?? ""])
         print(table.render())

@@ -29,6 +29,11 @@ final class IdentificationLibrary: Sendable {
 
     // MARK: - Submit
 
+    /// How long a submission being identified is held by the request that claimed it: longer
+    /// than storing the photos and asking the provider take; a replica that dies holding one
+    /// lets the next request take it over after this.
+    static let claimSeconds: TimeInterval = 120
+
     /// Identifies 1 to 5 photos of one plant: stores the new ones through canopy-images,
     /// computes (or finds) each photo's features, asks the provider, records the answer. The
     /// same photos and organs again answer the recorded identification at once.
@@ -49,10 +54,22 @@ final class IdentificationLibrary: Sendable {
             }
         }
         let key = Self.submissionKey(photos.map { ($0.sha256, $0.organ) })
-        if let existing = try await store.identification(owner: owner, submissionKey: key) {
-            metrics.submission(repeated: true)
-            return existing
+        // The same photos again answer the recorded identification; the same photos at once
+        // (two requests, on one replica or two) are identified once: the first claims the
+        // submission, the others wait for its answer.
+        var claimed = false
+        while true {
+            if let existing = try await store.identification(owner: owner, submissionKey: key) {
+                if claimed { try? store.releaseSubmission(owner: owner, key: key) }
+                metrics.submission(repeated: true)
+                return existing
+            }
+            if claimed { break } // and nobody identified it before the claim: this request does
+            let claimedAt = Date()
+            claimed = try await offThePool { [store] in try store.claimSubmission(owner: owner, key: key, now: claimedAt, until: claimedAt + Self.claimSeconds) }
+            if !claimed { try await Task.sleep(for: .milliseconds(50)) }
         }
+        defer { try? store.releaseSubmission(owner: owner, key: key) }
         metrics.submission(repeated: false)
 
         let plantID = UUID().uuidString.lowercased()

@@ -2,6 +2,7 @@ import CanopyBus
 import CanopyImaging
 import CanopyMessages
 import CanopyServiceKit
+import CanopyStore
 import Foundation
 import Logging
 import ServiceLifecycle
@@ -50,6 +51,8 @@ public struct IdentificationServiceSettings: Sendable {
     public var hybridThreshold = 0.8
     /// The time the service goes by (`--clock`).
     public var clock: ServiceClock = .system
+    /// The PostgreSQL every replica shares (`--database-url`), or nil for SQLite in ``directory``.
+    public var postgres: PostgresSettings?
 
     /// - Parameters:
     ///   - directory: the store's directory.
@@ -68,18 +71,18 @@ public struct IdentificationServiceSettings: Sendable {
 /// Builds what `canopy-identify serve` runs, in start order: the bus client it asks
 /// canopy-images and canopy-care with, the bus worker, and the `/metrics` and `/health`
 /// listener when `settings` name one.
-public func buildIdentificationService(settings: IdentificationServiceSettings, context: ZMQContext, logger: Logger) throws -> [any Service] {
+public func buildIdentificationService(settings: IdentificationServiceSettings, context: ZMQContext, logger: Logger) async throws -> [any Service] {
     try OperatingEndpoint.ensureFree(settings.metrics) // a taken port stops it before anything opens
     let bus = try BusClient(configuration: settings.runner.client, context: context, logger: logger)
-    return try makeIdentificationService(settings: settings, bus: bus, logger: logger)
+    return try await makeIdentificationService(settings: settings, bus: bus, logger: logger)
         .assembled(runner: settings.runner, bus: bus, metrics: settings.metrics, context: context, logger: logger)
 }
 
-/// canopy-identify's parts: its handlers on the store in `settings.directory`, with the
-/// provider `settings` name, calling canopy-images and canopy-care through `bus`.
-public func makeIdentificationService(settings: IdentificationServiceSettings, bus: any BusCalling, logger: Logger) throws -> ServiceParts {
-    try FileManager.default.createDirectory(at: settings.directory, withIntermediateDirectories: true)
-    let store = try IdentificationStore(path: settings.databasePath)
+/// canopy-identify's parts: its handlers on its store (PostgreSQL when `settings` name one,
+/// else SQLite in `settings.directory`), with the provider `settings` name, calling
+/// canopy-images and canopy-care through `bus`.
+public func makeIdentificationService(settings: IdentificationServiceSettings, bus: any BusCalling, logger: Logger) async throws -> ServiceParts {
+    let store = try await IdentificationTools.openStore(databasePath: settings.databasePath, postgres: settings.postgres, logger: logger)
     let reference = ReferenceProvider(store: store)
     let metrics = IdentificationMetrics()
     var plantNet: PlantNetProvider?
@@ -106,6 +109,19 @@ public struct IdentificationTools: Sendable {
     public init(databasePath path: String) throws {
         try FileManager.default.createDirectory(at: URL(fileURLWithPath: path).deletingLastPathComponent(), withIntermediateDirectories: true)
         store = try IdentificationStore(path: path)
+    }
+
+    /// Opens the store `postgres` names, or else the SQLite file at `databasePath`.
+    public init(databasePath: String, postgres: PostgresSettings?, logger: Logger) async throws {
+        store = try await Self.openStore(databasePath: databasePath, postgres: postgres, logger: logger)
+    }
+
+    static func openStore(databasePath: String, postgres: PostgresSettings?, logger: Logger) async throws -> any IdentificationStoring {
+        if let postgres {
+            return try await PostgresIdentificationStore.open(url: postgres.url, poolSize: postgres.poolSize, logger: logger)
+        }
+        try FileManager.default.createDirectory(at: URL(fileURLWithPath: databasePath).deletingLastPathComponent(), withIntermediateDirectories: true)
+        return try IdentificationStore(path: databasePath)
     }
 
     /// A species as the operator names it: "Monstera deliciosa Liebm." (authorship optional).

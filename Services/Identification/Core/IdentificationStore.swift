@@ -67,6 +67,14 @@ final class IdentificationStore: IdentificationStoring {
                 INSERT INTO meta VALUES ('referenceGeneration', 0);
                 """)
         }
+        migrator.registerMigration("v2-submissions") { db in
+            // A submission being identified, and until when: the same photos at once are
+            // identified once.
+            try db.execute(sql: """
+                CREATE TABLE submissions (owner TEXT NOT NULL, submissionKey TEXT NOT NULL, claimedUntil DOUBLE NOT NULL,
+                                          PRIMARY KEY (owner, submissionKey))
+                """)
+        }
         return migrator
     }
 
@@ -88,6 +96,22 @@ final class IdentificationStore: IdentificationStoring {
     private func identification(_ db: Database, owner: String, submissionKey: String) throws -> Identification.Record? {
         try Data.fetchOne(db, sql: "SELECT record FROM identifications WHERE owner = ? AND submissionKey = ?", arguments: [owner, submissionKey])
             .map { try codec.decode(Identification.Record.self, from: [UInt8]($0)) }
+    }
+
+    func claimSubmission(owner: String, key: String, now: Date, until: Date) throws -> Bool {
+        try database.write { db in
+            try db.execute(sql: """
+                INSERT INTO submissions (owner, submissionKey, claimedUntil) VALUES (?, ?, ?)
+                ON CONFLICT (owner, submissionKey) DO UPDATE SET claimedUntil = excluded.claimedUntil WHERE submissions.claimedUntil <= ?
+                """, arguments: [owner, key, until.timeIntervalSince1970, now.timeIntervalSince1970])
+            return db.changesCount > 0
+        }
+    }
+
+    func releaseSubmission(owner: String, key: String) throws {
+        try database.write { db in
+            try db.execute(sql: "DELETE FROM submissions WHERE owner = ? AND submissionKey = ?", arguments: [owner, key])
+        }
     }
 
     /// Records a new identification; when the same submission was recorded meanwhile (two at

@@ -2,8 +2,9 @@ import CanopyImaging
 import CanopyMessages
 import Foundation
 
-/// What canopy-identify keeps, as the operations its rules need: no SQL outside the type that
-/// implements this (``IdentificationStore``, SQLite), so a second database is one more file.
+/// What canopy-identify keeps, as the operations its rules need: no SQL outside the types that
+/// implement it: ``IdentificationStore`` (SQLite, the embedded default) and
+/// ``PostgresIdentificationStore`` (PostgreSQL, which replicas share).
 /// Every operation is a transaction of its own; every one on a person's data names the owner.
 protocol IdentificationStoring: Sendable {
     // MARK: Identifications
@@ -11,6 +12,11 @@ protocol IdentificationStoring: Sendable {
     func identification(owner: String, id: String) async throws -> Identification.Record?
     /// The identification of these photos, if the person submitted them before.
     func identification(owner: String, submissionKey: String) async throws -> Identification.Record?
+    /// Makes the caller the one identifying this submission until `until` (or until it
+    /// releases it): false while another holds it.
+    func claimSubmission(owner: String, key: String, now: Date, until: Date) throws -> Bool
+    /// Lets go of a submission claimed (identified, or failed).
+    func releaseSubmission(owner: String, key: String) throws
     /// Records a new identification; when the same submission was recorded meanwhile (two at
     /// once), that one stands and is returned. A person keeps at most
     /// ``Identification/Limits/identificationsPerPerson``: past that, their oldest

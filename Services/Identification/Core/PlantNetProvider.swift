@@ -55,7 +55,7 @@ final class PlantNetProvider: IdentificationProvider {
 
     var kind: Identification.Provider { .plantnet }
 
-    init(settings: PlantNetSettings, store: IdentificationStore, client: HTTPClient = .shared, metrics: IdentificationMetrics? = nil, logger: Logger) {
+    init(settings: PlantNetSettings, store: any IdentificationStoring, client: HTTPClient = .shared, metrics: IdentificationMetrics? = nil, logger: Logger) {
         self.settings = settings
         self.store = store
         self.client = client

@@ -1,0 +1,103 @@
+import CanopyImaging
+import CanopyMessages
+import CanopyStore
+import CanopyTesting
+import Foundation
+import Logging
+import Testing
+@testable import Identification
+
+/// The store contract (``IdentificationStoring``) on its own: what any implementation must
+/// do. It runs against SQLite, and PostgreSQL on a throwaway server the tests start.
+struct IdentificationStoreTests {
+    static let implementations = ["sqlite", "postgres"]
+
+    static func open(_ implementation: String) async throws -> (any IdentificationStoring, cleanup: () -> Void) {
+        switch implementation {
+        case "postgres":
+            let store = try await PostgresIdentificationStore.open(url: try await PostgresServer.shared().database(), logger: Logger(label: "identify-store-test"))
+            return (store, store.database.close)
+        default:
+            let directory = try TemporaryDirectory("identify-store")
+            return (try IdentificationStore(path: directory.path("identify.sqlite")), directory.remove)
+        }
+    }
+
+    let now = Date(timeIntervalSince1970: 1_780_000_000)
+
+    func record(_ id: String, owner: String = "alice", photos: [String], plant: String, at offset: TimeInterval = 0) -> Identification.Record {
+        Identification.Record(id: id, owner: owner, createdAt: now.addingTimeInterval(offset), provider: .reference, organs: photos.map { _ in .leaf },
+                              photoIDs: photos, location: nil, exactLocation: false,
+                              results: [.init(rank: 1, score: 0.9, scientificName: "Ficus lyrata", scientificNameWithoutAuthor: "Ficus lyrata", provider: .reference)],
+                              plantID: plant)
+    }
+
+    func features(_ seed: Float) -> PhotoFeatures {
+        PhotoFeatures(colour: (0..<PhotoFeatures.colourBins).map { _ in seed }, texture: (0..<PhotoFeatures.textureBins).map { _ in seed / 2 }, hash: UInt64(seed * 1_000))
+    }
+
+    @Test(arguments: implementations)
+    func aSubmissionIsRecordedOnceAndOnlyItsOwnerSeesIt(_ implementation: String) async throws {
+        let (store, cleanup) = try await Self.open(implementation)
+        defer { cleanup() }
+        let first = try store.insert(record("i1", photos: ["a"], plant: "p1"), submissionKey: "k1")
+        let again = try store.insert(record("i2", photos: ["a"], plant: "p2"), submissionKey: "k1")
+        #expect(again.record.id == "i1" && again.dropped.isEmpty, "the same submission answers the first")
+        #expect(try await store.identification(owner: "alice", submissionKey: "k1") == first.record)
+        #expect(try await store.identification(owner: "bob", id: "i1") == nil)
+        #expect(try store.history(owner: "bob", plantID: nil, limit: 10, after: nil).isEmpty)
+        // Accepted, its photos are filed under the plant; forgetting the plant forgets both.
+        try store.saveFeatures(features(1), sha256: "a")
+        try await store.accept(first.record, plantID: "plant-1", candidate: first.record.results[0])
+        #expect(try store.plantPhotos(owner: "alice").map(\.candidate.plantID) == ["plant-1"])
+        #expect(try store.plantPhotos(owner: "bob").isEmpty)
+        #expect(try store.forget(owner: "bob", plantID: "plant-1") == 0)
+        #expect(try store.forget(owner: "alice", plantID: "plant-1") == 1)
+        #expect(try store.features(["a"]).isEmpty, "nothing else has the photo: its features go")
+    }
+
+    @Test(arguments: implementations)
+    func historyPagesNewestFirst(_ implementation: String) async throws {
+        let (store, cleanup) = try await Self.open(implementation)
+        defer { cleanup() }
+        for index in 0..<5 {
+            _ = try store.insert(record("i\(index)", photos: ["p\(index)"], plant: index == 2 ? "fern" : "plant-\(index)", at: Double(index)), submissionKey: "k\(index)")
+        }
+        let page = try store.history(owner: "alice", plantID: nil, limit: 2, after: nil)
+        #expect(page.map(\.id) == ["i4", "i3"])
+        let next = try store.history(owner: "alice", plantID: nil, limit: 2, after: (page[1].createdAt.timeIntervalSince1970, page[1].id))
+        #expect(next.map(\.id) == ["i2", "i1"])
+        #expect(try store.history(owner: "alice", plantID: "fern", limit: 10, after: nil).map(\.id) == ["i2"])
+    }
+
+    @Test(arguments: implementations)
+    func aSubmissionIsClaimedByOneUntilReleasedOrItsClaimEnds(_ implementation: String) async throws {
+        let (store, cleanup) = try await Self.open(implementation)
+        defer { cleanup() }
+        #expect(try store.claimSubmission(owner: "alice", key: "k", now: now, until: now + 60))
+        #expect(try !store.claimSubmission(owner: "alice", key: "k", now: now + 1, until: now + 61), "held")
+        #expect(try store.claimSubmission(owner: "bob", key: "k", now: now + 1, until: now + 61), "someone else's is their own")
+        try store.releaseSubmission(owner: "alice", key: "k")
+        #expect(try store.claimSubmission(owner: "alice", key: "k", now: now + 2, until: now + 62), "released")
+        #expect(try store.claimSubmission(owner: "alice", key: "k", now: now + 62, until: now + 122), "its claim ended: taken over")
+    }
+
+    @Test(arguments: implementations)
+    func referencesBumpTheGenerationAndQuotaIsKept(_ implementation: String) async throws {
+        let (store, cleanup) = try await Self.open(implementation)
+        defer { cleanup() }
+        let generation = try store.referenceGeneration()
+        let fern = ReferenceSpecies(scientificName: "Nephrolepis exaltata (L.) Schott", withoutAuthor: "Nephrolepis exaltata", authorship: "(L.) Schott",
+                                    genus: "Nephrolepis", family: "Nephrolepidaceae", commonNames: ["Boston fern"], gbifID: 42)
+        try store.addReferences(fern, photos: [("r1", features(2)), ("r2", features(3))], now: now)
+        #expect(try store.referenceGeneration() == generation + 1)
+        #expect(try store.referenceSpecies().map { ($0.species, $0.photos) }.first.map { $0.0 == fern && $0.1 == 2 } == true)
+        #expect(try store.referenceSet().entries.count == 2)
+        #expect(try store.removeReferences(scientificName: "Nephrolepis exaltata"))
+        #expect(try !store.removeReferences(scientificName: "Nephrolepis exaltata"))
+        #expect(try store.referenceGeneration() == generation + 2)
+        #expect(try store.quota(provider: "plantnet") == ProviderQuota())
+        try store.saveQuota(ProviderQuota(remaining: 12, resetsAt: now), provider: "plantnet", now: now)
+        #expect(try store.quota(provider: "plantnet") == ProviderQuota(remaining: 12, resetsAt: now))
+    }
+}
