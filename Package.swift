@@ -139,7 +139,8 @@ targets += service("ImageCache", core: "ImageCache", executable: "canopy-images"
     dependencies: [
         "CVips", "CanopyImaging", "CanopyBus", "CanopyMessages", "CanopyServiceKit", "CanopyStore", "CanopyOutbound",
         P.crypto, P.grdb, P.logging, P.metrics, P.nioCore, P.nioHTTP1, P.nioPosix, P.nioSSL, P.postgresNIO, P.serviceLifecycle,
-    ])
+    ],
+    executableDependencies: ["CanopyStore"])
 targets += service("Identification", core: "Identification", executable: "canopy-identify",
     dependencies: [
         "CanopyImaging", "CanopyBus", "CanopyMessages", "CanopyServiceKit", "CanopyStore", P.asyncHTTPClient,
@@ -191,7 +192,7 @@ targets += [
 
     tests("CanopyMessagesTests", ["CanopyMessages", "CanopyWire", "CanopyBus", "CanopyTesting"], resources: [.copy("Fixtures")]),
     tests("ImageCacheTests", [
-        "CanopyOutbound", "ImageCache", "CanopyImaging", "CVips", "CanopyBus", "CanopyBroker", "CanopyTesting",
+        "CanopyOutbound", "ImageCache", "CanopyImaging", "CVips", "CanopyBus", "CanopyBroker", "CanopyStore", "CanopyTesting",
         "CanopyServiceKit", "canopy-images", P.nioCore, P.nioHTTP1, P.nioPosix,
     ]),
     tests("IdentificationTests", [

@@ -55,7 +55,7 @@ struct EdgeBenchmark: AsyncParsableCommand {
             images.runner.credit = 64
             var care = CareServiceSettings(directory: directory.appendingPathComponent("care"), runner: .init(endpoint: endpoint))
             care.runner.credit = 64
-            var services = try buildImageService(settings: images, context: context, logger: logger)
+            var services = try await buildImageService(settings: images, context: context, logger: logger)
             services += try await buildCareService(settings: care, context: context, logger: logger)
             for window in [Duration.milliseconds(2), .zero] {
                 var settings = BatchServiceSettings(http: .anyLoopbackPort, bus: .init(endpoint: endpoint), tokenKey: key)

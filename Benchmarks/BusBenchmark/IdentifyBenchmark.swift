@@ -55,7 +55,7 @@ struct IdentifyBenchmark: AsyncParsableCommand {
             let care = try await buildCareService(settings: CareServiceSettings(directory: directory.appendingPathComponent("care"), runner: runner),
                                                   context: context, logger: logger)
             let identification = try await buildIdentificationService(settings: identify, context: context, logger: logger)
-            return try buildImageService(settings: ImageServiceSettings(directory: directory.appendingPathComponent("images"), runner: runner), context: context, logger: logger)
+            return try await buildImageService(settings: ImageServiceSettings(directory: directory.appendingPathComponent("images"), runner: runner), context: context, logger: logger)
                 + care + identification
         }
         let client = stack.client

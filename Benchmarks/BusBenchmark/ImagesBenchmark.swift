@@ -128,7 +128,7 @@ struct ImagesBenchmark: AsyncParsableCommand {
                 var settings = ImageServiceSettings(directory: directory.appendingPathComponent("service-\(tier)"), runner: .init(endpoint: endpoint))
                 settings.memoryTierBytes = memoryBytes
                 settings.memoryTierCount = memoryBytes == 0 ? 0 : 5_000
-                return try buildImageService(settings: settings, context: context, logger: logger)
+                return try await buildImageService(settings: settings, context: context, logger: logger)
             }
             let client = stack.client
             let photo = try await client.call(Images.Put.self, .init(plantID: "bench", data: Data(image)), principal: "bench")

@@ -31,7 +31,7 @@ struct TransferBenchmark: AsyncParsableCommand {
         let stack = try await BenchStack(configuration: configuration, logger: logger) { endpoint, context in
             var settings = ImageServiceSettings(directory: directory, runner: .init(endpoint: endpoint))
             settings.maximumInputBytes = 64 * 1024 * 1024
-            return try buildImageService(settings: settings, context: context, logger: logger)
+            return try await buildImageService(settings: settings, context: context, logger: logger)
         }
         let client = stack.client
 

@@ -66,7 +66,7 @@ struct IdentificationServiceTests {
             }
             var operatingPort: Int?
             if let live = bus.live {
-                live.run(try buildImageService(settings: images, context: live.context, logger: live.logger))
+                live.run(try await buildImageService(settings: images, context: live.context, logger: live.logger))
                 live.run(try await buildCareService(settings: care, context: live.context, logger: live.logger))
                 let identify = try await buildIdentificationService(settings: settings, context: live.context, logger: live.logger)
                 let listener = try #require(identify.first(OperatingEndpoint.self))
@@ -83,7 +83,7 @@ struct IdentificationServiceTests {
                 operatingPort = try await listener.boundPort(within: .seconds(60))
             } else {
                 precondition(replicas == 1, "replicas of a service run on the live bus")
-                try await bus.run(try makeImageService(settings: images, logger: bus.logger))
+                try await bus.run(try await makeImageService(settings: images, logger: bus.logger))
                 try await bus.run(try await makeCareService(settings: care, bus: try bus.client(asService: true), logger: bus.logger))
                 try await bus.run(try await makeIdentificationService(settings: settings, bus: try bus.client(timeout: .seconds(60), asService: true), logger: bus.logger))
             }

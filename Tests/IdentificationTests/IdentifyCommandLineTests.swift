@@ -108,7 +108,7 @@ struct IdentifyCommandLineTests {
         try Data("\(FakePlantNet.key)\n".utf8).write(to: keyFile)
         try await withLiveBus { bus in
             let images = ImageServiceSettings(directory: directory.appendingPathComponent("images"), runner: bus.runnerConfiguration(credit: 8))
-            bus.run(try buildImageService(settings: images, context: bus.context, logger: bus.logger))
+            bus.run(try await buildImageService(settings: images, context: bus.context, logger: bus.logger))
             let care = CareServiceSettings(directory: directory.appendingPathComponent("care"), runner: bus.runnerConfiguration())
             bus.run(try await buildCareService(settings: care, context: bus.context, logger: bus.logger))
             let plantNet = FakePlantNet()

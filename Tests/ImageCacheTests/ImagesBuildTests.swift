@@ -16,7 +16,7 @@ struct ImagesBuildTests {
         try await withLiveBus { bus in
             bus.stopBroker() // registered only once a broker answers
             let settings = ImageServiceSettings(directory: directory, runner: bus.runnerConfiguration(credit: 4), metrics: .anyLoopbackPort)
-            let services = try buildImageService(settings: settings, context: bus.context, logger: bus.logger)
+            let services = try await buildImageService(settings: settings, context: bus.context, logger: bus.logger)
             let listener = try #require(services.first(OperatingEndpoint.self))
             bus.run(services)
             let port = try await listener.boundPort(within: .seconds(60))

@@ -44,7 +44,7 @@ extension LiveBatchTests {
             try await withLiveBus(configuration: configuration) { bus in
                 var images = ImageServiceSettings(directory: directory.appendingPathComponent("images"), runner: bus.runnerConfiguration())
                 images.clock = clock
-                bus.run(try buildImageService(settings: images, context: bus.context, logger: bus.logger))
+                bus.run(try await buildImageService(settings: images, context: bus.context, logger: bus.logger))
                 var care = CareServiceSettings(directory: directory.appendingPathComponent("care"), runner: bus.runnerConfiguration())
                 care.clock = clock
                 care.outboxInterval = .milliseconds(100)

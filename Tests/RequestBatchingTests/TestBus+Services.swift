@@ -19,8 +19,8 @@ extension TestBus {
     }
 
     func start(_ settings: ImageServiceSettings) async throws {
-        try await start(Images.service, live: { try buildImageService(settings: settings, context: $0, logger: $1) },
-                        inProcess: { try makeImageService(settings: settings, logger: $1) })
+        try await start(Images.service, live: { try await buildImageService(settings: settings, context: $0, logger: $1) },
+                        inProcess: { try await makeImageService(settings: settings, logger: $1) })
     }
 
     func start(_ settings: IdentificationServiceSettings) async throws {

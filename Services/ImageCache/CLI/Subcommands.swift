@@ -2,6 +2,7 @@ import ArgumentParser
 import CanopyBus
 import CanopyMessages
 import CanopyServiceKit
+import CanopyStore
 import Foundation
 import ImageCache
 
@@ -13,6 +14,9 @@ struct ServeImages: AsyncParsableCommand {
         discussion: "Example: canopy-images serve --endpoint tcp://127.0.0.1:5555 --data-dir ./.canopy --memory-mb 50 --disk-mb 100")
 
     @OptionGroup var serve: ServeOptions<CanopyImages>
+    @OptionGroup var database: DatabaseOptions
+    @Option(help: ArgumentHelp("With --database-url: where originals are kept, a directory every replica mounts (a shared volume); default <data-dir>/images/originals. Env: CANOPY_ORIGINALS_DIR.", valueName: "dir"))
+    var originalsDir: String? = Environment.string("CANOPY_ORIGINALS_DIR")
     @Option(help: ArgumentHelp("Largest input in MiB. Env: CANOPY_IMAGES_MAX_MB.", valueName: "MiB"))
     var maxMb: Int = Environment.int("CANOPY_IMAGES_MAX_MB", default: ImageServiceSettings.defaultMaximumInputBytes / (1024 * 1024))
     @Option(help: ArgumentHelp("Largest input in megapixels (as its header claims). Env: CANOPY_IMAGES_MAX_MEGAPIXELS.", valueName: "MP"))
@@ -50,6 +54,8 @@ struct ServeImages: AsyncParsableCommand {
         ImageTools.capMallocArenas()
         let logger = serve.logger()
         var settings = ImageServiceSettings(directory: serve.directory, runner: try serve.runner(), metrics: try serve.metrics())
+        settings.postgres = try database.postgres()
+        settings.originals = originalsDir.map { URL(fileURLWithPath: $0, isDirectory: true) }
         settings.maximumInputBytes = maxMb * 1024 * 1024
         settings.maximumPixels = maxMegapixels * 1_000_000
         settings.memoryTierBytes = memoryMb * 1024 * 1024
@@ -62,7 +68,7 @@ struct ServeImages: AsyncParsableCommand {
         settings.fullSizeConcurrency = fullSizeConcurrency
         settings.fetchAllowedHosts = Set(fetchAllow.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces).lowercased() }.filter { !$0.isEmpty })
         settings.clock = serve.worker.serviceClock
-        let services = try buildImageService(settings: settings, context: ZMQContext(), logger: logger)
+        let services = try await buildImageService(settings: settings, context: ZMQContext(), logger: logger)
         try await runUntilShutdown(services, logger: logger)
     }
 }

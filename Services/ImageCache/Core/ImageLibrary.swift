@@ -42,8 +42,13 @@ final class ImageLibrary: Sendable {
     /// canopy-images' metrics (refusals, work times, cache tiers).
     let metrics = ImageMetrics()
 
-    /// Opens the store and the disk tier under `directory`.
-    init(directory: URL, configuration: Configuration = Configuration(), clock: ServiceClock = .system) throws {
+    /// Opens the store (SQLite and the originals) and the disk tier under `directory`.
+    convenience init(directory: URL, configuration: Configuration = Configuration(), clock: ServiceClock = .system) throws {
+        try self.init(store: ImageStore(directory: directory), directory: directory, configuration: configuration, clock: clock)
+    }
+
+    /// Serves from `store`, with this process's disk tier under `directory`.
+    init(store: any ImageStoring, directory: URL, configuration: Configuration = Configuration(), clock: ServiceClock = .system) throws {
         self.clock = clock
         self.configuration = configuration
         fullSize = ConcurrencyLimiter(maximum: configuration.fullSizeConcurrency)
@@ -51,7 +56,7 @@ final class ImageLibrary: Sendable {
         var fetch = configuration.fetch
         fetch.maximumBytes = configuration.limits.maximumBytes
         fetcher = try RemoteFetcher(policy: fetch)
-        store = try ImageStore(directory: directory)
+        self.store = store
         cache = try VariantCache(directory: directory.appendingPathComponent("variants", isDirectory: true), limits: configuration.cache)
     }
 

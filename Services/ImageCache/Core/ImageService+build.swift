@@ -3,6 +3,7 @@ import CVips
 import CanopyBus
 import CanopyMessages
 import CanopyServiceKit
+import CanopyStore
 import Foundation
 import Logging
 import ServiceLifecycle
@@ -37,6 +38,12 @@ public struct ImageServiceSettings: Sendable {
     public var fetchesPerHost = 3
     /// Hosts remote fetches may reach even on loopback or private addresses.
     public var fetchAllowedHosts: Set<String> = []
+    /// The PostgreSQL every replica shares for the index (`--database-url`), or nil for
+    /// SQLite in ``directory``.
+    public var postgres: PostgresSettings?
+    /// Where originals are kept with PostgreSQL (`--originals-dir`): a directory every replica
+    /// mounts; `<directory>/originals` when nil.
+    public var originals: URL?
 
     /// Defaults, with the store in `directory`.
     ///
@@ -65,18 +72,50 @@ public struct ImageServiceSettings: Sendable {
 
 /// Builds what `canopy-images serve` runs, in start order: the memory-pressure watch, the
 /// bus worker, and the `/metrics` and `/health` listener when `settings` name one.
-public func buildImageService(settings: ImageServiceSettings, context: ZMQContext, logger: Logger) throws -> [any Service] {
+public func buildImageService(settings: ImageServiceSettings, context: ZMQContext, logger: Logger) async throws -> [any Service] {
     try OperatingEndpoint.ensureFree(settings.metrics) // a taken port stops it before anything opens
-    return try makeImageService(settings: settings, logger: logger)
+    return try await makeImageService(settings: settings, logger: logger)
         .assembled(runner: settings.runner, bus: nil, metrics: settings.metrics, context: context, logger: logger)
 }
 
-/// canopy-images' parts: its handlers on the store in `settings.directory`, and the monitor
-/// that sheds the memory tier under pressure. It calls no other service.
-public func makeImageService(settings: ImageServiceSettings, logger: Logger) throws -> ServiceParts {
-    let library = try ImageLibrary(directory: settings.directory, configuration: settings.library, clock: settings.clock)
-    let monitor = PressureMonitor(library: library, budget: settings.memoryBudget, interval: settings.pressureInterval, logger: logger)
-    return ServiceParts(handlers: ImageService(library: library), background: [monitor])
+/// canopy-images' parts: its handlers on its store (PostgreSQL and shared originals when
+/// `settings` name a database, else SQLite and originals in `settings.directory`), and the
+/// monitor that sheds the memory tier under pressure; with PostgreSQL, also the watch that
+/// drops originals other replicas deleted from this one's caches. It calls no other service.
+public func makeImageService(settings: ImageServiceSettings, logger: Logger) async throws -> ServiceParts {
+    var background: [any Service] = []
+    let library: ImageLibrary
+    if let postgres = settings.postgres {
+        let store = try await PostgresImageStore.open(url: postgres.url, poolSize: postgres.poolSize,
+                                                      originals: settings.originals ?? settings.directory.appendingPathComponent("originals", isDirectory: true),
+                                                      logger: logger)
+        library = try ImageLibrary(store: store, directory: settings.directory, configuration: settings.library, clock: settings.clock)
+        background.append(await DeletedOriginalsWatch.start(store: store, library: library))
+    } else {
+        library = try ImageLibrary(directory: settings.directory, configuration: settings.library, clock: settings.clock)
+    }
+    background.append(PressureMonitor(library: library, budget: settings.memoryBudget, interval: settings.pressureInterval, logger: logger))
+    return ServiceParts(handlers: ImageService(library: library), background: background)
+}
+
+/// Drops from this replica's memory and disk tiers every original any replica deleted (the
+/// last holder let go), as soon as PostgreSQL announces it; stops with the service group.
+struct DeletedOriginalsWatch: Service {
+    let listening: PostgresListening
+
+    /// Listens (returns once PostgreSQL does) for the originals `store` deletes on any replica,
+    /// and purges them from `library`'s caches.
+    static func start(store: PostgresImageStore, library: ImageLibrary) async -> DeletedOriginalsWatch {
+        let cache = library.cache
+        return DeletedOriginalsWatch(listening: await store.observeDeletedOriginals { ids in
+            Task { for id in ids { await cache.purge(id) } }
+        })
+    }
+
+    func run() async throws {
+        defer { listening.stop() }
+        try? await gracefulShutdown()
+    }
 }
 
 /// Reads memory pressure every interval and sheds the memory tier; reports the store's and

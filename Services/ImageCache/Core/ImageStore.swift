@@ -12,13 +12,12 @@ import GRDB
 /// Thread-safe.
 final class ImageStore: ImageStoring {
     let database: DatabasePool
-    private let originals: URL
+    private let files: PhotoFiles
     private let codec = MessageCodec()
 
     /// Opens (and migrates) the store in `directory`.
     init(directory: URL) throws {
-        originals = directory.appendingPathComponent("originals", isDirectory: true)
-        try FileManager.default.createDirectory(at: originals, withIntermediateDirectories: true)
+        files = try PhotoFiles(directory: directory.appendingPathComponent("originals", isDirectory: true))
         database = try SQLiteStore.open(path: directory.appendingPathComponent("images.sqlite").path, migrator: Self.migrator)
         try sweepOrphans()
     }
@@ -53,7 +52,7 @@ final class ImageStore: ImageStoring {
     // MARK: - Originals
 
     func originalURL(_ sha256: String) -> URL {
-        originals.appendingPathComponent(sha256)
+        files.url(sha256)
     }
 
     /// Whether the original is stored (for anyone).
@@ -72,7 +71,7 @@ final class ImageStore: ImageStoring {
 
     /// The stored (normalized) original's bytes.
     func original(_ sha256: String) throws -> [UInt8] {
-        [UInt8](try Data(contentsOf: originalURL(sha256)))
+        try files.read(sha256)
     }
 
     /// Records `sha256` as `owner`'s photo of `plantID`, writing the original first when it
@@ -81,18 +80,16 @@ final class ImageStore: ImageStoring {
     /// only when the original is new.
     func add(sha256: String, owner: String, plantID: String, format: String,
              normalized: () throws -> (bytes: [UInt8], width: Int, height: Int), now: Date) throws -> Images.Photo {
-        let file = originalURL(sha256)
         var wroteFile = false
-        var width = 0, height = 0
+        var width = 0, height = 0, size = 0
         if try !hasOriginal(sha256) {
             let made = try normalized()
-            try Data(made.bytes).write(to: file, options: .atomic)
+            size = try files.write(made.bytes, as: sha256)
             (width, height) = (made.width, made.height)
             wroteFile = true
         }
         do {
             return try database.write { db in
-                let size = try Int(file.resourceValues(forKeys: [.fileSizeKey]).fileSize ?? 0)
                 try db.execute(sql: """
                     INSERT OR IGNORE INTO originals (sha256, format, width, height, bytes, createdAt) VALUES (?, ?, ?, ?, ?, ?)
                     """, arguments: [sha256, format, width, height, size, now.timeIntervalSince1970])
@@ -102,7 +99,7 @@ final class ImageStore: ImageStoring {
                 return try photo(db, owner: owner, plantID: plantID, sha256: sha256)!
             }
         } catch {
-            if wroteFile { try? FileManager.default.removeItem(at: file) }
+            if wroteFile { files.remove(sha256) }
             throw error
         }
     }
@@ -167,7 +164,7 @@ final class ImageStore: ImageStoring {
             }
             return (shas.count, deleted)
         }
-        for sha in deleted { try? FileManager.default.removeItem(at: originalURL(sha)) }
+        for sha in deleted { files.remove(sha) }
         return (count, deleted)
     }
 
@@ -182,8 +179,8 @@ final class ImageStore: ImageStoring {
     /// Deletes original files no row names (left by a crash between file and row).
     private func sweepOrphans() throws {
         let known = Set(try database.read { db in try String.fetchAll(db, sql: "SELECT sha256 FROM originals") })
-        for name in try FileManager.default.contentsOfDirectory(atPath: originals.path) where !known.contains(name) {
-            try? FileManager.default.removeItem(at: originals.appendingPathComponent(name))
+        for entry in try files.entries() where !known.contains(entry.name) {
+            files.remove(entry.name)
         }
     }
 
