@@ -127,7 +127,7 @@ var targets: [Target] = [
 
     // Where a store keeps its data (SQLite, the embedded default, or PostgreSQL), and the one
     // way every store opens its SQLite file (pragmas, migrations).
-    shared("CanopyStore", [P.argumentParser, P.grdb, P.postgresNIO]),
+    shared("CanopyStore", [P.argumentParser, P.crypto, P.grdb, P.logging, P.postgresNIO]),
 ]
 
 // MARK: - Services: each a core module and its executable
@@ -174,7 +174,8 @@ targets += service("CareScheduling", core: "CareScheduling", executable: "canopy
 targets += [
     .executableTarget(name: "canopy", dependencies: [
         "CanopySamples", "CanopyDeployment", "CanopyServiceKit", "CanopyBus", "CanopyMessages", "CanopyCapture",
-        "CanopyReplay", "CanopyImaging", P.asyncHTTPClient, P.grdb, P.nioCore, P.nioHTTP1,
+        "CanopyReplay", "CanopyImaging", "CanopyStore", "CareScheduling", "Reminders", "Identification", "ImageCache",
+        P.asyncHTTPClient, P.grdb, P.logging, P.nioCore, P.nioHTTP1,
     ], path: "Services/Canopy", swiftSettings: swiftSettings),
     .executableTarget(name: "canopy-bench", dependencies: [
         "CanopySamples", "CanopyDeployment", "CanopyOutbound", "CanopyBus", "CanopyBroker", "CZeroMQ", "CanopyMessages",
@@ -217,7 +218,7 @@ targets += [
         P.asyncHTTPClient, P.grdb, P.nioCore, P.nioHTTP1,
     ]),
     tests("DeploymentTests", [
-        "CanopySamples", "CanopyDeployment", "CanopyServiceKit", "CanopyTesting", "CanopyImaging", "canopy", "canopy-broker",
+        "CanopySamples", "CanopyDeployment", "CanopyServiceKit", "CanopyStore", "CanopyTesting", "CanopyImaging", "canopy", "canopy-broker",
         "canopy-images", "canopy-care", "canopy-identify", "canopy-remind", "canopy-batch", P.grdb, P.yams,
     ]),
     tests("CanopyCaptureTests", [

@@ -10,6 +10,7 @@ struct CanopyCommand: AsyncParsableCommand {
               canopy up
               canopy status
               canopy backup ./backups/monday
+              canopy migrate --from ./.canopy --to postgres://canopy@db:5432/canopy --originals-dir /mnt/photos
               canopy demo
               canopy services
               canopy stats --endpoint tcp://127.0.0.1:5555
@@ -19,5 +20,5 @@ struct CanopyCommand: AsyncParsableCommand {
               canopy capture inspect ./captures/monday
               canopy replay ./captures/monday --broker tcp://127.0.0.1:5555
             """,
-        subcommands: [Up.self, Status.self, Logs.self, Down.self, Backup.self, Demo.self, Send.self, Services.self, Stats.self, Keys.self, Capture.self, Replay.self])
+        subcommands: [Up.self, Status.self, Logs.self, Down.self, Backup.self, Migrate.self, Demo.self, Send.self, Services.self, Stats.self, Keys.self, Capture.self, Replay.self])
 }

@@ -58,12 +58,20 @@ final class StackSupervisor: @unchecked Sendable {
         var http: String
         /// The broker's port offset: service metrics ports are this plus their usual offset from 9400.
         var metricsBase: Int
-        /// Extra `CANOPY_*` settings for every service (a clock for demos, a log level).
+        /// Extra `CANOPY_*` settings for every service (a clock for demos, a log level, the database).
         var environment: [String: String] = [:]
+        /// How many processes of each service run (one unless named; more only with PostgreSQL).
+        var replicas: [String: Int] = [:]
     }
 
     final class Child {
         let service: CanopyStack.Service
+        /// `care`, or `care-2` for its second replica: its log, its row in `canopy status`.
+        let name: String
+        /// Where its `/metrics` and `/health` listen.
+        let metricsPort: Int
+        /// Its data directory (a replica's own, for what it keeps apart: canopy-images' disk tier).
+        let dataDirectory: String
         var process: Process?
         var restarts = 0
         var state = "starting"
@@ -71,7 +79,30 @@ final class StackSupervisor: @unchecked Sendable {
         var restartAt: ContinuousClock.Instant?
         var pause: Duration = .seconds(1)
 
-        init(_ service: CanopyStack.Service) { self.service = service }
+        init(_ service: CanopyStack.Service, name: String, metricsPort: Int, dataDirectory: String) {
+            self.service = service
+            self.name = name
+            self.metricsPort = metricsPort
+            self.dataDirectory = dataDirectory
+        }
+    }
+
+    /// Every process of the stack, the broker first: each service's first replica on its usual
+    /// metrics port, further replicas on the ports after the six (`care-2`, `care-3`, …), with
+    /// data directories of their own under `<data-dir>/replicas`.
+    static func children(_ settings: Settings, launch: CanopyStack.Launch) -> [Child] {
+        var extra = settings.metricsBase + CanopyStack.services.count
+        return CanopyStack.services.flatMap { service in
+            (1...max(1, settings.replicas[service.name] ?? 1)).map { replica in
+                guard replica > 1 else {
+                    return Child(service, name: service.name, metricsPort: launch.metricsPort(service), dataDirectory: launch.dataDirectory)
+                }
+                defer { extra += 1 }
+                let name = "\(service.name)-\(replica)"
+                return Child(service, name: name, metricsPort: extra,
+                             dataDirectory: settings.layout.dataDirectory.appendingPathComponent("replicas/\(name)").path)
+            }
+        }
     }
 
     let settings: Settings
@@ -81,7 +112,9 @@ final class StackSupervisor: @unchecked Sendable {
 
     init(settings: Settings) {
         self.settings = settings
-        children = CanopyStack.services.map(Child.init)
+        children = Self.children(settings, launch: CanopyStack.Launch(endpoint: settings.endpoint, http: settings.http,
+                                                                      dataDirectory: settings.layout.dataDirectory.path,
+                                                                      metricsBase: settings.metricsBase, tokenKeyFile: settings.layout.tokenKey.path))
     }
 
     /// What each service is started with: the stack's endpoint, addresses and directories.
@@ -93,9 +126,9 @@ final class StackSupervisor: @unchecked Sendable {
     private func start(_ child: Child) throws {
         let process = Process()
         process.executableURL = settings.executables.appendingPathComponent(child.service.executable)
-        process.arguments = launch.arguments(child.service)
+        process.arguments = launch.arguments(child.service, metricsPort: child.metricsPort, dataDirectory: child.dataDirectory)
         process.environment = ProcessInfo.processInfo.environment.merging(settings.environment) { $1 }
-        let logPath = settings.layout.log(child.service.name).path
+        let logPath = settings.layout.log(child.name).path
         if !FileManager.default.fileExists(atPath: logPath) { _ = FileManager.default.createFile(atPath: logPath, contents: nil) }
         let log = try FileHandle(forWritingTo: URL(fileURLWithPath: logPath))
         log.seekToEndOfFile()
@@ -115,7 +148,7 @@ final class StackSupervisor: @unchecked Sendable {
 
     /// Whether each of `children` is healthy, asked at once.
     func healthy(_ children: [Child]) -> [Bool] {
-        let ports = children.map { launch.metricsPort($0.service) }
+        let ports = children.map(\.metricsPort)
         let answers = Answers(count: ports.count)
         let done = DispatchSemaphore(value: 0)
         Task {
@@ -145,7 +178,7 @@ final class StackSupervisor: @unchecked Sendable {
     func startAll(within limit: Duration = .seconds(90), progress: (String) -> Void) throws {
         try FileManager.default.createDirectory(at: settings.layout.logs, withIntermediateDirectories: true)
         for group in [Array(children.prefix(1)), Array(children.dropFirst())] {
-            progress("starting \(group.map(\.service.name).joined(separator: ", "))…")
+            progress("starting \(group.map(\.name).joined(separator: ", "))…")
             for child in group { try start(child) }
             try waitUntilHealthy(group, within: limit)
         }
@@ -165,13 +198,13 @@ final class StackSupervisor: @unchecked Sendable {
                 child.state = "failed"
                 writeState()
                 throw CommandFailure("""
-                    \(child.service.executable) exited while starting (status \(child.process?.terminationStatus ?? 0)); the end of its log \
-                    (\(settings.layout.log(child.service.name).path), canopy logs \(child.service.name)):
+                    \(child.service.executable) (\(child.name)) exited while starting (status \(child.process?.terminationStatus ?? 0)); the end of its log \
+                    (\(settings.layout.log(child.name).path), canopy logs \(child.name)):
                     \(lastLines(of: child, count: 5))
                     """)
             }
             guard ContinuousClock.now < deadline else {
-                throw CommandFailure("\(waiting.map(\.service.executable).joined(separator: ", ")) did not become healthy within \(limit); see canopy logs \(waiting[0].service.name)")
+                throw CommandFailure("\(waiting.map(\.name).joined(separator: ", ")) did not become healthy within \(limit); see canopy logs \(waiting[0].name)")
             }
             if !waiting.isEmpty { Thread.sleep(forTimeInterval: 0.05) }
         }
@@ -179,7 +212,7 @@ final class StackSupervisor: @unchecked Sendable {
 
     /// The last `count` lines of `child`'s log (read from its last 64 KiB).
     private func lastLines(of child: Child, count: Int) -> String {
-        guard let handle = FileHandle(forReadingAtPath: settings.layout.log(child.service.name).path) else { return "" }
+        guard let handle = FileHandle(forReadingAtPath: settings.layout.log(child.name).path) else { return "" }
         defer { try? handle.close() }
         let size = handle.seekToEndOfFile()
         handle.seek(toFileOffset: size > 65_536 ? size - 65_536 : 0)
@@ -198,16 +231,16 @@ final class StackSupervisor: @unchecked Sendable {
                     do {
                         try start(child)
                         child.restarts += 1
-                        report("restarted \(child.service.name) (restart \(child.restarts))")
+                        report("restarted \(child.name) (restart \(child.restarts))")
                     } catch {
-                        report("could not restart \(child.service.name): \(error)")
+                        report("could not restart \(child.name): \(error)")
                         child.restartAt = now + child.pause
                     }
                     changed = true
                 } else if child.state != "restarting", !process.isRunning, !isStopping {
                     // Up for a minute: the next failure pauses briefly again.
                     if now - child.startedAt > .seconds(60) { child.pause = .seconds(1) }
-                    report("\(child.service.name) exited (status \(process.terminationStatus)); restarting in \(child.pause)")
+                    report("\(child.name) exited (status \(process.terminationStatus)); restarting in \(child.pause)")
                     child.state = "restarting"
                     child.restartAt = now + child.pause
                     child.pause = min(child.pause * 2, .seconds(30))
@@ -254,8 +287,8 @@ final class StackSupervisor: @unchecked Sendable {
     func writeState(stopped: Bool = false) {
         let state = StackState(
             supervisor: getpid(), endpoint: settings.endpoint, http: settings.http,
-            services: children.map { .init(name: $0.service.name, pid: $0.process?.processIdentifier ?? 0, state: $0.state, restarts: $0.restarts,
-                                           metrics: launch.metricsAddress($0.service)) },
+            services: children.map { .init(name: $0.name, pid: $0.process?.processIdentifier ?? 0, state: $0.state, restarts: $0.restarts,
+                                           metrics: "127.0.0.1:\($0.metricsPort)") },
             stopped: stopped)
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.prettyPrinted, .sortedKeys]

@@ -1,6 +1,7 @@
 import ArgumentParser
 import CanopyDeployment
 import CanopyServiceKit
+import CanopyStore
 import Dispatch
 import Foundation
 import Glibc
@@ -26,6 +27,7 @@ struct Up: ParsableCommand {
               canopy up
               canopy up --detach && canopy status && canopy logs care && canopy down
               canopy up --http 0.0.0.0:8080 --data-dir /srv/canopy
+              canopy up --database-url postgres://canopy@127.0.0.1:5432/canopy --replicas care=3,remind=2,images=2,identify=2
             """)
 
     @OptionGroup var stack: StackOptions
@@ -37,6 +39,14 @@ struct Up: ParsableCommand {
     var metricsBase: Int = Environment.int("CANOPY_METRICS_BASE", default: 9400)
     @Option(help: ArgumentHelp("The clock every service goes by (system, fixed:…, from:…; see --help of a service). Env: CANOPY_CLOCK.", valueName: "clock"))
     var clock: String = Environment.string("CANOPY_CLOCK") ?? "system"
+    @Option(help: ArgumentHelp("PostgreSQL for every service's store, shared by their replicas: postgres://USER@HOST:5432/DATABASE (without it: SQLite in --data-dir). Env: CANOPY_DATABASE_URL.", valueName: "url"))
+    var databaseURL: String? = Environment.string("CANOPY_DATABASE_URL")
+    @Option(help: ArgumentHelp("A file holding the database password. Env: CANOPY_DATABASE_PASSWORD_FILE.", valueName: "path"))
+    var databasePasswordFile: String? = Environment.string("CANOPY_DATABASE_PASSWORD_FILE")
+    @Option(help: ArgumentHelp("With --database-url: where canopy-images keeps originals, shared by its replicas (default <data-dir>/images/originals). Env: CANOPY_ORIGINALS_DIR.", valueName: "dir"))
+    var originalsDir: String? = Environment.string("CANOPY_ORIGINALS_DIR")
+    @Option(help: ArgumentHelp("Processes per service, such as care=3,remind=2,images=2,identify=2 (needs --database-url). Env: CANOPY_REPLICAS.", valueName: "name=count,…"))
+    var replicas: String = Environment.string("CANOPY_REPLICAS") ?? ""
     @Flag(help: "Start the stack in the background and return once it is healthy; canopy down stops it.") var detach = false
     @Flag(help: .hidden) var supervise = false
 
@@ -45,6 +55,30 @@ struct Up: ParsableCommand {
         guard (1...65_530).contains(metricsBase) else { throw ValidationError("--metrics-base must be a port from 1 to 65530") }
         guard ServiceClock(parsing: clock) != nil else { throw ValidationError("--clock is system, fixed:2026-11-24T09:00:00Z or from:2026-11-24T09:00:00Z") }
         _ = try OperatingOptions.parse(http)
+        let counts = try replicaCounts()
+        if counts.values.contains(where: { $0 > 1 }) && databaseURL == nil {
+            throw ValidationError("--replicas needs --database-url: replicas share their stores in PostgreSQL (SQLite serves one process a store)")
+        }
+        if let databaseURL {
+            do { _ = try DatabaseURL(parsing: databaseURL, passwordFile: databasePasswordFile) } catch { throw ValidationError(error.description) }
+        }
+    }
+
+    /// `--replicas care=3,remind=2` as counts by service.
+    func replicaCounts() throws -> [String: Int] {
+        var counts: [String: Int] = [:]
+        for item in replicas.split(separator: ",").map({ $0.trimmingCharacters(in: .whitespaces) }) where !item.isEmpty {
+            let parts = item.split(separator: "=", maxSplits: 1).map(String.init)
+            guard parts.count == 2, let count = Int(parts[1]), (1...16).contains(count) else {
+                throw ValidationError("--replicas takes name=count pairs with counts from 1 to 16, such as care=3,remind=2; got '\(item.prefix(40))'")
+            }
+            guard let service = CanopyStack.services.first(where: { $0.name == parts[0] }), service.scales else {
+                let scaling = CanopyStack.services.filter(\.scales).map(\.name).joined(separator: ", ")
+                throw ValidationError("--replicas: '\(parts[0].prefix(40))' does not run as replicas; these do: \(scaling)")
+            }
+            counts[service.name] = count
+        }
+        return counts
     }
 
     func run() throws {
@@ -65,8 +99,14 @@ struct Up: ParsableCommand {
 
         var environment = ["CANOPY_CLOCK": clock, "CANOPY_STACK": stackID]
         environment["CANOPY_LOG_LEVEL"] = Environment.string("CANOPY_LOG_LEVEL") ?? "info"
+        if let databaseURL {
+            // Every store in PostgreSQL; canopy-images' replicas share the originals.
+            environment["CANOPY_DATABASE_URL"] = databaseURL
+            environment["CANOPY_DATABASE_PASSWORD_FILE"] = databasePasswordFile
+            environment["CANOPY_ORIGINALS_DIR"] = originalsDir ?? layout.dataDirectory.appendingPathComponent("images/originals").path
+        }
         let supervisor = StackSupervisor(settings: .init(layout: layout, executables: executables, endpoint: broker, http: http,
-                                                         metricsBase: metricsBase, environment: environment))
+                                                         metricsBase: metricsBase, environment: environment, replicas: try replicaCounts()))
         // Ctrl-C and SIGTERM end the supervision; the children are then stopped in order.
         signal(SIGINT, SIG_IGN)
         signal(SIGTERM, SIG_IGN)
@@ -107,7 +147,9 @@ struct Up: ParsableCommand {
         // --wait: setsid forks (the child leads its own process group) and answers the
         // supervisor's exit status, so a stack that fails to start is seen at once.
         process.arguments = ["--wait", Self.selfPath(), "up", "--supervise", "--detach", "--data-dir", stack.dataDir, "--broker", broker, "--http", http,
-                             "--metrics-base", "\(metricsBase)", "--clock", clock]
+                             "--metrics-base", "\(metricsBase)", "--clock", clock, "--replicas", replicas]
+            + (databaseURL.map { ["--database-url", $0] } ?? []) + (databasePasswordFile.map { ["--database-password-file", $0] } ?? [])
+            + (originalsDir.map { ["--originals-dir", $0] } ?? [])
         process.standardInput = FileHandle.nullDevice
         process.standardOutput = output
         process.standardError = output
@@ -165,8 +207,11 @@ struct Up: ParsableCommand {
         var ports: [(what: String, address: ListenAddress)] = []
         if let bus = ListenAddress(zeroMQEndpoint: broker) { ports.append(("the broker's bus (--broker)", bus)) }
         if let api = try OperatingOptions.parse(http) { ports.append(("the HTTP API (--http)", api)) }
-        for service in CanopyStack.services {
-            ports.append(("\(service.name)'s /metrics (--metrics-base)", ListenAddress(host: "127.0.0.1", port: metricsBase + service.metricsPort - CanopyStack.broker.metricsPort)))
+        let launch = CanopyStack.Launch(endpoint: broker, http: http, dataDirectory: layout.dataDirectory.path, metricsBase: metricsBase, tokenKeyFile: layout.tokenKey.path)
+        let settings = StackSupervisor.Settings(layout: layout, executables: layout.dataDirectory, endpoint: broker, http: http, metricsBase: metricsBase,
+                                                replicas: (try? replicaCounts()) ?? [:])
+        for child in StackSupervisor.children(settings, launch: launch) {
+            ports.append(("\(child.name)'s /metrics (--metrics-base)", ListenAddress(host: "127.0.0.1", port: child.metricsPort)))
         }
         var taken: [String] = []
         for (what, address) in ports {
@@ -180,7 +225,7 @@ struct Up: ParsableCommand {
         throw CommandFailure("""
             cannot start a stack from \(layout.dataDirectory.path): \(taken.joined(separator: "; ")). \
             Another stack (canopy status --data-dir DIR shows it) or program holds them: stop it (canopy down --data-dir DIR), \
-            or give this stack free ports with --broker tcp://127.0.0.1:PORT, --http 127.0.0.1:PORT and --metrics-base PORT (6 ports from it)
+            or give this stack free ports with --broker tcp://127.0.0.1:PORT, --http 127.0.0.1:PORT and --metrics-base PORT (6 ports from it, and one more per extra replica)
             """)
     }
 
@@ -246,7 +291,9 @@ struct Logs: ParsableCommand {
     @OptionGroup var stack: StackOptions
 
     func validate() throws {
-        guard CanopyStack.services.contains(where: { $0.name == service }) || service == "canopy-up" else {
+        let base = service.split(separator: "-").first.map(String.init) ?? service
+        guard CanopyStack.services.contains(where: { $0.name == service || ($0.name == base && service.split(separator: "-").last.flatMap { Int($0) } != nil) })
+                || service == "canopy-up" else {
             throw ValidationError("no service '\(service)'; the stack has \(CanopyStack.services.map(\.name).joined(separator: ", ")) (and canopy-up)")
         }
         guard lines >= 0 else { throw ValidationError("--lines cannot be negative") }

@@ -12,8 +12,8 @@ public enum CanopyStack {
         public var subcommand = "serve"
         /// Where its `/metrics` and `/health` listen by default (``OperatingOptions/Defaults``).
         public var metricsPort: Int
-        /// Whether several instances may serve at once on one host (they share load through
-        /// the broker; those with a store share its SQLite file in WAL mode on one volume).
+        /// Whether several replicas may serve at once (they share load through the broker):
+        /// those with a store, when it is in PostgreSQL (`--database-url`), which they share.
         public var scales: Bool
         /// Whether it keeps data (a volume of its own).
         public var keepsData: Bool
@@ -28,9 +28,9 @@ public enum CanopyStack {
     public static let services: [Service] = [
         broker,
         Service(name: "images", executable: "canopy-images", metricsPort: 9401, scales: true, keepsData: true),
-        Service(name: "care", executable: "canopy-care", metricsPort: 9402, scales: false, keepsData: true),
+        Service(name: "care", executable: "canopy-care", metricsPort: 9402, scales: true, keepsData: true),
         Service(name: "identify", executable: "canopy-identify", metricsPort: 9403, scales: true, keepsData: true),
-        Service(name: "remind", executable: "canopy-remind", metricsPort: 9404, scales: false, keepsData: true),
+        Service(name: "remind", executable: "canopy-remind", metricsPort: 9404, scales: true, keepsData: true),
         Service(name: "batch", executable: "canopy-batch", metricsPort: 9405, scales: false, keepsData: false),
     ]
 
@@ -72,9 +72,11 @@ public enum CanopyStack {
             "127.0.0.1:\(metricsPort(service))"
         }
 
-        /// The arguments that start `service` (its subcommand first).
-        public func arguments(_ service: Service) -> [String] {
-            var arguments = [service.subcommand, "--metrics-bind", metricsAddress(service)]
+        /// The arguments that start `service` (its subcommand first); a replica other than the
+        /// first listens on `metricsPort` and keeps what it keeps apart in `dataDirectory`.
+        public func arguments(_ service: Service, metricsPort: Int? = nil, dataDirectory: String? = nil) -> [String] {
+            let dataDirectory = dataDirectory ?? self.dataDirectory
+            var arguments = [service.subcommand, "--metrics-bind", "127.0.0.1:\(metricsPort ?? self.metricsPort(service))"]
             switch service.name {
             case CanopyStack.broker.name:
                 // Photos up to 25 MiB travel as attachments: frames up to 32 MiB.

@@ -15,11 +15,14 @@ extension CanopyUpTests {
         let data: String
         let endpoint = "tcp://127.0.0.1:\(FreePorts.any())"
 
-        init(data: String) async throws {
+        /// Its `canopy up` output (the status table).
+        let started: ProcessResult
+
+        init(data: String, _ more: [String] = []) async throws {
             self.data = data
-            let up = try await runExecutable("canopy", ["up", "--detach", "--data-dir", data, "--broker", endpoint, "--http", "127.0.0.1:\(FreePorts.any())",
-                                                        "--metrics-base", "\(FreePorts.run(of: 5))"], limit: 240)
-            #expect(up.status == 0, "canopy up: \(up.output) \(up.errors)")
+            started = try await runExecutable("canopy", ["up", "--detach", "--data-dir", data, "--broker", endpoint, "--http", "127.0.0.1:\(FreePorts.any())",
+                                                         "--metrics-base", "\(FreePorts.run(of: 12))"] + more, limit: 240)
+            #expect(started.status == 0, "canopy up: \(started.output) \(started.errors)")
         }
 
         func down() async {

@@ -470,3 +470,8 @@ private struct PostgresCareTransaction: CareWrites {
         try session.execute("NOTIFY \(unescaped: PostgresCareStore.outboxChannel)")
     }
 }
+
+/// How canopy-care's SQLite store moves into PostgreSQL (`canopy migrate`).
+public let careStoreImport = StoreImport(store: "care", migrator: PostgresCareStore.migrator, tables: [
+    .init("plants", key: ["id"]), .init("preferences", key: ["owner"]), .init("tasks", key: ["id"]), .init("careLog"), .init("outbox", key: ["id"]),
+])

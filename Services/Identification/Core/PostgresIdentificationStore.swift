@@ -328,3 +328,11 @@ final class PostgresIdentificationStore: IdentificationStoring {
         }
     }
 }
+
+/// How canopy-identify's SQLite store moves into PostgreSQL (`canopy migrate`); submissions
+/// being identified are not moved (the store is stopped or a backup: nothing is under way).
+public let identifyStoreImport = StoreImport(store: "identify", migrator: PostgresIdentificationStore.migrator, tables: [
+    .init("identifications", key: ["id"]), .init("photoFeatures", key: ["sha256"]), .init("species", key: ["id"]),
+    .init("referencePhotos", key: ["speciesID", "sha256"]), .init("plantPhotos", key: ["owner", "plantID", "sha256"]),
+    .init("quota", key: ["provider"]), .init("meta", key: ["key"], seeded: true),
+])

@@ -157,6 +157,42 @@ extension Task where Success == Never, Failure == Never {
 
 /// One-shot image work for the CLI, with the service's own code.
 public enum ImageTools {
+    /// What copying originals did: copied, already there (the same bytes), and bytes copied.
+    public struct OriginalsCopy: Sendable, Equatable {
+        public var copied = 0
+        public var present = 0
+        public var bytes = 0
+    }
+
+    /// Copies the originals named `sha256s` from one originals directory to another (the
+    /// shared one replicas mount), each written to a temporary name, synced and renamed, then
+    /// read back and compared; one already there with the same bytes is left as it is, so a
+    /// copy that stopped half-way runs again from where it was. Throws, naming the photo,
+    /// when a source file is missing or a copy differs.
+    public static func copyOriginals(_ sha256s: [String], from source: URL, to target: URL,
+                                     progress: (_ done: Int, _ total: Int) -> Void = { _, _ in }) throws -> OriginalsCopy {
+        let (from, to) = (try PhotoFiles(directory: source), try PhotoFiles(directory: target))
+        var result = OriginalsCopy()
+        for (index, sha256) in sha256s.enumerated() {
+            guard from.exists(sha256) else {
+                throw CanopyError(.notFound, "the original \(sha256) that the images store counts is not in \(source.path); restore it from a backup first")
+            }
+            let bytes = try from.read(sha256)
+            if to.exists(sha256), try to.read(sha256) == bytes {
+                result.present += 1
+            } else {
+                try to.write(bytes, as: sha256)
+                guard try to.read(sha256) == bytes else {
+                    throw CanopyError(.internal, "the copy of \(sha256) in \(target.path) differs from its source; check the volume and run it again")
+                }
+                result.copied += 1
+                result.bytes += bytes.count
+            }
+            progress(index + 1, sha256s.count)
+        }
+        return result
+    }
+
     /// Caps glibc's malloc arenas at two for this process. glibc gives each thread that
     /// allocates its own arena, and libvips' worker threads each keep theirs full of freed
     /// image buffers: with two, the peak of concurrent decodes stays far lower. `serve` calls

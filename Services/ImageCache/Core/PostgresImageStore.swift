@@ -236,3 +236,9 @@ final class PostgresImageStore: ImageStoring {
         try database.read { session in try session.value(Int.self, "SELECT COUNT(*) FROM palettes") ?? 0 }
     }
 }
+
+/// How canopy-images' SQLite index moves into PostgreSQL (`canopy migrate`; the originals are
+/// copied by ``ImageTools/copyOriginals(_:from:to:progress:)``).
+public let imagesStoreImport = StoreImport(store: "images", migrator: PostgresImageStore.migrator, tables: [
+    .init("originals", key: ["sha256"]), .init("photos", key: ["owner", "plantID", "sha256"]), .init("palettes", key: ["sha256"]),
+])

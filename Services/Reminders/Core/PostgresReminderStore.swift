@@ -404,3 +404,9 @@ private struct PostgresReminderTransaction: ReminderWrites {
             """)
     }
 }
+
+/// How canopy-remind's SQLite store moves into PostgreSQL (`canopy migrate`).
+public let remindStoreImport = StoreImport(store: "remind", migrator: PostgresReminderStore.migrator, tables: [
+    .init("devices", key: ["id"]), .init("reminders", key: ["id"]), .init("sends", key: ["id"]),
+    .init("sendReminders", key: ["sendID", "reminderID"]), .init("attempts"),
+])

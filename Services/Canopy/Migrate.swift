@@ -1,0 +1,113 @@
+import ArgumentParser
+import CanopyDeployment
+import CanopyMessages
+import CanopyServiceKit
+import CanopyStore
+import CareScheduling
+import Foundation
+import GRDB
+import Identification
+import ImageCache
+import Logging
+import Reminders
+
+/// `canopy migrate`: a single-host install's stores moved into PostgreSQL, its photos into
+/// the shared photo store. The path from one machine to many (docs/SCALING.md).
+struct Migrate: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Move a single-host install into PostgreSQL and a shared photo store, checked by counts and checksums.",
+        discussion: """
+            Every SQLite store in --from (care, remind, identify, images) is copied into the
+            database --to names, one transaction a store: its tables emptied and filled, then
+            counted and checksummed against the source before anything commits. The stores are
+            read through SQLite's online backup (as canopy backup does), so the stack may run
+            meanwhile, but what it writes after that moment stays behind: stop it first
+            (canopy down), or migrate a backup. The photos' originals go to --originals-dir,
+            each synced and compared. Running it again is safe: a store already imported from
+            the same data is left alone, a newer copy of it is imported again, and a database
+            holding data from anywhere else is refused.
+            Examples:
+              canopy migrate --from ./.canopy --to postgres://canopy@db:5432/canopy --database-password-file ./secrets/db --originals-dir /mnt/photos
+              canopy migrate --from ./backups/monday --to postgres://canopy@127.0.0.1:5432/canopy
+            """)
+
+    @Option(help: ArgumentHelp("The data directory (or a backup of it) to move.", valueName: "dir"))
+    var from: String
+    @Option(help: ArgumentHelp("The PostgreSQL to move it into: postgres://USER@HOST:5432/DATABASE.", valueName: "url"))
+    var to: String
+    @Option(help: ArgumentHelp("A file holding the database password, instead of one in the URL. Env: CANOPY_DATABASE_PASSWORD_FILE.", valueName: "path"))
+    var databasePasswordFile: String? = Environment.string("CANOPY_DATABASE_PASSWORD_FILE")
+    @Option(help: ArgumentHelp("Where the photos' originals go: the directory every canopy-images replica mounts (default: where they are, <from>/images/originals). Env: CANOPY_ORIGINALS_DIR.", valueName: "dir"))
+    var originalsDir: String? = Environment.string("CANOPY_ORIGINALS_DIR")
+
+    /// Every store `canopy migrate` moves, by the directory it lives in.
+    static let stores: [(service: String, plan: StoreImport)] = [
+        ("care", careStoreImport), ("remind", remindStoreImport), ("identify", identifyStoreImport), ("images", imagesStoreImport),
+    ]
+
+    func run() async throws {
+        let url: DatabaseURL
+        do {
+            url = try DatabaseURL(parsing: to, passwordFile: databasePasswordFile)
+        } catch {
+            throw ValidationError(error.description)
+        }
+        let source = URL(fileURLWithPath: from, isDirectory: true).standardizedFileURL
+        let present = Self.stores.filter { FileManager.default.fileExists(atPath: source.appendingPathComponent("\($0.service)/\($0.service).sqlite").path) }
+        guard !present.isEmpty else {
+            throw CommandFailure("no stores in \(source.path); name a data directory (canopy status shows it) or a backup of one")
+        }
+        if let state = StackLayout(dataDirectory: source).state(), state.services.contains(where: { $0.state == "running" }) {
+            note("the stack in \(source.path) runs: what it writes from now on stays behind; stop it (canopy down) and run this again to bring the rest")
+        }
+        // A snapshot of every store first (SQLite's online backup): one moment of each.
+        let snapshot = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-migrate-\(UUID().uuidString)", isDirectory: true)
+        try FileManager.default.createDirectory(at: snapshot, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+        defer { try? FileManager.default.removeItem(at: snapshot) }
+        var logger = Logger(label: "canopy-migrate")
+        logger.logLevel = .error
+        var table = Table("STORE", "TABLE", "ROWS", "CHECKSUM", "RESULT")
+        var progress = ProgressLine()
+        for (service, plan) in present {
+            let copy = snapshot.appendingPathComponent("\(service).sqlite")
+            try Backup.copyStore(from: source.appendingPathComponent("\(service)/\(service).sqlite"), to: copy)
+            note("moving \(service) into \(url)…")
+            let report: StoreImport.Report
+            do {
+                report = try await plan.run(from: copy.path, into: url, source: source.path, logger: logger) { table, done, total in
+                    progress.update("\(table) \(ProgressLine.bar(done, of: total)) \(done)/\(total) rows")
+                }
+            } catch let refused as StoreImport.Refused {
+                progress.finish()
+                throw CommandFailure(refused.description)
+            } catch let failure as PostgresStore.Failure {
+                progress.finish()
+                throw CommandFailure(failure.description)
+            }
+            progress.finish()
+            for entry in report.tables {
+                table.append([service, entry.table, "\(entry.rows)", String(entry.checksum.prefix(16)), report.outcome == .imported ? "copied, checked" : "already there"])
+            }
+        }
+        print(table.render())
+        if present.contains(where: { $0.service == "images" }) {
+            let originals = originalsDir.map { URL(fileURLWithPath: $0, isDirectory: true) } ?? source.appendingPathComponent("images/originals", isDirectory: true)
+            let index = try DatabaseQueue(path: snapshot.appendingPathComponent("images.sqlite").path)
+            let names = try await index.read { (db: Database) in try String.fetchAll(db, sql: "SELECT sha256 FROM originals ORDER BY sha256") }
+            try index.close()
+            let copied: ImageTools.OriginalsCopy
+            do {
+                copied = try ImageTools.copyOriginals(names, from: source.appendingPathComponent("images/originals", isDirectory: true), to: originals) { done, total in
+                    progress.update("photos \(ProgressLine.bar(done, of: total)) \(done)/\(total)")
+                }
+            } catch let error as CanopyError {
+                progress.finish()
+                throw CommandFailure(error.message)
+            }
+            progress.finish()
+            print("photos: \(copied.copied) copied (\(copied.bytes >> 20) MiB), \(copied.present) already in \(originals.path), each compared with its source")
+        }
+        let images = originalsDir.map { " --originals-dir \($0)" } ?? ""
+        print("moved into \(url); run each service with --database-url \(url)\(databasePasswordFile.map { " --database-password-file \($0)" } ?? "") (canopy-images also\(images.isEmpty ? " with --originals-dir where the originals are" : images)), or canopy up --database-url \(url)")
+    }
+}
