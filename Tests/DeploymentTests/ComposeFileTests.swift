@@ -43,9 +43,17 @@ struct ComposeFileTests {
 
     @Test func theComposeServicesAreTheStacksServicesRunningExecutablesAndOptionsThatExist() async throws {
         let services = try Self.services(try Self.compose())
-        // The same services as `canopy up` starts (profiles add tools around them).
-        let canopyServices = services.filter { ($0.value["profiles"] as? [String]) == nil }
+        // The same services as `canopy up` starts (profiles add tools around them; PostgreSQL
+        // runs its own image).
+        let canopyServices = services.filter { ($0.value["profiles"] as? [String]) == nil && $0.value["image"] as? String == "canopy:latest" }
         #expect(Set(canopyServices.keys) == Set(CanopyStack.services.map(\.name)))
+        // PostgreSQL: healthy when pg_isready says so, its password the secret the services read.
+        let postgres = try #require(services["postgres"], "docker-compose.yml has no postgres service")
+        #expect((postgres["image"] as? String)?.hasPrefix("postgres:") == true)
+        #expect((postgres["healthcheck"] as? [String: Any])?["test"] as? [String] == ["CMD", "pg_isready", "-U", "canopy", "-d", "canopy"])
+        #expect((postgres["environment"] as? [String: Any])?["POSTGRES_PASSWORD_FILE"] as? String == "/run/secrets/db_password")
+        #expect((postgres["secrets"] as? [String])?.contains("db_password") == true)
+        #expect((postgres["volumes"] as? [String])?.contains("postgres-data:/var/lib/postgresql/data") == true)
         let volumes = try #require(try Self.compose()["volumes"] as? [String: Any?])
         for service in CanopyStack.services {
             let definition = try #require(services[service.name], "docker-compose.yml has no service \(service.name)")
@@ -70,8 +78,22 @@ struct ComposeFileTests {
                 #expect(dependsOn["broker"]?["condition"] == "service_healthy")
             }
             if service.keepsData {
+                // Its store in PostgreSQL, after it is healthy; nothing shared in its own /data.
+                #expect((environment["CANOPY_DATABASE_URL"] as? String)?.hasPrefix("postgres://canopy@postgres:5432/") == true, "\(service.name)")
+                #expect(environment["CANOPY_DATABASE_PASSWORD_FILE"] as? String == "/run/secrets/db_password")
+                #expect((definition["secrets"] as? [String])?.contains("db_password") == true, "\(service.name) mounts the password")
+                let dependsOn = definition["depends_on"] as? [String: [String: String]] ?? [:]
+                #expect(dependsOn["postgres"]?["condition"] == "service_healthy", "\(service.name) waits for PostgreSQL")
                 let mounts = definition["volumes"] as? [String] ?? []
-                #expect(mounts.contains("\(service.name)-data:/data") && volumes.keys.contains("\(service.name)-data"), "\(service.name) keeps its data in \(mounts)")
+                #expect(mounts.contains("/data"), "\(service.name): /data is the container's own (\(mounts))")
+            }
+            if service.scales {
+                // `docker compose up --scale NAME=3`: no fixed container name or published port.
+                #expect(definition["container_name"] == nil && definition["ports"] == nil, "\(service.name) cannot scale")
+            }
+            if service.name == "images" {
+                #expect(environment["CANOPY_ORIGINALS_DIR"] as? String == "/photos")
+                #expect((definition["volumes"] as? [String])?.contains("photos:/photos") == true && volumes.keys.contains("photos"), "the shared photo volume")
             }
             // Its metrics listen where Prometheus scrapes them.
             #expect(environment["CANOPY_METRICS_BIND"] as? String == "0.0.0.0:\(service.metricsPort)")

@@ -1,5 +1,6 @@
 import CanopyDeployment
 import CanopyServiceKit
+import CanopyStore
 import CanopyTesting
 import Foundation
 #if canImport(FoundationNetworking)
@@ -118,17 +119,29 @@ struct ComposeStackTests {
         let secretFiles = try #require(compose["secrets"] as? [String: [String: String]])
         var ports: [Int: Int] = [:]
         for port in [5555, 8080] + Array(9400...9405) { ports[port] = FreePorts.any() }
+        // The postgres service: a throwaway server with the compose file's user, database and
+        // the password the secret holds.
+        let postgres = try await PostgresServer()
+        defer { postgres.stop() }
+        let password = try String(contentsOf: tree.appendingPathComponent("secrets/db_password"), encoding: .utf8)
+        #expect(password.count >= 40 && password.allSatisfy { $0.isLetter || $0.isNumber || $0 == "-" || $0 == "_" }, "a random password")
+        try await PostgresServer.query(postgres.url, "ALTER USER canopy PASSWORD '\(password)'")
+        var superuser = postgres.url
+        superuser.password = password
+        try await PostgresServer.query(superuser, "CREATE DATABASE canopy")
+        ports[5432] = postgres.url.port
 
         /// A value as the container sees it, as the process must.
         func local(_ value: String, service: String, mounted: [String]) throws -> String {
             if value == "/data" { return tree.appendingPathComponent("data/\(service)").path }
+            if value == "/photos" { return tree.appendingPathComponent("photos").path } // the shared volume
             if value.hasPrefix("/run/secrets/") {
                 let name = String(value.dropFirst("/run/secrets/".count))
                 #expect(mounted.contains(name), "\(service) reads /run/secrets/\(name) but does not mount it")
                 let file = try #require(secretFiles[name]?["file"], "no secret \(name)")
                 return tree.appendingPathComponent(String(file.dropFirst(2))).path
             }
-            return value.replacing(/(0\.0\.0\.0|127\.0\.0\.1|broker):(\d+)/) { match in
+            return value.replacing(/(0\.0\.0\.0|127\.0\.0\.1|broker|postgres):(\d+)/) { match in
                 "127.0.0.1:\(ports[Int(match.2)!] ?? Int(match.2)!)"
             }
         }
