@@ -180,8 +180,8 @@ targets += [
     .executableTarget(name: "canopy-bench", dependencies: [
         "CanopySamples", "CanopyDeployment", "CanopyOutbound", "CanopyBus", "CanopyBroker", "CZeroMQ", "CanopyMessages",
         "ImageCache", "CareScheduling", "Identification", "Reminders", "CanopyImaging", "CVips", "CanopyServiceKit",
-        "CanopyWire", "RequestBatching", "CanopyCapture", "CanopyReplay", P.argumentParser, P.asyncHTTPClient, P.collections,
-        P.grdb, P.histogram, P.hummingbird,
+        "CanopyWire", "RequestBatching", "CanopyCapture", "CanopyReplay", "CanopyStore", "CanopyTesting", P.argumentParser, P.asyncHTTPClient,
+        P.collections, P.grdb, P.histogram, P.hummingbird,
     ], path: "Benchmarks/BusBenchmark", swiftSettings: swiftSettings),
     // A worker process the live tests start and kill with SIGKILL.
     .executableTarget(name: "canopy-test-worker", dependencies: ["CanopyTesting", "CanopyServiceKit"], path: "Tests/TestWorker",

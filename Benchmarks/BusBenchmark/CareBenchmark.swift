@@ -2,6 +2,8 @@ import CanopyBroker
 import ArgumentParser
 import CanopyBus
 import CanopyMessages
+import CanopyStore
+import CanopyTesting
 import CareScheduling
 import Foundation
 import Histogram
@@ -16,63 +18,69 @@ struct CareBenchmark: AsyncParsableCommand {
         discussion: "Example: canopy-bench care --repeats 300")
 
     @Option(help: "Timed requests per measurement.") var repeats = 300
+    @Option(help: "The stores to measure, in turn: sqlite, postgres or both (postgres: a throwaway server, or --database-url).") var backends = "sqlite,postgres"
+    @Option(help: "A PostgreSQL to measure on instead of a throwaway server (an empty database).") var databaseURL: String?
+
+    /// One backend's figures: each request's latencies, the round trip, and CPU per request.
+    struct Figures {
+        var backend: String
+        var roundTrip: Histogram<UInt64>
+        var rows: [(name: String, plants: String, latency: Histogram<UInt64>, target: String)] = []
+        /// CPU seconds per request: this process (client, broker, canopy-care) and PostgreSQL's processes.
+        var processCPU: Double = 0
+        var databaseCPU: Double = 0
+        var requests = 0
+    }
 
     func run() async throws {
         var logger = Logger(label: "canopy-bench")
         logger.logLevel = .error
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-bench-care-\(UUID().uuidString)")
-        defer { try? FileManager.default.removeItem(at: directory) }
-        let stack = try await BenchStack(logger: logger) { endpoint, context in
-            try await buildCareService(settings: .init(directory: directory, runner: .init(endpoint: endpoint)), context: context, logger: logger)
+        var figures: [Figures] = []
+        for backend in backends.split(separator: ",").map(String.init) {
+            let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-bench-care-\(UUID().uuidString)")
+            defer { try? FileManager.default.removeItem(at: directory) }
+            var settings = CareServiceSettings(directory: directory, runner: .init(endpoint: ""))
+            var server: PostgresServer?
+            switch backend {
+            case "sqlite": break
+            case "postgres":
+                if let databaseURL {
+                    settings.postgres = PostgresSettings(url: try DatabaseURL(parsing: databaseURL))
+                } else {
+                    progress("starting a throwaway PostgreSQL (Debian's postgresql)…\n")
+                    let started = try await PostgresServer()
+                    server = started
+                    settings.postgres = PostgresSettings(url: try await started.database("canopy_bench"))
+                }
+            default: throw ValidationError("--backends lists sqlite and postgres; got \(backend)")
+            }
+            defer { server?.stop() }
+            figures.append(try await measure(backend, settings: settings, postgres: server, logger: logger))
         }
-        let client = stack.client
-        while (try? await client.call(Care.CatalogSearch.self, .init(text: "", limit: 1), timeout: .seconds(1))) == nil {
-            try await Task.sleep(for: .milliseconds(50))
+        for figure in figures {
+            var rows = [["request", "plants", "p50 µs", "p99 µs", "p99 vs round trip", "target p99"]]
+            let baseline = Double(figure.roundTrip.valueAtPercentile(99))
+            for row in [("catalog.search one result (baseline round trip)", "-", figure.roundTrip, "-")] + figure.rows {
+                rows.append([row.0, row.1, "\(row.2.valueAtPercentile(50))", "\(row.2.valueAtPercentile(99))",
+                             String(format: "%.1f", Double(row.2.valueAtPercentile(99)) / baseline), row.3])
+            }
+            print("canopy-bench care on \(figure.backend): over the bus (client to broker to canopy-care and back), \(repeats) requests each")
+            printTable(rows)
+            print(String(format: "CPU per request: %.0f µs in this process (client, broker, canopy-care), %.0f µs in PostgreSQL\n",
+                         figure.processCPU * 1e6 / Double(max(1, figure.requests)), figure.databaseCPU * 1e6 / Double(max(1, figure.requests))))
         }
-        let catalog = CareTools.catalog.species
-        func plant(_ index: Int) -> Care.Plant {
-            let species = catalog[index % catalog.count]
-            return Care.Plant(scientificName: species.scientificName, customName: index % 7 == 0 ? "Plant \(index)" : nil, favourite: index % 5 == 0,
-                              identificationSource: index % 2 == 0 ? .plantnet : .manual, identificationConfidence: 0.8)
+        if figures.count == 2 {
+            var rows = [["request", "\(figures[0].backend) p99 µs", "\(figures[1].backend) p99 µs", "ratio"]]
+            for (first, second) in zip(figures[0].rows, figures[1].rows) {
+                let (a, b) = (first.latency.valueAtPercentile(99), second.latency.valueAtPercentile(99))
+                rows.append([first.name, "\(a)", "\(b)", String(format: "%.2f", Double(b) / Double(max(1, a)))])
+            }
+            print("the same requests, \(figures[1].backend) against \(figures[0].backend) in this run:")
+            printTable(rows)
         }
-
-        progress("seeding 500 plants for one person and 1,000 for another (timing each save)…\n")
-        var rows = [["request", "plants", "p50 µs", "p99 µs", "p99 vs round trip", "target p99"]]
-        var saves = Histogram<UInt64>(highestTrackableValue: 60_000_000, numberOfSignificantValueDigits: .three)
-        for index in 0..<500 {
-            let start = ContinuousClock.now
-            _ = try await client.call(Care.AddPlant.self, plant(index), principal: "five-hundred")
-            _ = saves.record(UInt64((ContinuousClock.now - start).microseconds))
-        }
-        for index in 0..<1_000 { _ = try await client.call(Care.AddPlant.self, plant(index), principal: "thousand") }
-
-        let roundTrip = try await measure { _ = try await client.call(Care.CatalogSearch.self, .init(text: "zz", limit: 1)) }
-        let baseline = Double(roundTrip.valueAtPercentile(99))
-        func row(_ name: String, _ plants: String, _ histogram: Histogram<UInt64>, _ target: String) {
-            rows.append([name, plants, "\(histogram.valueAtPercentile(50))", "\(histogram.valueAtPercentile(99))",
-                         String(format: "%.1f", Double(histogram.valueAtPercentile(99)) / baseline), target])
-        }
-        row("catalog.search one result (baseline round trip)", "-", roundTrip, "-")
-        row("plants.add (save, schedule, outbox)", "0-500", saves, "5,000")
-        row("plants.list first page of 50", "500", try await measure {
-            _ = try await client.call(Care.ListPlants.self, .init(limit: 50), principal: "five-hundred")
-        }, "20,000")
-        row("plants.list all 500", "500", try await measure {
-            _ = try await client.call(Care.ListPlants.self, .init(limit: 500), principal: "five-hundred")
-        }, "20,000")
-        let words = ["mon", "fern", "araceae", "palm", "swiss", "ficus", "jade", "lily"]
-        var word = 0
-        row("plants.list search (8 terms in turn)", "1,000", try await measure {
-            word += 1
-            _ = try await client.call(Care.ListPlants.self, .init(search: words[word % words.count], limit: 50), principal: "thousand")
-        }, "10,000")
-        row("tasks.upcoming 7 days", "500", try await measure {
-            _ = try await client.call(Care.UpcomingTasks.self, .init(days: 7), principal: "five-hundred")
-        }, "10,000")
-        print("canopy-bench care: over the bus (client to broker to canopy-care and back), \(repeats) requests each, SQLite in a temporary directory")
-        printTable(rows)
 
         // A year of tasks for 10,000 plants, with the scheduler the service uses.
+        let catalog = CareTools.catalog.species
         let profiles = (0..<10_000).map { catalog[$0 % catalog.count].profile }
         let preferences = Care.Preferences(timeZone: "Europe/Berlin", preferredMinute: 9 * 60)
         let start = Date()
@@ -85,10 +93,60 @@ struct CareBenchmark: AsyncParsableCommand {
         }
         let seconds = best.seconds
         print(String(format: "\na year of tasks for 10,000 plants: %d tasks in %.3f s (best of 3; target under 1 s), %.1f µs per plant", count, seconds, seconds * 1e6 / 10_000))
-        await stack.shutdown()
     }
 
-    private func measure(_ body: () async throws -> Void) async throws -> Histogram<UInt64> {
+    /// canopy-care on `settings`' store behind a broker: 500 and 1,000 plants seeded through
+    /// the bus, then each request timed `repeats` times.
+    private func measure(_ backend: String, settings: CareServiceSettings, postgres: PostgresServer?, logger: Logger) async throws -> Figures {
+        let stack = try await BenchStack(logger: logger) { endpoint, context in
+            var settings = settings
+            settings.runner = .init(endpoint: endpoint)
+            return try await buildCareService(settings: settings, context: context, logger: logger)
+        }
+        let client = stack.client
+        while (try? await client.call(Care.CatalogSearch.self, .init(text: "", limit: 1), timeout: .seconds(1))) == nil {
+            try await Task.sleep(for: .milliseconds(50))
+        }
+        let catalog = CareTools.catalog.species
+        func plant(_ index: Int) -> Care.Plant {
+            let species = catalog[index % catalog.count]
+            return Care.Plant(scientificName: species.scientificName, customName: index % 7 == 0 ? "Plant \(index)" : nil, favourite: index % 5 == 0,
+                              identificationSource: index % 2 == 0 ? .plantnet : .manual, identificationConfidence: 0.8)
+        }
+        progress("\(backend): seeding 500 plants for one person and 1,000 for another (timing each save)…\n")
+        let cpuBefore = (process: processCPUSeconds(), database: postgres.map { databaseCPUSeconds($0.pid) } ?? 0)
+        var saves = Histogram<UInt64>(highestTrackableValue: 60_000_000, numberOfSignificantValueDigits: .three)
+        for index in 0..<500 {
+            let start = ContinuousClock.now
+            _ = try await client.call(Care.AddPlant.self, plant(index), principal: "five-hundred")
+            _ = saves.record(UInt64((ContinuousClock.now - start).microseconds))
+        }
+        for index in 0..<1_000 { _ = try await client.call(Care.AddPlant.self, plant(index), principal: "thousand") }
+        var figures = Figures(backend: backend, roundTrip: try await timed { _ = try await client.call(Care.CatalogSearch.self, .init(text: "zz", limit: 1)) })
+        figures.rows.append(("plants.add (save, schedule, outbox)", "0-500", saves, "5,000"))
+        figures.rows.append(("plants.list first page of 50", "500", try await timed {
+            _ = try await client.call(Care.ListPlants.self, .init(limit: 50), principal: "five-hundred")
+        }, "20,000"))
+        figures.rows.append(("plants.list all 500", "500", try await timed {
+            _ = try await client.call(Care.ListPlants.self, .init(limit: 500), principal: "five-hundred")
+        }, "20,000"))
+        let words = ["mon", "fern", "araceae", "palm", "swiss", "ficus", "jade", "lily"]
+        var word = 0
+        figures.rows.append(("plants.list search (8 terms in turn)", "1,000", try await timed {
+            word += 1
+            _ = try await client.call(Care.ListPlants.self, .init(search: words[word % words.count], limit: 50), principal: "thousand")
+        }, "10,000"))
+        figures.rows.append(("tasks.upcoming 7 days", "500", try await timed {
+            _ = try await client.call(Care.UpcomingTasks.self, .init(days: 7), principal: "five-hundred")
+        }, "10,000"))
+        figures.requests = 1_500 + 6 * (repeats + 20)
+        figures.processCPU = processCPUSeconds() - cpuBefore.process
+        figures.databaseCPU = (postgres.map { databaseCPUSeconds($0.pid) } ?? 0) - cpuBefore.database
+        await stack.shutdown()
+        return figures
+    }
+
+    private func timed(_ body: () async throws -> Void) async throws -> Histogram<UInt64> {
         var histogram = Histogram<UInt64>(highestTrackableValue: 60_000_000, numberOfSignificantValueDigits: .three)
         for _ in 0..<20 { try await body() } // warm up
         for _ in 0..<repeats {
@@ -98,4 +156,27 @@ struct CareBenchmark: AsyncParsableCommand {
         }
         return histogram
     }
+}
+
+/// CPU seconds this process has used (every thread).
+func processCPUSeconds() -> Double {
+    var usage = rusage()
+    getrusage(RUSAGE_SELF.rawValue, &usage)
+    return Double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) + Double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6
+}
+
+/// CPU seconds PostgreSQL's processes have used: the server `pid` and every process it started
+/// (one per connection), read from /proc.
+func databaseCPUSeconds(_ pid: Int32) -> Double {
+    var ticks = 0
+    for entry in (try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? [] {
+        guard let process = Int32(entry), let stat = try? String(contentsOfFile: "/proc/\(entry)/stat", encoding: .utf8),
+              let close = stat.lastIndex(of: ")") else { continue }
+        let fields = stat[stat.index(after: close)...].split(separator: " ")
+        // After the name: ppid is field 4 of the whole line; utime and stime are 14 and 15.
+        guard fields.count > 12, let parent = Int32(fields[1]), process == pid || parent == pid,
+              let user = Int(fields[11]), let system = Int(fields[12]) else { continue }
+        ticks += user + system
+    }
+    return Double(ticks) / Double(sysconf(Int32(_SC_CLK_TCK)))
 }

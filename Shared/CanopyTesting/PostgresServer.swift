@@ -121,6 +121,9 @@ public final class PostgresServer: @unchecked Sendable { // its Process is touch
         }
     }
 
+    /// The server's process id (its connections are processes it starts).
+    public var pid: Int32 { process.processIdentifier }
+
     /// Whether the server process runs.
     public var isRunning: Bool { process.isRunning }
 
