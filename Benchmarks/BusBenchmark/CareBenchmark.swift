@@ -114,7 +114,7 @@ struct CareBenchmark: AsyncParsableCommand {
                               identificationSource: index % 2 == 0 ? .plantnet : .manual, identificationConfidence: 0.8)
         }
         progress("\(backend): seeding 500 plants for one person and 1,000 for another (timing each save)…\n")
-        let cpuBefore = (process: processCPUSeconds(), database: postgres.map { databaseCPUSeconds($0.pid) } ?? 0)
+        let cpuBefore = (process: processCPU(), database: postgres.map { databaseCPUSeconds($0.pid) } ?? 0)
         var saves = Histogram<UInt64>(highestTrackableValue: 60_000_000, numberOfSignificantValueDigits: .three)
         for index in 0..<500 {
             let start = ContinuousClock.now
@@ -140,7 +140,7 @@ struct CareBenchmark: AsyncParsableCommand {
             _ = try await client.call(Care.UpcomingTasks.self, .init(days: 7), principal: "five-hundred")
         }, "10,000"))
         figures.requests = 1_500 + 6 * (repeats + 20)
-        figures.processCPU = processCPUSeconds() - cpuBefore.process
+        figures.processCPU = processCPU() - cpuBefore.process
         figures.databaseCPU = (postgres.map { databaseCPUSeconds($0.pid) } ?? 0) - cpuBefore.database
         await stack.shutdown()
         return figures
@@ -156,13 +156,6 @@ struct CareBenchmark: AsyncParsableCommand {
         }
         return histogram
     }
-}
-
-/// CPU seconds this process has used (every thread).
-func processCPUSeconds() -> Double {
-    var usage = rusage()
-    getrusage(RUSAGE_SELF.rawValue, &usage)
-    return Double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) + Double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6
 }
 
 /// CPU seconds PostgreSQL's processes have used: the server `pid` and every process it started

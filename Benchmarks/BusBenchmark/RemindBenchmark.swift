@@ -4,6 +4,8 @@ import CanopyBus
 import CanopyMessages
 import CanopyOutbound
 import CanopyServiceKit
+import CanopyStore
+import CanopyTesting
 import Foundation
 import GRDB
 import Histogram
@@ -17,6 +19,7 @@ import Synchronization
 /// - N reminders (one per person, each with a webhook) due over one minute, delivered to a
 ///   local webhook sink: deliveries per second and lateness (arrival minus due time), against
 ///   the sink's own capacity measured with the same HTTP client in the same run;
+/// - the same on PostgreSQL with one replica and then two, in one run;
 /// - windows of 64 synced for many people over the bus, against a bus round trip;
 /// - the dispatcher's memory for a million pending reminders.
 struct RemindBenchmark: AsyncParsableCommand {
@@ -30,7 +33,8 @@ struct RemindBenchmark: AsyncParsableCommand {
     @Option(help: "People whose windows of 64 are synced.") var people = 10_000
     @Option(help: "Pending reminders for the memory figure.") var memory = 1_000_000
     @Option(help: "Deliveries the dispatcher keeps in flight at once.") var concurrency = DispatchSettings().concurrency
-    @Option(help: "Which parts to run: deliveries, fairness, codec, syncs, memory (comma-separated).") var parts = "deliveries,fairness,codec,syncs,memory"
+    @Option(help: "Which parts to run: deliveries, replicas, fairness, codec, syncs, memory (comma-separated).") var parts = "deliveries,replicas,fairness,codec,syncs,memory"
+    @Option(help: "Replicas: reminders due over the run on PostgreSQL, with 1 and then 2 replicas (one per person).") var replicaReminders = 20_000
     @Option(help: "Fairness: receivers that take --slow-seconds to answer, each on a host of its own.") var slowReceivers = 10
     @Option(help: "Fairness: how long each slow receiver takes to answer.") var slowSeconds = 10.0
     @Option(help: "Fairness: other people's reminders, due over 5 s while the slow receivers hold theirs.") var others = 2_000
@@ -41,6 +45,10 @@ struct RemindBenchmark: AsyncParsableCommand {
         let parts = Set(self.parts.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) })
         if parts.contains("deliveries") {
             try await deliveries(logger: logger)
+            print("")
+        }
+        if parts.contains("replicas") {
+            try await replicas(logger: logger)
             print("")
         }
         if parts.contains("fairness") {
@@ -110,6 +118,71 @@ struct RemindBenchmark: AsyncParsableCommand {
     }
 
     static let secret = "whsec_" + Data((0..<32).map { UInt8($0) }).base64EncodedString()
+
+    // MARK: - Replicas
+
+    /// `replicaReminders` reminders due over `seconds` on a throwaway PostgreSQL, delivered by
+    /// one canopy-remind replica and then by two (each loads every pending reminder at start and
+    /// they share the work), to the same sink: deliveries per second and lateness.
+    private func replicas(logger: Logger) async throws {
+        let sink = Sink()
+        let sinkGroup = serviceGroup([sink.application], signals: [], logger: logger)
+        let sinkTask = Task { try await sinkGroup.run() }
+        let url = try await sink.url()
+        progress("starting a throwaway PostgreSQL (Debian's postgresql)…\n")
+        let server = try await PostgresServer()
+        defer { server.stop() }
+        var rows = [["replicas", "delivered", "per second", "lateness p50 ms", "p99 ms", "max ms", "sent twice", "PostgreSQL CPU (cores)", "process CPU (cores)"]]
+        for count in [1, 2] {
+            let database = try await server.database("canopy_remind_\(count)")
+            let count = count
+            let start = Date().addingTimeInterval(10)
+            let (reminders, seconds, secret) = (replicaReminders, self.seconds, Self.secret)
+            let store = try await PostgresStore.open(url: database, migrator: remindStoreImport.migrator, size: 1, logger: logger)
+            try store.write { session in
+                let people = (0..<reminders).map { "u\($0)" }
+                try session.execute("""
+                    INSERT INTO devices (id, owner, channel, address, secret, active, registeredAt)
+                    SELECT 'd-' || person, person, 'webhook', \(url), \(secret), true, 0 FROM unnest(\(people)) AS person
+                    """)
+                let dues = (0..<reminders).map { start.timeIntervalSince1970 + seconds * Double($0) / Double(reminders) }
+                try session.execute("""
+                    INSERT INTO reminders (owner, taskID, due, plantID, kind, title, fireAt, state, updatedAt)
+                    SELECT person, 'p-' || person || ':water', due, 'p-' || person, 'water', 'Water it', due, 'pending', 0
+                    FROM unnest(\(people), \(dues)) AS r(person, due)
+                    """)
+            }
+            store.close()
+            sink.reset()
+            let running = try await (0..<count).asyncMap { _ in
+                try await RunningDispatcher.start(concurrency: concurrency, postgres: PostgresSettings(url: database, poolSize: 8), logger: logger) { _ in }
+            }
+            let cpuBefore = (process: processCPU(), database: databaseCPUSeconds(server.pid))
+            let deadline = start.addingTimeInterval(seconds + 120)
+            while sink.count < reminders, Date() < deadline { try await Task.sleep(for: .milliseconds(200)) }
+            try await Task.sleep(for: .seconds(1)) // a second copy of any would arrive by now
+            let arrivals = sink.arrivals()
+            let first = arrivals.map(\.at).min() ?? 0, last = arrivals.map(\.at).max() ?? 0
+            let cpu = (process: processCPU() - cpuBefore.process, database: databaseCPUSeconds(server.pid) - cpuBefore.database)
+            for replica in running { await replica.stop() }
+            var lateness = Histogram<UInt64>(highestTrackableValue: 600_000, numberOfSignificantValueDigits: .three)
+            var latest = 0.0
+            for arrival in arrivals {
+                let late = max(0, arrival.at - arrival.due) * 1000
+                latest = max(latest, late)
+                _ = lateness.record(UInt64(late.rounded()))
+            }
+            let span = max(0.001, last - first)
+            rows.append(["\(count)", "\(arrivals.count) of \(reminders)", String(format: "%.0f", Double(arrivals.count) / span),
+                         "\(lateness.valueAtPercentile(50))", "\(lateness.valueAtPercentile(99))", String(format: "%.0f", latest),
+                         "\(arrivals.count - Set(arrivals.map(\.due)).count)",
+                         String(format: "%.2f", cpu.database / (span + 1)), String(format: "%.2f", cpu.process / (span + 1))])
+        }
+        print("canopy-bench remind replicas: \(replicaReminders) reminders due over \(Int(seconds)) s on PostgreSQL, one per person, to a local webhook sink")
+        printTable(rows)
+        await sinkGroup.triggerGracefulShutdown()
+        _ = try? await sinkTask.value
+    }
 
     /// One person with a webhook device and one reminder due at `due`.
     static func insert(_ db: Database, person: String, url: String, secret: String, due: Double) throws {
@@ -317,18 +390,27 @@ private struct RunningDispatcher {
     let brokerTask: Task<Void, Error>
     let directory: URL
 
-    static func start(concurrency: Int, allowedHosts: Set<String> = [], logger: Logger, load: @escaping @Sendable (Database) throws -> Void) async throws -> RunningDispatcher {
+    /// With `postgres`, on that database (loaded already: `load` is not called).
+    static func start(concurrency: Int, allowedHosts: Set<String> = [], postgres: PostgresSettings? = nil, logger: Logger,
+                      load: @escaping @Sendable (Database) throws -> Void) async throws -> RunningDispatcher {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-bench-remind-\(UUID().uuidString)")
         var settings = ReminderServiceSettings(directory: directory, runner: .init(endpoint: "tcp://127.0.0.1:1"))
         settings.allowedHosts = allowedHosts.union(["127.0.0.1"])
         settings.dispatch.digestWindow = .zero
         settings.dispatch.concurrency = concurrency
+        settings.postgres = postgres
         let broker = try BrokerServer(endpoint: "tcp://127.0.0.1:*", context: ZMQContext(), logger: logger)
         settings.runner = .init(endpoint: broker.endpoint)
         let brokerTask = Task { try await broker.run() }
+        if postgres == nil {
+            // Loaded before the service opens it: the dispatcher reads what is pending at start.
+            try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        }
         let services = try await buildReminderService(settings: settings, context: ZMQContext(), logger: logger).filter { !($0 is OperatingEndpoint) }
-        let pool = try DatabasePool(path: settings.databasePath)
-        try await pool.write { db in try load(db) }
+        if postgres == nil {
+            let pool = try DatabasePool(path: settings.databasePath)
+            try await pool.write { db in try load(db) }
+        }
         let group = serviceGroup(services, signals: [], logger: logger)
         return RunningDispatcher(group: group, serving: Task { try await group.run() }, broker: broker, brokerTask: brokerTask, directory: directory)
     }
@@ -418,7 +500,7 @@ private final class Sink: Sendable {
 }
 
 /// This process's CPU time so far, in seconds.
-private func processCPU() -> Double {
+func processCPU() -> Double {
     var usage = rusage()
     getrusage(RUSAGE_SELF.rawValue, &usage)
     return Double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) + Double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6
@@ -433,3 +515,12 @@ private func residentBytes() -> Int {
 
 import AsyncHTTPClient
 import NIOCore
+
+extension Sequence {
+    /// `transform` applied to each element in turn, awaiting each.
+    func asyncMap<T>(_ transform: (Element) async throws -> T) async rethrows -> [T] {
+        var results: [T] = []
+        for element in self { results.append(try await transform(element)) }
+        return results
+    }
+}
