@@ -59,9 +59,8 @@ final class CareLibrary: Sendable {
                 throw CanopyError(.tooLarge, "your collection has \(count) plants, the most one person may keep; delete some before adding more")
             }
             let scheduler = try Scheduler(preferences: try data.preferences(owner: owner))
-            try data.save(plant, owner: owner, override: override)
-            let saved = try data.plant(owner: owner, id: plant.id)!
-            try reschedule(data, owner: owner, plant: saved, scheduler: scheduler, now: now)
+            let saved = try data.save(plant, owner: owner, override: override)
+            try reschedule(data, owner: owner, plant: saved, scheduler: scheduler, now: now, new: true)
             try data.enqueueReminderSync(owner: owner, now: now)
             return saved
         }
@@ -85,8 +84,7 @@ final class CareLibrary: Sendable {
             updated.dateAdded = existing.dateAdded
             if updated.genus.isEmpty { updated.genus = String(updated.scientificName.split(separator: " ").first ?? "") }
             let override = plant.profileOverridden ? plant.profile : nil
-            try data.save(updated, owner: owner, override: override)
-            let saved = try data.plant(owner: owner, id: plant.id)!
+            let saved = try data.save(updated, owner: owner, override: override)
             if saved.profile != existing.profile {
                 try reschedule(data, owner: owner, plant: saved, scheduler: try Scheduler(preferences: try data.preferences(owner: owner)), now: now)
                 try data.enqueueReminderSync(owner: owner, now: now)
@@ -250,14 +248,19 @@ final class CareLibrary: Sendable {
     /// (Re)writes the task of `kind` for a plant: due after `anchor`, or removed when the
     /// profile no longer calls for it.
     private func schedule(_ data: any CareWrites, owner: String, plant: Care.Plant, kind: Care.TaskKind, anchor: Date, scheduler: Scheduler) throws {
-        let id = "\(plant.id):\(kind.rawValue)"
-        guard let profile = plant.profile, let due = scheduler.nextDue(kind, profile: profile, after: anchor) else {
-            try data.deleteTask(owner: owner, id: id)
-            return
+        if let task = planned(owner: owner, plant: plant, kind: kind, anchor: anchor, scheduler: scheduler) {
+            try data.saveTask(task)
+        } else {
+            try data.deleteTask(owner: owner, id: "\(plant.id):\(kind.rawValue)")
         }
+    }
+
+    /// The plant's task of `kind` counted from `anchor`, or nil when its profile has none.
+    private func planned(owner: String, plant: Care.Plant, kind: Care.TaskKind, anchor: Date, scheduler: Scheduler) -> StoredTask? {
+        guard let profile = plant.profile, let due = scheduler.nextDue(kind, profile: profile, after: anchor) else { return nil }
         let name = plant.customName ?? plant.commonNames.first ?? plant.scientificName
-        try data.saveTask(StoredTask(task: Care.Task(id: id, plantID: plant.id, kind: kind, title: "\(kind.rawValue.capitalized) \(name)", due: due),
-                                     owner: owner, anchor: anchor, everyDays: nil))
+        return StoredTask(task: Care.Task(id: "\(plant.id):\(kind.rawValue)", plantID: plant.id, kind: kind, title: "\(kind.rawValue.capitalized) \(name)", due: due),
+                          owner: owner, anchor: anchor, everyDays: nil)
     }
 
     /// Reschedules one task from `anchor` (after complete or skip, or new preferences).
@@ -274,24 +277,30 @@ final class CareLibrary: Sendable {
     }
 
     /// Reschedules every task of a plant from its anchors (or `now` for new ones); custom
-    /// tasks keep their own interval.
-    private func reschedule(_ data: any CareWrites, owner: String, plant: Care.Plant, scheduler: Scheduler, now: Date) throws {
+    /// tasks keep their own interval. A `new` plant has no tasks yet: none is read or deleted.
+    private func reschedule(_ data: any CareWrites, owner: String, plant: Care.Plant, scheduler: Scheduler, now: Date, new: Bool = false) throws {
         var anchors: [Care.TaskKind: Date] = [:]
-        for task in try data.tasks(owner: owner, plantID: plant.id) {
+        for task in new ? [] : try data.tasks(owner: owner, plantID: plant.id) {
             if task.task.kind == .custom {
                 try reschedule(data, task, plant: plant, anchor: task.anchor, scheduler: scheduler)
             } else {
                 anchors[task.task.kind] = task.anchor
             }
         }
+        // Written together: one statement for the saves and one for the deletes where the
+        // store can (a PostgreSQL round trip each, not one per kind).
         let wanted = plant.profile.map(Scheduler.kinds(for:)) ?? []
+        var saves: [StoredTask] = []
+        var deletes: [String] = []
         for kind in Care.TaskKind.allCases where kind != .custom {
-            if wanted.contains(kind) {
-                try schedule(data, owner: owner, plant: plant, kind: kind, anchor: anchors[kind] ?? now, scheduler: scheduler)
-            } else {
-                try data.deleteTask(owner: owner, id: "\(plant.id):\(kind.rawValue)")
+            if wanted.contains(kind), let task = planned(owner: owner, plant: plant, kind: kind, anchor: anchors[kind] ?? now, scheduler: scheduler) {
+                saves.append(task)
+            } else if !new {
+                deletes.append("\(plant.id):\(kind.rawValue)")
             }
         }
+        try data.saveTasks(saves)
+        try data.deleteTasks(owner: owner, ids: deletes)
     }
 
     // MARK: - Reminder windows

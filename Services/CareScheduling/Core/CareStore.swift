@@ -283,7 +283,7 @@ private struct Transaction: CareWrites {
             overdueTasks: try count("SELECT COUNT(*) FROM tasks WHERE owner = ? AND showAt < ?", [owner, now.timeIntervalSince1970]))
     }
 
-    func save(_ plant: Care.Plant, owner: String, override: Care.Profile?) throws {
+    func save(_ plant: Care.Plant, owner: String, override: Care.Profile?) throws -> Care.Plant {
         let profile = override ?? store.catalog.lookup(plant.scientificName)?.profile
         let searchText = ([plant.scientificName, plant.family, plant.customName ?? ""] + plant.commonNames).joined(separator: "\u{1F}").lowercased()
         let sortName = (plant.customName ?? plant.commonNames.first ?? plant.scientificName).lowercased()
@@ -306,6 +306,7 @@ private struct Transaction: CareWrites {
                 plant.dateAdded.timeIntervalSince1970, try override.map { Data(try store.codec.encode($0)) }, searchText, sortName,
                 profile?.light.rawValue, profile?.wateringIntervalDays,
             ])
+        return try self.plant(owner: owner, id: plant.id)!
     }
 
     func deletePlant(owner: String, id: String) throws {

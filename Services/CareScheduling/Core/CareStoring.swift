@@ -85,14 +85,19 @@ protocol CareReads {
 protocol CareWrites: CareReads {
     /// Writes a plant (new or changed) with every derived column, its version 1 when new and
     /// one more when changed; `override` is the care profile the person set, if any. Its
-    /// tasks and log stay.
-    func save(_ plant: Care.Plant, owner: String, override: Care.Profile?) throws
+    /// tasks and log stay. Returns the plant as stored (its profile, its version).
+    @discardableResult
+    func save(_ plant: Care.Plant, owner: String, override: Care.Profile?) throws -> Care.Plant
     /// Deletes a plant with its tasks and care log.
     func deletePlant(owner: String, id: String) throws
     func savePreferences(_ preferences: Care.Preferences, owner: String) throws
     /// Writes a task (new or changed), its snooze cleared.
     func saveTask(_ task: StoredTask) throws
     func deleteTask(owner: String, id: String) throws
+    /// ``saveTask(_:)`` for each, in one statement where the store can.
+    func saveTasks(_ tasks: [StoredTask]) throws
+    /// ``deleteTask(owner:id:)`` for each, in one statement where the store can.
+    func deleteTasks(owner: String, ids: [String]) throws
     /// Shows the task at `until`, its rule unchanged.
     func snoozeTask(owner: String, id: String, until: Date) throws
     /// Logs care done.
@@ -104,6 +109,17 @@ protocol CareWrites: CareReads {
     /// again (its generation bumped): it may be on its way with a window read before this
     /// change, and is then sent again rather than deleted (see ``Outbox``).
     func enqueueReminderSync(owner: String, now: Date) throws
+}
+
+extension CareWrites {
+    // One at a time (SQLite: each a prepared statement on the one connection, no round trip).
+    func saveTasks(_ tasks: [StoredTask]) throws {
+        for task in tasks { try saveTask(task) }
+    }
+
+    func deleteTasks(owner: String, ids: [String]) throws {
+        for id in ids { try deleteTask(owner: owner, id: id) }
+    }
 }
 
 /// A task as kept: what the person sees, and what its rule needs to move on.

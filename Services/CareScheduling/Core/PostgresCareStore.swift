@@ -340,12 +340,12 @@ private struct PostgresCareTransaction: CareWrites {
             addedThisMonth: try count(2), upcomingTasks: try count(3), overdueTasks: try count(4))
     }
 
-    func save(_ plant: Care.Plant, owner: String, override: Care.Profile?) throws {
+    func save(_ plant: Care.Plant, owner: String, override: Care.Profile?) throws -> Care.Plant {
         let profile = override ?? store.catalog.lookup(plant.scientificName)?.profile
         let searchText = ([plant.scientificName, plant.family, plant.customName ?? ""] + plant.commonNames).joined(separator: "\u{1F}").lowercased()
         let sortName = (plant.customName ?? plant.commonNames.first ?? plant.scientificName).lowercased()
         let overrideData = try override.map { Data(try store.codec.encode($0)) }
-        try session.execute("""
+        let query: PostgresQuery = try """
             INSERT INTO plants (id, owner, scientificName, commonNames, family, genus, customName, location, notes, favourite,
                 imageIDs, source, confidence, dateIdentified, dateAdded, profileOverride, searchText, sortName, light, wateringDays)
             VALUES (\(plant.id), \(owner), \(plant.scientificName), \(CareStore.joined(plant.commonNames)), \(plant.family), \(plant.genus),
@@ -359,7 +359,14 @@ private struct PostgresCareTransaction: CareWrites {
                 confidence = excluded.confidence, dateIdentified = excluded.dateIdentified, profileOverride = excluded.profileOverride,
                 searchText = excluded.searchText, sortName = excluded.sortName, light = excluded.light, wateringDays = excluded.wateringDays,
                 version = plants.version + 1
-            """)
+            WHERE plants.owner = excluded.owner
+            RETURNING \(unescaped: PostgresCareStore.plantColumns)
+            """
+        // As stored, in the same round trip (an update of someone else's id changes nothing and answers nothing).
+        guard let row = try session.row(query) else {
+            throw CanopyError(.conflict, "the plant id '\(plant.id)' is taken; leave id empty and one is chosen")
+        }
+        return try store.plant(row, profile: true)
     }
 
     func deletePlant(owner: String, id: String) throws {
@@ -426,6 +433,26 @@ private struct PostgresCareTransaction: CareWrites {
         try session.execute("DELETE FROM tasks WHERE owner = \(owner) AND id = \(id)")
     }
 
+    func saveTasks(_ tasks: [StoredTask]) throws {
+        guard !tasks.isEmpty else { return }
+        let (ids, owners, plants) = (tasks.map(\.task.id), tasks.map(\.owner), tasks.map(\.task.plantID))
+        let (kinds, titles, anchors) = (tasks.map(\.task.kind.rawValue), tasks.map(\.task.title), tasks.map(\.anchor.timeIntervalSince1970))
+        let (dues, everyDays) = (tasks.map(\.task.due.timeIntervalSince1970), tasks.map { $0.everyDays.map(Int64.init) ?? -1 })
+        try session.execute("""
+            INSERT INTO tasks (id, owner, plantID, kind, title, anchor, due, snoozedUntil, showAt, everyDays)
+            SELECT id, owner, plantID, kind, title, anchor, due, NULL, due, NULLIF(everyDays, -1)
+            FROM unnest(\(ids), \(owners), \(plants), \(kinds), \(titles), \(anchors), \(dues), \(everyDays))
+                AS new(id, owner, plantID, kind, title, anchor, due, everyDays)
+            ON CONFLICT (id) DO UPDATE SET title = excluded.title, anchor = excluded.anchor, due = excluded.due,
+                snoozedUntil = NULL, showAt = excluded.showAt, everyDays = excluded.everyDays
+            """)
+    }
+
+    func deleteTasks(owner: String, ids: [String]) throws {
+        guard !ids.isEmpty else { return }
+        try session.execute("DELETE FROM tasks WHERE owner = \(owner) AND id = ANY(\(ids))")
+    }
+
     func snoozeTask(owner: String, id: String, until: Date) throws {
         let at = until.timeIntervalSince1970
         try session.execute("UPDATE tasks SET snoozedUntil = \(at), showAt = \(at) WHERE owner = \(owner) AND id = \(id)")
@@ -447,27 +474,27 @@ private struct PostgresCareTransaction: CareWrites {
 
     func enqueue(owner: String, service: String, operation: String, body: [UInt8], now: Date) throws {
         let (data, at) = (Data(body), now.timeIntervalSince1970)
+        // Written and announced in one round trip (every replica's outbox wakes on commit).
         try session.execute("""
-            INSERT INTO outbox (owner, service, operation, body, nextAttempt, createdAt) VALUES (\(owner), \(service), \(operation), \(data), \(at), \(at))
+            WITH written AS (
+                INSERT INTO outbox (owner, service, operation, body, nextAttempt, createdAt) VALUES (\(owner), \(service), \(operation), \(data), \(at), \(at))
+                RETURNING id)
+            SELECT pg_notify(\(PostgresCareStore.outboxChannel), '') FROM written
             """)
-        try notify()
     }
 
     func enqueueReminderSync(owner: String, now: Date) throws {
-        let asked = try session.execute("""
-            UPDATE outbox SET generation = generation + 1 WHERE owner = \(owner) AND operation = \(Reminders.Sync.name) AND attempts = 0
+        // A pending one asked again, else a new one, and the announcement: one round trip.
+        let at = now.timeIntervalSince1970
+        try session.execute("""
+            WITH asked AS (
+                UPDATE outbox SET generation = generation + 1 WHERE owner = \(owner) AND operation = \(Reminders.Sync.name) AND attempts = 0 RETURNING id),
+            written AS (
+                INSERT INTO outbox (owner, service, operation, body, nextAttempt, createdAt)
+                SELECT \(owner), \(Reminders.service), \(Reminders.Sync.name), ''::BYTEA, \(at), \(at) WHERE NOT EXISTS (SELECT 1 FROM asked)
+                RETURNING id)
+            SELECT pg_notify(\(PostgresCareStore.outboxChannel), '')
             """)
-        if asked == 0 {
-            try enqueue(owner: owner, service: Reminders.service, operation: Reminders.Sync.name, body: [], now: now)
-        } else {
-            try notify()
-        }
-    }
-
-    /// Wakes every replica's outbox when this transaction commits (PostgreSQL sends one
-    /// notification a transaction however often it is asked).
-    private func notify() throws {
-        try session.execute("NOTIFY \(unescaped: PostgresCareStore.outboxChannel)")
     }
 }
 

@@ -212,7 +212,9 @@ public final class Dispatcher: Service, Sendable {
         if !dueReminders.isEmpty {
             let created: [Int64], owners: Set<String>
             do {
-                (created, owners) = try prepare(dueReminders, now: clock.now())
+                // Off the cooperative pool: the store's calls block (on PostgreSQL, a round trip each).
+                let now = clock.now()
+                (created, owners) = try await offThePool { try self.prepare(dueReminders, now: now) }
             } catch {
                 // Nothing was written: they come round again in a second, with the sends due now.
                 state.withLock { state in
@@ -239,6 +241,10 @@ public final class Dispatcher: Service, Sendable {
         let due = state.withLock { state -> Bool in
             guard now >= state.nextSweep else { return false }
             state.nextSweep = now + settings.sweepInterval.seconds
+            // Behind on what it holds itself (at start every replica holds every pending
+            // reminder): it looks once it has caught up, or the same late work would come
+            // back each second, on top of itself.
+            if let earliest = state.due.wake, earliest < now - settings.orphanGrace.seconds { return false }
             return true
         }
         guard due else { return }
@@ -283,6 +289,9 @@ public final class Dispatcher: Service, Sendable {
                     left += due.map(\.id)
                     continue
                 }
+                // Read again under the lock: another replica may have sent some since.
+                let due = try data.pendingReminders(ids: due.map(\.id)).filter { $0.fireAt <= now }
+                guard !due.isEmpty else { continue }
                 // The rest of the digest window comes along.
                 let taken = Set(due.map(\.id))
                 let companions = try data.pendingReminders(owner: owner, firingAfter: now, through: plan.digestHorizon(now: now)).filter { !taken.contains($0.id) }
@@ -349,7 +358,7 @@ public final class Dispatcher: Service, Sendable {
         var attempt: Attempt?
         var quickly: Bool?
         do {
-            if let (send, device) = try load(start.id) {
+            if let (send, device) = try await offThePool({ try self.load(start.id) }) {
                 let channel = device.flatMap { channels[$0.device.channel] }
                 if start.reserved == nil {
                     destination = device.flatMap { channel?.destination(of: $0) }
@@ -376,7 +385,7 @@ public final class Dispatcher: Service, Sendable {
         }
         state.withLock { $0.slots.finish(destination: destination, quickly: quickly) }
         startFreed()
-        if let attempt { write(attempt) }
+        if let attempt { await write(attempt) }
     }
 
     /// Starts the sends that freed slots let start.
@@ -386,7 +395,7 @@ public final class Dispatcher: Service, Sendable {
 
     /// Writes a finished attempt: the first to finish while no one writes becomes the writer
     /// and writes, a transaction at a time, everything that finishes meanwhile.
-    private func write(_ attempt: Attempt) {
+    private func write(_ attempt: Attempt) async {
         let becomesWriter = state.withLock { state -> Bool in
             state.finished.append(attempt)
             guard !state.writing else { return false }
@@ -402,7 +411,7 @@ public final class Dispatcher: Service, Sendable {
                 return Array(batch)
             }
             guard !batch.isEmpty else { return }
-            record(batch)
+            _ = try? await offThePool { self.record(batch) } // it handles its own errors
         }
     }
 

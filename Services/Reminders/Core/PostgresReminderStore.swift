@@ -9,12 +9,15 @@ import PostgresNIO
 /// canopy-remind replicas share: the same tables as ``ReminderStore``, the same queries.
 ///
 /// What replicas add:
-/// - Writes are serializable (``PostgresStore``): two replicas syncing one person at once, or
-///   turning the same due reminder into a send, behave as if one came after the other, so a
-///   reminder becomes one send per device, once.
-/// - A replica turning a person's due reminders into sends holds a transaction-scoped
-///   advisory lock for that person (``lockOwner(_:)``); another replica that finds it held
-///   leaves the person to it instead of contending.
+/// - Every change to a person's reminders, sends or devices holds a transaction-scoped
+///   advisory lock for that person (``waitForOwner(_:)``, or ``lockOwner(_:)``, which the
+///   dispatcher tries and, finding it held, leaves the person to the replica that holds it),
+///   and reads after taking it: in READ COMMITTED each statement then sees what committed
+///   before, so a sync, a registration or a recorded attempt changes what it read, and a
+///   reminder becomes one notification per device, once (its idempotency key is unique too).
+///   Serializable transactions were tried first: under a dispatcher's load their predicate
+///   locks spread to whole tables and most transactions failed and ran again (33 deliveries a
+///   second where 333 were due).
 /// - A send is leased to the replica trying it (``claimSend(id:now:until:)``) until the
 ///   attempt is recorded; a replica killed mid-delivery leaves a lease that ends, and another
 ///   replica's sweep (``orphans(dueBefore:now:)``) takes the send and tries it again, under the
@@ -107,7 +110,7 @@ final class PostgresReminderStore: ReminderStoring {
     }
 
     func write<T>(_ body: (any ReminderWrites) throws -> T) throws -> T {
-        try database.write { session in try body(PostgresReminderTransaction(session: session, codec: codec)) }
+        try database.write(isolation: .readCommitted) { session in try body(PostgresReminderTransaction(session: session, codec: codec)) }
     }
 
     func read<T: Sendable>(_ body: @escaping @Sendable (any ReminderReads) throws -> T) async throws -> T {
@@ -340,6 +343,10 @@ private struct PostgresReminderTransaction: ReminderWrites {
         try session.value(Bool.self, "SELECT pg_try_advisory_xact_lock(hashtext('canopy_remind:' || \(owner)))") ?? false
     }
 
+    func waitForOwner(_ owner: String) throws {
+        try session.execute("SELECT pg_advisory_xact_lock(hashtext('canopy_remind:' || \(owner)))")
+    }
+
     func setState(_ state: Reminders.State, ofReminders ids: [Int64], at: Date) throws {
         guard !ids.isEmpty else { return }
         try session.execute("UPDATE reminders SET state = \(state.rawValue), updatedAt = \(at.timeIntervalSince1970) WHERE id = ANY(\(ids))")
@@ -395,6 +402,11 @@ private struct PostgresReminderTransaction: ReminderWrites {
     }
 
     func settleReminders(ofSend sendID: Int64, at: Date) throws {
+        // The person's other sends of these reminders may be recorded on another replica at
+        // this moment: one after the other, each seeing the other's outcome.
+        try session.execute("""
+            SELECT pg_advisory_xact_lock(hashtext('canopy_remind:' || owner)) FROM sends WHERE id = \(sendID)
+            """)
         try session.execute("""
             UPDATE reminders SET updatedAt = \(at.timeIntervalSince1970), state = CASE
                 WHEN EXISTS (SELECT 1 FROM sendReminders s JOIN sends ON sends.id = s.sendID WHERE s.reminderID = reminders.id AND sends.state = 'delivered')

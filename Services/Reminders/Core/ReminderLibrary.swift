@@ -38,6 +38,7 @@ final class ReminderLibrary: Sendable {
     func sync(_ tasks: [Care.Task], owner: String, now: Date? = nil) async throws -> [(id: Int64, fireAt: Double)] {
         let now = now ?? clock.now()
         return try await store.write { data in
+            try data.waitForOwner(owner) // one sync of a person at a time, on any replica
             let plan = SyncPlan(window: tasks, known: try data.knownReminders(owner: owner))
             guard !plan.isEmpty else { return [] }
             return try data.apply(plan, owner: owner, now: now)
@@ -63,6 +64,7 @@ final class ReminderLibrary: Sendable {
         }
         let address = request.channel == .apns ? request.address.lowercased() : request.address
         return try store.write { data in
+            try data.waitForOwner(owner) // the count below holds across replicas
             if let id = try data.deviceID(owner: owner, channel: request.channel, address: address) {
                 try data.reactivateDevice(id: id, name: request.name, secret: request.secret, accessToken: request.accessToken)
                 return try data.device(owner: owner, id: id)!.device

@@ -314,6 +314,8 @@ private struct Transaction: ReminderWrites {
 
     func lockOwner(_ owner: String) throws -> Bool { true } // one writer at a time already
 
+    func waitForOwner(_ owner: String) throws {}
+
     func setState(_ state: Reminders.State, ofReminders ids: [Int64], at: Date) throws {
         for id in ids {
             try run("UPDATE reminders SET state = ?, updatedAt = ? WHERE id = ?", arguments: [state.rawValue, at.timeIntervalSince1970, id])

@@ -86,6 +86,10 @@ protocol ReminderWrites: ReminderReads {
     /// Makes the caller the one replica turning the owner's due reminders into sends until
     /// the transaction ends; false when another replica is at it now (it takes them).
     func lockOwner(_ owner: String) throws -> Bool
+    /// Waits until no other transaction changes the owner's reminders, sends or devices, and
+    /// holds them until this one ends: what a sync, a registration and a recorded attempt
+    /// read is then what they change (with replicas; one SQLite writer is alone already).
+    func waitForOwner(_ owner: String) throws
 
     func setState(_ state: Reminders.State, ofReminders ids: [Int64], at: Date) throws
     /// Records a notification to a device carrying `reminderIDs`; nil when the same key was
