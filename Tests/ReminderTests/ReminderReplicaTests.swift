@@ -74,15 +74,18 @@ struct ReminderReplicaTests {
 
     @Test func aSendLeasedByAReplicaThatDiedGoesWhenTheLeaseEndsUnderTheSameID() async throws {
         var settings = DispatchSettings()
+        settings.digestWindow = .zero
         settings.lease = .seconds(30)
         settings.sweepInterval = .seconds(1)
         settings.orphanGrace = .seconds(2)
-        try await withReplicas(2, people: 1, settings: settings) { replicas in
+        try await withReplicas(1, people: 1, settings: settings) { replicas in
             let store = replicas.stores[0]
-            // Replica 0 turns the reminder into a send, leases it for its attempt, and dies
+            // A replica turns the reminder into a send, leases it for its attempt, and dies
             // before it records anything (as SIGKILL leaves it).
             let scheduled = try await replicas.libraries[0].sync([.water("p1", due: Self.start)], owner: "person-0", now: Self.start)
-            let (sends, _) = try replicas.dispatchers[0].prepare(scheduled.map(\.id), now: Self.start)
+            // (A dispatcher that does not run: its sends go nowhere, as a dead replica's.)
+            let dead = Dispatcher(store: store, channels: [], clock: replicas.clock, settings: settings, logger: Logger(label: "dead-replica"))
+            let (sends, _) = try dead.prepare(scheduled.map(\.id), now: Self.start)
             let send = try #require(sends.first)
             #expect(try store.claimSend(id: send, now: Self.start, until: Self.start + 30))
             #expect(try !store.claimSend(id: send, now: Self.start + 1, until: Self.start + 31), "leased: nobody else takes it")

@@ -208,29 +208,27 @@ public final class Dispatcher: Service, Sendable {
             await wait(until: next.map(Date.init(timeIntervalSince1970:)))
             return
         }
-        var toDeliver = dueSends
+        enqueue(dueSends)
         if !dueReminders.isEmpty {
-            let created: [Int64], owners: Set<String>
+            let owners: Set<String>
             do {
-                // Off the cooperative pool: the store's calls block (on PostgreSQL, a round trip each).
+                // Off the cooperative pool: the store's calls block (on PostgreSQL, a round
+                // trip each). Its sends start as each of its transactions commits.
                 let now = clock.now()
-                (created, owners) = try await offThePool { try self.prepare(dueReminders, now: now) }
+                owners = try await offThePool { try self.prepare(dueReminders, now: now).owners }
             } catch {
-                // Nothing was written: they come round again in a second, with the sends due now.
+                // What was not written comes round again in a second (what was is no longer pending).
                 state.withLock { state in
                     for id in dueReminders { state.due.remind(id, at: now + 1) }
-                    for id in dueSends { state.due.retry(id, at: now + 1) }
                 }
                 throw error
             }
-            toDeliver += created
             if let refill {
                 // Off the loop: a refill is a call to canopy-care and a sync, and the loop has
                 // reminders to send meanwhile. At most one per person per refill interval.
                 for owner in owners where shouldRefill(owner) { Task { await refill(owner) } }
             }
         }
-        enqueue(toDeliver)
     }
 
     /// With replicas: at most once a ``DispatchSettings/sweepInterval``, takes into the queue
@@ -268,54 +266,73 @@ public final class Dispatcher: Service, Sendable {
 
     // MARK: - Reminders due
 
-    /// Turns due reminders into sends, in one transaction: each person's reminders due within
-    /// the digest window make one notification per active device (``DispatchPlan/digest(_:now:devices:)``).
-    /// Stale ones are recorded as such; without an active device a reminder counts as done.
+    /// People turned into notifications per transaction: a backlog commits (and starts
+    /// delivering) a little at a time instead of holding every person's lock and row until
+    /// the whole of it is written.
+    static let peoplePerTransaction = 32
+
+    /// Turns due reminders into sends, ``peoplePerTransaction`` people a transaction, and hands
+    /// each transaction's sends to delivery as it commits (``enqueue(_:)``): each person's
+    /// reminders due within the digest window make one notification per active device
+    /// (``DispatchPlan/digest(_:now:devices:)``). Stale ones are recorded as such; without an
+    /// active device a reminder counts as done.
     ///
-    /// - Returns: the sends to deliver, and the people whose reminders went.
+    /// - Returns: the sends made (already handed to delivery), and the people whose reminders went.
+    @discardableResult
     func prepare(_ ids: [Int64], now: Date) throws -> (sends: [Int64], owners: Set<String>) {
-        let (plan, logger) = (self.plan, self.logger)
-        let (created, owners, left) = try store.write { data -> ([Int64], Set<String>, [Int64]) in
-            var owners: [String: [ReminderRow]] = [:]
-            for row in try data.pendingReminders(ids: ids) where row.fireAt <= now {
-                owners[row.owner, default: []].append(row) // moved later by a sync: its new time is in the queue
-            }
-            var created: [Int64] = []
-            var left: [Int64] = []
-            for (owner, due) in owners {
-                // Another replica is turning this person's reminders into sends now: it takes
-                // these too, or they come round again in a second.
-                guard try data.lockOwner(owner) else {
-                    left += due.map(\.id)
-                    continue
-                }
-                // Read again under the lock: another replica may have sent some since.
-                let due = try data.pendingReminders(ids: due.map(\.id)).filter { $0.fireAt <= now }
-                guard !due.isEmpty else { continue }
-                // The rest of the digest window comes along.
-                let taken = Set(due.map(\.id))
-                let companions = try data.pendingReminders(owner: owner, firingAfter: now, through: plan.digestHorizon(now: now)).filter { !taken.contains($0.id) }
-                let digest = try plan.digest(due + companions, now: now) { try data.devices(owner: owner, activeOnly: true) }
-                try data.setState(.stale, ofReminders: digest.stale.map(\.id), at: now)
-                for row in digest.stale {
-                    logger.info("remind.stale", metadata: ["remind.task": "\(row.reminder.taskID)", "remind.due": "\(row.reminder.due.formatted(.iso8601))"])
-                }
-                guard !digest.fresh.isEmpty else { continue }
-                try data.setState(digest.state, ofReminders: digest.fresh.map(\.id), at: now)
-                for addressed in digest.notifications {
-                    if let send = try data.insertSend(owner: owner, deviceID: addressed.deviceID, notification: addressed.notification,
-                                                      reminderIDs: digest.fresh.map(\.id), at: now) {
-                        created.append(send)
-                    }
-                }
-            }
-            return (created, Set(owners.keys), left)
+        var owners: [String: [Int64]] = [:]
+        for row in try store.read({ data in try data.pendingReminders(ids: ids) }) where row.fireAt <= now {
+            owners[row.owner, default: []].append(row.id) // moved later by a sync: its new time is in the queue
         }
-        if !left.isEmpty {
-            let again = now.timeIntervalSince1970 + 1
-            state.withLock { state in for id in left { state.due.remind(id, at: again) } }
+        var created: [Int64] = []
+        let people = Array(owners)
+        for start in stride(from: 0, to: people.count, by: Self.peoplePerTransaction) {
+            let group = people[start..<min(start + Self.peoplePerTransaction, people.count)]
+            let (sends, left) = try store.write { data in try prepare(group, data: data, now: now) }
+            if !left.isEmpty {
+                let again = now.timeIntervalSince1970 + 1
+                state.withLock { state in for id in left { state.due.remind(id, at: again) } }
+            }
+            enqueue(sends)
+            created += sends
         }
-        return (created, owners)
+        return (created, Set(owners.keys))
+    }
+
+    /// One transaction of ``prepare(_:now:)``: these people's due reminders, read again under
+    /// each person's lock; returns the sends made and the reminders left to the replica that
+    /// holds a person now.
+    private func prepare(_ people: ArraySlice<(key: String, value: [Int64])>, data: any ReminderWrites, now: Date) throws -> (sends: [Int64], left: [Int64]) {
+        var created: [Int64] = []
+        var left: [Int64] = []
+        for (owner, ids) in people {
+            // Another replica is turning this person's reminders into sends now: it takes
+            // these too, or they come round again in a second.
+            guard try data.lockOwner(owner) else {
+                left += ids
+                continue
+            }
+            // Read under the lock: another replica may have sent some since.
+            let due = try data.pendingReminders(ids: ids).filter { $0.fireAt <= now }
+            guard !due.isEmpty else { continue }
+            // The rest of the digest window comes along.
+            let taken = Set(due.map(\.id))
+            let companions = try data.pendingReminders(owner: owner, firingAfter: now, through: plan.digestHorizon(now: now)).filter { !taken.contains($0.id) }
+            let digest = try plan.digest(due + companions, now: now) { try data.devices(owner: owner, activeOnly: true) }
+            try data.setState(.stale, ofReminders: digest.stale.map(\.id), at: now)
+            for row in digest.stale {
+                logger.info("remind.stale", metadata: ["remind.task": "\(row.reminder.taskID)", "remind.due": "\(row.reminder.due.formatted(.iso8601))"])
+            }
+            guard !digest.fresh.isEmpty else { continue }
+            try data.setState(digest.state, ofReminders: digest.fresh.map(\.id), at: now)
+            for addressed in digest.notifications {
+                if let send = try data.insertSend(owner: owner, deviceID: addressed.deviceID, notification: addressed.notification,
+                                                  reminderIDs: digest.fresh.map(\.id), at: now) {
+                    created.append(send)
+                }
+            }
+        }
+        return (created, left)
     }
 
     private func shouldRefill(_ owner: String) -> Bool {
@@ -358,12 +375,21 @@ public final class Dispatcher: Service, Sendable {
         var attempt: Attempt?
         var quickly: Bool?
         do {
-            if let (send, device) = try await offThePool({ try self.load(start.id) }) {
+            if var (send, device) = try await offThePool({ try self.load(start.id) }) {
                 let channel = device.flatMap { channels[$0.device.channel] }
                 if start.reserved == nil {
                     destination = device.flatMap { channel?.destination(of: $0) }
                     let admitted = state.withLock { $0.slots.admit(start.id, to: destination) }
                     guard admitted else { return startFreed() } // waits for its destination
+                }
+                // With replicas, only now (admitted) is it leased to this one, and read again:
+                // another replica may have tried it, or taken it, meanwhile.
+                if store.sharedWithReplicas {
+                    guard let claimed = try await offThePool({ try self.claim(start.id) }) else {
+                        state.withLock { $0.slots.finish(destination: destination, quickly: nil) }
+                        return startFreed()
+                    }
+                    (send, device) = claimed
                 }
                 let began = ContinuousClock.now
                 attempt = try await self.attempt(send, device: device, channel: channel)
@@ -427,13 +453,16 @@ public final class Dispatcher: Service, Sendable {
 
     /// A send and its device; `nil` when the send is no longer pending (finished or cancelled
     /// meanwhile).
-    /// With replicas, the send is leased to this one first; `nil` too when another holds it.
     private func load(_ sendID: Int64) throws -> (StoredSend, DeviceRecord?)? {
-        if store.sharedWithReplicas {
-            let now = clock.now()
-            guard try store.claimSend(id: sendID, now: now, until: now.addingTimeInterval(settings.lease.seconds)) else { return nil }
-        }
-        return try store.read { data in try data.pendingSend(id: sendID) }
+        try store.read { data in try data.pendingSend(id: sendID) }
+    }
+
+    /// Leases the send to this replica for its attempt (``DispatchSettings/lease``) and reads
+    /// it as it is now; nil when it is finished, gone or another replica's.
+    private func claim(_ sendID: Int64) throws -> (StoredSend, DeviceRecord?)? {
+        let now = clock.now()
+        guard try store.claimSend(id: sendID, now: now, until: now.addingTimeInterval(settings.lease.seconds)) else { return nil }
+        return try load(sendID)
     }
 
     /// Tries one send through its device's channel.
