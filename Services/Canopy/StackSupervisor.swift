@@ -198,7 +198,7 @@ final class StackSupervisor: @unchecked Sendable {
                 child.state = "failed"
                 writeState()
                 throw CommandFailure("""
-                    \(child.service.executable) (\(child.name)) exited while starting (status \(child.process?.terminationStatus ?? 0)); the end of its log \
+                    \(child.name == child.service.name ? child.service.executable : "\(child.service.executable) (\(child.name))") exited while starting (status \(child.process?.terminationStatus ?? 0)); the end of its log \
                     (\(settings.layout.log(child.name).path), canopy logs \(child.name)):
                     \(lastLines(of: child, count: 5))
                     """)

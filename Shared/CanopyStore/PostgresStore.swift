@@ -11,10 +11,12 @@ import Synchronization
 /// Callers are Dispatch threads (handlers run off Swift's cooperative pool, see
 /// `offThePool`): a statement waits for postgres-nio's event loop, never on it.
 ///
-/// - Writes are `SERIALIZABLE`: replicas writing at once behave as if one wrote after the
-///   other, as SQLite's single writer does. A transaction PostgreSQL aborts for that
-///   (serialization failure, deadlock) is run again from the start, up to
-///   ``retries`` times, so a body must only read and write through its session.
+/// - Writes are `SERIALIZABLE` unless the store asks for `READ COMMITTED` (and orders its
+///   work itself with advisory locks taken before it reads, as canopy-remind and
+///   canopy-images do): replicas writing at once behave as if one wrote after the other, as
+///   SQLite's single writer does. A transaction PostgreSQL aborts for a conflict
+///   (serialization failure, deadlock) is run again from the start, up to ``retries``
+///   times, so a body must only read and write through its session.
 /// - Reads are `REPEATABLE READ READ ONLY`: one snapshot for the whole body.
 /// - A connection that fails is closed and replaced by the next caller; at most ``size``
 ///   are open, and a caller that finds all busy for ``acquireTimeout`` gets an error that
