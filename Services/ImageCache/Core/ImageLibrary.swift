@@ -72,11 +72,18 @@ final class ImageLibrary: Sendable {
         PhotoID.of(bytes)
     }
 
-    private func requireOwnership(_ owner: String, _ sha256: String) throws -> Void {
+    /// `body` on the store: in place for SQLite, from a Dispatch thread for a store whose
+    /// every call is a round trip (PostgreSQL), so that no cooperative thread waits on it.
+    func stored<T: Sendable>(_ body: @escaping @Sendable (any ImageStoring) throws -> T) async throws -> T {
+        let store = self.store
+        return store.isRemote ? try await offThePool { try body(store) } : try body(store)
+    }
+
+    private func requireOwnership(_ owner: String, _ sha256: String) async throws -> Void {
         guard sha256.count == 64, sha256.allSatisfy(\.isHexDigit) else {
             throw CanopyError(.badRequest, "'\(sha256.prefix(80))' is not a photo id (64 hexadecimal characters)")
         }
-        guard try store.owns(owner, sha256) else {
+        guard try await stored({ try $0.owns(owner, sha256) }) else {
             // The same answer whether it does not exist or belongs to someone else.
             throw CanopyError(.notFound, "no photo \(sha256) among yours; images.list shows a plant's photos")
         }
@@ -89,11 +96,11 @@ final class ImageLibrary: Sendable {
     func put(_ bytes: [UInt8], owner: String, plantID: String, now: Date? = nil) async throws -> Images.Photo {
         let now = now ?? clock.now()
         try Self.checkPlantID(plantID)
-        let photos = try store.photos(owner: owner, plantID: plantID)
+        let photos = try await stored { try $0.photos(owner: owner, plantID: plantID) }
         guard photos.count < Self.maximumPhotosPerPlant || photos.contains(where: { $0.sha256 == Self.sha256(bytes) }) else {
             throw CanopyError(.tooLarge, "this plant has \(photos.count) photos, the most one plant may have; remove one with images.purge first")
         }
-        let usage = try store.usage(owner: owner)
+        let usage = try await stored { try $0.usage(owner: owner) }
         let (most, mostBytes) = (configuration.photosPerPerson, configuration.bytesPerPerson)
         guard usage.photos < most, usage.bytes + bytes.count <= mostBytes else {
             throw CanopyError(.tooLarge, "you keep \(usage.photos) photos of \(usage.bytes >> 20) MiB; one person keeps at most \(most) photos and \(mostBytes >> 20) MiB: remove some first")
@@ -108,7 +115,7 @@ final class ImageLibrary: Sendable {
             }
         }
         // Only a new photo is decoded (at full size, so it waits for a full-size slot).
-        return try store.hasOriginal(sha256) ? try await add() : try await fullSize.run(0, add)
+        return try await stored({ try $0.hasOriginal(sha256) }) ? try await add() : try await fullSize.run(0, add)
     }
 
     /// Fetches a remote photo (see ``RemoteFetcher``) and stores it as ``put(_:owner:plantID:now:)`` does.
@@ -198,9 +205,9 @@ final class ImageLibrary: Sendable {
     /// from disk, or made now (with the other small variants of the same decode, which are
     /// cached too).
     func variant(_ request: Images.GetVariant.Request, owner: String) async throws -> Images.GetVariant.Reply {
-        try requireOwnership(owner, request.sha256)
+        try await requireOwnership(owner, request.sha256)
         let (store, processor) = (self.store, self.processor)
-        if request.variant == .full, let stored = try store.originalSize(request.sha256), stored.format == request.format {
+        if request.variant == .full, let stored = try await stored({ try $0.originalSize(request.sha256) }), stored.format == request.format {
             // Normalizing made the original exactly what the full variant is: no decode, no copy in the cache tiers.
             let bytes = try await offThePool { try store.original(request.sha256) }
             return Images.GetVariant.Reply(sha256: request.sha256, variant: .full, format: request.format,
@@ -236,7 +243,7 @@ final class ImageLibrary: Sendable {
             await cache.store(VariantCache.Entry(bytes: item.bytes, width: item.width, height: item.height),
                               for: VariantCache.Key(sha256: sha256, variant: item.variant, format: item.format))
         }
-        if try !store.hasOriginal(sha256) {
+        if try await !stored({ try $0.hasOriginal(sha256) }) {
             await cache.purge(sha256)
         }
     }
@@ -251,11 +258,12 @@ final class ImageLibrary: Sendable {
     /// the palette makes and caches them too (a collection screen wants both).
     func palette(_ sha256: String, owner: String, now: Date? = nil) async throws -> Images.Palette.Reply {
         let now = now ?? clock.now()
-        try requireOwnership(owner, sha256)
+        try await requireOwnership(owner, sha256)
         if let swatches = await cache.palette(sha256) {
             return Images.Palette.Reply(sha256: sha256, swatches: swatches, cached: true)
         }
-        if let swatches = try store.palette(sha256, maximumAge: configuration.paletteMaximumAge, now: now) {
+        let maximumAge = configuration.paletteMaximumAge
+        if let swatches = try await stored({ try $0.palette(sha256, maximumAge: maximumAge, now: now) }) {
             await cache.storePalette(swatches, for: sha256)
             return Images.Palette.Reply(sha256: sha256, swatches: swatches, cached: true)
         }
@@ -270,7 +278,7 @@ final class ImageLibrary: Sendable {
             }
             return (made, PaletteExtractor.swatches(pixels: pixels.bytes, width: pixels.width, height: pixels.height))
         }
-        try store.savePalette(swatches, for: sha256, now: now)
+        try await stored { try $0.savePalette(swatches, for: sha256, now: now) }
         await cache.storePalette(swatches, for: sha256)
         try await keep(made, of: sha256) // also drops the palette if the photo was purged meanwhile
         return Images.Palette.Reply(sha256: sha256, swatches: swatches, cached: false)
@@ -285,7 +293,7 @@ final class ImageLibrary: Sendable {
     /// variants and palettes.
     func purge(owner: String, plantID: String, sha256: String? = nil) async throws -> Images.Purge.Reply {
         try Self.checkPlantID(plantID)
-        let (photos, deleted) = try store.purge(owner: owner, plantID: plantID, sha256: sha256)
+        let (photos, deleted) = try await stored { try $0.purge(owner: owner, plantID: plantID, sha256: sha256) }
         for sha in deleted { await cache.purge(sha) }
         return Images.Purge.Reply(photos: photos) // whether originals went too is not the caller's to know
     }
@@ -293,7 +301,7 @@ final class ImageLibrary: Sendable {
     /// Makes variants ahead of time, `warmConcurrency` photos at once.
     func warm(_ request: Images.Warm.Request, owner: String) async throws -> Images.Warm.Reply {
         guard request.sha256s.count <= 1_000 else { throw CanopyError(.tooLarge, "warm at most 1000 photos per call") }
-        for sha in request.sha256s { try requireOwnership(owner, sha) }
+        for sha in request.sha256s { try await requireOwnership(owner, sha) }
         // One piece of work per decode: the small variants of a photo share one, full has its own.
         var cached = 0
         var pending: [(sha256: String, variant: Images.Variant, variants: Int)] = []

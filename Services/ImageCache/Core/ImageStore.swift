@@ -15,6 +15,8 @@ final class ImageStore: ImageStoring {
     private let files: PhotoFiles
     private let codec = MessageCodec()
 
+    var isRemote: Bool { false }
+
     /// Opens (and migrates) the store in `directory`.
     init(directory: URL) throws {
         files = try PhotoFiles(directory: directory.appendingPathComponent("originals", isDirectory: true))

@@ -7,6 +7,11 @@ import Foundation
 /// (``ImageStore``: files on disk and SQLite), so a second store is one more file. Every
 /// operation is a transaction of its own; every one on a person's photos names the owner.
 protocol ImageStoring: Sendable {
+    /// Whether each call waits for a network round trip (PostgreSQL): callers on Swift's
+    /// cooperative pool then make it from a Dispatch thread (``ImageLibrary/stored(_:)``);
+    /// SQLite answers in microseconds and is called in place.
+    var isRemote: Bool { get }
+
     // MARK: Originals
 
     /// Whether the original is stored (for anyone).

@@ -28,6 +28,8 @@ final class PostgresImageStore: ImageStoring {
     /// replica writes its file a moment before its row commits.
     static let orphanAge: TimeInterval = 3_600
 
+    var isRemote: Bool { true }
+
     private init(database: PostgresStore, files: PhotoFiles) {
         self.database = database
         self.files = files
