@@ -122,7 +122,7 @@ final class IdentificationLibrary: Sendable {
             provider: provider.kind, organs: photos.map(\.organ), photoIDs: photos.map(\.sha256),
             location: request.exactLocation ? request.location : request.location?.coarsened, exactLocation: request.exactLocation,
             results: results, plantID: plantID)
-        let (stored, dropped) = try store.insert(record, submissionKey: key)
+        let (stored, dropped) = try await offThePool { [store] in try store.insert(record, submissionKey: key) }
         for plantID in dropped {
             // Best effort: a photo left behind is only storage, under a plant id nothing names.
             _ = try? await bus.purge(plantID: plantID, owner: owner)
@@ -133,10 +133,10 @@ final class IdentificationLibrary: Sendable {
     /// A photo's features: stored ones, or computed from the bytes `load` gives and stored.
     /// Those it computed are added to `computed`.
     private func features(_ sha256: String, computed: inout [String], load: @Sendable () async throws -> [UInt8]) async throws -> PhotoFeatures {
-        if let known = try store.features([sha256])[sha256] { return known }
+        if let known = try await offThePool({ [store] in try store.features([sha256])[sha256] }) { return known }
         let bytes = try await load()
         let features = try await offThePool { try PhotoFeatures.compute(from: bytes) }
-        try store.saveFeatures(features, sha256: sha256)
+        try await offThePool { [store] in try store.saveFeatures(features, sha256: sha256) }
         computed.append(sha256)
         metrics.computedFeatures()
         return features

@@ -1,5 +1,6 @@
 import CanopyImaging
 import CanopyMessages
+import CanopyServiceKit
 import Foundation
 import Synchronization
 
@@ -33,10 +34,14 @@ final class ReferenceProvider: IdentificationProvider {
     }
 
     func identify(_ query: ProviderQuery) async throws -> [Identification.Candidate] {
-        let features = query.photos.map(\.features)
-        var candidates = try references().candidates(for: features, neighbours: neighbours)
-        candidates += Self.ownPlants(try store.plantPhotos(owner: query.owner), for: features)
-        return candidates.ranked()
+        let (features, owner) = (query.photos.map(\.features), query.owner)
+        // Off the cooperative pool: the store's reads (a round trip each on PostgreSQL) and
+        // the search through every reference photo.
+        return try await offThePool { [self] in
+            var candidates = try references().candidates(for: features, neighbours: neighbours)
+            candidates += Self.ownPlants(try store.plantPhotos(owner: owner), for: features)
+            return candidates.ranked()
+        }
     }
 
     /// The current index: the one loaded, unless the references changed since.
