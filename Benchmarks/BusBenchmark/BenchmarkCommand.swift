@@ -303,12 +303,25 @@ func threadCPUSeconds(named name: String) -> Double {
     for task in tasks {
         guard let comm = try? String(contentsOfFile: "/proc/self/task/\(task)/comm", encoding: .utf8),
               comm.trimmingCharacters(in: .whitespacesAndNewlines) == name,
-              let stat = try? String(contentsOfFile: "/proc/self/task/\(task)/stat", encoding: .utf8),
-              let close = stat.lastIndex(of: ")")
+              let stat = ProcStat(path: "/proc/self/task/\(task)/stat")
         else { continue }
-        let fields = stat[stat.index(after: close)...].split(separator: " ")
-        // After the name: state is field 3 of the whole line; utime and stime are 14 and 15.
-        if fields.count > 12, let user = Int(fields[11]), let system = Int(fields[12]) { ticks += user + system }
+        ticks += stat.cpuTicks
     }
     return Double(ticks) / Double(sysconf(Int32(_SC_CLK_TCK)))
+}
+
+/// A process's or thread's /proc `stat` line: its parent and the CPU it used.
+struct ProcStat {
+    var parent: Int32
+    /// User and system time, in clock ticks.
+    var cpuTicks: Int
+
+    init?(path: String) {
+        guard let stat = try? String(contentsOfFile: path, encoding: .utf8), let close = stat.lastIndex(of: ")") else { return nil }
+        let fields = stat[stat.index(after: close)...].split(separator: " ")
+        // After the name: ppid is field 4 of the whole line; utime and stime are 14 and 15.
+        guard fields.count > 12, let parent = Int32(fields[1]), let user = Int(fields[11]), let system = Int(fields[12]) else { return nil }
+        self.parent = parent
+        cpuTicks = user + system
+    }
 }

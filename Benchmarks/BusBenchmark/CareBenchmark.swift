@@ -163,13 +163,8 @@ struct CareBenchmark: AsyncParsableCommand {
 func databaseCPUSeconds(_ pid: Int32) -> Double {
     var ticks = 0
     for entry in (try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? [] {
-        guard let process = Int32(entry), let stat = try? String(contentsOfFile: "/proc/\(entry)/stat", encoding: .utf8),
-              let close = stat.lastIndex(of: ")") else { continue }
-        let fields = stat[stat.index(after: close)...].split(separator: " ")
-        // After the name: ppid is field 4 of the whole line; utime and stime are 14 and 15.
-        guard fields.count > 12, let parent = Int32(fields[1]), process == pid || parent == pid,
-              let user = Int(fields[11]), let system = Int(fields[12]) else { continue }
-        ticks += user + system
+        guard let process = Int32(entry), let stat = ProcStat(path: "/proc/\(entry)/stat"), process == pid || stat.parent == pid else { continue }
+        ticks += stat.cpuTicks
     }
     return Double(ticks) / Double(sysconf(Int32(_SC_CLK_TCK)))
 }

@@ -151,7 +151,7 @@ public final class PostgresStore: Sendable {
     }
 
     /// Runs `body` with a connection of the pool (no transaction of its own).
-    public func withConnection<T>(_ body: (PostgresSession) throws -> T) throws -> T {
+    private func withConnection<T>(_ body: (PostgresSession) throws -> T) throws -> T {
         guard !closed.load(ordering: .relaxed) else { throw Failure(description: "the store at \(url) is closed") }
         guard slots.wait(timeout: .now() + Self.acquireTimeout) == .success else {
             throw Failure(description: "all \(size) connections to \(url) were busy for \(Int(Self.acquireTimeout)) s; raise --database-pool or the server's max_connections, or add replicas of the database")
@@ -205,14 +205,6 @@ public struct PostgresSession {
     @discardableResult
     public func execute(_ query: PostgresQuery) throws -> Int {
         try connection.query(query, logger: logger).wait().metadata.rows ?? 0
-    }
-}
-
-extension PostgresRandomAccessRow {
-    /// The column `name`, in lower case (PostgreSQL folds unquoted names), NULL as nil when
-    /// `T` is optional.
-    public func get<T: PostgresDecodable>(_ name: String, as type: T.Type = T.self) throws -> T {
-        try self[name].decode(T.self)
     }
 }
 

@@ -107,9 +107,7 @@ public final class PostgresServer: @unchecked Sendable { // its Process is touch
     @discardableResult
     public static func query(_ url: DatabaseURL, _ sql: String) async throws -> Int {
         let logger = Logger(label: "canopy-test-postgres")
-        let configuration = PostgresConnection.Configuration(host: url.host, port: url.port, username: url.user, password: url.password,
-                                                             database: url.database, tls: .disable)
-        let connection = try await PostgresConnection.connect(configuration: configuration, id: 1, logger: logger)
+        let connection = try await PostgresConnection.connect(configuration: try url.connectionConfiguration(), id: 1, logger: logger)
         do {
             var rows = 0
             for try await _ in try await connection.query(PostgresQuery(unsafeSQL: sql), logger: logger) { rows += 1 }
