@@ -65,7 +65,7 @@ struct ReminderReplicaTests {
                 replicas.clock.advance(by: 5)
                 return replicas.receiver.received.count >= 36
             }, "\(replicas.receiver.received.count) of 36 arrived")
-            try await Task.sleep(for: .milliseconds(300)) // a second copy would arrive by now
+            #expect(try await !eventually(within: .milliseconds(300)) { replicas.receiver.received.count > 36 }, "no second copy arrives")
             let ids = replicas.receiver.received.compactMap { $0.headers["webhook-id"] }
             #expect(ids.count == 36 && Set(ids).count == 36, "36 reminders, each sent once: \(ids.count) requests, \(Set(ids).count) ids")
             #expect(try await eventually { try replicas.stores[0].read { data in try (0..<12).allSatisfy { try data.pendingSummary(owner: "person-\($0)").count == 0 } } })
