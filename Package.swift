@@ -213,9 +213,9 @@ targets += [
         "CareScheduling", "ImageCache", "CVips", "CanopyBus", "CanopyBroker", "CanopyStore", "CanopyTesting", "CanopyServiceKit", "canopy-care",
     ]),
     tests("EndToEndTests", [
-        "CanopySamples", "CanopyServiceKit", "CanopyTesting", "CanopyCapture", "CanopyReplay", "CanopyImaging",
+        "CanopySamples", "CanopyServiceKit", "CanopyStore", "CanopyTesting", "CanopyCapture", "CanopyReplay", "CanopyImaging",
         "canopy", "canopy-broker", "canopy-images", "canopy-care", "canopy-identify", "canopy-remind", "canopy-batch",
-        P.asyncHTTPClient, P.grdb, P.nioCore, P.nioHTTP1,
+        P.asyncHTTPClient, P.crypto, P.grdb, P.nioCore, P.nioHTTP1,
     ]),
     tests("DeploymentTests", [
         "CanopySamples", "CanopyDeployment", "CanopyServiceKit", "CanopyStore", "CanopyTesting", "CanopyImaging", "canopy", "canopy-broker",

@@ -21,8 +21,15 @@ import Synchronization
 /// - A connection that fails is closed and replaced by the next caller; at most ``size``
 ///   are open, and a caller that finds all busy for ``acquireTimeout`` gets an error that
 ///   says so.
+/// - Each open store is present (``presence``): a connection of its own holds an advisory
+///   lock named by its ``holder`` id for as long as the process lives, so what it leases
+///   (a follow-up, a send, a submission) is free for another replica as soon as the process
+///   is gone (``holderIsGone(_:)``), not only when the lease ends.
 public final class PostgresStore: Sendable {
     public let url: DatabaseURL
+    /// This store's id in leases it takes (``holderIsGone(_:)``): random, positive, its own.
+    public let holder = Int64(Int32.random(in: 1...Int32.max))
+    private let presence = Mutex<Task<Void, Never>?>(nil)
     /// Connections at most (`--database-pool`): replicas × size is what the server must allow.
     public let size: Int
     /// How many times a transaction aborted by a conflict with another is run again.
@@ -66,6 +73,7 @@ public final class PostgresStore: Sendable {
             throw error
         }
         store.idle.withLock { $0.append(connection) }
+        await store.beginPresence()
         return store
     }
 
@@ -76,6 +84,7 @@ public final class PostgresStore: Sendable {
     /// Closes every idle connection; calls after this fail.
     public func close() {
         closed.store(true, ordering: .relaxed)
+        presence.withLock { $0?.cancel() }
         for connection in idle.withLock({ idle in defer { idle.removeAll() }; return idle }) {
             Self.close(connection)
         }
@@ -205,6 +214,65 @@ public struct PostgresSession {
     @discardableResult
     public func execute(_ query: PostgresQuery) throws -> Int {
         try connection.query(query, logger: logger).wait().metadata.rows ?? 0
+    }
+}
+
+// MARK: - Presence
+
+extension PostgresStore {
+    /// The advisory lock class of presence locks (`pg_advisory_lock(class, holder)`): "CANO".
+    static let presenceClass: Int32 = 0x4341_4E4F
+
+    /// A condition that is true when the store whose ``holder`` id `column` holds is not
+    /// connected any more (its process ended, or lost the server): what it leased is free
+    /// before its lease ends. NULL (a lease of unknown holder) waits for its end. One look at
+    /// `pg_locks` per statement.
+    public static func holderIsGone(_ column: String) -> String {
+        """
+        (\(column) IS NOT NULL AND \(column) NOT IN (SELECT objid::BIGINT FROM pg_locks WHERE locktype = 'advisory' AND classid = \(presenceClass)::OID \
+        AND objsubid = 2 AND granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())))
+        """
+    }
+
+    /// Holds this store's presence lock on a connection of its own until ``close()``,
+    /// connecting again a second after losing it; returns once it is held (or after 5 s
+    /// without, trying on in the background).
+    fileprivate func beginPresence() async {
+        let (logger, holder, configuration) = (self.logger, self.holder, self.configuration)
+        let (held, heldNow) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
+        // Not holding the store: its deinit is what ends this.
+        let task = Task.detached {
+            while !Task.isCancelled {
+                do {
+                    let connection = try await PostgresConnection.connect(on: MultiThreadedEventLoopGroup.singleton.any(), configuration: configuration,
+                                                                          id: 0, logger: logger).get()
+                    do {
+                        _ = try await connection.query("SELECT pg_advisory_lock(\(Self.presenceClass), \(Int32(holder)))", logger: logger).get()
+                        heldNow.yield()
+                        // Held while the connection lives: wait for its end, or for close().
+                        await withTaskCancellationHandler {
+                            _ = try? await connection.closeFuture.get()
+                        } onCancel: {
+                            connection.close().whenComplete { _ in }
+                        }
+                    } catch {
+                        if !Task.isCancelled { logger.warning("store.presence.lost", metadata: ["error": "\(error)"]) }
+                    }
+                    try? await connection.close().get()
+                } catch {
+                    logger.warning("store.presence.connect.failed", metadata: ["error": "\(error)"])
+                }
+                try? await Task.sleep(for: .seconds(1))
+            }
+            heldNow.finish()
+        }
+        presence.withLock { $0 = task }
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask { for await _ in held { return } }
+            group.addTask { try? await Task.sleep(for: .seconds(5)) }
+            await group.next()
+            group.cancelAll()
+        }
     }
 }
 

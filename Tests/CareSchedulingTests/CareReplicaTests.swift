@@ -11,7 +11,7 @@ import Testing
 /// Several canopy-care replicas on one PostgreSQL database: what one writes, the others see;
 /// writes at once behave as one after the other; the outbox hands each follow-up to one
 /// replica, in order per lane, and a replica that dies mid-pass leaves its follow-ups to the
-/// others once their lease ends.
+/// others at once (one that hangs, once their lease ends).
 struct CareReplicaTests {
     let start = Date(timeIntervalSince1970: 1_780_000_000)
 
@@ -57,6 +57,20 @@ struct CareReplicaTests {
         #expect(taken.map(\.body) == [[2], [3]])
         try await a.settle(taken.map { .confirmed(id: $0.id, generation: $0.generation) }, now: start.addingTimeInterval(FollowUp.lease))
         #expect(try await b.pendingFollowUps().count == 0)
+
+        // A replica whose process is gone holds nothing: c reads a follow-up, then its
+        // connections end (as a killed process's do); a sends it at once, not after the lease.
+        let c = try await PostgresCareStore.open(url: a.database.url, poolSize: 2, logger: Logger(label: "care-replica-c"))
+        let later = start.addingTimeInterval(FollowUp.lease + 1)
+        try a.write { (data: any CareWrites) throws in
+            try data.enqueue(owner: "carol", service: "images", operation: "images.purge", body: [4], now: later)
+        }
+        #expect(try await c.dueFollowUps(now: later, limit: 10).map(\.body) == [[4]])
+        #expect(try await a.dueFollowUps(now: later, limit: 10).isEmpty, "c is there: its lease holds")
+        c.database.close()
+        var after: [FollowUp] = []
+        #expect(try await eventually { after = try await a.dueFollowUps(now: later, limit: 10); return !after.isEmpty }, "c is gone")
+        #expect(after.map(\.body) == [[4]])
     }
 
     @Test func replicasAddingAtOnceNeverPassTheLimit() async throws {

@@ -25,12 +25,17 @@ struct JourneyTests {
         let data: String
         let endpoint: String
         let http: String
+        /// Where the stores are when not SQLite in `data`: `--database-url` and its password file.
+        var database: [String] = []
 
-        static func start(environment: [String: String] = [:]) async throws -> Stack {
+        /// - Parameter database: `--database-url URL --database-password-file FILE` for stores
+        ///   in PostgreSQL; `more`: further `canopy up` options (`--replicas`).
+        static func start(environment: [String: String] = [:], database: [String] = [], _ more: [String] = []) async throws -> Stack {
             let data = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-e2e-\(UUID().uuidString)").path
-            let stack = Stack(data: data, endpoint: "tcp://127.0.0.1:\(FreePorts.any())", http: "127.0.0.1:\(FreePorts.any())")
+            let stack = Stack(data: data, endpoint: "tcp://127.0.0.1:\(FreePorts.any())", http: "127.0.0.1:\(FreePorts.any())", database: database)
+            // The first six processes on their ports; replicas on the ones after.
             let up = try await runExecutable("canopy", ["up", "--detach", "--data-dir", data, "--broker", stack.endpoint, "--http", stack.http,
-                                                        "--metrics-base", "\(FreePorts.run(of: 5))"], environment: environment, limit: 240)
+                                                        "--metrics-base", "\(FreePorts.run(of: 16))"] + database + more, environment: environment, limit: 240)
             #expect(up.status == 0, "canopy up: \(up.output) \(up.errors)")
             try stack.loadReferences()
             return stack
@@ -66,17 +71,19 @@ struct JourneyTests {
                 }
                 let process = Process()
                 process.executableURL = try LiveBus.executable("canopy-identify")
-                process.arguments = ["reference", "add", "--data-dir", data, "--species", Self.species[index]] + files
+                process.arguments = ["reference", "add", "--data-dir", data, "--species", Self.species[index]] + database + files
                 try process.run()
                 process.waitUntilExit()
                 #expect(process.terminationStatus == 0)
             }
         }
 
-        func send(_ method: HTTPMethod, _ path: String, token: String, json: String? = nil, body: [UInt8]? = nil, type: String? = nil) async throws -> Answer {
+        func send(_ method: HTTPMethod, _ path: String, token: String, json: String? = nil, body: [UInt8]? = nil, type: String? = nil,
+                  headers more: [(String, String)] = []) async throws -> Answer {
             var request = HTTPClientRequest(url: "http://\(http)\(path)")
             request.method = method
             request.headers.add(name: "Authorization", value: "Bearer \(token)")
+            request.headers.add(contentsOf: more)
             if let json {
                 request.headers.add(name: "Content-Type", value: "application/json")
                 request.body = .bytes(ByteBuffer(string: json))

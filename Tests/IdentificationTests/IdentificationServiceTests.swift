@@ -46,6 +46,7 @@ struct IdentificationServiceTests {
             var settings = IdentificationServiceSettings(directory: directory.appendingPathComponent("identify"), runner: bus.runnerConfiguration(credit: 8),
                                                          metrics: .anyLoopbackPort)
             settings.provider = provider
+            settings.sweepInterval = .milliseconds(200)
             if postgres || replicas > 1 {
                 settings.postgres = PostgresSettings(url: try await PostgresServer.shared().database(), poolSize: 4)
             }
@@ -128,6 +129,35 @@ struct IdentificationServiceTests {
 
             let typed = try await stack.client.call(Identification.Accept.self, .init(id: exact.id, scientificName: "Monstera deliciosa"), principal: "alice")
             #expect(typed.plant.identificationSource == .manual && typed.plant.identificationConfidence == nil && typed.plant.family == "Araceae")
+        }
+    }
+
+    /// A process that died mid-submission (its claim taken, a photo stored, no record) leaves
+    /// nothing behind: the same photos again are identified (under its plant id, or a new one
+    /// once the sweep has cleared it), and photos nobody submits again are purged.
+    @Test func whatAProcessThatDiedMidSubmissionStoredIsTakenOverOrPurged() async throws {
+        try await withStack(references: 3) { stack in
+            // The tools' store stands for the process that died: a claim of another holder.
+            let died = stack.tools.store
+            let (again, abandoned) = (try Self.photo(1, seed: 60), try Self.photo(2, seed: 61))
+            for (photo, plantID) in [(again, "left-behind"), (abandoned, "never-named")] {
+                let key = IdentificationLibrary.submissionKey([(IdentificationLibrary.sha256(Data(photo)), .leaf)])
+                #expect(try died.claimSubmission(owner: "alice", key: key, plantID: plantID, now: Date(), until: Date() + 120) == plantID)
+                _ = try await stack.client.call(Images.Put.self, .init(plantID: plantID, data: Data(photo)), principal: "alice")
+            }
+            // The same photos again: identified, their photo under the identification's plant.
+            let record = try await stack.submit([again])
+            let kept = try await stack.client.call(Images.List.self, .init(plantID: record.plantID), principal: "alice")
+            #expect(kept.map(\.sha256) == record.photoIDs)
+            // Nothing stays under a plant id no identification names.
+            func photos(_ plantID: String) async throws -> Int {
+                try await stack.client.call(Images.List.self, .init(plantID: plantID), principal: "alice").count
+            }
+            #expect(try await eventually { try await photos("never-named") == 0 }, "the sweep purged the photo nobody submitted again")
+            if record.plantID != "left-behind" {
+                #expect(try await eventually { try await photos("left-behind") == 0 })
+            }
+            #expect(try await died.takeAbandonedSubmissions(now: Date() + 1, until: Date() + 121, limit: 10).isEmpty, "every claim is cleared")
         }
     }
 

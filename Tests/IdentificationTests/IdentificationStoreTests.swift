@@ -74,12 +74,53 @@ struct IdentificationStoreTests {
     func aSubmissionIsClaimedByOneUntilReleasedOrItsClaimEnds(_ implementation: String) async throws {
         let (store, cleanup) = try await Self.open(implementation)
         defer { cleanup() }
-        #expect(try store.claimSubmission(owner: "alice", key: "k", now: now, until: now + 60))
-        #expect(try !store.claimSubmission(owner: "alice", key: "k", now: now + 1, until: now + 61), "held")
-        #expect(try store.claimSubmission(owner: "bob", key: "k", now: now + 1, until: now + 61), "someone else's is their own")
+        #expect(try store.claimSubmission(owner: "alice", key: "k", plantID: "p1", now: now, until: now + 60) == "p1")
+        #expect(try store.claimSubmission(owner: "alice", key: "k", plantID: "p2", now: now + 1, until: now + 61) == nil, "held")
+        #expect(try store.claimSubmission(owner: "bob", key: "k", plantID: "p3", now: now + 1, until: now + 61) == "p3", "someone else's is their own")
         try store.releaseSubmission(owner: "alice", key: "k")
-        #expect(try store.claimSubmission(owner: "alice", key: "k", now: now + 2, until: now + 62), "released")
-        #expect(try store.claimSubmission(owner: "alice", key: "k", now: now + 62, until: now + 122), "its claim ended: taken over")
+        #expect(try store.claimSubmission(owner: "alice", key: "k", plantID: "p4", now: now + 2, until: now + 62) == "p4", "released")
+        #expect(try store.claimSubmission(owner: "alice", key: "k", plantID: "p5", now: now + 62, until: now + 122) == "p4",
+                "its claim ended: taken over, with the plant id its photos are under")
+        #expect(try store.takeAbandonedSubmissions(now: now + 60, until: now + 180, limit: 10).isEmpty, "every claim is held")
+        #expect(try store.takeAbandonedSubmissions(now: now + 200, until: now + 320, limit: 10).map(\.key).sorted() == ["k", "k"],
+                "both claims ended: the sweep takes them")
+    }
+
+    /// A store whose process ended holds no claim: another takes it over at once, with the
+    /// plant id the first stored photos under, or its sweep clears it.
+    @Test(arguments: implementations)
+    func aClaimOfAProcessThatEndedIsFreeAtOnce(_ implementation: String) async throws {
+        let directory = try TemporaryDirectory("identify-claims")
+        defer { directory.remove() }
+        let url = implementation == "postgres" ? try await PostgresServer.shared().database() : nil
+        func open() async throws -> (any IdentificationStoring, close: () -> Void) {
+            if let url {
+                let store = try await PostgresIdentificationStore.open(url: url, logger: Logger(label: "identify-claims"))
+                return (store, store.database.close)
+            }
+            return (try IdentificationStore(path: directory.path("identify.sqlite")), {})
+        }
+        let (first, closeFirst) = try await open()
+        #expect(try first.claimSubmission(owner: "alice", key: "k1", plantID: "p1", now: now, until: now + 120) == "p1")
+        #expect(try first.claimSubmission(owner: "alice", key: "k2", plantID: "p2", now: now, until: now + 120) == "p2")
+        let (second, closeSecond) = try await open()
+        defer { closeSecond() }
+        if url != nil {
+            #expect(try second.claimSubmission(owner: "alice", key: "k1", plantID: "p3", now: now + 1, until: now + 121) == nil, "its process is there")
+            #expect(try second.takeAbandonedSubmissions(now: now + 1, until: now + 121, limit: 10).isEmpty)
+        }
+        closeFirst() // as a killed process's connections end
+        var taken: String?
+        #expect(try await eventually {
+            taken = try second.claimSubmission(owner: "alice", key: "k1", plantID: "p3", now: now + 2, until: now + 122)
+            return taken != nil
+        })
+        #expect(taken == "p1", "taken over long before its time, with the first plant id")
+        let abandoned = try second.takeAbandonedSubmissions(now: now + 2, until: now + 122, limit: 10)
+        #expect(abandoned == [AbandonedSubmission(owner: "alice", key: "k2", plantID: "p2")])
+        #expect(try second.takeAbandonedSubmissions(now: now + 3, until: now + 123, limit: 10).isEmpty, "held by the sweep now")
+        try second.releaseSubmission(owner: "alice", key: "k2")
+        #expect(try second.claimSubmission(owner: "alice", key: "k2", plantID: "p4", now: now + 4, until: now + 124) == "p4", "cleared")
     }
 
     @Test(arguments: implementations)

@@ -8,8 +8,9 @@ import Testing
 @testable import Reminders
 
 /// canopy-remind replicas on one PostgreSQL database, with a hand-driven clock and a local
-/// webhook receiver: each reminder is sent by one replica, once; a send another replica
-/// leased waits for its lease, then goes under the same webhook-id.
+/// webhook receiver: each reminder is sent by one replica, once; a send leased by a replica
+/// that was killed goes at once, one leased by a replica that hangs once its lease ends, both
+/// under the same webhook-id.
 @Suite(.serialized)
 struct ReminderReplicaTests {
     static let start = Date(timeIntervalSince1970: 1_800_000_000)
@@ -72,7 +73,7 @@ struct ReminderReplicaTests {
         }
     }
 
-    @Test func aSendLeasedByAReplicaThatDiedGoesWhenTheLeaseEndsUnderTheSameID() async throws {
+    @Test func aSendLeasedByAReplicaThatHangsGoesWhenTheLeaseEndsUnderTheSameID() async throws {
         var settings = DispatchSettings()
         settings.digestWindow = .zero
         settings.lease = .seconds(30)
@@ -80,11 +81,11 @@ struct ReminderReplicaTests {
         settings.orphanGrace = .seconds(2)
         try await withReplicas(1, people: 1, settings: settings) { replicas in
             let store = replicas.stores[0]
-            // A replica turns the reminder into a send, leases it for its attempt, and dies
-            // before it records anything (as SIGKILL leaves it).
+            // A replica turns the reminder into a send, leases it for its attempt, and hangs
+            // (still connected to the database) without recording anything.
             let scheduled = try await replicas.libraries[0].sync([.water("p1", due: Self.start)], owner: "person-0", now: Self.start)
-            // (A dispatcher that does not run: its sends go nowhere, as a dead replica's.)
-            let dead = Dispatcher(store: store, channels: [], clock: replicas.clock, settings: settings, logger: Logger(label: "dead-replica"))
+            // (A dispatcher that does not run: its sends go nowhere, as a hung replica's.)
+            let dead = Dispatcher(store: store, channels: [], clock: replicas.clock, settings: settings, logger: Logger(label: "hung-replica"))
             let (sends, _) = try dead.prepare(scheduled.map(\.id), now: Self.start)
             let send = try #require(sends.first)
             #expect(try store.claimSend(id: send, now: Self.start, until: Self.start + 30))
@@ -100,6 +101,33 @@ struct ReminderReplicaTests {
             #expect(replicas.receiver.received.first?.headers["webhook-id"] == key)
             #expect(try await eventually { try await store.read { data in try data.pendingSend(id: send) } == nil }, "recorded as delivered")
             #expect(try await store.read { data in try data.upcoming(owner: "person-0", limit: 10) }.isEmpty)
+        }
+    }
+
+    @Test func aSendLeasedByAReplicaThatIsKilledGoesAtOnceUnderTheSameID() async throws {
+        var settings = DispatchSettings()
+        settings.digestWindow = .zero
+        settings.sweepInterval = .seconds(1)
+        settings.orphanGrace = .seconds(2)
+        try await withReplicas(1, people: 1, settings: settings) { replicas in
+            let survivor = replicas.stores[0]
+            // A second replica turns the reminder into a send, leases it for its attempt (two
+            // minutes), and is killed before it records anything: its connections end.
+            let killed = try await PostgresReminderStore.open(url: survivor.database.url, poolSize: 2, logger: Logger(label: "killed-replica"))
+            let scheduled = try await replicas.libraries[0].sync([.water("p1", due: Self.start)], owner: "person-0", now: Self.start)
+            let dead = Dispatcher(store: killed, channels: [], clock: replicas.clock, settings: settings, logger: Logger(label: "killed-replica"))
+            let send = try #require(try dead.prepare(scheduled.map(\.id), now: Self.start).sends.first)
+            #expect(try killed.claimSend(id: send, now: Self.start, until: Self.start + settings.lease.seconds))
+            #expect(try !survivor.claimSend(id: send, now: Self.start + 1, until: Self.start + 121), "leased to a replica that is there")
+            let key = try #require(try await survivor.read { data in try data.pendingSend(id: send) }).send.notification.id
+            killed.database.close()
+            // The survivor's sweep takes it seconds later, long before the lease would end.
+            #expect(try await eventually(within: .seconds(20), every: .milliseconds(200)) {
+                if replicas.clock.now() < Self.start + 20 { replicas.clock.advance(by: 1) }
+                return replicas.receiver.received.count == 1
+            }, "sent by the survivor before the lease ends")
+            #expect(replicas.clock.now() < Self.start + settings.lease.seconds)
+            #expect(replicas.receiver.received.first?.headers["webhook-id"] == key)
         }
     }
 }

@@ -23,8 +23,9 @@ protocol CareStoring: Sendable {
     /// Up to `limit` follow-ups due at `now`, in the order they were written, leaving out
     /// any behind an earlier follow-up of its lane (owner, service) that waits for a retry or
     /// is on its way from another replica. With replicas sharing the store, the follow-ups
-    /// read are leased to the caller until it settles them (or for ``FollowUp/lease``, when a
-    /// replica that stopped is taken to be gone and another sends them).
+    /// read are leased to the caller until it settles them, its process ends (PostgreSQL sees
+    /// its connection go: ``PostgresStore/holderIsGone(_:)``), or ``FollowUp/lease`` passes
+    /// (a replica that hangs, or lost the network), and another replica sends them.
     func dueFollowUps(now: Date, limit: Int) async throws -> [FollowUp]
     /// Records what became of sent follow-ups, in one transaction: confirmed ones are deleted
     /// (only when their generation is still the one sent), failed ones are put off until
@@ -156,8 +157,8 @@ struct FollowUp: Sendable, Equatable {
     }
 
     /// How long a replica holds the follow-ups it read: longer than a lane of them takes
-    /// (5 s a call at most), short enough that a replica killed mid-pass delays its
-    /// follow-ups by no more than this.
+    /// (5 s a call at most), short enough that a replica that hangs mid-pass delays its
+    /// follow-ups by no more than this (one killed delays them by one outbox interval).
     static let lease: TimeInterval = 60
 
     /// How long a follow-up that failed `attempts` times before waits: 1, 2, 4 … up to 300 s.

@@ -111,6 +111,9 @@ final class PostgresCareStore: CareStoring {
             """,
             "CREATE INDEX outboxByNext ON outbox(nextAttempt)",
             "CREATE INDEX outboxByLane ON outbox(owner, service, id)")
+        // Which replica holds a lease (``PostgresStore/holder``): one whose process is gone
+        // holds nothing, whatever its lease says.
+        migrator.register("v2-lease-holders", "ALTER TABLE outbox ADD COLUMN leasedBy BIGINT")
         return migrator
     }
 
@@ -167,15 +170,17 @@ final class PostgresCareStore: CareStoring {
         return try await offThePool {
             try database.write(isolation: .readCommitted) { session in
                 // One replica claims at a time: each claim then sees the leases of the one
-                // before, so no lane is split between two replicas.
+                // before, so no lane is split between two replicas. A lease whose replica is
+                // gone (killed mid-pass) is over at once.
                 try session.execute("SELECT pg_advisory_xact_lock(hashtext('canopy_care_outbox'))")
                 return try session.rows("""
-                    UPDATE outbox SET leasedUntil = \(until) WHERE id IN (
+                    UPDATE outbox SET leasedUntil = \(until), leasedBy = \(database.holder) WHERE id IN (
                         SELECT id FROM outbox
-                        WHERE nextAttempt <= \(at) AND (leasedUntil IS NULL OR leasedUntil <= \(at))
+                        WHERE nextAttempt <= \(at) AND (leasedUntil IS NULL OR leasedUntil <= \(at) OR \(unescaped: PostgresStore.holderIsGone("leasedBy")))
                           AND NOT EXISTS (SELECT 1 FROM outbox earlier
                                           WHERE earlier.owner = outbox.owner AND earlier.service = outbox.service AND earlier.id < outbox.id
-                                            AND (earlier.nextAttempt > \(at) OR earlier.leasedUntil > \(at)))
+                                            AND (earlier.nextAttempt > \(at)
+                                                 OR (earlier.leasedUntil > \(at) AND NOT \(unescaped: PostgresStore.holderIsGone("earlier.leasedBy")))))
                         ORDER BY id LIMIT \(limit) FOR UPDATE SKIP LOCKED)
                     RETURNING id, owner, service, operation, body, attempts, generation
                     """).map { row in

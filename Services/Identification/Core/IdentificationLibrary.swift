@@ -3,6 +3,7 @@ import CanopyImaging
 import CanopyMessages
 import CanopyServiceKit
 import Foundation
+import Logging
 
 /// What canopy-identify does, one method per operation. Every method takes the owner (the
 /// request's principal); nothing is read, accepted or forgotten for anyone else.
@@ -57,22 +58,25 @@ final class IdentificationLibrary: Sendable {
         // The same photos again answer the recorded identification; the same photos at once
         // (two requests, on one replica or two) are identified once: the first claims the
         // submission, the others wait for its answer.
-        var claimed = false
+        // The photos go under a plant id of the submission's own: this one, or the one a
+        // replica that died holding the claim stored them under.
+        var plantID: String?
         while true {
             if let existing = try await store.identification(owner: owner, submissionKey: key) {
-                if claimed { try? store.releaseSubmission(owner: owner, key: key) }
+                if plantID != nil { try? store.releaseSubmission(owner: owner, key: key) }
                 metrics.submission(repeated: true)
                 return existing
             }
-            if claimed { break } // and nobody identified it before the claim: this request does
+            if plantID != nil { break } // and nobody identified it before the claim: this request does
             let claimedAt = Date()
-            claimed = try await offThePool { [store] in try store.claimSubmission(owner: owner, key: key, now: claimedAt, until: claimedAt + Self.claimSeconds) }
-            if !claimed { try await Task.sleep(for: .milliseconds(50)) }
+            plantID = try await offThePool { [store] in
+                try store.claimSubmission(owner: owner, key: key, plantID: UUID().uuidString.lowercased(), now: claimedAt, until: claimedAt + Self.claimSeconds)
+            }
+            if plantID == nil { try await Task.sleep(for: .milliseconds(50)) }
         }
         defer { try? store.releaseSubmission(owner: owner, key: key) }
         metrics.submission(repeated: false)
-
-        let plantID = UUID().uuidString.lowercased()
+        guard let plantID else { preconditionFailure("the loop ends claimed") }
         // A submission that fails leaves nothing behind: the photos it stored (under its own
         // plant id) and the features it computed go again.
         var storedAny = false
@@ -85,6 +89,30 @@ final class IdentificationLibrary: Sendable {
             try? store.deleteFeatures(computed)
             throw error
         }
+    }
+
+    /// Clears what submissions left when the replica identifying them went away (killed, or
+    /// past ``claimSeconds``): the photos stored under a submission's plant id are purged
+    /// unless its identification was recorded, and the claim goes. One that cannot be
+    /// cleared now (canopy-images is away) is held for ``claimSeconds``, then tried again.
+    /// Returns how many it cleared.
+    @discardableResult
+    func sweepAbandoned(now: Date? = nil, logger: Logger? = nil) async throws -> Int {
+        let now = now ?? clock.now()
+        let abandoned = try await offThePool { [store] in try store.takeAbandonedSubmissions(now: now, until: now + Self.claimSeconds, limit: 100) }
+        var cleared = 0
+        for submission in abandoned {
+            do {
+                if try await store.identification(owner: submission.owner, submissionKey: submission.key) == nil, let plantID = submission.plantID {
+                    try await bus.purge(plantID: plantID, owner: submission.owner)
+                }
+                try store.releaseSubmission(owner: submission.owner, key: submission.key)
+                cleared += 1
+            } catch {
+                logger?.warning("identify.submission.sweep.failed", metadata: ["error": "\(error)"])
+            }
+        }
+        return cleared
     }
 
     /// The work of ``submit(_:owner:now:)`` once the submission is new: every photo stored

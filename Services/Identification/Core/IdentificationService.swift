@@ -53,6 +53,8 @@ public struct IdentificationServiceSettings: Sendable {
     public var clock: ServiceClock = .system
     /// The PostgreSQL every replica shares (`--database-url`), or nil for SQLite in ``directory``.
     public var postgres: PostgresSettings?
+    /// How often it clears what replicas that went away mid-submission left (and at start).
+    public var sweepInterval: Duration = .seconds(30)
 
     /// - Parameters:
     ///   - directory: the store's directory.
@@ -98,7 +100,31 @@ public func makeIdentificationService(settings: IdentificationServiceSettings, b
     case .hybrid: HybridProvider(reference: reference, plantNet: plantNet!, threshold: settings.hybridThreshold)
     }
     let library = IdentificationLibrary(store: store, provider: provider, bus: BusPeers(client: bus), metrics: metrics, clock: settings.clock)
-    return ServiceParts(handlers: IdentificationService(library: library, plantNet: plantNet))
+    return ServiceParts(handlers: IdentificationService(library: library, plantNet: plantNet),
+                        background: [SubmissionSweep(library: library, interval: settings.sweepInterval, logger: logger)])
+}
+
+/// Clears, at start and every `interval`, what submissions left when the process
+/// identifying them went away (``IdentificationLibrary/sweepAbandoned(now:logger:)``): with
+/// SQLite, a crash of this service; with replicas, any replica killed mid-submission.
+struct SubmissionSweep: Service {
+    let library: IdentificationLibrary
+    let interval: Duration
+    let logger: Logger
+
+    func run() async throws {
+        await cancelWhenGracefulShutdown {
+            while !Task.isCancelled {
+                do {
+                    let cleared = try await library.sweepAbandoned(logger: logger)
+                    if cleared > 0 { logger.notice("identify.submissions.cleared", metadata: ["identify.submissions": "\(cleared)"]) }
+                } catch {
+                    logger.warning("identify.submission.sweep.failed", metadata: ["error": "\(error)"])
+                }
+                try? await Task.sleep(for: interval)
+            }
+        }
+    }
 }
 
 /// The operator's tools on the store, for the CLI: reference photos and one-shot matching.

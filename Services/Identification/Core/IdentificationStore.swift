@@ -12,6 +12,9 @@ import GRDB
 final class IdentificationStore: IdentificationStoring {
     let database: DatabasePool
     private let codec = MessageCodec()
+    /// This store's id in the submissions it claims: a claim of another id is a process that
+    /// ended (one process serves a SQLite store), so it is free.
+    let holder = Int64.random(in: 1...Int64(Int32.max))
 
     init(path: String) throws {
         database = try SQLiteStore.open(path: path, migrator: Self.migrator)
@@ -75,6 +78,12 @@ final class IdentificationStore: IdentificationStoring {
                                           PRIMARY KEY (owner, submissionKey))
                 """)
         }
+        migrator.registerMigration("v3-submission-holders") { db in
+            // Who holds a claim, and the plant id its photos go under: a claim left by a
+            // process that ended is taken over with its photos, or cleared.
+            try db.execute(sql: "ALTER TABLE submissions ADD COLUMN plantID TEXT")
+            try db.execute(sql: "ALTER TABLE submissions ADD COLUMN claimedBy INTEGER")
+        }
         return migrator
     }
 
@@ -98,19 +107,33 @@ final class IdentificationStore: IdentificationStoring {
             .map { try codec.decode(Identification.Record.self, from: [UInt8]($0)) }
     }
 
-    func claimSubmission(owner: String, key: String, now: Date, until: Date) throws -> Bool {
-        try database.write { db in
-            try db.execute(sql: """
-                INSERT INTO submissions (owner, submissionKey, claimedUntil) VALUES (?, ?, ?)
-                ON CONFLICT (owner, submissionKey) DO UPDATE SET claimedUntil = excluded.claimedUntil WHERE submissions.claimedUntil <= ?
-                """, arguments: [owner, key, until.timeIntervalSince1970, now.timeIntervalSince1970])
-            return db.changesCount > 0
+    func claimSubmission(owner: String, key: String, plantID: String, now: Date, until: Date) throws -> String? {
+        try database.write { [holder] db in
+            try String.fetchOne(db, sql: """
+                INSERT INTO submissions (owner, submissionKey, claimedUntil, plantID, claimedBy) VALUES (?, ?, ?, ?, ?)
+                ON CONFLICT (owner, submissionKey) DO UPDATE
+                SET claimedUntil = excluded.claimedUntil, claimedBy = excluded.claimedBy, plantID = COALESCE(submissions.plantID, excluded.plantID)
+                WHERE submissions.claimedUntil <= ? OR submissions.claimedBy IS NOT ?
+                RETURNING plantID
+                """, arguments: [owner, key, until.timeIntervalSince1970, plantID, holder, now.timeIntervalSince1970, holder])
         }
     }
 
     func releaseSubmission(owner: String, key: String) throws {
-        try database.write { db in
-            try db.execute(sql: "DELETE FROM submissions WHERE owner = ? AND submissionKey = ?", arguments: [owner, key])
+        try database.write { [holder] db in
+            try db.execute(sql: "DELETE FROM submissions WHERE owner = ? AND submissionKey = ? AND (claimedBy IS NULL OR claimedBy = ?)",
+                           arguments: [owner, key, holder])
+        }
+    }
+
+    func takeAbandonedSubmissions(now: Date, until: Date, limit: Int) throws -> [AbandonedSubmission] {
+        try database.write { [holder] db in
+            try Row.fetchAll(db, sql: """
+                UPDATE submissions SET claimedUntil = ?, claimedBy = ?
+                WHERE rowid IN (SELECT rowid FROM submissions WHERE claimedUntil <= ? OR claimedBy IS NOT ? LIMIT ?)
+                RETURNING owner, submissionKey, plantID
+                """, arguments: [until.timeIntervalSince1970, holder, now.timeIntervalSince1970, holder, limit])
+                .map { AbandonedSubmission(owner: $0[0], key: $0[1], plantID: $0[2]) }
         }
     }
 

@@ -12,11 +12,18 @@ protocol IdentificationStoring: Sendable {
     func identification(owner: String, id: String) async throws -> Identification.Record?
     /// The identification of these photos, if the person submitted them before.
     func identification(owner: String, submissionKey: String) async throws -> Identification.Record?
-    /// Makes the caller the one identifying this submission until `until` (or until it
-    /// releases it): false while another holds it.
-    func claimSubmission(owner: String, key: String, now: Date, until: Date) throws -> Bool
-    /// Lets go of a submission claimed (identified, or failed).
+    /// Makes the caller the one identifying this submission, its photos stored under
+    /// `plantID`, until `until`, its release, or the end of the store's process; nil while
+    /// another holds it. Answers the plant id to store the photos under: `plantID`, or, when
+    /// it takes over a claim whose holder is gone or whose time passed, that claim's (the
+    /// photos the holder stored count again, and none is left under a plant id nothing names).
+    func claimSubmission(owner: String, key: String, plantID: String, now: Date, until: Date) throws -> String?
+    /// Lets go of a submission this store claimed (identified, or failed).
     func releaseSubmission(owner: String, key: String) throws
+    /// Takes over, until `until`, up to `limit` claims nobody holds any more: their holder is
+    /// gone (a replica killed mid-submission) or their time passed. For
+    /// ``IdentificationLibrary/sweepAbandoned(now:)``, which clears what each left.
+    func takeAbandonedSubmissions(now: Date, until: Date, limit: Int) throws -> [AbandonedSubmission]
     /// Records a new identification; when the same submission was recorded meanwhile (two at
     /// once), that one stands and is returned. A person keeps at most
     /// ``Identification/Limits/identificationsPerPerson``: past that, their oldest
@@ -87,4 +94,12 @@ extension IdentificationStoring {
     func saveQuota(_ state: ProviderQuota, provider: String) throws {
         try saveQuota(state, provider: provider, now: Date())
     }
+}
+
+/// A submission whose claimant went away mid-way (``IdentificationStoring/takeAbandonedSubmissions(now:until:limit:)``):
+/// whose it was, its key, and the plant id its photos were stored under.
+struct AbandonedSubmission: Sendable, Equatable {
+    var owner: String
+    var key: String
+    var plantID: String?
 }

@@ -10,7 +10,8 @@ import PostgresNIO
 /// canopy-identify replicas share: the same tables and queries as ``IdentificationStore``.
 /// Writes are serializable, so a person's identification limit and the reference generation
 /// hold across replicas; a submission is identified once however many replicas get it at
-/// once (``claimSubmission(owner:key:now:until:)``), so the provider's quota counts it once.
+/// once (``claimSubmission(owner:key:plantID:now:until:)``), so the provider's quota counts it once;
+/// a replica killed mid-submission leaves nothing behind (``takeAbandonedSubmissions(now:until:limit:)``).
 final class PostgresIdentificationStore: IdentificationStoring {
     let database: PostgresStore
     private let codec = MessageCodec()
@@ -74,6 +75,11 @@ final class PostgresIdentificationStore: IdentificationStoring {
             "CREATE TABLE quota (provider TEXT PRIMARY KEY, remaining BIGINT, resetsAt DOUBLE PRECISION, updatedAt DOUBLE PRECISION NOT NULL)",
             "CREATE TABLE meta (key TEXT PRIMARY KEY, value BIGINT NOT NULL)",
             "INSERT INTO meta VALUES ('referenceGeneration', 0)")
+        // Who holds a claim (``PostgresStore/holder``), and the plant id its photos go under:
+        // a claim left by a replica that is gone is taken over with its photos, or cleared.
+        migrator.register("v2-submission-holders",
+                          "ALTER TABLE submissions ADD COLUMN plantID TEXT",
+                          "ALTER TABLE submissions ADD COLUMN claimedBy BIGINT")
         return migrator
     }
 
@@ -101,20 +107,35 @@ final class PostgresIdentificationStore: IdentificationStoring {
         try session.value(Data.self, "SELECT record FROM identifications WHERE owner = \(owner) AND submissionKey = \(submissionKey)").map(record)
     }
 
-    func claimSubmission(owner: String, key: String, now: Date, until: Date) throws -> Bool {
-        let (at, end) = (now.timeIntervalSince1970, until.timeIntervalSince1970)
+    func claimSubmission(owner: String, key: String, plantID: String, now: Date, until: Date) throws -> String? {
+        let (at, end, holder) = (now.timeIntervalSince1970, until.timeIntervalSince1970, database.holder)
         return try database.write(isolation: .readCommitted) { session in
-            try session.value(Int.self, """
-                INSERT INTO submissions (owner, submissionKey, claimedUntil) VALUES (\(owner), \(key), \(end))
-                ON CONFLICT (owner, submissionKey) DO UPDATE SET claimedUntil = excluded.claimedUntil WHERE submissions.claimedUntil <= \(at)
-                RETURNING 1
-                """) != nil
+            try session.value(String.self, """
+                INSERT INTO submissions (owner, submissionKey, claimedUntil, plantID, claimedBy) VALUES (\(owner), \(key), \(end), \(plantID), \(holder))
+                ON CONFLICT (owner, submissionKey) DO UPDATE
+                SET claimedUntil = excluded.claimedUntil, claimedBy = excluded.claimedBy, plantID = COALESCE(submissions.plantID, excluded.plantID)
+                WHERE submissions.claimedUntil <= \(at) OR \(unescaped: PostgresStore.holderIsGone("submissions.claimedBy"))
+                RETURNING plantID
+                """)
         }
     }
 
     func releaseSubmission(owner: String, key: String) throws {
+        let holder = database.holder
         try database.write(isolation: .readCommitted) { session in
-            try session.execute("DELETE FROM submissions WHERE owner = \(owner) AND submissionKey = \(key)")
+            try session.execute("DELETE FROM submissions WHERE owner = \(owner) AND submissionKey = \(key) AND (claimedBy IS NULL OR claimedBy = \(holder))")
+        }
+    }
+
+    func takeAbandonedSubmissions(now: Date, until: Date, limit: Int) throws -> [AbandonedSubmission] {
+        let (at, end, holder) = (now.timeIntervalSince1970, until.timeIntervalSince1970, database.holder)
+        return try database.write(isolation: .readCommitted) { session in
+            try session.rows("""
+                UPDATE submissions SET claimedUntil = \(end), claimedBy = \(holder) WHERE (owner, submissionKey) IN (
+                    SELECT owner, submissionKey FROM submissions WHERE claimedUntil <= \(at) OR \(unescaped: PostgresStore.holderIsGone("claimedBy"))
+                    LIMIT \(limit) FOR UPDATE SKIP LOCKED)
+                RETURNING owner, submissionKey, plantID
+                """).map { AbandonedSubmission(owner: try $0[0].decode(String.self), key: try $0[1].decode(String.self), plantID: try $0[2].decode(String?.self)) }
         }
     }
 
@@ -329,10 +350,11 @@ final class PostgresIdentificationStore: IdentificationStoring {
     }
 }
 
-/// How canopy-identify's SQLite store moves into PostgreSQL (`canopy migrate`); submissions
-/// being identified are not moved (the store is stopped or a backup: nothing is under way).
+/// How canopy-identify's SQLite store moves into PostgreSQL (`canopy migrate`). Submissions
+/// come along: nothing is under way (the store is stopped or a backup), so each is one a
+/// process left when it ended, and the first replica's sweep clears what it stored.
 public let identifyStoreImport = StoreImport(store: "identify", migrator: PostgresIdentificationStore.migrator, tables: [
     .init("identifications", key: ["id"]), .init("photoFeatures", key: ["sha256"]), .init("species", key: ["id"]),
     .init("referencePhotos", key: ["speciesID", "sha256"]), .init("plantPhotos", key: ["owner", "plantID", "sha256"]),
-    .init("quota", key: ["provider"]), .init("meta", key: ["key"], seeded: true),
+    .init("quota", key: ["provider"]), .init("meta", key: ["key"], seeded: true), .init("submissions", key: ["owner", "submissionKey"]),
 ])

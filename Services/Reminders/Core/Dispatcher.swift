@@ -62,8 +62,8 @@ public struct DispatchSettings: Sendable {
     /// At most one refill request per person this often.
     public var refillInterval: Duration = .seconds(600)
     /// With replicas sharing the store: how long a replica holds a send it is trying (longer
-    /// than any channel takes to answer); a replica killed mid-delivery delays the send by
-    /// this, then another tries it.
+    /// than any channel takes to answer); a replica that hangs mid-delivery delays the send
+    /// by this, then another tries it (one killed: by a sweep, as its connections end).
     public var lease: Duration = .seconds(120)
     /// …how often each replica looks for work nobody is doing (a stopped replica's reminders
     /// and sends, reminders another replica was busy with)…

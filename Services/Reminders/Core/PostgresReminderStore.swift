@@ -19,9 +19,10 @@ import PostgresNIO
 ///   locks spread to whole tables and most transactions failed and ran again (33 deliveries a
 ///   second where 333 were due).
 /// - A send is leased to the replica trying it (``claimSend(id:now:until:)``) until the
-///   attempt is recorded; a replica killed mid-delivery leaves a lease that ends, and another
-///   replica's sweep (``orphans(dueBefore:now:)``) takes the send and tries it again, under the
-///   same idempotency key (`webhook-id`): the documented at-least-once case.
+///   attempt is recorded; a replica killed mid-delivery holds nothing once PostgreSQL sees its
+///   connections go (``PostgresStore/holderIsGone(_:)``; one that hangs, once the lease ends),
+///   and another replica's sweep (``orphans(dueBefore:now:)``) takes the send and tries it
+///   again, under the same idempotency key (`webhook-id`): the documented at-least-once case.
 final class PostgresReminderStore: ReminderStoring {
     let database: PostgresStore
     let codec = MessageCodec()
@@ -102,6 +103,9 @@ final class PostgresReminderStore: ReminderStoring {
                 detail TEXT NOT NULL)
             """,
             "CREATE INDEX attemptsBySend ON attempts(sendID)")
+        // Which replica holds a send's lease (``PostgresStore/holder``): one whose process is
+        // gone holds nothing, whatever its lease says.
+        migrator.register("v2-lease-holders", "ALTER TABLE sends ADD COLUMN leasedBy BIGINT")
         return migrator
     }
 
@@ -143,7 +147,8 @@ final class PostgresReminderStore: ReminderStoring {
         let (at, end) = (now.timeIntervalSince1970, until.timeIntervalSince1970)
         return try database.write(isolation: .readCommitted) { session in
             try session.execute("""
-                UPDATE sends SET leasedUntil = \(end) WHERE id = \(id) AND state = 'pending' AND (leasedUntil IS NULL OR leasedUntil <= \(at))
+                UPDATE sends SET leasedUntil = \(end), leasedBy = \(database.holder)
+                WHERE id = \(id) AND state = 'pending' AND (leasedUntil IS NULL OR leasedUntil <= \(at) OR \(unescaped: PostgresStore.holderIsGone("leasedBy")))
                 """) == 1
         }
     }
@@ -154,7 +159,8 @@ final class PostgresReminderStore: ReminderStoring {
             let reminders = try session.rows("SELECT id, fireAt FROM reminders WHERE state = 'pending' AND fireAt < \(cutoff) ORDER BY fireAt LIMIT 10000")
                 .map { (id: try $0[0].decode(Int64.self), fireAt: try $0[1].decode(Double.self)) }
             let sends = try session.rows("""
-                SELECT id, nextAttempt FROM sends WHERE state = 'pending' AND nextAttempt < \(cutoff) AND (leasedUntil IS NULL OR leasedUntil <= \(at))
+                SELECT id, nextAttempt FROM sends
+                WHERE state = 'pending' AND nextAttempt < \(cutoff) AND (leasedUntil IS NULL OR leasedUntil <= \(at) OR \(unescaped: PostgresStore.holderIsGone("leasedBy")))
                 ORDER BY nextAttempt LIMIT 10000
                 """).map { (id: try $0[0].decode(Int64.self), nextAttempt: try $0[1].decode(Double.self)) }
             return (reminders, sends)
