@@ -99,7 +99,14 @@ struct ImageReplicaTests {
         let bytes = Fixture.image { $0.width = 200; $0.height = 150 }
         let sha256 = ImageLibrary.sha256(bytes)
         // Eight people take and let go of the same photo, forty times each, half on each
-        // replica, straight on the stores (no decode in between: the windows overlap often).
+        // replica, straight on the stores (no decode in between: the windows overlap often),
+        // while the second replica sweeps for orphaned files all the while (as one opening does).
+        let sweeping = Atomic<Bool>(true)
+        let sweeper = Task {
+            while sweeping.load(ordering: .relaxed) {
+                try await offThePool { try replicas[1].store.sweepOrphans(now: Date()) }
+            }
+        }
         let broken = try await withThrowingTaskGroup(of: Int.self) { group in
             for person in 0..<8 {
                 let store = replicas[person % 2].store
@@ -119,8 +126,35 @@ struct ImageReplicaTests {
             }
             return try await group.reduce(0, +)
         }
+        sweeping.store(false, ordering: .relaxed)
+        try await sweeper.value
         #expect(broken == 0, "\(broken) time(s) a holder found no file or no row")
         #expect(try !replicas[0].store.hasOriginal(sha256) && !replicas[0].store.files.exists(sha256), "nobody holds it: nothing is left")
+    }
+
+    /// What a replica killed mid-upload or mid-purge leaves (a file no row counts, a
+    /// temporary file) is cleared when a replica opens; what someone holds stays.
+    @Test func aReplicaOpeningClearsTheFilesAKilledOneLeft() async throws {
+        let directory = try TemporaryDirectory("images-sweep")
+        defer { directory.remove() }
+        let first = try await replicas(1, in: directory)[0]
+        let held = try await first.library.put(Fixture.image { $0.width = 320; $0.height = 240 }, owner: "alice", plantID: "p1")
+        let files = first.store.files
+        // Killed between the file and its row (or between a purge's commit and the file's removal).
+        let orphan = String(repeating: "ab", count: 32)
+        try files.write([1, 2, 3], as: orphan)
+        // Killed while writing: a temporary file an hour old, and one being written now.
+        let (stale, fresh) = (files.directory.appendingPathComponent(PhotoFiles.temporaryPrefix + "stale"),
+                              files.directory.appendingPathComponent(PhotoFiles.temporaryPrefix + "fresh"))
+        try Data([1]).write(to: stale)
+        try Data([2]).write(to: fresh)
+        try FileManager.default.setAttributes([.modificationDate: Date(timeIntervalSinceNow: -3_600)], ofItemAtPath: stale.path)
+        first.store.database.close()
+
+        let again = try await PostgresImageStore.open(url: first.store.database.url, poolSize: 2, originals: files.directory, logger: Logger(label: "images-sweep"))
+        defer { again.database.close() }
+        #expect(try Set(files.entries().map(\.name)) == [held.sha256, PhotoFiles.temporaryPrefix + "fresh"], "the orphan and the stale temporary file went")
+        #expect(try again.hasOriginal(held.sha256) && files.exists(held.sha256))
     }
 }
 

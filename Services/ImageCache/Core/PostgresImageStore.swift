@@ -24,9 +24,9 @@ final class PostgresImageStore: ImageStoring {
     private let codec = MessageCodec()
     /// The channel deleted originals are announced on (their ids, comma-separated).
     static let deletedChannel = "canopy_images_deleted"
-    /// How old a file no row counts must be before a sweep removes it: an upload on another
-    /// replica writes its file a moment before its row commits.
-    static let orphanAge: TimeInterval = 3_600
+    /// How old a temporary file must be before a sweep removes it (one being written now is
+    /// younger; the writer of an older one died).
+    static let temporaryAge: TimeInterval = 600
 
     var isRemote: Bool { true }
 
@@ -195,12 +195,17 @@ final class PostgresImageStore: ImageStoring {
         }
     }
 
-    /// Removes files no row counts that are older than ``orphanAge`` (a replica that died
-    /// between writing a file and committing its row), and temporary files as old.
+    /// Removes the files no row counts: left by a replica that died between writing a file
+    /// and committing its row, or between a purge's commit and its file's removal (at open,
+    /// so a replica that was killed clears what it left when it comes back). Each is checked
+    /// in its lock (``removeFiles(_:)``), as uploads write files in theirs: a file whose row is
+    /// about to commit is kept. Temporary files go once ``temporaryAge`` old.
     func sweepOrphans(now: Date) throws {
-        let old = try files.entries().filter { now.timeIntervalSince($0.modified) > Self.orphanAge }
-        for entry in old where entry.name.hasPrefix(PhotoFiles.temporaryPrefix) { files.remove(entry.name) }
-        let names = old.map(\.name).filter { !$0.hasPrefix(PhotoFiles.temporaryPrefix) }
+        let entries = try files.entries()
+        for entry in entries where entry.name.hasPrefix(PhotoFiles.temporaryPrefix) && now.timeIntervalSince(entry.modified) > Self.temporaryAge {
+            files.remove(entry.name)
+        }
+        let names = entries.map(\.name).filter { !$0.hasPrefix(PhotoFiles.temporaryPrefix) }
         for start in stride(from: 0, to: names.count, by: 1_000) {
             _ = try removeFiles(Array(names[start..<min(start + 1_000, names.count)]))
         }
