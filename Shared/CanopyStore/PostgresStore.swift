@@ -113,6 +113,14 @@ public final class PostgresStore: Sendable {
         try transaction(begin: "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", body)
     }
 
+    /// Runs `body`, which makes one statement, outside a transaction: a statement is atomic
+    /// and sees one snapshot on its own, so a one-statement read (or write) costs one round
+    /// trip instead of three (`BEGIN`, the statement, `COMMIT`). A body of more than one
+    /// statement belongs in ``read(_:)`` or ``write(isolation:_:)``.
+    public func statement<T>(_ body: (PostgresSession) throws -> T) throws -> T {
+        try withConnection(body)
+    }
+
     /// How a write transaction is isolated from others running at once.
     public enum Isolation: String, Sendable {
         /// As if the transactions ran one after the other (the default).

@@ -58,7 +58,12 @@ struct CareStoreTests {
             #expect(try data.careLog(owner: "bob", plantID: "p1", limit: 10).isEmpty)
             #expect(try data.careLog(owner: "alice", plantID: "p1", limit: 10).count == 1)
             #expect(try data.plants(owner: "bob", matching: .init()).total == 0)
+            #expect(try data.plantCountAndPreferences(owner: "bob") == (0, Care.Preferences()), "nothing, and the defaults")
         }
+        var preferences = Care.Preferences()
+        preferences.wateringFactor = 1.5
+        try store.write { data in try data.savePreferences(preferences, owner: "alice") }
+        #expect(try store.read { data in try data.plantCountAndPreferences(owner: "alice") } == (1, preferences))
         // Bob's delete and snooze change nothing of alice's.
         try store.write { (data: any CareWrites) throws in
             try data.deletePlant(owner: "bob", id: "p1")

@@ -54,11 +54,11 @@ final class CareLibrary: Sendable {
                     throw CanopyError(.conflict, "the plant id '\(plant.id)' is taken; leave id empty and one is chosen")
                 }
             }
-            let count = try data.plantCount(owner: owner)
+            let (count, preferences) = try data.plantCountAndPreferences(owner: owner)
             guard count < maximumPlants else {
                 throw CanopyError(.tooLarge, "your collection has \(count) plants, the most one person may keep; delete some before adding more")
             }
-            let scheduler = try Scheduler(preferences: try data.preferences(owner: owner))
+            let scheduler = try Scheduler(preferences: preferences)
             let saved = try data.save(plant, owner: owner, override: override)
             try reschedule(data, owner: owner, plant: saved, scheduler: scheduler, now: now, new: true)
             try data.enqueueReminderSync(owner: owner, now: now)

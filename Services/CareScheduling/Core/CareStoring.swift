@@ -67,6 +67,9 @@ protocol CareReads {
     func statistics(owner: String, monthStart: Date, now: Date, weekEnd: Date) throws -> Care.Statistics.Reply
     /// The owner's preferences, or the defaults.
     func preferences(owner: String) throws -> Care.Preferences
+    /// ``plantCount(owner:)`` and ``preferences(owner:)`` together, what adding a plant reads
+    /// (in one round trip where the store can).
+    func plantCountAndPreferences(owner: String) throws -> (plants: Int, preferences: Care.Preferences)
 
     func task(owner: String, id: String) throws -> StoredTask?
     /// The tasks of one plant.
@@ -164,5 +167,11 @@ struct FollowUp: Sendable, Equatable {
     /// How long a follow-up that failed `attempts` times before waits: 1, 2, 4 … up to 300 s.
     static func backoff(afterAttempts attempts: Int) -> TimeInterval {
         min(300, pow(2, Double(attempts)))
+    }
+}
+
+extension CareReads {
+    func plantCountAndPreferences(owner: String) throws -> (plants: Int, preferences: Care.Preferences) {
+        (try plantCount(owner: owner), try preferences(owner: owner))
     }
 }

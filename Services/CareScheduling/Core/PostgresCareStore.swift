@@ -385,6 +385,12 @@ private struct PostgresCareTransaction: CareWrites {
         return (try? store.codec.decode(Care.Preferences.self, from: [UInt8](data))) ?? Care.Preferences()
     }
 
+    func plantCountAndPreferences(owner: String) throws -> (plants: Int, preferences: Care.Preferences) {
+        let row = try session.row("SELECT (SELECT COUNT(*) FROM plants WHERE owner = \(owner)), (SELECT value FROM preferences WHERE owner = \(owner))")
+        let preferences = try row?[1].decode(Data?.self).flatMap { try? store.codec.decode(Care.Preferences.self, from: [UInt8]($0)) }
+        return (try row?[0].decode(Int.self) ?? 0, preferences ?? Care.Preferences())
+    }
+
     func savePreferences(_ preferences: Care.Preferences, owner: String) throws {
         let value = Data(try store.codec.encode(preferences))
         try session.execute("INSERT INTO preferences (owner, value) VALUES (\(owner), \(value)) ON CONFLICT (owner) DO UPDATE SET value = excluded.value")

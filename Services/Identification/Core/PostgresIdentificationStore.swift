@@ -91,7 +91,7 @@ final class PostgresIdentificationStore: IdentificationStoring {
 
     func identification(owner: String, id: String) async throws -> Identification.Record? {
         try await offThePool { [self] in
-            try database.read { session in
+            try database.statement { session in
                 try session.value(Data.self, "SELECT record FROM identifications WHERE owner = \(owner) AND id = \(id)").map(record)
             }
         }
@@ -99,7 +99,7 @@ final class PostgresIdentificationStore: IdentificationStoring {
 
     func identification(owner: String, submissionKey: String) async throws -> Identification.Record? {
         try await offThePool { [self] in
-            try database.read { session in try identification(session, owner: owner, submissionKey: submissionKey) }
+            try database.statement { session in try identification(session, owner: owner, submissionKey: submissionKey) }
         }
     }
 
@@ -180,7 +180,7 @@ final class PostgresIdentificationStore: IdentificationStoring {
     }
 
     func history(owner: String, plantID: String?, limit: Int, after cursor: (createdAt: Double, id: String)?) throws -> [Identification.Record] {
-        try database.read { session in
+        try database.statement { session in
             var bindings = PostgresBindings()
             bindings.append(owner)
             var sql = "SELECT record FROM identifications WHERE owner = $1"
@@ -228,7 +228,7 @@ final class PostgresIdentificationStore: IdentificationStoring {
 
     func features(_ sha256s: [String]) throws -> [String: PhotoFeatures] {
         guard !sha256s.isEmpty else { return [:] }
-        return try database.read { session in
+        return try database.statement { session in
             var found: [String: PhotoFeatures] = [:]
             for row in try session.rows("SELECT sha256, features FROM photoFeatures WHERE sha256 = ANY(\(sha256s))") {
                 if let features = PhotoFeatures(packed: try row[1].decode(Data.self)) { found[try row[0].decode(String.self)] = features }
@@ -250,7 +250,7 @@ final class PostgresIdentificationStore: IdentificationStoring {
     }
 
     func plantPhotos(owner: String) throws -> [(candidate: Identification.Candidate, features: PhotoFeatures)] {
-        try database.read { session in
+        try database.statement { session in
             try session.rows("""
                 SELECT plantPhotos.candidate, photoFeatures.features FROM plantPhotos
                 JOIN photoFeatures ON photoFeatures.sha256 = plantPhotos.sha256 WHERE plantPhotos.owner = \(owner)
@@ -264,7 +264,7 @@ final class PostgresIdentificationStore: IdentificationStoring {
     // MARK: - References
 
     func referenceGeneration() throws -> Int {
-        try database.read { session in try session.value(Int.self, "SELECT value FROM meta WHERE key = 'referenceGeneration'") ?? 0 }
+        try database.statement { session in try session.value(Int.self, "SELECT value FROM meta WHERE key = 'referenceGeneration'") ?? 0 }
     }
 
     func addReferences(_ species: ReferenceSpecies, photos: [(sha256: String, features: PhotoFeatures)], now: Date) throws {
@@ -306,7 +306,7 @@ final class PostgresIdentificationStore: IdentificationStoring {
     }
 
     func referenceSpecies() throws -> [(species: ReferenceSpecies, photos: Int)] {
-        try database.read { session in
+        try database.statement { session in
             try session.rows("""
                 SELECT \(unescaped: Self.speciesColumns), COUNT(referencePhotos.sha256) FROM species
                 LEFT JOIN referencePhotos ON referencePhotos.speciesID = species.id
@@ -334,7 +334,7 @@ final class PostgresIdentificationStore: IdentificationStoring {
     // MARK: - Quota
 
     func quota(provider: String) throws -> ProviderQuota {
-        try database.read { session in
+        try database.statement { session in
             guard let row = try session.row("SELECT remaining, resetsAt FROM quota WHERE provider = \(provider)") else { return ProviderQuota() }
             return ProviderQuota(remaining: try row[0].decode(Int?.self), resetsAt: try row[1].decode(Double?.self).map(Date.init(timeIntervalSince1970:)))
         }

@@ -76,11 +76,11 @@ final class PostgresImageStore: ImageStoring {
     // MARK: - Originals
 
     func hasOriginal(_ sha256: String) throws -> Bool {
-        try database.read { session in try session.value(Int.self, "SELECT 1 FROM originals WHERE sha256 = \(sha256)") != nil }
+        try database.statement { session in try session.value(Int.self, "SELECT 1 FROM originals WHERE sha256 = \(sha256)") != nil }
     }
 
     func originalSize(_ sha256: String) throws -> (format: Images.Format, width: Int, height: Int)? {
-        try database.read { session in
+        try database.statement { session in
             try session.row("SELECT format, width, height FROM originals WHERE sha256 = \(sha256)").map { row in
                 (ImageProcessor.storedFormat(ImageKind(rawValue: try row[0].decode(String.self)) ?? .jpeg), try row[1].decode(Int.self), try row[2].decode(Int.self))
             }
@@ -92,7 +92,7 @@ final class PostgresImageStore: ImageStoring {
     }
 
     func originalTotals() throws -> (count: Int, bytes: Int) {
-        try database.read { session in
+        try database.statement { session in
             let row = try session.row("SELECT COUNT(*), COALESCE(SUM(bytes), 0)::BIGINT FROM originals")
             return (try row?[0].decode(Int.self) ?? 0, try row?[1].decode(Int.self) ?? 0)
         }
@@ -136,11 +136,11 @@ final class PostgresImageStore: ImageStoring {
     }
 
     func owns(_ owner: String, _ sha256: String) throws -> Bool {
-        try database.read { session in try session.value(Int.self, "SELECT 1 FROM photos WHERE sha256 = \(sha256) AND owner = \(owner) LIMIT 1") != nil }
+        try database.statement { session in try session.value(Int.self, "SELECT 1 FROM photos WHERE sha256 = \(sha256) AND owner = \(owner) LIMIT 1") != nil }
     }
 
     func usage(owner: String) throws -> (photos: Int, bytes: Int) {
-        try database.read { session in
+        try database.statement { session in
             let row = try session.row("""
                 SELECT COUNT(*), COALESCE(SUM(o.bytes), 0)::BIGINT FROM photos p JOIN originals o ON o.sha256 = p.sha256 WHERE p.owner = \(owner)
                 """)
@@ -149,7 +149,7 @@ final class PostgresImageStore: ImageStoring {
     }
 
     func photos(owner: String, plantID: String) throws -> [Images.Photo] {
-        try database.read { session in try photos(session, owner: owner, plantID: plantID) }
+        try database.statement { session in try photos(session, owner: owner, plantID: plantID) }
     }
 
     func purge(owner: String, plantID: String, sha256: String?) throws -> (photos: Int, deleted: [String]) {
@@ -223,7 +223,7 @@ final class PostgresImageStore: ImageStoring {
     // MARK: - Palettes
 
     func palette(_ sha256: String, maximumAge: TimeInterval, now: Date) throws -> [Images.Swatch]? {
-        let row = try database.read { session in try session.row("SELECT swatches, createdAt FROM palettes WHERE sha256 = \(sha256)") }
+        let row = try database.statement { session in try session.row("SELECT swatches, createdAt FROM palettes WHERE sha256 = \(sha256)") }
         guard let row, now.timeIntervalSince1970 - (try row[1].decode(Double.self)) < maximumAge else { return nil }
         return try? codec.decode([Images.Swatch].self, from: [UInt8](try row[0].decode(Data.self)))
     }
@@ -240,7 +240,7 @@ final class PostgresImageStore: ImageStoring {
     }
 
     func paletteCount() throws -> Int {
-        try database.read { session in try session.value(Int.self, "SELECT COUNT(*) FROM palettes") ?? 0 }
+        try database.statement { session in try session.value(Int.self, "SELECT COUNT(*) FROM palettes") ?? 0 }
     }
 }
 
