@@ -225,7 +225,7 @@ targets += [
         "CanopyCapture", "CanopyReplay", "CanopyBroker", "CanopyBus", "CanopyWire", "CanopyMessages", "CanopyTesting",
         "CanopyServiceKit", "canopy", "canopy-broker",
     ]),
-    tests("CanopyStoreTests", ["CanopyStore", "CanopyTesting", P.postgresNIO]),
+    tests("CanopyStoreTests", ["CanopyStore", "CanopyTesting", P.grdb, P.postgresNIO]),
     tests("CanopyBusTests", [
         "CanopyBus", "CanopyBroker", "CanopyTesting", "CanopyServiceKit", "CZeroMQ", "MessageBroker", "canopy", "canopy-broker",
         "canopy-test-worker",

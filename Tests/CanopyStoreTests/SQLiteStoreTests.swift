@@ -1,0 +1,30 @@
+import CanopyStore
+import CanopyTesting
+import Foundation
+import GRDB
+import Testing
+
+/// How every SQLite store is opened (``SQLiteStore``).
+struct SQLiteStoreTests {
+    /// A commit does not checkpoint the write-ahead log (an fsync and a copy, 3–4 ms at the
+    /// wrong moment): the background does, on its own connection, soon after.
+    @Test func theLogIsCheckpointedInTheBackgroundNotByACommit() async throws {
+        let directory = try TemporaryDirectory("sqlite-store")
+        defer { directory.remove() }
+        var migrator = DatabaseMigrator()
+        migrator.registerMigration("v1") { db in try db.execute(sql: "CREATE TABLE blobs (id INTEGER PRIMARY KEY, data BLOB NOT NULL)") }
+        let path = directory.path("store.sqlite")
+        let pool = try SQLiteStore.open(path: path, migrator: migrator)
+        func size(_ file: String) -> Int { ((try? FileManager.default.attributesOfItem(atPath: file))?[.size] as? Int) ?? 0 }
+        // About 2,500 pages (10 MB) in 100 commits: SQLite's default would checkpoint twice.
+        let before = size(path)
+        for commit in 0..<100 {
+            try await pool.write { db in
+                for row in 0..<25 { try db.execute(sql: "INSERT INTO blobs (id, data) VALUES (?, zeroblob(4000))", arguments: [commit * 25 + row]) }
+            }
+        }
+        #expect(size(path + "-wal") > 8_000_000, "the commits left the log to the background")
+        #expect(try await eventually(within: .seconds(10)) { size(path) > before + 8_000_000 }, "the background copied it into the database")
+        #expect(try await pool.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM blobs") } == 2_500)
+    }
+}
