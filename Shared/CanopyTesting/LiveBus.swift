@@ -285,16 +285,30 @@ private func runBlocking(_ executable: URL, _ arguments: [String], environment: 
         collected.withLock { $0.errors = data }
     }
     let deadline = Date().addingTimeInterval(limit)
-    while process.isRunning, Date() < deadline { usleep(10_000) }
+    // Gone and reaped, though Foundation may not have noticed (below).
+    let pid = process.processIdentifier
+    func gone() -> Bool { kill(pid, 0) != 0 && errno == ESRCH }
+    while process.isRunning, !gone(), Date() < deadline { usleep(10_000) }
     if process.isRunning { process.terminate() }
     // One that ignores SIGTERM too is killed after 20 s more, so a test fails instead of hanging.
     let killAt = Date().addingTimeInterval(20)
     while process.isRunning, Date() < killAt { usleep(10_000) }
     if process.isRunning { kill(process.processIdentifier, SIGKILL) }
-    process.waitUntilExit()
+    // Not waitUntilExit(): once in a long while Foundation's Process misses a quick child's
+    // exit (the child is gone, isRunning stays true) and it spins for ever; a test fails instead.
+    let reportAt = Date().addingTimeInterval(10)
+    while process.isRunning, Date() < reportAt { usleep(10_000) }
+    guard !process.isRunning else {
+        throw ProcessNotReported(description: "\(executable.lastPathComponent) \(arguments.joined(separator: " ").prefix(200)) ended, but Foundation never reported its exit")
+    }
     reading.wait()
     let (out, err) = collected.withLock { ($0.output, $0.errors) }
     return ProcessResult(status: process.terminationStatus, output: String(decoding: out, as: UTF8.self), errors: String(decoding: err, as: UTF8.self))
+}
+
+/// A program whose exit Foundation's `Process` never reported (see ``runProgram(at:_:environment:directory:limit:)``).
+public struct ProcessNotReported: Error, CustomStringConvertible {
+    public let description: String
 }
 
 import Synchronization
