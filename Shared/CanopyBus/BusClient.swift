@@ -32,18 +32,29 @@ public struct RawReply: Sendable, Equatable {
 /// Calls operations on the bus over ZeroMQ: `try await bus.call(SomeOperation.self, request)`
 /// (the typed call is ``BusCalling``'s).
 ///
-/// Many concurrent calls share one DEALER connection, told apart by correlation id. Every
-/// call has a deadline; cancelling the calling task sends a cancel to the broker. When the
-/// connection to the broker is lost (a broker restart), idempotent calls in flight are sent
-/// again once it is back; other calls fail with `workerLost`, because they may have run.
+/// Many concurrent calls share one DEALER connection per broker, told apart by correlation
+/// id. Every call has a deadline; cancelling the calling task sends a cancel to the broker.
+/// With several brokers (all live) calls go to one, the client's preferred one while it is
+/// up (chosen at random, so clients spread). When a broker's connection is lost (it died, or
+/// restarts), idempotent calls in flight on it go to another broker that is up at once, or
+/// to it again once it is back; other calls fail with `brokerLost`, because they may have run.
 ///
-/// Thread-safe: the socket is owned by the client's loop thread, and calls reach it through
-/// a ``Mailbox``. Call ``close()`` when done.
+/// Thread-safe: the sockets are owned by the client's loop thread, and calls reach it
+/// through a ``Mailbox``. Call ``close()`` when done.
 public final class BusClient: BusCalling {
     /// How the client behaves.
     public struct Configuration: Sendable {
-        /// The broker's endpoint.
-        public var endpoint: String
+        /// The brokers' endpoints: one, or several live brokers of one deployment.
+        public var endpoints: [String]
+        /// The first broker's endpoint; setting it names that broker alone (a list in one
+        /// string, `A,B`, names each).
+        public var endpoint: String {
+            get { endpoints[0] }
+            set { endpoints = Self.split(newValue) }
+        }
+        /// The broker this client sends to while it is up (an index into ``endpoints``);
+        /// `nil` picks one at random, so that many clients spread over the brokers.
+        public var preferred: Int?
         /// The deadline of calls that give none.
         public var defaultTimeout: Duration = .seconds(30)
         /// CurveZMQ settings when the broker runs with CURVE; `nil` connects without.
@@ -56,9 +67,21 @@ public final class BusClient: BusCalling {
         /// of another stack's clients (see `BrokerConfiguration.stack`); `nil` announces none.
         public var stack: String?
 
-        /// - Parameter endpoint: the broker's endpoint, for example `tcp://127.0.0.1:5555`.
+        /// - Parameter endpoint: the broker's endpoint, for example `tcp://127.0.0.1:5555`, or
+        ///   several separated by commas (`CANOPY_ENDPOINT=tcp://a:5555,tcp://b:5555`).
         public init(endpoint: String) {
-            self.endpoint = endpoint
+            endpoints = Self.split(endpoint)
+        }
+
+        /// - Parameter endpoints: the brokers' endpoints (at least one).
+        public init(endpoints: [String]) {
+            self.endpoints = endpoints.flatMap(Self.split)
+        }
+
+        /// `A,B` as `[A, B]` (blanks dropped; an empty string stays one, for a clear error).
+        static func split(_ endpoints: String) -> [String] {
+            let parts = endpoints.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
+            return parts.isEmpty ? [endpoints] : parts
         }
     }
 
@@ -80,7 +103,7 @@ public final class BusClient: BusCalling {
     ///   - logger: where the client logs connection changes.
     public init(configuration: Configuration, context: ZMQContext, logger: Logger) throws {
         self.configuration = configuration
-        let loop = try ClientLoop(endpoint: configuration.endpoint, curve: configuration.curve, stack: configuration.stack, context: context, mailbox: mailbox, logger: logger)
+        let loop = try ClientLoop(configuration: configuration, context: context, mailbox: mailbox, logger: logger)
         LoopThread.start(name: "canopy-bus-client") { loop.run() }
     }
 
@@ -127,34 +150,50 @@ private final class Counter: Sendable {
 
 import Synchronization
 
-/// The client's socket and everything only its thread touches: the IO shell around
+/// The client's sockets and everything only its thread touches: the IO shell around
 /// ``ClientSession``, which decides what every event means for the calls in flight.
 private final class ClientLoop: @unchecked Sendable {
     private let context: ZMQContext // outlives the sockets
-    private let socket: ZMQSocket
-    private let monitor: ZMQSocket
+    /// Per broker: its DEALER socket and that socket's monitor.
+    private let sockets: [ZMQSocket]
+    private let monitors: [ZMQSocket]
+    private let endpoints: [String]
     private let mailbox: Mailbox<BusClient.Control>
     private let logger: Logger
-    private var session = ClientSession()
+    private var session: ClientSession
     /// The callers waiting, by call id.
     private var continuations: [UInt64: CheckedContinuation<RawReply, Error>] = [:]
 
-    init(endpoint: String, curve: CurveClientSettings?, stack: String?, context: ZMQContext, mailbox: Mailbox<BusClient.Control>, logger: Logger) throws {
+    init(configuration: BusClient.Configuration, context: ZMQContext, mailbox: Mailbox<BusClient.Control>, logger: Logger) throws {
         self.context = context
         self.mailbox = mailbox
         self.logger = logger
-        socket = try ZMQSocket(context, type: .dealer)
-        if let curve { try socket.becomeCurveClient(curve) }
-        if let stack { try socket.announceStack(stack) }
-        try socket.setHighWaterMarks(100_000)
-        try socket.set(ZMQ_RECONNECT_IVL, 100)
-        try socket.set(ZMQ_RECONNECT_IVL_MAX, 2_000)
-        try socket.setHeartbeats(interval: .seconds(1), timeout: .seconds(3))
-        let monitorEndpoint = "inproc://canopy-client-monitor-\(UUID().uuidString)"
-        try socket.monitor(monitorEndpoint, events: ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
-        monitor = try ZMQSocket(context, type: .pair)
-        try monitor.connect(monitorEndpoint)
-        try socket.connect(endpoint)
+        let endpoints = configuration.endpoints
+        self.endpoints = endpoints
+        let preferred = configuration.preferred.map { min(max(0, $0), endpoints.count - 1) } ?? Int.random(in: 0..<endpoints.count)
+        session = ClientSession(brokers: endpoints.count, preferred: preferred)
+        var sockets: [ZMQSocket] = [], monitors: [ZMQSocket] = []
+        for endpoint in endpoints {
+            let socket = try ZMQSocket(context, type: .dealer)
+            if let curve = configuration.curve { try socket.becomeCurveClient(curve) }
+            if let stack = configuration.stack { try socket.announceStack(stack) }
+            try socket.setHighWaterMarks(100_000)
+            // Only over a connection that is up: a call never waits in a dead connection's
+            // queue to be delivered late (the session holds it, or sends it elsewhere).
+            try socket.set(ZMQ_IMMEDIATE, 1)
+            try socket.set(ZMQ_RECONNECT_IVL, 100)
+            try socket.set(ZMQ_RECONNECT_IVL_MAX, 2_000)
+            try socket.setHeartbeats(interval: .seconds(1), timeout: .seconds(3))
+            let monitorEndpoint = "inproc://canopy-client-monitor-\(UUID().uuidString)"
+            try socket.monitor(monitorEndpoint, events: ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
+            let monitor = try ZMQSocket(context, type: .pair)
+            try monitor.connect(monitorEndpoint)
+            try socket.connect(endpoint)
+            sockets.append(socket)
+            monitors.append(monitor)
+        }
+        self.sockets = sockets
+        self.monitors = monitors
     }
 
     func run() {
@@ -163,18 +202,18 @@ private final class ClientLoop: @unchecked Sendable {
             for case .call(_, _, _, _, let continuation) in mailbox.close() {
                 continuation.resume(throwing: clientClosed)
             }
-            socket.close()
-            monitor.close()
+            sockets.forEach { $0.close() }
+            monitors.forEach { $0.close() }
         }
         var poller = Poller()
-        let socketItem = poller.add(socket)
-        let monitorItem = poller.add(monitor)
+        let socketItems = sockets.map { poller.add($0) }
+        let monitorItems = monitors.map { poller.add($0) }
         let mailboxItem = poller.add(fileDescriptor: mailbox.fileDescriptor)
         do {
             while true {
                 try poller.poll(timeout: session.nextWakeup().map { max(.zero, $0 - .now) })
-                // Connection news first: a call must not go out on a connection known to be refused.
-                if poller.isReadable(monitorItem) { try connectionEvents() }
+                // Connection news first: a call must not go out on a connection known to be lost or refused.
+                for (broker, item) in monitorItems.enumerated() where poller.isReadable(item) { try connectionEvents(broker) }
                 if poller.isReadable(mailboxItem) {
                     let controls = mailbox.drain()
                     for (index, control) in controls.enumerated() {
@@ -194,8 +233,8 @@ private final class ClientLoop: @unchecked Sendable {
                         }
                     }
                 }
-                if poller.isReadable(socketItem) {
-                    while let frames = try socket.receive() { try carryOut(session.receive(frames)) }
+                for (broker, item) in socketItems.enumerated() where poller.isReadable(item) {
+                    while let frames = try sockets[broker].receive() { try carryOut(session.receive(frames, from: broker)) }
                 }
                 try carryOut(session.tick(now: .now))
             }
@@ -210,10 +249,11 @@ private final class ClientLoop: @unchecked Sendable {
     private func carryOut(_ directives: [ClientSession.Directive], sending call: UInt64? = nil) throws {
         for directive in directives {
             switch directive {
-            case .send(let frames):
-                if try !socket.send(frames), let call {
-                    try connectionEvents() // a refused handshake leaves no connection to queue on
-                    try carryOut(session.sendFailed(id: call))
+            case .send(let frames, let broker):
+                if try !sockets[broker].send(frames), let call {
+                    // A connection lost a moment ago: the session sends it elsewhere or fails it.
+                    try connectionEvents(broker)
+                    try carryOut(session.sendFailed(id: call, broker: broker))
                 }
             case .resolve(let id, let outcome):
                 guard let continuation = continuations.removeValue(forKey: id) else { continue }
@@ -222,22 +262,24 @@ private final class ClientLoop: @unchecked Sendable {
                 case .failure(let error): continuation.resume(throwing: error)
                 case .cancelled: continuation.resume(throwing: CancellationError())
                 }
-            case .log(.disconnected(let calls)):
-                logger.notice("bus.client.disconnected", metadata: ["bus.calls": "\(calls)"])
+            case .log(.disconnected(let broker, let calls)):
+                logger.notice("bus.client.disconnected", metadata: ["bus.broker": "\(endpoints[broker])", "bus.calls": "\(calls)"])
+            case .log(.switched(let from, let to)):
+                logger.notice("bus.client.switched", metadata: ["bus.from": "\(endpoints[from])", "bus.to": "\(endpoints[to])"])
             case .log(.keyRefused):
-                logger.error("bus.client.refused", metadata: ["bus.reason": "the broker refused this client's CURVE key"])
+                logger.error("bus.client.refused", metadata: ["bus.reason": "a broker refused this client's CURVE key"])
             }
         }
     }
 
-    /// Reads the socket monitor and tells the session what happened to the connection.
-    private func connectionEvents() throws {
-        while let frames = try monitor.receive() {
+    /// Reads broker `broker`'s socket monitor and tells the session what happened to its connection.
+    private func connectionEvents(_ broker: Int) throws {
+        while let frames = try monitors[broker].receive() {
             guard let first = frames.first, first.count >= 2 else { continue }
             switch Int32(UInt16(first[0]) | UInt16(first[1]) << 8) {
-            case ZMQ_EVENT_DISCONNECTED: try carryOut(session.disconnected())
-            case ZMQ_EVENT_HANDSHAKE_FAILED_AUTH: try carryOut(session.handshakeRefused())
-            case ZMQ_EVENT_HANDSHAKE_SUCCEEDED: try carryOut(session.handshakeSucceeded())
+            case ZMQ_EVENT_DISCONNECTED: try carryOut(session.disconnected(broker: broker))
+            case ZMQ_EVENT_HANDSHAKE_FAILED_AUTH: try carryOut(session.handshakeRefused(broker: broker))
+            case ZMQ_EVENT_HANDSHAKE_SUCCEEDED: try carryOut(session.handshakeSucceeded(broker: broker))
             default: break
             }
         }

@@ -3,10 +3,17 @@ import CanopyWire
 import Collections
 
 /// The client's side of the protocol as a pure state machine: calls in flight by
-/// correlation id, their deadlines, cancels, what a lost connection means for each call
-/// (idempotent ones go out again once the broker is back, the others fail `workerLost`), and
-/// a refused CURVE key. Events go in with the time as an argument; directives come out.
-/// ``BusClient`` is the IO shell: it owns the socket and the callers' continuations.
+/// correlation id, their deadlines, cancels, one or several brokers and what losing one
+/// means for each call (idempotent ones go out again to a broker that is up, the others fail
+/// `brokerLost`), and a refused CURVE key. Events go in with the time as an argument;
+/// directives come out. ``BusClient`` is the IO shell: it owns a socket per broker and the
+/// callers' continuations.
+///
+/// With several brokers (all live, each a full broker; docs/PROTOCOL.md "Several brokers"),
+/// new calls go to one of them: the client's *preferred* broker when it is connected (clients
+/// pick theirs at random, so they spread), else the one it is on, else the next connected
+/// one. A call is sent only over a connection known to be up; with none up, calls wait (for
+/// their deadline) for the first.
 public struct ClientSession: Sendable {
     /// How a call ended.
     public enum Outcome: Equatable, Sendable {
@@ -18,17 +25,20 @@ public struct ClientSession: Sendable {
 
     /// What the shell must do.
     public enum Directive: Equatable, Sendable {
-        /// Send these frames to the broker.
-        case send([[UInt8]])
+        /// Send these frames to broker `broker` (an index into the client's brokers).
+        case send([[UInt8]], broker: Int)
         /// End call `id` with this outcome.
         case resolve(id: UInt64, Outcome)
-        /// Write a log line about the connection.
+        /// Write a log line about the connections.
         case log(Event)
     }
 
     /// Connection news worth a log line.
     public enum Event: Equatable, Sendable {
-        case disconnected(calls: Int)
+        /// Broker `broker`'s connection was lost with `calls` of this client's calls on it.
+        case disconnected(broker: Int, calls: Int)
+        /// New calls now go to broker `to` (`from` was lost, or `to` is the preferred one back).
+        case switched(from: Int, to: Int)
         case keyRefused
     }
 
@@ -36,7 +46,9 @@ public struct ClientSession: Sendable {
         let frames: [[UInt8]]
         let idempotent: Bool
         let deadline: ContinuousClock.Instant
-        var connection: Int
+        /// The broker it was sent to and that broker's connection then; nil while it waits
+        /// for a connection.
+        var sent: (broker: Int, connection: Int)?
     }
 
     private struct Deadline: Comparable, Sendable {
@@ -52,16 +64,36 @@ public struct ClientSession: Sendable {
     private var calls: [UInt64: Call] = [:]
     private var deadlines = Heap<Deadline>()
     private var cancelledEarly: Set<UInt64> = []
-    private var connection = 0
-    private var connected = false
-    /// Set when the broker refused this client's CURVE key; cleared by a good handshake.
+    /// Per broker: its connection's number (one more after each loss) and whether it is up.
+    private var connections: [Int]
+    private var connected: [Bool]
+    /// The broker new calls go to first, and the one they go to now.
+    public let preferred: Int
+    public private(set) var active: Int
+    /// Set when a broker refused this client's CURVE key; cleared by a good handshake.
     public private(set) var refused = false
 
     /// A session with nothing in flight.
-    public init() {}
+    ///
+    /// - Parameters:
+    ///   - brokers: how many brokers the client knows (each its own socket in the shell).
+    ///   - preferred: the one it sends to while it is up.
+    public init(brokers: Int = 1, preferred: Int = 0) {
+        precondition(brokers >= 1 && (0..<brokers).contains(preferred), "a client of \(brokers) broker(s) preferring \(preferred)")
+        connections = Array(repeating: 0, count: brokers)
+        connected = Array(repeating: false, count: brokers)
+        self.preferred = preferred
+        active = preferred
+    }
 
     /// Calls in flight.
     public var pendingCount: Int { calls.count }
+
+    /// How many brokers the client knows.
+    public var brokerCount: Int { connected.count }
+
+    /// Whether broker `broker`'s connection is up.
+    public func isConnected(_ broker: Int) -> Bool { connected[broker] }
 
     /// When ``tick(now:)`` next has work, or `nil` when nothing waits.
     public mutating func nextWakeup() -> ContinuousClock.Instant? {
@@ -74,29 +106,39 @@ public struct ClientSession: Sendable {
     /// A caller makes call `id` (its REQUEST frames).
     public mutating func call(id: UInt64, frames: [[UInt8]], idempotent: Bool, deadline: ContinuousClock.Instant) -> [Directive] {
         if cancelledEarly.remove(id) != nil { return [.resolve(id: id, .cancelled)] }
-        if refused { return [.resolve(id: id, .failure(ClientSession.keyRefused))] }
-        calls[id] = Call(frames: frames, idempotent: idempotent, deadline: deadline, connection: connection)
+        if refused && !connected.contains(true) { return [.resolve(id: id, .failure(ClientSession.keyRefused))] }
+        calls[id] = Call(frames: frames, idempotent: idempotent, deadline: deadline, sent: nil)
         deadlines.insert(Deadline(at: deadline, id: id))
-        return [.send(frames)]
+        guard connected[active] else { return [] } // waits for a connection
+        calls[id]!.sent = (active, connections[active])
+        return [.send(frames, broker: active)]
     }
 
-    /// The socket would not take call `id` (its queue is full, or no connection can take it).
-    public mutating func sendFailed(id: UInt64) -> [Directive] {
-        guard calls.removeValue(forKey: id) != nil else { return [] }
+    /// Broker `broker`'s socket would not take call `id`: its queue is full (a connection
+    /// lost meanwhile was told to ``disconnected(broker:)`` first, which sent the call
+    /// elsewhere or failed it).
+    public mutating func sendFailed(id: UInt64, broker: Int = 0) -> [Directive] {
+        guard let call = calls[id], call.sent?.broker == broker, call.sent?.connection == connections[broker] else { return [] }
+        if !connected[broker] {
+            calls[id]!.sent = nil // waits for a connection
+            return sendWaiting()
+        }
+        calls[id] = nil
         return [.resolve(id: id, .failure(refused ? ClientSession.keyRefused : CanopyError(.busy, "the client's send queue is full; retry later")))]
     }
 
     /// The caller of `id` gave up.
     public mutating func cancel(id: UInt64) -> [Directive] {
-        guard calls.removeValue(forKey: id) != nil else {
+        guard let call = calls.removeValue(forKey: id) else {
             cancelledEarly.insert(id) // the call itself is still on its way to the shell
             return []
         }
-        return [.send(WireMessage.cancel(correlation: Wire.frame(id)).encoded), .resolve(id: id, .cancelled)]
+        guard let sent = call.sent, connected[sent.broker], connections[sent.broker] == sent.connection else { return [.resolve(id: id, .cancelled)] }
+        return [.send(WireMessage.cancel(correlation: Wire.frame(id)).encoded, broker: sent.broker), .resolve(id: id, .cancelled)]
     }
 
-    /// A message from the broker: the answer to a call, or something to drop.
-    public mutating func receive(_ frames: [[UInt8]]) -> [Directive] {
+    /// A message from broker `broker`: the answer to a call, or something to drop.
+    public mutating func receive(_ frames: [[UInt8]], from broker: Int = 0) -> [Directive] {
         // Late or unknown ids are dropped: the call was answered, cancelled or timed out already.
         do {
             let message = try WireMessage(frames: frames)
@@ -114,36 +156,39 @@ public struct ClientSession: Sendable {
         }
     }
 
-    /// The connection to the broker was lost: calls that may have run and cannot be sent
-    /// again fail now; idempotent ones wait for the next connection.
-    public mutating func disconnected() -> [Directive] {
-        connected = false
-        connection += 1
-        var out: [Directive] = [.log(.disconnected(calls: calls.count))]
-        for id in calls.keys.sorted() where calls[id]!.connection < connection && !calls[id]!.idempotent {
-            calls[id] = nil
-            out.append(.resolve(id: id, .failure(CanopyError(.workerLost, "the connection to the broker was lost while this call was in flight; it may or may not have run, and it is not idempotent, so it was not sent again"))))
+    /// Broker `broker`'s connection was lost: its calls that may have run and cannot be sent
+    /// again fail now (`brokerLost`); idempotent ones go to another broker that is up at once,
+    /// or wait for the next connection; new calls go elsewhere.
+    public mutating func disconnected(broker: Int = 0) -> [Directive] {
+        let wasUp = connected[broker]
+        connected[broker] = false
+        connections[broker] += 1
+        let lost = calls.keys.sorted().filter { calls[$0]!.sent?.broker == broker && calls[$0]!.sent!.connection < connections[broker] }
+        var out: [Directive] = wasUp || !lost.isEmpty ? [.log(.disconnected(broker: broker, calls: lost.count))] : []
+        for id in lost {
+            if calls[id]!.idempotent {
+                calls[id]!.sent = nil
+            } else {
+                calls[id] = nil
+                out.append(.resolve(id: id, .failure(CanopyError(.brokerLost, "the connection to the broker was lost while this call was in flight; it may or may not have run, and it is not idempotent, so it was not sent again"))))
+            }
         }
-        return out
+        return out + choose() + sendWaiting()
     }
 
-    /// A connection is up: idempotent calls of a lost connection go out again.
-    public mutating func handshakeSucceeded() -> [Directive] {
+    /// Broker `broker`'s connection is up: calls waiting for one go out.
+    public mutating func handshakeSucceeded(broker: Int = 0) -> [Directive] {
         refused = false
-        connected = true
-        var out: [Directive] = []
-        for id in calls.keys.sorted() where calls[id]!.connection < connection {
-            calls[id]!.connection = connection
-            out.append(.send(calls[id]!.frames))
-        }
-        return out
+        connected[broker] = true
+        return choose() + sendWaiting()
     }
 
-    /// The broker refused this client's CURVE key: every call fails now, saying what to do,
-    /// instead of timing out (libzmq keeps retrying the handshake).
-    public mutating func handshakeRefused() -> [Directive] {
+    /// A broker refused this client's CURVE key: while no broker takes it, every call fails
+    /// now, saying what to do, instead of timing out (libzmq keeps retrying the handshake).
+    public mutating func handshakeRefused(broker: Int = 0) -> [Directive] {
         let first = !refused
         refused = true
+        guard !connected.contains(true) else { return first ? [.log(.keyRefused)] : [] }
         return (first ? [.log(.keyRefused)] : []) + failAll(ClientSession.keyRefused)
     }
 
@@ -154,9 +199,9 @@ public struct ClientSession: Sendable {
             deadlines.removeMin()
             guard let call = calls[first.id], call.deadline == first.at else { continue }
             calls[first.id] = nil
-            out.append(.resolve(id: first.id, .failure(CanopyError(.timeout, connected
+            out.append(.resolve(id: first.id, .failure(CanopyError(.timeout, connected.contains(true)
                 ? "no reply within the call's deadline"
-                : "no reply within the call's deadline; the broker cannot be reached"))))
+                : "no reply within the call's deadline; no broker can be reached"))))
         }
         return out
     }
@@ -165,6 +210,29 @@ public struct ClientSession: Sendable {
     public mutating func failAll(_ error: CanopyError) -> [Directive] {
         defer { calls.removeAll() }
         return calls.keys.sorted().map { .resolve(id: $0, .failure(error)) }
+    }
+
+    /// Points new calls at the preferred broker when it is up, else keeps the one they go to
+    /// when it is up, else the next that is.
+    private mutating func choose() -> [Directive] {
+        let before = active
+        if connected[preferred] {
+            active = preferred
+        } else if !connected[active], let next = (1..<connected.count).map({ (active + $0) % connected.count }).first(where: { connected[$0] }) {
+            active = next
+        }
+        return active == before ? [] : [.log(.switched(from: before, to: active))]
+    }
+
+    /// Sends the calls that wait for a connection to the active broker, when it is up.
+    private mutating func sendWaiting() -> [Directive] {
+        guard connected[active] else { return [] }
+        var out: [Directive] = []
+        for id in calls.keys.sorted() where calls[id]!.sent == nil {
+            calls[id]!.sent = (active, connections[active])
+            out.append(.send(calls[id]!.frames, broker: active))
+        }
+        return out
     }
 
     /// The call a correlation id names, taken out of the table.

@@ -25,9 +25,11 @@ public struct CanopyError: Error, Codable, Sendable, Equatable, CustomStringConv
         case noWorkers
         /// The request's deadline passed before a reply came.
         case timeout
-        /// The worker (or the connection to the broker) was lost while holding a request
-        /// that is not safe to send again.
+        /// The worker was lost while holding a request that is not safe to send again.
         case workerLost
+        /// The connection to the broker was lost (the broker died, or the network) while a
+        /// request that is not safe to send again was in flight: it may or may not have run.
+        case brokerLost
         /// Anything else: a bug or an unexpected failure.
         case `internal`
     }

@@ -166,7 +166,7 @@ struct LiveBusTests {
 
             #expect(try await inFlight.value.text == "during", "an idempotent call is sent again to the new broker")
             let error = await #expect(throws: CanopyError.self) { _ = try await lost.value }
-            #expect(error?.code == .workerLost)
+            #expect(error?.code == .brokerLost)
             try await bus.waitForWorkers(1)
             #expect(try await client.call(TestService.Echo.self, .init(text: "after")).text == "after")
         }

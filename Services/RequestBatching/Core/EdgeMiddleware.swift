@@ -282,7 +282,7 @@ enum Problem {
         case .unauthorized: .forbidden
         case .busy, .noWorkers: .serviceUnavailable
         case .timeout: .gatewayTimeout
-        case .workerLost: .badGateway
+        case .workerLost, .brokerLost: .badGateway
         case .internal: .internalServerError
         }
         var headers: HTTPFields = [:]
