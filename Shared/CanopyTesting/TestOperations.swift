@@ -153,7 +153,10 @@ public struct TestWorkerService: BusService {
             return TestService.Reply(text: request.text + padding, principal: context.principal, pid: getpid(), worker: workerName)
         }
         handlers.on(TestService.Echo.self, respond)
-        handlers.on(TestService.Append.self, respond)
+        handlers.on(TestService.Append.self) { [counters] request, context in
+            counters.appended.withLock { $0.append(request.text) }
+            return try await respond(request, context)
+        }
         handlers.on(TestService.Lookup.self, respond)
         handlers.on(TestService.ReverseBlobs.self) { [counters] request, _ in
             counters.calls.add(1, ordering: .relaxed)
@@ -177,6 +180,9 @@ public final class TestCounters: Sendable {
     public let running = Atomic<Int>(0)
     /// The most handlers that ever ran at once.
     public let mostRunning = Atomic<Int>(0)
+    /// The text of every `test.append` (not idempotent) that reached a handler, in order: a
+    /// test sees one run twice.
+    public let appended = Mutex<[String]>([])
 
     init() {}
 

@@ -1,0 +1,106 @@
+import CanopyBus
+import CanopyMessages
+import CanopyServiceKit
+import CanopyTesting
+import Foundation
+import Glibc
+import Logging
+import Synchronization
+import Testing
+
+/// Several live brokers (`canopy-broker` processes): clients that know them all go on through
+/// another when theirs is killed.
+@Suite(.serialized)
+struct MultiBrokerTests {
+    typealias BrokerProcess = BrokerProcessTests.BrokerProcess
+
+    /// One call's end: when, how, and the text of one that is not idempotent.
+    struct Outcome: Sendable {
+        var at: Duration
+        var ok: Bool
+        var code: CanopyError.Code?
+        var appended: String?
+    }
+
+    final class Outcomes: Sendable {
+        let value = Mutex<[Outcome]>([])
+        func add(_ outcome: Outcome) { value.withLock { $0.append(outcome) } }
+        var all: [Outcome] { value.withLock { $0 } }
+    }
+
+    @Test func aClientOfTwoBrokersGoesOnWithinASecondWhenOneIsKilledAndRunsNothingTwice() async throws {
+        let (a, b) = (try BrokerProcess([]), try BrokerProcess([]))
+        defer { a.stop(); b.stop() }
+        let endpoints = [try await a.endpoint(), try await b.endpoint()]
+        var logger = Logger(label: "multi-broker")
+        logger.logLevel = .warning
+        let context = ZMQContext()
+        // A worker on each broker (workers on every broker come with the next step).
+        let services = [TestWorkerService(workerName: "on-a"), TestWorkerService(workerName: "on-b")]
+        let runners = zip(services, endpoints).map { service, endpoint in
+            ServiceRunner(service: service, configuration: .init(endpoint: endpoint), context: context, logger: logger)
+        }
+        try await withRunning(runners, logger: logger) {
+            #expect(try await eventually { runners.allSatisfy(\.isRegistered) })
+            var configuration = BusClient.Configuration(endpoints: endpoints)
+            configuration.preferred = 0
+            configuration.defaultTimeout = .seconds(10)
+            let client = try BusClient(configuration: configuration, context: context, logger: logger)
+            defer { client.close() }
+            #expect(try await client.call(TestService.Echo.self, .init(text: "first")).worker == "on-a", "the preferred broker")
+
+            // 32 callers at once, each calling again as soon as answered (one call in five one
+            // that is not idempotent), for 3 s; broker a is SIGKILLed after 1 s.
+            let started = ContinuousClock.now
+            let killAt = started + .seconds(1), endAt = started + .seconds(3)
+            let outcomes = Outcomes()
+            let killer = Task {
+                try await Task.sleep(until: killAt)
+                kill(a.process.processIdentifier, SIGKILL)
+            }
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                for caller in 0..<32 {
+                    group.addTask {
+                        var call = 0
+                        while ContinuousClock.now < endAt {
+                            call += 1
+                            let text = "\(caller)-\(call)"
+                            let append = Int.random(in: 0..<5) == 0
+                            do {
+                                if append {
+                                    _ = try await client.call(TestService.Append.self, .init(text: text, sleepMilliseconds: 20))
+                                } else {
+                                    _ = try await client.call(TestService.Echo.self, .init(text: text, sleepMilliseconds: 5))
+                                }
+                                outcomes.add(Outcome(at: ContinuousClock.now - started, ok: true, appended: append ? text : nil))
+                            } catch let error as CanopyError {
+                                outcomes.add(Outcome(at: ContinuousClock.now - started, ok: false, code: error.code, appended: append ? text : nil))
+                            }
+                        }
+                    }
+                }
+                try await group.waitForAll()
+            }
+            try await killer.value
+            let all = outcomes.all
+            let failures = all.filter { !$0.ok }
+            // Only calls that are not idempotent may fail, and only as brokerLost (some were at
+            // broker a when it died: about half of what is in flight at a time).
+            #expect(failures.allSatisfy { $0.appended != nil && $0.code == .brokerLost }, "\(failures.prefix(5))")
+            #expect(!failures.isEmpty, "no call that is not idempotent was at broker a when it died")
+            // Calls went through again within a second of the kill: the longest stretch without
+            // an answer around it.
+            let answered = all.filter(\.ok).map(\.at).sorted()
+            let gap = zip(answered, answered.dropFirst()).map { $1 - $0 }.max() ?? .seconds(99)
+            #expect(gap < .seconds(1), "no call answered for \(gap)")
+            #expect(answered.contains { $0 > .seconds(1.5) } && answered.contains { $0 < .seconds(1) }, "answers on both sides of the kill")
+            // Nothing ran twice: each text that is not idempotent reached a handler at most once,
+            // and every one answered OK reached one.
+            let ran = services.flatMap { $0.counters.appended.withLock { $0 } }
+            #expect(Set(ran).count == ran.count, "a call that is not idempotent ran twice")
+            let answeredAppends = Set(all.filter { $0.ok }.compactMap(\.appended))
+            #expect(answeredAppends.isSubset(of: Set(ran)))
+            #expect(services[1].counters.calls.load(ordering: .relaxed) > 0, "broker b's worker took over")
+        }
+    }
+}
