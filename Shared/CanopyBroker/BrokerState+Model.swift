@@ -182,7 +182,8 @@ extension BrokerState {
         let operations: [String: OperationDescriptor]
         /// What a Majordomo worker's operations count as (they declare nothing).
         let majordomoDescriptor: OperationDescriptor?
-        let credit: Int
+        /// How many flights it may hold: its READY's, then its latest CREDIT's.
+        var credit: Int
         /// The CurveZMQ key it registered with; its later messages must come with the same.
         let key: String?
         /// Flights it holds.
@@ -203,7 +204,7 @@ extension BrokerState {
             self.held = IDTable(capacity: min(credit, 64)) // grows with what it holds, not with what a READY claims
         }
 
-        var available: Int { draining ? 0 : credit - held.count }
+        var available: Int { draining ? 0 : max(0, credit - held.count) }
 
         /// The flags of `operation`, or `nil` when this worker does not serve it.
         func descriptor(for operation: String) -> OperationDescriptor? {

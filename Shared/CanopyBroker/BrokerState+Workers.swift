@@ -145,6 +145,19 @@ extension BrokerState {
         worker.expiry = now + configuration.workerExpiry
     }
 
+    /// A worker's credit at this broker from now on (a worker of several brokers moves its
+    /// credit between them): more is dispatched at once; less takes effect as it replies.
+    mutating func workerCredit(_ credit: UInt32, from peer: PeerKey, now: ContinuousClock.Instant, into out: inout [Directive]) {
+        guard let worker = workers[peer] else { return unknownWorker(peer, into: &out) }
+        worker.expiry = now + configuration.workerExpiry
+        guard worker.dialect == .canopy, credit <= 100_000 else {
+            return dropMalformed("credit must be a 4-byte big-endian number from 0 to 100000", peer: peer.bytes, into: &out)
+        }
+        let more = Int(credit) > worker.credit
+        worker.credit = Int(credit)
+        if more { dispatchQueued(worker.service, now: now, into: &out) }
+    }
+
     mutating func workerDrain(from peer: PeerKey, now: ContinuousClock.Instant, into out: inout [Directive]) {
         guard let worker = workers[peer] else { return unknownWorker(peer, into: &out) }
         worker.draining = true
@@ -243,7 +256,7 @@ extension BrokerState {
                 dispatch(flight, to: worker, now: now, into: &out)
             } else {
                 skipped.append(id)
-                if service.workers.allSatisfy({ $0.available == 0 }) { break }
+                if service.workers.allSatisfy({ $0.available <= 0 }) { break }
             }
         }
         service.queue.prepend(contentsOf: skipped)

@@ -155,7 +155,7 @@ public struct BrokerState {
                 // A worker hears why it may not register, as for every refused READY.
                 out.append(.log("worker refused: \(error.reason.rawValue)", peer: peer))
                 out.append(.send(to: peer, .brokerDisconnect(reason: error.description)))
-            case .workerReply?, .workerHeartbeat?, .workerDisconnect?, .drain?:
+            case .workerReply?, .workerHeartbeat?, .workerDisconnect?, .drain?, .credit?:
                 dropMalformed(error.reason.rawValue, peer: peer, into: &out) // workers get no error frames
             default:
                 dropMalformed(error.reason.rawValue, peer: peer, into: &out)
@@ -201,6 +201,7 @@ public struct BrokerState {
         case .workerHeartbeat: workerHeartbeat(from: PeerKey(peer), now: now, into: &out)
         case .workerDisconnect: workerGone(PeerKey(peer), now: now, into: &out)
         case .drain: workerDrain(from: PeerKey(peer), now: now, into: &out)
+        case .credit(let credit): workerCredit(credit, from: PeerKey(peer), now: now, into: &out)
         case .reply, .error, .dispatch, .cancelDispatch, .brokerHeartbeat, .brokerDisconnect:
             dropMalformed("command not accepted by a broker", peer: peer, into: &out)
             replyError(to: peer, correlation: [], CanopyError(.badRequest, "command 0x\(String(message.command.rawValue, radix: 16)) is sent by the broker, not to it"), into: &out)

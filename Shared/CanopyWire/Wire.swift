@@ -37,6 +37,9 @@ public enum Wire {
         case workerDisconnect = 0x13
         /// `[version, 0x14]`: take no new requests; replies for held ones still come.
         case drain = 0x14
+        /// `[version, 0x15, credit (u32 BE)]`: hold at most this many of my requests from now
+        /// on (a worker of several brokers sharing its credit between them).
+        case credit = 0x15
         // broker -> worker
         /// `[version, 0x20, request id (u64 BE), operation, header, body]`
         case dispatch = 0x20

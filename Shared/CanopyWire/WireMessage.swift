@@ -33,6 +33,8 @@ public enum WireMessage: Equatable, Sendable {
     case workerDisconnect
     /// `[version, 0x14]`: take no new requests; replies for held ones still come.
     case drain
+    /// `[version, 0x15, credit (u32 BE, 0–100000)]`: the worker's credit at this broker from now on.
+    case credit(UInt32)
 
     // MARK: broker -> worker
 
@@ -58,6 +60,7 @@ public enum WireMessage: Equatable, Sendable {
         case .workerHeartbeat: .workerHeartbeat
         case .workerDisconnect: .workerDisconnect
         case .drain: .drain
+        case .credit: .credit
         case .dispatch: .dispatch
         case .cancelDispatch: .cancelDispatch
         case .brokerHeartbeat: .brokerHeartbeat
@@ -180,6 +183,9 @@ extension WireMessage {
             try writer.write(body: body, attachments: attachments)
         case .workerHeartbeat, .workerDisconnect, .drain:
             try writer.write(command.frame, more: false)
+        case .credit(let credit):
+            try writer.write(Wire.Command.credit.frame, more: true)
+            try writer.write(Wire.frame(credit), more: false)
         case .dispatch(let id, let operation, let header, let body, let attachments):
             try writer.write(Wire.Command.dispatch.frame, more: true)
             try writer.write(id, more: true)
@@ -279,6 +285,9 @@ extension WireMessage {
         case .drain:
             try reader.expect(2, "a drain has 2 frames (version, command)")
             return .drain
+        case .credit:
+            try reader.expect(3, "a credit has 3 frames (version, command, credit)")
+            return .credit(try reader.uint32(at: 2, "credit"))
         case .dispatch:
             try reader.expect(6, attachments: true, "a dispatch has 6 frames (version, command, request id, operation, header, body), then up to \(Wire.maximumAttachments) attachments")
             let id = try reader.uint64(at: 2, "request id")

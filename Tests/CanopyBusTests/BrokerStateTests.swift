@@ -50,6 +50,25 @@ struct BrokerStateTests {
         #expect(afterReply.count == 1, "the queued request goes out when credit comes back")
     }
 
+    /// A worker of several brokers moves its credit between them with CREDIT: more is
+    /// dispatched at once, less takes effect as it replies, 0 holds nothing new.
+    @Test func aCreditMessageChangesWhatAWorkerHolds() {
+        var broker = Harness()
+        broker.ready("w1", credit: 1)
+        let first = dispatches(broker.request("c", 1))
+        #expect(first.count == 1 && dispatches(broker.request("c", 2)).isEmpty && dispatches(broker.request("c", 3)).isEmpty)
+        #expect(dispatches(broker.receive(WireMessage.credit(3).encoded, from: "w1")).count == 2, "two more at once")
+        _ = broker.request("c", 4)
+        #expect(dispatches(broker.receive(WireMessage.credit(0).encoded, from: "w1")).isEmpty)
+        #expect(dispatches(broker.reply("w1", request: first[0].id)).isEmpty, "credit 0: nothing new, though one was queued")
+        #expect(broker.state.statistics(now: broker.now).services[0].queued == 1)
+        #expect(dispatches(broker.receive(WireMessage.credit(5).encoded, from: "w1")).count == 1)
+        // From a worker the broker does not know: register again.
+        #expect(broker.receive(WireMessage.credit(2).encoded, from: "stranger").contains { directive in
+            if case .send(let to, .brokerDisconnect) = directive { to == Array("stranger".utf8) } else { false }
+        })
+    }
+
     @Test func cancelsAnywhereInALongQueueLeaveTheRestInOrderAndTheQueueBounded() {
         var broker = Harness()
         broker.ready("w1", credit: 1)

@@ -21,6 +21,7 @@ struct WireCodecTests {
             ("workerHeartbeat", .workerHeartbeat),
             ("workerDisconnect", .workerDisconnect),
             ("drain", .drain),
+            ("credit", .credit(3)),
             ("dispatch", .dispatch(requestID: 42, operation: "plants.get", header: header, body: body)),
             ("cancelDispatch", .cancelDispatch(requestID: 42)),
             ("brokerHeartbeat", .brokerHeartbeat(maximumFrameBytes: 16_777_216)),
@@ -40,7 +41,7 @@ struct WireCodecTests {
             #expect(message.encoded.map(\.hex) == golden[name], "\(name)")
             #expect(try WireMessage(frames: message.encoded) == message, "\(name)")
         }
-        #expect(Set(Self.samples.map(\.1.command.rawValue)).count == 13, "every command byte has a sample")
+        #expect(Set(Self.samples.map(\.1.command.rawValue)).count == 14, "every command byte has a sample")
     }
 
     /// Records what a writer is given: each frame's bytes and whether more follow.
