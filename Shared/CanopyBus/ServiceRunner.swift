@@ -8,19 +8,28 @@ import Metrics
 import ServiceLifecycle
 import Synchronization
 
-/// Hosts one ``BusService`` on the bus: connects to the broker, announces the service's
-/// operations and credit (READY), heartbeats both ways, runs handlers concurrently up to
-/// its credit, and re-registers by itself when the broker restarts.
+/// Hosts one ``BusService`` on the bus: connects to the broker (or to each of several live
+/// brokers), announces the service's operations and credit (READY), heartbeats both ways,
+/// runs handlers concurrently up to its credit, and re-registers by itself when a broker
+/// restarts. With several brokers its credit is shared between them (``CreditShare``: CREDIT
+/// messages move it), so it never holds more than its credit in all; a broker that goes
+/// silent is dropped and connected again in the background while the others go on.
 ///
-/// Graceful shutdown sends DRAIN (the broker stops sending new requests), waits for the
-/// handlers that are running to reply, then sends DISCONNECT. The DEALER socket is owned by
+/// Graceful shutdown sends DRAIN (the brokers stop sending new requests), waits for the
+/// handlers that are running to reply, then sends DISCONNECT. The DEALER sockets are owned by
 /// the runner's loop thread; handlers run as Swift tasks and hand results back through a
 /// ``Mailbox``.
 public final class ServiceRunner: Service, @unchecked Sendable {
     /// How a runner connects and behaves.
     public struct Configuration: Sendable {
-        /// The broker's endpoint.
-        public var endpoint: String
+        /// The brokers' endpoints: one, or several live brokers, each served.
+        public var endpoints: [String]
+        /// The first broker's endpoint; setting it names that broker alone (a list in one
+        /// string, `A,B`, names each).
+        public var endpoint: String {
+            get { endpoints[0] }
+            set { endpoints = BusClient.Configuration(endpoint: newValue).endpoints }
+        }
         /// How many requests this worker holds at once.
         public var credit: Int = 8
         /// Heartbeat interval, both ways.
@@ -36,15 +45,21 @@ public final class ServiceRunner: Service, @unchecked Sendable {
         /// ``ForeignBroker`` instead of serving another stack. `nil` serves any broker.
         public var stack: String?
 
-        /// - Parameter endpoint: the broker's endpoint, for example `tcp://127.0.0.1:5555`.
+        /// - Parameter endpoint: the broker's endpoint, for example `tcp://127.0.0.1:5555`, or
+        ///   several separated by commas.
         public init(endpoint: String) {
-            self.endpoint = endpoint
+            endpoints = BusClient.Configuration(endpoint: endpoint).endpoints
         }
 
-        /// How the service calls other services: through the same broker with the same key
+        /// - Parameter endpoints: the brokers' endpoints (at least one).
+        public init(endpoints: [String]) {
+            self.endpoints = BusClient.Configuration(endpoints: endpoints).endpoints
+        }
+
+        /// How the service calls other services: through the same brokers with the same key
         /// and stack, its requests marked as caused by others (``BusClient/Configuration/derived``).
         public var client: BusClient.Configuration {
-            var client = BusClient.Configuration(endpoint: endpoint)
+            var client = BusClient.Configuration(endpoints: endpoints)
             client.curve = curve
             client.stack = stack
             client.derived = true
@@ -66,7 +81,7 @@ public final class ServiceRunner: Service, @unchecked Sendable {
     }
 
     private enum Control: Sendable {
-        case finished(id: UInt64, connection: Int, Result<Payload, CanopyError>)
+        case finished(id: UInt64, broker: Int, connection: Int, Result<Payload, CanopyError>)
         case shutdown
     }
 
@@ -78,9 +93,9 @@ public final class ServiceRunner: Service, @unchecked Sendable {
     private let registered = Atomic<Bool>(false)
     private let metrics: RunnerMetrics
 
-    /// Whether the broker took this worker's READY and its heartbeats are flowing (for
-    /// `/health`): set by the broker's first heartbeat, cleared when the connection is
-    /// replaced or the runner stops.
+    /// Whether a broker took this worker's READY and its heartbeats are flowing (for
+    /// `/health`): set by a broker's first heartbeat, cleared when no connection is
+    /// registered any more or the runner stops.
     public var isRegistered: Bool { registered.load(ordering: .relaxed) }
 
     /// - Parameters:
@@ -116,8 +131,8 @@ public final class ServiceRunner: Service, @unchecked Sendable {
 
     // MARK: - Loop (the loop thread only)
 
-    /// Connects a new DEALER socket to the broker.
-    private func connect() throws -> ZMQSocket {
+    /// Connects a new DEALER socket to broker `broker`.
+    private func connect(_ broker: Int) throws -> ZMQSocket {
         let socket = try ZMQSocket(context, type: .dealer)
         if let curve = configuration.curve { try socket.becomeCurveClient(curve) }
         if let stack = configuration.stack { try socket.announceStack(stack) }
@@ -125,106 +140,159 @@ public final class ServiceRunner: Service, @unchecked Sendable {
         try socket.set(ZMQ_RECONNECT_IVL, 100)
         try socket.set(ZMQ_RECONNECT_IVL_MAX, 5_000) // libzmq's reconnect backoff
         try socket.setHeartbeats(interval: configuration.heartbeatInterval, timeout: configuration.heartbeatInterval * configuration.liveness)
-        try socket.connect(configuration.endpoint)
+        try socket.connect(configuration.endpoints[broker])
         return socket
     }
 
-    /// The IO shell around ``WorkerSession``: one socket, the handlers' tasks, the mailbox.
+    /// One broker as the loop holds it: the session, its socket (nil while waiting to connect
+    /// again), what its messages said of the broker, and when to connect again.
+    private struct Link {
+        var session: WorkerSession
+        var socket: ZMQSocket?
+        var peer = PeerProperties()
+        var reconnectAt: ContinuousClock.Instant?
+        var stopped = false
+    }
+
+    /// The IO shell around a ``WorkerSession`` per broker and the ``CreditShare`` between
+    /// them: the sockets, the handlers' tasks, the mailbox.
     private func loop() throws {
-        var session = WorkerSession(settings: .init(
+        let settings = WorkerSession.Settings(
             service: handlers.service, operations: handlers.descriptors, credit: configuration.credit,
-            heartbeatInterval: configuration.heartbeatInterval, liveness: configuration.liveness, drainTimeout: configuration.drainTimeout),
-            now: .now)
-        var socket = try connect()
-        defer { socket.close() }
-        var tasks: [UInt64: Task<Void, Never>] = [:]
+            heartbeatInterval: configuration.heartbeatInterval, liveness: configuration.liveness, drainTimeout: configuration.drainTimeout)
+        let brokers = configuration.endpoints.count
+        var links = (0..<brokers).map { _ in Link(session: WorkerSession(settings: settings, now: .now)) }
+        var share = CreditShare(total: configuration.credit, brokers: brokers)
+        defer { for link in links { link.socket?.close() } }
+        /// Handlers running, by broker and request id (each broker picks its own ids).
+        var tasks: [Int: [UInt64: Task<Void, Never>]] = [:]
         // With a stack, every message says which stack the broker belongs to.
         let reading: PeerProperties.Names = configuration.stack == nil ? [] : .stack
-        var broker = PeerProperties()
         var warnings = LogRateLimiter()
         var poller = Poller()
-        func watch(_ socket: ZMQSocket) {
+        /// Which broker each polled socket is (the mailbox is item 0).
+        var polled: [Int] = []
+        func watch() {
             poller.removeAll()
-            poller.add(socket)
             poller.add(fileDescriptor: mailbox.fileDescriptor)
+            polled = links.indices.filter { links[$0].socket != nil }
+            for broker in polled { poller.add(links[broker].socket!) }
         }
-        watch(socket)
-        let (socketItem, mailboxItem) = (0, 1)
 
-        /// Carries out the session's directives; false once it says stop.
-        func carryOut(_ directives: [WorkerSession.Directive]) throws -> Bool {
+        /// Tells brokers their new grants (a READY's credit goes with the READY itself).
+        func grant(_ changes: [CreditShare.Grant], except ready: Int? = nil) {
+            for change in changes where change.broker != ready {
+                guard let socket = links[change.broker].socket else { continue }
+                if (try? socket.send(WireMessage.credit(UInt32(change.credit)).encoded)) != true {
+                    log(.dropped(reason: "send queue full"), broker: change.broker, &warnings)
+                }
+            }
+        }
+
+        /// Connects to broker `broker` and sends its READY with its share of the credit.
+        func register(_ broker: Int) throws -> Bool {
+            links[broker].socket = try connect(broker)
+            links[broker].reconnectAt = nil
+            watch()
+            let changes = share.brokerUp(broker)
+            let own = changes.first { $0.broker == broker }?.credit ?? 1
+            grant(changes, except: broker)
+            return try carryOut(links[broker].session.connected(now: .now, credit: own), broker: broker)
+        }
+
+        /// Carries out broker `broker`'s session's directives; false once every session has stopped.
+        func carryOut(_ directives: [WorkerSession.Directive], broker: Int) throws -> Bool {
             for directive in directives {
                 switch directive {
                 case .send(let message):
-                    if try !socket.send(message.encoded) {
-                        log(.dropped(reason: "send queue full"), &warnings)
+                    if let socket = links[broker].socket, try !socket.send(message.encoded) {
+                        log(.dropped(reason: "send queue full"), broker: broker, &warnings)
                     }
                 case .start(let id, let operation, let header, let payload):
-                    tasks[id] = start(id: id, operation: operation, header: header, payload: payload,
-                                      maximumReplyBytes: session.maximumReplyBytes, connection: session.connection)
+                    share.started(broker)
+                    tasks[broker, default: [:]][id] = start(id: id, broker: broker, operation: operation, header: header, payload: payload,
+                                                            maximumReplyBytes: links[broker].session.maximumReplyBytes,
+                                                            connection: links[broker].session.connection)
                 case .cancel(let id):
-                    tasks.removeValue(forKey: id)?.cancel()
+                    tasks[broker]?.removeValue(forKey: id)?.cancel()
                 case .reconnect(let backoff):
-                    registered.store(false, ordering: .relaxed)
-                    socket.close()
-                    if backoff > .zero { Thread.sleep(forTimeInterval: Double(backoff.wholeMilliseconds) / 1_000) }
-                    socket = try connect()
-                    watch(socket)
-                    _ = try carryOut(session.connected(now: .now))
+                    // The others go on meanwhile: this one connects again after its backoff.
+                    links[broker].socket?.close()
+                    links[broker].socket = nil
+                    links[broker].reconnectAt = .now + backoff
+                    watch()
+                    grant(share.brokerDown(broker))
                 case .stop:
-                    registered.store(false, ordering: .relaxed)
-                    return false
+                    links[broker].stopped = true
+                    links[broker].socket?.close()
+                    links[broker].socket = nil
+                    watch()
+                    _ = share.brokerDown(broker)
                 case .log(let event):
-                    log(event, &warnings)
+                    log(event, broker: broker, &warnings)
                 }
             }
-            registered.store(session.isRegistered, ordering: .relaxed)
-            metrics.inFlight.record(session.running.count)
-            return true
+            registered.store(links.contains { !$0.stopped && $0.session.isRegistered }, ordering: .relaxed)
+            metrics.inFlight.record(share.held.reduce(0, +))
+            return links.contains { !$0.stopped }
         }
 
-        guard try carryOut(session.connected(now: .now)) else { return }
+        for broker in links.indices {
+            guard try register(broker) else { return }
+        }
         while true {
-            try poller.poll(timeout: max(.zero, session.nextWakeup - .now))
-            if poller.isReadable(mailboxItem) {
+            var wakeup = links.filter { !$0.stopped }.map(\.session.nextWakeup).min() ?? .now
+            for link in links { if let at = link.reconnectAt { wakeup = min(wakeup, at) } }
+            try poller.poll(timeout: max(.zero, wakeup - .now))
+            if poller.isReadable(0) {
                 for control in mailbox.drain() {
                     switch control {
-                    case .finished(let id, let connection, let result):
-                        if connection == session.connection { tasks.removeValue(forKey: id) }
-                        guard try carryOut(session.finished(id: id, connection: connection, result)) else { return }
+                    case .finished(let id, let broker, let connection, let result):
+                        if connection == links[broker].session.connection { tasks[broker]?.removeValue(forKey: id) }
+                        grant(share.finished(broker))
+                        guard try carryOut(links[broker].session.finished(id: id, connection: connection, result), broker: broker) else { return }
                     case .shutdown:
-                        guard try carryOut(session.shutdown(now: .now)) else { return }
+                        for broker in links.indices where !links[broker].stopped {
+                            guard try carryOut(links[broker].session.shutdown(now: .now), broker: broker) else { return }
+                        }
                     }
                 }
             }
-            if poller.isReadable(socketItem) {
+            for (item, broker) in polled.enumerated() where poller.isReadable(item + 1) {
                 // What follows a DISCONNECT on the old connection is not read.
-                while !session.disconnected, let frames = try socket.receive(reading: reading, properties: &broker) {
-                    if let stack = configuration.stack, broker.stack != stack {
-                        throw ForeignBroker(endpoint: configuration.endpoint, expected: stack, announced: broker.stack)
+                while let socket = links[broker].socket, !links[broker].session.disconnected,
+                      let frames = try socket.receive(reading: reading, properties: &links[broker].peer) {
+                    if let stack = configuration.stack, links[broker].peer.stack != stack {
+                        throw ForeignBroker(endpoint: configuration.endpoints[broker], expected: stack, announced: links[broker].peer.stack)
                     }
-                    guard try carryOut(session.receive(frames, now: .now)) else { return }
+                    guard try carryOut(links[broker].session.receive(frames, now: .now), broker: broker) else { return }
                 }
             }
             let now = ContinuousClock.now
-            guard try carryOut(session.tick(now: now)) else { return }
+            for broker in links.indices where !links[broker].stopped {
+                if let at = links[broker].reconnectAt {
+                    if at <= now { guard try register(broker) else { return } }
+                    continue
+                }
+                guard try carryOut(links[broker].session.tick(now: now), broker: broker) else { return }
+            }
             for (reason, count) in warnings.endWindows(now: now) {
                 logger.warning("service.dropped.suppressed", metadata: ["service.reason": "\(reason)", "service.suppressed": "\(count)"])
             }
         }
     }
 
-    /// Writes one of the session's events (repeated warnings a few at a time).
-    private func log(_ event: WorkerSession.Event, _ warnings: inout LogRateLimiter) {
+    /// Writes one of broker `broker`'s session's events (repeated warnings a few at a time).
+    private func log(_ event: WorkerSession.Event, broker: Int, _ warnings: inout LogRateLimiter) {
         switch event {
         case .registering:
-            logger.info("service.registering", metadata: ["service.endpoint": "\(configuration.endpoint)", "service.credit": "\(configuration.credit)"])
+            logger.info("service.registering", metadata: ["service.endpoint": "\(configuration.endpoints[broker])", "service.credit": "\(configuration.credit)"])
         case .draining(let running):
             logger.info("service.draining", metadata: ["service.running": "\(running)"])
         case .stopped(let abandoned):
             logger.info("service.stopped", metadata: ["service.abandoned": "\(abandoned)"])
         case .brokerSilent:
-            logger.notice("service.broker.silent", metadata: ["service.reconnecting": "true"])
+            logger.notice("service.broker.silent", metadata: ["service.endpoint": "\(configuration.endpoints[broker])", "service.reconnecting": "true"])
         case .disconnected(let reason):
             if warnings.decide("disconnected", now: .now) == .write {
                 logger.notice("service.disconnected", metadata: ["service.reason": "\(reason.prefix(512))"])
@@ -238,13 +306,13 @@ public final class ServiceRunner: Service, @unchecked Sendable {
         }
     }
 
-    private func start(id: UInt64, operation: String, header: RequestHeader, payload: Payload, maximumReplyBytes: Int, connection: Int) -> Task<Void, Never> {
+    private func start(id: UInt64, broker: Int, operation: String, header: RequestHeader, payload: Payload, maximumReplyBytes: Int, connection: Int) -> Task<Void, Never> {
         let context = RequestContext(header: header, operation: operation, logger: logger, maximumReplyBytes: maximumReplyBytes)
         return Task { [handlers, mailbox, metrics] in
             let started = ContinuousClock.now
             let result = await handlers.handle(operation, payload: payload, context: context)
             metrics.record(operation: operation, result: result, duration: .now - started)
-            mailbox.post(.finished(id: id, connection: connection, result))
+            mailbox.post(.finished(id: id, broker: broker, connection: connection, result))
         }
     }
 }

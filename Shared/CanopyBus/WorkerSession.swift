@@ -110,12 +110,14 @@ public struct WorkerSession: Sendable {
 
     // MARK: - Events
 
-    /// A connection is up (the first, or one after ``Directive/reconnect(backoff:)``): announce READY.
-    public mutating func connected(now: ContinuousClock.Instant) -> [Directive] {
+    /// A connection is up (the first, or one after ``Directive/reconnect(backoff:)``): announce
+    /// READY, with `credit` (a worker of several brokers grants each a share of its own,
+    /// ``CreditShare``) or the settings' credit.
+    public mutating func connected(now: ContinuousClock.Instant, credit: Int? = nil) -> [Directive] {
         lastHeard = now
         nextHeartbeat = now + settings.heartbeatInterval
         disconnected = false
-        return [.send(.ready(service: settings.service, operations: settings.operations, credit: UInt32(settings.credit))), .log(.registering)]
+        return [.send(.ready(service: settings.service, operations: settings.operations, credit: UInt32(credit ?? settings.credit))), .log(.registering)]
     }
 
     /// A message from the broker.

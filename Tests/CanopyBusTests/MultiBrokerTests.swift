@@ -28,7 +28,7 @@ struct MultiBrokerTests {
         var all: [Outcome] { value.withLock { $0 } }
     }
 
-    @Test func aClientOfTwoBrokersGoesOnWithinASecondWhenOneIsKilledAndRunsNothingTwice() async throws {
+    @Test func aClientOfTwoBrokersGoesOnWhenOneIsKilledAndRunsNothingTwice() async throws {
         let (a, b) = (try BrokerProcess([]), try BrokerProcess([]))
         defer { a.stop(); b.stop() }
         let endpoints = [try await a.endpoint(), try await b.endpoint()]
@@ -88,11 +88,9 @@ struct MultiBrokerTests {
             // broker a when it died: about half of what is in flight at a time).
             #expect(failures.allSatisfy { $0.appended != nil && $0.code == .brokerLost }, "\(failures.prefix(5))")
             #expect(!failures.isEmpty, "no call that is not idempotent was at broker a when it died")
-            // Calls went through again within a second of the kill: the longest stretch without
-            // an answer around it.
-            let answered = all.filter(\.ok).map(\.at).sorted()
-            let gap = zip(answered, answered.dropFirst()).map { $1 - $0 }.max() ?? .seconds(99)
-            #expect(gap < .seconds(1), "no call answered for \(gap)")
+            // Calls went on through broker b (how soon is a benchmark's figure, not a test's:
+            // canopy-bench failover).
+            let answered = all.filter(\.ok).map(\.at)
             #expect(answered.contains { $0 > .seconds(1.5) } && answered.contains { $0 < .seconds(1) }, "answers on both sides of the kill")
             // Nothing ran twice: each text that is not idempotent reached a handler at most once,
             // and every one answered OK reached one.
@@ -101,6 +99,63 @@ struct MultiBrokerTests {
             let answeredAppends = Set(all.filter { $0.ok }.compactMap(\.appended))
             #expect(answeredAppends.isSubset(of: Set(ran)))
             #expect(services[1].counters.calls.load(ordering: .relaxed) > 0, "broker b's worker took over")
+        }
+    }
+
+    @Test func aWorkerServesEveryBrokerWithinItsCreditAndRegistersAgainWithOneThatComesBack() async throws {
+        let portA = FreePorts.any()
+        let endpointA = "tcp://127.0.0.1:\(portA)"
+        var a = try BrokerProcess(["--bind", endpointA])
+        let b = try BrokerProcess([])
+        defer { a.stop(); b.stop() }
+        _ = try await a.endpoint()
+        let endpoints = [endpointA, try await b.endpoint()]
+        var logger = Logger(label: "multi-broker")
+        logger.logLevel = .warning
+        let context = ZMQContext()
+        let service = TestWorkerService(workerName: "both")
+        var configuration = ServiceRunner.Configuration(endpoints: endpoints)
+        configuration.credit = 4
+        let runner = ServiceRunner(service: service, configuration: configuration, context: context, logger: logger)
+        try await withRunning([runner], logger: logger) {
+            // A client for each broker alone.
+            let clients = try endpoints.map { endpoint in
+                var configuration = BusClient.Configuration(endpoint: endpoint)
+                configuration.defaultTimeout = .seconds(20)
+                return try BusClient(configuration: configuration, context: context, logger: logger)
+            }
+            defer { clients.forEach { $0.close() } }
+            func registered(_ broker: Int) async -> Bool {
+                ((try? await clients[broker].call(Broker.Services.self, .init(), timeout: .seconds(1))) ?? []).contains { $0.name == TestService.name && $0.workers == 1 }
+            }
+            #expect(try await eventually {
+                let (first, second) = (await registered(0), await registered(1))
+                return first && second
+            }, "one worker registered with both brokers")
+
+            // Twenty slow calls through each broker at once: the worker holds at most its credit.
+            func burst(_ brokers: [Int]) async throws -> [String] {
+                try await withThrowingTaskGroup(of: String.self) { group in
+                    for index in 0..<20 {
+                        let client = clients[brokers[index % brokers.count]]
+                        group.addTask { try await client.call(TestService.Echo.self, .init(text: "\(index)", sleepMilliseconds: 100)).worker }
+                    }
+                    return try await group.reduce(into: []) { $0.append($1) }
+                }
+            }
+            #expect(try await burst([0, 1]).count == 20)
+            #expect(service.counters.mostRunning.load(ordering: .relaxed) <= 4, "never more than its credit: \(service.counters.mostRunning.load(ordering: .relaxed))")
+            #expect(service.counters.mostRunning.load(ordering: .relaxed) >= 3, "and both brokers' shares in use")
+
+            // Broker a dies: the worker goes on with b, all its credit there but a's reserve.
+            kill(a.process.processIdentifier, SIGKILL)
+            #expect(try await burst([1]).count == 20)
+            // a comes back on its endpoint: the worker registers with it again by itself.
+            a = try BrokerProcess(["--bind", endpointA])
+            _ = try await a.endpoint()
+            #expect(try await eventually(within: .seconds(30)) { await registered(0) }, "registered again with the broker that came back")
+            #expect(try await burst([0, 1]).count == 20)
+            #expect(service.counters.mostRunning.load(ordering: .relaxed) <= 4)
         }
     }
 }
