@@ -6,9 +6,13 @@ import Logging
 /// The options every Canopy executable shares: where the broker is, how to authenticate to
 /// it, and how much to log.
 public struct CommonOptions: ParsableArguments {
-    /// The broker endpoint to connect to.
-    @Option(name: [.customLong("endpoint"), .customLong("broker")], help: ArgumentHelp("Broker endpoint (--broker says the same). Env: CANOPY_ENDPOINT.", valueName: "endpoint"))
-    public var endpoint: String = Environment.string("CANOPY_ENDPOINT") ?? "tcp://127.0.0.1:5555"
+    /// The broker endpoints to connect to: one, or several live brokers.
+    @Option(name: [.customLong("endpoint"), .customLong("broker")],
+            help: ArgumentHelp("Broker endpoint (--broker says the same); repeat it, or separate endpoints with commas, for several live brokers. Env: CANOPY_ENDPOINT (A,B for several).", valueName: "endpoint"))
+    public var endpoints: [String] = [Environment.string("CANOPY_ENDPOINT") ?? "tcp://127.0.0.1:5555"]
+
+    /// The endpoints as one string, `A,B` (what the bus configurations split again).
+    public var endpoint: String { endpoints.joined(separator: ",") }
 
     /// The broker's CurveZMQ public key, or a file holding it.
     @Option(name: .long, help: ArgumentHelp("The broker's CurveZMQ public key (Z85) or its .pub file; turns CURVE on. Env: CANOPY_CURVE_SERVER_KEY.", valueName: "key|file"))

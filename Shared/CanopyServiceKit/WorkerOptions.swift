@@ -46,6 +46,9 @@ public struct WorkerOptions: ParsableArguments {
     /// The runner configuration these options describe, for the broker `common` names.
     public func runnerConfiguration(_ common: CommonOptions) throws -> ServiceRunner.Configuration {
         var configuration = ServiceRunner.Configuration(endpoint: common.endpoint)
+        guard credit >= configuration.endpoints.count else {
+            throw ValidationError("--credit \(credit) cannot be shared by \(configuration.endpoints.count) brokers: each holds at least one; raise --credit (CANOPY_CREDIT) to \(configuration.endpoints.count) or more")
+        }
         configuration.curve = try common.curveSettings()
         configuration.stack = common.stack
         configuration.credit = credit

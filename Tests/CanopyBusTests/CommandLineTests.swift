@@ -101,4 +101,18 @@ struct CommandLineTests {
         #expect(try CommonOptions.parse([]).endpoint == "tcp://10.0.0.9:7000")
         #expect(try CommonOptions.parse(["--endpoint", "tcp://127.0.0.1:1"]).endpoint == "tcp://127.0.0.1:1")
     }
+
+    /// Several live brokers: `--endpoint` repeated, or a list in one value or in CANOPY_ENDPOINT.
+    @Test func severalBrokersAreNamedByRepeatingTheEndpointOrByAList() throws {
+        setenv("CANOPY_ENDPOINT", "tcp://10.0.0.1:5555, tcp://10.0.0.2:5555", 1)
+        defer { unsetenv("CANOPY_ENDPOINT") }
+        let both = ["tcp://10.0.0.1:5555", "tcp://10.0.0.2:5555"]
+        #expect(BusClient.Configuration(endpoint: try CommonOptions.parse([]).endpoint).endpoints == both)
+        let repeated = try CommonOptions.parse(["--endpoint", "tcp://a:1", "--broker", "tcp://b:2"])
+        #expect(ServiceRunner.Configuration(endpoint: repeated.endpoint).endpoints == ["tcp://a:1", "tcp://b:2"])
+        // Each broker holds at least one of a worker's credit.
+        let options = try WorkerOptions.parse(["--credit", "1"])
+        #expect(throws: ValidationError.self) { try options.runnerConfiguration(repeated) }
+        #expect(try WorkerOptions.parse(["--credit", "2"]).runnerConfiguration(repeated).endpoints.count == 2)
+    }
 }
