@@ -173,9 +173,9 @@ private final class ClientLoop: @unchecked Sendable {
         let preferred = configuration.preferred.map { min(max(0, $0), endpoints.count - 1) } ?? Int.random(in: 0..<endpoints.count)
         session = ClientSession(brokers: endpoints.count, preferred: preferred)
         var sockets: [ZMQSocket] = [], monitors: [ZMQSocket] = []
-        for endpoint in endpoints {
+        for (broker, endpoint) in endpoints.enumerated() {
             let socket = try ZMQSocket(context, type: .dealer)
-            if let curve = configuration.curve { try socket.becomeCurveClient(curve) }
+            if let curve = configuration.curve { try socket.becomeCurveClient(curve, broker: broker) }
             if let stack = configuration.stack { try socket.announceStack(stack) }
             try socket.setHighWaterMarks(100_000)
             // Only over a connection that is up: a call never waits in a dead connection's

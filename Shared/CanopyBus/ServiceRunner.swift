@@ -134,7 +134,7 @@ public final class ServiceRunner: Service, @unchecked Sendable {
     /// Connects a new DEALER socket to broker `broker`.
     private func connect(_ broker: Int) throws -> ZMQSocket {
         let socket = try ZMQSocket(context, type: .dealer)
-        if let curve = configuration.curve { try socket.becomeCurveClient(curve) }
+        if let curve = configuration.curve { try socket.becomeCurveClient(curve, broker: broker) }
         if let stack = configuration.stack { try socket.announceStack(stack) }
         try socket.setHighWaterMarks(100_000)
         try socket.set(ZMQ_RECONNECT_IVL, 100)

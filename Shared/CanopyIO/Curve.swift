@@ -133,17 +133,38 @@ public enum Curve {
 
 /// How a client or worker connects to a broker that runs CurveZMQ.
 public struct CurveClientSettings: Sendable {
-    /// The broker's public key.
-    public var serverKey: String
-    /// This peer's key pair; its public key must be on the broker's allow-list.
+    /// The brokers' public keys, in the order of their endpoints: each broker has a key pair
+    /// of its own (one key for all when they share one).
+    public var serverKeys: [String]
+    /// This peer's key pair; its public key must be on every broker's allow-list.
     public var keyPair: CurveKeyPair
+
+    /// The first broker's public key; setting it names that key alone.
+    public var serverKey: String {
+        get { serverKeys[0] }
+        set { serverKeys = [newValue] }
+    }
 
     /// - Parameters:
     ///   - serverKey: the broker's public key (Z85).
     ///   - keyPair: this peer's key pair.
     public init(serverKey: String, keyPair: CurveKeyPair) {
-        self.serverKey = serverKey
+        serverKeys = [serverKey]
         self.keyPair = keyPair
+    }
+
+    /// - Parameters:
+    ///   - serverKeys: the brokers' public keys (Z85), in the order of their endpoints.
+    ///   - keyPair: this peer's key pair.
+    public init(serverKeys: [String], keyPair: CurveKeyPair) {
+        precondition(!serverKeys.isEmpty, "at least one broker key")
+        self.serverKeys = serverKeys
+        self.keyPair = keyPair
+    }
+
+    /// The public key of broker `index` (the only key when there is one for all).
+    public func serverKey(forBroker index: Int) -> String {
+        index < serverKeys.count ? serverKeys[index] : serverKeys[0]
     }
 }
 
@@ -156,8 +177,8 @@ extension ZMQSocket {
     }
 
     /// Makes this socket a CURVE client of the server with `settings.serverKey` (before connect).
-    public func becomeCurveClient(_ settings: CurveClientSettings) throws {
-        try setText(ZMQ_CURVE_SERVERKEY, settings.serverKey)
+    public func becomeCurveClient(_ settings: CurveClientSettings, broker: Int = 0) throws {
+        try setText(ZMQ_CURVE_SERVERKEY, settings.serverKey(forBroker: broker))
         try setText(ZMQ_CURVE_PUBLICKEY, settings.keyPair.publicKey)
         try setText(ZMQ_CURVE_SECRETKEY, settings.keyPair.secretKey)
     }

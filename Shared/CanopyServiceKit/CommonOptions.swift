@@ -15,7 +15,7 @@ public struct CommonOptions: ParsableArguments {
     public var endpoint: String { endpoints.joined(separator: ",") }
 
     /// The broker's CurveZMQ public key, or a file holding it.
-    @Option(name: .long, help: ArgumentHelp("The broker's CurveZMQ public key (Z85) or its .pub file; turns CURVE on. Env: CANOPY_CURVE_SERVER_KEY.", valueName: "key|file"))
+    @Option(name: .long, help: ArgumentHelp("The broker's CurveZMQ public key (Z85) or its .pub file; turns CURVE on. With several brokers, one per --endpoint in order, separated by commas. Env: CANOPY_CURVE_SERVER_KEY.", valueName: "key|file"))
     public var curveServerKey: String?
 
     /// This peer's secret key file.
@@ -58,7 +58,13 @@ public struct CommonOptions: ParsableArguments {
             } else {
                 keyPair = try CurveKeyPair.generate()
             }
-            return CurveClientSettings(serverKey: try Curve.publicKey(serverKey), keyPair: keyPair)
+            // One key for every broker, or one per broker in the order of the endpoints.
+            let keys = try serverKey.split(separator: ",").map { try Curve.publicKey(String($0).trimmingCharacters(in: .whitespaces)) }
+            let brokers = BusClient.Configuration(endpoint: endpoint).endpoints.count
+            guard !keys.isEmpty, keys.count == 1 || keys.count == brokers else {
+                throw ValidationError("--curve-server-key names \(keys.count) broker keys for \(brokers) brokers; give one key for all, or one per --endpoint in the same order")
+            }
+            return CurveClientSettings(serverKeys: keys, keyPair: keyPair)
         } catch let error as Curve.KeyError {
             throw ValidationError("\(error.description)")
         }

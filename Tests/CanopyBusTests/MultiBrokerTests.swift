@@ -1,3 +1,4 @@
+import CanopyBroker
 import CanopyBus
 import CanopyMessages
 import CanopyServiceKit
@@ -156,6 +157,35 @@ struct MultiBrokerTests {
             #expect(try await eventually(within: .seconds(30)) { await registered(0) }, "registered again with the broker that came back")
             #expect(try await burst([0, 1]).count == 20)
             #expect(service.counters.mostRunning.load(ordering: .relaxed) <= 4)
+        }
+    }
+
+    /// Each broker has a key pair of its own and the same allow-list: a worker and a client
+    /// given every broker's public key (in the order of the endpoints) reach all of them.
+    @Test func withCurveEachBrokerHasItsOwnKeyAndTheSameAllowList() async throws {
+        guard Curve.isAvailable else { return }
+        let (worker, client) = (try CurveKeyPair.generate(), try CurveKeyPair.generate())
+        let brokerKeys = [try CurveKeyPair.generate(), try CurveKeyPair.generate()]
+        let allowList = CurveAllowList(workers: WorkerKeys([worker.publicKey: [TestService.name]]), clients: [client.publicKey])
+        try await withLiveBus(curve: CurveServerSettings(keyPair: brokerKeys[0], allowList: allowList)) { a in
+            try await withLiveBus(curve: CurveServerSettings(keyPair: brokerKeys[1], allowList: allowList)) { b in
+                let endpoints = [a.endpoint, b.endpoint]
+                var runner = ServiceRunner.Configuration(endpoints: endpoints)
+                runner.curve = CurveClientSettings(serverKeys: brokerKeys.map(\.publicKey), keyPair: worker)
+                a.run([ServiceRunner(service: TestWorkerService(workerName: "both"), configuration: runner, context: a.context, logger: a.logger)])
+                for (bus, key) in zip([a, b], brokerKeys) {
+                    try await bus.waitForWorkers(1, curve: CurveClientSettings(serverKey: key.publicKey, keyPair: client))
+                }
+                // A client of both, preferring each in turn, is answered through each.
+                for preferred in 0..<2 {
+                    var configuration = BusClient.Configuration(endpoints: endpoints)
+                    configuration.preferred = preferred
+                    configuration.curve = CurveClientSettings(serverKeys: brokerKeys.map(\.publicKey), keyPair: client)
+                    let bus = try BusClient(configuration: configuration, context: a.context, logger: a.logger)
+                    defer { bus.close() }
+                    #expect(try await bus.call(TestService.Echo.self, .init(text: "through \(preferred)")).text == "through \(preferred)")
+                }
+            }
         }
     }
 }
