@@ -6,39 +6,45 @@ import CanopyServiceKit
 /// `canopy services`: the connected services as a table.
 struct Services: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "List the services that have workers, with their operations.",
+        abstract: "List the services that have workers, with their operations (each broker's, with several).",
         discussion: "Example: canopy services --endpoint tcp://127.0.0.1:5555")
 
     @OptionGroup var common: CommonOptions
 
     func run() async throws {
-        try await withBus(common) { bus in
+        // With several brokers, every broker's own view, in a column of their own.
+        let several = BusClient.Configuration(endpoint: common.endpoint).endpoints.count > 1
+        var table = Table(headers: (several ? ["BROKER"] : []) + ["SERVICE", "WORKERS", "OPERATION", "IDEMPOTENT", "COALESCABLE"])
+        var any = false
+        try await withEachBroker(common) { endpoint, bus in
             let services = try await bus.call(Broker.Services.self, .init(), timeout: .seconds(5))
-            var table = Table("SERVICE", "WORKERS", "OPERATION", "IDEMPOTENT", "COALESCABLE")
-            for service in services {
+            any = any || !services.isEmpty
+            for (serviceIndex, service) in services.enumerated() {
                 for (index, operation) in service.operations.enumerated() {
-                    table.append([
+                    let row = [
                         index == 0 ? service.name : "", index == 0 ? "\(service.workers)" : "",
                         operation.name, operation.idempotent ? "yes" : "no", operation.coalescable ? "yes" : "no",
-                    ])
+                    ]
+                    table.append(several ? [serviceIndex == 0 && index == 0 ? endpoint : ""] + row : row)
                 }
             }
-            print(services.isEmpty ? "no services connected" : table.render())
         }
+        print(any ? table.render() : "no services connected")
     }
 }
 
 /// `canopy stats`: per-service counters and latency as a table.
 struct Stats: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Print the broker's per-service counters and latency.",
+        abstract: "Print each broker's per-service counters and latency.",
         discussion: "Example: canopy stats --endpoint tcp://127.0.0.1:5555")
 
     @OptionGroup var common: CommonOptions
 
     func run() async throws {
-        try await withBus(common) { bus in
+        try await withEachBroker(common) { endpoint, bus in
             let stats = try await bus.call(Broker.Stats.self, .init(), timeout: .seconds(5))
+            if BusClient.Configuration(endpoint: common.endpoint).endpoints.count > 1 { print("broker \(endpoint)") }
             var table = Table("SERVICE", "WORKERS", "QUEUED", "IN FLIGHT", "SERVED", "ERRORS", "P50 µs", "P99 µs")
             for service in stats.services {
                 table.append([
@@ -51,17 +57,19 @@ struct Stats: AsyncParsableCommand {
                 print("\(unread) bytes of replies wait for clients to read them; \(drops) dropped for slow readers")
             }
             print(stats.services.isEmpty ? "no services" : table.render())
-            guard !stats.operations.isEmpty else { return }
-            var operations = Table("OPERATION", "REQUESTS", "COALESCED", "WORKER CALLS", "SAVED", "DETACHED", "REDISPATCHED", "WAITERS P50", "WAITERS P99")
-            for operation in stats.operations {
-                operations.append([
-                    operation.operation.isEmpty ? operation.service : "\(operation.service).\(operation.operation)",
-                    "\(operation.requests)", "\(operation.coalesced)", "\(operation.workerCalls)", "\(operation.workerCallsSaved)",
-                    "\(operation.detachedWaiters)", "\(operation.redispatchedFlights)", "\(operation.waitersPerFlightP50)", "\(operation.waitersPerFlightP99)",
-                ])
+            if !stats.operations.isEmpty {
+                var operations = Table("OPERATION", "REQUESTS", "COALESCED", "WORKER CALLS", "SAVED", "DETACHED", "REDISPATCHED", "WAITERS P50", "WAITERS P99")
+                for operation in stats.operations {
+                    operations.append([
+                        operation.operation.isEmpty ? operation.service : "\(operation.service).\(operation.operation)",
+                        "\(operation.requests)", "\(operation.coalesced)", "\(operation.workerCalls)", "\(operation.workerCallsSaved)",
+                        "\(operation.detachedWaiters)", "\(operation.redispatchedFlights)", "\(operation.waitersPerFlightP50)", "\(operation.waitersPerFlightP99)",
+                    ])
+                }
+                print("")
+                print(operations.render())
             }
             print("")
-            print(operations.render())
         }
     }
 }

@@ -82,6 +82,30 @@ func prettyJSON(_ bytes: [UInt8]) -> String {
 }
 
 /// Opens a bus client for one command and closes it afterwards.
+/// Runs `body` with a client of each broker the options name, one at a time (what every
+/// broker says for itself: its services, its statistics).
+func withEachBroker(_ common: CommonOptions, _ body: (_ endpoint: String, BusClient) async throws -> Void) async throws {
+    let logger = LogSetup.logger(label: "canopy", level: common.logLevel == .info ? .warning : common.logLevel)
+    let all = try common.clientConfiguration()
+    let context = ZMQContext()
+    for (index, endpoint) in all.endpoints.enumerated() {
+        var configuration = all
+        configuration.endpoints = [endpoint]
+        if var curve = configuration.curve {
+            curve.serverKeys = [curve.serverKey(forBroker: index)]
+            configuration.curve = curve
+        }
+        let bus = try BusClient(configuration: configuration, context: context, logger: logger)
+        defer { bus.close() }
+        do {
+            try await body(endpoint, bus)
+        } catch let error as CanopyError where error.code == .timeout {
+            FileHandle.standardError.write(Data("error (timeout): \(error.message). Is canopy-broker running at \(endpoint)? Start it, or leave it out of --endpoint.\n".utf8))
+            throw ExitCode(1)
+        }
+    }
+}
+
 func withBus(_ common: CommonOptions, _ body: (BusClient) async throws -> Void) async throws {
     let logger = LogSetup.logger(label: "canopy", level: common.logLevel == .info ? .warning : common.logLevel)
     let bus = try BusClient(configuration: try common.clientConfiguration(), context: ZMQContext(), logger: logger)

@@ -4,6 +4,9 @@ import CanopyWire
 
 /// The broker's tunables. Defaults match `canopy-broker --help`.
 public struct BrokerConfiguration: Sendable {
+    /// This broker's name among several live ones (`--name`): the `broker` label of its
+    /// metrics, and what its logs and `canopy status` call it.
+    public var name = "broker"
     /// How often the broker and workers send heartbeats (busy workers included).
     public var heartbeatInterval: Duration = BusDefaults.heartbeatInterval
     /// Missed heartbeats before a worker counts as dead.

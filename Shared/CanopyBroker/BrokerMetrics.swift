@@ -11,21 +11,31 @@ import Metrics
 ///
 /// Not thread-safe: owned by the broker's loop thread.
 final class BrokerMetrics {
-    private let malformed = Counter(label: "canopy_broker_malformed_messages_total")
-    private let rejected = Counter(label: "canopy_broker_rejected_requests_total")
-    private let heldBytes = Gauge(label: "canopy_broker_held_bytes")
-    private let unreadReplyBytes = Gauge(label: "canopy_broker_unread_reply_bytes")
-    private let slowReaderDrops = Counter(label: "canopy_broker_slow_reader_drops_total")
-    private let openFlights = Gauge(label: "canopy_broker_open_flights")
-    private let captureRecords = Counter(label: "canopy_broker_capture_records_total")
-    private let captureDropped = Counter(label: "canopy_broker_capture_dropped_total")
-    private let capturing = Gauge(label: "canopy_broker_capturing")
+    /// Every series carries `broker="NAME"` (``BrokerConfiguration/name``): with several live
+    /// brokers, each one's figures are told apart, and summed, by it.
+    private let broker: String
+    private let malformed, rejected, slowReaderDrops, captureRecords, captureDropped: Counter
+    private let heldBytes, unreadReplyBytes, openFlights, capturing: Gauge
+
+    init(broker: String) {
+        self.broker = broker
+        let named = [("broker", broker)]
+        malformed = Counter(label: "canopy_broker_malformed_messages_total", dimensions: named)
+        rejected = Counter(label: "canopy_broker_rejected_requests_total", dimensions: named)
+        heldBytes = Gauge(label: "canopy_broker_held_bytes", dimensions: named)
+        unreadReplyBytes = Gauge(label: "canopy_broker_unread_reply_bytes", dimensions: named)
+        slowReaderDrops = Counter(label: "canopy_broker_slow_reader_drops_total", dimensions: named)
+        openFlights = Gauge(label: "canopy_broker_open_flights", dimensions: named)
+        captureRecords = Counter(label: "canopy_broker_capture_records_total", dimensions: named)
+        captureDropped = Counter(label: "canopy_broker_capture_dropped_total", dimensions: named)
+        capturing = Gauge(label: "canopy_broker_capturing", dimensions: named)
+    }
 
     private struct ServiceSeries {
         let queued, queuedBytes, inFlight, workers: Gauge
         let served, errors: Counter
-        init(_ name: String) {
-            let dimensions = [("service", name)]
+        init(_ name: String, broker: String) {
+            let dimensions = [("broker", broker), ("service", name)]
             queued = Gauge(label: "canopy_broker_queued_requests", dimensions: dimensions)
             queuedBytes = Gauge(label: "canopy_broker_queued_bytes", dimensions: dimensions)
             inFlight = Gauge(label: "canopy_broker_in_flight_requests", dimensions: dimensions)
@@ -36,18 +46,19 @@ final class BrokerMetrics {
     }
 
     private struct OperationSeries {
-        let service, operation: String
+        let broker, service, operation: String
         let coalesced: Counter
-        /// `canopy_broker_requests_total{service,operation,outcome}`, made per outcome as it occurs.
+        /// `canopy_broker_requests_total{broker,service,operation,outcome}`, made per outcome as it occurs.
         var answered: [String: Counter] = [:]
-        init(_ service: String, _ operation: String) {
+        init(_ service: String, _ operation: String, broker: String) {
+            self.broker = broker
             self.service = service
             self.operation = operation
-            coalesced = Counter(label: "canopy_broker_coalesced_requests_total", dimensions: [("service", service), ("operation", operation)])
+            coalesced = Counter(label: "canopy_broker_coalesced_requests_total", dimensions: [("broker", broker), ("service", service), ("operation", operation)])
         }
         mutating func answered(_ outcome: String) -> Counter {
             if let counter = answered[outcome] { return counter }
-            let counter = Counter(label: "canopy_broker_requests_total", dimensions: [("service", service), ("operation", operation), ("outcome", outcome)])
+            let counter = Counter(label: "canopy_broker_requests_total", dimensions: [("broker", broker), ("service", service), ("operation", operation), ("outcome", outcome)])
             answered[outcome] = counter
             return counter
         }
@@ -60,7 +71,7 @@ final class BrokerMetrics {
     /// Records one answer's latency (receipt to answer) for `service`.
     func recordLatency(service: String, nanoseconds: Int64) {
         if let timer = latency[service] { return timer.recordNanoseconds(nanoseconds) }
-        let timer = Metrics.Timer(label: "canopy_broker_request_duration_seconds", dimensions: [("service", service)])
+        let timer = Metrics.Timer(label: "canopy_broker_request_duration_seconds", dimensions: [("broker", broker), ("service", service)])
         latency[service] = timer
         timer.recordNanoseconds(nanoseconds)
     }
@@ -90,7 +101,7 @@ final class BrokerMetrics {
             series.queued.record(0); series.queuedBytes.record(0); series.inFlight.record(0); series.workers.record(0)
         }
         for service in statistics.services {
-            let series = services[service.name] ?? ServiceSeries(service.name)
+            let series = services[service.name] ?? ServiceSeries(service.name, broker: broker)
             services[service.name] = series
             series.queued.record(service.queued)
             series.queuedBytes.record(service.queuedBytes)
@@ -101,7 +112,7 @@ final class BrokerMetrics {
         }
         for operation in statistics.operations {
             let key = operation.service + "." + operation.operation
-            var series = operations[key] ?? OperationSeries(operation.service, operation.operation)
+            var series = operations[key] ?? OperationSeries(operation.service, operation.operation, broker: broker)
             advance(series.coalesced, "coalesced " + key, operation.coalesced)
             for (outcome, total) in operation.outcomes {
                 advance(series.answered(outcome), "answered " + key + " " + outcome, total)

@@ -125,7 +125,7 @@ public final class BrokerServer: Service, @unchecked Sendable {
             socket.close()
             zap?.close()
         }
-        let metrics = BrokerMetrics()
+        let metrics = BrokerMetrics(broker: configuration.name)
         var nextMetrics = ContinuousClock.now
         var state = BrokerState(configuration: configuration, now: .now)
         var directives: [BrokerState.Directive] = []

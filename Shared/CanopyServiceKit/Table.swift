@@ -8,6 +8,11 @@ public struct Table {
         self.headers = headers
     }
 
+    /// A table with these column headers (a list made at run time).
+    public init(headers: [String]) {
+        self.headers = headers
+    }
+
     /// Adds a row; it must have one cell per header.
     public mutating func append(_ cells: [String]) {
         precondition(cells.count == headers.count, "a row has \(cells.count) cells for \(headers.count) columns")

@@ -78,6 +78,8 @@ struct CommandLineTests {
         let result = try await run("canopy-broker", ["serve", "--liveness", "0"])
         #expect(result.status != 0)
         #expect(result.errors.contains("--liveness must be at least 1"))
+        let named = try await run("canopy-broker", ["serve", "--name", "broker \"a\""])
+        #expect(named.status != 0 && named.errors.contains("--name (CANOPY_BROKER_NAME) is 1 to 64 printable characters"), "\(named.errors)")
         let environment = try await run("canopy-broker", ["serve"], environment: ["CANOPY_HEARTBEAT_MS": "often"])
         #expect(environment.status != 0)
         #expect(environment.errors.contains("CANOPY_HEARTBEAT_MS=often is not a whole number"))

@@ -73,7 +73,7 @@ struct OperatingEndpointTests {
             // other suites') share the registry, so the figures can only have grown more.
             let requests = "canopy_broker_requests_total"
             let expected: [(String, [String: String], Double)] = [
-                (requests, ["service": "test", "operation": "echo", "outcome": "ok"], 6),
+                (requests, ["broker": "broker", "service": "test", "operation": "echo", "outcome": "ok"], 6), // every series names its broker
                 (requests, ["service": "test", "operation": "fail", "outcome": "conflict"], 1),
                 ("canopy_broker_served_requests_total", ["service": "test"], 6),
                 ("canopy_broker_request_duration_seconds_count", ["service": "test"], 7),

@@ -15,6 +15,9 @@ struct BrokerOptions: ParsableArguments {
     @Option(help: ArgumentHelp("Endpoint to listen on. Env: CANOPY_BIND.", valueName: "endpoint"))
     var bind: String = Environment.string("CANOPY_BIND") ?? "tcp://127.0.0.1:5555"
 
+    @Option(help: ArgumentHelp("This broker's name among several live ones: the 'broker' label of its metrics. Env: CANOPY_BROKER_NAME.", valueName: "name"))
+    var name: String = Environment.string("CANOPY_BROKER_NAME") ?? Self.defaults.name
+
     @Option(help: ArgumentHelp("The stack this broker belongs to (canopy up sets it): announced to every peer, and peers of another stack are refused. Env: CANOPY_STACK.", valueName: "id"))
     var stack: String? = Environment.string("CANOPY_STACK")
 
@@ -107,6 +110,10 @@ struct BrokerOptions: ParsableArguments {
     func validate() throws {
         try Environment.validate()
         if let stack { try CommonOptions.validate(stack: stack) }
+        // A label value: short, printable, no quotes or backslashes (Prometheus text format).
+        guard (1...64).contains(name.utf8.count), name.utf8.allSatisfy({ (0x21...0x7E).contains($0) && $0 != 0x22 && $0 != 0x5C }) else {
+            throw ValidationError("--name (CANOPY_BROKER_NAME) is 1 to 64 printable characters without spaces, quotes or backslashes, such as broker-a")
+        }
         guard heartbeatMs >= 10 else { throw ValidationError("--heartbeat-ms must be at least 10; 1000 is the usual value") }
         guard liveness >= 1 else { throw ValidationError("--liveness must be at least 1 missed heartbeat; 3 is the usual value") }
         guard maxQueue >= 0 else { throw ValidationError("--max-queue cannot be negative; 0 answers 'busy' whenever no worker has credit") }
@@ -152,6 +159,7 @@ struct BrokerOptions: ParsableArguments {
     /// The broker configuration these options describe.
     var configuration: BrokerConfiguration {
         var configuration = BrokerConfiguration()
+        configuration.name = name
         configuration.heartbeatInterval = .milliseconds(heartbeatMs)
         configuration.liveness = liveness
         configuration.maximumQueuedPerService = maxQueue
