@@ -68,6 +68,8 @@ final class StackSupervisor: @unchecked Sendable {
         let service: CanopyStack.Service
         /// `care`, or `care-2` for its second replica: its log, its row in `canopy status`.
         let name: String
+        /// Which replica it is (1 for the first; a broker's is which endpoint it binds).
+        let replica: Int
         /// Where its `/metrics` and `/health` listen.
         let metricsPort: Int
         /// Its data directory (a replica's own, for what it keeps apart: canopy-images' disk tier).
@@ -79,9 +81,10 @@ final class StackSupervisor: @unchecked Sendable {
         var restartAt: ContinuousClock.Instant?
         var pause: Duration = .seconds(1)
 
-        init(_ service: CanopyStack.Service, name: String, metricsPort: Int, dataDirectory: String) {
+        init(_ service: CanopyStack.Service, name: String, replica: Int, metricsPort: Int, dataDirectory: String) {
             self.service = service
             self.name = name
+            self.replica = replica
             self.metricsPort = metricsPort
             self.dataDirectory = dataDirectory
         }
@@ -93,13 +96,15 @@ final class StackSupervisor: @unchecked Sendable {
     static func children(_ settings: Settings, launch: CanopyStack.Launch) -> [Child] {
         var extra = settings.metricsBase + CanopyStack.services.count
         return CanopyStack.services.flatMap { service in
-            (1...max(1, settings.replicas[service.name] ?? 1)).map { replica in
+            // One broker per endpoint (`--brokers`); of the others, their replicas.
+            let count = service == CanopyStack.broker ? launch.endpoints.count : max(1, settings.replicas[service.name] ?? 1)
+            return (1...count).map { replica in
                 guard replica > 1 else {
-                    return Child(service, name: service.name, metricsPort: launch.metricsPort(service), dataDirectory: launch.dataDirectory)
+                    return Child(service, name: service.name, replica: 1, metricsPort: launch.metricsPort(service), dataDirectory: launch.dataDirectory)
                 }
                 defer { extra += 1 }
                 let name = "\(service.name)-\(replica)"
-                return Child(service, name: name, metricsPort: extra,
+                return Child(service, name: name, replica: replica, metricsPort: extra,
                              dataDirectory: settings.layout.dataDirectory.appendingPathComponent("replicas/\(name)").path)
             }
         }
@@ -124,9 +129,11 @@ final class StackSupervisor: @unchecked Sendable {
     }
 
     private func start(_ child: Child) throws {
+        // A replica's own directory (what it keeps apart; a second broker's captures).
+        try FileManager.default.createDirectory(atPath: child.dataDirectory, withIntermediateDirectories: true)
         let process = Process()
         process.executableURL = settings.executables.appendingPathComponent(child.service.executable)
-        process.arguments = launch.arguments(child.service, metricsPort: child.metricsPort, dataDirectory: child.dataDirectory)
+        process.arguments = launch.arguments(child.service, metricsPort: child.metricsPort, dataDirectory: child.dataDirectory, replica: child.replica)
         process.environment = ProcessInfo.processInfo.environment.merging(settings.environment) { $1 }
         let logPath = settings.layout.log(child.name).path
         if !FileManager.default.fileExists(atPath: logPath) { _ = FileManager.default.createFile(atPath: logPath, contents: nil) }

@@ -1,4 +1,5 @@
 import ArgumentParser
+import CanopyBus
 import CanopyDeployment
 import CanopyServiceKit
 import CanopyStore
@@ -28,11 +29,14 @@ struct Up: ParsableCommand {
               canopy up --detach && canopy status && canopy logs care && canopy down
               canopy up --http 0.0.0.0:8080 --data-dir /srv/canopy
               canopy up --database-url postgres://canopy@127.0.0.1:5432/canopy --replicas care=3,remind=2,images=2,identify=2
+              canopy up --brokers 2
             """)
 
     @OptionGroup var stack: StackOptions
-    @Option(name: [.customLong("broker"), .customLong("endpoint")], help: ArgumentHelp("Where the broker listens. Env: CANOPY_ENDPOINT.", valueName: "endpoint"))
+    @Option(name: [.customLong("broker"), .customLong("endpoint")], help: ArgumentHelp("Where the broker listens (the first one's, with --brokers; or a list A,B). Env: CANOPY_ENDPOINT.", valueName: "endpoint"))
     var broker: String = Environment.string("CANOPY_ENDPOINT") ?? "tcp://127.0.0.1:5555"
+    @Option(help: ArgumentHelp("Live brokers, 1 to 4: every service registers with each, clients fail over between them; the second listens on the --broker port plus one, and so on. Env: CANOPY_BROKERS.", valueName: "count"))
+    var brokers: Int = Environment.int("CANOPY_BROKERS", default: 1)
     @Option(help: ArgumentHelp("Where the HTTP API listens. Env: CANOPY_HTTP.", valueName: "host:port"))
     var http: String = Environment.string("CANOPY_HTTP") ?? "127.0.0.1:8080"
     @Option(help: ArgumentHelp("The broker's /metrics port; the services take the next five (9400: 9401 images … 9405 batch). Env: CANOPY_METRICS_BASE.", valueName: "port"))
@@ -53,6 +57,7 @@ struct Up: ParsableCommand {
     func validate() throws {
         try Environment.validate()
         guard (1...65_530).contains(metricsBase) else { throw ValidationError("--metrics-base must be a port from 1 to 65530") }
+        _ = try brokerEndpoints()
         guard ServiceClock(parsing: clock) != nil else { throw ValidationError("--clock is system, fixed:2026-11-24T09:00:00Z or from:2026-11-24T09:00:00Z") }
         _ = try OperatingOptions.parse(http)
         let counts = try replicaCounts()
@@ -62,6 +67,24 @@ struct Up: ParsableCommand {
         if let databaseURL {
             do { _ = try DatabaseURL(parsing: databaseURL, passwordFile: databasePasswordFile) } catch { throw ValidationError(error.description) }
         }
+    }
+
+    /// Every broker's endpoint: the list `--broker` names, or `--brokers` endpoints from the
+    /// first's port up.
+    func brokerEndpoints() throws -> [String] {
+        guard (1...4).contains(brokers) else { throw ValidationError("--brokers is 1 to 4") }
+        let named = BusClient.Configuration(endpoint: broker).endpoints
+        if named.count > 1 {
+            guard brokers == 1 || brokers == named.count else {
+                throw ValidationError("--broker names \(named.count) brokers but --brokers says \(brokers); give one of them")
+            }
+            return named
+        }
+        guard brokers > 1 else { return named }
+        guard let first = ListenAddress(zeroMQEndpoint: broker), first.port + brokers - 1 <= 65_535 else {
+            throw ValidationError("--brokers \(brokers) needs --broker tcp://HOST:PORT with the ports after it free (or a list: --broker tcp://HOST:A,tcp://HOST:B)")
+        }
+        return (0..<brokers).map { "tcp://\(first.host):\(first.port + $0)" }
     }
 
     /// `--replicas care=3,remind=2` as counts by service.
@@ -105,7 +128,7 @@ struct Up: ParsableCommand {
             environment["CANOPY_DATABASE_PASSWORD_FILE"] = databasePasswordFile
             environment["CANOPY_ORIGINALS_DIR"] = originalsDir ?? layout.dataDirectory.appendingPathComponent("images/originals").path
         }
-        let supervisor = StackSupervisor(settings: .init(layout: layout, executables: executables, endpoint: broker, http: http,
+        let supervisor = StackSupervisor(settings: .init(layout: layout, executables: executables, endpoint: try brokerEndpoints().joined(separator: ","), http: http,
                                                          metricsBase: metricsBase, environment: environment, replicas: try replicaCounts()))
         // Ctrl-C and SIGTERM end the supervision; the children are then stopped in order.
         signal(SIGINT, SIG_IGN)
@@ -147,7 +170,7 @@ struct Up: ParsableCommand {
         // --wait: setsid forks (the child leads its own process group) and answers the
         // supervisor's exit status, so a stack that fails to start is seen at once.
         process.arguments = ["--wait", Self.selfPath(), "up", "--supervise", "--detach", "--data-dir", stack.dataDir, "--broker", broker, "--http", http,
-                             "--metrics-base", "\(metricsBase)", "--clock", clock, "--replicas", replicas]
+                             "--metrics-base", "\(metricsBase)", "--clock", clock, "--replicas", replicas, "--brokers", "\(brokers)"]
             + (databaseURL.map { ["--database-url", $0] } ?? []) + (databasePasswordFile.map { ["--database-password-file", $0] } ?? [])
             + (originalsDir.map { ["--originals-dir", $0] } ?? [])
         process.standardInput = FileHandle.nullDevice
@@ -205,10 +228,14 @@ struct Up: ParsableCommand {
     /// holds it (and that stack's data directory) and the options that choose others.
     func refuseTakenPorts(_ layout: StackLayout) throws {
         var ports: [(what: String, address: ListenAddress)] = []
-        if let bus = ListenAddress(zeroMQEndpoint: broker) { ports.append(("the broker's bus (--broker)", bus)) }
+        let endpoints = try brokerEndpoints()
+        for endpoint in endpoints {
+            if let bus = ListenAddress(zeroMQEndpoint: endpoint) { ports.append(("the broker's bus (--broker)", bus)) }
+        }
         if let api = try OperatingOptions.parse(http) { ports.append(("the HTTP API (--http)", api)) }
-        let launch = CanopyStack.Launch(endpoint: broker, http: http, dataDirectory: layout.dataDirectory.path, metricsBase: metricsBase, tokenKeyFile: layout.tokenKey.path)
-        let settings = StackSupervisor.Settings(layout: layout, executables: layout.dataDirectory, endpoint: broker, http: http, metricsBase: metricsBase,
+        let all = endpoints.joined(separator: ",")
+        let launch = CanopyStack.Launch(endpoint: all, http: http, dataDirectory: layout.dataDirectory.path, metricsBase: metricsBase, tokenKeyFile: layout.tokenKey.path)
+        let settings = StackSupervisor.Settings(layout: layout, executables: layout.dataDirectory, endpoint: all, http: http, metricsBase: metricsBase,
                                                 replicas: (try? replicaCounts()) ?? [:])
         for child in StackSupervisor.children(settings, launch: launch) {
             ports.append(("\(child.name)'s /metrics (--metrics-base)", ListenAddress(host: "127.0.0.1", port: child.metricsPort)))

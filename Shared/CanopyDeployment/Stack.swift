@@ -37,8 +37,11 @@ public enum CanopyStack {
     /// Where one local stack's processes listen and keep their data: what `canopy up` passes
     /// each service (and what `canopy-bench stack` starts without it, as its baseline).
     public struct Launch: Sendable {
-        /// The broker's endpoint (`tcp://HOST:PORT`).
+        /// The brokers' endpoints (`tcp://HOST:PORT`, or several: `A,B`): every service is
+        /// given them all; broker `n` listens on the `n`th.
         public var endpoint: String
+        /// ``endpoint`` as a list.
+        public var endpoints: [String] { endpoint.split(separator: ",").map(String.init) }
         /// canopy-batch's HTTP address (`HOST:PORT`).
         public var http: String
         /// The stores' directory.
@@ -73,14 +76,18 @@ public enum CanopyStack {
         }
 
         /// The arguments that start `service` (its subcommand first); a replica other than the
-        /// first listens on `metricsPort` and keeps what it keeps apart in `dataDirectory`.
-        public func arguments(_ service: Service, metricsPort: Int? = nil, dataDirectory: String? = nil) -> [String] {
+        /// first (`replica` 2, 3, …) listens on `metricsPort` and keeps what it keeps apart in
+        /// `dataDirectory`; broker `replica` binds the `replica`th endpoint and is named
+        /// `broker`, `broker-2`, ….
+        public func arguments(_ service: Service, metricsPort: Int? = nil, dataDirectory: String? = nil, replica: Int = 1) -> [String] {
             let dataDirectory = dataDirectory ?? self.dataDirectory
             var arguments = [service.subcommand, "--metrics-bind", "127.0.0.1:\(metricsPort ?? self.metricsPort(service))"]
             switch service.name {
             case CanopyStack.broker.name:
                 // Photos up to 25 MiB travel as attachments: frames up to 32 MiB.
-                arguments += ["--bind", endpoint, "--max-frame-bytes", "33554432", "--capture-dir", dataDirectory]
+                let endpoints = self.endpoints
+                arguments += ["--bind", endpoints[min(replica, endpoints.count) - 1], "--name", replica == 1 ? "broker" : "broker-\(replica)",
+                              "--max-frame-bytes", "33554432", "--capture-dir", dataDirectory]
             case "batch":
                 arguments += ["--endpoint", endpoint, "--http", http, "--token-key-file", tokenKeyFile]
             default:
