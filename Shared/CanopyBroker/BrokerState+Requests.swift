@@ -39,7 +39,7 @@ extension BrokerState {
             send(error, to: intake, into: &out)
         }
         if shuttingDown {
-            return refuse(CanopyError(.busy, "the broker is shutting down; retry in a moment"))
+            return refuse(CanopyError(.shuttingDown, "the broker is shutting down and did not run this request; send it to another broker, or retry in a moment"))
         }
         let service: ServiceEntry
         if let known = services[intake.serviceName] {

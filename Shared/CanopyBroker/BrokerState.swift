@@ -258,7 +258,8 @@ public struct BrokerState {
         services[service]?.queue.count ?? 0
     }
 
-    /// Stops taking new requests (they are answered `busy`); held ones are still answered.
+    /// Stops taking new requests (they are answered `shuttingDown`: not run, so a client of
+    /// several brokers sends them to another); held ones are still answered.
     public mutating func beginShutdown() {
         shuttingDown = true
     }

@@ -144,7 +144,11 @@ public struct ClientSession: Sendable {
             let message = try WireMessage(frames: frames)
             switch message {
             case .reply(let correlation, _, _, _), .error(let correlation, _):
-                guard let id = take(correlation), let outcome = Self.outcome(of: message) else { return [] }
+                guard let id = Wire.uint64(correlation), calls[id] != nil, let outcome = Self.outcome(of: message) else { return [] }
+                if case .failure(let error) = outcome, error.code == .shuttingDown {
+                    return leaving(broker, refused: id, error)
+                }
+                calls[id] = nil
                 return [.resolve(id: id, outcome)]
             default:
                 return []
@@ -154,6 +158,22 @@ public struct ClientSession: Sendable {
             guard let id = take(error.correlation) else { return [] }
             return [.resolve(id: id, .failure(CanopyError(.internal, "the broker sent a malformed reply: \(error.description)")))]
         }
+    }
+
+    /// Broker `broker` is shutting down (a planned restart) and refused call `id` without
+    /// running it: new calls go to another broker until its connection is back (a new broker
+    /// on its endpoint), and this one goes there too, idempotent or not; with no other broker
+    /// up, it ends with the broker's answer. Calls it holds are still answered as it drains.
+    private mutating func leaving(_ broker: Int, refused id: UInt64, _ error: CanopyError) -> [Directive] {
+        connected[broker] = false
+        var out = choose()
+        guard connected[active] else {
+            calls[id] = nil
+            return out + [.resolve(id: id, .failure(error))]
+        }
+        calls[id]!.sent = (active, connections[active])
+        out.append(.send(calls[id]!.frames, broker: active))
+        return out
     }
 
     /// Broker `broker`'s connection was lost: its calls that may have run and cannot be sent

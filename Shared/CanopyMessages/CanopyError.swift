@@ -30,6 +30,9 @@ public struct CanopyError: Error, Codable, Sendable, Equatable, CustomStringConv
         /// The connection to the broker was lost (the broker died, or the network) while a
         /// request that is not safe to send again was in flight: it may or may not have run.
         case brokerLost
+        /// The broker is shutting down and did not run the request: send it to another broker
+        /// (a client of several does so by itself), or again in a moment.
+        case shuttingDown
         /// Anything else: a bug or an unexpected failure.
         case `internal`
     }

@@ -333,7 +333,7 @@ struct ReplayEngine {
     }
 
     /// Errors that say the stack did not answer, rather than what it answered.
-    private static let unanswering: Set<CanopyError.Code> = [.timeout, .noWorkers, .workerLost, .brokerLost, .busy]
+    private static let unanswering: Set<CanopyError.Code> = [.timeout, .noWorkers, .workerLost, .brokerLost, .shuttingDown, .busy]
 
     private mutating func verdict(_ captured: CaptureRecord?, _ outcome: Outcome) -> Verdict {
         if case .skipped = outcome { return .skipped }

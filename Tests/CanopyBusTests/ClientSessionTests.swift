@@ -158,4 +158,33 @@ struct ClientSessionTests {
         _ = client.call(id: 2, frames: request(2), idempotent: true, deadline: start + .seconds(10))
         #expect(outcomes(client.sendFailed(id: 2, broker: 1))[2] == .failure(CanopyError(.busy, "the client's send queue is full; retry later")))
     }
+
+    /// A broker shutting down (a planned restart) refuses new calls without running them:
+    /// they go to another broker, idempotent or not, and so do new calls until it is back.
+    @Test func callsABrokerRefusesAsItShutsDownGoToAnotherOneEvenThoseThatAreNotIdempotent() {
+        var client = ClientSession(brokers: 2, preferred: 0)
+        _ = client.handshakeSucceeded(broker: 0)
+        _ = client.handshakeSucceeded(broker: 1)
+        _ = client.call(id: 1, frames: request(1), idempotent: false, deadline: start + .seconds(10))
+        _ = client.call(id: 2, frames: request(2), idempotent: true, deadline: start + .seconds(10))
+        let refusal = { (id: UInt64) in
+            WireMessage.error(correlation: Wire.frame(id), error: Array(#"{"code":"shuttingDown","message":"the broker is shutting down"}"#.utf8)).encoded
+        }
+        #expect(client.receive(refusal(1), from: 0) == [.log(.switched(from: 0, to: 1)), .send(request(1), broker: 1)])
+        #expect(client.call(id: 3, frames: request(3), idempotent: true, deadline: start + .seconds(10)) == [.send(request(3), broker: 1)])
+        // What broker 0 still holds is answered as it drains.
+        #expect(outcomes(client.receive(WireMessage.reply(correlation: Wire.frame(UInt64(2)), shared: false, body: [], attachments: []).encoded, from: 0)).keys.sorted() == [2])
+        // It exits, a new one starts on its endpoint: new calls go back to the preferred broker.
+        _ = client.disconnected(broker: 0)
+        #expect(client.handshakeSucceeded(broker: 0) == [.log(.switched(from: 1, to: 0))])
+        // With no other broker up, the refusal is the answer.
+        var alone = ClientSession()
+        _ = alone.handshakeSucceeded()
+        _ = alone.call(id: 1, frames: request(1), idempotent: true, deadline: start + .seconds(10))
+        guard case .failure(let error)? = outcomes(alone.receive(refusal(1)))[1] else {
+            Issue.record("the refusal did not end the call")
+            return
+        }
+        #expect(error.code == .shuttingDown)
+    }
 }

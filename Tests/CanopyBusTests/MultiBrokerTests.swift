@@ -23,6 +23,10 @@ struct MultiBrokerTests {
         var appended: String?
     }
 
+    final class Flag: Sendable {
+        let value = Atomic<Bool>(false)
+    }
+
     final class Outcomes: Sendable {
         let value = Mutex<[Outcome]>([])
         func add(_ outcome: Outcome) { value.withLock { $0.append(outcome) } }
@@ -186,6 +190,84 @@ struct MultiBrokerTests {
                     #expect(try await bus.call(TestService.Echo.self, .init(text: "through \(preferred)")).text == "through \(preferred)")
                 }
             }
+        }
+    }
+
+    /// Both brokers restarted one after the other (SIGTERM: each drains what it holds and
+    /// refuses new calls, which its clients send to the other) under a pipelined load: no call
+    /// fails, idempotent or not.
+    @Test func aRollingRestartOfBothBrokersFailsNoCall() async throws {
+        let endpoints = ["tcp://127.0.0.1:\(FreePorts.any())", "tcp://127.0.0.1:\(FreePorts.any())"]
+        var brokers = try endpoints.map { try BrokerProcess(["--bind", $0]) }
+        defer { brokers.forEach { $0.stop() } }
+        for broker in brokers { _ = try await broker.endpoint() }
+        var logger = Logger(label: "multi-broker")
+        logger.logLevel = .warning
+        let context = ZMQContext()
+        let service = TestWorkerService(workerName: "both")
+        var configuration = ServiceRunner.Configuration(endpoints: endpoints)
+        configuration.credit = 8
+        let runner = ServiceRunner(service: service, configuration: configuration, context: context, logger: logger)
+        try await withRunning([runner], logger: logger) {
+            let clients = try (0..<4).map { index in
+                var configuration = BusClient.Configuration(endpoints: endpoints)
+                configuration.preferred = index % 2
+                configuration.defaultTimeout = .seconds(20)
+                return try BusClient(configuration: configuration, context: context, logger: logger)
+            }
+            defer { clients.forEach { $0.close() } }
+            for client in clients.prefix(2) {
+                #expect(try await eventually { (try? await client.call(TestService.Echo.self, .init(text: "up"), timeout: .seconds(1))) != nil })
+            }
+            let outcomes = Outcomes()
+            let stop = Flag()
+            let load = Task {
+                try await withThrowingTaskGroup(of: Void.self) { group in
+                    for caller in 0..<16 {
+                        let client = clients[caller % clients.count]
+                        group.addTask {
+                            var call = 0
+                            while !stop.value.load(ordering: .relaxed) {
+                                call += 1
+                                let append = call % 5 == 0, text = "\(caller)-\(call)"
+                                do {
+                                    if append {
+                                        _ = try await client.call(TestService.Append.self, .init(text: text, sleepMilliseconds: 10))
+                                    } else {
+                                        _ = try await client.call(TestService.Echo.self, .init(text: text, sleepMilliseconds: 10))
+                                    }
+                                    outcomes.add(Outcome(at: .zero, ok: true, appended: append ? text : nil))
+                                } catch let error as CanopyError {
+                                    outcomes.add(Outcome(at: .zero, ok: false, code: error.code, appended: append ? text : nil))
+                                }
+                            }
+                        }
+                    }
+                    try await group.waitForAll()
+                }
+            }
+            // One broker after the other: stopped gracefully, started again on its endpoint,
+            // and the worker registered with it again before the next.
+            for index in brokers.indices {
+                try await Task.sleep(for: .milliseconds(500))
+                brokers[index].stop()
+                brokers[index] = try BrokerProcess(["--bind", endpoints[index]])
+                _ = try await brokers[index].endpoint()
+                let probe = try BusClient(configuration: .init(endpoint: endpoints[index]), context: context, logger: logger)
+                defer { probe.close() }
+                #expect(try await eventually(within: .seconds(30)) {
+                    ((try? await probe.call(Broker.Services.self, .init(), timeout: .seconds(1))) ?? []).contains { $0.name == TestService.name }
+                }, "the worker registered again with broker \(index + 1)")
+            }
+            try await Task.sleep(for: .milliseconds(500))
+            stop.value.store(true, ordering: .relaxed)
+            try await load.value
+            let all = outcomes.all
+            let failures = all.filter { !$0.ok }
+            #expect(failures.isEmpty, "\(failures.count) of \(all.count) calls failed: \(failures.prefix(3).map { "\($0.code?.rawValue ?? "?")" })")
+            #expect(all.count > 100)
+            let ran = service.counters.appended.withLock { $0 }
+            #expect(Set(ran).count == ran.count, "a call that is not idempotent ran twice")
         }
     }
 }

@@ -23,7 +23,7 @@ struct MessageFormatTests {
 
     @Test func everyErrorCodeKeepsItsWireName() {
         #expect(CanopyError.Code.allCases.map(\.rawValue) == [
-            "badRequest", "notFound", "conflict", "stale", "unauthorized", "tooLarge", "busy", "noWorkers", "timeout", "workerLost", "brokerLost", "internal",
+            "badRequest", "notFound", "conflict", "stale", "unauthorized", "tooLarge", "busy", "noWorkers", "timeout", "workerLost", "brokerLost", "shuttingDown", "internal",
         ])
     }
 

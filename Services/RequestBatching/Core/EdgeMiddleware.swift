@@ -280,7 +280,7 @@ enum Problem {
         case .stale: .preconditionFailed
         case .tooLarge: .contentTooLarge
         case .unauthorized: .forbidden
-        case .busy, .noWorkers: .serviceUnavailable
+        case .busy, .noWorkers, .shuttingDown: .serviceUnavailable
         case .timeout: .gatewayTimeout
         case .workerLost, .brokerLost: .badGateway
         case .internal: .internalServerError
