@@ -24,6 +24,11 @@ public enum CanopyStack {
 
     public static let broker = Service(name: "broker", executable: "canopy-broker", metricsPort: 9400, scales: false, keepsData: false)
 
+    /// `docker-compose.yml`'s names of each service: two live brokers, the others by their names.
+    public static func composeNames(_ service: Service) -> [String] {
+        service == broker ? ["broker-a", "broker-b"] : [service.name]
+    }
+
     /// Every service, the broker first.
     public static let services: [Service] = [
         broker,

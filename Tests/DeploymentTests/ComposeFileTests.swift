@@ -46,7 +46,7 @@ struct ComposeFileTests {
         // The same services as `canopy up` starts (profiles add tools around them; PostgreSQL
         // runs its own image).
         let canopyServices = services.filter { ($0.value["profiles"] as? [String]) == nil && $0.value["image"] as? String == "canopy:latest" }
-        #expect(Set(canopyServices.keys) == Set(CanopyStack.services.map(\.name)))
+        #expect(Set(canopyServices.keys) == Set(CanopyStack.services.flatMap(CanopyStack.composeNames)))
         // PostgreSQL: healthy when pg_isready says so, its password the secret the services read.
         let postgres = try #require(services["postgres"], "docker-compose.yml has no postgres service")
         #expect((postgres["image"] as? String)?.hasPrefix("postgres:") == true)
@@ -56,7 +56,8 @@ struct ComposeFileTests {
         #expect((postgres["volumes"] as? [String])?.contains("postgres-data:/var/lib/postgresql/data") == true)
         let volumes = try #require(try Self.compose()["volumes"] as? [String: Any?])
         for service in CanopyStack.services {
-            let definition = try #require(services[service.name], "docker-compose.yml has no service \(service.name)")
+          for name in CanopyStack.composeNames(service) {
+            let definition = try #require(services[name], "docker-compose.yml has no service \(name)")
             let command = try #require(definition["command"] as? [String])
             #expect(Array(command.prefix(2)) == [service.executable, service.subcommand], "\(service.name) runs \(command)")
             let serveHelp = try await Self.help(service.executable, service.subcommand)
@@ -74,8 +75,16 @@ struct ComposeFileTests {
             // It waits for the broker to be healthy, restarts, and keeps its data in a volume of its own.
             #expect(definition["restart"] as? String == "unless-stopped")
             if service != CanopyStack.broker {
+                // It waits for both brokers, knows both, and has each one's public key.
                 let dependsOn = try #require(definition["depends_on"] as? [String: [String: String]])
-                #expect(dependsOn["broker"]?["condition"] == "service_healthy")
+                #expect(dependsOn["broker-a"]?["condition"] == "service_healthy" && dependsOn["broker-b"]?["condition"] == "service_healthy")
+                #expect(environment["CANOPY_ENDPOINT"] as? String == "tcp://broker-a:5555,tcp://broker-b:5555")
+                #expect(environment["CANOPY_CURVE_SERVER_KEY"] as? String == "/run/secrets/broker_a_pub,/run/secrets/broker_b_pub")
+            } else {
+                // Each broker its own name (its metrics' label), key pair and volume.
+                #expect(environment["CANOPY_BROKER_NAME"] as? String == name)
+                #expect(environment["CANOPY_CURVE_SECRET_KEY_FILE"] as? String == "/run/secrets/\(name.replacingOccurrences(of: "-", with: "_"))_key")
+                #expect((definition["volumes"] as? [String])?.contains("\(name)-data:/data") == true)
             }
             if service.keepsData {
                 // Its store in PostgreSQL, after it is healthy; nothing shared in its own /data.
@@ -97,12 +106,15 @@ struct ComposeFileTests {
             }
             // Its metrics listen where Prometheus scrapes them.
             #expect(environment["CANOPY_METRICS_BIND"] as? String == "0.0.0.0:\(service.metricsPort)")
+          }
         }
         // Secrets come from files, never from the file itself.
         let secrets = try #require(try Self.compose()["secrets"] as? [String: [String: String]])
         #expect(secrets.values.allSatisfy { $0["file"]?.hasPrefix("./secrets/") == true })
         let prometheus = try String(contentsOf: Self.root.appendingPathComponent("deploy/prometheus.yml"), encoding: .utf8)
-        for service in CanopyStack.services { #expect(prometheus.contains("names: [\(service.name)]") && prometheus.contains("port: \(service.metricsPort)")) }
+        for service in CanopyStack.services {
+            for name in CanopyStack.composeNames(service) { #expect(prometheus.contains("names: [\(name)]") && prometheus.contains("port: \(service.metricsPort)"), "\(name)") }
+        }
     }
 
     @Test func theAPNsOverrideSetsVariablesCanopyRemindReads() async throws {

@@ -13,8 +13,8 @@ import Testing
 /// `scripts/compose-secrets` makes, and every compose service started as a process with its
 /// command, its environment and its health check, as its container would run them. Only the
 /// container's view is mapped: `/run/secrets/NAME` to the secret's file, `/data` to a
-/// directory of the service's own, and the compose network's addresses (`broker:5555`,
-/// `0.0.0.0:PORT`) to free loopback ports.
+/// directory of the service's own, and the compose network's addresses (`broker-a:5555`,
+/// a service's own `0.0.0.0:PORT`) to free loopback ports.
 @Suite(.serialized)
 struct ComposeStackTests {
     /// The Dockerfile's user, whose group must read the secrets.
@@ -75,7 +75,7 @@ struct ComposeStackTests {
             let secret = try file(name)
             #expect(secret.mode == 0o640 && secret.group == group, "secrets/\(name): mode \(String(secret.mode, radix: 8)), group \(secret.group)")
         }
-        let token = try file("token.key").bytes, emptyKey = try file("plantnet.key").bytes, brokerKey = try file("broker.key").bytes
+        let token = try file("token.key").bytes, emptyKey = try file("plantnet.key").bytes, brokerKey = try file("broker-a.key").bytes
         #expect(token.count >= 64 && emptyKey.isEmpty)
 
         // The allow-list: each worker's public key for its own service, the edge and the operator as clients.
@@ -86,14 +86,15 @@ struct ComposeStackTests {
         }
         for service in ["images", "care", "identify", "remind"] { #expect(allow.contains("worker \(try publicKey(service)) \(service)\n")) }
         for client in ["batch", "operator"] { #expect(allow.contains("client \(try publicKey(client))\n")) }
-        let brokerPublic = try publicKey("broker")
+        let brokerPublics = [try publicKey("broker-a"), try publicKey("broker-b")]
+        #expect(brokerPublics[0] != brokerPublics[1], "each broker has a key pair of its own")
         let lines = allow.split(separator: "\n").filter { !$0.hasPrefix("#") }.map { $0.split(separator: " ") }
-        #expect(lines.count == 6 && !allow.contains(brokerPublic) && !lines.contains { $0.count > 2 && $0[2].contains("*") },
+        #expect(lines.count == 6 && brokerPublics.allSatisfy { !allow.contains($0) } && !lines.contains { $0.count > 2 && $0[2].contains("*") },
                 "six keys, and none serves every service: \(allow)")
 
         let again = try await Self.makeSecrets(in: tree, environment: ["CANOPY_PLANTNET_KEY": "pn-key-1"])
         #expect(again.status == 0, "\(again.errors)")
-        let tokenAgain = try file("token.key").bytes, brokerKeyAgain = try file("broker.key").bytes
+        let tokenAgain = try file("token.key").bytes, brokerKeyAgain = try file("broker-a.key").bytes
         #expect(tokenAgain == token && brokerKeyAgain == brokerKey, "keys are made once")
         let plantNet = try file("plantnet.key")
         #expect(plantNet.bytes == Data("pn-key-1\n".utf8) && plantNet.mode == 0o640 && plantNet.group == group)
@@ -117,8 +118,15 @@ struct ComposeStackTests {
         let compose = try ComposeFileTests.compose()
         let services = try ComposeFileTests.services(compose)
         let secretFiles = try #require(compose["secrets"] as? [String: [String: String]])
-        var ports: [Int: Int] = [:]
-        for port in [5555, 8080] + Array(9400...9405) { ports[port] = FreePorts.any() }
+        /// A free loopback port for each compose host and port (`broker-b:5555`); a service's
+        /// own `0.0.0.0:PORT` is its host's.
+        var ports: [String: Int] = [:]
+        func port(_ host: String, _ number: Int) -> Int {
+            if let known = ports["\(host):\(number)"] { return known }
+            let free = FreePorts.any()
+            ports["\(host):\(number)"] = free
+            return free
+        }
         // The postgres service: a throwaway server with the compose file's user, database and
         // the password the secret holds.
         let postgres = try await PostgresServer()
@@ -129,10 +137,14 @@ struct ComposeStackTests {
         var superuser = postgres.url
         superuser.password = password
         try await PostgresServer.query(superuser, "CREATE DATABASE canopy")
-        ports[5432] = postgres.url.port
+        ports["postgres:5432"] = postgres.url.port
 
         /// A value as the container sees it, as the process must.
         func local(_ value: String, service: String, mounted: [String]) throws -> String {
+            // A list (one broker key per endpoint): each item as the container sees it.
+            if value.contains(","), value.hasPrefix("/run/secrets/") {
+                return try value.split(separator: ",").map { try local(String($0), service: service, mounted: mounted) }.joined(separator: ",")
+            }
             if value == "/data" { return tree.appendingPathComponent("data/\(service)").path }
             if value == "/photos" { return tree.appendingPathComponent("photos").path } // the shared volume
             if value.hasPrefix("/run/secrets/") {
@@ -141,8 +153,9 @@ struct ComposeStackTests {
                 let file = try #require(secretFiles[name]?["file"], "no secret \(name)")
                 return tree.appendingPathComponent(String(file.dropFirst(2))).path
             }
-            return value.replacing(/(0\.0\.0\.0|127\.0\.0\.1|broker|postgres):(\d+)/) { match in
-                "127.0.0.1:\(ports[Int(match.2)!] ?? Int(match.2)!)"
+            return value.replacing(/(0\.0\.0\.0|127\.0\.0\.1|broker-a|broker-b|postgres):(\d+)/) { match in
+                let host = match.1 == "0.0.0.0" || match.1 == "127.0.0.1" ? service : String(match.1)
+                return "127.0.0.1:\(port(host, Int(match.2)!))"
             }
         }
 
@@ -167,7 +180,7 @@ struct ComposeStackTests {
             process.arguments = Array(command.dropFirst())
             // The container's environment: the image's and the compose file's, none of this machine's CANOPY_*.
             process.environment = ProcessInfo.processInfo.environment.filter { !$0.key.hasPrefix("CANOPY_") }
-                .merging(["CANOPY_DATA_DIR": tree.appendingPathComponent("data/\(name)").path, "CANOPY_ENDPOINT": "tcp://127.0.0.1:\(ports[5555]!)"]) { $1 }
+                .merging(["CANOPY_DATA_DIR": tree.appendingPathComponent("data/\(name)").path]) { $1 }
                 .merging(environment) { $1 }
             let log = tree.appendingPathComponent("\(name).log")
             try #require(FileManager.default.createFile(atPath: log.path, contents: nil))
@@ -197,22 +210,34 @@ struct ComposeStackTests {
             throw CancellationError()
         }
 
-        // In compose's order: the broker healthy first, then the services, then the edge that needs them all.
-        try await waitHealthy(try start(CanopyStack.broker.name))
+        // In compose's order: the brokers healthy first, then the services, then the edge that needs them all.
+        let brokers = CanopyStack.composeNames(CanopyStack.broker)
+        for broker in brokers { try await waitHealthy(try start(broker)) }
         let workers = CanopyStack.services.map(\.name).filter { $0 != CanopyStack.broker.name && $0 != "batch" }
         let started = try workers.map(start)
         for service in started { try await waitHealthy(service) }
         try await waitHealthy(try start("batch"))
 
-        // The operator's CLI with the operator key sees every service registered over CURVE...
+        // The operator's CLI with the operator key sees every service registered with each broker over CURVE...
         let secrets = tree.appendingPathComponent("secrets")
-        let endpoint = "tcp://127.0.0.1:\(ports[5555]!)"
-        let operatorEnvironment = ["CANOPY_ENDPOINT": endpoint, "CANOPY_CURVE_SERVER_KEY": secrets.appendingPathComponent("broker.pub").path,
+        let endpoints = brokers.map { "tcp://127.0.0.1:\(port($0, 5555))" }
+        let operatorEnvironment = ["CANOPY_ENDPOINT": endpoints.joined(separator: ","),
+                                   "CANOPY_CURVE_SERVER_KEY": brokers.map { secrets.appendingPathComponent("\($0).pub").path }.joined(separator: ","),
                                    "CANOPY_CURVE_SECRET_KEY_FILE": secrets.appendingPathComponent("operator.key").path]
         let listed = try await runExecutable("canopy", ["services"], environment: operatorEnvironment)
         #expect(listed.status == 0, "\(listed.errors)")
-        for worker in workers {
-            #expect(listed.output.split(separator: "\n").contains { $0.hasPrefix(worker + " ") }, "\(worker) is not registered: \(listed.output)")
+        // Each broker's rows: from the row naming it to the next.
+        var rows: [String: [[Substring]]] = [:]
+        var current = ""
+        for line in listed.output.split(separator: "\n").dropFirst() {
+            let cells = line.split(separator: " ")
+            if let first = cells.first, first.hasPrefix("tcp://") { current = String(first) }
+            rows[current, default: []].append(cells)
+        }
+        for endpoint in endpoints {
+            for worker in workers {
+                #expect(rows[endpoint]?.contains { $0.contains(Substring(worker)) } == true, "\(worker) is not registered with \(endpoint): \(listed.output)")
+            }
         }
         // ...and a key not on the allow-list is refused.
         var stranger = operatorEnvironment
@@ -226,7 +251,7 @@ struct ComposeStackTests {
         let token = issued.output.trimmingCharacters(in: .whitespacesAndNewlines)
         #expect(issued.status == 0 && !token.isEmpty, "\(issued.errors)")
         func send(_ method: String, _ path: String, json: String? = nil) async throws -> (Int, String) {
-            var request = URLRequest(url: URL(string: "http://127.0.0.1:\(ports[8080]!)\(path)")!)
+            var request = URLRequest(url: URL(string: "http://127.0.0.1:\(port("batch", 8080))\(path)")!)
             request.httpMethod = method
             request.setValue("Bearer \(token)", forHTTPHeaderField: "Authorization")
             if let json {
