@@ -12,7 +12,8 @@ struct Capture: AsyncParsableCommand {
         discussion: """
             A capture holds every request and answer that crossed the broker (docs/PROTOCOL.md,
             "Capture files"). Start one with the broker (canopy-broker serve --capture FILE) or
-            on a running broker that allows it (--capture-dir DIR). Examples:
+            on a running broker that allows it (--capture-dir DIR); given several brokers
+            (--endpoint A,B), start, stop and status act on each. Examples:
               canopy capture start monday --pseudonymize
               canopy capture status
               canopy capture stop
@@ -32,12 +33,13 @@ struct Capture: AsyncParsableCommand {
         @OptionGroup var common: CommonOptions
 
         func run() async throws {
-            try await withBus(common) { bus in
+            // With several brokers, each captures what crosses it (into its own directory).
+            try await withEachBroker(common) { endpoint, bus in
                 let status = try await callBroker {
                     try await bus.call(Broker.CaptureStart.self, .init(name: name, pseudonymize: pseudonymize, withoutAttachments: withoutAttachments),
                                        timeout: .seconds(10))
                 }
-                print("capturing into \(status.path ?? name); stop with: canopy capture stop")
+                print("\(endpoint): capturing into \(status.path ?? name); stop with: canopy capture stop")
             }
         }
     }
@@ -48,11 +50,14 @@ struct Capture: AsyncParsableCommand {
         @OptionGroup var common: CommonOptions
 
         func run() async throws {
-            try await withBus(common) { bus in
+            var paths: [String] = []
+            try await withEachBroker(common) { endpoint, bus in
                 let status = try await callBroker { try await bus.call(Broker.CaptureStop.self, .init(), timeout: .seconds(60)) }
+                if paths.count > 0 || BusClient.Configuration(endpoint: common.endpoint).endpoints.count > 1 { print("\(endpoint):") }
                 print(Capture.render(status))
-                print("look into it with: canopy capture inspect \(status.path ?? "FILE")")
+                paths.append(status.path ?? "FILE")
             }
+            print("look into it with: canopy capture inspect \(paths.joined(separator: " "))")
         }
     }
 
@@ -62,7 +67,9 @@ struct Capture: AsyncParsableCommand {
         @OptionGroup var common: CommonOptions
 
         func run() async throws {
-            try await withBus(common) { bus in
+            let several = BusClient.Configuration(endpoint: common.endpoint).endpoints.count > 1
+            try await withEachBroker(common) { endpoint, bus in
+                if several { print("\(endpoint):") }
                 print(Capture.render(try await callBroker { try await bus.call(Broker.CaptureStatusOperation.self, .init(), timeout: .seconds(10)) }))
             }
         }

@@ -119,6 +119,33 @@ struct CaptureCommandLineTests {
         }
     }
 
+    /// Given several brokers, start, status and stop act on each: each captures what crosses
+    /// it into its own directory.
+    @Test func captureStartsAndStopsOnEveryBrokerNamed() async throws {
+        let root = try TemporaryDirectory("capture-brokers")
+        defer { root.remove() }
+        let directories = ["a", "b"].map { root.path($0) }
+        for directory in directories { try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true) }
+        var first = BrokerConfiguration.testing, second = BrokerConfiguration.testing
+        first.captureDirectory = directories[0]
+        second.captureDirectory = directories[1]
+        try await withLiveBus(configuration: first) { a in
+            try await withLiveBus(configuration: second) { b in
+                let brokers = "\(a.endpoint),\(b.endpoint)"
+                let started = try await runExecutable("canopy", ["capture", "start", "both", "--broker", brokers])
+                #expect(started.status == 0, "\(started.errors)")
+                #expect(started.output.contains("\(a.endpoint): capturing") && started.output.contains("\(b.endpoint): capturing"), "\(started.output)")
+                let status = try await runExecutable("canopy", ["capture", "status", "--broker", brokers])
+                #expect(status.output.contains(a.endpoint) && status.output.contains(b.endpoint), "\(status.output)")
+                let stopped = try await runExecutable("canopy", ["capture", "stop", "--broker", brokers])
+                #expect(stopped.status == 0, "\(stopped.errors)")
+                for directory in directories {
+                    #expect(FileManager.default.fileExists(atPath: directory + "/both"), "\(directory) holds its broker's capture")
+                }
+            }
+        }
+    }
+
     @Test func theCaptureAndReplayCommandsShowExamples() async throws {
         #expect(try await helpProblems("canopy", subcommands: [["capture"], ["capture", "start"], ["capture", "stop"], ["capture", "status"],
                                                                ["capture", "inspect"], ["capture", "filter"], ["replay"]]) == [])

@@ -10,6 +10,10 @@ import Testing
 /// both. Part of ``JourneyTests``: its stacks run one at a time.
 extension JourneyTests {
     /// What the load saw.
+    final class Stop: Sendable {
+        let value = Atomic<Bool>(false)
+    }
+
     final class Answers: Sendable {
         let value = Mutex<(created: [(user: Int, id: String)], reads: Int, failedReads: [String], lostWrites: Int, otherWrites: [String])>(([], 0, [], 0, []))
     }
@@ -24,20 +28,27 @@ extension JourneyTests {
             var tokens: [String] = []
             for user in 0..<8 { tokens.append(try await stack.token("person-\(user)")) }
             let answers = Answers()
-            let started = ContinuousClock.now, endAt = started + .seconds(9)
-            // Broker 1 is killed at 2 s (the stack starts it again), broker 2 at 6 s.
+            let stop = Stop()
+            // Broker 1 is killed once the load runs (the stack starts it again); once it is back
+            // with every service registered, broker 2; the load goes on 2 s more.
             let killer = Task {
-                try await Task.sleep(until: started + .seconds(2))
+                while answers.value.withLock({ $0.reads }) < 40 { try await Task.sleep(for: .milliseconds(50)) }
                 kill(try stack.pid("broker"), SIGKILL)
-                try await Task.sleep(until: started + .seconds(6))
+                let registered = try await eventually(within: .seconds(90), every: .milliseconds(250)) {
+                    let services = try await runExecutable("canopy", ["services", "--broker", stack.endpoint])
+                    return services.status == 0 && ["images", "care", "identify", "remind"].allSatisfy { services.output.contains($0) }
+                }
+                #expect(registered, "broker 1 came back with every service")
                 kill(try stack.pid("broker-2"), SIGKILL)
+                try await Task.sleep(for: .seconds(2))
+                stop.value.store(true, ordering: .relaxed)
             }
             try await withThrowingTaskGroup(of: Void.self) { group in
                 for caller in 0..<8 {
                     let token = tokens[caller]
                     group.addTask {
                         var round = 0
-                        while ContinuousClock.now < endAt {
+                        while !stop.value.load(ordering: .relaxed) {
                             round += 1
                             // A write: created, or (at a broker that died with it) 502, the broker lost.
                             let created = try await stack.send(.POST, "/v1/plants", token: token,
