@@ -82,16 +82,18 @@ struct Capture: AsyncParsableCommand {
                 Reads the file and its rotated segments (FILE.1, FILE.2…) in one pass; memory
                 stays flat however large they are. A file cut short is read up to its last whole
                 record, and the summary says where it stopped (exit status 2).
+                Several brokers' captures of one time (canopy capture start on each) are read as
+                one, merged by time: canopy capture inspect broker-a/monday broker-b/monday.
                 Example: canopy capture inspect ./captures/monday --json
                 """)
 
-        @Argument(help: "The capture's (first) file.") var file: String
+        @Argument(help: "The capture's (first) file; several brokers' captures of one time are read as one, merged by time.") var files: [String]
         @Flag(help: "Print the summary as JSON, for scripts.") var json = false
 
         func run() throws {
-            let reader = try openCapture(file)
+            let reader = try openCapture(files)
             var progress = ProgressLine()
-            let total = reader.files.reduce(0) { $0 + ((try? FileManager.default.attributesOfItem(atPath: $1)[.size] as? Int) ?? 0) }
+            let total = reader.allFiles.reduce(0) { $0 + ((try? FileManager.default.attributesOfItem(atPath: $1)[.size] as? Int) ?? 0) }
             let summary = try CaptureSummary.make(reader) { read in progress.update("reading \(ProgressLine.bar(read, of: total)) \(read >> 20) of \(total >> 20) MiB") }
             progress.finish()
             if json {
@@ -132,7 +134,7 @@ struct Capture: AsyncParsableCommand {
         }
 
         func run() throws {
-            let reader = try openCapture(file)
+            let reader = try openCapture([file])
             var writer = try CaptureFileWriter(path: output, pseudonymized: reader.header.pseudonymized, withoutAttachments: reader.header.withoutAttachments)
             var selection = CaptureSelection(services: Set(service), operations: Set(operation), principals: Set(principal),
                                              from: from.flatMap(CaptureTime.init), to: to.flatMap(CaptureTime.init))
@@ -190,9 +192,9 @@ struct Capture: AsyncParsableCommand {
 }
 
 /// A capture opened, or a sentence saying why not.
-func openCapture(_ path: String) throws -> CaptureReader {
+func openCapture(_ paths: [String]) throws -> CaptureReader {
     do {
-        return try CaptureReader(path: path)
+        return try CaptureReader(paths: paths)
     } catch let error as CaptureFormatError {
         // Not a usage mistake but a file that is not a capture: a sentence and exit status 2,
         // as for a capture that ends damaged.

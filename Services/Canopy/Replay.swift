@@ -20,9 +20,10 @@ struct Replay: AsyncParsableCommand {
               canopy replay monday --speed 4 --ignore createdAt --ignore '$.plant.addedAt'
               canopy replay monday --fast --json > report.json
               canopy replay monday --dry-run
+              canopy replay broker-a/monday broker-2/monday    # two brokers' captures, merged by time
             """)
 
-    @Argument(help: "The capture's (first) file.") var file: String
+    @Argument(help: "The capture's (first) file; several brokers' captures of one time are replayed as one, merged by time.") var files: [String]
     @Option(help: "Pace: this many times faster than captured (1: as recorded).") var speed: Double?
     @Option(help: "Pace: this many requests a second, whatever the captured times.") var rate: Double?
     @Flag(help: "Pace: as fast as the stack answers.") var fast = false
@@ -49,8 +50,8 @@ struct Replay: AsyncParsableCommand {
     }
 
     func run() async throws {
-        let reader = try openCapture(file)
-        let total = reader.files.reduce(0) { $0 + ((try? FileManager.default.attributesOfItem(atPath: $1)[.size] as? Int) ?? 0) }
+        let reader = try openCapture(files)
+        let total = reader.allFiles.reduce(0) { $0 + ((try? FileManager.default.attributesOfItem(atPath: $1)[.size] as? Int) ?? 0) }
         if dryRun {
             // The stack is asked what it offers when it is reachable; the checks run without it too.
             let offered = await offeredOperations()

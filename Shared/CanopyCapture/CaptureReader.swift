@@ -7,6 +7,10 @@ import Glibc
 ///
 /// A file cut short (a crash mid-write) or damaged ends the reading at its last whole
 /// record; ``ending`` then says which file, at which byte offset, and why.
+///
+/// Several captures (one per broker, taken at the same time: ``init(paths:)``) are read as
+/// one, merged by time, each capture's clients told apart (a broker names its clients by its
+/// own routing ids, which another broker may give too).
 public final class CaptureReader {
     /// How the reading ended.
     public enum Ending: Equatable, Sendable, CustomStringConvertible {
@@ -36,6 +40,10 @@ public final class CaptureReader {
     public private(set) var bytesRead = 0
     /// The segment being read.
     public private(set) var currentFile: String
+
+    /// With several captures: a reader for each, and each one's next record (the merge).
+    private var merged: [CaptureReader] = []
+    private var heads: [CaptureRecord?] = []
 
     private var remainingFiles: [String]
     private var descriptor: Int32
@@ -69,6 +77,42 @@ public final class CaptureReader {
         files = [path] + following
         bufferOffset = CaptureFormat.fileHeaderBytes
         bytesRead = CaptureFormat.fileHeaderBytes
+    }
+
+    /// Opens several captures (each with its rotated segments) to read as one, in the order
+    /// of their records' times; the clients of the second capture on are renamed `2/CLIENT`,
+    /// `3/CLIENT`…, so that two brokers' clients never pass for one. One path reads as
+    /// ``init(path:followRotations:)`` does.
+    ///
+    /// - Throws: ``CaptureFormatError`` when a file cannot be opened or is not a capture.
+    public convenience init(paths: [String]) throws {
+        guard let first = paths.first else { throw CaptureFormatError("no capture file given") }
+        try self.init(path: first)
+        guard paths.count > 1 else { return }
+        let others = try paths.dropFirst().map { try CaptureReader(path: $0) }
+        // This reader becomes the merge: a reader of its own first file is the first source.
+        merged = [try CaptureReader(path: first)] + others
+        heads = try merged.map { try $0.next() }
+        mergedFiles = merged.flatMap(\.files)
+    }
+
+    /// Every file read, with several captures.
+    private var mergedFiles: [String]?
+
+    /// The files read: the capture's segments, or every capture's.
+    public var allFiles: [String] { mergedFiles ?? files }
+
+    /// The next record of the merge: the earliest head, its client renamed for its capture.
+    private func nextMerged() throws -> CaptureRecord? {
+        guard let index = heads.indices.filter({ heads[$0] != nil }).min(by: { heads[$0]!.time < heads[$1]!.time }), var record = heads[index] else {
+            ending = merged.lazy.compactMap(\.ending).first { $0 != .complete } ?? .complete
+            bytesRead = merged.reduce(0) { $0 + $1.bytesRead }
+            return nil
+        }
+        heads[index] = try merged[index].next()
+        bytesRead = merged.reduce(0) { $0 + $1.bytesRead }
+        if index > 0 { record.client = "\(index + 1)/\(record.client)" }
+        return record
     }
 
     deinit { if descriptor >= 0 { Glibc.close(descriptor) } }
@@ -110,6 +154,7 @@ public final class CaptureReader {
     /// The next record, or nil at the end (see ``ending``).
     public func next() throws -> CaptureRecord? {
         guard ending == nil else { return nil }
+        if !merged.isEmpty { return try nextMerged() }
         while true {
             let recordOffset = bufferOffset + position
             guard ensure(8) else {

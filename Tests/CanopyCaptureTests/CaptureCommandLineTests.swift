@@ -1,4 +1,5 @@
 import CanopyBroker
+import CanopyBus
 import CanopyCapture
 import CanopyMessages
 import CanopyTesting
@@ -137,11 +138,27 @@ struct CaptureCommandLineTests {
                 #expect(started.output.contains("\(a.endpoint): capturing") && started.output.contains("\(b.endpoint): capturing"), "\(started.output)")
                 let status = try await runExecutable("canopy", ["capture", "status", "--broker", brokers])
                 #expect(status.output.contains(a.endpoint) && status.output.contains(b.endpoint), "\(status.output)")
+                // A worker on both brokers, and a client of each: calls cross both.
+                var runner = a.runnerConfiguration()
+                runner.endpoints = [a.endpoint, b.endpoint]
+                a.run([ServiceRunner(service: TestWorkerService(workerName: "both"), configuration: runner, context: a.context, logger: a.logger)])
+                try await a.waitForWorkers(1)
+                try await b.waitForWorkers(1)
+                for (index, bus) in [a, b].enumerated() {
+                    let client = try bus.client()
+                    for call in 0..<3 { _ = try await client.call(TestService.Echo.self, .init(text: "\(index)-\(call)"), principal: "p\(index)") }
+                }
                 let stopped = try await runExecutable("canopy", ["capture", "stop", "--broker", brokers])
                 #expect(stopped.status == 0, "\(stopped.errors)")
                 for directory in directories {
                     #expect(FileManager.default.fileExists(atPath: directory + "/both"), "\(directory) holds its broker's capture")
                 }
+                // The two captures read as one: every request of both, merged by time, and replayed clean.
+                let files = directories.map { $0 + "/both" }
+                let inspected = try await runExecutable("canopy", ["capture", "inspect"] + files + ["--json"])
+                #expect(inspected.status == 0 && inspected.output.contains("\"requests\" : 6"), "\(inspected.output) \(inspected.errors)")
+                let replayed = try await runExecutable("canopy", ["replay"] + files + ["--fast", "--broker", a.endpoint, "--ignore", "pid"])
+                #expect(replayed.status == 0, "\(replayed.output) \(replayed.errors)")
             }
         }
     }

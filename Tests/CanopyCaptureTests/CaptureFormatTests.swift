@@ -60,6 +60,24 @@ struct CaptureFormatTests {
         #expect(!reader.header.pseudonymized)
     }
 
+    /// Two brokers' captures of one time read as one: in the order of their times, the second
+    /// capture's clients renamed so that the same routing id at two brokers is two clients.
+    @Test func severalCapturesAreReadAsOneMergedByTime() throws {
+        func record(_ time: Int64, client: String) -> CaptureRecord {
+            CaptureRecord(kind: .request, time: time, client: client, service: "care", operation: "plants.get", correlation: [UInt8(time)],
+                          header: RequestHeader(timeoutMilliseconds: 1_000), body: [])
+        }
+        let (first, second) = (Self.temporaryPath("a"), Self.temporaryPath("b"))
+        try Self.write([record(1, client: "c1"), record(4, client: "c1"), record(5, client: "c1")], to: first)
+        try Self.write([record(2, client: "c1"), record(3, client: "c2"), record(6, client: "c1")], to: second)
+        let reader = try CaptureReader(paths: [first, second])
+        var records: [CaptureRecord] = []
+        try reader.forEach { records.append($0) }
+        #expect(records.map(\.time) == [1, 2, 3, 4, 5, 6])
+        #expect(records.map(\.client) == ["c1", "2/c1", "2/c2", "c1", "c1", "2/c1"])
+        #expect(reader.ending == .complete && reader.allFiles == [first, second])
+    }
+
     @Test func captureFilesAreReadableByTheirOwnerOnly() throws {
         let path = Self.temporaryPath("capture")
         #expect(FileManager.default.createFile(atPath: path, contents: Data("old".utf8), attributes: [.posixPermissions: 0o644]))
