@@ -49,6 +49,8 @@ public struct ClientSession: Sendable {
         /// The broker it was sent to and that broker's connection then; nil while it waits
         /// for a connection.
         var sent: (broker: Int, connection: Int)?
+        /// Brokers that answered it `noWorkers` (bit per broker): it goes to another first.
+        var noWorkersAt: UInt64 = 0
     }
 
     private struct Deadline: Comparable, Sendable {
@@ -148,6 +150,12 @@ public struct ClientSession: Sendable {
                 if case .failure(let error) = outcome, error.code == .shuttingDown {
                     return leaving(broker, refused: id, error)
                 }
+                if case .failure(let error) = outcome, error.code == .noWorkers, let other = untried(id, after: broker) {
+                    // Not run: the service may have workers at another broker (a Majordomo
+                    // worker knows one; a worker registering again after a restart).
+                    calls[id]!.sent = (other, connections[other])
+                    return [.send(calls[id]!.frames, broker: other)]
+                }
                 calls[id] = nil
                 return [.resolve(id: id, outcome)]
             default:
@@ -158,6 +166,14 @@ public struct ClientSession: Sendable {
             guard let id = take(error.correlation) else { return [] }
             return [.resolve(id: id, .failure(CanopyError(.internal, "the broker sent a malformed reply: \(error.description)")))]
         }
+    }
+
+    /// A connected broker that has not answered call `id` `noWorkers`, after `broker` (which
+    /// just did), or nil.
+    private mutating func untried(_ id: UInt64, after broker: Int) -> Int? {
+        calls[id]!.noWorkersAt |= 1 << UInt64(min(broker, 63))
+        let tried = calls[id]!.noWorkersAt
+        return (1..<connected.count).map { (broker + $0) % connected.count }.first { connected[$0] && tried & (1 << UInt64(min($0, 63))) == 0 }
     }
 
     /// Broker `broker` is shutting down (a planned restart) and refused call `id` without

@@ -187,4 +187,23 @@ struct ClientSessionTests {
         }
         #expect(error.code == .shuttingDown)
     }
+
+    /// A service whose workers are at one broker only (a Majordomo worker knows one): a call
+    /// answered `noWorkers` (not run) tries the other brokers before it ends so.
+    @Test func aCallAnsweredNoWorkersTriesTheOtherBrokersFirst() {
+        var client = ClientSession(brokers: 3, preferred: 0)
+        for broker in 0..<3 { _ = client.handshakeSucceeded(broker: broker) }
+        _ = client.call(id: 1, frames: request(1), idempotent: false, deadline: start + .seconds(10))
+        let none = { (id: UInt64) in
+            WireMessage.error(correlation: Wire.frame(id), error: Array(#"{"code":"noWorkers","message":"no worker serves plants"}"#.utf8)).encoded
+        }
+        #expect(client.receive(none(1), from: 0) == [.send(request(1), broker: 1)])
+        #expect(client.receive(none(1), from: 1) == [.send(request(1), broker: 2)])
+        guard case .failure(let error)? = outcomes(client.receive(none(1), from: 2))[1] else {
+            Issue.record("no broker had workers, and the call did not end")
+            return
+        }
+        #expect(error.code == .noWorkers)
+        #expect(client.pendingCount == 0)
+    }
 }
