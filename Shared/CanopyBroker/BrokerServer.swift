@@ -135,6 +135,9 @@ public final class BrokerServer: Service, @unchecked Sendable {
         let mailboxItem = poller.add(fileDescriptor: mailbox.fileDescriptor)
         let zapItem = zap.map { poller.add($0.socket) }
         var drainDeadline: ContinuousClock.Instant?
+        /// When a request was last refused while shutting down (the quiet spell before closing).
+        var lastReceived = ContinuousClock.now
+        var rejectedBefore: UInt64 = 0
         var memory = MemoryGiveBack()
         if let settings = configuration.capture, !settings.path.isEmpty {
             // A capture asked for at start that cannot begin stops the broker: the operator asked for it.
@@ -170,6 +173,7 @@ public final class BrokerServer: Service, @unchecked Sendable {
                     case .shutdown:
                         guard drainDeadline == nil else { continue }
                         state.beginShutdown()
+                        rejectedBefore = state.rejected
                         drainDeadline = .now + configuration.drainTimeout
                         logger.info("broker.draining", metadata: ["broker.pending": "\(state.pendingCount)"])
                     case .allowList(let list):
@@ -224,7 +228,17 @@ public final class BrokerServer: Service, @unchecked Sendable {
                 }
             }
 
-            if let deadline = drainDeadline, state.pendingCount == 0 || ContinuousClock.now >= deadline {
+            // Once drained, it goes when no request has come for a quiet spell (each new one is
+            // answered shuttingDown, which moves a client of several brokers to another), so a
+            // client that has not heard yet is told rather than left with a request that dies
+            // with the socket; at most a second more.
+            // (Requests refused while shutting down count; workers' heartbeats do not.)
+            if drainDeadline != nil, state.rejected != rejectedBefore {
+                rejectedBefore = state.rejected
+                lastReceived = now
+            }
+            if let deadline = drainDeadline, state.pendingCount == 0 || now >= deadline,
+               now - lastReceived >= Self.quietBeforeClosing || now >= deadline + .seconds(1) {
                 state.disconnectAll(into: &directives)
                 try carryOut(&directives, state: &state)
                 logger.info("broker.stopped", metadata: ["broker.unanswered": "\(state.pendingCount)"])
@@ -232,6 +246,9 @@ public final class BrokerServer: Service, @unchecked Sendable {
             }
         }
     }
+
+    /// How long a drained broker waits with no request coming before it closes.
+    static let quietBeforeClosing: Duration = .milliseconds(150)
 
     /// Repeated warnings are written a few at a time; the rest are counted (loop thread only).
     private var warnings = LogRateLimiter()

@@ -241,8 +241,10 @@ public final class ServiceRunner: Service, @unchecked Sendable {
             guard try register(broker) else { return }
         }
         while true {
-            var wakeup = links.filter { !$0.stopped }.map(\.session.nextWakeup).min() ?? .now
-            for link in links { if let at = link.reconnectAt { wakeup = min(wakeup, at) } }
+            // The sessions that run, and the brokers waiting to connect again (not their
+            // sessions: those went silent, and their wakeups lie in the past).
+            var wakeup = ContinuousClock.now + .seconds(1)
+            for link in links where !link.stopped { wakeup = min(wakeup, link.reconnectAt ?? link.session.nextWakeup) }
             try poller.poll(timeout: max(.zero, wakeup - .now))
             if poller.isReadable(0) {
                 for control in mailbox.drain() {
