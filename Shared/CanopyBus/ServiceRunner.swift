@@ -255,7 +255,17 @@ public final class ServiceRunner: Service, @unchecked Sendable {
                         guard try carryOut(links[broker].session.finished(id: id, connection: connection, result), broker: broker) else { return }
                     case .shutdown:
                         for broker in links.indices where !links[broker].stopped {
+                            // A broker waiting to be connected again holds nothing: done with it.
+                            if links[broker].socket == nil {
+                                links[broker].stopped = true
+                                links[broker].reconnectAt = nil
+                                continue
+                            }
                             guard try carryOut(links[broker].session.shutdown(now: .now), broker: broker) else { return }
+                        }
+                        if links.allSatisfy(\.stopped) {
+                            registered.store(false, ordering: .relaxed)
+                            return
                         }
                     }
                 }
