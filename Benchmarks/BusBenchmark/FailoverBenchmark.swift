@@ -117,6 +117,7 @@ struct FailoverBenchmark: AsyncParsableCommand {
             ["p99 µs, calls made later", p99(after)],
             ["calls in flight at the kill (at either broker)", "\(inFlight.count)"],
             ["  of them answered (idempotent ones at broker 1 sent again through broker 2)", "\(inFlightAnswered)"],
+            ["  sent again (idempotent, at broker 1 when it died)", "\(result.sentAgain)"],
             ["  answered brokerLost (at broker 1, not idempotent: never sent twice)", "\(brokerLost)"],
             ["calls lost (any other failure; target 0)", "\(lost.count)"],
         ])
@@ -130,6 +131,8 @@ struct FailoverBenchmark: AsyncParsableCommand {
         var processCPU: Double
         var brokerCPU: Double
         var calls: [Call]
+        /// Calls the clients sent a second time (idempotent ones at the broker that died).
+        var sentAgain = 0
     }
 
     /// The pipelined load through `brokers` (clients spread over them, the worker on all) for
@@ -198,6 +201,7 @@ struct FailoverBenchmark: AsyncParsableCommand {
         let all = calls.all
         let count = Double(max(1, all.count))
         return Result(perSecond: Double(all.filter { $0.code == nil }.count) / elapsed, processCPU: (processCPU() - process) / count,
-                      brokerCPU: (brokers.reduce(0) { $0 + $1.cpuSeconds } - broker) / count, calls: all)
+                      brokerCPU: (brokers.reduce(0) { $0 + $1.cpuSeconds } - broker) / count, calls: all,
+                      sentAgain: buses.reduce(0) { $0 + $1.callsSentAgain })
     }
 }

@@ -94,6 +94,11 @@ public final class BusClient: BusCalling {
     private let configuration: Configuration
     private let mailbox = Mailbox<Control>()
     private let nextID = Counter()
+    private let resent = SentAgain()
+
+    /// Calls this client sent a second time: idempotent ones whose broker was lost, and those
+    /// a broker refused without running them (shutting down, no workers there).
+    public var callsSentAgain: Int { resent.count.load(ordering: .relaxed) }
 
     /// Connects to the broker and starts the client's loop thread.
     ///
@@ -103,7 +108,7 @@ public final class BusClient: BusCalling {
     ///   - logger: where the client logs connection changes.
     public init(configuration: Configuration, context: ZMQContext, logger: Logger) throws {
         self.configuration = configuration
-        let loop = try ClientLoop(configuration: configuration, context: context, mailbox: mailbox, logger: logger)
+        let loop = try ClientLoop(configuration: configuration, context: context, mailbox: mailbox, logger: logger, resent: resent)
         LoopThread.start(name: "canopy-bus-client") { loop.run() }
     }
 
@@ -137,6 +142,11 @@ public final class BusClient: BusCalling {
 /// What calls on a closed client fail with.
 private let clientClosed = CanopyError(.internal, "the bus client was closed; make a new one")
 
+/// ``BusClient/callsSentAgain``, written by the client's loop thread.
+final class SentAgain: Sendable {
+    let count = Atomic<Int>(0)
+}
+
 /// A thread-safe increasing counter of correlation ids.
 private final class Counter: Sendable {
     private let value = Mutex<UInt64>(0)
@@ -161,10 +171,13 @@ private final class ClientLoop: @unchecked Sendable {
     private let mailbox: Mailbox<BusClient.Control>
     private let logger: Logger
     private var session: ClientSession
+    /// ``BusClient/callsSentAgain``, kept up to date after each round of events.
+    private let resent: SentAgain
     /// The callers waiting, by call id.
     private var continuations: [UInt64: CheckedContinuation<RawReply, Error>] = [:]
 
-    init(configuration: BusClient.Configuration, context: ZMQContext, mailbox: Mailbox<BusClient.Control>, logger: Logger) throws {
+    init(configuration: BusClient.Configuration, context: ZMQContext, mailbox: Mailbox<BusClient.Control>, logger: Logger, resent: SentAgain) throws {
+        self.resent = resent
         self.context = context
         self.mailbox = mailbox
         self.logger = logger
@@ -237,6 +250,7 @@ private final class ClientLoop: @unchecked Sendable {
                     while let frames = try sockets[broker].receive() { try carryOut(session.receive(frames, from: broker)) }
                 }
                 try carryOut(session.tick(now: .now))
+                resent.count.store(session.sentAgain, ordering: .relaxed)
             }
         } catch {
             logger.error("bus.client.failed", metadata: ["error": "\(error)"])

@@ -51,6 +51,8 @@ public struct ClientSession: Sendable {
         var sent: (broker: Int, connection: Int)?
         /// Brokers that answered it `noWorkers` (bit per broker): it goes to another first.
         var noWorkersAt: UInt64 = 0
+        /// Whether it was sent before (a send now is a second one).
+        var sentBefore = false
     }
 
     private struct Deadline: Comparable, Sendable {
@@ -74,6 +76,9 @@ public struct ClientSession: Sendable {
     public private(set) var active: Int
     /// Set when a broker refused this client's CURVE key; cleared by a good handshake.
     public private(set) var refused = false
+    /// Calls sent a second time (or more): idempotent calls whose broker was lost, calls a
+    /// broker refused as it shut down or answered `noWorkers`.
+    public private(set) var sentAgain = 0
 
     /// A session with nothing in flight.
     ///
@@ -112,8 +117,7 @@ public struct ClientSession: Sendable {
         calls[id] = Call(frames: frames, idempotent: idempotent, deadline: deadline, sent: nil)
         deadlines.insert(Deadline(at: deadline, id: id))
         guard connected[active] else { return [] } // waits for a connection
-        calls[id]!.sent = (active, connections[active])
-        return [.send(frames, broker: active)]
+        return [send(id, to: active)]
     }
 
     /// Broker `broker`'s socket would not take call `id`: its queue is full (a connection
@@ -153,8 +157,7 @@ public struct ClientSession: Sendable {
                 if case .failure(let error) = outcome, error.code == .noWorkers, let other = untried(id, after: broker) {
                     // Not run: the service may have workers at another broker (a Majordomo
                     // worker knows one; a worker registering again after a restart).
-                    calls[id]!.sent = (other, connections[other])
-                    return [.send(calls[id]!.frames, broker: other)]
+                    return [send(id, to: other)]
                 }
                 calls[id] = nil
                 return [.resolve(id: id, outcome)]
@@ -187,8 +190,7 @@ public struct ClientSession: Sendable {
             calls[id] = nil
             return out + [.resolve(id: id, .failure(error))]
         }
-        calls[id]!.sent = (active, connections[active])
-        out.append(.send(calls[id]!.frames, broker: active))
+        out.append(send(id, to: active))
         return out
     }
 
@@ -265,10 +267,17 @@ public struct ClientSession: Sendable {
         guard connected[active] else { return [] }
         var out: [Directive] = []
         for id in calls.keys.sorted() where calls[id]!.sent == nil {
-            calls[id]!.sent = (active, connections[active])
-            out.append(.send(calls[id]!.frames, broker: active))
+            out.append(send(id, to: active))
         }
         return out
+    }
+
+    /// Call `id` goes to `broker` (counted in ``sentAgain`` when it went somewhere before).
+    private mutating func send(_ id: UInt64, to broker: Int) -> Directive {
+        if calls[id]!.sentBefore { sentAgain += 1 }
+        calls[id]!.sentBefore = true
+        calls[id]!.sent = (broker, connections[broker])
+        return .send(calls[id]!.frames, broker: broker)
     }
 
     /// The call a correlation id names, taken out of the table.

@@ -117,6 +117,7 @@ struct ClientSessionTests {
         }
         #expect(error.code == .brokerLost)
         #expect(!lost.contains { if case .send(let frames, _) = $0 { frames == request(1) || frames == request(3) } else { false } })
+        #expect(client.sentAgain == 1, "the idempotent call, once")
         #expect(client.call(id: 4, frames: request(4), idempotent: false, deadline: start + .seconds(10)) == [.send(request(4), broker: 2)])
         // A late reply from the lost connection's broker is nobody's; answers from broker 2 end their calls.
         #expect(outcomes(client.receive(WireMessage.reply(correlation: Wire.frame(UInt64(2)), shared: false, body: [], attachments: []).encoded, from: 2)).keys.sorted() == [2])
@@ -204,6 +205,6 @@ struct ClientSessionTests {
             return
         }
         #expect(error.code == .noWorkers)
-        #expect(client.pendingCount == 0)
+        #expect(client.pendingCount == 0 && client.sentAgain == 2)
     }
 }
