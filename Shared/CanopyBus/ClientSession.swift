@@ -151,6 +151,10 @@ public struct ClientSession: Sendable {
             switch message {
             case .reply(let correlation, _, _, _), .error(let correlation, _):
                 guard let id = Wire.uint64(correlation), calls[id] != nil, let outcome = Self.outcome(of: message) else { return [] }
+                if case .failure(let error) = outcome, error.code == .shuttingDown || error.code == .noWorkers,
+                   calls[id]!.sent?.broker != broker {
+                    return [] // a refusal from a broker the call has left already (it went elsewhere)
+                }
                 if case .failure(let error) = outcome, error.code == .shuttingDown {
                     return leaving(broker, refused: id, error)
                 }
