@@ -186,8 +186,12 @@ private final class ClientLoop: @unchecked Sendable {
         let preferred = configuration.preferred.map { min(max(0, $0), endpoints.count - 1) } ?? Int.random(in: 0..<endpoints.count)
         session = ClientSession(brokers: endpoints.count, preferred: preferred)
         var sockets: [ZMQSocket] = [], monitors: [ZMQSocket] = []
+        // A broker's endpoint that is refused (a typo) closes every socket made before it.
+        var complete = false
+        defer { if !complete { (sockets + monitors).forEach { $0.close() } } }
         for (broker, endpoint) in endpoints.enumerated() {
             let socket = try ZMQSocket(context, type: .dealer)
+            sockets.append(socket)
             if let curve = configuration.curve { try socket.becomeCurveClient(curve, broker: broker) }
             if let stack = configuration.stack { try socket.announceStack(stack) }
             try socket.setHighWaterMarks(100_000)
@@ -200,13 +204,13 @@ private final class ClientLoop: @unchecked Sendable {
             let monitorEndpoint = "inproc://canopy-client-monitor-\(UUID().uuidString)"
             try socket.monitor(monitorEndpoint, events: ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
             let monitor = try ZMQSocket(context, type: .pair)
+            monitors.append(monitor)
             try monitor.connect(monitorEndpoint)
             try socket.connect(endpoint)
-            sockets.append(socket)
-            monitors.append(monitor)
         }
         self.sockets = sockets
         self.monitors = monitors
+        complete = true
     }
 
     func run() {
