@@ -174,6 +174,7 @@ public final class BrokerServer: Service, @unchecked Sendable {
                         guard drainDeadline == nil else { continue }
                         state.beginShutdown()
                         rejectedBefore = state.rejected
+                        lastReceived = .now - Self.quietBeforeClosing // nothing refused yet: no spell to wait
                         drainDeadline = .now + configuration.drainTimeout
                         logger.info("broker.draining", metadata: ["broker.pending": "\(state.pendingCount)"])
                     case .allowList(let list):
@@ -228,17 +229,18 @@ public final class BrokerServer: Service, @unchecked Sendable {
                 }
             }
 
-            // Once drained, it goes when no request has come for a quiet spell (each new one is
-            // answered shuttingDown, which moves a client of several brokers to another), so a
-            // client that has not heard yet is told rather than left with a request that dies
-            // with the socket; at most a second more.
+            // Once drained, it goes when no request has been refused for a quiet spell (each new
+            // one is answered shuttingDown, which moves a client of several brokers to another),
+            // so a client that has not heard yet is told rather than left with a request that
+            // dies with the socket; at most until a second past the drain timeout. Not drained
+            // by the drain timeout, it goes then.
             // (Requests refused while shutting down count; workers' heartbeats do not.)
             if drainDeadline != nil, state.rejected != rejectedBefore {
                 rejectedBefore = state.rejected
                 lastReceived = now
             }
-            if let deadline = drainDeadline, state.pendingCount == 0 || now >= deadline,
-               now - lastReceived >= Self.quietBeforeClosing || now >= deadline + .seconds(1) {
+            if let deadline = drainDeadline,
+               state.pendingCount == 0 ? now - lastReceived >= Self.quietBeforeClosing || now >= deadline + .seconds(1) : now >= deadline {
                 state.disconnectAll(into: &directives)
                 try carryOut(&directives, state: &state)
                 logger.info("broker.stopped", metadata: ["broker.unanswered": "\(state.pendingCount)"])
@@ -248,7 +250,7 @@ public final class BrokerServer: Service, @unchecked Sendable {
     }
 
     /// How long a drained broker waits with no request coming before it closes.
-    static let quietBeforeClosing: Duration = .milliseconds(150)
+    static let quietBeforeClosing: Duration = .seconds(1)
 
     /// Repeated warnings are written a few at a time; the rest are counted (loop thread only).
     private var warnings = LogRateLimiter()
