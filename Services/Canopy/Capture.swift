@@ -53,7 +53,7 @@ struct Capture: AsyncParsableCommand {
             var paths: [String] = []
             try await withEachBroker(common) { endpoint, bus in
                 let status = try await callBroker { try await bus.call(Broker.CaptureStop.self, .init(), timeout: .seconds(60)) }
-                if paths.count > 0 || BusClient.Configuration(endpoint: common.endpoint).endpoints.count > 1 { print("\(endpoint):") }
+                if common.brokerEndpoints.count > 1 { print("\(endpoint):") }
                 print(Capture.render(status))
                 paths.append(status.path ?? "FILE")
             }
@@ -67,7 +67,7 @@ struct Capture: AsyncParsableCommand {
         @OptionGroup var common: CommonOptions
 
         func run() async throws {
-            let several = BusClient.Configuration(endpoint: common.endpoint).endpoints.count > 1
+            let several = common.brokerEndpoints.count > 1
             try await withEachBroker(common) { endpoint, bus in
                 if several { print("\(endpoint):") }
                 print(Capture.render(try await callBroker { try await bus.call(Broker.CaptureStatusOperation.self, .init(), timeout: .seconds(10)) }))

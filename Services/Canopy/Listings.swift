@@ -13,7 +13,7 @@ struct Services: AsyncParsableCommand {
 
     func run() async throws {
         // With several brokers, every broker's own view, in a column of their own.
-        let several = BusClient.Configuration(endpoint: common.endpoint).endpoints.count > 1
+        let several = common.brokerEndpoints.count > 1
         var table = Table(headers: (several ? ["BROKER"] : []) + ["SERVICE", "WORKERS", "OPERATION", "IDEMPOTENT", "COALESCABLE"])
         var any = false
         try await withEachBroker(common) { endpoint, bus in
@@ -44,7 +44,7 @@ struct Stats: AsyncParsableCommand {
     func run() async throws {
         try await withEachBroker(common) { endpoint, bus in
             let stats = try await bus.call(Broker.Stats.self, .init(), timeout: .seconds(5))
-            if BusClient.Configuration(endpoint: common.endpoint).endpoints.count > 1 { print("broker \(endpoint)") }
+            if common.brokerEndpoints.count > 1 { print("broker \(endpoint)") }
             var table = Table("SERVICE", "WORKERS", "QUEUED", "IN FLIGHT", "SERVED", "ERRORS", "P50 µs", "P99 µs")
             for service in stats.services {
                 table.append([

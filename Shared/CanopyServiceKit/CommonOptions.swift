@@ -14,6 +14,9 @@ public struct CommonOptions: ParsableArguments {
     /// The endpoints as one string, `A,B` (what the bus configurations split again).
     public var endpoint: String { endpoints.joined(separator: ",") }
 
+    /// Every broker named, one endpoint each (`--endpoint A --endpoint B` or `A,B`).
+    public var brokerEndpoints: [String] { BusClient.Configuration(endpoint: endpoint).endpoints }
+
     /// The broker's CurveZMQ public key, or a file holding it.
     @Option(name: .long, help: ArgumentHelp("The broker's CurveZMQ public key (Z85) or its .pub file; turns CURVE on. With several brokers, one per --endpoint in order, separated by commas. Env: CANOPY_CURVE_SERVER_KEY.", valueName: "key|file"))
     public var curveServerKey: String?
@@ -60,7 +63,7 @@ public struct CommonOptions: ParsableArguments {
             }
             // One key for every broker, or one per broker in the order of the endpoints.
             let keys = try serverKey.split(separator: ",").map { try Curve.publicKey(String($0).trimmingCharacters(in: .whitespaces)) }
-            let brokers = BusClient.Configuration(endpoint: endpoint).endpoints.count
+            let brokers = brokerEndpoints.count
             guard !keys.isEmpty, keys.count == 1 || keys.count == brokers else {
                 throw ValidationError("--curve-server-key names \(keys.count) broker keys for \(brokers) brokers; give one key for all, or one per --endpoint in the same order")
             }
