@@ -218,7 +218,8 @@ targets += [
         P.asyncHTTPClient, P.crypto, P.grdb, P.nioCore, P.nioHTTP1,
     ]),
     tests("DeploymentTests", [
-        "CanopySamples", "CanopyDeployment", "CanopyServiceKit", "CanopyStore", "CanopyTesting", "CanopyImaging", "canopy", "canopy-broker",
+        "CanopySamples", "CanopyDeployment", "CanopyServiceKit", "CanopyStore", "CanopyTesting", "CanopyImaging", "CanopyCapture", "CanopyBus",
+        "CanopyMessages", "canopy", "canopy-broker",
         "canopy-images", "canopy-care", "canopy-identify", "canopy-remind", "canopy-batch", P.grdb, P.yams,
     ]),
     tests("CanopyCaptureTests", [

@@ -24,23 +24,93 @@ struct Capture: AsyncParsableCommand {
 
     struct Start: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
-            abstract: "Begin a capture on the running broker, into its --capture-dir.",
-            discussion: "Example: canopy capture start monday --pseudonymize --without-attachments")
+            abstract: "Begin a capture on the running broker, into its --capture-dir, with a snapshot of the stack's stores.",
+            discussion: """
+                With --snapshot (the default when a stack canopy up started runs from --data-dir),
+                the broker holds new requests until those in the air are answered (the cut),
+                every store is pinned as it stands then, the requests go on, and the stores are
+                copied into NAME.snapshot beside the capture; a mark record in the capture says
+                where the cut was. canopy replay NAME --fresh replays on a stack started from it.
+                Examples:
+                  canopy capture start monday
+                  canopy capture start monday --pseudonymize --without-attachments
+                  canopy capture start monday --no-snapshot --endpoint tcp://broker:5555
+                """)
 
         @Argument(help: "The capture file's name in the broker's capture directory (A-Z, a-z, 0-9, '.', '-', '_').") var name: String
-        @Flag(help: "Replace principals by keyed hashes (stable within the capture).") var pseudonymize = false
+        @Flag(help: "Replace principals by keyed hashes (stable within the capture; the snapshot's stores get the same ones).") var pseudonymize = false
         @Flag(help: "Leave attachment bytes (photos) out; their sizes are kept.") var withoutAttachments = false
+        @Flag(inversion: .prefixedNo, help: "Keep the stack's stores as they stand at the capture's start beside it (default: when canopy up's stack runs from --data-dir).")
+        var snapshot: Bool?
+        @Option(help: "How long the broker may hold requests while the snapshot is pinned, in milliseconds (1 to 60000).") var holdMs = 10_000
         @OptionGroup var common: CommonOptions
+        @OptionGroup var stack: StackOptions
+
+        func validate() throws {
+            guard (1...60_000).contains(holdMs) else { throw ValidationError("--hold-ms is 1 to 60000") }
+        }
 
         func run() async throws {
-            // With several brokers, each captures what crosses it (into its own directory).
-            try await withEachBroker(common) { endpoint, bus in
-                let status = try await callBroker {
-                    try await bus.call(Broker.CaptureStart.self, .init(name: name, pseudonymize: pseudonymize, withoutAttachments: withoutAttachments),
-                                       timeout: .seconds(10))
+            let local = stack.layout.state().map { $0.supervisorAlive } ?? false
+            guard snapshot ?? local else {
+                // With several brokers, each captures what crosses it (into its own directory).
+                try await withEachBroker(common) { endpoint, bus in
+                    let status = try await callBroker {
+                        try await bus.call(Broker.CaptureStart.self, .init(name: name, pseudonymize: pseudonymize, withoutAttachments: withoutAttachments),
+                                           timeout: .seconds(10))
+                    }
+                    print("\(endpoint): capturing into \(status.path ?? name); stop with: canopy capture stop")
                 }
-                print("\(endpoint): capturing into \(status.path ?? name); stop with: canopy capture stop")
+                return
             }
+            try await startWithSnapshot()
+        }
+
+        /// Holds every broker, pins the stores, lets the requests go, copies the stores.
+        private func startWithSnapshot() async throws {
+            let brokers = try eachBroker(common)
+            defer { brokers.forEach { $0.bus.close() } }
+            let pseudonyms = pseudonymize ? PseudonymBox() : nil
+            var held: [(endpoint: String, bus: BusClient, status: CaptureStatus)] = []
+            let started = ContinuousClock.now
+            /// Lets every held broker's requests go (naming the snapshot when there is one).
+            func release(_ snapshot: String?) async {
+                for broker in held { _ = try? await broker.bus.call(Broker.CaptureRelease.self, .init(snapshot: snapshot), timeout: .seconds(10)) }
+            }
+            /// A snapshot that failed: the requests go on, and the captures begun for it stop.
+            func abandon(_ error: Error) async throws -> Never {
+                await release(nil)
+                for broker in held { _ = try? await broker.bus.call(Broker.CaptureStop.self, .init(), timeout: .seconds(60)) }
+                throw error
+            }
+            do {
+                for (endpoint, bus) in brokers {
+                    let request = Broker.CaptureStart.Request(name: name, pseudonymize: pseudonymize, withoutAttachments: withoutAttachments,
+                                                              holdMilliseconds: holdMs, pseudonymKey: pseudonyms.map { Data($0.key).base64EncodedString() })
+                    let status = try await callBroker { try await bus.call(Broker.CaptureStart.self, request, timeout: .milliseconds(Int64(holdMs) + 5_000)) }
+                    held.append((endpoint, bus, status))
+                }
+            } catch {
+                try await abandon(error)
+            }
+            guard let first = held.first, let path = first.status.path else { try await abandon(CommandFailure("the broker did not say where it captures")) }
+            let directory = StackSnapshot.directory(forCapture: path)
+            let pinned: StackSnapshot.Pinned
+            do {
+                pinned = try StackSnapshot.pin(data: stack.layout.dataDirectory, into: directory)
+            } catch {
+                try await abandon(error)
+            }
+            await release(directory.lastPathComponent)
+            let heldFor = ContinuousClock.now - started
+            let manifest = StackSnapshot.Manifest(captures: held.compactMap(\.status.path), cutAt: first.status.cutAt ?? 0,
+                                                  stores: pinned.stores.map(\.relative), originals: pinned.originals,
+                                                  pseudonymized: pseudonymize, heldMilliseconds: (heldFor.seconds * 1_000 * 10).rounded() / 10)
+            let table = try StackSnapshot.finish(pinned, manifest: manifest, pseudonyms: pseudonyms)
+            for broker in held { print("\(broker.endpoint): capturing into \(broker.status.path ?? name)") }
+            print("snapshot at the cut (requests held \(String(format: "%.1f", manifest.heldMilliseconds)) ms, \(pinned.originals) originals linked): \(directory.path)")
+            print(table)
+            print("stop with: canopy capture stop; replay with: canopy replay \(path) --fresh")
         }
     }
 
@@ -175,6 +245,9 @@ struct Capture: AsyncParsableCommand {
         let clients = summary.clients >= CaptureSummary.clientLimit ? "at least \(summary.clients)" : "\(summary.clients)"
         lines.append("\(summary.records) records: \(summary.requests) requests, \(summary.replies) answers (\(summary.errors) errors), \(summary.bytes) bytes, \(clients) client(s)")
         lines.append("read: \(summary.ending)")
+        for mark in summary.marks {
+            lines.append("mark at \(time(mark.time)): \(mark.snapshot.map { "the snapshot \($0) holds the stores at the cut before it" } ?? "no snapshot was taken"); \(mark.held) request(s) held during it")
+        }
         var table = Table("SERVICE", "OPERATION", "REQUESTS", "ANSWERS", "ERRORS", "SHARED", "REQUEST BYTES", "ANSWER BYTES", "P50 µs", "P99 µs")
         for row in summary.operations {
             table.append([row.service, row.operation, "\(row.requests)", "\(row.replies)", "\(row.errors)", "\(row.shared)", "\(row.requestBytes)",

@@ -1,6 +1,8 @@
 import ArgumentParser
 import AsyncHTTPClient
+import CanopyBus
 import CanopyImaging
+import CanopyMessages
 import CanopySamples
 import CanopyServiceKit
 import Foundation
@@ -44,7 +46,7 @@ struct Demo: AsyncParsableCommand {
             return "canopy-batch token issue, signed with \(stack.layout.tokenKey.path)"
         }
         try await steps.run("reference photos of \(Self.species.count) species") {
-            try loadReferences(executables)
+            try await loadReferences(executables)
         }
         let photo = try SyntheticPlant.species(1).photo(seed: 42)
         var identification = ""
@@ -119,25 +121,25 @@ struct Demo: AsyncParsableCommand {
         print("done in \(steps.total) ms; the person's data stays in the stack (user \(person))")
     }
 
-    /// Adds the demo species' reference photos to canopy-identify's store, once.
-    private func loadReferences(_ executables: URL) throws -> String {
+    /// Adds the demo species' reference photos to canopy-identify, once: over the bus
+    /// (`identify.references.add`), so that a capture running meanwhile records them and a
+    /// replay of it loads them in their place.
+    private func loadReferences(_ executables: URL) async throws -> String {
         let identify = executables.appendingPathComponent("canopy-identify")
         let listed = try DemoAPI.run(identify, ["reference", "list", "--data-dir", stack.dataDir])
         let missing = Self.species.enumerated().filter { !listed.contains($0.element) }
         guard !missing.isEmpty else { return "already loaded" }
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-demo-\(UUID().uuidString)")
-        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
-        defer { try? FileManager.default.removeItem(at: directory) }
-        for (index, name) in missing {
-            let files = try (1...3).map { seed in
-                let file = directory.appendingPathComponent("\(index)-\(seed).jpg")
-                try Data(try SyntheticPlant.species(index).photo(seed: seed)).write(to: file)
-                return file.path
-            }
-            _ = try DemoAPI.run(identify, ["reference", "add", "--data-dir", stack.dataDir, "--species", name, "--common-name", "Demo plant \(index)",
-                                           "--family", "Demoaceae"] + files)
+        guard let endpoint = stack.layout.state()?.endpoint else {
+            throw CommandFailure("no stack runs from \(stack.layout.dataDirectory.path) to load the reference photos into; start one with canopy up, or pass --data-dir")
         }
-        return "added \(missing.count) species with canopy-identify reference add (a running service reloads them)"
+        let bus = try BusClient(configuration: .init(endpoint: endpoint), context: ZMQContext(), logger: LogSetup.logger(label: "canopy", level: .error))
+        defer { bus.close() }
+        for (index, name) in missing {
+            let photos = try (1...3).map { seed in Data(try SyntheticPlant.species(index).photo(seed: seed)) }
+            _ = try await bus.call(Identification.AddReferences.self, .init(scientificName: name, commonNames: ["Demo plant \(index)"], family: "Demoaceae", data: photos),
+                                   timeout: .seconds(60))
+        }
+        return "added \(missing.count) species over the bus (identify.references.add)"
     }
 }
 

@@ -1,6 +1,7 @@
 import ArgumentParser
 import CanopyBus
 import CanopyCapture
+import CanopyDeployment
 import CanopyMessages
 import CanopyReplay
 import CanopyServiceKit
@@ -21,6 +22,15 @@ struct Replay: AsyncParsableCommand {
               canopy replay monday --fast --json > report.json
               canopy replay monday --dry-run
               canopy replay broker-a/monday broker-2/monday    # two brokers' captures, merged by time
+              canopy replay .canopy/monday --fresh              # on a throwaway stack started from its snapshot
+              canopy replay .canopy/monday --fresh --compare-with ../main/.build/release
+            With --fresh, a stack of this build starts from the capture's snapshot (NAME.snapshot,
+            taken by canopy capture start) on free ports, its clock standing at the capture's
+            start, the requests go at their captured times, the report is printed and the stack
+            stops. With --compare-with DIR the same happens once more on DIR's executables, and
+            the report is where the two builds answered differently.
+            Date-times are compared as times: one that differs from the captured one by how much
+            later the stack's clock stood is the same (the report names those fields).
             """)
 
     @Argument(help: "The capture's (first) file; several brokers' captures of one time are replayed as one, merged by time.") var files: [String]
@@ -34,6 +44,14 @@ struct Replay: AsyncParsableCommand {
     @Option(help: "Wait this many milliseconds for each answer instead of the captured deadline.") var timeoutMs: Int?
     @Option(help: "Differing answers shown in full (all are counted).") var examples = 20
     @Flag(help: "Read the capture and report what would be sent, with checks; send nothing.") var dryRun = false
+    @Flag(help: "Replay on a throwaway stack of this build started from the capture's snapshot, its clock at the capture's start; stopped afterwards.")
+    var fresh = false
+    @Option(help: ArgumentHelp("With --fresh: replay on a stack of another build too (the directory holding its canopy-broker, canopy-care, …) and report where the two differ.", valueName: "dir"))
+    var compareWith: String?
+    @Option(help: ArgumentHelp("With --fresh: the snapshot to start from (default: the capture's NAME.snapshot).", valueName: "dir"))
+    var snapshot: String?
+    @Option(help: "Date-times within this many milliseconds of the clocks' shift (beyond the requests' own time) are the same; -1 compares them as text.")
+    var timeToleranceMs = 250
     @Flag(help: "Print the report as JSON, for scripts.") var json = false
     @OptionGroup var common: CommonOptions
 
@@ -46,6 +64,15 @@ struct Replay: AsyncParsableCommand {
         guard window >= 1 else { throw ValidationError("--window must be at least 1") }
         guard (1...64).contains(connections) else { throw ValidationError("--connections must be from 1 to 64") }
         if let timeoutMs, timeoutMs < 1 { throw ValidationError("--timeout-ms must be at least 1") }
+        guard (-1...3_600_000).contains(timeToleranceMs) else { throw ValidationError("--time-tolerance-ms is -1 (times as text) to 3600000") }
+        if fresh {
+            guard !fast && rate == nil && (speed ?? 1) == 1 else {
+                throw ValidationError("--fresh replays at the captured pace, so that what depends on time (a reminder falling due) happens between the same requests; leave out --fast, --rate and --speed")
+            }
+            guard !dryRun else { throw ValidationError("--dry-run sends nothing; leave out --fresh") }
+        } else if compareWith != nil || snapshot != nil {
+            throw ValidationError("--compare-with and --snapshot go with --fresh")
+        }
         guard examples >= 0 else { throw ValidationError("--examples cannot be negative") }
     }
 
@@ -66,6 +93,8 @@ struct Replay: AsyncParsableCommand {
         options.window = window
         options.examples = examples
         options.timeout = timeoutMs.map { .milliseconds($0) }
+        options.timeTolerance = timeToleranceMs < 0 ? nil : .milliseconds(timeToleranceMs)
+        if fresh { return try await replayFresh(reader, options: options, bytes: total) }
         let progress = ProgressBox()
         var report = ReplayReport()
         guard await offeredOperations() != nil else {
@@ -80,6 +109,69 @@ struct Replay: AsyncParsableCommand {
         progress.finish()
         try print(json ? Self.json(report) : Self.render(report))
         if !report.isClean { throw ExitCode(1) }
+    }
+
+    /// `--fresh`: the capture replayed on a stack of this build started from its snapshot;
+    /// with `--compare-with`, then on one of the other build, against this build's answers.
+    private func replayFresh(_ reader: CaptureReader, options: ReplayOptions, bytes: Int) async throws {
+        let snapshotDirectory = snapshot.map { URL(fileURLWithPath: $0, isDirectory: true) } ?? StackSnapshot.directory(forCapture: files[0])
+        let manifest = try StackSnapshot.manifest(in: snapshotDirectory)
+        let this = try Up.executables()
+        guard let other = compareWith else {
+            let report = try await replayOnFreshStack(reader, executables: this, snapshot: snapshotDirectory, manifest: manifest, options: options, bytes: bytes)
+            try print(json ? Self.json(report) : Self.render(report))
+            if !report.isClean { throw ExitCode(1) }
+            return
+        }
+        let otherBuild = URL(fileURLWithPath: other, isDirectory: true).standardizedFileURL
+        let missing = CanopyStack.services.map(\.executable).filter { !FileManager.default.isExecutableFile(atPath: otherBuild.appendingPathComponent($0).path) }
+        guard missing.isEmpty else {
+            throw CommandFailure("\(otherBuild.path) has no \(missing.joined(separator: ", ")); name the directory of the other build's executables (such as ../other/.build/release after swift build -c release)")
+        }
+        // This build's answers, written as a capture of their own, are what the other build is
+        // compared against.
+        let answers = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-replay-answers-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: answers) }
+        var first = options
+        first.answersPath = answers
+        note("replaying on this build (\(this.path))…")
+        let baseline = try await replayOnFreshStack(reader, executables: this, snapshot: snapshotDirectory, manifest: manifest, options: first, bytes: bytes)
+        note("this build against the capture: \(baseline.matched) matched, \(baseline.differed) differed, \(baseline.failed) failed")
+        note("replaying on \(otherBuild.path)…")
+        let compared = try await replayOnFreshStack(try openCapture([answers]), executables: otherBuild, snapshot: snapshotDirectory, manifest: manifest,
+                                                    options: options, bytes: bytes)
+        if json {
+            struct Comparison: Encodable { var thisBuild: ReplayReport; var otherBuild: ReplayReport }
+            try print(Self.json(Comparison(thisBuild: baseline, otherBuild: compared)))
+        } else {
+            print("this build (\(this.path)) against the capture: \(baseline.matched) of \(baseline.requests) matched")
+            print("\(otherBuild.path) against this build:")
+            print(Self.render(compared))
+        }
+        if !compared.isClean { throw ExitCode(1) }
+    }
+
+    /// Starts a fresh stack of `executables` from the snapshot, replays, stops it.
+    private func replayOnFreshStack(_ reader: CaptureReader, executables: URL, snapshot: URL, manifest: StackSnapshot.Manifest,
+                                    options: ReplayOptions, bytes: Int) async throws -> ReplayReport {
+        var lead: Duration = .seconds(3)
+        for _ in 0..<4 {
+            guard let stack = try FreshStack.start(snapshot: snapshot, manifest: manifest, executables: executables, lead: lead, progress: { note($0) }) else {
+                lead *= 3 // it took longer to start than the lead: again, with more
+                continue
+            }
+            defer { stack.stop() }
+            var options = options
+            options.clock = .anchored(captureTime: Int64((stack.anchorCut * 1e9).rounded()), at: stack.anchor)
+            let progress = ProgressBox()
+            let connection = Replayer.Connection(endpoint: stack.endpoint, count: connections)
+            let report = try await Replayer(connection: connection, options: options).run(reader) { state in
+                progress.update("replaying \(ProgressLine.bar(state.bytesRead, of: bytes)) \(state.completed) answered of \(state.sent) sent")
+            }
+            progress.finish()
+            return report
+        }
+        throw CommandFailure("a fresh stack did not start within \(lead / 3); see the services' logs (canopy up runs the same executables) and try again")
     }
 
     /// `service.operation` of every operation the stack offers, or nil when it cannot be asked.
@@ -117,6 +209,17 @@ struct Replay: AsyncParsableCommand {
         latency.append(["replayed (at this client)", "\(report.replayedP50Micros)", "\(report.replayedP99Micros)"])
         var lines = [summary.render(), "", latency.render()]
         if report.ending != "complete" { lines += ["", "the capture is \(report.ending)"] }
+        if !report.differingPaths.isEmpty {
+            var places = Table("ANSWERS", "OPERATION", "PATH")
+            for (place, count) in report.differingPaths.sorted(by: { $0.key < $1.key }) {
+                let parts = place.split(separator: " ", maxSplits: 1).map(String.init)
+                places.append(["\(count)", parts[0], parts.count > 1 ? parts[1] : ""])
+            }
+            lines += ["", "where answers differed:", places.render()]
+        }
+        if !report.timeFields.isEmpty {
+            lines += ["", "compared as times (the same once moved by the clocks' shift): \(report.timeFields.joined(separator: ", "))"]
+        }
         for example in report.examples {
             lines.append("")
             let when = Date(timeIntervalSince1970: Double(example.time) / 1e9).formatted(.iso8601)

@@ -81,22 +81,12 @@ func prettyJSON(_ bytes: [UInt8]) -> String {
     return String(decoding: data, as: UTF8.self)
 }
 
-/// Opens a bus client for one command and closes it afterwards.
 /// Runs `body` with a client of each broker the options name, one at a time (what every
 /// broker says for itself: its services, its statistics).
 func withEachBroker(_ common: CommonOptions, _ body: (_ endpoint: String, BusClient) async throws -> Void) async throws {
-    let logger = LogSetup.logger(label: "canopy", level: common.logLevel == .info ? .warning : common.logLevel)
-    let all = try common.clientConfiguration()
-    let context = ZMQContext()
-    for (index, endpoint) in all.endpoints.enumerated() {
-        var configuration = all
-        configuration.endpoints = [endpoint]
-        if var curve = configuration.curve {
-            curve.serverKeys = [curve.serverKey(forBroker: index)]
-            configuration.curve = curve
-        }
-        let bus = try BusClient(configuration: configuration, context: context, logger: logger)
-        defer { bus.close() }
+    let brokers = try eachBroker(common)
+    defer { brokers.forEach { $0.bus.close() } }
+    for (endpoint, bus) in brokers {
         do {
             try await body(endpoint, bus)
         } catch let error as CanopyError where error.code == .timeout {
@@ -106,6 +96,23 @@ func withEachBroker(_ common: CommonOptions, _ body: (_ endpoint: String, BusCli
     }
 }
 
+/// A client of each broker `common` names, alone (the caller closes them).
+func eachBroker(_ common: CommonOptions) throws -> [(endpoint: String, bus: BusClient)] {
+    let logger = LogSetup.logger(label: "canopy", level: common.logLevel == .info ? .warning : common.logLevel)
+    let all = try common.clientConfiguration()
+    let context = ZMQContext()
+    return try all.endpoints.enumerated().map { index, endpoint in
+        var configuration = all
+        configuration.endpoints = [endpoint]
+        if var curve = configuration.curve {
+            curve.serverKeys = [curve.serverKey(forBroker: index)]
+            configuration.curve = curve
+        }
+        return (endpoint, try BusClient(configuration: configuration, context: context, logger: logger))
+    }
+}
+
+/// Opens a bus client for one command and closes it afterwards.
 func withBus(_ common: CommonOptions, _ body: (BusClient) async throws -> Void) async throws {
     let logger = LogSetup.logger(label: "canopy", level: common.logLevel == .info ? .warning : common.logLevel)
     let bus = try BusClient(configuration: try common.clientConfiguration(), context: ZMQContext(), logger: logger)

@@ -266,6 +266,10 @@ public final class BrokerServer: Service, @unchecked Sendable {
     private let codec = MessageCodec()
 
     private var captureStatus: CaptureStatus? { capture?.status ?? lastCapture }
+    /// When the running capture's hold made its cut (loop thread only).
+    private var cutAt: Int64?
+    /// Directives a capture control made while the pass's were being carried out (loop thread only).
+    private var pendingControls: [BrokerState.Directive] = []
 
     private func carryOut(_ directives: inout [BrokerState.Directive], state: inout BrokerState) throws {
         var wallClock: Int64 = 0 // read once for the batch's captured messages
@@ -307,6 +311,10 @@ public final class BrokerServer: Service, @unchecked Sendable {
             }
         }
         directives.removeAll(keepingCapacity: true)
+        if !pendingControls.isEmpty {
+            swap(&directives, &pendingControls)
+            try carryOut(&directives, state: &state)
+        }
         replies.sweep()
     }
 
@@ -350,7 +358,32 @@ public final class BrokerServer: Service, @unchecked Sendable {
                                 state: inout BrokerState) throws(CanopyError) -> CaptureStatus? {
         switch control {
         case .status:
-            return captureStatus ?? CaptureStatus(capturing: false)
+            var status = captureStatus ?? CaptureStatus(capturing: false)
+            status.cutAt = capture == nil ? nil : cutAt
+            status.held = state.heldCount
+            return status
+        case .cut:
+            // The requests in the air are answered: this is the cut a snapshot is consistent with.
+            cutAt = CaptureWriter.wallClockNanoseconds()
+            logger.info("broker.capture.cut", metadata: ["broker.capture": "\(capture?.settings.path ?? "")"])
+            var status = captureStatus ?? CaptureStatus(capturing: capture != nil)
+            status.cutAt = cutAt
+            status.held = state.heldCount
+            return status
+        case .holdFailed(let error, let stopCapture):
+            // No cut: the capture asked for with it is stopped too (it would carry no snapshot).
+            if stopCapture, let running = capture {
+                state.capturing = false
+                capture = nil
+                lastCapture = running.stop()
+            }
+            throw error
+        case .released(let released):
+            guard released else { throw CanopyError(.conflict, "no hold is in force (it ended at its limit, or no capture.start asked for one)") }
+            var status = captureStatus ?? CaptureStatus(capturing: capture != nil)
+            status.cutAt = cutAt
+            status.held = 0
+            return status
         case .stop:
             guard let running = capture else { throw CanopyError(.conflict, "no capture is running; start one with canopy capture start NAME") }
             running.submit(captured) // what this pass captured before the stop
@@ -379,6 +412,15 @@ public final class BrokerServer: Service, @unchecked Sendable {
             settings.pseudonymize = request.pseudonymize ?? settings.pseudonymize
             settings.withoutAttachments = request.withoutAttachments ?? settings.withoutAttachments
             settings.replaceExisting = false
+            if let text = request.pseudonymKey {
+                guard let key = Data(base64Encoded: text), key.count == 32 else {
+                    throw CanopyError(.badRequest, "pseudonymKey is 32 bytes in base64")
+                }
+                settings.pseudonymKey = [UInt8](key)
+            }
+            if let milliseconds = request.holdMilliseconds, !(1...Int(BrokerState.maximumHold.wholeMilliseconds)).contains(milliseconds) {
+                throw CanopyError(.badRequest, "holdMilliseconds is 1 to \(BrokerState.maximumHold.wholeMilliseconds)")
+            }
             do {
                 capture = try CaptureWriter(settings: settings)
             } catch {
@@ -386,7 +428,15 @@ public final class BrokerServer: Service, @unchecked Sendable {
             }
             state.capturing = true
             state.captureStatus = capture?.status
+            cutAt = nil
             logger.info("broker.capture.started", metadata: ["broker.capture": "\(settings.path)"])
+            if let milliseconds = request.holdMilliseconds {
+                // Answered at the cut (or with the reason there was none).
+                var directives: [BrokerState.Directive] = []
+                state.beginHold(limit: .milliseconds(milliseconds), client: client, correlation: correlation, now: .now, into: &directives)
+                pendingControls += directives
+                return nil
+            }
             return capture?.status ?? CaptureStatus(capturing: true, path: settings.path)
         }
     }

@@ -33,6 +33,7 @@ extension BrokerState {
     /// Takes a well-formed request: joins an identical flight, or starts a flight that goes
     /// to a worker or waits in the service's queue; or refuses it.
     mutating func admit(_ intake: Intake, now: ContinuousClock.Instant, into out: inout [Directive]) {
+        if hold != nil, holds(intake, now: now, into: &out) { return } // captured when released
         if capturing { out.append(.capture(capturedRequest(intake))) }
         func refuse(_ error: CanopyError) {
             rejected += 1
@@ -173,6 +174,7 @@ extension BrokerState {
 
     mutating func clientCancel(_ correlation: [UInt8], from client: [UInt8], now: ContinuousClock.Instant, into out: inout [Directive]) {
         guard let id = byClient[ClientKey(client: client, correlation: correlation)], let waiter = waiters[id] else {
+            if hold != nil { _ = cancelHeld(client: client, correlation: correlation) }
             return // nothing held under that id: already answered, or never sent
         }
         detach(waiter, now: now, into: &out)
@@ -207,6 +209,7 @@ extension BrokerState {
     /// Forgets a flight: no waiter will join it again.
     mutating func close(_ flight: Flight) {
         guard flights.removeValue(forKey: flight.id) != nil else { return }
+        if hold != nil { noteClosedForHold(flight) }
         heldBytes -= flight.bytes
         unqueue(flight)
         if let key = flight.key, openFlights[key] === flight { openFlights[key] = nil }

@@ -41,6 +41,14 @@ public struct BrokerState {
         case start(Broker.CaptureStart.Request)
         case stop
         case status
+        /// A hold's requests in the air are all answered: answer its `capture.start` (the cut).
+        case cut
+        /// A hold ended before its cut: its `capture.start` is answered with this error (and
+        /// the shell stops the capture when `stopCapture`: requests in the air were not
+        /// answered in time; not when a `capture.stop` ended it, which stops it itself).
+        case holdFailed(CanopyError, stopCapture: Bool)
+        /// `capture.release` ended the hold (true) or found none (false).
+        case released(Bool)
     }
 
     /// Which protocol a peer speaks.
@@ -79,6 +87,10 @@ public struct BrokerState {
     let codec = MessageCodec()
     /// Whether requests and answers go to the capture (set by the shell while one runs).
     public var capturing = false
+    /// A hold for a snapshot, while one is in force (see BrokerState+Hold.swift).
+    var hold: Hold?
+    /// Requests held for a snapshot now.
+    public var heldCount: Int? { hold.map { $0.held.count } }
     /// The capture's counts as the shell last saw them (at most a second old), for `broker.stats`.
     public var captureStatus: CaptureStatus?
     /// Bytes of replies waiting unread for clients, and replies dropped at the bounds since
@@ -113,6 +125,7 @@ public struct BrokerState {
             deadlines.removeMin() // answered already; drop lazily
         }
         if let first = deadlines.min, first.at < wakeup { wakeup = first.at }
+        if let hold { wakeup = min(wakeup, hold.waiting == nil ? hold.releaseAt : hold.drainDeadline) }
         return wakeup
     }
 
@@ -237,6 +250,7 @@ public struct BrokerState {
             answer(waiter, .failure(Self.timeout(waiter.serviceName)),
                    shared: false, flight: flight, now: now, into: &out)
         }
+        if hold != nil { checkHold(now: now, into: &out) }
         if let graceEnds = startupGraceEnds, now >= graceEnds {
             startupGraceEnds = nil
             endStartupGrace(now: now, into: &out)
@@ -327,6 +341,7 @@ public struct BrokerState {
     static let managementAccess: [String: Access] = [
         Broker.Services.name: Broker.Services.access, Broker.Stats.name: Broker.Stats.access, Broker.CaptureStart.name: Broker.CaptureStart.access,
         Broker.CaptureStop.name: Broker.CaptureStop.access, Broker.CaptureStatusOperation.name: Broker.CaptureStatusOperation.access,
+        Broker.CaptureRelease.name: Broker.CaptureRelease.access,
     ]
 
     mutating func management(_ operation: String, body requestBody: [UInt8], header: RequestHeader, to client: [UInt8], correlation: [UInt8],
@@ -349,14 +364,24 @@ public struct BrokerState {
             out.append(.captureControl(.start(request), client: client, correlation: correlation))
             return
         case Broker.CaptureStop.name:
+            releaseHold(snapshot: nil, now: now, into: &out) // a capture stopped mid-hold lets its held requests go
             out.append(.captureControl(.stop, client: client, correlation: correlation))
+            return
+        case Broker.CaptureRelease.name:
+            guard let request = try? codec.decode(Broker.CaptureRelease.Request.self, from: requestBody) else {
+                rejected += 1
+                replyError(to: client, correlation: correlation, CanopyError(.badRequest, "capture.release takes {\"snapshot\"}"), into: &out)
+                return
+            }
+            let released = hold?.waiting == nil && releaseHold(snapshot: request.snapshot, now: now, into: &out)
+            out.append(.captureControl(.released(released), client: client, correlation: correlation))
             return
         case Broker.CaptureStatusOperation.name:
             out.append(.captureControl(.status, client: client, correlation: correlation))
             return
         default:
             rejected += 1
-            replyError(to: client, correlation: correlation, CanopyError(.badRequest, "the broker has no operation '\(operation)'; it has: services, stats, capture.start, capture.stop, capture.status"), into: &out)
+            replyError(to: client, correlation: correlation, CanopyError(.badRequest, "the broker has no operation '\(operation)'; it has: services, stats, capture.start, capture.release, capture.stop, capture.status"), into: &out)
             return
         }
         out.append(.send(to: client, .reply(correlation: correlation, shared: false, body: body ?? [])))

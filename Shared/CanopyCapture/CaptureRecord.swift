@@ -11,6 +11,8 @@ public struct CaptureRecord: Equatable, Sendable {
     public enum Kind: UInt8, Sendable {
         case request = 1
         case reply = 2
+        /// A mark the broker wrote (format version 2): `body` is a ``CaptureMark``'s JSON.
+        case mark = 3
     }
 
     /// Record flag bits.
@@ -84,7 +86,8 @@ public struct CaptureFormatError: Error, Equatable, Sendable, CustomStringConver
     public init(_ description: String) { self.description = description }
 }
 
-/// The capture file format, version 1 (`docs/PROTOCOL.md`, "Capture files"). All integers
+/// The capture file format, version 2 (`docs/PROTOCOL.md`, "Capture files"; version 2 adds
+/// the mark record, kind 3, and reads version 1 files as they are). All integers
 /// big-endian.
 ///
 /// A file is a 36-byte file header, then records. The header: the magic `CNPYCAP\0`, the
@@ -100,7 +103,9 @@ public struct CaptureFormatError: Error, Equatable, Sendable, CustomStringConver
 /// left out.
 public enum CaptureFormat {
     public static let magic: [UInt8] = Array("CNPYCAP".utf8) + [0]
-    public static let version: UInt16 = 1
+    public static let version: UInt16 = 2
+    /// The versions this build reads.
+    public static let readable: ClosedRange<UInt16> = 1...2
     public static let fileHeaderBytes = 36
     /// The largest payload a reader takes: anything longer is damage, not a record.
     public static let maximumPayloadBytes = 1 << 30
@@ -141,8 +146,8 @@ public enum CaptureFormat {
             var reader = ByteReader(bytes[0..<CaptureFormat.fileHeaderBytes])
             reader.skip(8)
             let version = reader.uint16()!
-            guard version == CaptureFormat.version else {
-                throw CaptureFormatError("capture format version \(version); this build reads version \(CaptureFormat.version)")
+            guard CaptureFormat.readable.contains(version) else {
+                throw CaptureFormatError("capture format version \(version); this build reads versions \(CaptureFormat.readable.lowerBound) to \(CaptureFormat.readable.upperBound)")
             }
             let flags = reader.uint16()!
             segment = reader.uint32()!
@@ -272,5 +277,20 @@ struct ByteReader {
 extension [UInt8] {
     mutating func appendBigEndian<Value: FixedWidthInteger>(_ value: Value) {
         Swift.withUnsafeBytes(of: value.bigEndian) { append(contentsOf: $0) }
+    }
+}
+
+/// What a mark record says (its body): the cut a snapshot was taken at. Every request
+/// recorded after the mark came after the cut; none before it (in a capture started with a
+/// hold) did anything the snapshot does not hold.
+public struct CaptureMark: Codable, Sendable, Equatable {
+    /// The snapshot's directory name beside the capture, or nil when none was taken.
+    public var snapshot: String?
+    /// Requests held during the snapshot (recorded right after the mark).
+    public var held: Int
+
+    public init(snapshot: String?, held: Int) {
+        self.snapshot = snapshot
+        self.held = held
     }
 }

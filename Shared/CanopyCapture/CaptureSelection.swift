@@ -79,6 +79,10 @@ public struct CaptureSelection {
                 return false
             }
             return matches(record)
+        case .mark:
+            // A snapshot's mark stays while the capture keeps its beginning (a later start
+            // leaves out requests the snapshot does not hold).
+            return from == nil
         }
     }
 

@@ -40,6 +40,14 @@ public struct CaptureSummary: Codable, Sendable, Equatable {
     /// How the reading ended (``CaptureReader/Ending``'s description).
     public var ending: String = ""
     public var complete = true
+    /// The mark records (a snapshot's cut): when each was written, and the snapshot it names.
+    public var marks: [Mark] = []
+
+    public struct Mark: Codable, Sendable, Equatable {
+        public var time: Int64
+        public var snapshot: String?
+        public var held: Int
+    }
 
     /// Most distinct clients counted, and most (service, operation) rows kept: beyond them a
     /// hostile or huge capture cannot make the summary grow (extra rows fold into `(other)`).
@@ -61,6 +69,11 @@ public struct CaptureSummary: Codable, Sendable, Equatable {
         while let record = try reader.next() {
             summary.records += 1
             if summary.records % 4096 == 0 { progress(reader.bytesRead) }
+            if record.kind == .mark {
+                let mark = try? decoder.decode(CaptureMark.self, from: Data(record.body))
+                if summary.marks.count < 1_000 { summary.marks.append(Mark(time: record.time, snapshot: mark?.snapshot, held: mark?.held ?? 0)) }
+                continue
+            }
             if summary.firstTime == 0 || record.time < summary.firstTime { summary.firstTime = record.time }
             summary.lastTime = max(summary.lastTime, record.time)
             let size = UInt64(record.body.count + record.attachmentSizes.reduce(0, +))
@@ -87,6 +100,8 @@ public struct CaptureSummary: Codable, Sendable, Equatable {
                     summary.errorCodes[code, default: 0] += 1
                 }
                 _ = histogram.record(record.latencyNanoseconds / 1_000)
+            case .mark:
+                break // counted above
             }
             rows[key] = (row, histogram)
         }

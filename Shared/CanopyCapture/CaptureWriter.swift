@@ -17,6 +17,9 @@ public struct CaptureSettings: Sendable, Equatable {
     public var keepFiles: Int = 0
     /// Principals replaced by keyed hashes (in headers and bodies).
     public var pseudonymize = false
+    /// The pseudonyms' key (32 bytes) when the caller gave one (to pseudonymize a snapshot the
+    /// same way); otherwise one is made for the capture and never written down.
+    public var pseudonymKey: [UInt8]?
     /// Attachment bytes (photos) left out; their sizes are kept.
     public var withoutAttachments = false
     /// Bytes of records waiting for the disk; beyond it records are dropped and counted.
@@ -143,7 +146,7 @@ public final class CaptureWriter: Sendable {
 
     private func run(file: SegmentFile) {
         var file = file
-        var pseudonyms = Pseudonyms()
+        var pseudonyms = settings.pseudonymKey.map { Pseudonyms(key: SymmetricKey(data: $0)) } ?? Pseudonyms()
         var buffer: [UInt8] = []
         buffer.reserveCapacity(1 << 20)
         while true {

@@ -5,14 +5,16 @@ import Foundation
 /// capture and never written down) of a socket identity or a principal. The same peer or
 /// person gets the same pseudonym throughout the capture, and different ones stay
 /// different, so replay still keeps people apart; without the key nobody can go back.
-struct Pseudonyms {
+/// A snapshot taken with the capture (`canopy capture start --snapshot --pseudonymize`)
+/// names people by the same pseudonyms: its caller gives the key to both.
+public struct Pseudonyms {
     private let key: SymmetricKey
     private var peers: [[UInt8]: String] = [:]
     private var principals: [String: String] = [:]
     /// Most names remembered of each kind (then forgotten and hashed again).
     private static let remembered = 65_536
 
-    init(key: SymmetricKey = SymmetricKey(size: .bits256)) {
+    public init(key: SymmetricKey = SymmetricKey(size: .bits256)) {
         self.key = key
     }
 
@@ -28,7 +30,7 @@ struct Pseudonyms {
 
     /// A principal's pseudonym: `p-` and 24 hexadecimal characters (a valid principal
     /// itself). The empty principal stays empty.
-    mutating func principal(_ principal: String) -> String {
+    public mutating func principal(_ principal: String) -> String {
         guard !principal.isEmpty else { return "" }
         if let known = principals[principal] { return known }
         if principals.count >= Self.remembered { principals.removeAll(keepingCapacity: true) }

@@ -35,16 +35,47 @@ public enum Broker {
             public var pseudonymize: Bool?
             /// Attachment bytes (photos) left out.
             public var withoutAttachments: Bool?
+            /// For a snapshot (`canopy capture start NAME --snapshot`): the broker holds new
+            /// requests, waits until the ones in the air are answered, and answers this
+            /// request then (the *cut*: every request the capture records comes after it);
+            /// the requests stay held until `broker.capture.release`, or this many
+            /// milliseconds (at most 60,000), whichever is first.
+            public var holdMilliseconds: Int?
+            /// The pseudonyms' key (32 bytes, base64) when the caller pseudonymizes a snapshot
+            /// with the same pseudonyms; without it the broker makes one and never tells it.
+            public var pseudonymKey: String?
 
-            public init(name: String, pseudonymize: Bool? = nil, withoutAttachments: Bool? = nil) {
+            public init(name: String, pseudonymize: Bool? = nil, withoutAttachments: Bool? = nil, holdMilliseconds: Int? = nil,
+                        pseudonymKey: String? = nil) {
                 self.name = name
                 self.pseudonymize = pseudonymize
                 self.withoutAttachments = withoutAttachments
+                self.holdMilliseconds = holdMilliseconds
+                self.pseudonymKey = pseudonymKey
             }
         }
         public typealias Reply = CaptureStatus
         public static let service = Broker.service
         public static let name = "capture.start"
+        public static let access = Access.operator
+    }
+
+    /// `broker.capture.release`: ends the hold a `capture.start` with `holdMilliseconds`
+    /// began: a mark record goes into the capture (naming the snapshot taken during the hold,
+    /// when one was), then the held requests, which go on to their workers.
+    public enum CaptureRelease: BusOperation {
+        public struct Request: Codable, Sendable, Equatable {
+            /// The snapshot taken while the requests were held (its directory's name), or nil
+            /// when none could be taken.
+            public var snapshot: String?
+
+            public init(snapshot: String?) {
+                self.snapshot = snapshot
+            }
+        }
+        public typealias Reply = CaptureStatus
+        public static let service = Broker.service
+        public static let name = "capture.release"
         public static let access = Access.operator
     }
 
@@ -83,6 +114,12 @@ public struct CaptureStatus: Codable, Sendable, Equatable {
     public var segments: Int
     /// The write error that stopped the capture.
     public var error: String?
+    /// For a capture started with a hold: when the requests in the air were all answered
+    /// and new ones began to be held (the cut a snapshot is consistent with), nanoseconds
+    /// since 1970.
+    public var cutAt: Int64?
+    /// Requests held now (for a capture started with a hold, until it is released).
+    public var held: Int?
 
     public init(capturing: Bool, path: String? = nil, records: UInt64 = 0, bytes: UInt64 = 0, dropped: UInt64 = 0, failed: UInt64 = 0,
                 segments: Int = 0, error: String? = nil) {

@@ -321,7 +321,66 @@ public enum Identification {
     }
 
     /// Field limits, in bytes or counts.
+    /// `references.add`: an operator adds reference photos of a species to the offline
+    /// matcher's index, as `canopy-identify reference add` does on the store. Sent over the
+    /// bus (`canopy demo` does), the change is captured with the traffic around it and
+    /// replayed in its place.
+    public enum AddReferences: BusOperation {
+        public struct Request: AttachmentCarrying, Sendable, Equatable {
+            /// With authorship when known: "Monstera deliciosa Liebm.".
+            public var scientificName: String
+            public var commonNames: [String]
+            public var family: String
+            public var gbifID: Int?
+            /// The photos (encoded images), as attachments.
+            public var data: [Data]
+
+            enum CodingKeys: String, CodingKey { case scientificName, commonNames, family, gbifID }
+
+            public init(scientificName: String, commonNames: [String] = [], family: String = "", gbifID: Int? = nil, data: [Data]) {
+                self.scientificName = scientificName
+                self.commonNames = commonNames
+                self.family = family
+                self.gbifID = gbifID
+                self.data = data
+            }
+
+            public init(from decoder: any Decoder) throws {
+                let container = try decoder.container(keyedBy: CodingKeys.self)
+                scientificName = try container.decode(String.self, forKey: .scientificName)
+                commonNames = try container.decodeIfPresent([String].self, forKey: .commonNames) ?? []
+                family = try container.decodeIfPresent(String.self, forKey: .family) ?? ""
+                gbifID = try container.decodeIfPresent(Int.self, forKey: .gbifID)
+                data = []
+            }
+
+            public var attachments: [Data] {
+                get { data }
+                set { data = newValue }
+            }
+
+            public static let attachmentCount = 1...Limits.referencePhotos
+        }
+
+        public struct Reply: Codable, Sendable, Equatable {
+            public var scientificName: String
+            /// Reference photos the species has now.
+            public var photos: Int
+
+            public init(scientificName: String, photos: Int) {
+                self.scientificName = scientificName
+                self.photos = photos
+            }
+        }
+
+        public static let service = Identification.service
+        public static let name = "references.add"
+        public static let access = Access.operator
+    }
+
     public enum Limits {
+        /// Reference photos in one `references.add`.
+        public static let referencePhotos = 20
         /// Photos per submission.
         public static let photos = 5
         /// Bytes of one photo.

@@ -125,3 +125,26 @@ enum WireDate {
         return (Int(yearOfEra + era * 400) + (month <= 2 ? 1 : 0), month, day)
     }
 }
+
+/// Times in JSON text, for tools that read answers without their types (replay compares
+/// times as times): the wire's `2026-03-29T09:00:00.000Z`, or another ISO 8601 date-time
+/// with an offset.
+public enum WireTime {
+    /// Nanoseconds since 1970 of `text` when it is a date-time with its time of day (a date
+    /// alone is not a time here), or nil.
+    public static func nanoseconds(_ text: String) -> Int64? {
+        let bytes = text.utf8
+        guard bytes.count >= 20, bytes.count <= 35 else { return nil }
+        switch WireDate.parse(text) {
+        case .date(let date):
+            return Int64((date.timeIntervalSince1970 * 1e9).rounded())
+        case .invalid:
+            return nil
+        case .other:
+            let start = Array(bytes.prefix(11))
+            guard start[4] == UInt8(ascii: "-"), start[7] == UInt8(ascii: "-"), start[10] == UInt8(ascii: "T"),
+                  let date = try? Date(text, strategy: Date.ISO8601FormatStyle(includingFractionalSeconds: text.contains("."))) else { return nil }
+            return Int64((date.timeIntervalSince1970 * 1e9).rounded())
+        }
+    }
+}

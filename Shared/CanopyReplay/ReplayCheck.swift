@@ -22,6 +22,8 @@ public struct ReplayCheck: Codable, Sendable, Equatable {
     public var attachmentsOmitted = 0
     /// Requests services made themselves: left to the services, not sent.
     public var derived = 0
+    /// Marks (a snapshot's cut) in the capture.
+    public var marks = 0
     /// `service.operation` pairs the stack does not offer (when the stack was asked).
     public var unknownOperations: [String] = []
     /// How reading the capture ended.
@@ -54,6 +56,8 @@ public struct ReplayCheck: Codable, Sendable, Equatable {
                 previous = max(previous, record.time)
                 let key = Key(client: record.client, correlation: record.correlation)
                 switch record.kind {
+                case .mark:
+                    check.marks += 1
                 case .request where record.header.flags & RequestHeader.Flag.derived != 0:
                     check.derived += 1
                     pending[key, default: 0] += 1

@@ -20,6 +20,10 @@ struct ReplayEngine {
         var waitingOn = 0
         var dependents: [Job] = []
         var sentAt: ContinuousClock.Instant?
+        /// When it went, by the wall clock (ns since 1970).
+        var sentWall: Int64 = 0
+        /// From sending it to its answer.
+        var took: Duration = .zero
         var deadline: ContinuousClock.Instant?
         /// What the stack answered (or why it did not).
         var outcome: Outcome?
@@ -83,6 +87,11 @@ struct ReplayEngine {
 
     private var rebindings = Rebindings()
     private var report = ReplayReport()
+    private var timeFields = Set<String>()
+    /// This replay's answers, written as a capture (``ReplayOptions/answersPath``), in the
+    /// captured order: requests wait in ``answerOrder`` until those before them are done.
+    private var answers: CaptureFileWriter?
+    private var answerOrder = Deque<Job>()
     private var replayed = Histogram<UInt64>(highestTrackableValue: 3_600_000_000, numberOfSignificantValueDigits: .two)
     private var capturedLatency = Histogram<UInt64>(highestTrackableValue: 3_600_000_000, numberOfSignificantValueDigits: .two)
     private var sent = 0
@@ -103,9 +112,20 @@ struct ReplayEngine {
         for socket in sockets { poller.add(socket) }
     }
 
+    /// The wall clock now, ns since 1970.
+    private static func wallNow() -> Int64 { Int64((Date().timeIntervalSince1970 * 1e9).rounded()) }
+
     mutating func run(_ reader: CaptureReader, progress: (ReplayProgress) -> Void) throws -> ReplayReport {
         defer { sockets.forEach { $0.close() } }
+        if let path = options.answersPath {
+            answers = try CaptureFileWriter(path: path, pseudonymized: reader.header.pseudonymized, withoutAttachments: reader.header.withoutAttachments)
+        }
         started = .now
+        if case .anchored(let captureTime, let at) = options.clock {
+            // The first request goes at its distance from the capture's start after `at`.
+            started = .now + .nanoseconds(Int64((at.timeIntervalSinceNow * 1e9).rounded()))
+            firstTime = captureTime
+        }
         var readerDone = false
         var lastTimeoutScan = ContinuousClock.now
         var recordsRead = 0
@@ -140,6 +160,8 @@ struct ReplayEngine {
             }
         }
         progress(ReplayProgress(bytesRead: reader.bytesRead, sent: sent, completed: report.requests))
+        try writeAnswers()
+        try answers?.close()
         return finish(ending: reader.ending?.description ?? "complete")
     }
 
@@ -148,6 +170,8 @@ struct ReplayEngine {
     private mutating func take(_ record: CaptureRecord) {
         let key = Key(client: record.client, correlation: record.correlation)
         switch record.kind {
+        case .mark:
+            report.marks += 1
         case .request where record.header.flags & RequestHeader.Flag.derived != 0:
             report.derived += 1
             derivedInTheAir[key, default: 0] += 1
@@ -172,6 +196,7 @@ struct ReplayEngine {
                 job.waitingOn += 1
             }
             awaiting[key, default: []].append(job)
+            if answers != nil { answerOrder.append(job) }
             outstanding += 1
             unsent += 1
             lane.unsent.append(job)
@@ -255,6 +280,7 @@ struct ReplayEngine {
         }
         sent += 1
         job.sentAt = now
+        job.sentWall = Self.wallNow()
         job.deadline = now + timeout + .seconds(1) // the broker answers timeout itself first
         inFlight[job.id] = job
     }
@@ -289,6 +315,7 @@ struct ReplayEngine {
         outstanding -= 1
         if let sentAt = job.sentAt {
             let elapsed = now - sentAt
+            job.took = elapsed
             _ = replayed.record(UInt64(max(0, elapsed.microseconds)))
         }
         if job.capturedKnown { complete(job) }
@@ -300,13 +327,17 @@ struct ReplayEngine {
         job.done = true
         report.requests += 1
         if let captured = job.captured { _ = capturedLatency.record(captured.latencyNanoseconds / 1_000) }
-        switch verdict(job.captured, outcome) {
+        switch verdict(job, job.captured, outcome) {
         case .matched: report.matched += 1
         case .skipped: report.skipped += 1
         case .unanswered: report.unanswered += 1
         case .differed(let differences):
             report.differed += 1
             example(job.record, failure: nil, differences)
+            for path in Set(differences.map { Self.pattern($0.path) }) {
+                let place = "\(job.record.service).\(job.record.operation) \(path)"
+                if report.differingPaths[place] != nil || report.differingPaths.count < ReplayReport.pathLimit { report.differingPaths[place, default: 0] += 1 }
+            }
         case .failed(let failure):
             report.failed += 1
             example(job.record, failure: failure, [])
@@ -316,6 +347,64 @@ struct ReplayEngine {
             if dependent.waitingOn == 0 { markDirty(dependent.lane) }
         }
         job.dependents = []
+        if answers != nil { try? writeAnswers() }
+    }
+
+    /// `$.tasks[3].due` as `$.tasks[*].due`.
+    static func pattern(_ path: String) -> String {
+        var out = "", inIndex = false
+        for character in path {
+            if character == "[" { inIndex = true; out += "[*"; continue }
+            if character == "]" { inIndex = false; out += "]"; continue }
+            if !inIndex { out.append(character) }
+        }
+        return out
+    }
+
+    /// Writes the answers of the requests done, up to the first not done (captured order).
+    private mutating func writeAnswers() throws {
+        guard answers != nil else { return }
+        while let job = answerOrder.first, job.done {
+            answerOrder.removeFirst()
+            // The request as this replay sent it (at its time by the stack's clock), so that
+            // another replay of these answers compares its times with this one's.
+            var request = job.record
+            if job.sentWall != 0 { request.time = stackTime(job) }
+            try answers!.append(request)
+            guard let outcome = job.outcome else { continue }
+            let record = job.record
+            var flags: CaptureRecord.Flags = []
+            let body: [UInt8], attachments: [[UInt8]]
+            switch outcome {
+            case .skipped:
+                continue
+            case .failure(let error):
+                flags.insert(.failed)
+                (body, attachments) = ((try? codec.encode(error)) ?? [], [])
+            case .answer(let replied, let replyAttachments):
+                (body, attachments) = (rebindings.restore(replied), replyAttachments)
+            }
+            try answers!.append(CaptureRecord(kind: .reply, flags: flags, time: request.time + Int64(job.took.nanoseconds),
+                                              latencyNanoseconds: UInt64(max(0, job.took.nanoseconds)), client: record.client,
+                                              service: record.service, operation: record.operation, correlation: record.correlation,
+                                              header: record.header, body: body, attachments: attachments))
+        }
+    }
+
+    /// How the stack's clock and the capture's differed for `job`, and how much room its
+    /// times get.
+    private func timeWindow(_ job: Job, captured: CaptureRecord) -> TimeWindow? {
+        guard let tolerance = options.timeTolerance, job.sentWall != 0 else { return nil }
+        let slack = Int64(tolerance.nanoseconds)
+        return TimeWindow(shift: stackTime(job) - job.record.time, below: Int64(captured.latencyNanoseconds) + slack, above: Int64(job.took.nanoseconds) + slack)
+    }
+
+    /// When `job` was sent, by the stack's clock (ns since 1970).
+    private func stackTime(_ job: Job) -> Int64 {
+        switch options.clock {
+        case .system: job.sentWall
+        case .anchored(let captureTime, let at): job.sentWall - Int64((at.timeIntervalSince1970 * 1e9).rounded()) + captureTime
+        }
     }
 
     private enum Verdict {
@@ -335,7 +424,7 @@ struct ReplayEngine {
     /// Errors that say the stack did not answer, rather than what it answered.
     private static let unanswering: Set<CanopyError.Code> = [.timeout, .noWorkers, .workerLost, .brokerLost, .shuttingDown, .busy]
 
-    private mutating func verdict(_ captured: CaptureRecord?, _ outcome: Outcome) -> Verdict {
+    private mutating func verdict(_ job: Job, _ captured: CaptureRecord?, _ outcome: Outcome) -> Verdict {
         if case .skipped = outcome { return .skipped }
         guard let captured else { return .unanswered }
         let capturedError = captured.flags.contains(.failed) ? (try? codec.decode(CanopyError.self, from: captured.body)) : nil
@@ -358,7 +447,8 @@ struct ReplayEngine {
                     rebindings.learn(captured: left, replayed: right)
                 }
             }
-            var differences = ReplyComparison.differences(captured: captured.body, replayed: body, ignored: ignored, rebindings: rebindings)
+            var differences = ReplyComparison.differences(captured: captured.body, replayed: body, ignored: ignored, rebindings: rebindings,
+                                                          times: timeWindow(job, captured: captured), timed: &timeFields)
             if !captured.flags.contains(.attachmentsOmitted) {
                 for index in 0..<max(captured.attachments.count, attachments.count) {
                     let left = index < captured.attachments.count ? captured.attachments[index] : nil
@@ -388,6 +478,7 @@ struct ReplayEngine {
             report.capturedP99Micros = capturedLatency.valueAtPercentile(99)
         }
         report.ending = ending
+        report.timeFields = timeFields.sorted()
         return report
     }
 }

@@ -20,8 +20,29 @@ public struct ReplayOptions: Sendable {
     public var examples = 50
     /// When set, every request waits this long instead of its captured deadline.
     public var timeout: Duration?
+    /// The clock the stack replayed against goes by.
+    public var clock: ReplayClock = .system
+    /// Date-times that differ by the clocks' shift (give or take the requests' own time and
+    /// this) are the same time (`--time-tolerance-ms`); nil compares them as text.
+    public var timeTolerance: Duration? = .milliseconds(250)
+    /// Where this replay's answers are written as a capture of their own (the captured
+    /// requests, each with this replay's answer, its new ids put back to the captured ones):
+    /// what `--compare-with` replays another build against.
+    public var answersPath: String?
 
     public init() {}
+}
+
+/// The clock of the stack a replay drives.
+public enum ReplayClock: Sendable, Equatable {
+    /// The system's (a running stack): a replayed time is later than the captured one by
+    /// how much later the request went.
+    case system
+    /// A clock that stood at `captureTime` (ns since 1970) at the wall-clock instant `at` and
+    /// runs (a fresh stack's `--clock from:…,at:…`): the replay begins sending then, each
+    /// request at its captured distance from `captureTime`, so it meets the stack's clock at
+    /// the captured time.
+    case anchored(captureTime: Int64, at: Date)
 }
 
 /// What a replay found.
@@ -65,6 +86,15 @@ public struct ReplayReport: Codable, Sendable, Equatable {
     /// How reading the capture ended.
     public var ending = ""
     public var examples: [Example] = []
+    /// Where date-times were compared as times, and matched once moved by the clocks' shift
+    /// (`$.plant.createdAt`, `$.tasks[*].due`), sorted.
+    public var timeFields: [String] = []
+    /// Marks in the capture (a snapshot's cut).
+    public var marks = 0
+    /// Where answers differed: `service.operation $.path` (indexes as `[*]`) and how many
+    /// answers differed there (at most ``ReplayReport/pathLimit`` places).
+    public var differingPaths: [String: Int] = [:]
+    public static let pathLimit = 1_000
 
     public init() {}
 

@@ -34,8 +34,11 @@ public struct ServiceClock: Sendable, Equatable, CustomStringConvertible {
         }
     }
 
-    /// Parses `system`, `fixed:2026-11-24T09:00:00Z` (stopped there) or
-    /// `from:2026-11-24T09:00:00Z` (starting there now, and running).
+    /// Parses `system`, `fixed:2026-11-24T09:00:00Z` (stopped there),
+    /// `from:2026-11-24T09:00:00Z` (starting there now, and running), or
+    /// `from:2026-11-24T09:00:00Z,at:2026-11-26T10:00:00.250Z` (standing there at that
+    /// instant of the system's clock, and running: every process given it keeps the same
+    /// time, whenever it started; what a fresh replay stack runs on).
     public init?(parsing text: String) {
         if text == "system" {
             mode = .system
@@ -50,6 +53,9 @@ public struct ServiceClock: Sendable, Equatable, CustomStringConvertible {
         }
         if text.hasPrefix("fixed:"), let date = instant(text.dropFirst(6)) {
             mode = .fixed(date)
+        } else if text.hasPrefix("from:"), case let parts = text.dropFirst(5).split(separator: ",", maxSplits: 1), parts.count == 2,
+                  parts[1].hasPrefix("at:"), let date = instant(parts[0]), let at = instant(parts[1].dropFirst(3)) {
+            mode = .shifted(date.timeIntervalSince(at))
         } else if text.hasPrefix("from:"), let date = instant(text.dropFirst(5)) {
             mode = .shifted(date.timeIntervalSinceNow)
         } else {

@@ -115,4 +115,77 @@ struct BrokerCaptureTests {
             await #expect(throws: CanopyError.self) { _ = try await client.call(Broker.CaptureStart.self, .init(name: "sneaky")) }
         }
     }
+
+    /// A capture started with a hold makes a cut: `capture.start` answers once the requests
+    /// in the air are answered; requests that come meanwhile wait (services' own go on),
+    /// and go on after `capture.release`, recorded after the mark that names the snapshot.
+    @Test func aHoldAnswersAtTheCutHoldsNewRequestsAndReleasesThemAfterTheMark() async throws {
+        let directory = (CaptureFormatTests.temporaryPath("x") as NSString).deletingLastPathComponent
+        var configuration = BrokerConfiguration.testing
+        configuration.captureDirectory = directory
+        let name = "hold-\(UInt32.random(in: 0 ... .max))"
+        try await withLiveBus(configuration: configuration) { bus in
+            bus.startWorker(name: "w1", credit: 8)
+            try await bus.waitForWorkers(1)
+            let (client, operator_, service) = (try bus.client(), try bus.client(), try bus.client(asService: true))
+            // In the air when the hold begins: answered before the cut.
+            let early = Task { try await client.call(TestService.Append.self, .init(text: "early", sleepMilliseconds: 400), principal: "user-1") }
+            try await Task.sleep(for: .milliseconds(100))
+            let asked = ContinuousClock.now
+            let cut = try await operator_.call(Broker.CaptureStart.self, .init(name: name, holdMilliseconds: 5_000), timeout: .seconds(10))
+            #expect(ContinuousClock.now - asked >= .milliseconds(200), "the cut waits for the request in the air")
+            #expect(try await early.value.text == "early")
+            #expect(cut.capturing && cut.cutAt != nil)
+            // Held: a person's request waits; a service's own goes on.
+            let late = Task { try await client.call(TestService.Append.self, .init(text: "late"), principal: "user-1") }
+            #expect(try await service.call(TestService.Echo.self, .init(text: "derived"), principal: "user-1").text == "derived")
+            try await Task.sleep(for: .milliseconds(300))
+            #expect(!late.isCancelled)
+            let status = try await operator_.call(Broker.CaptureStatusOperation.self, .init())
+            #expect(status.held == 1, "\(status)")
+            let released = try await operator_.call(Broker.CaptureRelease.self, .init(snapshot: "\(name).snapshot"))
+            #expect(released.held == 0)
+            #expect(try await late.value.text == "late")
+            await #expect(throws: CanopyError.self) { _ = try await operator_.call(Broker.CaptureRelease.self, .init(snapshot: nil)) } // none in force
+            _ = try await operator_.call(Broker.CaptureStop.self, .init())
+            let (records, _) = try CaptureFormatTests.readAll(directory + "/" + name)
+            let markIndex = try #require(records.firstIndex { $0.kind == .mark })
+            let mark = try JSONDecoder().decode(CaptureMark.self, from: Data(records[markIndex].body))
+            #expect(mark == CaptureMark(snapshot: "\(name).snapshot", held: 1))
+            let own = records.enumerated().filter { $0.element.kind == .request && $0.element.header.flags & RequestHeader.Flag.derived == 0 }
+            #expect(own.map { String(decoding: $0.element.body, as: UTF8.self).contains("late") } == [true], "only the held request is recorded, after the mark")
+            #expect(own.allSatisfy { $0.offset > markIndex })
+            #expect(!records.contains { $0.kind == .request && String(decoding: $0.body, as: UTF8.self).contains("early") }, "the request before the cut is not")
+        }
+    }
+
+    /// A hold nobody releases ends at its limit; one whose requests in the air outlast it
+    /// fails with a sentence, stops its capture and lets everything go.
+    @Test func aHoldEndsByItselfAndFailsWhenRequestsInTheAirOutlastIt() async throws {
+        let directory = (CaptureFormatTests.temporaryPath("x") as NSString).deletingLastPathComponent
+        var configuration = BrokerConfiguration.testing
+        configuration.captureDirectory = directory
+        try await withLiveBus(configuration: configuration) { bus in
+            bus.startWorker(name: "w1", credit: 8)
+            try await bus.waitForWorkers(1)
+            let (client, operator_) = (try bus.client(), try bus.client())
+            _ = try await operator_.call(Broker.CaptureStart.self, .init(name: "limit-\(UInt32.random(in: 0 ... .max))", holdMilliseconds: 300))
+            let started = ContinuousClock.now
+            #expect(try await client.call(TestService.Echo.self, .init(text: "waits"), principal: "user-2").text == "waits")
+            #expect(ContinuousClock.now - started >= .milliseconds(200), "held until the hold's limit")
+            _ = try await operator_.call(Broker.CaptureStop.self, .init())
+
+            let slow = Task { try await client.call(TestService.Append.self, .init(text: "slow", sleepMilliseconds: 1_500), principal: "user-2") }
+            try await Task.sleep(for: .milliseconds(100))
+            await #expect(throws: CanopyError.self) {
+                _ = try await operator_.call(Broker.CaptureStart.self, .init(name: "busy-\(UInt32.random(in: 0 ... .max))", holdMilliseconds: 200))
+            }
+            #expect(try await operator_.call(Broker.CaptureStatusOperation.self, .init()).capturing == false, "the capture stopped with the failed hold")
+            #expect(try await client.call(TestService.Echo.self, .init(text: "free"), principal: "user-2").text == "free")
+            #expect(try await slow.value.text == "slow")
+            await #expect(throws: CanopyError.self) {
+                _ = try await operator_.call(Broker.CaptureStart.self, .init(name: "x", holdMilliseconds: 600_000)) // past the longest hold
+            }
+        }
+    }
 }

@@ -30,7 +30,7 @@ struct CanopyUpTests {
         let broker = "tcp://127.0.0.1:\(FreePorts.any())"
         let up = try await runExecutable("canopy", ["up", "--detach", "--broker", broker,
                                                     "--http", http, "--metrics-base", "\(base)"] + stack, limit: 240)
-        defer { _ = try? runDown(stack) }
+        defer { _ = try? Self.runDown(stack) }
         #expect(up.status == 0, "\(up.output) \(up.errors)")
         let started = Self.rows(up.output)
         #expect(started.map(\.name) == CanopyStack.services.map(\.name), "the same services as docker-compose.yml, in order")
@@ -84,7 +84,7 @@ struct CanopyUpTests {
         let twice = try await runExecutable("canopy", ["up", "--detach"] + stack)
         #expect(twice.status != 0 && twice.errors.contains("a stack runs already"))
 
-        let down = try runDown(stack)
+        let down = try Self.runDown(stack)
         #expect(down.status == 0 && down.output.contains("stopped"), "\(down.output) \(down.errors)")
         let pids = Self.rows(try await runExecutable("canopy", ["status"] + stack).output).map(\.pid)
         #expect(pids.count == CanopyStack.services.count && pids.allSatisfy { kill($0, 0) != 0 }, "every process is gone")
@@ -120,7 +120,7 @@ struct CanopyUpTests {
         }.joined(separator: "\n")
     }
 
-    private func runDown(_ stack: [String]) throws -> ProcessResult {
+    static func runDown(_ stack: [String]) throws -> ProcessResult {
         let process = Process()
         process.executableURL = try LiveBus.executable("canopy")
         process.arguments = ["down"] + stack

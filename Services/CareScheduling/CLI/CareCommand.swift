@@ -37,12 +37,21 @@ struct ServeCare: AsyncParsableCommand {
 
     @OptionGroup var serve: ServeOptions<CanopyCare>
     @OptionGroup var database: DatabaseOptions
+    @Option(help: ArgumentHelp("A species care catalog used instead of the shipped one (the shape of Resources/catalog.json). Env: CANOPY_CATALOG.", valueName: "file"))
+    var catalog: String? = Environment.string("CANOPY_CATALOG")
+
+    func validate() throws {
+        if let catalog {
+            do { _ = try Catalog.load(file: catalog) } catch let error as CanopyError { throw ValidationError(error.message) }
+        }
+    }
 
     func run() async throws {
         let logger = serve.logger()
         var settings = CareServiceSettings(directory: serve.directory, runner: try serve.runner(), metrics: try serve.metrics())
         settings.postgres = try database.postgres()
         settings.clock = serve.worker.serviceClock
+        if let catalog { settings.catalog = try Catalog.load(file: catalog) }
         let services = try await buildCareService(settings: settings, context: ZMQContext(), logger: logger)
         try await runUntilShutdown(services, logger: logger)
     }

@@ -21,6 +21,8 @@ public struct CareServiceSettings: Sendable {
     public var outboxInterval: Duration = .seconds(1)
     /// The time the service goes by (`--clock`).
     public var clock: ServiceClock = .system
+    /// The species care catalog: the shipped one, or an operator's (`--catalog FILE`).
+    public var catalog: Catalog = .shipped
 
     /// - Parameters:
     ///   - directory: the store's directory.
@@ -48,10 +50,10 @@ public func buildCareService(settings: CareServiceSettings, context: ZMQContext,
 public func makeCareService(settings: CareServiceSettings, bus: any BusCalling, logger: Logger) async throws -> ServiceParts {
     let store: any CareStoring
     if let postgres = settings.postgres {
-        store = try await PostgresCareStore.open(url: postgres.url, poolSize: postgres.poolSize, logger: logger)
+        store = try await PostgresCareStore.open(url: postgres.url, poolSize: postgres.poolSize, catalog: settings.catalog, logger: logger)
     } else {
         try FileManager.default.createDirectory(at: settings.directory, withIntermediateDirectories: true)
-        store = try CareStore(path: settings.directory.appendingPathComponent("care.sqlite").path)
+        store = try CareStore(path: settings.directory.appendingPathComponent("care.sqlite").path, catalog: settings.catalog)
     }
     let library = CareLibrary(store: store, clock: settings.clock)
     let outbox = Outbox(library: library, bus: bus, interval: settings.outboxInterval, logger: logger)

@@ -25,6 +25,25 @@ public struct Catalog: Sendable {
         return Catalog(species: file.species, sources: file.sources)
     }()
 
+    /// A catalog file of the shipped one's shape (`Resources/catalog.json`: `sources` and
+    /// `species`), used instead of it (`canopy-care serve --catalog FILE`: an operator's own
+    /// species or intervals); a sentence when it cannot be read.
+    public static func load(file: String) throws -> Catalog {
+        guard let data = FileManager.default.contents(atPath: file) else {
+            throw CanopyError(.badRequest, "cannot read the catalog \(file); give a readable JSON file shaped like canopy-care's Resources/catalog.json")
+        }
+        guard data.count <= 64 << 20 else { throw CanopyError(.tooLarge, "the catalog \(file) is over 64 MiB") }
+        do {
+            let file = try JSONDecoder().decode(File.self, from: data)
+            guard !file.species.isEmpty else { throw CanopyError(.badRequest, "the catalog \(file) names no species") }
+            return Catalog(species: file.species, sources: file.sources)
+        } catch let error as CanopyError {
+            throw error
+        } catch {
+            throw CanopyError(.badRequest, "the catalog \(file) is not a catalog (\(error)); it is shaped like canopy-care's Resources/catalog.json")
+        }
+    }
+
     init(species: [Care.Species], sources: [String: String]) {
         self.species = species
         self.sources = sources

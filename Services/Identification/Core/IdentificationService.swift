@@ -24,6 +24,14 @@ public struct IdentificationService: BusService {
             try library.forget(plantID: request.plantID, owner: owner)
             return Empty()
         }
+        handlers.on(Identification.AddReferences.self) { request, _ in
+            let total = try await offThePool {
+                try IdentificationTools(store: library.store).addReferences(
+                    .init(scientificName: request.scientificName, commonNames: request.commonNames, family: request.family, gbifID: request.gbifID),
+                    photos: request.data.map { [UInt8]($0) })
+            }
+            return .init(scientificName: request.scientificName, photos: total)
+        }
         handlers.on(Identification.Quota.self) { _, _ in
             guard let plantNet else {
                 return .init(provider: library.provider.kind, remaining: nil, dailyLimit: 0, resetsAt: nil, calls: 0)
@@ -130,6 +138,11 @@ struct SubmissionSweep: Service {
 /// The operator's tools on the store, for the CLI: reference photos and one-shot matching.
 public struct IdentificationTools: Sendable {
     let store: any IdentificationStoring
+
+    /// The tools on a store already open (the service's own, for `references.add`).
+    init(store: any IdentificationStoring) {
+        self.store = store
+    }
 
     /// Opens (or creates) the store at `path`.
     public init(databasePath path: String) throws {

@@ -43,6 +43,8 @@ struct ServeRemind: AsyncParsableCommand {
     var allowHost: [String] = Environment.string("CANOPY_ALLOW_HOSTS")?.split(separator: ",").map(String.init) ?? []
     @OptionGroup var apns: APNsOptions
     @OptionGroup var database: DatabaseOptions
+    @Flag(help: ArgumentHelp("Send nothing: every notification becomes a log line, whatever its device's channel (a replay or staging stack). Env: CANOPY_REHEARSAL=1."))
+    var rehearse = false
 
     func validate() throws {
         guard (0...86_400).contains(digestSeconds) else { throw ValidationError("--digest-seconds is 0 to 86400") }
@@ -65,6 +67,7 @@ struct ServeRemind: AsyncParsableCommand {
         settings.allowedHosts = Set(allowHost.map { $0.lowercased() })
         settings.apns = try apns.settings(expiration: settings.dispatch.staleness)
         settings.clock = serve.worker.serviceClock
+        settings.rehearsal = rehearse || Environment.flag("CANOPY_REHEARSAL")
         let services = try await buildReminderService(settings: settings, context: ZMQContext(), logger: logger)
         try await runUntilShutdown(services, logger: logger)
     }

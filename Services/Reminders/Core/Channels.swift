@@ -91,6 +91,21 @@ struct LogChannel: NotificationChannel {
     }
 }
 
+/// A channel that sends nothing (`--rehearse`): the notification its device would have had,
+/// as a log line, accepted as the real channel would accept it.
+struct RehearsalChannel: NotificationChannel {
+    let kind: Reminders.Channel
+    let logger: Logger
+
+    func deliver(_ notification: ReminderNotification, to device: DeviceRecord) async -> DeliveryOutcome {
+        logger.info("remind.notification", metadata: [
+            "remind.id": "\(notification.id)", "remind.device": "\(device.device.id)", "remind.title": "\(notification.title)",
+            "remind.reminders": "\(notification.reminders.count)", "remind.rehearsal": "\(kind.rawValue)",
+        ])
+        return .accepted("rehearsed")
+    }
+}
+
 /// Maps an HTTP answer to an outcome, the same way for webhooks and ntfy: 2xx accepted; 408,
 /// 429 and 5xx retried; 410 gone (the device deactivated); other 4xx refused.
 func httpOutcome(_ status: UInt, _ what: String) -> DeliveryOutcome {

@@ -76,6 +76,10 @@ public struct ReminderServiceSettings: Sendable {
     public var apns: APNsSettings?
     /// The time the service goes by (`--clock`).
     public var clock: ServiceClock = .system
+    /// Every notification written to the log instead of sent, whatever its device's channel
+    /// (`--rehearse`): a stack replaying yesterday's traffic (`canopy replay --fresh`) or a
+    /// staging copy of production's stores must never notify real people.
+    public var rehearsal = false
 
     public init(directory: URL, runner: ServiceRunner.Configuration, metrics: ListenAddress? = nil) {
         self.directory = directory
@@ -118,6 +122,7 @@ public func makeReminderService(settings: ReminderServiceSettings, bus: any BusC
             LogChannel(logger: logger), WebhookChannel(http: http), NtfyChannel(http: http),
         ]
         if let apns { channels.append(apns) }
+        if settings.rehearsal { channels = channels.map { RehearsalChannel(kind: $0.kind, logger: logger) } }
         let library = ReminderLibrary(store: store, allowedHosts: settings.allowedHosts, channels: Set(channels.map(\.kind)), clock: settings.clock)
         let box = DispatcherBox()
         let dispatcher = Dispatcher(store: store, channels: channels, clock: clock ?? SystemReminderClock(clock: settings.clock), settings: settings.dispatch,
