@@ -168,7 +168,7 @@ public struct TimeWindow: Sendable, Equatable {
     }
 
     /// Whether `replayed` is `captured` moved by the clocks' difference.
-    func explains(captured: Int64, replayed: Int64) -> Bool {
+    public func explains(captured: Int64, replayed: Int64) -> Bool {
         let difference = replayed &- captured
         return difference >= shift &- below && difference <= shift &+ above
     }

@@ -46,6 +46,8 @@ public struct ServiceClock: Sendable, Equatable, CustomStringConvertible {
         }
         let formatter = ISO8601DateFormatter()
         func instant(_ value: Substring) -> Date? {
+            // The formatter takes trailing text it does not read: only a date-time's characters here.
+            guard value.allSatisfy({ "0123456789-:.TZ+".contains($0) }) else { return nil }
             formatter.formatOptions = [.withInternetDateTime]
             if let date = formatter.date(from: String(value)) { return date }
             formatter.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
@@ -56,7 +58,7 @@ public struct ServiceClock: Sendable, Equatable, CustomStringConvertible {
         } else if text.hasPrefix("from:"), case let parts = text.dropFirst(5).split(separator: ",", maxSplits: 1), parts.count == 2,
                   parts[1].hasPrefix("at:"), let date = instant(parts[0]), let at = instant(parts[1].dropFirst(3)) {
             mode = .shifted(date.timeIntervalSince(at))
-        } else if text.hasPrefix("from:"), let date = instant(text.dropFirst(5)) {
+        } else if text.hasPrefix("from:"), !text.contains(","), let date = instant(text.dropFirst(5)) {
             mode = .shifted(date.timeIntervalSinceNow)
         } else {
             return nil

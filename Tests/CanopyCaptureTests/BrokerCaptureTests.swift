@@ -156,6 +156,12 @@ struct BrokerCaptureTests {
             #expect(own.map { String(decoding: $0.element.body, as: UTF8.self).contains("late") } == [true], "only the held request is recorded, after the mark")
             #expect(own.allSatisfy { $0.offset > markIndex })
             #expect(!records.contains { $0.kind == .request && String(decoding: $0.body, as: UTF8.self).contains("early") }, "the request before the cut is not")
+            // inspect lists the mark; filter keeps it unless it leaves the beginning out.
+            let summary = try CaptureSummary.make(try CaptureReader(paths: [directory + "/" + name]))
+            #expect(summary.marks.map(\.snapshot) == ["\(name).snapshot"] && summary.marks.first?.held == 1)
+            var keepAll = CaptureSelection(services: [], operations: [], principals: [], from: nil, to: nil)
+            var later = CaptureSelection(services: [], operations: [], principals: [], from: CaptureTime("+0"), to: nil)
+            #expect(keepAll.keeps(records[markIndex]) && !later.keeps(records[markIndex]))
         }
     }
 

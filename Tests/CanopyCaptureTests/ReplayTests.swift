@@ -3,6 +3,7 @@ import CanopyBus
 import CanopyCapture
 import CanopyMessages
 import CanopyReplay
+import CanopyServiceKit
 import CanopyTesting
 import Foundation
 import Synchronization
@@ -193,5 +194,56 @@ struct ReplayTests {
                           Difference(path: "$.tasks[0].due", captured: "5", replayed: "7")])
         #expect(ReplyComparison.differences(captured: captured, replayed: replayed,
                                             ignored: IgnoredPaths(["addedAt", "$.plant.name", "tasks[*].due", "extra"]), rebindings: rebindings).isEmpty)
+    }
+
+    /// Times are compared as times: a date-time moved by the request's clock shift (give or
+    /// take the requests' own time) is the same, and the paths where that happened are named.
+    @Test func timesThatDifferByTheClockShiftAreTheSameAndNamed() {
+        let hour: Int64 = 3_600_000_000_000
+        let window = TimeWindow(shift: 72 * hour, below: 5_000_000, above: 8_000_000)
+        let captured = Array(#"{"plant":{"dateAdded":"2026-11-24T09:00:00.000Z"},"tasks":[{"due":"2026-11-25T09:00:00.000Z"},{"due":"2026-11-26T09:00:00.000Z"}],"day":"2026-11-24"}"#.utf8)
+        // Three days later, 7 ms into the request; one task two hours further off; a date alone is text.
+        let replayed = Array(#"{"plant":{"dateAdded":"2026-11-27T09:00:00.007Z"},"tasks":[{"due":"2026-11-28T09:00:00.000Z"},{"due":"2026-11-29T11:00:00.000Z"}],"day":"2026-11-27"}"#.utf8)
+        var timed = Set<String>()
+        let found = ReplyComparison.differences(captured: captured, replayed: replayed, ignored: IgnoredPaths([]), rebindings: Rebindings(),
+                                                times: window, timed: &timed)
+        #expect(found.map(\.path) == ["$.day", "$.tasks[1].due"])
+        #expect(timed == ["$.plant.dateAdded", "$.tasks[*].due"])
+        // Outside the window on either side, and without a window, times are text.
+        #expect(!window.explains(captured: 0, replayed: 72 * hour - 6_000_000))
+        #expect(!window.explains(captured: 0, replayed: 72 * hour + 9_000_000))
+        #expect(ReplyComparison.differences(captured: captured, replayed: replayed, ignored: IgnoredPaths([]), rebindings: Rebindings()).count == 4)
+        #expect(WireTime.nanoseconds("2026-11-24T09:00:00+02:00") == WireTime.nanoseconds("2026-11-24T07:00:00.000Z"))
+        #expect(WireTime.nanoseconds("2026-11-24") == nil && WireTime.nanoseconds("not a time at all, though long") == nil)
+    }
+
+    /// An id made of learned ids (a task's `PLANT:water`) is rebound part by part, and put
+    /// back whole for another replay to compare against.
+    @Test func compositeIdsAreReboundByTheirPartsAndRestored() {
+        var rebindings = Rebindings()
+        rebindings.learn(captured: ["plant": ["id": "5f1d2c3b-old"]] as [String: Any], replayed: ["plant": ["id": "9e8a7b6c-new"]] as [String: Any])
+        #expect(String(decoding: rebindings.rewrite(Array(#"{"taskID":"5f1d2c3b-old:water"}"#.utf8)), as: UTF8.self) == #"{"taskID":"9e8a7b6c-new:water"}"#)
+        // Learning a list in another order does not learn a composite whole.
+        rebindings.learn(captured: ["tasks": [["id": "5f1d2c3b-old:rotate"]]] as [String: Any], replayed: ["tasks": [["id": "9e8a7b6c-new:water"]]] as [String: Any])
+        #expect(rebindings.count == 1)
+        let found = ReplyComparison.differences(captured: Array(#"{"tasks":[{"id":"5f1d2c3b-old:water"},{"id":"5f1d2c3b-old:rotate"}]}"#.utf8),
+                                                replayed: Array(#"{"tasks":[{"id":"9e8a7b6c-new:water"},{"id":"9e8a7b6c-new:water"}]}"#.utf8),
+                                                ignored: IgnoredPaths([]), rebindings: rebindings)
+        #expect(found.map(\.path) == ["$.tasks[1].id"], "the first is explained by its part, the second differs for real")
+        #expect(String(decoding: rebindings.restore(Array(#"{"ids":["9e8a7b6c-new","9e8a7b6c-new:mist","x"]}"#.utf8)), as: UTF8.self)
+            == #"{"ids":["5f1d2c3b-old","5f1d2c3b-old:mist","x"]}"#)
+    }
+
+    /// A fresh replay stack's clock: the cut at one instant of the system clock, whenever
+    /// each process parsed it.
+    @Test func aClockAnchoredAtAnInstantShowsTheCutThenAndRuns() throws {
+        let cut = Date(timeIntervalSince1970: 1_780_300_800) // 2026-06-01T08:00:00Z
+        let at = Date().addingTimeInterval(10)
+        let format = Date.ISO8601FormatStyle(includingFractionalSeconds: true)
+        let clock = try #require(ServiceClock(parsing: "from:\(cut.formatted(format)),at:\(at.formatted(format))"))
+        #expect(abs(clock.now().timeIntervalSince(cut) + 10) < 0.5, "ten seconds before the anchor, the clock is ten seconds before the cut")
+        #expect(ServiceClock(parsing: "from:2026-06-01T08:00:00Z,at:soon") == nil)
+        #expect(ServiceClock(parsing: "from:2026-06-01T08:00:00Z,since:2026-06-01T08:00:00Z") == nil)
+        #expect(ServiceClock(parsing: "fixed:2026-06-01T08:00:00Zjunk") == nil)
     }
 }

@@ -1,6 +1,7 @@
 import CanopyBus
 import CanopyMessages
 import CanopyTesting
+import CareScheduling
 import Foundation
 #if canImport(FoundationNetworking)
 import FoundationNetworking
@@ -26,6 +27,22 @@ struct CareCommandLineTests {
         #expect(lines.first?.hasPrefix("SCIENTIFIC NAME     COMMON NAME") == true)
         #expect(lines.contains { $0.hasPrefix("Monstera deliciosa  Swiss cheese plant  Araceae") })
         #expect(try await run(["catalog", "search", "xyzabc123"]).output.contains("no species matches"))
+    }
+
+    /// `serve --catalog FILE`: a file that is not a catalog stops it at once with a sentence;
+    /// one that is serves its species (a live service answers from it).
+    @Test func serveTakesACatalogOfItsOwnAndRefusesOneThatIsNot() async throws {
+        let directory = try TemporaryDirectory("care-catalog")
+        defer { directory.remove() }
+        for (content, problem) in [(nil, "cannot read the catalog"), ("{\"species\": 3}", "is not a catalog"), ("{\"sources\": {}, \"species\": []}", "names no species")] {
+            let file = directory.path("catalog-\(problem.count).json")
+            if let content { try content.write(toFile: file, atomically: true, encoding: .utf8) }
+            let result = try await run(["serve", "--catalog", file, "--endpoint", "tcp://127.0.0.1:1", "--metrics-bind", "off"])
+            #expect(result.status != 0 && result.errors.contains(problem), "\(result.errors)")
+        }
+        let catalog = try Catalog.load(file: URL(fileURLWithPath: #filePath).deletingLastPathComponent()
+            .appendingPathComponent("../../Services/CareScheduling/Core/Resources/catalog.json").path)
+        #expect(catalog.species.count == Catalog.shipped.species.count && catalog.lookup("Ficus lyrata")?.profile.wateringIntervalDays == 8)
     }
 
     @Test func planPrintsTasksAtTheLocalTimeInTheGivenZone() async throws {

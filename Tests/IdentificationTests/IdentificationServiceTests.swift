@@ -195,6 +195,30 @@ struct IdentificationServiceTests {
         }
     }
 
+    /// `references.add` over the bus: the operator's, matched at once; a person may not call
+    /// it, and a photo that is no image changes nothing.
+    @Test func referencesAddedOverTheBusAreMatchedAndOnlyAnOperatorMayAddThem() async throws {
+        try await withStack { stack in
+            let photos = try (1...3).map { Data(try Self.photo(2, seed: $0)) }
+            let added = try await stack.client.call(Identification.AddReferences.self,
+                                                    .init(scientificName: "Ficus exemplaris Demo.", commonNames: ["Demo fig"], family: "Moraceae", data: photos))
+            #expect(added == .init(scientificName: "Ficus exemplaris Demo.", photos: 3))
+            #expect(try stack.tools.references().map(\.scientificName) == ["Ficus exemplaris Demo."])
+            let match = try await stack.submit([try Self.photo(2, seed: 40)])
+            #expect(match.results.first?.scientificName.hasPrefix("Ficus exemplaris") == true, "\(match.results)")
+
+            let person = await #expect(throws: CanopyError.self) {
+                _ = try await stack.client.call(Identification.AddReferences.self, .init(scientificName: "Ficus sneaky", data: photos), principal: "mallory")
+            }
+            #expect(person?.code == .unauthorized)
+            let broken = await #expect(throws: CanopyError.self) {
+                _ = try await stack.client.call(Identification.AddReferences.self, .init(scientificName: "Ficus broken", data: [Data("not an image".utf8)]))
+            }
+            #expect(broken != nil)
+            #expect(try stack.tools.references().map(\.scientificName) == ["Ficus exemplaris Demo."], "nothing of the broken one was added")
+        }
+    }
+
     @Test func historyIsNewestFirstInPagesAndForgettingAPlantForgetsItsIdentifications() async throws {
         try await withStack(references: 3) { stack in
             var records: [Identification.Record] = []

@@ -74,4 +74,54 @@ struct CrashTests {
         await serving.triggerGracefulShutdown()
         _ = try? await server.value
     }
+
+    /// `--rehearse` (a replay's or a staging copy's stack): reminders due go out as log lines,
+    /// recorded as delivered, and nothing reaches the devices' webhooks.
+    @Test func aRehearsingServiceDeliversEveryReminderToItsLogAndNothingToTheWebhooks() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-remind-rehearse-\(UUID().uuidString)")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        var logger = Logger(label: "test")
+        logger.logLevel = .warning
+        let receiver = RecordingServer()
+        let serving = serviceGroup([receiver.application], signals: [], logger: logger)
+        let server = Task { try await serving.run() }
+        defer { server.cancel() }
+        let webhook = try await receiver.url("/hook")
+        let path = directory.appendingPathComponent("remind/remind.sqlite").path
+        try FileManager.default.createDirectory(atPath: (path as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
+        let due = Date().addingTimeInterval(-60).timeIntervalSince1970
+        do {
+            let store = try ReminderStore(path: path)
+            try await store.database.write { db in
+                for person in 0..<20 {
+                    try db.execute(sql: "INSERT INTO devices (id, owner, channel, address, secret, active, registeredAt) VALUES (?, ?, 'webhook', ?, ?, 1, 0)",
+                                   arguments: ["d\(person)", "u\(person)", webhook, DispatcherTests.secret])
+                    try db.execute(sql: """
+                        INSERT INTO reminders (owner, taskID, due, plantID, kind, title, fireAt, state, updatedAt) VALUES (?, ?, ?, ?, 'water', 'Water it', ?, 'pending', 0)
+                        """, arguments: ["u\(person)", "p\(person):water", due, "p\(person)", due])
+                }
+            }
+        }
+        try await withLiveBus { bus in
+            let process = Process()
+            process.executableURL = try LiveBus.executable("canopy-remind")
+            process.arguments = ["serve", "--endpoint", bus.endpoint, "--data-dir", directory.path, "--allow-host", "127.0.0.1", "--metrics-bind", "off"]
+            process.environment = ProcessInfo.processInfo.environment.merging(["CANOPY_REHEARSAL": "1"]) { $1 }
+            let log = Pipe()
+            process.standardError = log
+            process.standardOutput = log
+            try process.run()
+            let store = try ReminderStore(path: path)
+            #expect(try await eventually(within: .seconds(60)) {
+                try store.database.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM reminders WHERE state = 'delivered'") } == 20
+            })
+            process.terminate()
+            let text = String(decoding: log.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+            process.waitUntilExit()
+            #expect(receiver.received.isEmpty, "no webhook was called")
+            #expect(text.components(separatedBy: "remind.rehearsal=webhook").count - 1 == 20, "each notification a log line naming its channel")
+        }
+        await serving.triggerGracefulShutdown()
+        _ = try? await server.value
+    }
 }
