@@ -38,7 +38,7 @@ struct SnapshotBenchmark: AsyncParsableCommand {
         print("canopy-bench snapshot: \(people) journeys a phase, \(atOnce) at once, \(rounds) phases of each kind, \(ProcessInfo.processInfo.activeProcessorCount) cores")
 
         var without = JourneyAPI.histogram(), with = JourneyAPI.histogram()
-        var held: [Double] = [], snapshots = 0, generatorShares: [Double] = []
+        var held: [Double] = [], pins: [Double] = [], snapshots = 0, generatorShares: [Double] = []
         for round in 0..<(2 * rounds) {
             let taking = round % 2 == 1
             progress("  phase \(round + 1)/\(2 * rounds): \(taking ? "with snapshots back to back" : "without snapshots")…\n")
@@ -46,9 +46,9 @@ struct SnapshotBenchmark: AsyncParsableCommand {
             let photos = try (0..<people).map { try SyntheticPlant.species($0 % StackRig.species.count).photo(seed: 5_000 + round * people + $0) }
             let api = JourneyAPI(base: "http://\(stack.launch.http)")
             let stop = StopFlag()
-            let taker = Task.detached { () -> (count: Int, held: [Double]) in
-                guard taking else { return (0, []) }
-                var count = 0, held: [Double] = []
+            let taker = Task.detached { () -> (count: Int, held: [Double], pins: [Double]) in
+                guard taking else { return (0, [], []) }
+                var count = 0, held: [Double] = [], pins: [Double] = []
                 while !stop.isSet {
                     let name = "bench-\(round)-\(count)"
                     let started = try rig.run("canopy", ["capture", "start", name, "--snapshot", "--data-dir", stack.directory, "--endpoint", stack.launch.endpoint])
@@ -56,12 +56,15 @@ struct SnapshotBenchmark: AsyncParsableCommand {
                     if let range = started.text.range(of: "requests held "), let milliseconds = Double(started.text[range.upperBound...].prefix { $0.isNumber || $0 == "." }) {
                         held.append(milliseconds)
                     }
+                    if let range = started.text.range(of: " ms, "), let milliseconds = Double(started.text[range.upperBound...].prefix { $0.isNumber || $0 == "." }) {
+                        pins.append(milliseconds)
+                    }
                     _ = try rig.run("canopy", ["capture", "stop", "--endpoint", stack.launch.endpoint])
                     try? FileManager.default.removeItem(atPath: stack.directory + "/" + name)
                     try? FileManager.default.removeItem(atPath: stack.directory + "/" + name + ".snapshot")
                     count += 1
                 }
-                return (count, held)
+                return (count, held, pins)
             }
             let cpu = processCPU(), started = ContinuousClock.now
             let steps = try await withThrowingTaskGroup(of: [String: Histogram<UInt64>].self) { group in
@@ -83,6 +86,7 @@ struct SnapshotBenchmark: AsyncParsableCommand {
             generatorShares.append((processCPU() - cpu) / (ContinuousClock.now - started).seconds)
             snapshots += taken.count
             held += taken.held
+            pins += taken.pins
             for (name, histogram) in steps where name != JourneyAPI.baselineStep {
                 if taking { with.add(histogram) } else { without.add(histogram) }
             }
@@ -96,8 +100,10 @@ struct SnapshotBenchmark: AsyncParsableCommand {
                      StackBenchmark.millis(with.valueAtPercentile(99)), String(format: "%.2f", Double(with.valueAtPercentile(99)) / baseline)])
         print("\nthe journey's HTTP calls (every step but the edge's own 401), with and without snapshots")
         printTable(rows)
-        print(String(format: "requests held per snapshot: p50 %.1f ms, p99 %.1f ms, most %.1f ms (%d snapshots); the load generator used %.2f of a core at most",
-                     percentile(heldSorted, 0.5), percentile(heldSorted, 0.99), heldSorted.last ?? 0, heldSorted.count, generatorShares.max() ?? 0))
+        let pinsSorted = pins.sorted()
+        print(String(format: "requests held per snapshot: p50 %.1f ms, p99 %.1f ms, most %.1f ms (%d snapshots); of it pinning the stores: p50 %.1f ms, p99 %.1f ms; the load generator used %.2f of a core at most",
+                     percentile(heldSorted, 0.5), percentile(heldSorted, 0.99), heldSorted.last ?? 0, heldSorted.count, percentile(pinsSorted, 0.5),
+                     percentile(pinsSorted, 0.99), generatorShares.max() ?? 0))
     }
 }
 

@@ -70,6 +70,11 @@ struct Capture: AsyncParsableCommand {
         private func startWithSnapshot() async throws {
             let brokers = try eachBroker(common)
             defer { brokers.forEach { $0.bus.close() } }
+            // The stores opened and the originals linked before anything is held; the hold
+            // waits only for the pin.
+            // (canopy up's first broker captures into the data directory.)
+            let directory = StackSnapshot.directory(forCapture: stack.layout.dataDirectory.appendingPathComponent(name).path)
+            var pinned = try StackSnapshot.prepare(data: stack.layout.dataDirectory, into: directory)
             let pseudonyms = pseudonymize ? PseudonymBox() : nil
             var held: [(endpoint: String, bus: BusClient, status: CaptureStatus)] = []
             let started = ContinuousClock.now
@@ -77,10 +82,13 @@ struct Capture: AsyncParsableCommand {
             func release(_ snapshot: String?) async {
                 for broker in held { _ = try? await broker.bus.call(Broker.CaptureRelease.self, .init(snapshot: snapshot), timeout: .seconds(10)) }
             }
-            /// A snapshot that failed: the requests go on, and the captures begun for it stop.
+            /// A snapshot that failed: the requests go on, the captures begun for it stop, and
+            /// what was prepared goes.
             func abandon(_ error: Error) async throws -> Never {
                 await release(nil)
                 for broker in held { _ = try? await broker.bus.call(Broker.CaptureStop.self, .init(), timeout: .seconds(60)) }
+                pinned.close()
+                try? FileManager.default.removeItem(at: directory)
                 throw error
             }
             do {
@@ -93,14 +101,16 @@ struct Capture: AsyncParsableCommand {
             } catch {
                 try await abandon(error)
             }
-            guard let first = held.first, let path = first.status.path else { try await abandon(CommandFailure("the broker did not say where it captures")) }
-            let directory = StackSnapshot.directory(forCapture: path)
-            let pinned: StackSnapshot.Pinned
+            guard let first = held.first, let path = first.status.path, StackSnapshot.directory(forCapture: path).standardizedFileURL == directory.standardizedFileURL else {
+                try await abandon(CommandFailure("the broker captures into \(held.first?.status.path ?? "(nowhere)"), not beside \(directory.path); give --data-dir the stack's own data directory"))
+            }
+            let pinning = ContinuousClock.now
             do {
-                pinned = try StackSnapshot.pin(data: stack.layout.dataDirectory, into: directory)
+                try pinned.pin()
             } catch {
                 try await abandon(error)
             }
+            let pinnedIn = ContinuousClock.now - pinning
             await release(directory.lastPathComponent)
             let heldFor = ContinuousClock.now - started
             let manifest = StackSnapshot.Manifest(captures: held.compactMap(\.status.path), cutAt: first.status.cutAt ?? 0,
@@ -108,7 +118,7 @@ struct Capture: AsyncParsableCommand {
                                                   pseudonymized: pseudonymize, heldMilliseconds: (heldFor.seconds * 1_000 * 10).rounded() / 10)
             let table = try StackSnapshot.finish(pinned, manifest: manifest, pseudonyms: pseudonyms)
             for broker in held { print("\(broker.endpoint): capturing into \(broker.status.path ?? name)") }
-            print("snapshot at the cut (requests held \(String(format: "%.1f", manifest.heldMilliseconds)) ms, \(pinned.originals) originals linked): \(directory.path)")
+            print("snapshot at the cut (requests held \(String(format: "%.1f", manifest.heldMilliseconds)) ms, \(String(format: "%.1f", pinnedIn.seconds * 1_000)) ms of it pinning the stores, \(pinned.originals) originals linked): \(directory.path)")
             print(table)
             print("stop with: canopy capture stop; replay with: canopy replay \(path) --fresh")
         }

@@ -11,11 +11,12 @@ import Synchronization
 /// SQLite store, the photos' originals) and `snapshot.json`. `canopy replay NAME --fresh`
 /// starts a throwaway stack from it.
 ///
-/// Taken in two steps around the broker's hold: while requests are held, a read transaction
-/// is begun on every store (nothing is read yet) and the originals are hard-linked (their
-/// files never change, and a link keeps one the stack purges later); once the requests go
-/// on, each store is copied through its transaction, so the copy is the store at the cut
-/// however long copying takes.
+/// Taken in three steps around the broker's hold: before it, every store is opened and the
+/// originals are hard-linked (their files never change, and a link keeps one the stack purges
+/// later); while requests are held, a read transaction is begun on every store (nothing is
+/// read yet) and the originals written since are linked; once the requests go on, each store
+/// is copied through its transaction, so the copy is the store at the cut however long
+/// copying takes.
 enum StackSnapshot {
     /// What `snapshot.json` says.
     struct Manifest: Codable, Equatable {
@@ -55,13 +56,26 @@ enum StackSnapshot {
         var stores: [(relative: String, store: PinnedStore)]
         var originals: Int
         let directory: URL
+        let data: URL
 
         func close() { stores.forEach { $0.store.close() } }
+
+        /// During the hold: begins a read transaction on each store, and links the originals
+        /// written since ``StackSnapshot/prepare(data:into:)`` (a hard link keeps a file the
+        /// stack purges later, which the pinned store may still name).
+        mutating func pin() throws {
+            for entry in stores { try entry.store.pin() }
+            originals += try StackSnapshot.linkOriginals(from: data.appendingPathComponent("images/originals"),
+                                                         to: directory.appendingPathComponent("images/originals"))
+        }
     }
 
-    /// During the hold: begins a read transaction on each of the stack's SQLite stores in
-    /// `data`, and links the originals into `directory` (made here, owner-only).
-    static func pin(data: URL, into directory: URL) throws -> Pinned {
+    /// Before the hold: opens each of the stack's SQLite stores in `data` and links the
+    /// originals there now into `directory` (made here, owner-only), so that what the hold
+    /// waits for is only the pin: a transaction begun on each store and the newest originals
+    /// linked. An original deleted before the cut leaves a file the copied store does not
+    /// name; canopy-images never serves such a file.
+    static func prepare(data: URL, into directory: URL) throws -> Pinned {
         let stores = CanopyStack.services.compactMap(\.store).filter { FileManager.default.fileExists(atPath: data.appendingPathComponent($0).path) }
         guard !stores.isEmpty else {
             throw CommandFailure("no SQLite stores in \(data.path) to snapshot (a stack on PostgreSQL is snapshotted with pg_dump, not here); capture without --snapshot, or name the stack with --data-dir")
@@ -70,27 +84,32 @@ enum StackSnapshot {
             throw CommandFailure("\(directory.path) exists already; remove it or capture under another name")
         }
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
-        var pinned = Pinned(stores: [], originals: 0, directory: directory)
+        var pinned = Pinned(stores: [], originals: 0, directory: directory, data: data)
         do {
             for store in stores { pinned.stores.append((store, try PinnedStore(path: data.appendingPathComponent(store).path))) }
             pinned.originals = try linkOriginals(from: data.appendingPathComponent("images/originals"), to: directory.appendingPathComponent("images/originals"))
         } catch {
             pinned.close()
+            try? FileManager.default.removeItem(at: directory)
             throw error
         }
         return pinned
     }
 
     /// Hard-links every original (a copy where a link cannot be made: another file system).
-    private static func linkOriginals(from source: URL, to target: URL) throws -> Int {
+    /// Links the originals not linked yet; returns how many it linked.
+    static func linkOriginals(from source: URL, to target: URL) throws -> Int {
         guard let names = try? FileManager.default.contentsOfDirectory(atPath: source.path) else { return 0 }
         try FileManager.default.createDirectory(at: target, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
         var count = 0
         for name in names where !name.hasPrefix(".") && !name.hasSuffix(".tmp") {
             let from = source.appendingPathComponent(name).path, to = target.appendingPathComponent(name).path
             if link(from, to) != 0 {
-                guard errno == EXDEV else { continue } // purged meanwhile: not in the pinned store either
-                try FileManager.default.copyItem(atPath: from, toPath: to)
+                switch errno {
+                case EEXIST: continue // linked before the hold
+                case EXDEV: try FileManager.default.copyItem(atPath: from, toPath: to)
+                default: continue // purged meanwhile: not in the pinned store either
+                }
             }
             count += 1
         }

@@ -10,7 +10,8 @@ public final class PinnedStore {
     public let path: String
     private let queue: DatabaseQueue
 
-    /// Begins the read transaction on the store at `path`.
+    /// Opens the store at `path` (before the moment: opening takes milliseconds, pinning
+    /// microseconds).
     public init(path: String) throws {
         self.path = path
         var configuration = Configuration()
@@ -18,6 +19,10 @@ public final class PinnedStore {
         // The transaction is left open between the accesses on purpose.
         configuration.allowsUnsafeTransactions = true
         queue = try DatabaseQueue(path: path, configuration: configuration)
+    }
+
+    /// Begins the read transaction: the store as it stands now is what ``copy(to:)`` copies.
+    public func pin() throws {
         try queue.writeWithoutTransaction { db in
             try db.execute(sql: "BEGIN DEFERRED")
             // The first read fixes the view: what was committed by now, nothing after.

@@ -15,16 +15,19 @@ struct StoreSnapshotTests {
         let pool = try SQLiteStore.open(path: directory.path("care.sqlite"), migrator: migrator)
         try await pool.write { db in for id in 1...3 { try db.execute(sql: "INSERT INTO plants VALUES (?, 'ann')", arguments: [id]) } }
 
+        // Opened ahead of the moment: a write before the pin is in the copy.
         let pinned = try PinnedStore(path: directory.path("care.sqlite"))
+        try await pool.write { db in try db.execute(sql: "INSERT INTO plants VALUES (4, 'ann')") }
+        try pinned.pin()
         // The services go on writing, unblocked, and a checkpoint runs meanwhile.
-        try await pool.write { db in for id in 4...500 { try db.execute(sql: "INSERT INTO plants VALUES (?, 'bob')", arguments: [id]) } }
+        try await pool.write { db in for id in 5...500 { try db.execute(sql: "INSERT INTO plants VALUES (?, 'bob')", arguments: [id]) } }
         try await pool.writeWithoutTransaction { db in try db.execute(sql: "PRAGMA wal_checkpoint(PASSIVE)") }
         try await pool.write { db in try db.execute(sql: "DELETE FROM plants WHERE id = 1") }
         try pinned.copy(to: directory.path("copy.sqlite"))
 
         let copy = try DatabaseQueue(path: directory.path("copy.sqlite"))
         let copied = try await copy.read { db in try Int.fetchAll(db, sql: "SELECT id FROM plants ORDER BY id") }
-        #expect(copied == [1, 2, 3], "the store at the pin, nothing after")
+        #expect(copied == [1, 2, 3, 4], "the store at the pin, nothing after")
         let live = try await pool.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM plants") }
         #expect(live == 499, "the live store kept every write")
         try copy.close()
