@@ -78,9 +78,16 @@ struct Capture: AsyncParsableCommand {
             let pseudonyms = pseudonymize ? PseudonymBox() : nil
             var held: [(endpoint: String, bus: BusClient, status: CaptureStatus)] = []
             let started = ContinuousClock.now
-            /// Lets every held broker's requests go (naming the snapshot when there is one).
-            func release(_ snapshot: String?) async {
-                for broker in held { _ = try? await broker.bus.call(Broker.CaptureRelease.self, .init(snapshot: snapshot), timeout: .seconds(10)) }
+            /// Lets every held broker's requests go (naming the snapshot when there is one);
+            /// the brokers whose hold had already ended by itself (so requests went on before
+            /// the snapshot was pinned).
+            @discardableResult
+            func release(_ snapshot: String?) async -> [String] {
+                var ended: [String] = []
+                for broker in held where (try? await broker.bus.call(Broker.CaptureRelease.self, .init(snapshot: snapshot), timeout: .seconds(10))) == nil {
+                    ended.append(broker.endpoint)
+                }
+                return ended
             }
             /// A snapshot that failed: the requests go on, the captures begun for it stop, and
             /// what was prepared goes.
@@ -111,8 +118,11 @@ struct Capture: AsyncParsableCommand {
                 try await abandon(error)
             }
             let pinnedIn = ContinuousClock.now - pinning
-            await release(directory.lastPathComponent)
+            let ended = await release(directory.lastPathComponent)
             let heldFor = ContinuousClock.now - started
+            guard ended.isEmpty else {
+                try await abandon(CommandFailure("the hold at \(ended.joined(separator: ", ")) ended by itself before the snapshot was pinned (after \(Int(heldFor.seconds * 1_000)) ms), so the snapshot would not match the capture; nothing was kept. Try again, or with a longer --hold-ms"))
+            }
             let manifest = StackSnapshot.Manifest(captures: held.compactMap(\.status.path), cutAt: first.status.cutAt ?? 0,
                                                   stores: pinned.stores.map(\.relative), originals: pinned.originals,
                                                   pseudonymized: pseudonymize, heldMilliseconds: (heldFor.seconds * 1_000 * 10).rounded() / 10)

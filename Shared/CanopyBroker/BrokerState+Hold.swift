@@ -26,8 +26,10 @@ extension BrokerState {
         var waiting: (client: [UInt8], correlation: [UInt8])?
         /// Until then the requests in the air may take to be answered; the hold fails then.
         let drainDeadline: ContinuousClock.Instant
-        /// When the hold ends by itself.
-        let releaseAt: ContinuousClock.Instant
+        /// How long the caller has after the cut to pin its snapshot.
+        let limit: Duration
+        /// When the hold ends by itself: `limit` after the cut.
+        var releaseAt: ContinuousClock.Instant
     }
 
     /// The longest hold a caller may ask for.
@@ -42,7 +44,7 @@ extension BrokerState {
     mutating func beginHold(limit: Duration, client: [UInt8], correlation: [UInt8], now: ContinuousClock.Instant, into out: inout [Directive]) {
         let limit = min(max(limit, .milliseconds(1)), Self.maximumHold)
         let inTheAir = flights.ids.filter { id in flights[id].map { !Self.isDerived($0.header) } ?? false }
-        hold = Hold(draining: Set(inTheAir), waiting: (client, correlation), drainDeadline: now + limit, releaseAt: now + limit)
+        hold = Hold(draining: Set(inTheAir), waiting: (client, correlation), drainDeadline: now + limit, limit: limit, releaseAt: now + limit)
         checkHold(now: now, into: &out)
     }
 
@@ -83,6 +85,7 @@ extension BrokerState {
         if let waiting = current.waiting {
             if current.draining.isEmpty {
                 hold!.waiting = nil
+                hold!.releaseAt = now + current.limit
                 out.append(.captureControl(.cut, client: waiting.client, correlation: waiting.correlation))
             } else if now >= current.drainDeadline {
                 let error = CanopyError(.timeout, "\(current.draining.count) request(s) in the air were not answered within the hold's limit, so no cut could be made; no snapshot was taken (try again when the stack is less busy, or with a longer hold)")
