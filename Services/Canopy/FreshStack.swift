@@ -91,12 +91,16 @@ final class FreshStack {
         try? FileManager.default.removeItem(at: directory)
     }
 
-    /// A free port for the bus and the API, and six in a row for the services' `/metrics`.
+    /// A free port for the bus and the API, and six in a row for the services' `/metrics`:
+    /// below the system's ephemeral ports, which outgoing connections take at random.
     private static func freePorts() throws -> (bus: Int, http: Int, metrics: Int) {
         func free(_ port: Int) -> Bool { (try? PortCheck.check(ListenAddress(host: "127.0.0.1", port: port))) != nil }
+        let range = (try? String(contentsOfFile: "/proc/sys/net/ipv4/ip_local_port_range", encoding: .utf8))?
+            .split(whereSeparator: \.isWhitespace).compactMap { Int($0) } ?? []
+        let ceiling = max(11_000, (range.first ?? 32_768) - 10)
         var found: [Int] = []
         for _ in 0..<200 {
-            let base = Int.random(in: 20_000...60_000)
+            let base = Int.random(in: 10_000...ceiling)
             guard (0..<8).allSatisfy({ free(base + $0) }) else { continue }
             found = Array(base..<(base + 8))
             break

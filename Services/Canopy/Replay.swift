@@ -155,13 +155,25 @@ struct Replay: AsyncParsableCommand {
     private func replayOnFreshStack(_ reader: CaptureReader, executables: URL, snapshot: URL, manifest: StackSnapshot.Manifest,
                                     options: ReplayOptions, bytes: Int) async throws -> ReplayReport {
         var lead: Duration = .seconds(3)
+        var failures: [Error] = []
         for _ in 0..<4 {
-            guard let stack = try FreshStack.start(snapshot: snapshot, manifest: manifest, executables: executables, lead: lead, progress: { note($0) }) else {
+            let started: FreshStack?
+            do {
+                started = try FreshStack.start(snapshot: snapshot, manifest: manifest, executables: executables, lead: lead, progress: { note($0) })
+            } catch {
+                // A port another program took meanwhile, most often: again, on others.
+                note("the fresh stack did not start: \(error)")
+                failures.append(error)
+                if failures.count >= 2 { throw error }
+                continue
+            }
+            guard let stack = started else {
                 lead *= 3 // it took longer to start than the lead: again, with more
                 continue
             }
             defer { stack.stop() }
             var options = options
+            options.causalOrder = true
             options.clock = .anchored(captureTime: Int64((stack.anchorCut * 1e9).rounded()), at: stack.anchor)
             let progress = ProgressBox()
             let connection = Replayer.Connection(endpoint: stack.endpoint, count: connections)

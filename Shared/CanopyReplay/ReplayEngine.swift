@@ -6,6 +6,7 @@ import CZeroMQ
 import Foundation
 import Histogram
 import DequeModule
+import HeapModule
 
 /// The replay's loop, owned by one thread: the capture's reader, the sockets, every request's
 /// state.
@@ -18,6 +19,12 @@ struct ReplayEngine {
         let sendAt: ContinuousClock.Instant?
         /// Earlier requests of its client whose answers it waits for (as in the capture).
         var waitingOn = 0
+        /// With ``ReplayOptions/causalOrder``: the captured answers (by their order in the
+        /// capture) that came before this request, all of which the replay must have had
+        /// answered first.
+        var needs = 0
+        /// Its captured answer's place among the captured answers, once read.
+        var answerIndex: Int?
         var dependents: [Job] = []
         var sentAt: ContinuousClock.Instant?
         /// When it went, by the wall clock (ns since 1970).
@@ -76,6 +83,15 @@ struct ReplayEngine {
     private var awaiting: [Key: Deque<Job>] = [:]
     private var answered: [String: [Job]] = [:]
     private var derivedInTheAir: [Key: Int] = [:]
+    /// Causal order across clients (``ReplayOptions/causalOrder``): captured answers given an
+    /// index in capture order; those whose request the replay has not had answered yet; and
+    /// the watermark below which every one has been.
+    private var answersIndexed = 0
+    private var unansweredIndexes = Heap<Int>()
+    private var answeredIndexes = Set<Int>()
+    private var watermark = 0
+    /// Lanes whose next request waits for the watermark.
+    private var waitingForOrder: [Lane] = []
     /// Requests read whose answer from the stack has not come yet: bounded by the window.
     private var outstanding = 0
     /// Requests read and not yet sent, over all lanes.
@@ -88,10 +104,15 @@ struct ReplayEngine {
     private var rebindings = Rebindings()
     private var report = ReplayReport()
     private var timeFields = Set<String>()
+    /// The longest any request answered so far took, captured or replayed (ns): how far a
+    /// time stamped while serving it may move (``timeWindow(_:captured:)``).
+    private var slowest: Int64 = 0
     /// This replay's answers, written as a capture (``ReplayOptions/answersPath``), in the
     /// captured order: requests wait in ``answerOrder`` until those before them are done.
     private var answers: CaptureFileWriter?
     private var answerOrder = Deque<Job>()
+    /// Why writing the answers failed, reported when the replay ends.
+    private var answersError: Error?
     private var replayed = Histogram<UInt64>(highestTrackableValue: 3_600_000_000, numberOfSignificantValueDigits: .two)
     private var capturedLatency = Histogram<UInt64>(highestTrackableValue: 3_600_000_000, numberOfSignificantValueDigits: .two)
     private var sent = 0
@@ -160,6 +181,7 @@ struct ReplayEngine {
             }
         }
         progress(ReplayProgress(bytesRead: reader.bytesRead, sent: sent, completed: report.requests))
+        if let answersError { throw answersError }
         try writeAnswers()
         try answers?.close()
         return finish(ending: reader.ending?.description ?? "complete")
@@ -191,6 +213,7 @@ struct ReplayEngine {
             }()
             let job = Job(id: nextID, record: record, lane: lane, sendAt: sendAt)
             nextID += 1
+            if options.causalOrder { job.needs = answersIndexed }
             for earlier in answered.removeValue(forKey: record.client) ?? [] where !earlier.done {
                 earlier.dependents.append(job)
                 job.waitingOn += 1
@@ -213,6 +236,13 @@ struct ReplayEngine {
             if awaiting[key]?.isEmpty == true { awaiting[key] = nil }
             job.captured = record
             job.capturedKnown = true
+            if options.causalOrder {
+                job.answerIndex = answersIndexed
+                unansweredIndexes.insert(answersIndexed)
+                if job.outcome != nil { answeredIndexes.insert(answersIndexed) }
+                answersIndexed += 1
+                advanceWatermark()
+            }
             answered[record.client, default: []].append(job)
             if job.outcome != nil { complete(job) }
         }
@@ -249,6 +279,10 @@ struct ReplayEngine {
         while let lane = dirty.popLast() {
             lane.isDirty = false
             while let job = lane.unsent.first, job.waitingOn == 0 {
+                if job.needs > watermark {
+                    waitingForOrder.append(lane) // sent once the replay has had what came before it answered
+                    break
+                }
                 if let at = job.sendAt, at > now {
                     if !lane.isSleeping {
                         lane.isSleeping = true
@@ -313,6 +347,10 @@ struct ReplayEngine {
     private mutating func settle(outcome: Outcome, for job: Job, now: ContinuousClock.Instant) {
         job.outcome = outcome
         outstanding -= 1
+        if let index = job.answerIndex {
+            answeredIndexes.insert(index)
+            advanceWatermark()
+        }
         if let sentAt = job.sentAt {
             let elapsed = now - sentAt
             job.took = elapsed
@@ -327,7 +365,9 @@ struct ReplayEngine {
         job.done = true
         report.requests += 1
         if let captured = job.captured { _ = capturedLatency.record(captured.latencyNanoseconds / 1_000) }
-        switch verdict(job, job.captured, outcome) {
+        let verdict = verdict(job, job.captured, outcome)
+        slowest = max(slowest, Int64(job.took.nanoseconds), Int64(job.captured?.latencyNanoseconds ?? 0))
+        switch verdict {
         case .matched: report.matched += 1
         case .skipped: report.skipped += 1
         case .unanswered: report.unanswered += 1
@@ -347,7 +387,23 @@ struct ReplayEngine {
             if dependent.waitingOn == 0 { markDirty(dependent.lane) }
         }
         job.dependents = []
-        if answers != nil { try? writeAnswers() }
+        if answers != nil, answersError == nil {
+            do { try writeAnswers() } catch { answersError = error }
+        }
+    }
+
+    /// Moves the watermark past every captured answer whose request the replay has had
+    /// answered, and lets the lanes that waited for it go.
+    private mutating func advanceWatermark() {
+        while let lowest = unansweredIndexes.min, answeredIndexes.contains(lowest) {
+            unansweredIndexes.removeMin()
+            answeredIndexes.remove(lowest)
+        }
+        let advanced = unansweredIndexes.min ?? answersIndexed
+        guard advanced != watermark else { return }
+        watermark = advanced
+        for lane in waitingForOrder { markDirty(lane) }
+        waitingForOrder.removeAll(keepingCapacity: true)
     }
 
     /// `$.tasks[3].due` as `$.tasks[*].due`.
@@ -393,10 +449,17 @@ struct ReplayEngine {
 
     /// How the stack's clock and the capture's differed for `job`, and how much room its
     /// times get.
+    ///
+    /// A time in an answer was stamped while some request was being served: this one, or an
+    /// earlier one whose answer did not show it (a photo's `addedAt`, stamped while its
+    /// identification was served, first shown by a later list). Within its request it may
+    /// fall anywhere between taking it and answering it, in the capture and in the replay, so
+    /// it may move by as much as the slowest request served so far took, either way.
     private func timeWindow(_ job: Job, captured: CaptureRecord) -> TimeWindow? {
         guard let tolerance = options.timeTolerance, job.sentWall != 0 else { return nil }
         let slack = Int64(tolerance.nanoseconds)
-        return TimeWindow(shift: stackTime(job) - job.record.time, below: Int64(captured.latencyNanoseconds) + slack, above: Int64(job.took.nanoseconds) + slack)
+        return TimeWindow(shift: stackTime(job) - job.record.time, below: max(Int64(captured.latencyNanoseconds), slowest) + slack,
+                          above: max(Int64(job.took.nanoseconds), slowest) + slack)
     }
 
     /// When `job` was sent, by the stack's clock (ns since 1970).

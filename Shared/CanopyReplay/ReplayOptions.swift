@@ -20,6 +20,11 @@ public struct ReplayOptions: Sendable {
     public var examples = 50
     /// When set, every request waits this long instead of its captured deadline.
     public var timeout: Duration?
+    /// Every request waits until the replay has had answered every request whose captured
+    /// answer came before it was captured, whichever client sent it (not only its own
+    /// client's): what one client did before another asked (an operator's reference photos
+    /// loaded before a person's identification) happens before it again. `--fresh` replays so.
+    public var causalOrder = false
     /// The clock the stack replayed against goes by.
     public var clock: ReplayClock = .system
     /// Date-times that differ by the clocks' shift (give or take the requests' own time and

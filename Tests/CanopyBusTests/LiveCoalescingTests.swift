@@ -59,9 +59,10 @@ struct LiveCoalescingTests {
         try await withLiveBus { bus in
             let doomed = try bus.startWorkerProcess(name: "doomed")
             try await bus.waitForWorkers(1)
-            let client = try bus.client()
+            let client = try bus.client(timeout: .seconds(30))
             let calls = (0..<20).map { _ in
-                Task { try await client.call(TestService.Lookup.self, .init(text: "shared", sleepMilliseconds: 2_000)) }
+                // Long enough for the survivor to start and register on a busy machine first.
+                Task { try await client.call(TestService.Lookup.self, .init(text: "shared", sleepMilliseconds: 6_000)) }
             }
             try await bus.waitForLoad(inFlight: 1)
             let survivor = try bus.startWorkerProcess(name: "survivor")
