@@ -221,6 +221,9 @@ struct Replay: AsyncParsableCommand {
         latency.append(["replayed (at this client)", "\(report.replayedP50Micros)", "\(report.replayedP99Micros)"])
         var lines = [summary.render(), "", latency.render()]
         if report.ending != "complete" { lines += ["", "the capture is \(report.ending)"] }
+        if report.backgroundWaitsEnded > 0 {
+            lines += ["", "\(report.backgroundWaitsEnded) request(s) went without background work the capture had seen done before them (the stack did less of it within 3 s)"]
+        }
         if !report.differingPaths.isEmpty {
             var places = Table("ANSWERS", "OPERATION", "PATH")
             for (place, count) in report.differingPaths.sorted(by: { $0.key < $1.key }) {

@@ -25,6 +25,12 @@ struct ReplayEngine {
         var needs = 0
         /// Its captured answer's place among the captured answers, once read.
         var answerIndex: Int?
+        /// With ``ReplayOptions/causalOrder``: how many answers to services' own requests of
+        /// each `service.operation` the capture had recorded before this request came (the
+        /// background work it may have seen done).
+        var needsBackground: [String: Int] = [:]
+        /// When it began to wait for background work (it goes after ``backgroundPatience``).
+        var waitingSince: ContinuousClock.Instant?
         var dependents: [Job] = []
         var sentAt: ContinuousClock.Instant?
         /// When it went, by the wall clock (ns since 1970).
@@ -92,6 +98,17 @@ struct ReplayEngine {
     private var watermark = 0
     /// Lanes whose next request waits for the watermark.
     private var waitingForOrder: [Lane] = []
+    /// Answers to services' own requests read from the capture, by `service.operation`; and
+    /// those the stack has given, by the broker's counts (`broker.stats`, asked while a lane
+    /// waits for them).
+    private var backgroundCaptured: [String: Int] = [:]
+    private var backgroundReplayed: [String: Int] = [:]
+    private var waitingForBackground: [Lane] = []
+    private var statsAskedAt: ContinuousClock.Instant?
+    /// The correlation id of the replay's own `broker.stats` requests (jobs count from 1).
+    private static let statsCorrelation = Wire.frame(UInt64(0))
+    /// How long a request waits for background work the capture saw done before it.
+    private static let backgroundPatience: Duration = .seconds(3)
     /// Requests read whose answer from the stack has not come yet: bounded by the window.
     private var outstanding = 0
     /// Requests read and not yet sent, over all lanes.
@@ -171,6 +188,14 @@ struct ReplayEngine {
             var timeout: Duration = .milliseconds(50)
             if !readerDone && outstanding < options.window { timeout = .zero }
             if let wake = sleeping.compactMap({ $0.unsent.first?.sendAt }).min() { timeout = min(timeout, max(.zero, wake - now)) }
+            if !waitingForBackground.isEmpty {
+                timeout = min(timeout, .milliseconds(5))
+                // No counts came (a lost answer): look again, and ask again.
+                if let asked = statsAskedAt, now - asked >= .milliseconds(100) {
+                    for lane in waitingForBackground { markDirty(lane) }
+                    waitingForBackground.removeAll(keepingCapacity: true)
+                }
+            }
             try poller.poll(timeout: timeout)
             for socket in sockets {
                 while let frames = try socket.receive(dontWait: true) { answer(frames) }
@@ -213,7 +238,10 @@ struct ReplayEngine {
             }()
             let job = Job(id: nextID, record: record, lane: lane, sendAt: sendAt)
             nextID += 1
-            if options.causalOrder { job.needs = answersIndexed }
+            if options.causalOrder {
+                job.needs = answersIndexed
+                job.needsBackground = backgroundCaptured
+            }
             for earlier in answered.removeValue(forKey: record.client) ?? [] where !earlier.done {
                 earlier.dependents.append(job)
                 job.waitingOn += 1
@@ -227,6 +255,7 @@ struct ReplayEngine {
         case .reply:
             if let count = derivedInTheAir[key] {
                 derivedInTheAir[key] = count > 1 ? count - 1 : nil
+                if options.causalOrder { backgroundCaptured["\(record.service).\(record.operation)", default: 0] += 1 }
                 return
             }
             guard let job = awaiting[key]?.popFirst() else {
@@ -283,6 +312,10 @@ struct ReplayEngine {
                     waitingForOrder.append(lane) // sent once the replay has had what came before it answered
                     break
                 }
+                if !backgroundDone(for: job, now: now) {
+                    waitingForBackground.append(lane) // sent once the stack's own work caught up (or after a while)
+                    break
+                }
                 if let at = job.sendAt, at > now {
                     if !lane.isSleeping {
                         lane.isSleeping = true
@@ -325,6 +358,7 @@ struct ReplayEngine {
         let now = ContinuousClock.now
         switch try? WireMessage(frames: frames) {
         case .reply(let correlation, _, let body, let attachments)?:
+            if correlation == Self.statsCorrelation { return tookStats(body) }
             guard let id = Wire.uint64(correlation), let job = inFlight.removeValue(forKey: id) else { return }
             settle(outcome: .answer(body: body, attachments: attachments), for: job, now: now)
         case .error(let correlation, let error)?:
@@ -390,6 +424,42 @@ struct ReplayEngine {
         if answers != nil, answersError == nil {
             do { try writeAnswers() } catch { answersError = error }
         }
+    }
+
+    /// Whether the stack has done the background work (services' own requests, such as
+    /// canopy-care's follow-ups to canopy-remind) that the capture had seen done before `job`
+    /// came: by the broker's counts of answered requests per operation. A request waits for
+    /// it at most ``backgroundPatience`` (the stack may do less of it than the capture did).
+    private mutating func backgroundDone(for job: Job, now: ContinuousClock.Instant) -> Bool {
+        guard !job.needsBackground.isEmpty else { return true }
+        if job.needsBackground.allSatisfy({ backgroundReplayed[$0.key, default: 0] >= $0.value }) { return true }
+        let since = job.waitingSince ?? now
+        job.waitingSince = since
+        if now - since >= Self.backgroundPatience {
+            report.backgroundWaitsEnded += 1
+            return true
+        }
+        askForStats(now: now)
+        return false
+    }
+
+    /// Asks the broker for its counts (one request at a time, at most every 5 ms).
+    private mutating func askForStats(now: ContinuousClock.Instant) {
+        if let asked = statsAskedAt, now - asked < .milliseconds(5) { return }
+        statsAskedAt = now
+        let frames = WireMessage.request(WireRequest(correlation: Self.statsCorrelation, service: Broker.service, operation: Broker.Stats.name,
+                                                     header: RequestHeader(timeoutMilliseconds: 2_000), body: Array("{}".utf8))).encoded
+        _ = try? sockets[0].send(frames)
+    }
+
+    /// The broker's counts came: background work done so far, by operation.
+    private mutating func tookStats(_ body: [UInt8]) {
+        guard let statistics = try? codec.decode(BrokerStatistics.self, from: body) else { return }
+        for operation in statistics.operations {
+            backgroundReplayed["\(operation.service).\(operation.operation)"] = Int(operation.outcomes.values.reduce(0, +))
+        }
+        for lane in waitingForBackground { markDirty(lane) }
+        waitingForBackground.removeAll(keepingCapacity: true)
     }
 
     /// Moves the watermark past every captured answer whose request the replay has had

@@ -23,7 +23,11 @@ public struct ReplayOptions: Sendable {
     /// Every request waits until the replay has had answered every request whose captured
     /// answer came before it was captured, whichever client sent it (not only its own
     /// client's): what one client did before another asked (an operator's reference photos
-    /// loaded before a person's identification) happens before it again. `--fresh` replays so.
+    /// loaded before a person's identification) happens before it again; and waits until the
+    /// stack has answered as many of services' own requests of each operation as the capture
+    /// had before it (canopy-care's follow-ups to canopy-remind: a person's pending reminders
+    /// read after the window reached canopy-remind are read after it again), for at most 3 s.
+    /// `--fresh` replays so.
     public var causalOrder = false
     /// The clock the stack replayed against goes by.
     public var clock: ReplayClock = .system
@@ -96,6 +100,9 @@ public struct ReplayReport: Codable, Sendable, Equatable {
     public var timeFields: [String] = []
     /// Marks in the capture (a snapshot's cut).
     public var marks = 0
+    /// Requests that waited for background work the capture had seen done before them
+    /// (``ReplayOptions/causalOrder``) and went without it after a while.
+    public var backgroundWaitsEnded = 0
     /// Where answers differed: `service.operation $.path` (indexes as `[*]`) and how many
     /// answers differed there (at most ``ReplayReport/pathLimit`` places).
     public var differingPaths: [String: Int] = [:]
