@@ -35,14 +35,18 @@ struct ImagesBuildTests {
                 try await client.call(Images.Put.self, .init(plantID: "p", data: Data("not a photo".utf8)), principal: "alice")
             }
             // Other suites of this process use the same registry at the same time: they can only add.
-            let metrics = try await OperatingProbe.metrics(port) { // the cache series are refreshed each second
-                $0.growth(since: before, "canopy_images_cache_hits_total", ["tier": "memory"]) >= 2
+            // Hits in either tier: under the memory pressure of a whole test run the memory
+            // tier may shed the thumbnail between two reads, and the disk tier answers.
+            func hits(_ metrics: PrometheusText) -> Double {
+                metrics.growth(since: before, "canopy_images_cache_hits_total", ["tier": "memory"])
+                    + metrics.growth(since: before, "canopy_images_cache_hits_total", ["tier": "disk"])
             }
+            let metrics = try await OperatingProbe.metrics(port) { hits($0) >= 2 } // the cache series are refreshed each second
             let handled = "canopy_service_handler_duration_seconds_count"
             #expect(metrics.growth(since: before, handled, ["service": "images", "operation": "images.put", "outcome": "ok"]) >= 1)
             #expect(metrics.growth(since: before, handled, ["service": "images", "operation": "images.put", "outcome": "badRequest"]) >= 1)
             #expect(metrics.growth(since: before, handled, ["service": "images", "operation": "images.variant", "outcome": "ok"]) >= 3)
-            #expect(metrics.growth(since: before, "canopy_images_cache_hits_total", ["tier": "memory"]) >= 2)
+            #expect(hits(metrics) >= 2)
             #expect(metrics.growth(since: before, "canopy_images_work_duration_seconds_count", ["work": "small_variants"]) >= 1)
             #expect(metrics.growth(since: before, "canopy_images_refused_inputs_total", ["reason": "unknown_format"]) >= 1)
             #expect(metrics.has("canopy_service_credit") && metrics.has("canopy_images_cache_bytes"))
