@@ -157,9 +157,10 @@ targets += service("Reminders", core: "Reminders", executable: "canopy-remind",
 // (Core/openapi.yaml, which docs/openapi.yaml links to) by the generator's build plugin.
 targets += service("RequestBatching", core: "RequestBatching", executable: "canopy-batch",
     dependencies: [
-        "CanopyBus", "CanopyMessages", "CanopyServiceKit", P.httpTypes, P.hummingbird, P.jwtKit, P.logging,
-        P.metrics, P.openAPIHummingbird, P.openAPIRuntime, P.serviceLifecycle,
+        "CanopyBus", "CanopyMessages", "CanopyServiceKit", "CanopyStore", "CanopyOutbound", P.crypto, P.grdb, P.httpTypes, P.hummingbird,
+        P.jwtKit, P.logging, P.metrics, P.nioCore, P.nioHTTP1, P.openAPIHummingbird, P.openAPIRuntime, P.serviceLifecycle,
     ],
+    executableDependencies: ["CanopyStore"],
     plugins: [.plugin(name: "OpenAPIGenerator", package: "swift-openapi-generator")])
 targets += service("CareScheduling", core: "CareScheduling", executable: "canopy-care",
     dependencies: [
@@ -207,7 +208,7 @@ targets += [
     tests("RequestBatchingTests", [
         "CanopySamples", "RequestBatching", "CareScheduling", "Reminders", "ImageCache", "Identification", "CanopyImaging",
         "CanopyBus", "CanopyBroker", "CanopyTesting", "CanopyServiceKit", "CanopyCapture", "CanopyReplay", "CanopyMessages",
-        "canopy-batch", P.asyncHTTPClient, P.grdb, P.nioCore, P.nioHTTP1, P.yams,
+        "canopy-batch", "CanopyOutbound", P.asyncHTTPClient, P.crypto, P.grdb, P.hummingbird, P.jwtKit, P.nioCore, P.nioHTTP1, P.yams,
     ]),
     tests("CareSchedulingTests", [
         "CareScheduling", "ImageCache", "CVips", "CanopyBus", "CanopyBroker", "CanopyStore", "CanopyTesting", "CanopyServiceKit", "canopy-care",

@@ -29,12 +29,36 @@ enum CanopyBatch: ServiceExecutable {
 
 /// Where the token signing key comes from: a file, or the key itself in a variable. Never logged.
 struct TokenKeyOptions: ParsableArguments {
-    @Option(help: ArgumentHelp("A file holding the key bearer tokens are signed with (32 bytes or more, random). Env: CANOPY_TOKEN_KEY_FILE, or the key itself in CANOPY_TOKEN_KEY.", valueName: "file"))
-    var tokenKeyFile: String? = Environment.string("CANOPY_TOKEN_KEY_FILE")
+    @Option(help: ArgumentHelp("A file holding a key Canopy's bearer tokens are signed with (32 bytes or more, random); repeat it to rotate: the first signs, every one verifies. Env: CANOPY_TOKEN_KEY_FILE (comma-separated), or the key itself in CANOPY_TOKEN_KEY.", valueName: "file"))
+    var tokenKeyFile: [String] = Environment.string("CANOPY_TOKEN_KEY_FILE")?.split(separator: ",").map(String.init) ?? []
 
-    func key() throws -> [UInt8] {
+    /// The signing key (the first).
+    func key() throws -> [UInt8] { try keys()[0] }
+
+    /// Every key, the signing one first.
+    func keys() throws -> [[UInt8]] {
         do {
-            return try TokenAuthority.key(file: tokenKeyFile, value: Environment.string("CANOPY_TOKEN_KEY"))
+            guard !tokenKeyFile.isEmpty else { return [try TokenAuthority.key(file: nil, value: Environment.string("CANOPY_TOKEN_KEY"))] }
+            return try tokenKeyFile.map { file throws(CanopyError) in try TokenAuthority.key(file: file, value: nil) }
+        } catch {
+            throw ValidationError(error.message)
+        }
+    }
+}
+
+/// The identity providers whose tokens the API takes besides Canopy's own.
+struct IssuerOptions: ParsableArguments {
+    @Option(help: ArgumentHelp("A JSON file of identity providers whose tokens are taken (Sign in with Apple, OpenID Connect): {\"issuers\": [{\"issuer\", \"jwksURL\"?, \"audiences\", \"subjectClaim\"?, \"prefix\"}]}. Env: CANOPY_TRUSTED_ISSUERS_FILE.", valueName: "file"))
+    var trustedIssuers: String? = Environment.string("CANOPY_TRUSTED_ISSUERS_FILE")
+    @Option(help: ArgumentHelp("A host the issuers' keys may be fetched from though it is private or loopback (repeatable). Env: CANOPY_JWKS_ALLOW_HOSTS (comma-separated).", valueName: "host"))
+    var jwksAllowHost: [String] = Environment.string("CANOPY_JWKS_ALLOW_HOSTS")?.split(separator: ",").map(String.init) ?? []
+
+    var allowedHosts: Set<String> { Set(jwksAllowHost.map { $0.lowercased() }) }
+
+    func issuers() throws -> [TrustedIssuer] {
+        guard let trustedIssuers else { return [] }
+        do {
+            return try TrustedIssuer.load(file: trustedIssuers, allowedHosts: allowedHosts)
         } catch {
             throw ValidationError(error.message)
         }
@@ -49,6 +73,7 @@ struct ServeBatch: AsyncParsableCommand {
     @OptionGroup var common: CommonOptions
     @OptionGroup var operating: OperatingOptions
     @OptionGroup var token: TokenKeyOptions
+    @OptionGroup var issuers: IssuerOptions
     @Option(help: ArgumentHelp("Where apps reach the API, HOST:PORT. Env: CANOPY_HTTP.", valueName: "host:port"))
     var http: String = Environment.string("CANOPY_HTTP") ?? "127.0.0.1:8080"
     @Option(help: ArgumentHelp("The largest JSON body taken, in bytes (a photo may have 25 MiB). Env: CANOPY_MAX_BODY_BYTES.", valueName: "bytes"))
@@ -78,14 +103,17 @@ struct ServeBatch: AsyncParsableCommand {
         guard (100...3_600_000).contains(idleTimeoutMs) else { throw ValidationError("--idle-timeout-ms is 100 to 3600000 milliseconds") }
         guard (100...3_600_000).contains(readTimeoutMs) else { throw ValidationError("--read-timeout-ms is 100 to 3600000 milliseconds") }
         guard try OperatingOptions.parse(http) != nil else { throw ValidationError("--http is HOST:PORT, such as 0.0.0.0:8080") }
-        _ = try token.key()
+        _ = try token.keys()
+        _ = try issuers.issuers()
     }
 
     func run() async throws {
         let logger = LogSetup.logger(label: "canopy-batch", level: common.logLevel)
         guard let address = try OperatingOptions.parse(http) else { throw ValidationError("--http is HOST:PORT, such as 0.0.0.0:8080") }
-        var settings = BatchServiceSettings(http: address, bus: try common.clientConfiguration(), tokenKey: try token.key(),
+        var settings = BatchServiceSettings(http: address, bus: try common.clientConfiguration(), tokenKeys: try token.keys(),
                                             metrics: try operating.listener(default: OperatingOptions.Defaults.batch))
+        settings.trustedIssuers = try issuers.issuers()
+        settings.jwksAllowedHosts = issuers.allowedHosts
         settings.maximumBodyBytes = maxBodyBytes
         settings.rateLimit = Double(rateLimit)
         settings.rateBurst = Double(rateBurst)

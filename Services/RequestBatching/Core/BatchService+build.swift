@@ -1,5 +1,6 @@
 import CanopyBus
 import CanopyMessages
+import CanopyOutbound
 import CanopyServiceKit
 import Foundation
 import Hummingbird
@@ -16,8 +17,15 @@ public struct BatchServiceSettings: Sendable {
     public var http: ListenAddress
     /// How canopy-batch reaches the broker (endpoint, CURVE keys).
     public var bus: BusClient.Configuration
-    /// The key bearer tokens are signed with (32 bytes or more).
-    public var tokenKey: [UInt8]
+    /// The keys Canopy's own bearer tokens are signed with (32 bytes or more each): the first
+    /// signs, every one verifies (`--token-key-file`, repeated).
+    public var tokenKeys: [[UInt8]]
+    /// Identity providers whose tokens are taken too (`--trusted-issuers FILE`).
+    public var trustedIssuers: [TrustedIssuer] = []
+    /// Hosts their keys may be fetched from though they are private or loopback (`--jwks-allow-host`).
+    public var jwksAllowedHosts: Set<String> = []
+    /// A token naming a key an issuer has not published refreshes its keys at most once in this.
+    public var jwksMinimumRefresh: Duration = .seconds(60)
     /// Where `/metrics` and `/health` listen; `nil` for nowhere.
     public var metrics: ListenAddress?
     /// The largest JSON body taken.
@@ -45,10 +53,29 @@ public struct BatchServiceSettings: Sendable {
     public static let defaultReadTimeout: Duration = .seconds(30)
 
     public init(http: ListenAddress, bus: BusClient.Configuration, tokenKey: [UInt8], metrics: ListenAddress? = nil) {
+        self.init(http: http, bus: bus, tokenKeys: [tokenKey], metrics: metrics)
+    }
+
+    public init(http: ListenAddress, bus: BusClient.Configuration, tokenKeys: [[UInt8]], metrics: ListenAddress? = nil) {
         self.http = http
         self.bus = bus
-        self.tokenKey = tokenKey
+        self.tokenKeys = tokenKeys
         self.metrics = metrics
+    }
+
+    /// The authority that checks bearer tokens, with the issuers' keys fetched through the
+    /// outbound address policy (at most 256 KiB within 5 s).
+    func tokenAuthority() throws -> TokenAuthority {
+        var http: PinnedHTTP?
+        if !trustedIssuers.isEmpty {
+            var outbound = PinnedHTTP.Settings()
+            outbound.allowedHosts = jwksAllowedHosts
+            outbound.maximumBytes = IssuerKeys.maximumBytes
+            outbound.connectTimeout = .seconds(3)
+            outbound.totalTimeout = .seconds(5)
+            http = try PinnedHTTP(settings: outbound)
+        }
+        return try TokenAuthority(keys: tokenKeys, issuers: trustedIssuers, http: http, minimumRefresh: jwksMinimumRefresh)
     }
 }
 
@@ -104,7 +131,7 @@ public func buildBatchService(settings: BatchServiceSettings, context: ZMQContex
     // Every port first, so a taken one stops the process before anything starts.
     try PortCheck.ensureFree(settings.http, for: BatchHTTPServer.purpose, option: BatchHTTPServer.option)
     try OperatingEndpoint.ensureFree(settings.metrics)
-    _ = try TokenAuthority(key: settings.tokenKey) // a bad key stops it before the client connects
+    _ = try settings.tokenAuthority() // a bad key or issuer stops it before the client connects
     let bus = try BusClient(configuration: settings.bus, context: context, logger: logger)
     return [bus] + (try makeBatchService(settings: settings, bus: bus, logger: logger))
 }
@@ -113,7 +140,15 @@ public func buildBatchService(settings: BatchServiceSettings, context: ZMQContex
 /// the services through `bus`: what ``buildBatchService(settings:context:logger:)`` runs after
 /// its bus client, and what tests run on an in-process bus.
 public func makeBatchService(settings: BatchServiceSettings, bus: any BusCalling, logger: Logger) throws -> [any Service] {
-    let tokens = try TokenAuthority(key: settings.tokenKey)
+    let tokens = try settings.tokenAuthority()
+    if !settings.trustedIssuers.isEmpty {
+        // Each issuer's keys now; one that cannot be reached is tried again when its tokens come.
+        Task {
+            for (issuer, error) in await tokens.loadIssuerKeys() {
+                logger.warning("batch.issuer.keys.failed", metadata: ["batch.issuer": "\(issuer)", "batch.error": "\(error)"])
+            }
+        }
+    }
     let router = Router()
     let metrics = BatchMetrics()
     // Dates as the bus writes them; compact JSON with sorted keys, as the bus's.
