@@ -115,8 +115,8 @@ var targets: [Target] = [
     ]),
     shared("CanopyOutbound", ["CanopyMessages", P.nioCore, P.nioHTTP1, P.nioPosix, P.nioSSL]),
     shared("CanopyTesting", [
-        "CanopyBus", "CanopyBroker", "CanopyMessages", "CanopyServiceKit", "CanopyImaging", "CanopyStore", "CZeroMQ", P.hummingbird,
-        P.logging, P.postgresNIO, P.serviceLifecycle,
+        "CanopyBus", "CanopyBroker", "CanopyMessages", "CanopyServiceKit", "CanopyImaging", "CanopyStore", "CZeroMQ", P.crypto, P.hummingbird,
+        P.jwtKit, P.logging, P.postgresNIO, P.serviceLifecycle,
     ]),
 
     // Made-up plant photos and multipart forms, as phones send them: for `canopy demo`,
@@ -182,7 +182,7 @@ targets += [
         "CanopySamples", "CanopyDeployment", "CanopyOutbound", "CanopyBus", "CanopyBroker", "CZeroMQ", "CanopyMessages",
         "ImageCache", "CareScheduling", "Identification", "Reminders", "CanopyImaging", "CVips", "CanopyServiceKit",
         "CanopyWire", "RequestBatching", "CanopyCapture", "CanopyReplay", "CanopyStore", "CanopyTesting", P.argumentParser, P.asyncHTTPClient,
-        P.collections, P.grdb, P.histogram, P.hummingbird,
+        P.collections, P.grdb, P.histogram, P.hummingbird, P.jwtKit, P.logging,
     ], path: "Benchmarks/BusBenchmark", swiftSettings: swiftSettings),
     // A worker process the live tests start and kill with SIGKILL.
     .executableTarget(name: "canopy-test-worker", dependencies: ["CanopyTesting", "CanopyServiceKit"], path: "Tests/TestWorker",

@@ -1,8 +1,8 @@
 import Foundation
 
 /// Two RSA keys (2,048 bits) made for these tests alone: the local OpenID provider signs with them.
-enum TestRSAKeys {
-    static let key1 = """
+public enum TestRSAKeys {
+    public static let key1 = """
 -----BEGIN PRIVATE KEY-----
 MIIEvgIBADANBgkqhkiG9w0BAQEFAASCBKgwggSkAgEAAoIBAQCtgvus74UU7Nh4
 H4re3MrAB+eRXVTzC7WkBylXA2r8Y9XdibvMGloCjxObXCsjOahWSQsNKZrHkNrV
@@ -32,7 +32,7 @@ ACWrTS3cd6IP91+aNxOUuPonDA32GEGHHltaeGNLdzIfpFlY/yQVo6QnFGoLfNfk
 ZjTBB+IPI0MUT98iUk0wXRnM
 -----END PRIVATE KEY-----
 """
-    static let key2 = """
+    public static let key2 = """
 -----BEGIN PRIVATE KEY-----
 MIIEvgIBADANBgkqhkiG9w0BAQEFAASCBKgwggSkAgEAAoIBAQCs3SSs/naK4PD6
 /MSkNHak7vLraCVsxvBBH2Pdp6JJz1dnMQbKpmPx2N1OQWjiVTSu0j2OLNSF+A/B
