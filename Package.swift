@@ -158,7 +158,7 @@ targets += service("Reminders", core: "Reminders", executable: "canopy-remind",
 targets += service("RequestBatching", core: "RequestBatching", executable: "canopy-batch",
     dependencies: [
         "CanopyBus", "CanopyMessages", "CanopyServiceKit", "CanopyStore", "CanopyOutbound", P.crypto, P.grdb, P.httpTypes, P.hummingbird,
-        P.jwtKit, P.logging, P.metrics, P.nioCore, P.nioHTTP1, P.openAPIHummingbird, P.openAPIRuntime, P.serviceLifecycle,
+        P.jwtKit, P.logging, P.metrics, P.nioCore, P.nioHTTP1, P.openAPIHummingbird, P.openAPIRuntime, P.postgresNIO, P.serviceLifecycle,
     ],
     executableDependencies: ["CanopyStore"],
     plugins: [.plugin(name: "OpenAPIGenerator", package: "swift-openapi-generator")])
@@ -175,7 +175,7 @@ targets += service("CareScheduling", core: "CareScheduling", executable: "canopy
 targets += [
     .executableTarget(name: "canopy", dependencies: [
         "CanopySamples", "CanopyDeployment", "CanopyServiceKit", "CanopyBus", "CanopyMessages", "CanopyCapture",
-        "CanopyReplay", "CanopyImaging", "CanopyStore", "CareScheduling", "Reminders", "Identification", "ImageCache",
+        "CanopyReplay", "CanopyImaging", "CanopyStore", "CareScheduling", "Reminders", "Identification", "ImageCache", "RequestBatching",
         P.asyncHTTPClient, P.grdb, P.logging, P.nioCore, P.nioHTTP1,
     ], path: "Services/Canopy", swiftSettings: swiftSettings),
     .executableTarget(name: "canopy-bench", dependencies: [

@@ -10,6 +10,7 @@ import Identification
 import ImageCache
 import Logging
 import Reminders
+import RequestBatching
 
 /// `canopy migrate`: a single-host install's stores moved into PostgreSQL, its photos into
 /// the shared photo store. The path from one machine to many (docs/SCALING.md).
@@ -17,7 +18,7 @@ struct Migrate: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Move a single-host install into PostgreSQL and a shared photo store, checked by counts and checksums.",
         discussion: """
-            Every SQLite store in --from (care, remind, identify, images) is copied into the
+            Every SQLite store in --from (care, remind, identify, images, batch) is copied into the
             database --to names, one transaction a store: its tables emptied and filled, then
             counted and checksummed against the source before anything commits. The stores are
             read through SQLite's online backup (as canopy backup does), so the stack may run
@@ -43,6 +44,7 @@ struct Migrate: AsyncParsableCommand {
     /// Every store `canopy migrate` moves, by the directory it lives in.
     static let stores: [(service: String, plan: StoreImport)] = [
         ("care", careStoreImport), ("remind", remindStoreImport), ("identify", identifyStoreImport), ("images", imagesStoreImport),
+        ("batch", batchStoreImport),
     ]
 
     func run() async throws {

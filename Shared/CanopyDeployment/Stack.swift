@@ -36,7 +36,7 @@ public enum CanopyStack {
         Service(name: "care", executable: "canopy-care", metricsPort: 9402, scales: true, keepsData: true),
         Service(name: "identify", executable: "canopy-identify", metricsPort: 9403, scales: true, keepsData: true),
         Service(name: "remind", executable: "canopy-remind", metricsPort: 9404, scales: true, keepsData: true),
-        Service(name: "batch", executable: "canopy-batch", metricsPort: 9405, scales: false, keepsData: false),
+        Service(name: "batch", executable: "canopy-batch", metricsPort: 9405, scales: false, keepsData: true),
     ]
 
     /// Where one local stack's processes listen and keep their data: what `canopy up` passes
@@ -94,7 +94,7 @@ public enum CanopyStack {
                 arguments += ["--bind", endpoints[min(replica, endpoints.count) - 1], "--name", replica == 1 ? "broker" : "broker-\(replica)",
                               "--max-frame-bytes", "33554432", "--capture-dir", dataDirectory]
             case "batch":
-                arguments += ["--endpoint", endpoint, "--http", http, "--token-key-file", tokenKeyFile]
+                arguments += ["--endpoint", endpoint, "--http", http, "--token-key-file", tokenKeyFile, "--data-dir", dataDirectory]
             default:
                 arguments += ["--endpoint", endpoint, "--data-dir", dataDirectory]
             }

@@ -2,7 +2,9 @@ import ArgumentParser
 import CanopyBus
 import CanopyMessages
 import CanopyServiceKit
+import CanopyStore
 import Foundation
+import Logging
 import RequestBatching
 
 @main
@@ -46,6 +48,19 @@ struct TokenKeyOptions: ParsableArguments {
     }
 }
 
+/// Where canopy-batch keeps its store (revoked tokens, people signed out): SQLite in the
+/// data directory, or PostgreSQL (`--database-url`) shared by every edge.
+struct BatchStoreOptions: ParsableArguments {
+    @Option(help: ArgumentHelp("Where the store of revoked tokens is (<dir>/batch/batch.sqlite) without --database-url. Env: CANOPY_DATA_DIR.", valueName: "dir"))
+    var dataDir: String = Environment.string("CANOPY_DATA_DIR") ?? "./.canopy"
+    @OptionGroup var database: DatabaseOptions
+
+    func open(logger: Logger) async throws -> any RevocationStoring {
+        try await openRevocationStore(directory: URL(fileURLWithPath: dataDir, isDirectory: true).appendingPathComponent("batch"),
+                                      postgres: try database.postgres(), logger: logger)
+    }
+}
+
 /// The identity providers whose tokens the API takes besides Canopy's own.
 struct IssuerOptions: ParsableArguments {
     @Option(help: ArgumentHelp("A JSON file of identity providers whose tokens are taken (Sign in with Apple, OpenID Connect): {\"issuers\": [{\"issuer\", \"jwksURL\"?, \"audiences\", \"subjectClaim\"?, \"prefix\"}]}. Env: CANOPY_TRUSTED_ISSUERS_FILE.", valueName: "file"))
@@ -74,6 +89,7 @@ struct ServeBatch: AsyncParsableCommand {
     @OptionGroup var operating: OperatingOptions
     @OptionGroup var token: TokenKeyOptions
     @OptionGroup var issuers: IssuerOptions
+    @OptionGroup var store: BatchStoreOptions
     @Option(help: ArgumentHelp("Where apps reach the API, HOST:PORT. Env: CANOPY_HTTP.", valueName: "host:port"))
     var http: String = Environment.string("CANOPY_HTTP") ?? "127.0.0.1:8080"
     @Option(help: ArgumentHelp("The largest JSON body taken, in bytes (a photo may have 25 MiB). Env: CANOPY_MAX_BODY_BYTES.", valueName: "bytes"))
@@ -114,6 +130,7 @@ struct ServeBatch: AsyncParsableCommand {
                                             metrics: try operating.listener(default: OperatingOptions.Defaults.batch))
         settings.trustedIssuers = try issuers.issuers()
         settings.jwksAllowedHosts = issuers.allowedHosts
+        settings.revocationStore = try await store.open(logger: logger)
         settings.maximumBodyBytes = maxBodyBytes
         settings.rateLimit = Double(rateLimit)
         settings.rateBurst = Double(rateBurst)
@@ -130,7 +147,7 @@ struct TokenCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "token", abstract: "Bearer tokens for operators and demos.",
         discussion: "Example: canopy-batch token issue --user user-42 --days 30 --token-key-file ./token.key",
-        subcommands: [IssueToken.self])
+        subcommands: [IssueToken.self, RevokeToken.self])
 }
 
 struct IssueToken: AsyncParsableCommand {
@@ -158,3 +175,56 @@ struct IssueToken: AsyncParsableCommand {
     }
 }
 
+
+struct RevokeToken: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "revoke", abstract: "Revoke one token, or every token a person was issued until now (sign out everywhere); every edge refuses them within 0.1 s.",
+        discussion: """
+            Examples:
+              canopy-batch token revoke --token eyJhbGciOi… --token-key-file ./token.key
+              canopy-batch token revoke --jti 6f1c… --data-dir ./.canopy
+              canopy-batch token revoke --user apple:000123.4f5e… --data-dir ./.canopy
+            """)
+
+    @Option(help: "A token to revoke (Canopy's own, checked with the key; its id and end are read from it).") var token: String?
+    @Option(help: "The id (jti) of a token to revoke; kept 400 days (longer than any of Canopy's tokens lives).") var jti: String?
+    @Option(help: "A person to sign out everywhere: every token issued to them before now (or --before) is refused.") var user: String?
+    @Option(help: "With --user: sign out tokens issued before this time (ISO 8601) instead of now.") var before: String?
+    @OptionGroup var keys: TokenKeyOptions
+    @OptionGroup var store: BatchStoreOptions
+
+    func validate() throws {
+        guard [token != nil, jti != nil, user != nil].filter({ $0 }).count == 1 else {
+            throw ValidationError("give one of --token TOKEN, --jti ID or --user ID")
+        }
+        if let jti, jti.isEmpty || jti.utf8.count > 256 { throw ValidationError("--jti is 1 to 256 bytes") }
+        if let user {
+            do { try TokenAuthority.check(user: user) } catch { throw ValidationError(error.message) }
+        }
+        if let before, (try? Date(before, strategy: .iso8601)) == nil { throw ValidationError("--before is ISO 8601, such as 2026-11-26T10:00:00Z") }
+        if before != nil && user == nil { throw ValidationError("--before goes with --user") }
+    }
+
+    func run() async throws {
+        let logger = LogSetup.logger(label: "canopy-batch", level: .error)
+        let revocations = try await store.open(logger: logger)
+        if let user {
+            let at = try before.map { try Date($0, strategy: .iso8601) } ?? Date()
+            try revocations.signOut(user: user, before: at)
+            print("signed \(user) out everywhere: tokens issued before \(at.formatted(.iso8601)) are refused")
+        } else if let jti {
+            try revocations.revoke(id: jti, until: Date().addingTimeInterval(400 * 86_400))
+            print("revoked token \(jti)")
+        } else if let token {
+            let authority = try TokenAuthority(keys: try keys.keys())
+            guard let identity = await authority.identity(of: token) else {
+                throw CommandFailure("the token is not one of Canopy's valid ones (forged, expired, or signed with another key); revoke by --jti, or sign the person out with --user")
+            }
+            guard let id = identity.id else {
+                throw CommandFailure("the token has no id (issued before tokens had one); sign \(identity.user) out with --user \(identity.user)")
+            }
+            try revocations.revoke(id: id, until: identity.expires)
+            print("revoked token \(id) of \(identity.user) (it would have ended \(identity.expires.formatted(.iso8601)))")
+        }
+    }
+}

@@ -26,6 +26,9 @@ public struct BatchServiceSettings: Sendable {
     public var jwksAllowedHosts: Set<String> = []
     /// A token naming a key an issuer has not published refreshes its keys at most once in this.
     public var jwksMinimumRefresh: Duration = .seconds(60)
+    /// canopy-batch's store of revoked tokens and people signed out, watched for changes;
+    /// nil checks no revocations (tests of other things).
+    public var revocationStore: (any RevocationStoring)?
     /// Where `/metrics` and `/health` listen; `nil` for nowhere.
     public var metrics: ListenAddress?
     /// The largest JSON body taken.
@@ -65,7 +68,7 @@ public struct BatchServiceSettings: Sendable {
 
     /// The authority that checks bearer tokens, with the issuers' keys fetched through the
     /// outbound address policy (at most 256 KiB within 5 s).
-    func tokenAuthority() throws -> TokenAuthority {
+    func tokenAuthority(revocations: RevocationWatcher? = nil) throws -> TokenAuthority {
         var http: PinnedHTTP?
         if !trustedIssuers.isEmpty {
             var outbound = PinnedHTTP.Settings()
@@ -75,7 +78,7 @@ public struct BatchServiceSettings: Sendable {
             outbound.totalTimeout = .seconds(5)
             http = try PinnedHTTP(settings: outbound)
         }
-        return try TokenAuthority(keys: tokenKeys, issuers: trustedIssuers, http: http, minimumRefresh: jwksMinimumRefresh)
+        return try TokenAuthority(keys: tokenKeys, issuers: trustedIssuers, http: http, minimumRefresh: jwksMinimumRefresh, revocations: revocations)
     }
 }
 
@@ -140,7 +143,8 @@ public func buildBatchService(settings: BatchServiceSettings, context: ZMQContex
 /// the services through `bus`: what ``buildBatchService(settings:context:logger:)`` runs after
 /// its bus client, and what tests run on an in-process bus.
 public func makeBatchService(settings: BatchServiceSettings, bus: any BusCalling, logger: Logger) throws -> [any Service] {
-    let tokens = try settings.tokenAuthority()
+    let watcher = try settings.revocationStore.map { try RevocationWatcher(store: $0, logger: logger) }
+    let tokens = try settings.tokenAuthority(revocations: watcher)
     if !settings.trustedIssuers.isEmpty {
         // Each issuer's keys now; one that cannot be reached is tried again when its tokens come.
         Task {
@@ -169,7 +173,7 @@ public func makeBatchService(settings: BatchServiceSettings, bus: any BusCalling
     try api.registerHandlers(on: operations, configuration: configuration, middlewares: [EntityTags()]) // the same handlers, for batches
     let http = BatchHTTPServer(responder: EdgeResponder(router: router.buildResponder(), edge: edge), address: settings.http,
                                idleTimeout: settings.idleTimeout, readTimeout: settings.readTimeout, logger: logger)
-    var services: [any Service] = [http]
+    var services: [any Service] = (watcher.map { [$0] } ?? []) + [http]
     if let metrics = settings.metrics {
         services.append(try OperatingEndpoint(host: metrics.host, port: metrics.port, health: { await brokerHealth(bus) }, logger: logger))
     }

@@ -28,6 +28,9 @@ public actor TokenAuthority {
     private let issuers: [String: IssuerKeys]
     /// How far `exp`, `nbf` and `iat` may be off (clocks differ).
     public let leeway: TimeInterval
+    /// What is revoked, checked on every request (a revoked token is refused at once, also
+    /// one verified before).
+    private nonisolated let revocations: RevocationWatcher?
 
     /// The most a user id may be: printable ASCII (the bus compares principals as bytes).
     public static let maximumUserBytes = 128
@@ -75,8 +78,10 @@ public actor TokenAuthority {
     ///   - minimumRefresh: a token naming an unknown key refreshes an issuer's keys at most
     ///     once in this.
     ///   - leeway: how far `exp`, `nbf` and `iat` may be off.
+    ///   - revocations: tokens revoked and people signed out (`canopy-batch token revoke`).
     public init(keys: [[UInt8]], issuers: [TrustedIssuer] = [], http: PinnedHTTP? = nil, minimumRefresh: Duration = .seconds(60),
-                leeway: TimeInterval = 60) throws(CanopyError) {
+                leeway: TimeInterval = 60, revocations: RevocationWatcher? = nil) throws(CanopyError) {
+        self.revocations = revocations
         guard !keys.isEmpty else { throw CanopyError(.badRequest, "canopy-batch needs at least one token signing key") }
         for key in keys where key.count < Self.minimumKeyBytes {
             throw CanopyError(.badRequest, "the token signing key has \(key.count) bytes; give at least \(Self.minimumKeyBytes) random bytes")
@@ -156,31 +161,52 @@ public actor TokenAuthority {
     private struct Verified {
         let user: String
         let expires: Date
+        /// Its `jti` and `iat`, for the revocations.
+        let id: String?
+        let issuedAt: Date?
+    }
+
+    /// What a verified token says: whom it names, until when, and what revocations look at.
+    struct Identity {
+        let user: String
+        let expires: Date
+        let id: String?
+        let issuedAt: Date?
     }
 
     /// The user a token names (`PREFIX:SUBJECT` for a trusted issuer's); `nil` when it is
     /// forged, expired, not yet valid, for another audience, or from an issuer not trusted.
     public nonisolated func user(of token: String, now: Date = Date()) async -> String? {
-        let known = verified.withLock { cache -> String?? in
+        let known = verified.withLock { cache -> Verified?? in
             guard let known = cache[token] else { return .none } // not seen: verify it
-            if now < known.expires { return .some(known.user) }
+            if now < known.expires { return .some(known) }
             cache[token] = nil
             return .some(nil)
         }
-        if let known { return known }
-        guard let (user, expires) = await verify(token, now: now) else { return nil }
+        if let known {
+            guard let known, revocations?.revokes(id: known.id, user: known.user, issuedAt: known.issuedAt) != true else { return nil }
+            return known.user
+        }
+        guard let identity = await verify(token, now: now) else { return nil }
         verified.withLock { cache in
             if cache.count >= Self.verifiedCapacity {
                 cache = cache.filter { now < $0.value.expires } // the ended go; if none had, all go
                 if cache.count >= Self.verifiedCapacity { cache.removeAll(keepingCapacity: true) }
             }
-            cache[token] = Verified(user: user, expires: expires)
+            cache[token] = Verified(user: identity.user, expires: identity.expires, id: identity.id, issuedAt: identity.issuedAt)
         }
-        return user
+        guard revocations?.revokes(id: identity.id, user: identity.user, issuedAt: identity.issuedAt) != true else { return nil }
+        return identity.user
+    }
+
+    /// A token's id and end, verified with the keys (for `canopy-batch token revoke --token`).
+    public func identity(of token: String, now: Date = Date()) async -> (user: String, id: String?, expires: Date)? {
+        guard let identity = await verify(token, now: now) else { return nil }
+        return (identity.user, identity.id, identity.expires)
     }
 
     /// Checks a token's signature and claims: whom it names and until when.
-    private func verify(_ token: String, now: Date) async -> (String, Date)? {
+    private func verify(_ token: String, now: Date) async -> Identity? {
         guard token.utf8.count <= Self.maximumTokenBytes, let parts = UnverifiedToken(token) else { return nil }
         if parts.issuer == Self.issuer {
             return await verifyOwn(token, parts: parts, now: now)
@@ -190,18 +216,18 @@ public actor TokenAuthority {
     }
 
     /// One of Canopy's own: HS256 under one of the keys.
-    private func verifyOwn(_ token: String, parts: UnverifiedToken, now: Date) async -> (String, Date)? {
+    private func verifyOwn(_ token: String, parts: UnverifiedToken, now: Date) async -> Identity? {
         guard parts.algorithm == "HS256" else { return nil }
         await ready()
         if let kid = parts.keyID, !signing.contains(where: { $0.kid == kid }) { return nil } // a removed key's token
         // A token from before kids is tried under each key.
         guard let claims = try? await keys.verify(token, as: Claims.self, iteratingKeys: parts.keyID == nil) else { return nil }
         guard (try? Self.check(user: claims.sub.value)) != nil, now < claims.exp.value else { return nil }
-        return (claims.sub.value, claims.exp.value)
+        return Identity(user: claims.sub.value, expires: claims.exp.value, id: claims.jti?.value, issuedAt: claims.iat.value)
     }
 
     /// A trusted issuer's: its key by `kid`, that key's algorithm, then `iss`, `aud`, the times.
-    private func verifyIssued(_ token: String, parts: UnverifiedToken, by issuerKeys: IssuerKeys, now: Date) async -> (String, Date)? {
+    private func verifyIssued(_ token: String, parts: UnverifiedToken, by issuerKeys: IssuerKeys, now: Date) async -> Identity? {
         guard let kid = parts.keyID, let key = await issuerKeys.key(kid), parts.algorithm == key.algorithm,
               let claims = try? await key.collection.verify(token, as: IssuerClaims.self) else { return nil }
         let issuer = issuerKeys.issuer
@@ -212,7 +238,7 @@ public actor TokenAuthority {
         guard let subject = parts.payload[issuer.subject] as? String, !subject.isEmpty else { return nil }
         let user = issuer.prefix + ":" + subject
         guard (try? Self.check(user: user)) != nil else { return nil }
-        return (user, claims.exp.value.addingTimeInterval(leeway))
+        return Identity(user: user, expires: claims.exp.value.addingTimeInterval(leeway), id: parts.payload["jti"] as? String, issuedAt: claims.iat?.value)
     }
 
     /// A user id is 1 to 128 printable ASCII characters without spaces.

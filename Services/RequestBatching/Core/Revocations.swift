@@ -1,0 +1,222 @@
+import CanopyMessages
+import CanopyServiceKit
+import CanopyStore
+import Foundation
+import GRDB
+import Logging
+import PostgresNIO
+import ServiceLifecycle
+import Synchronization
+
+/// What is revoked now: tokens by their id (`jti`), until they would have ended anyway; and
+/// people signed out everywhere, every token issued to them (`iat`) before a time.
+public struct Revocations: Sendable, Equatable {
+    public var tokens: [String: Date] = [:]
+    public var signedOut: [String: Date] = [:]
+
+    public init() {}
+
+    /// Whether a token with this id, naming `user` and issued at `issuedAt`, is revoked.
+    public func revokes(id: String?, user: String, issuedAt: Date?) -> Bool {
+        if let id, tokens[id] != nil { return true }
+        guard let before = signedOut[user] else { return false }
+        // A token that does not say when it was issued is issued before any sign-out.
+        return (issuedAt ?? .distantPast) < before
+    }
+}
+
+/// canopy-batch's own small store: revoked tokens and people signed out everywhere
+/// (`canopy-batch token revoke`), in SQLite (`<data-dir>/batch/batch.sqlite`) or in the
+/// PostgreSQL the stack shares. Every change bumps a generation, which each edge watches.
+public protocol RevocationStoring: Sendable {
+    /// Revokes the token `id` until `until` (after which it would have ended anyway).
+    func revoke(id: String, until: Date) throws
+    /// Revokes every token issued to `user` before `before` (whole seconds, as `iat` has
+    /// them: a token issued in the second of the sign-out, after it, is taken).
+    func signOut(user: String, before: Date) throws
+    /// Everything in force at `now` (revoked tokens past their end are forgotten).
+    func load(now: Date) throws -> Revocations
+    /// Bumped by every change.
+    func generation() throws -> Int64
+}
+
+/// The most tokens revoked by id at once (a bound on the store and on every edge's memory).
+let maximumRevokedTokens = 1_000_000
+
+/// Revocations in SQLite.
+final class SQLiteRevocationStore: RevocationStoring {
+    let database: DatabasePool
+
+    init(path: String) throws {
+        try FileManager.default.createDirectory(atPath: (path as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
+        database = try SQLiteStore.open(path: path, migrator: Self.migrator)
+    }
+
+    static var migrator: DatabaseMigrator {
+        var migrator = DatabaseMigrator()
+        migrator.registerMigration("v1") { db in
+            try db.execute(sql: """
+                CREATE TABLE revokedTokens (jti TEXT PRIMARY KEY, until DOUBLE NOT NULL);
+                CREATE TABLE signedOut (principal TEXT PRIMARY KEY, before DOUBLE NOT NULL);
+                CREATE TABLE revocationMeta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+                INSERT INTO revocationMeta VALUES ('generation', 0);
+                """)
+        }
+        return migrator
+    }
+
+    func revoke(id: String, until: Date) throws {
+        try database.write { db in
+            try db.execute(sql: "DELETE FROM revokedTokens WHERE until < ?", arguments: [Date().timeIntervalSince1970])
+            guard try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM revokedTokens") ?? 0 < maximumRevokedTokens else {
+                throw CanopyError(.tooLarge, "\(maximumRevokedTokens) tokens are revoked already; sign people out everywhere instead (--user)")
+            }
+            try db.execute(sql: "INSERT INTO revokedTokens VALUES (?, ?) ON CONFLICT (jti) DO UPDATE SET until = max(until, excluded.until)",
+                           arguments: [id, until.timeIntervalSince1970])
+            try db.execute(sql: "UPDATE revocationMeta SET value = value + 1 WHERE key = 'generation'")
+        }
+    }
+
+    func signOut(user: String, before: Date) throws {
+        try database.write { db in
+            try db.execute(sql: "INSERT INTO signedOut VALUES (?, ?) ON CONFLICT (principal) DO UPDATE SET before = max(before, excluded.before)",
+                           arguments: [user, before.timeIntervalSince1970.rounded(.down)])
+            try db.execute(sql: "UPDATE revocationMeta SET value = value + 1 WHERE key = 'generation'")
+        }
+    }
+
+    func load(now: Date) throws -> Revocations {
+        try database.read { db in
+            var revocations = Revocations()
+            for row in try Row.fetchAll(db, sql: "SELECT jti, until FROM revokedTokens WHERE until >= ?", arguments: [now.timeIntervalSince1970]) {
+                revocations.tokens[row["jti"]] = Date(timeIntervalSince1970: row["until"])
+            }
+            for row in try Row.fetchAll(db, sql: "SELECT principal, before FROM signedOut") {
+                revocations.signedOut[row["principal"]] = Date(timeIntervalSince1970: row["before"])
+            }
+            return revocations
+        }
+    }
+
+    func generation() throws -> Int64 {
+        try database.read { db in try Int64.fetchOne(db, sql: "SELECT value FROM revocationMeta WHERE key = 'generation'") ?? 0 }
+    }
+}
+
+/// Revocations in PostgreSQL, shared by every edge of the stack.
+final class PostgresRevocationStore: RevocationStoring {
+    let database: PostgresStore
+
+    private init(database: PostgresStore) {
+        self.database = database
+    }
+
+    static func open(url: DatabaseURL, poolSize: Int, logger: Logger) async throws -> PostgresRevocationStore {
+        PostgresRevocationStore(database: try await PostgresStore.open(url: url, migrator: migrator, size: poolSize, logger: logger))
+    }
+
+    static var migrator: PostgresMigrator {
+        var migrator = PostgresMigrator(store: "batch")
+        migrator.register("v1",
+            "CREATE TABLE revokedTokens (jti TEXT PRIMARY KEY, until DOUBLE PRECISION NOT NULL)",
+            "CREATE TABLE signedOut (principal TEXT PRIMARY KEY, before DOUBLE PRECISION NOT NULL)",
+            "CREATE TABLE revocationMeta (key TEXT PRIMARY KEY, value BIGINT NOT NULL)",
+            "INSERT INTO revocationMeta VALUES ('generation', 0)")
+        return migrator
+    }
+
+    func revoke(id: String, until: Date) throws {
+        let (end, now) = (until.timeIntervalSince1970, Date().timeIntervalSince1970)
+        try database.write(isolation: .readCommitted) { session in
+            _ = try session.execute("DELETE FROM revokedTokens WHERE until < \(now)")
+            guard try session.value(Int.self, "SELECT COUNT(*)::BIGINT FROM revokedTokens") ?? 0 < maximumRevokedTokens else {
+                throw CanopyError(.tooLarge, "\(maximumRevokedTokens) tokens are revoked already; sign people out everywhere instead (--user)")
+            }
+            _ = try session.execute("INSERT INTO revokedTokens VALUES (\(id), \(end)) ON CONFLICT (jti) DO UPDATE SET until = GREATEST(revokedTokens.until, EXCLUDED.until)")
+            _ = try session.execute("UPDATE revocationMeta SET value = value + 1 WHERE key = 'generation'")
+        }
+    }
+
+    func signOut(user: String, before: Date) throws {
+        let at = before.timeIntervalSince1970.rounded(.down)
+        try database.write(isolation: .readCommitted) { session in
+            _ = try session.execute("INSERT INTO signedOut VALUES (\(user), \(at)) ON CONFLICT (principal) DO UPDATE SET before = GREATEST(signedOut.before, EXCLUDED.before)")
+            _ = try session.execute("UPDATE revocationMeta SET value = value + 1 WHERE key = 'generation'")
+        }
+    }
+
+    func load(now: Date) throws -> Revocations {
+        let at = now.timeIntervalSince1970
+        return try database.read { session in
+            var revocations = Revocations()
+            for row in try session.rows("SELECT jti, until FROM revokedTokens WHERE until >= \(at)") {
+                revocations.tokens[try row[0].decode(String.self)] = Date(timeIntervalSince1970: try row[1].decode(Double.self))
+            }
+            for row in try session.rows("SELECT principal, before FROM signedOut") {
+                revocations.signedOut[try row[0].decode(String.self)] = Date(timeIntervalSince1970: try row[1].decode(Double.self))
+            }
+            return revocations
+        }
+    }
+
+    func generation() throws -> Int64 {
+        try database.statement { session in try session.value(Int64.self, "SELECT value FROM revocationMeta WHERE key = 'generation'") ?? 0 }
+    }
+}
+
+/// Opens canopy-batch's store: PostgreSQL when `postgres` names one, else SQLite in `directory`.
+public func openRevocationStore(directory: URL, postgres: PostgresSettings?, logger: Logger) async throws -> any RevocationStoring {
+    if let postgres { return try await PostgresRevocationStore.open(url: postgres.url, poolSize: min(postgres.poolSize, 2), logger: logger) }
+    return try SQLiteRevocationStore(path: directory.appendingPathComponent("batch.sqlite").path)
+}
+
+/// What `canopy migrate` moves of canopy-batch's store.
+public let batchStoreImport = StoreImport(store: "batch", migrator: PostgresRevocationStore.migrator, tables: [
+    .init("revokedTokens", key: ["jti"]), .init("signedOut", key: ["principal"]), .init("revocationMeta", key: ["key"], seeded: true),
+])
+
+/// The revocations in force, as every request checks them (one lock), kept up to date from
+/// the store: its generation read every ``interval`` (a single-row read), everything loaded
+/// again when it moved. A revocation reaches every edge within ``interval``.
+public final class RevocationWatcher: Service, Sendable {
+    private let store: any RevocationStoring
+    private let current = Mutex(Revocations())
+    private let logger: Logger
+    public static let interval: Duration = .milliseconds(100)
+
+    public init(store: any RevocationStoring, logger: Logger) throws {
+        self.store = store
+        self.logger = logger
+        let loaded = try store.load(now: Date())
+        current.withLock { $0 = loaded }
+    }
+
+    /// The revocations in force now.
+    public var revocations: Revocations { current.withLock { $0 } }
+
+    /// Whether a token is revoked (see ``Revocations/revokes(id:user:issuedAt:)``).
+    public func revokes(id: String?, user: String, issuedAt: Date?) -> Bool {
+        current.withLock { $0.revokes(id: id, user: user, issuedAt: issuedAt) }
+    }
+
+    public func run() async throws {
+        let store = self.store
+        let first = (try? await offThePool { try store.generation() }) ?? -1
+        await cancelWhenGracefulShutdown {
+            var seen = first
+            while !Task.isCancelled {
+                try? await Task.sleep(for: Self.interval)
+                do {
+                    // Off the cooperative pool: a round trip on PostgreSQL.
+                    let now = try await offThePool { try store.generation() }
+                    guard now != seen else { continue }
+                    let loaded = try await offThePool { try store.load(now: Date()) }
+                    self.current.withLock { $0 = loaded }
+                    seen = now
+                } catch {
+                    self.logger.warning("batch.revocations.unreadable", metadata: ["batch.error": "\(error)"])
+                }
+            }
+        }
+    }
+}
