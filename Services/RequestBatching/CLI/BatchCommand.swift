@@ -130,6 +130,7 @@ struct ServeBatch: AsyncParsableCommand {
                                             metrics: try operating.listener(default: OperatingOptions.Defaults.batch))
         settings.trustedIssuers = try issuers.issuers()
         settings.jwksAllowedHosts = issuers.allowedHosts
+        try checkBatchPorts(settings) // a taken port stops it before the store is made
         settings.revocationStore = try await store.open(logger: logger)
         settings.maximumBodyBytes = maxBodyBytes
         settings.rateLimit = Double(rateLimit)

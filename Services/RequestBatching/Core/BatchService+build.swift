@@ -132,11 +132,17 @@ public final class BatchHTTPServer: Service, Sendable {
 /// which services have workers.
 public func buildBatchService(settings: BatchServiceSettings, context: ZMQContext, logger: Logger) throws -> [any Service] {
     // Every port first, so a taken one stops the process before anything starts.
-    try PortCheck.ensureFree(settings.http, for: BatchHTTPServer.purpose, option: BatchHTTPServer.option)
-    try OperatingEndpoint.ensureFree(settings.metrics)
+    try checkBatchPorts(settings)
     _ = try settings.tokenAuthority() // a bad key or issuer stops it before the client connects
     let bus = try BusClient(configuration: settings.bus, context: context, logger: logger)
     return [bus] + (try makeBatchService(settings: settings, bus: bus, logger: logger))
+}
+
+/// Stops with a sentence when a port `settings` name is taken (before anything opens: the
+/// store, the bus).
+public func checkBatchPorts(_ settings: BatchServiceSettings) throws {
+    try PortCheck.ensureFree(settings.http, for: BatchHTTPServer.purpose, option: BatchHTTPServer.option)
+    try OperatingEndpoint.ensureFree(settings.metrics)
 }
 
 /// The HTTP API and the `/metrics` and `/health` listener (when `settings` name one), calling

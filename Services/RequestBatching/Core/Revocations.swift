@@ -181,12 +181,16 @@ public let batchStoreImport = StoreImport(store: "batch", migrator: PostgresRevo
 public final class RevocationWatcher: Service, Sendable {
     private let store: any RevocationStoring
     private let current = Mutex(Revocations())
+    /// The generation ``current`` was loaded at (read before loading: a change in between is
+    /// loaded again, never missed).
+    private let loadedGeneration: Int64
     private let logger: Logger
     public static let interval: Duration = .milliseconds(100)
 
     public init(store: any RevocationStoring, logger: Logger) throws {
         self.store = store
         self.logger = logger
+        loadedGeneration = try store.generation()
         let loaded = try store.load(now: Date())
         current.withLock { $0 = loaded }
     }
@@ -201,9 +205,8 @@ public final class RevocationWatcher: Service, Sendable {
 
     public func run() async throws {
         let store = self.store
-        let first = (try? await offThePool { try store.generation() }) ?? -1
         await cancelWhenGracefulShutdown {
-            var seen = first
+            var seen = self.loadedGeneration
             while !Task.isCancelled {
                 try? await Task.sleep(for: Self.interval)
                 do {
