@@ -119,10 +119,10 @@ struct CommandLineTests {
         // With CURVE: one broker key for all, or one per endpoint in the same order.
         guard Curve.isAvailable else { return }
         let keys = try (0..<3).map { _ in try CurveKeyPair.generate().publicKey }
-        let two = try CommonOptions.parse(["--endpoint", "tcp://a:1,tcp://b:2", "--curve-server-key", "\(keys[0]),\(keys[1])"])
+        let two = try CommonOptions.parse(["--endpoint", "tcp://a:1,tcp://b:2", "--curve-server-key=\(keys[0]),\(keys[1])"]) // = : a Z85 key may begin with '-'
         #expect(try two.curveSettings()?.serverKeys == [keys[0], keys[1]])
-        #expect(try CommonOptions.parse(["--endpoint", "tcp://a:1,tcp://b:2", "--curve-server-key", keys[2]]).curveSettings()?.serverKey(forBroker: 1) == keys[2])
-        let three = try CommonOptions.parse(["--endpoint", "tcp://a:1,tcp://b:2", "--curve-server-key", keys.joined(separator: ",")])
+        #expect(try CommonOptions.parse(["--endpoint", "tcp://a:1,tcp://b:2", "--curve-server-key=\(keys[2])"]).curveSettings()?.serverKey(forBroker: 1) == keys[2])
+        let three = try CommonOptions.parse(["--endpoint", "tcp://a:1,tcp://b:2", "--curve-server-key=\(keys.joined(separator: ","))"])
         #expect(throws: ValidationError.self) { try three.curveSettings() }
     }
 }

@@ -203,22 +203,38 @@ public final class RevocationWatcher: Service, Sendable {
         current.withLock { $0.revokes(id: id, user: user, issuedAt: issuedAt) }
     }
 
+    /// Watches on a thread of its own (a blocking read every ``interval``: neither the
+    /// cooperative pool nor the global queues, which a busy process may keep full, can delay
+    /// a revocation) until graceful shutdown.
     public func run() async throws {
-        let store = self.store
-        await cancelWhenGracefulShutdown {
-            var seen = self.loadedGeneration
-            while !Task.isCancelled {
-                try? await Task.sleep(for: Self.interval)
+        let stop = Mutex(false)
+        let finished = DispatchSemaphore(value: 0)
+        let thread = Thread { [self] in
+            var seen = loadedGeneration
+            while !stop.withLock({ $0 }) {
+                Thread.sleep(forTimeInterval: Self.interval.seconds)
                 do {
-                    // Off the cooperative pool: a round trip on PostgreSQL.
-                    let now = try await offThePool { try store.generation() }
+                    let now = try store.generation()
                     guard now != seen else { continue }
-                    let loaded = try await offThePool { try store.load(now: Date()) }
-                    self.current.withLock { $0 = loaded }
+                    let loaded = try store.load(now: Date())
+                    current.withLock { $0 = loaded }
                     seen = now
                 } catch {
-                    self.logger.warning("batch.revocations.unreadable", metadata: ["batch.error": "\(error)"])
+                    logger.warning("batch.revocations.unreadable", metadata: ["batch.error": "\(error)"])
                 }
+            }
+            finished.signal()
+        }
+        thread.name = "canopy-revocations"
+        thread.start()
+        await cancelWhenGracefulShutdown {
+            while !Task.isCancelled { try? await Task.sleep(for: .seconds(3_600)) }
+        }
+        stop.withLock { $0 = true }
+        await withCheckedContinuation { continuation in
+            DispatchQueue.global().async {
+                finished.wait()
+                continuation.resume()
             }
         }
     }
