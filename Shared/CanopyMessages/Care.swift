@@ -193,6 +193,21 @@ public enum Care {
         public static let idempotent = true
     }
 
+    /// `care.account.delete`: a person deletes their account. Every plant of theirs goes as a
+    /// deleted plant does, and their preferences; the follow-ups in the same transaction tell
+    /// canopy-remind, canopy-identify and canopy-images to forget the person (`account.forget`),
+    /// delivered by the outbox however long a service is down. Answers how many plants went.
+    public enum DeleteAccount: BusOperation {
+        public typealias Request = Empty
+        public struct Reply: Codable, Sendable, Equatable {
+            public var plants: Int
+            public init(plants: Int) { self.plants = plants }
+        }
+        public static let service = Care.service
+        public static let name = "account.delete"
+        public static let idempotent = true
+    }
+
     public enum SortKey: String, Codable, Sendable, CaseIterable { case dateAdded, dateIdentified, name, family }
 
     /// Watering frequency buckets: often (every 1-4 days), weekly (5-10), rarely (11+).

@@ -304,6 +304,17 @@ public enum Identification {
         public static let idempotent = true
     }
 
+    /// `account.forget`: canopy-care's follow-up when a person deletes their account: every
+    /// identification of theirs, its photos' filing and features, and their submissions go.
+    public enum ForgetPerson: BusOperation {
+        public typealias Request = Empty
+        public typealias Reply = Empty
+        public static let service = Identification.service
+        public static let name = "account.forget"
+        public static let access = Access.service
+        public static let idempotent = true
+    }
+
     /// `identifications.forget-plant`: forget the identifications of a deleted plant (called
     /// by canopy-care's outbox).
     public enum ForgetPlant: BusOperation {

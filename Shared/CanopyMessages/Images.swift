@@ -231,6 +231,17 @@ public enum Images {
         public static let idempotent = true
     }
 
+    /// `account.forget`: canopy-care's follow-up when a person deletes their account: every
+    /// photo of theirs is purged as a deleted plant's are.
+    public enum ForgetPerson: BusOperation {
+        public typealias Request = Empty
+        public typealias Reply = Empty
+        public static let service = Images.service
+        public static let name = "account.forget"
+        public static let access = Access.service
+        public static let idempotent = true
+    }
+
     /// `images.purge`: forget a plant's photos (or, with `sha256`, one of them); originals
     /// nobody else holds are deleted with their variants and palettes, from memory and disk.
     public enum Purge: BusOperation {

@@ -78,6 +78,17 @@ public enum Reminders {
     }
 
     /// `reminders.cancel-plant`: drop every pending reminder of a deleted plant.
+    /// `account.forget`: canopy-care's follow-up when a person deletes their account: every
+    /// device, reminder and notification of theirs goes.
+    public enum ForgetPerson: BusOperation {
+        public typealias Request = Empty
+        public typealias Reply = Empty
+        public static let service = Reminders.service
+        public static let name = "account.forget"
+        public static let access = Access.service
+        public static let idempotent = true
+    }
+
     public enum CancelPlant: BusOperation {
         public struct Request: Codable, Sendable, Equatable {
             public var plantID: String

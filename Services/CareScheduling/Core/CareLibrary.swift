@@ -110,6 +110,23 @@ final class CareLibrary: Sendable {
         }
     }
 
+    /// Deletes a person's account: every plant with its tasks and log, their preferences, and
+    /// in the same transaction the follow-ups that make the other services forget them.
+    func deleteAccount(owner: String, now: Date? = nil) throws -> Int {
+        let now = now ?? clock.now()
+        return try store.write { data in
+            let plants = try data.plants(owner: owner)
+            for plant in plants { try data.deletePlant(owner: owner, id: plant.id) }
+            try data.deletePreferences(owner: owner)
+            let empty = try codec.encode(Empty())
+            for (service, operation) in [(Reminders.service, Reminders.ForgetPerson.name), (Identification.service, Identification.ForgetPerson.name),
+                                         (Images.service, Images.ForgetPerson.name)] {
+                try data.enqueue(owner: owner, service: service, operation: operation, body: empty, now: now)
+            }
+            return plants.count
+        }
+    }
+
     /// A page of the collection. The page ends early when the next plant would take the
     /// reply past `replyBytes` (the broker's frame limit); `nextOffset` says where to go on.
     func list(_ request: Care.ListPlants.Request, owner: String, replyBytes: Int = RequestContext.defaultMaximumReplyBytes) throws -> Care.ListPlants.Reply {

@@ -320,6 +320,10 @@ private struct Transaction: CareWrites {
         return (try? store.codec.decode(Care.Preferences.self, from: [UInt8](data))) ?? Care.Preferences()
     }
 
+    func deletePreferences(owner: String) throws {
+        try db.execute(sql: "DELETE FROM preferences WHERE owner = ?", arguments: [owner])
+    }
+
     func savePreferences(_ preferences: Care.Preferences, owner: String) throws {
         try db.execute(sql: "INSERT OR REPLACE INTO preferences (owner, value) VALUES (?, ?)", arguments: [owner, Data(try store.codec.encode(preferences))])
     }

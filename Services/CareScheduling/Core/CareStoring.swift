@@ -95,6 +95,7 @@ protocol CareWrites: CareReads {
     /// Deletes a plant with its tasks and care log.
     func deletePlant(owner: String, id: String) throws
     func savePreferences(_ preferences: Care.Preferences, owner: String) throws
+    func deletePreferences(owner: String) throws
     /// Writes a task (new or changed), its snooze cleared.
     func saveTask(_ task: StoredTask) throws
     func deleteTask(owner: String, id: String) throws

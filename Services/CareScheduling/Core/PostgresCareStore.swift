@@ -391,6 +391,10 @@ private struct PostgresCareTransaction: CareWrites {
         return (try row?[0].decode(Int.self) ?? 0, preferences ?? Care.Preferences())
     }
 
+    func deletePreferences(owner: String) throws {
+        try session.execute("DELETE FROM preferences WHERE owner = \(owner)")
+    }
+
     func savePreferences(_ preferences: Care.Preferences, owner: String) throws {
         let value = Data(try store.codec.encode(preferences))
         try session.execute("INSERT INTO preferences (owner, value) VALUES (\(owner), \(value)) ON CONFLICT (owner) DO UPDATE SET value = excluded.value")

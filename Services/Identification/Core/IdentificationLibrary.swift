@@ -251,6 +251,13 @@ final class IdentificationLibrary: Sendable {
     func forget(plantID: String, owner: String) throws {
         try store.forget(owner: owner, plantID: plantID)
     }
+
+    /// Forgets a person who deleted their account: each plant's identifications as a deleted
+    /// plant's are forgotten, then their submissions.
+    func forget(owner: String) throws {
+        for plantID in try store.plantIDs(owner: owner) { _ = try store.forget(owner: owner, plantID: plantID) }
+        try store.forgetSubmissions(owner: owner)
+    }
 }
 
 extension Care.Source {

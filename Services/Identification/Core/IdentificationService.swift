@@ -20,6 +20,10 @@ public struct IdentificationService: BusService {
         handlers.on(Identification.Accept.self) { request, owner, _ in try await library.accept(request, owner: owner) }
         handlers.on(Identification.Get.self) { request, owner, _ in try await library.get(request.id, owner: owner) }
         handlers.on(Identification.History.self) { request, owner, _ in try library.history(request, owner: owner) }
+        handlers.on(Identification.ForgetPerson.self) { _, owner, _ in
+            try await offThePool { try library.forget(owner: owner) }
+            return Empty()
+        }
         handlers.on(Identification.ForgetPlant.self) { request, owner, _ in
             try library.forget(plantID: request.plantID, owner: owner)
             return Empty()

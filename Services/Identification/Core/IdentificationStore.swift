@@ -119,6 +119,19 @@ final class IdentificationStore: IdentificationStoring {
         }
     }
 
+    func plantIDs(owner: String) throws -> [String] {
+        try database.read { db in
+            try String.fetchAll(db, sql: """
+                SELECT plantID FROM identifications WHERE owner = ? UNION SELECT acceptedPlantID FROM identifications WHERE owner = ? AND acceptedPlantID IS NOT NULL
+                UNION SELECT plantID FROM plantPhotos WHERE owner = ?
+                """, arguments: [owner, owner, owner])
+        }
+    }
+
+    func forgetSubmissions(owner: String) throws {
+        try database.write { db in try db.execute(sql: "DELETE FROM submissions WHERE owner = ?", arguments: [owner]) }
+    }
+
     func releaseSubmission(owner: String, key: String) throws {
         try database.write { [holder] db in
             try db.execute(sql: "DELETE FROM submissions WHERE owner = ? AND submissionKey = ? AND (claimedBy IS NULL OR claimedBy = ?)",

@@ -37,6 +37,10 @@ protocol IdentificationStoring: Sendable {
     func history(owner: String, plantID: String?, limit: Int, after cursor: (createdAt: Double, id: String)?) throws -> [Identification.Record]
     /// Forgets a deleted plant's identifications and its photos' filing; how many went.
     func forget(owner: String, plantID: String) throws -> Int
+    /// Every plant id `owner`'s identifications and filed photos name.
+    func plantIDs(owner: String) throws -> [String]
+    /// Drops `owner`'s submission claims.
+    func forgetSubmissions(owner: String) throws
 
     // MARK: Photo features
 

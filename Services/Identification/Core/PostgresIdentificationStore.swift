@@ -120,6 +120,19 @@ final class PostgresIdentificationStore: IdentificationStoring {
         }
     }
 
+    func plantIDs(owner: String) throws -> [String] {
+        try database.statement { session in
+            try session.rows("""
+                SELECT plantID FROM identifications WHERE owner = \(owner) UNION SELECT acceptedPlantID FROM identifications WHERE owner = \(owner) AND acceptedPlantID IS NOT NULL
+                UNION SELECT plantID FROM plantPhotos WHERE owner = \(owner)
+                """).map { try $0[0].decode(String.self) }
+        }
+    }
+
+    func forgetSubmissions(owner: String) throws {
+        try database.write(isolation: .readCommitted) { session in try session.execute("DELETE FROM submissions WHERE owner = \(owner)") }
+    }
+
     func releaseSubmission(owner: String, key: String) throws {
         let holder = database.holder
         try database.write(isolation: .readCommitted) { session in

@@ -289,6 +289,11 @@ final class ImageLibrary: Sendable {
         return try store.photos(owner: owner, plantID: plantID)
     }
 
+    /// Forgets every photo of a person who deleted their account, plant by plant.
+    func forget(owner: String) async throws {
+        for plantID in try await stored({ try $0.plantIDs(owner: owner) }) { _ = try await purge(owner: owner, plantID: plantID) }
+    }
+
     /// Forgets a plant's photos (or one of them); originals nobody else holds go with their
     /// variants and palettes.
     func purge(owner: String, plantID: String, sha256: String? = nil) async throws -> Images.Purge.Reply {

@@ -32,6 +32,10 @@ public struct ImageService: BusService {
         handlers.on(Images.List.self) { request, owner, _ in
             try library.list(owner: owner, plantID: request.plantID)
         }
+        handlers.on(Images.ForgetPerson.self) { _, owner, _ in
+            try await library.forget(owner: owner)
+            return Empty()
+        }
         handlers.on(Images.Purge.self) { request, owner, _ in
             try await library.purge(owner: owner, plantID: request.plantID, sha256: request.sha256)
         }

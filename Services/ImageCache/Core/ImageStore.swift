@@ -128,6 +128,10 @@ final class ImageStore: ImageStoring {
     }
 
     /// `owner`'s photos of `plantID`, newest first.
+    func plantIDs(owner: String) throws -> [String] {
+        try database.read { db in try String.fetchAll(db, sql: "SELECT DISTINCT plantID FROM photos WHERE owner = ?", arguments: [owner]) }
+    }
+
     /// How many photos a person keeps, and the bytes of their originals.
     func usage(owner: String) throws -> (photos: Int, bytes: Int) {
         try database.read { db in

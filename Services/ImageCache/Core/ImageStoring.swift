@@ -34,6 +34,8 @@ protocol ImageStoring: Sendable {
     func owns(_ owner: String, _ sha256: String) throws -> Bool
     /// How many photos a person keeps, and the bytes of their originals.
     func usage(owner: String) throws -> (photos: Int, bytes: Int)
+    /// Every plant id `owner` keeps photos under.
+    func plantIDs(owner: String) throws -> [String]
     /// `owner`'s photos of `plantID`, newest first.
     func photos(owner: String, plantID: String) throws -> [Images.Photo]
     /// Forgets `owner`'s photos of `plantID` (only `sha256` when given); originals nobody

@@ -139,6 +139,12 @@ final class PostgresImageStore: ImageStoring {
         try database.statement { session in try session.value(Int.self, "SELECT 1 FROM photos WHERE sha256 = \(sha256) AND owner = \(owner) LIMIT 1") != nil }
     }
 
+    func plantIDs(owner: String) throws -> [String] {
+        try database.statement { session in
+            try session.rows("SELECT DISTINCT plantID FROM photos WHERE owner = \(owner)").map { try $0[0].decode(String.self) }
+        }
+    }
+
     func usage(owner: String) throws -> (photos: Int, bytes: Int) {
         try database.statement { session in
             let row = try session.row("""

@@ -239,6 +239,12 @@ private struct PostgresReminderTransaction: ReminderWrites {
         try session.execute("DELETE FROM devices WHERE owner = \(owner) AND id = \(id)")
     }
 
+    func forgetPerson(_ owner: String) throws {
+        try session.execute("DELETE FROM sends WHERE owner = \(owner)")
+        try session.execute("DELETE FROM reminders WHERE owner = \(owner)")
+        try session.execute("DELETE FROM devices WHERE owner = \(owner)")
+    }
+
     func deactivateDevice(id: String, reason: String) throws {
         try session.execute("UPDATE devices SET active = false, deactivatedReason = \(reason) WHERE id = \(id)")
     }

@@ -80,6 +80,14 @@ final class ReminderLibrary: Sendable {
         }
     }
 
+    /// Forgets a person who deleted their account: devices, reminders, notifications.
+    func forget(owner: String) throws {
+        try store.write { data in
+            try data.waitForOwner(owner)
+            try data.forgetPerson(owner)
+        }
+    }
+
     func removeDevice(_ id: String, owner: String) throws {
         try store.write { data in try data.removeDevice(owner: owner, id: id) }
     }

@@ -23,6 +23,10 @@ public struct ReminderService: BusService {
             try library.cancel(plantID: request.plantID, owner: owner)
             return Empty()
         }
+        handlers.on(Reminders.ForgetPerson.self) { _, owner, _ in
+            try library.forget(owner: owner)
+            return Empty()
+        }
         handlers.on(Reminders.RegisterDevice.self) { request, owner, _ in try library.register(request, owner: owner) }
         handlers.on(Reminders.RemoveDevice.self) { request, owner, _ in
             try library.removeDevice(request.id, owner: owner)

@@ -203,6 +203,12 @@ private struct Transaction: ReminderWrites {
         try run("DELETE FROM devices WHERE owner = ? AND id = ?", arguments: [owner, id])
     }
 
+    func forgetPerson(_ owner: String) throws {
+        try run("DELETE FROM sends WHERE owner = ?", arguments: [owner])
+        try run("DELETE FROM reminders WHERE owner = ?", arguments: [owner])
+        try run("DELETE FROM devices WHERE owner = ?", arguments: [owner])
+    }
+
     func deactivateDevice(id: String, reason: String) throws {
         try run("UPDATE devices SET active = 0, deactivatedReason = ? WHERE id = ?", arguments: [reason, id])
     }

@@ -77,6 +77,8 @@ protocol ReminderWrites: ReminderReads {
     func apply(_ plan: SyncPlan, owner: String, now: Date) throws -> [(id: Int64, fireAt: Double)]
     /// Deletes every reminder of the plant, and every send that carried only its reminders.
     func cancelPlant(_ plantID: String, owner: String) throws
+    /// Deletes everything of the person: devices, reminders, sends with their attempts.
+    func forgetPerson(_ owner: String) throws
 
     func reactivateDevice(id: String, name: String?, secret: String?, accessToken: String?) throws
     func insertDevice(_ device: Reminders.Device, owner: String, secret: String?, accessToken: String?) throws

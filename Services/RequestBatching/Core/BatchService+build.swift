@@ -165,6 +165,10 @@ public func makeBatchService(settings: BatchServiceSettings, bus: any BusCalling
     let configuration = Configuration(dateTranscoder: WireDateTranscoder(), jsonEncodingOptions: [.sortedKeys, .withoutEscapingSlashes])
     let operations = OperationTable()
     var api = CanopyAPI(bus: bus, timeout: settings.callTimeout, operations: operations, metrics: metrics)
+    if let store = settings.revocationStore {
+        // Tokens issued in the second of the deletion are signed out too: the one it came with.
+        api.signOut = { person in try await offThePool { try store.signOut(user: person, before: Date().addingTimeInterval(1)) } }
+    }
     if settings.batchWindow > .zero {
         api.lookups = Lookups(bus: bus, window: settings.batchWindow, maximumKeys: settings.batchKeys, maximumInFlight: settings.batchInFlight,
                               timeout: settings.callTimeout)

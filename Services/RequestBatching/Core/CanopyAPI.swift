@@ -17,6 +17,8 @@ struct CanopyAPI: APIProtocol {
     var metrics: BatchMetrics?
     /// Implicit batching of variant and next-task lookups; `nil` sends each lookup alone.
     var lookups: Lookups?
+    /// Signs a person out everywhere (canopy-batch's revocations), when the edge has a store.
+    var signOut: (@Sendable (String) async throws -> Void)?
 
     /// The caller the edge middleware authenticated (every route needs one).
     func caller() throws -> String {
@@ -63,6 +65,13 @@ struct CanopyAPI: APIProtocol {
         change.version = try input.headers.ifMatch.flatMap(PlantVersion.expected)
         let plant = try await call(Care.UpdatePlant.self, change)
         return .ok(.init(headers: .init(eTag: PlantVersion.entityTag(plant)), body: .json(try .init(plant))))
+    }
+
+    func deleteAccount(_ input: Operations.DeleteAccount.Input) async throws -> Operations.DeleteAccount.Output {
+        let person = try caller()
+        _ = try await call(Care.DeleteAccount.self, Empty())
+        try await signOut?(person) // the token this came with too
+        return .noContent(.init())
     }
 
     func deletePlant(_ input: Operations.DeletePlant.Input) async throws -> Operations.DeletePlant.Output {

@@ -1,0 +1,69 @@
+import AsyncHTTPClient
+import CanopyMessages
+import CanopySamples
+import CanopyTesting
+import Foundation
+import Logging
+import NIOCore
+import Testing
+@testable import RequestBatching
+
+extension LiveBatchTests.BatchIdentificationTests {
+    /// `DELETE /v1/account`: everything the person owns goes from every service (plants,
+    /// tasks, preferences, devices, reminders, identifications, photos), another person's
+    /// stays, and every token the person was issued is refused from then on.
+    @Test func deletingAnAccountRemovesEverythingThePersonOwnsAndSignsThemOut() async throws {
+        let directory = try TemporaryDirectory("account-deletion")
+        defer { directory.remove() }
+        let store = try await openRevocationStore(directory: directory.url, postgres: nil, logger: Logger(label: "test"))
+        try await Self.withIdentifyStack(reminders: true, configure: { $0.revocationStore = store }) { stack in
+            var tokens: [String: String] = [:]
+            for person in ["alice", "bob"] {
+                let token = try await stack.token(person)
+                tokens[person] = token
+                // A photo identified and accepted (a plant with photos and tasks), another left unaccepted,
+                // a device, preferences.
+                let first = try await submit(stack, token: token, try SyntheticPlant.species(1).photo(seed: 30))
+                let id = try #require(first.object["id"] as? String, "\(first.object)")
+                #expect(try await stack.send(.POST, "/v1/identifications/\(id)/accept", token: token, json: #"{"rank":1}"#).status == 200)
+                _ = try await submit(stack, token: token, try SyntheticPlant.species(2).photo(seed: 31))
+                #expect(try await stack.send(.POST, "/v1/devices", token: token, json: #"{"channel":"log","address":"a desk","name":"desk"}"#).status == 201)
+                #expect(try await stack.send(.PUT, "/v1/preferences", token: token, json: #"{"timeZone":"Europe/Berlin","preferredMinute":480}"#).status == 200)
+            }
+            let alice = try #require(tokens["alice"])
+            let plants = try await stack.send(.GET, "/v1/plants", token: alice)
+            let plantID = try #require((plants.object["plants"] as? [[String: Any]])?.first?["id"] as? String)
+
+            let deleted = try await stack.send(.DELETE, "/v1/account", token: alice)
+            #expect(deleted.status == 204, "\(String(decoding: deleted.body, as: UTF8.self))")
+            // Her token, and any other issued to her before, are refused at once.
+            #expect(try await eventually { try await stack.send(.GET, "/v1/plants", token: alice).status == 401 })
+            #expect(try await stack.send(.GET, "/v1/plants", as: "alice").status == 401, "a token issued in the second of the deletion too")
+
+            // What every service kept of her is gone (asked as her, over the bus: the services' own answers).
+            let client = try stack.bus.client()
+            #expect(try await client.call(Care.ListPlants.self, .init(), principal: "alice").plants.isEmpty)
+            #expect(try await eventually { try await client.call(Reminders.ListDevices.self, Empty(), principal: "alice").isEmpty })
+            #expect(try await eventually { try await client.call(Reminders.Pending.self, .init(), principal: "alice").isEmpty })
+            #expect(try await eventually { try await client.call(Identification.History.self, .init(), principal: "alice").items.isEmpty })
+            #expect(try await eventually { try await client.call(Images.List.self, .init(plantID: plantID), principal: "alice").isEmpty })
+
+            // Bob's all stay.
+            let bob = try #require(tokens["bob"])
+            #expect((try await stack.send(.GET, "/v1/plants", token: bob).object["plants"] as? [Any])?.count == 1)
+            #expect(try await client.call(Reminders.ListDevices.self, Empty(), principal: "bob").count == 1)
+            #expect(try await client.call(Identification.History.self, .init(), principal: "bob").items.count == 2)
+        }
+    }
+
+    func submit(_ stack: LiveBatchTests.BatchAPITests.Stack, token: String, _ photo: [UInt8]) async throws -> LiveBatchTests.BatchAPITests.Answer {
+        var request = HTTPClientRequest(url: stack.base + "/v1/identifications")
+        request.method = .POST
+        request.headers.add(name: "Authorization", value: "Bearer \(token)")
+        request.headers.add(name: "Content-Type", value: "multipart/form-data; boundary=canopy-test-boundary")
+        request.body = .bytes(ByteBuffer(bytes: Self.form([("photo", "image/jpeg", photo), ("organ", nil, Array("leaf".utf8))])))
+        let response = try await HTTPClient.shared.execute(request, timeout: .seconds(60))
+        let body = try await response.body.collect(upTo: 1_048_576)
+        return LiveBatchTests.BatchAPITests.Answer(status: Int(response.status.code), headers: [:], body: Array(body.readableBytesView))
+    }
+}
