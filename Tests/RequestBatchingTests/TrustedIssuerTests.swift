@@ -9,6 +9,7 @@ import Hummingbird
 import JWTKit
 import Logging
 import NIOCore
+import NIOHTTP1
 import Synchronization
 import Testing
 @testable import RequestBatching
@@ -166,6 +167,14 @@ struct TrustedIssuerTests {
                 #expect(foreign.status == 401)
             }
         }
+    }
+
+    /// Keys are kept as long as the provider's cache headers say, within a minute and a day.
+    @Test func theKeysCacheHeadersAreRead() {
+        #expect(IssuerKeys.maxAge(["Cache-Control": "public, max-age=21600, must-revalidate"]) == 21_600)
+        #expect(IssuerKeys.maxAge(["Cache-Control": "no-cache"]) == nil)
+        #expect(IssuerKeys.maxAge([:]) == nil)
+        #expect(IssuerKeys.freshness == 60...86_400 && IssuerKeys.defaultFreshness == 3_600)
     }
 
     @Test func aTrustedIssuersFileIsCheckedWithASentence() throws {
