@@ -178,21 +178,40 @@ public let batchStoreImport = StoreImport(store: "batch", migrator: PostgresRevo
 /// The revocations in force, as every request checks them (one lock), kept up to date from
 /// the store: its generation read every ``interval`` (a single-row read), everything loaded
 /// again when it moved. A revocation reaches every edge within ``interval``.
+///
+/// The watching runs on a thread of its own from the start (a blocking read every interval:
+/// neither the cooperative pool nor the global queues, which a busy process may keep full, can
+/// delay a revocation); ``run()`` only ends it at graceful shutdown.
 public final class RevocationWatcher: Service, Sendable {
     private let store: any RevocationStoring
-    private let current = Mutex(Revocations())
-    /// The generation ``current`` was loaded at (read before loading: a change in between is
-    /// loaded again, never missed).
-    private let loadedGeneration: Int64
-    private let logger: Logger
+    private let current: Mutex<Revocations>
+    private let stop = Mutex(false)
+    private let finished = DispatchSemaphore(value: 0)
     public static let interval: Duration = .milliseconds(100)
 
     public init(store: any RevocationStoring, logger: Logger) throws {
         self.store = store
-        self.logger = logger
-        loadedGeneration = try store.generation()
-        let loaded = try store.load(now: Date())
-        current.withLock { $0 = loaded }
+        // The generation read before loading: a change in between is loaded again, never missed.
+        let generation = try store.generation()
+        current = Mutex(try store.load(now: Date()))
+        let thread = Thread { [weak self] in
+            var seen = generation
+            while let watcher = self, !watcher.stop.withLock({ $0 }) {
+                Thread.sleep(forTimeInterval: Self.interval.seconds)
+                do {
+                    let now = try watcher.store.generation()
+                    guard now != seen else { continue }
+                    let loaded = try watcher.store.load(now: Date())
+                    watcher.current.withLock { $0 = loaded }
+                    seen = now
+                } catch {
+                    logger.warning("batch.revocations.unreadable", metadata: ["batch.error": "\(error)"])
+                }
+            }
+            self?.finished.signal()
+        }
+        thread.name = "canopy-revocations"
+        thread.start()
     }
 
     /// The revocations in force now.
@@ -203,37 +222,16 @@ public final class RevocationWatcher: Service, Sendable {
         current.withLock { $0.revokes(id: id, user: user, issuedAt: issuedAt) }
     }
 
-    /// Watches on a thread of its own (a blocking read every ``interval``: neither the
-    /// cooperative pool nor the global queues, which a busy process may keep full, can delay
-    /// a revocation) until graceful shutdown.
+    /// Waits for graceful shutdown, then ends the watching thread.
     public func run() async throws {
-        let stop = Mutex(false)
-        let finished = DispatchSemaphore(value: 0)
-        let thread = Thread { [self] in
-            var seen = loadedGeneration
-            while !stop.withLock({ $0 }) {
-                Thread.sleep(forTimeInterval: Self.interval.seconds)
-                do {
-                    let now = try store.generation()
-                    guard now != seen else { continue }
-                    let loaded = try store.load(now: Date())
-                    current.withLock { $0 = loaded }
-                    seen = now
-                } catch {
-                    logger.warning("batch.revocations.unreadable", metadata: ["batch.error": "\(error)"])
-                }
-            }
-            finished.signal()
-        }
-        thread.name = "canopy-revocations"
-        thread.start()
         await cancelWhenGracefulShutdown {
             while !Task.isCancelled { try? await Task.sleep(for: .seconds(3_600)) }
         }
         stop.withLock { $0 = true }
+        let finished = self.finished
         await withCheckedContinuation { continuation in
             DispatchQueue.global().async {
-                finished.wait()
+                _ = finished.wait(timeout: .now() + 1)
                 continuation.resume()
             }
         }
