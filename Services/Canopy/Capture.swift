@@ -109,7 +109,7 @@ struct Capture: AsyncParsableCommand {
                 try await abandon(error)
             }
             guard let first = held.first, let path = first.status.path, StackSnapshot.directory(forCapture: path).standardizedFileURL == directory.standardizedFileURL else {
-                try await abandon(CommandFailure("the broker captures into \(held.first?.status.path ?? "(nowhere)"), not beside \(directory.path); give --data-dir the stack's own data directory"))
+                try await abandon(CommandFailure("the broker captures into \(held.first?.status.path ?? "(nowhere)"), not beside \(directory.path); give --data-dir the stack's own data directory, or capture without a snapshot (--no-snapshot)"))
             }
             let pinning = ContinuousClock.now
             do {
