@@ -126,7 +126,12 @@ struct Capture: AsyncParsableCommand {
             let manifest = StackSnapshot.Manifest(captures: held.compactMap(\.status.path), cutAt: first.status.cutAt ?? 0,
                                                   stores: pinned.stores.map(\.relative), originals: pinned.originals,
                                                   pseudonymized: pseudonymize, heldMilliseconds: (heldFor.seconds * 1_000 * 10).rounded() / 10)
-            let table = try StackSnapshot.finish(pinned, manifest: manifest, pseudonyms: pseudonyms)
+            let table: String
+            do {
+                table = try StackSnapshot.finish(pinned, manifest: manifest, pseudonyms: pseudonyms)
+            } catch {
+                try await abandon(error) // a snapshot half copied is no snapshot: the captures stop too
+            }
             for broker in held { print("\(broker.endpoint): capturing into \(broker.status.path ?? name)") }
             print("snapshot at the cut (requests held \(String(format: "%.1f", manifest.heldMilliseconds)) ms, \(String(format: "%.1f", pinnedIn.seconds * 1_000)) ms of it pinning the stores, \(pinned.originals) originals linked): \(directory.path)")
             print(table)
