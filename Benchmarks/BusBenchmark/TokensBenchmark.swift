@@ -37,9 +37,7 @@ struct TokensBenchmark: AsyncParsableCommand {
         let server = Task { try await serving.run() }
         defer { server.cancel() }
         let issuer = try await provider.issuer()
-        try await provider.addRSA(TestRSAKeys.key1, kid: "rsa-1")
-        try await provider.addEC(kid: "ec-1")
-        try await provider.addEdDSA(kid: "ed-1")
+        try await provider.addUsualKeys()
         let key = Array("the canopy-bench tokens signing key, long enough".utf8)
         let trusted = [TrustedIssuer(issuer: issuer, audiences: ["org.canopy.app"], prefix: "local")]
         var outbound = PinnedHTTP.Settings()

@@ -41,15 +41,7 @@ final class FreshStack {
             try FileManager.default.createDirectory(at: target.deletingLastPathComponent(), withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
             try FileManager.default.copyItem(at: snapshot.appendingPathComponent(store), to: target)
         }
-        let originals = snapshot.appendingPathComponent("images/originals")
-        if let names = try? FileManager.default.contentsOfDirectory(atPath: originals.path) {
-            let target = directory.appendingPathComponent("images/originals")
-            try FileManager.default.createDirectory(at: target, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
-            for name in names {
-                let from = originals.appendingPathComponent(name).path, to = target.appendingPathComponent(name).path
-                if link(from, to) != 0 { try FileManager.default.copyItem(atPath: from, toPath: to) }
-            }
-        }
+        _ = try StackSnapshot.linkOriginals(from: snapshot.appendingPathComponent("images/originals"), to: directory.appendingPathComponent("images/originals"))
         let layout = StackLayout(dataDirectory: directory)
         try Up.makeTokenKey(layout.tokenKey)
         let stackID = try Up.stackID(layout.stackIDFile)

@@ -150,9 +150,6 @@ struct ReplayEngine {
         for socket in sockets { poller.add(socket) }
     }
 
-    /// The wall clock now, ns since 1970.
-    private static func wallNow() -> Int64 { Int64((Date().timeIntervalSince1970 * 1e9).rounded()) }
-
     mutating func run(_ reader: CaptureReader, progress: (ReplayProgress) -> Void) throws -> ReplayReport {
         defer { sockets.forEach { $0.close() } }
         if let path = options.answersPath {
@@ -347,7 +344,7 @@ struct ReplayEngine {
         }
         sent += 1
         job.sentAt = now
-        job.sentWall = Self.wallNow()
+        job.sentWall = CaptureWriter.wallClockNanoseconds()
         job.deadline = now + timeout + .seconds(1) // the broker answers timeout itself first
         inFlight[job.id] = job
     }

@@ -65,6 +65,13 @@ public final class LocalOpenIDProvider: Sendable {
     public func goAway() { state.withLock { $0.available = false } }
     public func comeBack() { state.withLock { $0.available = true } }
 
+    /// Its usual keys: `rsa-1` (RS256), `ec-1` (ES256, published without an `alg`), `ed-1` (EdDSA).
+    public func addUsualKeys() async throws {
+        try await addRSA(TestRSAKeys.key1, kid: "rsa-1")
+        try await addEC(kid: "ec-1")
+        try await addEdDSA(kid: "ed-1")
+    }
+
     /// Makes an RSA key from PEM its signing key `kid`, and publishes its public half.
     public func addRSA(_ pem: String, kid: String) async throws {
         let key = try Insecure.RSA.PrivateKey(pem: pem)

@@ -23,21 +23,7 @@ struct CrashTests {
         let webhook = try await receiver.url("/hook")
 
         // 1,000 people, each with a webhook and one reminder due a minute ago.
-        let path = directory.appendingPathComponent("remind/remind.sqlite").path
-        try FileManager.default.createDirectory(atPath: (path as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
-        let due = Date().addingTimeInterval(-60).timeIntervalSince1970
-        do {
-            let store = try ReminderStore(path: path)
-            try await store.database.write { db in
-                for person in 0..<1_000 {
-                    try db.execute(sql: "INSERT INTO devices (id, owner, channel, address, secret, active, registeredAt) VALUES (?, ?, 'webhook', ?, ?, 1, 0)",
-                                   arguments: ["d\(person)", "u\(person)", webhook, DispatcherTests.secret])
-                    try db.execute(sql: """
-                        INSERT INTO reminders (owner, taskID, due, plantID, kind, title, fireAt, state, updatedAt) VALUES (?, ?, ?, ?, 'water', 'Water it', ?, 'pending', 0)
-                        """, arguments: ["u\(person)", "p\(person):water", due, "p\(person)", due])
-                }
-            }
-        }
+        let path = try await Self.seed(people: 1_000, webhook: webhook, in: directory)
 
         try await withLiveBus { bus in
             func start() throws -> Process {
@@ -87,21 +73,7 @@ struct CrashTests {
         let server = Task { try await serving.run() }
         defer { server.cancel() }
         let webhook = try await receiver.url("/hook")
-        let path = directory.appendingPathComponent("remind/remind.sqlite").path
-        try FileManager.default.createDirectory(atPath: (path as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
-        let due = Date().addingTimeInterval(-60).timeIntervalSince1970
-        do {
-            let store = try ReminderStore(path: path)
-            try await store.database.write { db in
-                for person in 0..<20 {
-                    try db.execute(sql: "INSERT INTO devices (id, owner, channel, address, secret, active, registeredAt) VALUES (?, ?, 'webhook', ?, ?, 1, 0)",
-                                   arguments: ["d\(person)", "u\(person)", webhook, DispatcherTests.secret])
-                    try db.execute(sql: """
-                        INSERT INTO reminders (owner, taskID, due, plantID, kind, title, fireAt, state, updatedAt) VALUES (?, ?, ?, ?, 'water', 'Water it', ?, 'pending', 0)
-                        """, arguments: ["u\(person)", "p\(person):water", due, "p\(person)", due])
-                }
-            }
-        }
+        let path = try await Self.seed(people: 20, webhook: webhook, in: directory)
         try await withLiveBus { bus in
             let process = Process()
             process.executableURL = try LiveBus.executable("canopy-remind")
@@ -123,5 +95,24 @@ struct CrashTests {
         }
         await serving.triggerGracefulShutdown()
         _ = try? await server.value
+    }
+
+    /// `people` people in canopy-remind's store in `directory`, each with a webhook device and
+    /// one reminder due a minute ago; returns the store's path.
+    static func seed(people: Int, webhook: String, in directory: URL) async throws -> String {
+        let path = directory.appendingPathComponent("remind/remind.sqlite").path
+        try FileManager.default.createDirectory(atPath: (path as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
+        let due = Date().addingTimeInterval(-60).timeIntervalSince1970
+        let store = try ReminderStore(path: path)
+        try await store.database.write { db in
+            for person in 0..<people {
+                try db.execute(sql: "INSERT INTO devices (id, owner, channel, address, secret, active, registeredAt) VALUES (?, ?, 'webhook', ?, ?, 1, 0)",
+                               arguments: ["d\(person)", "u\(person)", webhook, DispatcherTests.secret])
+                try db.execute(sql: """
+                    INSERT INTO reminders (owner, taskID, due, plantID, kind, title, fireAt, state, updatedAt) VALUES (?, ?, ?, ?, 'water', 'Water it', ?, 'pending', 0)
+                    """, arguments: ["u\(person)", "p\(person):water", due, "p\(person)", due])
+            }
+        }
+        return path
     }
 }

@@ -29,9 +29,7 @@ struct TrustedIssuerTests {
         let server = Task { try await serving.run() }
         defer { server.cancel() }
         let issuer = try await provider.issuer()
-        try await provider.addRSA(TestRSAKeys.key1, kid: "rsa-1")
-        try await provider.addEC(kid: "ec-1")
-        try await provider.addEdDSA(kid: "ed-1")
+        try await provider.addUsualKeys()
         var outbound = PinnedHTTP.Settings()
         outbound.allowedHosts = ["127.0.0.1"]
         let authority = try TokenAuthority(keys: [Self.ownKey], issuers: [TrustedIssuer(issuer: issuer, audiences: ["org.canopy.app"], prefix: "local")],

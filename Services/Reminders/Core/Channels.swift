@@ -77,32 +77,22 @@ extension NotificationChannel {
     }
 }
 
-/// `log`: the notification as a log line (the embedded default, demos).
+/// `log`: the notification as a log line (the embedded default, demos). With `rehearsing`
+/// (`--rehearse`), it stands in for that channel and sends nothing: the notification its
+/// device would have had, as a log line naming the channel, accepted as the real one would.
 struct LogChannel: NotificationChannel {
     let logger: Logger
-    var kind: Reminders.Channel { .log }
+    var rehearsing: Reminders.Channel?
+    var kind: Reminders.Channel { rehearsing ?? .log }
 
     func deliver(_ notification: ReminderNotification, to device: DeviceRecord) async -> DeliveryOutcome {
-        logger.info("remind.notification", metadata: [
+        var metadata: Logger.Metadata = [
             "remind.id": "\(notification.id)", "remind.device": "\(device.device.id)", "remind.title": "\(notification.title)",
             "remind.reminders": "\(notification.reminders.count)",
-        ])
-        return .accepted("logged")
-    }
-}
-
-/// A channel that sends nothing (`--rehearse`): the notification its device would have had,
-/// as a log line, accepted as the real channel would accept it.
-struct RehearsalChannel: NotificationChannel {
-    let kind: Reminders.Channel
-    let logger: Logger
-
-    func deliver(_ notification: ReminderNotification, to device: DeviceRecord) async -> DeliveryOutcome {
-        logger.info("remind.notification", metadata: [
-            "remind.id": "\(notification.id)", "remind.device": "\(device.device.id)", "remind.title": "\(notification.title)",
-            "remind.reminders": "\(notification.reminders.count)", "remind.rehearsal": "\(kind.rawValue)",
-        ])
-        return .accepted("rehearsed")
+        ]
+        if let rehearsing { metadata["remind.rehearsal"] = "\(rehearsing.rawValue)" }
+        logger.info("remind.notification", metadata: metadata)
+        return .accepted(rehearsing == nil ? "logged" : "rehearsed")
     }
 }
 

@@ -126,7 +126,7 @@ public func makeReminderService(settings: ReminderServiceSettings, bus: any BusC
             LogChannel(logger: logger), WebhookChannel(http: http), NtfyChannel(http: http),
         ]
         if let apns { channels.append(apns) }
-        if settings.rehearsal { channels = channels.map { RehearsalChannel(kind: $0.kind, logger: logger) } }
+        if settings.rehearsal { channels = channels.map { LogChannel(logger: logger, rehearsing: $0.kind) } }
         let library = ReminderLibrary(store: store, allowedHosts: settings.allowedHosts, channels: Set(channels.map(\.kind)), clock: settings.clock)
         let box = DispatcherBox()
         let dispatcher = Dispatcher(store: store, channels: channels, clock: clock ?? SystemReminderClock(clock: settings.clock), settings: settings.dispatch,

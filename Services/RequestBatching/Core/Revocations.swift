@@ -224,9 +224,7 @@ public final class RevocationWatcher: Service, Sendable {
 
     /// Waits for graceful shutdown, then ends the watching thread.
     public func run() async throws {
-        await cancelWhenGracefulShutdown {
-            while !Task.isCancelled { try? await Task.sleep(for: .seconds(3_600)) }
-        }
+        try? await gracefulShutdown()
         stop.withLock { $0 = true }
         let finished = self.finished
         await withCheckedContinuation { continuation in
