@@ -130,7 +130,7 @@ struct BrokerCaptureTests {
             let (client, operator_, service) = (try bus.client(), try bus.client(), try bus.client(asService: true))
             // In the air when the hold begins: answered before the cut.
             let early = Task { try await client.call(TestService.Append.self, .init(text: "early", sleepMilliseconds: 400), principal: "user-1") }
-            try await Task.sleep(for: .milliseconds(100))
+            try await bus.waitForLoad(inFlight: 1)
             let asked = ContinuousClock.now
             let cut = try await operator_.call(Broker.CaptureStart.self, .init(name: name, holdMilliseconds: 5_000), timeout: .seconds(10))
             #expect(ContinuousClock.now - asked >= .milliseconds(200), "the cut waits for the request in the air")
@@ -139,10 +139,7 @@ struct BrokerCaptureTests {
             // Held: a person's request waits; a service's own goes on.
             let late = Task { try await client.call(TestService.Append.self, .init(text: "late"), principal: "user-1") }
             #expect(try await service.call(TestService.Echo.self, .init(text: "derived"), principal: "user-1").text == "derived")
-            try await Task.sleep(for: .milliseconds(300))
-            #expect(!late.isCancelled)
-            let status = try await operator_.call(Broker.CaptureStatusOperation.self, .init())
-            #expect(status.held == 1, "\(status)")
+            #expect(try await eventually { try await operator_.call(Broker.CaptureStatusOperation.self, .init()).held == 1 }, "the person's request is held")
             let released = try await operator_.call(Broker.CaptureRelease.self, .init(snapshot: "\(name).snapshot"))
             #expect(released.held == 0)
             #expect(try await late.value.text == "late")
@@ -182,7 +179,7 @@ struct BrokerCaptureTests {
             _ = try await operator_.call(Broker.CaptureStop.self, .init())
 
             let slow = Task { try await client.call(TestService.Append.self, .init(text: "slow", sleepMilliseconds: 1_500), principal: "user-2") }
-            try await Task.sleep(for: .milliseconds(100))
+            try await bus.waitForLoad(inFlight: 1)
             await #expect(throws: CanopyError.self) {
                 _ = try await operator_.call(Broker.CaptureStart.self, .init(name: "busy-\(UInt32.random(in: 0 ... .max))", holdMilliseconds: 200))
             }

@@ -18,8 +18,12 @@ struct ReplayFreshTests {
     final class Load: @unchecked Sendable {
         private let lock = NSLock()
         private var stopped = false
+        private var count = 0
         var isStopped: Bool { lock.withLock { stopped } }
         func stop() { lock.withLock { stopped = true } }
+        /// Adds answered so far, by everyone.
+        var answered: Int { lock.withLock { count } }
+        func add() { lock.withLock { count += 1 } }
     }
 
     /// Starts a stack with `canopy up` in a new data directory: its arguments, broker and API.
@@ -60,13 +64,16 @@ struct ReplayFreshTests {
                 while !load.isStopped {
                     _ = try await client.call(Care.AddPlant.self, Care.Plant(scientificName: "Monstera deliciosa", customName: "load"), principal: person)
                     answered += 1
+                    load.add()
                 }
                 return answered
             }
         }
-        try await Task.sleep(for: .milliseconds(500))
+        // The cut falls inside the load: adds answered before it, and after it.
+        #expect(try await eventually(within: .seconds(60)) { load.answered >= 40 })
         let start = try await runExecutable("canopy", ["capture", "start", "busy", "--endpoint", broker] + stack, limit: 60)
-        try await Task.sleep(for: .milliseconds(1_000))
+        let atStart = load.answered
+        #expect(try await eventually(within: .seconds(60)) { load.answered >= atStart + 40 })
         load.stop()
         var answeredAdds = 0
         for adder in adders { answeredAdds += try await adder.value }

@@ -109,12 +109,18 @@ struct TrustedIssuerTests {
     }
 
     @Test func whenTheProviderGoesAwayTheLastGoodKeysStay() async throws {
-        try await withProvider(minimumRefresh: .milliseconds(50)) { provider, authority, _ in
+        try await withProvider(minimumRefresh: .milliseconds(50)) { provider, authority, issuer in
             provider.goAway()
-            try await Task.sleep(for: .milliseconds(100))
-            // A token naming an unknown key makes the edge try; the provider does not answer.
+            // A token naming an unknown key makes the edge try (once the interval allows);
+            // the provider does not answer.
             let unknown = try await provider.token(kid: "ec-1").split(separator: ".").map(String.init)
             let retry = Self.base64URL(#"{"alg":"ES256","kid":"ec-9","typ":"JWT"}"#) + "." + unknown[1] + "." + unknown[2]
+            let before = await authority.keyFetches(issuer)
+            let asked = try await eventually {
+                guard await authority.user(of: retry) == nil else { return true } // taken: fails below
+                return await authority.keyFetches(issuer) > before
+            }
+            #expect(asked, "the edge asked the provider again")
             #expect(await authority.user(of: retry) == nil)
             // Tokens of the keys it had go on being taken.
             #expect(await authority.user(of: try await provider.token(kid: "ec-1", subject: "after")) == "local:after")
