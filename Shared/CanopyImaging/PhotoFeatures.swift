@@ -2,63 +2,95 @@ import CVips
 import CanopyMessages
 import Foundation
 
-/// What a photo looks like, as numbers that can be compared: computed once per photo from its
-/// pixels and stored, so matching never decodes an image again.
+/// What the plant in a photo looks like, as numbers that can be compared: computed once per
+/// photo from its pixels and stored, so matching never decodes an image again.
 ///
-/// Three descriptors, each normalised so that it compares by plain distances (see
-/// ``distance(to:)``):
-/// - **colour**: a histogram of the photo's pixels in OKLab, 4 lightness by 6 hue bins for
-///   coloured pixels and 4 lightness bins for grey ones (28 bins, summing to 1). OKLab is
-///   perceptually even, so neighbouring bins are neighbouring colours.
-/// - **texture**: a histogram of gradient orientations weighted by gradient strength, 8
-///   orientation bins at each of 2 scales, plus the share of strong edges at each scale
-///   (18 values, L1-normalised per scale). It tells fine from coarse, striped from speckled.
-/// - **hash**: a 64-bit difference hash (dHash) of the 9x8 grey thumbnail: near-identical
-///   photos (the same shot re-encoded, resized, slightly recoloured) differ in a few bits.
+/// The plant is found first (``PlantMask``: whatever differs clearly from the background the
+/// frame's border shows), and every descriptor is computed on the plant's pixels only, in
+/// terms that do not change with the light or the distance:
 ///
-/// These are honest *similarities* of appearance, not botany: two species that look alike
-/// score alike, and one plant photographed in other light or from another side may score
-/// lower than a different plant on the same windowsill. `docs/IDENTIFICATION.md` says how to
-/// read the scores.
-public struct PhotoFeatures: Codable, Sendable, Equatable {
-    /// The colour histogram (``colourBins`` values summing to 1).
-    public var colour: [Float]
-    /// The texture descriptor (``textureBins`` values).
-    public var texture: [Float]
-    /// The difference hash.
-    public var hash: UInt64
+/// - **Colour, without the light** (``Block/chromaticity``): the histogram of each plant
+///   pixel's log(R·B/G²). A light that is warmer or cooler scales red up and blue down (or the
+///   reverse) by one factor, and a brighter or dimmer one scales all three, so this value does
+///   not change with either; what is left is the leaf's own colour along the other axis.
+/// - **Colour against the background** (``Block/balanced``): red and blue over green after
+///   dividing by the background's colour at the same height (grey world over the background).
+///   It keeps the axis the first one drops, and is as good as the background is grey.
+/// - **Light and dark within the plant** (``Block/shading``, ``Block/chromaticityShading``):
+///   each pixel's brightness against the plant's median (veins lighter or darker than the
+///   leaf, and of which colour), which a dimmer light does not change.
+/// - **Shape** (``Block/radial``, ``Block/coverage``, ``Block/leafCount``, ``Block/perLeaf``,
+///   ``Block/area``): how much of each ring around the plant's centre is plant, out to the
+///   plant's radius (so distance does not matter), the number of leaves seen from the angular
+///   rhythm of that coverage, the coverage per leaf (leaf width along its length: round,
+///   pointed or a blade), and how much of the disc the plant fills.
+/// - **Pattern at two scales** (``Block/patternFine``, ``Block/patternCoarse``): the plant
+///   brought to a radius of 48 pixels, blurred at two scales, and its gradients' orientations
+///   against the direction from the plant's centre (so turning the plant changes nothing):
+///   veins across a leaf, along it, or at the species' angle; weighted by strength.
+///
+/// Two photos compare by ``distance(to:)``: a weighted sum of the blocks' L1 distances, the
+/// weights chosen on photos of other made-up species than those measured (see
+/// ``FeatureModel``).
+public struct PhotoFeatures: Sendable, Equatable {
+    /// The descriptors, block after block (``Block/layout``).
+    public var values: [Float]
 
-    public static let colourBins = 28
-    public static let textureBins = 18
-    /// The side, in pixels, photos are brought to before the features are computed.
-    public static let side = 128
+    /// The descriptors, in their order in ``values``.
+    public enum Block: Int, CaseIterable, Sendable {
+        case chromaticity, chromaticityShading, balanced, shading, radial, coverage, leafCount, perLeaf, area, patternFine, patternCoarse
 
-    public init(colour: [Float], texture: [Float], hash: UInt64) {
-        self.colour = colour
-        self.texture = texture
-        self.hash = hash
+        /// How many values the block has.
+        public var count: Int {
+            switch self {
+            case .chromaticity: 24
+            case .chromaticityShading: 50
+            case .balanced: 36
+            case .shading, .radial, .perLeaf: 10
+            case .coverage, .leafCount, .area: 1
+            case .patternFine, .patternCoarse: 6
+            }
+        }
+
+        /// Each block's range in ``PhotoFeatures/values``.
+        public static let layout: [Range<Int>] = {
+            var start = 0
+            return allCases.map { block in
+                defer { start += block.count }
+                return start..<(start + block.count)
+            }
+        }()
     }
 
-    // MARK: - Similarity
+    /// How many values a photo's features have.
+    public static let count = Block.layout.last!.upperBound
+    /// The long side, in pixels, photos are brought to before the features are computed.
+    public static let side = 192
+    /// The side, in pixels, of the plant brought to a standard size for its pattern.
+    static let patternSide = 112
+    static let patternRadius: Float = 48
 
-    /// How alike two photos look, 0 (nothing alike) to 1 (the same picture): 1 − ``distance(to:)``.
-    public func similarity(to other: PhotoFeatures) -> Double {
-        1 - Double(distance(to: other))
+    public init(values: [Float]) {
+        precondition(values.count == Self.count, "features have \(Self.count) values")
+        self.values = values
     }
 
-    /// How far apart two photos look, 0 to 1: a weighted sum of the colour histograms' L1
-    /// distance (halved: 0 to 1; equal to 1 − their intersection), the texture descriptors'
-    /// (quartered: two scales), and the hashes' Hamming distance over 32 bits, capped at 1
-    /// (unrelated photos differ in about half of the 64 bits, so only near copies score).
-    /// Each part is a metric, and so is the sum: ``ReferenceIndex`` relies on the triangle
-    /// inequality to search without comparing against every photo.
+    /// One block's values.
+    public subscript(block: Block) -> ArraySlice<Float> { values[Block.layout[block.rawValue]] }
+
+    // MARK: - Distance
+
+    /// How far apart two photos' plants look: the weighted sum of the blocks' L1 distances
+    /// (``FeatureModel/weights``). 0 for the same features; 1 is about the distance at which
+    /// two photos are of another species as often as not. A weighted sum of metrics is a
+    /// metric, which ``ReferenceIndex`` relies on.
+    @inline(__always)
     public func distance(to other: PhotoFeatures) -> Float {
-        var colourL1: Float = 0
-        for index in 0..<min(colour.count, other.colour.count) { colourL1 += abs(colour[index] - other.colour[index]) }
-        var textureL1: Float = 0
-        for index in 0..<min(texture.count, other.texture.count) { textureL1 += abs(texture[index] - other.texture[index]) }
-        let hamming = Float((hash ^ other.hash).nonzeroBitCount)
-        return 0.55 * min(1, colourL1 / 2) + 0.3 * min(1, textureL1 / 4) + 0.15 * min(1, hamming / 32)
+        values.withUnsafeBufferPointer { a in
+            other.values.withUnsafeBufferPointer { b in
+                FeatureModel.distance(a.baseAddress!, b.baseAddress!)
+            }
+        }
     }
 
     // MARK: - Computing
@@ -69,6 +101,20 @@ public struct PhotoFeatures: Codable, Sendable, Equatable {
     /// - Throws: `badRequest` when the bytes are not a photo libvips can decode, `tooLarge`
     ///   when they are over ``PhotoLimits``.
     public static func compute(from bytes: [UInt8]) throws(CanopyError) -> PhotoFeatures {
+        let rgb = try pixels(of: bytes, side: side, cropping: false)
+        guard rgb.width >= 8, rgb.height >= 8 else {
+            throw CanopyError(.badRequest, "the photo is too small to show a plant (\(rgb.width)x\(rgb.height) pixels)")
+        }
+        return compute(pixels: rgb.pixels, width: rgb.width, height: rgb.height)
+    }
+
+    /// A photo's 8-bit sRGB pixels brought to `side`: the whole frame fitting `side` x `side`
+    /// with its aspect kept, or (`cropping`) its centre square at `side` x `side`. Decoded with
+    /// shrink-on-load, so a 12 MP JPEG is read at an eighth of its size.
+    ///
+    /// - Throws: `badRequest` when the bytes are not a photo libvips can decode, `tooLarge`
+    ///   when they are over ``PhotoLimits``.
+    public static func pixels(of bytes: [UInt8], side: Int, cropping: Bool) throws(CanopyError) -> (pixels: [UInt8], width: Int, height: Int) {
         try Vips.start()
         let header = bytes.withUnsafeBytes { buffer -> (width: Int32, height: Int32)? in
             var width: Int32 = 0, height: Int32 = 0
@@ -82,103 +128,27 @@ public struct PhotoFeatures: Codable, Sendable, Equatable {
         if let header { try PhotoLimits.check(bytes: bytes.count, width: Int(header.width), height: Int(header.height)) }
         let decoded = header.flatMap { header in
             bytes.withUnsafeBytes { buffer -> OpaquePointer? in
-                let scale = Double(side) / Double(min(header.width, header.height))
+                let scale = Double(side) / Double(cropping ? min(header.width, header.height) : max(header.width, header.height))
                 let shrink = [8, 4, 2].first { 1 / Double($0) >= scale } ?? 1
                 return canopy_vips_decode(buffer.baseAddress, buffer.count, Int32(shrink))
             }
         }
         let source = try VipsImage(decoded, "the photo cannot be decoded (not a JPEG, PNG, WebP or HEIF, or truncated)")
-        let image = try VipsImage(canopy_vips_resize(source.handle, Int32(side), Int32(side), 1), "the photo cannot be decoded (truncated or corrupt?)")
-        let rgb: (pixels: [UInt8], width: Int, height: Int)
+        // After autorotation the sides may have swapped.
+        let long = max(source.width, source.height)
+        let (width, height) = cropping ? (side, side)
+            : long <= side ? (source.width, source.height) : (max(1, source.width * side / long), max(1, source.height * side / long))
+        let image = try VipsImage(canopy_vips_resize(source.handle, Int32(width), Int32(height), cropping ? 1 : 0), "the photo cannot be decoded (truncated or corrupt?)")
         do {
-            rgb = try image.rgbPixels()
+            return try image.rgbPixels()
         } catch {
             throw CanopyError(.badRequest, "the photo cannot be decoded (truncated or corrupt?): \(error.message)")
         }
-        return compute(pixels: rgb.pixels, width: rgb.width, height: rgb.height)
     }
 
-    /// The features of 8-bit sRGB pixels (three bytes each, row by row).
+    /// The features of 8-bit sRGB pixels (three bytes each, row by row), at least 8x8.
     public static func compute(pixels: [UInt8], width: Int, height: Int) -> PhotoFeatures {
-        precondition(pixels.count == width * height * 3 && width > 0 && height > 0, "pixels must be width x height x 3 bytes")
-        var colour = [Float](repeating: 0, count: colourBins)
-        var grey = [Float](repeating: 0, count: width * height)
-        for index in 0..<(width * height) {
-            let r = Double(pixels[index * 3]), g = Double(pixels[index * 3 + 1]), b = Double(pixels[index * 3 + 2])
-            let lab = OKLab(red: r, green: g, blue: b)
-            let lightness = min(3, max(0, Int(lab.l * 4)))
-            if lab.chroma < 0.03 {
-                colour[24 + lightness] += 1
-            } else {
-                let angle = atan2(lab.b, lab.a) // -π...π
-                let hue = min(5, Int((angle + .pi) / (2 * .pi) * 6))
-                colour[lightness * 6 + hue] += 1
-            }
-            grey[index] = Float(lab.l)
-        }
-        let count = Float(width * height)
-        colour = colour.map { $0 / count }
-        let texture = textureDescriptor(grey, width: width, height: height, step: 1)
-            + textureDescriptor(grey, width: width, height: height, step: 4)
-        return PhotoFeatures(colour: colour, texture: texture, hash: differenceHash(grey, width: width, height: height))
-    }
-
-    /// 8 gradient-orientation bins weighted by strength and the share of strong edges, at
-    /// pixel distance `step`; the 9 values sum to 1.
-    static func textureDescriptor(_ grey: [Float], width: Int, height: Int, step: Int) -> [Float] {
-        var bins = [Float](repeating: 0, count: 9)
-        var total: Float = 0
-        var strong: Float = 0
-        var samples: Float = 0
-        var y = step
-        while y < height - step {
-            var x = step
-            while x < width - step {
-                let dx = grey[y * width + x + step] - grey[y * width + x - step]
-                let dy = grey[(y + step) * width + x] - grey[(y - step) * width + x]
-                let magnitude = (dx * dx + dy * dy).squareRoot()
-                samples += 1
-                if magnitude > 0.01 {
-                    // Orientation without sign (an edge and its opposite are one edge): 0...π.
-                    var angle = atan2(dy, dx)
-                    if angle < 0 { angle += .pi }
-                    bins[min(7, Int(angle / .pi * 8))] += magnitude
-                    total += magnitude
-                    if magnitude > 0.1 { strong += 1 }
-                }
-                x += step
-            }
-            y += step
-        }
-        let edgeShare = samples > 0 ? strong / samples : 0
-        guard total > 0 else { return [0, 0, 0, 0, 0, 0, 0, 0, 1] } // flat: no edges at all
-        // The orientation bins share what the edge share leaves.
-        let scale = (1 - edgeShare) / total
-        for index in 0..<8 { bins[index] *= scale }
-        bins[8] = edgeShare
-        return bins
-    }
-
-    /// dHash: the grey image averaged down to 9x8, one bit per horizontal neighbour pair.
-    static func differenceHash(_ grey: [Float], width: Int, height: Int) -> UInt64 {
-        var cells = [Float](repeating: 0, count: 72)
-        var counts = [Float](repeating: 0, count: 72)
-        for y in 0..<height {
-            let row = min(7, y * 8 / height)
-            for x in 0..<width {
-                let column = min(8, x * 9 / width)
-                cells[row * 9 + column] += grey[y * width + x]
-                counts[row * 9 + column] += 1
-            }
-        }
-        var hash: UInt64 = 0
-        for row in 0..<8 {
-            for column in 0..<8 {
-                let left = cells[row * 9 + column] / max(1, counts[row * 9 + column])
-                let right = cells[row * 9 + column + 1] / max(1, counts[row * 9 + column + 1])
-                hash = hash << 1 | (left > right ? 1 : 0)
-            }
-        }
-        return hash
+        precondition(pixels.count == width * height * 3 && width >= 8 && height >= 8, "pixels must be width x height x 3 bytes, at least 8x8")
+        return PlantDescriptors(pixels: pixels, width: width, height: height).features
     }
 }

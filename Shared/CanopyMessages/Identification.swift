@@ -59,8 +59,8 @@ public enum Identification {
     public struct Candidate: Codable, Sendable, Equatable {
         /// 1 for the best.
         public var rank: Int
-        /// 0 to 1. From Pl@ntNet: its score. From the reference matcher: a similarity of
-        /// appearance (see docs/IDENTIFICATION.md), not a probability.
+        /// 0 to 1. From Pl@ntNet: its score. From the reference matcher: a calibrated
+        /// confidence, how often a candidate so scored is right (see docs/IDENTIFICATION.md).
         public var score: Double
         /// With authorship, e.g. "Monstera deliciosa Liebm.".
         public var scientificName: String

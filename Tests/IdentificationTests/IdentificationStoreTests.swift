@@ -33,7 +33,7 @@ struct IdentificationStoreTests {
     }
 
     func features(_ seed: Float) -> PhotoFeatures {
-        PhotoFeatures(colour: (0..<PhotoFeatures.colourBins).map { _ in seed }, texture: (0..<PhotoFeatures.textureBins).map { _ in seed / 2 }, hash: UInt64(seed * 1_000))
+        PhotoFeatures(values: (0..<PhotoFeatures.count).map { Float($0 % 7) * seed / 100 })
     }
 
     @Test(arguments: implementations)
@@ -54,6 +54,39 @@ struct IdentificationStoreTests {
         #expect(try store.forget(owner: "bob", plantID: "plant-1") == 0)
         #expect(try store.forget(owner: "alice", plantID: "plant-1") == 1)
         #expect(try store.features(["a"]).isEmpty, "nothing else has the photo: its features go")
+    }
+
+    @Test(arguments: implementations)
+    func plantPhotosWithoutFeaturesAreListedUntilComputedAgainAndFeaturesAreReplaced(_ implementation: String) async throws {
+        let (store, cleanup) = try await Self.open(implementation)
+        defer { cleanup() }
+        let first = try store.insert(record("i1", photos: ["a", "b"], plant: "p1"), submissionKey: "k1")
+        try store.saveFeatures(features(1), sha256: "a")
+        try await store.accept(first.record, plantID: "plant-1", candidate: first.record.results[0])
+        // "b" has no features (as after the matcher's format changed): left out, and listed.
+        #expect(try store.plantPhotos(owner: "alice").count == 1)
+        #expect(try store.plantPhotosWithoutFeatures(owner: "alice", limit: 10) == ["b"])
+        #expect(try store.plantPhotosWithoutFeatures(owner: "bob", limit: 10).isEmpty)
+        try store.saveFeatures(features(2), sha256: "b")
+        #expect(try store.plantPhotosWithoutFeatures(owner: "alice", limit: 10).isEmpty)
+        #expect(try store.plantPhotos(owner: "alice").count == 2)
+        // Saving again replaces: features computed anew win over what was stored.
+        try store.saveFeatures(features(3), sha256: "a")
+        #expect(try store.features(["a"])["a"] == features(3))
+    }
+
+    @Test func packedFeaturesRoundTripAndRefuseOtherFormatsAndNonNumbers() {
+        let original = features(1.5)
+        #expect(PhotoFeatures(packed: original.packed) == original)
+        #expect(original.packed.count == 1 + PhotoFeatures.count * 4)
+        // The first format: 46 floats and a 64-bit hash, no version byte.
+        #expect(PhotoFeatures(packed: Data(repeating: 0, count: 192)) == nil)
+        var corrupt = original.packed
+        corrupt.replaceSubrange(1..<5, with: withUnsafeBytes(of: Float.nan.bitPattern.littleEndian) { Data($0) })
+        #expect(PhotoFeatures(packed: corrupt) == nil, "a NaN would poison every distance")
+        var otherVersion = original.packed
+        otherVersion[0] = 9
+        #expect(PhotoFeatures(packed: otherVersion) == nil)
     }
 
     @Test(arguments: implementations)

@@ -142,6 +142,7 @@ final class IdentificationLibrary: Sendable {
             query.append(QueryPhoto(sha256: sha256, organ: photo.organ, features: features,
                                     gallery: { try await bus.variant(sha256, .gallery, owner: owner) }))
         }
+        if provider.kind != .plantnet { await computeMissingPlantFeatures(owner: owner) }
         let results = try await metrics.providerCall(provider.kind) {
             try await provider.identify(ProviderQuery(owner: owner, photos: query, askPlantNet: request.askPlantNet))
         }
@@ -157,6 +158,23 @@ final class IdentificationLibrary: Sendable {
         }
         return stored
     }
+
+    /// Features of the person's plant photos that have none stored (their features were of the
+    /// matcher's older format): computed again from canopy-images' `small` variant, at most
+    /// ``missingFeaturesPerRequest`` a request, so "which of my plants is this?" knows every
+    /// plant again after a few identifications. Best effort: a photo that cannot be read now
+    /// is tried again next time.
+    private func computeMissingPlantFeatures(owner: String) async {
+        guard let missing = try? await offThePool({ [store] in try store.plantPhotosWithoutFeatures(owner: owner, limit: Self.missingFeaturesPerRequest) }) else { return }
+        for sha256 in missing {
+            guard let bytes = try? await bus.variant(sha256, .small, owner: owner),
+                  let features = try? await offThePool({ try PhotoFeatures.compute(from: bytes) }) else { continue }
+            _ = try? await offThePool { [store] in try store.saveFeatures(features, sha256: sha256) }
+            metrics.computedFeatures()
+        }
+    }
+
+    static let missingFeaturesPerRequest = 8
 
     /// A photo's features: stored ones, or computed from the bytes `load` gives and stored.
     /// Those it computed are added to `computed`.

@@ -142,21 +142,24 @@ struct SubmissionSweep: Service {
 /// The operator's tools on the store, for the CLI: reference photos and one-shot matching.
 public struct IdentificationTools: Sendable {
     let store: any IdentificationStoring
+    /// The matcher, its index kept between matches until the references change.
+    private let matcher: ReferenceProvider
 
     /// The tools on a store already open (the service's own, for `references.add`).
     init(store: any IdentificationStoring) {
         self.store = store
+        matcher = ReferenceProvider(store: store)
     }
 
     /// Opens (or creates) the store at `path`.
     public init(databasePath path: String) throws {
         try FileManager.default.createDirectory(at: URL(fileURLWithPath: path).deletingLastPathComponent(), withIntermediateDirectories: true)
-        store = try IdentificationStore(path: path)
+        self.init(store: try IdentificationStore(path: path))
     }
 
     /// Opens the store `postgres` names, or else the SQLite file at `databasePath`.
     public init(databasePath: String, postgres: PostgresSettings?, logger: Logger) async throws {
-        store = try await Self.openStore(databasePath: databasePath, postgres: postgres, logger: logger)
+        self.init(store: try await Self.openStore(databasePath: databasePath, postgres: postgres, logger: logger))
     }
 
     static func openStore(databasePath: String, postgres: PostgresSettings?, logger: Logger) async throws -> any IdentificationStoring {
@@ -221,10 +224,11 @@ public struct IdentificationTools: Sendable {
     }
 
     /// Matches photo files against the reference photos, as the `reference` provider does
-    /// (without anyone's own plants): ranked candidates.
-    public func match(photos: [[UInt8]]) throws -> [Identification.Candidate] {
+    /// (without anyone's own plants): ranked candidates, none when no species is near enough
+    /// (no good match) unless `refusingFar` is false.
+    public func match(photos: [[UInt8]], refusingFar: Bool = true) throws -> [Identification.Candidate] {
         let features = try photos.map { try PhotoFeatures.compute(from: $0) }
-        return try ReferenceProvider(store: store).references().candidates(for: features, neighbours: 32).ranked()
+        return try matcher.references().candidates(for: features, neighbours: matcher.neighbours, refusingFar: refusingFar).ranked()
     }
 
     /// Pl@ntNet's quota as last reported.

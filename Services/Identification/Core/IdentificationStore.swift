@@ -84,6 +84,11 @@ final class IdentificationStore: IdentificationStoring {
             try db.execute(sql: "ALTER TABLE submissions ADD COLUMN plantID TEXT")
             try db.execute(sql: "ALTER TABLE submissions ADD COLUMN claimedBy INTEGER")
         }
+        migrator.registerMigration("v4-plant-features") { db in
+            // Features of the first format (192 bytes) describe the whole frame; the matcher
+            // now describes the plant. They go, and are computed again where the photo is at hand.
+            try db.execute(sql: "DELETE FROM photoFeatures WHERE length(features) = 192")
+        }
         return migrator
     }
 
@@ -268,7 +273,7 @@ final class IdentificationStore: IdentificationStoring {
 
     func saveFeatures(_ features: PhotoFeatures, sha256: String) throws {
         try database.write { db in
-            try db.execute(sql: "INSERT OR IGNORE INTO photoFeatures (sha256, features) VALUES (?, ?)", arguments: [sha256, features.packed])
+            try db.execute(sql: "INSERT INTO photoFeatures (sha256, features) VALUES (?, ?) ON CONFLICT (sha256) DO UPDATE SET features = excluded.features", arguments: [sha256, features.packed])
         }
     }
 
@@ -284,6 +289,14 @@ final class IdentificationStore: IdentificationStoring {
                 guard let features = PhotoFeatures(packed: row["features"]) else { return nil }
                 return (try codec.decode(Identification.Candidate.self, from: [UInt8](row["candidate"] as Data)), features)
             }
+        }
+    }
+
+    func plantPhotosWithoutFeatures(owner: String, limit: Int) throws -> [String] {
+        try database.read { db in
+            try String.fetchAll(db, sql: """
+                SELECT DISTINCT sha256 FROM plantPhotos WHERE owner = ? AND sha256 NOT IN (SELECT sha256 FROM photoFeatures) ORDER BY sha256 LIMIT ?
+                """, arguments: [owner, limit])
         }
     }
 
@@ -306,7 +319,7 @@ final class IdentificationStore: IdentificationStoring {
                                  Data(try codec.encode(species.commonNames)), species.gbifID])
             let id = try Int.fetchOne(db, sql: "SELECT id FROM species WHERE scientificName = ?", arguments: [species.scientificName])!
             for photo in photos {
-                try db.execute(sql: "INSERT OR IGNORE INTO photoFeatures (sha256, features) VALUES (?, ?)", arguments: [photo.sha256, photo.features.packed])
+                try db.execute(sql: "INSERT INTO photoFeatures (sha256, features) VALUES (?, ?) ON CONFLICT (sha256) DO UPDATE SET features = excluded.features", arguments: [photo.sha256, photo.features.packed])
                 try db.execute(sql: "INSERT OR IGNORE INTO referencePhotos (speciesID, sha256, addedAt) VALUES (?, ?, ?)",
                                arguments: [id, photo.sha256, now.timeIntervalSince1970])
             }
@@ -328,8 +341,9 @@ final class IdentificationStore: IdentificationStoring {
     func referenceSpecies() throws -> [(species: ReferenceSpecies, photos: Int)] {
         try database.read { db in
             try Row.fetchAll(db, sql: """
-                SELECT species.*, COUNT(referencePhotos.sha256) AS photos FROM species
+                SELECT species.*, COUNT(photoFeatures.sha256) AS photos FROM species
                 LEFT JOIN referencePhotos ON referencePhotos.speciesID = species.id
+                LEFT JOIN photoFeatures ON photoFeatures.sha256 = referencePhotos.sha256
                 GROUP BY species.id ORDER BY species.scientificName
                 """).map { row in (try species(row), row["photos"]) }
         }
@@ -377,22 +391,26 @@ final class IdentificationStore: IdentificationStoring {
 }
 
 extension PhotoFeatures {
-    /// 46 little-endian 32-bit floats then the 64-bit hash: 192 bytes.
+    /// The format's version: the first byte of ``packed``. Version 1 (before the plant was
+    /// found first, 192 bytes, no version byte) is not read: such rows are features nobody has
+    /// (migration `v4-plant-features` deletes them; they are computed again when needed).
+    static let packedVersion: UInt8 = 2
+
+    /// The version byte, then ``count`` little-endian 32-bit floats.
     var packed: Data {
-        var data = Data(capacity: (Self.colourBins + Self.textureBins) * 4 + 8)
-        for value in colour + texture { withUnsafeBytes(of: value.bitPattern.littleEndian) { data.append(contentsOf: $0) } }
-        withUnsafeBytes(of: hash.littleEndian) { data.append(contentsOf: $0) }
+        var data = Data(capacity: 1 + Self.count * 4)
+        data.append(Self.packedVersion)
+        for value in values { withUnsafeBytes(of: value.bitPattern.littleEndian) { data.append(contentsOf: $0) } }
         return data
     }
 
     init?(packed: Data) {
-        let floats = Self.colourBins + Self.textureBins
-        guard packed.count == floats * 4 + 8 else { return nil }
-        let bytes = [UInt8](packed)
-        func word(_ offset: Int, _ count: Int) -> UInt64 {
-            (0..<count).reduce(UInt64(0)) { $0 | UInt64(bytes[offset + $1]) << (8 * UInt64($1)) }
+        guard packed.count == 1 + Self.count * 4, packed.first == Self.packedVersion else { return nil }
+        let values = packed.withUnsafeBytes { buffer in
+            (0..<Self.count).map { Float(bitPattern: UInt32(littleEndian: buffer.loadUnaligned(fromByteOffset: 1 + $0 * 4, as: UInt32.self))) }
         }
-        let values = (0..<floats).map { Float(bitPattern: UInt32(word($0 * 4, 4))) }
-        self.init(colour: Array(values[0..<Self.colourBins]), texture: Array(values[Self.colourBins...]), hash: word(floats * 4, 8))
+        // Stored bytes are not trusted to be numbers: a NaN or an infinity would poison every distance.
+        guard values.allSatisfy(\.isFinite) else { return nil }
+        self.init(values: values)
     }
 }

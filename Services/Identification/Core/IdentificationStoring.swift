@@ -52,6 +52,9 @@ protocol IdentificationStoring: Sendable {
     /// The person's accepted plants' photos with their features: what "which of my plants is
     /// this?" compares against.
     func plantPhotos(owner: String) throws -> [(candidate: Identification.Candidate, features: PhotoFeatures)]
+    /// Up to `limit` of the person's plant photos whose features are not stored (or were of an
+    /// older format): the ones ``plantPhotos(owner:)`` leaves out until they are computed again.
+    func plantPhotosWithoutFeatures(owner: String, limit: Int) throws -> [String]
 
     // MARK: References (the operator's labelled photos)
 
@@ -62,7 +65,8 @@ protocol IdentificationStoring: Sendable {
     func addReferences(_ species: ReferenceSpecies, photos: [(sha256: String, features: PhotoFeatures)], now: Date) throws
     /// Removes a species and its reference photos; `false` when there was none by that name.
     func removeReferences(scientificName: String) throws -> Bool
-    /// Every species with its number of reference photos, by name.
+    /// Every species with its number of reference photos the matcher can use (those whose
+    /// features are of the current format), by name.
     func referenceSpecies() throws -> [(species: ReferenceSpecies, photos: Int)]
     /// Every reference photo's species and features, and the generation they are of.
     func referenceSet() throws -> (generation: Int, entries: [(species: ReferenceSpecies, features: PhotoFeatures)])

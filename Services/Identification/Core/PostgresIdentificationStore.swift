@@ -80,6 +80,8 @@ final class PostgresIdentificationStore: IdentificationStoring {
         migrator.register("v2-submission-holders",
                           "ALTER TABLE submissions ADD COLUMN plantID TEXT",
                           "ALTER TABLE submissions ADD COLUMN claimedBy BIGINT")
+        // Features of the first format describe the whole frame (IdentificationStore's v4).
+        migrator.register("v3-plant-features", "DELETE FROM photoFeatures WHERE length(features) = 192")
         return migrator
     }
 
@@ -258,7 +260,7 @@ final class PostgresIdentificationStore: IdentificationStoring {
     func saveFeatures(_ features: PhotoFeatures, sha256: String) throws {
         let packed = features.packed
         try database.write { session in
-            try session.execute("INSERT INTO photoFeatures (sha256, features) VALUES (\(sha256), \(packed)) ON CONFLICT (sha256) DO NOTHING")
+            try session.execute("INSERT INTO photoFeatures (sha256, features) VALUES (\(sha256), \(packed)) ON CONFLICT (sha256) DO UPDATE SET features = excluded.features")
         }
     }
 
@@ -271,6 +273,15 @@ final class PostgresIdentificationStore: IdentificationStoring {
                 guard let features = PhotoFeatures(packed: try row[1].decode(Data.self)) else { return nil }
                 return (try codec.decode(Identification.Candidate.self, from: [UInt8](try row[0].decode(Data.self))), features)
             }
+        }
+    }
+
+    func plantPhotosWithoutFeatures(owner: String, limit: Int) throws -> [String] {
+        try database.statement { session in
+            try session.rows("""
+                SELECT DISTINCT sha256 FROM plantPhotos WHERE owner = \(owner)
+                AND NOT EXISTS (SELECT 1 FROM photoFeatures WHERE photoFeatures.sha256 = plantPhotos.sha256) ORDER BY sha256 LIMIT \(limit)
+                """).map { try $0[0].decode(String.self) }
         }
     }
 
@@ -292,7 +303,7 @@ final class PostgresIdentificationStore: IdentificationStoring {
                 RETURNING id
                 """)!
             for (sha256, features) in zip(sha256s, packed) {
-                try session.execute("INSERT INTO photoFeatures (sha256, features) VALUES (\(sha256), \(features)) ON CONFLICT (sha256) DO NOTHING")
+                try session.execute("INSERT INTO photoFeatures (sha256, features) VALUES (\(sha256), \(features)) ON CONFLICT (sha256) DO UPDATE SET features = excluded.features")
             }
             try session.execute("""
                 INSERT INTO referencePhotos (speciesID, sha256, addedAt) SELECT \(id), unnest(\(sha256s)), \(now.timeIntervalSince1970)
@@ -321,8 +332,9 @@ final class PostgresIdentificationStore: IdentificationStoring {
     func referenceSpecies() throws -> [(species: ReferenceSpecies, photos: Int)] {
         try database.statement { session in
             try session.rows("""
-                SELECT \(unescaped: Self.speciesColumns), COUNT(referencePhotos.sha256) FROM species
+                SELECT \(unescaped: Self.speciesColumns), COUNT(photoFeatures.sha256) FROM species
                 LEFT JOIN referencePhotos ON referencePhotos.speciesID = species.id
+                LEFT JOIN photoFeatures ON photoFeatures.sha256 = referencePhotos.sha256
                 GROUP BY species.id ORDER BY species.scientificName COLLATE "C"
                 """).map { row in (try species(row), try row[8].decode(Int.self)) }
         }

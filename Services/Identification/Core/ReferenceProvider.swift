@@ -8,10 +8,13 @@ import Synchronization
 /// the operator's labelled reference photos (through a ``ReferenceIndex``) and with the photos
 /// of the person's own accepted plants ("which of my plants is this?").
 ///
-/// A species scores, for each query photo, the similarity of its nearest reference photo
-/// among the ``neighbours`` nearest of all, and overall the mean over the query photos; one of
-/// the person's plants scores the same way against that plant's photos. Scores are
-/// similarities of appearance, 0 to 1, not probabilities (docs/IDENTIFICATION.md).
+/// A species' distance is, for each query photo, the distance to its nearest reference photo
+/// among the ``neighbours`` nearest of all, averaged over the query photos; one of the person's
+/// plants is measured the same way against that plant's photos. Scores are calibrated
+/// confidences (``FeatureModel/confidences(_:)``): the species among the species, the plants
+/// among the person's plants. When even the nearest is further than
+/// ``FeatureModel/noMatchBeyond`` there is no good match, and no candidate of that kind is
+/// named (docs/IDENTIFICATION.md).
 final class ReferenceProvider: IdentificationProvider {
     let store: any IdentificationStoring
     /// How many nearest reference photos each query photo looks at.
@@ -54,22 +57,32 @@ final class ReferenceProvider: IdentificationProvider {
         return fresh
     }
 
-    /// The person's plants, each scored by the mean over the query photos of its best photo.
+    /// The person's plants, each at the mean over the query photos of its nearest photo.
     static func ownPlants(_ photos: [(candidate: Identification.Candidate, features: PhotoFeatures)], for queries: [PhotoFeatures]) -> [Identification.Candidate] {
         guard !queries.isEmpty else { return [] }
-        var best: [String: (candidate: Identification.Candidate, scores: [Double])] = [:]
+        var nearest: [String: (candidate: Identification.Candidate, distances: [Float])] = [:]
         for photo in photos {
             guard let plantID = photo.candidate.plantID else { continue }
-            let scores = queries.map { photo.features.similarity(to: $0) }
-            if let existing = best[plantID] {
-                best[plantID]!.scores = zip(existing.scores, scores).map { max($0, $1) }
+            let distances = queries.map { photo.features.distance(to: $0) }
+            if let existing = nearest[plantID] {
+                nearest[plantID]!.distances = zip(existing.distances, distances).map { min($0, $1) }
             } else {
-                best[plantID] = (photo.candidate, scores)
+                nearest[plantID] = (photo.candidate, distances)
             }
         }
-        return best.values.map { entry in
+        return scored(nearest.values.map { ($0.candidate, $0.distances.reduce(0, +) / Float(queries.count)) })
+    }
+
+    /// Candidates at their distances, scored by confidence; none when even the nearest is
+    /// further than ``FeatureModel/noMatchBeyond`` (no good match).
+    static func scored(_ candidates: [(candidate: Identification.Candidate, distance: Float)], refusingFar: Bool = true) -> [Identification.Candidate] {
+        guard let nearest = candidates.map(\.distance).min(), !refusingFar || nearest <= FeatureModel.noMatchBeyond else { return [] }
+        let confidences = FeatureModel.confidences(candidates.map(\.distance))
+        return zip(candidates, confidences).compactMap { entry, confidence in
+            let score = rounded(confidence)
+            guard score > 0 else { return nil }
             var candidate = entry.candidate
-            candidate.score = Self.rounded(entry.scores.reduce(0, +) / Double(queries.count))
+            candidate.score = score
             candidate.provider = .reference
             return candidate
         }
@@ -83,25 +96,31 @@ final class ReferenceProvider: IdentificationProvider {
 
 extension ReferenceProvider.Loaded {
     /// Species candidates for the query photos.
-    func candidates(for queries: [PhotoFeatures], neighbours: Int) -> [Identification.Candidate] {
+    func candidates(for queries: [PhotoFeatures], neighbours: Int, refusingFar: Bool = true) -> [Identification.Candidate] {
         guard !queries.isEmpty else { return [] }
-        var totals: [String: (species: ReferenceSpecies, sum: Double)] = [:]
+        // Per query photo, each species' nearest photo among the neighbours; a species none of
+        // whose photos is among one query's neighbours is at least as far as the farthest.
+        var nearest: [[String: Float]] = []
+        var farthest: [Float] = []
+        var species: [String: ReferenceSpecies] = [:]
         for query in queries {
-            var best: [String: (ReferenceSpecies, Double)] = [:]
-            for neighbour in index.nearest(to: query, count: neighbours) {
-                let species = self.species[neighbour.item]
-                let similarity = 1 - Double(neighbour.distance)
-                if (best[species.scientificName]?.1 ?? -1) < similarity { best[species.scientificName] = (species, similarity) }
+            var best: [String: Float] = [:]
+            let found = index.nearest(to: query, count: neighbours)
+            for neighbour in found {
+                let entry = self.species[neighbour.item]
+                species[entry.scientificName] = entry
+                best[entry.scientificName] = min(best[entry.scientificName] ?? .infinity, neighbour.distance)
             }
-            for (name, (species, similarity)) in best {
-                totals[name, default: (species, 0)].sum += similarity
-            }
+            nearest.append(best)
+            farthest.append(found.last?.distance ?? .infinity)
         }
-        return totals.values.map { entry in
-            Identification.Candidate(
-                rank: 0, score: ReferenceProvider.rounded(entry.sum / Double(queries.count)), scientificName: entry.species.scientificName,
-                scientificNameWithoutAuthor: entry.species.withoutAuthor, authorship: entry.species.authorship, commonNames: entry.species.commonNames,
-                genus: entry.species.genus, family: entry.species.family, gbifID: entry.species.gbifID, provider: .reference)
+        let measured = species.values.map { entry in
+            let total = zip(nearest, farthest).reduce(Float(0)) { $0 + ($1.0[entry.scientificName] ?? $1.1) }
+            return (Identification.Candidate(
+                rank: 0, score: 0, scientificName: entry.scientificName,
+                scientificNameWithoutAuthor: entry.withoutAuthor, authorship: entry.authorship, commonNames: entry.commonNames,
+                genus: entry.genus, family: entry.family, gbifID: entry.gbifID, provider: .reference), total / Float(queries.count))
         }
+        return ReferenceProvider.scored(measured, refusingFar: refusingFar)
     }
 }
