@@ -31,7 +31,8 @@ struct Demo: AsyncParsableCommand {
         guard (1...300).contains(reminderSeconds) else { throw ValidationError("--reminder-seconds must be from 1 to 300") }
     }
 
-    /// The demo's reference species: made-up plants (`SyntheticPlant`), three photos each.
+    /// The demo's reference species: made-up plants photographed as phones do (`PlantScene`),
+    /// three photos each; the photo it identifies is another shot of the second.
     static let species = ["Plantago demonstrans", "Ficus exemplaris", "Monstera ostendens"]
 
     func run() async throws {
@@ -48,7 +49,7 @@ struct Demo: AsyncParsableCommand {
         try await steps.run("reference photos of \(Self.species.count) species") {
             try await loadReferences(executables)
         }
-        let photo = try SyntheticPlant.species(1).photo(seed: 42)
+        let photo = try PlantScene.species(1).photo(seed: 10_000)
         var identification = ""
         try await steps.run("identify a photo (POST /v1/identifications)") {
             let form = MultipartForm.encode([.init(name: "photo", type: "image/jpeg", bytes: photo), .init(name: "organ", bytes: Array("leaf".utf8))],
@@ -135,7 +136,7 @@ struct Demo: AsyncParsableCommand {
         let bus = try BusClient(configuration: .init(endpoint: endpoint), context: ZMQContext(), logger: LogSetup.logger(label: "canopy", level: .error))
         defer { bus.close() }
         for (index, name) in missing {
-            let photos = try (1...3).map { seed in Data(try SyntheticPlant.species(index).photo(seed: seed)) }
+            let photos = try (0..<3).map { seed in Data(try PlantScene.species(index).photo(seed: seed)) }
             _ = try await bus.call(Identification.AddReferences.self, .init(scientificName: name, commonNames: ["Demo plant \(index)"], family: "Demoaceae", data: photos),
                                    timeout: .seconds(60))
         }

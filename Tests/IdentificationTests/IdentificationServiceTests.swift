@@ -252,6 +252,25 @@ struct IdentificationServiceTests {
         }
     }
 
+    /// A plant photo whose features are missing (the matcher's format changed) is described
+    /// again from canopy-images' `small` variant by the person's next identification.
+    @Test func aPlantPhotoWithoutFeaturesIsDescribedAgainByTheNextIdentification() async throws {
+        try await withStack(references: 3) { stack in
+            let photos = try (0..<3).map { try PlantScene.species(310).photo(seed: $0) }
+            let record = try await stack.submit(photos)
+            _ = try await stack.client.call(Identification.Accept.self, .init(id: record.id, scientificName: "My plant"), principal: "alice")
+            try stack.tools.store.deleteFeatures(record.photoIDs)
+            #expect(try stack.tools.store.plantPhotosWithoutFeatures(owner: "alice", limit: 8).count == 3)
+            // Someone else's identification describes none of Alice's photos.
+            _ = try await stack.submit([try Self.photo(1, seed: 20)], as: "bob")
+            #expect(try stack.tools.store.plantPhotosWithoutFeatures(owner: "alice", limit: 8).count == 3)
+            let next = try await stack.submit([try PlantScene.species(310).photo(seed: 3)])
+            #expect(try stack.tools.store.plantPhotosWithoutFeatures(owner: "alice", limit: 8).isEmpty)
+            #expect(try stack.tools.store.features(record.photoIDs).count == 3)
+            #expect(next.results.first?.plantID == record.plantID, "\(next.results.prefix(2).map { "\($0.plantID ?? $0.scientificName) \($0.score)" })")
+        }
+    }
+
     @Test func aNewPhotoOfOneOfAPersonsTwentyPlantsNamesThatPlant() async throws {
         try await withStack(references: 10) { stack in
             var plants: [String] = []

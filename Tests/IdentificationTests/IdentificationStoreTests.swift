@@ -3,6 +3,7 @@ import CanopyMessages
 import CanopyStore
 import CanopyTesting
 import Foundation
+import GRDB
 import Logging
 import Testing
 @testable import Identification
@@ -73,6 +74,25 @@ struct IdentificationStoreTests {
         // Saving again replaces: features computed anew win over what was stored.
         try store.saveFeatures(features(3), sha256: "a")
         #expect(try store.features(["a"])["a"] == features(3))
+    }
+
+    /// A store of the first matcher's days: its features (192 bytes, no version) go when the
+    /// store opens; the plant photo they were of is listed to be described again.
+    @Test func featuresOfTheFirstFormatAreDeletedByTheMigration() throws {
+        let directory = try TemporaryDirectory("identify-store-v3")
+        defer { directory.remove() }
+        let path = directory.path("identify.sqlite")
+        let queue = try DatabaseQueue(path: path)
+        try IdentificationStore.migrator.migrate(queue, upTo: "v3-submission-holders")
+        try queue.write { db in
+            try db.execute(sql: "INSERT INTO photoFeatures (sha256, features) VALUES ('old', ?), ('new', ?)",
+                           arguments: [Data(repeating: 1, count: 192), features(1).packed])
+            try db.execute(sql: "INSERT INTO plantPhotos (owner, plantID, sha256, candidate) VALUES ('alice', 'p1', 'old', x'')")
+        }
+        try queue.close()
+        let store = try IdentificationStore(path: path)
+        #expect(try store.features(["old", "new"]) == ["new": features(1)])
+        #expect(try store.plantPhotosWithoutFeatures(owner: "alice", limit: 8) == ["old"])
     }
 
     @Test func packedFeaturesRoundTripAndRefuseOtherFormatsAndNonNumbers() {
