@@ -27,18 +27,31 @@ struct JourneyTests {
         let http: String
         /// Where the stores are when not SQLite in `data`: `--database-url` and its password file.
         var database: [String] = []
+        /// The broker's /metrics port; the services' follow (images, care, identify, remind, batch).
+        var metricsBase = 0
 
         /// - Parameter database: `--database-url URL --database-password-file FILE` for stores
         ///   in PostgreSQL; `more`: further `canopy up` options (`--replicas`).
         static func start(environment: [String: String] = [:], database: [String] = [], _ more: [String] = []) async throws -> Stack {
             let data = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-e2e-\(UUID().uuidString)").path
-            let stack = Stack(data: data, endpoint: "tcp://127.0.0.1:\(FreePorts.any())", http: "127.0.0.1:\(FreePorts.any())", database: database)
+            let stack = Stack(data: data, endpoint: "tcp://127.0.0.1:\(FreePorts.any())", http: "127.0.0.1:\(FreePorts.any())", database: database,
+                              metricsBase: FreePorts.run(of: 16))
             // The first six processes on their ports; replicas on the ones after.
             let up = try await runExecutable("canopy", ["up", "--detach", "--data-dir", data, "--broker", stack.endpoint, "--http", stack.http,
-                                                        "--metrics-base", "\(FreePorts.run(of: 16))"] + database + more, environment: environment, limit: 240)
+                                                        "--metrics-base", "\(stack.metricsBase)"] + database + more, environment: environment, limit: 240)
             #expect(up.status == 0, "canopy up: \(up.output) \(up.errors)")
             try stack.loadReferences()
             return stack
+        }
+
+        /// Every process's /metrics, parsed.
+        func scrapes() async throws -> [PrometheusText] {
+            var scrapes: [PrometheusText] = []
+            for port in metricsBase..<(metricsBase + 6) {
+                let response = try await HTTPClient.shared.execute(HTTPClientRequest(url: "http://127.0.0.1:\(port)/metrics"), timeout: .seconds(10))
+                scrapes.append(try PrometheusText(String(buffer: try await response.body.collect(upTo: 8 << 20))))
+            }
+            return scrapes
         }
 
         func stop() async {
@@ -183,6 +196,14 @@ struct JourneyTests {
             #expect(thumbnail.status == 200 && thumbnail.headers["content-type"] == "image/jpeg" && thumbnail.body.prefix(2) == [0xFF, 0xD8])
             #expect((try await stack.send(.GET, "/v1/photos/\(photo)/palette", token: alice).object["swatches"] as? [Any])?.isEmpty == false)
             #expect(try await stack.send(.GET, "/v1/photos/\(photo)/variants/thumbnail", token: bob).status == 404)
+
+            // The provisioned dashboards ask only for series and labels this stack exports, now
+            // that every service has served (a reminder delivered, photos cached, the edge answered).
+            let queries = try GrafanaDashboards.queries(in: URL(fileURLWithPath: #filePath).deletingLastPathComponent()
+                .appendingPathComponent("../../deploy/grafana/dashboards").standardized, datasourceUID: "prometheus")
+            #expect(queries.count > 20)
+            let problems = GrafanaDashboards.problems(queries, scrapes: try await stack.scrapes())
+            #expect(problems.isEmpty, "\(problems.joined(separator: "\n"))")
             let stopped = try await runExecutable("canopy", ["capture", "stop", "--broker", stack.endpoint])
             #expect(stopped.status == 0, "\(stopped.errors)")
 

@@ -479,7 +479,7 @@ public final class Dispatcher: Service, Sendable {
         } else {
             outcome = .rejected("the device was removed", deactivate: false)
         }
-        metrics.attempt(outcome, lateBy: due.map { clock.now().timeIntervalSince($0) })
+        metrics.attempt(outcome, channel: channel == nil ? nil : device?.device.channel, lateBy: due.map { clock.now().timeIntervalSince($0) })
         return Attempt(sendID: send.id, attempt: send.attempts + 1, deviceID: send.deviceID, outcome: outcome, due: due)
     }
 
