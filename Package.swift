@@ -1,4 +1,4 @@
-// swift-tools-version: 6.0
+// swift-tools-version: 6.1
 //
 // Canopy: the server side of a plant-care app, as message-bus microservices.
 // See README.md for the picture and docs/ for the protocol, operations and performance.
@@ -66,7 +66,9 @@ enum P {
     static let openAPIRuntime: Target.Dependency = .product(name: "OpenAPIRuntime", package: "swift-openapi-runtime")
     static let postgresNIO: Target.Dependency = .product(name: "PostgresNIO", package: "postgres-nio")
     static let prometheus: Target.Dependency = .product(name: "Prometheus", package: "swift-prometheus")
+    static let otel: Target.Dependency = .product(name: "OTel", package: "swift-otel")
     static let serviceLifecycle: Target.Dependency = .product(name: "ServiceLifecycle", package: "swift-service-lifecycle")
+    static let tracing: Target.Dependency = .product(name: "Tracing", package: "swift-distributed-tracing")
     static let unixSignals: Target.Dependency = .product(name: "UnixSignals", package: "swift-service-lifecycle")
     static let x509: Target.Dependency = .product(name: "X509", package: "swift-certificates")
     static let yams: Target.Dependency = .product(name: "Yams", package: "Yams")
@@ -113,8 +115,8 @@ var targets: [Target] = [
         P.metrics, P.serviceLifecycle,
     ]),
     shared("CanopyServiceKit", [
-        "CanopyBus", P.argumentParser, P.hummingbird, P.logging, P.metrics, P.nioCore, P.prometheus, P.serviceLifecycle,
-        P.unixSignals,
+        "CanopyBus", P.argumentParser, P.hummingbird, P.logging, P.metrics, P.nioCore, P.otel, P.prometheus, P.serviceLifecycle,
+        P.tracing, P.unixSignals,
     ]),
     shared("CanopyOutbound", ["CanopyMessages", P.nioCore, P.nioHTTP1, P.nioPosix, P.nioSSL]),
     shared("CanopyTesting", [
@@ -280,6 +282,10 @@ let package = Package(
         .package(url: "https://github.com/jpsim/Yams", from: "6.2.2"),
         // PostgreSQL, for stores that several replicas share.
         .package(url: "https://github.com/vapor/postgres-nio", from: "1.33.2"),
+        // Traces: spans through swift-distributed-tracing, exported over OTLP/HTTP by swift-otel
+        // (its gRPC exporter left out).
+        .package(url: "https://github.com/apple/swift-distributed-tracing", from: "1.2.0"),
+        .package(url: "https://github.com/swift-otel/swift-otel", from: "1.6.0", traits: ["OTLPHTTP"]),
     ],
     targets: targets
 )

@@ -18,7 +18,8 @@ public func serviceGroup(_ services: [any Service], signals: [UnixSignal] = [.si
 }
 
 /// Runs long-running services in one ``serviceGroup(_:signals:logger:)`` until SIGTERM or
-/// SIGINT.
+/// SIGINT, with the span exporter first (so stopped last) when ``Traces`` is on.
 public func runUntilShutdown(_ services: [any Service], logger: Logger) async throws {
-    try await serviceGroup(services, logger: logger).run()
+    let traces = try Traces.bootstrap(serviceName: Traces.executableName)
+    try await serviceGroup((traces.map { [$0] } ?? []) + services, logger: logger).run()
 }

@@ -90,7 +90,9 @@ struct RemoteFetchTests {
     }
 
     @Test func atMostThreeFetchesReachOneHostAtOnce() async throws {
-        try await withServer(["/slow.jpg": .slow(.milliseconds(150), photo)]) { server in
+        // Each answer takes long enough that three are in the air together even when a parallel
+        // test run delays the fetcher's tasks (150 ms was not, on two busy cores).
+        try await withServer(["/slow.jpg": .slow(.milliseconds(600), photo)]) { server in
             let fetcher = try fetcher()
             try await withThrowingTaskGroup(of: Void.self) { group in
                 for _ in 0..<9 { group.addTask { _ = try await fetcher.fetch(server.url("/slow.jpg")) } }

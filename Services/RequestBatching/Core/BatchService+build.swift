@@ -177,6 +177,8 @@ public func makeBatchService(settings: BatchServiceSettings, bus: any BusCalling
     let edge = EdgeMiddleware<BasicRequestContext>(tokens: tokens, maximumBodyBytes: settings.maximumBodyBytes, maximumPhotoBytes: settings.maximumPhotoBytes,
                                                    limiter: RateLimiter(rate: settings.rateLimit, burst: settings.rateBurst), metrics: metrics,
                                                    variants: VariantRoute(api: api), routes: routes)
+    // A server span per request, continuing the app's W3C `traceparent` (Traces: no-op unless on).
+    router.add(middleware: TracingMiddleware())
     router.add(middleware: edge)
     try api.registerHandlers(on: router, configuration: configuration, middlewares: [EntityTags()])
     routes.load(router.routes.map { ("\($0.path)", $0.method.rawValue) })

@@ -1,0 +1,78 @@
+import AsyncHTTPClient
+import CanopyTesting
+import Foundation
+import NIOCore
+import Testing
+
+/// canopy-batch's traces as a process runs them: configured by the standard `OTEL_*`
+/// variables, exported over OTLP/HTTP (JSON here) to a local receiver that answers as an
+/// OpenTelemetry collector does, continuing the W3C `traceparent` an app sent.
+struct EdgeTracingTests {
+    /// A running `canopy-batch serve` on its own ports, with `environment`; what it wrote to
+    /// standard error once it ended.
+    @discardableResult
+    static func withEdge(environment: [String: String], _ body: (_ http: String) async throws -> Void) async throws -> String {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-traces-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        try Data("dG9rZW4ta2V5LWZvci10ZXN0cy1vbmx5LXRva2VuLWtleS1mb3ItdGVzdHMtb25seQ==".utf8).write(to: directory.appendingPathComponent("token.key"))
+        let http = "127.0.0.1:\(FreePorts.any())"
+        let process = Process()
+        process.executableURL = try LiveBus.executable("canopy-batch")
+        process.arguments = ["serve", "--endpoint", "tcp://127.0.0.1:\(FreePorts.any())", "--http", http, "--metrics-bind", "off",
+                             "--token-key-file", directory.appendingPathComponent("token.key").path]
+        process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
+        process.standardOutput = FileHandle.nullDevice
+        let errors = directory.appendingPathComponent("stderr")
+        FileManager.default.createFile(atPath: errors.path, contents: nil)
+        process.standardError = try FileHandle(forWritingTo: errors)
+        try process.run()
+        defer {
+            if process.isRunning { kill(process.processIdentifier, SIGKILL) }
+            process.waitUntilExit()
+        }
+        #expect(try await eventually(within: .seconds(30)) { (try? await Self.get(http, "/v1/plants", traceparent: nil)) != nil }, "canopy-batch did not answer")
+        try await body(http)
+        // SIGTERM: the exporter, stopped last, sends what is left.
+        process.terminate()
+        #expect(try await eventually(within: .seconds(20)) { !process.isRunning })
+        return (try? String(contentsOf: errors, encoding: .utf8)) ?? ""
+    }
+
+    static func get(_ http: String, _ path: String, traceparent: String?) async throws -> Int {
+        var request = HTTPClientRequest(url: "http://\(http)\(path)")
+        if let traceparent { request.headers.add(name: "traceparent", value: traceparent) }
+        let response = try await HTTPClient.shared.execute(request, timeout: .seconds(5))
+        _ = try await response.body.collect(upTo: 1 << 20)
+        return Int(response.status.code)
+    }
+
+    @Test func anAppsSampledTraceIsContinuedAndItsSpanExportedOverOTLP() async throws {
+        let collector = OTLPReceiver()
+        let server = Task { try await collector.application.run() }
+        defer { server.cancel() }
+        let endpoint = try await collector.endpoint()
+        let environment = ["OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json", "OTEL_BSP_SCHEDULE_DELAY": "100"]
+        let (trace, parent) = ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7")
+        try await Self.withEdge(environment: environment) { http async throws in
+            #expect(try await Self.get(http, "/v1/plants", traceparent: "00-\(trace)-\(parent)-01") == 401)
+            // Not sampled by the app, and no sampler of our own: nothing is recorded.
+            #expect(try await Self.get(http, "/v1/plants", traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00") == 401)
+            #expect(try await eventually(within: .seconds(20)) { collector.spans.contains { $0.traceID == trace } }, "\(collector.requests) export requests: \(collector.spans)")
+        }
+        let spans = collector.spans
+        let edge = try #require(spans.first { $0.traceID == trace })
+        #expect(edge.parentSpanID == parent && edge.spanID.count == 16 && edge.spanID != parent && edge.service == "canopy-batch", "\(edge)")
+        #expect(edge.name == "/v1/plants", "the route: \(edge.name)")
+        #expect(!spans.contains { $0.traceID == "0af7651916cd43dd8448eb211c80319c" }, "an unsampled trace is not exported")
+    }
+
+    @Test func withoutAnEndpointNothingIsExported() async throws {
+        // No endpoint named (nor the default localhost:4318 tried): no tracer at all, so swift-otel
+        // (asked to log at debug level) says nothing.
+        let errors = try await Self.withEdge(environment: ["OTEL_EXPORTER_OTLP_PROTOCOL": "http/json", "OTEL_TRACES_SAMPLER": "always_on", "OTEL_LOG_LEVEL": "debug"]) { http async throws in
+            #expect(try await Self.get(http, "/v1/plants", traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01") == 401)
+        }
+        #expect(errors.contains("batch.listening") && !errors.contains("swift-otel"), "\(errors.suffix(800))")
+    }
+}
