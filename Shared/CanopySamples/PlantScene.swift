@@ -1,4 +1,3 @@
-import CVips
 import CanopyImaging
 import CanopyMessages
 import Foundation
@@ -132,9 +131,6 @@ public struct PlantScene: Sendable, Equatable {
 
     /// A shot as a JPEG.
     public func photo(seed: Int, width: Int = 320, height: Int = 240, quality: Int = 85) throws(CanopyError) -> [UInt8] {
-        try Vips.start()
-        let pixels = pixels(seed: seed, width: width, height: height)
-        let image = try VipsImage(pixels.withUnsafeBytes { canopy_vips_from_rgb($0.baseAddress, Int32(width), Int32(height)) }, "making a test photo")
-        return try image.encode(.jpeg, quality: quality)
+        try SyntheticPlant.jpeg(pixels(seed: seed, width: width, height: height), width: width, height: height, quality: quality)
     }
 }

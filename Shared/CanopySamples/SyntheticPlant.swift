@@ -60,8 +60,12 @@ public struct SyntheticPlant: Sendable, Equatable {
 
     /// A shot of the plant as a JPEG.
     public func photo(seed: Int, width: Int = 320, height: Int = 240, quality: Int = 85) throws(CanopyError) -> [UInt8] {
+        try Self.jpeg(pixels(seed: seed, width: width, height: height), width: width, height: height, quality: quality)
+    }
+
+    /// 8-bit sRGB pixels (three bytes each, row by row) encoded as a JPEG: every made-up photo's last step.
+    public static func jpeg(_ pixels: [UInt8], width: Int, height: Int, quality: Int = 85) throws(CanopyError) -> [UInt8] {
         try Vips.start()
-        let pixels = pixels(seed: seed, width: width, height: height)
         let image = try VipsImage(pixels.withUnsafeBytes { canopy_vips_from_rgb($0.baseAddress, Int32(width), Int32(height)) }, "making a test photo")
         return try image.encode(.jpeg, quality: quality)
     }

@@ -1,4 +1,3 @@
-import CVips
 @testable import CanopyImaging
 import CanopyMessages
 import CanopySamples
@@ -90,7 +89,7 @@ struct ReferenceMatchingTests {
                     }
                 }
             }
-            let photo = try VipsImage(wall.withUnsafeBytes { canopy_vips_from_rgb($0.baseAddress, 320, 240) }, "a wall").encode(.jpeg, quality: 85)
+            let photo = try SyntheticPlant.jpeg(wall, width: 320, height: 240)
             #expect(try tools.match(photos: [photo]).isEmpty, "no good match")
             // Asked for anyway, the nearest come with little confidence.
             let anyway = try tools.match(photos: [photo], refusingFar: false)
