@@ -69,6 +69,7 @@ enum P {
     static let otel: Target.Dependency = .product(name: "OTel", package: "swift-otel")
     static let serviceLifecycle: Target.Dependency = .product(name: "ServiceLifecycle", package: "swift-service-lifecycle")
     static let tracing: Target.Dependency = .product(name: "Tracing", package: "swift-distributed-tracing")
+    static let inMemoryTracing: Target.Dependency = .product(name: "InMemoryTracing", package: "swift-distributed-tracing")
     static let unixSignals: Target.Dependency = .product(name: "UnixSignals", package: "swift-service-lifecycle")
     static let x509: Target.Dependency = .product(name: "X509", package: "swift-certificates")
     static let yams: Target.Dependency = .product(name: "Yams", package: "Yams")
@@ -101,18 +102,18 @@ var targets: [Target] = [
     // The IO layer: the libzmq binding (sockets, poller, mailbox, loop threads, CurveZMQ
     // keys) and the loop helpers every bus executable shares.
     shared("CanopyIO", ["CZeroMQ", "CanopyMessages", P.logging, P.metrics, P.serviceLifecycle]),
-    // The wire codec: every canopy/2 and Majordomo message as a typed value.
-    shared("CanopyWire", ["CanopyMessages"]),
+    // The wire codec: every canopy/3 and Majordomo message as a typed value.
+    shared("CanopyWire", ["CanopyMessages", P.tracing]),
     // Capture files: what crossed the broker, written, read and pseudonymized.
     shared("CanopyCapture", ["CanopyWire", "CanopyMessages", P.crypto, P.histogram]),
     // Replay: a capture's requests sent again, their answers compared.
     shared("CanopyReplay", ["CanopyCapture", "CanopyBus", "CanopyWire", "CanopyMessages", "CZeroMQ", P.collections, P.histogram]),
     // What services and clients use: the typed client and the plug-in runtime.
-    shared("CanopyBus", ["CanopyIO", "CanopyWire", "CanopyMessages", P.collections, P.logging, P.metrics, P.serviceLifecycle]),
+    shared("CanopyBus", ["CanopyIO", "CanopyWire", "CanopyMessages", P.collections, P.logging, P.metrics, P.serviceLifecycle, P.tracing]),
     // The broker: routing state, its IO shell, and CurveZMQ's broker side.
     shared("CanopyBroker", [
         "CZeroMQ", "CanopyIO", "CanopyWire", "CanopyMessages", "CanopyCapture", P.collections, P.histogram, P.logging,
-        P.metrics, P.serviceLifecycle,
+        P.metrics, P.serviceLifecycle, P.tracing,
     ]),
     shared("CanopyServiceKit", [
         "CanopyBus", P.argumentParser, P.hummingbird, P.logging, P.metrics, P.nioCore, P.otel, P.prometheus, P.serviceLifecycle,
@@ -132,7 +133,7 @@ var targets: [Target] = [
 
     // Where a store keeps its data (SQLite, the embedded default, or PostgreSQL), and the one
     // way every store opens its SQLite file (pragmas, migrations).
-    shared("CanopyStore", [P.argumentParser, P.crypto, P.grdb, P.logging, P.postgresNIO]),
+    shared("CanopyStore", [P.argumentParser, P.crypto, P.grdb, P.logging, P.postgresNIO, P.tracing]),
 ]
 
 // MARK: - Services: each a core module and its executable
@@ -235,7 +236,7 @@ targets += [
     tests("CanopyStoreTests", ["CanopyStore", "CanopyTesting", P.grdb, P.postgresNIO]),
     tests("CanopyBusTests", [
         "CanopyBus", "CanopyBroker", "CanopyTesting", "CanopyServiceKit", "CZeroMQ", "MessageBroker", "canopy", "canopy-broker",
-        "canopy-test-worker",
+        "canopy-test-worker", P.inMemoryTracing, P.tracing, P.serviceLifecycle,
     ]),
 ]
 

@@ -1,6 +1,7 @@
 import CanopyCapture
 import CanopyIO
 import CanopyWire
+import Tracing
 
 /// The broker's tunables. Defaults match `canopy-broker --help`.
 public struct BrokerConfiguration: Sendable {
@@ -71,6 +72,11 @@ public struct BrokerConfiguration: Sendable {
     /// the broker's counters once a second (see `BrokerMetrics`). Off, the loop records
     /// nothing (what the metrics-off benchmark compares against).
     public var metrics = true
+
+    /// The tracer of the broker's spans of sampled requests (``BrokerTracing``); `nil` takes
+    /// the process's when one is installed (`Traces`, from `OTEL_EXPORTER_OTLP_ENDPOINT` or
+    /// `--otlp-endpoint`), else the broker records no spans and passes trace contexts on.
+    public var tracer: (any Tracer)?
 
     // MARK: Trust
 

@@ -7,6 +7,7 @@ import Dispatch
 import Foundation
 import Glibc
 import Logging
+import Tracing
 import ServiceLifecycle
 import Synchronization
 
@@ -128,6 +129,9 @@ public final class BrokerServer: Service, @unchecked Sendable {
         let metrics = BrokerMetrics(broker: configuration.name)
         var nextMetrics = ContinuousClock.now
         var state = BrokerState(configuration: configuration, now: .now)
+        if let tracer = configuration.tracer ?? (InstrumentationSystem.tracer is NoOpTracer ? nil : InstrumentationSystem.tracer) {
+            state.traceRequests(with: tracer)
+        }
         var directives: [BrokerState.Directive] = []
         directives.reserveCapacity(64)
         var poller = Poller()

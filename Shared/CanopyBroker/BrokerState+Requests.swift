@@ -87,7 +87,7 @@ extension BrokerState {
                     }
                     counters.requests += 1
                     counters.coalesced += 1
-                    join(flight, intake, now: now, timeout: timeout)
+                    join(flight, intake, now: now, timeout: timeout, coalesced: true)
                     return
                 }
             }
@@ -117,7 +117,10 @@ extension BrokerState {
         flights[flight.id] = flight
         heldBytes += flight.bytes
         if let key { openFlights[key] = flight }
-        join(flight, intake, now: now, timeout: timeout)
+        let waiter = join(flight, intake, now: now, timeout: timeout, coalesced: false)
+        if let tracing, let span = waiter.span {
+            flight.spans = tracing.flightSpans(service: service.name, operation: intake.operation, under: span, queued: worker == nil)
+        }
         if let worker {
             dispatch(flight, to: worker, now: now, into: &out)
         } else {
@@ -158,10 +161,15 @@ extension BrokerState {
         2 * (intake.client.count + intake.correlation.count) + intake.serviceName.utf8.count + Waiter.bookkeepingBytes
     }
 
-    /// Adds a waiter for `intake` to `flight`.
-    private mutating func join(_ flight: Flight, _ intake: Intake, now: ContinuousClock.Instant, timeout: Duration) {
+    /// Adds a waiter for `intake` to `flight` (`coalesced`: a flight already in the air).
+    @discardableResult
+    private mutating func join(_ flight: Flight, _ intake: Intake, now: ContinuousClock.Instant, timeout: Duration, coalesced: Bool) -> Waiter {
         let waiter = Waiter(id: makeID(), client: intake.client, correlation: intake.correlation, dialect: intake.dialect,
                             serviceName: intake.serviceName, receivedAt: now, deadline: now + timeout, flight: flight.id)
+        if let tracing, let caller = intake.header.trace {
+            waiter.span = tracing.waiterSpan(service: flight.service.name, operation: intake.operation, caller: caller,
+                                             coalesced: coalesced, flight: flight.spans)
+        }
         waiters[waiter.id] = waiter
         heldBytes += waiter.bytes
         if intake.dialect == .canopy {
@@ -170,12 +178,17 @@ extension BrokerState {
         deadlines.insert(Deadline(at: waiter.deadline, key: deadlineKey(waiter.deadline), waiter: waiter.id))
         flight.waiters.append(waiter.id)
         flight.totalWaiters += 1
+        return waiter
     }
 
     mutating func clientCancel(_ correlation: [UInt8], from client: [UInt8], now: ContinuousClock.Instant, into out: inout [Directive]) {
         guard let id = byClient[ClientKey(client: client, correlation: correlation)], let waiter = waiters[id] else {
             if hold != nil { _ = cancelHeld(client: client, correlation: correlation) }
             return // nothing held under that id: already answered, or never sent
+        }
+        if let span = waiter.span {
+            span.addEvent("cancelled by the caller")
+            span.end()
         }
         detach(waiter, now: now, into: &out)
     }
@@ -210,6 +223,10 @@ extension BrokerState {
     mutating func close(_ flight: Flight) {
         guard flights.removeValue(forKey: flight.id) != nil else { return }
         if hold != nil { noteClosedForHold(flight) }
+        if let spans = flight.spans { // closed unanswered: its last waiter left
+            tracing?.finished(spans, waiters: flight.totalWaiters, error: nil, cancelled: true)
+            flight.spans = nil
+        }
         heldBytes -= flight.bytes
         unqueue(flight)
         if let key = flight.key, openFlights[key] === flight { openFlights[key] = nil }
@@ -228,6 +245,14 @@ extension BrokerState {
 
     /// Answers every waiter of `flight` at once, each under its own correlation id.
     mutating func finish(_ flight: Flight, _ outcome: Outcome, now: ContinuousClock.Instant, into out: inout [Directive]) {
+        if let spans = flight.spans {
+            if case .failure(let error) = outcome {
+                tracing?.finished(spans, waiters: flight.totalWaiters, error: error)
+            } else {
+                tracing?.finished(spans, waiters: flight.totalWaiters, error: nil)
+            }
+            flight.spans = nil
+        }
         close(flight)
         let shared = flight.totalWaiters > 1
         for id in flight.waiters {
@@ -249,6 +274,13 @@ extension BrokerState {
 
     /// Sends one waiter its answer, in its protocol (and to the capture, while one runs).
     func answer(_ waiter: Waiter, _ outcome: Outcome, shared: Bool, flight: Flight?, now: ContinuousClock.Instant, into out: inout [Directive]) {
+        if let span = waiter.span {
+            if case .failure(let error) = outcome {
+                tracing?.answered(span, error: error, shared: shared)
+            } else {
+                tracing?.answered(span, error: nil, shared: shared)
+            }
+        }
         if capturing {
             out.append(.capture(capturedAnswer(outcome, client: waiter.client, correlation: waiter.correlation, dialect: waiter.dialect,
                                                service: waiter.serviceName, operation: flight?.operation ?? "", header: flight?.header,

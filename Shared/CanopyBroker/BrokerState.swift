@@ -4,6 +4,7 @@ import CanopyIO
 import CanopyMessages
 import Collections
 import Histogram
+import Tracing
 
 /// The broker's routing logic as a pure state machine: messages and clock ticks go in,
 /// frames to send come out. It owns no socket and reads no clock; the time is always an
@@ -23,7 +24,7 @@ import Histogram
 public struct BrokerState {
     /// Something the IO shell must do.
     public enum Directive: Equatable, Sendable {
-        /// Send a canopy/2 message to the peer with routing identity `to`.
+        /// Send a canopy/3 message to the peer with routing identity `to`.
         case send(to: [UInt8], WireMessage)
         /// Send a Majordomo message to the peer with routing identity `to`.
         case sendMajordomo(to: [UInt8], MajordomoMessage)
@@ -96,6 +97,8 @@ public struct BrokerState {
     /// Bytes of replies waiting unread for clients, and replies dropped at the bounds since
     /// the start, as the shell counts them (``ReplyBacklog``), for `broker.stats`.
     public var unreadReplies: (bytes: Int, dropped: UInt64) = (0, 0)
+    /// The broker's part of sampled traces, when it records one (``traceRequests(with:)``).
+    var tracing: BrokerTracing?
 
     /// - Parameters:
     ///   - configuration: the broker's tunables.
@@ -105,6 +108,12 @@ public struct BrokerState {
         self.startedAt = now
         self.nextHeartbeat = now + configuration.heartbeatInterval
         self.startupGraceEnds = now + configuration.workerExpiry
+    }
+
+    /// Records the broker's spans of sampled requests with `tracer` (see ``BrokerTracing``);
+    /// without it, a request's trace context passes to its worker untouched.
+    public mutating func traceRequests(with tracer: any Tracer) {
+        tracing = BrokerTracing(tracer: tracer)
     }
 
     // MARK: - Queries

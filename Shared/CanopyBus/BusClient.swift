@@ -5,6 +5,7 @@ import CanopyMessages
 import Collections
 import Foundation
 import Logging
+import Tracing
 
 /// A reply as it came off the bus.
 public struct RawReply: Sendable, Equatable {
@@ -66,6 +67,8 @@ public final class BusClient: BusCalling {
         /// The stack this client belongs to, announced to the broker, which refuses the calls
         /// of another stack's clients (see `BrokerConfiguration.stack`); `nil` announces none.
         public var stack: String?
+        /// The tracer of the calls' spans; `nil` takes the process's (`InstrumentationSystem`).
+        public var tracer: (any Tracer)?
 
         /// - Parameter endpoint: the broker's endpoint, for example `tcp://127.0.0.1:5555`, or
         ///   several separated by commas (`CANOPY_ENDPOINT=tcp://a:5555,tcp://b:5555`).
@@ -122,10 +125,32 @@ public final class BusClient: BusCalling {
     public func call(
         service: String, operation: String, payload: Payload, principal: String?, timeout: Duration?, idempotent: Bool
     ) async throws -> RawReply {
+        // Within a request (a handler's or the edge's span), the call is a span of its own,
+        // and its context goes in the header when it is sampled. Outside one, nothing.
+        guard let context = ServiceContext.current else {
+            return try await send(service: service, operation: operation, payload: payload, principal: principal, timeout: timeout,
+                                  idempotent: idempotent, trace: nil)
+        }
+        let tracer = configuration.tracer ?? InstrumentationSystem.tracer
+        return try await tracer.withSpan(BusTracing.spanName(service: service, operation: operation), context: context, ofKind: .client) { span in
+            BusTracing.describe(span, service: service, operation: operation)
+            do {
+                return try await send(service: service, operation: operation, payload: payload, principal: principal, timeout: timeout,
+                                      idempotent: idempotent, trace: BusTracing.trace(of: span.context, tracer: tracer))
+            } catch let error as CanopyError {
+                BusTracing.fail(span, error)
+                throw error
+            }
+        }
+    }
+
+    private func send(
+        service: String, operation: String, payload: Payload, principal: String?, timeout: Duration?, idempotent: Bool, trace: TraceContext?
+    ) async throws -> RawReply {
         let id = nextID.next()
         let timeout = timeout ?? configuration.defaultTimeout
         let frames = ClientSession.requestFrames(correlation: Wire.frame(id), service: service, operation: operation, body: payload.body, attachments: payload.attachments,
-                                                 principal: principal, timeout: timeout, idempotent: idempotent, derived: configuration.derived)
+                                                 principal: principal, timeout: timeout, idempotent: idempotent, derived: configuration.derived, trace: trace)
         let deadline = ContinuousClock.now + timeout
         return try await withTaskCancellationHandler {
             try await withCheckedThrowingContinuation { continuation in

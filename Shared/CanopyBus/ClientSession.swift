@@ -296,12 +296,13 @@ public struct ClientSession: Sendable {
     /// - Parameters:
     ///   - correlation: the call's correlation id.
     ///   - derived: the caller is a service acting on its own (``RequestHeader/Flag/derived``).
+    ///   - trace: the calling span, when it is sampled.
     public static func requestFrames(correlation: [UInt8], service: String, operation: String, body: [UInt8], attachments: [[UInt8]],
-                                     principal: String?, timeout: Duration, idempotent: Bool, derived: Bool) -> [[UInt8]] {
+                                     principal: String?, timeout: Duration, idempotent: Bool, derived: Bool, trace: TraceContext? = nil) -> [[UInt8]] {
         let header = RequestHeader(
             timeoutMilliseconds: UInt32(clamping: max(1, timeout.wholeMilliseconds)),
             flags: (idempotent ? RequestHeader.Flag.idempotent : 0) | (derived ? RequestHeader.Flag.derived : 0),
-            principal: principal ?? "")
+            principal: principal ?? "", trace: trace)
         return WireMessage.request(WireRequest(correlation: correlation, service: service, operation: operation, header: header,
                                                body: body, attachments: attachments)).encoded
     }

@@ -4,6 +4,7 @@ import CZeroMQ
 import CanopyMessages
 import Foundation
 import Logging
+import Tracing
 import Metrics
 import ServiceLifecycle
 import Synchronization
@@ -44,6 +45,9 @@ public final class ServiceRunner: Service, @unchecked Sendable {
         /// broker, and the broker must announce the same, or the runner stops with
         /// ``ForeignBroker`` instead of serving another stack. `nil` serves any broker.
         public var stack: String?
+        /// The tracer of the handlers' spans (and of the service's own calls); `nil` takes
+        /// the process's (`InstrumentationSystem`).
+        public var tracer: (any Tracer)?
 
         /// - Parameter endpoint: the broker's endpoint, for example `tcp://127.0.0.1:5555`, or
         ///   several separated by commas.
@@ -63,6 +67,7 @@ public final class ServiceRunner: Service, @unchecked Sendable {
             client.curve = curve
             client.stack = stack
             client.derived = true
+            client.tracer = tracer
             return client
         }
     }
@@ -320,9 +325,23 @@ public final class ServiceRunner: Service, @unchecked Sendable {
 
     private func start(id: UInt64, broker: Int, operation: String, header: RequestHeader, payload: Payload, maximumReplyBytes: Int, connection: Int) -> Task<Void, Never> {
         let context = RequestContext(header: header, operation: operation, logger: logger, maximumReplyBytes: maximumReplyBytes)
+        let tracer = header.trace == nil ? nil : configuration.tracer ?? InstrumentationSystem.tracer
         return Task { [handlers, mailbox, metrics] in
             let started = ContinuousClock.now
-            let result = await handlers.handle(operation, payload: payload, context: context)
+            let result: Result<Payload, CanopyError>
+            if let trace = header.trace, let tracer {
+                // A sampled request: the handler is a span of its trace, under the broker's
+                // dispatch, and everything it does (store, bus calls, log lines) under that.
+                result = await tracer.withSpan(BusTracing.spanName(service: handlers.service, operation: operation),
+                                               context: BusTracing.context(continuing: trace, tracer: tracer), ofKind: .server) { span in
+                    BusTracing.describe(span, service: handlers.service, operation: operation)
+                    let result = await handlers.handle(operation, payload: payload, context: context)
+                    if case .failure(let error) = result { BusTracing.fail(span, error) }
+                    return result
+                }
+            } else {
+                result = await handlers.handle(operation, payload: payload, context: context)
+            }
             metrics.record(operation: operation, result: result, duration: .now - started)
             mailbox.post(.finished(id: id, broker: broker, connection: connection, result))
         }

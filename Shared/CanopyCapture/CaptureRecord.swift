@@ -26,7 +26,7 @@ public struct CaptureRecord: Equatable, Sendable {
         public static let failed = Flags(rawValue: 1 << 1)
         /// The attachments' bytes were left out (`--without-attachments`): only their sizes are kept.
         public static let attachmentsOmitted = Flags(rawValue: 1 << 2)
-        /// The client spoke Majordomo (MDPC01), not canopy/2.
+        /// The client spoke Majordomo (MDPC01), not canopy/3.
         public static let majordomo = Flags(rawValue: 1 << 3)
     }
 

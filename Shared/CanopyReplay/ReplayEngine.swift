@@ -336,6 +336,7 @@ struct ReplayEngine {
         let timeout = options.timeout ?? (record.header.timeoutMilliseconds > 0 ? .milliseconds(Int64(record.header.timeoutMilliseconds)) : .seconds(30))
         var header = record.header
         header.timeoutMilliseconds = UInt32(clamping: max(1, timeout.wholeMilliseconds))
+        header.trace = nil // a replayed request is not part of the trace it was recorded in
         let frames = WireMessage.request(WireRequest(correlation: Wire.frame(job.id), service: record.service, operation: record.operation, header: header,
                                                      body: rebindings.rewrite(record.body), attachments: record.attachments)).encoded
         guard try sockets[job.lane.socket].send(frames) else {

@@ -2,6 +2,7 @@ import ArgumentParser
 import CanopyBus
 import Glibc
 import Logging
+import OTel
 
 /// The options every Canopy executable shares: where the broker is, how to authenticate to
 /// it, and how much to log.
@@ -94,11 +95,13 @@ public enum LogSetup {
         // executable creates is its owner's alone (files 0600, directories 0700).
         umask(0o077)
         _ = Observability.registry
-        LoggingSystem.bootstrap { label in
-            var handler = StreamLogHandler.standardError(label: label)
+        // A line logged while serving a traced request carries its trace_id and span_id
+        // (the span in the task's service context; nothing when there is none).
+        LoggingSystem.bootstrap({ label, metadataProvider in
+            var handler = StreamLogHandler.standardError(label: label, metadataProvider: metadataProvider)
             handler.logLevel = .trace // each Logger below decides
             return handler
-        }
+        }, metadataProvider: OTel.makeLoggingMetadataProvider())
         var logger = Logger(label: label)
         logger.logLevel = level
         return logger

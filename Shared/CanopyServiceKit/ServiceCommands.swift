@@ -46,6 +46,7 @@ public struct ServeOptions<Executable: ServiceExecutable>: ParsableArguments {
     @OptionGroup public var common: CommonOptions
     @OptionGroup public var worker: WorkerOptions
     @OptionGroup public var operating: OperatingOptions
+    @OptionGroup public var traces: TraceOptions
     @Option(help: ArgumentHelp("Data directory; this service keeps its files in <dir>/\(Executable.directoryName). Env: CANOPY_DATA_DIR.", valueName: "dir"))
     public var dataDir: String = Environment.string("CANOPY_DATA_DIR") ?? "./.canopy"
 

@@ -18,8 +18,9 @@ public func serviceGroup(_ services: [any Service], signals: [UnixSignal] = [.si
 }
 
 /// Runs long-running services in one ``serviceGroup(_:signals:logger:)`` until SIGTERM or
-/// SIGINT, with the span exporter first (so stopped last) when ``Traces`` is on.
-public func runUntilShutdown(_ services: [any Service], logger: Logger) async throws {
-    let traces = try Traces.bootstrap(serviceName: Traces.executableName)
+/// SIGINT, with the span exporter first (so stopped last) when ``Traces`` is on (by the
+/// `OTEL_*` variables, or `traces`).
+public func runUntilShutdown(_ services: [any Service], traces options: TraceOptions? = nil, logger: Logger) async throws {
+    let traces = try Traces.bootstrap(serviceName: Traces.executableName, options: options)
     try await serviceGroup((traces.map { [$0] } ?? []) + services, logger: logger).run()
 }

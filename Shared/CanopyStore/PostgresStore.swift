@@ -109,16 +109,16 @@ public final class PostgresStore: Sendable {
     // MARK: - Transactions
 
     /// Runs `body` in a read-only transaction that sees one snapshot.
-    public func read<T>(_ body: (PostgresSession) throws -> T) throws -> T {
-        try transaction(begin: "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", body)
+    public func read<T>(function: String = #function, _ body: (PostgresSession) throws -> T) throws -> T {
+        try traced("store read", function: function) { try transaction(begin: "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", body) }
     }
 
     /// Runs `body`, which makes one statement, outside a transaction: a statement is atomic
     /// and sees one snapshot on its own, so a one-statement read (or write) costs one round
     /// trip instead of three (`BEGIN`, the statement, `COMMIT`). A body of more than one
     /// statement belongs in ``read(_:)`` or ``write(isolation:_:)``.
-    public func statement<T>(_ body: (PostgresSession) throws -> T) throws -> T {
-        try withConnection(body)
+    public func statement<T>(function: String = #function, _ body: (PostgresSession) throws -> T) throws -> T {
+        try traced("store statement", function: function) { try withConnection(body) }
     }
 
     /// How a write transaction is isolated from others running at once.
@@ -132,8 +132,13 @@ public final class PostgresStore: Sendable {
 
     /// Runs `body` in a write transaction, serializable unless told: all of it is
     /// committed, or nothing.
-    public func write<T>(isolation: Isolation = .serializable, _ body: (PostgresSession) throws -> T) throws -> T {
-        try transaction(begin: "BEGIN ISOLATION LEVEL \(isolation.rawValue)", body)
+    public func write<T>(isolation: Isolation = .serializable, function: String = #function, _ body: (PostgresSession) throws -> T) throws -> T {
+        try traced("store write", function: function) { try transaction(begin: "BEGIN ISOLATION LEVEL \(isolation.rawValue)", body) }
+    }
+
+    /// A store call as a span of the request that makes it (``StoreTracing``).
+    private func traced<T>(_ name: String, function: String, _ body: () throws -> T) throws -> T {
+        try StoreTracing.span(name, system: "postgresql", database: configuration.database ?? "", function: function, body)
     }
 
     private func transaction<T>(begin: String, _ body: (PostgresSession) throws -> T) throws -> T {

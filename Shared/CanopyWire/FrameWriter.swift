@@ -42,10 +42,17 @@ extension FrameWriter {
     /// A request header's frame, built on the stack.
     mutating func write(_ header: RequestHeader, more: Bool) throws(Failure) {
         let principal = header.principal.utf8
-        try withUnsafeTemporaryAllocation(byteCount: 5 + principal.count, alignment: 1) { (buffer) throws(Failure) in
+        let traceBytes = header.trace == nil ? 0 : TraceContext.byteCount
+        try withUnsafeTemporaryAllocation(byteCount: 5 + traceBytes + principal.count, alignment: 1) { (buffer) throws(Failure) in
             withUnsafeBytes(of: header.timeoutMilliseconds.bigEndian) { buffer.copyMemory(from: $0) }
             buffer[4] = header.flags
-            UnsafeMutableRawBufferPointer(rebasing: buffer[5...]).copyBytes(from: principal)
+            if let trace = header.trace {
+                for (index, word) in [trace.traceHigh, trace.traceLow, trace.spanID].enumerated() {
+                    withUnsafeBytes(of: word.bigEndian) { UnsafeMutableRawBufferPointer(rebasing: buffer[(5 + 8 * index)...]).copyMemory(from: $0) }
+                }
+                buffer[29] = trace.flags
+            }
+            UnsafeMutableRawBufferPointer(rebasing: buffer[(5 + traceBytes)...]).copyBytes(from: principal)
             try write(bytes: UnsafeRawBufferPointer(buffer), more: more)
         }
     }

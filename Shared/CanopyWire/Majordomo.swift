@@ -45,7 +45,7 @@ public enum Majordomo {
 }
 
 /// Every Majordomo (7/MDP v0.1) message the broker reads or writes, as a value: one case per
-/// command, encoded and decoded in one place, like ``WireMessage`` for canopy/2. The frames
+/// command, encoded and decoded in one place, like ``WireMessage`` for canopy/3. The frames
 /// start with the empty delimiter a REQ socket adds (after the ROUTER's identity frame).
 public enum MajordomoMessage: Equatable, Sendable {
     /// `["", "MDPC01", service, body...]`: a client's request, or the reply to it.

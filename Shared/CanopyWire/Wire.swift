@@ -1,6 +1,6 @@
 import CanopyMessages
 
-/// Canopy's wire protocol, version 2 (`canopy/2`): the frames of every command. `docs/PROTOCOL.md`
+/// Canopy's wire protocol, version 3 (`canopy/3`): the frames of every command. `docs/PROTOCOL.md`
 /// gives the same in prose.
 ///
 /// Every message starts with the version frame ``version`` and a one-byte command frame.
@@ -8,8 +8,9 @@ import CanopyMessages
 /// peer's identity frame in front.
 public enum Wire {
     /// The first frame of every message. Version 2 added attachments: frames after the body
-    /// of a request, dispatch, worker reply and reply.
-    public static let version: [UInt8] = Array("canopy/2".utf8)
+    /// of a request, dispatch, worker reply and reply; version 3 the trace context in the
+    /// request header (``RequestHeader/Flag/traced``).
+    public static let version: [UInt8] = Array("canopy/3".utf8)
 
     /// Most attachment frames one message may carry.
     public static let maximumAttachments = 64
@@ -114,9 +115,10 @@ public enum Wire {
     }
 }
 
-/// The small header every request carries: deadline, flags and principal.
+/// The small header every request carries: deadline, flags, trace context and principal.
 ///
 /// Wire form: timeout in milliseconds (u32 BE, 0 = the broker's default), one flags byte,
+/// then, when the flags have ``Flag/traced``, the 25-byte trace context (``TraceContext``),
 /// then the principal (the user id the edge authenticated), empty when none.
 ///
 /// A principal is 1 to ``maximumPrincipalLength`` bytes of printable ASCII (`0x21`–`0x7E`: no
@@ -133,6 +135,9 @@ public struct RequestHeader: Sendable, Equatable {
         /// A service made the request (caused by another request or its own schedule), not a
         /// person through the edge; replay leaves such requests to the services.
         public static let derived: UInt8 = 0x02
+        /// A trace context follows the flags byte (protocol version 3): the request belongs
+        /// to a sampled trace. Set and cleared through ``RequestHeader/trace``.
+        public static let traced: UInt8 = 0x04
     }
 
     /// Milliseconds the caller will wait; 0 means the broker's default.
@@ -141,21 +146,29 @@ public struct RequestHeader: Sendable, Equatable {
     public var flags: UInt8
     /// The authenticated user id, empty when the request is not on someone's behalf.
     public var principal: String
+    /// The span that made the request, when it is part of a sampled trace; ``Flag/traced``
+    /// follows it.
+    public var trace: TraceContext? {
+        didSet { flags = trace == nil ? flags & ~Flag.traced : flags | Flag.traced }
+    }
 
     /// - Parameters:
     ///   - timeoutMilliseconds: how long the caller waits; 0 for the broker's default.
-    ///   - flags: flag bits.
+    ///   - flags: flag bits (``Flag/traced`` follows `trace`).
     ///   - principal: the authenticated user id, or empty.
-    public init(timeoutMilliseconds: UInt32, flags: UInt8 = 0, principal: String = "") {
+    ///   - trace: the calling span, when it is sampled.
+    public init(timeoutMilliseconds: UInt32, flags: UInt8 = 0, principal: String = "", trace: TraceContext? = nil) {
         self.timeoutMilliseconds = timeoutMilliseconds
-        self.flags = flags
+        self.flags = trace == nil ? flags & ~Flag.traced : flags | Flag.traced
         self.principal = principal
+        self.trace = trace
     }
 
     /// The header's frame.
     public var frame: [UInt8] {
         var bytes = Wire.frame(timeoutMilliseconds)
         bytes.append(flags)
+        if let trace { trace.append(to: &bytes) }
         bytes.append(contentsOf: principal.utf8)
         return bytes
     }
@@ -163,19 +176,109 @@ public struct RequestHeader: Sendable, Equatable {
     /// Longest principal, in bytes (the same in bodies: ``Field/principal(_:_:)``).
     public static let maximumPrincipalLength = Field.maximumPrincipalBytes
 
+    /// Longest header frame: timeout, flags, trace context and the longest principal.
+    public static let maximumFrameLength = 5 + TraceContext.byteCount + maximumPrincipalLength
+
     /// Whether `bytes` may be a principal: 1 to 256 bytes of printable ASCII.
     public static func isValidPrincipal<Bytes: Collection<UInt8>>(_ bytes: Bytes) -> Bool {
         !bytes.isEmpty && bytes.count <= maximumPrincipalLength && bytes.allSatisfy { $0 >= 0x21 && $0 <= 0x7E }
     }
 
-    /// Parses a header frame; `nil` when it is shorter than 5 bytes or the principal is not
-    /// 1 to 256 bytes of printable ASCII.
+    /// Parses a header frame; `nil` when it is shorter than 5 bytes, a trace context its flags
+    /// announce is missing or invalid, or the principal is not 1 to 256 bytes of printable
+    /// ASCII.
     public init?(frame: [UInt8]) {
-        guard frame.count >= 5, frame.count <= 5 + Self.maximumPrincipalLength else { return nil }
+        guard frame.count >= 5, frame.count <= Self.maximumFrameLength else { return nil }
         timeoutMilliseconds = UInt32(frame[0]) << 24 | UInt32(frame[1]) << 16 | UInt32(frame[2]) << 8 | UInt32(frame[3])
         flags = frame[4]
-        let principal = frame[5...]
+        var principalStart = 5
+        if flags & Flag.traced != 0 {
+            guard frame.count >= 5 + TraceContext.byteCount, let trace = TraceContext(bytes: frame[5..<(5 + TraceContext.byteCount)]) else { return nil }
+            self.trace = trace
+            principalStart += TraceContext.byteCount
+        } else {
+            trace = nil
+        }
+        let principal = frame[principalStart...]
         guard principal.isEmpty || Self.isValidPrincipal(principal) else { return nil }
         self.principal = String(decoding: principal, as: UTF8.self)
+    }
+}
+
+/// A W3C trace context in 25 bytes: the trace id (16), the id of the span that made the
+/// request (8) and the trace flags (1; bit 0 sampled), as in a `traceparent` header
+/// (`00-<trace id>-<span id>-<flags>`, https://www.w3.org/TR/trace-context/). Neither id may
+/// be all zeros.
+public struct TraceContext: Sendable, Hashable {
+    /// The trace id's high and low 8 bytes.
+    public var traceHigh: UInt64, traceLow: UInt64
+    /// The calling span's id.
+    public var spanID: UInt64
+    /// The trace flags; bit 0: sampled.
+    public var flags: UInt8
+
+    /// Bytes on the wire.
+    public static let byteCount = 25
+
+    public init?(traceHigh: UInt64, traceLow: UInt64, spanID: UInt64, flags: UInt8) {
+        guard traceHigh | traceLow != 0, spanID != 0 else { return nil }
+        (self.traceHigh, self.traceLow, self.spanID, self.flags) = (traceHigh, traceLow, spanID, flags)
+    }
+
+    /// Whether the trace is sampled (recorded).
+    public var isSampled: Bool { flags & 0x01 != 0 }
+
+    /// Reads 25 bytes; `nil` when either id is zero.
+    public init?<Bytes: Collection<UInt8>>(bytes: Bytes) where Bytes.Index == Int {
+        guard bytes.count == Self.byteCount else { return nil }
+        let start = bytes.startIndex
+        func word(_ offset: Int) -> UInt64 { (0..<8).reduce(0) { $0 << 8 | UInt64(bytes[start + offset + $1]) } }
+        self.init(traceHigh: word(0), traceLow: word(8), spanID: word(16), flags: bytes[start + 24])
+    }
+
+    /// Appends the 25 bytes.
+    public func append(to bytes: inout [UInt8]) {
+        for word in [traceHigh, traceLow, spanID] {
+            withUnsafeBytes(of: word.bigEndian) { bytes.append(contentsOf: $0) }
+        }
+        bytes.append(flags)
+    }
+
+    /// Parses a `traceparent` value, version `00`; `nil` when it is not one.
+    public init?(traceparent: String) {
+        let utf8 = Array(traceparent.utf8)
+        guard utf8.count >= 55, utf8[0] == UInt8(ascii: "0"), utf8[1] == UInt8(ascii: "0"),
+              utf8[2] == UInt8(ascii: "-"), utf8[35] == UInt8(ascii: "-"), utf8[52] == UInt8(ascii: "-"),
+              utf8.count == 55 || utf8[55] == UInt8(ascii: "-"),
+              let high = Self.hex(utf8[3..<19]), let low = Self.hex(utf8[19..<35]),
+              let span = Self.hex(utf8[36..<52]), let flags = Self.hex(utf8[53..<55])
+        else { return nil }
+        self.init(traceHigh: high, traceLow: low, spanID: span, flags: UInt8(flags))
+    }
+
+    /// The `traceparent` value: `00-<32 hex>-<16 hex>-<2 hex>`.
+    public var traceparent: String { "00-\(traceID)-\(Self.hex(spanID, digits: 16))-\(Self.hex(UInt64(flags), digits: 2))" }
+
+    /// The trace id as 32 lower-case hexadecimal digits.
+    public var traceID: String { Self.hex(traceHigh, digits: 16) + Self.hex(traceLow, digits: 16) }
+
+    /// The span id as 16 lower-case hexadecimal digits.
+    public var spanIDText: String { Self.hex(spanID, digits: 16) }
+
+    static func hex(_ value: UInt64, digits: Int) -> String {
+        let text = String(value, radix: 16)
+        return String(repeating: "0", count: digits - text.count) + text
+    }
+
+    static func hex(_ digits: ArraySlice<UInt8>) -> UInt64? {
+        var value: UInt64 = 0
+        for digit in digits {
+            switch digit {
+            case UInt8(ascii: "0")...UInt8(ascii: "9"): value = value << 4 | UInt64(digit - UInt8(ascii: "0"))
+            case UInt8(ascii: "a")...UInt8(ascii: "f"): value = value << 4 | UInt64(digit - UInt8(ascii: "a") + 10)
+            default: return nil // W3C: lower case only
+            }
+        }
+        return value
     }
 }

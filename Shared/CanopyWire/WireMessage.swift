@@ -1,6 +1,6 @@
 import CanopyMessages
 
-/// Every message of canopy/2 as a value: one case per command, encoded and decoded in one
+/// Every message of canopy/3 as a value: one case per command, encoded and decoded in one
 /// place (``encoded`` and ``init(frames:)``). `docs/PROTOCOL.md` gives the same in prose, and
 /// the golden fixtures pin the bytes.
 ///
@@ -101,13 +101,13 @@ public struct WireRequest: Equatable, Sendable {
     }
 }
 
-/// Why frames are not a canopy/2 message: what is wrong, in words a peer's developer can
+/// Why frames are not a canopy/3 message: what is wrong, in words a peer's developer can
 /// act on, and the correlation id when the message had a usable one (so the refusal can
 /// answer the request it refuses).
 public struct WireDecodingError: Error, Equatable, Sendable, CustomStringConvertible {
     /// What kind of problem it is; also the short reason the broker logs.
     public enum Reason: String, Sendable {
-        case wrongVersion = "message without the canopy/2 version frame"
+        case wrongVersion = "message without the canopy/3 version frame"
         case unknownCommand = "unknown command"
         case wrongFrameCount = "wrong number of frames"
         case malformedCorrelation = "malformed correlation id"
@@ -348,5 +348,5 @@ extension Wire {
 
 extension RequestHeader {
     /// What a header frame must be, for refusals.
-    static let formatDescription = "the header frame is malformed: 4-byte timeout, 1 flags byte, then the principal: empty, or 1 to 256 bytes of printable ASCII (0x21-0x7E; no spaces, no Unicode)"
+    static let formatDescription = "the header frame is malformed: 4-byte timeout, 1 flags byte, the 25-byte trace context when flag 0x04 is set (16-byte trace id, 8-byte span id, neither zero, 1 flags byte), then the principal: empty, or 1 to 256 bytes of printable ASCII (0x21-0x7E; no spaces, no Unicode)"
 }

@@ -36,8 +36,8 @@ struct BrokerHarness {
     }
 
     mutating func request(_ client: String, _ correlation: UInt64, service: String = "plants", operation: String = "get", timeoutMs: UInt32 = 1_000,
-                          principal: String = "", body: String = "{}", attachments: [[UInt8]] = []) -> [BrokerState.Directive] {
-        let header = RequestHeader(timeoutMilliseconds: timeoutMs, principal: principal)
+                          principal: String = "", body: String = "{}", attachments: [[UInt8]] = [], trace: TraceContext? = nil) -> [BrokerState.Directive] {
+        let header = RequestHeader(timeoutMilliseconds: timeoutMs, principal: principal, trace: trace)
         return receive(WireMessage.request(WireRequest(correlation: Wire.frame(correlation), service: service, operation: operation,
                                                        header: header, body: Array(body.utf8), attachments: attachments)).encoded, from: client)
     }
@@ -65,7 +65,7 @@ func sends(_ directives: [BrokerState.Directive]) -> [(peer: String, frames: [[U
     }
 }
 
-/// The canopy/2 messages among `directives`, as (peer, message).
+/// The canopy/3 messages among `directives`, as (peer, message).
 func messages(_ directives: [BrokerState.Directive]) -> [(peer: String, message: WireMessage)] {
     directives.compactMap { directive in
         if case .send(let peer, let message) = directive { return (String(decoding: peer, as: UTF8.self), message) }

@@ -171,11 +171,11 @@ struct BrokerStateTests {
     @Test func anotherProtocolVersionGetsAClearError() {
         var broker = Harness()
         // A peer of the version before attachments.
-        let out = broker.receive([Array("canopy/1".utf8), Wire.Command.request.frame, [1, 2]], from: "c")
+        let out = broker.receive([Array("canopy/2".utf8), Wire.Command.request.frame, [1, 2]], from: "c")
         let refused = errors(out)
         #expect(refused.count == 1)
         #expect(refused[0].error.code == .badRequest)
-        #expect(refused[0].error.message.contains("'canopy/1'") && refused[0].error.message.contains("canopy/2"))
+        #expect(refused[0].error.message.contains("'canopy/2'") && refused[0].error.message.contains("canopy/3"))
         #expect(refused[0].correlation == [1, 2])
     }
 

@@ -178,10 +178,15 @@ struct MultiBrokerTests {
         let (worker, client) = (try CurveKeyPair.generate(), try CurveKeyPair.generate())
         let brokerKeys = [try CurveKeyPair.generate(), try CurveKeyPair.generate()]
         let allowList = CurveAllowList(workers: WorkerKeys([worker.publicKey: [TestService.name]]), clients: [client.publicKey])
-        try await withLiveBus(curve: CurveServerSettings(keyPair: brokerKeys[0], allowList: allowList)) { a in
-            try await withLiveBus(curve: CurveServerSettings(keyPair: brokerKeys[1], allowList: allowList)) { b in
+        // Not a test of expiry: heartbeats that a loaded machine cannot miss (100 ms, 30 missed).
+        var patient = BrokerConfiguration.testing
+        patient.liveness = 30
+        try await withLiveBus(configuration: patient, curve: CurveServerSettings(keyPair: brokerKeys[0], allowList: allowList)) { a in
+            try await withLiveBus(configuration: patient, curve: CurveServerSettings(keyPair: brokerKeys[1], allowList: allowList)) { b in
                 let endpoints = [a.endpoint, b.endpoint]
                 var runner = ServiceRunner.Configuration(endpoints: endpoints)
+                runner.heartbeatInterval = patient.heartbeatInterval
+                runner.liveness = patient.liveness
                 runner.curve = CurveClientSettings(serverKeys: brokerKeys.map(\.publicKey), keyPair: worker)
                 a.run([ServiceRunner(service: TestWorkerService(workerName: "both"), configuration: runner, context: a.context, logger: a.logger)])
                 for (bus, key) in zip([a, b], brokerKeys) {

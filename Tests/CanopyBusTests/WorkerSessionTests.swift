@@ -118,7 +118,7 @@ struct WorkerSessionTests {
     @Test func malformedOrMisdirectedMessagesAreDroppedWithAReason() {
         var worker = session()
         _ = worker.connected(now: start)
-        #expect(worker.receive([Array("canopy/1".utf8), [0x20]], now: start) == [.log(.dropped(reason: "malformed message from the broker: message without the canopy/2 version frame"))])
+        #expect(worker.receive([Array("canopy/1".utf8), [0x20]], now: start) == [.log(.dropped(reason: "malformed message from the broker: message without the canopy/3 version frame"))])
         #expect(worker.receive(WireMessage.reply(correlation: [1], shared: false, body: []).encoded, now: start) == [.log(.dropped(reason: "command not sent to workers"))])
         #expect(worker.receive(WireMessage.cancelDispatch(requestID: 99).encoded, now: start).isEmpty, "a cancel for nothing held")
     }

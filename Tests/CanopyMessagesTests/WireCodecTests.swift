@@ -4,13 +4,16 @@ import CanopyTesting
 import Foundation
 import Testing
 
-/// The typed frame codec: every canopy/2 and Majordomo command round-trips, golden frames pin
+/// The typed frame codec: every canopy/3 and Majordomo command round-trips, golden frames pin
 /// the bytes, and random or half-valid frames are refused with a typed error, never a crash.
 struct WireCodecTests {
-    /// One sample of every canopy/2 command, named as in the golden file.
+    /// One sample of every canopy/3 command, named as in the golden file.
     static let samples: [(String, WireMessage)] = {
         let header = RequestHeader(timeoutMilliseconds: 2_500, flags: RequestHeader.Flag.idempotent, principal: "user-42")
         let body = Array(#"{"id":"p1"}"#.utf8)
+        // The W3C specification's example trace context.
+        var traced = header
+        traced.trace = TraceContext(traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
         return [
             ("request", .request(WireRequest(correlation: Wire.frame(UInt64(7)), service: "care", operation: "plants.get", header: header, body: body))),
             ("cancel", .cancel(correlation: Wire.frame(UInt64(7)))),
@@ -22,7 +25,7 @@ struct WireCodecTests {
             ("workerDisconnect", .workerDisconnect),
             ("drain", .drain),
             ("credit", .credit(3)),
-            ("dispatch", .dispatch(requestID: 42, operation: "plants.get", header: header, body: body)),
+            ("dispatch", .dispatch(requestID: 42, operation: "plants.get", header: traced, body: body)),
             ("cancelDispatch", .cancelDispatch(requestID: 42)),
             ("brokerHeartbeat", .brokerHeartbeat(maximumFrameBytes: 16_777_216)),
             ("brokerDisconnect", .brokerDisconnect(reason: "broker shutting down")),
@@ -185,7 +188,10 @@ struct WireCodecTests {
             let principal = Bool.random(using: &random) ? "" : String((0..<Int.random(in: 1...256, using: &random)).map { _ in
                 Character(Unicode.Scalar(UInt8.random(in: 0x21...0x7E, using: &random)))
             })
-            return RequestHeader(timeoutMilliseconds: UInt32.random(in: 0...UInt32.max, using: &random), flags: UInt8.random(in: 0...255, using: &random), principal: principal)
+            let trace = Bool.random(using: &random) ? nil : TraceContext(traceHigh: random.next(), traceLow: random.next() | 1, spanID: random.next() | 1,
+                                                                       flags: UInt8.random(in: 0...255, using: &random))
+            return RequestHeader(timeoutMilliseconds: UInt32.random(in: 0...UInt32.max, using: &random), flags: UInt8.random(in: 0...255, using: &random),
+                                 principal: principal, trace: trace)
         }
         for _ in 0..<2_000 {
             let messages: [WireMessage] = [

@@ -1,4 +1,5 @@
 import AsyncHTTPClient
+import CanopyServiceKit
 import CanopyTesting
 import Foundation
 import NIOCore
@@ -24,7 +25,7 @@ struct EdgeTracingTests {
         process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
         process.standardOutput = FileHandle.nullDevice
         let errors = directory.appendingPathComponent("stderr")
-        FileManager.default.createFile(atPath: errors.path, contents: nil)
+        _ = FileManager.default.createFile(atPath: errors.path, contents: nil)
         process.standardError = try FileHandle(forWritingTo: errors)
         try process.run()
         defer {
@@ -58,7 +59,7 @@ struct EdgeTracingTests {
             #expect(try await Self.get(http, "/v1/plants", traceparent: "00-\(trace)-\(parent)-01") == 401)
             // Not sampled by the app, and no sampler of our own: nothing is recorded.
             #expect(try await Self.get(http, "/v1/plants", traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00") == 401)
-            #expect(try await eventually(within: .seconds(20)) { collector.spans.contains { $0.traceID == trace } }, "\(collector.requests) export requests: \(collector.spans)")
+            #expect(try await eventually(within: .seconds(20)) { collector.spans.contains { $0.traceID == trace } }, "spans received: \(collector.spans)")
         }
         let spans = collector.spans
         let edge = try #require(spans.first { $0.traceID == trace })

@@ -32,6 +32,7 @@ struct Serve: AsyncParsableCommand {
 
     @OptionGroup var options: BrokerOptions
     @OptionGroup var operating: OperatingOptions
+    @OptionGroup var traces: TraceOptions
 
     func run() async throws {
         let logger = LogSetup.logger(label: "canopy-broker", level: options.logLevel)
@@ -51,7 +52,7 @@ struct Serve: AsyncParsableCommand {
         }
         hangUp.resume()
         defer { hangUp.cancel() }
-        try await runUntilShutdown(services, logger: logger)
+        try await runUntilShutdown(services, traces: traces, logger: logger)
     }
 }
 

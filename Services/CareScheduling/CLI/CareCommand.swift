@@ -53,7 +53,7 @@ struct ServeCare: AsyncParsableCommand {
         settings.clock = serve.worker.serviceClock
         if let catalog { settings.catalog = try Catalog.load(file: catalog) }
         let services = try await buildCareService(settings: settings, context: ZMQContext(), logger: logger)
-        try await runUntilShutdown(services, logger: logger)
+        try await runUntilShutdown(services, traces: serve.traces, logger: logger)
     }
 }
 

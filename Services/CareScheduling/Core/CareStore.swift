@@ -104,11 +104,11 @@ final class CareStore: CareStoring {
     }
 
     func read<T>(_ body: (any CareReads) throws -> T) throws -> T {
-        try database.read { db in try body(Transaction(db: db, store: self)) }
+        try database.tracedRead { db in try body(Transaction(db: db, store: self)) }
     }
 
     func write<T>(_ body: (any CareWrites) throws -> T) throws -> T {
-        try database.write { db in try body(Transaction(db: db, store: self)) }
+        try database.tracedWrite { db in try body(Transaction(db: db, store: self)) }
     }
 
     // MARK: - Rows
@@ -150,7 +150,7 @@ final class CareStore: CareStoring {
     // MARK: - The outbox
 
     func dueFollowUps(now: Date, limit: Int) async throws -> [FollowUp] {
-        try await database.read { db in
+        try await database.tracedRead { db in
             // Due, and not behind an earlier follow-up of its lane that waits for a retry.
             try Row.fetchAll(db, sql: """
                 SELECT id, owner, service, operation, body, attempts, generation FROM outbox
@@ -167,7 +167,7 @@ final class CareStore: CareStoring {
     }
 
     func settle(_ outcomes: [FollowUp.Outcome], now: Date) async throws {
-        try await database.write { db in
+        try await database.tracedWrite { db in
             let confirm = try db.cachedStatement(sql: "DELETE FROM outbox WHERE id = ? AND generation = ?")
             let putOff = try db.cachedStatement(sql: "UPDATE outbox SET attempts = attempts + 1, nextAttempt = ?, lastError = ? WHERE id = ?")
             for outcome in outcomes {
@@ -184,13 +184,13 @@ final class CareStore: CareStoring {
     }
 
     func nextFollowUpDue(after now: Date) async throws -> Date? {
-        try await database.read { db in
+        try await database.tracedRead { db in
             try Double.fetchOne(db, sql: "SELECT MIN(nextAttempt) FROM outbox WHERE nextAttempt > ?", arguments: [now.timeIntervalSince1970])
         }.map(Date.init(timeIntervalSince1970:))
     }
 
     func pendingFollowUps() async throws -> (count: Int, oldest: Date?) {
-        let (count, first) = try await database.read { db -> (Int, Double?) in
+        let (count, first) = try await database.tracedRead { db -> (Int, Double?) in
             let row = try Row.fetchOne(db, sql: "SELECT COUNT(*) AS n, MIN(COALESCE(createdAt, nextAttempt)) AS first FROM outbox")
             return (row?["n"] as Int? ?? 0, row?["first"] as Double?)
         }

@@ -109,7 +109,7 @@ struct ServeIdentify: AsyncParsableCommand {
         do {
             settings.clock = serve.worker.serviceClock
             let services = try await buildIdentificationService(settings: settings, context: ZMQContext(), logger: logger)
-            try await runUntilShutdown(services, logger: logger)
+            try await runUntilShutdown(services, traces: serve.traces, logger: logger)
         } catch let error as CanopyError {
             throw CommandFailure(error.message)
         }

@@ -95,11 +95,11 @@ final class IdentificationStore: IdentificationStoring {
     // MARK: - Identifications
 
     func identification(owner: String, id: String) async throws -> Identification.Record? {
-        try await database.read { [self] db in try identification(db, owner: owner, id: id) }
+        try await database.tracedRead { [self] db in try identification(db, owner: owner, id: id) }
     }
 
     func identification(owner: String, submissionKey: String) async throws -> Identification.Record? {
-        try await database.read { [self] db in try identification(db, owner: owner, submissionKey: submissionKey) }
+        try await database.tracedRead { [self] db in try identification(db, owner: owner, submissionKey: submissionKey) }
     }
 
     private func identification(_ db: Database, owner: String, id: String) throws -> Identification.Record? {
@@ -113,7 +113,7 @@ final class IdentificationStore: IdentificationStoring {
     }
 
     func claimSubmission(owner: String, key: String, plantID: String, now: Date, until: Date) throws -> String? {
-        try database.write { [holder] db in
+        try database.tracedWrite { [holder] db in
             try String.fetchOne(db, sql: """
                 INSERT INTO submissions (owner, submissionKey, claimedUntil, plantID, claimedBy) VALUES (?, ?, ?, ?, ?)
                 ON CONFLICT (owner, submissionKey) DO UPDATE
@@ -125,7 +125,7 @@ final class IdentificationStore: IdentificationStoring {
     }
 
     func plantIDs(owner: String) throws -> [String] {
-        try database.read { db in
+        try database.tracedRead { db in
             try String.fetchAll(db, sql: """
                 SELECT plantID FROM identifications WHERE owner = ? UNION SELECT acceptedPlantID FROM identifications WHERE owner = ? AND acceptedPlantID IS NOT NULL
                 UNION SELECT plantID FROM plantPhotos WHERE owner = ?
@@ -134,18 +134,18 @@ final class IdentificationStore: IdentificationStoring {
     }
 
     func forgetSubmissions(owner: String) throws {
-        try database.write { db in try db.execute(sql: "DELETE FROM submissions WHERE owner = ?", arguments: [owner]) }
+        try database.tracedWrite { db in try db.execute(sql: "DELETE FROM submissions WHERE owner = ?", arguments: [owner]) }
     }
 
     func releaseSubmission(owner: String, key: String) throws {
-        try database.write { [holder] db in
+        try database.tracedWrite { [holder] db in
             try db.execute(sql: "DELETE FROM submissions WHERE owner = ? AND submissionKey = ? AND (claimedBy IS NULL OR claimedBy = ?)",
                            arguments: [owner, key, holder])
         }
     }
 
     func takeAbandonedSubmissions(now: Date, until: Date, limit: Int) throws -> [AbandonedSubmission] {
-        try database.write { [holder] db in
+        try database.tracedWrite { [holder] db in
             try Row.fetchAll(db, sql: """
                 UPDATE submissions SET claimedUntil = ?, claimedBy = ?
                 WHERE rowid IN (SELECT rowid FROM submissions WHERE claimedUntil <= ? OR claimedBy IS NOT ? LIMIT ?)
@@ -161,7 +161,7 @@ final class IdentificationStore: IdentificationStoring {
     /// identifications that were never accepted make room, and their plant ids come back in
     /// `dropped` (their photos are then purged from canopy-images).
     func insert(_ record: Identification.Record, submissionKey: String) throws -> (record: Identification.Record, dropped: [String]) {
-        try database.write { db in
+        try database.tracedWrite { db in
             if let existing = try identification(db, owner: record.owner, submissionKey: submissionKey) { return (existing, []) }
             let count = try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM identifications WHERE owner = ?", arguments: [record.owner]) ?? 0
             var dropped: [String] = []
@@ -187,7 +187,7 @@ final class IdentificationStore: IdentificationStoring {
     /// Marks an identification accepted as `plantID` and files its photos under that plant,
     /// for matching the person's later photos against their own plants.
     func accept(_ record: Identification.Record, plantID: String, candidate: Identification.Candidate) async throws {
-        try await database.write { [self] db in try accept(db, record, plantID: plantID, candidate: candidate) }
+        try await database.tracedWrite { [self] db in try accept(db, record, plantID: plantID, candidate: candidate) }
     }
 
     private func accept(_ db: Database, _ record: Identification.Record, plantID: String, candidate: Identification.Candidate) throws {
@@ -203,7 +203,7 @@ final class IdentificationStore: IdentificationStoring {
 
     /// A page of `owner`'s identifications (or one plant's), newest first, after `cursor`.
     func history(owner: String, plantID: String?, limit: Int, after cursor: (createdAt: Double, id: String)?) throws -> [Identification.Record] {
-        try database.read { db in
+        try database.tracedRead { db in
             var sql = "SELECT record FROM identifications WHERE owner = ?"
             var arguments: StatementArguments = [owner]
             if let plantID {
@@ -224,7 +224,7 @@ final class IdentificationStore: IdentificationStoring {
     /// identifications went.
     @discardableResult
     func forget(owner: String, plantID: String) throws -> Int {
-        try database.write { db in
+        try database.tracedWrite { db in
             // The photos involved: those of the identifications and of the plant's own photos.
             var photos = Set(try String.fetchAll(db, sql: "SELECT sha256 FROM plantPhotos WHERE owner = ? AND plantID = ?", arguments: [owner, plantID]))
             for data in try Data.fetchAll(db, sql: "SELECT record FROM identifications WHERE owner = ? AND (plantID = ? OR acceptedPlantID = ?)",
@@ -252,7 +252,7 @@ final class IdentificationStore: IdentificationStoring {
     /// Stored features of the photos among `sha256s` that have them.
     func features(_ sha256s: [String]) throws -> [String: PhotoFeatures] {
         guard !sha256s.isEmpty else { return [:] }
-        return try database.read { db in
+        return try database.tracedRead { db in
             let rows = try Row.fetchAll(db, sql: "SELECT sha256, features FROM photoFeatures WHERE sha256 IN (\(sha256s.map { _ in "?" }.joined(separator: ",")))",
                                         arguments: StatementArguments(sha256s))
             var found: [String: PhotoFeatures] = [:]
@@ -266,13 +266,13 @@ final class IdentificationStore: IdentificationStoring {
     /// Forgets the features of these photos (a failed submission's).
     func deleteFeatures(_ sha256s: [String]) throws {
         guard !sha256s.isEmpty else { return }
-        try database.write { db in
+        try database.tracedWrite { db in
             try db.execute(sql: "DELETE FROM photoFeatures WHERE sha256 IN (\(sha256s.map { _ in "?" }.joined(separator: ",")))", arguments: StatementArguments(sha256s))
         }
     }
 
     func saveFeatures(_ features: PhotoFeatures, sha256: String) throws {
-        try database.write { db in
+        try database.tracedWrite { db in
             try db.execute(sql: "INSERT INTO photoFeatures (sha256, features) VALUES (?, ?) ON CONFLICT (sha256) DO UPDATE SET features = excluded.features", arguments: [sha256, features.packed])
         }
     }
@@ -280,7 +280,7 @@ final class IdentificationStore: IdentificationStoring {
     /// The person's accepted plants' photos with their features: what "which of my plants is
     /// this?" compares against.
     func plantPhotos(owner: String) throws -> [(candidate: Identification.Candidate, features: PhotoFeatures)] {
-        try database.read { db in
+        try database.tracedRead { db in
             try Row.fetchAll(db, sql: """
                 SELECT plantPhotos.candidate, photoFeatures.features FROM plantPhotos
                 JOIN photoFeatures ON photoFeatures.sha256 = plantPhotos.sha256
@@ -293,7 +293,7 @@ final class IdentificationStore: IdentificationStoring {
     }
 
     func plantPhotosWithoutFeatures(owner: String, limit: Int) throws -> [String] {
-        try database.read { db in
+        try database.tracedRead { db in
             try String.fetchAll(db, sql: """
                 SELECT DISTINCT sha256 FROM plantPhotos WHERE owner = ? AND sha256 NOT IN (SELECT sha256 FROM photoFeatures) ORDER BY sha256 LIMIT ?
                 """, arguments: [owner, limit])
@@ -305,12 +305,12 @@ final class IdentificationStore: IdentificationStoring {
     /// Bumped by every change to the references: a running service reloads its index when
     /// the number it built from is no longer current.
     func referenceGeneration() throws -> Int {
-        try database.read { db in try Int.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'referenceGeneration'") ?? 0 }
+        try database.tracedRead { db in try Int.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'referenceGeneration'") ?? 0 }
     }
 
     /// Adds reference photos of a species (created, or updated with the names given).
     func addReferences(_ species: ReferenceSpecies, photos: [(sha256: String, features: PhotoFeatures)], now: Date) throws {
-        try database.write { db in
+        try database.tracedWrite { db in
             try db.execute(sql: """
                 INSERT INTO species (scientificName, withoutAuthor, authorship, genus, family, commonNames, gbifID) VALUES (?, ?, ?, ?, ?, ?, ?)
                 ON CONFLICT (scientificName) DO UPDATE SET withoutAuthor = excluded.withoutAuthor, authorship = excluded.authorship,
@@ -329,7 +329,7 @@ final class IdentificationStore: IdentificationStoring {
 
     /// Removes a species and its reference photos; `false` when there was none by that name.
     func removeReferences(scientificName: String) throws -> Bool {
-        try database.write { db in
+        try database.tracedWrite { db in
             try db.execute(sql: "DELETE FROM species WHERE scientificName = ? OR withoutAuthor = ?", arguments: [scientificName, scientificName])
             guard db.changesCount > 0 else { return false }
             try db.execute(sql: "UPDATE meta SET value = value + 1 WHERE key = 'referenceGeneration'")
@@ -339,7 +339,7 @@ final class IdentificationStore: IdentificationStoring {
 
     /// Every species with its number of reference photos, by name.
     func referenceSpecies() throws -> [(species: ReferenceSpecies, photos: Int)] {
-        try database.read { db in
+        try database.tracedRead { db in
             try Row.fetchAll(db, sql: """
                 SELECT species.*, COUNT(photoFeatures.sha256) AS photos FROM species
                 LEFT JOIN referencePhotos ON referencePhotos.speciesID = species.id
@@ -351,7 +351,7 @@ final class IdentificationStore: IdentificationStoring {
 
     /// Every reference photo's species and features, and the generation they are of.
     func referenceSet() throws -> (generation: Int, entries: [(species: ReferenceSpecies, features: PhotoFeatures)]) {
-        try database.read { db in
+        try database.tracedRead { db in
             let generation = try Int.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'referenceGeneration'") ?? 0
             var speciesByID: [Int64: ReferenceSpecies] = [:]
             for row in try Row.fetchAll(db, sql: "SELECT * FROM species") { speciesByID[row["id"]] = try species(row) }
@@ -374,7 +374,7 @@ final class IdentificationStore: IdentificationStoring {
     // MARK: - Quota
 
     func quota(provider: String) throws -> ProviderQuota {
-        try database.read { db in
+        try database.tracedRead { db in
             guard let row = try Row.fetchOne(db, sql: "SELECT remaining, resetsAt FROM quota WHERE provider = ?", arguments: [provider]) else {
                 return ProviderQuota()
             }
@@ -383,7 +383,7 @@ final class IdentificationStore: IdentificationStoring {
     }
 
     func saveQuota(_ state: ProviderQuota, provider: String, now: Date) throws {
-        try database.write { db in
+        try database.tracedWrite { db in
             try db.execute(sql: "INSERT OR REPLACE INTO quota (provider, remaining, resetsAt, updatedAt) VALUES (?, ?, ?, ?)",
                            arguments: [provider, state.remaining, state.resetsAt?.timeIntervalSince1970, now.timeIntervalSince1970])
         }

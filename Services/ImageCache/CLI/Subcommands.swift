@@ -69,7 +69,7 @@ struct ServeImages: AsyncParsableCommand {
         settings.fetchAllowedHosts = Set(fetchAllow.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces).lowercased() }.filter { !$0.isEmpty })
         settings.clock = serve.worker.serviceClock
         let services = try await buildImageService(settings: settings, context: ZMQContext(), logger: logger)
-        try await runUntilShutdown(services, logger: logger)
+        try await runUntilShutdown(services, traces: serve.traces, logger: logger)
     }
 }
 

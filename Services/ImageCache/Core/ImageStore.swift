@@ -59,12 +59,12 @@ final class ImageStore: ImageStoring {
 
     /// Whether the original is stored (for anyone).
     func hasOriginal(_ sha256: String) throws -> Bool {
-        try database.read { db in try Bool.fetchOne(db.cachedStatement(sql: "SELECT EXISTS(SELECT 1 FROM originals WHERE sha256 = ?)"), arguments: [sha256]) ?? false }
+        try database.tracedRead { db in try Bool.fetchOne(db.cachedStatement(sql: "SELECT EXISTS(SELECT 1 FROM originals WHERE sha256 = ?)"), arguments: [sha256]) ?? false }
     }
 
     /// The format the original is stored in and its size, or nil when it is not stored.
     func originalSize(_ sha256: String) throws -> (format: Images.Format, width: Int, height: Int)? {
-        try database.read { db in
+        try database.tracedRead { db in
             try Row.fetchOne(db.cachedStatement(sql: "SELECT format, width, height FROM originals WHERE sha256 = ?"), arguments: [sha256]).map { row in
                 (ImageProcessor.storedFormat(ImageKind(rawValue: row["format"]) ?? .jpeg), row["width"], row["height"])
             }
@@ -91,7 +91,7 @@ final class ImageStore: ImageStoring {
             wroteFile = true
         }
         do {
-            return try database.write { db in
+            return try database.tracedWrite { db in
                 try db.execute(sql: """
                     INSERT OR IGNORE INTO originals (sha256, format, width, height, bytes, createdAt) VALUES (?, ?, ?, ?, ?, ?)
                     """, arguments: [sha256, format, width, height, size, now.timeIntervalSince1970])
@@ -122,19 +122,19 @@ final class ImageStore: ImageStoring {
     /// Whether `owner` holds the photo (for any plant): the check before anything is served
     /// (every variant request runs it: the statement is prepared once per connection).
     func owns(_ owner: String, _ sha256: String) throws -> Bool {
-        try database.read { db in
+        try database.tracedRead { db in
             try Bool.fetchOne(db.cachedStatement(sql: "SELECT EXISTS(SELECT 1 FROM photos WHERE sha256 = ? AND owner = ?)"), arguments: [sha256, owner]) ?? false
         }
     }
 
     /// `owner`'s photos of `plantID`, newest first.
     func plantIDs(owner: String) throws -> [String] {
-        try database.read { db in try String.fetchAll(db, sql: "SELECT DISTINCT plantID FROM photos WHERE owner = ?", arguments: [owner]) }
+        try database.tracedRead { db in try String.fetchAll(db, sql: "SELECT DISTINCT plantID FROM photos WHERE owner = ?", arguments: [owner]) }
     }
 
     /// How many photos a person keeps, and the bytes of their originals.
     func usage(owner: String) throws -> (photos: Int, bytes: Int) {
-        try database.read { db in
+        try database.tracedRead { db in
             let row = try Row.fetchOne(db, sql: """
                 SELECT COUNT(*) AS photos, COALESCE(SUM(o.bytes), 0) AS bytes FROM photos p JOIN originals o ON o.sha256 = p.sha256 WHERE p.owner = ?
                 """, arguments: [owner])
@@ -143,7 +143,7 @@ final class ImageStore: ImageStoring {
     }
 
     func photos(owner: String, plantID: String) throws -> [Images.Photo] {
-        try database.read { db in
+        try database.tracedRead { db in
             try Row.fetchAll(db, sql: """
                 SELECT p.plantID, p.sha256, p.addedAt, o.format, o.width, o.height, o.bytes
                 FROM photos p JOIN originals o ON o.sha256 = p.sha256
@@ -157,7 +157,7 @@ final class ImageStore: ImageStoring {
     /// else holds lose their rows (and palettes) in the same transaction; their files go after
     /// the commit. Returns how many photos were forgotten and which originals are gone.
     func purge(owner: String, plantID: String, sha256: String?) throws -> (photos: Int, deleted: [String]) {
-        let (count, deleted) = try database.write { db -> (Int, [String]) in
+        let (count, deleted) = try database.tracedWrite { db -> (Int, [String]) in
             let matching = "owner = ? AND plantID = ? AND (? IS NULL OR sha256 = ?)"
             let arguments: StatementArguments = [owner, plantID, sha256, sha256]
             let shas = try String.fetchAll(db, sql: "SELECT sha256 FROM photos WHERE \(matching)", arguments: arguments)
@@ -176,7 +176,7 @@ final class ImageStore: ImageStoring {
 
     /// Originals stored, and their bytes.
     func originalTotals() throws -> (count: Int, bytes: Int) {
-        try database.read { db in
+        try database.tracedRead { db in
             let row = try Row.fetchOne(db, sql: "SELECT COUNT(*) AS count, COALESCE(SUM(bytes), 0) AS bytes FROM originals")!
             return (row["count"], row["bytes"])
         }
@@ -184,7 +184,7 @@ final class ImageStore: ImageStoring {
 
     /// Deletes original files no row names (left by a crash between file and row).
     private func sweepOrphans() throws {
-        let known = Set(try database.read { db in try String.fetchAll(db, sql: "SELECT sha256 FROM originals") })
+        let known = Set(try database.tracedRead { db in try String.fetchAll(db, sql: "SELECT sha256 FROM originals") })
         for entry in try files.entries() where !known.contains(entry.name) {
             files.remove(entry.name)
         }
@@ -194,7 +194,7 @@ final class ImageStore: ImageStoring {
 
     /// A cached palette younger than `maximumAge`.
     func palette(_ sha256: String, maximumAge: TimeInterval, now: Date) throws -> [Images.Swatch]? {
-        let row = try database.read { db in
+        let row = try database.tracedRead { db in
             try Row.fetchOne(db, sql: "SELECT swatches, createdAt FROM palettes WHERE sha256 = ?", arguments: [sha256])
         }
         guard let row, now.timeIntervalSince1970 - (row["createdAt"] as Double) < maximumAge else { return nil }
@@ -203,7 +203,7 @@ final class ImageStore: ImageStoring {
 
     func savePalette(_ swatches: [Images.Swatch], for sha256: String, now: Date) throws {
         let blob = Data(try codec.encode(swatches))
-        try database.write { db in
+        try database.tracedWrite { db in
             guard try Bool.fetchOne(db, sql: "SELECT EXISTS(SELECT 1 FROM originals WHERE sha256 = ?)", arguments: [sha256]) ?? false else { return }
             try db.execute(sql: "INSERT OR REPLACE INTO palettes (sha256, swatches, createdAt) VALUES (?, ?, ?)",
                            arguments: [sha256, blob, now.timeIntervalSince1970])
@@ -211,6 +211,6 @@ final class ImageStore: ImageStoring {
     }
 
     func paletteCount() throws -> Int {
-        try database.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM palettes") ?? 0 }
+        try database.tracedRead { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM palettes") ?? 0 }
     }
 }

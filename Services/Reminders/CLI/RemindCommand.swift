@@ -69,7 +69,7 @@ struct ServeRemind: AsyncParsableCommand {
         settings.clock = serve.worker.serviceClock
         settings.rehearsal = rehearse || Environment.flag("CANOPY_REHEARSAL")
         let services = try await buildReminderService(settings: settings, context: ZMQContext(), logger: logger)
-        try await runUntilShutdown(services, logger: logger)
+        try await runUntilShutdown(services, traces: serve.traces, logger: logger)
     }
 }
 

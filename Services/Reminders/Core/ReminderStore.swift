@@ -88,32 +88,32 @@ final class ReminderStore: ReminderStoring {
     }
 
     func read<T>(_ body: (any ReminderReads) throws -> T) throws -> T {
-        try database.read { db in try body(Transaction(db: db, codec: codec)) }
+        try database.tracedRead { db in try body(Transaction(db: db, codec: codec)) }
     }
 
     func write<T>(_ body: (any ReminderWrites) throws -> T) throws -> T {
-        try database.write { db in try body(Transaction(db: db, codec: codec)) }
+        try database.tracedWrite { db in try body(Transaction(db: db, codec: codec)) }
     }
 
     func read<T: Sendable>(_ body: @escaping @Sendable (any ReminderReads) throws -> T) async throws -> T {
         let codec = self.codec
-        return try await database.read { db in try body(Transaction(db: db, codec: codec)) }
+        return try await database.tracedRead { db in try body(Transaction(db: db, codec: codec)) }
     }
 
     func write<T: Sendable>(_ body: @escaping @Sendable (any ReminderWrites) throws -> T) async throws -> T {
         let codec = self.codec
-        return try await database.write { db in try body(Transaction(db: db, codec: codec)) }
+        return try await database.tracedWrite { db in try body(Transaction(db: db, codec: codec)) }
     }
 
     func forEachPending(_ body: (_ id: Int64, _ fireAt: Double) -> Void) throws {
-        try database.read { db in
+        try database.tracedRead { db in
             let rows = try Row.fetchCursor(db, sql: "SELECT id, fireAt FROM reminders WHERE state = 'pending'")
             while let row = try rows.next() { body(row[0], row[1]) }
         }
     }
 
     func pendingSends() throws -> [(id: Int64, nextAttempt: Double)] {
-        try database.read { db in
+        try database.tracedRead { db in
             try Row.fetchAll(db, sql: "SELECT id, nextAttempt FROM sends WHERE state = 'pending'").map { ($0["id"], $0["nextAttempt"]) }
         }
     }

@@ -87,6 +87,7 @@ struct ServeBatch: AsyncParsableCommand {
 
     @OptionGroup var common: CommonOptions
     @OptionGroup var operating: OperatingOptions
+    @OptionGroup var traces: TraceOptions
     @OptionGroup var token: TokenKeyOptions
     @OptionGroup var issuers: IssuerOptions
     @OptionGroup var store: BatchStoreOptions
@@ -140,7 +141,7 @@ struct ServeBatch: AsyncParsableCommand {
         settings.batchInFlight = batchInFlight
         settings.idleTimeout = .milliseconds(idleTimeoutMs)
         settings.readTimeout = .milliseconds(readTimeoutMs)
-        try await runUntilShutdown(try buildBatchService(settings: settings, context: ZMQContext(), logger: logger), logger: logger)
+        try await runUntilShutdown(try buildBatchService(settings: settings, context: ZMQContext(), logger: logger), traces: traces, logger: logger)
     }
 }
 

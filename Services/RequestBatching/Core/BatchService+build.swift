@@ -13,6 +13,11 @@ import ServiceLifecycle
 
 /// Everything `canopy-batch serve` can be told.
 public struct BatchServiceSettings: Sendable {
+    /// Query parameters whose values never reach a span's `url.query` (what a person typed:
+    /// a plant search, a family, a page cursor); the tracing middleware records them as
+    /// `REDACTED`.
+    public static let redactedQueryParameters: Set<String> = ["search", "family", "after"]
+
     /// Where apps reach the HTTP API.
     public var http: ListenAddress
     /// How canopy-batch reaches the broker (endpoint, CURVE keys).
@@ -178,7 +183,8 @@ public func makeBatchService(settings: BatchServiceSettings, bus: any BusCalling
                                                    limiter: RateLimiter(rate: settings.rateLimit, burst: settings.rateBurst), metrics: metrics,
                                                    variants: VariantRoute(api: api), routes: routes)
     // A server span per request, continuing the app's W3C `traceparent` (Traces: no-op unless on).
-    router.add(middleware: TracingMiddleware())
+    // What a person typed (a plant search, a family, a page cursor) stays out of the spans.
+    router.add(middleware: TracingMiddleware(redactingQueryParameters: BatchServiceSettings.redactedQueryParameters))
     router.add(middleware: edge)
     try api.registerHandlers(on: router, configuration: configuration, middlewares: [EntityTags()])
     routes.load(router.routes.map { ("\($0.path)", $0.method.rawValue) })

@@ -66,7 +66,7 @@ final class SQLiteRevocationStore: RevocationStoring {
     }
 
     func revoke(id: String, until: Date) throws {
-        try database.write { db in
+        try database.tracedWrite { db in
             try db.execute(sql: "DELETE FROM revokedTokens WHERE until < ?", arguments: [Date().timeIntervalSince1970])
             guard try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM revokedTokens") ?? 0 < maximumRevokedTokens else {
                 throw CanopyError(.tooLarge, "\(maximumRevokedTokens) tokens are revoked already; sign people out everywhere instead (--user)")
@@ -78,7 +78,7 @@ final class SQLiteRevocationStore: RevocationStoring {
     }
 
     func signOut(user: String, before: Date) throws {
-        try database.write { db in
+        try database.tracedWrite { db in
             try db.execute(sql: "INSERT INTO signedOut VALUES (?, ?) ON CONFLICT (principal) DO UPDATE SET before = max(before, excluded.before)",
                            arguments: [user, before.timeIntervalSince1970.rounded(.down)])
             try db.execute(sql: "UPDATE revocationMeta SET value = value + 1 WHERE key = 'generation'")
@@ -86,7 +86,7 @@ final class SQLiteRevocationStore: RevocationStoring {
     }
 
     func load(now: Date) throws -> Revocations {
-        try database.read { db in
+        try database.tracedRead { db in
             var revocations = Revocations()
             for row in try Row.fetchAll(db, sql: "SELECT jti, until FROM revokedTokens WHERE until >= ?", arguments: [now.timeIntervalSince1970]) {
                 revocations.tokens[row["jti"]] = Date(timeIntervalSince1970: row["until"])
@@ -99,7 +99,7 @@ final class SQLiteRevocationStore: RevocationStoring {
     }
 
     func generation() throws -> Int64 {
-        try database.read { db in try Int64.fetchOne(db, sql: "SELECT value FROM revocationMeta WHERE key = 'generation'") ?? 0 }
+        try database.tracedRead { db in try Int64.fetchOne(db, sql: "SELECT value FROM revocationMeta WHERE key = 'generation'") ?? 0 }
     }
 }
 
