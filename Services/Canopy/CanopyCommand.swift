@@ -9,6 +9,7 @@ struct CanopyCommand: AsyncParsableCommand {
             Examples:
               canopy up
               canopy status
+              canopy up --traces ./traces.jsonl && canopy trace
               canopy backup ./backups/monday
               canopy migrate --from ./.canopy --to postgres://canopy@db:5432/canopy --originals-dir /mnt/photos
               canopy demo
@@ -20,5 +21,5 @@ struct CanopyCommand: AsyncParsableCommand {
               canopy capture inspect ./captures/monday
               canopy replay ./captures/monday --broker tcp://127.0.0.1:5555
             """,
-        subcommands: [Up.self, Status.self, Logs.self, Down.self, Backup.self, Migrate.self, Demo.self, Send.self, Services.self, Stats.self, Keys.self, Capture.self, Replay.self])
+        subcommands: [Up.self, Status.self, Logs.self, Down.self, Trace.self, Backup.self, Migrate.self, Demo.self, Send.self, Services.self, Stats.self, Keys.self, Capture.self, Replay.self])
 }

@@ -41,6 +41,8 @@ struct StackState: Codable, Equatable {
     var services: [Service]
     /// The supervisor stopped (after `down`, Ctrl-C, or a failed start).
     var stopped = false
+    /// Where the stack's spans go (`canopy up --traces FILE`), for `canopy trace`.
+    var traces: String?
 
     /// Whether the supervisor process is still there.
     var supervisorAlive: Bool { !stopped && kill(supervisor, 0) == 0 }
@@ -62,6 +64,8 @@ final class StackSupervisor: @unchecked Sendable {
         var environment: [String: String] = [:]
         /// How many processes of each service run (one unless named; more only with PostgreSQL).
         var replicas: [String: Int] = [:]
+        /// Where the services' spans are written (`--traces`).
+        var traces: String?
     }
 
     final class Child {
@@ -296,7 +300,7 @@ final class StackSupervisor: @unchecked Sendable {
             supervisor: getpid(), endpoint: settings.endpoint, http: settings.http,
             services: children.map { .init(name: $0.name, pid: $0.process?.processIdentifier ?? 0, state: $0.state, restarts: $0.restarts,
                                            metrics: "127.0.0.1:\($0.metricsPort)") },
-            stopped: stopped)
+            stopped: stopped, traces: settings.traces)
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
         try? encoder.encode(state).write(to: settings.layout.stateFile, options: .atomic)

@@ -30,6 +30,7 @@ struct Up: ParsableCommand {
               canopy up --http 0.0.0.0:8080 --data-dir /srv/canopy
               canopy up --database-url postgres://canopy@127.0.0.1:5432/canopy --replicas care=3,remind=2,images=2,identify=2
               canopy up --brokers 2
+              canopy up --traces ./traces.jsonl && canopy trace
             """)
 
     @OptionGroup var stack: StackOptions
@@ -51,6 +52,8 @@ struct Up: ParsableCommand {
     var originalsDir: String? = Environment.string("CANOPY_ORIGINALS_DIR")
     @Option(help: ArgumentHelp("Processes per service, such as care=3,remind=2,images=2,identify=2 (needs --database-url). Env: CANOPY_REPLICAS.", valueName: "name=count,…"))
     var replicas: String = Environment.string("CANOPY_REPLICAS") ?? ""
+    @Option(help: ArgumentHelp("Record every request's spans (every service, the broker, the HTTP edge) and append them to FILE, one JSON object per line; canopy trace lists them and prints one as a tree.", valueName: "file"))
+    var traces: String?
     @Flag(help: "Start the stack in the background and return once it is healthy; canopy down stops it.") var detach = false
     @Flag(help: .hidden) var supervise = false
 
@@ -128,8 +131,21 @@ struct Up: ParsableCommand {
             environment["CANOPY_DATABASE_PASSWORD_FILE"] = databasePasswordFile
             environment["CANOPY_ORIGINALS_DIR"] = originalsDir ?? layout.dataDirectory.appendingPathComponent("images/originals").path
         }
-        let supervisor = StackSupervisor(settings: .init(layout: layout, executables: executables, endpoint: try brokerEndpoints().joined(separator: ","), http: http,
-                                                         metricsBase: metricsBase, environment: environment, replicas: try replicaCounts()))
+        var traceFile: String?
+        if let traces {
+            // A receiver in this process, as a collector would be: every service exports its
+            // spans to it (OTLP/JSON), and it appends them to the file.
+            let (endpoint, path) = try Self.receiveTraces(into: traces)
+            environment["OTEL_EXPORTER_OTLP_ENDPOINT"] = endpoint
+            environment["OTEL_EXPORTER_OTLP_PROTOCOL"] = "http/json"
+            environment["OTEL_TRACES_SAMPLER"] = "parentbased_always_on"
+            environment["OTEL_BSP_SCHEDULE_DELAY"] = "500"
+            traceFile = path
+        }
+        var settings = StackSupervisor.Settings(layout: layout, executables: executables, endpoint: try brokerEndpoints().joined(separator: ","), http: http,
+                                                metricsBase: metricsBase, environment: environment, replicas: try replicaCounts())
+        settings.traces = traceFile
+        let supervisor = StackSupervisor(settings: settings)
         // Ctrl-C and SIGTERM end the supervision; the children are then stopped in order.
         signal(SIGINT, SIG_IGN)
         signal(SIGTERM, SIG_IGN)
@@ -152,6 +168,7 @@ struct Up: ParsableCommand {
         print("")
         print("the HTTP API: http://\(http)  (try: curl -H 'Authorization: Bearer \(token)' http://\(http)/v1/plants)")
         print("demo token (user demo, 7 days): \(token)")
+        if let traceFile { print("traces: every request's spans in \(traceFile) (canopy trace lists them; canopy trace ID prints one)") }
         print(supervise ? "supervising; canopy down stops the stack" : "Ctrl-C stops the stack; canopy status and canopy logs SERVICE from another terminal")
         fflush(nil)
         supervisor.supervise { note($0) }
@@ -169,10 +186,12 @@ struct Up: ParsableCommand {
         process.executableURL = URL(fileURLWithPath: "/usr/bin/setsid")
         // --wait: setsid forks (the child leads its own process group) and answers the
         // supervisor's exit status, so a stack that fails to start is seen at once.
-        process.arguments = ["--wait", Self.selfPath(), "up", "--supervise", "--detach", "--data-dir", stack.dataDir, "--broker", broker, "--http", http,
-                             "--metrics-base", "\(metricsBase)", "--clock", clock, "--replicas", replicas, "--brokers", "\(brokers)"]
-            + (databaseURL.map { ["--database-url", $0] } ?? []) + (databasePasswordFile.map { ["--database-password-file", $0] } ?? [])
-            + (originalsDir.map { ["--originals-dir", $0] } ?? [])
+        var arguments: [String] = ["--wait", Self.selfPath(), "up", "--supervise", "--detach", "--data-dir", stack.dataDir, "--broker", broker, "--http", http,
+                                   "--metrics-base", "\(metricsBase)", "--clock", clock, "--replicas", replicas, "--brokers", "\(brokers)"]
+        let optional: [(String, String?)] = [("--database-url", databaseURL), ("--database-password-file", databasePasswordFile), ("--originals-dir", originalsDir),
+                                             ("--traces", traces.map { URL(fileURLWithPath: $0).standardizedFileURL.path })]
+        for case let (option, value?) in optional { arguments += [option, value] }
+        process.arguments = arguments
         process.standardInput = FileHandle.nullDevice
         process.standardOutput = output
         process.standardError = output
@@ -185,7 +204,7 @@ struct Up: ParsableCommand {
                (try? String(contentsOf: log, encoding: .utf8))?.contains("demo token") == true {
                 print(StackSupervisor.table(state))
                 let text = (try? String(contentsOf: log, encoding: .utf8)) ?? ""
-                for line in text.split(separator: "\n") where line.hasPrefix("the HTTP API") || line.hasPrefix("demo token") { print(line) }
+                for line in text.split(separator: "\n") where line.hasPrefix("the HTTP API") || line.hasPrefix("demo token") || line.hasPrefix("traces:") { print(line) }
                 print("running in the background; canopy status, canopy logs SERVICE, canopy down")
                 return
             }
@@ -194,6 +213,20 @@ struct Up: ParsableCommand {
             }
         }
         throw CommandFailure("the stack did not become healthy within 3 minutes; see \(log.path) and canopy logs SERVICE")
+    }
+
+    /// Starts an OTLP/HTTP receiver on a free loopback port that appends every span it gets to
+    /// `file`; returns its endpoint and the file's full path. It lives as long as this process
+    /// (the supervisor), which stops the services, and so gets their last spans, first.
+    static func receiveTraces(into file: String) throws -> (endpoint: String, path: String) {
+        let path = URL(fileURLWithPath: file).standardizedFileURL.path
+        let spans = try SpanFile(path: path) { note("\(path) reached \(SpanFile.maximumBytes >> 20) MiB; further spans are not written") }
+        let receiver = OTLPReceiver { spans.append($0) }
+        Task.detached { try? await receiver.application.run() }
+        let deadline = ContinuousClock.now + .seconds(10)
+        while receiver.port == nil, ContinuousClock.now < deadline { Thread.sleep(forTimeInterval: 0.01) }
+        guard let port = receiver.port else { throw CommandFailure("the trace receiver did not start listening on 127.0.0.1 within 10 s") }
+        return ("http://127.0.0.1:\(port)", path)
     }
 
     /// This executable's path (to start the detached supervisor).

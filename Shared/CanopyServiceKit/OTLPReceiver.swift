@@ -59,6 +59,9 @@ public final class OTLPReceiver: Sendable {
                                   onServerRunning: { channel in state.port.withLock { $0 = channel.localAddress?.port } }, logger: logger)
     }
 
+    /// The port it listens on, once it does.
+    public var port: Int? { state.port.withLock { $0 } }
+
     /// `http://127.0.0.1:PORT`, for `OTEL_EXPORTER_OTLP_ENDPOINT`, once it listens.
     public func endpoint(within limit: Duration = .seconds(30)) async throws -> String {
         let deadline = ContinuousClock.now + limit

@@ -64,9 +64,12 @@ struct ComposeFileTests {
             for option in Self.options(command) { #expect(serveHelp.contains(option), "\(service.executable) serve has no \(option)") }
             let environment = try #require(definition["environment"] as? [String: Any])
             for variable in environment.keys {
-                #expect(variable.hasPrefix("CANOPY_"), "\(service.name): \(variable) is not a Canopy variable")
+                #expect(variable.hasPrefix("CANOPY_") || variable.hasPrefix("OTEL_"), "\(service.name): \(variable) is neither a Canopy nor an OpenTelemetry variable")
                 #expect(serveHelp.contains(variable), "\(service.executable) serve reads no \(variable)")
             }
+            // Traces: off unless the endpoint is set where compose runs; the sampler records what apps sample.
+            #expect(environment["OTEL_EXPORTER_OTLP_ENDPOINT"] as? String == "${OTEL_EXPORTER_OTLP_ENDPOINT:-}", "\(service.name)")
+            #expect(environment["OTEL_TRACES_SAMPLER"] as? String == "${OTEL_TRACES_SAMPLER:-parentbased_always_off}", "\(service.name)")
             // Its health check is its own `health` command, with options it has.
             let health = try #require((definition["healthcheck"] as? [String: Any])?["test"] as? [String])
             #expect(health.first == "CMD" && health.dropFirst().first == service.executable && health.dropFirst(2).first == "health", "\(service.name): \(health)")
@@ -137,6 +140,26 @@ struct ComposeFileTests {
                        "canopy_remind_attempts_total", "canopy_images_cache_hits_total", "canopy_batch_requests_total", "canopy_batch_request_duration_seconds_bucket"] {
             #expect(queries.contains { $0.expression.contains(series) }, "no panel shows \(series)")
         }
+    }
+
+    /// The monitoring profile's traces: an OpenTelemetry collector receiving OTLP and sending
+    /// to Jaeger, whose viewer is published and a Grafana data source.
+    @Test func theCollectorSendsTracesToJaeger() throws {
+        let services = try Self.services(try Self.compose())
+        let collector = try #require(services["otel-collector"], "the monitoring profile has no otel-collector")
+        let jaeger = try #require(services["jaeger"], "the monitoring profile has no jaeger")
+        #expect(collector["profiles"] as? [String] == ["monitoring"] && jaeger["profiles"] as? [String] == ["monitoring"])
+        #expect((collector["volumes"] as? [String])?.contains("./deploy/otel-collector.yaml:/etc/otelcol/config.yaml:ro") == true)
+        #expect((jaeger["ports"] as? [String])?.contains("16686:16686") == true)
+        let configuration = try #require(try Yams.load(yaml: String(contentsOf: Self.root.appendingPathComponent("deploy/otel-collector.yaml"), encoding: .utf8)) as? [String: Any])
+        let http = ((((configuration["receivers"] as? [String: Any])?["otlp"] as? [String: Any])?["protocols"] as? [String: Any])?["http"] as? [String: Any])?["endpoint"] as? String
+        #expect(http == "0.0.0.0:4318", "services export OTLP/HTTP to port 4318")
+        let exporter = (configuration["exporters"] as? [String: Any])?["otlp/jaeger"] as? [String: Any]
+        #expect(exporter?["endpoint"] as? String == "jaeger:4317")
+        let pipeline = (((configuration["service"] as? [String: Any])?["pipelines"] as? [String: Any])?["traces"] as? [String: Any]) ?? [:]
+        #expect(pipeline["receivers"] as? [String] == ["otlp"] && pipeline["exporters"] as? [String] == ["otlp/jaeger"])
+        let source = try String(contentsOf: Self.root.appendingPathComponent("deploy/grafana/provisioning/datasources/jaeger.yml"), encoding: .utf8)
+        #expect(source.contains("type: jaeger") && source.contains("url: http://jaeger:16686"))
     }
 
     @Test func aDashboardQueryForASeriesOrALabelNoScrapeHasIsAProblem() throws {

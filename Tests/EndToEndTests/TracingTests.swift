@@ -1,0 +1,119 @@
+import CanopySamples
+import CanopyServiceKit
+import CanopyTesting
+import Foundation
+import NIOHTTP1
+import Testing
+
+/// One person's identification as one trace across every process of a stack (`canopy up`):
+/// the app's `traceparent` on its two requests (submit, then accept), the edge's spans, the
+/// broker's, canopy-identify's handler and store, canopy-images' and canopy-care's, each
+/// under the span that caused it; exported over OTLP/HTTP to a receiver in the test. And the
+/// same for a person at a terminal: `canopy up --traces FILE` and `canopy trace`.
+@Suite(.serialized)
+struct TracingTests {
+    typealias Stack = JourneyTests.Stack
+
+    /// `span` and every span above it in `spans`, nearest first.
+    static func ancestry(_ span: TraceSpan, in spans: [TraceSpan]) -> [TraceSpan] {
+        var chain = [span]
+        while let parent = spans.first(where: { $0.spanID == chain.last!.parentSpanID }), chain.count < 64 { chain.append(parent) }
+        return chain
+    }
+
+    @Test func anIdentificationIsOneTraceAcrossEveryService() async throws {
+        try await withCollector { collector, endpoint in
+            let stack = try await Stack.start(environment: ["OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json",
+                                                            "OTEL_BSP_SCHEDULE_DELAY": "100"])
+            defer { try? FileManager.default.removeItem(atPath: stack.data) }
+            let trace = "5ca1ab1e0ddba11ca5cadef00d5eed01"
+            let (submitParent, acceptParent) = ("a1a1a1a1a1a1a1a1", "b2b2b2b2b2b2b2b2")
+            do {
+                let alice = try await stack.token("alice")
+                let form = MultipartForm.encode([.init(name: "photo", type: "image/jpeg", bytes: try SyntheticPlant.species(1).photo(seed: 7)),
+                                                 .init(name: "organ", bytes: Array("leaf".utf8))], boundary: "trace")
+                let identified = try await stack.send(.POST, "/v1/identifications", token: alice, body: form, type: "multipart/form-data; boundary=trace",
+                                                      headers: [("traceparent", "00-\(trace)-\(submitParent)-01")])
+                #expect(identified.status == 200, "\(identified.text)")
+                let id = try #require(identified.object["id"] as? String)
+                let accepted = try await stack.send(.POST, "/v1/identifications/\(id)/accept", token: alice, json: #"{"rank":1}"#,
+                                                    headers: [("traceparent", "00-\(trace)-\(acceptParent)-01")])
+                #expect(accepted.status == 200, "\(accepted.text)")
+                // A request the app did not sample leaves nothing.
+                _ = try await stack.send(.GET, "/v1/plants", token: alice, headers: [("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00")])
+            } catch {
+                await stack.stop()
+                throw error
+            }
+            await stack.stop() // every exporter sends what is left as its process stops
+
+            let spans = collector.spans.filter { $0.traceID == trace }
+            let services = Set(spans.map(\.service))
+            #expect(services.isSuperset(of: ["canopy-batch", "canopy-broker", "canopy-identify", "canopy-images", "canopy-care"]), "\(services)")
+            #expect(!collector.spans.contains { $0.traceID == "0af7651916cd43dd8448eb211c80319c" })
+            // Only the app's two spans are outside the trace; everything else has its parent in it.
+            let ids = Set(spans.map(\.spanID))
+            let roots = spans.filter { !ids.contains($0.parentSpanID) }
+            #expect(Set(roots.map(\.parentSpanID)) == [submitParent, acceptParent], "\(roots.map { "\($0.service) \($0.name) <- \($0.parentSpanID)" })")
+            #expect(roots.allSatisfy { $0.service == "canopy-batch" && $0.kind == "server" })
+
+            func handler(_ name: String, _ service: String) throws -> TraceSpan {
+                try #require(spans.first { $0.name == name && $0.service == service && $0.kind == "server" },
+                             "no \(name) handler span of \(service): \(spans.map { "\($0.service) \($0.name)" }.sorted())")
+            }
+            // Submit: edge, broker, identify's handler, then its images.put through the broker to images.
+            let submit = try handler("identify/identifications.submit", "canopy-identify")
+            let put = try handler("images/images.put", "canopy-images")
+            let putChain = Self.ancestry(put, in: spans)
+            #expect(putChain.map(\.name) == ["images/images.put", "dispatch images/images.put", "flight images/images.put", "broker images/images.put",
+                                             "images/images.put", "identify/identifications.submit", "dispatch identify/identifications.submit",
+                                             "flight identify/identifications.submit", "broker identify/identifications.submit",
+                                             "identify/identifications.submit", putChain.last!.name], "\(putChain.map(\.name))")
+            #expect(putChain.contains { $0.spanID == submit.spanID } && putChain.last?.parentSpanID == submitParent)
+            #expect(putChain.last?.attributes["http.request.method"] == "POST")
+            // Store calls are spans of the handler that made them.
+            #expect(spans.contains { $0.name == "store write" && $0.service == "canopy-images" && Self.ancestry($0, in: spans).contains { $0.spanID == put.spanID } })
+            #expect(spans.contains { $0.name.hasPrefix("store ") && $0.service == "canopy-identify" && Self.ancestry($0, in: spans).contains { $0.spanID == submit.spanID } })
+            // Accept: identify adds the plant in canopy-care, under the app's second request.
+            let add = try handler("care/plants.add", "canopy-care")
+            #expect(Self.ancestry(add, in: spans).last?.parentSpanID == acceptParent)
+            #expect(Self.ancestry(add, in: spans).contains { $0.name == "identify/identifications.accept" && $0.service == "canopy-identify" })
+        }
+    }
+
+    @Test func canopyUpWritesTheStacksSpansAndCanopyTracePrintsATree() async throws {
+        let file = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-traces-\(UUID().uuidString).jsonl").path
+        defer { try? FileManager.default.removeItem(atPath: file) }
+        let stack = try await Stack.start(environment: [:], ["--traces", file])
+        defer { try? FileManager.default.removeItem(atPath: stack.data) }
+        do {
+            let alice = try await stack.token("alice")
+            // Every request is recorded, with or without an app's trace.
+            #expect(try await stack.send(.POST, "/v1/plants", token: alice, json: #"{"scientificName":"Monstera deliciosa","customName":"Traced"}"#).status == 201)
+        } catch {
+            await stack.stop()
+            throw error
+        }
+        await stack.stop()
+        let spans = try SpanFile.read(path: file)
+        let edge = try #require(spans.first { $0.service == "canopy-batch" && $0.kind == "server" && $0.attributes["http.request.method"] == "POST" },
+                                "\(spans.map { "\($0.service) \($0.name)" })")
+        let listed = try await runExecutable("canopy", ["trace", "--data-dir", stack.data])
+        #expect(listed.status == 0 && listed.output.contains(edge.traceID) && listed.output.hasPrefix("trace "), "\(listed.output) \(listed.errors)")
+        let tree = try await runExecutable("canopy", ["trace", String(edge.traceID.prefix(12)), "--file", file])
+        #expect(tree.status == 0, "\(tree.errors)")
+        let lines = tree.output.split(separator: "\n").map(String.init)
+        #expect(lines.first?.hasPrefix("trace \(edge.traceID):") == true)
+        // The edge at the root, the broker's spans indented under its bus call, care's handler deeper still.
+        func depth(_ name: String) -> Int? {
+            lines.first { $0.trimmingCharacters(in: .whitespaces).hasPrefix(name + "  [") }.map { $0.prefix { $0 == " " }.count / 2 }
+        }
+        #expect(depth(edge.name) == 0, "\(tree.output)")
+        let broker = try #require(depth("broker care/plants.add"), "\(tree.output)")
+        let handler = try #require(depth("care/plants.add").flatMap { _ in lines.last { $0.contains("care/plants.add  [canopy-care]") } }, "\(tree.output)")
+        #expect(broker >= 2 && handler.prefix { $0 == " " }.count / 2 == broker + 3, "\(tree.output)")
+        #expect(lines.contains { $0.contains("store write  [canopy-care]") && $0.contains(" ms") })
+        let unknown = try await runExecutable("canopy", ["trace", "ffffffff", "--file", file])
+        #expect(unknown.status != 0 && unknown.errors.contains("canopy trace lists them"))
+    }
+}
