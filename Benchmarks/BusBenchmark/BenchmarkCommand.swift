@@ -24,10 +24,11 @@ struct BenchmarkCommand: AsyncParsableCommand {
               swift run -c release canopy-bench remind
               swift run -c release canopy-bench capture
               swift run -c release canopy-bench stack
+              swift run -c release canopy-bench tracing
             """,
         subcommands: [Bus.self, Coalescing.self, ImagesBenchmark.self, CareBenchmark.self, MetricsCost.self, TransferBenchmark.self, CoalescingCost.self,
                       IdentifyBenchmark.self, RemindBenchmark.self, EdgeBenchmark.self, CaptureBenchmark.self, StackBenchmark.self, CancelBenchmark.self, OutboxBenchmark.self,
-                      StoresBenchmark.self, FailoverBenchmark.self, SnapshotBenchmark.self, TokensBenchmark.self, AccuracyBenchmark.self,
+                      StoresBenchmark.self, FailoverBenchmark.self, SnapshotBenchmark.self, TokensBenchmark.self, AccuracyBenchmark.self, TracingCost.self,
                       InspectChild.self],
         defaultSubcommand: Bus.self)
 }
@@ -113,10 +114,12 @@ struct PipelinedLoadSetup: Sendable {
     var warmUp: Duration
     var duration: Duration
     var uniqueBodies = false
+    var traceEvery: Int?
 
     func run(_ endpoint: String) throws -> PipelinedLoad.Result {
         var load = PipelinedLoad(endpoint: endpoint, clients: clients, window: window, threads: threads, request: request)
         load.uniqueBodies = uniqueBodies
+        load.traceEvery = traceEvery
         return try load.run(warmUp: warmUp, duration: duration)
     }
 }
@@ -299,11 +302,16 @@ struct MetricsCost: AsyncParsableCommand {
 /// CPU time (user and system) of this process's threads named `name`, in seconds, from
 /// /proc (10 ms resolution).
 func threadCPUSeconds(named name: String) -> Double {
+    threadCPUSeconds { $0 == name }
+}
+
+/// CPU time (user and system) of this process's threads whose name passes `test`, in seconds.
+func threadCPUSeconds(where test: (String) -> Bool) -> Double {
     let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/task")) ?? []
     var ticks = 0
     for task in tasks {
         guard let comm = try? String(contentsOfFile: "/proc/self/task/\(task)/comm", encoding: .utf8),
-              comm.trimmingCharacters(in: .whitespacesAndNewlines) == name,
+              test(comm.trimmingCharacters(in: .whitespacesAndNewlines)),
               let stat = ProcStat(path: "/proc/self/task/\(task)/stat")
         else { continue }
         ticks += stat.cpuTicks

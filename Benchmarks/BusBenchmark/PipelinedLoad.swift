@@ -1,5 +1,6 @@
 import CZeroMQ
 import CanopyBus
+import CanopyWire
 import Foundation
 import Histogram
 import Synchronization
@@ -23,6 +24,9 @@ struct PipelinedLoad {
     let request: [[UInt8]]
     /// Whether every request gets a body of its own (`{"n":…}`), so no two are identical.
     var uniqueBodies = false
+    /// Every this many requests of a client carries a sampled trace context in its header
+    /// (a trace of its own); nil for none.
+    var traceEvery: Int?
 
     /// The threads' name (in `top -H` and `perf`).
     static let threadName = "bench-load"
@@ -77,6 +81,16 @@ struct PipelinedLoad {
             let sentAt = DispatchTime.now().uptimeNanoseconds - origin
             frames[2] = Wire.frame(sentAt << 8 | (sequence[index] & 0xFF))
             if uniqueBodies { frames[6] = Array("{\"n\":\"\(clientIndexes[index])-\(sequence[index])\"}".utf8) }
+            if let traceEvery {
+                var header = RequestHeader(frame: request[5]) ?? RequestHeader(timeoutMilliseconds: 30_000)
+                if sequence[index] % UInt64(traceEvery) == 0 {
+                    header.trace = TraceContext(traceHigh: sequence[index] | 1, traceLow: UInt64(clientIndexes[index] + 1) << 32 | UInt64.random(in: 0...UInt64(UInt32.max)),
+                                                spanID: sequence[index] | 1, flags: 1)
+                    frames[5] = header.frame
+                } else {
+                    frames[5] = request[5]
+                }
+            }
             _ = try sockets[index].send(frames, dontWait: false)
         }
         for index in sockets.indices {

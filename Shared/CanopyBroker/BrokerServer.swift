@@ -93,7 +93,21 @@ public final class BrokerServer: Service, @unchecked Sendable {
     /// ending because another of its services failed, such as a listener whose port is taken)
     /// shuts down as SIGTERM does, so the process never outlives its group.
     public func run() async throws {
-        try await LoopThread.serve(name: "canopy-broker", stop: { [mailbox] in mailbox.post(.shutdown) }) { [self] in try loop() }
+        // The broker's spans of sampled requests: noted by the loop, made every 100 ms here.
+        let tracer = configuration.tracer ?? (InstrumentationSystem.tracer is NoOpTracer ? nil : InstrumentationSystem.tracer)
+        let tracing = tracer.map(BrokerTracing.init)
+        let flushing = Task {
+            guard let tracing else { return }
+            while !Task.isCancelled {
+                try? await Task.sleep(for: .milliseconds(100))
+                tracing.flush()
+            }
+        }
+        defer {
+            flushing.cancel()
+            tracing?.flush(ending: true)
+        }
+        try await LoopThread.serve(name: "canopy-broker", stop: { [mailbox] in mailbox.post(.shutdown) }) { [self] in try loop(tracing: tracing) }
     }
 
     /// Begins a graceful shutdown, as SIGTERM does.
@@ -120,7 +134,7 @@ public final class BrokerServer: Service, @unchecked Sendable {
 
     // MARK: - Loop (the loop thread only)
 
-    private func loop() throws {
+    private func loop(tracing: BrokerTracing?) throws {
         defer {
             stopped.store(true, ordering: .relaxed)
             socket.close()
@@ -129,9 +143,7 @@ public final class BrokerServer: Service, @unchecked Sendable {
         let metrics = BrokerMetrics(broker: configuration.name)
         var nextMetrics = ContinuousClock.now
         var state = BrokerState(configuration: configuration, now: .now)
-        if let tracer = configuration.tracer ?? (InstrumentationSystem.tracer is NoOpTracer ? nil : InstrumentationSystem.tracer) {
-            state.traceRequests(with: tracer)
-        }
+        if let tracing { state.traceRequests(into: tracing) }
         var directives: [BrokerState.Directive] = []
         directives.reserveCapacity(64)
         var poller = Poller()

@@ -3,7 +3,6 @@ import CanopyIO
 import CanopyMessages
 import Collections
 import Histogram
-import Tracing
 
 // The broker's bookkeeping types. Workers, services and flights are reference types: one
 // dictionary lookup per message, then changes in place (copy-on-write copies of value
@@ -30,8 +29,8 @@ extension BrokerState {
         /// its deadline entry).
         let bytes: Int
         static let bookkeepingBytes = 192
-        /// Its span, when its request is traced and the broker traces (``BrokerTracing``).
-        var span: (any Span)?
+        /// Whether its request is traced and the broker traces (``BrokerTracing``).
+        var traced = false
 
         init(id: UInt64, client: [UInt8], correlation: [UInt8], dialect: Dialect, serviceName: String,
              receivedAt: ContinuousClock.Instant, deadline: ContinuousClock.Instant, flight: UInt64) {
@@ -72,8 +71,8 @@ extension BrokerState {
         static let bookkeepingBytes = 256
         /// Whether it waits in its service's queue (and counts in its queued bytes).
         var isQueued = false
-        /// Its spans, when the request that started it is traced and the broker traces.
-        var spans: BrokerTracing.FlightSpans?
+        /// Whether the request that started it is traced and the broker traces.
+        var traced = false
 
         init(id: UInt64, service: ServiceEntry, operation: String, header: RequestHeader, payload: [[UInt8]],
              key: FlightKey?, createdAt: ContinuousClock.Instant, counters: OperationCounters) {

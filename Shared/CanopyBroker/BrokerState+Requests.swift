@@ -118,8 +118,9 @@ extension BrokerState {
         heldBytes += flight.bytes
         if let key { openFlights[key] = flight }
         let waiter = join(flight, intake, now: now, timeout: timeout, coalesced: false)
-        if let tracing, let span = waiter.span {
-            flight.spans = tracing.flightSpans(service: service.name, operation: intake.operation, under: span, queued: worker == nil)
+        if let tracing, waiter.traced {
+            flight.traced = true
+            tracing.note(.flight(flight.id, waiter: waiter.id, service: service.name, operation: intake.operation, queued: worker == nil, at: BrokerTracing.now))
         }
         if let worker {
             dispatch(flight, to: worker, now: now, into: &out)
@@ -167,8 +168,9 @@ extension BrokerState {
         let waiter = Waiter(id: makeID(), client: intake.client, correlation: intake.correlation, dialect: intake.dialect,
                             serviceName: intake.serviceName, receivedAt: now, deadline: now + timeout, flight: flight.id)
         if let tracing, let caller = intake.header.trace {
-            waiter.span = tracing.waiterSpan(service: flight.service.name, operation: intake.operation, caller: caller,
-                                             coalesced: coalesced, flight: flight.spans)
+            waiter.traced = true
+            tracing.note(.waiter(waiter.id, caller: caller, service: flight.service.name, operation: intake.operation, coalesced: coalesced,
+                                 flight: coalesced && flight.traced ? flight.id : nil, at: BrokerTracing.now))
         }
         waiters[waiter.id] = waiter
         heldBytes += waiter.bytes
@@ -186,9 +188,8 @@ extension BrokerState {
             if hold != nil { _ = cancelHeld(client: client, correlation: correlation) }
             return // nothing held under that id: already answered, or never sent
         }
-        if let span = waiter.span {
-            span.addEvent("cancelled by the caller")
-            span.end()
+        if waiter.traced {
+            tracing?.note(.waiterEnded(waiter.id, shared: false, error: nil, event: "cancelled by the caller", at: BrokerTracing.now))
         }
         detach(waiter, now: now, into: &out)
     }
@@ -223,9 +224,9 @@ extension BrokerState {
     mutating func close(_ flight: Flight) {
         guard flights.removeValue(forKey: flight.id) != nil else { return }
         if hold != nil { noteClosedForHold(flight) }
-        if let spans = flight.spans { // closed unanswered: its last waiter left
-            tracing?.finished(spans, waiters: flight.totalWaiters, error: nil, cancelled: true)
-            flight.spans = nil
+        if flight.traced { // closed unanswered: its last waiter left
+            tracing?.note(.flightEnded(flight.id, waiters: flight.totalWaiters, dispatches: flight.dispatches, error: nil, cancelled: true, at: BrokerTracing.now))
+            flight.traced = false
         }
         heldBytes -= flight.bytes
         unqueue(flight)
@@ -241,17 +242,19 @@ extension BrokerState {
         /// Majordomo worker sent).
         case reply([[UInt8]], fromMajordomo: Bool)
         case failure(CanopyError)
+
+        /// The error, when it failed.
+        var error: CanopyError? {
+            if case .failure(let error) = self { error } else { nil }
+        }
     }
 
     /// Answers every waiter of `flight` at once, each under its own correlation id.
     mutating func finish(_ flight: Flight, _ outcome: Outcome, now: ContinuousClock.Instant, into out: inout [Directive]) {
-        if let spans = flight.spans {
-            if case .failure(let error) = outcome {
-                tracing?.finished(spans, waiters: flight.totalWaiters, error: error)
-            } else {
-                tracing?.finished(spans, waiters: flight.totalWaiters, error: nil)
-            }
-            flight.spans = nil
+        if flight.traced {
+            tracing?.note(.flightEnded(flight.id, waiters: flight.totalWaiters, dispatches: flight.dispatches, error: outcome.error, cancelled: false,
+                                       at: BrokerTracing.now))
+            flight.traced = false
         }
         close(flight)
         let shared = flight.totalWaiters > 1
@@ -274,12 +277,8 @@ extension BrokerState {
 
     /// Sends one waiter its answer, in its protocol (and to the capture, while one runs).
     func answer(_ waiter: Waiter, _ outcome: Outcome, shared: Bool, flight: Flight?, now: ContinuousClock.Instant, into out: inout [Directive]) {
-        if let span = waiter.span {
-            if case .failure(let error) = outcome {
-                tracing?.answered(span, error: error, shared: shared)
-            } else {
-                tracing?.answered(span, error: nil, shared: shared)
-            }
+        if waiter.traced {
+            tracing?.note(.waiterEnded(waiter.id, shared: shared, error: outcome.error, event: nil, at: BrokerTracing.now))
         }
         if capturing {
             out.append(.capture(capturedAnswer(outcome, client: waiter.client, correlation: waiter.correlation, dialect: waiter.dialect,

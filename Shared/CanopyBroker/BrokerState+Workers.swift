@@ -184,7 +184,10 @@ extension BrokerState {
             if idempotent && flight.dispatches < 2 {
                 flight.worker = nil
                 flight.counters.redispatched += 1
-                if let spans = flight.spans { tracing?.retried(spans) }
+                if flight.traced {
+                    tracing?.note(.flightEvent(flight.id, name: "retried after worker loss", worker: nil, attempt: flight.dispatches, at: BrokerTracing.now))
+                    tracing?.note(.flightEvent(flight.id, name: "queued", worker: nil, attempt: flight.dispatches, at: BrokerTracing.now))
+                }
                 retry.append(id)
             } else {
                 let message = idempotent
@@ -224,11 +227,8 @@ extension BrokerState {
             for id in flight.waiters { if let waiter = waiters[id], waiter.deadline > deadline { deadline = waiter.deadline } }
             var header = flight.header
             header.timeoutMilliseconds = UInt32(clamping: max(1, (deadline - now).wholeMilliseconds))
-            if let spans = flight.spans, let tracing {
-                // The worker's handler continues the dispatch span (or, if the tracer
-                // propagates nothing, the caller's span as it came).
-                header.trace = tracing.dispatched(spans, service: flight.service.name, operation: flight.operation,
-                                                  worker: worker.identity.bytes.hex, attempt: flight.dispatches) ?? header.trace
+            if flight.traced {
+                tracing?.note(.flightEvent(flight.id, name: "dispatched", worker: worker.identity.bytes.hex, attempt: flight.dispatches, at: BrokerTracing.now))
             }
             let message = WireMessage.dispatch(requestID: flight.id, operation: flight.operation, header: header,
                                                body: flight.payload.first ?? [], attachments: Array(flight.payload.dropFirst()))

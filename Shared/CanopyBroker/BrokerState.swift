@@ -4,7 +4,6 @@ import CanopyIO
 import CanopyMessages
 import Collections
 import Histogram
-import Tracing
 
 /// The broker's routing logic as a pure state machine: messages and clock ticks go in,
 /// frames to send come out. It owns no socket and reads no clock; the time is always an
@@ -97,7 +96,7 @@ public struct BrokerState {
     /// Bytes of replies waiting unread for clients, and replies dropped at the bounds since
     /// the start, as the shell counts them (``ReplyBacklog``), for `broker.stats`.
     public var unreadReplies: (bytes: Int, dropped: UInt64) = (0, 0)
-    /// The broker's part of sampled traces, when it records one (``traceRequests(with:)``).
+    /// The broker's part of sampled traces, when it records one (``traceRequests(into:)``).
     var tracing: BrokerTracing?
 
     /// - Parameters:
@@ -110,10 +109,10 @@ public struct BrokerState {
         self.startupGraceEnds = now + configuration.workerExpiry
     }
 
-    /// Records the broker's spans of sampled requests with `tracer` (see ``BrokerTracing``);
-    /// without it, a request's trace context passes to its worker untouched.
-    public mutating func traceRequests(with tracer: any Tracer) {
-        tracing = BrokerTracing(tracer: tracer)
+    /// Notes sampled requests for the broker's spans in `tracing` (see ``BrokerTracing``).
+    /// Either way a request's trace context passes to its worker untouched.
+    public mutating func traceRequests(into tracing: BrokerTracing) {
+        self.tracing = tracing
     }
 
     // MARK: - Queries

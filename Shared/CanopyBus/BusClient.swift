@@ -125,13 +125,14 @@ public final class BusClient: BusCalling {
     public func call(
         service: String, operation: String, payload: Payload, principal: String?, timeout: Duration?, idempotent: Bool
     ) async throws -> RawReply {
-        // Within a request (a handler's or the edge's span), the call is a span of its own,
-        // and its context goes in the header when it is sampled. Outside one, nothing.
-        guard let context = ServiceContext.current else {
+        // Within a sampled request (a handler's or the edge's span), the call is a span of its
+        // own, and its context goes in the header. Outside one, or in one that is not
+        // recorded, nothing: not even a span that records nothing.
+        let tracer = configuration.tracer ?? InstrumentationSystem.tracer
+        guard let context = ServiceContext.current, BusTracing.trace(of: context, tracer: tracer) != nil else {
             return try await send(service: service, operation: operation, payload: payload, principal: principal, timeout: timeout,
                                   idempotent: idempotent, trace: nil)
         }
-        let tracer = configuration.tracer ?? InstrumentationSystem.tracer
         return try await tracer.withSpan(BusTracing.spanName(service: service, operation: operation), context: context, ofKind: .client) { span in
             BusTracing.describe(span, service: service, operation: operation)
             do {

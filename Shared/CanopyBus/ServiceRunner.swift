@@ -328,6 +328,20 @@ public final class ServiceRunner: Service, @unchecked Sendable {
         let tracer = header.trace == nil ? nil : configuration.tracer ?? InstrumentationSystem.tracer
         return Task { [handlers, mailbox, metrics] in
             let started = ContinuousClock.now
+            /// Runs the handler; at debug level, one line per request (with the trace's ids
+            /// when traced: the logging metadata provider reads the span in force).
+            @Sendable func handle() async -> Result<Payload, CanopyError> {
+                let result = await handlers.handle(operation, payload: payload, context: context)
+                if context.logger.logLevel <= .debug {
+                    let outcome = switch result {
+                    case .success: "ok"
+                    case .failure(let error): error.code.rawValue
+                    }
+                    context.logger.debug("service.handled", metadata: ["service.outcome": "\(outcome)",
+                                                                       "service.microseconds": "\((ContinuousClock.now - started).microseconds)"])
+                }
+                return result
+            }
             let result: Result<Payload, CanopyError>
             if let trace = header.trace, let tracer {
                 // A sampled request: the handler is a span of its trace, under the broker's
@@ -335,12 +349,12 @@ public final class ServiceRunner: Service, @unchecked Sendable {
                 result = await tracer.withSpan(BusTracing.spanName(service: handlers.service, operation: operation),
                                                context: BusTracing.context(continuing: trace, tracer: tracer), ofKind: .server) { span in
                     BusTracing.describe(span, service: handlers.service, operation: operation)
-                    let result = await handlers.handle(operation, payload: payload, context: context)
+                    let result = await handle()
                     if case .failure(let error) = result { BusTracing.fail(span, error) }
                     return result
                 }
             } else {
-                result = await handlers.handle(operation, payload: payload, context: context)
+                result = await handle()
             }
             metrics.record(operation: operation, result: result, duration: .now - started)
             mailbox.post(.finished(id: id, broker: broker, connection: connection, result))

@@ -26,16 +26,18 @@ public final class OTLPReceiver: Sendable {
 
     /// - Parameters:
     ///   - address: where to listen (`127.0.0.1`, a free port, by default).
+    ///   - discarding: answer without reading the spans (a benchmark's collector, whose cost
+    ///     must not count against what it measures).
     ///   - sink: where the spans of each request go; without one they are kept in memory
     ///     (up to ``maximumKeptBytes``, the oldest dropped past it) for ``spans``.
-    public init(address: BindAddress = .hostname("127.0.0.1", port: 0), logger: Logger = Logger(label: "otlp"),
+    public init(address: BindAddress = .hostname("127.0.0.1", port: 0), logger: Logger = Logger(label: "otlp"), discarding: Bool = false,
                 sink: (@Sendable ([TraceSpan]) -> Void)? = nil) {
         let router = Router()
         let state = self.state
         router.post("/v1/traces") { request, _ -> Response in
             let json = request.headers[.contentType]?.hasPrefix("application/json") == true
             let body = try await request.body.collect(upTo: Self.maximumRequestBytes)
-            if json {
+            if json, !discarding {
                 let spans = TraceSpan.parse(otlpJSON: Data(body.readableBytesView))
                 if let sink {
                     sink(spans)

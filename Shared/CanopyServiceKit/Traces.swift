@@ -11,7 +11,8 @@ import Tracing
 /// `OTEL_BSP_*`) or by the options of ``TraceOptions``, which win.
 ///
 /// Off unless an endpoint is named: then no tracer is installed, and every span the code starts
-/// is swift-distributed-tracing's no-op. With an endpoint, the sampler is parent-based and
+/// is swift-distributed-tracing's no-op. `OTEL_SDK_DISABLED=true` turns it off even with one
+/// (and leaves the edge's tracing middleware out). With an endpoint, the sampler is parent-based and
 /// always-off by default: a request is traced when its caller sampled it (an app's
 /// `traceparent`), or when `OTEL_TRACES_SAMPLER` says so (`parentbased_traceidratio` with
 /// `OTEL_TRACES_SAMPLER_ARG=0.01` samples 1% of new traces).
@@ -22,14 +23,13 @@ public enum Traces {
     /// the last spans are sent); nil when tracing is off.
     public static func bootstrap(serviceName: String, options: TraceOptions? = nil) throws -> (any Service)? {
         options?.export() // swift-otel reads the variables; an option stands in for its variable
-        let environment = ProcessInfo.processInfo.environment
-        let endpoint = environment["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] ?? environment["OTEL_EXPORTER_OTLP_ENDPOINT"] ?? ""
-        guard !endpoint.isEmpty else { return nil }
+        guard isEnabled() else { return nil }
         var configuration = OTel.Configuration.default
         configuration.serviceName = serviceName // OTEL_SERVICE_NAME, when set, wins
         configuration.logs.enabled = false
         configuration.metrics.enabled = false
         configuration.traces.sampler = .parentBasedAlwaysOff
+        configuration.diagnosticLogLevel = .warning // its settings, line by line, only when asked (OTEL_LOG_LEVEL)
         let (tracer, service) = try OTel.makeTracingBackend(configuration: configuration)
         InstrumentationSystem.bootstrap(tracer)
         return service
@@ -49,8 +49,22 @@ public enum Traces {
         configuration.traces.batchSpanProcessor.scheduleDelay = scheduleDelay
         configuration.traces.otlpExporter.endpoint = endpoint + "/v1/traces"
         configuration.traces.otlpExporter.protocol = .httpJSON
+        configuration.diagnosticLogLevel = .warning
         let (tracer, service) = try OTel.makeTracingBackend(configuration: configuration)
         return (tracer, service)
+    }
+
+    /// Whether `OTEL_SDK_DISABLED=true` turns tracing off altogether, an endpoint or not.
+    public static func isDisabled(_ environment: [String: String] = ProcessInfo.processInfo.environment) -> Bool {
+        environment["OTEL_SDK_DISABLED"]?.lowercased() == "true"
+    }
+
+    /// Whether `environment` turns traces on: an OTLP endpoint is named and tracing is not
+    /// disabled. When not, the edge leaves its tracing middleware out altogether (a no-op one
+    /// still cost canopy-batch some 8% of its CPU per request in `canopy-bench tracing`).
+    public static func isEnabled(_ environment: [String: String] = ProcessInfo.processInfo.environment) -> Bool {
+        let endpoint = environment["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] ?? environment["OTEL_EXPORTER_OTLP_ENDPOINT"] ?? ""
+        return !endpoint.isEmpty && !isDisabled(environment)
     }
 
     /// This executable's name, the service name its spans carry by default.

@@ -7,64 +7,72 @@ import Tracing
 
 /// The broker's spans of sampled requests, from its state machine with an in-memory tracer:
 /// one span per waiter, the flight under the waiter that started it with its waits and
-/// dispatches, coalesced waiters linked to the flight that served them, a retry after a
-/// worker loss, and nothing for requests that carry no trace.
+/// dispatches as events, coalesced waiters linked to the flight that served them, a retry
+/// after a worker loss, the caller's context passed to the worker untouched, and nothing for
+/// requests that carry no trace.
 struct BrokerTracingTests {
     static let caller = TraceContext(traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")!
     static let otherCaller = TraceContext(traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")!
     static let coalescable = [OperationDescriptor(name: "get", idempotent: true, coalescable: true)]
 
-    func tracedBroker() -> (BrokerHarness, InMemoryTracer) {
+    /// A broker noting into a ``BrokerTracing`` of an in-memory tracer.
+    func tracedBroker() -> (BrokerHarness, BrokerTracing, InMemoryTracer) {
         let tracer = InMemoryTracer()
+        let tracing = BrokerTracing(tracer: tracer)
         var broker = BrokerHarness()
-        broker.state.traceRequests(with: tracer)
-        return (broker, tracer)
+        broker.state.traceRequests(into: tracing)
+        return (broker, tracing, tracer)
     }
 
     func span(_ tracer: InMemoryTracer, _ name: String) throws -> FinishedInMemorySpan {
         try #require(tracer.finishedSpans.first { $0.operationName == name }, "no span '\(name)' in \(tracer.finishedSpans.map(\.operationName))")
     }
 
-    @Test func withoutATracerTheCallersContextGoesToTheWorkerUntouched() {
-        var broker = BrokerHarness()
-        broker.ready("w1")
-        let dispatched = dispatches(broker.request("c", 1, trace: Self.caller))
-        #expect(dispatched.first?.header.trace == Self.caller)
+    func events(_ span: FinishedInMemorySpan) -> [String] { span.events.map(\.name) }
+
+    @Test func theCallersContextGoesToTheWorkerUntouchedWithOrWithoutATracer() {
+        var plain = BrokerHarness()
+        plain.ready("w1")
+        #expect(dispatches(plain.request("c", 1, trace: Self.caller)).first?.header.trace == Self.caller)
+        var (traced, _, _) = tracedBroker()
+        traced.ready("w1")
+        #expect(dispatches(traced.request("c", 1, trace: Self.caller)).first?.header.trace == Self.caller)
     }
 
     @Test func aRequestIsAWaiterSpanAndItsFlightQueuedThenDispatched() throws {
-        var (broker, tracer) = tracedBroker()
+        var (broker, tracing, tracer) = tracedBroker()
         broker.ready("w1", credit: 1)
         let busy = dispatches(broker.request("other", 1)) // the worker's one credit taken
         _ = broker.request("c", 1, trace: Self.caller) // so this one waits
-        broker.now += .milliseconds(5)
         let dispatched = dispatches(broker.reply("w1", request: busy[0].id))
         #expect(dispatched.count == 1)
-        // The worker continues the caller's trace (the in-memory tracer propagates no
-        // traceparent, so the caller's context goes on as it came).
-        #expect(dispatched.first?.header.trace == Self.caller)
         _ = broker.reply("w1", request: dispatched[0].id)
+        #expect(tracer.finishedSpans.isEmpty, "spans are made when noted work is flushed, off the loop")
+        tracing.flush()
 
         let waiter = try span(tracer, "broker plants/get")
         let flight = try span(tracer, "flight plants/get")
-        let queued = try span(tracer, "queued")
-        let dispatch = try span(tracer, "dispatch plants/get")
-        #expect(waiter.kind == .server && dispatch.kind == .client)
+        #expect(tracer.finishedSpans.count == 2, "two spans for a request that did not coalesce")
+        #expect(waiter.kind == .server && flight.kind == .internal)
         #expect(flight.parentSpanID == waiter.spanID, "the flight is under the waiter that started it")
-        #expect(queued.parentSpanID == flight.spanID && dispatch.parentSpanID == flight.spanID)
+        #expect(events(flight) == ["queued", "dispatched"])
+        #expect(flight.events.last?.attributes["canopy.attempt"]?.toSpanAttribute() == 1)
+        #expect(flight.events.last?.attributes["canopy.worker"]?.toSpanAttribute() == .string(Array("w1".utf8).lowercaseHex))
         #expect(waiter.attributes["canopy.coalesced"]?.toSpanAttribute() == false)
-        #expect(dispatch.attributes["canopy.attempt"]?.toSpanAttribute() == 1)
-        #expect(flight.attributes["canopy.waiters"]?.toSpanAttribute() == 1)
+        #expect(flight.attributes["canopy.waiters"]?.toSpanAttribute() == 1 && flight.attributes["canopy.dispatches"]?.toSpanAttribute() == 1)
+        #expect(waiter.startInstant.nanosecondsSinceEpoch <= flight.startInstant.nanosecondsSinceEpoch
+                && flight.endInstant.nanosecondsSinceEpoch <= waiter.endInstant.nanosecondsSinceEpoch, "the recorded times, in order")
         #expect(tracer.activeSpans.isEmpty, "every span ended")
     }
 
     @Test func aCoalescedWaiterHasItsOwnSpanLinkedToTheFlightThatServedIt() throws {
-        var (broker, tracer) = tracedBroker()
+        var (broker, tracing, tracer) = tracedBroker()
         broker.ready("w1", operations: Self.coalescable)
         let dispatched = dispatches(broker.request("a", 1, trace: Self.caller))
         #expect(dispatches(broker.request("b", 1, trace: Self.otherCaller)).isEmpty, "joined the flight in the air")
         let answered = replies(broker.reply("w1", request: dispatched[0].id))
         #expect(answered.count == 2 && answered.allSatisfy(\.shared))
+        tracing.flush()
 
         let waiters = tracer.finishedSpans.filter { $0.operationName == "broker plants/get" }
         let flight = try span(tracer, "flight plants/get")
@@ -77,51 +85,57 @@ struct BrokerTracingTests {
         #expect(leader.links.isEmpty)
         #expect(waiters.allSatisfy { $0.attributes["canopy.shared"]?.toSpanAttribute() == true })
         #expect(flight.attributes["canopy.waiters"]?.toSpanAttribute() == 2)
-        #expect(tracer.finishedSpans.count(where: { $0.operationName == "dispatch plants/get" }) == 1, "one worker call for both")
+        #expect(events(flight) == ["dispatched"], "one worker call for both")
     }
 
-    @Test func aDispatchLostWithItsWorkerEndsFailedAndTheFlightIsRetried() throws {
-        var (broker, tracer) = tracedBroker()
+    @Test func aFlightLostWithItsWorkerIsRetriedAndSaysSo() throws {
+        var (broker, tracing, tracer) = tracedBroker()
         broker.ready("w1", credit: 1)
         let first = dispatches(broker.request("c", 1, trace: Self.caller))
         broker.ready("w2", credit: 1)
         let second = dispatches(broker.receive(WireMessage.workerDisconnect.encoded, from: "w1"))
         #expect(first.count == 1 && second.first?.worker == "w2")
         _ = broker.reply("w2", request: second[0].id)
+        tracing.flush()
 
         let flight = try span(tracer, "flight plants/get")
-        let calls = tracer.finishedSpans.filter { $0.operationName == "dispatch plants/get" }
-        #expect(calls.count == 2)
-        #expect(calls.contains { $0.status?.code == .error && $0.attributes["canopy.attempt"]?.toSpanAttribute() == 1 }, "the lost call failed")
-        #expect(calls.contains { $0.status == nil && $0.attributes["canopy.attempt"]?.toSpanAttribute() == 2 })
-        #expect(flight.events.map(\.name) == ["retried after worker loss"])
+        #expect(events(flight) == ["dispatched", "retried after worker loss", "queued", "dispatched"])
+        #expect(flight.events.last?.attributes["canopy.attempt"]?.toSpanAttribute() == 2)
+        #expect(flight.attributes["canopy.dispatches"]?.toSpanAttribute() == 2)
         #expect(flight.status == nil, "answered in the end")
     }
 
     @Test func aFlightEveryWaiterLeftEndsCancelled() throws {
-        var (broker, tracer) = tracedBroker()
+        var (broker, tracing, tracer) = tracedBroker()
         broker.ready("w1")
         _ = broker.request("c", 1, trace: Self.caller)
         _ = broker.receive(WireMessage.cancel(correlation: Wire.frame(UInt64(1))).encoded, from: "c")
-        #expect(try span(tracer, "broker plants/get").events.map(\.name) == ["cancelled by the caller"])
-        #expect(try span(tracer, "flight plants/get").events.map(\.name) == ["cancelled: every waiter left"])
+        tracing.flush()
+        #expect(events(try span(tracer, "broker plants/get")) == ["cancelled by the caller"])
+        #expect(events(try span(tracer, "flight plants/get")) == ["dispatched", "cancelled: every waiter left"])
         #expect(tracer.activeSpans.isEmpty)
     }
 
-    @Test func aTimeoutEndsTheWaiterFailed() throws {
-        var (broker, tracer) = tracedBroker()
+    @Test func aTimeoutEndsTheWaiterFailedAndAStoppedBrokerEndsWhatIsOpen() throws {
+        var (broker, tracing, tracer) = tracedBroker()
         broker.ready("w1")
         _ = broker.request("c", 1, timeoutMs: 100, trace: Self.caller)
         _ = broker.advance(.milliseconds(200))
+        _ = broker.request("c", 2, trace: Self.otherCaller) // still at the worker when the broker stops
+        tracing.flush()
         let waiter = try span(tracer, "broker plants/get")
         #expect(waiter.status?.code == .error && waiter.attributes["canopy.error.code"]?.toSpanAttribute() == "timeout")
+        #expect(tracer.activeSpans.count == 2)
+        tracing.flush(ending: true)
+        #expect(tracer.activeSpans.isEmpty && tracer.finishedSpans.filter { events($0).contains("the broker stopped") }.count == 2)
     }
 
     @Test func requestsWithoutATraceCostNoSpans() {
-        var (broker, tracer) = tracedBroker()
+        var (broker, tracing, tracer) = tracedBroker()
         broker.ready("w1")
         let dispatched = dispatches(broker.request("c", 1))
         _ = broker.reply("w1", request: dispatched[0].id)
+        tracing.flush()
         #expect(dispatched.first?.header.trace == nil)
         #expect(tracer.finishedSpans.isEmpty && tracer.activeSpans.isEmpty)
     }

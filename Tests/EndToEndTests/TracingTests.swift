@@ -24,7 +24,7 @@ struct TracingTests {
     @Test func anIdentificationIsOneTraceAcrossEveryService() async throws {
         try await withCollector { collector, endpoint in
             let stack = try await Stack.start(environment: ["OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json",
-                                                            "OTEL_BSP_SCHEDULE_DELAY": "100"])
+                                                            "OTEL_BSP_SCHEDULE_DELAY": "100", "CANOPY_LOG_LEVEL": "debug"])
             defer { try? FileManager.default.removeItem(atPath: stack.data) }
             let trace = "5ca1ab1e0ddba11ca5cadef00d5eed01"
             let (submitParent, acceptParent) = ("a1a1a1a1a1a1a1a1", "b2b2b2b2b2b2b2b2")
@@ -65,12 +65,19 @@ struct TracingTests {
             let submit = try handler("identify/identifications.submit", "canopy-identify")
             let put = try handler("images/images.put", "canopy-images")
             let putChain = Self.ancestry(put, in: spans)
-            #expect(putChain.map(\.name) == ["images/images.put", "dispatch images/images.put", "flight images/images.put", "broker images/images.put",
-                                             "images/images.put", "identify/identifications.submit", "dispatch identify/identifications.submit",
-                                             "flight identify/identifications.submit", "broker identify/identifications.submit",
-                                             "identify/identifications.submit", putChain.last!.name], "\(putChain.map(\.name))")
+            #expect(putChain.map(\.name) == ["images/images.put", "images/images.put", "identify/identifications.submit", "identify/identifications.submit",
+                                             putChain.last!.name], "\(putChain.map(\.name))")
+            #expect(putChain.map(\.service) == ["canopy-images", "canopy-identify", "canopy-identify", "canopy-batch", "canopy-batch"])
+            #expect(putChain[1].kind == "client" && putChain[3].kind == "client")
             #expect(putChain.contains { $0.spanID == submit.spanID } && putChain.last?.parentSpanID == submitParent)
             #expect(putChain.last?.attributes["http.request.method"] == "POST")
+            // The broker's part of each bus call: a waiter span under the call, the flight under it.
+            for call in [putChain[1], putChain[3]] {
+                let waiter = try #require(spans.first { $0.name == "broker " + call.name && $0.parentSpanID == call.spanID }, "no broker span under \(call.name)")
+                #expect(waiter.service == "canopy-broker" && waiter.attributes["canopy.coalesced"] == "false")
+                let flight = try #require(spans.first { $0.name == "flight " + call.name && $0.parentSpanID == waiter.spanID })
+                #expect(flight.events.contains("dispatched"))
+            }
             // Store calls are spans of the handler that made them.
             #expect(spans.contains { $0.name == "store write" && $0.service == "canopy-images" && Self.ancestry($0, in: spans).contains { $0.spanID == put.spanID } })
             #expect(spans.contains { $0.name.hasPrefix("store ") && $0.service == "canopy-identify" && Self.ancestry($0, in: spans).contains { $0.spanID == submit.spanID } })
@@ -78,6 +85,10 @@ struct TracingTests {
             let add = try handler("care/plants.add", "canopy-care")
             #expect(Self.ancestry(add, in: spans).last?.parentSpanID == acceptParent)
             #expect(Self.ancestry(add, in: spans).contains { $0.name == "identify/identifications.accept" && $0.service == "canopy-identify" })
+            // A log line written while serving it names the trace and the handler's span.
+            let log = try String(contentsOfFile: stack.data + "/logs/images.log", encoding: .utf8)
+            #expect(log.split(separator: "\n").contains { $0.contains("service.handled") && $0.contains("trace_id=\(trace)") && $0.contains("span_id=\(put.spanID)") },
+                    "\(log.split(separator: "\n").filter { $0.contains("service.handled") }.prefix(5))")
         }
     }
 
@@ -104,14 +115,19 @@ struct TracingTests {
         #expect(tree.status == 0, "\(tree.errors)")
         let lines = tree.output.split(separator: "\n").map(String.init)
         #expect(lines.first?.hasPrefix("trace \(edge.traceID):") == true)
-        // The edge at the root, the broker's spans indented under its bus call, care's handler deeper still.
+        // The edge at the root.
         func depth(_ name: String) -> Int? {
             lines.first { $0.trimmingCharacters(in: .whitespaces).hasPrefix(name + "  [") }.map { $0.prefix { $0 == " " }.count / 2 }
         }
         #expect(depth(edge.name) == 0, "\(tree.output)")
-        let broker = try #require(depth("broker care/plants.add"), "\(tree.output)")
-        let handler = try #require(depth("care/plants.add").flatMap { _ in lines.last { $0.contains("care/plants.add  [canopy-care]") } }, "\(tree.output)")
-        #expect(broker >= 2 && handler.prefix { $0 == " " }.count / 2 == broker + 3, "\(tree.output)")
+        // The edge's bus call, the broker's waiter and the care handler both under it, the flight under the waiter.
+        func depth(of line: String?) -> Int? { line.map { $0.prefix { $0 == " " }.count / 2 } }
+        let call = depth(of: lines.first { $0.contains("care/plants.add  [canopy-batch]") })
+        let broker = depth(of: lines.first { $0.contains("broker care/plants.add  [canopy-broker]") })
+        let flight = depth(of: lines.first { $0.contains("flight care/plants.add  [canopy-broker]") })
+        let handler = depth(of: lines.first { $0.contains("care/plants.add  [canopy-care]") })
+        #expect(call == 1 && broker == 2 && flight == 3 && handler == 2, "\(tree.output)")
+        #expect(lines.contains { $0.trimmingCharacters(in: .whitespaces) == "* dispatched" }, "the flight's events under it")
         #expect(lines.contains { $0.contains("store write  [canopy-care]") && $0.contains(" ms") })
         let unknown = try await runExecutable("canopy", ["trace", "ffffffff", "--file", file])
         #expect(unknown.status != 0 && unknown.errors.contains("canopy trace lists them"))

@@ -141,6 +141,7 @@ struct ServeBatch: AsyncParsableCommand {
         settings.batchInFlight = batchInFlight
         settings.idleTimeout = .milliseconds(idleTimeoutMs)
         settings.readTimeout = .milliseconds(readTimeoutMs)
+        settings.tracing = Traces.isEnabled(traces.environment)
         try await runUntilShutdown(try buildBatchService(settings: settings, context: ZMQContext(), logger: logger), traces: traces, logger: logger)
     }
 }

@@ -17,6 +17,10 @@ public struct BatchServiceSettings: Sendable {
     /// a plant search, a family, a page cursor); the tracing middleware records them as
     /// `REDACTED`.
     public static let redactedQueryParameters: Set<String> = ["search", "family", "after"]
+    /// Whether each request is a span (the tracing middleware, continuing an app's
+    /// `traceparent`); `canopy-batch serve` sets it when traces are on (`Traces.isEnabled`),
+    /// and leaves the middleware out otherwise.
+    public var tracing = true
 
     /// Where apps reach the HTTP API.
     public var http: ListenAddress
@@ -184,7 +188,7 @@ public func makeBatchService(settings: BatchServiceSettings, bus: any BusCalling
                                                    variants: VariantRoute(api: api), routes: routes)
     // A server span per request, continuing the app's W3C `traceparent` (Traces: no-op unless on).
     // What a person typed (a plant search, a family, a page cursor) stays out of the spans.
-    router.add(middleware: TracingMiddleware(redactingQueryParameters: BatchServiceSettings.redactedQueryParameters))
+    if settings.tracing { router.add(middleware: TracingMiddleware(redactingQueryParameters: BatchServiceSettings.redactedQueryParameters)) }
     router.add(middleware: edge)
     try api.registerHandlers(on: router, configuration: configuration, middlewares: [EntityTags()])
     routes.load(router.routes.map { ("\($0.path)", $0.method.rawValue) })
