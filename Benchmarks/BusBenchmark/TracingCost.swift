@@ -4,6 +4,7 @@ import CanopyBroker
 import CanopyBus
 import CanopyMessages
 import CanopyServiceKit
+import CanopyWire
 import CareScheduling
 import Foundation
 import Glibc
@@ -29,7 +30,8 @@ struct TracingCost: AsyncParsableCommand {
     @Option(help: "Broker: concurrent clients.") var clients = 64
     @Option(help: "Broker: requests each client keeps in flight.") var window = 16
     @Option(help: "Edge: wrk's connections.") var connections = 32
-    @Option(help: "What to measure: broker, edge; comma-separated.") var parts = "broker,edge"
+    @Option(help: "What to measure: state, broker, edge; comma-separated.") var parts = "state,broker,edge"
+    @Option(help: "State: requests routed per setup and round.") var requests = 300_000
 
     func run() async throws {
         var logger = Logger(label: "canopy-bench")
@@ -39,8 +41,90 @@ struct TracingCost: AsyncParsableCommand {
         defer { server.cancel() }
         let endpoint = try await collector.endpoint()
         let parts = Set(parts.split(separator: ",").map(String.init))
+        if parts.contains("state") { try await stateMachine(endpoint: endpoint, logger: logger) }
         if parts.contains("broker") { try await broker(endpoint: endpoint, logger: logger) }
         if parts.contains("edge") { try await edge(endpoint: endpoint, logger: logger) }
+    }
+
+    // MARK: - The broker's state machine
+
+    /// The routing work alone, without sockets: one thread handing the broker's state machine
+    /// a request, then the worker's reply, `requests` times, per setup; then the time
+    /// ``BrokerTracing/flush(ending:)`` takes to make the spans of what was noted (done off
+    /// the loop thread in the broker). What no socket or scheduler adds noise to.
+    func stateMachine(endpoint: String, logger: Logger) async throws {
+        let setups: [(name: String, traced: Bool, every: Int?)] = [("no tracer", false, nil), ("tracer, nothing sampled", true, nil),
+                                                                   ("1% sampled", true, 100), ("100% sampled", true, 1)]
+        let header = RequestHeader(timeoutMilliseconds: 30_000)
+        let body = Array(#"{"text":"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}"#.utf8)
+        func request(_ header: RequestHeader) -> [[UInt8]] {
+            WireMessage.request(WireRequest(correlation: Wire.frame(UInt64(1)), service: "bench", operation: "echo", header: header, body: body)).encoded
+        }
+        var traced = header
+        traced.trace = TraceContext(traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+        let (plain, sampled) = (request(header), request(traced))
+        let ready = WireMessage.ready(service: "bench", operations: [OperationDescriptor(name: "echo", idempotent: true, coalescable: false)], credit: 64).encoded
+        let reply = Array(#"{"text":"ok"}"#.utf8)
+        print("canopy-bench tracing, state machine: \(requests) requests routed per setup and round (request in, dispatch out, reply in, reply out) on one thread, \(rounds) rounds")
+        var rows = [["round", "setup", "ns/request (loop)", "vs no tracer", "flush µs/traced request", "ns/request with flush"]]
+        var ratios: [String: [Double]] = [:], withFlush: [String: [Double]] = [:]
+        for round in 1...rounds {
+            var perRequest: [String: (loop: Double, flush: Double, traced: Int)] = [:]
+            for setup in setups.indices.map({ setups[($0 + round - 1) % setups.count] }) {
+                var configuration = BrokerConfiguration()
+                configuration.metrics = false
+                var state = BrokerState(configuration: configuration, now: .now - .seconds(60))
+                var exporter: (any Service)?
+                var tracing: BrokerTracing?
+                if setup.traced {
+                    let made = try Traces.makeTracer(serviceName: "canopy-broker", endpoint: endpoint)
+                    tracing = BrokerTracing(tracer: made.tracer)
+                    exporter = made.exporter
+                    state.traceRequests(into: tracing!)
+                }
+                let group = exporter.map { ServiceGroup(configuration: .init(services: [.init(service: $0)], gracefulShutdownSignals: [], logger: logger)) }
+                let exporting = Task { try await group?.run() }
+                var out: [BrokerState.Directive] = []
+                out.reserveCapacity(16)
+                let worker = Array("w".utf8), client = Array("c".utf8)
+                state.receive(ready, from: worker, now: .now, into: &out)
+                var tracedCount = 0
+                let start = ContinuousClock.now
+                for index in 0..<requests {
+                    out.removeAll(keepingCapacity: true)
+                    let traceThis = setup.every.map { index % $0 == 0 } ?? false
+                    if traceThis { tracedCount += 1 }
+                    state.receive(traceThis ? sampled : plain, from: client, now: start, into: &out)
+                    guard case .send(_, .dispatch(let id, _, _, _, _))? = out.first(where: { if case .send(_, .dispatch) = $0 { true } else { false } }) else {
+                        throw BenchmarkFailure("the state machine did not dispatch request \(index)")
+                    }
+                    out.removeAll(keepingCapacity: true)
+                    state.receive(WireMessage.workerReply(requestID: id, failed: false, body: reply).encoded, from: worker, now: start, into: &out)
+                }
+                let loop = (ContinuousClock.now - start).seconds
+                let flushStart = ContinuousClock.now
+                tracing?.flush(ending: true)
+                let flush = (ContinuousClock.now - flushStart).seconds
+                perRequest[setup.name] = (loop * 1e9 / Double(requests), tracedCount > 0 ? flush * 1e6 / Double(tracedCount) : 0, tracedCount)
+                await group?.triggerGracefulShutdown()
+                _ = try? await exporting.value
+            }
+            guard let baseline = perRequest[setups[0].name] else { continue }
+            for setup in setups {
+                guard let figures = perRequest[setup.name] else { continue }
+                let total = figures.loop + figures.flush * 1e3 * Double(figures.traced) / Double(requests)
+                ratios[setup.name, default: []].append(figures.loop / baseline.loop)
+                withFlush[setup.name, default: []].append(total / baseline.loop)
+                rows.append(["\(round)", setup.name, String(format: "%.0f", figures.loop), String(format: "%.3f", figures.loop / baseline.loop),
+                             String(format: "%.1f", figures.flush), String(format: "%.0f", total)])
+            }
+        }
+        printTable(rows)
+        func median(_ values: [Double]?) -> Double { values.map { $0.sorted()[$0.count / 2] } ?? 0 }
+        print("median of rounds against no tracer: " + setups.dropFirst().map {
+            "\($0.name) \(String(format: "%.3f", median(ratios[$0.name]))) on the loop, \(String(format: "%.3f", median(withFlush[$0.name]))) with the flush"
+        }.joined(separator: "; "))
+        print("")
     }
 
     // MARK: - The broker

@@ -6,10 +6,9 @@ import Testing
 import Tracing
 
 /// The broker's spans of sampled requests, from its state machine with an in-memory tracer:
-/// one span per waiter, the flight under the waiter that started it with its waits and
-/// dispatches as events, coalesced waiters linked to the flight that served them, a retry
-/// after a worker loss, the caller's context passed to the worker untouched, and nothing for
-/// requests that carry no trace.
+/// one span per request nobody joined, with its flight's waits and dispatches as events; a
+/// flight span when another request joins, linked from it; a retry after a worker loss; the
+/// caller's context passed to the worker untouched; nothing for requests without a trace.
 struct BrokerTracingTests {
     static let caller = TraceContext(traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")!
     static let otherCaller = TraceContext(traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")!
@@ -39,7 +38,7 @@ struct BrokerTracingTests {
         #expect(dispatches(traced.request("c", 1, trace: Self.caller)).first?.header.trace == Self.caller)
     }
 
-    @Test func aRequestIsAWaiterSpanAndItsFlightQueuedThenDispatched() throws {
+    @Test func aRequestNobodyJoinedIsOneSpanSayingItWasQueuedThenDispatched() throws {
         var (broker, tracing, tracer) = tracedBroker()
         broker.ready("w1", credit: 1)
         let busy = dispatches(broker.request("other", 1)) // the worker's one credit taken
@@ -51,17 +50,14 @@ struct BrokerTracingTests {
         tracing.flush()
 
         let waiter = try span(tracer, "broker plants/get")
-        let flight = try span(tracer, "flight plants/get")
-        #expect(tracer.finishedSpans.count == 2, "two spans for a request that did not coalesce")
-        #expect(waiter.kind == .server && flight.kind == .internal)
-        #expect(flight.parentSpanID == waiter.spanID, "the flight is under the waiter that started it")
-        #expect(events(flight) == ["queued", "dispatched"])
-        #expect(flight.events.last?.attributes["canopy.attempt"]?.toSpanAttribute() == 1)
-        #expect(flight.events.last?.attributes["canopy.worker"]?.toSpanAttribute() == .string(Array("w1".utf8).lowercaseHex))
-        #expect(waiter.attributes["canopy.coalesced"]?.toSpanAttribute() == false)
-        #expect(flight.attributes["canopy.waiters"]?.toSpanAttribute() == 1 && flight.attributes["canopy.dispatches"]?.toSpanAttribute() == 1)
-        #expect(waiter.startInstant.nanosecondsSinceEpoch <= flight.startInstant.nanosecondsSinceEpoch
-                && flight.endInstant.nanosecondsSinceEpoch <= waiter.endInstant.nanosecondsSinceEpoch, "the recorded times, in order")
+        #expect(tracer.finishedSpans.count == 1, "one span for a request nobody joined: \(tracer.finishedSpans.map(\.operationName))")
+        #expect(waiter.kind == .server)
+        #expect(events(waiter) == ["queued", "dispatched"])
+        #expect(waiter.events.last?.attributes["canopy.attempt"]?.toSpanAttribute() == 1)
+        #expect(waiter.events.last?.attributes["canopy.worker"]?.toSpanAttribute() == .string(Array("w1".utf8).lowercaseHex))
+        #expect(waiter.attributes["canopy.coalesced"]?.toSpanAttribute() == false && waiter.attributes["canopy.dispatches"]?.toSpanAttribute() == 1)
+        #expect(waiter.startInstant.nanosecondsSinceEpoch <= waiter.events[0].nanosecondsSinceEpoch
+                && waiter.events[1].nanosecondsSinceEpoch <= waiter.endInstant.nanosecondsSinceEpoch, "the recorded times, in order")
         #expect(tracer.activeSpans.isEmpty, "every span ended")
     }
 
@@ -85,10 +81,11 @@ struct BrokerTracingTests {
         #expect(leader.links.isEmpty)
         #expect(waiters.allSatisfy { $0.attributes["canopy.shared"]?.toSpanAttribute() == true })
         #expect(flight.attributes["canopy.waiters"]?.toSpanAttribute() == 2)
-        #expect(events(flight) == ["dispatched"], "one worker call for both")
+        #expect(events(flight) == ["dispatched"], "one worker call for both, recorded before anyone joined")
+        #expect(flight.startInstant.nanosecondsSinceEpoch <= joined.startInstant.nanosecondsSinceEpoch, "the flight began when the first came")
     }
 
-    @Test func aFlightLostWithItsWorkerIsRetriedAndSaysSo() throws {
+    @Test func aRequestLostWithItsWorkerIsRetriedAndSaysSo() throws {
         var (broker, tracing, tracer) = tracedBroker()
         broker.ready("w1", credit: 1)
         let first = dispatches(broker.request("c", 1, trace: Self.caller))
@@ -98,11 +95,11 @@ struct BrokerTracingTests {
         _ = broker.reply("w2", request: second[0].id)
         tracing.flush()
 
-        let flight = try span(tracer, "flight plants/get")
-        #expect(events(flight) == ["dispatched", "retried after worker loss", "queued", "dispatched"])
-        #expect(flight.events.last?.attributes["canopy.attempt"]?.toSpanAttribute() == 2)
-        #expect(flight.attributes["canopy.dispatches"]?.toSpanAttribute() == 2)
-        #expect(flight.status == nil, "answered in the end")
+        let waiter = try span(tracer, "broker plants/get")
+        #expect(events(waiter) == ["dispatched", "retried after worker loss", "queued", "dispatched"])
+        #expect(waiter.events.last?.attributes["canopy.attempt"]?.toSpanAttribute() == 2)
+        #expect(waiter.attributes["canopy.dispatches"]?.toSpanAttribute() == 2)
+        #expect(waiter.status == nil, "answered in the end")
     }
 
     @Test func aFlightEveryWaiterLeftEndsCancelled() throws {
@@ -125,9 +122,10 @@ struct BrokerTracingTests {
         tracing.flush()
         let waiter = try span(tracer, "broker plants/get")
         #expect(waiter.status?.code == .error && waiter.attributes["canopy.error.code"]?.toSpanAttribute() == "timeout")
-        #expect(tracer.activeSpans.count == 2)
+        #expect(events(waiter) == ["dispatched", "cancelled: every waiter left"])
+        #expect(tracer.activeSpans.count == 1)
         tracing.flush(ending: true)
-        #expect(tracer.activeSpans.isEmpty && tracer.finishedSpans.filter { events($0).contains("the broker stopped") }.count == 2)
+        #expect(tracer.activeSpans.isEmpty && tracer.finishedSpans.filter { events($0).contains("the broker stopped") }.count == 1)
     }
 
     @Test func requestsWithoutATraceCostNoSpans() {
