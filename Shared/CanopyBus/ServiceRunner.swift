@@ -344,8 +344,8 @@ public final class ServiceRunner: Service, @unchecked Sendable {
             }
             let result: Result<Payload, CanopyError>
             if let trace = header.trace, let tracer {
-                // A sampled request: the handler is a span of its trace, under the broker's
-                // dispatch, and everything it does (store, bus calls, log lines) under that.
+                // A sampled request: the handler is a span of its trace, under the call that
+                // made the request, and everything it does (store, bus calls, log lines) under that.
                 result = await tracer.withSpan(BusTracing.spanName(service: handlers.service, operation: operation),
                                                context: BusTracing.context(continuing: trace, tracer: tracer), ofKind: .server) { span in
                     BusTracing.describe(span, service: handlers.service, operation: operation)

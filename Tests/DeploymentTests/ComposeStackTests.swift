@@ -145,6 +145,8 @@ struct ComposeStackTests {
             if value.contains(","), value.hasPrefix("/run/secrets/") {
                 return try value.split(separator: ",").map { try local(String($0), service: service, mounted: mounted) }.joined(separator: ",")
             }
+            // Compose's interpolation, none of these variables set where it runs: the default.
+            if let interpolated = value.wholeMatch(of: /\$\{[A-Z_]+:-(.*)\}/) { return String(interpolated.1) }
             if value == "/data" { return tree.appendingPathComponent("data/\(service)").path }
             if value == "/photos" { return tree.appendingPathComponent("photos").path } // the shared volume
             if value.hasPrefix("/run/secrets/") {

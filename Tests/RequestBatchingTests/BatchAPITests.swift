@@ -90,8 +90,8 @@ extension LiveBatchTests {
             let http = try #require(services.first { $0 is BatchHTTPServer } as? BatchHTTPServer)
             let metrics = services.first { $0 is OperatingEndpoint } as? OperatingEndpoint
             bus.run(services)
-            return Stack(base: "http://127.0.0.1:\(try await http.boundPort())", tokens: try TokenAuthority(key: Self.key), bus: bus,
-                         metricsPort: try await metrics?.boundPort() ?? 0)
+            return Stack(base: "http://127.0.0.1:\(try await http.boundPort(within: .seconds(60)))", tokens: try TokenAuthority(key: Self.key), bus: bus,
+                         metricsPort: try await metrics?.boundPort(within: .seconds(60)) ?? 0)
         }
 
         static let monstera = #"{"scientificName":"Monstera deliciosa","customName":"Monty","location":"Living room"}"#
