@@ -505,23 +505,29 @@ struct RoutedWriter: FrameWriter {
 /// or more since the last give-back, held or refused: refused ones cost libzmq's and the
 /// allocator's memory too) has calmed (a pass with under 64 messages), `malloc_trim` returns
 /// the freed pages of every malloc arena (libzmq's I/O thread allocates the large messages in
-/// its own). At most once a second.
+/// its own). At most once a second. A burst that paused long enough for a give-back and then
+/// went on is given back again when it calms after 10,000 more (a loaded machine's pauses
+/// come mid-burst).
 struct MemoryGiveBack {
     private var peak = 0
     private var receivedSinceTrim = 0
     private var lastTrim: ContinuousClock.Instant?
+    /// The last give-back came when a burst calmed, perhaps only for a moment.
+    private var trimmedInBurst = false
 
     mutating func check(heldBytes: Int, received: Int, now: ContinuousClock.Instant) {
         peak = max(peak, heldBytes)
         receivedSinceTrim += received
         let heldFell = peak > 16 * 1024 * 1024 && heldBytes <= peak / 4
-        let burstCalmed = receivedSinceTrim >= 100_000 && received < 64 && heldBytes <= 16 * 1024 * 1024
+        let burst = receivedSinceTrim >= 100_000 || (trimmedInBurst && receivedSinceTrim >= 10_000)
+        let burstCalmed = burst && received < 64 && heldBytes <= 16 * 1024 * 1024
         guard heldFell || burstCalmed else { return }
         if let lastTrim, now - lastTrim < .seconds(1) { return }
         malloc_trim(0)
         lastTrim = now
         peak = heldBytes
         receivedSinceTrim = 0
+        trimmedInBurst = burstCalmed
     }
 }
 

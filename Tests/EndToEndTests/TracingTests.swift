@@ -9,13 +9,11 @@ import Testing
 /// the app's `traceparent` on its two requests (submit, then accept), the edge's spans, the
 /// broker's, canopy-identify's handler and store, canopy-images' and canopy-care's, each
 /// under the span that caused it; exported over OTLP/HTTP to a receiver in the test. And the
-/// same for a person at a terminal: `canopy up --traces FILE` and `canopy trace`.
-@Suite(.serialized)
-struct TracingTests {
-    typealias Stack = JourneyTests.Stack
-
+/// same for a person at a terminal: `canopy up --traces FILE` and `canopy trace`. (Part of
+/// JourneyTests' serialized suite: one stack of processes at a time.)
+extension JourneyTests {
     /// `span` and every span above it in `spans`, nearest first.
-    static func ancestry(_ span: TraceSpan, in spans: [TraceSpan]) -> [TraceSpan] {
+    static func traceAncestry(_ span: TraceSpan, in spans: [TraceSpan]) -> [TraceSpan] {
         var chain = [span]
         while let parent = spans.first(where: { $0.spanID == chain.last!.parentSpanID }), chain.count < 64 { chain.append(parent) }
         return chain
@@ -64,7 +62,7 @@ struct TracingTests {
             // Submit: edge, broker, identify's handler, then its images.put through the broker to images.
             let submit = try handler("identify/identifications.submit", "canopy-identify")
             let put = try handler("images/images.put", "canopy-images")
-            let putChain = Self.ancestry(put, in: spans)
+            let putChain = Self.traceAncestry(put, in: spans)
             #expect(putChain.map(\.name) == ["images/images.put", "images/images.put", "identify/identifications.submit", "identify/identifications.submit",
                                              putChain.last!.name], "\(putChain.map(\.name))")
             #expect(putChain.map(\.service) == ["canopy-images", "canopy-identify", "canopy-identify", "canopy-batch", "canopy-batch"])
@@ -77,12 +75,12 @@ struct TracingTests {
                 #expect(waiter.service == "canopy-broker" && waiter.attributes["canopy.coalesced"] == "false" && waiter.events.contains("dispatched"))
             }
             // Store calls are spans of the handler that made them.
-            #expect(spans.contains { $0.name == "store write" && $0.service == "canopy-images" && Self.ancestry($0, in: spans).contains { $0.spanID == put.spanID } })
-            #expect(spans.contains { $0.name.hasPrefix("store ") && $0.service == "canopy-identify" && Self.ancestry($0, in: spans).contains { $0.spanID == submit.spanID } })
+            #expect(spans.contains { $0.name == "store write" && $0.service == "canopy-images" && Self.traceAncestry($0, in: spans).contains { $0.spanID == put.spanID } })
+            #expect(spans.contains { $0.name.hasPrefix("store ") && $0.service == "canopy-identify" && Self.traceAncestry($0, in: spans).contains { $0.spanID == submit.spanID } })
             // Accept: identify adds the plant in canopy-care, under the app's second request.
             let add = try handler("care/plants.add", "canopy-care")
-            #expect(Self.ancestry(add, in: spans).last?.parentSpanID == acceptParent)
-            #expect(Self.ancestry(add, in: spans).contains { $0.name == "identify/identifications.accept" && $0.service == "canopy-identify" })
+            #expect(Self.traceAncestry(add, in: spans).last?.parentSpanID == acceptParent)
+            #expect(Self.traceAncestry(add, in: spans).contains { $0.name == "identify/identifications.accept" && $0.service == "canopy-identify" })
             // A log line written while serving it names the trace and the handler's span.
             let log = try String(contentsOfFile: stack.data + "/logs/images.log", encoding: .utf8)
             #expect(log.split(separator: "\n").contains { $0.contains("service.handled") && $0.contains("trace_id=\(trace)") && $0.contains("span_id=\(put.spanID)") },
