@@ -32,6 +32,7 @@ struct TracingCost: AsyncParsableCommand {
     @Option(help: "Edge: wrk's connections.") var connections = 32
     @Option(help: "What to measure: state, broker, edge; comma-separated.") var parts = "state,broker,edge"
     @Option(help: "State: requests routed per setup and round.") var requests = 300_000
+    @Option(help: "State: run only this setup (no tracer, tracer nothing sampled, 1%, 100%), for counting instructions with perf stat.") var only: String?
 
     func run() async throws {
         var logger = Logger(label: "canopy-bench")
@@ -53,8 +54,10 @@ struct TracingCost: AsyncParsableCommand {
     /// ``BrokerTracing/flush(ending:)`` takes to make the spans of what was noted (done off
     /// the loop thread in the broker). What no socket or scheduler adds noise to.
     func stateMachine(endpoint: String, logger: Logger) async throws {
-        let setups: [(name: String, traced: Bool, every: Int?)] = [("no tracer", false, nil), ("tracer, nothing sampled", true, nil),
-                                                                   ("1% sampled", true, 100), ("100% sampled", true, 1)]
+        let all: [(name: String, traced: Bool, every: Int?)] = [("no tracer", false, nil), ("tracer, nothing sampled", true, nil),
+                                                                ("1% sampled", true, 100), ("100% sampled", true, 1)]
+        let setups = all.filter { only == nil || $0.name.hasPrefix(only!) }
+        guard !setups.isEmpty else { throw ValidationError("--only names one of: \(all.map(\.name).joined(separator: "; "))") }
         let header = RequestHeader(timeoutMilliseconds: 30_000)
         let body = Array(#"{"text":"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}"#.utf8)
         func request(_ header: RequestHeader) -> [[UInt8]] {

@@ -6,6 +6,7 @@ import CanopyStore
 import Dispatch
 import Foundation
 import Glibc
+import Logging
 
 /// Options every stack command shares: where the stack keeps its data (and its state).
 struct StackOptions: ParsableArguments {
@@ -220,8 +221,10 @@ struct Up: ParsableCommand {
     /// (the supervisor), which stops the services, and so gets their last spans, first.
     static func receiveTraces(into file: String) throws -> (endpoint: String, path: String) {
         let path = URL(fileURLWithPath: file).standardizedFileURL.path
-        let spans = try SpanFile(path: path) { note("\(path) reached \(SpanFile.maximumBytes >> 20) MiB; further spans are not written") }
-        let receiver = OTLPReceiver { spans.append($0) }
+        let spans = try SpanFile(path: path) { note("\(path) reached \(SpanFile.maximumBytes >> 20) MiB, or could not be written (is the disk full?); further spans are not written") }
+        var logger = Logger(label: "canopy-traces")
+        logger.logLevel = .warning
+        let receiver = OTLPReceiver(logger: logger) { spans.append($0) }
         Task.detached { try? await receiver.application.run() }
         let deadline = ContinuousClock.now + .seconds(10)
         while receiver.port == nil, ContinuousClock.now < deadline { Thread.sleep(forTimeInterval: 0.01) }

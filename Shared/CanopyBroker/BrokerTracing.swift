@@ -62,8 +62,9 @@ public final class BrokerTracing: Sendable {
 
     /// Notes held between flushes: some 4 MiB at most.
     static let maximumNotes = 32_768
-    /// Requests and flights open at once; past it, new requests' spans are not made.
-    static let maximumOpen = 262_144
+    /// Requests and flights open at once (some 64 MiB of spans at most); past it, new
+    /// requests' spans are not made.
+    static let maximumOpen = 65_536
 
     public init(tracer: any Tracer) {
         self.tracer = tracer

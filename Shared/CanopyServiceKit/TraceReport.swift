@@ -3,7 +3,8 @@ import Synchronization
 
 /// Spans written one JSON object per line (``TraceSpan``), appended as they arrive: what
 /// `canopy up --traces FILE` keeps and `canopy trace` reads. It stops writing at
-/// ``maximumBytes`` (a stack left tracing for days does not fill the disk) and says so once.
+/// ``maximumBytes`` (a stack left tracing for days does not fill the disk), or when a write
+/// fails, and says so once.
 public final class SpanFile: Sendable {
     public let path: String
     /// Largest file written.
@@ -43,7 +44,11 @@ public final class SpanFile: Sendable {
                 state.file = nil
                 return true
             }
-            file.write(data)
+            guard (try? file.write(contentsOf: data)) != nil else { // a full disk: stop, and say so
+                try? file.close()
+                state.file = nil
+                return true
+            }
             state.bytes += data.count
             return false
         }
