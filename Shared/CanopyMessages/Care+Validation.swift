@@ -181,6 +181,10 @@ extension Care.CareLog.Request: Validatable {
     public func validate() throws(CanopyError) { try Field.identifier(plantID, "plantID", maximumBytes: Care.Limits.idBytes) }
 }
 
+extension Care.RequestReminderSync.Request: Validatable {
+    public func validate() throws(CanopyError) {}
+}
+
 extension Care.ReminderWindow.Request: Validatable {
     public func validate() throws(CanopyError) {
         try Field.integer(count, "count", 1...Reminders.Limits.window)

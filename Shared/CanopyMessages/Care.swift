@@ -375,6 +375,21 @@ public enum Care {
         public static let access = Access.service
     }
 
+    /// `care.tasks.reminder-sync`: canopy-care sends the principal's window to canopy-remind
+    /// again (`reminders.sync`, its outbox's follow-up, or a newer one already waiting) —
+    /// canopy-remind's refill when a window runs low. Through the outbox, a refill goes in
+    /// order with the syncs that changes send: it never lands after a newer window (a window
+    /// read, then overtaken by a snooze's sync, would have put the snoozed reminder back).
+    public enum RequestReminderSync: BusOperation {
+        public struct Request: Codable, Sendable, Equatable { public init() {} }
+        public typealias Reply = Empty
+        public static let service = Care.service
+        public static let name = "tasks.reminder-sync"
+        public static let idempotent = true
+        /// canopy-remind's refill; never a person's request.
+        public static let access = Access.service
+    }
+
     /// `care.tasks.upcoming`: the principal's tasks due within `days`, overdue ones first, in due order.
     public enum UpcomingTasks: BusOperation {
         public struct Request: Codable, Sendable { public var days: Int; public var limit: Int?

@@ -90,15 +90,18 @@ struct ReminderServiceTests {
                 pending = try await client.call(Reminders.Pending.self, .init(), principal: "dana")
                 return !pending.isEmpty
             })
-            func windowRequests() async throws -> UInt64 {
-                try await client.call(Broker.Stats.self, .init()).operations.first { $0.operation == Care.ReminderWindow.name }?.requests ?? 0
+            func requests(_ operation: String) async throws -> UInt64 {
+                try await client.call(Broker.Stats.self, .init()).operations.first { $0.operation == operation }?.requests ?? 0
             }
-            #expect(try await windowRequests() == 0)
-            // The first reminder comes due and goes; the window is low, so care is asked.
+            #expect(try await requests(Care.RequestReminderSync.name) == 0)
+            let syncsBefore = try await requests(Reminders.Sync.name)
+            // The first reminder comes due and goes; the window is low, so care is asked to
+            // send a fresh one through its outbox (in order with the syncs changes send).
             // By the service's clock (the test's own time may have run on since it was made).
             clock.advance(by: pending[0].due.timeIntervalSince(clock.now()) + 1)
-            #expect(try await eventually(within: .seconds(20)) { try await windowRequests() > 0 })
-            #expect(try await windowRequests() == 1)
+            #expect(try await eventually(within: .seconds(20)) { try await requests(Care.RequestReminderSync.name) > 0 })
+            #expect(try await requests(Care.RequestReminderSync.name) == 1)
+            #expect(try await eventually(within: .seconds(20)) { try await requests(Reminders.Sync.name) > syncsBefore }, "care's outbox sent the window")
             // Delivered (the log channel takes it), and the fresh window does not bring it back.
             #expect(try await eventually(within: .seconds(20)) {
                 try await !client.call(Reminders.Pending.self, .init(limit: 256), principal: "dana")

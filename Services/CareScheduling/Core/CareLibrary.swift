@@ -327,6 +327,13 @@ final class CareLibrary: Sendable {
     /// snooze), then the occurrences after it as if each were done when due. So a person who
     /// ignores every reminder still has a window reaching ahead. A task may come several times,
     /// once per occurrence (`due`).
+    /// Sends the owner's window to canopy-remind again, through the outbox (a sync already
+    /// waiting there goes with the window as it is when sent): canopy-remind's refill.
+    func requestReminderSync(owner: String) throws {
+        let now = clock.now()
+        try store.write { data in try data.enqueueReminderSync(owner: owner, now: now) }
+    }
+
     func reminderWindow(owner: String, count: Int? = nil, now: Date? = nil) throws -> [Care.Task] {
         let now = now ?? clock.now()
         let count = min(count ?? reminderWindow, reminderWindow)

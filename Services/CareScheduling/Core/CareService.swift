@@ -49,6 +49,10 @@ public struct CareService: BusService {
         on(Care.ReminderWindow.self) { request, owner, _ in
             .init(window: try library.reminderWindow(owner: owner, count: request.count))
         }
+        on(Care.RequestReminderSync.self) { _, owner, _ in
+            try library.requestReminderSync(owner: owner)
+            return Empty()
+        }
         on(Care.CareLog.self) { request, owner, _ in try library.log(plantID: request.plantID, owner: owner) }
     }
 }

@@ -131,10 +131,10 @@ public func makeReminderService(settings: ReminderServiceSettings, bus: any BusC
         let box = DispatcherBox()
         let dispatcher = Dispatcher(store: store, channels: channels, clock: clock ?? SystemReminderClock(clock: settings.clock), settings: settings.dispatch,
                                     refill: { owner in
-                                        // The person's window runs low: canopy-care's fresh one replaces it.
+                                        // The person's window runs low: canopy-care sends a fresh one through its
+                                        // outbox, in order with the syncs of changes (reminders.sync, to any replica).
                                         do {
-                                            let window = try await bus.call(Care.ReminderWindow.self, .init(), principal: owner, timeout: .seconds(10))
-                                            box.dispatcher?.schedule(try await library.sync(window.occurrences, owner: owner))
+                                            _ = try await bus.call(Care.RequestReminderSync.self, .init(), principal: owner, timeout: .seconds(10))
                                         } catch {
                                             logger.warning("remind.refill.failed", metadata: ["remind.error": "\(error)"])
                                         }
