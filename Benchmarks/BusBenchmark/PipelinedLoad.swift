@@ -76,14 +76,15 @@ struct PipelinedLoad {
         // A correlation id is the send time in nanoseconds since `origin`, shifted left by 8,
         // with a per-client counter in the low byte so ids stay unique within a client.
         var frames = request
+        let header = RequestHeader(frame: request[5]) ?? RequestHeader(timeoutMilliseconds: 30_000)
         func send(_ index: Int) throws {
             sequence[index] &+= 1
             let sentAt = DispatchTime.now().uptimeNanoseconds - origin
             frames[2] = Wire.frame(sentAt << 8 | (sequence[index] & 0xFF))
             if uniqueBodies { frames[6] = Array("{\"n\":\"\(clientIndexes[index])-\(sequence[index])\"}".utf8) }
             if let traceEvery {
-                var header = RequestHeader(frame: request[5]) ?? RequestHeader(timeoutMilliseconds: 30_000)
                 if sequence[index] % UInt64(traceEvery) == 0 {
+                    var header = header
                     header.trace = TraceContext(traceHigh: sequence[index] | 1, traceLow: UInt64(clientIndexes[index] + 1) << 32 | UInt64.random(in: 0...UInt64(UInt32.max)),
                                                 spanID: sequence[index] | 1, flags: 1)
                     frames[5] = header.frame

@@ -4,13 +4,14 @@ import CanopyBroker
 import CanopyBus
 import CanopyMessages
 import CanopyServiceKit
+import CanopyTesting
 import CanopyWire
 import CareScheduling
 import Foundation
 import Glibc
 import Logging
 import RequestBatching
-import ServiceLifecycle
+import Tracing
 
 /// What tracing costs, in the same run: (1) the broker under the pipelined load with no
 /// tracer against a tracer with nothing sampled, 1% and 100% of requests carrying a sampled
@@ -76,41 +77,33 @@ struct TracingCost: AsyncParsableCommand {
             for setup in setups.indices.map({ setups[($0 + round - 1) % setups.count] }) {
                 var configuration = BrokerConfiguration()
                 configuration.metrics = false
-                var state = BrokerState(configuration: configuration, now: .now - .seconds(60))
-                var exporter: (any Service)?
-                var tracing: BrokerTracing?
-                if setup.traced {
-                    let made = try Traces.makeTracer(serviceName: "canopy-broker", endpoint: endpoint)
-                    tracing = BrokerTracing(tracer: made.tracer)
-                    exporter = made.exporter
-                    state.traceRequests(into: tracing!)
-                }
-                let group = exporter.map { ServiceGroup(configuration: .init(services: [.init(service: $0)], gracefulShutdownSignals: [], logger: logger)) }
-                let exporting = Task { try await group?.run() }
-                var out: [BrokerState.Directive] = []
-                out.reserveCapacity(16)
-                let worker = Array("w".utf8), client = Array("c".utf8)
-                state.receive(ready, from: worker, now: .now, into: &out)
-                var tracedCount = 0
-                let start = ContinuousClock.now
-                for index in 0..<requests {
-                    out.removeAll(keepingCapacity: true)
-                    let traceThis = setup.every.map { index % $0 == 0 } ?? false
-                    if traceThis { tracedCount += 1 }
-                    state.receive(traceThis ? sampled : plain, from: client, now: start, into: &out)
-                    guard case .send(_, .dispatch(let id, _, _, _, _))? = out.first(where: { if case .send(_, .dispatch) = $0 { true } else { false } }) else {
-                        throw BenchmarkFailure("the state machine did not dispatch request \(index)")
+                perRequest[setup.name] = try await Self.withTracer(setup.traced, endpoint: endpoint) { tracer in
+                    var state = BrokerState(configuration: configuration, now: .now - .seconds(60))
+                    let tracing = tracer.map(BrokerTracing.init)
+                    if let tracing { state.traceRequests(into: tracing) }
+                    var out: [BrokerState.Directive] = []
+                    out.reserveCapacity(16)
+                    let worker = Array("w".utf8), client = Array("c".utf8)
+                    state.receive(ready, from: worker, now: .now, into: &out)
+                    var tracedCount = 0
+                    let start = ContinuousClock.now
+                    for index in 0..<requests {
+                        out.removeAll(keepingCapacity: true)
+                        let traceThis = setup.every.map { index % $0 == 0 } ?? false
+                        if traceThis { tracedCount += 1 }
+                        state.receive(traceThis ? sampled : plain, from: client, now: start, into: &out)
+                        guard case .send(_, .dispatch(let id, _, _, _, _))? = out.first(where: { if case .send(_, .dispatch) = $0 { true } else { false } }) else {
+                            throw BenchmarkFailure("the state machine did not dispatch request \(index)")
+                        }
+                        out.removeAll(keepingCapacity: true)
+                        state.receive(WireMessage.workerReply(requestID: id, failed: false, body: reply).encoded, from: worker, now: start, into: &out)
                     }
-                    out.removeAll(keepingCapacity: true)
-                    state.receive(WireMessage.workerReply(requestID: id, failed: false, body: reply).encoded, from: worker, now: start, into: &out)
+                    let loop = (ContinuousClock.now - start).seconds
+                    let flushStart = ContinuousClock.now
+                    tracing?.flush(ending: true)
+                    let flush = (ContinuousClock.now - flushStart).seconds
+                    return (loop * 1e9 / Double(requests), tracedCount > 0 ? flush * 1e6 / Double(tracedCount) : 0, tracedCount)
                 }
-                let loop = (ContinuousClock.now - start).seconds
-                let flushStart = ContinuousClock.now
-                tracing?.flush(ending: true)
-                let flush = (ContinuousClock.now - flushStart).seconds
-                perRequest[setup.name] = (loop * 1e9 / Double(requests), tracedCount > 0 ? flush * 1e6 / Double(tracedCount) : 0, tracedCount)
-                await group?.triggerGracefulShutdown()
-                _ = try? await exporting.value
             }
             guard let baseline = perRequest[setups[0].name] else { continue }
             for setup in setups {
@@ -143,34 +136,34 @@ struct TracingCost: AsyncParsableCommand {
             var measured: [String: any Figures] = [:], cpu: [String: [Double]] = [:]
             for setup in comparison.order(round: round).compactMap({ name in setups.first { $0.name == name } }) {
                 progress("  round \(round)/\(rounds): broker, \(setup.name)…\n")
-                var configuration = BrokerConfiguration()
-                var exporter: (any Service)?
-                if setup.traced {
-                    let made = try Traces.makeTracer(serviceName: "canopy-broker", endpoint: endpoint)
-                    configuration.tracer = made.tracer
-                    exporter = made.exporter
-                }
-                let group = exporter.map { ServiceGroup(configuration: .init(services: [.init(service: $0)], gracefulShutdownSignals: [], logger: logger)) }
-                let exporting = Task { try await group?.run() }
-                let load = PipelinedLoadSetup(clients: clients, window: window, threads: 2, request: request, warmUp: .milliseconds(500),
-                                              duration: .seconds(seconds), traceEvery: setup.every)
-                let (result, used) = try await Rig(workers: 4).broker(configuration: configuration, logger: logger) { endpoint, _ in
-                    let before = (threadCPUSeconds(named: "canopy-broker"), threadCPUSeconds(where: Self.isExporterThread))
-                    let result = try load.run(endpoint)
-                    // Scaled to the measured part (the warm-up's requests are not counted).
-                    let share = result.seconds / (result.seconds + 0.5)
-                    let used = ((threadCPUSeconds(named: "canopy-broker") - before.0) * share, (threadCPUSeconds(where: Self.isExporterThread) - before.1) * share)
-                    return (result, (used.0 * 1e6 / Double(max(1, result.requests)), used.1 * 1e6 / Double(max(1, result.requests))))
+                let (result, used) = try await Self.withTracer(setup.traced, endpoint: endpoint) { tracer in
+                    var configuration = BrokerConfiguration()
+                    configuration.tracer = tracer
+                    let load = PipelinedLoadSetup(clients: clients, window: window, threads: 2, request: request, warmUp: .milliseconds(500),
+                                                  duration: .seconds(seconds), traceEvery: setup.every)
+                    return try await Rig(workers: 4).broker(configuration: configuration, logger: logger) { endpoint, _ in
+                        let before = (threadCPUSeconds(named: "canopy-broker"), threadCPUSeconds(where: Self.isExporterThread))
+                        let result = try load.run(endpoint)
+                        // Scaled to the measured part (the warm-up's requests are not counted).
+                        let share = result.seconds / (result.seconds + 0.5)
+                        let used = ((threadCPUSeconds(named: "canopy-broker") - before.0) * share, (threadCPUSeconds(where: Self.isExporterThread) - before.1) * share)
+                        return (result, (used.0 * 1e6 / Double(max(1, result.requests)), used.1 * 1e6 / Double(max(1, result.requests))))
+                    }
                 }
                 measured[setup.name] = result
                 cpu[setup.name] = [used.0, used.0 + used.1]
-                await group?.triggerGracefulShutdown()
-                _ = try? await exporting.value
             }
             comparison.add(round: round, measured, cpu: cpu)
         }
         comparison.print(target: "nothing sampled and 1% within 3%")
         print("")
+    }
+
+    /// Runs `body` with a swift-otel tracer of its own (exporting to `endpoint`, shut down
+    /// afterwards) when `traced`, else with none.
+    static func withTracer<T>(_ traced: Bool, endpoint: String, _ body: (_ tracer: (any Tracer)?) async throws -> T) async throws -> T {
+        guard traced else { return try await body(nil) }
+        return try await CanopyTesting.withTracer(serviceName: "canopy-broker", endpoint: endpoint) { try await body($0) }
     }
 
     /// The threads swift-otel's processor and exporter run on: Swift's cooperative pool and
@@ -254,7 +247,7 @@ struct TracingCost: AsyncParsableCommand {
     /// Runs `body` against a `canopy-batch serve` process with `environment`, then stops it.
     static func withEdge<T>(_ executable: URL, bus: String, keyFile: String, data: String, environment: [String: String],
                             _ body: (_ http: String, _ pid: Int32) throws -> T) async throws -> T {
-        let port = try freePort()
+        let port = FreePorts.any()
         let process = Process()
         process.executableURL = executable
         process.arguments = ["serve", "--endpoint", bus, "--http", "127.0.0.1:\(port)", "--metrics-bind", "off", "--token-key-file", keyFile,
@@ -280,19 +273,6 @@ struct TracingCost: AsyncParsableCommand {
         (try? await HTTPClient.shared.execute(HTTPClientRequest(url: "http://127.0.0.1:\(port)/v1/plants"), timeout: .seconds(1))) != nil
     }
 
-    static func freePort() throws -> Int {
-        let socket = Glibc.socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        defer { close(socket) }
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        let bound = withUnsafeMutablePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(socket, $0, length) == 0 && getsockname(socket, $0, &length) == 0 }
-        }
-        guard bound else { throw BenchmarkFailure("no free port on 127.0.0.1") }
-        return Int(UInt16(bigEndian: address.sin_port))
-    }
 }
 
 /// What a load generator's run gives a comparison.

@@ -16,6 +16,9 @@ public final class BoundPort: Sendable {
         value.withLock { $0 = port }
     }
 
+    /// The port if it is bound by now (for a caller that cannot wait asynchronously).
+    public var current: Int? { value.withLock { $0 } }
+
     /// The port, once it is bound; an error saying so when it is not within `limit`.
     public func wait(within limit: Duration = .seconds(10)) async throws -> Int {
         let deadline = ContinuousClock.now + limit

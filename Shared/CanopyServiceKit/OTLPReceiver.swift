@@ -14,7 +14,7 @@ import Synchronization
 public final class OTLPReceiver: Sendable {
     private final class State: Sendable {
         let spans = Mutex<(all: [TraceSpan], bytes: Int, dropped: Int)>(([], 0, 0))
-        let port = Mutex<Int?>(nil)
+        let port = BoundPort(listener: "the OTLP receiver")
     }
 
     /// Largest export request read, and spans kept in memory without a sink.
@@ -58,20 +58,15 @@ public final class OTLPReceiver: Sendable {
                             body: .init(byteBuffer: ByteBuffer(string: json ? "{}" : "")))
         }
         application = Application(router: router, configuration: .init(address: address, serverName: "otlp"),
-                                  onServerRunning: { channel in state.port.withLock { $0 = channel.localAddress?.port } }, logger: logger)
+                                  onServerRunning: { channel in state.port.set(channel.localAddress?.port) }, logger: logger)
     }
 
     /// The port it listens on, once it does.
-    public var port: Int? { state.port.withLock { $0 } }
+    public var port: Int? { state.port.current }
 
     /// `http://127.0.0.1:PORT`, for `OTEL_EXPORTER_OTLP_ENDPOINT`, once it listens.
     public func endpoint(within limit: Duration = .seconds(30)) async throws -> String {
-        let deadline = ContinuousClock.now + limit
-        while ContinuousClock.now < deadline {
-            if let port = state.port.withLock({ $0 }) { return "http://127.0.0.1:\(port)" }
-            try await Task.sleep(for: .milliseconds(10))
-        }
-        throw CancellationError()
+        "http://127.0.0.1:\(try await state.port.wait(within: limit))"
     }
 
     /// The spans received (without a sink), in the order they came.
