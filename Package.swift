@@ -236,7 +236,7 @@ targets += [
     tests("CanopyStoreTests", ["CanopyStore", "CanopyTesting", P.grdb, P.postgresNIO]),
     tests("CanopyBusTests", [
         "CanopyBus", "CanopyBroker", "CanopyTesting", "CanopyServiceKit", "CZeroMQ", "MessageBroker", "canopy", "canopy-broker",
-        "canopy-test-worker", P.inMemoryTracing, P.tracing, P.serviceLifecycle,
+        "canopy-test-worker", P.asyncHTTPClient, P.inMemoryTracing, P.nioCore, P.tracing, P.serviceLifecycle,
     ]),
 ]
 

@@ -34,7 +34,7 @@ struct LiveTracingTests {
                 }
             }
             async let first = call("app a")
-            try await Task.sleep(for: .milliseconds(100))
+            try await live.waitForLoad(inFlight: 1) // the first is at the worker: the second joins it
             async let second = call("app b")
             return try await (first, second)
         }

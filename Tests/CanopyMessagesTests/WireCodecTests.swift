@@ -108,6 +108,23 @@ struct WireCodecTests {
         var badHeader = request
         badHeader[5] = [0, 0, 0, 1, 0] + Array("jos\u{00E9}".utf8)
         #expect(reason(badHeader) == .malformedHeader)
+        // A trace context its flags announce: cut short, with an all-zero id, or absent.
+        let trace: [UInt8] = (1...16).map { UInt8($0) } + (1...8).map { UInt8($0) } + [1]
+        let zeros8 = [UInt8](repeating: 0, count: 8), zeros16 = [UInt8](repeating: 0, count: 16)
+        let contexts: [[UInt8]] = [Array(trace.prefix(10)), zeros16 + Array(trace.suffix(9)), Array(trace.prefix(16)) + zeros8 + [1], []]
+        let user: [UInt8] = Array("user-1".utf8)
+        for context in contexts {
+            badHeader[5] = [0, 0, 0, 1, RequestHeader.Flag.traced] + context + user
+            #expect(reason(badHeader) == .malformedHeader, "\(context.count) trace bytes")
+        }
+        badHeader[5] = [0, 0, 0, 1, RequestHeader.Flag.traced] + trace + user
+        #expect(reason(badHeader) == nil, "a whole one is taken")
+        #expect(RequestHeader(frame: badHeader[5])?.principal == "user-1" && RequestHeader(frame: badHeader[5])?.trace?.isSampled == true)
+        #expect(TraceContext(traceparent: "00-0AF7651916CD43DD8448EB211C80319C-B7AD6B7169203331-01") == nil, "upper case is not W3C's")
+        #expect(TraceContext(traceparent: "00-00000000000000000000000000000000-b7ad6b7169203331-01") == nil)
+        #expect(TraceContext(traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331") == nil)
+        #expect(TraceContext(traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")?.traceparent
+                == "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
         #expect(reason([Wire.version, Wire.Command.workerReply.frame, [1, 2], [0], []]) == .malformedInteger)
         #expect(reason([Wire.version, Wire.Command.workerReply.frame, Wire.frame(UInt64(1)), [7], []]) == .malformedInteger, "status is 0 or 1")
         #expect(reason([Wire.version, Wire.Command.ready.frame, Array("care".utf8), Array("[]".utf8), Wire.frame(UInt32(1))]) == .malformedOperations)
