@@ -30,6 +30,11 @@ public enum Traces {
         configuration.metrics.enabled = false
         configuration.traces.sampler = .parentBasedAlwaysOff
         configuration.diagnosticLogLevel = .warning // its settings, line by line, only when asked (OTEL_LOG_LEVEL)
+        // A collector that never answers holds up no request (spans go from a bounded queue on
+        // a task of their own), and holds up a stopping process at most this long twice (the
+        // last batch, then the flush): OTEL_EXPORTER_OTLP_TIMEOUT and OTEL_BSP_EXPORT_TIMEOUT win.
+        configuration.traces.otlpExporter.timeout = .seconds(2)
+        configuration.traces.batchSpanProcessor.exportTimeout = .seconds(2)
         let (tracer, service) = try OTel.makeTracingBackend(configuration: configuration)
         InstrumentationSystem.bootstrap(tracer)
         return service

@@ -68,6 +68,36 @@ struct EdgeTracingTests {
         #expect(!spans.contains { $0.traceID == "0af7651916cd43dd8448eb211c80319c" }, "an unsampled trace is not exported")
     }
 
+    /// A collector that takes the connection and never answers holds back no request: spans
+    /// are exported on their own task, in batches with a timeout, from a bounded queue; and a
+    /// SIGTERM still ends the process (within the exports' 2 s timeouts; `withEdge` waits 20 s).
+    @Test func aCollectorThatNeverAnswersDelaysNoRequest() async throws {
+        // A listening socket nobody accepts from: connections complete, nothing is ever read.
+        let silent = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        defer { close(silent) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let listening = withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(silent, $0, length) == 0 && listen(silent, 64) == 0 && getsockname(silent, $0, &length) == 0 }
+        }
+        try #require(listening)
+        let port = Int(UInt16(bigEndian: address.sin_port))
+        try await Self.withEdge(environment: ["OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:\(port)", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json",
+                                              "OTEL_TRACES_SAMPLER": "parentbased_always_on", "OTEL_BSP_SCHEDULE_DELAY": "50"]) { http async throws in
+            var slowest = Duration.zero
+            for index in 0..<200 {
+                let started = ContinuousClock.now
+                #expect(try await Self.get(http, "/v1/plants", traceparent: nil) == 401, "request \(index)")
+                slowest = max(slowest, .now - started)
+            }
+            // Every request recorded and exported into the silence; none waited on it (a wait
+            // would last the export's 2 s timeout).
+            #expect(slowest < .milliseconds(1_900), "the slowest of 200 requests took \(slowest)")
+        }
+    }
+
     @Test func withoutAnEndpointNothingIsExported() async throws {
         // No endpoint named (nor the default localhost:4318 tried): no tracer at all, so swift-otel
         // (asked to log at debug level) says nothing.
