@@ -86,15 +86,17 @@ struct EdgeTracingTests {
         let port = Int(UInt16(bigEndian: address.sin_port))
         try await Self.withEdge(environment: ["OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:\(port)", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json",
                                               "OTEL_TRACES_SAMPLER": "parentbased_always_on", "OTEL_BSP_SCHEDULE_DELAY": "50"]) { http async throws in
-            var slowest = Duration.zero
+            var times: [Duration] = []
             for index in 0..<200 {
                 let started = ContinuousClock.now
                 #expect(try await Self.get(http, "/v1/plants", traceparent: nil) == 401, "request \(index)")
-                slowest = max(slowest, .now - started)
+                times.append(.now - started)
             }
-            // Every request recorded and exported into the silence; none waited on it (a wait
-            // would last the export's 2 s timeout).
-            #expect(slowest < .milliseconds(1_900), "the slowest of 200 requests took \(slowest)")
+            // Every request recorded and exported into the silence; none waits on it (requests
+            // that did would take the export's 2 s timeout, batch after batch, every 50 ms).
+            // A loaded machine may stall one or two requests on its own.
+            times.sort()
+            #expect(times[100] < .milliseconds(200) && times.count { $0 >= .seconds(1) } <= 2, "median \(times[100]), slowest \(times.suffix(3))")
         }
     }
 
