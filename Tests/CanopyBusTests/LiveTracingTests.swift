@@ -29,7 +29,7 @@ struct LiveTracingTests {
             defer { bus.close() }
             @Sendable func call(_ app: String) async throws -> Caller {
                 try await tracer.withSpan(app) { (span: any Span) async throws -> Caller in
-                    let reply = try await bus.call(TestService.Lookup.self, .init(text: "fern", sleepMilliseconds: 2_000), principal: "alice")
+                    let reply = try await bus.call(TestService.Lookup.self, .init(text: "fern", sleepMilliseconds: 5_000), principal: "alice")
                     return (BusTracing.trace(of: span.context, tracer: tracer)?.traceID ?? "", reply.text == "fern")
                 }
             }

@@ -92,11 +92,12 @@ struct EdgeTracingTests {
                 #expect(try await Self.get(http, "/v1/plants", traceparent: nil) == 401, "request \(index)")
                 times.append(.now - started)
             }
-            // Every request recorded and exported into the silence; none waits on it (requests
-            // that did would take the export's 2 s timeout, batch after batch, every 50 ms).
-            // A loaded machine may stall one or two requests on its own.
+            // Every request recorded and exported into the silence; requests do not wait on it
+            // (if they did, each would take the export's 2 s timeout, batch after batch every
+            // 50 ms). Alone, the slowest of 200 takes well under a second; amid the whole test
+            // suite a few have taken 2.0–2.4 s, which this does not judge.
             times.sort()
-            #expect(times[100] < .milliseconds(200) && times.count { $0 >= .seconds(1) } <= 2, "median \(times[100]), slowest \(times.suffix(3))")
+            #expect(times[100] < .milliseconds(500), "median \(times[100]), slowest \(times.suffix(3))")
         }
     }
 
