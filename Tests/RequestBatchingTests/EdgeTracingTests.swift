@@ -17,11 +17,12 @@ struct EdgeTracingTests {
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(at: directory) }
         try Data("dG9rZW4ta2V5LWZvci10ZXN0cy1vbmx5LXRva2VuLWtleS1mb3ItdGVzdHMtb25seQ==".utf8).write(to: directory.appendingPathComponent("token.key"))
-        let http = "127.0.0.1:\(FreePorts.any())"
         let process = Process()
         process.executableURL = try LiveBus.executable("canopy-batch")
-        process.arguments = ["serve", "--endpoint", "tcp://127.0.0.1:\(FreePorts.any())", "--http", http, "--metrics-bind", "off",
-                             "--token-key-file", directory.appendingPathComponent("token.key").path]
+        // Port 0: the system's choice, read back from the `batch.listening` line, so no other
+        // test's process can take the port between a choice and the bind.
+        process.arguments = ["serve", "--endpoint", "tcp://127.0.0.1:\(FreePorts.any())", "--http", "127.0.0.1:0", "--metrics-bind", "off",
+                             "--log-level", "info", "--token-key-file", directory.appendingPathComponent("token.key").path]
         process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
         process.standardOutput = FileHandle.nullDevice
         let errors = directory.appendingPathComponent("stderr")
@@ -32,6 +33,18 @@ struct EdgeTracingTests {
             if process.isRunning { kill(process.processIdentifier, SIGKILL) }
             process.waitUntilExit()
         }
+        var found: String?
+        // Generous: amid the whole suite a 2-core machine has starved a start for 30 s; a
+        // process that ends instead stops the wait at once.
+        _ = try await eventually(within: .seconds(90), every: .milliseconds(50)) {
+            let text = (try? String(contentsOf: errors, encoding: .utf8)) ?? ""
+            if let range = text.range(of: #"batch\.address=127\.0\.0\.1:[1-9][0-9]*"#, options: .regularExpression) {
+                found = String(text[range].dropFirst("batch.address=".count))
+            }
+            return found != nil || !process.isRunning
+        }
+        let written = (try? String(contentsOf: errors, encoding: .utf8)) ?? ""
+        let http = try #require(found, "canopy-batch did not start listening; it wrote: \(written.suffix(1_500))")
         #expect(try await eventually(within: .seconds(30)) { (try? await Self.get(http, "/v1/plants", traceparent: nil)) != nil }, "canopy-batch did not answer")
         try await body(http)
         // SIGTERM: the exporter, stopped last, sends what is left.
