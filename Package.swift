@@ -101,7 +101,7 @@ var targets: [Target] = [
     shared("CanopyImaging", ["CVips", "CanopyMessages", P.crypto], optimized: true),
     // The IO layer: the libzmq binding (sockets, poller, mailbox, loop threads, CurveZMQ
     // keys) and the loop helpers every bus executable shares.
-    shared("CanopyIO", ["CZeroMQ", "CanopyMessages", P.logging, P.metrics, P.serviceLifecycle]),
+    shared("CanopyIO", ["CZeroMQ", "CanopyMessages", "CanopyWire", P.logging, P.metrics, P.serviceLifecycle]),
     // The wire codec: every canopy/3 and Majordomo message as a typed value.
     shared("CanopyWire", ["CanopyMessages", P.tracing]),
     // Capture files: what crossed the broker, written, read and pseudonymized.

@@ -170,11 +170,11 @@ public final class BrokerServer: Service, @unchecked Sendable {
             }
         }
         // Reused for every message received.
-        var identity: [UInt8] = [], frames: [[UInt8]] = [], peer = PeerProperties()
+        var identity: [UInt8] = [], peer = PeerProperties()
+        let frames = ReceivedFrames()
         var reading: PeerProperties.Names = []
         if zap != nil { reading.insert(.userID) }
         if configuration.stack != nil { reading.insert(.stack) }
-        frames.reserveCapacity(16)
         lastPass.store(DispatchTime.now().uptimeNanoseconds, ordering: .relaxed) // turning from here on
         logger.info("broker.started", metadata: ["broker.endpoint": "\(endpoint)", "broker.curve": "\(zap != nil)"])
 
@@ -218,13 +218,15 @@ public final class BrokerServer: Service, @unchecked Sendable {
                 // What a batch of messages asks to send goes out together at its end: libzmq wakes
                 // its I/O thread once for a burst instead of once a message. With CURVE, each
                 // message carries the public key its connection authenticated with (`key`).
-                while budget > 0, try socket.receiveRouted(identity: &identity, frames: &frames, reading: reading, properties: &peer) {
+                // Frames are read in place; only what a request keeps is copied.
+                while budget > 0, try socket.receiveRouted(into: frames, identity: &identity, reading: reading, properties: &peer) {
                     budget -= 1
                     received += 1
-                    guard !frames.isEmpty else { continue } // ROUTER always adds the identity
+                    guard frames.count > 0 else { continue } // ROUTER always adds the identity
                     state.receive(frames, from: identity, key: peer.userID, stack: peer.stack, now: .now, into: &directives)
                     if directives.count >= 1024 { try carryOut(&directives, state: &state) }
                 }
+                frames.release()
                 try carryOut(&directives, state: &state)
             }
             state.tick(now: .now, into: &directives)

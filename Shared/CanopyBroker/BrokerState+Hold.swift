@@ -52,7 +52,7 @@ extension BrokerState {
     /// goes on as usual.
     mutating func holds(_ intake: Intake, now: ContinuousClock.Instant, into out: inout [Directive]) -> Bool {
         guard hold != nil, !Self.isDerived(intake.header) else { return false }
-        let bytes = intake.payload.reduce(0) { $0 + $1.count } + Self.waiterBytes(intake)
+        let bytes = intake.payload.byteCount + Self.waiterBytes(intake)
         guard heldBytes + hold!.heldBytes + bytes <= configuration.maximumHeldBytes else {
             rejected += 1
             send(CanopyError(.busy, "the broker holds requests while a snapshot is taken, and holds \(hold!.heldBytes) bytes of them already; retry in a moment"),
@@ -74,7 +74,7 @@ extension BrokerState {
     mutating func cancelHeld(client: [UInt8], correlation: [UInt8]) -> Bool {
         guard let index = hold?.held.firstIndex(where: { $0.intake.client == client && $0.intake.correlation == correlation }) else { return false }
         let removed = hold!.held.remove(at: index)
-        hold!.heldBytes -= removed.intake.payload.reduce(0) { $0 + $1.count } + Self.waiterBytes(removed.intake)
+        hold!.heldBytes -= removed.intake.payload.byteCount + Self.waiterBytes(removed.intake)
         return true
     }
 

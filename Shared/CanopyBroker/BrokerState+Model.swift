@@ -53,13 +53,14 @@ extension BrokerState {
         /// The operation; empty for a Majordomo client's request to a Majordomo worker.
         let operation: String
         let header: RequestHeader
-        /// The body frames: one JSON body, or a Majordomo client's body passed as it came.
-        let payload: [[UInt8]]
+        /// The body frames: one JSON body and its attachments, or a Majordomo client's body
+        /// passed as it came.
+        let payload: Payload
         /// Set while identical requests may join (coalescable, not stuck, not answered).
         var key: FlightKey?
         let createdAt: ContinuousClock.Instant
         let counters: OperationCounters
-        var waiters: [UInt64] = []
+        var waiters = WaiterList()
         /// Waiters that ever joined, for "shared" and the waiters-per-flight histogram.
         var totalWaiters = 0
         var worker: Worker?
@@ -74,7 +75,7 @@ extension BrokerState {
         /// Whether the request that started it is traced and the broker traces.
         var traced = false
 
-        init(id: UInt64, service: ServiceEntry, operation: String, header: RequestHeader, payload: [[UInt8]],
+        init(id: UInt64, service: ServiceEntry, operation: String, header: RequestHeader, payload: Payload,
              key: FlightKey?, createdAt: ContinuousClock.Instant, counters: OperationCounters) {
             self.id = id
             self.service = service
@@ -84,7 +85,7 @@ extension BrokerState {
             self.key = key
             self.createdAt = createdAt
             self.counters = counters
-            self.bytes = payload.reduce(0) { $0 + $1.count + 24 } + operation.utf8.count + header.principal.utf8.count * (key == nil ? 1 : 2)
+            self.bytes = payload.byteCount + 24 * payload.count + operation.utf8.count + header.principal.utf8.count * (key == nil ? 1 : 2)
                 + 32 + Self.bookkeepingBytes // 32: the header's fixed fields and the strings' storage
         }
     }
@@ -97,10 +98,10 @@ extension BrokerState {
         let service: String
         let operation: String
         let principal: String
-        let payload: [[UInt8]]
+        let payload: Payload
         private let digest: Int
 
-        init(service: String, operation: String, principal: String, payload: [[UInt8]]) {
+        init(service: String, operation: String, principal: String, payload: Payload) {
             self.service = service
             self.operation = operation
             self.principal = principal
@@ -114,7 +115,7 @@ extension BrokerState {
             combine(service)
             combine(operation)
             combine(principal)
-            for frame in payload {
+            payload.forEachFrame { frame in
                 hasher.combine(frame.count)
                 frame.withUnsafeBytes { Self.combine($0, into: &hasher) }
             }
@@ -360,5 +361,94 @@ extension BrokerState {
         let created = OperationCounters(service: service, operation: operation)
         operationCounters[name] = created
         return created
+    }
+}
+
+extension BrokerState {
+    /// A request's or reply's frames as the broker holds them: the body, then attachments
+    /// (a Majordomo body passes as it came: any number of frames, perhaps none). The common
+    /// single frame is kept without an array around it, so holding one costs no allocation
+    /// beyond the frame's own.
+    struct Payload: Equatable {
+        /// How many frames.
+        let count: Int
+        /// The first frame (the body); empty when there is none.
+        let first: [UInt8]
+        /// The frames after the first (attachments).
+        let rest: [[UInt8]]
+
+        /// A body and its attachments.
+        init(body: [UInt8], attachments: [[UInt8]] = []) {
+            count = 1 + attachments.count
+            first = body
+            rest = attachments
+        }
+
+        /// Frames as they came (a Majordomo body).
+        init(frames: [[UInt8]]) {
+            count = frames.count
+            first = frames.first ?? []
+            rest = frames.count > 1 ? Array(frames.dropFirst()) : []
+        }
+
+        /// Every frame, in order, as one array (for the paths that pass frames on as a list).
+        var frames: [[UInt8]] { count == 0 ? [] : [first] + rest }
+
+        /// The frames' bytes together.
+        var byteCount: Int { rest.reduce(first.count) { $0 + $1.count } }
+
+        /// The largest frame's size.
+        var largestFrame: Int { rest.reduce(first.count) { max($0, $1.count) } }
+
+        /// Calls `body` with each frame in order.
+        func forEachFrame(_ body: ([UInt8]) -> Void) {
+            guard count > 0 else { return }
+            body(first)
+            rest.forEach(body)
+        }
+    }
+
+    /// The waiters of a flight, in the order they joined. Most flights have one, held inline:
+    /// an array is made only when a second joins (a coalesced request).
+    struct WaiterList: Sequence {
+        /// The first waiter's id; 0 when there is none (ids start at 1). Never 0 while
+        /// ``others`` holds any.
+        private var head: UInt64 = 0
+        private var others: [UInt64] = []
+
+        var count: Int { head == 0 ? 0 : 1 + others.count }
+        var isEmpty: Bool { head == 0 }
+
+        mutating func append(_ id: UInt64) {
+            if head == 0 { head = id } else { others.append(id) }
+        }
+
+        /// Removes `id`, keeping the others' order.
+        mutating func remove(_ id: UInt64) {
+            if head == id {
+                head = others.isEmpty ? 0 : others.removeFirst()
+            } else {
+                others.removeAll { $0 == id }
+            }
+        }
+
+        func makeIterator() -> Iterator { Iterator(head: head, others: others) }
+
+        struct Iterator: IteratorProtocol {
+            fileprivate let head: UInt64
+            fileprivate let others: [UInt64]
+            private var index = -1
+
+            fileprivate init(head: UInt64, others: [UInt64]) {
+                self.head = head
+                self.others = others
+            }
+
+            mutating func next() -> UInt64? {
+                defer { index += 1 }
+                if index == -1 { return head == 0 ? nil : head }
+                return index < others.count ? others[index] : nil
+            }
+        }
     }
 }

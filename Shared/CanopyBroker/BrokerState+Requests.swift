@@ -15,7 +15,7 @@ extension BrokerState {
         let serviceName: String
         let operation: String
         let header: RequestHeader
-        let payload: [[UInt8]]
+        let payload: Payload
     }
 
     mutating func clientRequest(_ request: WireRequest, from client: [UInt8], now: ContinuousClock.Instant, into out: inout [Directive]) {
@@ -27,7 +27,7 @@ extension BrokerState {
             return
         }
         admit(Intake(client: client, correlation: request.correlation, dialect: .canopy, serviceName: request.service,
-                     operation: request.operation, header: request.header, payload: request.attachments.isEmpty ? [request.body] : [request.body] + request.attachments), now: now, into: &out)
+                     operation: request.operation, header: request.header, payload: Payload(body: request.body, attachments: request.attachments)), now: now, into: &out)
     }
 
     /// Takes a well-formed request: joins an identical flight, or starts a flight that goes
@@ -98,7 +98,7 @@ extension BrokerState {
         }
 
         // A new flight, within the memory bounds: everything it and its waiter cost.
-        let bytes = intake.payload.reduce(0) { $0 + $1.count }
+        let bytes = intake.payload.byteCount
         guard heldBytes + bytes + Self.waiterBytes(intake) + Flight.bookkeepingBytes <= configuration.maximumHeldBytes else {
             return refuseCounted(CanopyError(.busy, "the broker holds \(heldBytes) bytes of requests already (its limit is \(configuration.maximumHeldBytes)); retry later"))
         }
@@ -200,7 +200,7 @@ extension BrokerState {
     mutating func detach(_ waiter: Waiter, now: ContinuousClock.Instant, into out: inout [Directive]) {
         forget(waiter)
         guard let flight = flights[waiter.flight] else { return }
-        flight.waiters.removeAll { $0 == waiter.id }
+        flight.waiters.remove(waiter.id)
         if !flight.waiters.isEmpty {
             flight.counters.detached += 1
             return
@@ -238,9 +238,9 @@ extension BrokerState {
 
     /// What a flight ended with.
     enum Outcome {
-        /// The worker's reply frames (one JSON body from a Canopy worker; whatever a
-        /// Majordomo worker sent).
-        case reply([[UInt8]], fromMajordomo: Bool)
+        /// The worker's reply frames (one JSON body and its attachments from a Canopy
+        /// worker; whatever a Majordomo worker sent).
+        case reply(Payload, fromMajordomo: Bool)
         case failure(CanopyError)
 
         /// The error, when it failed.
@@ -286,13 +286,13 @@ extension BrokerState {
                                                worker: flight?.worker?.identity.bytes ?? [], shared: shared, latency: now - waiter.receivedAt)))
         }
         switch (waiter.dialect, outcome) {
-        case (.canopy, .reply(let frames, _)):
-            out.append(.send(to: waiter.client, .reply(correlation: waiter.correlation, shared: shared, body: frames.first ?? [], attachments: Array(frames.dropFirst()))))
+        case (.canopy, .reply(let payload, _)):
+            out.append(.send(to: waiter.client, .reply(correlation: waiter.correlation, shared: shared, body: payload.first, attachments: payload.rest)))
         case (.canopy, .failure(let error)):
             replyError(to: waiter.client, correlation: waiter.correlation, error, into: &out)
-        case (.majordomo, .reply(let frames, let fromMajordomo)):
+        case (.majordomo, .reply(let payload, let fromMajordomo)):
             // Majordomo to Majordomo passes untouched; a Canopy worker's reply gets a status frame.
-            let body = fromMajordomo ? frames : [Majordomo.ok] + frames
+            let body = fromMajordomo ? payload.frames : [Majordomo.ok] + payload.frames
             out.append(.sendMajordomo(to: waiter.client, .client(service: Array(waiter.serviceName.utf8), body: body)))
         case (.majordomo, .failure(let error)):
             out.append(.sendMajordomo(to: waiter.client, .client(service: Array(waiter.serviceName.utf8), body: [Majordomo.error, (try? codec.encode(error)) ?? []])))
@@ -339,8 +339,8 @@ extension BrokerState {
     func capturedRequest(_ intake: Intake) -> CaptureEvent {
         CaptureEvent(record: CaptureRecord(
             kind: .request, flags: intake.dialect == .majordomo ? .majordomo : [], time: 0, client: "", service: intake.serviceName,
-            operation: intake.operation, correlation: intake.correlation, header: intake.header, body: intake.payload.first ?? [],
-            attachments: Array(intake.payload.dropFirst())), clientIdentity: intake.client)
+            operation: intake.operation, correlation: intake.correlation, header: intake.header, body: intake.payload.first,
+            attachments: intake.payload.rest), clientIdentity: intake.client)
     }
 
     /// An answer as the capture records it: the worker's reply, or the error the client got.
@@ -350,8 +350,8 @@ extension BrokerState {
         if shared { flags.insert(.shared) }
         let body: [UInt8], attachments: [[UInt8]]
         switch outcome {
-        case .reply(let frames, _):
-            (body, attachments) = (frames.first ?? [], Array(frames.dropFirst()))
+        case .reply(let payload, _):
+            (body, attachments) = (payload.first, payload.rest)
         case .failure(let error):
             flags.insert(.failed)
             (body, attachments) = ((try? codec.encode(error)) ?? [], [])

@@ -103,20 +103,20 @@ extension BrokerState {
         return nil
     }
 
-    /// A Canopy worker's reply: `frames` are the body, then its attachments.
-    mutating func workerReply(id: UInt64, failed: Bool, frames: [[UInt8]], from peer: PeerKey, now: ContinuousClock.Instant, into out: inout [Directive]) {
+    /// A Canopy worker's reply: the body and its attachments.
+    mutating func workerReply(id: UInt64, failed: Bool, payload: Payload, from peer: PeerKey, now: ContinuousClock.Instant, into out: inout [Directive]) {
         guard let worker = workers[peer] else { return unknownWorker(peer, into: &out) }
         worker.expiry = now + configuration.workerExpiry
         let outcome: Outcome
-        if let oversized = frames.first(where: { $0.count > configuration.maximumFrameBytes }) {
+        if payload.largestFrame > configuration.maximumFrameBytes {
             // Refused, but answered: the callers hear why at once and the credit comes back.
             rejected += 1
             out.append(.log("worker reply over the size limit", peer: peer.bytes))
-            outcome = .failure(oversizedReply(oversized.count, flight: id))
+            outcome = .failure(oversizedReply(payload.largestFrame, flight: id))
         } else if !failed {
-            outcome = .reply(frames, fromMajordomo: false)
+            outcome = .reply(payload, fromMajordomo: false)
         } else {
-            outcome = .failure((try? codec.decode(CanopyError.self, from: frames[0])) ?? CanopyError(.internal, "the worker sent an unreadable error"))
+            outcome = .failure((try? codec.decode(CanopyError.self, from: payload.first)) ?? CanopyError(.internal, "the worker sent an unreadable error"))
         }
         complete(id, by: worker, outcome, now: now, into: &out)
     }
@@ -231,11 +231,11 @@ extension BrokerState {
                 tracing?.note(.flightEvent(flight.id, name: "dispatched", worker: worker.identity.bytes.hex, attempt: flight.dispatches, at: BrokerTracing.now))
             }
             let message = WireMessage.dispatch(requestID: flight.id, operation: flight.operation, header: header,
-                                               body: flight.payload.first ?? [], attachments: Array(flight.payload.dropFirst()))
+                                               body: flight.payload.first, attachments: flight.payload.rest)
             out.append(.send(to: worker.identity.bytes, message))
         case .majordomo:
             // The flight id stands in the client address; the worker sends it back with the reply.
-            let body = flight.operation.isEmpty ? flight.payload : [Array(flight.operation.utf8)] + flight.payload
+            let body = flight.operation.isEmpty ? flight.payload.frames : [Array(flight.operation.utf8)] + flight.payload.frames
             out.append(.sendMajordomo(to: worker.identity.bytes, .request(client: Wire.frame(flight.id), body: body)))
         }
     }
@@ -311,14 +311,14 @@ extension BrokerState {
         if let service = services[name], service.dialect == .majordomo {
             // Majordomo to Majordomo: the body passes untouched.
             intake = Intake(client: client, correlation: [], dialect: .majordomo, serviceName: name, operation: "",
-                            header: RequestHeader(timeoutMilliseconds: 0), payload: body)
+                            header: RequestHeader(timeoutMilliseconds: 0), payload: Payload(frames: body))
         } else {
             guard body.count >= 2, body.count - 2 <= Wire.maximumAttachments, Wire.isValidName(body[0]) else {
                 rejected += 1
                 return reply([Majordomo.error, (try? codec.encode(CanopyError(.badRequest, "a Majordomo request to a Canopy service has the operation and the JSON body as its body frames, then up to \(Wire.maximumAttachments) attachments"))) ?? []])
             }
             intake = Intake(client: client, correlation: [], dialect: .majordomo, serviceName: name,
-                            operation: String(decoding: body[0], as: UTF8.self), header: RequestHeader(timeoutMilliseconds: 0), payload: Array(body[1...]))
+                            operation: String(decoding: body[0], as: UTF8.self), header: RequestHeader(timeoutMilliseconds: 0), payload: Payload(frames: Array(body[1...])))
         }
         admit(intake, now: now, into: &out)
     }
@@ -351,7 +351,7 @@ extension BrokerState {
                 out.append(.log("worker reply over the size limit", peer: peer.bytes))
                 return complete(id, by: worker, .failure(oversizedReply(oversized.count, flight: id)), now: now, into: &out)
             }
-            complete(id, by: worker, .reply(body, fromMajordomo: true), now: now, into: &out)
+            complete(id, by: worker, .reply(Payload(frames: body), fromMajordomo: true), now: now, into: &out)
         case .heartbeat:
             guard let worker = known else { return out.append(.sendMajordomo(to: peer.bytes, .disconnect)) }
             worker.expiry = now + configuration.workerExpiry

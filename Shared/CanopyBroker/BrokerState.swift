@@ -161,10 +161,10 @@ public struct BrokerState {
     ///     than ``BrokerConfiguration/stack`` is refused.
     ///   - now: the time.
     ///   - out: where the directives go.
-    public mutating func receive(_ frames: [[UInt8]], from peer: [UInt8], key: String? = nil, stack: String? = nil,
-                                 now: ContinuousClock.Instant, into out: inout [Directive]) {
+    public mutating func receive<Frames: FrameList>(_ frames: Frames, from peer: [UInt8], key: String? = nil, stack: String? = nil,
+                                                    now: ContinuousClock.Instant, into out: inout [Directive]) {
         if MajordomoMessage.claims(frames) {
-            receiveMajordomo(frames, from: peer, key: key, now: now, into: &out)
+            receiveMajordomo(frames.arrays, from: peer, key: key, now: now, into: &out)
             return
         }
         let message: WireMessage
@@ -190,12 +190,12 @@ public struct BrokerState {
         }
         // A worker's oversized reply still answers its callers (with `tooLarge`) and gives its
         // credit back; workerReply checks the body's size.
-        if message.command != .workerReply, let oversized = frames.first(where: { $0.count > configuration.maximumFrameBytes }) {
+        if message.command != .workerReply, let oversized = (0..<frames.count).first(where: { frames.byteCount($0) > configuration.maximumFrameBytes }) {
             rejected += 1
             out.append(.log("frame over the size limit", peer: peer))
             var correlation: [UInt8] = []
             if case .request(let request) = message { correlation = request.correlation }
-            replyError(to: peer, correlation: correlation, tooLarge(oversized.count), into: &out)
+            replyError(to: peer, correlation: correlation, tooLarge(frames.byteCount(oversized)), into: &out)
             return
         }
         switch message {
@@ -218,7 +218,7 @@ public struct BrokerState {
         case .ready(let service, let operations, let credit):
             workerReady(service: service, operations: operations, credit: credit, from: PeerKey(peer), key: key, now: now, into: &out)
         case .workerReply(let id, let failed, let body, let attachments):
-            workerReply(id: id, failed: failed, frames: [body] + attachments, from: PeerKey(peer), now: now, into: &out)
+            workerReply(id: id, failed: failed, payload: Payload(body: body, attachments: attachments), from: PeerKey(peer), now: now, into: &out)
         case .workerHeartbeat: workerHeartbeat(from: PeerKey(peer), now: now, into: &out)
         case .workerDisconnect: workerGone(PeerKey(peer), now: now, into: &out)
         case .drain: workerDrain(from: PeerKey(peer), now: now, into: &out)

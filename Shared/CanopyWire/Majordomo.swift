@@ -62,8 +62,8 @@ public enum MajordomoMessage: Equatable, Sendable {
     case disconnect
 
     /// Whether `frames` claim to be Majordomo: an empty delimiter, then MDPC01 or MDPW01.
-    public static func claims(_ frames: [[UInt8]]) -> Bool {
-        frames.count >= 2 && frames[0].isEmpty && (frames[1] == Majordomo.client || frames[1] == Majordomo.worker)
+    public static func claims<Frames: FrameList>(_ frames: Frames) -> Bool {
+        frames.count >= 2 && frames.byteCount(0) == 0 && (frames.frame(1, equals: Majordomo.client) || frames.frame(1, equals: Majordomo.worker))
     }
 
     /// The message's frames, ready to send.

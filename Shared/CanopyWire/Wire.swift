@@ -83,7 +83,7 @@ public enum Wire {
 
     /// Whether `name` may name a service or operation: 1 to 128 bytes of lower-case ASCII
     /// letters, digits, `.`, `-` and `_`.
-    public static func isValidName(_ bytes: [UInt8]) -> Bool {
+    public static func isValidName<Bytes: Collection<UInt8>>(_ bytes: Bytes) -> Bool {
         guard !bytes.isEmpty, bytes.count <= maximumNameLength else { return false }
         return bytes.allSatisfy { byte in
             (byte >= 0x61 && byte <= 0x7A) || (byte >= 0x30 && byte <= 0x39) || byte == 0x2E || byte == 0x2D || byte == 0x5F
@@ -103,13 +103,13 @@ public enum Wire {
     }
 
     /// Reads a big-endian 64-bit frame; `nil` unless it is exactly 8 bytes.
-    public static func uint64(_ frame: [UInt8]) -> UInt64? {
+    public static func uint64<Bytes: Collection<UInt8>>(_ frame: Bytes) -> UInt64? {
         guard frame.count == 8 else { return nil }
         return frame.reduce(0) { $0 << 8 | UInt64($1) }
     }
 
     /// Reads a big-endian 32-bit frame; `nil` unless it is exactly 4 bytes.
-    public static func uint32(_ frame: [UInt8]) -> UInt32? {
+    public static func uint32<Bytes: Collection<UInt8>>(_ frame: Bytes) -> UInt32? {
         guard frame.count == 4 else { return nil }
         return frame.reduce(0) { $0 << 8 | UInt32($1) }
     }
@@ -187,13 +187,14 @@ public struct RequestHeader: Sendable, Equatable {
     /// Parses a header frame; `nil` when it is shorter than 5 bytes, a trace context its flags
     /// announce is missing or invalid, or the principal is not 1 to 256 bytes of printable
     /// ASCII.
-    public init?(frame: [UInt8]) {
+    public init?<Bytes: Collection<UInt8>>(frame: Bytes) where Bytes.Index == Int {
         guard frame.count >= 5, frame.count <= Self.maximumFrameLength else { return nil }
-        timeoutMilliseconds = UInt32(frame[0]) << 24 | UInt32(frame[1]) << 16 | UInt32(frame[2]) << 8 | UInt32(frame[3])
-        flags = frame[4]
-        var principalStart = 5
+        let start = frame.startIndex
+        timeoutMilliseconds = UInt32(frame[start]) << 24 | UInt32(frame[start + 1]) << 16 | UInt32(frame[start + 2]) << 8 | UInt32(frame[start + 3])
+        flags = frame[start + 4]
+        var principalStart = start + 5
         if flags & Flag.traced != 0 {
-            guard frame.count >= 5 + TraceContext.byteCount, let trace = TraceContext(bytes: frame[5..<(5 + TraceContext.byteCount)]) else { return nil }
+            guard frame.count >= 5 + TraceContext.byteCount, let trace = TraceContext(bytes: frame[(start + 5)..<(start + 5 + TraceContext.byteCount)]) else { return nil }
             self.trace = trace
             principalStart += TraceContext.byteCount
         } else {

@@ -204,23 +204,24 @@ extension WireMessage {
         }
     }
 
-    /// Decodes frames (without a ROUTER's identity frame) into a message.
+    /// Decodes frames (without a ROUTER's identity frame) into a message. Generic over where
+    /// the frames are held: only the frames the message keeps (correlation id, body,
+    /// attachments) are copied into arrays when they are not arrays already.
     ///
     /// - Throws: ``WireDecodingError`` naming what is wrong: the version, the command, the
     ///   number of frames, or the field that is malformed.
-    public init(frames: [[UInt8]]) throws(WireDecodingError) {
-        guard frames.count >= 2, frames[0] == Wire.version else {
-            let correlation = frames.count > 2 && frames[2].count <= Wire.maximumCorrelationLength ? frames[2] : []
-            let seen = frames.first.map { String(decoding: $0.prefix(32), as: UTF8.self) } ?? ""
-            throw WireDecodingError(.wrongVersion, correlation: correlation,
+    public init<Frames: FrameList>(frames: Frames) throws(WireDecodingError) {
+        let reader = FrameReader(frames: frames)
+        guard frames.count >= 2, frames.frame(0, equals: Wire.version) else {
+            let seen = frames.count > 0 ? frames.withFrame(0) { String(decoding: $0.prefix(32), as: UTF8.self) } : ""
+            throw WireDecodingError(.wrongVersion, correlation: reader.likelyCorrelation,
                                     "unsupported protocol version '\(seen)'; Canopy speaks \(Wire.versionText) (or Majordomo MDPC01/MDPW01)")
         }
-        guard frames[1].count == 1, let command = Wire.Command(rawValue: frames[1][0]) else {
-            let correlation = frames.count > 2 && frames[2].count <= Wire.maximumCorrelationLength ? frames[2] : []
-            throw WireDecodingError(.unknownCommand, correlation: correlation, "unknown command frame; this peer speaks \(Wire.versionText) (see docs/PROTOCOL.md)")
+        guard frames.byteCount(1) == 1, let command = Wire.Command(rawValue: frames.withFrame(1) { $0[0] }) else {
+            throw WireDecodingError(.unknownCommand, correlation: reader.likelyCorrelation, "unknown command frame; this peer speaks \(Wire.versionText) (see docs/PROTOCOL.md)")
         }
         do {
-            self = try Self.decode(frames, command)
+            self = try Self.decode(reader, command)
         } catch {
             var error = error
             error.command = command
@@ -228,115 +229,124 @@ extension WireMessage {
         }
     }
 
-    private static func decode(_ frames: [[UInt8]], _ command: Wire.Command) throws(WireDecodingError) -> WireMessage {
-        let reader = FrameReader(frames: frames, command: command)
+    private static func decode<Frames: FrameList>(_ reader: FrameReader<Frames>, _ command: Wire.Command) throws(WireDecodingError) -> WireMessage {
+        let frames = reader.frames
         switch command {
         case .request:
-            try reader.expect(7, attachments: true, "a request has 7 frames (version, command, correlation, service, operation, header, body), then up to \(Wire.maximumAttachments) attachments")
+            try reader.expect(7, command, attachments: true, "a request has 7 frames (version, command, correlation, service, operation, header, body), then up to \(Wire.maximumAttachments) attachments")
             let correlation = try reader.correlation(at: 2)
-            guard Wire.isValidName(frames[3]), Wire.isValidName(frames[4]) else {
+            guard frames.withFrame(3, Wire.isValidName), frames.withFrame(4, Wire.isValidName) else {
                 throw WireDecodingError(.invalidName, correlation: correlation,
                                         "service and operation names are 1 to \(Wire.maximumNameLength) characters of a-z, 0-9, '.', '-' and '_'")
             }
-            guard let header = RequestHeader(frame: frames[5]) else {
+            guard let header = frames.withFrame(5, { RequestHeader(frame: $0) }) else {
                 throw WireDecodingError(.malformedHeader, correlation: correlation, RequestHeader.formatDescription)
             }
-            return .request(WireRequest(correlation: correlation, service: String(decoding: frames[3], as: UTF8.self),
-                                        operation: String(decoding: frames[4], as: UTF8.self), header: header, body: frames[6],
-                                        attachments: Array(frames[7...])))
+            return .request(WireRequest(correlation: correlation, service: reader.string(at: 3), operation: reader.string(at: 4), header: header,
+                                        body: frames.array(6), attachments: frames.arrays(7..<frames.count)))
         case .cancel:
-            try reader.expect(3, "a cancel has 3 frames (version, command, correlation)")
+            try reader.expect(3, command, "a cancel has 3 frames (version, command, correlation)")
             return .cancel(correlation: try reader.correlation(at: 2))
         case .reply:
-            try reader.expect(5, attachments: true, "a reply has 5 frames (version, command, correlation, flags, body), then up to \(Wire.maximumAttachments) attachments")
+            try reader.expect(5, command, attachments: true, "a reply has 5 frames (version, command, correlation, flags, body), then up to \(Wire.maximumAttachments) attachments")
             let correlation = try reader.correlation(at: 2)
-            guard frames[3].count == 1 else { throw WireDecodingError(.malformedInteger, correlation: correlation, "a reply's flags are one byte") }
-            return .reply(correlation: correlation, shared: frames[3][0] & Wire.ReplyFlag.shared != 0, body: frames[4], attachments: Array(frames[5...]))
+            guard frames.byteCount(3) == 1 else { throw WireDecodingError(.malformedInteger, correlation: correlation, "a reply's flags are one byte") }
+            return .reply(correlation: correlation, shared: frames.withFrame(3) { $0[0] } & Wire.ReplyFlag.shared != 0, body: frames.array(4),
+                          attachments: frames.arrays(5..<frames.count))
         case .error:
-            try reader.expect(4, "an error has 4 frames (version, command, correlation, error)")
-            guard frames[2].count <= Wire.maximumCorrelationLength else {
+            try reader.expect(4, command, "an error has 4 frames (version, command, correlation, error)")
+            guard frames.byteCount(2) <= Wire.maximumCorrelationLength else {
                 throw WireDecodingError(.malformedCorrelation, "the correlation id must be at most \(Wire.maximumCorrelationLength) bytes")
             }
-            return .error(correlation: frames[2], error: frames[3])
+            return .error(correlation: frames.array(2), error: frames.array(3))
         case .ready:
-            try reader.expect(5, "READY has 5 frames (version, command, service, operations, credit)")
-            guard Wire.isValidName(frames[2]) else {
+            try reader.expect(5, command, "READY has 5 frames (version, command, service, operations, credit)")
+            guard frames.withFrame(2, Wire.isValidName) else {
                 throw WireDecodingError(.invalidName, "invalid service name; use 1 to \(Wire.maximumNameLength) of a-z, 0-9, '.', '-', '_'")
             }
-            guard let operations = try? MessageCodec().decode([OperationDescriptor].self, from: frames[3]), !operations.isEmpty,
-                  operations.allSatisfy({ Wire.isValidName(Array($0.name.utf8)) })
+            guard let operations = try? MessageCodec().decode([OperationDescriptor].self, from: frames.array(3)), !operations.isEmpty,
+                  operations.allSatisfy({ Wire.isValidName($0.name.utf8) })
             else {
                 throw WireDecodingError(.malformedOperations, "operations must be a non-empty JSON array of {name, idempotent, coalescable} with valid names")
             }
-            return .ready(service: String(decoding: frames[2], as: UTF8.self), operations: operations, credit: try reader.uint32(at: 4, "credit"))
+            return .ready(service: reader.string(at: 2), operations: operations, credit: try reader.uint32(at: 4, "credit"))
         case .workerReply:
-            try reader.expect(5, attachments: true, "a worker reply has 5 frames (version, command, request id, status, body), then up to \(Wire.maximumAttachments) attachments")
+            try reader.expect(5, command, attachments: true, "a worker reply has 5 frames (version, command, request id, status, body), then up to \(Wire.maximumAttachments) attachments")
             let id = try reader.uint64(at: 2, "request id")
-            guard frames[3].count == 1, frames[3][0] <= Wire.Status.error else {
+            let status = frames.byteCount(3) == 1 ? frames.withFrame(3) { $0[0] } : UInt8.max
+            guard status <= Wire.Status.error else {
                 throw WireDecodingError(.malformedInteger, "a worker reply's status is one byte, 0 (ok) or 1 (error)")
             }
-            return .workerReply(requestID: id, failed: frames[3][0] == Wire.Status.error, body: frames[4], attachments: Array(frames[5...]))
+            return .workerReply(requestID: id, failed: status == Wire.Status.error, body: frames.array(4), attachments: frames.arrays(5..<frames.count))
         case .workerHeartbeat:
-            try reader.expect(2, "a heartbeat has 2 frames (version, command)")
+            try reader.expect(2, command, "a heartbeat has 2 frames (version, command)")
             return .workerHeartbeat
         case .workerDisconnect:
-            try reader.expect(2, "a disconnect has 2 frames (version, command)")
+            try reader.expect(2, command, "a disconnect has 2 frames (version, command)")
             return .workerDisconnect
         case .drain:
-            try reader.expect(2, "a drain has 2 frames (version, command)")
+            try reader.expect(2, command, "a drain has 2 frames (version, command)")
             return .drain
         case .credit:
-            try reader.expect(3, "a credit has 3 frames (version, command, credit)")
+            try reader.expect(3, command, "a credit has 3 frames (version, command, credit)")
             return .credit(try reader.uint32(at: 2, "credit"))
         case .dispatch:
-            try reader.expect(6, attachments: true, "a dispatch has 6 frames (version, command, request id, operation, header, body), then up to \(Wire.maximumAttachments) attachments")
+            try reader.expect(6, command, attachments: true, "a dispatch has 6 frames (version, command, request id, operation, header, body), then up to \(Wire.maximumAttachments) attachments")
             let id = try reader.uint64(at: 2, "request id")
-            guard Wire.isValidName(frames[3]) else { throw WireDecodingError(.invalidName, "invalid operation name") }
-            guard let header = RequestHeader(frame: frames[4]) else { throw WireDecodingError(.malformedHeader, RequestHeader.formatDescription) }
-            return .dispatch(requestID: id, operation: String(decoding: frames[3], as: UTF8.self), header: header, body: frames[5], attachments: Array(frames[6...]))
+            guard frames.withFrame(3, Wire.isValidName) else { throw WireDecodingError(.invalidName, "invalid operation name") }
+            guard let header = frames.withFrame(4, { RequestHeader(frame: $0) }) else { throw WireDecodingError(.malformedHeader, RequestHeader.formatDescription) }
+            return .dispatch(requestID: id, operation: reader.string(at: 3), header: header, body: frames.array(5), attachments: frames.arrays(6..<frames.count))
         case .cancelDispatch:
-            try reader.expect(3, "a cancel dispatch has 3 frames (version, command, request id)")
+            try reader.expect(3, command, "a cancel dispatch has 3 frames (version, command, request id)")
             return .cancelDispatch(requestID: try reader.uint64(at: 2, "request id"))
         case .brokerHeartbeat:
-            try reader.expect(3, "a broker heartbeat has 3 frames (version, command, frame limit)")
+            try reader.expect(3, command, "a broker heartbeat has 3 frames (version, command, frame limit)")
             return .brokerHeartbeat(maximumFrameBytes: try reader.uint64(at: 2, "frame limit"))
         case .brokerDisconnect:
-            try reader.expect(3, "a broker disconnect has 3 frames (version, command, reason)")
-            return .brokerDisconnect(reason: String(decoding: frames[2].prefix(512), as: UTF8.self))
+            try reader.expect(3, command, "a broker disconnect has 3 frames (version, command, reason)")
+            return .brokerDisconnect(reason: frames.withFrame(2) { String(decoding: $0.prefix(512), as: UTF8.self) })
         }
     }
 }
 
 /// Reads the fields of one message's frames, throwing what is wrong with each.
-private struct FrameReader {
-    let frames: [[UInt8]]
-    let command: Wire.Command
+private struct FrameReader<Frames: FrameList> {
+    let frames: Frames
+
+    /// Frame 2 when it could be a correlation id (for refusing a message that is wrong
+    /// before its fields were read), else empty.
+    var likelyCorrelation: [UInt8] {
+        frames.count > 2 && frames.byteCount(2) <= Wire.maximumCorrelationLength ? frames.array(2) : []
+    }
 
     /// Checks the number of frames: exactly `count`, or with `attachments`, `count` and up to
     /// ``Wire/maximumAttachments`` more.
-    func expect(_ count: Int, attachments: Bool = false, _ explanation: String) throws(WireDecodingError) {
+    func expect(_ count: Int, _ command: Wire.Command, attachments: Bool = false, _ explanation: String) throws(WireDecodingError) {
         guard frames.count == count || (attachments && frames.count > count && frames.count - count <= Wire.maximumAttachments) else {
-            let correlation = [.request, .cancel, .reply, .error].contains(command) && frames.count > 2
-                && frames[2].count <= Wire.maximumCorrelationLength ? frames[2] : []
+            let correlation = [.request, .cancel, .reply, .error].contains(command) ? likelyCorrelation : []
             throw WireDecodingError(.wrongFrameCount, correlation: correlation, "\(explanation), got \(frames.count)")
         }
     }
 
     func correlation(at index: Int) throws(WireDecodingError) -> [UInt8] {
-        let correlation = frames[index]
-        guard !correlation.isEmpty, correlation.count <= Wire.maximumCorrelationLength else {
+        guard (1...Wire.maximumCorrelationLength).contains(frames.byteCount(index)) else {
             throw WireDecodingError(.malformedCorrelation, "the correlation id must be 1 to \(Wire.maximumCorrelationLength) bytes")
         }
-        return correlation
+        return frames.array(index)
+    }
+
+    /// A name frame as text (already checked to be ASCII; short names stay inline, unallocated).
+    func string(at index: Int) -> String {
+        frames.withFrame(index) { String(decoding: $0, as: UTF8.self) }
     }
 
     func uint64(at index: Int, _ field: String) throws(WireDecodingError) -> UInt64 {
-        guard let value = Wire.uint64(frames[index]) else { throw WireDecodingError(.malformedInteger, "the \(field) is 8 bytes, big-endian") }
+        guard let value = frames.withFrame(index, Wire.uint64) else { throw WireDecodingError(.malformedInteger, "the \(field) is 8 bytes, big-endian") }
         return value
     }
 
     func uint32(at index: Int, _ field: String) throws(WireDecodingError) -> UInt32 {
-        guard let value = Wire.uint32(frames[index]) else { throw WireDecodingError(.malformedInteger, "the \(field) is 4 bytes, big-endian") }
+        guard let value = frames.withFrame(index, Wire.uint32) else { throw WireDecodingError(.malformedInteger, "the \(field) is 4 bytes, big-endian") }
         return value
     }
 }

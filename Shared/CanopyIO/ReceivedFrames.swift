@@ -1,0 +1,129 @@
+import CanopyWire
+import CZeroMQ
+import Glibc
+
+/// The frames of the message a ROUTER socket received last, held as libzmq's own messages
+/// and read in place: receiving copies nothing into Swift arrays, and the decoder copies only
+/// what it keeps (a request's correlation id and body). One per loop, reused for every
+/// message; its frames are valid until the next ``ZMQSocket/receiveRouted(into:identity:reading:properties:)``
+/// or ``release()``. For the loop thread that owns the socket only.
+public final class ReceivedFrames: FrameList {
+    private var messages: UnsafeMutablePointer<zmq_msg_t>
+    private var capacity: Int
+    /// Frames of the message received last (the routing identity not among them).
+    public private(set) var count = 0
+    /// Slots that may hold a frame's data (closed by ``release()``).
+    private var used = 0
+
+    public init(capacity: Int = 16) {
+        self.capacity = max(1, capacity)
+        messages = .allocate(capacity: self.capacity)
+        for index in 0..<self.capacity { zmq_msg_init(messages + index) }
+    }
+
+    deinit {
+        for index in 0..<capacity { zmq_msg_close(messages + index) }
+        messages.deallocate()
+    }
+
+    public func byteCount(_ index: Int) -> Int {
+        precondition(index < count, "frame \(index) of \(count)")
+        return zmq_msg_size(messages + index)
+    }
+
+    public func withFrame<R>(_ index: Int, _ body: (UnsafeRawBufferPointer) throws -> R) rethrows -> R {
+        precondition(index < count, "frame \(index) of \(count)")
+        let size = zmq_msg_size(messages + index)
+        return try body(UnsafeRawBufferPointer(start: size == 0 ? nil : zmq_msg_data(messages + index), count: size))
+    }
+
+    public func array(_ index: Int) -> [UInt8] {
+        withFrame(index) { $0.isEmpty ? [] : Array($0) }
+    }
+
+    /// Gives the frames' memory back to libzmq (a large attachment is not held until the
+    /// next message of as many frames).
+    public func release() {
+        for index in 0..<used {
+            zmq_msg_close(messages + index)
+            zmq_msg_init(messages + index)
+        }
+        used = 0
+        count = 0
+    }
+
+    /// The slot for frame `index`, growing the buffer when a message has more frames.
+    fileprivate func slot(_ index: Int) -> UnsafeMutablePointer<zmq_msg_t> {
+        if index >= capacity {
+            let grown = UnsafeMutablePointer<zmq_msg_t>.allocate(capacity: capacity * 2)
+            grown.moveInitialize(from: messages, count: capacity) // a zmq_msg_t may be moved bitwise while no call uses it
+            for added in capacity..<(capacity * 2) { zmq_msg_init(grown + added) }
+            messages.deallocate()
+            messages = grown
+            capacity *= 2
+        }
+        used = max(used, index + 1)
+        return messages + index
+    }
+
+    fileprivate func setCount(_ count: Int) { self.count = count }
+}
+
+extension ZMQSocket {
+    /// Receives one message from a ROUTER socket without waiting, into `frames`, read in
+    /// place. The routing identity goes to `identity`, which keeps its array (no allocation)
+    /// when the same peer sent the message before; `properties` likewise keeps its strings
+    /// while the connection's properties are the same.
+    ///
+    /// - Returns: false when no message was waiting.
+    public func receiveRouted(into frames: ReceivedFrames, identity: inout [UInt8], reading: PeerProperties.Names = [],
+                              properties: inout PeerProperties) throws -> Bool {
+        var routing = zmq_msg_t()
+        zmq_msg_init(&routing)
+        defer { zmq_msg_close(&routing) }
+        while zmq_msg_recv(&routing, handle, ZMQ_DONTWAIT) < 0 {
+            let code = zmq_errno()
+            if code == EINTR { continue }
+            if code == EAGAIN { return false }
+            throw ZMQError("zmq_msg_recv", code: code)
+        }
+        let size = zmq_msg_size(&routing)
+        let same = identity.count == size && (size == 0 || identity.withUnsafeBytes { memcmp($0.baseAddress!, zmq_msg_data(&routing), size) == 0 })
+        if !same { identity = size == 0 ? [] : Array(UnsafeRawBufferPointer(start: zmq_msg_data(&routing), count: size)) }
+        var unread = reading
+        var index = 0
+        var more = zmq_msg_more(&routing) != 0
+        while more {
+            let message = frames.slot(index)
+            while zmq_msg_recv(message, handle, 0) < 0 { // the rest of a multipart message is already here
+                let code = zmq_errno()
+                if code == EINTR { continue }
+                frames.setCount(index)
+                throw ZMQError("zmq_msg_recv", code: code)
+            }
+            // A ROUTER's identity frame carries no metadata: the properties come from the next.
+            if !unread.isEmpty {
+                if unread.contains(.userID) { Self.keep(zmq_msg_gets(message, "User-Id"), in: &properties.userID) }
+                if unread.contains(.stack) { Self.keep(zmq_msg_gets(message, PeerProperties.stackName), in: &properties.stack) }
+                unread = [] // one connection's properties are the same on every frame of it
+            }
+            more = zmq_msg_more(message) != 0
+            index += 1
+        }
+        frames.setCount(index)
+        return true
+    }
+
+    /// Sets `value` to the C string `property` (nil when absent or empty), keeping the string
+    /// it holds when it is the same text.
+    private static func keep(_ property: UnsafePointer<CChar>?, in value: inout String?) {
+        guard let property, property.pointee != 0 else {
+            value = nil
+            return
+        }
+        if let current = value, current.utf8.withContiguousStorageIfAvailable({ stored in
+            stored.count == strlen(property) && memcmp(stored.baseAddress!, property, stored.count) == 0
+        }) == true { return }
+        value = String(cString: property)
+    }
+}
