@@ -161,7 +161,19 @@ public struct BrokerState {
     ///     than ``BrokerConfiguration/stack`` is refused.
     ///   - now: the time.
     ///   - out: where the directives go.
-    public mutating func receive<Frames: FrameList>(_ frames: Frames, from peer: [UInt8], key: String? = nil, stack: String? = nil,
+    public mutating func receive(_ frames: [[UInt8]], from peer: [UInt8], key: String? = nil, stack: String? = nil,
+                                 now: ContinuousClock.Instant, into out: inout [Directive]) {
+        handle(frames, from: peer, key: key, stack: stack, now: now, into: &out)
+    }
+
+    /// The frames read in place from the broker's socket (``ReceivedFrames``); see above.
+    public mutating func receive(_ frames: ReceivedFrames, from peer: [UInt8], key: String? = nil, stack: String? = nil,
+                                 now: ContinuousClock.Instant, into out: inout [Directive]) {
+        handle(frames, from: peer, key: key, stack: stack, now: now, into: &out)
+    }
+
+    /// One body for both, specialized in this module for each.
+    private mutating func handle<Frames: FrameList>(_ frames: Frames, from peer: [UInt8], key: String?, stack: String?,
                                                     now: ContinuousClock.Instant, into out: inout [Directive]) {
         if MajordomoMessage.claims(frames) {
             receiveMajordomo(frames.arrays, from: peer, key: key, now: now, into: &out)

@@ -20,7 +20,8 @@ final class ReplyBacklog {
     static let errorSlack = 1024 * 1024
 
     private let all = ByteCount()
-    private var clients: [[UInt8]: ByteCount] = [:]
+    /// Keyed by routing identity, hashed in bulk (`[UInt8]`'s own hashing goes byte by byte).
+    private var clients: [BrokerState.PeerKey: ByteCount] = [:]
     /// Sweep clients with nothing waiting once the table has this many entries.
     private var sweepAt = 1024
     /// Replies dropped because a bound was reached, since the broker started.
@@ -38,11 +39,12 @@ final class ReplyBacklog {
     /// (by more than `slack`).
     func admit(_ bytes: Int, to client: [UInt8], slack: Int = 0) -> SendTicket? {
         let count: ByteCount
-        if let known = clients[client] {
+        let key = BrokerState.PeerKey(client)
+        if let known = clients[key] {
             count = known
         } else {
             count = ByteCount()
-            clients[client] = count
+            clients[key] = count
         }
         let waiting = count.bytes
         guard waiting == 0 || waiting + bytes <= perClient + slack, all.bytes + bytes <= total + slack else { return nil }

@@ -6,14 +6,17 @@ import Glibc
 /// and read in place: receiving copies nothing into Swift arrays, and the decoder copies only
 /// what it keeps (a request's correlation id and body). One per loop, reused for every
 /// message; its frames are valid until the next ``ZMQSocket/receiveRouted(into:identity:reading:properties:)``
-/// or ``release()``. For the loop thread that owns the socket only.
+/// or ``release()``. For the loop thread that owns the socket only. Its reads are
+/// `@inlinable`, so the decoder specialized for it in the broker reads frames directly.
 public final class ReceivedFrames: FrameList {
-    private var messages: UnsafeMutablePointer<zmq_msg_t>
-    private var capacity: Int
+    // Unchecked exclusivity: one thread uses it, and the runtime's check on every access
+    // showed in the broker's profile.
+    @usableFromInline @exclusivity(unchecked) var messages: UnsafeMutablePointer<zmq_msg_t>
+    @usableFromInline @exclusivity(unchecked) var capacity: Int
     /// Frames of the message received last (the routing identity not among them).
-    public private(set) var count = 0
+    @exclusivity(unchecked) public private(set) var count = 0
     /// Slots that may hold a frame's data (closed by ``release()``).
-    private var used = 0
+    @exclusivity(unchecked) private var used = 0
 
     public init(capacity: Int = 16) {
         self.capacity = max(1, capacity)
@@ -26,17 +29,20 @@ public final class ReceivedFrames: FrameList {
         messages.deallocate()
     }
 
+    @inlinable
     public func byteCount(_ index: Int) -> Int {
         precondition(index < count, "frame \(index) of \(count)")
         return zmq_msg_size(messages + index)
     }
 
+    @inlinable
     public func withFrame<R>(_ index: Int, _ body: (UnsafeRawBufferPointer) throws -> R) rethrows -> R {
         precondition(index < count, "frame \(index) of \(count)")
         let size = zmq_msg_size(messages + index)
         return try body(UnsafeRawBufferPointer(start: size == 0 ? nil : zmq_msg_data(messages + index), count: size))
     }
 
+    @inlinable
     public func array(_ index: Int) -> [UInt8] {
         withFrame(index) { $0.isEmpty ? [] : Array($0) }
     }

@@ -4,7 +4,9 @@
 /// attachments are handed over as the arrays they are.
 ///
 /// ``WireMessage/write(into:)`` writes through it; ``WireMessage/encoded`` is the same
-/// encoding collected into arrays (what the golden fixtures pin).
+/// encoding collected into arrays (what the golden fixtures pin). The writing is `@inlinable`,
+/// so a writer in another module (the broker's, straight to its socket) gets it specialized:
+/// no generic dispatch or runtime metadata per frame.
 public protocol FrameWriter {
     /// What a write can fail with (`Never` when it cannot).
     associatedtype Failure: Error
@@ -18,11 +20,13 @@ public protocol FrameWriter {
 
 extension FrameWriter {
     /// A big-endian 64-bit frame.
+    @inlinable
     mutating func write(_ value: UInt64, more: Bool) throws(Failure) {
         try withUnsafeBytes(of: value.bigEndian) { (bytes) throws(Failure) in try write(bytes: bytes, more: more) }
     }
 
     /// A name's UTF-8 bytes as a frame.
+    @inlinable
     mutating func write(_ text: String, more: Bool) throws(Failure) {
         let count = text.utf8.count
         try withUnsafeTemporaryAllocation(byteCount: count, alignment: 1) { (buffer) throws(Failure) in
@@ -32,6 +36,7 @@ extension FrameWriter {
     }
 
     /// The body, then each attachment; the last of them ends the message.
+    @inlinable
     mutating func write(body: [UInt8], attachments: [[UInt8]]) throws(Failure) {
         try write(body, more: !attachments.isEmpty)
         for index in attachments.indices {
@@ -40,6 +45,7 @@ extension FrameWriter {
     }
 
     /// A request header's frame, built on the stack.
+    @inlinable
     mutating func write(_ header: RequestHeader, more: Bool) throws(Failure) {
         let principal = header.principal.utf8
         let traceBytes = header.trace == nil ? 0 : TraceContext.byteCount

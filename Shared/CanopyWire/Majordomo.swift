@@ -62,6 +62,7 @@ public enum MajordomoMessage: Equatable, Sendable {
     case disconnect
 
     /// Whether `frames` claim to be Majordomo: an empty delimiter, then MDPC01 or MDPW01.
+    @inlinable
     public static func claims<Frames: FrameList>(_ frames: Frames) -> Bool {
         frames.count >= 2 && frames.byteCount(0) == 0 && (frames.frame(1, equals: Majordomo.client) || frames.frame(1, equals: Majordomo.worker))
     }

@@ -55,6 +55,7 @@ public enum Wire {
         public var frame: [UInt8] { Self.frames[Int(rawValue)] }
 
         /// A one-byte frame, shared.
+        @usableFromInline
         static func frame(byte: UInt8) -> [UInt8] { frames[Int(byte)] }
 
         private static let frames: [[UInt8]] = (0...0xFF).map { [UInt8($0)] }
@@ -65,6 +66,7 @@ public enum Wire {
         /// The reply was shared among coalesced identical requests.
         public static let shared: UInt8 = 0x01
         /// The flags frame of a reply given to one caller, and of one shared.
+        @usableFromInline
         static let frames: (alone: [UInt8], shared: [UInt8]) = ([0], [shared])
     }
 
@@ -83,6 +85,7 @@ public enum Wire {
 
     /// Whether `name` may name a service or operation: 1 to 128 bytes of lower-case ASCII
     /// letters, digits, `.`, `-` and `_`.
+    @inlinable
     public static func isValidName<Bytes: Collection<UInt8>>(_ bytes: Bytes) -> Bool {
         guard !bytes.isEmpty, bytes.count <= maximumNameLength else { return false }
         return bytes.allSatisfy { byte in
@@ -103,12 +106,14 @@ public enum Wire {
     }
 
     /// Reads a big-endian 64-bit frame; `nil` unless it is exactly 8 bytes.
+    @inlinable
     public static func uint64<Bytes: Collection<UInt8>>(_ frame: Bytes) -> UInt64? {
         guard frame.count == 8 else { return nil }
         return frame.reduce(0) { $0 << 8 | UInt64($1) }
     }
 
     /// Reads a big-endian 32-bit frame; `nil` unless it is exactly 4 bytes.
+    @inlinable
     public static func uint32<Bytes: Collection<UInt8>>(_ frame: Bytes) -> UInt32? {
         guard frame.count == 4 else { return nil }
         return frame.reduce(0) { $0 << 8 | UInt32($1) }
@@ -180,6 +185,7 @@ public struct RequestHeader: Sendable, Equatable {
     public static let maximumFrameLength = 5 + TraceContext.byteCount + maximumPrincipalLength
 
     /// Whether `bytes` may be a principal: 1 to 256 bytes of printable ASCII.
+    @inlinable
     public static func isValidPrincipal<Bytes: Collection<UInt8>>(_ bytes: Bytes) -> Bool {
         !bytes.isEmpty && bytes.count <= maximumPrincipalLength && bytes.allSatisfy { $0 >= 0x21 && $0 <= 0x7E }
     }
@@ -187,6 +193,7 @@ public struct RequestHeader: Sendable, Equatable {
     /// Parses a header frame; `nil` when it is shorter than 5 bytes, a trace context its flags
     /// announce is missing or invalid, or the principal is not 1 to 256 bytes of printable
     /// ASCII.
+    @inlinable
     public init?<Bytes: Collection<UInt8>>(frame: Bytes) where Bytes.Index == Int {
         guard frame.count >= 5, frame.count <= Self.maximumFrameLength else { return nil }
         let start = frame.startIndex
@@ -230,6 +237,7 @@ public struct TraceContext: Sendable, Hashable {
     public var isSampled: Bool { flags & 0x01 != 0 }
 
     /// Reads 25 bytes; `nil` when either id is zero.
+    @inlinable
     public init?<Bytes: Collection<UInt8>>(bytes: Bytes) where Bytes.Index == Int {
         guard bytes.count == Self.byteCount else { return nil }
         let start = bytes.startIndex

@@ -126,6 +126,15 @@ public struct WireDecodingError: Error, Equatable, Sendable, CustomStringConvert
     /// The whole explanation.
     public let description: String
 
+    /// The same error, saying which command the message named.
+    @usableFromInline
+    func naming(_ command: Wire.Command) -> WireDecodingError {
+        var named = self
+        named.command = command
+        return named
+    }
+
+    @usableFromInline
     init(_ reason: Reason, correlation: [UInt8] = [], _ description: String) {
         self.reason = reason
         self.correlation = correlation
@@ -149,6 +158,7 @@ extension WireMessage {
     }
 
     /// Writes the message's frames to `writer`, in order, the last one with `more` false.
+    @inlinable
     public func write<Writer: FrameWriter>(into writer: inout Writer) throws(Writer.Failure) {
         try writer.write(Wire.version, more: true)
         switch self {
@@ -210,6 +220,7 @@ extension WireMessage {
     ///
     /// - Throws: ``WireDecodingError`` naming what is wrong: the version, the command, the
     ///   number of frames, or the field that is malformed.
+    @inlinable
     public init<Frames: FrameList>(frames: Frames) throws(WireDecodingError) {
         let reader = FrameReader(frames: frames)
         guard frames.count >= 2, frames.frame(0, equals: Wire.version) else {
@@ -223,13 +234,12 @@ extension WireMessage {
         do {
             self = try Self.decode(reader, command)
         } catch {
-            var error = error
-            error.command = command
-            throw error
+            throw error.naming(command)
         }
     }
 
-    private static func decode<Frames: FrameList>(_ reader: FrameReader<Frames>, _ command: Wire.Command) throws(WireDecodingError) -> WireMessage {
+    @inlinable
+    static func decode<Frames: FrameList>(_ reader: FrameReader<Frames>, _ command: Wire.Command) throws(WireDecodingError) -> WireMessage {
         let frames = reader.frames
         switch command {
         case .request:
@@ -310,17 +320,23 @@ extension WireMessage {
 }
 
 /// Reads the fields of one message's frames, throwing what is wrong with each.
-private struct FrameReader<Frames: FrameList> {
-    let frames: Frames
+@usableFromInline
+struct FrameReader<Frames: FrameList> {
+    @usableFromInline let frames: Frames
+
+    @inlinable
+    init(frames: Frames) { self.frames = frames }
 
     /// Frame 2 when it could be a correlation id (for refusing a message that is wrong
     /// before its fields were read), else empty.
+    @inlinable
     var likelyCorrelation: [UInt8] {
         frames.count > 2 && frames.byteCount(2) <= Wire.maximumCorrelationLength ? frames.array(2) : []
     }
 
     /// Checks the number of frames: exactly `count`, or with `attachments`, `count` and up to
     /// ``Wire/maximumAttachments`` more.
+    @inlinable
     func expect(_ count: Int, _ command: Wire.Command, attachments: Bool = false, _ explanation: String) throws(WireDecodingError) {
         guard frames.count == count || (attachments && frames.count > count && frames.count - count <= Wire.maximumAttachments) else {
             let correlation = [.request, .cancel, .reply, .error].contains(command) ? likelyCorrelation : []
@@ -328,6 +344,7 @@ private struct FrameReader<Frames: FrameList> {
         }
     }
 
+    @inlinable
     func correlation(at index: Int) throws(WireDecodingError) -> [UInt8] {
         guard (1...Wire.maximumCorrelationLength).contains(frames.byteCount(index)) else {
             throw WireDecodingError(.malformedCorrelation, "the correlation id must be 1 to \(Wire.maximumCorrelationLength) bytes")
@@ -336,15 +353,18 @@ private struct FrameReader<Frames: FrameList> {
     }
 
     /// A name frame as text (already checked to be ASCII; short names stay inline, unallocated).
+    @inlinable
     func string(at index: Int) -> String {
         frames.withFrame(index) { String(decoding: $0, as: UTF8.self) }
     }
 
+    @inlinable
     func uint64(at index: Int, _ field: String) throws(WireDecodingError) -> UInt64 {
         guard let value = frames.withFrame(index, Wire.uint64) else { throw WireDecodingError(.malformedInteger, "the \(field) is 8 bytes, big-endian") }
         return value
     }
 
+    @inlinable
     func uint32(at index: Int, _ field: String) throws(WireDecodingError) -> UInt32 {
         guard let value = frames.withFrame(index, Wire.uint32) else { throw WireDecodingError(.malformedInteger, "the \(field) is 4 bytes, big-endian") }
         return value
@@ -358,5 +378,6 @@ extension Wire {
 
 extension RequestHeader {
     /// What a header frame must be, for refusals.
+    @usableFromInline
     static let formatDescription = "the header frame is malformed: 4-byte timeout, 1 flags byte, the 25-byte trace context when flag 0x04 is set (16-byte trace id, 8-byte span id, neither zero, 1 flags byte), then the principal: empty, or 1 to 256 bytes of printable ASCII (0x21-0x7E; no spaces, no Unicode)"
 }
