@@ -295,8 +295,16 @@ public final class BrokerServer: Service, @unchecked Sendable {
             capture?.submit(captured) // one hand-over a pass
             captured.removeAll(keepingCapacity: true)
         }
-        for directive in directives {
-            switch directive {
+        // Each directive is moved out of the list (a placeholder that holds nothing takes its
+        // place), so its frames are not retained again for the loop and released twice after.
+        let placeholder = BrokerState.Directive.log("", peer: [])
+        for index in directives.indices {
+            let directive = directives.withUnsafeMutableBufferPointer { buffer in
+                let slot = buffer.baseAddress! + index
+                defer { slot.initialize(to: placeholder) }
+                return slot.move()
+            }
+            switch consume directive {
             case .send(let peer, let message):
                 try send(message, to: peer)
             case .sendMajordomo(let peer, let message):

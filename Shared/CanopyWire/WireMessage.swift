@@ -352,10 +352,12 @@ struct FrameReader<Frames: FrameList> {
         return frames.array(index)
     }
 
-    /// A name frame as text (already checked to be ASCII; short names stay inline, unallocated).
+    /// A name frame as text (already checked to be ASCII; short names stay inline,
+    /// unallocated). Read as typed bytes: `String(decoding:)` takes its fast path only from
+    /// contiguous typed storage, and appends byte by byte from a raw buffer.
     @inlinable
     func string(at index: Int) -> String {
-        frames.withFrame(index) { String(decoding: $0, as: UTF8.self) }
+        frames.withFrame(index) { raw in raw.withMemoryRebound(to: UInt8.self) { String(decoding: $0, as: UTF8.self) } }
     }
 
     @inlinable
