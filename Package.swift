@@ -163,7 +163,7 @@ targets += service("Reminders", core: "Reminders", executable: "canopy-remind",
 // (Core/openapi.yaml, which docs/openapi.yaml links to) by the generator's build plugin.
 targets += service("RequestBatching", core: "RequestBatching", executable: "canopy-batch",
     dependencies: [
-        "CanopyBus", "CanopyMessages", "CanopyServiceKit", "CanopyStore", "CanopyOutbound", P.crypto, P.grdb, P.httpTypes, P.hummingbird,
+        "CanopyBus", "CanopyMessages", "CanopyServiceKit", "CanopyWire", "CanopyStore", "CanopyOutbound", P.crypto, P.grdb, P.httpTypes, P.hummingbird,
         P.jwtKit, P.logging, P.metrics, P.nioCore, P.nioHTTP1, P.openAPIHummingbird, P.openAPIRuntime, P.postgresNIO, P.serviceLifecycle,
     ],
     executableDependencies: ["CanopyStore"],

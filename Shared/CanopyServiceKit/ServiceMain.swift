@@ -20,7 +20,8 @@ public func serviceGroup(_ services: [any Service], signals: [UnixSignal] = [.si
 /// Runs long-running services in one ``serviceGroup(_:signals:logger:)`` until SIGTERM or
 /// SIGINT, with the span exporter first (so stopped last) when ``Traces`` is on (by the
 /// `OTEL_*` variables, or `traces`).
-public func runUntilShutdown(_ services: [any Service], traces options: TraceOptions? = nil, logger: Logger) async throws {
-    let traces = try Traces.bootstrap(serviceName: Traces.executableName, options: options)
+public func runUntilShutdown(_ services: [any Service], traces options: TraceOptions? = nil, edgeSampling: EdgeSampling? = nil,
+                             logger: Logger) async throws {
+    let traces = try Traces.bootstrap(serviceName: Traces.executableName, options: options, edgeSampling: edgeSampling)
     try await serviceGroup((traces.map { [$0] } ?? []) + services, logger: logger).run()
 }

@@ -21,7 +21,11 @@ public enum Traces {
     /// executable without them passes none) name an OTLP endpoint,
     /// and returns the service that exports its spans (to run first and stop last, so that
     /// the last spans are sent); nil when tracing is off.
-    public static func bootstrap(serviceName: String, options: TraceOptions? = nil) throws -> (any Service)? {
+    ///
+    /// - Parameter edgeSampling: for the HTTP edge, which decides what it records itself
+    ///   (``EdgeSampling``): its tracer then records every span it is given, and the sampler
+    ///   variables are not swift-otel's to apply.
+    public static func bootstrap(serviceName: String, options: TraceOptions? = nil, edgeSampling: EdgeSampling? = nil) throws -> (any Service)? {
         options?.export() // swift-otel reads the variables; an option stands in for its variable
         guard isEnabled() else { return nil }
         var configuration = OTel.Configuration.default
@@ -29,6 +33,12 @@ public enum Traces {
         configuration.logs.enabled = false
         configuration.metrics.enabled = false
         configuration.traces.sampler = .parentBasedAlwaysOff
+        if let edgeSampling {
+            // The variables would win over the configuration; the edge applied them already.
+            unsetenv("OTEL_TRACES_SAMPLER")
+            unsetenv("OTEL_TRACES_SAMPLER_ARG")
+            configuration.traces.sampler = edgeSampling.tracerSampler
+        }
         configuration.diagnosticLogLevel = .warning // its settings, line by line, only when asked (OTEL_LOG_LEVEL)
         // A collector that never answers holds up no request (spans go from a bounded queue on
         // a task of their own), and holds up a stopping process at most this long twice (the

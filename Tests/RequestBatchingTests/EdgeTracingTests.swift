@@ -114,6 +114,27 @@ struct EdgeTracingTests {
         }
     }
 
+    /// The edge applies a ratio itself (EdgeSampling) and its tracer records what it chose:
+    /// at 2%, a few of 400 requests without a traceparent are exported, not all, not none in
+    /// a thousand runs; an app's sampled request always is.
+    @Test func aRatioSamplerRecordsItsShareOfNewRequests() async throws {
+        let collector = OTLPReceiver()
+        let server = Task { try await collector.application.run() }
+        defer { server.cancel() }
+        let endpoint = try await collector.endpoint()
+        let (trace, parent) = ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7")
+        try await Self.withEdge(environment: ["OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json", "OTEL_BSP_SCHEDULE_DELAY": "100",
+                                              "OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.02"]) { http async throws in
+            for _ in 0..<400 { #expect(try await Self.get(http, "/v1/plants", traceparent: nil) == 401) }
+            #expect(try await Self.get(http, "/v1/plants", traceparent: "00-\(trace)-\(parent)-01") == 401)
+            #expect(try await eventually(within: .seconds(20)) { collector.spans.contains { $0.traceID == trace } })
+        }
+        let roots = collector.spans.filter { $0.traceID != trace && $0.service == "canopy-batch" }
+        // 8 expected; 1 to 24 holds but for about one run in a million.
+        #expect((1...24).contains(roots.count), "\(roots.count) of 400 recorded at 2%")
+        #expect(roots.allSatisfy { $0.parentSpanID.isEmpty }, "new traces begin at the edge")
+    }
+
     @Test func withoutAnEndpointNothingIsExported() async throws {
         // No endpoint named (nor the default localhost:4318 tried): no tracer at all, so swift-otel
         // (asked to log at debug level) says nothing.

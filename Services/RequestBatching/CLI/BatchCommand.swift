@@ -141,8 +141,9 @@ struct ServeBatch: AsyncParsableCommand {
         settings.batchInFlight = batchInFlight
         settings.idleTimeout = .milliseconds(idleTimeoutMs)
         settings.readTimeout = .milliseconds(readTimeoutMs)
-        settings.tracing = Traces.isEnabled(traces.environment)
-        try await runUntilShutdown(try buildBatchService(settings: settings, context: ZMQContext(), logger: logger), traces: traces, logger: logger)
+        settings.tracing = Traces.isEnabled(traces.environment) ? EdgeSampling(environment: traces.environment) : nil
+        try await runUntilShutdown(try buildBatchService(settings: settings, context: ZMQContext(), logger: logger), traces: traces,
+                                   edgeSampling: settings.tracing, logger: logger)
     }
 }
 

@@ -17,10 +17,11 @@ public struct BatchServiceSettings: Sendable {
     /// a plant search, a family, a page cursor); the tracing middleware records them as
     /// `REDACTED`.
     public static let redactedQueryParameters: Set<String> = ["search", "family", "after"]
-    /// Whether each request is a span (the tracing middleware, continuing an app's
-    /// `traceparent`); `canopy-batch serve` sets it when traces are on (`Traces.isEnabled`),
-    /// and leaves the middleware out otherwise.
-    public var tracing = true
+    /// Which requests are spans (the tracing middleware, continuing an app's `traceparent`),
+    /// `nil` for none; `canopy-batch serve` sets it from the sampler variables when traces are
+    /// on (`Traces.isEnabled`), and leaves the middleware out otherwise. By default, requests
+    /// an app's context samples.
+    public var tracing: EdgeSampling? = EdgeSampling(followsParent: true, root: .never)
 
     /// Where apps reach the HTTP API.
     public var http: ListenAddress
@@ -188,7 +189,9 @@ public func makeBatchService(settings: BatchServiceSettings, bus: any BusCalling
                                                    variants: VariantRoute(api: api), routes: routes)
     // A server span per request, continuing the app's W3C `traceparent` (Traces: no-op unless on).
     // What a person typed (a plant search, a family, a page cursor) stays out of the spans.
-    if settings.tracing { router.add(middleware: TracingMiddleware(redactingQueryParameters: BatchServiceSettings.redactedQueryParameters)) }
+    if let sampling = settings.tracing {
+        router.add(middleware: EdgeTracingMiddleware(sampling: sampling, redactingQueryParameters: BatchServiceSettings.redactedQueryParameters))
+    }
     router.add(middleware: edge)
     try api.registerHandlers(on: router, configuration: configuration, middlewares: [EntityTags()])
     routes.load(router.routes.map { ("\($0.path)", $0.method.rawValue) })
