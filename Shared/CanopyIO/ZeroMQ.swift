@@ -234,15 +234,24 @@ public final class ZMQSocket {
     }
 
     /// Sends a large frame without copying its bytes: the message points into the array's
-    /// storage, which a retained ``SentFrame`` keeps alive (and, being shared, unchanged) until
-    /// libzmq's I/O thread has written it and calls the free function.
+    /// storage, which a retained keeper holds alive (and, being shared, unchanged) until
+    /// libzmq's I/O thread has written it and calls the free function. A message's ticket is
+    /// that keeper itself (one object a reply, not two); other frames get a ``SentFrame``.
     private func sendFrameWithoutCopy(_ frame: [UInt8], flags: Int32, ticket: SendTicket? = nil) throws(ZMQError) -> Bool {
-        let box = Unmanaged.passRetained(SentFrame(frame, ticket: ticket))
-        // An empty frame has no storage: libzmq takes a null pointer with size 0.
-        let data = box.takeUnretainedValue().bytes.withUnsafeBytes { $0.baseAddress.map { UnsafeMutableRawPointer(mutating: $0) } }
+        let keeper: AnyObject
+        if let ticket {
+            ticket.frame = frame
+            keeper = ticket
+        } else {
+            keeper = SentFrame(frame)
+        }
+        let box = Unmanaged.passRetained(keeper)
+        // An empty frame has no storage: libzmq takes a null pointer with size 0. The pointer is
+        // into the storage the keeper's copy shares.
+        let data = frame.withUnsafeBytes { $0.baseAddress.map { UnsafeMutableRawPointer(mutating: $0) } }
         var message = zmq_msg_t()
         let release: @convention(c) (UnsafeMutableRawPointer?, UnsafeMutableRawPointer?) -> Void = { _, hint in
-            Unmanaged<SentFrame>.fromOpaque(hint!).release()
+            Unmanaged<AnyObject>.fromOpaque(hint!).release()
         }
         guard zmq_msg_init_data(&message, data, frame.count, release, box.toOpaque()) == 0 else {
             box.release()
@@ -379,15 +388,10 @@ public struct Poller {
     }
 }
 
-/// Keeps a frame sent without copying alive until libzmq is done with it, and with it the
-/// ticket of the message it ends, if any.
+/// Keeps a frame sent without copying alive until libzmq is done with it.
 private final class SentFrame {
     let bytes: [UInt8]
-    let ticket: SendTicket?
-    init(_ bytes: [UInt8], ticket: SendTicket?) {
-        self.bytes = bytes
-        self.ticket = ticket
-    }
+    init(_ bytes: [UInt8]) { self.bytes = bytes }
 }
 
 /// A number of bytes counted from more than one thread: what waits in libzmq for one peer,
@@ -412,6 +416,9 @@ public final class SendTicket: Sendable {
     private let bytes: Int
     private let peer: ByteCount
     private let all: ByteCount
+    /// The last frame, kept alive while libzmq sends it without a copy: set once, by the
+    /// sending thread, before libzmq has the message; read by no one after.
+    fileprivate nonisolated(unsafe) var frame: [UInt8] = []
 
     /// Counts `bytes` in `peer` and `all` until the ticket is let go.
     public init(bytes: Int, peer: ByteCount, all: ByteCount) {
