@@ -223,6 +223,10 @@ public final class BrokerServer: Service, @unchecked Sendable {
                     budget -= 1
                     received += 1
                     guard frames.count > 0 else { continue } // ROUTER always adds the identity
+                    if frames.dropped > 0 {
+                        state.dropOverlong(from: identity, into: &directives)
+                        continue
+                    }
                     state.receive(frames, from: identity, key: peer.userID, stack: peer.stack, now: .now, into: &directives)
                     if directives.count >= 1024 { try carryOut(&directives, state: &state) }
                 }

@@ -318,6 +318,13 @@ public struct BrokerState {
 
     // MARK: - Errors
 
+    /// A message of more frames than the shell keeps (``ReceivedFrames/maximumFrames``: more
+    /// than any canopy/3 or Majordomo message has): dropped whole, counted and logged, as
+    /// malformed frames are (it cannot be read far enough to be answered).
+    public mutating func dropOverlong(from peer: [UInt8], into out: inout [Directive]) {
+        dropMalformed("message of more than \(ReceivedFrames.maximumFrames) frames", peer: peer, into: &out)
+    }
+
     /// Counts a malformed message and asks the shell to log it (the shell rate-limits).
     mutating func dropMalformed(_ reason: String, peer: [UInt8], into out: inout [Directive]) {
         rejected += 1

@@ -17,6 +17,13 @@ public final class ReceivedFrames: FrameList {
     @exclusivity(unchecked) public private(set) var count = 0
     /// Slots that may hold a frame's data (closed by ``release()``).
     @exclusivity(unchecked) private var used = 0
+    /// Frames of the message received last beyond ``maximumFrames``: read and let go, so the
+    /// holder stays bounded whatever a peer sends (the message is to be refused whole).
+    @exclusivity(unchecked) public fileprivate(set) var dropped = 0
+
+    /// The most frames kept of one message: more than any canopy/3 message has (7 and 64
+    /// attachments) or a Majordomo one needs.
+    public static let maximumFrames = 128
 
     public init(capacity: Int = 16) {
         self.capacity = max(1, capacity)
@@ -99,7 +106,12 @@ extension ZMQSocket {
         var unread = reading
         var index = 0
         var more = zmq_msg_more(&routing) != 0
+        frames.dropped = 0
         while more {
+            if index == ReceivedFrames.maximumFrames {
+                try drain(counting: frames)
+                break
+            }
             let message = frames.slot(index)
             while zmq_msg_recv(message, handle, 0) < 0 { // the rest of a multipart message is already here
                 let code = zmq_errno()
@@ -118,6 +130,24 @@ extension ZMQSocket {
         }
         frames.setCount(index)
         return true
+    }
+
+    /// Reads the rest of a message past ``ReceivedFrames/maximumFrames`` into one scratch
+    /// message and lets it go, counting the frames in `frames.dropped`.
+    private func drain(counting frames: ReceivedFrames) throws {
+        var scratch = zmq_msg_t()
+        zmq_msg_init(&scratch)
+        defer { zmq_msg_close(&scratch) }
+        var more = true
+        while more {
+            while zmq_msg_recv(&scratch, handle, 0) < 0 {
+                let code = zmq_errno()
+                if code == EINTR { continue }
+                throw ZMQError("zmq_msg_recv", code: code)
+            }
+            frames.dropped += 1
+            more = zmq_msg_more(&scratch) != 0
+        }
     }
 
     /// Sets `value` to the C string `property` (nil when absent or empty), keeping the string

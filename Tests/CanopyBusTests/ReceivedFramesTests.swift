@@ -104,6 +104,16 @@ struct ReceivedFramesTests {
             #expect(try Self.next(router, into: frames, identity: &identity))
             #expect(identity != first, "another peer: its own identity")
             #expect(frames.count == 2 && frames.array(1) == Wire.Command.drain.frame)
+            // A message of more frames than any protocol has: the first 128 kept, the rest read
+            // and let go (counted), and the next message arrives whole.
+            let overlong = (0..<300).map { [UInt8(truncatingIfNeeded: $0)] }
+            #expect(try dealers[0].send(overlong, dontWait: false))
+            #expect(try dealers[0].send([Wire.version, Wire.Command.drain.frame], dontWait: false))
+            #expect(try Self.next(router, into: frames, identity: &identity))
+            #expect(frames.count == ReceivedFrames.maximumFrames && frames.dropped == 300 - ReceivedFrames.maximumFrames)
+            #expect(frames.arrays == Array(overlong.prefix(ReceivedFrames.maximumFrames)))
+            #expect(try Self.next(router, into: frames, identity: &identity))
+            #expect(frames.dropped == 0 && frames.arrays == [Wire.version, Wire.Command.drain.frame])
             frames.release()
             #expect(frames.count == 0)
             var properties = PeerProperties()
