@@ -187,13 +187,7 @@ struct BrokerProcessTests {
         let broker = try BrokerProcess(["--log-level", "info", "--heartbeat-ms", "2000"])
         defer { broker.stop() }
         let endpoint = try await broker.endpoint()
-        // The client reads its answers only between bursts of sends: room for all of them on its
-        // side, so that on a loaded machine they do not back up to the broker, whose ROUTER drops
-        // what a peer's full queue cannot take (as ROUTER sockets do).
-        let context = ZMQContext()
-        let socket = try ZMQSocket(context, type: .dealer)
-        try socket.setHighWaterMarks(1_000_000)
-        try socket.connect(endpoint)
+        let (context, socket) = try Self.dealer(to: endpoint)
         defer { withExtendedLifetime(context) { socket.close() } }
         let header = RequestHeader(timeoutMilliseconds: 60_000, principal: String(repeating: "p", count: 200)).frame
         func request(_ index: Int, service: String) throws {
