@@ -14,7 +14,7 @@ public final class ReceivedFrames: FrameList {
     @usableFromInline @exclusivity(unchecked) var messages: UnsafeMutablePointer<zmq_msg_t>
     @usableFromInline @exclusivity(unchecked) var capacity: Int
     /// Frames of the message received last (the routing identity not among them).
-    @exclusivity(unchecked) public private(set) var count = 0
+    @exclusivity(unchecked) public fileprivate(set) var count = 0
     /// Slots that may hold a frame's data (closed by ``release()``).
     @exclusivity(unchecked) private var used = 0
     /// Frames of the message received last beyond ``maximumFrames``: read and let go, so the
@@ -78,8 +78,6 @@ public final class ReceivedFrames: FrameList {
         used = max(used, index + 1)
         return messages + index
     }
-
-    fileprivate func setCount(_ count: Int) { self.count = count }
 }
 
 extension ZMQSocket {
@@ -116,7 +114,7 @@ extension ZMQSocket {
             while zmq_msg_recv(message, handle, 0) < 0 { // the rest of a multipart message is already here
                 let code = zmq_errno()
                 if code == EINTR { continue }
-                frames.setCount(index)
+                frames.count = index
                 throw ZMQError("zmq_msg_recv", code: code)
             }
             // A ROUTER's identity frame carries no metadata: the properties come from the next.
@@ -128,7 +126,7 @@ extension ZMQSocket {
             more = zmq_msg_more(message) != 0
             index += 1
         }
-        frames.setCount(index)
+        frames.count = index
         return true
     }
 
