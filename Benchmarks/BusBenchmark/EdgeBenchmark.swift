@@ -20,7 +20,8 @@ import Synchronization
 /// pipelined bus load generator and against a bare Hummingbird route answering the same bytes
 /// from memory, at the same concurrency; (2) a collection screen (a page of plants, then each
 /// plant's thumbnail and next task) from many app sessions, implicit batching on against off:
-/// bus messages per screen and screens per second.
+/// bus messages per screen and screens per second; (3) what an `Idempotency-Key` costs a POST:
+/// the same snooze POSTs with a new key each and without, on one edge keeping keys.
 struct EdgeBenchmark: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "edge",
@@ -33,7 +34,8 @@ struct EdgeBenchmark: AsyncParsableCommand {
     @Option(help: "Plants in each person's collection.") var plants = 100
     @Option(help: "HTTP connections per app session.") var connectionsPerSession = 4
     @Option(help: "Rounds per setup; the best counts (the machine is shared and noisy).") var rounds = 2
-    @Option(help: "What to measure: thumbnail, collection; comma-separated.") var parts = "thumbnail,collection"
+    @Option(help: "What to measure: thumbnail, collection, keys; comma-separated.") var parts = "thumbnail,collection,keys"
+    @Option(help: "Connections for the POSTs with and without an Idempotency-Key, comma-separated.") var keyConnections = "16,64"
     @Option(help: "Batches of one kind in the air before lookups wait (canopy-batch's --batch-in-flight) for the edge with implicit batching on.")
     var batchInFlight = BatchServiceSettings(http: .anyLoopbackPort, bus: .init(endpoint: "tcp://127.0.0.1:1"), tokenKey: []).batchInFlight
 
@@ -57,12 +59,14 @@ struct EdgeBenchmark: AsyncParsableCommand {
             care.runner.credit = 64
             var services = try await buildImageService(settings: images, context: context, logger: logger)
             services += try await buildCareService(settings: care, context: context, logger: logger)
-            for window in [Duration.milliseconds(2), .zero] {
+            // Implicit batching on, off, and (on) with a store keeping idempotency keys.
+            for (window, keyed) in [(Duration.milliseconds(2), false), (.zero, false), (.milliseconds(2), true)] {
                 var settings = BatchServiceSettings(http: .anyLoopbackPort, bus: .init(endpoint: endpoint), tokenKey: key)
                 settings.rateLimit = 1_000_000
                 settings.rateBurst = 1_000_000
                 settings.batchWindow = window
                 settings.batchInFlight = batchInFlight
+                if keyed { settings.store = try await openBatchStore(directory: directory.appendingPathComponent("batch"), postgres: nil, logger: logger) }
                 let built = try buildBatchService(settings: settings, context: context, logger: logger)
                 edges += built.compactMap { $0 as? BatchHTTPServer }
                 services += built
@@ -85,6 +89,12 @@ struct EdgeBenchmark: AsyncParsableCommand {
         let parts = Set(parts.split(separator: ",").map(String.init))
         if parts.contains("thumbnail") { try await thumbnails(stack: stack, tokens: tokens, runner: runner, bare: bare, edges: (batchingOn, batchingOff)) }
         if parts.contains("collection") { try await collection(stack: stack, tokens: tokens, runner: runner, edges: (batchingOn, batchingOff), directory: directory) }
+        if parts.contains("keys") {
+            let posts = directory.appendingPathComponent("posts.lua")
+            try Self.postScript.write(to: posts, atomically: true, encoding: .utf8)
+            try await keys(stack: stack, tokens: tokens, runner: WrkRunner(wrk: wrk, script: posts.path),
+                           edge: "http://127.0.0.1:\(try await edges[2].boundPort())", directory: directory)
+        }
         await stack.shutdown()
     }
 
@@ -195,6 +205,39 @@ struct EdgeBenchmark: AsyncParsableCommand {
                      off.busPerScreen / max(on.busPerScreen, 0.001), on.result.throughput / max(off.result.throughput, 0.001)))
     }
 
+    /// (3) `POST /v1/tasks/{id}/snooze` for `sessions` people, each with a new
+    /// `Idempotency-Key` and without one, alternating, on the edge that keeps keys.
+    private func keys(stack: BenchStack, tokens: TokenAuthority, runner: WrkRunner, edge: String, directory: URL) async throws {
+        let client = stack.client
+        progress("  seeding \(sessions) people with a plant each…\n")
+        var lines: [String] = []
+        for session in 0..<sessions {
+            let user = "poster-\(session)"
+            let plant = try await client.call(Care.AddPlant.self, .init(scientificName: "Monstera deliciosa"), principal: user)
+            let tasks = try await client.call(Care.UpcomingTasks.self, .init(days: 366, limit: 50), principal: user)
+            guard let task = (tasks.overdue + tasks.upcoming).first(where: { $0.plantID == plant.id }) else { throw BenchmarkFailure("\(user)'s plant has no task") }
+            lines.append("\(try await tokens.issue(user: user, lifetime: .seconds(3_600))) /v1/tasks/\(task.id)/snooze")
+        }
+        let paths = directory.appendingPathComponent("posts.txt")
+        try lines.joined(separator: "\n").appending("\n").write(to: paths, atomically: true, encoding: .utf8)
+        var rows = [["connections", "Idempotency-Key", "requests/s", "p50 µs", "p99 µs", "p99 vs without", "generator cores", "errors"]]
+        for connections in keyConnections.split(separator: ",").compactMap({ Int($0) }) {
+            progress("  snooze POSTs over \(connections) connections, with and without a key…\n")
+            _ = try runner.run(url: edge + "/", connections: connections, seconds: 2, paths: paths.path, arguments: ["keyed"]) // warm
+            var plain = WrkResult(), keyed = WrkResult()
+            for _ in 0..<rounds {
+                plain = Swift.max(plain, try runner.run(url: edge + "/", connections: connections, seconds: seconds, paths: paths.path, arguments: ["plain"]))
+                keyed = Swift.max(keyed, try runner.run(url: edge + "/", connections: connections, seconds: seconds, paths: paths.path, arguments: ["keyed"]))
+            }
+            for (name, result) in [("without (baseline)", plain), ("a new one each", keyed)] {
+                rows.append(["\(connections)", name, String(format: "%.0f", result.throughput), "\(result.p50)", "\(result.p99)",
+                             String(format: "%.2f", Double(result.p99) / Double(max(plain.p99, 1))), String(format: "%.2f", result.generatorCoreShare), "\(result.errors)"])
+            }
+        }
+        print("\n(3) POST /v1/tasks/{id}/snooze from \(sessions) people, with a new Idempotency-Key each and without (same edge, SQLite store), best of \(rounds) rounds")
+        printTable(rows)
+    }
+
     /// `count` tasks each making `call` one after another for `seconds` (after a half-second
     /// warm-up): how the same bus call fares made directly, as a Swift service makes it.
     static func callers(_ count: Int, seconds: Int, _ call: @escaping @Sendable () async throws -> Void) async throws -> LoadResult {
@@ -241,11 +284,51 @@ struct EdgeBenchmark: AsyncParsableCommand {
           index = index % #lines + 1
           return lines[index]
         end
+        \(wrkDone)
+        """
+}
+
+extension EdgeBenchmark {
+    /// How each wrk script ends: its figures in one line (``WrkRunner`` reads it).
+    static let wrkDone = """
         function done(summary, latency, requests)
           local e = summary.errors
           io.write(string.format("canopy-wrk %d %d %d %d %d\\n", summary.requests, e.status + e.connect + e.read + e.write + e.timeout,
             latency:percentile(50), latency:percentile(99), summary.duration))
         end
+        """
+
+    /// The Lua script of (3): each request the next `TOKEN PATH` line's snooze POST; with
+    /// `keyed`, a new `Idempotency-Key` each (the thread's number, the time, a counter).
+    static let postScript = """
+        local lines = {}
+        local index = 0
+        local keyed = false
+        local counter = 0
+        local prefix = ""
+        local threads = 0
+        function setup(thread)
+          threads = threads + 1
+          thread:set("number", threads)
+        end
+        function init(args)
+          for line in io.lines(args[1]) do
+            local token, path = line:match("^(%S+) (%S+)$")
+            if token then lines[#lines + 1] = { token = token, path = path } end
+          end
+          keyed = args[2] == "keyed"
+          prefix = tostring(number) .. "-" .. tostring(os.time()) .. "-"
+          index = (number * 7) % #lines
+        end
+        function request()
+          index = index % #lines + 1
+          counter = counter + 1
+          local entry = lines[index]
+          local headers = { ["Authorization"] = "Bearer " .. entry.token, ["Content-Type"] = "application/json" }
+          if keyed then headers["Idempotency-Key"] = prefix .. counter end
+          return wrk.format("POST", entry.path, headers, '{"until":"2031-01-01T09:00:00.000Z"}')
+        end
+        \(wrkDone)
         """
 }
 
@@ -271,11 +354,11 @@ struct WrkRunner {
         (try? output(["--version"]))?.split(separator: " ").dropFirst().first.map(String.init) ?? "?"
     }
 
-    func run(url: String, connections: Int, seconds: Int, header: String? = nil, paths: String? = nil) throws -> WrkResult {
+    func run(url: String, connections: Int, seconds: Int, header: String? = nil, paths: String? = nil, arguments extra: [String] = []) throws -> WrkResult {
         var arguments = ["-t", "\(min(2, connections))", "-c", "\(connections)", "-d", "\(seconds)s", "--timeout", "10s", "-s", script]
         if let header { arguments += ["-H", header] }
         arguments.append(url)
-        if let paths { arguments += ["--", paths] }
+        if let paths { arguments += ["--", paths] + extra }
         let before = childCPUSeconds()
         let text = try output(arguments)
         guard let line = text.split(separator: "\n").first(where: { $0.hasPrefix("canopy-wrk ") }) else {

@@ -214,10 +214,15 @@ final class DemoAPI: @unchecked Sendable {
         }
     }
 
+    /// Sends a request as an app does: a POST with an `Idempotency-Key` made once for it, and
+    /// sent again with the same key when its answer is lost or the server says to (a 409 of
+    /// the key still running, a 5xx), at most three times: never done twice.
     func send(_ method: HTTPMethod, _ path: String, json: String? = nil, body: [UInt8]? = nil, type: String? = nil) async throws -> Answer {
         var request = HTTPClientRequest(url: base + path)
         request.method = method
         request.headers.add(name: "Authorization", value: "Bearer \(token)")
+        let retried = method == .POST
+        if retried { request.headers.add(name: "Idempotency-Key", value: UUID().uuidString) }
         if let json {
             request.headers.add(name: "Content-Type", value: "application/json")
             request.body = .bytes(ByteBuffer(string: json))
@@ -225,16 +230,28 @@ final class DemoAPI: @unchecked Sendable {
             request.headers.add(name: "Content-Type", value: type ?? "application/octet-stream")
             request.body = .bytes(ByteBuffer(bytes: body))
         }
-        let response: HTTPClientResponse
-        do {
-            response = try await client.execute(request, timeout: .seconds(60))
-        } catch {
-            throw CommandFailure("no answer from \(base) (\(error)); start the stack with canopy up, or pass --http HOST:PORT")
+        var answer: Answer
+        var attempt = 1
+        while true {
+            let response: HTTPClientResponse
+            do {
+                response = try await client.execute(request, timeout: .seconds(60))
+                let collected = try await response.body.collect(upTo: 32 << 20)
+                var headers: [String: String] = [:]
+                for header in response.headers { headers[header.name.lowercased()] = header.value }
+                answer = Answer(status: Int(response.status.code), headers: headers, body: Array(collected.readableBytesView))
+            } catch {
+                guard retried, attempt < 3 else {
+                    throw CommandFailure("no answer from \(base) (\(error)); start the stack with canopy up, or pass --http HOST:PORT")
+                }
+                attempt += 1
+                try await Task.sleep(for: .seconds(1))
+                continue
+            }
+            guard retried, attempt < 3, answer.status == 409 || answer.status >= 500, answer.headers["idempotent-replayed"] == nil else { break }
+            attempt += 1
+            try await Task.sleep(for: .seconds(min(5, Int(answer.headers["retry-after"] ?? "") ?? 1)))
         }
-        let collected = try await response.body.collect(upTo: 32 << 20)
-        var headers: [String: String] = [:]
-        for header in response.headers { headers[header.name.lowercased()] = header.value }
-        let answer = Answer(status: Int(response.status.code), headers: headers, body: Array(collected.readableBytesView))
         guard (200..<300).contains(answer.status) else {
             throw CommandFailure("\(method) \(path) answered \(answer.status): \(String(decoding: answer.body.prefix(500), as: UTF8.self))")
         }

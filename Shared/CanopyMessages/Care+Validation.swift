@@ -13,6 +13,8 @@ extension Care {
         public static let notesBytes = 10_000
         public static let imageIDs = 200
         public static let idBytes = 200
+        /// A caller's idempotency key (`tasks.complete`, `tasks.skip`): canopy-batch sends 64 hex digits.
+        public static let requestKeyBytes = 128
         public static let searchBytes = 200
         public static let titleBytes = 200
         public static let timeZoneBytes = 64
@@ -155,6 +157,7 @@ extension Care.CompleteTask.Request: Validatable {
     public func validate() throws(CanopyError) {
         try Field.identifier(id, "id", maximumBytes: Care.Limits.idBytes)
         try Field.date(at, "at")
+        try Field.identifier(key, "key", maximumBytes: Care.Limits.requestKeyBytes)
     }
 }
 
@@ -166,7 +169,10 @@ extension Care.SnoozeTask.Request: Validatable {
 }
 
 extension Care.SkipTask.Request: Validatable {
-    public func validate() throws(CanopyError) { try Field.identifier(id, "id", maximumBytes: Care.Limits.idBytes) }
+    public func validate() throws(CanopyError) {
+        try Field.identifier(id, "id", maximumBytes: Care.Limits.idBytes)
+        try Field.identifier(key, "key", maximumBytes: Care.Limits.requestKeyBytes)
+    }
 }
 
 extension Care.AddCustomTask.Request: Validatable {

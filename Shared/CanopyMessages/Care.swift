@@ -409,9 +409,19 @@ public enum Care {
     }
 
     /// `care.tasks.complete`: logs the care as done (at `at`, default now) and schedules the next.
+    /// With a `key` (the caller's idempotency key), a repeat of the same key within a day does
+    /// nothing more and answers the task as it is: the care is logged once.
     public enum CompleteTask: BusOperation {
-        public struct Request: Codable, Sendable { public var id: String; public var at: Date?
-            public init(id: String, at: Date? = nil) { self.id = id; self.at = at } }
+        public struct Request: Codable, Sendable {
+            public var id: String
+            public var at: Date?
+            public var key: String?
+            public init(id: String, at: Date? = nil, key: String? = nil) {
+                self.id = id
+                self.at = at
+                self.key = key
+            }
+        }
         public typealias Reply = Task
         public static let service = Care.service
         public static let name = "tasks.complete"
@@ -427,9 +437,17 @@ public enum Care {
         public static let idempotent = true
     }
 
-    /// `care.tasks.skip`: moves to the next occurrence without logging care.
+    /// `care.tasks.skip`: moves to the next occurrence without logging care. With a `key`, as
+    /// `tasks.complete`: a repeat of the key skips nothing more.
     public enum SkipTask: BusOperation {
-        public struct Request: Codable, Sendable { public var id: String; public init(id: String) { self.id = id } }
+        public struct Request: Codable, Sendable {
+            public var id: String
+            public var key: String?
+            public init(id: String, key: String? = nil) {
+                self.id = id
+                self.key = key
+            }
+        }
         public typealias Reply = Task
         public static let service = Care.service
         public static let name = "tasks.skip"

@@ -158,4 +158,40 @@ struct CareStoreTests {
         try await store.settle([.confirmed(id: again[0].id, generation: again[0].generation)], now: start)
         #expect(try await store.pendingFollowUps().count == 0)
     }
+
+    /// A keyed `tasks.complete` or `tasks.skip` is done once per owner and key for a day: a
+    /// repeat logs nothing and moves nothing; another owner's key, a new key or a day later
+    /// is new work; deleting the account forgets the keys.
+    @Test(arguments: implementations)
+    func aKeyedCompletionOrSkipIsDoneOnce(_ implementation: String) async throws {
+        let (store, cleanup) = try await Self.open(implementation)
+        defer { cleanup() }
+        let library = CareLibrary(store: store)
+        let plant = try library.add(Care.Plant(scientificName: "Monstera deliciosa"), owner: "alice", now: start)
+        let water = try #require(try library.upcoming(.init(days: 30), owner: "alice", now: start).upcoming.first { $0.kind == .water })
+        let done = try library.complete(water.id, at: nil, key: "k1", owner: "alice", now: start.addingTimeInterval(86_400))
+        let again = try library.complete(water.id, at: nil, key: "k1", owner: "alice", now: start.addingTimeInterval(90_000))
+        #expect(again == done, "the task as it is: nothing moved")
+        #expect(try library.log(plantID: plant.id, owner: "alice").count == 1, "logged once")
+        let skipped = try library.skip(water.id, key: "k2", owner: "alice", now: start.addingTimeInterval(90_000))
+        #expect(skipped.due > done.due)
+        #expect(try library.skip(water.id, key: "k2", owner: "alice", now: start.addingTimeInterval(90_001)) == skipped)
+        #expect(try library.skip(water.id, key: "k1", owner: "alice", now: start.addingTimeInterval(90_001)) == skipped, "k1 was used: a key is done once, whatever the operation")
+        // A day later the key is forgotten: new work.
+        _ = try library.complete(water.id, at: nil, key: "k1", owner: "alice", now: start.addingTimeInterval(86_400 * 2 + 10))
+        #expect(try library.log(plantID: plant.id, owner: "alice").count == 2)
+
+        // Bob's key of the same name is his own.
+        let bobs = try library.add(Care.Plant(scientificName: "Ficus lyrata"), owner: "bob", now: start)
+        let bobWater = try #require(try library.upcoming(.init(days: 30), owner: "bob", now: start).upcoming.first { $0.kind == .water })
+        _ = try library.complete(bobWater.id, at: nil, key: "k2", owner: "bob", now: start.addingTimeInterval(86_400))
+        #expect(try library.log(plantID: bobs.id, owner: "bob").count == 1)
+
+        // Deleting the account forgets the keys.
+        _ = try library.deleteAccount(owner: "bob", now: start.addingTimeInterval(86_400))
+        try store.write { (data: any CareWrites) throws in
+            #expect(try data.useRequestKey(owner: "bob", key: "k2", now: start.addingTimeInterval(86_401)), "forgotten with the account")
+            #expect(try !data.useRequestKey(owner: "alice", key: "k2", now: start.addingTimeInterval(86_401)))
+        }
+    }
 }

@@ -15,8 +15,8 @@ extension LiveBatchTests.BatchIdentificationTests {
     @Test func deletingAnAccountRemovesEverythingThePersonOwnsAndSignsThemOut() async throws {
         let directory = try TemporaryDirectory("account-deletion")
         defer { directory.remove() }
-        let store = try await openRevocationStore(directory: directory.url, postgres: nil, logger: Logger(label: "test"))
-        try await Self.withIdentifyStack(reminders: true, configure: { $0.revocationStore = store }) { stack in
+        let store = try await openBatchStore(directory: directory.url, postgres: nil, logger: Logger(label: "test"))
+        try await Self.withIdentifyStack(reminders: true, configure: { $0.store = store }) { stack in
             var tokens: [String: String] = [:]
             for person in ["alice", "bob"] {
                 let token = try await stack.token(person)

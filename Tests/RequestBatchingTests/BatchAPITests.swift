@@ -36,7 +36,7 @@ extension LiveBatchTests {
             func token(_ user: String) async throws -> String { try await tokens.issue(user: user, lifetime: .seconds(3_600)) }
 
             func send(_ method: HTTPMethod, _ path: String, as user: String? = "alice", token: String? = nil, json: String? = nil,
-                      headers: [(String, String)] = [], client: HTTPClient = .shared) async throws -> Answer {
+                      bytes: [UInt8]? = nil, type: String? = nil, headers: [(String, String)] = [], client: HTTPClient = .shared) async throws -> Answer {
                 var request = HTTPClientRequest(url: base + path)
                 request.method = method
                 if let token {
@@ -47,6 +47,9 @@ extension LiveBatchTests {
                 if let json {
                     request.headers.add(name: "Content-Type", value: "application/json")
                     request.body = .bytes(ByteBuffer(string: json))
+                } else if let bytes {
+                    request.headers.add(name: "Content-Type", value: type ?? "application/octet-stream")
+                    request.body = .bytes(ByteBuffer(bytes: bytes))
                 }
                 for (name, value) in headers { request.headers.add(name: name, value: value) }
                 let response = try await client.execute(request, timeout: .seconds(30))

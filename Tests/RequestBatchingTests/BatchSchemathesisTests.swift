@@ -1,4 +1,5 @@
 import CanopyTesting
+import Logging
 import Foundation
 import Testing
 @testable import RequestBatching
@@ -20,9 +21,14 @@ extension LiveBatchTests {
         @Test(.enabled(if: schemathesis != nil, "scripts/test installs schemathesis and names it in CANOPY_SCHEMATHESIS"),
               .timeLimit(.minutes(10)))
         func everyAnswerOfTheWholeAPIIsOneItsDocumentAllows() async throws {
+            // A store, so that POSTs with an Idempotency-Key (the document's header) are kept and replayed.
+            let storeDirectory = try TemporaryDirectory("schemathesis-store")
+            defer { storeDirectory.remove() }
+            let store = try await openBatchStore(directory: storeDirectory.url, postgres: nil, logger: Logger(label: "test"))
             try await BatchIdentificationTests.withIdentifyStack(reminders: true, configure: { settings in
                 settings.rateLimit = 100_000 // schemathesis is one person sending as fast as it can
                 settings.rateBurst = 100_000
+                settings.store = store
             }) { stack in
                 let base = stack.base
                 let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-batch-schemathesis-\(UUID().uuidString)")

@@ -22,11 +22,11 @@ struct RevocationTests {
         let logger = Logger(label: "test")
         switch backend {
         case .sqlite:
-            try await body(try await openRevocationStore(directory: directory.url, postgres: nil, logger: logger), directory)
+            try await body(try await openBatchStore(directory: directory.url, postgres: nil, logger: logger), directory)
         case .postgres:
             let server = try await PostgresServer.shared()
             let url = try await server.database()
-            try await body(try await openRevocationStore(directory: directory.url, postgres: PostgresSettings(url: url, poolSize: 2), logger: logger), directory)
+            try await body(try await openBatchStore(directory: directory.url, postgres: PostgresSettings(url: url, poolSize: 2), logger: logger), directory)
         }
     }
 
@@ -84,7 +84,7 @@ struct RevocationTests {
             #expect(revoke.status == 0 && revoke.output.contains("revoked token") && revoke.output.contains("of cy"), "\(revoke.output) \(revoke.errors)")
             let signOut = try await runExecutable("canopy-batch", ["token", "revoke", "--user", "apple:000123.abc", "--data-dir", data])
             #expect(signOut.status == 0 && signOut.output.contains("signed apple:000123.abc out everywhere"), "\(signOut.errors)")
-            let onDisk = try await openRevocationStore(directory: directory.url.appendingPathComponent("batch"), postgres: nil, logger: Logger(label: "test"))
+            let onDisk = try await openBatchStore(directory: directory.url.appendingPathComponent("batch"), postgres: nil, logger: Logger(label: "test"))
             let loaded = try onDisk.load(now: Date())
             #expect(loaded.tokens.count == 1 && loaded.signedOut["apple:000123.abc"] != nil)
             let forged = try await TokenAuthority(keys: [Array("another key entirely, long enough to sign".utf8)]).issue(user: "cy", lifetime: .seconds(60))

@@ -118,6 +118,7 @@ final class CareLibrary: Sendable {
             let plants = try data.plants(owner: owner)
             for plant in plants { try data.deletePlant(owner: owner, id: plant.id) }
             try data.deletePreferences(owner: owner)
+            try data.deleteRequestKeys(owner: owner)
             let empty = try codec.encode(Empty())
             for (service, operation) in [(Reminders.service, Reminders.ForgetPerson.name), (Identification.service, Identification.ForgetPerson.name),
                                          (Images.service, Images.ForgetPerson.name)] {
@@ -208,11 +209,13 @@ final class CareLibrary: Sendable {
         }
     }
 
-    /// Logs the care and re-anchors the rule at `at`.
-    func complete(_ id: String, at: Date?, owner: String, now: Date? = nil) throws -> Care.Task {
+    /// Logs the care and re-anchors the rule at `at`. With a `key` used before (a retried
+    /// request), nothing more is done: the task as it is now.
+    func complete(_ id: String, at: Date?, key: String? = nil, owner: String, now: Date? = nil) throws -> Care.Task {
         let now = now ?? clock.now()
         let done = at ?? now
         return try withTask(id, owner: owner, now: now) { data, task, plant, scheduler in
+            if let key, try !data.useRequestKey(owner: owner, key: key, now: now) { return }
             try data.logCare(owner: owner, plantID: plant.id, kind: task.task.kind, at: done)
             try reschedule(data, task, plant: plant, anchor: done, scheduler: scheduler)
         }
@@ -225,9 +228,12 @@ final class CareLibrary: Sendable {
         }
     }
 
-    /// Moves to the next occurrence as if done when due, without logging care.
-    func skip(_ id: String, owner: String, now: Date? = nil) throws -> Care.Task {
-        try withTask(id, owner: owner, now: now ?? clock.now()) { data, task, plant, scheduler in
+    /// Moves to the next occurrence as if done when due, without logging care; with a `key`
+    /// used before, nothing more.
+    func skip(_ id: String, key: String? = nil, owner: String, now: Date? = nil) throws -> Care.Task {
+        let now = now ?? clock.now()
+        return try withTask(id, owner: owner, now: now) { data, task, plant, scheduler in
+            if let key, try !data.useRequestKey(owner: owner, key: key, now: now) { return }
             try reschedule(data, task, plant: plant, anchor: task.task.due, scheduler: scheduler)
         }
     }

@@ -42,9 +42,9 @@ public struct CareService: BusService {
             try library.upcoming(request, owner: owner)
         }
         on(Care.NextTasks.self) { request, context in try library.nextTasks(request.keys, context: context) }
-        on(Care.CompleteTask.self) { request, owner, _ in try library.complete(request.id, at: request.at, owner: owner) }
+        on(Care.CompleteTask.self) { request, owner, _ in try library.complete(request.id, at: request.at, key: request.key, owner: owner) }
         on(Care.SnoozeTask.self) { request, owner, _ in try library.snooze(request.id, until: request.until, owner: owner) }
-        on(Care.SkipTask.self) { request, owner, _ in try library.skip(request.id, owner: owner) }
+        on(Care.SkipTask.self) { request, owner, _ in try library.skip(request.id, key: request.key, owner: owner) }
         on(Care.AddCustomTask.self) { request, owner, _ in try library.addCustomTask(request, owner: owner) }
         on(Care.ReminderWindow.self) { request, owner, _ in
             .init(window: try library.reminderWindow(owner: owner, count: request.count))

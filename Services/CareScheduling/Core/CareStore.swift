@@ -100,6 +100,10 @@ final class CareStore: CareStoring {
             // Bumped by every save: the HTTP API's ETag, checked by updates made against a version.
             try db.execute(sql: "ALTER TABLE plants ADD COLUMN version INTEGER NOT NULL DEFAULT 1")
         }
+        migrator.registerMigration("v6-request-keys") { db in
+            // Callers' idempotency keys: a keyed task completion or skip is done once.
+            try db.execute(sql: "CREATE TABLE requestKeys (owner TEXT NOT NULL, key TEXT NOT NULL, at DOUBLE NOT NULL, PRIMARY KEY (owner, key))")
+        }
         return migrator
     }
 
@@ -383,6 +387,20 @@ private struct Transaction: CareWrites {
     func logCare(owner: String, plantID: String, kind: Care.TaskKind, at: Date) throws {
         try db.execute(sql: "INSERT INTO careLog (owner, plantID, kind, at) VALUES (?, ?, ?, ?)",
                        arguments: [owner, plantID, kind.rawValue, at.timeIntervalSince1970])
+    }
+
+    func useRequestKey(owner: String, key: String, now: Date) throws -> Bool {
+        let at = now.timeIntervalSince1970
+        try db.execute(sql: """
+            DELETE FROM requestKeys WHERE owner = ? AND (at < ? OR key IN
+                (SELECT key FROM requestKeys WHERE owner = ? ORDER BY at DESC LIMIT -1 OFFSET ?))
+            """, arguments: [owner, at - RequestKeys.lifetime, owner, RequestKeys.maximumPerOwner - 1])
+        try db.execute(sql: "INSERT OR IGNORE INTO requestKeys (owner, key, at) VALUES (?, ?, ?)", arguments: [owner, key, at])
+        return db.changesCount > 0
+    }
+
+    func deleteRequestKeys(owner: String) throws {
+        try db.execute(sql: "DELETE FROM requestKeys WHERE owner = ?", arguments: [owner])
     }
 
     func careLog(owner: String, plantID: String, limit: Int) throws -> [Care.LogEntry] {

@@ -107,6 +107,12 @@ protocol CareWrites: CareReads {
     func snoozeTask(owner: String, id: String, until: Date) throws
     /// Logs care done.
     func logCare(owner: String, plantID: String, kind: Care.TaskKind, at: Date) throws
+    /// Records a caller's idempotency key (`tasks.complete`, `tasks.skip`) as used at `now`;
+    /// false when the owner used it within ``RequestKeys/lifetime`` already (the work is done).
+    /// Keys past their lifetime go, and an owner keeps at most ``RequestKeys/maximumPerOwner``.
+    func useRequestKey(owner: String, key: String, now: Date) throws -> Bool
+    /// Forgets every idempotency key of the owner (their account deleted).
+    func deleteRequestKeys(owner: String) throws
     /// Records a follow-up for another service, delivered by the outbox until confirmed.
     func enqueue(owner: String, service: String, operation: String, body: [UInt8], now: Date) throws
     /// Asks for the owner's reminder window to be handed over again; one pending request per
@@ -175,4 +181,11 @@ extension CareReads {
     func plantCountAndPreferences(owner: String) throws -> (plants: Int, preferences: Care.Preferences) {
         (try plantCount(owner: owner), try preferences(owner: owner))
     }
+}
+
+/// Callers' idempotency keys canopy-care keeps (`requestKeys`): a repeat of a keyed
+/// `tasks.complete` or `tasks.skip` within a day changes nothing.
+enum RequestKeys {
+    static let lifetime: TimeInterval = 24 * 3600
+    static let maximumPerOwner = 10_000
 }

@@ -114,6 +114,8 @@ final class PostgresCareStore: CareStoring {
         // Which replica holds a lease (``PostgresStore/holder``): one whose process is gone
         // holds nothing, whatever its lease says.
         migrator.register("v2-lease-holders", "ALTER TABLE outbox ADD COLUMN leasedBy BIGINT")
+        // Callers' idempotency keys: a keyed task completion or skip is done once.
+        migrator.register("v3-request-keys", "CREATE TABLE requestKeys (owner TEXT NOT NULL, key TEXT NOT NULL, at DOUBLE PRECISION NOT NULL, PRIMARY KEY (owner, key))")
         return migrator
     }
 
@@ -477,6 +479,19 @@ private struct PostgresCareTransaction: CareWrites {
         try session.execute("INSERT INTO careLog (owner, plantID, kind, at) VALUES (\(owner), \(plantID), \(kind.rawValue), \(at.timeIntervalSince1970))")
     }
 
+    func useRequestKey(owner: String, key: String, now: Date) throws -> Bool {
+        let (at, expired, kept) = (now.timeIntervalSince1970, now.timeIntervalSince1970 - RequestKeys.lifetime, RequestKeys.maximumPerOwner - 1)
+        try session.execute("""
+            DELETE FROM requestKeys WHERE owner = \(owner) AND (at < \(expired) OR key IN
+                (SELECT key FROM requestKeys WHERE owner = \(owner) ORDER BY at DESC OFFSET \(kept)))
+            """)
+        return try session.execute("INSERT INTO requestKeys (owner, key, at) VALUES (\(owner), \(key), \(at)) ON CONFLICT DO NOTHING") > 0
+    }
+
+    func deleteRequestKeys(owner: String) throws {
+        try session.execute("DELETE FROM requestKeys WHERE owner = \(owner)")
+    }
+
     func careLog(owner: String, plantID: String, limit: Int) throws -> [Care.LogEntry] {
         try session.rows("SELECT plantID, kind, at FROM careLog WHERE owner = \(owner) AND plantID = \(plantID) ORDER BY at DESC, id DESC LIMIT \(limit)")
             .map { row in
@@ -516,4 +531,5 @@ private struct PostgresCareTransaction: CareWrites {
 /// How canopy-care's SQLite store moves into PostgreSQL (`canopy migrate`).
 public let careStoreImport = StoreImport(store: "care", migrator: PostgresCareStore.migrator, tables: [
     .init("plants", key: ["id"]), .init("preferences", key: ["owner"]), .init("tasks", key: ["id"]), .init("careLog"), .init("outbox", key: ["id"]),
+    .init("requestKeys", key: ["owner", "key"]),
 ])

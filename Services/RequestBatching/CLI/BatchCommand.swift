@@ -55,8 +55,8 @@ struct BatchStoreOptions: ParsableArguments {
     var dataDir: String = Environment.string("CANOPY_DATA_DIR") ?? "./.canopy"
     @OptionGroup var database: DatabaseOptions
 
-    func open(logger: Logger) async throws -> any RevocationStoring {
-        try await openRevocationStore(directory: URL(fileURLWithPath: dataDir, isDirectory: true).appendingPathComponent("batch"),
+    func open(logger: Logger) async throws -> any BatchStoring {
+        try await openBatchStore(directory: URL(fileURLWithPath: dataDir, isDirectory: true).appendingPathComponent("batch"),
                                       postgres: try database.postgres(), logger: logger)
     }
 }
@@ -109,6 +109,10 @@ struct ServeBatch: AsyncParsableCommand {
     var idleTimeoutMs: Int = Environment.milliseconds("CANOPY_HTTP_IDLE_TIMEOUT_MS", default: BatchServiceSettings.defaultIdleTimeout)
     @Option(help: ArgumentHelp("How long a connection may send nothing while its request is being read before it is closed. Env: CANOPY_HTTP_READ_TIMEOUT_MS.", valueName: "ms"))
     var readTimeoutMs: Int = Environment.milliseconds("CANOPY_HTTP_READ_TIMEOUT_MS", default: BatchServiceSettings.defaultReadTimeout)
+    @Option(help: ArgumentHelp("How long one bus call of a request may take, 100 to 600000. Env: CANOPY_CALL_TIMEOUT_MS.", valueName: "ms"))
+    var callTimeoutMs: Int = Environment.milliseconds("CANOPY_CALL_TIMEOUT_MS", default: .seconds(10))
+    @Option(help: ArgumentHelp("How long a request with an Idempotency-Key holds it before a repeat may run it again (its edge presumed dead), 1000 to 600000. Env: CANOPY_IDEMPOTENCY_LEASE_MS.", valueName: "ms"))
+    var idempotencyLeaseMs: Int = Environment.milliseconds("CANOPY_IDEMPOTENCY_LEASE_MS", default: .seconds(30))
 
     func validate() throws {
         guard (1_024...(64 * 1_048_576)).contains(maxBodyBytes) else { throw ValidationError("--max-body-bytes is 1024 to 67108864") }
@@ -119,6 +123,8 @@ struct ServeBatch: AsyncParsableCommand {
         guard (1...64).contains(batchInFlight) else { throw ValidationError("--batch-in-flight is 1 to 64") }
         guard (100...3_600_000).contains(idleTimeoutMs) else { throw ValidationError("--idle-timeout-ms is 100 to 3600000 milliseconds") }
         guard (100...3_600_000).contains(readTimeoutMs) else { throw ValidationError("--read-timeout-ms is 100 to 3600000 milliseconds") }
+        guard (100...600_000).contains(callTimeoutMs) else { throw ValidationError("--call-timeout-ms is 100 to 600000 milliseconds") }
+        guard (1_000...600_000).contains(idempotencyLeaseMs) else { throw ValidationError("--idempotency-lease-ms is 1000 to 600000 milliseconds") }
         guard try OperatingOptions.parse(http) != nil else { throw ValidationError("--http is HOST:PORT, such as 0.0.0.0:8080") }
         _ = try token.keys()
         _ = try issuers.issuers()
@@ -132,7 +138,9 @@ struct ServeBatch: AsyncParsableCommand {
         settings.trustedIssuers = try issuers.issuers()
         settings.jwksAllowedHosts = issuers.allowedHosts
         try checkBatchPorts(settings) // a taken port stops it before the store is made
-        settings.revocationStore = try await store.open(logger: logger)
+        settings.store = try await store.open(logger: logger)
+        settings.idempotencyLease = .milliseconds(idempotencyLeaseMs)
+        settings.callTimeout = .milliseconds(callTimeoutMs)
         settings.maximumBodyBytes = maxBodyBytes
         settings.rateLimit = Double(rateLimit)
         settings.rateBurst = Double(rateBurst)

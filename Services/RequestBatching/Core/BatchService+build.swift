@@ -36,9 +36,13 @@ public struct BatchServiceSettings: Sendable {
     public var jwksAllowedHosts: Set<String> = []
     /// A token naming a key an issuer has not published refreshes its keys at most once in this.
     public var jwksMinimumRefresh: Duration = .seconds(60)
-    /// canopy-batch's store of revoked tokens and people signed out, watched for changes;
-    /// nil checks no revocations (tests of other things).
-    public var revocationStore: (any RevocationStoring)?
+    /// canopy-batch's store: revoked tokens and people signed out (watched for changes), and
+    /// idempotency keys; nil checks no revocations and keeps no keys (an `Idempotency-Key` is
+    /// then not looked at: tests of other things).
+    public var store: (any BatchStoring)?
+    /// How long a request with an `Idempotency-Key` holds it before a repeat may run it again
+    /// (its edge presumed dead mid-request); longer than any request takes.
+    public var idempotencyLease: Duration = .seconds(30)
     /// Where `/metrics` and `/health` listen; `nil` for nowhere.
     public var metrics: ListenAddress?
     /// The largest JSON body taken.
@@ -159,7 +163,7 @@ public func checkBatchPorts(_ settings: BatchServiceSettings) throws {
 /// the services through `bus`: what ``buildBatchService(settings:context:logger:)`` runs after
 /// its bus client, and what tests run on an in-process bus.
 public func makeBatchService(settings: BatchServiceSettings, bus: any BusCalling, logger: Logger) throws -> [any Service] {
-    let watcher = try settings.revocationStore.map { try RevocationWatcher(store: $0, logger: logger) }
+    let watcher = try settings.store.map { try RevocationWatcher(store: $0, logger: logger) }
     let tokens = try settings.tokenAuthority(revocations: watcher)
     if !settings.trustedIssuers.isEmpty {
         // Each issuer's keys now; one that cannot be reached is tried again when its tokens come.
@@ -175,9 +179,15 @@ public func makeBatchService(settings: BatchServiceSettings, bus: any BusCalling
     let configuration = Configuration(dateTranscoder: WireDateTranscoder(), jsonEncodingOptions: [.sortedKeys, .withoutEscapingSlashes])
     let operations = OperationTable()
     var api = CanopyAPI(bus: bus, timeout: settings.callTimeout, operations: operations, metrics: metrics)
-    if let store = settings.revocationStore {
-        // Tokens issued in the second of the deletion are signed out too: the one it came with.
-        api.signOut = { person in try await offThePool { try store.signOut(user: person, before: Date().addingTimeInterval(1)) } }
+    if let store = settings.store {
+        // Tokens issued in the second of the deletion are signed out too: the one it came with;
+        // the answers kept for their idempotency keys go with the rest of their data.
+        api.signOut = { person in
+            try await offThePool {
+                try store.signOut(user: person, before: Date().addingTimeInterval(1))
+                try store.forgetKeys(of: person)
+            }
+        }
     }
     if settings.batchWindow > .zero {
         api.lookups = Lookups(bus: bus, window: settings.batchWindow, maximumKeys: settings.batchKeys, maximumInFlight: settings.batchInFlight,
@@ -186,7 +196,8 @@ public func makeBatchService(settings: BatchServiceSettings, bus: any BusCalling
     let routes = RouteMethods()
     let edge = EdgeMiddleware<BasicRequestContext>(tokens: tokens, maximumBodyBytes: settings.maximumBodyBytes, maximumPhotoBytes: settings.maximumPhotoBytes,
                                                    limiter: RateLimiter(rate: settings.rateLimit, burst: settings.rateBurst), metrics: metrics,
-                                                   variants: VariantRoute(api: api), routes: routes)
+                                                   variants: VariantRoute(api: api), routes: routes,
+                                                   idempotency: settings.store.map { IdempotentRequests(store: $0, lease: settings.idempotencyLease) })
     // A server span per request, continuing the app's W3C `traceparent` (Traces: no-op unless on).
     // What a person typed (a plant search, a family, a page cursor) stays out of the spans.
     if let sampling = settings.tracing {

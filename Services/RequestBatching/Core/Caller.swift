@@ -4,4 +4,7 @@
 enum Caller {
     @TaskLocal static var principal: String?
     @TaskLocal static var requestID: String = ""
+    /// The request's `Idempotency-Key` as the services are told it (``IdempotencyKeys/serviceKey(person:route:key:)``),
+    /// when it came with one: the routes that create or log something pass it on.
+    @TaskLocal static var idempotencyKey: String?
 }

@@ -19,10 +19,16 @@ extension CanopyAPI {
         }
         metrics?.batchOperations.record(body.operations.count)
         let requestID = Caller.requestID
-        // Independent operations, all at once; each answers for itself.
+        let key = Caller.idempotencyKey
+        // Independent operations, all at once; each answers for itself. With an Idempotency-Key,
+        // each is told a key of its own, made from the batch's and its place in it.
         let results = await withTaskGroup(of: (Int, Components.Schemas.BatchResult).self) { group in
             for (index, operation) in body.operations.enumerated() {
-                group.addTask { (index, await Self.run(operation, table: table, requestID: "\(requestID).\(index)")) }
+                group.addTask {
+                    await Caller.$idempotencyKey.withValue(key.map { IdempotencyKeys.partKey($0, part: index) }) {
+                        (index, await Self.run(operation, table: table, requestID: "\(requestID).\(index)"))
+                    }
+                }
             }
             var results = [Components.Schemas.BatchResult?](repeating: nil, count: body.operations.count)
             for await (index, result) in group { results[index] = result }

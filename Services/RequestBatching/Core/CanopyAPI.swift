@@ -50,7 +50,9 @@ struct CanopyAPI: APIProtocol {
 
     func createPlant(_ input: Operations.CreatePlant.Input) async throws -> Operations.CreatePlant.Output {
         guard case .json(let body) = input.body else { throw CanopyError(.badRequest, "the body is JSON") }
-        let plant = try await call(Care.AddPlant.self, try Care.Plant(body, id: ""))
+        // With an Idempotency-Key the plant's id comes from it: a repeat the edge runs again
+        // (its first run's edge died) answers the plant the first one added.
+        let plant = try await call(Care.AddPlant.self, try Care.Plant(body, id: Caller.idempotencyKey.map(IdempotencyKeys.plantID) ?? ""))
         return .created(.init(body: .json(try .init(plant))))
     }
 
@@ -127,7 +129,8 @@ struct CanopyAPI: APIProtocol {
     func completeTask(_ input: Operations.CompleteTask.Input) async throws -> Operations.CompleteTask.Output {
         var at: Date?
         if case .json(let body) = input.body { at = body.at }
-        let task = try await call(Care.CompleteTask.self, .init(id: try RequestFieldError.identifier(input.path.taskID, "taskID"), at: at))
+        let task = try await call(Care.CompleteTask.self, .init(id: try RequestFieldError.identifier(input.path.taskID, "taskID"), at: at,
+                                                                 key: Caller.idempotencyKey))
         return .ok(.init(body: .json(try .init(task))))
     }
 
@@ -138,7 +141,8 @@ struct CanopyAPI: APIProtocol {
     }
 
     func skipTask(_ input: Operations.SkipTask.Input) async throws -> Operations.SkipTask.Output {
-        .ok(.init(body: .json(try .init(try await call(Care.SkipTask.self, .init(id: try RequestFieldError.identifier(input.path.taskID, "taskID")))))))
+        let id = try RequestFieldError.identifier(input.path.taskID, "taskID")
+        return .ok(.init(body: .json(try .init(try await call(Care.SkipTask.self, .init(id: id, key: Caller.idempotencyKey))))))
     }
 
     // MARK: - Account

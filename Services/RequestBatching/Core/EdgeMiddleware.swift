@@ -23,6 +23,8 @@ struct EdgeMiddleware<Context: RequestContext>: RouterMiddleware {
     let variants: VariantRoute
     /// The document's routes, for 405 and `Allow`.
     let routes: RouteMethods
+    /// `Idempotency-Key` on POST and PATCH, when the edge has a store to keep keys in.
+    var idempotency: IdempotentRequests?
     private let sequence = RequestSequence()
 
     static var requestIDHeader: HTTPField.Name { HTTPField.Name("X-Request-ID")! }
@@ -95,6 +97,27 @@ struct EdgeMiddleware<Context: RequestContext>: RouterMiddleware {
                 }
             }
         }
+        // A retried POST with the key it came with the first time is answered once (IdempotentRequests).
+        if let idempotency, request.method == .post || request.method == .patch, let value = request.headers[IdempotentRequests.keyHeader] {
+            let key: String
+            do {
+                key = try IdempotencyKeys.parse(value)
+            } catch {
+                return Problem.response(.badRequest, error.message, requestID: requestID, field: IdempotencyKeys.header)
+            }
+            return await idempotency.run(request, person: user, key: key, body: collected, requestID: requestID, logger: context.logger) { serviceKey in
+                await Caller.$idempotencyKey.withValue(serviceKey) {
+                    await route(request, context: context, user: user, requestID: requestID, variant: variant, next: next)
+                }
+            }
+        }
+        return await route(request, context: context, user: user, requestID: requestID, variant: variant, next: next)
+    }
+
+    /// The request's route (or the variant it is), for `user`; any error as the problem it is.
+    private func route(_ request: Request, context: Context, user: String, requestID: String, variant: (photoID: String, variant: String)?,
+                       next: (Request, Context) async throws -> Response) async -> Response {
+        let path = request.uri.path
         do {
             return try await Caller.$principal.withValue(user) {
                 try await Caller.$requestID.withValue(requestID) {

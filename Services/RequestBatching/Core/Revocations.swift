@@ -25,9 +25,13 @@ public struct Revocations: Sendable, Equatable {
     }
 }
 
-/// canopy-batch's own small store: revoked tokens and people signed out everywhere
-/// (`canopy-batch token revoke`), in SQLite (`<data-dir>/batch/batch.sqlite`) or in the
-/// PostgreSQL the stack shares. Every change bumps a generation, which each edge watches.
+/// canopy-batch's own small store, in SQLite (`<data-dir>/batch/batch.sqlite`) or in the
+/// PostgreSQL the stack shares: revocations (``RevocationStoring``) and idempotency keys
+/// (``IdempotencyStoring``).
+public protocol BatchStoring: RevocationStoring, IdempotencyStoring {}
+
+/// Revoked tokens and people signed out everywhere (`canopy-batch token revoke`). Every
+/// change bumps a generation, which each edge watches.
 public protocol RevocationStoring: Sendable {
     /// Revokes the token `id` until `until` (after which it would have ended anyway).
     func revoke(id: String, until: Date) throws
@@ -43,9 +47,10 @@ public protocol RevocationStoring: Sendable {
 /// The most tokens revoked by id at once (a bound on the store and on every edge's memory).
 let maximumRevokedTokens = 1_000_000
 
-/// Revocations in SQLite.
-final class SQLiteRevocationStore: RevocationStoring {
+/// canopy-batch's store in SQLite.
+final class SQLiteBatchStore: BatchStoring {
     let database: DatabasePool
+    let sweep = SweepClock()
 
     init(path: String) throws {
         try FileManager.default.createDirectory(atPath: (path as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
@@ -62,6 +67,7 @@ final class SQLiteRevocationStore: RevocationStoring {
                 INSERT INTO revocationMeta VALUES ('generation', 0);
                 """)
         }
+        migrator.registerMigration("v2") { db in try db.execute(sql: IdempotencyTable.sqlite) }
         return migrator
     }
 
@@ -103,16 +109,17 @@ final class SQLiteRevocationStore: RevocationStoring {
     }
 }
 
-/// Revocations in PostgreSQL, shared by every edge of the stack.
-final class PostgresRevocationStore: RevocationStoring {
+/// canopy-batch's store in PostgreSQL, shared by every edge of the stack.
+final class PostgresBatchStore: BatchStoring {
     let database: PostgresStore
+    let sweep = SweepClock()
 
     private init(database: PostgresStore) {
         self.database = database
     }
 
-    static func open(url: DatabaseURL, poolSize: Int, logger: Logger) async throws -> PostgresRevocationStore {
-        PostgresRevocationStore(database: try await PostgresStore.open(url: url, migrator: migrator, size: poolSize, logger: logger))
+    static func open(url: DatabaseURL, poolSize: Int, logger: Logger) async throws -> PostgresBatchStore {
+        PostgresBatchStore(database: try await PostgresStore.open(url: url, migrator: migrator, size: poolSize, logger: logger))
     }
 
     static var migrator: PostgresMigrator {
@@ -122,6 +129,7 @@ final class PostgresRevocationStore: RevocationStoring {
             "CREATE TABLE signedOut (principal TEXT PRIMARY KEY, before DOUBLE PRECISION NOT NULL)",
             "CREATE TABLE revocationMeta (key TEXT PRIMARY KEY, value BIGINT NOT NULL)",
             "INSERT INTO revocationMeta VALUES ('generation', 0)")
+        migrator.register("v2", IdempotencyTable.postgresTable, IdempotencyTable.postgresByExpiry, IdempotencyTable.postgresByPerson)
         return migrator
     }
 
@@ -165,14 +173,15 @@ final class PostgresRevocationStore: RevocationStoring {
 }
 
 /// Opens canopy-batch's store: PostgreSQL when `postgres` names one, else SQLite in `directory`.
-public func openRevocationStore(directory: URL, postgres: PostgresSettings?, logger: Logger) async throws -> any RevocationStoring {
-    if let postgres { return try await PostgresRevocationStore.open(url: postgres.url, poolSize: min(postgres.poolSize, 2), logger: logger) }
-    return try SQLiteRevocationStore(path: directory.appendingPathComponent("batch.sqlite").path)
+public func openBatchStore(directory: URL, postgres: PostgresSettings?, logger: Logger) async throws -> any BatchStoring {
+    if let postgres { return try await PostgresBatchStore.open(url: postgres.url, poolSize: min(postgres.poolSize, 2), logger: logger) }
+    return try SQLiteBatchStore(path: directory.appendingPathComponent("batch.sqlite").path)
 }
 
 /// What `canopy migrate` moves of canopy-batch's store.
-public let batchStoreImport = StoreImport(store: "batch", migrator: PostgresRevocationStore.migrator, tables: [
+public let batchStoreImport = StoreImport(store: "batch", migrator: PostgresBatchStore.migrator, tables: [
     .init("revokedTokens", key: ["jti"]), .init("signedOut", key: ["principal"]), .init("revocationMeta", key: ["key"], seeded: true),
+    .init("idempotencyKeys", key: ["person", "route", "key"]),
 ])
 
 /// The revocations in force, as every request checks them (one lock), kept up to date from
