@@ -18,7 +18,7 @@ enum IdempotencyTable {
             createdAt DOUBLE NOT NULL, expiresAt DOUBLE NOT NULL,
             PRIMARY KEY (person, route, key));
         CREATE INDEX idempotencyKeysByExpiry ON idempotencyKeys (expiresAt);
-        CREATE INDEX idempotencyKeysByPerson ON idempotencyKeys (person, createdAt);
+        CREATE INDEX idempotencyKeysByPerson ON idempotencyKeys (person, expiresAt, answered, bytes);
         """
     static let postgresTable = """
         CREATE TABLE idempotencyKeys (
@@ -29,7 +29,7 @@ enum IdempotencyTable {
             PRIMARY KEY (person, route, key))
         """
     static let postgresByExpiry = "CREATE INDEX idempotencyKeysByExpiry ON idempotencyKeys (expiresAt)"
-    static let postgresByPerson = "CREATE INDEX idempotencyKeysByPerson ON idempotencyKeys (person, createdAt)"
+    static let postgresByPerson = "CREATE INDEX idempotencyKeysByPerson ON idempotencyKeys (person, expiresAt, answered, bytes)"
 
     /// How often a store deletes every expired row (each claim deletes its person's own).
     static let sweepInterval: TimeInterval = 60
@@ -82,38 +82,46 @@ final class SweepClock: Sendable {
 
 // MARK: - SQLite
 
+// Every statement prepared once per connection (`cachedStatement`): preparing one is most of
+// what a statement this small costs. A person's keys are found by (person, expiresAt): their
+// expired ones, and the ones to drop past a bound (those that would expire first), in one
+// range of the index, which also holds what the bounds count (`answered`, `bytes`): counting
+// a person's keys and bytes reads the index alone.
+
 extension SQLiteBatchStore {
     func claim(_ claim: IdempotencyClaim, now: Date) throws -> IdempotencyDecision {
         let at = now.timeIntervalSince1970
-        if sweep.due(now) { try database.tracedWrite { db in try db.execute(sql: "DELETE FROM idempotencyKeys WHERE expiresAt < ?", arguments: [at]) } }
+        if sweep.due(now) {
+            try database.tracedWrite { db in try db.cachedStatement(sql: "DELETE FROM idempotencyKeys WHERE expiresAt < ?").execute(arguments: [at]) }
+        }
         return try database.tracedWrite { db in
-            try db.execute(sql: "DELETE FROM idempotencyKeys WHERE person = ? AND expiresAt < ?", arguments: [claim.person, at])
-            let row = try Row.fetchOne(db, sql: """
+            try db.cachedStatement(sql: "DELETE FROM idempotencyKeys WHERE person = ? AND expiresAt < ?").execute(arguments: [claim.person, at])
+            let row = try Row.fetchOne(db.cachedStatement(sql: """
                 SELECT fingerprint, holder, leaseUntil, answered, status, headers, body FROM idempotencyKeys WHERE person = ? AND route = ? AND key = ?
-                """, arguments: [claim.person, claim.route, claim.key])
+                """), arguments: [claim.person, claim.route, claim.key])
             let record = row.map { row in
-                IdempotencyTable.record(fingerprint: row["fingerprint"], holder: row["holder"], leaseUntil: row["leaseUntil"], answered: row["answered"] as Int != 0,
-                                        status: row["status"], headers: row["headers"], body: row["body"])
+                IdempotencyTable.record(fingerprint: row[0], holder: row[1], leaseUntil: row[2], answered: row[3] as Int != 0,
+                                        status: row[4], headers: row[5], body: row[6])
             }
             let decision = IdempotencyDecision.decide(record, for: claim, now: now)
             guard decision == .proceed else { return decision }
             let lease = at + claim.lease
             if record != nil {
-                try db.execute(sql: "UPDATE idempotencyKeys SET holder = ?, leaseUntil = ? WHERE person = ? AND route = ? AND key = ?",
-                               arguments: [claim.holder, lease, claim.person, claim.route, claim.key])
+                try db.cachedStatement(sql: "UPDATE idempotencyKeys SET holder = ?, leaseUntil = ? WHERE person = ? AND route = ? AND key = ?")
+                    .execute(arguments: [claim.holder, lease, claim.person, claim.route, claim.key])
                 return decision
             }
-            let held = try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM idempotencyKeys WHERE person = ?", arguments: [claim.person]) ?? 0
+            let held = try Int.fetchOne(db.cachedStatement(sql: "SELECT COUNT(*) FROM idempotencyKeys WHERE person = ?"), arguments: [claim.person]) ?? 0
             if held >= IdempotencyKeys.maximumKeysPerPerson {
-                try db.execute(sql: """
+                try db.cachedStatement(sql: """
                     DELETE FROM idempotencyKeys WHERE rowid IN
-                        (SELECT rowid FROM idempotencyKeys WHERE person = ? AND answered = 1 ORDER BY createdAt LIMIT ?)
-                    """, arguments: [claim.person, held - IdempotencyKeys.maximumKeysPerPerson + 1])
+                        (SELECT rowid FROM idempotencyKeys WHERE person = ? AND answered = 1 ORDER BY expiresAt LIMIT ?)
+                    """).execute(arguments: [claim.person, held - IdempotencyKeys.maximumKeysPerPerson + 1])
             }
-            try db.execute(sql: """
+            try db.cachedStatement(sql: """
                 INSERT INTO idempotencyKeys (person, route, key, fingerprint, holder, leaseUntil, answered, createdAt, expiresAt)
                 VALUES (?, ?, ?, ?, ?, ?, 0, ?, ?)
-                """, arguments: [claim.person, claim.route, claim.key, Data(claim.fingerprint), claim.holder, lease, at, at + IdempotencyKeys.lifetime])
+                """).execute(arguments: [claim.person, claim.route, claim.key, Data(claim.fingerprint), claim.holder, lease, at, at + IdempotencyKeys.lifetime])
             return decision
         }
     }
@@ -121,31 +129,32 @@ extension SQLiteBatchStore {
     func answer(_ claim: IdempotencyClaim, with answer: KeptAnswer?, now: Date) throws {
         let at = now.timeIntervalSince1970
         try database.tracedWrite { db in
-            try db.execute(sql: """
+            try db.cachedStatement(sql: """
                 UPDATE idempotencyKeys SET holder = NULL, leaseUntil = NULL, answered = 1, status = ?, headers = ?, body = ?, bytes = ?, expiresAt = ?
                 WHERE person = ? AND route = ? AND key = ? AND holder = ?
-                """, arguments: [answer?.status, answer.map { IdempotencyTable.encode($0.headers) }, answer.map { Data($0.body) }, answer?.body.count ?? 0,
-                                 at + IdempotencyKeys.lifetime, claim.person, claim.route, claim.key, claim.holder])
-            let total = try Int.fetchOne(db, sql: "SELECT COALESCE(SUM(bytes), 0) FROM idempotencyKeys WHERE person = ?", arguments: [claim.person]) ?? 0
+                """).execute(arguments: [answer?.status, answer.map { IdempotencyTable.encode($0.headers) }, answer.map { Data($0.body) }, answer?.body.count ?? 0,
+                                         at + IdempotencyKeys.lifetime, claim.person, claim.route, claim.key, claim.holder])
+            let total = try Int.fetchOne(db.cachedStatement(sql: "SELECT COALESCE(SUM(bytes), 0) FROM idempotencyKeys WHERE person = ?"),
+                                         arguments: [claim.person]) ?? 0
             guard total > IdempotencyKeys.maximumBytesPerPerson else { return }
-            let sizes = try Row.fetchAll(db, sql: """
-                SELECT route, key, bytes FROM idempotencyKeys WHERE person = ? AND answered = 1 AND bytes > 0 AND NOT (route = ? AND key = ?) ORDER BY createdAt
-                """, arguments: [claim.person, claim.route, claim.key]).map { (route: $0["route"] as String, key: $0["key"] as String, bytes: $0["bytes"] as Int) }
+            let sizes = try Row.fetchAll(db.cachedStatement(sql: """
+                SELECT route, key, bytes FROM idempotencyKeys WHERE person = ? AND answered = 1 AND bytes > 0 AND NOT (route = ? AND key = ?) ORDER BY expiresAt
+                """), arguments: [claim.person, claim.route, claim.key]).map { (route: $0[0] as String, key: $0[1] as String, bytes: $0[2] as Int) }
             for (route, key) in IdempotencyTable.oldestToDrop(sizes, total: total, limit: IdempotencyKeys.maximumBytesPerPerson) {
-                try db.execute(sql: "DELETE FROM idempotencyKeys WHERE person = ? AND route = ? AND key = ?", arguments: [claim.person, route, key])
+                try db.cachedStatement(sql: "DELETE FROM idempotencyKeys WHERE person = ? AND route = ? AND key = ?").execute(arguments: [claim.person, route, key])
             }
         }
     }
 
     func release(_ claim: IdempotencyClaim) throws {
         try database.tracedWrite { db in
-            try db.execute(sql: "DELETE FROM idempotencyKeys WHERE person = ? AND route = ? AND key = ? AND holder = ?",
-                           arguments: [claim.person, claim.route, claim.key, claim.holder])
+            try db.cachedStatement(sql: "DELETE FROM idempotencyKeys WHERE person = ? AND route = ? AND key = ? AND holder = ?")
+                .execute(arguments: [claim.person, claim.route, claim.key, claim.holder])
         }
     }
 
     func forgetKeys(of person: String) throws {
-        try database.tracedWrite { db in try db.execute(sql: "DELETE FROM idempotencyKeys WHERE person = ?", arguments: [person]) }
+        try database.tracedWrite { db in try db.cachedStatement(sql: "DELETE FROM idempotencyKeys WHERE person = ?").execute(arguments: [person]) }
     }
 }
 
@@ -189,7 +198,7 @@ extension PostgresBatchStore {
                 let excess = held - IdempotencyKeys.maximumKeysPerPerson + 1
                 try session.execute("""
                     DELETE FROM idempotencyKeys WHERE (person, route, key) IN
-                        (SELECT person, route, key FROM idempotencyKeys WHERE person = \(person) AND answered = 1 ORDER BY createdAt LIMIT \(excess))
+                        (SELECT person, route, key FROM idempotencyKeys WHERE person = \(person) AND answered = 1 ORDER BY expiresAt LIMIT \(excess))
                     """)
             }
             let (fingerprint, expires) = (Data(claim.fingerprint), at + IdempotencyKeys.lifetime)
@@ -216,7 +225,7 @@ extension PostgresBatchStore {
             guard total > IdempotencyKeys.maximumBytesPerPerson else { return }
             let sizes = try session.rows("""
                 SELECT route, key, bytes FROM idempotencyKeys WHERE person = \(person) AND answered = 1 AND bytes > 0 AND NOT (route = \(route) AND key = \(key))
-                ORDER BY createdAt
+                ORDER BY expiresAt
                 """).map { (route: try $0[0].decode(String.self), key: try $0[1].decode(String.self), bytes: try $0[2].decode(Int.self)) }
             for (dropRoute, dropKey) in IdempotencyTable.oldestToDrop(sizes, total: total, limit: IdempotencyKeys.maximumBytesPerPerson) {
                 try session.execute("DELETE FROM idempotencyKeys WHERE person = \(person) AND route = \(dropRoute) AND key = \(dropKey)")
