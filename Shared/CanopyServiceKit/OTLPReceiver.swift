@@ -65,7 +65,7 @@ public final class OTLPReceiver: Sendable {
     public var port: Int? { state.port.current }
 
     /// `http://127.0.0.1:PORT`, for `OTEL_EXPORTER_OTLP_ENDPOINT`, once it listens.
-    public func endpoint(within limit: Duration = .seconds(30)) async throws -> String {
+    public func endpoint(within limit: Duration = .seconds(90)) async throws -> String {
         "http://127.0.0.1:\(try await state.port.wait(within: limit))"
     }
 

@@ -12,16 +12,20 @@ import Testing
 struct IdempotencyKeyTests {
     enum Backend: String, CaseIterable { case sqlite, postgres }
 
+    /// Small limits, so that the bounds are reached in a few requests.
+    static let limits = IdempotencyLimits(keysPerPerson: 20, bytesPerPerson: 8_192)
+
     func withStore(_ backend: Backend, _ body: (any BatchStoring) async throws -> Void) async throws {
         let directory = try TemporaryDirectory("idempotency")
         defer { directory.remove() }
         let logger = Logger(label: "test")
         switch backend {
         case .sqlite:
-            try await body(try await openBatchStore(directory: directory.url, postgres: nil, logger: logger))
+            try await body(try await openBatchStore(directory: directory.url, postgres: nil, logger: logger, idempotencyLimits: Self.limits))
         case .postgres:
             let url = try await PostgresServer.shared().database()
-            try await body(try await openBatchStore(directory: directory.url, postgres: PostgresSettings(url: url, poolSize: 2), logger: logger))
+            try await body(try await openBatchStore(directory: directory.url, postgres: PostgresSettings(url: url, poolSize: 2), logger: logger,
+                                                    idempotencyLimits: Self.limits))
         }
     }
 
@@ -149,8 +153,8 @@ struct IdempotencyKeyTests {
     @Test(arguments: Backend.allCases) func aPersonsKeysAreBoundedInNumberAndBytesAndForgotten(_ backend: Backend) async throws {
         try await withStore(backend) { store in
             let start = Date()
-            // 1,000 done keys: the next one drops the oldest.
-            for index in 0..<IdempotencyKeys.maximumKeysPerPerson {
+            // As many done keys as a person may hold: the next one drops the oldest.
+            for index in 0..<Self.limits.keysPerPerson {
                 let claim = Self.claim(key: "k\(index)")
                 let at = start.addingTimeInterval(Double(index) / 1_000)
                 #expect(try store.claim(claim, now: at) == .proceed)
@@ -161,15 +165,16 @@ struct IdempotencyKeyTests {
             #expect(try store.claim(Self.claim(key: "k0"), now: start.addingTimeInterval(2)) == .proceed, "the oldest went to make room")
             #expect(try store.claim(Self.claim("bob", key: "k5"), now: start.addingTimeInterval(2)) == .proceed, "another person's keys are not touched")
 
-            // Kept bytes: large answers push the oldest out past 32 MiB.
-            let large = KeptAnswer(status: 200, headers: [], body: [UInt8](repeating: 0x61, count: IdempotencyKeys.maximumAnswerBytes))
-            let count = IdempotencyKeys.maximumBytesPerPerson / IdempotencyKeys.maximumAnswerBytes + 1
+            // Kept bytes: large answers push the oldest out past the person's bytes.
+            let large = KeptAnswer(status: 200, headers: [], body: [UInt8](repeating: 0x61, count: Self.limits.bytesPerPerson / 4))
+            let count = 5
             for index in 0..<count {
                 let claim = Self.claim("cy", key: "big\(index)")
                 let at = start.addingTimeInterval(Double(index))
                 #expect(try store.claim(claim, now: at) == .proceed)
                 try store.answer(claim, with: large, now: at)
             }
+            #expect(try store.claim(Self.claim("cy", key: "big1"), now: start.addingTimeInterval(100)) == .replay(large), "only as many go as must")
             #expect(try store.claim(Self.claim("cy", key: "big0"), now: start.addingTimeInterval(100)) == .proceed, "pushed out")
             #expect(try store.claim(Self.claim("cy", key: "big\(count - 1)"), now: start.addingTimeInterval(100)) == .replay(large))
 

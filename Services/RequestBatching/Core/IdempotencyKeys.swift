@@ -82,6 +82,18 @@ public enum IdempotencyKeys {
     }
 }
 
+/// What one person may hold in a store of keys (``IdempotencyKeys``' figures unless a test
+/// makes them small).
+public struct IdempotencyLimits: Sendable {
+    public var keysPerPerson = IdempotencyKeys.maximumKeysPerPerson
+    public var bytesPerPerson = IdempotencyKeys.maximumBytesPerPerson
+
+    public init(keysPerPerson: Int = IdempotencyKeys.maximumKeysPerPerson, bytesPerPerson: Int = IdempotencyKeys.maximumBytesPerPerson) {
+        self.keysPerPerson = keysPerPerson
+        self.bytesPerPerson = bytesPerPerson
+    }
+}
+
 /// A done request's answer, as a repeat gets it again.
 public struct KeptAnswer: Sendable, Equatable {
     public var status: Int
@@ -170,7 +182,7 @@ public enum IdempotencyDecision: Sendable, Equatable {
 public protocol IdempotencyStoring: Sendable {
     /// Looks the key up and, when the request is to run (``IdempotencyDecision/proceed``),
     /// records it as running, held by `claim.holder` until the lease ends; in one transaction.
-    /// Expired records go first; a person past ``IdempotencyKeys/maximumKeysPerPerson`` loses
+    /// Expired records go first; a person at their limit of keys (``IdempotencyLimits``) loses
     /// their oldest done ones.
     func claim(_ claim: IdempotencyClaim, now: Date) throws -> IdempotencyDecision
     /// Keeps the answer for ``IdempotencyKeys/lifetime`` (`nil`: too large, the record says it

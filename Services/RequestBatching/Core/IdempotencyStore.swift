@@ -112,11 +112,11 @@ extension SQLiteBatchStore {
                 return decision
             }
             let held = try Int.fetchOne(db.cachedStatement(sql: "SELECT COUNT(*) FROM idempotencyKeys WHERE person = ?"), arguments: [claim.person]) ?? 0
-            if held >= IdempotencyKeys.maximumKeysPerPerson {
+            if held >= idempotencyLimits.keysPerPerson {
                 try db.cachedStatement(sql: """
                     DELETE FROM idempotencyKeys WHERE rowid IN
                         (SELECT rowid FROM idempotencyKeys WHERE person = ? AND answered = 1 ORDER BY expiresAt LIMIT ?)
-                    """).execute(arguments: [claim.person, held - IdempotencyKeys.maximumKeysPerPerson + 1])
+                    """).execute(arguments: [claim.person, held - idempotencyLimits.keysPerPerson + 1])
             }
             try db.cachedStatement(sql: """
                 INSERT INTO idempotencyKeys (person, route, key, fingerprint, holder, leaseUntil, answered, createdAt, expiresAt)
@@ -136,11 +136,11 @@ extension SQLiteBatchStore {
                                          at + IdempotencyKeys.lifetime, claim.person, claim.route, claim.key, claim.holder])
             let total = try Int.fetchOne(db.cachedStatement(sql: "SELECT COALESCE(SUM(bytes), 0) FROM idempotencyKeys WHERE person = ?"),
                                          arguments: [claim.person]) ?? 0
-            guard total > IdempotencyKeys.maximumBytesPerPerson else { return }
+            guard total > idempotencyLimits.bytesPerPerson else { return }
             let sizes = try Row.fetchAll(db.cachedStatement(sql: """
                 SELECT route, key, bytes FROM idempotencyKeys WHERE person = ? AND answered = 1 AND bytes > 0 AND NOT (route = ? AND key = ?) ORDER BY expiresAt
                 """), arguments: [claim.person, claim.route, claim.key]).map { (route: $0[0] as String, key: $0[1] as String, bytes: $0[2] as Int) }
-            for (route, key) in IdempotencyTable.oldestToDrop(sizes, total: total, limit: IdempotencyKeys.maximumBytesPerPerson) {
+            for (route, key) in IdempotencyTable.oldestToDrop(sizes, total: total, limit: idempotencyLimits.bytesPerPerson) {
                 try db.cachedStatement(sql: "DELETE FROM idempotencyKeys WHERE person = ? AND route = ? AND key = ?").execute(arguments: [claim.person, route, key])
             }
         }
@@ -194,8 +194,8 @@ extension PostgresBatchStore {
                 return decision
             }
             let held = try session.value(Int.self, "SELECT COUNT(*)::BIGINT FROM idempotencyKeys WHERE person = \(person)") ?? 0
-            if held >= IdempotencyKeys.maximumKeysPerPerson {
-                let excess = held - IdempotencyKeys.maximumKeysPerPerson + 1
+            if held >= idempotencyLimits.keysPerPerson {
+                let excess = held - idempotencyLimits.keysPerPerson + 1
                 try session.execute("""
                     DELETE FROM idempotencyKeys WHERE (person, route, key) IN
                         (SELECT person, route, key FROM idempotencyKeys WHERE person = \(person) AND answered = 1 ORDER BY expiresAt LIMIT \(excess))
@@ -222,12 +222,12 @@ extension PostgresBatchStore {
                 WHERE person = \(person) AND route = \(route) AND key = \(key) AND holder = \(holder)
                 """)
             let total = try session.value(Int.self, "SELECT COALESCE(SUM(bytes), 0)::BIGINT FROM idempotencyKeys WHERE person = \(person)") ?? 0
-            guard total > IdempotencyKeys.maximumBytesPerPerson else { return }
+            guard total > idempotencyLimits.bytesPerPerson else { return }
             let sizes = try session.rows("""
                 SELECT route, key, bytes FROM idempotencyKeys WHERE person = \(person) AND answered = 1 AND bytes > 0 AND NOT (route = \(route) AND key = \(key))
                 ORDER BY expiresAt
                 """).map { (route: try $0[0].decode(String.self), key: try $0[1].decode(String.self), bytes: try $0[2].decode(Int.self)) }
-            for (dropRoute, dropKey) in IdempotencyTable.oldestToDrop(sizes, total: total, limit: IdempotencyKeys.maximumBytesPerPerson) {
+            for (dropRoute, dropKey) in IdempotencyTable.oldestToDrop(sizes, total: total, limit: idempotencyLimits.bytesPerPerson) {
                 try session.execute("DELETE FROM idempotencyKeys WHERE person = \(person) AND route = \(dropRoute) AND key = \(dropKey)")
             }
         }

@@ -51,8 +51,10 @@ let maximumRevokedTokens = 1_000_000
 final class SQLiteBatchStore: BatchStoring {
     let database: DatabasePool
     let sweep = SweepClock()
+    let idempotencyLimits: IdempotencyLimits
 
-    init(path: String) throws {
+    init(path: String, idempotencyLimits: IdempotencyLimits = IdempotencyLimits()) throws {
+        self.idempotencyLimits = idempotencyLimits
         try FileManager.default.createDirectory(atPath: (path as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
         database = try SQLiteStore.open(path: path, migrator: Self.migrator)
     }
@@ -113,13 +115,15 @@ final class SQLiteBatchStore: BatchStoring {
 final class PostgresBatchStore: BatchStoring {
     let database: PostgresStore
     let sweep = SweepClock()
+    let idempotencyLimits: IdempotencyLimits
 
-    private init(database: PostgresStore) {
+    private init(database: PostgresStore, idempotencyLimits: IdempotencyLimits) {
         self.database = database
+        self.idempotencyLimits = idempotencyLimits
     }
 
-    static func open(url: DatabaseURL, poolSize: Int, logger: Logger) async throws -> PostgresBatchStore {
-        PostgresBatchStore(database: try await PostgresStore.open(url: url, migrator: migrator, size: poolSize, logger: logger))
+    static func open(url: DatabaseURL, poolSize: Int, logger: Logger, idempotencyLimits: IdempotencyLimits = IdempotencyLimits()) async throws -> PostgresBatchStore {
+        PostgresBatchStore(database: try await PostgresStore.open(url: url, migrator: migrator, size: poolSize, logger: logger), idempotencyLimits: idempotencyLimits)
     }
 
     static var migrator: PostgresMigrator {
@@ -173,9 +177,13 @@ final class PostgresBatchStore: BatchStoring {
 }
 
 /// Opens canopy-batch's store: PostgreSQL when `postgres` names one, else SQLite in `directory`.
-public func openBatchStore(directory: URL, postgres: PostgresSettings?, logger: Logger) async throws -> any BatchStoring {
-    if let postgres { return try await PostgresBatchStore.open(url: postgres.url, poolSize: min(postgres.poolSize, 2), logger: logger) }
-    return try SQLiteBatchStore(path: directory.appendingPathComponent("batch.sqlite").path)
+/// `idempotencyLimits` bounds what each person's keys hold.
+public func openBatchStore(directory: URL, postgres: PostgresSettings?, logger: Logger,
+                           idempotencyLimits: IdempotencyLimits = IdempotencyLimits()) async throws -> any BatchStoring {
+    if let postgres {
+        return try await PostgresBatchStore.open(url: postgres.url, poolSize: min(postgres.poolSize, 2), logger: logger, idempotencyLimits: idempotencyLimits)
+    }
+    return try SQLiteBatchStore(path: directory.appendingPathComponent("batch.sqlite").path, idempotencyLimits: idempotencyLimits)
 }
 
 /// What `canopy migrate` moves of canopy-batch's store.
