@@ -18,6 +18,8 @@ extension BrokerState {
         let client: [UInt8]
         /// The client's correlation id (empty for Majordomo clients, which have none).
         let correlation: [UInt8]
+        /// Its entry's hash in ``ClientTable`` (Canopy clients), kept so removing it hashes nothing.
+        let clientHash: Int
         let dialect: Dialect
         /// The service as the client named it (Majordomo replies repeat it).
         let serviceName: String
@@ -34,11 +36,12 @@ extension BrokerState {
         /// Whether its request is traced and the broker traces (``BrokerTracing``).
         @exclusivity(unchecked) var traced = false
 
-        init(id: UInt64, client: [UInt8], correlation: [UInt8], dialect: Dialect, serviceName: String,
+        init(id: UInt64, client: [UInt8], correlation: [UInt8], clientHash: Int, dialect: Dialect, serviceName: String,
              receivedAt: ContinuousClock.Instant, deadline: ContinuousClock.Instant, flight: UInt64) {
             self.id = id
             self.client = client
             self.correlation = correlation
+            self.clientHash = clientHash
             self.dialect = dialect
             self.serviceName = serviceName
             self.receivedAt = receivedAt
@@ -154,18 +157,6 @@ extension BrokerState {
 
         func hash(into hasher: inout Hasher) {
             hasher.combine(digest)
-        }
-    }
-
-    /// A client's request, as the client names it. Hashes its bytes in bulk: `[UInt8]`'s own
-    /// hashing goes byte by byte.
-    struct ClientKey: Hashable {
-        let client: [UInt8]
-        let correlation: [UInt8]
-
-        func hash(into hasher: inout Hasher) {
-            client.withUnsafeBytes { hasher.combine(bytes: $0) }
-            correlation.withUnsafeBytes { hasher.combine(bytes: $0) }
         }
     }
 

@@ -11,6 +11,8 @@ extension BrokerState {
     struct Intake {
         let client: [UInt8]
         let correlation: [UInt8]
+        /// ``ClientTable/hash(client:correlation:)`` of the two, for a Canopy client (0 else).
+        var clientHash = 0
         let dialect: Dialect
         let serviceName: String
         let operation: String
@@ -19,15 +21,18 @@ extension BrokerState {
     }
 
     mutating func clientRequest(_ request: WireRequest, from client: [UInt8], now: ContinuousClock.Instant, into out: inout [Directive]) {
-        guard byClient[ClientKey(client: client, correlation: request.correlation)] == nil else {
+        let hash = ClientTable.hash(client: client, correlation: request.correlation) // the one hash of this request
+        guard byClient.find(hash: hash, client: client, correlation: request.correlation) == nil else {
             return // the same request again (a client resending after a reconnect): the first will be answered
         }
         if request.service == Broker.service {
             management(request.operation, body: request.body, header: request.header, to: client, correlation: request.correlation, now: now, into: &out)
             return
         }
-        admit(Intake(client: client, correlation: request.correlation, dialect: .canopy, serviceName: request.service,
-                     operation: request.operation, header: request.header, payload: Payload(body: request.body, attachments: request.attachments)), now: now, into: &out)
+        var intake = Intake(client: client, correlation: request.correlation, dialect: .canopy, serviceName: request.service,
+                            operation: request.operation, header: request.header, payload: Payload(body: request.body, attachments: request.attachments))
+        intake.clientHash = hash
+        admit(intake, now: now, into: &out)
     }
 
     /// Takes a well-formed request: joins an identical flight, or starts a flight that goes
@@ -165,7 +170,7 @@ extension BrokerState {
     /// Adds a waiter for `intake` to `flight` (`coalesced`: a flight already in the air).
     @discardableResult
     private mutating func join(_ flight: Flight, _ intake: Intake, now: ContinuousClock.Instant, timeout: Duration, coalesced: Bool) -> Waiter {
-        let waiter = Waiter(id: makeID(), client: intake.client, correlation: intake.correlation, dialect: intake.dialect,
+        let waiter = Waiter(id: makeID(), client: intake.client, correlation: intake.correlation, clientHash: intake.clientHash, dialect: intake.dialect,
                             serviceName: intake.serviceName, receivedAt: now, deadline: now + timeout, flight: flight.id)
         if let tracing, let caller = intake.header.trace {
             waiter.traced = true
@@ -175,7 +180,7 @@ extension BrokerState {
         waiters[waiter.id] = waiter
         heldBytes += waiter.bytes
         if intake.dialect == .canopy {
-            byClient[ClientKey(client: intake.client, correlation: intake.correlation)] = waiter.id
+            byClient.insert(hash: intake.clientHash, client: intake.client, correlation: intake.correlation, id: waiter.id)
         }
         deadlines.insert(Deadline(at: waiter.deadline, key: deadlineKey(waiter.deadline), waiter: waiter.id))
         flight.waiters.append(waiter.id)
@@ -184,7 +189,8 @@ extension BrokerState {
     }
 
     mutating func clientCancel(_ correlation: [UInt8], from client: [UInt8], now: ContinuousClock.Instant, into out: inout [Directive]) {
-        guard let id = byClient[ClientKey(client: client, correlation: correlation)], let waiter = waiters[id] else {
+        let hash = ClientTable.hash(client: client, correlation: correlation)
+        guard let id = byClient.find(hash: hash, client: client, correlation: correlation), let waiter = waiters[id] else {
             if hold != nil { _ = cancelHeld(client: client, correlation: correlation) }
             return // nothing held under that id: already answered, or never sent
         }
@@ -216,7 +222,7 @@ extension BrokerState {
         waiters[waiter.id] = nil
         heldBytes -= waiter.bytes
         if waiter.dialect == .canopy {
-            byClient[ClientKey(client: waiter.client, correlation: waiter.correlation)] = nil
+            byClient.remove(hash: waiter.clientHash, id: waiter.id)
         }
     }
 

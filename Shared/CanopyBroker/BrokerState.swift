@@ -66,7 +66,8 @@ public struct BrokerState {
     var flights = IDTable<Flight>(capacity: 1_024)
     /// Coalescable flights that still take waiters.
     var openFlights: [FlightKey: Flight] = [:]
-    var byClient: [ClientKey: UInt64] = [:]
+    /// Canopy clients' requests held now, by (routing identity, correlation id).
+    var byClient = ClientTable()
     var deadlines = Heap<Deadline>()
     var operationCounters: [String: OperationCounters] = [:]
     var nextID: UInt64 = 1
