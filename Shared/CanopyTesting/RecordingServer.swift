@@ -44,9 +44,11 @@ public final class RecordingServer: Sendable {
                                   onServerRunning: { channel in shared.value.withLock { $0.port = channel.localAddress?.port } })
     }
 
-    public func url(_ path: String, within limit: Duration = .seconds(30)) async throws -> String {
+    /// `http://HOST:PORT/path` once the server listens (within 90 s by default: amid the whole
+    /// suite a 2-core machine has starved a server's start for over 30).
+    public func url(_ path: String, within limit: Duration = .seconds(90)) async throws -> String {
         guard try await eventually(within: limit, { shared.value.withLock { $0.port } != nil }),
-              let port = shared.value.withLock({ $0.port }) else { throw CancellationError() }
+              let port = shared.value.withLock({ $0.port }) else { throw LiveBusError("the recording server did not start listening within \(limit)") }
         return "http://\(host):\(port)\(path)"
     }
 

@@ -1,4 +1,5 @@
 import CanopyMessages
+import CanopyServiceKit
 import CanopyStore
 import CanopyTesting
 import Foundation
@@ -142,7 +143,8 @@ struct IdempotencyKeyTests {
         try await withStore(backend) { store in
             let now = Date()
             let decisions = try await withThrowingTaskGroup(of: IdempotencyDecision.self) { group in
-                for _ in 0..<16 { group.addTask { try store.claim(Self.claim(), now: now) } }
+                // On Dispatch's threads: sixteen blocking store calls would hold the cooperative pool.
+                for _ in 0..<16 { group.addTask { try await offThePool { try store.claim(Self.claim(), now: now) } } }
                 return try await group.reduce(into: []) { $0.append($1) }
             }
             #expect(decisions.filter { $0 == .proceed }.count == 1)
