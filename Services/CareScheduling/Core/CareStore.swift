@@ -102,7 +102,10 @@ final class CareStore: CareStoring {
         }
         migrator.registerMigration("v6-request-keys") { db in
             // Callers' idempotency keys: a keyed task completion or skip is done once.
-            try db.execute(sql: "CREATE TABLE requestKeys (owner TEXT NOT NULL, key TEXT NOT NULL, at DOUBLE NOT NULL, PRIMARY KEY (owner, key))")
+            try db.execute(sql: """
+                CREATE TABLE requestKeys (owner TEXT NOT NULL, key TEXT NOT NULL, at DOUBLE NOT NULL, PRIMARY KEY (owner, key));
+                CREATE INDEX requestKeysByAge ON requestKeys(owner, at);
+                """)
         }
         return migrator
     }

@@ -115,7 +115,8 @@ final class PostgresCareStore: CareStoring {
         // holds nothing, whatever its lease says.
         migrator.register("v2-lease-holders", "ALTER TABLE outbox ADD COLUMN leasedBy BIGINT")
         // Callers' idempotency keys: a keyed task completion or skip is done once.
-        migrator.register("v3-request-keys", "CREATE TABLE requestKeys (owner TEXT NOT NULL, key TEXT NOT NULL, at DOUBLE PRECISION NOT NULL, PRIMARY KEY (owner, key))")
+        migrator.register("v3-request-keys", "CREATE TABLE requestKeys (owner TEXT NOT NULL, key TEXT NOT NULL, at DOUBLE PRECISION NOT NULL, PRIMARY KEY (owner, key))",
+                          "CREATE INDEX requestKeysByAge ON requestKeys(owner, at)")
         return migrator
     }
 

@@ -57,7 +57,7 @@ struct BatchStoreOptions: ParsableArguments {
 
     func open(logger: Logger) async throws -> any BatchStoring {
         try await openBatchStore(directory: URL(fileURLWithPath: dataDir, isDirectory: true).appendingPathComponent("batch"),
-                                      postgres: try database.postgres(), logger: logger)
+                                 postgres: try database.postgres(), logger: logger)
     }
 }
 
