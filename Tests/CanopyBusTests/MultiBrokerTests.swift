@@ -270,6 +270,12 @@ struct MultiBrokerTests {
                 #expect(try await eventually(within: .seconds(30)) {
                     ((try? await probe.call(Broker.Services.self, .init(), timeout: .seconds(1))) ?? []).contains { $0.name == TestService.name }
                 }, "the worker registered again with broker \(index + 1)")
+                // And the callers are back on it (libzmq reconnects them with backoff; on a loaded
+                // machine stopping the other broker first left some with none to go to).
+                #expect(try await eventually(within: .seconds(30)) {
+                    let stats = try? await probe.call(Broker.Stats.self, .init(), timeout: .seconds(1))
+                    return (stats?.operations.filter { $0.service == TestService.name }.map(\.requests).reduce(0, +) ?? 0) >= 20
+                }, "the callers call through broker \(index + 1) again")
             }
             try await Task.sleep(for: .milliseconds(500))
             stop.value.store(true, ordering: .relaxed)
