@@ -6,6 +6,7 @@ import CanopyMessages
 import CanopyServiceKit
 import CanopyTesting
 import CanopyWire
+import Collections
 import CareScheduling
 import Foundation
 import Glibc
@@ -33,6 +34,7 @@ struct TracingCost: AsyncParsableCommand {
     @Option(help: "Edge: wrk's connections.") var connections = 32
     @Option(help: "What to measure: state, broker, edge; comma-separated.") var parts = "state,broker,edge"
     @Option(help: "State: requests routed per setup and round.") var requests = 300_000
+    @Option(help: "State: requests held at once, by 4 workers of credit 64 and the service's queue (1,024: as 64 clients x 16 in flight; 1: one at a time).") var inFlight = 1
     @Option(help: "State: run only this setup (no tracer, tracer nothing sampled, 1%, 100%), for counting instructions with perf stat.") var only: String?
 
     func run() async throws {
@@ -54,6 +56,52 @@ struct TracingCost: AsyncParsableCommand {
     /// a request, then the worker's reply, `requests` times, per setup; then the time
     /// ``BrokerTracing/flush(ending:)`` takes to make the spans of what was noted (done off
     /// the loop thread in the broker). What no socket or scheduler adds noise to.
+    /// The state machine as the broker's loop drives it under a pipelined load: `inFlight`
+    /// requests held at once (4 workers of credit 64 hold 256, the queue the rest), each
+    /// message stamped with the time as it comes, the worker answering the oldest it holds,
+    /// timers looked at every 32 messages as the loop does after a burst. A new request
+    /// follows each reply. ns per request, measured after one warm-up pass of `inFlight`.
+    static func stateUnderLoad(_ state: inout BrokerState, requests: Int, inFlight: Int, ready: [[UInt8]], reply: [UInt8],
+                               request: () -> [[UInt8]]) throws -> Double {
+        let workers = (0..<4).map { Array("worker-\($0)".utf8) }
+        let client = Array("client".utf8)
+        var out: [BrokerState.Directive] = []
+        out.reserveCapacity(64)
+        for worker in workers { state.receive(ready, from: worker, now: .now, into: &out) }
+        // Correlation ids cycle over twice what is held, so an id comes back only once answered.
+        let ids = (0..<(2 * inFlight)).map { Wire.frame(UInt64($0 + 1)) }
+        var dispatched = Deque<(worker: [UInt8], id: UInt64)>()
+        func collect() {
+            for directive in out {
+                if case .send(let to, .dispatch(let id, _, _, _, _)) = directive { dispatched.append((to, id)) }
+            }
+            out.removeAll(keepingCapacity: true)
+        }
+        var sent = 0
+        func send() {
+            var frames = request()
+            frames[2] = ids[sent % ids.count]
+            sent += 1
+            state.receive(frames, from: client, now: .now, into: &out)
+            collect()
+        }
+        for _ in 0..<inFlight { send() }
+        var start = ContinuousClock.now
+        for index in 0..<(requests + inFlight) {
+            if index == inFlight { start = .now } // the first pass warms up
+            guard let (worker, id) = dispatched.popFirst() else { throw BenchmarkFailure("the state machine held no request at a worker") }
+            state.receive(WireMessage.workerReply(requestID: id, failed: false, body: reply).encoded, from: worker, now: .now, into: &out)
+            collect()
+            send()
+            if index % 32 == 0 {
+                _ = state.nextWakeup()
+                state.tick(now: .now, into: &out)
+                collect()
+            }
+        }
+        return (ContinuousClock.now - start).seconds * 1e9 / Double(requests)
+    }
+
     func stateMachine(endpoint: String, logger: Logger) async throws {
         let all: [(name: String, traced: Bool, every: Int?)] = [("no tracer", false, nil), ("tracer, nothing sampled", true, nil),
                                                                 ("1% sampled", true, 100), ("100% sampled", true, 1)]
@@ -69,7 +117,8 @@ struct TracingCost: AsyncParsableCommand {
         let (plain, sampled) = (request(header), request(traced))
         let ready = WireMessage.ready(service: "bench", operations: [OperationDescriptor(name: "echo", idempotent: true, coalescable: false)], credit: 64).encoded
         let reply = Array(#"{"text":"ok"}"#.utf8)
-        print("canopy-bench tracing, state machine: \(requests) requests routed per setup and round (request in, dispatch out, reply in, reply out) on one thread, \(rounds) rounds")
+        print("canopy-bench tracing, state machine: \(requests) requests routed per setup and round (request in, dispatch out, reply in, reply out) on one thread, \(rounds) rounds, "
+              + (inFlight > 1 ? "\(inFlight) in flight (4 workers, credit 64)" : "one at a time"))
         var rows = [["round", "setup", "ns/request (loop)", "vs no tracer", "flush µs/traced request", "ns/request with flush"]]
         var ratios: [String: [Double]] = [:], withFlush: [String: [Double]] = [:]
         for round in 1...rounds {
@@ -84,6 +133,12 @@ struct TracingCost: AsyncParsableCommand {
                     var out: [BrokerState.Directive] = []
                     out.reserveCapacity(16)
                     let worker = Array("w".utf8), client = Array("c".utf8)
+                    if inFlight > 1 {
+                        let loop = try Self.stateUnderLoad(&state, requests: requests, inFlight: inFlight, ready: ready, reply: reply,
+                                                           request: { setup.every.map { $0 == 1 || Int.random(in: 0..<$0) == 0 } ?? false ? sampled : plain })
+                        tracing?.flush(ending: true)
+                        return (loop, 0, 0)
+                    }
                     state.receive(ready, from: worker, now: .now, into: &out)
                     var tracedCount = 0
                     let start = ContinuousClock.now

@@ -65,6 +65,9 @@ extension BrokerState {
         @exclusivity(unchecked) var key: FlightKey?
         let createdAt: ContinuousClock.Instant
         let counters: OperationCounters
+        /// Its operation as resolved when it came (``ResolvedOperation/servedByAll`` spares
+        /// asking each worker when it leaves the queue).
+        @exclusivity(unchecked) var resolved: ResolvedOperation?
         @exclusivity(unchecked) var waiters = WaiterList()
         /// Waiters that ever joined, for "shared" and the waiters-per-flight histogram.
         @exclusivity(unchecked) var totalWaiters = 0
@@ -235,7 +238,9 @@ extension BrokerState {
         let name: String
         /// Set by the first worker; a service is served in one protocol only.
         @exclusivity(unchecked) var dialect: Dialect?
-        @exclusivity(unchecked) var workers: [Worker] = []
+        @exclusivity(unchecked) var workers: [Worker] = [] {
+            didSet { forgetResolvedOperations() }
+        }
         @exclusivity(unchecked) var cursor = 0
         /// Flight ids in order; ids of flights taken out meanwhile are skipped (and compacted).
         @exclusivity(unchecked) var queue: Deque<UInt64> = []
@@ -250,16 +255,27 @@ extension BrokerState {
         /// The operations' counters, found once per operation name (they live in the broker's
         /// table, which outlives this entry).
         @exclusivity(unchecked) var counters: [String: OperationCounters] = [:]
+        /// Operations its workers serve, resolved once per name while its workers stay the
+        /// same (``BrokerState/resolve(_:of:)``): a request then costs one look-up by name.
+        @exclusivity(unchecked) var resolved: [String: ResolvedOperation] = [:]
 
         init(name: String) { self.name = name }
 
-        /// The next worker in round-robin order that has credit and serves `operation`.
-        func freeWorker(for operation: String) -> Worker? {
+        /// Its workers changed: what was resolved is no longer known to hold.
+        private func forgetResolvedOperations() {
+            guard !resolved.isEmpty else { return }
+            for operation in resolved.values { operation.servedByAll = false } // flights may still hold them
+            resolved.removeAll(keepingCapacity: true)
+        }
+
+        /// The next worker in round-robin order that has credit and serves `operation`
+        /// (`servedByAll`: every worker does, so none is asked).
+        func freeWorker(for operation: String, servedByAll: Bool = false) -> Worker? {
             let count = workers.count
             for step in 0..<count {
                 let index = (cursor + step) % count
                 let worker = workers[index]
-                if worker.available > 0, worker.descriptor(for: operation) != nil {
+                if worker.available > 0, servedByAll || worker.descriptor(for: operation) != nil {
                     cursor = (index + 1) % count
                     return worker
                 }
@@ -286,7 +302,35 @@ extension BrokerState {
         }
     }
 
-    /// A waiter's deadline in the deadline heap, ordered by nanoseconds since the broker
+    /// An operation of a service as its workers declared it, with its counters.
+    final class ResolvedOperation {
+        let descriptor: OperationDescriptor
+        let counters: OperationCounters
+        /// Every worker of the service serves it (the common case): finding a free worker
+        /// asks none of them. Cleared when the service's workers change.
+        @exclusivity(unchecked) var servedByAll: Bool
+
+        init(descriptor: OperationDescriptor, counters: OperationCounters, servedByAll: Bool) {
+            self.descriptor = descriptor
+            self.counters = counters
+            self.servedByAll = servedByAll
+        }
+    }
+
+    /// `operation` of `service` as its workers serve it, or `nil` when none does.
+    mutating func resolve(_ operation: String, of service: ServiceEntry) -> ResolvedOperation? {
+        if let known = service.resolved[operation] { return known }
+        guard let descriptor = service.describe(operation) else { return nil }
+        // Past 1024 names (Majordomo workers take any) it is not kept, and so never told
+        // when the workers change: it claims nothing about them.
+        let kept = service.resolved.count < 1024
+        let resolved = ResolvedOperation(descriptor: descriptor, counters: counters(service: service, operation: operation),
+                                         servedByAll: kept && service.workers.allSatisfy { $0.descriptor(for: operation) != nil })
+        if kept { service.resolved[operation] = resolved }
+        return resolved
+    }
+
+    /// A waiter's deadline in the ``DeadlineQueue``, ordered by nanoseconds since the broker
     /// started (comparing integers, not `Duration`s, on the hot path).
     struct Deadline: Comparable {
         let at: ContinuousClock.Instant

@@ -60,12 +60,13 @@ extension BrokerState {
         } else {
             return refuse(Self.noWorkers(intake.serviceName))
         }
-        let descriptor = service.describe(intake.operation)
-        guard descriptor != nil || (service.workers.isEmpty && startupGraceEnds != nil) else {
+        let resolved = resolve(intake.operation, of: service)
+        guard resolved != nil || (service.workers.isEmpty && startupGraceEnds != nil) else {
             service.errors += 1
             return refuse(Self.unknownOperation(intake.operation, of: intake.serviceName, known: service.operations.map(\.name)))
         }
-        let counters = counters(service: service, operation: intake.operation)
+        let descriptor = resolved?.descriptor
+        let counters = resolved?.counters ?? counters(service: service, operation: intake.operation)
         /// A refusal of a request whose operation is known: counted as the service's error
         /// and as the operation's outcome.
         func refuseCounted(_ error: CanopyError) {
@@ -107,7 +108,7 @@ extension BrokerState {
         guard heldBytes + bytes + Self.waiterBytes(intake) + Flight.bookkeepingBytes <= configuration.maximumHeldBytes else {
             return refuseCounted(CanopyError(.busy, "the broker holds \(heldBytes) bytes of requests already (its limit is \(configuration.maximumHeldBytes)); retry later"))
         }
-        let worker = service.freeWorker(for: intake.operation)
+        let worker = service.freeWorker(for: intake.operation, servedByAll: resolved?.servedByAll == true)
         if worker == nil {
             guard service.queuedCount < configuration.maximumQueuedPerService else {
                 return refuseCounted(CanopyError(.busy, "'\(service.name)' has \(configuration.maximumQueuedPerService) requests waiting already; retry later or start more workers"))
@@ -119,6 +120,7 @@ extension BrokerState {
         counters.requests += 1
         let flight = Flight(id: makeID(), service: service, operation: intake.operation, header: intake.header, payload: intake.payload,
                             key: key, createdAt: now, counters: counters)
+        flight.resolved = resolved
         flights[flight.id] = flight
         heldBytes += flight.bytes
         if let key { openFlights[key] = flight }
@@ -183,6 +185,9 @@ extension BrokerState {
             byClient.insert(hash: intake.clientHash, client: intake.client, correlation: intake.correlation, id: waiter.id)
         }
         deadlines.insert(Deadline(at: waiter.deadline, key: deadlineKey(waiter.deadline), waiter: waiter.id))
+        if deadlines.count > 2 * waiters.count + 4_096 { // answered ones piled up behind a slow one
+            deadlines.removeAll { waiters[$0.waiter]?.deadline != $0.at }
+        }
         flight.waiters.append(waiter.id)
         flight.totalWaiters += 1
         return waiter

@@ -259,7 +259,7 @@ extension BrokerState {
         var skipped: [UInt64] = []
         while let id = service.queue.popFirst() {
             guard let flight = flights[id], flight.isQueued else { continue }
-            if let worker = service.freeWorker(for: flight.operation) {
+            if let worker = service.freeWorker(for: flight.operation, servedByAll: flight.resolved?.servedByAll == true) {
                 dispatch(flight, to: worker, now: now, into: &out)
             } else {
                 skipped.append(id)

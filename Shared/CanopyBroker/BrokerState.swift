@@ -68,7 +68,7 @@ public struct BrokerState {
     var openFlights: [FlightKey: Flight] = [:]
     /// Canopy clients' requests held now, by (routing identity, correlation id).
     var byClient = ClientTable()
-    var deadlines = Heap<Deadline>()
+    var deadlines = DeadlineQueue()
     var operationCounters: [String: OperationCounters] = [:]
     var nextID: UInt64 = 1
     var nextHeartbeat: ContinuousClock.Instant
@@ -126,6 +126,9 @@ public struct BrokerState {
 
     /// Flights held now (what is queued for or at workers).
     public var flightCount: Int { flights.count }
+
+    /// Deadlines kept, answered ones not yet dropped included (bounded: ``DeadlineQueue``).
+    public var deadlineCount: Int { deadlines.count }
 
     /// When ``tick(now:into:)`` next has work: the next heartbeat or deadline.
     public mutating func nextWakeup() -> ContinuousClock.Instant {

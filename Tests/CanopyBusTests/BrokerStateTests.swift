@@ -129,6 +129,22 @@ struct BrokerStateTests {
         #expect(dispatches(broker.request("c", 3, operation: "get")).map(\.worker) == ["reader"])
     }
 
+    @Test func aWorkerThatJoinsWithoutAnOperationIsNeverSentIt() {
+        var broker = Harness()
+        let get = OperationDescriptor(name: "get", idempotent: true, coalescable: false)
+        let add = OperationDescriptor(name: "add", idempotent: false, coalescable: false)
+        broker.ready("both", operations: [get, add], credit: 100)
+        #expect(dispatches(broker.request("c", 1, operation: "add")).map(\.worker) == ["both"]) // resolved: every worker serves it
+        broker.ready("reader", operations: [get], credit: 100)
+        let adds = (2...9).flatMap { dispatches(broker.request("c", UInt64($0), operation: "add")).map(\.worker) }
+        #expect(adds == Array(repeating: "both", count: 8), "\(adds)")
+        let gets = (10...13).flatMap { dispatches(broker.request("c", UInt64($0), operation: "get")).map(\.worker) }
+        #expect(Set(gets) == ["both", "reader"])
+        _ = broker.receive([Wire.version, Wire.Command.workerDisconnect.frame], from: "both")
+        #expect(errors(broker.request("c", 14, operation: "add")).map(\.error.code) == [.badRequest])
+        #expect(dispatches(broker.request("c", 15, operation: "get")).map(\.worker) == ["reader"])
+    }
+
     // MARK: - Refusals
 
     @Test func aFullQueueIsAnsweredBusyAtOnce() {
@@ -226,6 +242,37 @@ struct BrokerStateTests {
         #expect(expired.map(\.error.code) == [.timeout])
         #expect(expired[0].correlation == Wire.frame(UInt64(2)))
         #expect(dispatches(broker.reply("w1", request: first[0].id)).isEmpty)
+    }
+
+    @Test func requestsExpireInTheOrderOfTheirDeadlinesWhateverOrderTheyCameIn() {
+        var broker = Harness()
+        broker.ready("w1", credit: 100)
+        let timeouts: [UInt32] = [500, 300, 800, 100, 350, 900, 200, 700, 50, 600]
+        for (index, timeout) in timeouts.enumerated() { _ = broker.request("c", UInt64(index + 1), timeoutMs: timeout) }
+        var expired: [UInt64] = []
+        for _ in 0..<20 {
+            for error in errors(broker.advance(.milliseconds(50))) where error.error.code == .timeout {
+                expired.append(error.correlation.reduce(0) { $0 << 8 | UInt64($1) })
+            }
+        }
+        let expected = timeouts.indices.sorted { timeouts[$0] < timeouts[$1] }.map { UInt64($0 + 1) }
+        #expect(expired == expected)
+        #expect(broker.state.deadlineCount == 0)
+    }
+
+    @Test func answeredDeadlinesDoNotPileUpBehindASlowRequest() {
+        var broker = Harness()
+        broker.ready("w1", credit: 2)
+        let slow = dispatches(broker.request("c", 1, timeoutMs: 600_000))
+        #expect(slow.count == 1)
+        for correlation in 2...20_001 as ClosedRange<UInt64> {
+            let sent = dispatches(broker.request("c", correlation, timeoutMs: 30_000))
+            for dispatch in sent { _ = broker.reply("w1", request: dispatch.id) }
+        }
+        #expect(broker.state.flightCount == 1)
+        #expect(broker.state.deadlineCount <= 2 + 4_096, "\(broker.state.deadlineCount) deadlines kept for 1 request held")
+        let out = broker.advance(.seconds(601))
+        #expect(errors(out).map(\.error.code) == [.timeout])
     }
 
     @Test func anExpiredRequestAtAWorkerIsAnsweredTimeoutAndCancelledThere() {
