@@ -177,6 +177,13 @@ struct CareStoreTests {
         #expect(skipped.due > done.due)
         #expect(try library.skip(water.id, key: "k2", owner: "alice", now: start.addingTimeInterval(90_001)) == skipped)
         #expect(try library.skip(water.id, key: "k1", owner: "alice", now: start.addingTimeInterval(90_001)) == skipped, "k1 was used: a key is done once, whatever the operation")
+        // A repeat changes nothing, so the reminders are not told again.
+        let syncs = try await store.dueFollowUps(now: start.addingTimeInterval(90_001), limit: 10)
+        #expect(syncs.count == 1, "the completion and the skip asked for one sync")
+        try await store.settle(syncs.map { .confirmed(id: $0.id, generation: $0.generation) }, now: start.addingTimeInterval(90_001))
+        _ = try library.complete(water.id, at: nil, key: "k1", owner: "alice", now: start.addingTimeInterval(90_002))
+        _ = try library.skip(water.id, key: "k2", owner: "alice", now: start.addingTimeInterval(90_002))
+        #expect(try await store.pendingFollowUps().count == 0, "a repeat asked for a reminder sync")
         // A day later the key is forgotten: new work.
         _ = try library.complete(water.id, at: nil, key: "k1", owner: "alice", now: start.addingTimeInterval(86_400 * 2 + 10))
         #expect(try library.log(plantID: plant.id, owner: "alice").count == 2)

@@ -198,13 +198,15 @@ final class CareLibrary: Sendable {
     }
 
     /// The task, its plant and the owner's scheduler, in a write transaction; or notFound.
-    private func withTask(_ id: String, owner: String, now: Date, _ body: (any CareWrites, StoredTask, Care.Plant, Scheduler) throws -> Void) throws -> Care.Task {
+    /// `body` says whether it changed anything: only then are the reminders told.
+    private func withTask(_ id: String, owner: String, now: Date, _ body: (any CareWrites, StoredTask, Care.Plant, Scheduler) throws -> Bool) throws -> Care.Task {
         try store.write { data in
             guard let task = try data.task(owner: owner, id: id),
                   let plant = try data.plant(owner: owner, id: task.task.plantID)
             else { throw CanopyError(.notFound, "no task \(id) among yours; care.tasks.upcoming lists them") }
-            try body(data, task, plant, try Scheduler(preferences: try data.preferences(owner: owner)))
-            try data.enqueueReminderSync(owner: owner, now: now)
+            if try body(data, task, plant, try Scheduler(preferences: try data.preferences(owner: owner))) {
+                try data.enqueueReminderSync(owner: owner, now: now)
+            }
             return try data.task(owner: owner, id: id)!.task
         }
     }
@@ -215,9 +217,10 @@ final class CareLibrary: Sendable {
         let now = now ?? clock.now()
         let done = at ?? now
         return try withTask(id, owner: owner, now: now) { data, task, plant, scheduler in
-            if let key, try !data.useRequestKey(owner: owner, key: key, now: now) { return }
+            if let key, try !data.useRequestKey(owner: owner, key: key, now: now) { return false }
             try data.logCare(owner: owner, plantID: plant.id, kind: task.task.kind, at: done)
             try reschedule(data, task, plant: plant, anchor: done, scheduler: scheduler)
+            return true
         }
     }
 
@@ -225,6 +228,7 @@ final class CareLibrary: Sendable {
     func snooze(_ id: String, until: Date, owner: String, now: Date? = nil) throws -> Care.Task {
         try withTask(id, owner: owner, now: now ?? clock.now()) { data, _, _, _ in
             try data.snoozeTask(owner: owner, id: id, until: until)
+            return true
         }
     }
 
@@ -233,8 +237,9 @@ final class CareLibrary: Sendable {
     func skip(_ id: String, key: String? = nil, owner: String, now: Date? = nil) throws -> Care.Task {
         let now = now ?? clock.now()
         return try withTask(id, owner: owner, now: now) { data, task, plant, scheduler in
-            if let key, try !data.useRequestKey(owner: owner, key: key, now: now) { return }
+            if let key, try !data.useRequestKey(owner: owner, key: key, now: now) { return false }
             try reschedule(data, task, plant: plant, anchor: task.task.due, scheduler: scheduler)
+            return true
         }
     }
 
