@@ -332,12 +332,19 @@ extension BrokerState {
 
     /// A waiter's deadline in the ``DeadlineQueue``, ordered by nanoseconds since the broker
     /// started (comparing integers, not `Duration`s, on the hot path).
-    struct Deadline: Comparable {
-        let at: ContinuousClock.Instant
-        let key: UInt64
-        let waiter: UInt64
-        static func < (lhs: Self, rhs: Self) -> Bool { lhs.key < rhs.key }
-        static func == (lhs: Self, rhs: Self) -> Bool { lhs.key == rhs.key && lhs.waiter == rhs.waiter }
+    package struct Deadline: Comparable {
+        package let at: ContinuousClock.Instant
+        package let key: UInt64
+        package let waiter: UInt64
+
+        package init(at: ContinuousClock.Instant, key: UInt64, waiter: UInt64) {
+            self.at = at
+            self.key = key
+            self.waiter = waiter
+        }
+
+        package static func < (lhs: Self, rhs: Self) -> Bool { lhs.key < rhs.key }
+        package static func == (lhs: Self, rhs: Self) -> Bool { lhs.key == rhs.key && lhs.waiter == rhs.waiter }
     }
 
     /// Per-operation coalescing counters, kept across worker comings and goings.

@@ -13,13 +13,15 @@ import Collections
 /// drops them (``BrokerState/nextWakeup()``). Behind one slow request they would pile up
 /// (every request of its timeout, up to 600 s), so once they outnumber the live ones the
 /// broker sweeps them out (``removeAll(where:)``, amortized O(1) a request).
-struct DeadlineQueue {
+package struct DeadlineQueue {
     private var ordered: Deque<BrokerState.Deadline> = []
     private var others = Heap<BrokerState.Deadline>()
 
-    var count: Int { ordered.count + others.count }
+    package init() {}
 
-    mutating func insert(_ deadline: BrokerState.Deadline) {
+    package var count: Int { ordered.count + others.count }
+
+    package mutating func insert(_ deadline: BrokerState.Deadline) {
         if let last = ordered.last, deadline.key < last.key {
             others.insert(deadline)
         } else {
@@ -28,14 +30,14 @@ struct DeadlineQueue {
     }
 
     /// The earliest deadline.
-    var min: BrokerState.Deadline? {
+    package var min: BrokerState.Deadline? {
         guard let first = ordered.first else { return others.min }
         guard let other = others.min else { return first }
         return other.key < first.key ? other : first
     }
 
     /// Removes the earliest deadline.
-    mutating func removeMin() {
+    package mutating func removeMin() {
         guard let first = ordered.first else {
             _ = others.popMin()
             return
@@ -48,7 +50,7 @@ struct DeadlineQueue {
     }
 
     /// Removes the deadlines `isGone` says are answered.
-    mutating func removeAll(where isGone: (BrokerState.Deadline) -> Bool) {
+    package mutating func removeAll(where isGone: (BrokerState.Deadline) -> Bool) {
         ordered.removeAll(where: isGone)
         others = Heap(others.unordered.filter { !isGone($0) })
     }

@@ -4,11 +4,12 @@ import Testing
 
 /// The broker's id table behaves as a dictionary does, through growth and deletions.
 struct IDTableTests {
-    @Test func randomInsertsLookupsAndRemovalsAgreeWithADictionary() {
+    @Test func randomInsertsLookupsAndRemovalsAgreeWithADictionary() async {
         var random = SeededRandom(seed: 7)
         var table = IDTable<Int>(capacity: 4)
         var model: [UInt64: Int] = [:]
         for step in 0..<200_000 {
+            if step % 2_000 == 0 { await Task.yield() } // CPU-bound: leave the shared pool to live tests now and then
             // Mostly ids near the front of a moving window, as the broker's are; some far behind.
             let id = UInt64(step / 4 + 1) &- (random.next() % 64 == 0 ? random.next() % 5_000 : random.next() % 300)
             guard id > 0 else { continue }
@@ -32,10 +33,13 @@ struct IDTableTests {
         #expect(table[12_345_678] == nil)
     }
 
-    @Test func aTableGivesItsSlotsBackAfterABurst() {
+    @Test func aTableGivesItsSlotsBackAfterABurst() async {
         var table = IDTable<Int>(capacity: 64)
         let start = table.slots
-        for id in 1...100_000 as ClosedRange<UInt64> { table[id] = Int(id) }
+        for id in 1...100_000 as ClosedRange<UInt64> {
+            table[id] = Int(id)
+            if id % 2_000 == 0 { await Task.yield() }
+        }
         #expect(table.slots >= 200_000)
         for id in 1...99_990 as ClosedRange<UInt64> { table.removeValue(forKey: id) }
         #expect(table.count == 10)
@@ -47,12 +51,13 @@ struct IDTableTests {
 /// The table of clients' requests behaves as a dictionary does, with its one hash per key
 /// given from outside, through collisions, growth and deletions.
 struct ClientTableTests {
-    @Test func insertsLookupsAndRemovalsAgreeWithADictionaryEvenWhenHashesCollide() {
+    @Test func insertsLookupsAndRemovalsAgreeWithADictionaryEvenWhenHashesCollide() async {
         var random = SeededRandom(seed: 11)
         var table = ClientTable(capacity: 4)
         var model: [[UInt8]: (hash: Int, id: UInt64)] = [:] // key: client + [0xFF] + correlation
         var nextID: UInt64 = 1
         for step in 0..<100_000 {
+            if step % 2_000 == 0 { await Task.yield() }
             let client: [UInt8] = [UInt8(random.next() % 8)]
             let correlation: [UInt8] = [UInt8(random.next() % 64), UInt8(random.next() % 4)]
             let key = client + [0xFF] + correlation
@@ -82,7 +87,7 @@ struct ClientTableTests {
         #expect(table.count == model.count)
     }
 
-    @Test func theSameNameFromTwoClientsIsTwoKeysAndTheTableShrinksAfterABurst() {
+    @Test func theSameNameFromTwoClientsIsTwoKeysAndTheTableShrinksAfterABurst() async {
         var table = ClientTable(capacity: 16)
         let start = table.slots
         let one = ClientTable.hash(client: [1], correlation: [7]), other = ClientTable.hash(client: [2], correlation: [7])
@@ -92,6 +97,7 @@ struct ClientTableTests {
         for id in 2...50_000 as ClosedRange<UInt64> {
             let correlation = withUnsafeBytes(of: id) { Array($0) }
             table.insert(hash: ClientTable.hash(client: [3], correlation: correlation), client: [3], correlation: correlation, id: id)
+            if id % 2_000 == 0 { await Task.yield() }
         }
         for id in 2...50_000 as ClosedRange<UInt64> {
             let correlation = withUnsafeBytes(of: id) { Array($0) }
@@ -99,5 +105,59 @@ struct ClientTableTests {
         }
         #expect(table.count == 1 && table.slots <= 8 * start, "\(table.slots) slots")
         #expect(table.find(hash: one, client: [1], correlation: [7]) == 1)
+    }
+}
+
+/// The broker's deadline queue gives the earliest deadline first, as a sorted list would,
+/// whatever order deadlines come in and whatever is swept out.
+struct DeadlineQueueTests {
+    @Test func randomInsertsRemovalsAndSweepsAgreeWithASortedList() async {
+        var random = SeededRandom(seed: 11)
+        var queue = DeadlineQueue()
+        var model: [BrokerState.Deadline] = [] // kept sorted by (key, waiter)
+        let start = ContinuousClock.now
+        var clock: UInt64 = 0
+        var nextWaiter: UInt64 = 1
+        for step in 0..<100_000 {
+            if step % 2_000 == 0 { await Task.yield() }
+            switch random.next() % 10 {
+            case 0..<5: // a request: mostly the common timeout (in order), sometimes a shorter or longer one
+                clock += random.next() % 3
+                let timeout: UInt64 = switch random.next() % 4 {
+                case 0: random.next() % 1_000
+                case 1: 1_000 + random.next() % 100_000
+                default: 30_000
+                }
+                let key = clock + timeout
+                let deadline = BrokerState.Deadline(at: start + .nanoseconds(Int64(key)), key: key, waiter: nextWaiter)
+                nextWaiter += 1
+                queue.insert(deadline)
+                let index = model.firstIndex { ($0.key, $0.waiter) > (key, deadline.waiter) } ?? model.endIndex
+                model.insert(deadline, at: index)
+            case 5..<9:
+                #expect(queue.min?.key == model.first?.key, "step \(step)")
+                guard let first = model.first else { continue }
+                #expect(queue.min?.waiter == first.waiter || queue.min?.key == first.key)
+                // Equal keys may come out in either order: remove the one the queue gives.
+                if let given = queue.min, let index = model.firstIndex(where: { $0.waiter == given.waiter }) {
+                    #expect(given.key == first.key)
+                    model.remove(at: index)
+                }
+                queue.removeMin()
+            default: // a sweep of answered ones
+                if random.next() % 50 == 0 {
+                    let gone = Set(model.filter { _ in random.next() % 3 == 0 }.map(\.waiter))
+                    queue.removeAll { gone.contains($0.waiter) }
+                    model.removeAll { gone.contains($0.waiter) }
+                }
+            }
+            #expect(queue.count == model.count)
+        }
+        while let given = queue.min {
+            #expect(given.key == model.first?.key)
+            model.removeAll { $0.waiter == given.waiter }
+            queue.removeMin()
+        }
+        #expect(model.isEmpty && queue.count == 0)
     }
 }
