@@ -57,7 +57,8 @@ struct TracingCost: AsyncParsableCommand {
     /// ``BrokerTracing/flush(ending:)`` takes to make the spans of what was noted (done off
     /// the loop thread in the broker). What no socket or scheduler adds noise to.
     /// The state machine as the broker's loop drives it under a pipelined load: `inFlight`
-    /// requests held at once (4 workers of credit 64 hold 256, the queue the rest), each
+    /// requests held at once (4 workers of credit 64 hold 256, the queue the rest), two
+    /// timeouts in turn (`request` gives each request's frames), each
     /// message stamped with the time as it comes, the worker answering the oldest it holds,
     /// timers looked at every 32 messages as the loop does after a burst. A new request
     /// follows each reply. ns per request, measured after one warm-up pass of `inFlight`.
@@ -115,10 +116,13 @@ struct TracingCost: AsyncParsableCommand {
         var traced = header
         traced.trace = TraceContext(traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
         let (plain, sampled) = (request(header), request(traced))
+        // Under load, every other request carries the edge's 10 s call timeout, as a stack's
+        // mix of the edge's calls and the services' own (30 s) does.
+        let edgeCall = request(RequestHeader(timeoutMilliseconds: 10_000))
         let ready = WireMessage.ready(service: "bench", operations: [OperationDescriptor(name: "echo", idempotent: true, coalescable: false)], credit: 64).encoded
         let reply = Array(#"{"text":"ok"}"#.utf8)
         print("canopy-bench tracing, state machine: \(requests) requests routed per setup and round (request in, dispatch out, reply in, reply out) on one thread, \(rounds) rounds, "
-              + (inFlight > 1 ? "\(inFlight) in flight (4 workers, credit 64)" : "one at a time"))
+              + (inFlight > 1 ? "\(inFlight) in flight (4 workers, credit 64; timeouts of 10 s and 30 s in turn)" : "one at a time"))
         var rows = [["round", "setup", "ns/request (loop)", "vs no tracer", "flush µs/traced request", "ns/request with flush"]]
         var ratios: [String: [Double]] = [:], withFlush: [String: [Double]] = [:]
         for round in 1...rounds {
@@ -134,8 +138,13 @@ struct TracingCost: AsyncParsableCommand {
                     out.reserveCapacity(16)
                     let worker = Array("w".utf8), client = Array("c".utf8)
                     if inFlight > 1 {
+                        var turn = 0
                         let loop = try Self.stateUnderLoad(&state, requests: requests, inFlight: inFlight, ready: ready, reply: reply,
-                                                           request: { setup.every.map { $0 == 1 || Int.random(in: 0..<$0) == 0 } ?? false ? sampled : plain })
+                                                           request: {
+                                                               turn += 1
+                                                               if setup.every.map({ $0 == 1 || Int.random(in: 0..<$0) == 0 }) ?? false { return sampled }
+                                                               return turn % 2 == 0 ? edgeCall : plain
+                                                           })
                         tracing?.flush(ending: true)
                         return (loop, 0, 0)
                     }

@@ -184,7 +184,8 @@ extension BrokerState {
         if intake.dialect == .canopy {
             byClient.insert(hash: intake.clientHash, client: intake.client, correlation: intake.correlation, id: waiter.id)
         }
-        deadlines.insert(Deadline(at: waiter.deadline, key: deadlineKey(waiter.deadline), waiter: waiter.id))
+        deadlines.insert(Deadline(at: waiter.deadline, key: deadlineKey(waiter.deadline), waiter: waiter.id),
+                         timeout: UInt64(intake.header.timeoutMilliseconds)) // 0: the broker's default
         if deadlines.count > 2 * waiters.count + 4_096 { // answered ones piled up behind a slow one
             deadlines.removeAll { waiters[$0.waiter]?.deadline != $0.at }
         }

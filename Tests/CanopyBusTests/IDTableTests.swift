@@ -121,7 +121,7 @@ struct DeadlineQueueTests {
         for step in 0..<100_000 {
             if step % 2_000 == 0 { await Task.yield() }
             switch random.next() % 10 {
-            case 0..<5: // a request: mostly the common timeout (in order), sometimes a shorter or longer one
+            case 0..<5: // a request: mostly the common timeout (in order), sometimes one of many others
                 clock += random.next() % 3
                 let timeout: UInt64 = switch random.next() % 4 {
                 case 0: random.next() % 1_000
@@ -131,17 +131,19 @@ struct DeadlineQueueTests {
                 let key = clock + timeout
                 let deadline = BrokerState.Deadline(at: start + .nanoseconds(Int64(key)), key: key, waiter: nextWaiter)
                 nextWaiter += 1
-                queue.insert(deadline)
+                queue.insert(deadline, timeout: timeout)
                 let index = model.firstIndex { ($0.key, $0.waiter) > (key, deadline.waiter) } ?? model.endIndex
                 model.insert(deadline, at: index)
             case 5..<9:
                 #expect(queue.min?.key == model.first?.key, "step \(step)")
                 guard let first = model.first else { continue }
                 #expect(queue.min?.waiter == first.waiter || queue.min?.key == first.key)
-                // Equal keys may come out in either order: remove the one the queue gives.
-                if let given = queue.min, let index = model.firstIndex(where: { $0.waiter == given.waiter }) {
-                    #expect(given.key == first.key)
-                    model.remove(at: index)
+                // Equal keys may come out in either order: the one the queue gives is the one
+                // it removes (the broker drops or expires exactly the deadline it looked at).
+                if let given = queue.min {
+                    let index = model.firstIndex { $0.waiter == given.waiter }
+                    #expect(index != nil && given.key == first.key, "step \(step): \(given) is not held")
+                    if let index { model.remove(at: index) }
                 }
                 queue.removeMin()
             default: // a sweep of answered ones
@@ -155,7 +157,9 @@ struct DeadlineQueueTests {
         }
         while let given = queue.min {
             #expect(given.key == model.first?.key)
+            let held = model.count
             model.removeAll { $0.waiter == given.waiter }
+            #expect(model.count == held - 1, "\(given) is not held")
             queue.removeMin()
         }
         #expect(model.isEmpty && queue.count == 0)
