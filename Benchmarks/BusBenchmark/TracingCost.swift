@@ -52,10 +52,6 @@ struct TracingCost: AsyncParsableCommand {
 
     // MARK: - The broker's state machine
 
-    /// The routing work alone, without sockets: one thread handing the broker's state machine
-    /// a request, then the worker's reply, `requests` times, per setup; then the time
-    /// ``BrokerTracing/flush(ending:)`` takes to make the spans of what was noted (done off
-    /// the loop thread in the broker). What no socket or scheduler adds noise to.
     /// The state machine as the broker's loop drives it under a pipelined load: `inFlight`
     /// requests held at once (4 workers of credit 64 hold 256, the queue the rest), two
     /// timeouts in turn (`request` gives each request's frames), each
@@ -103,6 +99,11 @@ struct TracingCost: AsyncParsableCommand {
         return (ContinuousClock.now - start).seconds * 1e9 / Double(requests)
     }
 
+    /// The routing work alone, without sockets: one thread handing the broker's state machine
+    /// a request, then the worker's reply, `requests` times, per setup; then the time
+    /// ``BrokerTracing/flush(ending:)`` takes to make the spans of what was noted (done off
+    /// the loop thread in the broker). What no socket or scheduler adds noise to. With
+    /// `inFlight` above 1, ``stateUnderLoad(_:requests:inFlight:ready:reply:request:)`` instead.
     func stateMachine(endpoint: String, logger: Logger) async throws {
         let all: [(name: String, traced: Bool, every: Int?)] = [("no tracer", false, nil), ("tracer, nothing sampled", true, nil),
                                                                 ("1% sampled", true, 100), ("100% sampled", true, 1)]
