@@ -252,11 +252,9 @@ extension BrokerState {
         @exclusivity(unchecked) var served: UInt64 = 0
         @exclusivity(unchecked) var errors: UInt64 = 0
         @exclusivity(unchecked) var latencyMicros = Histogram<UInt64>(highestTrackableValue: 3_600_000_000, numberOfSignificantValueDigits: .two)
-        /// The operations' counters, found once per operation name (they live in the broker's
-        /// table, which outlives this entry).
-        @exclusivity(unchecked) var counters: [String: OperationCounters] = [:]
         /// Operations its workers serve, resolved once per name while its workers stay the
         /// same (``BrokerState/resolve(_:of:)``): a request then costs one look-up by name.
+        /// Their counters live in the broker's table, which outlives this entry.
         @exclusivity(unchecked) var resolved: [String: ResolvedOperation] = [:]
 
         init(name: String) { self.name = name }
@@ -324,7 +322,7 @@ extension BrokerState {
         // Past 1024 names (Majordomo workers take any) it is not kept, and so never told
         // when the workers change: it claims nothing about them.
         let kept = service.resolved.count < 1024
-        let resolved = ResolvedOperation(descriptor: descriptor, counters: counters(service: service, operation: operation),
+        let resolved = ResolvedOperation(descriptor: descriptor, counters: counters(service: service.name, operation: operation),
                                          servedByAll: kept && service.workers.allSatisfy { $0.descriptor(for: operation) != nil })
         if kept { service.resolved[operation] = resolved }
         return resolved
@@ -387,13 +385,6 @@ extension BrokerState {
 
     /// The counters of one operation. Majordomo workers take any operation name, so past
     /// 1024 names new ones share one `service.*` entry and the table stays bounded.
-    mutating func counters(service: ServiceEntry, operation: String) -> OperationCounters {
-        if let known = service.counters[operation] { return known }
-        let found = counters(service: service.name, operation: operation)
-        if service.counters.count < 1024 { service.counters[operation] = found }
-        return found
-    }
-
     mutating func counters(service: String, operation: String) -> OperationCounters {
         var operation = operation
         var name = operation.isEmpty ? service : "\(service).\(operation)"

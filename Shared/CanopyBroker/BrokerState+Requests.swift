@@ -66,7 +66,7 @@ extension BrokerState {
             return refuse(Self.unknownOperation(intake.operation, of: intake.serviceName, known: service.operations.map(\.name)))
         }
         let descriptor = resolved?.descriptor
-        let counters = resolved?.counters ?? counters(service: service, operation: intake.operation)
+        let counters = resolved?.counters ?? counters(service: service.name, operation: intake.operation) // only in the start-up grace
         /// A refusal of a request whose operation is known: counted as the service's error
         /// and as the operation's outcome.
         func refuseCounted(_ error: CanopyError) {
