@@ -21,7 +21,10 @@ RUN set -eux; \
     cp "$bin"/canopy "$bin"/canopy-broker "$bin"/canopy-images "$bin"/canopy-care "$bin"/canopy-identify "$bin"/canopy-remind "$bin"/canopy-batch /out/; \
     cp -R "$bin"/*.resources /out/
 
-# --- runtime: the libraries the executables link, a user of their own, nothing else
+# --- runtime: the libraries the executables link, a user of their own, nothing else.
+# Every path a compose volume mounts (/data, /photos) exists here, owned by that user: an
+# engine copies an image path's owner and mode into a new named volume, and makes a root-owned
+# directory for a path the image lacks (uploads then failed with Permission denied).
 FROM debian:bookworm-slim
 ARG SWIFT_VERSION
 LABEL org.opencontainers.image.title="Canopy" \
@@ -33,8 +36,9 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends libzmq5 libvips42 libsqlite3-0 ca-certificates tzdata \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --system --uid 10001 --home-dir /data --shell /usr/sbin/nologin canopy \
-    && mkdir -p /data \
-    && chown canopy:canopy /data
+    && mkdir -p /data /photos \
+    && chown canopy:canopy /data /photos \
+    && chmod 0700 /data /photos
 COPY --from=build /out/ /usr/local/bin/
 USER 10001:10001
 WORKDIR /data

@@ -6,7 +6,7 @@ import Foundation
 import Logging
 
 @main
-struct BenchmarkCommand: AsyncParsableCommand {
+struct BenchmarkCommand: MainCommand {
     static let configuration = CommandConfiguration(
         commandName: "canopy-bench",
         abstract: "Canopy's benchmarks: figures with a baseline measured in the same run.",

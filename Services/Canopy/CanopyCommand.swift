@@ -1,7 +1,8 @@
 import ArgumentParser
+import CanopyServiceKit
 
 @main
-struct CanopyCommand: AsyncParsableCommand {
+struct CanopyCommand: MainCommand {
     static let configuration = CommandConfiguration(
         commandName: "canopy",
         abstract: "Canopy's operator CLI: run the stack, call operations, look at the bus, capture and replay.",

@@ -115,7 +115,7 @@ func eachBroker(_ common: CommonOptions) throws -> [(endpoint: String, bus: BusC
 /// Opens a bus client for one command and closes it afterwards.
 func withBus(_ common: CommonOptions, _ body: (BusClient) async throws -> Void) async throws {
     let logger = LogSetup.logger(label: "canopy", level: common.logLevel == .info ? .warning : common.logLevel)
-    let bus = try BusClient(configuration: try common.clientConfiguration(), context: ZMQContext(), logger: logger)
+    let bus = try BusClient(configuration: try common.clientConfiguration(), context: common.busContext(), logger: logger)
     defer { bus.close() }
     do {
         try await body(bus)

@@ -218,6 +218,7 @@ private final class ClientLoop: @unchecked Sendable {
         for (broker, endpoint) in endpoints.enumerated() {
             let socket = try ZMQSocket(context, type: .dealer)
             sockets.append(socket)
+            try socket.pin(toIOThread: broker) // a broker whose name hangs in the resolver stalls only its own connection
             if let curve = configuration.curve { try socket.becomeCurveClient(curve, broker: broker) }
             if let stack = configuration.stack { try socket.announceStack(stack) }
             try socket.setHighWaterMarks(100_000)

@@ -139,6 +139,7 @@ public final class ServiceRunner: Service, @unchecked Sendable {
     /// Connects a new DEALER socket to broker `broker`.
     private func connect(_ broker: Int) throws -> ZMQSocket {
         let socket = try ZMQSocket(context, type: .dealer)
+        try socket.pin(toIOThread: broker) // a broker whose name hangs in the resolver stalls only its own connection
         if let curve = configuration.curve { try socket.becomeCurveClient(curve, broker: broker) }
         if let stack = configuration.stack { try socket.announceStack(stack) }
         try socket.setHighWaterMarks(100_000)

@@ -1,5 +1,7 @@
 import CanopyMessages
 import CZeroMQ
+import Dispatch
+import Foundation
 import Glibc
 import Synchronization
 
@@ -27,9 +29,13 @@ public struct ZMQError: Error, CustomStringConvertible, Sendable {
 /// A libzmq context: owns the I/O threads. Thread-safe; share one per process.
 public final class ZMQContext: @unchecked Sendable {
     let handle: UnsafeMutableRawPointer
+    /// Its libzmq I/O threads (``ZMQSocket/pin(toIOThread:)`` picks among them).
+    public let ioThreads: Int32
 
     /// - Parameter ioThreads: libzmq I/O threads; one moves about a gigabyte a second.
     public init(ioThreads: Int32 = 1) {
+        precondition(ioThreads >= 1 && ioThreads <= 64, "\(ioThreads) I/O threads")
+        self.ioThreads = ioThreads
         guard let handle = zmq_ctx_new() else {
             preconditionFailure("zmq_ctx_new failed: \(ZMQError("zmq_ctx_new"))")
         }
@@ -38,10 +44,22 @@ public final class ZMQContext: @unchecked Sendable {
         self.handle = handle
     }
 
+    /// How long ending the context waits for its I/O threads before it lets them go.
+    static let termGrace: Double = 2
+
     deinit {
-        // Sockets are closed by their owners; a socket left open would make this block.
+        // Sockets are closed by their owners; a socket left open would make this block, and
+        // so would an I/O thread stuck in the resolver (a broker's name that hangs): past
+        // ``termGrace`` the termination finishes on its own thread, and a process that
+        // exits meanwhile ends it (SIGTERM is never held up by a hanging lookup).
         zmq_ctx_shutdown(handle)
-        zmq_ctx_term(handle)
+        let address = Int(bitPattern: handle)
+        let ended = DispatchSemaphore(value: 0)
+        Thread.detachNewThread {
+            zmq_ctx_term(UnsafeMutableRawPointer(bitPattern: address))
+            ended.signal()
+        }
+        _ = ended.wait(timeout: .now() + Self.termGrace)
     }
 }
 
@@ -67,6 +85,8 @@ public final class ZMQSocket {
     /// The libzmq socket, for calls the binding does not wrap (such as `zmq_proxy`); same single owner.
     public let handle: UnsafeMutableRawPointer
     private var isClosed = false
+    /// Its context's I/O threads.
+    private let ioThreads: Int32
 
     /// Opens a socket of `type` in `context`, with linger 0 so closing never blocks.
     public init(_ context: ZMQContext, type: ZMQSocketType) throws {
@@ -74,7 +94,18 @@ public final class ZMQSocket {
             throw ZMQError("zmq_socket")
         }
         self.handle = handle
+        self.ioThreads = context.ioThreads
         try set(ZMQ_LINGER, 0)
+    }
+
+    /// Puts the connections this socket makes from now on in I/O thread `index` of its
+    /// context (modulo their number), alone there when each index is used once: libzmq
+    /// resolves a `tcp://NAME:PORT` endpoint synchronously in that thread (at each connect
+    /// and reconnect), so a name that hangs in the resolver stalls only the sockets pinned
+    /// beside it, not every connection of the process. Call before ``connect(_:)``.
+    public func pin(toIOThread index: Int) throws {
+        var mask = UInt64(1) << UInt64(index % Int(ioThreads))
+        guard zmq_setsockopt(handle, ZMQ_AFFINITY, &mask, MemoryLayout<UInt64>.size) == 0 else { throw ZMQError("zmq_setsockopt ZMQ_AFFINITY") }
     }
 
     deinit { close() }

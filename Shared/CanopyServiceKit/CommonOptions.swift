@@ -74,6 +74,14 @@ public struct CommonOptions: ParsableArguments {
         }
     }
 
+    /// The process's libzmq context: one I/O thread per broker named, so that a broker whose
+    /// name hangs in the resolver (libzmq resolves in the I/O thread of the connecting
+    /// socket) or whose connection stalls never holds up another broker's connections:
+    /// the bus pins each broker's sockets to a thread of their own (``ZMQSocket/pin(toIOThread:)``).
+    public func busContext() -> ZMQContext {
+        ZMQContext(ioThreads: Int32(min(max(1, brokerEndpoints.count), 16)))
+    }
+
     /// A bus client configuration for the broker these options name.
     public func clientConfiguration() throws -> BusClient.Configuration {
         var configuration = BusClient.Configuration(endpoint: endpoint)

@@ -25,3 +25,22 @@ public func runUntilShutdown(_ services: [any Service], traces options: TraceOpt
     let traces = try Traces.bootstrap(serviceName: Traces.executableName, options: options, edgeSampling: edgeSampling)
     try await serviceGroup((traces.map { [$0] } ?? []) + services, logger: logger).run()
 }
+
+/// Runs `build` (opening stores, which may wait for a database that is not up yet) so that
+/// SIGTERM or SIGINT before the service group runs ends it as a stop asked for: `build` is
+/// cancelled and nil comes back, and the process exits 0 as it would once serving. (Before
+/// this, a signal there killed the process: its default action.)
+public func buildUnlessStopped<T: Sendable>(logger: Logger, _ build: @escaping @Sendable () async throws -> T) async throws -> T? {
+    let signals = await UnixSignalsSequence(trapping: .sigterm, .sigint)
+    let built = try await withThrowingTaskGroup(of: T?.self) { group in
+        group.addTask { try await build() }
+        group.addTask {
+            for await _ in signals { return nil }
+            throw CancellationError() // the sequence ended: only when this task is cancelled
+        }
+        defer { group.cancelAll() }
+        return try await group.next()!
+    }
+    if built == nil { logger.notice("service.stopped.before.serving") }
+    return built
+}

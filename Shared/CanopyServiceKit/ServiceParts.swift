@@ -14,10 +14,14 @@ public struct ServiceParts: Sendable {
     public var handlers: any BusService
     /// What runs beside the handlers, in start order.
     public var background: [any Service]
+    /// Called the moment graceful shutdown begins, before the runner drains: a PostgreSQL
+    /// store stops waiting on connections not made yet (``PostgresStore/beginShutdown()``).
+    public var onShutdown: [@Sendable () -> Void]
 
-    public init(handlers: any BusService, background: [any Service] = []) {
+    public init(handlers: any BusService, background: [any Service] = [], onShutdown: [@Sendable () -> Void] = []) {
         self.handlers = handlers
         self.background = background
+        self.onShutdown = onShutdown
     }
 
     /// What a worker process runs, in start order: the bus client it calls others with (when it
@@ -27,7 +31,24 @@ public struct ServiceParts: Sendable {
     public func assembled(runner configuration: ServiceRunner.Configuration, bus: BusClient?, metrics: ListenAddress?, context: ZMQContext,
                           logger: Logger) throws -> [any Service] {
         let runner = ServiceRunner(service: handlers, configuration: configuration, context: context, logger: logger)
-        let services: [any Service] = (bus.map { [$0] } ?? []) + background + [runner]
+        let notice: [any Service] = onShutdown.isEmpty ? [] : [ShutdownNotice(actions: onShutdown)]
+        let services: [any Service] = (bus.map { [$0] } ?? []) + background + [runner] + notice
         return try OperatingEndpoint.serving(services, at: metrics, logger: logger)
+    }
+}
+
+/// Runs `actions` when graceful shutdown begins. Placed after the runner in the group, it is
+/// told first (a group shuts down in reverse order), so the actions run before the runner
+/// drains.
+public struct ShutdownNotice: Service {
+    let actions: [@Sendable () -> Void]
+
+    public init(actions: [@Sendable () -> Void]) {
+        self.actions = actions
+    }
+
+    public func run() async throws {
+        try? await gracefulShutdown()
+        for action in actions { action() }
     }
 }

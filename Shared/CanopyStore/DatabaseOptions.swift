@@ -13,6 +13,9 @@ public struct DatabaseOptions: ParsableArguments {
     @Option(help: ArgumentHelp("Connections this process opens to PostgreSQL at most; the server must allow this times the replicas. Env: CANOPY_DATABASE_POOL.", valueName: "count"))
     public var databasePool: Int = Int(Self.environment("CANOPY_DATABASE_POOL") ?? "") ?? PostgresSettings.defaultPoolSize
 
+    @Option(help: ArgumentHelp("Seconds a service that starts before its PostgreSQL waits for it (a line logged at each try) before it stops with a sentence. Env: CANOPY_DATABASE_WAIT.", valueName: "seconds"))
+    public var databaseWait: Int = Int(Self.environment("CANOPY_DATABASE_WAIT") ?? "") ?? PostgresSettings.defaultWaitSeconds
+
     public init() {}
 
     private static func environment(_ name: String) -> String? {
@@ -25,6 +28,10 @@ public struct DatabaseOptions: ParsableArguments {
             throw ValidationError("CANOPY_DATABASE_POOL=\(pool.prefix(40)) is not a whole number; unset it or give a number")
         }
         guard (1...1_000).contains(databasePool) else { throw ValidationError("--database-pool must be from 1 to 1000; 8 is the usual value") }
+        if let wait = Self.environment("CANOPY_DATABASE_WAIT"), Int(wait) == nil {
+            throw ValidationError("CANOPY_DATABASE_WAIT=\(wait.prefix(40)) is not a whole number of seconds; unset it or give one")
+        }
+        guard (0...3_600).contains(databaseWait) else { throw ValidationError("--database-wait must be from 0 to 3600 seconds; 60 is the usual value") }
         _ = try postgres()
     }
 
@@ -35,7 +42,8 @@ public struct DatabaseOptions: ParsableArguments {
             return nil
         }
         do {
-            return PostgresSettings(url: try DatabaseURL(parsing: databaseURL, passwordFile: databasePasswordFile), poolSize: databasePool)
+            return PostgresSettings(url: try DatabaseURL(parsing: databaseURL, passwordFile: databasePasswordFile), poolSize: databasePool,
+                                    wait: .seconds(databaseWait))
         } catch {
             throw ValidationError(error.description)
         }
@@ -45,11 +53,16 @@ public struct DatabaseOptions: ParsableArguments {
 /// A service's PostgreSQL: where it is, and how many connections one process opens.
 public struct PostgresSettings: Sendable, Equatable {
     public static let defaultPoolSize = 8
+    /// `--database-wait`'s default: how long a service waits at start for its database.
+    public static let defaultWaitSeconds = 60
     public var url: DatabaseURL
     public var poolSize: Int
+    /// How long a service that starts before its database waits for it (``PostgresStore/open(url:migrator:size:waitingUpTo:logger:)``).
+    public var wait: Duration
 
-    public init(url: DatabaseURL, poolSize: Int = Self.defaultPoolSize) {
+    public init(url: DatabaseURL, poolSize: Int = Self.defaultPoolSize, wait: Duration = .seconds(Self.defaultWaitSeconds)) {
         self.url = url
         self.poolSize = poolSize
+        self.wait = wait
     }
 }

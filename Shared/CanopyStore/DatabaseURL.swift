@@ -67,10 +67,19 @@ public struct DatabaseURL: Sendable, Equatable, CustomStringConvertible {
 
     /// A postgres-nio connection configuration for this server (``PostgresStore``'s
     /// connections).
+    /// Connections are bounded by ``connectTimeout``: a server that is gone (a stopped
+    /// container whose address no longer answers) costs a caller that long, not postgres-nio's
+    /// default 10 s, which alone outlasted a container engine's 10 s stop grace.
     public func connectionConfiguration() throws -> PostgresConnection.Configuration {
-        PostgresConnection.Configuration(host: host, port: port, username: user, password: password, database: database,
-                                         tls: requiresTLS ? .require(try NIOSSLContext(configuration: .makeClientConfiguration())) : .disable)
+        var configuration = PostgresConnection.Configuration(
+            host: host, port: port, username: user, password: password, database: database,
+            tls: requiresTLS ? .require(try NIOSSLContext(configuration: .makeClientConfiguration())) : .disable)
+        configuration.options.connectTimeout = .seconds(Self.connectTimeout.components.seconds)
+        return configuration
     }
+
+    /// How long one attempt to connect may take (TCP and the start of the handshake).
+    public static let connectTimeout: Duration = .seconds(3)
 
     /// A postgres-nio client configuration for this server.
     public func clientConfiguration() -> PostgresClient.Configuration {

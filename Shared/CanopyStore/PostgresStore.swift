@@ -34,6 +34,9 @@ public final class PostgresStore: Sendable {
     public let size: Int
     /// How many times a transaction aborted by a conflict with another is run again.
     public static let retries = 10
+    /// How long one attempt to connect may take in all (TCP within ``DatabaseURL/connectTimeout``,
+    /// then TLS and signing in).
+    public static let attemptLimit: Duration = .seconds(5)
     /// How long a caller waits for a free connection.
     public static let acquireTimeout: Double = 30
     private let configuration: PostgresConnection.Configuration
@@ -42,6 +45,11 @@ public final class PostgresStore: Sendable {
     private let slots: DispatchSemaphore
     private let opened = Atomic<Int>(0)
     private let closed = Atomic<Bool>(false)
+    /// Connections being made, by id (``beginShutdown()`` fails them).
+    private let connecting = Mutex<[Int: EventLoopPromise<PostgresConnection>]>([:])
+    /// Set by ``beginShutdown()``; with ``gaveUp`` (a connect failed since), connects fail at once.
+    private let shuttingDown = Atomic<Bool>(false)
+    private let gaveUp = Atomic<Bool>(false)
 
     /// The store could not be reached or refused what was asked, with a sentence.
     public struct Failure: Error, CustomStringConvertible {
@@ -58,14 +66,16 @@ public final class PostgresStore: Sendable {
     }
 
     /// Connects to `url` and applies `migrator`'s migrations (one replica at a time).
-    public static func open(url: DatabaseURL, migrator: PostgresMigrator, size: Int = 8, logger: Logger) async throws -> PostgresStore {
+    ///
+    /// - Parameters:
+    ///   - wait: how long a server that cannot be reached yet is waited for (a service that
+    ///     starts before its database): tried again every second or two, a log line each
+    ///     time saying so, then the sentence of ``Failure``. Zero (operator commands) fails at once.
+    ///     Cancelling the task (SIGTERM while waiting) ends the wait with `CancellationError`.
+    public static func open(url: DatabaseURL, migrator: PostgresMigrator, size: Int = 8, waitingUpTo wait: Duration = .zero,
+                            logger: Logger) async throws -> PostgresStore {
         let store = try PostgresStore(url: url, size: size, logger: logger)
-        let connection: PostgresConnection
-        do {
-            connection = try await store.connect().get()
-        } catch {
-            throw store.unreachable(error)
-        }
+        let connection = try await store.firstConnection(waitingUpTo: wait)
         do {
             try await migrator.migrate(connection, logger: logger)
         } catch {
@@ -81,9 +91,46 @@ public final class PostgresStore: Sendable {
         close()
     }
 
+    /// The first connection, waiting up to `wait` for a server that cannot be reached yet.
+    private func firstConnection(waitingUpTo wait: Duration) async throws -> PostgresConnection {
+        let start = ContinuousClock.now
+        var pause: Duration = .milliseconds(500)
+        while true {
+            do {
+                // SIGTERM while waiting (the task cancelled) ends the attempt at once.
+                return try await withTaskCancellationHandler { try await connect().get() } onCancel: { beginShutdown() }
+            } catch {
+                let waited = ContinuousClock.now - start
+                guard waited + pause <= wait, Self.isWorthWaitingFor(error) else { throw unreachable(error) }
+                try Task.checkCancellation()
+                logger.warning("store.database.waiting", metadata: [
+                    "store.database": "\(url)",
+                    "store.reason": "cannot reach PostgreSQL at \(url) yet (\(Self.cause(of: error))); trying again in \(pause.components.seconds == 0 ? "0.5" : "\(pause.components.seconds)") s, \(waited.components.seconds) s of \(wait.components.seconds) s waited",
+                ])
+                try await Task.sleep(for: pause)
+                pause = min(pause * 2, .seconds(2))
+            }
+        }
+    }
+
+    /// Stops waiting on connections that are not made yet: each attempt in progress fails at
+    /// once, and once one attempt fails afterwards (the server is gone) so does every later
+    /// one. Connections already open go on serving, so a shutdown still finishes the work
+    /// in flight when the server is there. Called when graceful shutdown begins: a worker
+    /// draining its requests against a server that went away first (compose stopping
+    /// PostgreSQL) never waits on connects past its stop grace.
+    public func beginShutdown() {
+        shuttingDown.store(true, ordering: .relaxed)
+        let failed = Failure(description: "stopped waiting for PostgreSQL at \(url): this process is shutting down")
+        for promise in connecting.withLock({ connecting in defer { connecting.removeAll() }; return Array(connecting.values) }) {
+            promise.fail(failed)
+        }
+    }
+
     /// Closes every idle connection; calls after this fail.
     public func close() {
         closed.store(true, ordering: .relaxed)
+        beginShutdown()
         presence.withLock { $0?.cancel() }
         for connection in idle.withLock({ idle in defer { idle.removeAll() }; return idle }) {
             Self.close(connection)
@@ -101,9 +148,46 @@ public final class PostgresStore: Sendable {
         connection.close().whenComplete { _ in withExtendedLifetime(connection) {} }
     }
 
+    /// Whether a failed connect may succeed later by itself: no server answered (refused,
+    /// timed out, a name not resolved yet), or it answered that it is starting up. A server
+    /// that refused these credentials or this database is not waited for.
+    private static func isWorthWaitingFor(_ error: any Error) -> Bool {
+        guard let error = error as? PSQLError, let state = error.serverInfo?[.sqlState] else { return true }
+        return state == "57P03" // cannot_connect_now: the database system is starting up
+    }
+
+    /// postgres-nio's error as a short cause ("connection refused", "timed out").
+    private static func cause(of error: any Error) -> String {
+        String(String(reflecting: error).prefix(200))
+    }
+
+    /// A new connection; ``beginShutdown()`` fails it while it is being made. Whoever takes
+    /// the promise out of ``connecting`` completes it (the connect, or the shutdown); a
+    /// connection made after the shutdown took it is closed again.
     private func connect() -> EventLoopFuture<PostgresConnection> {
         let id = opened.add(1, ordering: .relaxed).newValue
-        return PostgresConnection.connect(on: MultiThreadedEventLoopGroup.singleton.any(), configuration: configuration, id: id, logger: logger)
+        let loop = MultiThreadedEventLoopGroup.singleton.any()
+        if shuttingDown.load(ordering: .relaxed) && gaveUp.load(ordering: .relaxed) {
+            return loop.makeFailedFuture(Failure(description: "PostgreSQL at \(url) could not be reached while this process shuts down"))
+        }
+        let promise = loop.makePromise(of: PostgresConnection.self)
+        connecting.withLock { $0[id] = promise }
+        // The whole attempt is bounded, not only its TCP connect: a server that takes the
+        // connection and never answers (a hung host, a proxy in front of a dead one) fails it too.
+        loop.scheduleTask(in: .seconds(Self.attemptLimit.components.seconds)) { [self] in
+            guard let promise = connecting.withLock({ $0.removeValue(forKey: id) }) else { return }
+            if shuttingDown.load(ordering: .relaxed) { gaveUp.store(true, ordering: .relaxed) }
+            promise.fail(Failure(description: "PostgreSQL at \(url) did not answer within \(Self.attemptLimit.components.seconds) s"))
+        }
+        PostgresConnection.connect(on: loop, configuration: configuration, id: id, logger: logger).whenComplete { [self] result in
+            guard let promise = connecting.withLock({ $0.removeValue(forKey: id) }) else {
+                if case .success(let connection) = result { Self.close(connection) }
+                return
+            }
+            if case .failure = result, shuttingDown.load(ordering: .relaxed) { gaveUp.store(true, ordering: .relaxed) }
+            promise.completeWith(result)
+        }
+        return promise.futureResult
     }
 
     // MARK: - Transactions

@@ -39,14 +39,20 @@ public final class PostgresServer: @unchecked Sendable { // its Process is touch
     public static var isAvailable: Bool { binaries != nil }
 
     /// Starts a fresh cluster and waits until it takes connections.
-    public init(within limit: Duration = .seconds(60)) async throws {
+    ///
+    /// - Parameters:
+    ///   - port: where it listens (a free port when nil): a test that started a client first
+    ///     names the port that client waits on.
+    ///   - password: user `canopy`'s password (a random one when nil).
+    ///   - limit: how long it may take to start.
+    public init(port chosenPort: Int? = nil, password chosenPassword: String? = nil, within limit: Duration = .seconds(60)) async throws {
         guard let bin = Self.binaries else {
             throw PostgresServerError("PostgreSQL is not installed; scripts/setup installs Debian's postgresql package")
         }
         directory = try TemporaryDirectory("postgres")
         let data = directory.url.appendingPathComponent("data")
         log = directory.url.appendingPathComponent("server.log")
-        let password = UUID().uuidString
+        let password = chosenPassword ?? UUID().uuidString
         let passwordFile = directory.url.appendingPathComponent("password")
         try Data(password.utf8).write(to: passwordFile)
         // PostgreSQL will not run as root: as root, everything belongs to `nobody`.
@@ -68,7 +74,7 @@ public final class PostgresServer: @unchecked Sendable { // its Process is touch
         guard initialized.status == 0 else {
             throw PostgresServerError("initdb failed: \(initialized.errors.suffix(1_000))\(initialized.output.suffix(500))")
         }
-        let port = FreePorts.any()
+        let port = chosenPort ?? FreePorts.any()
         let (postgres, serverArguments) = command("postgres", [
             "-D", data.path, "-p", "\(port)", "-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories=",
             "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off", "-c", "max_connections=200",

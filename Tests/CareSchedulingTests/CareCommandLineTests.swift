@@ -3,6 +3,7 @@ import CanopyMessages
 import CanopyTesting
 import CareScheduling
 import Foundation
+import Glibc
 #if canImport(FoundationNetworking)
 import FoundationNetworking
 #endif
@@ -108,9 +109,53 @@ struct CareCommandLineTests {
         // A URL that is not one, and a server that is not there, stop it with a sentence.
         let invalid = try await run(["serve", "--endpoint", "tcp://127.0.0.1:1", "--database-url", "mysql://db/canopy"])
         #expect(invalid.status != 0 && invalid.errors.contains("not postgres"), "\(invalid.errors)")
-        let absent = try await run(["serve", "--endpoint", "tcp://127.0.0.1:1", "--metrics-bind", "off",
+        // It is waited for (a line each try) up to --database-wait, then the sentence.
+        let absent = try await run(["serve", "--endpoint", "tcp://127.0.0.1:1", "--metrics-bind", "off", "--database-wait", "2",
                                     "--database-url", "postgres://canopy@127.0.0.1:\(FreePorts.any())/canopy"])
         #expect(absent.status != 0 && absent.errors.contains("cannot reach PostgreSQL"), "\(absent.errors)")
+        #expect(absent.errors.contains("store.database.waiting") && absent.errors.contains("trying again in"), "\(absent.errors)")
+    }
+
+    /// In a container stack the services may start before PostgreSQL (podman-compose ignores
+    /// `depends_on` conditions): canopy-care waits, a line each try, and SIGTERM meanwhile is
+    /// a stop asked for (exit 0), not a death by signal.
+    @Test func aServiceWaitingForItsDatabaseStopsCleanlyOnSIGTERM() async throws {
+        let directory = try TemporaryDirectory("canopy-care-waiting")
+        defer { directory.remove() }
+        let log = directory.url.appendingPathComponent("stderr")
+        FileManager.default.createFile(atPath: log.path, contents: nil)
+        let process = Process()
+        process.executableURL = try LiveBus.executable("canopy-care")
+        process.arguments = ["serve", "--endpoint", "tcp://127.0.0.1:1", "--metrics-bind", "off", "--data-dir", directory.path("data"),
+                             "--database-wait", "600", "--database-url", "postgres://canopy@127.0.0.1:\(FreePorts.any())/canopy"]
+        process.standardError = try FileHandle(forWritingTo: log)
+        try process.run()
+        defer { if process.isRunning { kill(process.processIdentifier, SIGKILL) } }
+        func written() -> String { (try? String(contentsOf: log, encoding: .utf8)) ?? "" }
+        #expect(try await eventually(within: .seconds(60)) { written().contains("store.database.waiting") }, "\(written())")
+        let lines = written().split(separator: "\n").filter { $0.contains("store.database.waiting") }
+        #expect(!lines.isEmpty && lines.allSatisfy { $0.contains("trying again in") }, "a whole line a try: \(lines)")
+        kill(process.processIdentifier, SIGTERM)
+        #expect(try await eventually(within: .seconds(30)) { !process.isRunning })
+        #expect(process.terminationReason == .exit && process.terminationStatus == 0, "\(written())")
+    }
+
+    /// A fatal sentence leaves in one `write(2)` (whole lines, as container engines log them):
+    /// swift-argument-parser writes its error a byte at a time, and standard error was
+    /// unbuffered, so podman's log showed it one byte a line, scrambled. Watched with strace
+    /// (Debian's, which scripts/test installs).
+    @Test func aFatalSentenceIsWrittenAsOneWholeLine() async throws {
+        let strace = "/usr/bin/strace"
+        try #require(FileManager.default.isExecutableFile(atPath: strace), "strace is not installed; scripts/test installs Debian's strace")
+        let directory = try TemporaryDirectory("canopy-care-fatal-line")
+        defer { directory.remove() }
+        let trace = directory.path("writes")
+        let result = try await runProgram(at: strace, ["-f", "-e", "trace=write", "-s", "4096", "-o", trace, try LiveBus.executable("canopy-care").path,
+                                                       "serve", "--endpoint", "tcp://127.0.0.1:1", "--database-url", "mysql://db/canopy"], limit: 60)
+        #expect(result.status != 0 && result.errors.contains("not postgres"), "\(result.errors)")
+        let writes = try String(contentsOfFile: trace, encoding: .utf8).split(separator: "\n").filter { $0.contains("write(2, ") }
+        #expect(writes.contains { $0.contains("not postgres") && $0.contains("\\n\"") }, "the sentence and its newline in one write: \(writes.prefix(5))")
+        #expect(!writes.contains { $0.hasSuffix("= 1") }, "no write of one byte: \(writes.prefix(5))")
     }
 
     @Test func healthSaysWhetherTheRunningServiceIsRegistered() async throws {

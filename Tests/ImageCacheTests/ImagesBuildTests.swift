@@ -55,4 +55,29 @@ struct ImagesBuildTests {
             #expect(try await OperatingProbe.waitForHealth(port, status: 503, within: .seconds(10)))
         }
     }
+
+    /// A photo store that cannot take a new original is unhealthy, named with what to do (a
+    /// compose volume the image never created was root-owned: every upload failed while
+    /// `/health` said healthy). Here the directory is replaced by a file, which stops root too.
+    @Test func healthIsBadWhenNoOriginalCanBeWritten() async throws {
+        let directory = Fixture.directory()
+        defer { try? FileManager.default.removeItem(at: directory) }
+        try await withLiveBus { bus in
+            let settings = ImageServiceSettings(directory: directory, runner: bus.runnerConfiguration(credit: 4), metrics: .anyLoopbackPort)
+            let services = try await buildImageService(settings: settings, context: bus.context, logger: bus.logger)
+            let listener = try #require(services.first(OperatingEndpoint.self))
+            bus.run(services)
+            let port = try await listener.boundPort(within: .seconds(60))
+            #expect(try await OperatingProbe.waitForHealth(port, status: 200))
+            #expect(try await OperatingProbe.get(port, "/health").body.contains("writable"))
+
+            let originals = directory.appendingPathComponent("originals")
+            try FileManager.default.removeItem(at: originals)
+            try Data().write(to: originals)
+            let broken = try await OperatingProbe.get(port, "/health")
+            let report = try JSONDecoder().decode(HealthReport.self, from: Data(broken.body.utf8))
+            #expect(broken.status == 503 && !report.healthy, "\(broken.body)")
+            #expect(report.checks["originals"]?.hasPrefix("cannot create files in \(originals.path) (Not a directory)") == true, "\(broken.body)")
+        }
+    }
 }

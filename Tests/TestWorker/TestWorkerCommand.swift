@@ -5,7 +5,7 @@ import CanopyTesting
 
 /// A `test` service worker in its own process, for tests that kill workers with SIGKILL.
 @main
-struct TestWorkerCommand: AsyncParsableCommand {
+struct TestWorkerCommand: MainCommand {
     static let configuration = CommandConfiguration(
         commandName: "canopy-test-worker",
         abstract: "Serve the 'test' service (echo, append, fail) for Canopy's live tests.",
@@ -19,7 +19,7 @@ struct TestWorkerCommand: AsyncParsableCommand {
         let logger = LogSetup.logger(label: "canopy-test-worker", level: common.logLevel)
         let runner = ServiceRunner(
             service: TestWorkerService(workerName: name), configuration: try worker.runnerConfiguration(common),
-            context: ZMQContext(), logger: logger)
+            context: common.busContext(), logger: logger)
         try await runUntilShutdown([runner], logger: logger)
     }
 }

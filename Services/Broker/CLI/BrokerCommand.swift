@@ -10,7 +10,7 @@ import MessageBroker
 import ServiceLifecycle
 
 @main
-struct BrokerCommand: AsyncParsableCommand {
+struct BrokerCommand: MainCommand {
     static let configuration = CommandConfiguration(
         commandName: "canopy-broker",
         abstract: "Canopy's message broker: routes requests between clients and service workers over ZeroMQ.",

@@ -7,7 +7,7 @@ import CareScheduling
 import Foundation
 
 @main
-struct CareCommand: AsyncParsableCommand {
+struct CareCommand: MainCommand {
     static let configuration = CommandConfiguration(
         commandName: "canopy-care",
         abstract: "Canopy's care service: plant collections, care profiles, schedules and tasks.",
@@ -52,7 +52,10 @@ struct ServeCare: AsyncParsableCommand {
         settings.postgres = try database.postgres()
         settings.clock = serve.worker.serviceClock
         if let catalog { settings.catalog = try Catalog.load(file: catalog) }
-        let services = try await buildCareService(settings: settings, context: ZMQContext(), logger: logger)
+        let context = serve.common.busContext()
+        guard let services = try await buildUnlessStopped(logger: logger, { [settings] in
+            try await buildCareService(settings: settings, context: context, logger: logger)
+        }) else { return }
         try await runUntilShutdown(services, traces: serve.traces, logger: logger)
     }
 }

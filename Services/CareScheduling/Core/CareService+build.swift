@@ -50,14 +50,15 @@ public func buildCareService(settings: CareServiceSettings, context: ZMQContext,
 public func makeCareService(settings: CareServiceSettings, bus: any BusCalling, logger: Logger) async throws -> ServiceParts {
     let store: any CareStoring
     if let postgres = settings.postgres {
-        store = try await PostgresCareStore.open(url: postgres.url, poolSize: postgres.poolSize, catalog: settings.catalog, logger: logger)
+        store = try await PostgresCareStore.open(url: postgres.url, poolSize: postgres.poolSize, catalog: settings.catalog, waitingUpTo: postgres.wait, logger: logger)
     } else {
         try FileManager.default.createDirectory(at: settings.directory, withIntermediateDirectories: true)
         store = try CareStore(path: settings.directory.appendingPathComponent("care.sqlite").path, catalog: settings.catalog)
     }
     let library = CareLibrary(store: store, clock: settings.clock)
     let outbox = Outbox(library: library, bus: bus, interval: settings.outboxInterval, logger: logger)
-    return ServiceParts(handlers: CareService(library: library), background: [outbox])
+    return ServiceParts(handlers: CareService(library: library), background: [outbox],
+                        onShutdown: (store as? PostgresCareStore).map { [$0.database.beginShutdown] } ?? [])
 }
 
 /// One-shot scheduling for the CLI.

@@ -31,8 +31,8 @@ final class PostgresCareStore: CareStoring {
     }
 
     /// Connects to `url` and migrates canopy-care's tables.
-    static func open(url: DatabaseURL, poolSize: Int = 8, catalog: Catalog = .shipped, logger: Logger) async throws -> PostgresCareStore {
-        PostgresCareStore(database: try await PostgresStore.open(url: url, migrator: migrator, size: poolSize, logger: logger), catalog: catalog)
+    static func open(url: DatabaseURL, poolSize: Int = 8, catalog: Catalog = .shipped, waitingUpTo wait: Duration = .zero, logger: Logger) async throws -> PostgresCareStore {
+        PostgresCareStore(database: try await PostgresStore.open(url: url, migrator: migrator, size: poolSize, waitingUpTo: wait, logger: logger), catalog: catalog)
     }
 
     static var migrator: PostgresMigrator {

@@ -8,7 +8,7 @@ import Foundation
 import Identification
 
 @main
-struct IdentifyCommand: AsyncParsableCommand {
+struct IdentifyCommand: MainCommand {
     static let configuration = CommandConfiguration(
         commandName: "canopy-identify",
         abstract: "Canopy's identification service: from photos of a plant to ranked species, and into the collection.",
@@ -108,7 +108,10 @@ struct ServeIdentify: AsyncParsableCommand {
         settings.postgres = try database.postgres()
         do {
             settings.clock = serve.worker.serviceClock
-            let services = try await buildIdentificationService(settings: settings, context: ZMQContext(), logger: logger)
+            let context = serve.common.busContext()
+            guard let services = try await buildUnlessStopped(logger: logger, { [settings] in
+                try await buildIdentificationService(settings: settings, context: context, logger: logger)
+            }) else { return }
             try await runUntilShutdown(services, traces: serve.traces, logger: logger)
         } catch let error as CanopyError {
             throw CommandFailure(error.message)

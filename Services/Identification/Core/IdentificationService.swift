@@ -113,7 +113,8 @@ public func makeIdentificationService(settings: IdentificationServiceSettings, b
     }
     let library = IdentificationLibrary(store: store, provider: provider, bus: BusPeers(client: bus), metrics: metrics, clock: settings.clock)
     return ServiceParts(handlers: IdentificationService(library: library, plantNet: plantNet),
-                        background: [SubmissionSweep(library: library, interval: settings.sweepInterval, logger: logger)])
+                        background: [SubmissionSweep(library: library, interval: settings.sweepInterval, logger: logger)],
+                        onShutdown: (store as? PostgresIdentificationStore).map { [$0.database.beginShutdown] } ?? [])
 }
 
 /// Clears, at start and every `interval`, what submissions left when the process
@@ -164,7 +165,7 @@ public struct IdentificationTools: Sendable {
 
     static func openStore(databasePath: String, postgres: PostgresSettings?, logger: Logger) async throws -> any IdentificationStoring {
         if let postgres {
-            return try await PostgresIdentificationStore.open(url: postgres.url, poolSize: postgres.poolSize, logger: logger)
+            return try await PostgresIdentificationStore.open(url: postgres.url, poolSize: postgres.poolSize, waitingUpTo: postgres.wait, logger: logger)
         }
         try FileManager.default.createDirectory(at: URL(fileURLWithPath: databasePath).deletingLastPathComponent(), withIntermediateDirectories: true)
         return try IdentificationStore(path: databasePath)

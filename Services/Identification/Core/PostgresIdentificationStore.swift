@@ -21,8 +21,8 @@ final class PostgresIdentificationStore: IdentificationStoring {
     }
 
     /// Connects to `url` and migrates canopy-identify's tables.
-    static func open(url: DatabaseURL, poolSize: Int = PostgresSettings.defaultPoolSize, logger: Logger) async throws -> PostgresIdentificationStore {
-        PostgresIdentificationStore(database: try await PostgresStore.open(url: url, migrator: migrator, size: poolSize, logger: logger))
+    static func open(url: DatabaseURL, poolSize: Int = PostgresSettings.defaultPoolSize, waitingUpTo wait: Duration = .zero, logger: Logger) async throws -> PostgresIdentificationStore {
+        PostgresIdentificationStore(database: try await PostgresStore.open(url: url, migrator: migrator, size: poolSize, waitingUpTo: wait, logger: logger))
     }
 
     static var migrator: PostgresMigrator {

@@ -3,7 +3,7 @@ import CanopyServiceKit
 import ImageCache
 
 @main
-struct ImagesCommand: AsyncParsableCommand {
+struct ImagesCommand: MainCommand {
     static let configuration = CommandConfiguration(
         commandName: "canopy-images",
         abstract: "Canopy's image service: photo store, variants, two-tier cache and colour palettes on libvips.",

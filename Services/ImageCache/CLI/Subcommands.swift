@@ -68,7 +68,10 @@ struct ServeImages: AsyncParsableCommand {
         settings.fullSizeConcurrency = fullSizeConcurrency
         settings.fetchAllowedHosts = Set(fetchAllow.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces).lowercased() }.filter { !$0.isEmpty })
         settings.clock = serve.worker.serviceClock
-        let services = try await buildImageService(settings: settings, context: ZMQContext(), logger: logger)
+        let context = serve.common.busContext()
+        guard let services = try await buildUnlessStopped(logger: logger, { [settings] in
+            try await buildImageService(settings: settings, context: context, logger: logger)
+        }) else { return }
         try await runUntilShutdown(services, traces: serve.traces, logger: logger)
     }
 }

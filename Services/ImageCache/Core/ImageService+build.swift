@@ -88,14 +88,15 @@ public func makeImageService(settings: ImageServiceSettings, logger: Logger) asy
     if let postgres = settings.postgres {
         let store = try await PostgresImageStore.open(url: postgres.url, poolSize: postgres.poolSize,
                                                       originals: settings.originals ?? settings.directory.appendingPathComponent("originals", isDirectory: true),
-                                                      logger: logger)
+                                                      waitingUpTo: postgres.wait, logger: logger)
         library = try ImageLibrary(store: store, directory: settings.directory, configuration: settings.library, clock: settings.clock)
         background.append(await DeletedOriginalsWatch.start(store: store, library: library))
     } else {
         library = try ImageLibrary(directory: settings.directory, configuration: settings.library, clock: settings.clock)
     }
     background.append(PressureMonitor(library: library, budget: settings.memoryBudget, interval: settings.pressureInterval, logger: logger))
-    return ServiceParts(handlers: ImageService(library: library), background: background)
+    return ServiceParts(handlers: ImageService(library: library), background: background,
+                        onShutdown: (library.store as? PostgresImageStore).map { [$0.database.beginShutdown] } ?? [])
 }
 
 /// Drops from this replica's memory and disk tiers every original any replica deleted (the
@@ -129,8 +130,15 @@ struct PressureMonitor: Service, HealthReporting {
         } catch {
             store = ("store", false, "not answering: \(error)")
         }
+        let originals: (String, Bool, String)
+        do {
+            try library.store.checkOriginalsWritable()
+            originals = ("originals", true, "writable")
+        } catch {
+            originals = ("originals", false, "\(error)")
+        }
         let pressure = (try? await library.statistics().memoryPressure) ?? "unknown"
-        return [store, ("memory", true, "pressure \(pressure)")]
+        return [store, originals, ("memory", true, "pressure \(pressure)")]
     }
 
     let library: ImageLibrary

@@ -182,6 +182,10 @@ final class ImageStore: ImageStoring {
         }
     }
 
+    func checkOriginalsWritable() throws {
+        try files.checkWritable()
+    }
+
     /// Deletes original files no row names (left by a crash between file and row).
     private func sweepOrphans() throws {
         let known = Set(try database.tracedRead { db in try String.fetchAll(db, sql: "SELECT sha256 FROM originals") })

@@ -22,6 +22,8 @@ protocol ImageStoring: Sendable {
     func original(_ sha256: String) throws -> [UInt8]
     /// Originals stored, and their bytes.
     func originalTotals() throws -> (count: Int, bytes: Int)
+    /// Throws with a sentence unless new originals can be written (for `/health`).
+    func checkOriginalsWritable() throws
 
     // MARK: Photos, each a person's
 

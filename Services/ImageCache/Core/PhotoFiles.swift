@@ -62,6 +62,19 @@ struct PhotoFiles: Sendable {
         return bytes.count
     }
 
+    /// Throws, with a sentence naming the directory, unless a file can be created in it and
+    /// removed again: what an upload needs (`/health` asks, so a photo volume this user
+    /// cannot write is reported, not found by the first upload's 500).
+    func checkWritable() throws {
+        let probe = directory.appendingPathComponent(Self.temporaryPrefix + "health-" + UUID().uuidString)
+        let descriptor = open(probe.path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
+        guard descriptor >= 0 else {
+            throw Failure(description: "cannot create files in \(directory.path) (\(String(cString: strerror(errno)))); give the service's user (uid \(getuid())) write access to it")
+        }
+        close(descriptor)
+        unlink(probe.path)
+    }
+
     /// Removes the original (nothing when it is not there).
     func remove(_ sha256: String) {
         unlink(url(sha256).path)

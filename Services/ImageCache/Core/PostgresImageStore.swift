@@ -36,8 +36,8 @@ final class PostgresImageStore: ImageStoring {
     }
 
     /// Connects to `url`, migrates canopy-images' tables, and keeps originals in `originals`.
-    static func open(url: DatabaseURL, poolSize: Int = PostgresSettings.defaultPoolSize, originals: URL, logger: Logger) async throws -> PostgresImageStore {
-        let store = PostgresImageStore(database: try await PostgresStore.open(url: url, migrator: migrator, size: poolSize, logger: logger),
+    static func open(url: DatabaseURL, poolSize: Int = PostgresSettings.defaultPoolSize, originals: URL, waitingUpTo wait: Duration = .zero, logger: Logger) async throws -> PostgresImageStore {
+        let store = PostgresImageStore(database: try await PostgresStore.open(url: url, migrator: migrator, size: poolSize, waitingUpTo: wait, logger: logger),
                                        files: try PhotoFiles(directory: originals))
         try await offThePool { try store.sweepOrphans(now: Date()) }
         return store
@@ -96,6 +96,10 @@ final class PostgresImageStore: ImageStoring {
             let row = try session.row("SELECT COUNT(*), COALESCE(SUM(bytes), 0)::BIGINT FROM originals")
             return (try row?[0].decode(Int.self) ?? 0, try row?[1].decode(Int.self) ?? 0)
         }
+    }
+
+    func checkOriginalsWritable() throws {
+        try files.checkWritable()
     }
 
     // MARK: - Photos

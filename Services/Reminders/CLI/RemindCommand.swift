@@ -7,7 +7,7 @@ import Foundation
 import Reminders
 
 @main
-struct RemindCommand: AsyncParsableCommand {
+struct RemindCommand: MainCommand {
     static let configuration = CommandConfiguration(
         commandName: "canopy-remind",
         abstract: "Canopy's reminder service: care reminders delivered at the right local time, once, to each person's devices.",
@@ -68,7 +68,10 @@ struct ServeRemind: AsyncParsableCommand {
         settings.apns = try apns.settings(expiration: settings.dispatch.staleness)
         settings.clock = serve.worker.serviceClock
         settings.rehearsal = rehearse || Environment.flag("CANOPY_REHEARSAL")
-        let services = try await buildReminderService(settings: settings, context: ZMQContext(), logger: logger)
+        let context = serve.common.busContext()
+        guard let services = try await buildUnlessStopped(logger: logger, { [settings] in
+            try await buildReminderService(settings: settings, context: context, logger: logger)
+        }) else { return }
         try await runUntilShutdown(services, traces: serve.traces, logger: logger)
     }
 }

@@ -32,8 +32,8 @@ final class PostgresReminderStore: ReminderStoring {
     }
 
     /// Connects to `url` and migrates canopy-remind's tables.
-    static func open(url: DatabaseURL, poolSize: Int = PostgresSettings.defaultPoolSize, logger: Logger) async throws -> PostgresReminderStore {
-        PostgresReminderStore(database: try await PostgresStore.open(url: url, migrator: migrator, size: poolSize, logger: logger))
+    static func open(url: DatabaseURL, poolSize: Int = PostgresSettings.defaultPoolSize, waitingUpTo wait: Duration = .zero, logger: Logger) async throws -> PostgresReminderStore {
+        PostgresReminderStore(database: try await PostgresStore.open(url: url, migrator: migrator, size: poolSize, waitingUpTo: wait, logger: logger))
     }
 
     static var migrator: PostgresMigrator {

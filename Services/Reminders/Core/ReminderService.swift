@@ -116,7 +116,7 @@ public func makeReminderService(settings: ReminderServiceSettings, bus: any BusC
     do {
         let store: any ReminderStoring
         if let postgres = settings.postgres {
-            store = try await PostgresReminderStore.open(url: postgres.url, poolSize: postgres.poolSize, logger: logger)
+            store = try await PostgresReminderStore.open(url: postgres.url, poolSize: postgres.poolSize, waitingUpTo: postgres.wait, logger: logger)
         } else {
             try FileManager.default.createDirectory(at: settings.directory, withIntermediateDirectories: true)
             store = try ReminderStore(path: settings.databasePath)
@@ -140,7 +140,8 @@ public func makeReminderService(settings: ReminderServiceSettings, bus: any BusC
                                         }
                                     }, logger: logger)
         box.dispatcher = dispatcher
-        return ServiceParts(handlers: ReminderService(library: library, dispatcher: dispatcher), background: (apns.map { [$0] } ?? []) + [dispatcher])
+        return ServiceParts(handlers: ReminderService(library: library, dispatcher: dispatcher), background: (apns.map { [$0] } ?? []) + [dispatcher],
+                            onShutdown: (store as? PostgresReminderStore).map { [$0.database.beginShutdown] } ?? [])
     } catch {
         try? await apns?.client.shutdown() // nothing will run it
         throw error

@@ -8,7 +8,7 @@ import Logging
 import RequestBatching
 
 @main
-struct BatchCommand: AsyncParsableCommand {
+struct BatchCommand: MainCommand {
     static let configuration = CommandConfiguration(
         commandName: "canopy-batch",
         abstract: "Canopy's HTTP API: what the apps call, checked for who is calling and carried onto the bus.",
@@ -55,9 +55,11 @@ struct BatchStoreOptions: ParsableArguments {
     var dataDir: String = Environment.string("CANOPY_DATA_DIR") ?? "./.canopy"
     @OptionGroup var database: DatabaseOptions
 
+    /// `<data-dir>/batch`, where the SQLite store is.
+    var directory: URL { URL(fileURLWithPath: dataDir, isDirectory: true).appendingPathComponent("batch") }
+
     func open(logger: Logger) async throws -> any BatchStoring {
-        try await openBatchStore(directory: URL(fileURLWithPath: dataDir, isDirectory: true).appendingPathComponent("batch"),
-                                 postgres: try database.postgres(), logger: logger)
+        try await openBatchStore(directory: directory, postgres: try database.postgres(), logger: logger)
     }
 }
 
@@ -138,7 +140,11 @@ struct ServeBatch: AsyncParsableCommand {
         settings.trustedIssuers = try issuers.issuers()
         settings.jwksAllowedHosts = issuers.allowedHosts
         try checkBatchPorts(settings) // a taken port stops it before the store is made
-        settings.store = try await store.open(logger: logger)
+        let (directory, postgres) = (store.directory, try store.database.postgres())
+        guard let opened = try await buildUnlessStopped(logger: logger, {
+            try await openBatchStore(directory: directory, postgres: postgres, logger: logger)
+        }) else { return }
+        settings.store = opened
         settings.idempotencyLease = .milliseconds(idempotencyLeaseMs)
         settings.callTimeout = .milliseconds(callTimeoutMs)
         settings.maximumBodyBytes = maxBodyBytes
@@ -150,7 +156,7 @@ struct ServeBatch: AsyncParsableCommand {
         settings.idleTimeout = .milliseconds(idleTimeoutMs)
         settings.readTimeout = .milliseconds(readTimeoutMs)
         settings.tracing = Traces.isEnabled(traces.environment) ? EdgeSampling(environment: traces.environment) : nil
-        try await runUntilShutdown(try buildBatchService(settings: settings, context: ZMQContext(), logger: logger), traces: traces,
+        try await runUntilShutdown(try buildBatchService(settings: settings, context: common.busContext(), logger: logger), traces: traces,
                                    edgeSampling: settings.tracing, logger: logger)
     }
 }

@@ -213,6 +213,11 @@ public func makeBatchService(settings: BatchServiceSettings, bus: any BusCalling
     if let metrics = settings.metrics {
         services.append(try OperatingEndpoint(host: metrics.host, port: metrics.port, health: { await brokerHealth(bus) }, logger: logger))
     }
+    if let postgres = settings.store as? PostgresBatchStore {
+        // Told first (the group stops in reverse order): requests draining never wait on a
+        // PostgreSQL that is gone.
+        services.append(ShutdownNotice(actions: [postgres.database.beginShutdown]))
+    }
     return services
 }
 

@@ -122,8 +122,8 @@ final class PostgresBatchStore: BatchStoring {
         self.idempotencyLimits = idempotencyLimits
     }
 
-    static func open(url: DatabaseURL, poolSize: Int, logger: Logger, idempotencyLimits: IdempotencyLimits = IdempotencyLimits()) async throws -> PostgresBatchStore {
-        PostgresBatchStore(database: try await PostgresStore.open(url: url, migrator: migrator, size: poolSize, logger: logger), idempotencyLimits: idempotencyLimits)
+    static func open(url: DatabaseURL, poolSize: Int, waitingUpTo wait: Duration = .zero, logger: Logger, idempotencyLimits: IdempotencyLimits = IdempotencyLimits()) async throws -> PostgresBatchStore {
+        PostgresBatchStore(database: try await PostgresStore.open(url: url, migrator: migrator, size: poolSize, waitingUpTo: wait, logger: logger), idempotencyLimits: idempotencyLimits)
     }
 
     static var migrator: PostgresMigrator {
@@ -181,7 +181,7 @@ final class PostgresBatchStore: BatchStoring {
 public func openBatchStore(directory: URL, postgres: PostgresSettings?, logger: Logger,
                            idempotencyLimits: IdempotencyLimits = IdempotencyLimits()) async throws -> any BatchStoring {
     if let postgres {
-        return try await PostgresBatchStore.open(url: postgres.url, poolSize: min(postgres.poolSize, 2), logger: logger, idempotencyLimits: idempotencyLimits)
+        return try await PostgresBatchStore.open(url: postgres.url, poolSize: min(postgres.poolSize, 2), waitingUpTo: postgres.wait, logger: logger, idempotencyLimits: idempotencyLimits)
     }
     return try SQLiteBatchStore(path: directory.appendingPathComponent("batch.sqlite").path, idempotencyLimits: idempotencyLimits)
 }
