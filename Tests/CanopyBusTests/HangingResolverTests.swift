@@ -1,4 +1,5 @@
 import CanopyBus
+import CanopyMessages
 import CanopyTesting
 import Foundation
 import Glibc
@@ -59,7 +60,8 @@ struct HangingResolverTests {
             // A worker of both registers with the broker that answers and serves through it.
             let worker = Process()
             worker.executableURL = try LiveBus.executable("canopy-test-worker")
-            worker.arguments = ["--endpoint", endpoints, "--name", "beside-a-hanging-name", "--log-level", "critical"]
+            worker.arguments = ["--endpoint", endpoints, "--name", "beside-a-hanging-name", "--log-level", "critical",
+                                "--heartbeat-ms", "\(bus.configuration.heartbeatInterval.wholeMilliseconds)"] // the test broker's beat
             worker.environment = environment
             try worker.run()
             defer { if worker.isRunning { kill(worker.processIdentifier, SIGKILL) } }
