@@ -54,7 +54,7 @@ struct Capture: AsyncParsableCommand {
             let local = stack.layout.state().map { $0.supervisorAlive } ?? false
             guard snapshot ?? local else {
                 // With several brokers, each captures what crosses it (into its own directory).
-                try await withEachBroker(common) { endpoint, bus in
+                try await withEachBroker(common, stack: stack) { endpoint, bus in
                     let status = try await callBroker {
                         try await bus.call(Broker.CaptureStart.self, .init(name: name, pseudonymize: pseudonymize, withoutAttachments: withoutAttachments),
                                            timeout: .seconds(10))
@@ -68,7 +68,7 @@ struct Capture: AsyncParsableCommand {
 
         /// Holds every broker, pins the stores, lets the requests go, copies the stores.
         private func startWithSnapshot() async throws {
-            let brokers = try eachBroker(common)
+            let brokers = try eachBroker(common, stack: stack)
             defer { brokers.forEach { $0.bus.close() } }
             // The stores opened and the originals linked before anything is held; the hold
             // waits only for the pin.
@@ -143,10 +143,11 @@ struct Capture: AsyncParsableCommand {
         static let configuration = CommandConfiguration(abstract: "End the running capture; prints its counts.", discussion: "Example: canopy capture stop")
 
         @OptionGroup var common: CommonOptions
+        @OptionGroup var stack: StackOptions // the local stack's keys, when it runs CurveZMQ
 
         func run() async throws {
             var paths: [String] = []
-            try await withEachBroker(common) { endpoint, bus in
+            try await withEachBroker(common, stack: stack) { endpoint, bus in
                 let status = try await callBroker { try await bus.call(Broker.CaptureStop.self, .init(), timeout: .seconds(60)) }
                 if common.brokerEndpoints.count > 1 { print("\(endpoint):") }
                 print(Capture.render(status))
@@ -160,10 +161,11 @@ struct Capture: AsyncParsableCommand {
         static let configuration = CommandConfiguration(abstract: "Whether the broker captures, and its counts.", discussion: "Example: canopy capture status")
 
         @OptionGroup var common: CommonOptions
+        @OptionGroup var stack: StackOptions // the local stack's keys, when it runs CurveZMQ
 
         func run() async throws {
             let several = common.brokerEndpoints.count > 1
-            try await withEachBroker(common) { endpoint, bus in
+            try await withEachBroker(common, stack: stack) { endpoint, bus in
                 if several { print("\(endpoint):") }
                 print(Capture.render(try await callBroker { try await bus.call(Broker.CaptureStatusOperation.self, .init(), timeout: .seconds(10)) }))
             }

@@ -144,7 +144,9 @@ struct Demo: AsyncParsableCommand {
         guard let endpoint = stack.layout.state()?.endpoint else {
             throw CommandFailure("no stack runs from \(stack.layout.dataDirectory.path) to load the reference photos into; start one with canopy up, or pass --data-dir")
         }
-        let bus = try BusClient(configuration: .init(endpoint: endpoint), context: ZMQContext(), logger: LogSetup.logger(label: "canopy", level: .error))
+        var configuration = BusClient.Configuration(endpoint: endpoint)
+        configuration.curve = try StackKeys.operatorSettings(dataDirectory: stack.layout.dataDirectory)
+        let bus = try BusClient(configuration: configuration, context: ZMQContext(), logger: LogSetup.logger(label: "canopy", level: .error))
         defer { bus.close() }
         for (index, name) in missing {
             let photos = try (0..<3).map { seed in Data(try PlantScene.species(index).photo(seed: seed)) }

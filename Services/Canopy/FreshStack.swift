@@ -1,3 +1,4 @@
+import CanopyBus
 import CanopyDeployment
 import CanopyServiceKit
 import Foundation
@@ -12,15 +13,18 @@ import Glibc
 final class FreshStack {
     let directory: URL
     let endpoint: String
+    /// The operator's key for its bus (its keys are its own).
+    let curve: CurveClientSettings?
     /// The system-clock instant at which every service's clock shows the cut.
     let anchor: Date
     /// The cut, as the services' clocks have it (seconds since 1970, to the millisecond).
     let anchorCut: Double
     private let supervisor: StackSupervisor
 
-    private init(directory: URL, endpoint: String, anchor: Date, anchorCut: Double, supervisor: StackSupervisor) {
+    private init(directory: URL, endpoint: String, curve: CurveClientSettings?, anchor: Date, anchorCut: Double, supervisor: StackSupervisor) {
         self.directory = directory
         self.endpoint = endpoint
+        self.curve = curve
         self.anchor = anchor
         self.anchorCut = anchorCut
         self.supervisor = supervisor
@@ -44,6 +48,8 @@ final class FreshStack {
         _ = try StackSnapshot.linkOriginals(from: snapshot.appendingPathComponent("images/originals"), to: directory.appendingPathComponent("images/originals"))
         let layout = StackLayout(dataDirectory: directory)
         try Up.makeTokenKey(layout.tokenKey)
+        let keys = StackKeys(dataDirectory: directory) // its own, as every stack's
+        try keys.ensure()
         let stackID = try Up.stackID(layout.stackIDFile)
         try FileManager.default.createDirectory(at: layout.logs, withIntermediateDirectories: true)
 
@@ -61,7 +67,7 @@ final class FreshStack {
         let (bus, http, metrics) = try freePorts()
         let endpoint = "tcp://127.0.0.1:\(bus)"
         let supervisor = StackSupervisor(settings: .init(layout: layout, executables: executables, endpoint: endpoint, http: "127.0.0.1:\(http)",
-                                                         metricsBase: metrics, environment: environment))
+                                                         metricsBase: metrics, environment: environment, curve: keys.files))
         progress("starting a fresh stack from \(snapshot.lastPathComponent) in \(directory.path)…")
         do {
             try supervisor.startAll(within: .seconds(120)) { _ in }
@@ -74,7 +80,8 @@ final class FreshStack {
             return nil
         }
         started = true
-        return FreshStack(directory: directory, endpoint: endpoint, anchor: anchor, anchorCut: cut.timeIntervalSince1970, supervisor: supervisor)
+        return FreshStack(directory: directory, endpoint: endpoint, curve: try StackKeys.operatorSettings(dataDirectory: directory), anchor: anchor,
+                          anchorCut: cut.timeIntervalSince1970, supervisor: supervisor)
     }
 
     /// Stops every service and removes the directory.

@@ -92,24 +92,10 @@ struct Keys: ParsableCommand {
             for file in [secretFile, publicFile] where FileManager.default.fileExists(atPath: file.path) && !force {
                 throw CommandFailure("\(file.path) exists already; choose another name, or pass --force to replace it")
             }
-            try write(Curve.secretKeyFile(pair, name: name), to: secretFile, mode: 0o600)
-            try write(Curve.publicKeyFile(pair, name: name), to: publicFile, mode: 0o644)
+            try StackKeys.write(Curve.secretKeyFile(pair, name: name), to: secretFile, mode: 0o600)
+            try StackKeys.write(Curve.publicKeyFile(pair, name: name), to: publicFile, mode: 0o644)
             print("wrote \(secretFile.path) (secret: keep it to this peer) and \(publicFile.path)")
             print("public key: \(pair.publicKey)")
-        }
-
-        /// Creates the file with `mode` before anything is written to it, so the secret key is
-        /// never readable by others, not even for a moment.
-        private func write(_ text: String, to file: URL, mode: mode_t) throws {
-            unlink(file.path)
-            let descriptor = open(file.path, O_WRONLY | O_CREAT | O_EXCL, mode)
-            guard descriptor >= 0 else { throw CommandFailure("cannot create \(file.path): \(String(cString: strerror(errno)))") }
-            defer { close(descriptor) }
-            fchmod(descriptor, mode) // whatever the umask
-            let bytes = Array(text.utf8)
-            guard Glibc.write(descriptor, bytes, bytes.count) == bytes.count else {
-                throw CommandFailure("cannot write \(file.path): \(String(cString: strerror(errno)))")
-            }
         }
     }
 }

@@ -10,13 +10,14 @@ struct Services: AsyncParsableCommand {
         discussion: "Example: canopy services --endpoint tcp://127.0.0.1:5555")
 
     @OptionGroup var common: CommonOptions
+    @OptionGroup var stack: StackOptions // the local stack's keys, when it runs CurveZMQ
 
     func run() async throws {
         // With several brokers, every broker's own view, in a column of their own.
         let several = common.brokerEndpoints.count > 1
         var table = Table(headers: (several ? ["BROKER"] : []) + ["SERVICE", "WORKERS", "OPERATION", "IDEMPOTENT", "COALESCABLE"])
         var any = false
-        try await withEachBroker(common) { endpoint, bus in
+        try await withEachBroker(common, stack: stack) { endpoint, bus in
             let services = try await bus.call(Broker.Services.self, .init(), timeout: .seconds(5))
             any = any || !services.isEmpty
             for (serviceIndex, service) in services.enumerated() {
@@ -40,9 +41,10 @@ struct Stats: AsyncParsableCommand {
         discussion: "Example: canopy stats --endpoint tcp://127.0.0.1:5555")
 
     @OptionGroup var common: CommonOptions
+    @OptionGroup var stack: StackOptions // the local stack's keys, when it runs CurveZMQ
 
     func run() async throws {
-        try await withEachBroker(common) { endpoint, bus in
+        try await withEachBroker(common, stack: stack) { endpoint, bus in
             let stats = try await bus.call(Broker.Stats.self, .init(), timeout: .seconds(5))
             if common.brokerEndpoints.count > 1 { print("broker \(endpoint)") }
             var table = Table("SERVICE", "WORKERS", "QUEUED", "IN FLIGHT", "SERVED", "ERRORS", "P50 µs", "P99 µs")

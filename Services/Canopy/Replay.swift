@@ -54,6 +54,7 @@ struct Replay: AsyncParsableCommand {
     var timeToleranceMs = 250
     @Flag(help: "Print the report as JSON, for scripts.") var json = false
     @OptionGroup var common: CommonOptions
+    @OptionGroup var stack: StackOptions // the local stack's keys, when it runs CurveZMQ
 
     func validate() throws {
         guard [speed != nil, rate != nil, fast].filter({ $0 }).count <= 1 else {
@@ -101,7 +102,7 @@ struct Replay: AsyncParsableCommand {
             FileHandle.standardError.write(Data("error: no broker answers at \(common.endpoint); start the stack, or pass --broker ENDPOINT\n".utf8))
             throw ExitCode(1)
         }
-        let configuration = try common.clientConfiguration()
+        let configuration = try common.operatorConfiguration(stack: stack)
         let connection = Replayer.Connection(endpoint: configuration.endpoint, curve: configuration.curve, count: connections)
         report = try await Replayer(connection: connection, options: options).run(reader) { state in
             progress.update("replaying \(ProgressLine.bar(state.bytesRead, of: total)) \(state.completed) answered of \(state.sent) sent")
@@ -176,7 +177,7 @@ struct Replay: AsyncParsableCommand {
             options.causalOrder = true
             options.clock = .anchored(captureTime: Int64((stack.anchorCut * 1e9).rounded()), at: stack.anchor)
             let progress = ProgressBox()
-            let connection = Replayer.Connection(endpoint: stack.endpoint, count: connections)
+            let connection = Replayer.Connection(endpoint: stack.endpoint, curve: stack.curve, count: connections)
             let report = try await Replayer(connection: connection, options: options).run(reader) { state in
                 progress.update("replaying \(ProgressLine.bar(state.bytesRead, of: bytes)) \(state.completed) answered of \(state.sent) sent")
             }
@@ -188,7 +189,7 @@ struct Replay: AsyncParsableCommand {
 
     /// `service.operation` of every operation the stack offers, or nil when it cannot be asked.
     private func offeredOperations() async -> Set<String>? {
-        guard let bus = try? BusClient(configuration: try common.clientConfiguration(), context: ZMQContext(),
+        guard let bus = try? BusClient(configuration: try common.operatorConfiguration(stack: stack), context: ZMQContext(),
                                        logger: LogSetup.logger(label: "canopy", level: .critical)) else { return nil }
         defer { bus.close() }
         guard let services = try? await bus.call(Broker.Services.self, .init(), timeout: .seconds(3)) else { return nil }

@@ -27,6 +27,7 @@ struct Send: AsyncParsableCommand {
     @Option(help: ArgumentHelp("A file sent as an attachment (repeat for more, in order).", valueName: "file")) var attach: [String] = []
     @Option(help: ArgumentHelp("Where to write the reply's attachments: FILE for one, FILE-1, FILE-2, … for several.", valueName: "file")) var save: String?
     @OptionGroup var common: CommonOptions
+    @OptionGroup var stack: StackOptions // the local stack's keys, when it runs CurveZMQ
 
     func validate() throws {
         guard (try? JSONSerialization.jsonObject(with: Data(json.utf8), options: [.fragmentsAllowed])) != nil else {
@@ -40,7 +41,7 @@ struct Send: AsyncParsableCommand {
     }
 
     func run() async throws {
-        try await withBus(common) { bus in
+        try await withBus(common, stack: stack) { bus in
             do {
                 let attachments = try attach.map { [UInt8](try Data(contentsOf: URL(fileURLWithPath: $0))) }
                 let reply = try await bus.call(service: service, operation: operation, body: Array(json.utf8), attachments: attachments,
@@ -83,8 +84,8 @@ func prettyJSON(_ bytes: [UInt8]) -> String {
 
 /// Runs `body` with a client of each broker the options name, one at a time (what every
 /// broker says for itself: its services, its statistics).
-func withEachBroker(_ common: CommonOptions, _ body: (_ endpoint: String, BusClient) async throws -> Void) async throws {
-    let brokers = try eachBroker(common)
+func withEachBroker(_ common: CommonOptions, stack: StackOptions, _ body: (_ endpoint: String, BusClient) async throws -> Void) async throws {
+    let brokers = try eachBroker(common, stack: stack)
     defer { brokers.forEach { $0.bus.close() } }
     for (endpoint, bus) in brokers {
         do {
@@ -97,9 +98,9 @@ func withEachBroker(_ common: CommonOptions, _ body: (_ endpoint: String, BusCli
 }
 
 /// A client of each broker `common` names, alone (the caller closes them).
-func eachBroker(_ common: CommonOptions) throws -> [(endpoint: String, bus: BusClient)] {
+func eachBroker(_ common: CommonOptions, stack: StackOptions) throws -> [(endpoint: String, bus: BusClient)] {
     let logger = LogSetup.logger(label: "canopy", level: common.logLevel == .info ? .warning : common.logLevel)
-    let all = try common.clientConfiguration()
+    let all = try common.operatorConfiguration(stack: stack)
     let context = ZMQContext()
     return try all.endpoints.enumerated().map { index, endpoint in
         var configuration = all
@@ -113,14 +114,14 @@ func eachBroker(_ common: CommonOptions) throws -> [(endpoint: String, bus: BusC
 }
 
 /// Opens a bus client for one command and closes it afterwards.
-func withBus(_ common: CommonOptions, _ body: (BusClient) async throws -> Void) async throws {
+func withBus(_ common: CommonOptions, stack: StackOptions, _ body: (BusClient) async throws -> Void) async throws {
     let logger = LogSetup.logger(label: "canopy", level: common.logLevel == .info ? .warning : common.logLevel)
-    let bus = try BusClient(configuration: try common.clientConfiguration(), context: common.busContext(), logger: logger)
+    let bus = try BusClient(configuration: try common.operatorConfiguration(stack: stack), context: common.busContext(), logger: logger)
     defer { bus.close() }
     do {
         try await body(bus)
     } catch let error as CanopyError where error.code == .timeout {
-        FileHandle.standardError.write(Data("error (timeout): \(error.message). Is canopy-broker running at \(common.endpoint)? Start it or pass --endpoint.\n".utf8))
+        FileHandle.standardError.write(Data("error (timeout): \(error.message). Is canopy-broker running at \(common.endpoint)? Start it or pass --endpoint; a stack canopy up runs elsewhere needs its --data-dir (its keys).\n".utf8))
         throw ExitCode(1)
     }
 }

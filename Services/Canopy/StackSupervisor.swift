@@ -66,6 +66,8 @@ final class StackSupervisor: @unchecked Sendable {
         var replicas: [String: Int] = [:]
         /// Where the services' spans are written (`--traces`).
         var traces: String?
+        /// The stack's CurveZMQ key files (nil with `--no-curve`).
+        var curve: CanopyStack.CurveFiles?
     }
 
     final class Child {
@@ -121,15 +123,15 @@ final class StackSupervisor: @unchecked Sendable {
 
     init(settings: Settings) {
         self.settings = settings
-        children = Self.children(settings, launch: CanopyStack.Launch(endpoint: settings.endpoint, http: settings.http,
-                                                                      dataDirectory: settings.layout.dataDirectory.path,
-                                                                      metricsBase: settings.metricsBase, tokenKeyFile: settings.layout.tokenKey.path))
+        children = Self.children(settings, launch: Self.launch(settings))
     }
 
-    /// What each service is started with: the stack's endpoint, addresses and directories.
-    var launch: CanopyStack.Launch {
+    /// What each service is started with: the stack's endpoint, addresses, directories and keys.
+    var launch: CanopyStack.Launch { Self.launch(settings) }
+
+    private static func launch(_ settings: Settings) -> CanopyStack.Launch {
         CanopyStack.Launch(endpoint: settings.endpoint, http: settings.http, dataDirectory: settings.layout.dataDirectory.path,
-                           metricsBase: settings.metricsBase, tokenKeyFile: settings.layout.tokenKey.path)
+                           metricsBase: settings.metricsBase, tokenKeyFile: settings.layout.tokenKey.path, curve: settings.curve)
     }
 
     private func start(_ child: Child) throws {

@@ -24,7 +24,9 @@ struct Up: ParsableCommand {
             Builds what is missing (swift build -c release, when run from the repository), starts
             the broker and every service (the list docker-compose.yml runs) with their stores in
             --data-dir, waits until each is healthy, prints a status table, the HTTP address and a
-            demo token, and keeps them running; Ctrl-C stops them all gracefully.
+            demo token, and keeps them running; Ctrl-C stops them all gracefully. The bus runs
+            over CurveZMQ with the stack's own keys (made in <data-dir>/keys at the first start):
+            no other process can serve or call; the canopy subcommands find the keys there.
             Examples:
               canopy up
               canopy up --detach && canopy status && canopy logs care && canopy down
@@ -55,6 +57,8 @@ struct Up: ParsableCommand {
     var replicas: String = Environment.string("CANOPY_REPLICAS") ?? ""
     @Option(help: ArgumentHelp("Record every request's spans (every service, the broker, the HTTP edge) and append them to FILE, one JSON object per line; canopy trace lists them and prints one as a tree.", valueName: "file"))
     var traces: String?
+    @Flag(help: "Run the bus without CurveZMQ: any local process can then serve as a service or call as anyone (for debugging only).")
+    var noCurve = false
     @Flag(help: "Start the stack in the background and return once it is healthy; canopy down stops it.") var detach = false
     @Flag(help: .hidden) var supervise = false
 
@@ -122,6 +126,12 @@ struct Up: ParsableCommand {
         let executables = try Self.executables()
         try Self.makeTokenKey(layout.tokenKey)
         let stackID = try Self.stackID(layout.stackIDFile)
+        let keys = StackKeys(dataDirectory: layout.dataDirectory)
+        if noCurve {
+            if !supervise { note("warning: --no-curve: the bus runs without CurveZMQ; any local process can register as a service or call as any person") }
+        } else {
+            try keys.ensure()
+        }
         if detach && !supervise { return try startDetached(layout) }
 
         var environment = ["CANOPY_CLOCK": clock, "CANOPY_STACK": stackID]
@@ -146,6 +156,7 @@ struct Up: ParsableCommand {
         var settings = StackSupervisor.Settings(layout: layout, executables: executables, endpoint: try brokerEndpoints().joined(separator: ","), http: http,
                                                 metricsBase: metricsBase, environment: environment, replicas: try replicaCounts())
         settings.traces = traceFile
+        settings.curve = noCurve ? nil : keys.files
         let supervisor = StackSupervisor(settings: settings)
         // Ctrl-C and SIGTERM end the supervision; the children are then stopped in order.
         signal(SIGINT, SIG_IGN)
@@ -192,6 +203,7 @@ struct Up: ParsableCommand {
         let optional: [(String, String?)] = [("--database-url", databaseURL), ("--database-password-file", databasePasswordFile), ("--originals-dir", originalsDir),
                                              ("--traces", traces.map { URL(fileURLWithPath: $0).standardizedFileURL.path })]
         for case let (option, value?) in optional { arguments += [option, value] }
+        if noCurve { arguments.append("--no-curve") }
         process.arguments = arguments
         process.standardInput = FileHandle.nullDevice
         process.standardOutput = output

@@ -55,6 +55,8 @@ public enum CanopyStack {
         public var metricsBase: Int
         /// canopy-batch's token signing key file.
         public var tokenKeyFile: String
+        /// The stack's CurveZMQ key files, or nil for a bus without CurveZMQ (`--no-curve`).
+        public var curve: CurveFiles?
 
         /// - Parameters:
         ///   - endpoint: the broker's endpoint.
@@ -62,12 +64,14 @@ public enum CanopyStack {
         ///   - dataDirectory: the stores' directory.
         ///   - metricsBase: the broker's metrics port.
         ///   - tokenKeyFile: canopy-batch's token signing key file.
-        public init(endpoint: String, http: String, dataDirectory: String, metricsBase: Int, tokenKeyFile: String) {
+        ///   - curve: the stack's CurveZMQ key files, or nil for none.
+        public init(endpoint: String, http: String, dataDirectory: String, metricsBase: Int, tokenKeyFile: String, curve: CurveFiles? = nil) {
             self.endpoint = endpoint
             self.http = http
             self.dataDirectory = dataDirectory
             self.metricsBase = metricsBase
             self.tokenKeyFile = tokenKeyFile
+            self.curve = curve
         }
 
         /// The port of `service`'s `/metrics` and `/health` listener.
@@ -93,12 +97,44 @@ public enum CanopyStack {
                 let endpoints = self.endpoints
                 arguments += ["--bind", endpoints[min(replica, endpoints.count) - 1], "--name", replica == 1 ? "broker" : "broker-\(replica)",
                               "--max-frame-bytes", "33554432", "--capture-dir", dataDirectory]
+                if let curve { arguments += ["--curve-secret-key-file", curve.secretKey(CurveFiles.broker), "--curve-allow", curve.allowList] }
             case "batch":
                 arguments += ["--endpoint", endpoint, "--http", http, "--token-key-file", tokenKeyFile, "--data-dir", dataDirectory]
             default:
                 arguments += ["--endpoint", endpoint, "--data-dir", dataDirectory]
             }
+            if let curve, service != CanopyStack.broker {
+                // Its own key (a worker's serves its own service alone), and the brokers' key.
+                arguments += ["--curve-server-key", curve.publicKey(CurveFiles.broker), "--curve-secret-key-file", curve.secretKey(service.name)]
+            }
             return arguments
         }
+    }
+
+    /// A local stack's CurveZMQ key files, in one directory (`canopy up` makes them in
+    /// `<data-dir>/keys` on its first start): one pair the brokers share, one per service, one
+    /// for the operator's CLI; and the brokers' allow-list, each service's key for its own
+    /// service alone (`worker KEY care`), canopy-batch's and the operator's as clients.
+    public struct CurveFiles: Sendable, Equatable {
+        /// The brokers' key pair's name.
+        public static let broker = "broker"
+        /// The key pairs that may serve, each its own service.
+        public static let workers = CanopyStack.services.filter { $0 != CanopyStack.broker && $0.name != "batch" }.map(\.name)
+        /// The key pairs that may only call: the HTTP edge, and the operator's CLI.
+        public static let clients = ["batch", "operator"]
+
+        /// The directory of the files.
+        public var directory: String
+
+        public init(directory: String) {
+            self.directory = directory
+        }
+
+        /// `NAME.key`: the secret half, readable by its owner only.
+        public func secretKey(_ name: String) -> String { "\(directory)/\(name).key" }
+        /// `NAME.pub`: the public half.
+        public func publicKey(_ name: String) -> String { "\(directory)/\(name).pub" }
+        /// `curve.allow`: the brokers' allow-list.
+        public var allowList: String { "\(directory)/curve.allow" }
     }
 }

@@ -332,3 +332,10 @@ public func withRunning<T>(_ services: [any Service], logger: Logger, _ body: ()
     _ = try? await running.value
     return result
 }
+
+/// The operator's CurveZMQ settings of a `canopy up` stack whose data directory is `data`
+/// (its keys in `<data>/keys`, made at its first start): what a test's own bus client of
+/// that stack presents, as `canopy send --data-dir` does.
+public func stackOperatorCurve(data: String) throws -> CurveClientSettings {
+    CurveClientSettings(serverKeys: [try Curve.publicKey("\(data)/keys/broker.pub")], keyPair: try Curve.readKeyPair(file: "\(data)/keys/operator.key"))
+}

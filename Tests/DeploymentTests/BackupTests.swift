@@ -31,7 +31,7 @@ extension CanopyUpTests {
 
         /// A bus call as `canopy send` makes it, for alice; its JSON reply.
         func send(_ service: String, _ operation: String, _ json: String, attach: [String] = []) async throws -> Any? {
-            let sent = try await runExecutable("canopy", ["send", service, operation, "--principal", "alice", "--json", json, "--broker", endpoint]
+            let sent = try await runExecutable("canopy", ["send", service, operation, "--principal", "alice", "--json", json, "--broker", endpoint, "--data-dir", data]
                                                    + attach.flatMap { ["--attach", $0] })
             #expect(sent.status == 0, "canopy send \(service) \(operation): \(sent.errors)")
             return try? JSONSerialization.jsonObject(with: Data(sent.output.utf8))

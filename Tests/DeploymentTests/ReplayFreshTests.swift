@@ -58,6 +58,7 @@ struct ReplayFreshTests {
             Task {
                 var configuration = BusClient.Configuration(endpoint: broker)
                 configuration.defaultTimeout = .seconds(20)
+                configuration.curve = try stackOperatorCurve(data: data)
                 let client = try BusClient(configuration: configuration, context: ZMQContext(), logger: Logger(label: "load"))
                 defer { client.close() }
                 var answered = 0
@@ -77,7 +78,7 @@ struct ReplayFreshTests {
         load.stop()
         var answeredAdds = 0
         for adder in adders { answeredAdds += try await adder.value }
-        let stop = try await runExecutable("canopy", ["capture", "stop", "--endpoint", broker], limit: 60)
+        let stop = try await runExecutable("canopy", ["capture", "stop", "--endpoint", broker] + stack, limit: 60)
         try #require(start.status == 0, "\(start.output) \(start.errors)")
         try #require(stop.status == 0, "\(stop.output) \(stop.errors)")
         #expect(start.output.contains("snapshot at the cut") && start.output.contains("care/care.sqlite"), "\(start.output)")
@@ -122,7 +123,7 @@ struct ReplayFreshTests {
         let start = try await runExecutable("canopy", ["capture", "start", "journey", "--endpoint", broker] + stack, limit: 60)
         try #require(start.status == 0, "\(start.output) \(start.errors)")
         let demo = try await runExecutable("canopy", ["demo", "--http", http, "--reminder-seconds", "2"] + stack, limit: 120)
-        let stop = try await runExecutable("canopy", ["capture", "stop", "--endpoint", broker], limit: 60)
+        let stop = try await runExecutable("canopy", ["capture", "stop", "--endpoint", broker] + stack, limit: 60)
         try #require(demo.status == 0, "\(demo.output) \(demo.errors)\n\(CanopyUpTests.logTails(data, ["remind", "care", "identify"]))")
         try #require(stop.status == 0, "\(stop.output) \(stop.errors)")
         let capture = data + "/journey"
@@ -161,7 +162,9 @@ struct ReplayFreshTests {
     @Test func aPseudonymizedCaptureNamesPeopleTheSameWayInItsSnapshotAndReplaysFresh() async throws {
         let (stack, data, broker, _) = try await Self.up()
         defer { Self.down(stack, data) }
-        let client = try BusClient(configuration: .init(endpoint: broker), context: ZMQContext(), logger: Logger(label: "test"))
+        var configuration = BusClient.Configuration(endpoint: broker)
+        configuration.curve = try stackOperatorCurve(data: data)
+        let client = try BusClient(configuration: configuration, context: ZMQContext(), logger: Logger(label: "test"))
         defer { client.close() }
         let before = try await client.call(Care.AddPlant.self, Care.Plant(scientificName: "Ficus lyrata", customName: "Fig"), principal: "alice@example.org")
 
@@ -171,7 +174,7 @@ struct ReplayFreshTests {
         let listed = try await client.call(Care.ListPlants.self, .init(), principal: "alice@example.org")
         #expect(listed.plants.count == 2)
         _ = try await client.call(Care.GetPlant.self, .init(id: before.id), principal: "alice@example.org")
-        #expect(try await runExecutable("canopy", ["capture", "stop", "--endpoint", broker], limit: 60).status == 0)
+        #expect(try await runExecutable("canopy", ["capture", "stop", "--endpoint", broker] + stack, limit: 60).status == 0)
 
         let capture = data + "/private"
         let reader = try CaptureReader(paths: [capture])

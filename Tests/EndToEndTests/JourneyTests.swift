@@ -152,7 +152,7 @@ struct JourneyTests {
         let capture = stack.data + "/journey"
         do {
             let alice = try await stack.token("alice"), bob = try await stack.token("bob")
-            let started = try await runExecutable("canopy", ["capture", "start", "journey", "--broker", stack.endpoint])
+            let started = try await runExecutable("canopy", ["capture", "start", "journey", "--broker", stack.endpoint, "--data-dir", stack.data])
             #expect(started.status == 0, "\(started.errors)")
 
             // A photo identified and accepted: canopy-batch, canopy-identify, canopy-images, canopy-care.
@@ -204,7 +204,7 @@ struct JourneyTests {
             #expect(queries.count > 20)
             let problems = GrafanaDashboards.problems(queries, scrapes: try await stack.scrapes())
             #expect(problems.isEmpty, "\(problems.joined(separator: "\n"))")
-            let stopped = try await runExecutable("canopy", ["capture", "stop", "--broker", stack.endpoint])
+            let stopped = try await runExecutable("canopy", ["capture", "stop", "--broker", stack.endpoint, "--data-dir", stack.data])
             #expect(stopped.status == 0, "\(stopped.errors)")
 
             // The plant deleted while canopy-images is stopped: once it is back, no store holds any of it.
@@ -213,7 +213,7 @@ struct JourneyTests {
             let deleted = try await stack.send(.DELETE, "/v1/plants/\(plant)", token: alice)
             #expect(deleted.status == 204, "\(deleted.text)")
             #expect(try await eventually(within: .seconds(30), every: .milliseconds(250)) { // the broker gives up on the stopped worker
-                let services = try await runExecutable("canopy", ["services", "--broker", stack.endpoint])
+                let services = try await runExecutable("canopy", ["services", "--broker", stack.endpoint, "--data-dir", stack.data])
                 return services.status == 0 && !services.output.contains("images")
             }, "the stopped canopy-images was dropped by the broker")
             kill(images, SIGCONT)
@@ -238,7 +238,8 @@ struct JourneyTests {
             options.pacing = .recorded(speed: 1)
             options.ignore = ["createdAt", "addedAt", "due", "snoozedUntil", "dateAdded", "dateIdentified", "updatedAt", "registeredAt", "lastWatered",
                               "lastFertilized", "completedAt", "acceptedAt", "at"]
-            let report = try await Replayer(connection: .init(endpoint: fresh.endpoint), options: options).run(try CaptureReader(path: capture))
+            let report = try await Replayer(connection: .init(endpoint: fresh.endpoint, curve: try stackOperatorCurve(data: fresh.data)), options: options)
+                .run(try CaptureReader(path: capture))
             #expect(report.isClean, "\(report.examples)")
             #expect(report.requests > 10 && report.derived > 0 && report.rebound > 0)
         } catch {

@@ -35,7 +35,7 @@ extension JourneyTests {
                 while answers.value.withLock({ $0.reads }) < 40 { try await Task.sleep(for: .milliseconds(50)) }
                 kill(try stack.pid("broker"), SIGKILL)
                 let registered = try await eventually(within: .seconds(90), every: .milliseconds(250)) {
-                    let services = try await runExecutable("canopy", ["services", "--broker", stack.endpoint])
+                    let services = try await runExecutable("canopy", ["services", "--broker", stack.endpoint, "--data-dir", stack.data])
                     return services.status == 0 && ["images", "care", "identify", "remind"].allSatisfy { services.output.contains($0) }
                 }
                 #expect(registered, "broker 1 came back with every service")
