@@ -314,6 +314,27 @@ public struct PostgresSession {
     }
 }
 
+// MARK: - Erasure
+
+extension PostgresStore {
+    /// After an erasure: `VACUUM` of `tables`, on a Dispatch thread, so the pages that held the
+    /// deleted rows (dead tuples PostgreSQL keeps for snapshots that might still see them) are
+    /// cleared and reused. What PostgreSQL keeps even then: the write-ahead log's segments
+    /// until they are recycled (after the next checkpoints), and whatever replicas, WAL
+    /// archives and backups took before (docs/OPERATIONS.md, "Erasure").
+    public func vacuumSoon(_ tables: [String]) {
+        let logger = self.logger
+        let statement = "VACUUM " + tables.map { "\"\($0)\"" }.joined(separator: ", ")
+        DispatchQueue.global(qos: .utility).async { [self] in
+            do {
+                try self.statement { session in try session.execute(PostgresQuery(unsafeSQL: statement)) }
+            } catch {
+                logger.warning("store.vacuum.failed", metadata: ["store.error": "\(error)"])
+            }
+        }
+    }
+}
+
 // MARK: - Presence
 
 extension PostgresStore {

@@ -1,5 +1,6 @@
 import Dispatch
 import GRDB
+import Synchronization
 
 /// How every Canopy store opens its SQLite file, so that all of them agree on the pragmas:
 ///
@@ -12,6 +13,9 @@ import GRDB
 ///   the commit that happens to fill the log: that commit took 3–4 ms longer, the slowest 1%
 ///   of canopy-care's saves. A commit checkpoints itself only when the log has grown past
 ///   ``fallbackCheckpointPages`` (the background far behind).
+/// - `secure_delete` on: deleted content is overwritten with zeros in the database file, and
+///   after an erasure the write-ahead log is checkpointed and truncated to nothing
+///   (``eraseResidue(_:)``), so no byte of a deleted person stays in either file.
 /// - Foreign keys enforced.
 /// - A writer that finds the file locked waits up to ``busyTimeout`` instead of failing.
 /// - The store's migrations run before anything else touches it.
@@ -31,6 +35,7 @@ public enum SQLiteStore {
         configuration.foreignKeysEnabled = true
         configuration.busyMode = .timeout(busyTimeout)
         configuration.prepareDatabase { db in
+            try db.execute(sql: "PRAGMA secure_delete = ON")
             if !db.configuration.readonly { try db.execute(sql: "PRAGMA wal_autocheckpoint = \(fallbackCheckpointPages)") }
         }
         let database = try DatabasePool(path: path, configuration: configuration)
@@ -39,11 +44,33 @@ public enum SQLiteStore {
         return database
     }
 
+    /// Copies everything in `pool`'s write-ahead log into the database file and truncates the
+    /// log to zero bytes: what an erasure calls once its deletions are committed, since the
+    /// log keeps the pages a transaction changed (the person's rows among them) until it is
+    /// overwritten, long after `secure_delete` cleared them from the database file. Waits for
+    /// readers in flight (up to ``busyTimeout``); when one holds on, the log is truncated by
+    /// the background checkpointer as soon as it can.
+    public static func eraseResidue(_ pool: DatabasePool) {
+        if (try? pool.writeWithoutTransaction({ db in try truncateLog(db) })) != true { Checkpointer.truncateSoon(pool) }
+    }
+
+    /// `wal_checkpoint(TRUNCATE)`; whether it completed (false: a reader held on).
+    static func truncateLog(_ db: Database) throws -> Bool {
+        try Row.fetchOne(db, sql: "PRAGMA wal_checkpoint(TRUNCATE)")?[0] as Int? == 0
+    }
+
     /// Checkpoints `pool`'s log in the background (`PASSIVE`: never waiting for, nor making
     /// wait, a reader or a writer) until the pool is released.
     final class Checkpointer: @unchecked Sendable { // its timer is touched at start, then only by its own handler
         private let connection: DatabaseQueue
         private let timer: DispatchSourceTimer
+        /// Pools whose log is to be truncated at the next ticks (an erasure's), until it was.
+        private static let truncating = Mutex<Set<ObjectIdentifier>>([])
+
+        /// Asks the checkpointer of `pool` to truncate its log (``eraseResidue(_:)``).
+        static func truncateSoon(_ pool: DatabasePool) {
+            _ = truncating.withLock { $0.insert(ObjectIdentifier(pool)) }
+        }
 
         private init(connection: DatabaseQueue, timer: DispatchSourceTimer) {
             self.connection = connection
@@ -61,11 +88,19 @@ public enum SQLiteStore {
             // Holds the checkpointer (and its connection), not the pool: the first tick after
             // the pool is gone ends it.
             timer.setEventHandler { [weak pool] in
-                guard pool != nil else {
+                guard let pool else {
                     checkpointer.timer.cancel()
                     return
                 }
-                _ = try? checkpointer.connection.writeWithoutTransaction { db in try db.checkpoint(.passive) }
+                let key = ObjectIdentifier(pool)
+                guard truncating.withLock({ $0.contains(key) }) else {
+                    _ = try? checkpointer.connection.writeWithoutTransaction { db in try db.checkpoint(.passive) }
+                    return
+                }
+                // TRUNCATE: the whole log copied, and the file cut to nothing (a reader still in
+                // an older snapshot makes it busy: the next tick tries again).
+                let done = (try? checkpointer.connection.writeWithoutTransaction { db in try truncateLog(db) }) ?? false
+                if done { _ = truncating.withLock { $0.remove(key) } }
             }
             timer.resume()
         }

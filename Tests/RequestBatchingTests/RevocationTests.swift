@@ -58,7 +58,7 @@ struct RevocationTests {
             }
 
             // Bob signed out everywhere: his tokens issued before are refused, one issued after is taken.
-            try store.signOut(user: "bob", before: Date())
+            try store.signOut(digest: SignOutDigest(tokenKeys: [Self.key]).record("bob"), before: Date())
             for edge in edges {
                 #expect(try await eventually(within: .seconds(5), every: .milliseconds(20)) { await edge.user(of: bob) == nil })
             }
@@ -66,6 +66,31 @@ struct RevocationTests {
             #expect(await edges[0].user(of: later) == "bob")
             #expect(try store.load(now: Date()).tokens.count == 1)
             await group.triggerGracefulShutdown()
+        }
+    }
+
+    /// A sign-out an older canopy-batch recorded under the person's id is kept, under the
+    /// person's digest instead, once an edge starts: the id leaves the store, the sign-out holds.
+    @Test(arguments: Backend.allCases) func aSignOutRecordedUnderAPersonsIdIsDigestedAndStillHolds(_ backend: Backend) async throws {
+        try await withStore(backend) { store, _ in
+            let at = Date().addingTimeInterval(60).timeIntervalSince1970.rounded(.down)
+            switch store {
+            case let sqlite as SQLiteBatchStore:
+                try await sqlite.database.write { db in try db.execute(sql: "INSERT INTO signedOut VALUES ('dora', ?, 0)", arguments: [at]) }
+            case let postgres as PostgresBatchStore:
+                try postgres.database.write { session in _ = try session.execute("INSERT INTO signedOut VALUES ('dora', \(at), 0)") }
+            default:
+                Issue.record("a store of another kind")
+            }
+            let digest = SignOutDigest(tokenKeys: [Self.key])
+            try store.digestLegacySignOuts(digest)
+            let loaded = try store.load(now: Date())
+            #expect(loaded.signedOut == [digest.record("dora"): Date(timeIntervalSince1970: at)])
+            let edge = try TokenAuthority(keys: [Self.key], revocations: try RevocationWatcher(store: store, logger: Logger(label: "test")))
+            let token = try await TokenAuthority(keys: [Self.key]).issue(user: "dora", lifetime: .seconds(600))
+            #expect(await edge.user(of: token) == nil, "her sign-out still holds")
+            try store.digestLegacySignOuts(digest) // nothing left to do
+            #expect(try store.load(now: Date()).signedOut.count == 1)
         }
     }
 
@@ -82,11 +107,13 @@ struct RevocationTests {
             let data = directory.url.path
             let revoke = try await runExecutable("canopy-batch", ["token", "revoke", "--token", token, "--token-key-file", keyFile, "--data-dir", data])
             #expect(revoke.status == 0 && revoke.output.contains("revoked token") && revoke.output.contains("of cy"), "\(revoke.output) \(revoke.errors)")
-            let signOut = try await runExecutable("canopy-batch", ["token", "revoke", "--user", "apple:000123.abc", "--data-dir", data])
+            let signOut = try await runExecutable("canopy-batch", ["token", "revoke", "--user", "apple:000123.abc", "--token-key-file", keyFile, "--data-dir", data])
             #expect(signOut.status == 0 && signOut.output.contains("signed apple:000123.abc out everywhere"), "\(signOut.errors)")
             let onDisk = try await openBatchStore(directory: directory.url.appendingPathComponent("batch"), postgres: nil, logger: Logger(label: "test"))
             let loaded = try onDisk.load(now: Date())
-            #expect(loaded.tokens.count == 1 && loaded.signedOut["apple:000123.abc"] != nil)
+            // The store names the person by a keyed digest, never by their id.
+            #expect(loaded.tokens.count == 1 && loaded.signedOut[SignOutDigest(tokenKeys: [Self.key]).record("apple:000123.abc")] != nil)
+            #expect(loaded.signedOut["apple:000123.abc"] == nil)
             let forged = try await TokenAuthority(keys: [Array("another key entirely, long enough to sign".utf8)]).issue(user: "cy", lifetime: .seconds(60))
             let refused = try await runExecutable("canopy-batch", ["token", "revoke", "--token", forged, "--token-key-file", keyFile, "--data-dir", data])
             #expect(refused.status != 0 && refused.errors.contains("not one of Canopy's valid ones"), "\(refused.errors)")

@@ -114,6 +114,7 @@ final class CareLibrary: Sendable {
     /// in the same transaction the follow-ups that make the other services forget them.
     func deleteAccount(owner: String, now: Date? = nil) throws -> Int {
         let now = now ?? clock.now()
+        defer { store.eraseResidue() }
         return try store.write { data in
             let plants = try data.plants(owner: owner)
             for plant in plants { try data.deletePlant(owner: owner, id: plant.id) }

@@ -10,6 +10,10 @@ import GRDB
 /// is saved. Thread-safe.
 final class CareStore: CareStoring {
     let database: DatabasePool
+
+    func eraseResidue() {
+        SQLiteStore.eraseResidue(database)
+    }
     let catalog: Catalog
     fileprivate let codec = MessageCodec()
 

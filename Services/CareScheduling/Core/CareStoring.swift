@@ -10,6 +10,11 @@ import Foundation
 /// A write that throws changes nothing. Every operation on a person's data names its owner.
 /// The outbox's own operations are transactions of their own.
 protocol CareStoring: Sendable {
+    /// Clears what an erasure (a person's account deleted) left beyond its deleted rows: the
+    /// write-ahead log's copies of them (SQLite, at once), the dead rows (PostgreSQL, a
+    /// `VACUUM` soon after).
+    func eraseResidue()
+
     /// The species catalog plants take their care profile from.
     var catalog: Catalog { get }
 

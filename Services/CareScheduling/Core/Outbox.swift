@@ -173,8 +173,18 @@ struct Outbox: Service, HealthReporting {
                 if let lane = next.next() { group.addTask { await self.send(allLanes[lane] ?? []) } }
             }
         }
-        return await record(outcomes, now: now, read: due.count)
+        let pass = await record(outcomes, now: now, read: due.count)
+        // A deleted account's last follow-ups (forget-person) gone from the outbox: the rows
+        // that named the person go from the store's log too.
+        let confirmed = Set(outcomes.compactMap { if case .confirmed(let id, _) = $0 { id } else { nil } })
+        if due.contains(where: { confirmed.contains($0.id) && Self.erasures.contains($0.operation) }) {
+            library.store.eraseResidue()
+        }
+        return pass
     }
+
+    /// The follow-ups that end a person's erasure in another service.
+    static let erasures: Set<String> = [Reminders.ForgetPerson.name, Identification.ForgetPerson.name, Images.ForgetPerson.name]
 
     /// Sends one lane's follow-ups one after the other, stopping at the first that fails.
     private func send(_ rows: [FollowUp]) async -> [FollowUp.Outcome] {

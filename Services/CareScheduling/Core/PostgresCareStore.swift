@@ -20,6 +20,10 @@ import PostgresNIO
 ///   wakes, whichever replica wrote it.
 final class PostgresCareStore: CareStoring {
     let database: PostgresStore
+
+    func eraseResidue() {
+        database.vacuumSoon(careStoreImport.tables.map(\.name))
+    }
     let catalog: Catalog
     fileprivate let codec = MessageCodec()
     /// The channel commits that add follow-ups notify.

@@ -275,6 +275,7 @@ final class IdentificationLibrary: Sendable {
     func forget(owner: String) throws {
         for plantID in try store.plantIDs(owner: owner) { _ = try store.forget(owner: owner, plantID: plantID) }
         try store.forgetSubmissions(owner: owner)
+        store.eraseResidue()
     }
 }
 

@@ -7,6 +7,11 @@ import Foundation
 /// ``PostgresIdentificationStore`` (PostgreSQL, which replicas share).
 /// Every operation is a transaction of its own; every one on a person's data names the owner.
 protocol IdentificationStoring: Sendable {
+    /// Clears what an erasure (a person's account deleted) left beyond its deleted rows: the
+    /// write-ahead log's copies of them (SQLite, at once), the dead rows (PostgreSQL, a
+    /// `VACUUM` soon after).
+    func eraseResidue()
+
     // MARK: Identifications
 
     func identification(owner: String, id: String) async throws -> Identification.Record?

@@ -14,6 +14,10 @@ import PostgresNIO
 /// a replica killed mid-submission leaves nothing behind (``takeAbandonedSubmissions(now:until:limit:)``).
 final class PostgresIdentificationStore: IdentificationStoring {
     let database: PostgresStore
+
+    func eraseResidue() {
+        database.vacuumSoon(identifyStoreImport.tables.map(\.name))
+    }
     private let codec = MessageCodec()
 
     private init(database: PostgresStore) {

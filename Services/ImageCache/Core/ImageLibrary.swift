@@ -292,6 +292,7 @@ final class ImageLibrary: Sendable {
     /// Forgets every photo of a person who deleted their account, plant by plant.
     func forget(owner: String) async throws {
         for plantID in try await stored({ try $0.plantIDs(owner: owner) }) { _ = try await purge(owner: owner, plantID: plantID) }
+        try await stored { $0.eraseResidue() }
     }
 
     /// Forgets a plant's photos (or one of them); originals nobody else holds go with their

@@ -12,6 +12,10 @@ import GRDB
 /// Thread-safe.
 final class ImageStore: ImageStoring {
     let database: DatabasePool
+
+    func eraseResidue() {
+        SQLiteStore.eraseResidue(database)
+    }
     private let files: PhotoFiles
     private let codec = MessageCodec()
 

@@ -7,6 +7,11 @@ import Foundation
 /// (``ImageStore``: files on disk and SQLite), so a second store is one more file. Every
 /// operation is a transaction of its own; every one on a person's photos names the owner.
 protocol ImageStoring: Sendable {
+    /// Clears what an erasure (a person's account deleted) left beyond its deleted rows: the
+    /// write-ahead log's copies of them (SQLite, at once), the dead rows (PostgreSQL, a
+    /// `VACUUM` soon after).
+    func eraseResidue()
+
     /// Whether each call waits for a network round trip (PostgreSQL): callers on Swift's
     /// cooperative pool then make it from a Dispatch thread (``ImageLibrary/stored(_:)``);
     /// SQLite answers in microseconds and is called in place.

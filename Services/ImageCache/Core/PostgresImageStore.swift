@@ -20,6 +20,10 @@ import PostgresNIO
 /// no replica serves a purged photo from its cache meanwhile.
 final class PostgresImageStore: ImageStoring {
     let database: PostgresStore
+
+    func eraseResidue() {
+        database.vacuumSoon(imagesStoreImport.tables.map(\.name))
+    }
     let files: PhotoFiles
     private let codec = MessageCodec()
     /// The channel deleted originals are announced on (their ids, comma-separated).

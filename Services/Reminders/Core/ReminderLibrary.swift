@@ -86,6 +86,7 @@ final class ReminderLibrary: Sendable {
             try data.waitForOwner(owner)
             try data.forgetPerson(owner)
         }
+        store.eraseResidue()
     }
 
     func removeDevice(_ id: String, owner: String) throws {

@@ -9,6 +9,10 @@ import GRDB
 /// query about a person's data names the owner. Thread-safe.
 final class ReminderStore: ReminderStoring {
     let database: DatabasePool
+
+    func eraseResidue() {
+        SQLiteStore.eraseResidue(database)
+    }
     let codec = MessageCodec()
 
     init(path: String) throws {

@@ -10,6 +10,11 @@ import Foundation
 /// transaction. A write that throws changes nothing. Every operation on a person's data names
 /// its owner, except the dispatcher's, which go by the row ids it holds.
 protocol ReminderStoring: Sendable {
+    /// Clears what an erasure (a person's account deleted) left beyond its deleted rows: the
+    /// write-ahead log's copies of them (SQLite, at once), the dead rows (PostgreSQL, a
+    /// `VACUUM` soon after).
+    func eraseResidue()
+
     func read<T>(_ body: (any ReminderReads) throws -> T) throws -> T
     func write<T>(_ body: (any ReminderWrites) throws -> T) throws -> T
     /// ``read(_:)`` that waits for the store without holding a thread of the caller's.

@@ -228,7 +228,7 @@ struct RevokeToken: AsyncParsableCommand {
         let revocations = try await store.open(logger: logger)
         if let user {
             let at = try before.map { try Date($0, strategy: .iso8601) } ?? Date()
-            try revocations.signOut(user: user, before: at)
+            try revocations.signOut(digest: SignOutDigest(tokenKeys: try keys.keys()).record(user), before: at)
             print("signed \(user) out everywhere: tokens issued before \(at.formatted(.iso8601)) are refused")
         } else if let jti {
             try revocations.revoke(id: jti, until: Date().addingTimeInterval(400 * 86_400))

@@ -163,6 +163,9 @@ public func checkBatchPorts(_ settings: BatchServiceSettings) throws {
 /// the services through `bus`: what ``buildBatchService(settings:context:logger:)`` runs after
 /// its bus client, and what tests run on an in-process bus.
 public func makeBatchService(settings: BatchServiceSettings, bus: any BusCalling, logger: Logger) throws -> [any Service] {
+    let signOuts = SignOutDigest(tokenKeys: settings.tokenKeys)
+    // Sign-outs recorded by an older canopy-batch name the person; from now on, a digest.
+    try settings.store?.digestLegacySignOuts(signOuts)
     let watcher = try settings.store.map { try RevocationWatcher(store: $0, logger: logger) }
     let tokens = try settings.tokenAuthority(revocations: watcher)
     if !settings.trustedIssuers.isEmpty {
@@ -183,9 +186,14 @@ public func makeBatchService(settings: BatchServiceSettings, bus: any BusCalling
         // Tokens issued in the second of the deletion are signed out too: the one it came with;
         // the answers kept for their idempotency keys go with the rest of their data.
         api.signOut = { person in
+            let (digest, before) = (signOuts.record(person), Date().addingTimeInterval(1))
+            try await offThePool { try store.signOut(digest: digest, before: before) }
+            watcher?.note(signOut: digest, before: before) // refused here at once, everywhere within the watch interval
+        }
+        api.forgetKeys = { person in
             try await offThePool {
-                try store.signOut(user: person, before: Date().addingTimeInterval(1))
                 try store.forgetKeys(of: person)
+                store.eraseResidue()
             }
         }
     }

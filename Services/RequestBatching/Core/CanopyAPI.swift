@@ -19,6 +19,8 @@ struct CanopyAPI: APIProtocol {
     var lookups: Lookups?
     /// Signs a person out everywhere (canopy-batch's revocations), when the edge has a store.
     var signOut: (@Sendable (String) async throws -> Void)?
+    /// Forgets a person's idempotency keys and their kept answers (after their account's deletion).
+    var forgetKeys: (@Sendable (String) async throws -> Void)?
 
     /// The caller the edge middleware authenticated (every route needs one).
     func caller() throws -> String {
@@ -69,10 +71,15 @@ struct CanopyAPI: APIProtocol {
         return .ok(.init(headers: .init(eTag: PlantVersion.entityTag(plant)), body: .json(try .init(plant))))
     }
 
+    /// Deletes the caller's account. The person is signed out first (the token this came
+    /// with too), so that nothing of theirs can be added while or after canopy-care deletes
+    /// (no plant left behind by a request racing the deletion); then their data goes, and
+    /// the answers kept for their idempotency keys.
     func deleteAccount(_ input: Operations.DeleteAccount.Input) async throws -> Operations.DeleteAccount.Output {
         let person = try caller()
+        try await signOut?(person)
         _ = try await call(Care.DeleteAccount.self, Empty())
-        try await signOut?(person) // the token this came with too
+        try await forgetKeys?(person)
         return .noContent(.init())
     }
 

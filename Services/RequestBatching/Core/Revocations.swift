@@ -9,17 +9,19 @@ import ServiceLifecycle
 import Synchronization
 
 /// What is revoked now: tokens by their id (`jti`), until they would have ended anyway; and
-/// people signed out everywhere, every token issued to them (`iat`) before a time.
+/// people signed out everywhere, every token issued to them (`iat`) before a time, by the
+/// ``SignOutDigest`` of their id.
 public struct Revocations: Sendable, Equatable {
     public var tokens: [String: Date] = [:]
     public var signedOut: [String: Date] = [:]
 
     public init() {}
 
-    /// Whether a token with this id, naming `user` and issued at `issuedAt`, is revoked.
-    public func revokes(id: String?, user: String, issuedAt: Date?) -> Bool {
+    /// Whether a token with this id, naming the person whose sign-out digests are `digests`
+    /// (``SignOutDigest/candidates(_:)``) and issued at `issuedAt`, is revoked.
+    public func revokes(id: String?, signedOutAs digests: [String], issuedAt: Date?) -> Bool {
         if let id, tokens[id] != nil { return true }
-        guard let before = signedOut[user] else { return false }
+        guard let before = digests.lazy.compactMap({ signedOut[$0] }).max() else { return false }
         // A token that does not say when it was issued is issued before any sign-out.
         return (issuedAt ?? .distantPast) < before
     }
@@ -28,16 +30,24 @@ public struct Revocations: Sendable, Equatable {
 /// canopy-batch's own small store, in SQLite (`<data-dir>/batch/batch.sqlite`) or in the
 /// PostgreSQL the stack shares: revocations (``RevocationStoring``) and idempotency keys
 /// (``IdempotencyStoring``).
-public protocol BatchStoring: RevocationStoring, IdempotencyStoring {}
+public protocol BatchStoring: RevocationStoring, IdempotencyStoring {
+    /// Clears what an erasure (a person's account deleted) left beyond its deleted rows: the
+    /// write-ahead log's copies of them (SQLite, at once), the dead rows (PostgreSQL, a
+    /// `VACUUM` soon after).
+    func eraseResidue()
+}
 
 /// Revoked tokens and people signed out everywhere (`canopy-batch token revoke`). Every
 /// change bumps a generation, which each edge watches.
 public protocol RevocationStoring: Sendable {
     /// Revokes the token `id` until `until` (after which it would have ended anyway).
     func revoke(id: String, until: Date) throws
-    /// Revokes every token issued to `user` before `before` (whole seconds, as `iat` has
-    /// them: a token issued in the second of the sign-out, after it, is taken).
-    func signOut(user: String, before: Date) throws
+    /// Revokes every token issued before `before` (whole seconds, as `iat` has them: a token
+    /// issued in the second of the sign-out, after it, is taken) to the person whose
+    /// ``SignOutDigest/record(_:)`` is `digest`.
+    func signOut(digest: String, before: Date) throws
+    /// Replaces sign-outs recorded under a person's id (before digests) with their digest.
+    func digestLegacySignOuts(_ digest: SignOutDigest) throws
     /// Everything in force at `now` (revoked tokens past their end are forgotten).
     func load(now: Date) throws -> Revocations
     /// Bumped by every change.
@@ -50,6 +60,10 @@ let maximumRevokedTokens = 1_000_000
 /// canopy-batch's store in SQLite.
 final class SQLiteBatchStore: BatchStoring {
     let database: DatabasePool
+
+    func eraseResidue() {
+        SQLiteStore.eraseResidue(database)
+    }
     let sweep = SweepClock()
     let idempotencyLimits: IdempotencyLimits
 
@@ -70,6 +84,8 @@ final class SQLiteBatchStore: BatchStoring {
                 """)
         }
         migrator.registerMigration("v2") { db in try db.execute(sql: IdempotencyTable.sqlite) }
+        // Sign-outs name a digest of the person, not the person (rows before it: 0 until digested).
+        migrator.registerMigration("v3-digests") { db in try db.execute(sql: "ALTER TABLE signedOut ADD COLUMN digested INTEGER NOT NULL DEFAULT 0") }
         return migrator
     }
 
@@ -85,12 +101,27 @@ final class SQLiteBatchStore: BatchStoring {
         }
     }
 
-    func signOut(user: String, before: Date) throws {
+    func signOut(digest: String, before: Date) throws {
         try database.tracedWrite { db in
-            try db.execute(sql: "INSERT INTO signedOut VALUES (?, ?) ON CONFLICT (principal) DO UPDATE SET before = max(before, excluded.before)",
-                           arguments: [user, before.timeIntervalSince1970.rounded(.down)])
+            try db.execute(sql: "INSERT INTO signedOut VALUES (?, ?, 1) ON CONFLICT (principal) DO UPDATE SET before = max(before, excluded.before)",
+                           arguments: [digest, before.timeIntervalSince1970.rounded(.down)])
             try db.execute(sql: "UPDATE revocationMeta SET value = value + 1 WHERE key = 'generation'")
         }
+    }
+
+    func digestLegacySignOuts(_ digest: SignOutDigest) throws {
+        try database.tracedWrite { db in
+            let legacy = try Row.fetchAll(db, sql: "SELECT principal, before FROM signedOut WHERE digested = 0")
+            guard !legacy.isEmpty else { return }
+            for row in legacy {
+                let person: String = row["principal"]
+                try db.execute(sql: "DELETE FROM signedOut WHERE principal = ?", arguments: [person])
+                try db.execute(sql: "INSERT INTO signedOut VALUES (?, ?, 1) ON CONFLICT (principal) DO UPDATE SET before = max(before, excluded.before)",
+                               arguments: [digest.record(person), row["before"] as Double])
+            }
+            try db.execute(sql: "UPDATE revocationMeta SET value = value + 1 WHERE key = 'generation'")
+        }
+        eraseResidue()
     }
 
     func load(now: Date) throws -> Revocations {
@@ -114,6 +145,10 @@ final class SQLiteBatchStore: BatchStoring {
 /// canopy-batch's store in PostgreSQL, shared by every edge of the stack.
 final class PostgresBatchStore: BatchStoring {
     let database: PostgresStore
+
+    func eraseResidue() {
+        database.vacuumSoon(batchStoreImport.tables.map(\.name))
+    }
     let sweep = SweepClock()
     let idempotencyLimits: IdempotencyLimits
 
@@ -134,6 +169,8 @@ final class PostgresBatchStore: BatchStoring {
             "CREATE TABLE revocationMeta (key TEXT PRIMARY KEY, value BIGINT NOT NULL)",
             "INSERT INTO revocationMeta VALUES ('generation', 0)")
         migrator.register("v2", IdempotencyTable.postgresTable, IdempotencyTable.postgresByExpiry, IdempotencyTable.postgresByPerson)
+        // Sign-outs name a digest of the person, not the person (rows before it: 0 until digested).
+        migrator.register("v3-digests", "ALTER TABLE signedOut ADD COLUMN digested INTEGER NOT NULL DEFAULT 0")
         return migrator
     }
 
@@ -149,12 +186,26 @@ final class PostgresBatchStore: BatchStoring {
         }
     }
 
-    func signOut(user: String, before: Date) throws {
+    func signOut(digest: String, before: Date) throws {
         let at = before.timeIntervalSince1970.rounded(.down)
         try database.write(isolation: .readCommitted) { session in
-            _ = try session.execute("INSERT INTO signedOut VALUES (\(user), \(at)) ON CONFLICT (principal) DO UPDATE SET before = GREATEST(signedOut.before, EXCLUDED.before)")
+            _ = try session.execute("INSERT INTO signedOut VALUES (\(digest), \(at), 1) ON CONFLICT (principal) DO UPDATE SET before = GREATEST(signedOut.before, EXCLUDED.before)")
             _ = try session.execute("UPDATE revocationMeta SET value = value + 1 WHERE key = 'generation'")
         }
+    }
+
+    func digestLegacySignOuts(_ digest: SignOutDigest) throws {
+        try database.write(isolation: .readCommitted) { session in
+            let legacy = try session.rows("SELECT principal, before FROM signedOut WHERE digested = 0 FOR UPDATE")
+            guard !legacy.isEmpty else { return }
+            for row in legacy {
+                let person = try row[0].decode(String.self), at = try row[1].decode(Double.self)
+                _ = try session.execute("DELETE FROM signedOut WHERE principal = \(person)")
+                _ = try session.execute("INSERT INTO signedOut VALUES (\(digest.record(person)), \(at), 1) ON CONFLICT (principal) DO UPDATE SET before = GREATEST(signedOut.before, EXCLUDED.before)")
+            }
+            _ = try session.execute("UPDATE revocationMeta SET value = value + 1 WHERE key = 'generation'")
+        }
+        eraseResidue()
     }
 
     func load(now: Date) throws -> Revocations {
@@ -234,9 +285,16 @@ public final class RevocationWatcher: Service, Sendable {
     /// The revocations in force now.
     public var revocations: Revocations { current.withLock { $0 } }
 
-    /// Whether a token is revoked (see ``Revocations/revokes(id:user:issuedAt:)``).
-    public func revokes(id: String?, user: String, issuedAt: Date?) -> Bool {
-        current.withLock { $0.revokes(id: id, user: user, issuedAt: issuedAt) }
+    /// Whether a token is revoked (see ``Revocations/revokes(id:signedOutAs:issuedAt:)``).
+    public func revokes(id: String?, signedOutAs digests: [String], issuedAt: Date?) -> Bool {
+        current.withLock { $0.revokes(id: id, signedOutAs: digests, issuedAt: issuedAt) }
+    }
+
+    /// A sign-out this edge recorded itself: in force here at once, before the store is read
+    /// again (every other edge has it within ``interval``).
+    public func note(signOut digest: String, before: Date) {
+        let at = Date(timeIntervalSince1970: before.timeIntervalSince1970.rounded(.down))
+        current.withLock { $0.signedOut[digest] = max($0.signedOut[digest] ?? .distantPast, at) }
     }
 
     /// Waits for graceful shutdown, then ends the watching thread.

@@ -31,6 +31,8 @@ public actor TokenAuthority {
     /// What is revoked, checked on every request (a revoked token is refused at once, also
     /// one verified before).
     private nonisolated let revocations: RevocationWatcher?
+    /// How sign-outs name people (a keyed digest of their id, under these keys).
+    public nonisolated let signOuts: SignOutDigest
 
     /// The most a user id may be: printable ASCII (the bus compares principals as bytes).
     public static let maximumUserBytes = 128
@@ -87,6 +89,7 @@ public actor TokenAuthority {
             throw CanopyError(.badRequest, "the token signing key has \(key.count) bytes; give at least \(Self.minimumKeyBytes) random bytes")
         }
         signing = keys.map { (Self.keyID($0), HMACKey(from: $0)) }
+        signOuts = SignOutDigest(tokenKeys: keys)
         if !issuers.isEmpty && http == nil { throw CanopyError(.badRequest, "trusted issuers need an HTTP client for their keys") }
         try TrustedIssuer.validate(issuers, allowedHosts: http?.settings.allowedHosts ?? [])
         var byIssuer: [String: IssuerKeys] = [:]
@@ -161,9 +164,10 @@ public actor TokenAuthority {
     private struct Verified {
         let user: String
         let expires: Date
-        /// Its `jti` and `iat`, for the revocations.
+        /// Its `jti` and `iat`, and the user's sign-out digests, for the revocations.
         let id: String?
         let issuedAt: Date?
+        let signOutDigests: [String]
     }
 
     /// What a verified token says: whom it names, until when, and what revocations look at.
@@ -184,18 +188,19 @@ public actor TokenAuthority {
             return .some(nil)
         }
         if let known {
-            guard let known, revocations?.revokes(id: known.id, user: known.user, issuedAt: known.issuedAt) != true else { return nil }
+            guard let known, revocations?.revokes(id: known.id, signedOutAs: known.signOutDigests, issuedAt: known.issuedAt) != true else { return nil }
             return known.user
         }
         guard let identity = await verify(token, now: now) else { return nil }
+        let digests = signOuts.candidates(identity.user)
         verified.withLock { cache in
             if cache.count >= Self.verifiedCapacity {
                 cache = cache.filter { now < $0.value.expires } // the ended go; if none had, all go
                 if cache.count >= Self.verifiedCapacity { cache.removeAll(keepingCapacity: true) }
             }
-            cache[token] = Verified(user: identity.user, expires: identity.expires, id: identity.id, issuedAt: identity.issuedAt)
+            cache[token] = Verified(user: identity.user, expires: identity.expires, id: identity.id, issuedAt: identity.issuedAt, signOutDigests: digests)
         }
-        guard revocations?.revokes(id: identity.id, user: identity.user, issuedAt: identity.issuedAt) != true else { return nil }
+        guard revocations?.revokes(id: identity.id, signedOutAs: digests, issuedAt: identity.issuedAt) != true else { return nil }
         return identity.user
     }
 
