@@ -62,7 +62,8 @@ extension LiveBatchTests {
 
         /// canopy-batch over real HTTP in front of canopy-care: on the in-process bus, or
         /// (`.live`) as `serve` builds it, through the real broker.
-        func withStack(_ mode: BusMode = .inProcess, rate: Double = 50, burst: Double = 200, idleTimeout: Duration = BatchServiceSettings.defaultIdleTimeout,
+        func withStack(_ mode: BusMode = .inProcess, rate: Double = 50, burst: Double = 200, work: (rate: Double, burst: Double)? = nil,
+                       idleTimeout: Duration = BatchServiceSettings.defaultIdleTimeout,
                        readTimeout: Duration = BatchServiceSettings.defaultReadTimeout, _ body: (Stack) async throws -> Void) async throws {
             let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-batch-\(UUID().uuidString)")
             defer { try? FileManager.default.removeItem(at: directory) }
@@ -73,6 +74,7 @@ extension LiveBatchTests {
                     settings.maximumBodyBytes = 64 * 1_024
                     settings.rateLimit = rate
                     settings.rateBurst = burst
+                    if let work { (settings.workRate, settings.workBurst) = work }
                     settings.idleTimeout = idleTimeout
                     settings.readTimeout = readTimeout
                 })
@@ -342,6 +344,27 @@ extension LiveBatchTests {
                 #expect(delta("canopy_batch_rate_limited_total") == 2)
                 #expect(Set(after.samples.filter { $0.name == "canopy_batch_requests_total" }.compactMap { $0.labels["route"] })
                     .allSatisfy { $0.hasPrefix("/v1/") || $0 == "NotFound" }, "routes are the document's templates")
+            }
+        }
+
+        /// Photos cost a person's work budget by their size: past it, 429 with the wait the
+        /// budget implies and the route named, while the same person's reads go on and another
+        /// person's photos are taken.
+        @Test func photoWorkPastAPersonsBudgetIs429WhileTheirReadsAndOthersGoOn() async throws {
+            try await withStack(work: (rate: 1, burst: 30)) { stack in
+                let before = try await OperatingProbe.metrics(stack.metricsPort)
+                let photo = [UInt8](repeating: 0xFF, count: 100 * 1_024) // 1 + 12.5 units
+                var statuses: [Int] = []
+                for _ in 0..<3 { statuses.append(try await stack.send(.POST, "/v1/plants/plant-1/photos", bytes: photo, type: "image/jpeg").status) }
+                #expect(statuses.prefix(2).allSatisfy { $0 != 429 } && statuses[2] == 429, "\(statuses)")
+                let refused = try await stack.send(.POST, "/v1/plants/plant-1/photos", bytes: photo, type: "image/jpeg")
+                let wait = Int(refused.headers["retry-after"] ?? "") ?? 0
+                #expect(refused.status == 429 && (10...12).contains(wait), "13.5 units wanted, 3 left, 1 a second: \(refused.headers)")
+                #expect((refused.object["detail"] as? String)?.contains("POST /v1/plants/{plantID}/photos costs 14 work units") == true, "\(refused.object)")
+                #expect(try await stack.send(.GET, "/v1/plants").status == 200, "her reads are not work")
+                #expect(try await stack.send(.POST, "/v1/plants/plant-2/photos", as: "bob", bytes: photo, type: "image/jpeg").status != 429, "bob has his own budget")
+                let after = try await OperatingProbe.metrics(stack.metricsPort)
+                #expect(after.growth(since: before, "canopy_batch_over_budget_total") == 2)
             }
         }
 

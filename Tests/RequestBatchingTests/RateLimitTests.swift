@@ -33,6 +33,34 @@ struct RateLimitTests {
     }
 }
 
+/// What routes cost, and each person's work budget: units by a photo's size, a bucket of
+/// them, and a bound on their requests working in one service.
+struct WorkBudgetTests {
+    @Test func photosCostByTheirSizeIdentificationsMoreAndEverythingElseNothing() {
+        #expect(RouteCost.of(method: .post, path: "/v1/plants/p-1/photos", bodyBytes: 40 * 1_024) == RouteCost(units: 6, service: "images", route: "POST /v1/plants/{plantID}/photos"))
+        #expect(RouteCost.of(method: .post, path: "/v1/identifications", bodyBytes: 80 * 1_024)?.units == 21)
+        #expect(RouteCost.of(method: .post, path: "/v1/plants", bodyBytes: 500) == nil)
+        #expect(RouteCost.of(method: .get, path: "/v1/plants/p-1/photos", bodyBytes: 0) == nil)
+        #expect(RouteCost.of(method: .post, path: "/v1/plants/p-1/photos/extra", bodyBytes: 10) == nil)
+    }
+
+    @Test func aPersonsWorkIsBoundedByUnitsAndByRequestsWorkingAtOnce() {
+        let budget = WorkBudget(rate: 10, burst: 100, inFlight: 2)
+        let photo = RouteCost(units: 40, service: "images", route: "POST /v1/plants/{plantID}/photos")
+        #expect(budget.start("ann", photo) == nil)
+        #expect(budget.start("ann", photo) == nil)
+        let third = budget.start("ann", photo)
+        #expect(third?.reason.contains("2 requests") == true && third?.retryAfter == 1, "two of hers working already")
+        budget.finished("ann", photo)
+        let broke = budget.start("ann", photo)
+        #expect(broke?.retryAfter == 2 && broke?.reason.contains("costs 40 work units") == true, "20 units left: 2 s to the next 40")
+        #expect(budget.start("ben", photo) == nil, "his own budget and slots")
+        let identification = RouteCost(units: 5, service: "identify", route: "POST /v1/identifications")
+        budget.finished("ann", photo)
+        #expect(budget.start("ann", identification) == nil, "units left for a smaller one")
+    }
+}
+
 /// Verified tokens are remembered until they end, and only verified ones.
 struct TokenCacheTests {
     @Test func aVerifiedTokenIsTakenUntilItEndsAndAForgedOneNever() async throws {

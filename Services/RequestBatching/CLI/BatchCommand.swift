@@ -101,6 +101,12 @@ struct ServeBatch: AsyncParsableCommand {
     var rateLimit: Int = Environment.int("CANOPY_RATE_LIMIT", default: 50)
     @Option(help: ArgumentHelp("Requests one person may make at once, above the rate. Env: CANOPY_RATE_BURST.", valueName: "n"))
     var rateBurst: Int = Environment.int("CANOPY_RATE_BURST", default: 200)
+    @Option(help: ArgumentHelp("Work units a second one person may spend on photos (an upload: a unit per 8 KiB; an identification: 10 more; docs/OPERATIONS.md). Env: CANOPY_WORK_RATE.", valueName: "units"))
+    var workRate: Int = Environment.int("CANOPY_WORK_RATE", default: 100)
+    @Option(help: ArgumentHelp("Work units one person may spend at once, above the rate. Env: CANOPY_WORK_BURST.", valueName: "units"))
+    var workBurst: Int = Environment.int("CANOPY_WORK_BURST", default: 1_000)
+    @Option(help: ArgumentHelp("A person's photo uploads (or identifications) working at once. Env: CANOPY_WORK_IN_FLIGHT.", valueName: "n"))
+    var workInFlight: Int = Environment.int("CANOPY_WORK_IN_FLIGHT", default: 2)
     @Option(help: ArgumentHelp("How long the first variant or next-task lookup waits for others to go out with it as one bus request; 0 sends each alone. Env: CANOPY_BATCH_WINDOW_MS.", valueName: "ms"))
     var batchWindowMs: Int = Environment.int("CANOPY_BATCH_WINDOW_MS", default: 2)
     @Option(help: ArgumentHelp("The most lookups in one bus request, 1 to 64. Env: CANOPY_BATCH_KEYS.", valueName: "n"))
@@ -120,6 +126,9 @@ struct ServeBatch: AsyncParsableCommand {
         guard (1_024...(64 * 1_048_576)).contains(maxBodyBytes) else { throw ValidationError("--max-body-bytes is 1024 to 67108864") }
         guard (1...100_000).contains(rateLimit) else { throw ValidationError("--rate-limit is 1 to 100000 requests a second") }
         guard (1...1_000_000).contains(rateBurst) else { throw ValidationError("--rate-burst is 1 to 1000000 requests") }
+        guard (1...1_000_000).contains(workRate) else { throw ValidationError("--work-rate is 1 to 1000000 units a second") }
+        guard (1...10_000_000).contains(workBurst) else { throw ValidationError("--work-burst is 1 to 10000000 units") }
+        guard (1...64).contains(workInFlight) else { throw ValidationError("--work-in-flight is 1 to 64 requests") }
         guard (0...1_000).contains(batchWindowMs) else { throw ValidationError("--batch-window-ms is 0 (off) to 1000 milliseconds") }
         guard (1...64).contains(batchKeys) else { throw ValidationError("--batch-keys is 1 to 64") }
         guard (1...64).contains(batchInFlight) else { throw ValidationError("--batch-in-flight is 1 to 64") }
@@ -150,6 +159,9 @@ struct ServeBatch: AsyncParsableCommand {
         settings.maximumBodyBytes = maxBodyBytes
         settings.rateLimit = Double(rateLimit)
         settings.rateBurst = Double(rateBurst)
+        settings.workRate = Double(workRate)
+        settings.workBurst = Double(workBurst)
+        settings.workInFlight = workInFlight
         settings.batchWindow = .milliseconds(batchWindowMs)
         settings.batchKeys = batchKeys
         settings.batchInFlight = batchInFlight

@@ -55,6 +55,11 @@ public struct BatchServiceSettings: Sendable {
     /// Each person's requests a second (a token bucket's rate), and at once (its size).
     public var rateLimit = 50.0
     public var rateBurst = 200.0
+    /// Each person's work budget for the routes that work on photos (``RouteCost``): units a
+    /// second, units at once, and their requests working in one service at once.
+    public var workRate = 100.0
+    public var workBurst = 1_000.0
+    public var workInFlight = 2
     /// Implicit batching: how long the first variant or next-task lookup waits for others
     /// (zero sends each alone), and the most keys one bus request carries.
     public var batchWindow: Duration = .milliseconds(2)
@@ -205,7 +210,8 @@ public func makeBatchService(settings: BatchServiceSettings, bus: any BusCalling
     let edge = EdgeMiddleware<BasicRequestContext>(tokens: tokens, maximumBodyBytes: settings.maximumBodyBytes, maximumPhotoBytes: settings.maximumPhotoBytes,
                                                    limiter: RateLimiter(rate: settings.rateLimit, burst: settings.rateBurst), metrics: metrics,
                                                    variants: VariantRoute(api: api), routes: routes,
-                                                   idempotency: settings.store.map { IdempotentRequests(store: $0, lease: settings.idempotencyLease) })
+                                                   idempotency: settings.store.map { IdempotentRequests(store: $0, lease: settings.idempotencyLease) },
+                                                   budget: WorkBudget(rate: settings.workRate, burst: settings.workBurst, inFlight: settings.workInFlight))
     // A server span per request, continuing the app's W3C `traceparent` (Traces: no-op unless on).
     // What a person typed (a plant search, a family, a page cursor) stays out of the spans.
     if let sampling = settings.tracing {

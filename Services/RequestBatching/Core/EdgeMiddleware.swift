@@ -25,6 +25,8 @@ struct EdgeMiddleware<Context: RequestContext>: RouterMiddleware {
     let routes: RouteMethods
     /// `Idempotency-Key` on POST and PATCH, when the edge has a store to keep keys in.
     var idempotency: IdempotentRequests?
+    /// Each person's budget of work for the routes that work on photos (``RouteCost``).
+    var budget: WorkBudget?
     private let sequence = RequestSequence()
 
     static var requestIDHeader: HTTPField.Name { HTTPField.Name("X-Request-ID")! }
@@ -97,6 +99,21 @@ struct EdgeMiddleware<Context: RequestContext>: RouterMiddleware {
                 }
             }
         }
+        // Work on photos within the person's budget; everything else costs its request alone.
+        if let budget, let cost = RouteCost.of(method: request.method, path: path, bodyBytes: collected.readableBytes) {
+            if let refused = budget.start(user, cost) {
+                metrics.overBudget.increment()
+                return Problem.response(.tooManyRequests, refused.reason, requestID: requestID, headers: [.retryAfter: String(refused.retryAfter)])
+            }
+            defer { budget.finished(user, cost) }
+            return await dispatch(request, context: context, user: user, requestID: requestID, body: collected, variant: variant, next: next)
+        }
+        return await dispatch(request, context: context, user: user, requestID: requestID, body: collected, variant: variant, next: next)
+    }
+
+    /// The request on its way to its route: through ``IdempotentRequests`` when it carries a key.
+    private func dispatch(_ request: Request, context: Context, user: String, requestID: String, body collected: ByteBuffer,
+                          variant: (photoID: String, variant: String)?, next: (Request, Context) async throws -> Response) async -> Response {
         // A retried POST with the key it came with the first time is answered once (IdempotentRequests).
         if let idempotency, request.method == .post || request.method == .patch, let value = request.headers[IdempotentRequests.keyHeader] {
             let key: String

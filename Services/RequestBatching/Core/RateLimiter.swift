@@ -21,17 +21,19 @@ struct TokenBuckets {
 
     var count: Int { buckets.count }
 
-    /// Takes a token for `user` at `now` (seconds); `nil` when there was one, else the seconds
-    /// until there is.
-    mutating func take(_ user: String, now: Double) -> Double? {
+    /// Takes `cost` tokens (1 unless said) for `user` at `now` (seconds); `nil` when there
+    /// were that many, else the seconds until there are. A cost above the burst is taken from a
+    /// full bucket (a request never becomes impossible; it waits for the whole burst).
+    mutating func take(_ user: String, cost: Double = 1, now: Double) -> Double? {
         var bucket = buckets[user] ?? (burst, now)
         bucket.tokens = min(burst, bucket.tokens + max(0, now - bucket.at) * rate)
         bucket.at = now
-        guard bucket.tokens >= 1 else {
+        let needed = min(cost, burst)
+        guard bucket.tokens >= needed else {
             buckets[user] = bucket
-            return (1 - bucket.tokens) / rate
+            return (needed - bucket.tokens) / rate
         }
-        bucket.tokens -= 1
+        bucket.tokens -= needed
         if buckets[user] == nil, buckets.count >= capacity { forget(now: now) }
         buckets[user] = bucket
         return nil
@@ -51,15 +53,19 @@ struct TokenBuckets {
 final class RateLimiter: Sendable {
     private let buckets: Mutex<TokenBuckets>
     private let start = ContinuousClock.now
+    /// Tokens a second.
+    let rate: Double
 
     init(rate: Double, burst: Double, capacity: Int = 100_000) {
         buckets = Mutex(TokenBuckets(rate: rate, burst: burst, capacity: capacity))
+        self.rate = rate
     }
 
-    /// `nil` when `user` may go on, else whole seconds to wait (for `Retry-After`).
-    func take(_ user: String) -> Int? {
+    /// `nil` when `user` may go on (`cost` tokens taken), else whole seconds to wait (for
+    /// `Retry-After`).
+    func take(_ user: String, cost: Double = 1) -> Int? {
         let elapsed = ContinuousClock.now - start
         let now = elapsed.seconds
-        return buckets.withLock { $0.take(user, now: now) }.map { Int($0.rounded(.up)) }
+        return buckets.withLock { $0.take(user, cost: cost, now: now) }.map { max(1, Int($0.rounded(.up))) }
     }
 }
