@@ -21,7 +21,9 @@ RUN set -eux; \
     cp "$bin"/canopy "$bin"/canopy-broker "$bin"/canopy-images "$bin"/canopy-care "$bin"/canopy-identify "$bin"/canopy-remind "$bin"/canopy-batch /out/; \
     cp -R "$bin"/*.resources /out/
 
-# --- runtime: the libraries the executables link, a user of their own, nothing else.
+# --- runtime: the libraries the executables link (libcurl4 for Foundation's networking, which
+# the `health` commands use: it stays a shared library with --static-swift-stdlib), a user of
+# their own, nothing else.
 # Every path a compose volume mounts (/data, /photos) exists here, owned by that user: an
 # engine copies an image path's owner and mode into a new named volume, and makes a root-owned
 # directory for a path the image lacks (uploads then failed with Permission denied).
@@ -33,7 +35,7 @@ LABEL org.opencontainers.image.title="Canopy" \
       org.opencontainers.image.licenses="Apache-2.0" \
       dev.canopy.swift-version="${SWIFT_VERSION}"
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends libzmq5 libvips42 libsqlite3-0 ca-certificates tzdata \
+    && apt-get install -y --no-install-recommends libzmq5 libvips42 libsqlite3-0 libcurl4 ca-certificates tzdata \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --system --uid 10001 --home-dir /data --shell /usr/sbin/nologin canopy \
     && mkdir -p /data /photos \
