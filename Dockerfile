@@ -1,5 +1,5 @@
 # Canopy: every executable in one image. Build with `docker build -t canopy .`; run the stack
-# with `docker compose up` (docker-compose.yml). Secrets never go into the image.
+# with `docker-compose up` (docker-compose.yml). Secrets never go into the image.
 
 # --- build: every executable, release mode, Swift's standard library linked in statically
 ARG SWIFT_VERSION=6.3.1
