@@ -28,7 +28,7 @@ struct BenchmarkCommand: MainCommand {
             """,
         subcommands: [Bus.self, Coalescing.self, ImagesBenchmark.self, CareBenchmark.self, MetricsCost.self, TransferBenchmark.self, CoalescingCost.self,
                       IdentifyBenchmark.self, RemindBenchmark.self, EdgeBenchmark.self, CaptureBenchmark.self, StackBenchmark.self, CancelBenchmark.self, OutboxBenchmark.self,
-                      StoresBenchmark.self, FailoverBenchmark.self, SnapshotBenchmark.self, TokensBenchmark.self, AccuracyBenchmark.self, TracingCost.self,
+                      StoresBenchmark.self, FailoverBenchmark.self, SnapshotBenchmark.self, TokensBenchmark.self, AccuracyBenchmark.self, TracingCost.self, FairnessBenchmark.self,
                       InspectChild.self],
         defaultSubcommand: Bus.self)
 }

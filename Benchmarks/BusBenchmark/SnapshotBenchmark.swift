@@ -59,7 +59,7 @@ struct SnapshotBenchmark: AsyncParsableCommand {
                     if let range = started.text.range(of: " ms, "), let milliseconds = Double(started.text[range.upperBound...].prefix { $0.isNumber || $0 == "." }) {
                         pins.append(milliseconds)
                     }
-                    _ = try rig.run("canopy", ["capture", "stop", "--endpoint", stack.launch.endpoint])
+                    _ = try rig.run("canopy", ["capture", "stop", "--endpoint", stack.launch.endpoint, "--data-dir", stack.directory])
                     try? FileManager.default.removeItem(atPath: stack.directory + "/" + name)
                     try? FileManager.default.removeItem(atPath: stack.directory + "/" + name + ".snapshot")
                     count += 1

@@ -50,6 +50,7 @@ final class FreshStack {
         try Up.makeTokenKey(layout.tokenKey)
         let keys = StackKeys(dataDirectory: directory) // its own, as every stack's
         try keys.ensure()
+        let operatorKey = try StackKeys.operatorSettings(dataDirectory: directory)
         let stackID = try Up.stackID(layout.stackIDFile)
         try FileManager.default.createDirectory(at: layout.logs, withIntermediateDirectories: true)
 
@@ -80,7 +81,7 @@ final class FreshStack {
             return nil
         }
         started = true
-        return FreshStack(directory: directory, endpoint: endpoint, curve: try StackKeys.operatorSettings(dataDirectory: directory), anchor: anchor,
+        return FreshStack(directory: directory, endpoint: endpoint, curve: operatorKey, anchor: anchor,
                           anchorCut: cut.timeIntervalSince1970, supervisor: supervisor)
     }
 

@@ -101,8 +101,8 @@ func withEachBroker(_ common: CommonOptions, stack: StackOptions, _ body: (_ end
 func eachBroker(_ common: CommonOptions, stack: StackOptions) throws -> [(endpoint: String, bus: BusClient)] {
     let logger = LogSetup.logger(label: "canopy", level: common.logLevel == .info ? .warning : common.logLevel)
     let all = try common.operatorConfiguration(stack: stack)
-    let context = ZMQContext()
     return try all.endpoints.enumerated().map { index, endpoint in
+        let context = ZMQContext() // each broker's I/O thread its own (a name that hangs holds up only its broker)
         var configuration = all
         configuration.endpoints = [endpoint]
         if var curve = configuration.curve {

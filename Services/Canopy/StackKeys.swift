@@ -41,7 +41,7 @@ struct StackKeys {
     }
 
     /// The operator's client settings for the stack whose keys are in `dataDirectory`, or nil
-    /// when it has none (a stack started with --no-curve, or none started there).
+    /// when it has none (no stack with CurveZMQ ever started there).
     static func operatorSettings(dataDirectory: URL) throws -> CurveClientSettings? {
         let keys = StackKeys(dataDirectory: dataDirectory)
         guard FileManager.default.fileExists(atPath: keys.files.secretKey("operator")) else { return nil }
@@ -76,7 +76,7 @@ extension CommonOptions {
     /// themselves (and never offer its key to another broker).
     func operatorConfiguration(stack: StackOptions) throws -> BusClient.Configuration {
         var configuration = try clientConfiguration()
-        if configuration.curve == nil, let state = stack.layout.state(),
+        if configuration.curve == nil, let state = stack.layout.state(), state.curve == true,
            !Set(state.endpoint.split(separator: ",").map(String.init)).isDisjoint(with: configuration.endpoints),
            let keys = try StackKeys.operatorSettings(dataDirectory: stack.layout.dataDirectory) {
             configuration.curve = keys

@@ -43,6 +43,8 @@ struct StackState: Codable, Equatable {
     var stopped = false
     /// Where the stack's spans go (`canopy up --traces FILE`), for `canopy trace`.
     var traces: String?
+    /// Whether its bus runs CurveZMQ with the keys in `<data-dir>/keys` (not with `--no-curve`).
+    var curve: Bool?
 
     /// Whether the supervisor process is still there.
     var supervisorAlive: Bool { !stopped && kill(supervisor, 0) == 0 }
@@ -302,7 +304,7 @@ final class StackSupervisor: @unchecked Sendable {
             supervisor: getpid(), endpoint: settings.endpoint, http: settings.http,
             services: children.map { .init(name: $0.name, pid: $0.process?.processIdentifier ?? 0, state: $0.state, restarts: $0.restarts,
                                            metrics: "127.0.0.1:\($0.metricsPort)") },
-            stopped: stopped, traces: settings.traces)
+            stopped: stopped, traces: settings.traces, curve: settings.curve != nil)
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
         try? encoder.encode(state).write(to: settings.layout.stateFile, options: .atomic)

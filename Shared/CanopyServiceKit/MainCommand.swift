@@ -8,7 +8,7 @@ import ArgumentParser
 /// Standard error is unbuffered in C, and swift-argument-parser writes its error messages a
 /// byte at a time (`putc`), so a fatal sentence reached a container engine's log one byte
 /// per write, interleaved with other lines (podman showed it scrambled). Line-buffered, each
-/// line leaves in one `write(2)`; swift-log flushes after every line it writes, so log
+/// line of up to 4 KiB leaves in one `write(2)`; swift-log flushes after every line it writes, so log
 /// lines are never held back.
 public protocol MainCommand: AsyncParsableCommand {}
 

@@ -13,8 +13,8 @@ public struct DatabaseOptions: ParsableArguments {
     @Option(help: ArgumentHelp("Connections this process opens to PostgreSQL at most; the server must allow this times the replicas. Env: CANOPY_DATABASE_POOL.", valueName: "count"))
     public var databasePool: Int = Int(Self.environment("CANOPY_DATABASE_POOL") ?? "") ?? PostgresSettings.defaultPoolSize
 
-    @Option(help: ArgumentHelp("Seconds a service that starts before its PostgreSQL waits for it (a line logged at each try) before it stops with a sentence. Env: CANOPY_DATABASE_WAIT.", valueName: "seconds"))
-    public var databaseWait: Int = Int(Self.environment("CANOPY_DATABASE_WAIT") ?? "") ?? PostgresSettings.defaultWaitSeconds
+    @Option(help: ArgumentHelp("Seconds a service that starts before its PostgreSQL waits for it (a line logged at each try) before it stops with a sentence; 60 for serve, 0 for other commands. Env: CANOPY_DATABASE_WAIT.", valueName: "seconds"))
+    public var databaseWait: Int? = Int(Self.environment("CANOPY_DATABASE_WAIT") ?? "")
 
     public init() {}
 
@@ -31,19 +31,21 @@ public struct DatabaseOptions: ParsableArguments {
         if let wait = Self.environment("CANOPY_DATABASE_WAIT"), Int(wait) == nil {
             throw ValidationError("CANOPY_DATABASE_WAIT=\(wait.prefix(40)) is not a whole number of seconds; unset it or give one")
         }
-        guard (0...3_600).contains(databaseWait) else { throw ValidationError("--database-wait must be from 0 to 3600 seconds; 60 is the usual value") }
+        if let databaseWait, !(0...3_600).contains(databaseWait) { throw ValidationError("--database-wait must be from 0 to 3600 seconds; 60 is the usual value") }
         _ = try postgres()
     }
 
-    /// The PostgreSQL these options name, or nil for SQLite.
-    public func postgres() throws -> PostgresSettings? {
+    /// The PostgreSQL these options name, or nil for SQLite. `serving`: a service's `serve`,
+    /// which waits for a database that is not up yet (`--database-wait`, 60 s unless told);
+    /// any other command fails at once unless told to wait.
+    public func postgres(serving: Bool = false) throws -> PostgresSettings? {
         guard let databaseURL else {
             guard databasePasswordFile == nil else { throw ValidationError("--database-password-file needs --database-url") }
             return nil
         }
         do {
             return PostgresSettings(url: try DatabaseURL(parsing: databaseURL, passwordFile: databasePasswordFile), poolSize: databasePool,
-                                    wait: .seconds(databaseWait))
+                                    wait: .seconds(databaseWait ?? (serving ? PostgresSettings.defaultWaitSeconds : 0)))
         } catch {
             throw ValidationError(error.description)
         }

@@ -50,6 +50,8 @@ public final class PostgresStore: Sendable {
     /// Set by ``beginShutdown()``; with ``gaveUp`` (a connect failed since), connects fail at once.
     private let shuttingDown = Atomic<Bool>(false)
     private let gaveUp = Atomic<Bool>(false)
+    /// Whether a ``vacuumSoon(_:)`` runs, and whether another was asked for meanwhile.
+    private let vacuum = Mutex((running: false, again: false))
 
     /// The store could not be reached or refused what was asked, with a sentence.
     public struct Failure: Error, CustomStringConvertible {
@@ -322,14 +324,30 @@ extension PostgresStore {
     /// cleared and reused. What PostgreSQL keeps even then: the write-ahead log's segments
     /// until they are recycled (after the next checkpoints), and whatever replicas, WAL
     /// archives and backups took before (docs/OPERATIONS.md, "Erasure").
+    ///
+    /// One `VACUUM` of a store runs at a time: erasures that come while one runs ask for one
+    /// more after it, not one each (two of one table would wait for each other, each holding
+    /// a connection of the pool).
     public func vacuumSoon(_ tables: [String]) {
-        let logger = self.logger
-        let statement = "VACUUM " + tables.map { "\"\($0)\"" }.joined(separator: ", ")
+        // The tables were made with unquoted names, which PostgreSQL folds to lower case.
+        let statement = "VACUUM " + tables.map { $0.lowercased() }.joined(separator: ", ")
+        let start = vacuum.withLock { state -> Bool in
+            if state.running { state.again = true; return false }
+            state.running = true
+            return true
+        }
+        guard start else { return }
         DispatchQueue.global(qos: .utility).async { [self] in
-            do {
-                try self.statement { session in try session.execute(PostgresQuery(unsafeSQL: statement)) }
-            } catch {
-                logger.warning("store.vacuum.failed", metadata: ["store.error": "\(error)"])
+            repeat {
+                do {
+                    try self.statement { session in try session.execute(PostgresQuery(unsafeSQL: statement)) }
+                } catch {
+                    logger.warning("store.vacuum.failed", metadata: ["store.error": "\(String(reflecting: error).prefix(400))"])
+                }
+            } while vacuum.withLock { state -> Bool in
+                if state.again { state.again = false; return true }
+                state.running = false
+                return false
             }
         }
     }

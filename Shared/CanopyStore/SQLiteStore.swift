@@ -44,14 +44,15 @@ public enum SQLiteStore {
         return database
     }
 
-    /// Copies everything in `pool`'s write-ahead log into the database file and truncates the
-    /// log to zero bytes: what an erasure calls once its deletions are committed, since the
-    /// log keeps the pages a transaction changed (the person's rows among them) until it is
-    /// overwritten, long after `secure_delete` cleared them from the database file. Waits for
-    /// readers in flight (up to ``busyTimeout``); when one holds on, the log is truncated by
-    /// the background checkpointer as soon as it can.
+    /// Has `pool`'s write-ahead log copied into the database file and truncated to zero bytes
+    /// at the background checkpointer's next tick (within ``checkpointInterval``; again at each
+    /// tick while a reader holds an older snapshot): what an erasure calls once its deletions
+    /// are committed, since the log keeps the pages a transaction changed (the person's rows
+    /// among them) until they are overwritten, long after `secure_delete` cleared them from the
+    /// database file. Returns at once: the caller's thread (often one of Swift's cooperative
+    /// pool) never waits on a checkpoint.
     public static func eraseResidue(_ pool: DatabasePool) {
-        if (try? pool.writeWithoutTransaction({ db in try truncateLog(db) })) != true { Checkpointer.truncateSoon(pool) }
+        Checkpointer.truncateSoon(pool)
     }
 
     /// `wal_checkpoint(TRUNCATE)`; whether it completed (false: a reader held on).
@@ -64,7 +65,9 @@ public enum SQLiteStore {
     final class Checkpointer: @unchecked Sendable { // its timer is touched at start, then only by its own handler
         private let connection: DatabaseQueue
         private let timer: DispatchSourceTimer
-        /// Pools whose log is to be truncated at the next ticks (an erasure's), until it was.
+        /// Open pools whose log is to be truncated at their checkpointer's next ticks (an
+        /// erasure's), until it was: the one place the process's checkpointers share, since a
+        /// store holds its pool and not its checkpointer. A pool's entry goes with the pool.
         private static let truncating = Mutex<Set<ObjectIdentifier>>([])
 
         /// Asks the checkpointer of `pool` to truncate its log (``eraseResidue(_:)``).
@@ -87,12 +90,13 @@ public enum SQLiteStore {
             timer.schedule(deadline: .now() + checkpointInterval, repeating: checkpointInterval, leeway: .milliseconds(100))
             // Holds the checkpointer (and its connection), not the pool: the first tick after
             // the pool is gone ends it.
+            let key = ObjectIdentifier(pool)
             timer.setEventHandler { [weak pool] in
-                guard let pool else {
+                guard pool != nil else {
                     checkpointer.timer.cancel()
+                    _ = truncating.withLock { $0.remove(key) } // the identifier may be another pool's next
                     return
                 }
-                let key = ObjectIdentifier(pool)
                 guard truncating.withLock({ $0.contains(key) }) else {
                     _ = try? checkpointer.connection.writeWithoutTransaction { db in try db.checkpoint(.passive) }
                     return

@@ -49,7 +49,7 @@ struct ServeCare: AsyncParsableCommand {
     func run() async throws {
         let logger = serve.logger()
         var settings = CareServiceSettings(directory: serve.directory, runner: try serve.runner(), metrics: try serve.metrics())
-        settings.postgres = try database.postgres()
+        settings.postgres = try database.postgres(serving: true)
         settings.clock = serve.worker.serviceClock
         if let catalog { settings.catalog = try Catalog.load(file: catalog) }
         let context = serve.common.busContext()

@@ -105,7 +105,7 @@ struct ServeIdentify: AsyncParsableCommand {
             plantNet.dailyLimit = plantnetDailyLimit
             settings.plantNet = plantNet
         }
-        settings.postgres = try database.postgres()
+        settings.postgres = try database.postgres(serving: true)
         do {
             settings.clock = serve.worker.serviceClock
             let context = serve.common.busContext()

@@ -54,7 +54,7 @@ struct ServeImages: AsyncParsableCommand {
         ImageTools.capMallocArenas()
         let logger = serve.logger()
         var settings = ImageServiceSettings(directory: serve.directory, runner: try serve.runner(), metrics: try serve.metrics())
-        settings.postgres = try database.postgres()
+        settings.postgres = try database.postgres(serving: true)
         settings.originals = originalsDir.map { URL(fileURLWithPath: $0, isDirectory: true) }
         settings.maximumInputBytes = maxMb * 1024 * 1024
         settings.maximumPixels = maxMegapixels * 1_000_000

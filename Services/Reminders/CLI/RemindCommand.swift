@@ -61,7 +61,7 @@ struct ServeRemind: AsyncParsableCommand {
     func run() async throws {
         let logger = serve.logger()
         var settings = ReminderServiceSettings(directory: serve.directory, runner: try serve.runner(), metrics: try serve.metrics())
-        settings.postgres = try database.postgres()
+        settings.postgres = try database.postgres(serving: true)
         settings.dispatch.digestWindow = .seconds(digestSeconds)
         settings.dispatch.staleness = .seconds(staleHours * 3_600)
         settings.allowedHosts = Set(allowHost.map { $0.lowercased() })

@@ -149,7 +149,7 @@ struct ServeBatch: AsyncParsableCommand {
         settings.trustedIssuers = try issuers.issuers()
         settings.jwksAllowedHosts = issuers.allowedHosts
         try checkBatchPorts(settings) // a taken port stops it before the store is made
-        let (directory, postgres) = (store.directory, try store.database.postgres())
+        let (directory, postgres) = (store.directory, try store.database.postgres(serving: true))
         guard let opened = try await buildUnlessStopped(logger: logger, {
             try await openBatchStore(directory: directory, postgres: postgres, logger: logger)
         }) else { return }
@@ -213,7 +213,7 @@ struct RevokeToken: AsyncParsableCommand {
             Examples:
               canopy-batch token revoke --token eyJhbGciOi… --token-key-file ./token.key
               canopy-batch token revoke --jti 6f1c… --data-dir ./.canopy
-              canopy-batch token revoke --user apple:000123.4f5e… --data-dir ./.canopy
+              canopy-batch token revoke --user apple:000123.4f5e… --token-key-file ./.canopy/token.key --data-dir ./.canopy
             """)
 
     @Option(help: "A token to revoke (Canopy's own, checked with the key; its id and end are read from it).") var token: String?
@@ -240,7 +240,7 @@ struct RevokeToken: AsyncParsableCommand {
         let revocations = try await store.open(logger: logger)
         if let user {
             let at = try before.map { try Date($0, strategy: .iso8601) } ?? Date()
-            try revocations.signOut(digest: SignOutDigest(tokenKeys: try keys.keys()).record(user), before: at)
+            for digest in SignOutDigest(tokenKeys: try keys.keys()).candidates(user) { try revocations.signOut(digest: digest, before: at) }
             print("signed \(user) out everywhere: tokens issued before \(at.formatted(.iso8601)) are refused")
         } else if let jti {
             try revocations.revoke(id: jti, until: Date().addingTimeInterval(400 * 86_400))

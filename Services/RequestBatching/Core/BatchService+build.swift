@@ -171,7 +171,7 @@ public func makeBatchService(settings: BatchServiceSettings, bus: any BusCalling
     let signOuts = SignOutDigest(tokenKeys: settings.tokenKeys)
     // Sign-outs recorded by an older canopy-batch name the person; from now on, a digest.
     try settings.store?.digestLegacySignOuts(signOuts)
-    let watcher = try settings.store.map { try RevocationWatcher(store: $0, logger: logger) }
+    let watcher = try settings.store.map { try RevocationWatcher(store: $0, digests: signOuts, logger: logger) }
     let tokens = try settings.tokenAuthority(revocations: watcher)
     if !settings.trustedIssuers.isEmpty {
         // Each issuer's keys now; one that cannot be reached is tried again when its tokens come.
@@ -191,9 +191,10 @@ public func makeBatchService(settings: BatchServiceSettings, bus: any BusCalling
         // Tokens issued in the second of the deletion are signed out too: the one it came with;
         // the answers kept for their idempotency keys go with the rest of their data.
         api.signOut = { person in
-            let (digest, before) = (signOuts.record(person), Date().addingTimeInterval(1))
-            try await offThePool { try store.signOut(digest: digest, before: before) }
-            watcher?.note(signOut: digest, before: before) // refused here at once, everywhere within the watch interval
+            // Under every key's digest: a key rotated out later keeps no one signed back in.
+            let (digests, before) = (signOuts.candidates(person), Date().addingTimeInterval(1))
+            try await offThePool { for digest in digests { try store.signOut(digest: digest, before: before) } }
+            for digest in digests { watcher?.note(signOut: digest, before: before) } // refused here at once, everywhere within the watch interval
         }
         api.forgetKeys = { person in
             try await offThePool {

@@ -74,8 +74,18 @@ struct EdgeMiddleware<Context: RequestContext>: RouterMiddleware {
         let path = request.uri.path
         let isPhoto = request.method == .post && ((path.hasPrefix("/v1/plants/") && path.hasSuffix("/photos")) || path == "/v1/identifications")
         let limit = isPhoto ? maximumPhotoBytes : maximumBodyBytes
-        if let length = request.headers[.contentLength].flatMap(Int.init), length > limit {
+        let announced = request.headers[.contentLength].flatMap(Int.init)
+        if let length = announced, length > limit {
             return Problem.response(.contentTooLarge, "the body has \(length) bytes; this route takes at most \(limit)", requestID: requestID)
+        }
+        // Work on photos within the person's budget (everything else costs its request alone):
+        // checked before the body is read when its length is announced, so a refused photo
+        // costs no more than its refusal.
+        var working: RouteCost?
+        defer { if let working { budget?.finished(user, working) } }
+        if let budget, let length = announced, let cost = RouteCost.of(method: request.method, path: path, bodyBytes: length) {
+            if let refused = budget.start(user, cost) { return overBudget(refused, requestID: requestID) }
+            working = cost
         }
         var request = request
         // No route reads a GET's body: not collected (a read is a task hop for nothing).
@@ -99,16 +109,18 @@ struct EdgeMiddleware<Context: RequestContext>: RouterMiddleware {
                 }
             }
         }
-        // Work on photos within the person's budget; everything else costs its request alone.
-        if let budget, let cost = RouteCost.of(method: request.method, path: path, bodyBytes: collected.readableBytes) {
-            if let refused = budget.start(user, cost) {
-                metrics.overBudget.increment()
-                return Problem.response(.tooManyRequests, refused.reason, requestID: requestID, headers: [.retryAfter: String(refused.retryAfter)])
-            }
-            defer { budget.finished(user, cost) }
-            return await dispatch(request, context: context, user: user, requestID: requestID, body: collected, variant: variant, next: next)
+        // A body that came without its length announced: its cost, now that it is read.
+        if working == nil, let budget, let cost = RouteCost.of(method: request.method, path: path, bodyBytes: collected.readableBytes) {
+            if let refused = budget.start(user, cost) { return overBudget(refused, requestID: requestID) }
+            working = cost
         }
         return await dispatch(request, context: context, user: user, requestID: requestID, body: collected, variant: variant, next: next)
+    }
+
+    /// 429 for photo work past a person's budget, with the wait it implies.
+    private func overBudget(_ refused: (reason: String, retryAfter: Int), requestID: String) -> Response {
+        metrics.overBudget.increment()
+        return Problem.response(.tooManyRequests, refused.reason, requestID: requestID, headers: [.retryAfter: String(refused.retryAfter)])
     }
 
     /// The request on its way to its route: through ``IdempotentRequests`` when it carries a key.

@@ -110,6 +110,7 @@ final class SQLiteBatchStore: BatchStoring {
     }
 
     func digestLegacySignOuts(_ digest: SignOutDigest) throws {
+        guard try database.tracedRead({ db in try Bool.fetchOne(db, sql: "SELECT EXISTS (SELECT 1 FROM signedOut WHERE digested = 0)") ?? false }) else { return }
         try database.tracedWrite { db in
             let legacy = try Row.fetchAll(db, sql: "SELECT principal, before FROM signedOut WHERE digested = 0")
             guard !legacy.isEmpty else { return }
@@ -195,6 +196,9 @@ final class PostgresBatchStore: BatchStoring {
     }
 
     func digestLegacySignOuts(_ digest: SignOutDigest) throws {
+        guard try database.statement({ session in try session.value(Bool.self, "SELECT EXISTS (SELECT 1 FROM signedOut WHERE digested = 0)") ?? false }) else {
+            return
+        }
         try database.write(isolation: .readCommitted) { session in
             let legacy = try session.rows("SELECT principal, before FROM signedOut WHERE digested = 0 FOR UPDATE")
             guard !legacy.isEmpty else { return }
@@ -253,11 +257,18 @@ public let batchStoreImport = StoreImport(store: "batch", migrator: PostgresBatc
 public final class RevocationWatcher: Service, Sendable {
     private let store: any RevocationStoring
     private let current: Mutex<Revocations>
+    /// Sign-outs this edge recorded (``note(signOut:before:)``), until a reload has them.
+    private let noted = Mutex<[String: Date]>([:])
     private let stop = Mutex(false)
     private let finished = DispatchSemaphore(value: 0)
     public static let interval: Duration = .milliseconds(100)
 
-    public init(store: any RevocationStoring, logger: Logger) throws {
+    /// - Parameters:
+    ///   - store: where revocations are kept.
+    ///   - digests: how sign-outs name people; with it, sign-outs another (older) edge records
+    ///     under a person's id are digested as soon as they are seen (a rolling upgrade).
+    ///   - logger: where a store that cannot be read is told.
+    public init(store: any RevocationStoring, digests: SignOutDigest? = nil, logger: Logger) throws {
         self.store = store
         // The generation read before loading: a change in between is loaded again, never missed.
         let generation = try store.generation()
@@ -269,7 +280,9 @@ public final class RevocationWatcher: Service, Sendable {
                 do {
                     let now = try watcher.store.generation()
                     guard now != seen else { continue }
-                    let loaded = try watcher.store.load(now: Date())
+                    if let digests { try watcher.store.digestLegacySignOuts(digests) }
+                    var loaded = try watcher.store.load(now: Date())
+                    watcher.merge(into: &loaded)
                     watcher.current.withLock { $0 = loaded }
                     seen = now
                 } catch {
@@ -291,10 +304,25 @@ public final class RevocationWatcher: Service, Sendable {
     }
 
     /// A sign-out this edge recorded itself: in force here at once, before the store is read
-    /// again (every other edge has it within ``interval``).
+    /// again (every other edge has it within ``interval``), and kept through a reload that read
+    /// the store before it was committed.
     public func note(signOut digest: String, before: Date) {
         let at = Date(timeIntervalSince1970: before.timeIntervalSince1970.rounded(.down))
+        noted.withLock { $0[digest] = max($0[digest] ?? .distantPast, at) }
         current.withLock { $0.signedOut[digest] = max($0.signedOut[digest] ?? .distantPast, at) }
+    }
+
+    /// Adds to `loaded` the sign-outs noted here that it does not have yet; forgets those it has.
+    private func merge(into loaded: inout Revocations) {
+        noted.withLock { noted in
+            for (digest, at) in noted {
+                if let stored = loaded.signedOut[digest], stored >= at {
+                    noted[digest] = nil
+                } else {
+                    loaded.signedOut[digest] = at
+                }
+            }
+        }
     }
 
     /// Waits for graceful shutdown, then ends the watching thread.

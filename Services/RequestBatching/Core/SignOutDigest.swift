@@ -12,6 +12,7 @@ public struct SignOutDigest: Sendable {
 
     /// - Parameter tokenKeys: canopy-batch's token signing keys, the newest first.
     public init(tokenKeys: [[UInt8]]) {
+        precondition(!tokenKeys.isEmpty, "sign-outs are digested under the token signing keys; canopy-batch has one at least")
         keys = tokenKeys.map { material in
             HKDF<SHA256>.deriveKey(inputKeyMaterial: SymmetricKey(data: material), info: Data("canopy sign-out digest".utf8), outputByteCount: 32)
         }

@@ -7,10 +7,10 @@ import Synchronization
 /// and are held only to the request rate; the routes that work on a photo's pixels cost tens
 /// to hundreds of times that, in proportion to the photo.
 ///
-/// The figures (docs/PERFORMANCE.md, `canopy-bench stores`): for a 640x480 JPEG of about
+/// The figures (docs/PERFORMANCE.md, `canopy-bench stores`, the CPU columns of its SQLite run): for a 640x480 JPEG of about
 /// 40 KiB, `images.put` takes 5.4 ms of CPU and `identifications.submit` 14.4 ms, against 0.53
 /// ms for a round trip that does no work. Decoding grows with the photo, so a photo costs a
-/// unit per 8 KiB of it (40 KiB: 5 units), and an identification 10 units more (its
+/// unit per 8 KiB of it and one (40 KiB: 6 units), and an identification 10 units more (its
 /// features). A 12 MP phone photo of 4 MiB is then 513 units; an identification of a 1.6 MP
 /// photo of 300 KiB, 48.
 struct RouteCost: Sendable, Equatable {
