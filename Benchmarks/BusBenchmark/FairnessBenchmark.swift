@@ -70,11 +70,15 @@ struct FairnessBenchmark: AsyncParsableCommand {
                                                                                       json: #"{"scientificName":"Ficus lyrata","customName":"Fig \#(index)"}"#)) }
                 let plant = try await Self.send(base, .POST, "/v1/plants", token: flooder, json: #"{"scientificName":"Ficus lyrata"}"#)
                 let plantID = (try JSONSerialization.jsonObject(with: Data(plant.body)) as? [String: Any])?["id"] as? String ?? ""
-                let request = work == "identify"
-                    ? ("/v1/identifications", "multipart/form-data; boundary=canopy-bench",
-                       MultipartForm.encode([.init(name: "photo", type: "image/jpeg", bytes: photo), .init(name: "organ", bytes: Array("leaf".utf8))],
-                                            boundary: "canopy-bench"))
-                    : ("/v1/plants/\(plantID)/photos", "image/jpeg", photo)
+                // Every photo of the flood its own bytes (a counter after the JPEG's end, which
+                // decoders skip): the same bytes again would be deduplicated, not worked on.
+                let identify = work == "identify"
+                let request: (String, String, @Sendable (Int) -> [UInt8]) = identify
+                    ? ("/v1/identifications", "multipart/form-data; boundary=canopy-bench", { count in
+                        MultipartForm.encode([.init(name: "photo", type: "image/jpeg", bytes: Self.unique(photo, count)), .init(name: "organ", bytes: Array("leaf".utf8))],
+                                             boundary: "canopy-bench")
+                    })
+                    : ("/v1/plants/\(plantID)/photos", "image/jpeg", { count in Self.unique(photo, count) })
                 for round in 1...rounds {
                     let alone = try await Self.read(base, token: reader, for: .seconds(seconds))
                     let flood = Flood()
@@ -130,12 +134,17 @@ struct FairnessBenchmark: AsyncParsableCommand {
         return latencies
     }
 
+    /// `photo` with `count`'s bytes after it: a photo of its own to a hash, the same to a decoder.
+    static func unique(_ photo: [UInt8], _ count: Int) -> [UInt8] {
+        photo + withUnsafeBytes(of: UInt64(count).bigEndian, Array.init)
+    }
+
     /// One connection's flood until `flood` stops: served and refused counted; after a 429 it
     /// waits what Retry-After says (up to 2 s, so the flood ends with its half-round), or 10 ms
     /// when `rogue`.
-    static func flood(_ base: String, token: String, path: String, type: String, body: [UInt8], rogue: Bool, until flood: Flood) async {
+    static func flood(_ base: String, token: String, path: String, type: String, body: @Sendable (Int) -> [UInt8], rogue: Bool, until flood: Flood) async {
         while !flood.stopped {
-            guard let answer = try? await send(base, .POST, path, token: token, body: body, type: type) else {
+            guard let answer = try? await send(base, .POST, path, token: token, body: body(flood.next()), type: type) else {
                 try? await Task.sleep(for: .milliseconds(10)) // a connection error: not a spin
                 continue
             }
@@ -187,6 +196,9 @@ struct FairnessBenchmark: AsyncParsableCommand {
         func served() { state.withLock { $0.served += 1 } }
         func refused() { state.withLock { $0.refused += 1 } }
         func stop() { state.withLock { $0.stopped = true } }
+        private let sent = Atomic<Int>(0)
+        /// A number of its own for the next request.
+        func next() -> Int { sent.add(1, ordering: .relaxed).newValue }
     }
 
     /// This process's CPU and the machine's (`/proc/stat`), to show what the load generator takes.
