@@ -107,9 +107,11 @@ public enum Curve {
         }
     }
 
-    /// A public key given as Z85 text, or read from a file with a `public-key = ...` line.
+    /// A public key given as Z85 text, or read from a file with a `public-key = ...` line. A
+    /// file that exists wins: a 40-character path (`/tmp/tmp.AbCdEfGhIj/data/keys/broker.pub`)
+    /// is all Z85 characters too.
     public static func publicKey(_ textOrPath: String) throws -> String {
-        if isKey(textOrPath) { return textOrPath }
+        if isKey(textOrPath) && !FileManager.default.fileExists(atPath: textOrPath) { return textOrPath }
         guard let key = try field("public-key", in: textOrPath), isKey(key) else {
             throw KeyError("'\(textOrPath)' is neither a 40-character Z85 public key nor a file with a 'public-key = ...' line")
         }
