@@ -89,10 +89,13 @@ public struct OperationHandlers: Sendable {
     public let service: String
     private(set) var entries: [String: Entry] = [:]
     private let codec = MessageCodec()
+    /// The people this service erased lately, refused until their window ends.
+    public let erased: ErasedPeople
 
     /// An empty set of handlers for `service`.
-    public init(service: String) {
+    public init(service: String, erased: ErasedPeople = ErasedPeople()) {
         self.service = service
+        self.erased = erased
     }
 
     /// Registers the handler of an operation on one person's data (``Access/own``, or
@@ -105,7 +108,17 @@ public struct OperationHandlers: Sendable {
     ) {
         precondition(Operation.access == .own || Operation.access == .service,
                      "\(service).\(Operation.name) is \(Operation.access), not one person's data: register it without an owner")
-        register(operation) { request, context in try await handler(request, context.principal ?? "", context) }
+        let erased = self.erased
+        register(operation) { request, context in
+            let owner = context.principal ?? ""
+            // Noted before the erasure runs: nothing the person sends during it lands after it.
+            if Operation.erases {
+                erased.note(owner)
+            } else if erased.contains(owner) {
+                throw ErasedPeople.refusal
+            }
+            return try await handler(request, owner, context)
+        }
     }
 
     /// Registers the handler of an operation that is not one person's data

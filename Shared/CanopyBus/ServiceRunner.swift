@@ -48,6 +48,8 @@ public final class ServiceRunner: Service, @unchecked Sendable {
         /// The tracer of the handlers' spans (and of the service's own calls); `nil` takes
         /// the process's (`InstrumentationSystem`).
         public var tracer: (any Tracer)?
+        /// How long the service refuses a person it erased (``ErasedPeople``).
+        public var erasureWindow: Duration = ErasedPeople.defaultWindow
 
         /// - Parameter endpoint: the broker's endpoint, for example `tcp://127.0.0.1:5555`, or
         ///   several separated by commas.
@@ -109,7 +111,7 @@ public final class ServiceRunner: Service, @unchecked Sendable {
     ///   - context: the ZeroMQ context.
     ///   - logger: where the runner and handlers log.
     public init(service: some BusService, configuration: Configuration, context: ZMQContext, logger: Logger) {
-        var handlers = OperationHandlers(service: service.name)
+        var handlers = OperationHandlers(service: service.name, erased: ErasedPeople(window: configuration.erasureWindow))
         service.register(&handlers)
         precondition(!handlers.descriptors.isEmpty, "service '\(service.name)' registers no operation")
         self.handlers = handlers

@@ -32,6 +32,11 @@ public protocol BusOperation: Sendable {
     /// Who may call it; the runtime checks it before the handler runs. One person's own data
     /// (``Access/own``) unless the operation says otherwise.
     static var access: Access { get }
+    /// It erases the person it is for (an account deleted, or another service's follow-up to
+    /// that): from its first request on, the service refuses every other operation for that
+    /// person for a while (``ErasedPeople``), so a request an edge let through before it saw
+    /// the sign-out adds nothing after the erasure.
+    static var erases: Bool { get }
 }
 
 /// Who may call an operation: declared once, in the operation's type, and enforced by the
@@ -80,6 +85,7 @@ extension BusOperation {
     public static var idempotent: Bool { false }
     public static var coalescable: Bool { false }
     public static var access: Access { .own }
+    public static var erases: Bool { false }
 
     /// The flags a worker announces for this operation.
     public static var descriptor: OperationDescriptor {

@@ -197,14 +197,25 @@ public enum Care {
     /// deleted plant does, and their preferences; the follow-ups in the same transaction tell
     /// canopy-remind, canopy-identify and canopy-images to forget the person (`account.forget`),
     /// delivered by the outbox however long a service is down. Answers how many plants went.
+    ///
+    /// The same transaction schedules a second pass (`secondPass`), sent by the outbox to
+    /// canopy-care itself a while later (`--erasure-second-pass`, 60 s): it erases again, and
+    /// has the other services forget again, whatever requests an edge let through before it
+    /// saw the sign-out added meanwhile on a replica or a restarted service (which
+    /// ``ErasedPeople`` did not refuse). It schedules no further pass.
     public enum DeleteAccount: BusOperation {
-        public typealias Request = Empty
+        public struct Request: Codable, Sendable, Equatable {
+            /// Whether this is canopy-care's own second pass.
+            public var secondPass: Bool?
+            public init(secondPass: Bool? = nil) { self.secondPass = secondPass }
+        }
         public struct Reply: Codable, Sendable, Equatable {
             public var plants: Int
             public init(plants: Int) { self.plants = plants }
         }
         public static let service = Care.service
         public static let name = "account.delete"
+        public static let erases = true
         public static let idempotent = true
     }
 

@@ -312,6 +312,7 @@ public enum Identification {
         public static let service = Identification.service
         public static let name = "account.forget"
         public static let access = Access.service
+        public static let erases = true
         public static let idempotent = true
     }
 

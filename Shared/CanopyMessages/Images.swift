@@ -239,6 +239,7 @@ public enum Images {
         public static let service = Images.service
         public static let name = "account.forget"
         public static let access = Access.service
+        public static let erases = true
         public static let idempotent = true
     }
 

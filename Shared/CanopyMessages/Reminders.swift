@@ -86,6 +86,7 @@ public enum Reminders {
         public static let service = Reminders.service
         public static let name = "account.forget"
         public static let access = Access.service
+        public static let erases = true
         public static let idempotent = true
     }
 

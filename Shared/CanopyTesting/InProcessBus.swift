@@ -43,8 +43,10 @@ public final class InProcessBus: BusCalling {
     ///   - maximumFrameBytes: the broker's frame limit, for requests and replies.
     ///   - defaultTimeout: the deadline of calls that give none.
     ///   - derived: the calls are a service's own (``RequestHeader/Flag/derived``).
-    public convenience init(maximumFrameBytes: Int = BusDefaults.maximumFrameBytes, defaultTimeout: Duration = .seconds(60), derived: Bool = false) {
-        self.init(services: Registry(), maximumFrameBytes: maximumFrameBytes, defaultTimeout: defaultTimeout, derived: derived)
+    ///   - erasureWindow: how long each service refuses a person it erased (``ErasedPeople``).
+    public convenience init(maximumFrameBytes: Int = BusDefaults.maximumFrameBytes, defaultTimeout: Duration = .seconds(60), derived: Bool = false,
+                            erasureWindow: Duration = ErasedPeople.defaultWindow) {
+        self.init(services: Registry(erasureWindow: erasureWindow), maximumFrameBytes: maximumFrameBytes, defaultTimeout: defaultTimeout, derived: derived)
     }
 
     private init(services: Registry, maximumFrameBytes: Int, defaultTimeout: Duration, derived: Bool) {
@@ -73,7 +75,7 @@ public final class InProcessBus: BusCalling {
     /// Serves `service`'s operations from now on (replacing a service of the same name, as a
     /// new worker would).
     public func register(_ service: some BusService) {
-        var handlers = OperationHandlers(service: service.name)
+        var handlers = OperationHandlers(service: service.name, erased: ErasedPeople(window: services.erasureWindow))
         service.register(&handlers)
         services.handlers.withLock { $0[service.name] = handlers }
     }
@@ -165,6 +167,9 @@ extension Result<Payload, CanopyError> {
 /// The handlers of the services an in-process bus serves, by service name.
 private final class Registry: Sendable {
     let handlers = Mutex<[String: OperationHandlers]>([:])
+    let erasureWindow: Duration
+
+    init(erasureWindow: Duration) { self.erasureWindow = erasureWindow }
 }
 
 /// The first of several answers; the rest are ignored.

@@ -21,6 +21,8 @@ public final class TestBus: Sendable {
     /// The live bus, in `.live` mode.
     public let live: LiveBus?
     private let inProcess: InProcessBus?
+    /// How long each service refuses a person it erased (``ErasedPeople``).
+    public let erasureWindow: Duration
     /// Where the test's services log (quiet unless `CANOPY_TEST_LOG_LEVEL` says otherwise).
     public let logger: Logger
 
@@ -29,10 +31,11 @@ public final class TestBus: Sendable {
         self.init(mode: .live, live: live, configuration: live.configuration)
     }
 
-    init(mode: BusMode, live: LiveBus?, configuration: BrokerConfiguration) {
+    init(mode: BusMode, live: LiveBus?, configuration: BrokerConfiguration, erasureWindow: Duration = ErasedPeople.defaultWindow) {
         self.mode = mode
         self.live = live
-        inProcess = live == nil ? InProcessBus(maximumFrameBytes: configuration.maximumFrameBytes) : nil
+        self.erasureWindow = erasureWindow
+        inProcess = live == nil ? InProcessBus(maximumFrameBytes: configuration.maximumFrameBytes, erasureWindow: erasureWindow) : nil
         logger = live?.logger ?? LiveBus.testLogger
     }
 
@@ -89,7 +92,9 @@ public final class TestBus: Sendable {
     /// A runner configuration for a worker's settings: the live broker's, or (in process,
     /// where no runner connects) one that names no broker.
     public func runnerConfiguration(credit: Int = 4) -> ServiceRunner.Configuration {
-        live?.runnerConfiguration(credit: credit) ?? ServiceRunner.Configuration(endpoint: "inproc://canopy-in-process-bus")
+        var configuration = live?.runnerConfiguration(credit: credit) ?? ServiceRunner.Configuration(endpoint: "inproc://canopy-in-process-bus")
+        configuration.erasureWindow = erasureWindow
+        return configuration
     }
 
     /// A caller whose calls wait at most `timeout` unless they say otherwise (60 s: a full
@@ -106,16 +111,16 @@ public final class TestBus: Sendable {
 /// Runs `body` with a ``TestBus`` in `mode`, and stops whatever it started afterwards, also
 /// when `body` throws. `CANOPY_TEST_BUS=live` runs the in-process tests over a live broker too
 /// (`CANOPY_TEST_BUS=live scripts/test`), to compare the two paths or their times.
-public func withTestBus<T>(_ mode: BusMode = .inProcess, configuration: BrokerConfiguration = .testing,
+public func withTestBus<T>(_ mode: BusMode = .inProcess, configuration: BrokerConfiguration = .testing, erasureWindow: Duration = ErasedPeople.defaultWindow,
                            _ body: (TestBus) async throws -> T) async throws -> T {
     let mode = ProcessInfo.processInfo.environment["CANOPY_TEST_BUS"] == "live" ? .live : mode
     switch mode {
     case .inProcess:
-        let bus = TestBus(mode: mode, live: nil, configuration: configuration)
+        let bus = TestBus(mode: mode, live: nil, configuration: configuration, erasureWindow: erasureWindow)
         return try await ending(with: bus.shutdown) { try await body(bus) }
     case .live:
         return try await withLiveBus(configuration: configuration) { live in
-            try await body(TestBus(mode: mode, live: live, configuration: configuration))
+            try await body(TestBus(mode: mode, live: live, configuration: configuration, erasureWindow: erasureWindow))
         }
     }
 }

@@ -201,4 +201,40 @@ struct CareStoreTests {
             #expect(try !data.useRequestKey(owner: "alice", key: "k2", now: start.addingTimeInterval(86_401)))
         }
     }
+
+    /// An account's deletion schedules its second pass for a minute later, in the same
+    /// transaction: it deletes what a late request added meanwhile (a plant), has the other
+    /// services forget again, and schedules no third.
+    @Test(arguments: implementations)
+    func anAccountsDeletionRunsASecondPassThatErasesWhatCameLate(_ implementation: String) async throws {
+        let (store, cleanup) = try await Self.open(implementation)
+        defer { cleanup() }
+        let library = CareLibrary(store: store, erasureSecondPass: .seconds(60))
+        _ = try library.add(Care.Plant(scientificName: "Monstera deliciosa"), owner: "bob", now: start)
+        _ = try library.add(Care.Plant(scientificName: "Ficus lyrata"), owner: "alice", now: start)
+        let deleted = start.addingTimeInterval(3_600)
+        #expect(try library.deleteAccount(owner: "bob", now: deleted) == 1)
+        let first = try await store.dueFollowUps(now: deleted, limit: 20)
+        let forgets = Set(first.filter { $0.owner == "bob" && Outbox.erasures.contains($0.operation) }.map(\.service))
+        #expect(forgets == [Reminders.service, Identification.service, Images.service])
+        try await store.settle(first.map { .confirmed(id: $0.id, generation: $0.generation) }, now: deleted)
+        #expect(try await store.dueFollowUps(now: deleted.addingTimeInterval(59), limit: 20).isEmpty, "the second pass waits its minute")
+
+        // A plant a late request added after the deletion.
+        _ = try library.add(Care.Plant(scientificName: "Ficus lyrata"), owner: "bob", now: deleted.addingTimeInterval(1))
+        let due = try await store.dueFollowUps(now: deleted.addingTimeInterval(60), limit: 20)
+        let passes = due.filter { $0.service == Care.service }
+        #expect(passes.count == 1)
+        let second = try #require(passes.first)
+        #expect(second.operation == Care.DeleteAccount.name && second.owner == "bob")
+        let request = try MessageCodec().decode(Care.DeleteAccount.Request.self, from: second.body)
+        #expect(request.secondPass == true)
+        try await store.settle(due.map { .confirmed(id: $0.id, generation: $0.generation) }, now: deleted.addingTimeInterval(60))
+        #expect(try library.deleteAccount(owner: "bob", secondPass: true, now: deleted.addingTimeInterval(60)) == 1, "the late plant goes")
+        let again = try await store.dueFollowUps(now: deleted.addingTimeInterval(3_600), limit: 20)
+        #expect(Set(again.filter { Outbox.erasures.contains($0.operation) }.map(\.service)) == forgets && !again.contains { $0.service == Care.service },
+                "the others forget again; no third pass")
+        #expect(try library.list(.init(), owner: "bob").plants.isEmpty)
+        #expect(try library.list(.init(), owner: "alice").plants.count == 1)
+    }
 }

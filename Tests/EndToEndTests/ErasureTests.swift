@@ -26,7 +26,7 @@ struct ErasureTests {
     }
 
     @Test func aDeletedAccountLeavesNoByteOfThePersonInAnyFile() async throws {
-        let stack = try await Stack.start(environment: ["CANOPY_ALLOW_HOSTS": "127.0.0.1"])
+        let stack = try await Stack.start(environment: ["CANOPY_ALLOW_HOSTS": "127.0.0.1", "CANOPY_ERASURE_SECOND_PASS": "2"])
         defer { try? FileManager.default.removeItem(atPath: stack.data) }
         let tag = UUID().uuidString.prefix(8).lowercased()
         let (erased, kept) = ("erased-person-\(tag)", "kept-person-\(tag)")
@@ -68,7 +68,15 @@ struct ErasureTests {
             #expect(deleted.status == 204, "\(deleted.text)")
             #expect(try await stack.send(.GET, "/v1/plants", token: x).status == 401)
             #expect(try await stack.send(.POST, "/v1/plants", token: x, json: #"{"scientificName":"Ficus lyrata"}"#).status == 401)
-            // Every service's follow-up done: no row names them (canopy-care's outbox emptied).
+            // A request for them another edge let through before it saw the sign-out (here: the
+            // operator's client, naming them) is refused, and adds nothing.
+            let late = try await runExecutable("canopy", ["send", "care", "plants.add", "--principal", erased, "--json", #"{"scientificName":"Ficus lyrata","notes":"late-\#(tag)"}"#,
+                                                          "--broker", stack.endpoint, "--data-dir", stack.data])
+            #expect(late.status == 1 && late.errors.contains("this account was deleted"), "\(late.output) \(late.errors)")
+            // The deletion is listed by its digest, never the person.
+            let listed = try await runExecutable("canopy", ["erasures", "list", "--data-dir", stack.data])
+            #expect(listed.status == 0 && listed.output.contains("1 account deleted") && !listed.output.contains(erased), "\(listed.output) \(listed.errors)")
+            // Every service's follow-up done, the second pass too: no row names them (canopy-care's outbox emptied).
             #expect(try await eventually(within: .seconds(60), every: .milliseconds(250)) {
                 try JourneyTests.mentions(of: erased, in: stack.data).isEmpty
             }, "still named: \((try? JourneyTests.mentions(of: erased, in: stack.data)) ?? [])")
@@ -86,5 +94,90 @@ struct ErasureTests {
         }
         #expect(!(try Self.files(holding: Array(keptNote.utf8), in: stack.data)).isEmpty, "the other person's notes are kept")
         #expect(!(try Self.files(holding: Array(kept.utf8), in: stack.data)).isEmpty, "the other person's data is kept")
+    }
+
+    /// A backup taken before an account's deletion still holds the person; restored, the
+    /// stack holds them again until `canopy erasures apply` deletes them once more, from every
+    /// store and the photos, leaving the other person's data.
+    @Test func anErasureIsAppliedAgainToStoresRestoredFromAnOlderBackup() async throws {
+        let environment = ["CANOPY_ERASURE_SECOND_PASS": "1"]
+        let stack = try await Stack.start(environment: environment)
+        let backup = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-erasure-backup-\(UUID().uuidString)").path
+        defer {
+            try? FileManager.default.removeItem(atPath: stack.data)
+            try? FileManager.default.removeItem(atPath: backup)
+            try? FileManager.default.removeItem(atPath: backup + ".erasures")
+        }
+        let tag = UUID().uuidString.prefix(8).lowercased()
+        let (erased, kept) = ("restored-erased-\(tag)", "restored-kept-\(tag)")
+        let (erasedNote, keptNote) = ("restored-erased-notes-\(tag)", "restored-kept-notes-\(tag)")
+        var photo = ""
+        do {
+            for (person, note, seed) in [(erased, erasedNote, 11), (kept, keptNote, 12)] {
+                let token = try await stack.token(person)
+                let added = try await stack.send(.POST, "/v1/plants", token: token, json: #"{"scientificName":"Ficus lyrata","notes":"\#(note)"}"#)
+                #expect(added.status == 201, "\(added.text)")
+                let plant = try #require(added.object["id"] as? String)
+                let upload = try await stack.send(.POST, "/v1/plants/\(plant)/photos", token: token, body: try SyntheticPlant.species(1).photo(seed: seed), type: "image/jpeg")
+                #expect(upload.status == 201, "\(upload.text)")
+                if person == erased { photo = try #require(upload.object["photoID"] as? String) }
+            }
+            let backedUp = try await runExecutable("canopy", ["backup", backup, "--data-dir", stack.data], limit: 120)
+            #expect(backedUp.status == 0, "\(backedUp.output) \(backedUp.errors)")
+            #expect(try await stack.send(.DELETE, "/v1/account", token: try await stack.token(erased)).status == 204)
+            #expect(try await eventually(within: .seconds(60), every: .milliseconds(250)) { try JourneyTests.mentions(of: erased, in: stack.data).isEmpty })
+            // What a restore of canopy-batch's store would lose, kept aside first.
+            let listed = try await runExecutable("canopy", ["erasures", "list", "--digests", "--data-dir", stack.data])
+            #expect(listed.status == 0 && listed.output.split(separator: "\n").count == 1, "\(listed.output) \(listed.errors)")
+            try Data(listed.output.utf8).write(to: URL(fileURLWithPath: backup + ".erasures"))
+        } catch {
+            await stack.stop()
+            throw error
+        }
+        await stack.stop()
+
+        // Restored: the backup's stores (canopy-batch's too: its erasures are lost) and photos
+        // copied over the data directory's.
+        for store in ["care/care.sqlite", "images/images.sqlite", "identify/identify.sqlite", "remind/remind.sqlite", "batch/batch.sqlite"] {
+            for suffix in ["", "-wal", "-shm"] { try? FileManager.default.removeItem(atPath: "\(stack.data)/\(store)\(suffix)") }
+            try FileManager.default.copyItem(atPath: "\(backup)/\(store)", toPath: "\(stack.data)/\(store)")
+        }
+        let originals = "\(backup)/images/originals"
+        for name in try FileManager.default.subpathsOfDirectory(atPath: originals) {
+            var isDirectory: ObjCBool = false
+            guard FileManager.default.fileExists(atPath: "\(originals)/\(name)", isDirectory: &isDirectory), !isDirectory.boolValue,
+                  !FileManager.default.fileExists(atPath: "\(stack.data)/images/originals/\(name)") else { continue }
+            try FileManager.default.createDirectory(atPath: ("\(stack.data)/images/originals/\(name)" as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
+            try FileManager.default.copyItem(atPath: "\(originals)/\(name)", toPath: "\(stack.data)/images/originals/\(name)")
+        }
+        #expect(!(try JourneyTests.mentions(of: erased, in: stack.data)).isEmpty, "the backup holds the person again")
+
+        try await stack.restart(environment: environment)
+        do {
+            let lost = try await runExecutable("canopy", ["erasures", "list", "--data-dir", stack.data])
+            #expect(lost.output.contains("no account was deleted"), "the restored canopy-batch store predates the deletion: \(lost.output)")
+            let applied = try await runExecutable("canopy", ["erasures", "apply", "--digests-file", backup + ".erasures", "--data-dir", stack.data,
+                                                             "--broker", stack.endpoint], limit: 60)
+            #expect(applied.status == 0 && applied.output.contains("1 account deleted again"), "\(applied.output) \(applied.errors)")
+            #expect(!applied.output.contains(erased))
+            #expect(try await eventually(within: .seconds(60), every: .milliseconds(250)) { try JourneyTests.mentions(of: erased, in: stack.data).isEmpty },
+                    "still named: \((try? JourneyTests.mentions(of: erased, in: stack.data)) ?? [])")
+            // Applied again: nobody left to delete.
+            // The erasure is recorded again, and applying it again finds nobody.
+            let recorded = try await runExecutable("canopy", ["erasures", "list", "--data-dir", stack.data])
+            #expect(recorded.output.contains("1 account deleted"), "\(recorded.output)")
+            let again = try await runExecutable("canopy", ["erasures", "apply", "--data-dir", stack.data, "--broker", stack.endpoint], limit: 60)
+            #expect(again.status == 0 && again.output.contains("nothing to do"), "\(again.output) \(again.errors)")
+            try await Task.sleep(for: .seconds(1)) // the checkpointers' next tick
+        } catch {
+            await stack.stop()
+            throw error
+        }
+        await stack.stop()
+        for needle in [erased, erasedNote, photo] {
+            let holding = try Self.files(holding: Array(needle.utf8), in: stack.data)
+            #expect(holding.isEmpty, "\(needle) is still in \(holding)")
+        }
+        #expect(!(try Self.files(holding: Array(keptNote.utf8), in: stack.data)).isEmpty, "the other person's notes are kept")
     }
 }

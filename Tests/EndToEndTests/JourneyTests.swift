@@ -44,6 +44,14 @@ struct JourneyTests {
             return stack
         }
 
+        /// The same stack started again from its data directory (after ``stop()``), on the
+        /// same addresses.
+        func restart(environment: [String: String] = [:]) async throws {
+            let up = try await runExecutable("canopy", ["up", "--detach", "--data-dir", data, "--broker", endpoint, "--http", http,
+                                                        "--metrics-base", "\(metricsBase)"] + database, environment: environment, limit: 240)
+            #expect(up.status == 0, "canopy up: \(up.output) \(up.errors)")
+        }
+
         /// Every process's /metrics, parsed.
         func scrapes() async throws -> [PrometheusText] {
             var scrapes: [PrometheusText] = []

@@ -11,12 +11,15 @@ import Testing
 extension LiveBatchTests.BatchIdentificationTests {
     /// `DELETE /v1/account`: everything the person owns goes from every service (plants,
     /// tasks, preferences, devices, reminders, identifications, photos), another person's
-    /// stays, and every token the person was issued is refused from then on.
+    /// stays, and every token the person was issued is refused from then on; a request
+    /// another edge let through before it saw the sign-out is refused by the services for
+    /// their erasure window.
     @Test func deletingAnAccountRemovesEverythingThePersonOwnsAndSignsThemOut() async throws {
         let directory = try TemporaryDirectory("account-deletion")
         defer { directory.remove() }
         let store = try await openBatchStore(directory: directory.url, postgres: nil, logger: Logger(label: "test"))
-        try await Self.withIdentifyStack(reminders: true, configure: { $0.store = store }) { stack in
+        let window = Duration.seconds(3)
+        try await Self.withIdentifyStack(reminders: true, erasureWindow: window, configure: { $0.store = store }) { stack in
             var tokens: [String: String] = [:]
             for person in ["alice", "bob"] {
                 let token = try await stack.token(person)
@@ -41,8 +44,24 @@ extension LiveBatchTests.BatchIdentificationTests {
             #expect(try await eventually { try await stack.send(.GET, "/v1/plants", token: alice).status == 401 })
             #expect(try await stack.send(.GET, "/v1/plants", token: another).status == 401, "every token issued to her before")
 
-            // What every service kept of her is gone (asked as her, over the bus: the services' own answers).
+            // A request for her that another edge let through late is refused, and adds nothing:
+            // by canopy-care at once, by the others once their follow-up came.
             let client = try stack.bus.client()
+            let late = ContinuousClock.now
+            let refused = await #expect(throws: CanopyError.self) {
+                try await client.call(Care.AddPlant.self, Care.Plant(scientificName: "Ficus lyrata"), principal: "alice")
+            }
+            #expect(refused?.code == .unauthorized && refused?.message.contains("deleted") == true, "\(String(describing: refused))")
+            #expect(try await eventually {
+                do {
+                    _ = try await client.call(Reminders.ListDevices.self, Empty(), principal: "alice")
+                    return false
+                } catch let error as CanopyError { return error.code == .unauthorized }
+            })
+
+            // What every service kept of her is gone, asked as her once their windows passed
+            // (over the bus: the services' own answers).
+            try await Task.sleep(until: late + window + .milliseconds(500))
             #expect(try await client.call(Care.ListPlants.self, .init(), principal: "alice").plants.isEmpty)
             #expect(try await eventually { try await client.call(Reminders.ListDevices.self, Empty(), principal: "alice").isEmpty })
             #expect(try await eventually { try await client.call(Reminders.Pending.self, .init(), principal: "alice").isEmpty })

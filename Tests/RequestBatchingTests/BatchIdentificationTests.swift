@@ -24,11 +24,12 @@ extension LiveBatchTests {
 
         /// canopy-images, canopy-care and canopy-identify (and canopy-remind when asked) behind
         /// canopy-batch, as `serve` builds them.
-        static func withIdentifyStack(_ mode: BusMode = .inProcess, reminders: Bool = false, configure: (inout BatchServiceSettings) -> Void = { _ in },
+        static func withIdentifyStack(_ mode: BusMode = .inProcess, reminders: Bool = false, erasureWindow: Duration = ErasedPeople.defaultWindow,
+                                      configure: (inout BatchServiceSettings) -> Void = { _ in },
                                       _ body: (BatchAPITests.Stack) async throws -> Void) async throws {
             let directory = try TemporaryDirectory("batch-identify")
             defer { directory.remove() }
-            try await withTestBus(mode) { bus in
+            try await withTestBus(mode, erasureWindow: erasureWindow) { bus in
                 let images = ImageServiceSettings(directory: directory.url.appendingPathComponent("images"), runner: bus.runnerConfiguration())
                 let care = CareServiceSettings(directory: directory.url.appendingPathComponent("care"), runner: bus.runnerConfiguration())
                 try await bus.start(images)

@@ -58,7 +58,7 @@ struct RevocationTests {
             }
 
             // Bob signed out everywhere: his tokens issued before are refused, one issued after is taken.
-            try store.signOut(digest: SignOutDigest(tokenKeys: [Self.key]).record("bob"), before: Date())
+            try store.signOut(digest: SignOutDigest(tokenKeys: [Self.key]).record("bob"), before: Date(), erasure: false)
             for edge in edges {
                 #expect(try await eventually(within: .seconds(5), every: .milliseconds(20)) { await edge.user(of: bob) == nil })
             }
@@ -66,6 +66,21 @@ struct RevocationTests {
             #expect(await edges[0].user(of: later) == "bob")
             #expect(try store.load(now: Date()).tokens.count == 1)
             await group.triggerGracefulShutdown()
+        }
+    }
+
+    /// An account deletion's sign-out is listed among the erasures (its digest, the second),
+    /// once however often it is recorded; a plain sign-out everywhere is not.
+    @Test(arguments: Backend.allCases) func anAccountDeletionIsListedAmongTheErasuresByItsDigestOnly(_ backend: Backend) async throws {
+        try await withStore(backend) { store, _ in
+            let digests = SignOutDigest(tokenKeys: [Self.key])
+            let at = Date(timeIntervalSince1970: 1_790_000_000.75)
+            try store.signOut(digest: digests.record("signed-out-only"), before: at, erasure: false)
+            try store.signOut(digest: digests.record("erased"), before: at, erasure: true)
+            try store.signOut(digest: digests.record("erased"), before: at.addingTimeInterval(30), erasure: true) // the deletion retried
+            let erasures = try store.erasures()
+            #expect(erasures == [Erasure(digest: digests.record("erased"), at: Date(timeIntervalSince1970: 1_790_000_000))])
+            #expect(try store.load(now: at).signedOut.count == 2)
         }
     }
 

@@ -39,8 +39,11 @@ struct ServeCare: AsyncParsableCommand {
     @OptionGroup var database: DatabaseOptions
     @Option(help: ArgumentHelp("A species care catalog used instead of the shipped one (the shape of Resources/catalog.json). Env: CANOPY_CATALOG.", valueName: "file"))
     var catalog: String? = Environment.string("CANOPY_CATALOG")
+    @Option(help: ArgumentHelp("Seconds after an account's deletion its second pass erases what requests already on their way added (longer than any request waits). Env: CANOPY_ERASURE_SECOND_PASS.", valueName: "seconds"))
+    var erasureSecondPass: Int = Environment.int("CANOPY_ERASURE_SECOND_PASS", default: 60)
 
     func validate() throws {
+        guard (1...86_400).contains(erasureSecondPass) else { throw ValidationError("--erasure-second-pass is 1 to 86400 seconds (a day); 60 is longer than any request waits") }
         if let catalog {
             do { _ = try Catalog.load(file: catalog) } catch let error as CanopyError { throw ValidationError(error.message) }
         }
@@ -52,6 +55,7 @@ struct ServeCare: AsyncParsableCommand {
         settings.postgres = try database.postgres(serving: true)
         settings.clock = serve.worker.serviceClock
         if let catalog { settings.catalog = try Catalog.load(file: catalog) }
+        settings.erasureSecondPass = .seconds(erasureSecondPass)
         let context = serve.common.busContext()
         guard let services = try await buildUnlessStopped(logger: logger, { [settings] in
             try await buildCareService(settings: settings, context: context, logger: logger)

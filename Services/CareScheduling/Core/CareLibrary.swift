@@ -17,13 +17,17 @@ final class CareLibrary: Sendable {
     let reminderWindow: Int
     /// Plants one person may keep.
     let maximumPlants: Int
+    /// How long after an account's deletion its second pass runs (``Care/DeleteAccount``).
+    let erasureSecondPass: Duration
     private let codec = MessageCodec()
 
-    init(store: any CareStoring, reminderWindow: Int = 64, maximumPlants: Int = Care.Limits.plantsPerPerson, clock: ServiceClock = .system) {
+    init(store: any CareStoring, reminderWindow: Int = 64, maximumPlants: Int = Care.Limits.plantsPerPerson, clock: ServiceClock = .system,
+         erasureSecondPass: Duration = .seconds(60)) {
         self.clock = clock
         self.store = store
         self.reminderWindow = reminderWindow
         self.maximumPlants = maximumPlants
+        self.erasureSecondPass = erasureSecondPass
     }
 
     private func notFound(_ id: String) -> CanopyError {
@@ -112,18 +116,23 @@ final class CareLibrary: Sendable {
 
     /// Deletes a person's account: every plant with its tasks and log, their preferences, and
     /// in the same transaction the follow-ups that make the other services forget them.
-    func deleteAccount(owner: String, now: Date? = nil) throws -> Int {
+    func deleteAccount(owner: String, secondPass: Bool = false, now: Date? = nil) throws -> Int {
         let now = now ?? clock.now()
         defer { store.eraseResidue() }
+        let (empty, again) = (try codec.encode(Empty()), try codec.encode(Care.DeleteAccount.Request(secondPass: true)))
         return try store.write { data in
             let plants = try data.plants(owner: owner)
             for plant in plants { try data.deletePlant(owner: owner, id: plant.id) }
             try data.deletePreferences(owner: owner)
             try data.deleteRequestKeys(owner: owner)
-            let empty = try codec.encode(Empty())
             for (service, operation) in [(Reminders.service, Reminders.ForgetPerson.name), (Identification.service, Identification.ForgetPerson.name),
                                          (Images.service, Images.ForgetPerson.name)] {
                 try data.enqueue(owner: owner, service: service, operation: operation, body: empty, now: now)
+            }
+            if !secondPass {
+                // What a request already on its way adds after this, erased too (Care.DeleteAccount).
+                try data.enqueue(owner: owner, service: Care.service, operation: Care.DeleteAccount.name, body: again,
+                                 now: now.addingTimeInterval(erasureSecondPass.seconds))
             }
             return plants.count
         }

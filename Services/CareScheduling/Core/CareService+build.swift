@@ -23,6 +23,8 @@ public struct CareServiceSettings: Sendable {
     public var clock: ServiceClock = .system
     /// The species care catalog: the shipped one, or an operator's (`--catalog FILE`).
     public var catalog: Catalog = .shipped
+    /// How long after an account's deletion its second pass runs (`--erasure-second-pass`).
+    public var erasureSecondPass: Duration = .seconds(60)
 
     /// - Parameters:
     ///   - directory: the store's directory.
@@ -55,7 +57,7 @@ public func makeCareService(settings: CareServiceSettings, bus: any BusCalling, 
         try FileManager.default.createDirectory(at: settings.directory, withIntermediateDirectories: true)
         store = try CareStore(path: settings.directory.appendingPathComponent("care.sqlite").path, catalog: settings.catalog)
     }
-    let library = CareLibrary(store: store, clock: settings.clock)
+    let library = CareLibrary(store: store, clock: settings.clock, erasureSecondPass: settings.erasureSecondPass)
     let outbox = Outbox(library: library, bus: bus, interval: settings.outboxInterval, logger: logger)
     return ServiceParts(handlers: CareService(library: library), background: [outbox],
                         onShutdown: (store as? PostgresCareStore).map { [$0.database.beginShutdown] } ?? [])

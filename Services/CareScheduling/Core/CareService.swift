@@ -28,7 +28,7 @@ public struct CareService: BusService {
         on(Care.AddPlant.self) { plant, owner, _ in try library.add(plant, owner: owner) }
         on(Care.GetPlant.self) { request, owner, _ in try library.get(request.id, owner: owner) }
         on(Care.UpdatePlant.self) { plant, owner, _ in try library.update(plant, owner: owner) }
-        on(Care.DeleteAccount.self) { _, owner, _ in .init(plants: try library.deleteAccount(owner: owner)) }
+        on(Care.DeleteAccount.self) { request, owner, _ in .init(plants: try library.deleteAccount(owner: owner, secondPass: request.secondPass ?? false)) }
         on(Care.DeletePlant.self) { request, owner, _ in
             try library.delete(request.id, owner: owner)
             return Empty()

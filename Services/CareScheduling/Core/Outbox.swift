@@ -184,7 +184,7 @@ struct Outbox: Service, HealthReporting {
     }
 
     /// The follow-ups that end a person's erasure in another service.
-    static let erasures: Set<String> = [Reminders.ForgetPerson.name, Identification.ForgetPerson.name, Images.ForgetPerson.name]
+    static let erasures: Set<String> = [Reminders.ForgetPerson.name, Identification.ForgetPerson.name, Images.ForgetPerson.name, Care.DeleteAccount.name]
 
     /// Sends one lane's follow-ups one after the other, stopping at the first that fails.
     private func send(_ rows: [FollowUp]) async -> [FollowUp.Outcome] {

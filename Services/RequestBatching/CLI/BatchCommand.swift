@@ -240,7 +240,7 @@ struct RevokeToken: AsyncParsableCommand {
         let revocations = try await store.open(logger: logger)
         if let user {
             let at = try before.map { try Date($0, strategy: .iso8601) } ?? Date()
-            for digest in SignOutDigest(tokenKeys: try keys.keys()).candidates(user) { try revocations.signOut(digest: digest, before: at) }
+            for digest in SignOutDigest(tokenKeys: try keys.keys()).candidates(user) { try revocations.signOut(digest: digest, before: at, erasure: false) }
             print("signed \(user) out everywhere: tokens issued before \(at.formatted(.iso8601)) are refused")
         } else if let jti {
             try revocations.revoke(id: jti, until: Date().addingTimeInterval(400 * 86_400))

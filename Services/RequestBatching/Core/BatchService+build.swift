@@ -193,7 +193,7 @@ public func makeBatchService(settings: BatchServiceSettings, bus: any BusCalling
         api.signOut = { person in
             // Under every key's digest: a key rotated out later keeps no one signed back in.
             let (digests, before) = (signOuts.candidates(person), Date().addingTimeInterval(1))
-            try await offThePool { for digest in digests { try store.signOut(digest: digest, before: before) } }
+            try await offThePool { for digest in digests { try store.signOut(digest: digest, before: before, erasure: true) } }
             for digest in digests { watcher?.note(signOut: digest, before: before) } // refused here at once, everywhere within the watch interval
         }
         api.forgetKeys = { person in

@@ -78,7 +78,7 @@ struct CanopyAPI: APIProtocol {
     func deleteAccount(_ input: Operations.DeleteAccount.Input) async throws -> Operations.DeleteAccount.Output {
         let person = try caller()
         try await signOut?(person)
-        _ = try await call(Care.DeleteAccount.self, Empty())
+        _ = try await call(Care.DeleteAccount.self, .init())
         try await forgetKeys?(person)
         return .noContent(.init())
     }

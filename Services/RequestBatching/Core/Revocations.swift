@@ -44,14 +44,30 @@ public protocol RevocationStoring: Sendable {
     func revoke(id: String, until: Date) throws
     /// Revokes every token issued before `before` (whole seconds, as `iat` has them: a token
     /// issued in the second of the sign-out, after it, is taken) to the person whose
-    /// ``SignOutDigest/record(_:)`` is `digest`.
-    func signOut(digest: String, before: Date) throws
+    /// ``SignOutDigest/record(_:)`` is `digest`; an `erasure` (the account deleted) is also
+    /// listed among the erasures (``erasures()``), in the same transaction.
+    func signOut(digest: String, before: Date, erasure: Bool) throws
+    /// Every account deletion recorded, oldest first: what `canopy erasures` lists and applies
+    /// again to a store restored from a backup taken before them.
+    func erasures() throws -> [Erasure]
     /// Replaces sign-outs recorded under a person's id (before digests) with their digest.
     func digestLegacySignOuts(_ digest: SignOutDigest) throws
     /// Everything in force at `now` (revoked tokens past their end are forgotten).
     func load(now: Date) throws -> Revocations
     /// Bumped by every change.
     func generation() throws -> Int64
+}
+
+/// An account deletion as canopy-batch keeps it: the person's sign-out digest (one per token
+/// key, ``SignOutDigest/candidates(_:)``), never their id, and when it was.
+public struct Erasure: Sendable, Equatable {
+    public var digest: String
+    public var at: Date
+
+    public init(digest: String, at: Date) {
+        self.digest = digest
+        self.at = at
+    }
 }
 
 /// The most tokens revoked by id at once (a bound on the store and on every edge's memory).
@@ -86,6 +102,7 @@ final class SQLiteBatchStore: BatchStoring {
         migrator.registerMigration("v2") { db in try db.execute(sql: IdempotencyTable.sqlite) }
         // Sign-outs name a digest of the person, not the person (rows before it: 0 until digested).
         migrator.registerMigration("v3-digests") { db in try db.execute(sql: "ALTER TABLE signedOut ADD COLUMN digested INTEGER NOT NULL DEFAULT 0") }
+        migrator.registerMigration("v4-erasures") { db in try db.execute(sql: Erasure.sqliteTable) }
         return migrator
     }
 
@@ -101,11 +118,19 @@ final class SQLiteBatchStore: BatchStoring {
         }
     }
 
-    func signOut(digest: String, before: Date) throws {
+    func signOut(digest: String, before: Date, erasure: Bool) throws {
+        let at = before.timeIntervalSince1970.rounded(.down)
         try database.tracedWrite { db in
             try db.execute(sql: "INSERT INTO signedOut VALUES (?, ?, 1) ON CONFLICT (principal) DO UPDATE SET before = max(before, excluded.before)",
-                           arguments: [digest, before.timeIntervalSince1970.rounded(.down)])
+                           arguments: [digest, at])
+            if erasure { try db.execute(sql: "INSERT INTO erasures VALUES (?, ?) ON CONFLICT (digest) DO NOTHING", arguments: [digest, at]) }
             try db.execute(sql: "UPDATE revocationMeta SET value = value + 1 WHERE key = 'generation'")
+        }
+    }
+
+    func erasures() throws -> [Erasure] {
+        try database.tracedRead { db in
+            try Row.fetchAll(db, sql: "SELECT digest, at FROM erasures ORDER BY at, digest").map { Erasure(digest: $0["digest"], at: Date(timeIntervalSince1970: $0["at"])) }
         }
     }
 
@@ -172,6 +197,7 @@ final class PostgresBatchStore: BatchStoring {
         migrator.register("v2", IdempotencyTable.postgresTable, IdempotencyTable.postgresByExpiry, IdempotencyTable.postgresByPerson)
         // Sign-outs name a digest of the person, not the person (rows before it: 0 until digested).
         migrator.register("v3-digests", "ALTER TABLE signedOut ADD COLUMN digested INTEGER NOT NULL DEFAULT 0")
+        migrator.register("v4-erasures", Erasure.postgresTable)
         return migrator
     }
 
@@ -187,11 +213,20 @@ final class PostgresBatchStore: BatchStoring {
         }
     }
 
-    func signOut(digest: String, before: Date) throws {
+    func signOut(digest: String, before: Date, erasure: Bool) throws {
         let at = before.timeIntervalSince1970.rounded(.down)
         try database.write(isolation: .readCommitted) { session in
             _ = try session.execute("INSERT INTO signedOut VALUES (\(digest), \(at), 1) ON CONFLICT (principal) DO UPDATE SET before = GREATEST(signedOut.before, EXCLUDED.before)")
+            if erasure { _ = try session.execute("INSERT INTO erasures VALUES (\(digest), \(at)) ON CONFLICT (digest) DO NOTHING") }
             _ = try session.execute("UPDATE revocationMeta SET value = value + 1 WHERE key = 'generation'")
+        }
+    }
+
+    func erasures() throws -> [Erasure] {
+        try database.read { session in
+            try session.rows("SELECT digest, at FROM erasures ORDER BY at, digest").map {
+                Erasure(digest: try $0[0].decode(String.self), at: Date(timeIntervalSince1970: try $0[1].decode(Double.self)))
+            }
         }
     }
 
@@ -241,9 +276,16 @@ public func openBatchStore(directory: URL, postgres: PostgresSettings?, logger: 
     return try SQLiteBatchStore(path: directory.appendingPathComponent("batch.sqlite").path, idempotencyLimits: idempotencyLimits)
 }
 
+/// Everyone the stack's PostgreSQL holds data of, when `store` is canopy-batch's store in it
+/// (every store of the stack shares the database), or nil for SQLite (each store a file).
+public func peopleInSharedDatabase(_ store: any BatchStoring) throws -> Set<String>? {
+    guard let postgres = store as? PostgresBatchStore else { return nil }
+    return try StoreOwners.people(in: postgres.database)
+}
+
 /// What `canopy migrate` moves of canopy-batch's store.
 public let batchStoreImport = StoreImport(store: "batch", migrator: PostgresBatchStore.migrator, tables: [
-    .init("revokedTokens", key: ["jti"]), .init("signedOut", key: ["principal"]), .init("revocationMeta", key: ["key"], seeded: true),
+    .init("revokedTokens", key: ["jti"]), .init("signedOut", key: ["principal"]), .init("erasures", key: ["digest"]), .init("revocationMeta", key: ["key"], seeded: true),
     .init("idempotencyKeys", key: ["person", "route", "key"]),
 ])
 
@@ -337,4 +379,10 @@ public final class RevocationWatcher: Service, Sendable {
             }
         }
     }
+}
+
+extension Erasure {
+    /// The erasures table: a digest per account deleted, the second of its deletion.
+    static let sqliteTable = "CREATE TABLE erasures (digest TEXT PRIMARY KEY, at DOUBLE NOT NULL)"
+    static let postgresTable = "CREATE TABLE erasures (digest TEXT PRIMARY KEY, at DOUBLE PRECISION NOT NULL)"
 }
