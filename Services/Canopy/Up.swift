@@ -126,6 +126,7 @@ struct Up: ParsableCommand {
         let executables = try Self.executables()
         try Self.makeTokenKey(layout.tokenKey)
         let stackID = try Self.stackID(layout.stackIDFile)
+        _ = try InstallID.ensure(in: layout.dataDirectory)
         let keys = StackKeys(dataDirectory: layout.dataDirectory)
         if noCurve {
             if !supervise { note("warning: --no-curve: the bus runs without CurveZMQ; any local process can register as a service or call as any person") }
