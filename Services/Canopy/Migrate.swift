@@ -24,9 +24,12 @@ struct Migrate: AsyncParsableCommand {
             read through SQLite's online backup (as canopy backup does), so the stack may run
             meanwhile, but what it writes after that moment stays behind: stop it first
             (canopy down), or migrate a backup. The photos' originals go to --originals-dir,
-            each synced and compared. Running it again is safe: a store already imported from
-            the same data is left alone, a newer copy of it is imported again, and a database
-            holding data from anywhere else is refused.
+            each synced and compared. Every store is checked before anything is written: a
+            database holding data that this install (its install id, kept in --from) did not
+            put there, or that changed since, is refused with a sentence and left as it was,
+            and no photo is copied. Running it again is safe, also after it was killed: a
+            store already imported from the same data is left alone, a newer copy of the same
+            install is imported again, and what was not finished is done.
             Examples:
               canopy migrate --from ./.canopy --to postgres://canopy@db:5432/canopy --database-password-file ./secrets/db --originals-dir /mnt/photos
               canopy migrate --from ./backups/monday --to postgres://canopy@127.0.0.1:5432/canopy
@@ -62,29 +65,40 @@ struct Migrate: AsyncParsableCommand {
         if let state = StackLayout(dataDirectory: source).state(), state.services.contains(where: { $0.state == "running" }) {
             note("the stack in \(source.path) runs: what it writes from now on stays behind; stop it (canopy down) and run this again to bring the rest")
         }
+        // Each source is this store's, before anything is read from it.
+        for (service, plan) in present {
+            do {
+                try StoreFile.check(path: source.appendingPathComponent("\(service)/\(service).sqlite").path, store: service, tables: plan.tables.map(\.name))
+            } catch {
+                throw CommandFailure("\(error.description); nothing was migrated")
+            }
+        }
+        let install = try InstallID.ensure(in: source)
         // A snapshot of every store first (SQLite's online backup): one moment of each.
         let snapshot = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-migrate-\(UUID().uuidString)", isDirectory: true)
         try FileManager.default.createDirectory(at: snapshot, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
         defer { try? FileManager.default.removeItem(at: snapshot) }
         var logger = Logger(label: "canopy-migrate")
         logger.logLevel = .error
+        for (service, _) in present {
+            try Backup.copyStore(from: source.appendingPathComponent("\(service)/\(service).sqlite"), to: snapshot.appendingPathComponent("\(service).sqlite"))
+        }
+        // Every store checked against the target before anything is written to it: one
+        // refusal leaves the database (and the photos) as they were.
+        try await Self.refuseForeignTarget(present, snapshot: snapshot, url: url, install: install, logger: logger)
         var table = Table("STORE", "TABLE", "ROWS", "CHECKSUM", "RESULT")
         var progress = ProgressLine()
         for (service, plan) in present {
             let copy = snapshot.appendingPathComponent("\(service).sqlite")
-            try Backup.copyStore(from: source.appendingPathComponent("\(service)/\(service).sqlite"), to: copy)
             note("moving \(service) into \(url)…")
             let report: StoreImport.Report
             do {
-                report = try await plan.run(from: copy.path, into: url, source: source.path, logger: logger) { table, done, total in
+                report = try await plan.run(from: copy.path, into: url, source: source.path, install: install, logger: logger) { table, done, total in
                     progress.update("\(table) \(ProgressLine.bar(done, of: total)) \(done)/\(total) rows")
                 }
-            } catch let refused as StoreImport.Refused {
+            } catch {
                 progress.finish()
-                throw CommandFailure(refused.description)
-            } catch let failure as PostgresStore.Failure {
-                progress.finish()
-                throw CommandFailure(failure.description)
+                throw Self.sentence(error)
             }
             progress.finish()
             for entry in report.tables {
@@ -111,5 +125,42 @@ struct Migrate: AsyncParsableCommand {
         }
         let images = originalsDir.map { " --originals-dir \($0)" } ?? ""
         print("moved into \(url); run each service with --database-url \(url)\(databasePasswordFile.map { " --database-password-file \($0)" } ?? "") (canopy-images also\(images.isEmpty ? " with --originals-dir where the originals are" : images)), or canopy up --database-url \(url)")
+    }
+
+    /// Refuses, with every reason at once, when any store's target holds what this install
+    /// did not put there (``StoreImport/check(from:into:install:)``); changes nothing.
+    static func refuseForeignTarget(_ present: [(service: String, plan: StoreImport)], snapshot: URL, url: DatabaseURL, install: String,
+                                    logger: Logger) async throws {
+        let target: PostgresStore
+        do {
+            target = try await PostgresStore.inspect(url: url, logger: logger)
+        } catch {
+            throw sentence(error)
+        }
+        defer { target.close() }
+        var refusals: [String] = []
+        for (service, plan) in present {
+            do {
+                _ = try plan.check(from: snapshot.appendingPathComponent("\(service).sqlite").path, into: target, install: install)
+            } catch let refused as StoreImport.Refused {
+                refusals.append(refused.description)
+            } catch {
+                throw sentence(error)
+            }
+        }
+        guard refusals.isEmpty else {
+            throw CommandFailure(refusals.joined(separator: "\n") + "\nnothing was migrated, and \(url) was left as it was")
+        }
+    }
+
+    /// An error of the import as the sentence it carries.
+    static func sentence(_ error: Error) -> Error {
+        switch error {
+        case let refused as StoreImport.Refused: CommandFailure(refused.description)
+        case let failure as PostgresStore.Failure: CommandFailure(failure.description)
+        case let failure as PostgresMigrator.Failure: CommandFailure(failure.description)
+        case let refused as StoreFile.Refused: CommandFailure(refused.description)
+        default: error
+        }
     }
 }

@@ -89,6 +89,15 @@ public final class PostgresStore: Sendable {
         return store
     }
 
+    /// Connects to `url` to look, changing nothing (no migration, no presence): what an
+    /// operator command reads before it decides to write (`canopy migrate`'s checks).
+    public static func inspect(url: DatabaseURL, logger: Logger) async throws -> PostgresStore {
+        let store = try PostgresStore(url: url, size: 1, logger: logger)
+        let connection = try await store.firstConnection(waitingUpTo: .zero)
+        store.idle.withLock { $0.append(connection) }
+        return store
+    }
+
     deinit {
         close()
     }

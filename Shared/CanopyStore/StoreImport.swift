@@ -61,20 +61,84 @@ public struct StoreImport: Sendable {
         public let description: String
     }
 
+    /// What the target database holds of this store, as an import must find it.
+    public enum Target: Sendable, Equatable {
+        /// None of its rows (its tables absent, or empty): an import may fill it.
+        case empty
+        /// This install's import, unchanged since (the checksum it recorded).
+        case imported(from: String, at: String)
+    }
+
+    /// Decides, before anything is written, whether this store may be imported into the
+    /// database `target` connects to (``PostgresStore/inspect(url:logger:)``, which changes
+    /// nothing): it may when the store's tables there are absent or empty, or hold exactly
+    /// what an import of this same install (`install`) left there. Anything else is
+    /// ``Refused`` with a sentence naming what was found. `path` is the source store, checked
+    /// first (``StoreFile/check(path:store:tables:)``).
+    public func check(from path: String, into target: PostgresStore, install: String) throws -> Target {
+        let sqlite = try openSource(path)
+        defer { try? sqlite.close() }
+        return try target.read { session in
+            let present = try tables.filter { table in
+                try session.value(Bool.self, "SELECT to_regclass(\(table.name.lowercased())) IS NOT NULL") ?? false
+            }
+            guard !present.isEmpty else { return .empty }
+            guard present.count == tables.count else {
+                throw Refused(description: "the \(store) store in \(target.url) is incomplete (it has \(present.map(\.name).joined(separator: ", ")) of \(tables.map(\.name).joined(separator: ", "))); migrate into an empty database, or drop those tables first")
+            }
+            let shapes = try tables.map { try shape($0, sqlite: sqlite, session: session) }
+            return try decide(shapes: shapes, session: session, install: install, url: target.url)
+        }
+    }
+
+    /// Whether the target's tables (`shapes`) may take this install's import: empty, or left
+    /// by this install's own import and unchanged since; else ``Refused``.
+    private func decide(shapes: [Shape], session: PostgresSession, install: String, url: DatabaseURL) throws -> Target {
+        let reports = try shapes.map { try summary(of: $0, in: session) }
+        if zip(shapes, reports).allSatisfy({ shape, report in shape.table.seeded || report.rows == 0 }) { return .empty }
+        let record = try Self.record(of: store, in: session)
+        guard let record else {
+            throw Refused(description: "the \(store) store in \(url) already holds \(Self.rows(reports)) that canopy migrate did not put there; migrate into an empty database, or drop its tables first")
+        }
+        guard record.install == install else {
+            let whose = record.install.map { "another install (\($0.prefix(8))…)" } ?? "an install from before install ids"
+            throw Refused(description: "the \(store) store in \(url) holds \(Self.rows(reports)) migrated from \(whose), from \(record.source) at \(record.at); this is install \(install.prefix(8))…, so nothing was changed. Migrate into a database of its own")
+        }
+        guard Self.combined(reports) == record.targetChecksum else {
+            throw Refused(description: "the \(store) store in \(url) was migrated from here at \(record.at) and changed since (a stack ran on it), so migrating again would lose that; nothing was changed")
+        }
+        return .imported(from: record.source, at: record.at)
+    }
+
+    /// What `canopy_imports` recorded of `store`'s last import, if the table and the row exist.
+    private static func record(of store: String, in session: PostgresSession) throws -> (source: String, install: String?, sourceChecksum: String, targetChecksum: String, at: String)? {
+        guard try session.value(Bool.self, "SELECT to_regclass('canopy_imports') IS NOT NULL") ?? false else { return nil }
+        // As JSON: a record an older canopy migrate wrote has no install column.
+        guard let text = try session.value(String.self, "SELECT to_jsonb(i)::text FROM canopy_imports i WHERE store = \(store)"),
+              let row = try? JSONSerialization.jsonObject(with: Data(text.utf8)) as? [String: Any] else { return nil }
+        return (row["source"] as? String ?? "?", row["install"] as? String, row["sourcechecksum"] as? String ?? "", row["targetchecksum"] as? String ?? "",
+                row["importedat"] as? String ?? "?")
+    }
+
+    private static func rows(_ reports: [TableReport]) -> String {
+        let total = reports.reduce(0) { $0 + $1.rows }
+        return "\(total) row\(total == 1 ? "" : "s")"
+    }
+
     /// Copies the SQLite store at `path` (a stopped store or a backup's copy: nothing writes
     /// it meanwhile) into the database `url` names, in one transaction: every table emptied,
     /// filled, its sequences moved past the ids copied, then counted and checksummed against
-    /// the source before anything commits. Running it again with the same source changes
-    /// nothing; with a newer source it imports again, as long as nobody changed the
-    /// PostgreSQL copy since; a database with this store's data from anywhere else is refused.
-    public func run(from path: String, into url: DatabaseURL, source: String, logger: Logger,
+    /// the source before anything commits, and the import recorded with `install`. Running it
+    /// again with the same source changes nothing; with a newer copy of the same install it
+    /// imports again, as long as nobody changed the PostgreSQL copy since; a database with this
+    /// store's data from anywhere else is refused (``check(from:into:install:)`` says so
+    /// before anything is written; this decides again inside the transaction).
+    public func run(from path: String, into url: DatabaseURL, source: String, install: String, logger: Logger,
                     progress: @escaping (_ table: String, _ done: Int, _ total: Int) -> Void = { _, _, _ in }) async throws -> Report {
+        let sqlite = try openSource(path)
+        defer { try? sqlite.close() }
         let target = try await PostgresStore.open(url: url, migrator: migrator, size: 1, logger: logger)
         defer { target.close() }
-        var configuration = Configuration()
-        configuration.readonly = true
-        let sqlite = try DatabaseQueue(path: path, configuration: configuration)
-        defer { try? sqlite.close() }
         return try target.write(isolation: .readCommitted) { session in
             // One import of this store at a time, and the record of the last one.
             try session.execute("SELECT pg_advisory_xact_lock(hashtext('canopy_import:' || \(store)))")
@@ -82,18 +146,15 @@ public struct StoreImport: Sendable {
                 CREATE TABLE IF NOT EXISTS canopy_imports (
                     store TEXT PRIMARY KEY, source TEXT NOT NULL, sourceChecksum TEXT NOT NULL, targetChecksum TEXT NOT NULL, importedAt TIMESTAMPTZ NOT NULL)
                 """)
+            try session.execute("ALTER TABLE canopy_imports ADD COLUMN IF NOT EXISTS install TEXT")
             let shapes = try tables.map { try shape($0, sqlite: sqlite, session: session) }
             let sourceReports = try shapes.map { shape in try sqlite.read { db in try summary(of: shape, in: db) } }
+            let sourceChecksum = Self.combined(sourceReports)
+            _ = try decide(shapes: shapes, session: session, install: install, url: url) // refuses what is not this install's
             let targetReports = try shapes.map { try summary(of: $0, in: session) }
-            let sourceChecksum = Self.combined(sourceReports), targetChecksum = Self.combined(targetReports)
-            let last = try session.row("SELECT sourceChecksum, targetChecksum, source FROM canopy_imports WHERE store = \(store)")
-            let lastSource = try last?[0].decode(String.self), lastTarget = try last?[1].decode(String.self)
-            let empty = zip(shapes, targetReports).allSatisfy { shape, report in shape.table.seeded || report.rows == 0 }
-            if empty || targetChecksum == lastTarget {
-                if lastSource == sourceChecksum, targetChecksum == lastTarget { return Report(outcome: .unchanged, tables: targetReports) }
-            } else {
-                let whence = try last.map { "was imported from \(try $0[2].decode(String.self)) and changed since" } ?? "did not come from an import"
-                throw Refused(description: "the \(store) store in \(url) already holds data that \(whence); migrate into an empty database, or drop its tables first")
+            if let record = try Self.record(of: store, in: session), record.install == install, record.sourceChecksum == sourceChecksum,
+               record.targetChecksum == Self.combined(targetReports) {
+                return Report(outcome: .unchanged, tables: targetReports)
             }
             try session.execute(PostgresQuery(unsafeSQL: "TRUNCATE \(shapes.map(\.table.name).joined(separator: ", ")) RESTART IDENTITY CASCADE"))
             for shape in shapes {
@@ -110,13 +171,21 @@ public struct StoreImport: Sendable {
                 throw Refused(description: "\(store).\(wanted.table) did not copy exactly (\(wanted.rows) rows, \(got.rows) copied, checksums \(wanted.checksum.prefix(12)) and \(got.checksum.prefix(12))); nothing was imported")
             }
             try session.execute("""
-                INSERT INTO canopy_imports (store, source, sourceChecksum, targetChecksum, importedAt)
-                VALUES (\(store), \(source), \(sourceChecksum), \(Self.combined(copied)), now())
+                INSERT INTO canopy_imports (store, source, sourceChecksum, targetChecksum, importedAt, install)
+                VALUES (\(store), \(source), \(sourceChecksum), \(Self.combined(copied)), now(), \(install))
                 ON CONFLICT (store) DO UPDATE SET source = excluded.source, sourceChecksum = excluded.sourceChecksum,
-                    targetChecksum = excluded.targetChecksum, importedAt = excluded.importedAt
+                    targetChecksum = excluded.targetChecksum, importedAt = excluded.importedAt, install = excluded.install
                 """)
             return Report(outcome: .imported, tables: copied)
         }
+    }
+
+    /// The source store, read-only, once ``StoreFile/check(path:store:tables:)`` has found it is this store's.
+    private func openSource(_ path: String) throws -> DatabaseQueue {
+        try StoreFile.check(path: path, store: store, tables: tables.map(\.name))
+        var configuration = Configuration()
+        configuration.readonly = true
+        return try DatabaseQueue(path: path, configuration: configuration)
     }
 
     static func combined(_ reports: [TableReport]) -> String {
@@ -143,9 +212,9 @@ public struct StoreImport: Sendable {
     }
 
     private func shape(_ table: Table, sqlite: DatabaseQueue, session: PostgresSession) throws -> Shape {
-        let (sourceColumns, sourceRows) = try sqlite.read { db in
-            (try Row.fetchAll(db, sql: "PRAGMA table_info(\(table.name))").map { $0["name"] as String },
-             try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM \(table.name)") ?? 0)
+        let (sourceColumns, sourceRows) = try sqlite.read { db -> ([String], Int) in
+            let columns = try Row.fetchAll(db, sql: "PRAGMA table_info(\(table.name))").map { $0["name"] as String }
+            return (columns, columns.isEmpty ? 0 : try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM \(table.name)") ?? 0)
         }
         guard !sourceColumns.isEmpty else { throw Refused(description: "the \(store) store has no table \(table.name); is it a Canopy data directory?") }
         var targetTypes: [String: Column.Kind] = [:]

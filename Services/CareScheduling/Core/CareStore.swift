@@ -10,12 +10,12 @@ import GRDB
 /// is saved. Thread-safe.
 final class CareStore: CareStoring {
     let database: DatabasePool
+    let catalog: Catalog
+    fileprivate let codec = MessageCodec()
 
     func eraseResidue() {
         SQLiteStore.eraseResidue(database)
     }
-    let catalog: Catalog
-    fileprivate let codec = MessageCodec()
 
     init(path: String, catalog: Catalog = .shipped) throws {
         database = try SQLiteStore.open(path: path, migrator: Self.migrator)

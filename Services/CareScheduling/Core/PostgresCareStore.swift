@@ -20,14 +20,14 @@ import PostgresNIO
 ///   wakes, whichever replica wrote it.
 final class PostgresCareStore: CareStoring {
     let database: PostgresStore
-
-    func eraseResidue() {
-        database.vacuumSoon(careStoreImport.tables.map(\.name))
-    }
     let catalog: Catalog
     fileprivate let codec = MessageCodec()
     /// The channel commits that add follow-ups notify.
     static let outboxChannel = "canopy_care_outbox"
+
+    func eraseResidue() {
+        database.vacuumSoon(careStoreImport.tables.map(\.name))
+    }
 
     private init(database: PostgresStore, catalog: Catalog) {
         self.database = database

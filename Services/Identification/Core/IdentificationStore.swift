@@ -11,14 +11,14 @@ import GRDB
 /// write references while the service runs (``referenceGeneration`` tells it to reload).
 final class IdentificationStore: IdentificationStoring {
     let database: DatabasePool
-
-    func eraseResidue() {
-        SQLiteStore.eraseResidue(database)
-    }
     private let codec = MessageCodec()
     /// This store's id in the submissions it claims: a claim of another id is a process that
     /// ended (one process serves a SQLite store), so it is free.
     let holder = Int64.random(in: 1...Int64(Int32.max))
+
+    func eraseResidue() {
+        SQLiteStore.eraseResidue(database)
+    }
 
     init(path: String) throws {
         database = try SQLiteStore.open(path: path, migrator: Self.migrator)

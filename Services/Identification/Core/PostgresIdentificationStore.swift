@@ -14,11 +14,11 @@ import PostgresNIO
 /// a replica killed mid-submission leaves nothing behind (``takeAbandonedSubmissions(now:until:limit:)``).
 final class PostgresIdentificationStore: IdentificationStoring {
     let database: PostgresStore
+    private let codec = MessageCodec()
 
     func eraseResidue() {
         database.vacuumSoon(identifyStoreImport.tables.map(\.name))
     }
-    private let codec = MessageCodec()
 
     private init(database: PostgresStore) {
         self.database = database

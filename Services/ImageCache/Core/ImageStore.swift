@@ -12,16 +12,16 @@ import GRDB
 /// Thread-safe.
 final class ImageStore: ImageStoring {
     let database: DatabasePool
-
-    func eraseResidue() {
-        SQLiteStore.eraseResidue(database)
-    }
     private let files: PhotoFiles
     private let codec = MessageCodec()
 
     var isRemote: Bool { false }
 
     /// Opens (and migrates) the store in `directory`.
+    func eraseResidue() {
+        SQLiteStore.eraseResidue(database)
+    }
+
     init(directory: URL) throws {
         files = try PhotoFiles(directory: directory.appendingPathComponent("originals", isDirectory: true))
         database = try SQLiteStore.open(path: directory.appendingPathComponent("images.sqlite").path, migrator: Self.migrator)

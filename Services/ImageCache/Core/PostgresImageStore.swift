@@ -20,10 +20,6 @@ import PostgresNIO
 /// no replica serves a purged photo from its cache meanwhile.
 final class PostgresImageStore: ImageStoring {
     let database: PostgresStore
-
-    func eraseResidue() {
-        database.vacuumSoon(imagesStoreImport.tables.map(\.name))
-    }
     let files: PhotoFiles
     private let codec = MessageCodec()
     /// The channel deleted originals are announced on (their ids, comma-separated).
@@ -33,6 +29,10 @@ final class PostgresImageStore: ImageStoring {
     static let temporaryAge: TimeInterval = 600
 
     var isRemote: Bool { true }
+
+    func eraseResidue() {
+        database.vacuumSoon(imagesStoreImport.tables.map(\.name))
+    }
 
     private init(database: PostgresStore, files: PhotoFiles) {
         self.database = database

@@ -25,11 +25,11 @@ import PostgresNIO
 ///   again, under the same idempotency key (`webhook-id`): the documented at-least-once case.
 final class PostgresReminderStore: ReminderStoring {
     let database: PostgresStore
+    let codec = MessageCodec()
 
     func eraseResidue() {
         database.vacuumSoon(remindStoreImport.tables.map(\.name))
     }
-    let codec = MessageCodec()
 
     private init(database: PostgresStore) {
         self.database = database

@@ -9,11 +9,11 @@ import GRDB
 /// query about a person's data names the owner. Thread-safe.
 final class ReminderStore: ReminderStoring {
     let database: DatabasePool
+    let codec = MessageCodec()
 
     func eraseResidue() {
         SQLiteStore.eraseResidue(database)
     }
-    let codec = MessageCodec()
 
     init(path: String) throws {
         // Every commit survives the process crashing (what the crash test checks); losing

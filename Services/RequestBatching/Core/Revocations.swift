@@ -76,12 +76,12 @@ let maximumRevokedTokens = 1_000_000
 /// canopy-batch's store in SQLite.
 final class SQLiteBatchStore: BatchStoring {
     let database: DatabasePool
+    let sweep = SweepClock()
+    let idempotencyLimits: IdempotencyLimits
 
     func eraseResidue() {
         SQLiteStore.eraseResidue(database)
     }
-    let sweep = SweepClock()
-    let idempotencyLimits: IdempotencyLimits
 
     init(path: String, idempotencyLimits: IdempotencyLimits = IdempotencyLimits()) throws {
         self.idempotencyLimits = idempotencyLimits
@@ -171,12 +171,12 @@ final class SQLiteBatchStore: BatchStoring {
 /// canopy-batch's store in PostgreSQL, shared by every edge of the stack.
 final class PostgresBatchStore: BatchStoring {
     let database: PostgresStore
+    let sweep = SweepClock()
+    let idempotencyLimits: IdempotencyLimits
 
     func eraseResidue() {
         database.vacuumSoon(batchStoreImport.tables.map(\.name))
     }
-    let sweep = SweepClock()
-    let idempotencyLimits: IdempotencyLimits
 
     private init(database: PostgresStore, idempotencyLimits: IdempotencyLimits) {
         self.database = database
