@@ -12,6 +12,7 @@ struct CanopyCommand: MainCommand {
               canopy status
               canopy up --traces ./traces.jsonl && canopy trace
               canopy backup ./backups/monday
+              canopy restore ./backups/monday --data-dir ./.canopy-monday
               canopy erasures list
               canopy migrate --from ./.canopy --to postgres://canopy@db:5432/canopy --originals-dir /mnt/photos
               canopy demo
@@ -23,5 +24,5 @@ struct CanopyCommand: MainCommand {
               canopy capture inspect ./captures/monday
               canopy replay ./captures/monday --broker tcp://127.0.0.1:5555
             """,
-        subcommands: [Up.self, Status.self, Logs.self, Down.self, Trace.self, Backup.self, Erasures.self, Migrate.self, Demo.self, Send.self, Services.self, Stats.self, Keys.self, Capture.self, Replay.self])
+        subcommands: [Up.self, Status.self, Logs.self, Down.self, Trace.self, Backup.self, Restore.self, Erasures.self, Migrate.self, Demo.self, Send.self, Services.self, Stats.self, Keys.self, Capture.self, Replay.self])
 }

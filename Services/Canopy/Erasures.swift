@@ -49,8 +49,12 @@ struct Erasures: AsyncParsableCommand {
         func store() async throws -> any BatchStoring {
             let postgres = try database.postgres()
             let directory = stack.layout.dataDirectory.appendingPathComponent("batch")
-            if postgres == nil, !FileManager.default.fileExists(atPath: directory.appendingPathComponent("batch.sqlite").path) {
-                throw CommandFailure("no canopy-batch store in \(directory.path); name the stack's data directory with --data-dir (canopy status shows it), or --database-url")
+            if postgres == nil {
+                let path = directory.appendingPathComponent("batch.sqlite").path
+                guard FileManager.default.fileExists(atPath: path) else {
+                    throw CommandFailure("no canopy-batch store in \(directory.path); name the stack's data directory with --data-dir (canopy status shows it), or --database-url")
+                }
+                try Backup.checkStores(in: stack.layout.dataDirectory) // another program's file is named, never opened for writing
             }
             var logger = Logger(label: "canopy-erasures")
             logger.logLevel = .error

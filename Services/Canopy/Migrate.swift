@@ -85,7 +85,7 @@ struct Migrate: AsyncParsableCommand {
         }
         // Every store checked against the target before anything is written to it: one
         // refusal leaves the database (and the photos) as they were.
-        try await Self.refuseForeignTarget(present, snapshot: snapshot, url: url, install: install, logger: logger)
+        try await Self.refuseForeignTarget(present, snapshot: snapshot, url: url, install: install)
         var table = Table("STORE", "TABLE", "ROWS", "CHECKSUM", "RESULT")
         var progress = ProgressLine()
         for (service, plan) in present {
@@ -129,14 +129,8 @@ struct Migrate: AsyncParsableCommand {
 
     /// Refuses, with every reason at once, when any store's target holds what this install
     /// did not put there (``StoreImport/check(from:into:install:)``); changes nothing.
-    static func refuseForeignTarget(_ present: [(service: String, plan: StoreImport)], snapshot: URL, url: DatabaseURL, install: String,
-                                    logger: Logger) async throws {
-        let target: PostgresStore
-        do {
-            target = try await PostgresStore.inspect(url: url, logger: logger)
-        } catch {
-            throw sentence(error)
-        }
+    static func refuseForeignTarget(_ present: [(service: String, plan: StoreImport)], snapshot: URL, url: DatabaseURL, install: String) async throws {
+        let target = try await PostgresBackup.inspect(url)
         defer { target.close() }
         var refusals: [String] = []
         for (service, plan) in present {

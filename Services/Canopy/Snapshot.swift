@@ -83,6 +83,7 @@ enum StackSnapshot {
         guard !FileManager.default.fileExists(atPath: directory.path) else {
             throw CommandFailure("\(directory.path) exists already; remove it or capture under another name")
         }
+        try Backup.checkStores(in: data)
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
         var pinned = Pinned(stores: [], originals: 0, directory: directory, data: data)
         do {
@@ -117,8 +118,8 @@ enum StackSnapshot {
     }
 
     /// After the hold: copies each pinned store, renames its people by `pseudonyms` when
-    /// given, and writes the manifest. Returns a table of what was copied.
-    static func finish(_ pinned: Pinned, manifest: Manifest, pseudonyms: PseudonymBox?) throws -> String {
+    /// given, and writes the manifest (as `file`). Returns a table of what was copied.
+    static func finish(_ pinned: Pinned, manifest: some Encodable, file: String = Manifest.file, pseudonyms: PseudonymBox?) throws -> String {
         defer { pinned.close() }
         var table = Table("STORE", "FILE", "MIB", "SECONDS")
         var progress = ProgressLine()
@@ -136,7 +137,7 @@ enum StackSnapshot {
         progress.finish()
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]
-        try encoder.encode(manifest).write(to: pinned.directory.appendingPathComponent(Manifest.file), options: .atomic)
+        try encoder.encode(manifest).write(to: pinned.directory.appendingPathComponent(file), options: .atomic)
         return table.render()
     }
 }

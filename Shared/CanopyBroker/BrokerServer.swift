@@ -451,6 +451,9 @@ public final class BrokerServer: Service, @unchecked Sendable {
             if let milliseconds = request.holdMilliseconds, !(1...Int(BrokerState.maximumHold.wholeMilliseconds)).contains(milliseconds) {
                 throw CanopyError(.badRequest, "holdMilliseconds is 1 to \(BrokerState.maximumHold.wholeMilliseconds)")
             }
+            if request.holdMilliseconds != nil, state.hold != nil {
+                throw CanopyError(.conflict, "a hold is in force already (a backup or a snapshot is being taken); try again in a moment")
+            }
             do {
                 capture = try CaptureWriter(settings: settings)
             } catch {

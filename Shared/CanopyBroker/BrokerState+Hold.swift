@@ -30,6 +30,9 @@ extension BrokerState {
         let limit: Duration
         /// When the hold ends by itself: `limit` after the cut.
         var releaseAt: ContinuousClock.Instant
+        /// A `capture.start`'s (whose capture stops when no cut could be made), not a
+        /// `broker.hold`'s (a backup's, which leaves a running capture alone).
+        var forCapture: Bool
     }
 
     /// The longest hold a caller may ask for.
@@ -41,10 +44,12 @@ extension BrokerState {
     /// Begins holding new client requests; the caller (`client`, `correlation`) is answered
     /// with ``CaptureControl/cut`` once the requests in the air are answered, or with
     /// ``CaptureControl/holdFailed(_:stopCapture:)`` when they are not within `limit`.
-    mutating func beginHold(limit: Duration, client: [UInt8], correlation: [UInt8], now: ContinuousClock.Instant, into out: inout [Directive]) {
+    mutating func beginHold(limit: Duration, client: [UInt8], correlation: [UInt8], forCapture: Bool = true, now: ContinuousClock.Instant,
+                            into out: inout [Directive]) {
         let limit = min(max(limit, .milliseconds(1)), Self.maximumHold)
         let inTheAir = flights.ids.filter { id in flights[id].map { !Self.isDerived($0.header) } ?? false }
-        hold = Hold(draining: Set(inTheAir), waiting: (client, correlation), drainDeadline: now + limit, limit: limit, releaseAt: now + limit)
+        hold = Hold(draining: Set(inTheAir), waiting: (client, correlation), drainDeadline: now + limit, limit: limit, releaseAt: now + limit,
+                    forCapture: forCapture)
         checkHold(now: now, into: &out)
     }
 
@@ -109,7 +114,7 @@ extension BrokerState {
         hold = nil
         if let waiting = current.waiting {
             let error = failing ?? CanopyError(.conflict, "the capture was stopped before the requests in the air were answered; no snapshot was taken")
-            out.append(.captureControl(.holdFailed(error, stopCapture: failing != nil), client: waiting.client, correlation: waiting.correlation))
+            out.append(.captureControl(.holdFailed(error, stopCapture: failing != nil && current.forCapture), client: waiting.client, correlation: waiting.correlation))
         } else if capturing {
             out.append(.capture(capturedMark(snapshot: snapshot, held: current.held.count)))
         }

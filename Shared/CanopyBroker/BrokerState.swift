@@ -372,7 +372,7 @@ public struct BrokerState {
     static let managementAccess: [String: Access] = [
         Broker.Services.name: Broker.Services.access, Broker.Stats.name: Broker.Stats.access, Broker.CaptureStart.name: Broker.CaptureStart.access,
         Broker.CaptureStop.name: Broker.CaptureStop.access, Broker.CaptureStatusOperation.name: Broker.CaptureStatusOperation.access,
-        Broker.CaptureRelease.name: Broker.CaptureRelease.access,
+        Broker.CaptureRelease.name: Broker.CaptureRelease.access, Broker.Hold.name: Broker.Hold.access,
     ]
 
     mutating func management(_ operation: String, body requestBody: [UInt8], header: RequestHeader, to client: [UInt8], correlation: [UInt8],
@@ -410,9 +410,22 @@ public struct BrokerState {
         case Broker.CaptureStatusOperation.name:
             out.append(.captureControl(.status, client: client, correlation: correlation))
             return
+        case Broker.Hold.name:
+            guard let request = try? codec.decode(Broker.Hold.Request.self, from: requestBody),
+                  (1...Int(Self.maximumHold.wholeMilliseconds)).contains(request.holdMilliseconds) else {
+                rejected += 1
+                replyError(to: client, correlation: correlation, CanopyError(.badRequest, "hold takes {\"holdMilliseconds\"}, 1 to \(Self.maximumHold.wholeMilliseconds)"), into: &out)
+                return
+            }
+            guard hold == nil else {
+                replyError(to: client, correlation: correlation, CanopyError(.conflict, "a hold is in force already (a backup or a snapshot is being taken); try again in a moment"), into: &out)
+                return
+            }
+            beginHold(limit: .milliseconds(request.holdMilliseconds), client: client, correlation: correlation, forCapture: false, now: now, into: &out)
+            return
         default:
             rejected += 1
-            replyError(to: client, correlation: correlation, CanopyError(.badRequest, "the broker has no operation '\(operation)'; it has: services, stats, capture.start, capture.release, capture.stop, capture.status"), into: &out)
+            replyError(to: client, correlation: correlation, CanopyError(.badRequest, "the broker has no operation '\(operation)'; it has: services, stats, hold, capture.start, capture.release, capture.stop, capture.status"), into: &out)
             return
         }
         out.append(.send(to: client, .reply(correlation: correlation, shared: false, body: body ?? [])))

@@ -79,6 +79,26 @@ public enum Broker {
         public static let access = Access.operator
     }
 
+    /// `broker.hold`: holds every new client request (not those services make while serving)
+    /// and answers once the requests in the air are answered: the cut, at which every store
+    /// agrees with every other (what `canopy backup` copies). `capture.release` ends it; it
+    /// ends by itself `holdMilliseconds` after the cut (at most 60 s), so a caller that dies
+    /// never stops the stack for long. A capture running meanwhile records a mark at the
+    /// release. Refused while another hold is in force.
+    public enum Hold: BusOperation {
+        public struct Request: Codable, Sendable, Equatable {
+            public var holdMilliseconds: Int
+
+            public init(holdMilliseconds: Int) {
+                self.holdMilliseconds = holdMilliseconds
+            }
+        }
+        public typealias Reply = CaptureStatus
+        public static let service = Broker.service
+        public static let name = "hold"
+        public static let access = Access.operator
+    }
+
     /// `broker.capture.stop`: writes what is queued, closes the file, answers the final counts.
     public enum CaptureStop: BusOperation {
         public typealias Request = Empty

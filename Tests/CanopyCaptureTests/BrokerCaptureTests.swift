@@ -194,4 +194,47 @@ struct BrokerCaptureTests {
             }
         }
     }
+
+    /// A backup's hold (`broker.hold`) makes the same cut without a capture: answered once
+    /// the request in the air is answered, a person's request held until `capture.release`;
+    /// a second hold meanwhile is refused; one that fails leaves a running capture alone.
+    @Test func aBackupsHoldCutsWithoutACaptureAndLeavesARunningCaptureAlone() async throws {
+        let directory = (CaptureFormatTests.temporaryPath("x") as NSString).deletingLastPathComponent
+        var configuration = BrokerConfiguration.testing
+        configuration.captureDirectory = directory
+        try await withLiveBus(configuration: configuration) { bus in
+            bus.startWorker(name: "w1", credit: 8)
+            try await bus.waitForWorkers(1)
+            let (client, operator_) = (try bus.client(), try bus.client())
+            let sent = ContinuousClock.now
+            let early = Task { try await client.call(TestService.Append.self, .init(text: "early", sleepMilliseconds: 400), principal: "user-3") }
+            try await bus.waitForLoad(inFlight: 1)
+            let cut = try await operator_.call(Broker.Hold.self, .init(holdMilliseconds: 5_000), timeout: .seconds(10))
+            #expect(ContinuousClock.now - sent >= .milliseconds(400), "the cut waits for the request in the air")
+            #expect(cut.cutAt != nil && !cut.capturing)
+            #expect(try await early.value.text == "early")
+            let late = Task { try await client.call(TestService.Echo.self, .init(text: "late"), principal: "user-3") }
+            #expect(try await eventually { try await operator_.call(Broker.CaptureStatusOperation.self, .init()).held == 1 }, "the person's request is held")
+            let again = await #expect(throws: CanopyError.self) { _ = try await operator_.call(Broker.Hold.self, .init(holdMilliseconds: 1_000)) }
+            #expect(again?.code == .conflict)
+            let capture = await #expect(throws: CanopyError.self) {
+                _ = try await operator_.call(Broker.CaptureStart.self, .init(name: "during-\(UInt32.random(in: 0 ... .max))", holdMilliseconds: 1_000))
+            }
+            #expect(capture?.code == .conflict)
+            _ = try await operator_.call(Broker.CaptureRelease.self, .init(snapshot: nil))
+            #expect(try await late.value.text == "late")
+            let person = await #expect(throws: CanopyError.self) { _ = try await client.call(Broker.Hold.self, .init(holdMilliseconds: 1_000), principal: "user-3") }
+            #expect(person?.code == .unauthorized)
+
+            // A hold whose request in the air outlasts it fails; the capture running goes on.
+            _ = try await operator_.call(Broker.CaptureStart.self, .init(name: "running-\(UInt32.random(in: 0 ... .max))"))
+            let slow = Task { try await client.call(TestService.Append.self, .init(text: "slow", sleepMilliseconds: 1_500), principal: "user-3") }
+            try await bus.waitForLoad(inFlight: 1)
+            let failed = await #expect(throws: CanopyError.self) { _ = try await operator_.call(Broker.Hold.self, .init(holdMilliseconds: 200)) }
+            #expect(failed?.code == .timeout)
+            #expect(try await operator_.call(Broker.CaptureStatusOperation.self, .init()).capturing, "the capture goes on")
+            #expect(try await slow.value.text == "slow")
+            _ = try await operator_.call(Broker.CaptureStop.self, .init())
+        }
+    }
 }

@@ -140,3 +140,56 @@ extension CanopyUpTests {
         return killed && process.terminationReason == .uncaughtSignal
     }
 }
+
+extension CanopyUpTests {
+    /// A stack on PostgreSQL backed up at one cut (pg_dump from the snapshot exported at the
+    /// cut, the originals linked at it) and restored into an empty database and photo
+    /// directory, as the operations docs say; a stack runs from the restore.
+    @Test func aStackOnPostgreSQLIsBackedUpAndRestoredAsTheDocsSay() async throws {
+        let root = try TemporaryDirectory("canopy-pg-backup")
+        defer { root.remove() }
+        let (url, to) = try await Self.target(in: root)
+        let database = ["--database-url", to[1], "--database-password-file", to[3]]
+        let (photos, backup) = (root.path("photos"), root.path("backup"))
+        let photo = root.path("photo.jpg")
+        try Data(try SyntheticPlant.species(1).photo(seed: 9)).write(to: URL(fileURLWithPath: photo))
+
+        let stack = try await BackupStack(data: root.path("data"), database + ["--originals-dir", photos])
+        let sha: String
+        do {
+            let plant = try #require((try await stack.send("care", "plants.add", #"{"scientificName":"Monstera deliciosa","customName":"Dumped"}"#) as? [String: Any])?["id"] as? String)
+            sha = try #require((try await stack.send("images", "images.put", #"{"plantID":"\#(plant)"}"#, attach: [photo]) as? [String: Any])?["sha256"] as? String)
+            let backedUp = try await runExecutable("canopy", ["backup", backup, "--data-dir", stack.data, "--originals-dir", photos] + database, limit: 120)
+            #expect(backedUp.status == 0 && backedUp.output.contains("at one cut"), "\(backedUp.output) \(backedUp.errors)")
+        } catch {
+            await stack.down()
+            throw error
+        }
+        await stack.down()
+        #expect(FileManager.default.fileExists(atPath: "\(backup)/database.dump"))
+        #expect(FileManager.default.fileExists(atPath: "\(backup)/images/originals/\(sha)"))
+
+        // Into an empty database and photo directory; a second time into the same is refused.
+        let (restoredURL, restoredTo) = try await Self.target(in: root)
+        let restoredDatabase = ["--database-url", restoredTo[1], "--database-password-file", restoredTo[3]]
+        let restoredPhotos = root.path("photos-restored")
+        let restored = try await runExecutable("canopy", ["restore", backup, "--originals-dir", restoredPhotos] + restoredDatabase, limit: 120)
+        #expect(restored.status == 0, "\(restored.output) \(restored.errors)")
+        let twice = try await runExecutable("canopy", ["restore", backup, "--originals-dir", root.path("elsewhere")] + restoredDatabase, limit: 60)
+        #expect(twice.status != 0 && twice.errors.contains("is not empty"), "\(twice.errors)")
+        #expect(try await PostgresServer.query(restoredURL, "SELECT 1 FROM plants WHERE customName = 'Dumped'") == 1)
+        #expect(try await PostgresServer.query(url, "SELECT 1 FROM plants") == 1, "the source is untouched")
+
+        let again = try await BackupStack(data: root.path("data-restored"), restoredDatabase + ["--originals-dir", restoredPhotos])
+        do {
+            let plants = (try await again.send("care", "plants.list", "{}") as? [String: Any])?["plants"] as? [[String: Any]] ?? []
+            #expect(plants.map { $0["customName"] as? String } == ["Dumped"], "\(plants)")
+            let thumbnail = try await again.send("images", "images.variant", #"{"sha256":"\#(sha)","variant":"thumbnail"}"#) as? [String: Any] ?? [:]
+            #expect(thumbnail["width"] as? Int ?? 0 > 0, "\(thumbnail)")
+        } catch {
+            await again.down()
+            throw error
+        }
+        await again.down()
+    }
+}
