@@ -34,6 +34,8 @@ struct Backup: AsyncParsableCommand {
     @Option(help: ArgumentHelp("Where the photos' originals are, with --database-url (the directory every canopy-images replica mounts). Env: CANOPY_ORIGINALS_DIR.", valueName: "dir"))
     var originalsDir: String? = Environment.string("CANOPY_ORIGINALS_DIR")
     @Option(help: "How long the broker may hold requests while the stores are pinned, in milliseconds (1 to 60000).") var holdMs = 10_000
+    @Option(name: .customLong("broker"), help: ArgumentHelp("A broker of the stack to hold for the cut (repeat for several), for a stack canopy up does not run from --data-dir (compose, several hosts); default: the brokers of the stack canopy up runs from --data-dir.", valueName: "endpoint"))
+    var brokers: [String] = []
 
     func validate() throws {
         guard (1...60_000).contains(holdMs) else { throw ValidationError("--hold-ms is 1 to 60000") }
@@ -46,35 +48,70 @@ struct Backup: AsyncParsableCommand {
         try Self.refuseNonEmpty(target, what: "the backup")
         if let postgres = try database.postgres() {
             return try await PostgresBackup(url: postgres.url, originals: originalsDir.map { URL(fileURLWithPath: $0, isDirectory: true) }, stack: stack,
-                                            holdMilliseconds: holdMs).run(into: target)
+                                            brokers: brokers, holdMilliseconds: holdMs).run(into: target)
         }
         let stores = CanopyStack.services.compactMap(\.store).filter { FileManager.default.fileExists(atPath: source.appendingPathComponent($0).path) }
         guard !stores.isEmpty else {
             throw CommandFailure("no stores in \(source.path); name the stack's data directory with --data-dir (canopy status shows it)")
         }
         try Self.checkStores(in: source)
-        try? FileManager.default.removeItem(at: target) // empty: StackSnapshot makes it afresh, owner-only
-        var pinned = try StackSnapshot.prepare(data: source, into: target)
-        let held: Double
+        if FileManager.default.fileExists(atPath: target.path) {
+            try FileManager.default.setAttributes([.posixPermissions: 0o700], ofItemAtPath: target.path) // an empty directory (a mount point) is used as it is
+        }
+        var pinned = try StackSnapshot.prepare(data: source, into: target, orEmpty: true)
+        let held: Double?
+        var cutAt = Date()
         do {
-            held = try await StackCut.hold(stack: stack, holdMilliseconds: holdMs) { try pinned.pin() }
+            held = try await StackCut.hold(stack: stack, brokers: brokers, holdMilliseconds: holdMs) {
+                try pinned.pin()
+                cutAt = Date()
+            }
         } catch {
             pinned.close()
-            try? FileManager.default.removeItem(at: target)
+            Self.empty(target)
             throw error
         }
-        let install = try InstallID.ensure(in: source)
-        let manifest = Manifest(install: install, cutAt: MessageCodec.string(from: Date()), stores: pinned.stores.map(\.relative), heldMilliseconds: held)
-        var table = try StackSnapshot.finish(pinned, manifest: manifest, file: Manifest.file, pseudonyms: nil)
-        try Data((install + "\n").utf8).write(to: target.appendingPathComponent(InstallID.fileName))
-        try FileManager.default.setAttributes([.posixPermissions: 0o600], ofItemAtPath: target.appendingPathComponent(InstallID.fileName).path)
-        if stores.contains("images/images.sqlite") {
-            let (kept, pruned, missing) = try Self.matchOriginals(in: target.appendingPathComponent("images"))
-            table += "\nimages/originals: \(kept) photos (\(pruned) no store named left out)"
-            if missing > 0 { note("\(missing) photos the images store named had no file; the backup leaves them out") }
+        do {
+            let install = try InstallID.ensure(in: source)
+            var table = try StackSnapshot.finish(pinned, manifest: nil as Manifest?, pseudonyms: nil)
+            try Data((install + "\n").utf8).write(to: target.appendingPathComponent(InstallID.fileName))
+            try FileManager.default.setAttributes([.posixPermissions: 0o600], ofItemAtPath: target.appendingPathComponent(InstallID.fileName).path)
+            if stores.contains("images/images.sqlite") {
+                let (kept, pruned, missing) = try Self.matchOriginals(in: target.appendingPathComponent("images"))
+                table += "\nimages/originals: \(kept) photos (\(pruned) no store named left out)"
+                if missing > 0 { note("\(missing) photos the images store named had no file; the backup leaves them out") }
+            }
+            // The manifest last: a directory with one is a whole backup.
+            let manifest = Manifest(install: install, cutAt: MessageCodec.string(from: cutAt), stores: pinned.stores.map(\.relative), heldMilliseconds: held ?? 0)
+            try Self.write(manifest, to: target)
+            print(table)
+            print("backed up \(Self.describe(held)) to \(target.path); make a data directory of it with canopy restore \(target.path) --data-dir NEW")
+        } catch {
+            Self.empty(target)
+            throw error
         }
-        print(table)
-        print("backed up at one cut (requests held \(String(format: "%.1f", held)) ms) to \(target.path); make a data directory of it with canopy restore \(target.path) --data-dir NEW")
+    }
+
+    /// How the cut was made, for the last line.
+    static func describe(_ held: Double?) -> String {
+        guard let held else {
+            return "as it lies (no stack runs from --data-dir and no --broker was named, so no requests were held: stop the stack first, or name its brokers)"
+        }
+        return "at one cut (requests held \(String(format: "%.1f", held)) ms)"
+    }
+
+    /// Writes `backup.json`.
+    static func write(_ manifest: Manifest, to directory: URL) throws {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]
+        try encoder.encode(manifest).write(to: directory.appendingPathComponent(Manifest.file), options: .atomic)
+    }
+
+    /// Empties `directory` (a backup that failed), leaving the directory itself.
+    static func empty(_ directory: URL) {
+        for name in (try? FileManager.default.contentsOfDirectory(atPath: directory.path)) ?? [] {
+            try? FileManager.default.removeItem(at: directory.appendingPathComponent(name))
+        }
     }
 
     /// What `backup.json` says of a backup.

@@ -39,6 +39,7 @@ struct Erasures: AsyncParsableCommand {
         }
 
         static func date(_ text: String) -> Date? {
+            if let date = MessageCodec.date(from: text) { return date } // a backup's cutAt, as backup.json has it
             let formatter = ISO8601DateFormatter()
             if let date = formatter.date(from: text) { return date }
             formatter.formatOptions = [.withFullDate]
@@ -157,7 +158,8 @@ struct Erasures: AsyncParsableCommand {
             let erased = people.compactMap { person in digests.candidates(person).first(where: wanted.contains).map { (person, $0) } }
                 .sorted { $0.1 < $1.1 }
             guard !erased.isEmpty else {
-                print("none of the \(wanted.count) erased account\(wanted.count == 1 ? " is" : "s are") in these stores (\(people.count) people); nothing to do")
+                print("none of the \(wanted.count) erased account\(wanted.count == 1 ? " is" : "s are") in these stores (\(people.count) people); nothing to do"
+                      + " (digests are keyed by the token key: under another key than the one in force when they were recorded, none can match; name it with --token-key-file)")
                 return
             }
 
@@ -172,9 +174,9 @@ struct Erasures: AsyncParsableCommand {
                         let reply = try await bus.call(Care.DeleteAccount.self, .init(), principal: person, timeout: .seconds(30))
                         try store.forgetKeys(of: person)
                         table.append([String(digest.prefix(16)), "\(reply.plants)", "deleted again; the other services told"])
-                    } catch let error as CanopyError {
+                    } catch {
                         failed += 1
-                        table.append([String(digest.prefix(16)), "", "failed: \(error.message)"])
+                        table.append([String(digest.prefix(16)), "", "failed: \((error as? CanopyError)?.message ?? "\(error)")"])
                     }
                 }
             }

@@ -36,6 +36,7 @@ final class FreshStack {
     /// the cut.
     static func start(snapshot: URL, manifest: StackSnapshot.Manifest, executables: URL, lead: Duration,
                       progress: (String) -> Void) throws -> FreshStack? {
+        try Backup.checkStores(in: snapshot) // another program's file is named, not handed to a service
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-replay-\(UUID().uuidString)", isDirectory: true)
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
         var started = false

@@ -19,6 +19,10 @@ enum InstallID {
     /// The id in `directory`, made there first when it has none (an install from before ids).
     static func ensure(in directory: URL) throws -> String {
         if let id = read(in: directory) { return id }
+        let existing = directory.appendingPathComponent(fileName)
+        guard !FileManager.default.fileExists(atPath: existing.path) else {
+            throw CommandFailure("\(existing.path) is not an install id (32 hex digits); restore it from a backup of this data directory, never make a new one over it")
+        }
         let id = (0..<16).map { _ in String(format: "%02x", UInt8.random(in: 0...255)) }.joined()
         let file = directory.appendingPathComponent(fileName)
         guard FileManager.default.createFile(atPath: file.path, contents: Data((id + "\n").utf8), attributes: [.posixPermissions: 0o600]) else {

@@ -133,6 +133,11 @@ struct Migrate: AsyncParsableCommand {
         let target = try await PostgresBackup.inspect(url)
         defer { target.close() }
         var refusals: [String] = []
+        do {
+            refusals = try StoreImport.foreignImports(in: target, install: install).filter { sentence in !present.contains { sentence.hasPrefix("the \($0.service) store") } }
+        } catch {
+            throw sentence(error)
+        }
         for (service, plan) in present {
             do {
                 _ = try plan.check(from: snapshot.appendingPathComponent("\(service).sqlite").path, into: target, install: install)

@@ -14,6 +14,8 @@ struct PostgresBackup {
     /// Where the originals are (every canopy-images replica's `--originals-dir`).
     let originals: URL?
     let stack: StackOptions
+    /// The brokers to hold (`--broker`), or nil for those of the stack `canopy up` runs.
+    let brokers: [String]?
     let holdMilliseconds: Int
 
     /// The dump's file in a backup.
@@ -24,19 +26,31 @@ struct PostgresBackup {
         let store = try await Self.inspect(url)
         defer { store.close() }
         try FileManager.default.createDirectory(at: target, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+        try FileManager.default.setAttributes([.posixPermissions: 0o700], ofItemAtPath: target.path) // it holds everyone's data
         let linked = target.appendingPathComponent("images/originals", isDirectory: true)
+        var exporter: SnapshotExporter?
         do {
             if let originals { _ = try StackSnapshot.linkOriginals(from: originals, to: linked) } // most of them before the hold
-            let exporter = SnapshotExporter(store: store)
-            let held = try await StackCut.hold(stack: stack, holdMilliseconds: holdMilliseconds) {
-                try exporter.waitForSnapshot()
+            var cutAt = Date()
+            let held = try await StackCut.hold(stack: stack, brokers: brokers, holdMilliseconds: holdMilliseconds) {
+                // The snapshot is exported at the cut, not before: pg_dump sees what the stores held then.
+                let started = SnapshotExporter(store: store)
+                exporter = started
+                _ = try started.waitForSnapshot()
+                cutAt = Date()
                 if let originals { _ = try StackSnapshot.linkOriginals(from: originals, to: linked) }
             }
+            guard let exporter else { throw CommandFailure("no snapshot was exported at the cut") }
             note("dumping \(url) with pg_dump from the snapshot at the cut…")
+            let dump = target.appendingPathComponent(Self.dumpFile)
             let dumped = Result { try Self.runProgram(pgDump, ["--snapshot=\(try exporter.waitForSnapshot())", "--format=custom", "--no-owner", "--no-privileges",
-                                                              "--file=\(target.appendingPathComponent(Self.dumpFile).path)"], url: url) }
+                                                              "--file=\(dump.path)"], url: url) }
             let named = try exporter.finish() // the transaction ends once pg_dump is done
             try dumped.get()
+            try FileManager.default.setAttributes([.posixPermissions: 0o600], ofItemAtPath: dump.path)
+            guard originals != nil || named.isEmpty else {
+                throw CommandFailure("the database names \(named.count) photos, and no --originals-dir says where their files are; name canopy-images' --originals-dir (nothing was kept)")
+            }
             // Originals linked that the database at the cut does not name (an erased person's) go.
             var pruned = 0
             for name in ((try? FileManager.default.contentsOfDirectory(atPath: linked.path)) ?? []) where !named.contains(name) {
@@ -47,7 +61,7 @@ struct PostgresBackup {
             guard originals == nil || missing.isEmpty else {
                 throw CommandFailure("\(missing.count) photos the database names are not in \(originals?.path ?? ""); name canopy-images' --originals-dir with --originals-dir")
             }
-            let manifest = Backup.Manifest(install: try Self.install(store), cutAt: MessageCodec.string(from: Date()), stores: [], heldMilliseconds: held, databaseDump: Self.dumpFile)
+            let manifest = Backup.Manifest(install: try Self.install(store), cutAt: MessageCodec.string(from: cutAt), stores: [], heldMilliseconds: held ?? 0, databaseDump: Self.dumpFile)
             let encoder = JSONEncoder()
             encoder.outputFormatting = [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]
             try encoder.encode(manifest).write(to: target.appendingPathComponent(Backup.Manifest.file), options: .atomic)
@@ -56,8 +70,9 @@ struct PostgresBackup {
             table.append(["database", Self.dumpFile, String(format: "%.2f", Double(bytes) / 1_048_576)])
             table.append(["photos", "images/originals (\(named.count) photos, \(pruned) no row named left out)", ""])
             print(table.render())
-            print("backed up \(url) at one cut (requests held \(String(format: "%.1f", held)) ms) to \(target.path); restore with canopy restore \(target.path) --database-url URL --originals-dir DIR")
+            print("backed up \(url) \(Backup.describe(held)) to \(target.path); restore with canopy restore \(target.path) --database-url URL --originals-dir DIR")
         } catch {
+            if let exporter { _ = try? exporter.finish() } // its transaction and thread end with the backup
             try? FileManager.default.removeItem(at: target)
             throw error
         }
@@ -88,11 +103,13 @@ struct PostgresBackup {
         try Backup.refuseNonEmpty(originalsDir, what: "the restored photos")
         note("restoring \(url) with pg_restore…")
         try runProgram(pgRestore, ["--no-owner", "--no-privileges", "--exit-on-error", "--single-transaction", dump.path], url: url)
-        try FileManager.default.createDirectory(at: originalsDir, withIntermediateDirectories: true)
+        try FileManager.default.createDirectory(at: originalsDir, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
         var count = 0
         for name in (try? FileManager.default.contentsOfDirectory(atPath: originals.path)) ?? [] {
             let data = try Data(contentsOf: originals.appendingPathComponent(name))
-            try data.write(to: originalsDir.appendingPathComponent(name), options: .atomic)
+            let copy = originalsDir.appendingPathComponent(name)
+            try data.write(to: copy, options: .atomic)
+            guard FileManager.default.contents(atPath: copy.path) == data else { throw CommandFailure("the copy of \(name) in \(originalsDir.path) differs from the backup's; check the disk") }
             count += 1
         }
         print("restored \(url) (\(dump.lastPathComponent)) and \(count) photos into \(originalsDir.path); run the stack with --database-url \(url) --originals-dir \(originalsDir.path)")
@@ -126,12 +143,26 @@ struct PostgresBackup {
         throw CommandFailure("\(name) is not installed; install PostgreSQL's client programs (apt-get install postgresql-client), at least the server's version")
     }
 
+    /// `url` as libpq's key=value string, each value quoted; with TLS, the server's
+    /// certificate verified against the system's roots, as the services verify it.
+    static func connectionString(_ url: DatabaseURL) -> String {
+        func quoted(_ value: String) -> String { "'" + value.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: "'", with: "\\'") + "'" }
+        var pairs = [("host", url.host), ("port", "\(url.port)"), ("user", url.user), ("dbname", url.database)]
+        if url.requiresTLS {
+            pairs.append(("sslmode", "verify-full"))
+            pairs.append(("sslrootcert", "/etc/ssl/certs/ca-certificates.crt"))
+        } else {
+            pairs.append(("sslmode", "disable"))
+        }
+        return pairs.map { "\($0.0)=\(quoted($0.1))" }.joined(separator: " ")
+    }
+
     /// Runs `program` against `url` (the password in the environment, never on the command
     /// line); its standard error in the sentence when it fails.
     static func runProgram(_ program: URL, _ arguments: [String], url: DatabaseURL) throws {
         let process = Process()
         process.executableURL = program
-        process.arguments = arguments + ["--dbname=host=\(url.host) port=\(url.port) user=\(url.user) dbname=\(url.database) sslmode=\(url.requiresTLS ? "require" : "disable")"]
+        process.arguments = arguments + ["--no-password", "--dbname=\(connectionString(url))"]
         var environment = ProcessInfo.processInfo.environment
         environment["PGPASSWORD"] = url.password ?? ""
         process.environment = environment
@@ -178,9 +209,10 @@ final class SnapshotExporter: @unchecked Sendable { // its fields are written be
         thread.start()
     }
 
-    /// The snapshot's id, once exported (the first call waits for it).
+    /// The snapshot's id, once exported (waits for it; every call after the first at once).
     func waitForSnapshot() throws -> String {
-        if id == nil, failure == nil { exported.wait() }
+        exported.wait()
+        exported.signal() // for the next caller: the fields are published by the semaphore
         guard let id else { throw Migrate.sentence(failure ?? CommandFailure("no snapshot could be exported")) }
         return id
     }
@@ -189,6 +221,7 @@ final class SnapshotExporter: @unchecked Sendable { // its fields are written be
     func finish() throws -> Set<String> {
         dumped.signal()
         ended.wait()
+        ended.signal() // a second call (the backup's failure after its end) passes too
         if let failure { throw Migrate.sentence(failure) }
         return names
     }

@@ -14,7 +14,8 @@ struct Restore: AsyncParsableCommand {
             backup whose stores are not Canopy's or fail SQLite's integrity check, with a
             sentence and nothing written. Copies each store, the photos' originals (each
             compared with the backup's) and the install id. The token signing key is not in a
-            backup: give it with --token-key-file, or people sign in again. Accounts deleted
+            backup: give it with --token-key-file (or say --new-token-key, and people sign in
+            again). Accounts deleted
             after the backup was taken come back with it: keep their list before you restore
             (canopy erasures list --digests > erased.txt) and apply it once the stack runs
             (canopy erasures apply --digests-file erased.txt).
@@ -28,8 +29,17 @@ struct Restore: AsyncParsableCommand {
     @OptionGroup var database: DatabaseOptions
     @Option(help: ArgumentHelp("With --database-url: where the photos' originals go (the directory canopy-images' replicas will mount).", valueName: "dir"))
     var originalsDir: String?
-    @Option(help: ArgumentHelp("The token signing key to put in the new data directory (so tokens issued before still work).", valueName: "file"))
+    @Option(help: ArgumentHelp("The token signing key to put in the new data directory: tokens issued before still work, and canopy erasures apply can match the accounts deleted since.", valueName: "file"))
     var tokenKeyFile: String?
+    @Flag(help: "Start with a new token key instead (everyone signs in again, and deletions recorded under the old key can no longer be applied).")
+    var newTokenKey = false
+
+    func validate() throws {
+        if tokenKeyFile == nil, !newTokenKey, database.databaseURL == nil {
+            throw ValidationError("name the stack's token key with --token-key-file (canopy erasures apply needs it to find deleted accounts), or say --new-token-key")
+        }
+        if tokenKeyFile != nil, newTokenKey { throw ValidationError("--token-key-file and --new-token-key say opposite things; give one") }
+    }
 
     func run() async throws {
         let source = URL(fileURLWithPath: backup, isDirectory: true).standardizedFileURL
@@ -49,13 +59,31 @@ struct Restore: AsyncParsableCommand {
         // Each store whole before anything is written.
         var table = Table("STORE", "FILE", "MIB", "CHECK")
         for store in manifest.stores {
+            guard CanopyStack.services.contains(where: { $0.store == store }) else { throw CommandFailure("\(Backup.Manifest.file) names \(store), which is no store of Canopy's; is \(source.path) a backup?") }
             let path = source.appendingPathComponent(store).path
             guard FileManager.default.fileExists(atPath: path) else { throw CommandFailure("\(path) is missing; the backup \(source.path) is incomplete") }
             let check = try Self.integrity(of: path)
             guard check == "ok" else { throw CommandFailure("\(path) fails SQLite's integrity check (\(check.prefix(200))); restore another backup") }
         }
+        let key = try tokenKeyFile.map { file -> Data in
+            guard let key = FileManager.default.contents(atPath: file) else { throw CommandFailure("cannot read --token-key-file \(file); name canopy-batch's token key") }
+            return key
+        }
         try FileManager.default.createDirectory(at: target, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
         try FileManager.default.setAttributes([.posixPermissions: 0o700], ofItemAtPath: target.path)
+        do {
+            try restoreFiles(manifest, from: source, into: target, key: key, table: &table)
+        } catch {
+            Backup.empty(target) // half a data directory is none: emptied, so the restore can run again
+            throw error
+        }
+        print(table.render())
+        print("restored the backup of \(manifest.cutAt) into \(target.path); start it with canopy up --data-dir \(target.path)"
+              + (key == nil ? " (a new token key is made: people sign in again)" : ""))
+    }
+
+    /// Copies the stores, the photos, the install id and the token key.
+    private func restoreFiles(_ manifest: Backup.Manifest, from source: URL, into target: URL, key: Data?, table: inout CanopyServiceKit.Table) throws {
         for store in manifest.stores {
             let (from, to) = (source.appendingPathComponent(store), target.appendingPathComponent(store))
             try FileManager.default.createDirectory(at: to.deletingLastPathComponent(), withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
@@ -70,13 +98,9 @@ struct Restore: AsyncParsableCommand {
             table.append(["images", "images/originals (\(copied.count) photos)", String(format: "%.2f", Double(copied.bytes) / 1_048_576), "compared"])
         }
         try Data((manifest.install + "\n").utf8).write(to: target.appendingPathComponent(InstallID.fileName))
-        if let tokenKeyFile {
-            guard let key = FileManager.default.contents(atPath: tokenKeyFile) else { throw CommandFailure("cannot read --token-key-file \(tokenKeyFile)") }
-            FileManager.default.createFile(atPath: stack.layout.tokenKey.path, contents: key, attributes: [.posixPermissions: 0o600])
+        if let key, !FileManager.default.createFile(atPath: target.appendingPathComponent("token.key").path, contents: key, attributes: [.posixPermissions: 0o600]) {
+            throw CommandFailure("cannot write the token key into \(target.path); check that it is writable")
         }
-        print(table.render())
-        print("restored the backup of \(manifest.cutAt) into \(target.path); start it with canopy up --data-dir \(target.path)"
-              + (tokenKeyFile == nil ? " (no token key given: a new one is made, and people sign in again)" : ""))
     }
 
     /// A backup's manifest, or a sentence saying why `directory` is not a backup.

@@ -75,12 +75,18 @@ enum StackSnapshot {
     /// waits for is only the pin: a transaction begun on each store and the newest originals
     /// linked. An original deleted before the cut leaves a file the copied store does not
     /// name; canopy-images never serves such a file.
-    static func prepare(data: URL, into directory: URL) throws -> Pinned {
-        let stores = CanopyStack.services.compactMap(\.store).filter { FileManager.default.fileExists(atPath: data.appendingPathComponent($0).path) }
+    static func prepare(data: URL, into directory: URL, orEmpty: Bool = false) throws -> Pinned {
+        // canopy-care's first: its outbox's follow-ups go on during the hold (they are a
+        // service's own), so a follow-up is pinned in its source before its target could
+        // have done it and the source deleted it (at worst it is sent again, which every
+        // follow-up takes), never lost between the two.
+        let present = CanopyStack.services.compactMap(\.store).filter { FileManager.default.fileExists(atPath: data.appendingPathComponent($0).path) }
+        let stores = present.filter { $0.hasPrefix("care/") } + present.filter { !$0.hasPrefix("care/") }
         guard !stores.isEmpty else {
             throw CommandFailure("no SQLite stores in \(data.path) to snapshot (a stack on PostgreSQL is snapshotted with pg_dump, not here); capture without --snapshot, or name the stack with --data-dir")
         }
-        guard !FileManager.default.fileExists(atPath: directory.path) else {
+        let empty = ((try? FileManager.default.contentsOfDirectory(atPath: directory.path)) ?? ["?"]).isEmpty
+        guard !FileManager.default.fileExists(atPath: directory.path) || (orEmpty && empty) else {
             throw CommandFailure("\(directory.path) exists already; remove it or capture under another name")
         }
         try Backup.checkStores(in: data)
@@ -118,8 +124,9 @@ enum StackSnapshot {
     }
 
     /// After the hold: copies each pinned store, renames its people by `pseudonyms` when
-    /// given, and writes the manifest (as `file`). Returns a table of what was copied.
-    static func finish(_ pinned: Pinned, manifest: some Encodable, file: String = Manifest.file, pseudonyms: PseudonymBox?) throws -> String {
+    /// given, and writes the manifest (as `file`) when there is one. Returns a table of what
+    /// was copied.
+    static func finish<Written: Encodable>(_ pinned: Pinned, manifest: Written?, file: String = Manifest.file, pseudonyms: PseudonymBox?) throws -> String {
         defer { pinned.close() }
         var table = Table("STORE", "FILE", "MIB", "SECONDS")
         var progress = ProgressLine()
@@ -135,9 +142,11 @@ enum StackSnapshot {
                           String(format: "%.2f", Double(bytes) / 1_048_576), String(format: "%.2f", (ContinuousClock.now - started).seconds)])
         }
         progress.finish()
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]
-        try encoder.encode(manifest).write(to: pinned.directory.appendingPathComponent(file), options: .atomic)
+        if let manifest {
+            let encoder = JSONEncoder()
+            encoder.outputFormatting = [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]
+            try encoder.encode(manifest).write(to: pinned.directory.appendingPathComponent(file), options: .atomic)
+        }
         return table.render()
     }
 }

@@ -9,16 +9,23 @@ import Foundation
 /// the requests go on. A request either did everything it does in the stores before the cut
 /// or nothing yet, so the stores agree with each other.
 enum StackCut {
-    /// Runs `atTheCut` at one cut of the stack in `stack`'s data directory, and returns how
-    /// long requests were held, in milliseconds. A stack that is not running (no supervisor)
-    /// changes nothing meanwhile: `atTheCut` runs at once and nothing is held. Every hold ends
-    /// by itself after `holdMilliseconds`, so a backup that dies never stops the stack for long.
-    static func hold(stack: StackOptions, holdMilliseconds: Int, _ atTheCut: () throws -> Void) async throws -> Double {
-        guard let state = stack.layout.state(), state.supervisorAlive else {
+    /// Runs `atTheCut` at one cut and returns how long requests were held, in milliseconds:
+    /// the cut of `brokers` when named (a stack run elsewhere: compose, several hosts), else of
+    /// the stack `canopy up` runs from `stack`'s data directory. With neither (no broker named,
+    /// no supervisor alive there) `atTheCut` runs at once and nil says nothing was held. Every
+    /// hold ends by itself after `holdMilliseconds`, so a backup that dies never stops the
+    /// stack for long.
+    static func hold(stack: StackOptions, brokers named: [String]?, holdMilliseconds: Int, _ atTheCut: () throws -> Void) async throws -> Double? {
+        let endpoints: String
+        if let named, !named.isEmpty {
+            endpoints = named.joined(separator: ",")
+        } else if let state = stack.layout.state(), state.supervisorAlive {
+            endpoints = state.endpoint
+        } else {
             try atTheCut()
-            return 0
+            return nil
         }
-        let common = try CommonOptions.parse(["--endpoint", state.endpoint])
+        let common = try CommonOptions.parse(["--endpoint", endpoints])
         let brokers = try eachBroker(common, stack: stack)
         defer { brokers.forEach { $0.bus.close() } }
         var held: [(endpoint: String, bus: BusClient)] = []
@@ -36,11 +43,18 @@ enum StackCut {
                 do {
                     _ = try await bus.call(Broker.Hold.self, .init(holdMilliseconds: holdMilliseconds), timeout: .milliseconds(Int64(holdMilliseconds) + 5_000))
                 } catch let error as CanopyError {
-                    throw CommandFailure("the broker at \(endpoint) could not hold the stack's requests for the cut: \(error.message)\(error.code == .timeout ? " (is the stack running? canopy status)" : "")")
+                    held.append((endpoint, bus)) // a hold begun after the client stopped waiting is ended too
+                    throw CommandFailure("the broker at \(endpoint) could not hold the stack's requests for the cut: \(error.message)")
                 }
                 held.append((endpoint, bus))
             }
-            try atTheCut()
+            do {
+                try atTheCut()
+            } catch let error as CommandFailure {
+                throw error
+            } catch {
+                throw CommandFailure("the stores could not be pinned at the cut: \(error)")
+            }
         } catch {
             _ = await release()
             throw error

@@ -112,9 +112,11 @@ public struct OperationHandlers: Sendable {
         register(operation) { request, context in
             let owner = context.principal ?? ""
             // Noted before the erasure runs: nothing the person sends during it lands after it.
+            // A service's own follow-ups for them go on (their lane's erasing follow-up comes
+            // after and clears what they leave; refused, they would hold that lane up).
             if Operation.erases {
                 erased.note(owner)
-            } else if erased.contains(owner) {
+            } else if !context.byService, erased.contains(owner) {
                 throw ErasedPeople.refusal
             }
             return try await handler(request, owner, context)

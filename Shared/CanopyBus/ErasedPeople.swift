@@ -9,12 +9,14 @@ import Synchronization
 /// would land after the erasure and leave the person's data behind (a plant, a photo, a
 /// device) owned by an account that no longer exists. ``OperationHandlers`` notes the person
 /// when an erasing operation (``BusOperation/erases``) arrives, before it runs, and refuses
-/// their other operations for ``window``, far longer than any request waits.
+/// their other operations for ``window``, far longer than any request waits: the ones the
+/// edge sends for them, not another service's follow-ups (the erasing follow-up behind them
+/// clears what they leave). An id reused for a new account within the window is refused too.
 ///
 /// It keeps a keyed hash of each person (SipHash under this process's random seed), not the
 /// id, at most ``capacity`` of them (16 bytes each, and a queue entry): the oldest go first.
-/// Memory only: a service restarted inside the window forgets, which leaves only the
-/// requests in flight at that moment (see docs/OPERATIONS.md, "Erasure").
+/// Memory only: a service restarted inside the window forgets, and canopy-care's second pass
+/// (``Care/DeleteAccount``) erases what got through meanwhile (docs/OPERATIONS.md, "Erasure").
 public final class ErasedPeople: Sendable {
     /// How long a person stays refused after their erasure.
     public let window: Duration

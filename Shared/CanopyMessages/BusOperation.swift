@@ -33,9 +33,9 @@ public protocol BusOperation: Sendable {
     /// (``Access/own``) unless the operation says otherwise.
     static var access: Access { get }
     /// It erases the person it is for (an account deleted, or another service's follow-up to
-    /// that): from its first request on, the service refuses every other operation for that
-    /// person for a while (``ErasedPeople``), so a request an edge let through before it saw
-    /// the sign-out adds nothing after the erasure.
+    /// that): from its first request on, the service refuses every other operation the edge
+    /// sends for that person for a while (`ErasedPeople`), so a request an edge let through
+    /// before it saw the sign-out adds nothing after the erasure.
     static var erases: Bool { get }
 }
 

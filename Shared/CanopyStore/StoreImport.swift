@@ -84,10 +84,30 @@ public struct StoreImport: Sendable {
             }
             guard !present.isEmpty else { return .empty }
             guard present.count == tables.count else {
-                throw Refused(description: "the \(store) store in \(target.url) is incomplete (it has \(present.map(\.name).joined(separator: ", ")) of \(tables.map(\.name).joined(separator: ", "))); migrate into an empty database, or drop those tables first")
+                // Part of the schema, as a migrate killed between two migrations leaves it (or
+                // an older Canopy's): empty, the import's migrator finishes it.
+                let rows = try present.filter { !$0.seeded }.reduce(0) { total, table in
+                    total + (try session.value(Int.self, PostgresQuery(unsafeSQL: "SELECT COUNT(*)::BIGINT FROM \(table.name)")) ?? 0)
+                }
+                guard rows > 0 else { return .empty }
+                throw Refused(description: "the \(store) store in \(target.url) holds \(rows) rows in part of its tables (\(present.map(\.name).joined(separator: ", ")) of \(tables.map(\.name).joined(separator: ", "))); migrate into an empty database, or drop those tables first")
             }
             let shapes = try tables.map { try shape($0, sqlite: sqlite, session: session) }
             return try decide(shapes: shapes, session: session, install: install, url: target.url)
+        }
+    }
+
+    /// The stores the database `target` connects to records as imported from an install other
+    /// than `install`, each as a sentence (empty when none): a database is one install's.
+    public static func foreignImports(in target: PostgresStore, install: String) throws -> [String] {
+        try target.read { session in
+            guard try session.value(Bool.self, "SELECT to_regclass('canopy_imports') IS NOT NULL") ?? false else { return [] }
+            return try session.rows("SELECT store, to_jsonb(i)->>'install', source, importedAt::TEXT FROM canopy_imports i ORDER BY store").compactMap { row in
+                let (store, other, source, at) = (try row[0].decode(String.self), try row[1].decode(String?.self), try row[2].decode(String.self), try row[3].decode(String.self))
+                guard other != install else { return nil }
+                let whose = other.map { "another install (\($0.prefix(8))…)" } ?? "an install from before install ids"
+                return "the \(store) store in \(target.url) was migrated from \(whose), from \(source) at \(at); a database is one install's"
+            }
         }
     }
 
@@ -147,6 +167,8 @@ public struct StoreImport: Sendable {
                     store TEXT PRIMARY KEY, source TEXT NOT NULL, sourceChecksum TEXT NOT NULL, targetChecksum TEXT NOT NULL, importedAt TIMESTAMPTZ NOT NULL)
                 """)
             try session.execute("ALTER TABLE canopy_imports ADD COLUMN IF NOT EXISTS install TEXT")
+            // Nobody writes the tables between the decision and the copy (a stack running on them).
+            try session.execute(PostgresQuery(unsafeSQL: "LOCK TABLE \(tables.map(\.name).joined(separator: ", ")) IN SHARE ROW EXCLUSIVE MODE"))
             let shapes = try tables.map { try shape($0, sqlite: sqlite, session: session) }
             let sourceReports = try shapes.map { shape in try sqlite.read { db in try summary(of: shape, in: db) } }
             let sourceChecksum = Self.combined(sourceReports)

@@ -46,7 +46,7 @@ struct ErasedPeopleTests {
 
     @Test func aPersonErasedIsRefusedForTheWindowAndNobodyElseIs() async throws {
         let service = Notes()
-        let bus = InProcessBus(erasureWindow: .seconds(1))
+        let bus = InProcessBus(erasureWindow: .seconds(600)) // past any pause of a loaded machine; expiry: the test below
         bus.register(service)
         let asService = bus.timingOut(after: .seconds(10), asService: true)
         _ = try await bus.call(Add.self, Note(text: "a"), principal: "erased")
@@ -60,10 +60,6 @@ struct ErasedPeopleTests {
         // The erasure itself may run again (a retried follow-up), and another person is served.
         _ = try await asService.call(Forget.self, Empty(), principal: "erased")
         #expect(try await bus.call(Add.self, Note(text: "c"), principal: "kept") == Note(text: "c"))
-
-        // After the window, the id is anyone's again (a new account under the same id).
-        try await Task.sleep(for: .milliseconds(1_200))
-        #expect(try await bus.call(Add.self, Note(text: "new"), principal: "erased") == Note(text: "new"))
     }
 
     @Test func theOldestAreForgottenFirstWhenFullAndExpiredOnesGo() {
@@ -75,6 +71,8 @@ struct ErasedPeopleTests {
         #expect(erased.contains("b", now: start + .seconds(5)) && erased.contains("d", now: start + .seconds(5)))
         #expect(!erased.contains("b", now: start + .seconds(61)), "past its window")
         #expect(erased.contains("d", now: start + .seconds(61)))
+        // Past its window, the id is anyone's again (a new account under the same id).
+        #expect(!erased.contains("c", now: start + .seconds(62)))
         // Noted again: its window starts again, and the older entry does not take it out.
         erased.note("b", now: start + .seconds(62))
         erased.note("e", now: start + .seconds(63))

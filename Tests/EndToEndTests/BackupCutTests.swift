@@ -42,7 +42,8 @@ struct BackupCutTests {
                     }
                 }
             }
-            try await Task.sleep(for: .seconds(1))
+            // Under way, however loaded the machine: a few dozen plants in before the backup.
+            #expect(try await eventually(within: .seconds(120), every: .milliseconds(100)) { load.added.load(ordering: .relaxed) >= 30 })
             let backedUp = try await runExecutable("canopy", ["backup", backup, "--data-dir", stack.data], limit: 120)
             load.writing.store(false, ordering: .relaxed)
             for writer in writers { try await writer.value }
@@ -53,7 +54,7 @@ struct BackupCutTests {
             throw error
         }
         await stack.stop()
-        #expect(load.added.load(ordering: .relaxed) > 20, "the load ran: \(load.added.load(ordering: .relaxed)) plants")
+        #expect(load.added.load(ordering: .relaxed) >= 30, "the load ran: \(load.added.load(ordering: .relaxed)) plants")
 
         // Every store whole; every kept answer's plant in canopy-care's copy.
         for store in ["care/care.sqlite", "images/images.sqlite", "identify/identify.sqlite", "remind/remind.sqlite", "batch/batch.sqlite"] {
@@ -68,15 +69,15 @@ struct BackupCutTests {
             }
         }
         let plants = Set(try await DatabaseQueue(path: "\(backup)/care/care.sqlite").read { db in try String.fetchAll(db, sql: "SELECT id FROM plants") })
-        #expect(answers.count > 10, "answers kept at the cut: \(answers.count)")
+        #expect(answers.count >= 30, "answers kept at the cut: \(answers.count)")
         let orphans = answers.filter { !plants.contains($0.1) }
         #expect(orphans.isEmpty, "kept answers whose plant the backup lacks: \(orphans.prefix(5))")
 
         // Restored into a new data directory (with the token key), a stack serves it: every
         // plant, and a kept key's retry answers the kept plant.
-        let refused = try await runExecutable("canopy", ["restore", backup, "--data-dir", stack.data])
+        let refused = try await runExecutable("canopy", ["restore", backup, "--data-dir", stack.data, "--new-token-key"])
         #expect(refused.status != 0 && refused.errors.contains("is not empty"), "\(refused.errors)")
-        let notABackup = try await runExecutable("canopy", ["restore", root, "--data-dir", restoredData])
+        let notABackup = try await runExecutable("canopy", ["restore", root, "--data-dir", restoredData, "--new-token-key"])
         #expect(notABackup.status != 0 && notABackup.errors.contains("is not a backup made by canopy backup"), "\(notABackup.errors)")
         let restored = try await runExecutable("canopy", ["restore", backup, "--data-dir", restoredData, "--token-key-file", stack.data + "/token.key"], limit: 120)
         #expect(restored.status == 0, "\(restored.output) \(restored.errors)")

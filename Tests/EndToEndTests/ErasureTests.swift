@@ -136,48 +136,40 @@ struct ErasureTests {
         }
         await stack.stop()
 
-        // Restored: the backup's stores (canopy-batch's too: its erasures are lost) and photos
-        // copied over the data directory's.
-        for store in ["care/care.sqlite", "images/images.sqlite", "identify/identify.sqlite", "remind/remind.sqlite", "batch/batch.sqlite"] {
-            for suffix in ["", "-wal", "-shm"] { try? FileManager.default.removeItem(atPath: "\(stack.data)/\(store)\(suffix)") }
-            try FileManager.default.copyItem(atPath: "\(backup)/\(store)", toPath: "\(stack.data)/\(store)")
-        }
-        let originals = "\(backup)/images/originals"
-        for name in try FileManager.default.subpathsOfDirectory(atPath: originals) {
-            var isDirectory: ObjCBool = false
-            guard FileManager.default.fileExists(atPath: "\(originals)/\(name)", isDirectory: &isDirectory), !isDirectory.boolValue,
-                  !FileManager.default.fileExists(atPath: "\(stack.data)/images/originals/\(name)") else { continue }
-            try FileManager.default.createDirectory(atPath: ("\(stack.data)/images/originals/\(name)" as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
-            try FileManager.default.copyItem(atPath: "\(originals)/\(name)", toPath: "\(stack.data)/images/originals/\(name)")
-        }
-        #expect(!(try JourneyTests.mentions(of: erased, in: stack.data)).isEmpty, "the backup holds the person again")
+        // Restored into a new data directory (canopy-batch's store too: its erasures are lost),
+        // with the stack's token key.
+        let restoredData = backup + ".restored"
+        defer { try? FileManager.default.removeItem(atPath: restoredData) }
+        let restoring = try await runExecutable("canopy", ["restore", backup, "--data-dir", restoredData, "--token-key-file", stack.data + "/token.key"], limit: 120)
+        #expect(restoring.status == 0, "\(restoring.output) \(restoring.errors)")
+        #expect(!(try JourneyTests.mentions(of: erased, in: restoredData)).isEmpty, "the backup holds the person again")
+        let restored = Stack(data: restoredData, endpoint: stack.endpoint, http: stack.http, metricsBase: stack.metricsBase)
 
-        try await stack.restart(environment: environment)
+        try await restored.restart(environment: environment)
         do {
-            let lost = try await runExecutable("canopy", ["erasures", "list", "--data-dir", stack.data])
+            let lost = try await runExecutable("canopy", ["erasures", "list", "--data-dir", restored.data])
             #expect(lost.output.contains("no account was deleted"), "the restored canopy-batch store predates the deletion: \(lost.output)")
-            let applied = try await runExecutable("canopy", ["erasures", "apply", "--digests-file", backup + ".erasures", "--data-dir", stack.data,
-                                                             "--broker", stack.endpoint], limit: 60)
+            let applied = try await runExecutable("canopy", ["erasures", "apply", "--digests-file", backup + ".erasures", "--data-dir", restored.data,
+                                                             "--broker", restored.endpoint], limit: 60)
             #expect(applied.status == 0 && applied.output.contains("1 account deleted again"), "\(applied.output) \(applied.errors)")
             #expect(!applied.output.contains(erased))
-            #expect(try await eventually(within: .seconds(60), every: .milliseconds(250)) { try JourneyTests.mentions(of: erased, in: stack.data).isEmpty },
-                    "still named: \((try? JourneyTests.mentions(of: erased, in: stack.data)) ?? [])")
-            // Applied again: nobody left to delete.
+            #expect(try await eventually(within: .seconds(60), every: .milliseconds(250)) { try JourneyTests.mentions(of: erased, in: restored.data).isEmpty },
+                    "still named: \((try? JourneyTests.mentions(of: erased, in: restored.data)) ?? [])")
             // The erasure is recorded again, and applying it again finds nobody.
-            let recorded = try await runExecutable("canopy", ["erasures", "list", "--data-dir", stack.data])
+            let recorded = try await runExecutable("canopy", ["erasures", "list", "--data-dir", restored.data])
             #expect(recorded.output.contains("1 account deleted"), "\(recorded.output)")
-            let again = try await runExecutable("canopy", ["erasures", "apply", "--data-dir", stack.data, "--broker", stack.endpoint], limit: 60)
+            let again = try await runExecutable("canopy", ["erasures", "apply", "--data-dir", restored.data, "--broker", restored.endpoint], limit: 60)
             #expect(again.status == 0 && again.output.contains("nothing to do"), "\(again.output) \(again.errors)")
             try await Task.sleep(for: .seconds(1)) // the checkpointers' next tick
         } catch {
-            await stack.stop()
+            await restored.stop()
             throw error
         }
-        await stack.stop()
+        await restored.stop()
         for needle in [erased, erasedNote, photo] {
-            let holding = try Self.files(holding: Array(needle.utf8), in: stack.data)
+            let holding = try Self.files(holding: Array(needle.utf8), in: restored.data)
             #expect(holding.isEmpty, "\(needle) is still in \(holding)")
         }
-        #expect(!(try Self.files(holding: Array(keptNote.utf8), in: stack.data)).isEmpty, "the other person's notes are kept")
+        #expect(!(try Self.files(holding: Array(keptNote.utf8), in: restored.data)).isEmpty, "the other person's notes are kept")
     }
 }
