@@ -191,8 +191,3 @@ extension Care.RequestReminderSync.Request: Validatable {
     public func validate() throws(CanopyError) {}
 }
 
-extension Care.ReminderWindow.Request: Validatable {
-    public func validate() throws(CanopyError) {
-        try Field.integer(count, "count", 1...Reminders.Limits.window)
-    }
-}

@@ -369,23 +369,6 @@ public enum Care {
         }
     }
 
-    /// `care.tasks.reminder-window`: the principal's next care occurrences, soonest first, as
-    /// `reminders.sync` hands them over (canopy-remind asks when its window runs low): each
-    /// task's next occurrence, then the ones after it as if each were done when due.
-    public enum ReminderWindow: BusOperation {
-        public struct Request: Codable, Sendable, Equatable {
-            /// 1 to 64 (the default).
-            public var count: Int?
-            public init(count: Int? = nil) { self.count = count }
-        }
-        public typealias Reply = Reminders.Sync.Request
-        public static let service = Care.service
-        public static let name = "tasks.reminder-window"
-        public static let idempotent = true
-        /// canopy-remind's refill; never a person's request (the API lists tasks with tasks.upcoming).
-        public static let access = Access.service
-    }
-
     /// `care.tasks.reminder-sync`: canopy-care sends the principal's window to canopy-remind
     /// again (`reminders.sync`, its outbox's follow-up, or a newer one already waiting) —
     /// canopy-remind's refill when a window runs low. Through the outbox, a refill goes in

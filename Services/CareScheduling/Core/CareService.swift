@@ -46,9 +46,6 @@ public struct CareService: BusService {
         on(Care.SnoozeTask.self) { request, owner, _ in try library.snooze(request.id, until: request.until, owner: owner) }
         on(Care.SkipTask.self) { request, owner, _ in try library.skip(request.id, key: request.key, owner: owner) }
         on(Care.AddCustomTask.self) { request, owner, _ in try library.addCustomTask(request, owner: owner) }
-        on(Care.ReminderWindow.self) { request, owner, _ in
-            .init(window: try library.reminderWindow(owner: owner, count: request.count))
-        }
         on(Care.RequestReminderSync.self) { _, owner, _ in
             try library.requestReminderSync(owner: owner)
             return Empty()

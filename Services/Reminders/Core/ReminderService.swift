@@ -128,7 +128,6 @@ public func makeReminderService(settings: ReminderServiceSettings, bus: any BusC
         if let apns { channels.append(apns) }
         if settings.rehearsal { channels = channels.map { LogChannel(logger: logger, rehearsing: $0.kind) } }
         let library = ReminderLibrary(store: store, allowedHosts: settings.allowedHosts, channels: Set(channels.map(\.kind)), clock: settings.clock)
-        let box = DispatcherBox()
         let dispatcher = Dispatcher(store: store, channels: channels, clock: clock ?? SystemReminderClock(clock: settings.clock), settings: settings.dispatch,
                                     refill: { owner in
                                         // The person's window runs low: canopy-care sends a fresh one through its
@@ -139,16 +138,10 @@ public func makeReminderService(settings: ReminderServiceSettings, bus: any BusC
                                             logger.warning("remind.refill.failed", metadata: ["remind.error": "\(error)"])
                                         }
                                     }, logger: logger)
-        box.dispatcher = dispatcher
         return ServiceParts(handlers: ReminderService(library: library, dispatcher: dispatcher), background: (apns.map { [$0] } ?? []) + [dispatcher],
                             onShutdown: (store as? PostgresReminderStore).map { [$0.database.beginShutdown] } ?? [])
     } catch {
         try? await apns?.client.shutdown() // nothing will run it
         throw error
     }
-}
-
-/// Lets the refill closure reach the dispatcher it belongs to.
-private final class DispatcherBox: @unchecked Sendable {
-    weak var dispatcher: Dispatcher?
 }
