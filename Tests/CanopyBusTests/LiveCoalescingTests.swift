@@ -59,10 +59,11 @@ struct LiveCoalescingTests {
         try await withLiveBus { bus in
             let doomed = try bus.startWorkerProcess(name: "doomed")
             try await bus.waitForWorkers(1)
-            let client = try bus.client(timeout: .seconds(30))
+            let client = try bus.client(timeout: .seconds(90))
             let calls = (0..<20).map { _ in
-                // Long enough for the survivor to start and register on a busy machine first.
-                Task { try await client.call(TestService.Lookup.self, .init(text: "shared", sleepMilliseconds: 6_000)) }
+                // Long enough for the survivor to start and register on a busy machine first
+                // (the whole suite on two cores: several seconds).
+                Task { try await client.call(TestService.Lookup.self, .init(text: "shared", sleepMilliseconds: 20_000)) }
             }
             try await bus.waitForLoad(inFlight: 1)
             let survivor = try bus.startWorkerProcess(name: "survivor")

@@ -8,11 +8,9 @@ import Testing
 /// `canopy backup` while a person keeps adding plants with `Idempotency-Key`s is one cut:
 /// every answer canopy-batch kept for a key names a plant canopy-care's copy has, every store
 /// passes SQLite's integrity check; `canopy restore` makes a data directory of it that a stack
-/// runs from, and a retry of a kept key there answers the kept plant, which exists.
-@Suite(.serialized)
-struct BackupCutTests {
-    typealias Stack = JourneyTests.Stack
-
+/// runs from, and a retry of a kept key there answers the kept plant, which exists. Part of
+/// ``ErasureTests`` (their stacks run one at a time).
+extension ErasureTests {
     /// The writers' state, shared with their tasks.
     final class Load: Sendable {
         let writing = Atomic(true)
