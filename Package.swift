@@ -23,14 +23,15 @@ func shared(_ name: String, _ dependencies: [Target.Dependency] = [], optimized:
             swiftSettings: swiftSettings + (optimized ? [.unsafeFlags(["-O"], .when(configuration: .debug))] : []))
 }
 
-/// The core module of a service (Services/<directory>/Core: its handlers, stores and
-/// `build…Service`) and its executable (Services/<directory>/CLI: `serve`, `health` and the
-/// operator's commands), which links the core and what every executable links.
+/// A service's module (Services/<directory>, but its CLI: Core/ with its handlers and rules,
+/// Store/ with its store protocol and the SQLite and PostgreSQL twins, and the edge's folders
+/// by concern) and its executable (Services/<directory>/CLI: `serve`, `health` and the
+/// operator's commands), which links the module and what every executable links.
 func service(_ directory: String, core: String, executable: String, dependencies: [Target.Dependency],
-             executableDependencies: [Target.Dependency] = [], resources: [Resource]? = nil,
+             executableDependencies: [Target.Dependency] = [], exclude: [String] = [], resources: [Resource]? = nil,
              plugins: [Target.PluginUsage]? = nil) -> [Target] {
     [
-        .target(name: core, dependencies: dependencies, path: "Services/\(directory)/Core", resources: resources,
+        .target(name: core, dependencies: dependencies, path: "Services/\(directory)", exclude: ["CLI"] + exclude, resources: resources,
                 swiftSettings: swiftSettings, plugins: plugins),
         .executableTarget(name: executable,
                           dependencies: [.byName(name: core), "CanopyServiceKit", "CanopyBus", "CanopyMessages"] + executableDependencies,
@@ -110,11 +111,6 @@ var targets: [Target] = [
     shared("CanopyReplay", ["CanopyCapture", "CanopyBus", "CanopyWire", "CanopyMessages", "CZeroMQ", P.collections, P.histogram]),
     // What services and clients use: the typed client and the plug-in runtime.
     shared("CanopyBus", ["CanopyIO", "CanopyWire", "CanopyMessages", P.collections, P.logging, P.metrics, P.serviceLifecycle, P.tracing]),
-    // The broker: routing state, its IO shell, and CurveZMQ's broker side.
-    shared("CanopyBroker", [
-        "CZeroMQ", "CanopyIO", "CanopyWire", "CanopyMessages", "CanopyCapture", P.collections, P.histogram, P.logging,
-        P.metrics, P.serviceLifecycle, P.tracing,
-    ]),
     shared("CanopyServiceKit", [
         "CanopyBus", P.argumentParser, P.hummingbird, P.logging, P.metrics, P.nioCore, P.otel, P.prometheus, P.serviceLifecycle,
         P.tracing, P.unixSignals,
@@ -136,24 +132,27 @@ var targets: [Target] = [
     shared("CanopyStore", [P.argumentParser, P.crypto, P.grdb, P.logging, P.postgresNIO, P.tracing]),
 ]
 
-// MARK: - Services: each a core module and its executable
+// MARK: - Services: each a module (Services/<Name>: Core/, Store/, …) and its executable (CLI/)
 
-targets += service("Broker", core: "MessageBroker", executable: "canopy-broker",
-    dependencies: ["CanopyBroker", "CanopyServiceKit", P.logging, P.serviceLifecycle],
-    executableDependencies: ["CanopyBroker"])
-targets += service("ImageCache", core: "ImageCache", executable: "canopy-images",
+// The broker: routing state, its IO shell, CurveZMQ's broker side, and `build…`.
+targets += service("Broker", core: "CanopyBroker", executable: "canopy-broker",
+    dependencies: [
+        "CZeroMQ", "CanopyIO", "CanopyWire", "CanopyMessages", "CanopyCapture", "CanopyServiceKit", P.collections, P.histogram, P.logging,
+        P.metrics, P.serviceLifecycle, P.tracing,
+    ])
+targets += service("Images", core: "CanopyImages", executable: "canopy-images",
     dependencies: [
         "CVips", "CanopyImaging", "CanopyBus", "CanopyMessages", "CanopyServiceKit", "CanopyStore", "CanopyOutbound",
         P.crypto, P.grdb, P.logging, P.metrics, P.nioCore, P.nioHTTP1, P.nioPosix, P.nioSSL, P.postgresNIO, P.serviceLifecycle,
     ],
     executableDependencies: ["CanopyStore"])
-targets += service("Identification", core: "Identification", executable: "canopy-identify",
+targets += service("Identify", core: "CanopyIdentify", executable: "canopy-identify",
     dependencies: [
         "CanopyImaging", "CanopyBus", "CanopyMessages", "CanopyServiceKit", "CanopyStore", P.asyncHTTPClient,
         P.crypto, P.grdb, P.logging, P.metrics, P.multipartKit, P.postgresNIO, P.serviceLifecycle,
     ],
     executableDependencies: ["CanopyImaging", "CanopyStore", P.logging])
-targets += service("Reminders", core: "Reminders", executable: "canopy-remind",
+targets += service("Remind", core: "CanopyRemind", executable: "canopy-remind",
     dependencies: [
         "CanopyBus", "CanopyMessages", "CanopyServiceKit", "CanopyStore", "CanopyOutbound", P.asyncHTTPClient,
         P.collections, P.crypto, P.grdb, P.jwtKit, P.logging, P.metrics, P.nioSSL, P.postgresNIO, P.serviceLifecycle,
@@ -161,33 +160,33 @@ targets += service("Reminders", core: "Reminders", executable: "canopy-remind",
     executableDependencies: ["CanopyStore"])
 // canopy-batch: the HTTP API apps call, generated from its OpenAPI document
 // (Core/openapi.yaml, which docs/openapi.yaml links to) by the generator's build plugin.
-targets += service("RequestBatching", core: "RequestBatching", executable: "canopy-batch",
+targets += service("API", core: "CanopyAPI", executable: "canopy-batch",
     dependencies: [
         "CanopyBus", "CanopyMessages", "CanopyServiceKit", "CanopyWire", "CanopyStore", "CanopyOutbound", P.crypto, P.grdb, P.httpTypes, P.hummingbird,
         P.jwtKit, P.logging, P.metrics, P.nioCore, P.nioHTTP1, P.openAPIHummingbird, P.openAPIRuntime, P.postgresNIO, P.serviceLifecycle,
     ],
     executableDependencies: ["CanopyStore"],
     plugins: [.plugin(name: "OpenAPIGenerator", package: "swift-openapi-generator")])
-targets += service("CareScheduling", core: "CareScheduling", executable: "canopy-care",
+targets += service("Care", core: "CanopyCare", executable: "canopy-care",
     dependencies: [
         "CanopyBus", "CanopyMessages", "CanopyServiceKit", "CanopyStore", P.collections, P.grdb, P.logging,
         P.metrics, P.postgresNIO, P.serviceLifecycle,
     ],
     executableDependencies: ["CanopyStore"],
-    resources: [.copy("Resources/catalog.json")])
+    exclude: ["Tools"], resources: [.copy("Core/Resources/catalog.json")])
 
 // MARK: - The operator's CLI, the benchmark, and the tests
 
 targets += [
     .executableTarget(name: "canopy", dependencies: [
         "CanopySamples", "CanopyDeployment", "CanopyServiceKit", "CanopyBus", "CanopyMessages", "CanopyCapture",
-        "CanopyReplay", "CanopyImaging", "CanopyStore", "CareScheduling", "Reminders", "Identification", "ImageCache", "RequestBatching",
+        "CanopyReplay", "CanopyImaging", "CanopyStore", "CanopyCare", "CanopyRemind", "CanopyIdentify", "CanopyImages", "CanopyAPI",
         P.asyncHTTPClient, P.grdb, P.logging, P.nioCore, P.nioHTTP1,
     ], path: "Services/Canopy", swiftSettings: swiftSettings),
     .executableTarget(name: "canopy-bench", dependencies: [
         "CanopySamples", "CanopyDeployment", "CanopyOutbound", "CanopyBus", "CanopyBroker", "CZeroMQ", "CanopyMessages",
-        "ImageCache", "CareScheduling", "Identification", "Reminders", "CanopyImaging", "CVips", "CanopyServiceKit",
-        "CanopyWire", "RequestBatching", "CanopyCapture", "CanopyReplay", "CanopyStore", "CanopyTesting", P.argumentParser, P.asyncHTTPClient,
+        "CanopyImages", "CanopyCare", "CanopyIdentify", "CanopyRemind", "CanopyImaging", "CVips", "CanopyServiceKit",
+        "CanopyWire", "CanopyAPI", "CanopyCapture", "CanopyReplay", "CanopyStore", "CanopyTesting", P.argumentParser, P.asyncHTTPClient,
         P.collections, P.grdb, P.histogram, P.hummingbird, P.jwtKit, P.logging,
     ], path: "Benchmarks/BusBenchmark", swiftSettings: swiftSettings),
     // A worker process the live tests start and kill with SIGKILL.
@@ -199,25 +198,25 @@ targets += [
     // or ask it for --help.
 
     tests("CanopyMessagesTests", ["CanopyMessages", "CanopyWire", "CanopyBus", "CanopyTesting"], resources: [.copy("Fixtures")]),
-    tests("ImageCacheTests", [
-        "CanopyOutbound", "ImageCache", "CanopyImaging", "CVips", "CanopyBus", "CanopyBroker", "CanopyStore", "CanopyTesting",
+    tests("CanopyImagesTests", [
+        "CanopyOutbound", "CanopyImages", "CanopyImaging", "CVips", "CanopyBus", "CanopyBroker", "CanopyStore", "CanopyTesting",
         "CanopyServiceKit", "canopy-images", P.nioCore, P.nioHTTP1, P.nioPosix,
     ]),
-    tests("IdentificationTests", [
-        "CanopySamples", "Identification", "CanopyImaging", "CVips", "ImageCache", "CareScheduling", "CanopyBus",
+    tests("CanopyIdentifyTests", [
+        "CanopySamples", "CanopyIdentify", "CanopyImaging", "CVips", "CanopyImages", "CanopyCare", "CanopyBus",
         "CanopyBroker", "CanopyStore", "CanopyTesting", "CanopyServiceKit", "canopy-identify", P.hummingbird, P.multipartKit,
     ]),
-    tests("ReminderTests", [
-        "CanopyOutbound", "Reminders", "CareScheduling", "CanopyBus", "CanopyBroker", "CanopyStore", "CanopyTesting", "CanopyServiceKit",
+    tests("CanopyRemindTests", [
+        "CanopyOutbound", "CanopyRemind", "CanopyCare", "CanopyBus", "CanopyBroker", "CanopyStore", "CanopyTesting", "CanopyServiceKit",
         "canopy-remind", P.crypto, P.hummingbird, P.hummingbirdHTTP2, P.nioSSL, P.x509,
     ]),
-    tests("RequestBatchingTests", [
-        "CanopySamples", "RequestBatching", "CareScheduling", "Reminders", "ImageCache", "Identification", "CanopyImaging",
+    tests("CanopyAPITests", [
+        "CanopySamples", "CanopyAPI", "CanopyCare", "CanopyRemind", "CanopyImages", "CanopyIdentify", "CanopyImaging",
         "CanopyBus", "CanopyBroker", "CanopyTesting", "CanopyServiceKit", "CanopyCapture", "CanopyReplay", "CanopyMessages",
         "canopy-batch", "CanopyOutbound", P.asyncHTTPClient, P.crypto, P.grdb, P.hummingbird, P.jwtKit, P.nioCore, P.nioHTTP1, P.yams,
     ]),
-    tests("CareSchedulingTests", [
-        "CareScheduling", "ImageCache", "CVips", "CanopyBus", "CanopyBroker", "CanopyStore", "CanopyTesting", "CanopyServiceKit", "canopy-care",
+    tests("CanopyCareTests", [
+        "CanopyCare", "CanopyImages", "CVips", "CanopyBus", "CanopyBroker", "CanopyStore", "CanopyTesting", "CanopyServiceKit", "canopy-care",
     ]),
     tests("EndToEndTests", [
         "CanopySamples", "CanopyServiceKit", "CanopyStore", "CanopyTesting", "CanopyCapture", "CanopyReplay", "CanopyImaging",
@@ -235,7 +234,7 @@ targets += [
     ]),
     tests("CanopyStoreTests", ["CanopyStore", "CanopyTesting", P.grdb, P.postgresNIO]),
     tests("CanopyBusTests", [
-        "CanopyBus", "CanopyBroker", "CanopyTesting", "CanopyServiceKit", "CZeroMQ", "MessageBroker", "canopy", "canopy-broker",
+        "CanopyBus", "CanopyBroker", "CanopyTesting", "CanopyServiceKit", "CZeroMQ", "canopy", "canopy-broker",
         "canopy-test-worker", P.asyncHTTPClient, P.inMemoryTracing, P.nioCore, P.tracing, P.serviceLifecycle,
     ]),
 ]

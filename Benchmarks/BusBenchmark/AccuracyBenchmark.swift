@@ -3,7 +3,7 @@ import CanopyImaging
 import CanopySamples
 import CanopyServiceKit
 import Foundation
-import Identification
+import CanopyIdentify
 
 /// How often the offline matcher names the right species on photos that vary as phone photos
 /// do (``PlantScene``: background, light temperature and level, leaf count, scale, rotation,

@@ -4,7 +4,7 @@ import CanopyBus
 import CanopyMessages
 import CanopyStore
 import CanopyTesting
-import CareScheduling
+import CanopyCare
 import Foundation
 import Histogram
 import Logging

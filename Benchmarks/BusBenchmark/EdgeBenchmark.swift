@@ -6,12 +6,12 @@ import CanopyMessages
 import CanopySamples
 import CanopyServiceKit
 import CanopyWire
-import CareScheduling
+import CanopyCare
 import Foundation
 import Hummingbird
-import ImageCache
+import CanopyImages
 import Logging
-import RequestBatching
+import CanopyAPI
 import ServiceLifecycle
 import Synchronization
 

@@ -2,7 +2,7 @@ import CanopyImaging
 import CanopySamples
 import CanopyServiceKit
 import Foundation
-import Identification
+import CanopyIdentify
 
 /// `canopy-bench accuracy --speed`: a 12 MP photo's features against the baseline's on the
 /// same photo, and the reference index's search at 10,000 photos against scanning them all.

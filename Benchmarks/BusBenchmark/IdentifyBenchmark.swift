@@ -5,11 +5,11 @@ import CanopyImaging
 import CanopyMessages
 import CanopySamples
 import CanopyServiceKit
-import CareScheduling
+import CanopyCare
 import Foundation
 import Histogram
-import Identification
-import ImageCache
+import CanopyIdentify
+import CanopyImages
 import Logging
 
 /// canopy-identify with the reference provider over the bus, with canopy-images and

@@ -7,7 +7,7 @@ import CanopyMessages
 import CanopyServiceKit
 import Foundation
 import Histogram
-import ImageCache
+import CanopyImages
 import Logging
 
 /// canopy-images: variant making against `vipsthumbnail`, cache hits over the bus against a

@@ -2,7 +2,7 @@ import ArgumentParser
 import CanopyBroker
 import CanopyBus
 import CanopyMessages
-import CareScheduling
+import CanopyCare
 import Foundation
 import GRDB
 import Histogram

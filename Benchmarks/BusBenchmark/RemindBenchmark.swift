@@ -11,7 +11,7 @@ import GRDB
 import Histogram
 import Hummingbird
 import Logging
-import Reminders
+import CanopyRemind
 import ServiceLifecycle
 import Synchronization
 

@@ -5,11 +5,11 @@ import CanopySamples
 import CanopyServiceKit
 import CanopyStore
 import CanopyTesting
-import CareScheduling
+import CanopyCare
 import Foundation
 import Histogram
-import Identification
-import ImageCache
+import CanopyIdentify
+import CanopyImages
 import Logging
 
 /// What canopy-images' and canopy-identify's requests cost on SQLite and on PostgreSQL in the

@@ -5,12 +5,12 @@ import CanopyMessages
 import CanopyOutbound
 import CanopyServiceKit
 import CanopyTesting
-import CareScheduling
+import CanopyCare
 import Foundation
 import Histogram
 import JWTKit
 import Logging
-import RequestBatching
+import CanopyAPI
 import ServiceLifecycle
 
 /// What a provider's token costs the edge against Canopy's own HS256: (1) verifying a token

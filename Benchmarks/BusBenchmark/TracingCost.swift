@@ -7,11 +7,11 @@ import CanopyServiceKit
 import CanopyTesting
 import CanopyWire
 import Collections
-import CareScheduling
+import CanopyCare
 import Foundation
 import Glibc
 import Logging
-import RequestBatching
+import CanopyAPI
 import Tracing
 
 /// What tracing costs, in the same run: (1) the broker under the pipelined load with no

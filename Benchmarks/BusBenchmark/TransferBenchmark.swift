@@ -5,7 +5,7 @@ import CanopyMessages
 import CanopyServiceKit
 import Foundation
 import Histogram
-import ImageCache
+import CanopyImages
 import Logging
 
 /// What it costs to move a 12-megapixel photo over the bus: `images.put` (the photo is

@@ -6,7 +6,7 @@ import CanopyServiceKit
 import CanopyStore
 import Foundation
 import Logging
-import RequestBatching
+import CanopyAPI
 
 /// `canopy erasures`: the accounts deleted, and their deletion applied again to stores
 /// restored from a backup taken before it.

@@ -3,14 +3,14 @@ import CanopyDeployment
 import CanopyMessages
 import CanopyServiceKit
 import CanopyStore
-import CareScheduling
+import CanopyCare
 import Foundation
 import GRDB
-import Identification
-import ImageCache
+import CanopyIdentify
+import CanopyImages
 import Logging
-import Reminders
-import RequestBatching
+import CanopyRemind
+import CanopyAPI
 
 /// `canopy migrate`: a single-host install's stores moved into PostgreSQL, its photos into
 /// the shared photo store. The path from one machine to many (docs/SCALING.md).

@@ -4,7 +4,6 @@ import CanopyMessages
 import CanopyServiceKit
 import CanopyTesting
 import Foundation
-import MessageBroker
 import Testing
 
 /// `/metrics` and `/health` as operators scrape them, next to a live bus.

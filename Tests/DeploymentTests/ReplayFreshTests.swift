@@ -217,7 +217,7 @@ struct ReplayFreshTests {
     static func buildWithCatalogChange(at directory: URL, from executables: String) throws {
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         let care = URL(fileURLWithPath: executables).appendingPathComponent("canopy-care")
-        let catalogURL = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("../../Services/CareScheduling/Core/Resources/catalog.json")
+        let catalogURL = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("../../Services/Care/Core/Resources/catalog.json")
         var catalog = try #require(try JSONSerialization.jsonObject(with: Data(contentsOf: catalogURL)) as? [String: Any])
         var species = try #require(catalog["species"] as? [[String: Any]])
         let index = try #require(species.firstIndex { $0["scientificName"] as? String == "Ficus lyrata" })

@@ -6,7 +6,6 @@ import CanopyBus
 import CanopyServiceKit
 import CanopyMessages
 import Logging
-import MessageBroker
 import ServiceLifecycle
 
 @main

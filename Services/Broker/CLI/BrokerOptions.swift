@@ -5,7 +5,6 @@ import Foundation
 import CanopyBus
 import CanopyServiceKit
 import Logging
-import MessageBroker
 
 /// Every option of `canopy-broker serve`; each also reads a `CANOPY_*` variable (flags win).
 struct BrokerOptions: ParsableArguments {

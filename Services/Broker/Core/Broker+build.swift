@@ -1,4 +1,3 @@
-import CanopyBroker
 import CanopyIO
 import CanopyServiceKit
 import Logging

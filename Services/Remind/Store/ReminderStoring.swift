@@ -1,0 +1,156 @@
+import CanopyMessages
+import Foundation
+
+/// What canopy-remind keeps, as the operations its rules need: no SQL outside the types that
+/// implement it: ``SQLiteReminderStore`` (SQLite, the embedded default) and
+/// ``PostgresReminderStore`` (PostgreSQL, which replicas share).
+///
+/// Reads and writes happen in transactions: ``read(_:)`` and ``write(_:)`` hand their body a
+/// view of the data (``ReminderReads``, ``ReminderWrites``) that only lives for the
+/// transaction. A write that throws changes nothing. Every operation on a person's data names
+/// its owner, except the dispatcher's, which go by the row ids it holds.
+protocol ReminderStoring: Sendable {
+    /// Clears what an erasure (a person's account deleted) left beyond its deleted rows: the
+    /// write-ahead log's copies of them (SQLite, at once), the dead rows (PostgreSQL, a
+    /// `VACUUM` soon after).
+    func eraseResidue()
+
+    func read<T>(_ body: (any ReminderReads) throws -> T) throws -> T
+    func write<T>(_ body: (any ReminderWrites) throws -> T) throws -> T
+    /// ``read(_:)`` that waits for the store without holding a thread of the caller's.
+    func read<T: Sendable>(_ body: @escaping @Sendable (any ReminderReads) throws -> T) async throws -> T
+    /// ``write(_:)`` that waits for the writer without holding a thread: syncs of many
+    /// people at once queue for the one writer, and blocked threads of Swift's small
+    /// cooperative pool would stall every other request meanwhile.
+    func write<T: Sendable>(_ body: @escaping @Sendable (any ReminderWrites) throws -> T) async throws -> T
+
+    /// Hands every pending reminder's id and time to `body`, one by one (a cursor, so a
+    /// million of them never exist at once): what the dispatcher loads at start.
+    func forEachPending(_ body: (_ id: Int64, _ fireAt: Double) -> Void) throws
+    /// Every send not yet finished and when it is next tried.
+    func pendingSends() throws -> [(id: Int64, nextAttempt: Double)]
+
+    // MARK: Replicas
+
+    /// Whether several replicas share this store: the dispatcher then claims each send before
+    /// trying it (``claimSend(id:now:until:)``) and looks for work a replica that stopped left
+    /// behind (``orphans(dueBefore:now:)``).
+    var sharedWithReplicas: Bool { get }
+    /// Leases a pending send to the caller for one attempt, until `until`: false when it is
+    /// finished, gone or leased to another replica whose lease has not ended. (With one
+    /// process, a pending send is always the caller's.)
+    func claimSend(id: Int64, now: Date, until: Date) throws -> Bool
+    /// Work nobody is doing: pending reminders that were due before `before`, and pending
+    /// sends due before `before` whose lease (if any) ended by `now`.
+    func orphans(dueBefore before: Date, now: Date) throws -> (reminders: [(id: Int64, fireAt: Double)], sends: [(id: Int64, nextAttempt: Double)])
+}
+
+/// What a read transaction sees.
+protocol ReminderReads {
+    // Devices
+    func devices(owner: String, activeOnly: Bool) throws -> [DeviceRecord]
+    func device(owner: String, id: String) throws -> DeviceRecord?
+    /// The id of the owner's device on `channel` at `address`, if registered.
+    func deviceID(owner: String, channel: Reminders.Channel, address: String) throws -> String?
+    func deviceCount(owner: String) throws -> Int
+
+    // Reminders
+    /// Every reminder of the owner, in any state, as a sync compares them.
+    func knownReminders(owner: String) throws -> [KnownReminder]
+    /// The reminders among `ids` still pending.
+    func pendingReminders(ids: [Int64]) throws -> [ReminderRow]
+    /// The owner's pending reminders firing after `after` and up to `through`.
+    func pendingReminders(owner: String, firingAfter after: Date, through: Date) throws -> [ReminderRow]
+    /// How many reminders of the owner are pending, and when the last one fires.
+    func pendingSummary(owner: String) throws -> (count: Int, lastFireAt: Date?)
+    /// The owner's reminders waiting or being sent, in the order they fire.
+    func upcoming(owner: String, limit: Int) throws -> [Reminders.Reminder]
+    /// Sends that gave up, newest first, one failure per reminder they carried.
+    func failedSends(owner: String, limit: Int) throws -> [Reminders.Failure]
+    /// Reminders recorded as stale, newest first.
+    func staleReminders(owner: String, limit: Int) throws -> [(reminder: Reminders.Reminder, at: Date)]
+
+    // Sends
+    /// A send still pending, with its device (nil when the device was removed).
+    func pendingSend(id: Int64) throws -> (send: StoredSend, device: DeviceRecord?)?
+    func sendExists(id: Int64) throws -> Bool
+}
+
+/// What a write transaction can change (it reads too).
+protocol ReminderWrites: ReminderReads {
+    /// Makes a sync's changes; returns the reminders whose time is new or changed.
+    func apply(_ plan: SyncPlan, owner: String, now: Date) throws -> [(id: Int64, fireAt: Double)]
+    /// Deletes every reminder of the plant, and every send that carried only its reminders.
+    func cancelPlant(_ plantID: String, owner: String) throws
+    /// Deletes everything of the person: devices, reminders, sends with their attempts.
+    func forgetPerson(_ owner: String) throws
+
+    func reactivateDevice(id: String, name: String?, secret: String?, accessToken: String?) throws
+    func insertDevice(_ device: Reminders.Device, owner: String, secret: String?, accessToken: String?) throws
+    func removeDevice(owner: String, id: String) throws
+    func deactivateDevice(id: String, reason: String) throws
+
+    /// Makes the caller the one replica turning the owner's due reminders into sends until
+    /// the transaction ends; false when another replica is at it now (it takes them).
+    func lockOwner(_ owner: String) throws -> Bool
+    /// Waits until no other transaction changes the owner's reminders, sends or devices, and
+    /// holds them until this one ends: what a sync, a registration and a recorded attempt
+    /// read is then what they change (with replicas; one SQLite writer is alone already).
+    func waitForOwner(_ owner: String) throws
+
+    func setState(_ state: Reminders.State, ofReminders ids: [Int64], at: Date) throws
+    /// Records a notification to a device carrying `reminderIDs`; nil when the same key was
+    /// already recorded for that device (it is being or was sent).
+    func insertSend(owner: String, deviceID: String, notification: ReminderNotification, reminderIDs: [Int64], at: Date) throws -> Int64?
+    /// Records an attempt and what it made of its send (``DispatchPlan/update(after:attempt:now:jitter:)``),
+    /// ending its lease.
+    func record(_ attempt: Dispatcher.Attempt, update: SendUpdate, at: Date) throws
+    /// The send's reminders that no send still waits for: delivered when any device took
+    /// them, else failed.
+    func settleReminders(ofSend sendID: Int64, at: Date) throws
+}
+
+/// A device with what delivering needs (its secrets included).
+struct DeviceRecord: Sendable, Equatable {
+    var device: Reminders.Device
+    var owner: String
+    var secret: String?
+    var accessToken: String?
+}
+
+/// A reminder row as the dispatcher handles it.
+struct ReminderRow: Sendable, Equatable {
+    var id: Int64
+    var owner: String
+    var reminder: Reminders.Reminder
+    var fireAt: Date
+}
+
+/// A reminder as a sync compares it with the window: which occurrence, and what may change.
+struct KnownReminder: Sendable, Equatable {
+    var id: Int64
+    var occurrence: SyncPlan.Occurrence
+    var pending: Bool
+    var fireAt: Double
+    var title: String
+}
+
+/// A send as the dispatcher tries it.
+struct StoredSend: Sendable, Equatable {
+    var id: Int64
+    var owner: String
+    var deviceID: String
+    var notification: ReminderNotification
+    /// Attempts made so far.
+    var attempts: Int
+}
+
+/// What an attempt makes of its send.
+enum SendUpdate: Sendable, Equatable {
+    /// A channel took it.
+    case delivered
+    /// Try again at `at` (seconds since 1970).
+    case retry(at: Double, reason: String)
+    /// Given up: a dead letter; the device deactivated too when it is gone.
+    case failed(reason: String, deactivateDevice: Bool)
+}

@@ -1,0 +1,188 @@
+import CanopyMessages
+import CanopyServiceKit
+import CanopyStore
+import CanopyTesting
+import Foundation
+import Logging
+import Testing
+@testable import CanopyAPI
+
+/// `Idempotency-Key`'s rules (what a key may be, what a request finds) and its records in
+/// canopy-batch's store, in SQLite and in PostgreSQL.
+@Suite(.serialized)
+struct IdempotencyKeyTests {
+    enum Backend: String, CaseIterable { case sqlite, postgres }
+
+    /// Small limits, so that the bounds are reached in a few requests.
+    static let limits = IdempotencyLimits(keysPerPerson: 20, bytesPerPerson: 8_192)
+
+    func withStore(_ backend: Backend, _ body: (any BatchStoring) async throws -> Void) async throws {
+        let directory = try TemporaryDirectory("idempotency")
+        defer { directory.remove() }
+        let logger = Logger(label: "test")
+        switch backend {
+        case .sqlite:
+            try await body(try await openBatchStore(directory: directory.url, postgres: nil, logger: logger, idempotencyLimits: Self.limits))
+        case .postgres:
+            let url = try await PostgresServer.shared().database()
+            try await body(try await openBatchStore(directory: directory.url, postgres: PostgresSettings(url: url, poolSize: 2), logger: logger,
+                                                    idempotencyLimits: Self.limits))
+        }
+    }
+
+    static func claim(_ person: String = "ann", route: String = "POST /v1/plants", key: String = "k-1", body: String = "{}", lease: TimeInterval = 30) -> IdempotencyClaim {
+        IdempotencyClaim(person: person, route: route, key: key,
+                         fingerprint: IdempotencyKeys.fingerprint(method: "POST", path: String(route.dropFirst(5)), contentType: "application/json", body: Array(body.utf8)),
+                         lease: lease)
+    }
+
+    static let answer = KeptAnswer(status: 201, headers: [["Content-Type", "application/json"]], body: Array(#"{"id":"p-1"}"#.utf8))
+
+    // MARK: - The rules
+
+    @Test func aKeyIsOneTo255PrintableASCIICharactersBareOrQuoted() throws {
+        #expect(try IdempotencyKeys.parse("8e03978e-40d5-43e8-bc93-6894a57f9324") == "8e03978e-40d5-43e8-bc93-6894a57f9324")
+        #expect(try IdempotencyKeys.parse("\"8e03978e\"") == "8e03978e", "the draft's sf-string")
+        #expect(try IdempotencyKeys.parse("a key with spaces") == "a key with spaces")
+        #expect(try IdempotencyKeys.parse(String(repeating: "k", count: 255)).utf8.count == 255)
+        for bad in ["", "\"\"", "   ", String(repeating: "k", count: 256), "clé", "tab\there", "nul\u{0}", "\"a\"b\""] {
+            #expect(throws: CanopyError.self, "\(bad.debugDescription)") { try IdempotencyKeys.parse(bad) }
+        }
+        let error = try #require(throws: CanopyError.self) { try IdempotencyKeys.parse("") }
+        #expect(error.field == "Idempotency-Key" && error.code == .badRequest)
+    }
+
+    @Test func aRequestIsTheSameOnlyWithTheSameMethodPathTypeAndBody() {
+        let base = IdempotencyKeys.fingerprint(method: "POST", path: "/v1/plants", contentType: "application/json", body: Array("{}".utf8))
+        #expect(base == IdempotencyKeys.fingerprint(method: "POST", path: "/v1/plants", contentType: "application/json", body: Array("{}".utf8)))
+        #expect(base != IdempotencyKeys.fingerprint(method: "POST", path: "/v1/plants", contentType: "application/json", body: Array("{ }".utf8)))
+        #expect(base != IdempotencyKeys.fingerprint(method: "POST", path: "/v1/plants?x=1", contentType: "application/json", body: Array("{}".utf8)))
+        #expect(base != IdempotencyKeys.fingerprint(method: "PATCH", path: "/v1/plants", contentType: "application/json", body: Array("{}".utf8)))
+        #expect(base != IdempotencyKeys.fingerprint(method: "POST", path: "/v1/plants", contentType: "text/plain", body: Array("{}".utf8)))
+        // Length-prefixed: moving bytes from one part to the next is another request.
+        #expect(IdempotencyKeys.fingerprint(method: "POST", path: "/a", contentType: "b", body: []) != IdempotencyKeys.fingerprint(method: "POST", path: "/", contentType: "ab", body: []))
+    }
+
+    @Test func theServicesKeyAndThePlantIDAreEachPersonsAndRoutesOwn() {
+        let ann = IdempotencyKeys.serviceKey(person: "ann", route: "POST /v1/plants", key: "k")
+        #expect(ann.utf8.count == 64 && ann.utf8.allSatisfy { (0x30...0x39).contains($0) || (0x61...0x66).contains($0) })
+        #expect(ann == IdempotencyKeys.serviceKey(person: "ann", route: "POST /v1/plants", key: "k"))
+        #expect(ann != IdempotencyKeys.serviceKey(person: "bob", route: "POST /v1/plants", key: "k"))
+        #expect(ann != IdempotencyKeys.serviceKey(person: "ann", route: "POST /v1/batch", key: "k"))
+        #expect(IdempotencyKeys.serviceKey(person: "a:b", route: "c", key: "k") != IdempotencyKeys.serviceKey(person: "a", route: "b:c", key: "k"))
+        #expect(IdempotencyKeys.partKey(ann, part: 0) != IdempotencyKeys.partKey(ann, part: 1))
+        let plant = IdempotencyKeys.plantID(serviceKey: ann)
+        #expect(UUID(uuidString: plant) != nil && plant == plant.lowercased() && plant.utf8.count == 36)
+        #expect(plant == IdempotencyKeys.plantID(serviceKey: ann) && plant != IdempotencyKeys.plantID(serviceKey: IdempotencyKeys.partKey(ann, part: 0)))
+    }
+
+    @Test func whatARequestFindsIsDecidedInOnePlace() {
+        let claim = Self.claim()
+        let now = Date()
+        #expect(IdempotencyDecision.decide(nil, for: claim, now: now) == .proceed)
+        let running = IdempotencyRecord(fingerprint: claim.fingerprint, holder: "other", leaseUntil: now.addingTimeInterval(2.5), answer: nil, answered: false)
+        #expect(IdempotencyDecision.decide(running, for: claim, now: now) == .running(retryAfter: 3))
+        var ended = running
+        ended.leaseUntil = now.addingTimeInterval(-1)
+        #expect(IdempotencyDecision.decide(ended, for: claim, now: now) == .proceed, "its holder's lease ended: presumed dead")
+        let done = IdempotencyRecord(fingerprint: claim.fingerprint, holder: nil, leaseUntil: nil, answer: Self.answer, answered: true)
+        #expect(IdempotencyDecision.decide(done, for: claim, now: now) == .replay(Self.answer))
+        #expect(IdempotencyDecision.decide(IdempotencyRecord(fingerprint: claim.fingerprint, holder: nil, leaseUntil: nil, answer: nil, answered: true),
+                                           for: claim, now: now) == .answeredNotKept)
+        let other = Self.claim(body: #"{"other":true}"#)
+        #expect(IdempotencyDecision.decide(done, for: other, now: now) == .otherRequest)
+        #expect(IdempotencyDecision.decide(running, for: other, now: now) == .otherRequest)
+    }
+
+    // MARK: - The store
+
+    @Test(arguments: Backend.allCases) func aKeyIsClaimedOnceAnsweredAndReplayedAndEachPersonsAndRoutesAreTheirOwn(_ backend: Backend) async throws {
+        try await withStore(backend) { store in
+            let now = Date()
+            let first = Self.claim()
+            #expect(try store.claim(first, now: now) == .proceed)
+            // Running: the same request again waits; another request with the key is refused.
+            #expect(try store.claim(Self.claim(), now: now) == .running(retryAfter: 5))
+            #expect(try store.claim(Self.claim(body: #"{"a":1}"#), now: now) == .otherRequest)
+            // Another person's key, and the key on another route, are other keys.
+            #expect(try store.claim(Self.claim("bob"), now: now) == .proceed)
+            #expect(try store.claim(Self.claim(route: "POST /v1/devices"), now: now) == .proceed)
+            // Only the holder answers.
+            try store.answer(Self.claim(), with: KeptAnswer(status: 500, headers: [], body: []), now: now)
+            #expect(try store.claim(Self.claim(), now: now) == .running(retryAfter: 5))
+            try store.answer(first, with: Self.answer, now: now)
+            #expect(try store.claim(Self.claim(), now: now.addingTimeInterval(60)) == .replay(Self.answer))
+            #expect(try store.claim(Self.claim(body: #"{"a":1}"#), now: now) == .otherRequest)
+            // Kept a day, then gone.
+            #expect(try store.claim(Self.claim(), now: now.addingTimeInterval(IdempotencyKeys.lifetime - 1)) == .replay(Self.answer))
+            #expect(try store.claim(Self.claim(), now: now.addingTimeInterval(IdempotencyKeys.lifetime + 1)) == .proceed)
+        }
+    }
+
+    @Test(arguments: Backend.allCases) func aKeyLetGoOrWhoseHolderDiedIsRunAgainAndATooLargeAnswerIsNotKept(_ backend: Backend) async throws {
+        try await withStore(backend) { store in
+            let now = Date()
+            let first = Self.claim(lease: 2)
+            #expect(try store.claim(first, now: now) == .proceed)
+            try store.release(Self.claim()) // not the holder: nothing
+            #expect(try store.claim(Self.claim(), now: now) == .running(retryAfter: 2))
+            try store.release(first)
+            let second = Self.claim(lease: 2)
+            #expect(try store.claim(second, now: now) == .proceed, "let go (a 5xx): run again")
+            // Its edge died: after the lease, a repeat takes it over, and the dead holder cannot answer.
+            let third = Self.claim()
+            #expect(try store.claim(third, now: now.addingTimeInterval(3)) == .proceed)
+            try store.answer(second, with: Self.answer, now: now)
+            #expect(try store.claim(Self.claim(), now: now.addingTimeInterval(3)) == .running(retryAfter: 5))
+            try store.answer(third, with: nil, now: now.addingTimeInterval(3))
+            #expect(try store.claim(Self.claim(), now: now.addingTimeInterval(4)) == .answeredNotKept)
+        }
+    }
+
+    @Test(arguments: Backend.allCases) func oneClaimWinsAmongManyAtOnce(_ backend: Backend) async throws {
+        try await withStore(backend) { store in
+            let now = Date()
+            let decisions = try await withThrowingTaskGroup(of: IdempotencyDecision.self) { group in
+                // On Dispatch's threads: sixteen blocking store calls would hold the cooperative pool.
+                for _ in 0..<16 { group.addTask { try await offThePool { try store.claim(Self.claim(), now: now) } } }
+                return try await group.reduce(into: []) { $0.append($1) }
+            }
+            #expect(decisions.filter { $0 == .proceed }.count == 1)
+            #expect(decisions.filter { $0 == .running(retryAfter: 5) }.count == 15)
+        }
+    }
+
+    @Test(arguments: Backend.allCases) func aPersonsKeysAreBoundedInNumberAndBytesAndForgotten(_ backend: Backend) async throws {
+        try await withStore(backend) { store in
+            let start = Date()
+            // As many done keys as a person may hold: the next one drops the oldest.
+            for index in 0..<Self.limits.keysPerPerson {
+                let claim = Self.claim(key: "k\(index)")
+                let at = start.addingTimeInterval(Double(index) / 1_000)
+                #expect(try store.claim(claim, now: at) == .proceed)
+                try store.answer(claim, with: Self.answer, now: at)
+            }
+            #expect(try store.claim(Self.claim(key: "k1"), now: start.addingTimeInterval(2)) == .replay(Self.answer))
+            #expect(try store.claim(Self.claim(key: "new"), now: start.addingTimeInterval(2)) == .proceed)
+            #expect(try store.claim(Self.claim(key: "k0"), now: start.addingTimeInterval(2)) == .proceed, "the oldest went to make room")
+            #expect(try store.claim(Self.claim("bob", key: "k5"), now: start.addingTimeInterval(2)) == .proceed, "another person's keys are not touched")
+
+            // Kept bytes: large answers push the oldest out past the person's bytes.
+            let large = KeptAnswer(status: 200, headers: [], body: [UInt8](repeating: 0x61, count: Self.limits.bytesPerPerson / 4))
+            let count = 5
+            for index in 0..<count {
+                let claim = Self.claim("cy", key: "big\(index)")
+                let at = start.addingTimeInterval(Double(index))
+                #expect(try store.claim(claim, now: at) == .proceed)
+                try store.answer(claim, with: large, now: at)
+            }
+            #expect(try store.claim(Self.claim("cy", key: "big1"), now: start.addingTimeInterval(100)) == .replay(large), "only as many go as must")
+            #expect(try store.claim(Self.claim("cy", key: "big0"), now: start.addingTimeInterval(100)) == .proceed, "pushed out")
+            #expect(try store.claim(Self.claim("cy", key: "big\(count - 1)"), now: start.addingTimeInterval(100)) == .replay(large))
+
+            try store.forgetKeys(of: "ann")
+            #expect(try store.claim(Self.claim(key: "k1"), now: start.addingTimeInterval(3)) == .proceed)
+            #expect(try store.claim(Self.claim("bob", key: "k5"), now: start.addingTimeInterval(3)) == .running(retryAfter: 5))
+        }
+    }
+}

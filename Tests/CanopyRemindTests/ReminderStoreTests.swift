@@ -1,0 +1,137 @@
+import CanopyMessages
+import CanopyStore
+import CanopyTesting
+import Foundation
+import Logging
+import Testing
+@testable import CanopyRemind
+
+/// The store contract (``ReminderStoring``) on its own, without the library's or the
+/// dispatcher's rules: what any implementation must do. It runs against each implementation:
+/// SQLite, and PostgreSQL on a throwaway server the tests start (a fresh database each test).
+struct ReminderStoreTests {
+    static let implementations = ["sqlite", "postgres"]
+
+    static func open(_ implementation: String) async throws -> (any ReminderStoring, cleanup: () -> Void) {
+        switch implementation {
+        case "postgres":
+            let store = try await PostgresReminderStore.open(url: try await PostgresServer.shared().database(), logger: Logger(label: "remind-store-test"))
+            return (store, store.database.close)
+        default:
+            let directory = try TemporaryDirectory("remind-store")
+            return (try SQLiteReminderStore(path: directory.path("remind.sqlite")), directory.remove)
+        }
+    }
+
+    let now = Date(timeIntervalSince1970: 1_780_000_000)
+
+    func task(_ id: String, plant: String = "p1", in seconds: TimeInterval) -> Care.Task {
+        Care.Task(id: id, plantID: plant, kind: .water, title: "Water \(id)", due: now.addingTimeInterval(seconds))
+    }
+
+    func device(_ id: String) -> Reminders.Device {
+        Reminders.Device(id: id, channel: .log, address: "log-\(id)", name: nil, active: true, registeredAt: now)
+    }
+
+    @Test(arguments: implementations)
+    func devicesAndRemindersAreScopedToTheirOwner(_ implementation: String) async throws {
+        let (store, cleanup) = try await Self.open(implementation)
+        defer { cleanup() }
+        try await store.write { (data: any ReminderWrites) throws in
+            try data.insertDevice(device("d1"), owner: "alice", secret: "whsec_x", accessToken: nil)
+            _ = try data.apply(SyncPlan(window: [task("t1", in: 60)], known: []), owner: "alice", now: now)
+        }
+        try await store.read { (data: any ReminderReads) throws in
+            #expect(try data.device(owner: "alice", id: "d1")?.secret == "whsec_x")
+            #expect(try data.device(owner: "bob", id: "d1") == nil)
+            #expect(try data.devices(owner: "bob", activeOnly: false).isEmpty)
+            #expect(try data.deviceID(owner: "alice", channel: .log, address: "log-d1") == "d1")
+            #expect(try data.knownReminders(owner: "bob").isEmpty)
+            #expect(try data.upcoming(owner: "alice", limit: 10).map(\.taskID) == ["t1"])
+        }
+        try await store.write { (data: any ReminderWrites) throws in
+            try data.removeDevice(owner: "bob", id: "d1")
+            try data.cancelPlant("p1", owner: "bob")
+        }
+        #expect(try await store.read { data in try data.deviceCount(owner: "alice") } == 1)
+        #expect(try await store.read { data in try data.pendingSummary(owner: "alice").count } == 1)
+    }
+
+    @Test(arguments: implementations)
+    func aSyncPlanAppliedIsWhatTheNextSyncCompares(_ implementation: String) async throws {
+        let (store, cleanup) = try await Self.open(implementation)
+        defer { cleanup() }
+        let first = [task("t1", in: 60), task("t2", in: 120)]
+        let scheduled = try await store.write { data in try data.apply(SyncPlan(window: first, known: []), owner: "alice", now: now) }
+        #expect(scheduled.map(\.fireAt) == first.map { $0.due.timeIntervalSince1970 })
+        let known = try await store.read { data in try data.knownReminders(owner: "alice") }
+        #expect(SyncPlan(window: first, known: known).isEmpty, "the same window again changes nothing")
+        var moved = first
+        moved[0].snoozedUntil = now.addingTimeInterval(600)
+        let second = SyncPlan(window: [moved[0]], known: known)
+        let rescheduled = try await store.write { data in try data.apply(second, owner: "alice", now: now) }
+        #expect(rescheduled.map(\.fireAt) == [now.addingTimeInterval(600).timeIntervalSince1970])
+        try await store.read { (data: any ReminderReads) throws in
+            #expect(try data.upcoming(owner: "alice", limit: 10).map(\.taskID) == ["t1"], "t2 left the window")
+            #expect(try data.pendingSummary(owner: "alice").lastFireAt == now.addingTimeInterval(600))
+            #expect(try data.pendingReminders(owner: "alice", firingAfter: now, through: now.addingTimeInterval(600)).count == 1)
+        }
+        #expect(try store.pendingSends().isEmpty)
+    }
+
+    @Test(arguments: implementations)
+    func aSendIsRecordedOnceAndSettlesItsReminders(_ implementation: String) async throws {
+        let (store, cleanup) = try await Self.open(implementation)
+        defer { cleanup() }
+        let ids = try await store.write { (data: any ReminderWrites) throws -> [Int64] in
+            try data.insertDevice(device("d1"), owner: "alice", secret: nil, accessToken: nil)
+            return try data.apply(SyncPlan(window: [task("t1", in: 0), task("t2", plant: "p2", in: 0)], known: []), owner: "alice", now: now).map(\.id)
+        }
+        let rows = try await store.read { data in try data.pendingReminders(ids: ids) }
+        let notification = ReminderNotification(id: ReminderNotification.key(deviceID: "d1", reminders: rows.map { ($0.reminder.taskID, $0.reminder.due.timeIntervalSince1970) }),
+                                                reminders: rows.map(\.reminder))
+        let send = try await store.write { (data: any ReminderWrites) throws -> Int64? in
+            try data.setState(.sending, ofReminders: ids, at: now)
+            let send = try data.insertSend(owner: "alice", deviceID: "d1", notification: notification, reminderIDs: ids, at: now)
+            #expect(try data.insertSend(owner: "alice", deviceID: "d1", notification: notification, reminderIDs: ids, at: now) == nil, "the same key twice")
+            return send
+        }
+        let sendID = try #require(send)
+        let pending = try await #require(try store.read { data in try data.pendingSend(id: sendID) })
+        #expect(pending.send.notification == notification && pending.send.attempts == 0 && pending.device?.device.id == "d1")
+        // A retry keeps it pending; delivered, it settles both reminders.
+        let attempt = Dispatcher.Attempt(sendID: sendID, attempt: 1, deviceID: "d1", outcome: .retry("503"), due: now)
+        try await store.write { data in try data.record(attempt, update: .retry(at: now.timeIntervalSince1970 + 1, reason: "503"), at: now) }
+        #expect(try store.pendingSends().map(\.nextAttempt) == [now.timeIntervalSince1970 + 1])
+        try await store.write { (data: any ReminderWrites) throws in
+            var delivered = attempt
+            delivered.attempt = 2
+            delivered.outcome = .accepted("200")
+            try data.record(delivered, update: .delivered, at: now)
+            try data.settleReminders(ofSend: sendID, at: now)
+        }
+        #expect(try store.pendingSends().isEmpty)
+        #expect(try await store.read { data in try data.pendingSend(id: sendID) } == nil)
+        #expect(try await store.read { data in try data.upcoming(owner: "alice", limit: 10) }.isEmpty, "both delivered")
+        // Cancelling one plant keeps the digest that also named the other.
+        try await store.write { data in try data.cancelPlant("p1", owner: "alice") }
+        #expect(try await store.read { data in try data.sendExists(id: sendID) })
+        try await store.write { data in try data.cancelPlant("p2", owner: "alice") }
+        #expect(try await !store.read { data in try data.sendExists(id: sendID) }, "nothing of its plants is left")
+    }
+
+    @Test(arguments: implementations)
+    func aGoneDeviceIsDeactivatedWithTheReason(_ implementation: String) async throws {
+        let (store, cleanup) = try await Self.open(implementation)
+        defer { cleanup() }
+        try await store.write { (data: any ReminderWrites) throws in
+            try data.insertDevice(device("d1"), owner: "alice", secret: nil, accessToken: nil)
+            try data.deactivateDevice(id: "d1", reason: "410 Unregistered")
+        }
+        let gone = try await #require(try store.read { data in try data.device(owner: "alice", id: "d1") })
+        #expect(!gone.device.active && gone.device.deactivatedReason == "410 Unregistered")
+        #expect(try await store.read { data in try data.devices(owner: "alice", activeOnly: true) }.isEmpty)
+        try await store.write { data in try data.reactivateDevice(id: "d1", name: "Phone", secret: nil, accessToken: nil) }
+        #expect(try await store.read { data in try data.devices(owner: "alice", activeOnly: true) }.map(\.device.name) == ["Phone"])
+    }
+}
