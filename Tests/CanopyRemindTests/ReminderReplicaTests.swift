@@ -83,13 +83,14 @@ struct ReminderReplicaTests {
             let store = replicas.stores[0]
             // A replica turns the reminder into a send, leases it for its attempt, and hangs
             // (still connected to the database) without recording anything.
-            let scheduled = try await replicas.libraries[0].sync([.water("p1", due: Self.start)], owner: "person-0", now: Self.start)
+            // Due a second after the clock: the running replica's sweeps cannot take it first.
+            let scheduled = try await replicas.libraries[0].sync([.water("p1", due: Self.start + 1)], owner: "person-0", now: Self.start)
             // (A dispatcher that does not run: its sends go nowhere, as a hung replica's.)
             let dead = Dispatcher(store: store, channels: [], clock: replicas.clock, settings: settings, logger: Logger(label: "hung-replica"))
-            let (sends, _) = try dead.prepare(scheduled.map(\.id), now: Self.start)
+            let (sends, _) = try dead.prepare(scheduled.map(\.id), now: Self.start + 1)
             let send = try #require(sends.first)
-            #expect(try store.claimSend(id: send, now: Self.start, until: Self.start + 30))
-            #expect(try !store.claimSend(id: send, now: Self.start + 1, until: Self.start + 31), "leased: nobody else takes it")
+            #expect(try store.claimSend(id: send, now: Self.start + 1, until: Self.start + 30))
+            #expect(try !store.claimSend(id: send, now: Self.start + 2, until: Self.start + 31), "leased: nobody else takes it")
             let key = try #require(try await store.read { data in try data.pendingSend(id: send) }).send.notification.id
             // The survivor's sweeps find it only once the lease ends.
             for _ in 0..<25 { replicas.clock.advance(by: 1) }
