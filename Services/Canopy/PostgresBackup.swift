@@ -103,15 +103,8 @@ struct PostgresBackup {
         try Backup.refuseNonEmpty(originalsDir, what: "the restored photos")
         note("restoring \(url) with pg_restore…")
         try runProgram(pgRestore, ["--no-owner", "--no-privileges", "--exit-on-error", "--single-transaction", dump.path], url: url)
-        try FileManager.default.createDirectory(at: originalsDir, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
-        var count = 0
-        for name in (try? FileManager.default.contentsOfDirectory(atPath: originals.path)) ?? [] {
-            let data = try Data(contentsOf: originals.appendingPathComponent(name))
-            let copy = originalsDir.appendingPathComponent(name)
-            try data.write(to: copy, options: .atomic)
-            guard FileManager.default.contents(atPath: copy.path) == data else { throw CommandFailure("the copy of \(name) in \(originalsDir.path) differs from the backup's; check the disk") }
-            count += 1
-        }
+        let names = ((try? FileManager.default.contentsOfDirectory(atPath: originals.path)) ?? []).filter { !$0.hasPrefix(".") }.sorted()
+        let count = try Restore.copyOriginals(names, from: originals, to: originalsDir).count
         print("restored \(url) (\(dump.lastPathComponent)) and \(count) photos into \(originalsDir.path); run the stack with --database-url \(url) --originals-dir \(originalsDir.path)")
     }
 

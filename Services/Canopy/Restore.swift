@@ -1,5 +1,7 @@
 import ArgumentParser
 import CanopyDeployment
+import CanopyImages
+import CanopyMessages
 import CanopyServiceKit
 import CanopyStore
 import Foundation
@@ -125,25 +127,29 @@ struct Restore: AsyncParsableCommand {
         return try queue.read { db in try String.fetchAll(db, sql: "PRAGMA integrity_check").joined(separator: "; ") }
     }
 
-    /// Copies every original the images store at `named` names from `source` to `target`,
-    /// each read back and compared; a missing one is refused.
+    /// Copies every original the images store at `named` names from `source` to `target`
+    /// (``ImageTools/copyOriginals(_:from:to:progress:)``: each synced, read back and compared);
+    /// a missing one is refused with a sentence.
     static func copyOriginals(from source: URL, to target: URL, named: URL) throws -> (count: Int, bytes: Int) {
         let queue = try DatabaseQueue(path: named.path)
         let names = try queue.read { db in try String.fetchAll(db, sql: "SELECT sha256 FROM originals ORDER BY sha256") }
         try queue.close()
+        return try copyOriginals(names, from: source, to: target)
+    }
+
+    /// Copies the originals `names` from `source` to `target`, owner-only, each synced, read
+    /// back and compared (``ImageTools/copyOriginals(_:from:to:progress:)``).
+    static func copyOriginals(_ names: [String], from source: URL, to target: URL) throws -> (count: Int, bytes: Int) {
         try FileManager.default.createDirectory(at: target, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
-        var (bytes, line) = (0, ProgressLine())
+        var line = ProgressLine()
         defer { line.finish() }
-        for (index, name) in names.enumerated() {
-            line.update("copying photos \(ProgressLine.bar(index, of: names.count)) \(index) of \(names.count)")
-            let (from, to) = (source.appendingPathComponent(name), target.appendingPathComponent(name))
-            guard let data = FileManager.default.contents(atPath: from.path) else {
-                throw CommandFailure("the photo \(name) that the backup's images store names is not in \(source.path); the backup is incomplete")
+        do {
+            let copied = try ImageTools.copyOriginals(names, from: source, to: target) { done, total in
+                line.update("copying photos \(ProgressLine.bar(done, of: total)) \(done) of \(total)")
             }
-            try data.write(to: to, options: .atomic)
-            guard FileManager.default.contents(atPath: to.path) == data else { throw CommandFailure("the copy of \(name) in \(target.path) differs from the backup's; check the disk") }
-            bytes += data.count
+            return (names.count, copied.bytes)
+        } catch let error as CanopyError {
+            throw CommandFailure("\(error.message); the backup \(source.deletingLastPathComponent().deletingLastPathComponent().path) is incomplete, or the disk failed")
         }
-        return (names.count, bytes)
     }
 }

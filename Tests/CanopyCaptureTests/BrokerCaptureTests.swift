@@ -120,13 +120,8 @@ struct BrokerCaptureTests {
     /// in the air are answered; requests that come meanwhile wait (services' own go on),
     /// and go on after `capture.release`, recorded after the mark that names the snapshot.
     @Test func aHoldAnswersAtTheCutHoldsNewRequestsAndReleasesThemAfterTheMark() async throws {
-        let directory = (CaptureFormatTests.temporaryPath("x") as NSString).deletingLastPathComponent
-        var configuration = BrokerConfiguration.testing
-        configuration.captureDirectory = directory
         let name = "hold-\(UInt32.random(in: 0 ... .max))"
-        try await withLiveBus(configuration: configuration) { bus in
-            bus.startWorker(name: "w1", credit: 8)
-            try await bus.waitForWorkers(1)
+        try await withHoldingBus { bus, directory in
             let (client, operator_, service) = (try bus.client(), try bus.client(), try bus.client(asService: true))
             // In the air when the hold begins: answered before the cut.
             let sent = ContinuousClock.now
@@ -166,12 +161,7 @@ struct BrokerCaptureTests {
     /// A hold nobody releases ends at its limit; one whose requests in the air outlast it
     /// fails with a sentence, stops its capture and lets everything go.
     @Test func aHoldEndsByItselfAndFailsWhenRequestsInTheAirOutlastIt() async throws {
-        let directory = (CaptureFormatTests.temporaryPath("x") as NSString).deletingLastPathComponent
-        var configuration = BrokerConfiguration.testing
-        configuration.captureDirectory = directory
-        try await withLiveBus(configuration: configuration) { bus in
-            bus.startWorker(name: "w1", credit: 8)
-            try await bus.waitForWorkers(1)
+        try await withHoldingBus { bus, _ in
             let (client, operator_) = (try bus.client(), try bus.client())
             // Timed from before the start is asked for: the hold begins after that, whenever
             // its answer comes back on a loaded machine.
@@ -199,12 +189,7 @@ struct BrokerCaptureTests {
     /// the request in the air is answered, a person's request held until `capture.release`;
     /// a second hold meanwhile is refused; one that fails leaves a running capture alone.
     @Test func aBackupsHoldCutsWithoutACaptureAndLeavesARunningCaptureAlone() async throws {
-        let directory = (CaptureFormatTests.temporaryPath("x") as NSString).deletingLastPathComponent
-        var configuration = BrokerConfiguration.testing
-        configuration.captureDirectory = directory
-        try await withLiveBus(configuration: configuration) { bus in
-            bus.startWorker(name: "w1", credit: 8)
-            try await bus.waitForWorkers(1)
+        try await withHoldingBus { bus, _ in
             let (client, operator_) = (try bus.client(), try bus.client())
             let sent = ContinuousClock.now
             let early = Task { try await client.call(TestService.Append.self, .init(text: "early", sleepMilliseconds: 400), principal: "user-3") }
@@ -235,6 +220,19 @@ struct BrokerCaptureTests {
             #expect(try await operator_.call(Broker.CaptureStatusOperation.self, .init()).capturing, "the capture goes on")
             #expect(try await slow.value.text == "slow")
             _ = try await operator_.call(Broker.CaptureStop.self, .init())
+        }
+    }
+
+    /// A live bus whose broker takes captures into a directory of its own (its path given),
+    /// with one worker of the `test` service: what every hold test starts from.
+    func withHoldingBus(_ body: (LiveBus, String) async throws -> Void) async throws {
+        let directory = (CaptureFormatTests.temporaryPath("x") as NSString).deletingLastPathComponent
+        var configuration = BrokerConfiguration.testing
+        configuration.captureDirectory = directory
+        try await withLiveBus(configuration: configuration) { bus in
+            bus.startWorker(name: "w1", credit: 8)
+            try await bus.waitForWorkers(1)
+            try await body(bus, directory)
         }
     }
 }
