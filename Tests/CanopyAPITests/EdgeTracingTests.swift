@@ -22,7 +22,8 @@ struct EdgeTracingTests {
         // Port 0: the system's choice, read back from the `batch.listening` line, so no other
         // test's process can take the port between a choice and the bind.
         process.arguments = ["serve", "--endpoint", "tcp://127.0.0.1:\(FreePorts.any())", "--http", "127.0.0.1:0", "--metrics-bind", "off",
-                             "--log-level", "info", "--token-key-file", directory.appendingPathComponent("token.key").path]
+                             "--log-level", "info", "--token-key-file", directory.appendingPathComponent("token.key").path,
+                             "--data-dir", directory.path] // its store its own: several of these run at once
         process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
         process.standardOutput = FileHandle.nullDevice
         let errors = directory.appendingPathComponent("stderr")
