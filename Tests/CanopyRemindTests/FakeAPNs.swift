@@ -122,11 +122,18 @@ final class FakeAPNs: Sendable {
         init(weak server: FakeAPNs?) { self.server = server }
     }
 
-    /// The server's base URL (its certificate names `localhost`).
-    func url(within limit: Duration = .seconds(30)) async throws -> String {
+    /// The server's base URL (its certificate names `localhost`). The limit is generous: with the
+    /// whole suite running on two cores, the task that starts the server can wait its turn for
+    /// half a minute.
+    func url(within limit: Duration = .seconds(120)) async throws -> String {
         guard try await eventually(within: limit, { shared.value.withLock { $0.port } != nil }),
-              let port = shared.value.withLock({ $0.port }) else { throw CancellationError() }
+              let port = shared.value.withLock({ $0.port }) else { throw NotListening(limit: limit) }
         return "https://localhost:\(port)"
+    }
+
+    struct NotListening: Error, CustomStringConvertible {
+        let limit: Duration
+        var description: String { "the fake APNs server was not listening within \(limit)" }
     }
 
     /// The next answers, before the documented checks' 200s.
