@@ -189,7 +189,7 @@ final class SnapshotExporter: @unchecked Sendable { // its fields are written be
                     exported.signal()
                     dumped.wait()
                     if try session.value(Bool.self, "SELECT to_regclass('originals') IS NOT NULL") ?? false {
-                        names = Set(try session.rows("SELECT sha256 FROM originals").map { try $0[0].decode(String.self) })
+                        names = Set(try session.rows("SELECT sha256 FROM originals").map { try $0.column("sha256").decode(String.self) })
                     }
                 }
             } catch {

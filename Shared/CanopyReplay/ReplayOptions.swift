@@ -2,6 +2,7 @@ import Foundation
 
 /// How a replay is paced and compared.
 public struct ReplayOptions: Sendable {
+    /// When each captured request is sent again.
     public enum Pacing: Sendable, Equatable {
         /// At the captured times, `speed` times faster (1: as recorded).
         case recorded(speed: Double)

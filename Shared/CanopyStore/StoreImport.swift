@@ -7,6 +7,8 @@ import PostgresNIO
 /// How one service's SQLite store moves into PostgreSQL (`canopy migrate`): its PostgreSQL
 /// schema and its tables, parents before the tables that refer to them.
 public struct StoreImport: Sendable {
+    /// One table to copy: its name, the columns that order its rows, and whether the target's
+    /// migrations already seed it.
     public struct Table: Sendable {
         public let name: String
         /// Columns that order its rows completely (its primary key); empty for every column
@@ -45,6 +47,7 @@ public struct StoreImport: Sendable {
 
     /// What an import did.
     public struct Report: Sendable {
+        /// Whether the store was copied now or had been copied before, unchanged.
         public enum Outcome: String, Sendable {
             /// Copied, counted and checked.
             case imported
@@ -102,8 +105,8 @@ public struct StoreImport: Sendable {
     public static func foreignImports(in target: PostgresStore, install: String) throws -> [String] {
         try target.read { session in
             guard try session.value(Bool.self, "SELECT to_regclass('canopy_imports') IS NOT NULL") ?? false else { return [] }
-            return try session.rows("SELECT store, to_jsonb(i)->>'install', source, importedAt::TEXT FROM canopy_imports i ORDER BY store").compactMap { row in
-                let (store, other, source, at) = (try row[0].decode(String.self), try row[1].decode(String?.self), try row[2].decode(String.self), try row[3].decode(String.self))
+            return try session.rows("SELECT store, to_jsonb(i)->>'install' AS install, source, importedAt::TEXT AS importedAt FROM canopy_imports i ORDER BY store").compactMap { row in
+                let (store, other, source, at) = (try row.column("store").decode(String.self), try row.column("install").decode(String?.self), try row.column("source").decode(String.self), try row.column("importedAt").decode(String.self))
                 guard other != install else { return nil }
                 let whose = other.map { "another install (\($0.prefix(8))…)" } ?? "an install from before install ids"
                 return "the \(store) store in \(target.url) was migrated from \(whose), from \(source) at \(at); a database is one install's"
@@ -241,7 +244,7 @@ public struct StoreImport: Sendable {
         guard !sourceColumns.isEmpty else { throw Refused(description: "the \(store) store has no table \(table.name); is it a Canopy data directory?") }
         var targetTypes: [String: Column.Kind] = [:]
         for row in try session.rows("SELECT column_name, data_type FROM information_schema.columns WHERE table_schema = current_schema() AND table_name = \(table.name.lowercased())") {
-            let type: Column.Kind? = switch try row[1].decode(String.self) {
+            let type: Column.Kind? = switch try row.column("data_type").decode(String.self) {
             case "text": .text
             case "bytea": .bytea
             case "boolean": .boolean
@@ -250,7 +253,7 @@ public struct StoreImport: Sendable {
             case "double precision", "real": .double
             default: nil
             }
-            if let type { targetTypes[try row[0].decode(String.self)] = type }
+            if let type { targetTypes[try row.column("column_name").decode(String.self)] = type }
         }
         let columns = sourceColumns.compactMap { name in targetTypes[name.lowercased()].map { Column(name: name, type: $0) } }
         let order = table.key.isEmpty ? columns : table.key.compactMap { key in columns.first { $0.name.lowercased() == key.lowercased() } }

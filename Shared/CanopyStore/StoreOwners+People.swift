@@ -37,7 +37,7 @@ extension StoreOwners {
                 """)
             var people: Set<String> = []
             for row in found {
-                let (table, column) = (try row[0].decode(String.self), try row[1].decode(String.self))
+                let (table, column) = (try row.column("table_name").decode(String.self), try row.column("column_name").decode(String.self))
                 let name = { (identifier: String) in "\"\(identifier.replacingOccurrences(of: "\"", with: "\"\""))\"" }
                 for person in try session.rows(PostgresQuery(unsafeSQL: "SELECT DISTINCT \(name(column)) FROM \(name(table)) WHERE \(name(column)) IS NOT NULL")) {
                     people.insert(try person[0].decode(String.self))

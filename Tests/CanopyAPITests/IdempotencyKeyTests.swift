@@ -11,23 +11,20 @@ import Testing
 /// canopy-batch's store, in SQLite and in PostgreSQL.
 @Suite(.serialized)
 struct IdempotencyKeyTests {
-    enum Backend: String, CaseIterable { case sqlite, postgres }
-
     /// Small limits, so that the bounds are reached in a few requests.
     static let limits = IdempotencyLimits(keysPerPerson: 20, bytesPerPerson: 8_192)
 
-    func withStore(_ backend: Backend, _ body: (any BatchStoring) async throws -> Void) async throws {
-        let directory = try TemporaryDirectory("idempotency")
-        defer { directory.remove() }
-        let logger = Logger(label: "test")
-        switch backend {
-        case .sqlite:
-            try await body(try await openBatchStore(directory: directory.url, postgres: nil, logger: logger, idempotencyLimits: Self.limits))
-        case .postgres:
-            let url = try await PostgresServer.shared().database()
-            try await body(try await openBatchStore(directory: directory.url, postgres: PostgresSettings(url: url, poolSize: 2), logger: logger,
-                                                    idempotencyLimits: Self.limits))
-        }
+    static let contract = StoreContract<any BatchStoring>("idempotency", sqlite: {
+        try await openBatchStore(directory: $0.url, postgres: nil, logger: Logger(label: "test"), idempotencyLimits: limits)
+    }) { url, _ in
+        let store = try await PostgresBatchStore.open(url: url, poolSize: 2, logger: Logger(label: "test"), idempotencyLimits: limits)
+        return (store, store.database.close)
+    }
+
+    func withStore(_ backend: StoreBackend, _ body: (any BatchStoring) async throws -> Void) async throws {
+        let (store, _, cleanup) = try await Self.contract.open(backend)
+        defer { cleanup() }
+        try await body(store)
     }
 
     static func claim(_ person: String = "ann", route: String = "POST /v1/plants", key: String = "k-1", body: String = "{}", lease: TimeInterval = 30) -> IdempotencyClaim {
@@ -96,7 +93,7 @@ struct IdempotencyKeyTests {
 
     // MARK: - The store
 
-    @Test(arguments: Backend.allCases) func aKeyIsClaimedOnceAnsweredAndReplayedAndEachPersonsAndRoutesAreTheirOwn(_ backend: Backend) async throws {
+    @Test(arguments: StoreBackend.allCases) func aKeyIsClaimedOnceAnsweredAndReplayedAndEachPersonsAndRoutesAreTheirOwn(_ backend: StoreBackend) async throws {
         try await withStore(backend) { store in
             let now = Date()
             let first = Self.claim()
@@ -119,7 +116,7 @@ struct IdempotencyKeyTests {
         }
     }
 
-    @Test(arguments: Backend.allCases) func aKeyLetGoOrWhoseHolderDiedIsRunAgainAndATooLargeAnswerIsNotKept(_ backend: Backend) async throws {
+    @Test(arguments: StoreBackend.allCases) func aKeyLetGoOrWhoseHolderDiedIsRunAgainAndATooLargeAnswerIsNotKept(_ backend: StoreBackend) async throws {
         try await withStore(backend) { store in
             let now = Date()
             let first = Self.claim(lease: 2)
@@ -139,7 +136,7 @@ struct IdempotencyKeyTests {
         }
     }
 
-    @Test(arguments: Backend.allCases) func oneClaimWinsAmongManyAtOnce(_ backend: Backend) async throws {
+    @Test(arguments: StoreBackend.allCases) func oneClaimWinsAmongManyAtOnce(_ backend: StoreBackend) async throws {
         try await withStore(backend) { store in
             let now = Date()
             let decisions = try await withThrowingTaskGroup(of: IdempotencyDecision.self) { group in
@@ -152,7 +149,7 @@ struct IdempotencyKeyTests {
         }
     }
 
-    @Test(arguments: Backend.allCases) func aPersonsKeysAreBoundedInNumberAndBytesAndForgotten(_ backend: Backend) async throws {
+    @Test(arguments: StoreBackend.allCases) func aPersonsKeysAreBoundedInNumberAndBytesAndForgotten(_ backend: StoreBackend) async throws {
         try await withStore(backend) { store in
             let start = Date()
             // As many done keys as a person may hold: the next one drops the oldest.

@@ -14,23 +14,19 @@ import Testing
 struct RevocationTests {
     static let key = Array("the key Canopy signs its own tokens with in these tests".utf8)
 
-    enum Backend: String, CaseIterable { case sqlite, postgres }
-
-    func withStore(_ backend: Backend, _ body: (any RevocationStoring, TemporaryDirectory) async throws -> Void) async throws {
-        let directory = try TemporaryDirectory("revocations")
-        defer { directory.remove() }
-        let logger = Logger(label: "test")
-        switch backend {
-        case .sqlite:
-            try await body(try await openBatchStore(directory: directory.url, postgres: nil, logger: logger), directory)
-        case .postgres:
-            let server = try await PostgresServer.shared()
-            let url = try await server.database()
-            try await body(try await openBatchStore(directory: directory.url, postgres: PostgresSettings(url: url, poolSize: 2), logger: logger), directory)
-        }
+    static let contract = StoreContract<any BatchStoring>("revocations", sqlite: { try await openBatchStore(directory: $0.url, postgres: nil, logger: Logger(label: "test")) }) {
+        url, directory in
+        let store = try await PostgresBatchStore.open(url: url, poolSize: 2, logger: Logger(label: "test"))
+        return (store, store.database.close)
     }
 
-    @Test(arguments: Backend.allCases) func aRevokedTokenAndASignedOutPersonAreRefusedAtOnceOnEveryEdge(_ backend: Backend) async throws {
+    func withStore(_ backend: StoreBackend, _ body: (any RevocationStoring, TemporaryDirectory) async throws -> Void) async throws {
+        let (store, place, cleanup) = try await Self.contract.open(backend)
+        defer { cleanup() }
+        try await body(store, place.directory)
+    }
+
+    @Test(arguments: StoreBackend.allCases) func aRevokedTokenAndASignedOutPersonAreRefusedAtOnceOnEveryEdge(_ backend: StoreBackend) async throws {
         try await withStore(backend) { store, _ in
             // Two edges watching one store.
             let logger = Logger(label: "test")
@@ -71,7 +67,7 @@ struct RevocationTests {
 
     /// An account deletion's sign-out is listed among the erasures (its digest, the second),
     /// once however often it is recorded; a plain sign-out everywhere is not.
-    @Test(arguments: Backend.allCases) func anAccountDeletionIsListedAmongTheErasuresByItsDigestOnly(_ backend: Backend) async throws {
+    @Test(arguments: StoreBackend.allCases) func anAccountDeletionIsListedAmongTheErasuresByItsDigestOnly(_ backend: StoreBackend) async throws {
         try await withStore(backend) { store, _ in
             let digests = SignOutDigest(tokenKeys: [Self.key])
             let at = Date(timeIntervalSince1970: 1_790_000_000.75)
@@ -86,7 +82,7 @@ struct RevocationTests {
 
     /// A sign-out an older canopy-batch recorded under the person's id is kept, under the
     /// person's digest instead, once an edge starts: the id leaves the store, the sign-out holds.
-    @Test(arguments: Backend.allCases) func aSignOutRecordedUnderAPersonsIdIsDigestedAndStillHolds(_ backend: Backend) async throws {
+    @Test(arguments: StoreBackend.allCases) func aSignOutRecordedUnderAPersonsIdIsDigestedAndStillHolds(_ backend: StoreBackend) async throws {
         try await withStore(backend) { store, _ in
             let at = Date().addingTimeInterval(60).timeIntervalSince1970.rounded(.down)
             switch store {

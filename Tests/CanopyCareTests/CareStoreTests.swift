@@ -8,21 +8,17 @@ import Testing
 @testable import CanopyCare
 
 /// The store contract (``CareStoring``) on its own, without the library's rules: what any
-/// implementation must do. It runs against each implementation: SQLite, and PostgreSQL on a
-/// throwaway server the tests start (a fresh database each test).
+/// implementation must do. It runs on each backend through ``StoreContract``: SQLite, and
+/// PostgreSQL on a throwaway server the tests start (a fresh database each test).
 struct CareStoreTests {
-    /// Every implementation.
-    static let implementations = ["sqlite", "postgres"]
+    static let contract = StoreContract<any CareStoring>("care-store", sqlite: { try SQLiteCareStore(path: $0.path("care.sqlite")) }) { url, _ in
+        let store = try await PostgresCareStore.open(url: url, logger: Logger(label: "care-store-test"))
+        return (store, store.database.close)
+    }
 
-    static func open(_ implementation: String) async throws -> (any CareStoring, cleanup: () -> Void) {
-        switch implementation {
-        case "postgres":
-            let store = try await PostgresCareStore.open(url: try await PostgresServer.shared().database(), logger: Logger(label: "care-store-test"))
-            return (store, store.database.close)
-        default:
-            let directory = try TemporaryDirectory("care-store")
-            return (try SQLiteCareStore(path: directory.path("care.sqlite")), directory.remove)
-        }
+    static func open(_ backend: StoreBackend) async throws -> (any CareStoring, cleanup: () -> Void) {
+        let opened = try await contract.open(backend)
+        return (opened.store, opened.cleanup)
     }
 
     let start = Date(timeIntervalSince1970: 1_780_000_000)
@@ -41,9 +37,9 @@ struct CareStoreTests {
         }
     }
 
-    @Test(arguments: implementations)
-    func everythingIsScopedToItsOwner(_ implementation: String) async throws {
-        let (store, cleanup) = try await Self.open(implementation)
+    @Test(arguments: StoreBackend.allCases)
+    func everythingIsScopedToItsOwner(_ backend: StoreBackend) async throws {
+        let (store, cleanup) = try await Self.open(backend)
         defer { cleanup() }
         try aliceWithAPlant(store) { data in
             try data.logCare(owner: "alice", plantID: "p1", kind: .water, at: start)
@@ -79,9 +75,9 @@ struct CareStoreTests {
         }
     }
 
-    @Test(arguments: implementations)
-    func tasksShowInOrderAndASnoozeMovesOnlyWhenOneShows(_ implementation: String) async throws {
-        let (store, cleanup) = try await Self.open(implementation)
+    @Test(arguments: StoreBackend.allCases)
+    func tasksShowInOrderAndASnoozeMovesOnlyWhenOneShows(_ backend: StoreBackend) async throws {
+        let (store, cleanup) = try await Self.open(backend)
         defer { cleanup() }
         try aliceWithAPlant(store) { data in
             try data.saveTask(task("p1:custom:a", plant: "p1", owner: "alice", due: 2 * 86_400, kind: .custom))
@@ -99,9 +95,9 @@ struct CareStoreTests {
         #expect(try store.read { data in try data.nextTask(owner: "alice", plantID: "p1")?.task.id } == "p1:water")
     }
 
-    @Test(arguments: implementations)
-    func aWriteThatThrowsChangesNothing(_ implementation: String) async throws {
-        let (store, cleanup) = try await Self.open(implementation)
+    @Test(arguments: StoreBackend.allCases)
+    func aWriteThatThrowsChangesNothing(_ backend: StoreBackend) async throws {
+        let (store, cleanup) = try await Self.open(backend)
         defer { cleanup() }
         struct Refused: Error {}
         #expect(throws: Refused.self) {
@@ -115,9 +111,9 @@ struct CareStoreTests {
         #expect(try await store.nextFollowUpDue(after: .distantPast) == nil)
     }
 
-    @Test(arguments: implementations)
-    func followUpsWaitInLanesAndBackOff(_ implementation: String) async throws {
-        let (store, cleanup) = try await Self.open(implementation)
+    @Test(arguments: StoreBackend.allCases)
+    func followUpsWaitInLanesAndBackOff(_ backend: StoreBackend) async throws {
+        let (store, cleanup) = try await Self.open(backend)
         defer { cleanup() }
         let commits = Atomic<Int>(0)
         let observation = await store.observeFollowUps { commits.add(1, ordering: .relaxed) }
@@ -144,9 +140,9 @@ struct CareStoreTests {
         #expect(try await store.pendingFollowUps().oldest == start)
     }
 
-    @Test(arguments: implementations)
-    func aReminderSyncAskedAgainIsOneRowWithANewGeneration(_ implementation: String) async throws {
-        let (store, cleanup) = try await Self.open(implementation)
+    @Test(arguments: StoreBackend.allCases)
+    func aReminderSyncAskedAgainIsOneRowWithANewGeneration(_ backend: StoreBackend) async throws {
+        let (store, cleanup) = try await Self.open(backend)
         defer { cleanup() }
         try store.write { data in try data.enqueueReminderSync(owner: "alice", now: start) }
         let sent = try #require(try await store.dueFollowUps(now: start, limit: 10).first)
@@ -162,9 +158,9 @@ struct CareStoreTests {
     /// A keyed `tasks.complete` or `tasks.skip` is done once per owner and key for a day: a
     /// repeat logs nothing and moves nothing; another owner's key, a new key or a day later
     /// is new work; deleting the account forgets the keys.
-    @Test(arguments: implementations)
-    func aKeyedCompletionOrSkipIsDoneOnce(_ implementation: String) async throws {
-        let (store, cleanup) = try await Self.open(implementation)
+    @Test(arguments: StoreBackend.allCases)
+    func aKeyedCompletionOrSkipIsDoneOnce(_ backend: StoreBackend) async throws {
+        let (store, cleanup) = try await Self.open(backend)
         defer { cleanup() }
         let library = CareLibrary(store: store)
         let plant = try library.add(Care.Plant(scientificName: "Monstera deliciosa"), owner: "alice", now: start)
@@ -205,9 +201,9 @@ struct CareStoreTests {
     /// An account's deletion schedules its second pass for a minute later, in the same
     /// transaction: it deletes what a late request added meanwhile (a plant), has the other
     /// services forget again, and schedules no third.
-    @Test(arguments: implementations)
-    func anAccountsDeletionRunsASecondPassThatErasesWhatCameLate(_ implementation: String) async throws {
-        let (store, cleanup) = try await Self.open(implementation)
+    @Test(arguments: StoreBackend.allCases)
+    func anAccountsDeletionRunsASecondPassThatErasesWhatCameLate(_ backend: StoreBackend) async throws {
+        let (store, cleanup) = try await Self.open(backend)
         defer { cleanup() }
         let library = CareLibrary(store: store, erasureSecondPass: .seconds(60))
         _ = try library.add(Care.Plant(scientificName: "Monstera deliciosa"), owner: "bob", now: start)

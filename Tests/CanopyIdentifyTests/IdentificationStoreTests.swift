@@ -11,17 +11,15 @@ import Testing
 /// The store contract (``IdentificationStoring``) on its own: what any implementation must
 /// do. It runs against SQLite, and PostgreSQL on a throwaway server the tests start.
 struct IdentificationStoreTests {
-    static let implementations = ["sqlite", "postgres"]
+    static let contract = StoreContract<any IdentificationStoring>("identify-store",
+                                                                    sqlite: { try SQLiteIdentificationStore(path: $0.path("identify.sqlite")) }) { url, _ in
+        let store = try await PostgresIdentificationStore.open(url: url, logger: Logger(label: "identify-store-test"))
+        return (store, store.database.close)
+    }
 
-    static func open(_ implementation: String) async throws -> (any IdentificationStoring, cleanup: () -> Void) {
-        switch implementation {
-        case "postgres":
-            let store = try await PostgresIdentificationStore.open(url: try await PostgresServer.shared().database(), logger: Logger(label: "identify-store-test"))
-            return (store, store.database.close)
-        default:
-            let directory = try TemporaryDirectory("identify-store")
-            return (try SQLiteIdentificationStore(path: directory.path("identify.sqlite")), directory.remove)
-        }
+    static func open(_ backend: StoreBackend) async throws -> (any IdentificationStoring, cleanup: () -> Void) {
+        let opened = try await contract.open(backend)
+        return (opened.store, opened.cleanup)
     }
 
     let now = Date(timeIntervalSince1970: 1_780_000_000)
@@ -37,9 +35,9 @@ struct IdentificationStoreTests {
         PhotoFeatures(values: (0..<PhotoFeatures.count).map { Float($0 % 7) * seed / 100 })
     }
 
-    @Test(arguments: implementations)
-    func aSubmissionIsRecordedOnceAndOnlyItsOwnerSeesIt(_ implementation: String) async throws {
-        let (store, cleanup) = try await Self.open(implementation)
+    @Test(arguments: StoreBackend.allCases)
+    func aSubmissionIsRecordedOnceAndOnlyItsOwnerSeesIt(_ backend: StoreBackend) async throws {
+        let (store, cleanup) = try await Self.open(backend)
         defer { cleanup() }
         let first = try store.insert(record("i1", photos: ["a"], plant: "p1"), submissionKey: "k1")
         let again = try store.insert(record("i2", photos: ["a"], plant: "p2"), submissionKey: "k1")
@@ -57,9 +55,9 @@ struct IdentificationStoreTests {
         #expect(try store.features(["a"]).isEmpty, "nothing else has the photo: its features go")
     }
 
-    @Test(arguments: implementations)
-    func plantPhotosWithoutFeaturesAreListedUntilComputedAgainAndFeaturesAreReplaced(_ implementation: String) async throws {
-        let (store, cleanup) = try await Self.open(implementation)
+    @Test(arguments: StoreBackend.allCases)
+    func plantPhotosWithoutFeaturesAreListedUntilComputedAgainAndFeaturesAreReplaced(_ backend: StoreBackend) async throws {
+        let (store, cleanup) = try await Self.open(backend)
         defer { cleanup() }
         let first = try store.insert(record("i1", photos: ["a", "b"], plant: "p1"), submissionKey: "k1")
         try store.saveFeatures(features(1), sha256: "a")
@@ -109,9 +107,9 @@ struct IdentificationStoreTests {
         #expect(PhotoFeatures(packed: otherVersion) == nil)
     }
 
-    @Test(arguments: implementations)
-    func historyPagesNewestFirst(_ implementation: String) async throws {
-        let (store, cleanup) = try await Self.open(implementation)
+    @Test(arguments: StoreBackend.allCases)
+    func historyPagesNewestFirst(_ backend: StoreBackend) async throws {
+        let (store, cleanup) = try await Self.open(backend)
         defer { cleanup() }
         for index in 0..<5 {
             _ = try store.insert(record("i\(index)", photos: ["p\(index)"], plant: index == 2 ? "fern" : "plant-\(index)", at: Double(index)), submissionKey: "k\(index)")
@@ -123,9 +121,9 @@ struct IdentificationStoreTests {
         #expect(try store.history(owner: "alice", plantID: "fern", limit: 10, after: nil).map(\.id) == ["i2"])
     }
 
-    @Test(arguments: implementations)
-    func aSubmissionIsClaimedByOneUntilReleasedOrItsClaimEnds(_ implementation: String) async throws {
-        let (store, cleanup) = try await Self.open(implementation)
+    @Test(arguments: StoreBackend.allCases)
+    func aSubmissionIsClaimedByOneUntilReleasedOrItsClaimEnds(_ backend: StoreBackend) async throws {
+        let (store, cleanup) = try await Self.open(backend)
         defer { cleanup() }
         #expect(try store.claimSubmission(owner: "alice", key: "k", plantID: "p1", now: now, until: now + 60) == "p1")
         #expect(try store.claimSubmission(owner: "alice", key: "k", plantID: "p2", now: now + 1, until: now + 61) == nil, "held")
@@ -141,24 +139,17 @@ struct IdentificationStoreTests {
 
     /// A store whose process ended holds no claim: another takes it over at once, with the
     /// plant id the first stored photos under, or its sweep clears it.
-    @Test(arguments: implementations)
-    func aClaimOfAProcessThatEndedIsFreeAtOnce(_ implementation: String) async throws {
-        let directory = try TemporaryDirectory("identify-claims")
-        defer { directory.remove() }
-        let url = implementation == "postgres" ? try await PostgresServer.shared().database() : nil
-        func open() async throws -> (any IdentificationStoring, close: () -> Void) {
-            if let url {
-                let store = try await PostgresIdentificationStore.open(url: url, logger: Logger(label: "identify-claims"))
-                return (store, store.database.close)
-            }
-            return (try SQLiteIdentificationStore(path: directory.path("identify.sqlite")), {})
-        }
+    @Test(arguments: StoreBackend.allCases)
+    func aClaimOfAProcessThatEndedIsFreeAtOnce(_ backend: StoreBackend) async throws {
+        let place = try await Self.contract.place(backend)
+        defer { place.directory.remove() }
+        func open() async throws -> (any IdentificationStoring, close: () -> Void) { try await Self.contract.open(at: place) }
         let (first, closeFirst) = try await open()
         #expect(try first.claimSubmission(owner: "alice", key: "k1", plantID: "p1", now: now, until: now + 120) == "p1")
         #expect(try first.claimSubmission(owner: "alice", key: "k2", plantID: "p2", now: now, until: now + 120) == "p2")
         let (second, closeSecond) = try await open()
         defer { closeSecond() }
-        if url != nil {
+        if backend == .postgres {
             #expect(try second.claimSubmission(owner: "alice", key: "k1", plantID: "p3", now: now + 1, until: now + 121) == nil, "its process is there")
             #expect(try second.takeAbandonedSubmissions(now: now + 1, until: now + 121, limit: 10).isEmpty)
         }
@@ -176,9 +167,9 @@ struct IdentificationStoreTests {
         #expect(try second.claimSubmission(owner: "alice", key: "k2", plantID: "p4", now: now + 4, until: now + 124) == "p4", "cleared")
     }
 
-    @Test(arguments: implementations)
-    func referencesBumpTheGenerationAndQuotaIsKept(_ implementation: String) async throws {
-        let (store, cleanup) = try await Self.open(implementation)
+    @Test(arguments: StoreBackend.allCases)
+    func referencesBumpTheGenerationAndQuotaIsKept(_ backend: StoreBackend) async throws {
+        let (store, cleanup) = try await Self.open(backend)
         defer { cleanup() }
         let generation = try store.referenceGeneration()
         let fern = ReferenceSpecies(scientificName: "Nephrolepis exaltata (L.) Schott", withoutAuthor: "Nephrolepis exaltata", authorship: "(L.) Schott",

@@ -10,27 +10,28 @@ import Testing
 /// runs against SQLite with originals in its directory, and PostgreSQL with originals in a
 /// directory replicas would share.
 struct ImageStoreTests {
-    static let implementations = ["sqlite", "postgres"]
+    static let contract = StoreContract<any ImageStoring>("image-store", sqlite: { try SQLiteImageStore(directory: $0.url) }) { url, directory in
+        let store = try await PostgresImageStore.open(url: url, originals: directory.url.appendingPathComponent("originals"), logger: Logger(label: "image-store-test"))
+        return (store, store.database.close)
+    }
 
-    static func open(_ implementation: String) async throws -> (any ImageStoring, exists: (String) -> Bool, cleanup: () -> Void) {
-        let directory = try TemporaryDirectory("image-store")
-        switch implementation {
-        case "postgres":
-            let store = try await PostgresImageStore.open(url: try await PostgresServer.shared().database(), originals: directory.url.appendingPathComponent("originals"),
-                                                          logger: Logger(label: "image-store-test"))
-            return (store, store.files.exists, { store.database.close(); directory.remove() })
-        default:
-            let store = try SQLiteImageStore(directory: directory.url)
-            return (store, { FileManager.default.fileExists(atPath: store.originalURL($0).path) }, directory.remove)
+    /// The store, whether it holds an original's file (by its SHA-256), and its cleanup.
+    static func open(_ backend: StoreBackend) async throws -> (any ImageStoring, exists: (String) -> Bool, cleanup: () -> Void) {
+        let (store, _, cleanup) = try await contract.open(backend)
+        let exists: (String) -> Bool = switch store {
+        case let sqlite as SQLiteImageStore: { FileManager.default.fileExists(atPath: sqlite.originalURL($0).path) }
+        case let postgres as PostgresImageStore: postgres.files.exists
+        default: { _ in false }
         }
+        return (store, exists, cleanup)
     }
 
     let now = Date(timeIntervalSince1970: 1_780_000_000)
     let sha = String(repeating: "ab", count: 32)
 
-    @Test(arguments: implementations)
-    func aPhotoIsStoredOnceScopedToItsHoldersAndGoesWithTheLast(_ implementation: String) async throws {
-        let (store, exists, cleanup) = try await Self.open(implementation)
+    @Test(arguments: StoreBackend.allCases)
+    func aPhotoIsStoredOnceScopedToItsHoldersAndGoesWithTheLast(_ backend: StoreBackend) async throws {
+        let (store, exists, cleanup) = try await Self.open(backend)
         defer { cleanup() }
         var normalizations = 0
         let first = try store.add(sha256: sha, owner: "alice", plantID: "p1", format: "jpeg", normalized: { normalizations += 1; return ([1, 2, 3, 4], 40, 30) }, now: now)

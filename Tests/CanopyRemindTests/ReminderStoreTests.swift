@@ -10,17 +10,14 @@ import Testing
 /// dispatcher's rules: what any implementation must do. It runs against each implementation:
 /// SQLite, and PostgreSQL on a throwaway server the tests start (a fresh database each test).
 struct ReminderStoreTests {
-    static let implementations = ["sqlite", "postgres"]
+    static let contract = StoreContract<any ReminderStoring>("remind-store", sqlite: { try SQLiteReminderStore(path: $0.path("remind.sqlite")) }) { url, _ in
+        let store = try await PostgresReminderStore.open(url: url, logger: Logger(label: "remind-store-test"))
+        return (store, store.database.close)
+    }
 
-    static func open(_ implementation: String) async throws -> (any ReminderStoring, cleanup: () -> Void) {
-        switch implementation {
-        case "postgres":
-            let store = try await PostgresReminderStore.open(url: try await PostgresServer.shared().database(), logger: Logger(label: "remind-store-test"))
-            return (store, store.database.close)
-        default:
-            let directory = try TemporaryDirectory("remind-store")
-            return (try SQLiteReminderStore(path: directory.path("remind.sqlite")), directory.remove)
-        }
+    static func open(_ backend: StoreBackend) async throws -> (any ReminderStoring, cleanup: () -> Void) {
+        let opened = try await contract.open(backend)
+        return (opened.store, opened.cleanup)
     }
 
     let now = Date(timeIntervalSince1970: 1_780_000_000)
@@ -33,9 +30,9 @@ struct ReminderStoreTests {
         Reminders.Device(id: id, channel: .log, address: "log-\(id)", name: nil, active: true, registeredAt: now)
     }
 
-    @Test(arguments: implementations)
-    func devicesAndRemindersAreScopedToTheirOwner(_ implementation: String) async throws {
-        let (store, cleanup) = try await Self.open(implementation)
+    @Test(arguments: StoreBackend.allCases)
+    func devicesAndRemindersAreScopedToTheirOwner(_ backend: StoreBackend) async throws {
+        let (store, cleanup) = try await Self.open(backend)
         defer { cleanup() }
         try await store.write { (data: any ReminderWrites) throws in
             try data.insertDevice(device("d1"), owner: "alice", secret: "whsec_x", accessToken: nil)
@@ -57,9 +54,9 @@ struct ReminderStoreTests {
         #expect(try await store.read { data in try data.pendingSummary(owner: "alice").count } == 1)
     }
 
-    @Test(arguments: implementations)
-    func aSyncPlanAppliedIsWhatTheNextSyncCompares(_ implementation: String) async throws {
-        let (store, cleanup) = try await Self.open(implementation)
+    @Test(arguments: StoreBackend.allCases)
+    func aSyncPlanAppliedIsWhatTheNextSyncCompares(_ backend: StoreBackend) async throws {
+        let (store, cleanup) = try await Self.open(backend)
         defer { cleanup() }
         let first = [task("t1", in: 60), task("t2", in: 120)]
         let scheduled = try await store.write { data in try data.apply(SyncPlan(window: first, known: []), owner: "alice", now: now) }
@@ -79,9 +76,9 @@ struct ReminderStoreTests {
         #expect(try store.pendingSends().isEmpty)
     }
 
-    @Test(arguments: implementations)
-    func aSendIsRecordedOnceAndSettlesItsReminders(_ implementation: String) async throws {
-        let (store, cleanup) = try await Self.open(implementation)
+    @Test(arguments: StoreBackend.allCases)
+    func aSendIsRecordedOnceAndSettlesItsReminders(_ backend: StoreBackend) async throws {
+        let (store, cleanup) = try await Self.open(backend)
         defer { cleanup() }
         let ids = try await store.write { (data: any ReminderWrites) throws -> [Int64] in
             try data.insertDevice(device("d1"), owner: "alice", secret: nil, accessToken: nil)
@@ -120,9 +117,9 @@ struct ReminderStoreTests {
         #expect(try await !store.read { data in try data.sendExists(id: sendID) }, "nothing of its plants is left")
     }
 
-    @Test(arguments: implementations)
-    func aGoneDeviceIsDeactivatedWithTheReason(_ implementation: String) async throws {
-        let (store, cleanup) = try await Self.open(implementation)
+    @Test(arguments: StoreBackend.allCases)
+    func aGoneDeviceIsDeactivatedWithTheReason(_ backend: StoreBackend) async throws {
+        let (store, cleanup) = try await Self.open(backend)
         defer { cleanup() }
         try await store.write { (data: any ReminderWrites) throws in
             try data.insertDevice(device("d1"), owner: "alice", secret: nil, accessToken: nil)

@@ -206,7 +206,7 @@ final class PostgresBatchStore: BatchStoring {
     func erasures() throws -> [Erasure] {
         try database.read { session in
             try session.rows("SELECT digest, at FROM erasures ORDER BY at, digest").map {
-                Erasure(digest: try $0[0].decode(String.self), at: Date(timeIntervalSince1970: try $0[1].decode(Double.self)))
+                Erasure(digest: try $0.column("digest").decode(String.self), at: Date(timeIntervalSince1970: try $0.column("at").decode(Double.self)))
             }
         }
     }
@@ -219,7 +219,7 @@ final class PostgresBatchStore: BatchStoring {
             let legacy = try session.rows("SELECT principal, before FROM signedOut WHERE digested = 0 FOR UPDATE")
             guard !legacy.isEmpty else { return }
             for row in legacy {
-                let person = try row[0].decode(String.self), at = try row[1].decode(Double.self)
+                let person = try row.column("principal").decode(String.self), at = try row.column("before").decode(Double.self)
                 _ = try session.execute("DELETE FROM signedOut WHERE principal = \(person)")
                 _ = try session.execute("INSERT INTO signedOut VALUES (\(digest.record(person)), \(at), 1) ON CONFLICT (principal) DO UPDATE SET before = GREATEST(signedOut.before, EXCLUDED.before)")
             }
@@ -233,10 +233,10 @@ final class PostgresBatchStore: BatchStoring {
         return try database.read { session in
             var revocations = Revocations()
             for row in try session.rows("SELECT jti, until FROM revokedTokens WHERE until >= \(at)") {
-                revocations.tokens[try row[0].decode(String.self)] = Date(timeIntervalSince1970: try row[1].decode(Double.self))
+                revocations.tokens[try row.column("jti").decode(String.self)] = Date(timeIntervalSince1970: try row.column("until").decode(Double.self))
             }
             for row in try session.rows("SELECT principal, before FROM signedOut") {
-                revocations.signedOut[try row[0].decode(String.self)] = Date(timeIntervalSince1970: try row[1].decode(Double.self))
+                revocations.signedOut[try row.column("principal").decode(String.self)] = Date(timeIntervalSince1970: try row.column("before").decode(Double.self))
             }
             return revocations
         }

@@ -100,8 +100,8 @@ extension SQLiteBatchStore {
                 SELECT fingerprint, holder, leaseUntil, answered, status, headers, body FROM idempotencyKeys WHERE person = ? AND route = ? AND key = ?
                 """), arguments: [claim.person, claim.route, claim.key])
             let record = row.map { row in
-                IdempotencyTable.record(fingerprint: row[0], holder: row[1], leaseUntil: row[2], answered: row[3] as Int != 0,
-                                        status: row[4], headers: row[5], body: row[6])
+                IdempotencyTable.record(fingerprint: row["fingerprint"], holder: row["holder"], leaseUntil: row["leaseUntil"], answered: row["answered"] as Int != 0,
+                                        status: row["status"], headers: row["headers"], body: row["body"])
             }
             let decision = IdempotencyDecision.decide(record, for: claim, now: now)
             guard decision == .proceed else { return decision }
@@ -139,7 +139,7 @@ extension SQLiteBatchStore {
             guard total > idempotencyLimits.bytesPerPerson else { return }
             let sizes = try Row.fetchAll(db.cachedStatement(sql: """
                 SELECT route, key, bytes FROM idempotencyKeys WHERE person = ? AND answered = 1 AND bytes > 0 AND NOT (route = ? AND key = ?) ORDER BY expiresAt
-                """), arguments: [claim.person, claim.route, claim.key]).map { (route: $0[0] as String, key: $0[1] as String, bytes: $0[2] as Int) }
+                """), arguments: [claim.person, claim.route, claim.key]).map { (route: $0["route"] as String, key: $0["key"] as String, bytes: $0["bytes"] as Int) }
             for (route, key) in IdempotencyTable.oldestToDrop(sizes, total: total, limit: idempotencyLimits.bytesPerPerson) {
                 try db.cachedStatement(sql: "DELETE FROM idempotencyKeys WHERE person = ? AND route = ? AND key = ?").execute(arguments: [claim.person, route, key])
             }
@@ -182,9 +182,9 @@ extension PostgresBatchStore {
                 SELECT fingerprint, holder, leaseUntil, answered, status, headers, body FROM idempotencyKeys WHERE person = \(person) AND route = \(route) AND key = \(key)
                 """)
             let record = try row.map { row in
-                IdempotencyTable.record(fingerprint: try row[0].decode(Data.self), holder: try row[1].decode(String?.self), leaseUntil: try row[2].decode(Double?.self),
-                                        answered: try row[3].decode(Int.self) != 0, status: try row[4].decode(Int?.self), headers: try row[5].decode(String?.self),
-                                        body: try row[6].decode(Data?.self))
+                IdempotencyTable.record(fingerprint: try row.column("fingerprint").decode(Data.self), holder: try row.column("holder").decode(String?.self), leaseUntil: try row.column("leaseUntil").decode(Double?.self),
+                                        answered: try row.column("answered").decode(Int.self) != 0, status: try row.column("status").decode(Int?.self), headers: try row.column("headers").decode(String?.self),
+                                        body: try row.column("body").decode(Data?.self))
             }
             let decision = IdempotencyDecision.decide(record, for: claim, now: now)
             guard decision == .proceed else { return decision }
@@ -226,7 +226,7 @@ extension PostgresBatchStore {
             let sizes = try session.rows("""
                 SELECT route, key, bytes FROM idempotencyKeys WHERE person = \(person) AND answered = 1 AND bytes > 0 AND NOT (route = \(route) AND key = \(key))
                 ORDER BY expiresAt
-                """).map { (route: try $0[0].decode(String.self), key: try $0[1].decode(String.self), bytes: try $0[2].decode(Int.self)) }
+                """).map { (route: try $0.column("route").decode(String.self), key: try $0.column("key").decode(String.self), bytes: try $0.column("bytes").decode(Int.self)) }
             for (dropRoute, dropKey) in IdempotencyTable.oldestToDrop(sizes, total: total, limit: idempotencyLimits.bytesPerPerson) {
                 try session.execute("DELETE FROM idempotencyKeys WHERE person = \(person) AND route = \(dropRoute) AND key = \(dropKey)")
             }

@@ -134,40 +134,40 @@ final class PostgresCareStore: CareStoring {
 
     // MARK: - Rows
 
-    /// The columns a plant is read from, in this order (``plant(_:profile:)``).
+    /// The columns a plant is read from (``plant(_:profile:)``, by name).
     static let plantColumns = """
         id, scientificName, commonNames, family, genus, customName, location, notes, favourite, imageIDs, source, confidence,
         dateIdentified, dateAdded, profileOverride, version
         """
 
     fileprivate func plant(_ row: PostgresRandomAccessRow, profile: Bool) throws -> Care.Plant {
-        let overrideData = try row[14].decode(Data?.self)
+        let overrideData = try row.column("profileOverride").decode(Data?.self)
         let override = profile ? overrideData.flatMap { try? codec.decode(Care.Profile.self, from: [UInt8]($0)) } : nil
-        let scientificName = try row[1].decode(String.self)
+        let scientificName = try row.column("scientificName").decode(String.self)
         return Care.Plant(
-            id: try row[0].decode(String.self), scientificName: scientificName, commonNames: SQLiteCareStore.split(try row[2].decode(String.self)),
-            family: try row[3].decode(String.self), genus: try row[4].decode(String.self), customName: try row[5].decode(String?.self),
-            location: try row[6].decode(String?.self), notes: try row[7].decode(String?.self), favourite: try row[8].decode(Bool.self),
-            imageIDs: SQLiteCareStore.split(try row[9].decode(String.self)),
-            identificationSource: Care.Source(rawValue: try row[10].decode(String.self)) ?? .other,
-            identificationConfidence: try row[11].decode(Double?.self),
-            dateIdentified: try row[12].decode(Double?.self).map(Date.init(timeIntervalSince1970:)),
-            dateAdded: Date(timeIntervalSince1970: try row[13].decode(Double.self)),
+            id: try row.column("id").decode(String.self), scientificName: scientificName, commonNames: SQLiteCareStore.split(try row.column("commonNames").decode(String.self)),
+            family: try row.column("family").decode(String.self), genus: try row.column("genus").decode(String.self), customName: try row.column("customName").decode(String?.self),
+            location: try row.column("location").decode(String?.self), notes: try row.column("notes").decode(String?.self), favourite: try row.column("favourite").decode(Bool.self),
+            imageIDs: SQLiteCareStore.split(try row.column("imageIDs").decode(String.self)),
+            identificationSource: Care.Source(rawValue: try row.column("source").decode(String.self)) ?? .other,
+            identificationConfidence: try row.column("confidence").decode(Double?.self),
+            dateIdentified: try row.column("dateIdentified").decode(Double?.self).map(Date.init(timeIntervalSince1970:)),
+            dateAdded: Date(timeIntervalSince1970: try row.column("dateAdded").decode(Double.self)),
             profile: profile ? override ?? catalog.lookup(scientificName)?.profile : nil, profileOverridden: overrideData != nil,
-            version: try row[15].decode(Int.self))
+            version: try row.column("version").decode(Int.self))
     }
 
-    /// The columns a task is read from, in this order (``task(_:)``).
+    /// The columns a task is read from (``task(_:)``, by name).
     static let taskColumns = "id, plantID, kind, title, due, snoozedUntil, owner, anchor, everyDays"
 
     fileprivate static func task(_ row: PostgresRandomAccessRow) throws -> StoredTask {
         StoredTask(
-            task: Care.Task(id: try row[0].decode(String.self), plantID: try row[1].decode(String.self),
-                            kind: Care.TaskKind(rawValue: try row[2].decode(String.self)) ?? .custom, title: try row[3].decode(String.self),
-                            due: Date(timeIntervalSince1970: try row[4].decode(Double.self)),
-                            snoozedUntil: try row[5].decode(Double?.self).map(Date.init(timeIntervalSince1970:))),
-            owner: try row[6].decode(String.self), anchor: Date(timeIntervalSince1970: try row[7].decode(Double.self)),
-            everyDays: try row[8].decode(Int?.self))
+            task: Care.Task(id: try row.column("id").decode(String.self), plantID: try row.column("plantID").decode(String.self),
+                            kind: Care.TaskKind(rawValue: try row.column("kind").decode(String.self)) ?? .custom, title: try row.column("title").decode(String.self),
+                            due: Date(timeIntervalSince1970: try row.column("due").decode(Double.self)),
+                            snoozedUntil: try row.column("snoozedUntil").decode(Double?.self).map(Date.init(timeIntervalSince1970:))),
+            owner: try row.column("owner").decode(String.self), anchor: Date(timeIntervalSince1970: try row.column("anchor").decode(Double.self)),
+            everyDays: try row.column("everyDays").decode(Int?.self))
     }
 
     // MARK: - The outbox
@@ -191,9 +191,9 @@ final class PostgresCareStore: CareStoring {
                         ORDER BY id LIMIT \(limit) FOR UPDATE SKIP LOCKED)
                     RETURNING id, owner, service, operation, body, attempts, generation
                     """).map { row in
-                    FollowUp(id: try row[0].decode(Int64.self), owner: try row[1].decode(String.self), service: try row[2].decode(String.self),
-                             operation: try row[3].decode(String.self), body: [UInt8](try row[4].decode(Data.self)),
-                             attempts: try row[5].decode(Int.self), generation: try row[6].decode(Int64.self))
+                    FollowUp(id: try row.column("id").decode(Int64.self), owner: try row.column("owner").decode(String.self), service: try row.column("service").decode(String.self),
+                             operation: try row.column("operation").decode(String.self), body: [UInt8](try row.column("body").decode(Data.self)),
+                             attempts: try row.column("attempts").decode(Int.self), generation: try row.column("generation").decode(Int64.self))
                 }.sorted { $0.id < $1.id }
             }
         }
@@ -251,8 +251,8 @@ final class PostgresCareStore: CareStoring {
         let database = self.database
         let row = try await offThePool {
             try database.read { session in
-                let row = try session.row("SELECT COUNT(*), MIN(createdAt) FROM outbox")
-                return (try row?[0].decode(Int.self) ?? 0, try row?[1].decode(Double?.self))
+                let row = try session.row("SELECT COUNT(*) AS count, MIN(createdAt) AS oldest FROM outbox")
+                return (try row?.column("count").decode(Int.self) ?? 0, try row?.column("oldest").decode(Double?.self))
             }
         }
         return (row.0, row.1.map(Date.init(timeIntervalSince1970:)))
@@ -336,20 +336,20 @@ private struct PostgresCareTransaction: CareWrites {
     func statistics(owner: String, monthStart: Date, now: Date, weekEnd: Date) throws -> Care.Statistics.Reply {
         let (monthStart, now, weekEnd) = (monthStart.timeIntervalSince1970, now.timeIntervalSince1970, weekEnd.timeIntervalSince1970)
         let counts = try session.row("""
-            SELECT COUNT(*), COUNT(*) FILTER (WHERE favourite), COUNT(*) FILTER (WHERE dateAdded >= \(monthStart)),
-                   (SELECT COUNT(*) FROM tasks WHERE owner = \(owner) AND showAt >= \(now) AND showAt < \(weekEnd)),
-                   (SELECT COUNT(*) FROM tasks WHERE owner = \(owner) AND showAt < \(now))
+            SELECT COUNT(*) AS total, COUNT(*) FILTER (WHERE favourite) AS favourites, COUNT(*) FILTER (WHERE dateAdded >= \(monthStart)) AS addedThisMonth,
+                   (SELECT COUNT(*) FROM tasks WHERE owner = \(owner) AND showAt >= \(now) AND showAt < \(weekEnd)) AS upcomingTasks,
+                   (SELECT COUNT(*) FROM tasks WHERE owner = \(owner) AND showAt < \(now)) AS overdueTasks
             FROM plants WHERE owner = \(owner)
             """)
-        func count(_ column: Int) throws -> Int { try counts?[column].decode(Int.self) ?? 0 }
+        func count(_ column: String) throws -> Int { try counts?.column(column).decode(Int.self) ?? 0 }
         func groups(_ column: String) throws -> [String: Int] {
             Dictionary(uniqueKeysWithValues: try session.rows(
-                "SELECT \(unescaped: column), COUNT(*) FROM plants WHERE owner = \(owner) GROUP BY \(unescaped: column)"
-            ).map { (try $0[0].decode(String.self), try $0[1].decode(Int.self)) })
+                "SELECT \(unescaped: column) AS name, COUNT(*) AS count FROM plants WHERE owner = \(owner) GROUP BY \(unescaped: column)"
+            ).map { (try $0.column("name").decode(String.self), try $0.column("count").decode(Int.self)) })
         }
         return Care.Statistics.Reply(
-            total: try count(0), favourites: try count(1), families: try groups("family"), sources: try groups("source"),
-            addedThisMonth: try count(2), upcomingTasks: try count(3), overdueTasks: try count(4))
+            total: try count("total"), favourites: try count("favourites"), families: try groups("family"), sources: try groups("source"),
+            addedThisMonth: try count("addedThisMonth"), upcomingTasks: try count("upcomingTasks"), overdueTasks: try count("overdueTasks"))
     }
 
     func save(_ plant: Care.Plant, owner: String, override: Care.Profile?) throws -> Care.Plant {
@@ -393,9 +393,9 @@ private struct PostgresCareTransaction: CareWrites {
     }
 
     func plantCountAndPreferences(owner: String) throws -> (plants: Int, preferences: Care.Preferences) {
-        let row = try session.row("SELECT (SELECT COUNT(*) FROM plants WHERE owner = \(owner)), (SELECT value FROM preferences WHERE owner = \(owner))")
-        let preferences = try row?[1].decode(Data?.self).flatMap { try? store.codec.decode(Care.Preferences.self, from: [UInt8]($0)) }
-        return (try row?[0].decode(Int.self) ?? 0, preferences ?? Care.Preferences())
+        let row = try session.row("SELECT (SELECT COUNT(*) FROM plants WHERE owner = \(owner)) AS plants, (SELECT value FROM preferences WHERE owner = \(owner)) AS preferences")
+        let preferences = try row?.column("preferences").decode(Data?.self).flatMap { try? store.codec.decode(Care.Preferences.self, from: [UInt8]($0)) }
+        return (try row?.column("plants").decode(Int.self) ?? 0, preferences ?? Care.Preferences())
     }
 
     func deletePreferences(owner: String) throws {
@@ -500,8 +500,8 @@ private struct PostgresCareTransaction: CareWrites {
     func careLog(owner: String, plantID: String, limit: Int) throws -> [Care.LogEntry] {
         try session.rows("SELECT plantID, kind, at FROM careLog WHERE owner = \(owner) AND plantID = \(plantID) ORDER BY at DESC, id DESC LIMIT \(limit)")
             .map { row in
-                Care.LogEntry(plantID: try row[0].decode(String.self), kind: Care.TaskKind(rawValue: try row[1].decode(String.self)) ?? .custom,
-                              at: Date(timeIntervalSince1970: try row[2].decode(Double.self)))
+                Care.LogEntry(plantID: try row.column("plantID").decode(String.self), kind: Care.TaskKind(rawValue: try row.column("kind").decode(String.self)) ?? .custom,
+                              at: Date(timeIntervalSince1970: try row.column("at").decode(Double.self)))
             }
     }
 

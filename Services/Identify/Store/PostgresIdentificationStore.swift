@@ -131,7 +131,7 @@ final class PostgresIdentificationStore: IdentificationStoring {
             try session.rows("""
                 SELECT plantID FROM identifications WHERE owner = \(owner) UNION SELECT acceptedPlantID FROM identifications WHERE owner = \(owner) AND acceptedPlantID IS NOT NULL
                 UNION SELECT plantID FROM plantPhotos WHERE owner = \(owner)
-                """).map { try $0[0].decode(String.self) }
+                """).map { try $0.column("plantID").decode(String.self) }
         }
     }
 
@@ -154,7 +154,7 @@ final class PostgresIdentificationStore: IdentificationStoring {
                     SELECT owner, submissionKey FROM submissions WHERE claimedUntil <= \(at) OR \(unescaped: PostgresStore.holderIsGone("claimedBy"))
                     LIMIT \(limit) FOR UPDATE SKIP LOCKED)
                 RETURNING owner, submissionKey, plantID
-                """).map { AbandonedSubmission(owner: try $0[0].decode(String.self), key: try $0[1].decode(String.self), plantID: try $0[2].decode(String?.self)) }
+                """).map { AbandonedSubmission(owner: try $0.column("owner").decode(String.self), key: try $0.column("submissionKey").decode(String.self), plantID: try $0.column("plantID").decode(String?.self)) }
         }
     }
 
@@ -171,7 +171,7 @@ final class PostgresIdentificationStore: IdentificationStoring {
                     DELETE FROM identifications WHERE owner = \(record.owner) AND id IN (
                         SELECT id FROM identifications WHERE owner = \(record.owner) AND acceptedPlantID IS NULL ORDER BY createdAt, id LIMIT \(excess))
                     RETURNING plantID
-                    """).map { try $0[0].decode(String.self) }
+                    """).map { try $0.column("plantID").decode(String.self) }
             }
             try session.execute("""
                 INSERT INTO identifications (id, owner, submissionKey, createdAt, plantID, record)
@@ -214,7 +214,7 @@ final class PostgresIdentificationStore: IdentificationStoring {
             }
             bindings.append(limit)
             sql += " ORDER BY createdAt DESC, id DESC LIMIT $\(bindings.count)"
-            return try session.rows(PostgresQuery(unsafeSQL: sql, binds: bindings)).map { try record(try $0[0].decode(Data.self)) }
+            return try session.rows(PostgresQuery(unsafeSQL: sql, binds: bindings)).map { try record(try $0.column("record").decode(Data.self)) }
         }
     }
 
@@ -222,12 +222,12 @@ final class PostgresIdentificationStore: IdentificationStoring {
     func forget(owner: String, plantID: String) throws -> Int {
         try database.write { session in
             // The photos involved: those of the identifications and of the plant's own photos.
-            var photos = Set(try session.rows("SELECT sha256 FROM plantPhotos WHERE owner = \(owner) AND plantID = \(plantID)").map { try $0[0].decode(String.self) })
+            var photos = Set(try session.rows("SELECT sha256 FROM plantPhotos WHERE owner = \(owner) AND plantID = \(plantID)").map { try $0.column("sha256").decode(String.self) })
             let forgotten = try session.rows("""
                 DELETE FROM identifications WHERE owner = \(owner) AND (plantID = \(plantID) OR acceptedPlantID = \(plantID)) RETURNING record
                 """)
             for row in forgotten {
-                if let record = try? record(try row[0].decode(Data.self)) { photos.formUnion(record.photoIDs) }
+                if let record = try? record(try row.column("record").decode(Data.self)) { photos.formUnion(record.photoIDs) }
             }
             try session.execute("DELETE FROM plantPhotos WHERE owner = \(owner) AND plantID = \(plantID)")
             // Their features go too, unless another plant, identification or reference still has the photo.
@@ -250,7 +250,7 @@ final class PostgresIdentificationStore: IdentificationStoring {
         return try database.statement { session in
             var found: [String: PhotoFeatures] = [:]
             for row in try session.rows("SELECT sha256, features FROM photoFeatures WHERE sha256 = ANY(\(sha256s))") {
-                if let features = PhotoFeatures(packed: try row[1].decode(Data.self)) { found[try row[0].decode(String.self)] = features }
+                if let features = PhotoFeatures(packed: try row.column("features").decode(Data.self)) { found[try row.column("sha256").decode(String.self)] = features }
             }
             return found
         }
@@ -274,8 +274,8 @@ final class PostgresIdentificationStore: IdentificationStoring {
                 SELECT plantPhotos.candidate, photoFeatures.features FROM plantPhotos
                 JOIN photoFeatures ON photoFeatures.sha256 = plantPhotos.sha256 WHERE plantPhotos.owner = \(owner)
                 """).compactMap { row in
-                guard let features = PhotoFeatures(packed: try row[1].decode(Data.self)) else { return nil }
-                return (try codec.decode(Identification.Candidate.self, from: [UInt8](try row[0].decode(Data.self))), features)
+                guard let features = PhotoFeatures(packed: try row.column("features").decode(Data.self)) else { return nil }
+                return (try codec.decode(Identification.Candidate.self, from: [UInt8](try row.column("candidate").decode(Data.self))), features)
             }
         }
     }
@@ -285,7 +285,7 @@ final class PostgresIdentificationStore: IdentificationStoring {
             try session.rows("""
                 SELECT DISTINCT sha256 FROM plantPhotos WHERE owner = \(owner)
                 AND NOT EXISTS (SELECT 1 FROM photoFeatures WHERE photoFeatures.sha256 = plantPhotos.sha256) ORDER BY sha256 LIMIT \(limit)
-                """).map { try $0[0].decode(String.self) }
+                """).map { try $0.column("sha256").decode(String.self) }
         }
     }
 
@@ -328,19 +328,19 @@ final class PostgresIdentificationStore: IdentificationStoring {
     private static let speciesColumns = "species.id, species.scientificName, species.withoutAuthor, species.authorship, species.genus, species.family, species.commonNames, species.gbifID"
 
     private func species(_ row: PostgresRandomAccessRow) throws -> ReferenceSpecies {
-        ReferenceSpecies(scientificName: try row[1].decode(String.self), withoutAuthor: try row[2].decode(String.self), authorship: try row[3].decode(String.self),
-                         genus: try row[4].decode(String.self), family: try row[5].decode(String.self),
-                         commonNames: try codec.decode([String].self, from: [UInt8](try row[6].decode(Data.self))), gbifID: try row[7].decode(Int?.self))
+        ReferenceSpecies(scientificName: try row.column("scientificName").decode(String.self), withoutAuthor: try row.column("withoutAuthor").decode(String.self), authorship: try row.column("authorship").decode(String.self),
+                         genus: try row.column("genus").decode(String.self), family: try row.column("family").decode(String.self),
+                         commonNames: try codec.decode([String].self, from: [UInt8](try row.column("commonNames").decode(Data.self))), gbifID: try row.column("gbifID").decode(Int?.self))
     }
 
     func referenceSpecies() throws -> [(species: ReferenceSpecies, photos: Int)] {
         try database.statement { session in
             try session.rows("""
-                SELECT \(unescaped: Self.speciesColumns), COUNT(photoFeatures.sha256) FROM species
+                SELECT \(unescaped: Self.speciesColumns), COUNT(photoFeatures.sha256) AS photos FROM species
                 LEFT JOIN referencePhotos ON referencePhotos.speciesID = species.id
                 LEFT JOIN photoFeatures ON photoFeatures.sha256 = referencePhotos.sha256
                 GROUP BY species.id ORDER BY species.scientificName COLLATE "C"
-                """).map { row in (try species(row), try row[8].decode(Int.self)) }
+                """).map { row in (try species(row), try row.column("photos").decode(Int.self)) }
         }
     }
 
@@ -348,12 +348,12 @@ final class PostgresIdentificationStore: IdentificationStoring {
         try database.read { session in
             let generation = try session.value(Int.self, "SELECT value FROM meta WHERE key = 'referenceGeneration'") ?? 0
             var speciesByID: [Int64: ReferenceSpecies] = [:]
-            for row in try session.rows("SELECT \(unescaped: Self.speciesColumns) FROM species") { speciesByID[try row[0].decode(Int64.self)] = try species(row) }
+            for row in try session.rows("SELECT \(unescaped: Self.speciesColumns) FROM species") { speciesByID[try row.column("id").decode(Int64.self)] = try species(row) }
             let entries = try session.rows("""
                 SELECT referencePhotos.speciesID, photoFeatures.features FROM referencePhotos
                 JOIN photoFeatures ON photoFeatures.sha256 = referencePhotos.sha256
                 """).compactMap { row -> (ReferenceSpecies, PhotoFeatures)? in
-                guard let species = speciesByID[try row[0].decode(Int64.self)], let features = PhotoFeatures(packed: try row[1].decode(Data.self)) else { return nil }
+                guard let species = speciesByID[try row.column("speciesID").decode(Int64.self)], let features = PhotoFeatures(packed: try row.column("features").decode(Data.self)) else { return nil }
                 return (species, features)
             }
             return (generation, entries)
@@ -365,7 +365,7 @@ final class PostgresIdentificationStore: IdentificationStoring {
     func quota(provider: String) throws -> ProviderQuota {
         try database.statement { session in
             guard let row = try session.row("SELECT remaining, resetsAt FROM quota WHERE provider = \(provider)") else { return ProviderQuota() }
-            return ProviderQuota(remaining: try row[0].decode(Int?.self), resetsAt: try row[1].decode(Double?.self).map(Date.init(timeIntervalSince1970:)))
+            return ProviderQuota(remaining: try row.column("remaining").decode(Int?.self), resetsAt: try row.column("resetsAt").decode(Double?.self).map(Date.init(timeIntervalSince1970:)))
         }
     }
 

@@ -155,7 +155,7 @@ final class SQLiteIdentificationStore: IdentificationStoring {
                 WHERE rowid IN (SELECT rowid FROM submissions WHERE claimedUntil <= ? OR claimedBy IS NOT ? LIMIT ?)
                 RETURNING owner, submissionKey, plantID
                 """, arguments: [until.timeIntervalSince1970, holder, now.timeIntervalSince1970, holder, limit])
-                .map { AbandonedSubmission(owner: $0[0], key: $0[1], plantID: $0[2]) }
+                .map { AbandonedSubmission(owner: $0["owner"], key: $0["submissionKey"], plantID: $0["plantID"]) }
         }
     }
 

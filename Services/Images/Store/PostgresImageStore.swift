@@ -86,7 +86,7 @@ final class PostgresImageStore: ImageStoring {
     func originalSize(_ sha256: String) throws -> (format: Images.Format, width: Int, height: Int)? {
         try database.statement { session in
             try session.row("SELECT format, width, height FROM originals WHERE sha256 = \(sha256)").map { row in
-                (ImageProcessor.storedFormat(ImageKind(rawValue: try row[0].decode(String.self)) ?? .jpeg), try row[1].decode(Int.self), try row[2].decode(Int.self))
+                (ImageProcessor.storedFormat(ImageKind(rawValue: try row.column("format").decode(String.self)) ?? .jpeg), try row.column("width").decode(Int.self), try row.column("height").decode(Int.self))
             }
         }
     }
@@ -97,8 +97,8 @@ final class PostgresImageStore: ImageStoring {
 
     func originalTotals() throws -> (count: Int, bytes: Int) {
         try database.statement { session in
-            let row = try session.row("SELECT COUNT(*), COALESCE(SUM(bytes), 0)::BIGINT FROM originals")
-            return (try row?[0].decode(Int.self) ?? 0, try row?[1].decode(Int.self) ?? 0)
+            let row = try session.row("SELECT COUNT(*) AS count, COALESCE(SUM(bytes), 0)::BIGINT AS bytes FROM originals")
+            return (try row?.column("count").decode(Int.self) ?? 0, try row?.column("bytes").decode(Int.self) ?? 0)
         }
     }
 
@@ -137,9 +137,9 @@ final class PostgresImageStore: ImageStoring {
             WHERE p.owner = \(owner) AND p.plantID = \(plantID) AND (\(sha256)::TEXT IS NULL OR p.sha256 = \(sha256))
             ORDER BY p.addedAt DESC, p.sha256
             """).map { row in
-            Images.Photo(sha256: try row[1].decode(String.self), plantID: try row[0].decode(String.self), width: try row[4].decode(Int.self),
-                         height: try row[5].decode(Int.self), format: try row[3].decode(String.self), bytes: try row[6].decode(Int.self),
-                         addedAt: Date(timeIntervalSince1970: try row[2].decode(Double.self)))
+            Images.Photo(sha256: try row.column("sha256").decode(String.self), plantID: try row.column("plantID").decode(String.self), width: try row.column("width").decode(Int.self),
+                         height: try row.column("height").decode(Int.self), format: try row.column("format").decode(String.self), bytes: try row.column("bytes").decode(Int.self),
+                         addedAt: Date(timeIntervalSince1970: try row.column("addedAt").decode(Double.self)))
         }
     }
 
@@ -149,16 +149,16 @@ final class PostgresImageStore: ImageStoring {
 
     func plantIDs(owner: String) throws -> [String] {
         try database.statement { session in
-            try session.rows("SELECT DISTINCT plantID FROM photos WHERE owner = \(owner)").map { try $0[0].decode(String.self) }
+            try session.rows("SELECT DISTINCT plantID FROM photos WHERE owner = \(owner)").map { try $0.column("plantID").decode(String.self) }
         }
     }
 
     func usage(owner: String) throws -> (photos: Int, bytes: Int) {
         try database.statement { session in
             let row = try session.row("""
-                SELECT COUNT(*), COALESCE(SUM(o.bytes), 0)::BIGINT FROM photos p JOIN originals o ON o.sha256 = p.sha256 WHERE p.owner = \(owner)
+                SELECT COUNT(*) AS count, COALESCE(SUM(o.bytes), 0)::BIGINT AS bytes FROM photos p JOIN originals o ON o.sha256 = p.sha256 WHERE p.owner = \(owner)
                 """)
-            return (try row?[0].decode(Int.self) ?? 0, try row?[1].decode(Int.self) ?? 0)
+            return (try row?.column("count").decode(Int.self) ?? 0, try row?.column("bytes").decode(Int.self) ?? 0)
         }
     }
 
@@ -170,7 +170,7 @@ final class PostgresImageStore: ImageStoring {
         let (count, orphaned) = try database.write(isolation: .readCommitted) { session -> (Int, [String]) in
             let shas = try session.rows("""
                 SELECT sha256 FROM photos WHERE owner = \(owner) AND plantID = \(plantID) AND (\(sha256)::TEXT IS NULL OR sha256 = \(sha256))
-                """).map { try $0[0].decode(String.self) }
+                """).map { try $0.column("sha256").decode(String.self) }
             guard !shas.isEmpty else { return (0, []) }
             try Self.lock(session, shas)
             let removed = try session.execute("""
@@ -180,7 +180,7 @@ final class PostgresImageStore: ImageStoring {
             // go once this commits, in the lock again (below).
             let orphaned = try session.rows("""
                 SELECT sha FROM unnest(\(shas)) AS sha WHERE NOT EXISTS (SELECT 1 FROM photos WHERE photos.sha256 = sha)
-                """).map { try $0[0].decode(String.self) }
+                """).map { try $0.column("sha").decode(String.self) }
             if !orphaned.isEmpty {
                 try session.execute("DELETE FROM palettes WHERE sha256 = ANY(\(orphaned))")
                 try session.execute("DELETE FROM originals WHERE sha256 = ANY(\(orphaned))")
@@ -197,7 +197,7 @@ final class PostgresImageStore: ImageStoring {
     private func removeFiles(_ sha256s: [String]) throws -> [String] {
         try database.write(isolation: .readCommitted) { session in
             try Self.lock(session, sha256s)
-            let counted = Set(try session.rows("SELECT sha256 FROM originals WHERE sha256 = ANY(\(sha256s))").map { try $0[0].decode(String.self) })
+            let counted = Set(try session.rows("SELECT sha256 FROM originals WHERE sha256 = ANY(\(sha256s))").map { try $0.column("sha256").decode(String.self) })
             let gone = sha256s.filter { !counted.contains($0) }
             for sha in gone { files.remove(sha) }
             // A notification carries at most 8000 bytes: 100 ids at a time.
@@ -238,8 +238,8 @@ final class PostgresImageStore: ImageStoring {
 
     func palette(_ sha256: String, maximumAge: TimeInterval, now: Date) throws -> [Images.Swatch]? {
         let row = try database.statement { session in try session.row("SELECT swatches, createdAt FROM palettes WHERE sha256 = \(sha256)") }
-        guard let row, now.timeIntervalSince1970 - (try row[1].decode(Double.self)) < maximumAge else { return nil }
-        return try? codec.decode([Images.Swatch].self, from: [UInt8](try row[0].decode(Data.self)))
+        guard let row, now.timeIntervalSince1970 - (try row.column("createdAt").decode(Double.self)) < maximumAge else { return nil }
+        return try? codec.decode([Images.Swatch].self, from: [UInt8](try row.column("swatches").decode(Data.self)))
     }
 
     func savePalette(_ swatches: [Images.Swatch], for sha256: String, now: Date) throws {

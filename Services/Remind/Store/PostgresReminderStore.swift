@@ -132,14 +132,14 @@ final class PostgresReminderStore: ReminderStoring {
     func forEachPending(_ body: (_ id: Int64, _ fireAt: Double) -> Void) throws {
         try database.read { session in
             for row in try session.rows("SELECT id, fireAt FROM reminders WHERE state = 'pending'") {
-                body(try row[0].decode(Int64.self), try row[1].decode(Double.self))
+                body(try row.column("id").decode(Int64.self), try row.column("fireAt").decode(Double.self))
             }
         }
     }
 
     func pendingSends() throws -> [(id: Int64, nextAttempt: Double)] {
         try database.read { session in
-            try session.rows("SELECT id, nextAttempt FROM sends WHERE state = 'pending'").map { (try $0[0].decode(Int64.self), try $0[1].decode(Double.self)) }
+            try session.rows("SELECT id, nextAttempt FROM sends WHERE state = 'pending'").map { (try $0.column("id").decode(Int64.self), try $0.column("nextAttempt").decode(Double.self)) }
         }
     }
 
@@ -161,12 +161,12 @@ final class PostgresReminderStore: ReminderStoring {
         let (cutoff, at) = (before.timeIntervalSince1970, now.timeIntervalSince1970)
         return try database.read { session in
             let reminders = try session.rows("SELECT id, fireAt FROM reminders WHERE state = 'pending' AND fireAt < \(cutoff) ORDER BY fireAt LIMIT 10000")
-                .map { (id: try $0[0].decode(Int64.self), fireAt: try $0[1].decode(Double.self)) }
+                .map { (id: try $0.column("id").decode(Int64.self), fireAt: try $0.column("fireAt").decode(Double.self)) }
             let sends = try session.rows("""
                 SELECT id, nextAttempt FROM sends
                 WHERE state = 'pending' AND nextAttempt < \(cutoff) AND (leasedUntil IS NULL OR leasedUntil <= \(at) OR \(unescaped: PostgresStore.holderIsGone("leasedBy")))
                 ORDER BY nextAttempt LIMIT 10000
-                """).map { (id: try $0[0].decode(Int64.self), nextAttempt: try $0[1].decode(Double.self)) }
+                """).map { (id: try $0.column("id").decode(Int64.self), nextAttempt: try $0.column("nextAttempt").decode(Double.self)) }
             return (reminders, sends)
         }
     }
@@ -177,23 +177,23 @@ final class PostgresReminderStore: ReminderStoring {
 
     fileprivate static func device(_ row: PostgresRandomAccessRow) throws -> DeviceRecord {
         DeviceRecord(
-            device: Reminders.Device(id: try row[0].decode(String.self), channel: Reminders.Channel(rawValue: try row[1].decode(String.self)) ?? .log,
-                                     address: try row[2].decode(String.self), name: try row[3].decode(String?.self), active: try row[4].decode(Bool.self),
-                                     registeredAt: Date(timeIntervalSince1970: try row[5].decode(Double.self)),
-                                     deactivatedReason: try row[6].decode(String?.self)),
-            owner: try row[7].decode(String.self), secret: try row[8].decode(String?.self), accessToken: try row[9].decode(String?.self))
+            device: Reminders.Device(id: try row.column("id").decode(String.self), channel: Reminders.Channel(rawValue: try row.column("channel").decode(String.self)) ?? .log,
+                                     address: try row.column("address").decode(String.self), name: try row.column("name").decode(String?.self), active: try row.column("active").decode(Bool.self),
+                                     registeredAt: Date(timeIntervalSince1970: try row.column("registeredAt").decode(Double.self)),
+                                     deactivatedReason: try row.column("deactivatedReason").decode(String?.self)),
+            owner: try row.column("owner").decode(String.self), secret: try row.column("secret").decode(String?.self), accessToken: try row.column("accessToken").decode(String?.self))
     }
 
     static let reminderColumns = "id, owner, taskID, plantID, kind, title, due, state, fireAt, updatedAt"
 
     fileprivate static func reminder(_ row: PostgresRandomAccessRow) throws -> ReminderRow {
         ReminderRow(
-            id: try row[0].decode(Int64.self), owner: try row[1].decode(String.self),
-            reminder: Reminders.Reminder(taskID: try row[2].decode(String.self), plantID: try row[3].decode(String.self),
-                                         kind: Care.TaskKind(rawValue: try row[4].decode(String.self)) ?? .custom, title: try row[5].decode(String.self),
-                                         due: Date(timeIntervalSince1970: try row[6].decode(Double.self)),
-                                         state: Reminders.State(rawValue: try row[7].decode(String.self)) ?? .pending),
-            fireAt: Date(timeIntervalSince1970: try row[8].decode(Double.self)))
+            id: try row.column("id").decode(Int64.self), owner: try row.column("owner").decode(String.self),
+            reminder: Reminders.Reminder(taskID: try row.column("taskID").decode(String.self), plantID: try row.column("plantID").decode(String.self),
+                                         kind: Care.TaskKind(rawValue: try row.column("kind").decode(String.self)) ?? .custom, title: try row.column("title").decode(String.self),
+                                         due: Date(timeIntervalSince1970: try row.column("due").decode(Double.self)),
+                                         state: Reminders.State(rawValue: try row.column("state").decode(String.self)) ?? .pending),
+            fireAt: Date(timeIntervalSince1970: try row.column("fireAt").decode(Double.self)))
     }
 }
 
@@ -257,8 +257,8 @@ private struct PostgresReminderTransaction: ReminderWrites {
 
     func knownReminders(owner: String) throws -> [KnownReminder] {
         try session.rows("SELECT taskID, due, id, state, fireAt, title FROM reminders WHERE owner = \(owner)").map { row in
-            KnownReminder(id: try row[2].decode(Int64.self), occurrence: .init(taskID: try row[0].decode(String.self), due: try row[1].decode(Double.self)),
-                          pending: try row[3].decode(String.self) == "pending", fireAt: try row[4].decode(Double.self), title: try row[5].decode(String.self))
+            KnownReminder(id: try row.column("id").decode(Int64.self), occurrence: .init(taskID: try row.column("taskID").decode(String.self), due: try row.column("due").decode(Double.self)),
+                          pending: try row.column("state").decode(String.self) == "pending", fireAt: try row.column("fireAt").decode(Double.self), title: try row.column("title").decode(String.self))
         }
     }
 
@@ -290,7 +290,7 @@ private struct PostgresReminderTransaction: ReminderWrites {
                 FROM unnest(\(taskIDs), \(dues), \(plantIDs), \(kinds), \(titles), \(fireAts)) AS new(taskID, due, plantID, kind, title, fireAt)
                 RETURNING id, fireAt
                 """)
-            for row in inserted { scheduled.append((try row[0].decode(Int64.self), try row[1].decode(Double.self))) }
+            for row in inserted { scheduled.append((try row.column("id").decode(Int64.self), try row.column("fireAt").decode(Double.self))) }
         }
         if !plan.deletes.isEmpty {
             try session.execute("DELETE FROM reminders WHERE id = ANY(\(plan.deletes))")
@@ -324,8 +324,8 @@ private struct PostgresReminderTransaction: ReminderWrites {
     }
 
     func pendingSummary(owner: String) throws -> (count: Int, lastFireAt: Date?) {
-        let row = try session.row("SELECT COUNT(*), MAX(fireAt) FROM reminders WHERE owner = \(owner) AND state = 'pending'")
-        return (try row?[0].decode(Int.self) ?? 0, try row?[1].decode(Double?.self).map(Date.init(timeIntervalSince1970:)))
+        let row = try session.row("SELECT COUNT(*) AS count, MAX(fireAt) AS latest FROM reminders WHERE owner = \(owner) AND state = 'pending'")
+        return (try row?.column("count").decode(Int.self) ?? 0, try row?.column("latest").decode(Double?.self).map(Date.init(timeIntervalSince1970:)))
     }
 
     func upcoming(owner: String, limit: Int) throws -> [Reminders.Reminder] {
@@ -342,9 +342,9 @@ private struct PostgresReminderTransaction: ReminderWrites {
             JOIN sendReminders ON sendReminders.sendID = sends.id JOIN reminders ON reminders.id = sendReminders.reminderID
             WHERE sends.owner = \(owner) AND sends.state = 'failed' ORDER BY sends.nextAttempt DESC LIMIT \(limit)
             """).map { row in
-            Reminders.Failure(reminder: try PostgresReminderStore.reminder(row).reminder, deviceID: try row[10].decode(String.self),
-                              attempts: try row[11].decode(Int.self), lastError: try row[12].decode(String?.self) ?? "",
-                              at: Date(timeIntervalSince1970: try row[13].decode(Double.self)))
+            Reminders.Failure(reminder: try PostgresReminderStore.reminder(row).reminder, deviceID: try row.column("deviceID").decode(String.self),
+                              attempts: try row.column("attempts").decode(Int.self), lastError: try row.column("lastError").decode(String?.self) ?? "",
+                              at: Date(timeIntervalSince1970: try row.column("nextAttempt").decode(Double.self)))
         }
     }
 
@@ -352,7 +352,7 @@ private struct PostgresReminderTransaction: ReminderWrites {
         try session.rows("""
             SELECT \(unescaped: PostgresReminderStore.reminderColumns) FROM reminders
             WHERE owner = \(owner) AND state = 'stale' ORDER BY updatedAt DESC LIMIT \(limit)
-            """).map { (try PostgresReminderStore.reminder($0).reminder, Date(timeIntervalSince1970: try $0[9].decode(Double.self))) }
+            """).map { (try PostgresReminderStore.reminder($0).reminder, Date(timeIntervalSince1970: try $0.column("updatedAt").decode(Double.self))) }
     }
 
     func lockOwner(_ owner: String) throws -> Bool {
@@ -385,9 +385,9 @@ private struct PostgresReminderTransaction: ReminderWrites {
         guard let row = try session.row("""
             SELECT id, owner, deviceID, notification, attempts FROM sends WHERE id = \(id) AND state = 'pending'
             """) else { return nil }
-        let send = StoredSend(id: try row[0].decode(Int64.self), owner: try row[1].decode(String.self), deviceID: try row[2].decode(String.self),
-                              notification: try codec.decode(ReminderNotification.self, from: [UInt8](try row[3].decode(Data.self))),
-                              attempts: try row[4].decode(Int.self))
+        let send = StoredSend(id: try row.column("id").decode(Int64.self), owner: try row.column("owner").decode(String.self), deviceID: try row.column("deviceID").decode(String.self),
+                              notification: try codec.decode(ReminderNotification.self, from: [UInt8](try row.column("notification").decode(Data.self))),
+                              attempts: try row.column("attempts").decode(Int.self))
         let device = try session.row("SELECT \(unescaped: PostgresReminderStore.deviceColumns) FROM devices WHERE id = \(send.deviceID)")
             .map(PostgresReminderStore.device)
         return (send, device)

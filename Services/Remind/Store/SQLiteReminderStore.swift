@@ -112,7 +112,7 @@ final class SQLiteReminderStore: ReminderStoring {
     func forEachPending(_ body: (_ id: Int64, _ fireAt: Double) -> Void) throws {
         try database.tracedRead { db in
             let rows = try Row.fetchCursor(db, sql: "SELECT id, fireAt FROM reminders WHERE state = 'pending'")
-            while let row = try rows.next() { body(row[0], row[1]) }
+            while let row = try rows.next() { body(row["id"], row["fireAt"]) }
         }
     }
 
@@ -220,13 +220,13 @@ private struct Transaction: ReminderWrites {
     // MARK: Reminders
 
     func knownReminders(owner: String) throws -> [KnownReminder] {
-        // By column index, through a cursor: a window is read twice per sync.
+        // Through a cursor: a window is read twice per sync.
         let rows = try Row.fetchCursor(try db.cachedStatement(sql: "SELECT taskID, due, id, state, fireAt, title FROM reminders WHERE owner = ?"),
                                        arguments: [owner])
         var known: [KnownReminder] = []
         while let row = try rows.next() {
-            known.append(KnownReminder(id: row[2], occurrence: .init(taskID: row[0], due: row[1]), pending: (row[3] as String) == "pending",
-                                       fireAt: row[4], title: row[5]))
+            known.append(KnownReminder(id: row["id"], occurrence: .init(taskID: row["taskID"], due: row["due"]), pending: (row["state"] as String) == "pending",
+                                       fireAt: row["fireAt"], title: row["title"]))
         }
         return known
     }
@@ -259,7 +259,7 @@ private struct Transaction: ReminderWrites {
                 INSERT INTO reminders (owner, taskID, due, plantID, kind, title, fireAt, updatedAt, state)
                 VALUES \(Self.placeholders(rows: plan.inserts.count, columns: 8, then: "'pending'")) RETURNING id, fireAt
                 """), arguments: StatementArguments(values))
-            while let row = try inserted.next() { scheduled.append((row[0], row[1])) }
+            while let row = try inserted.next() { scheduled.append((row["id"], row["fireAt"])) }
         }
         if !plan.deletes.isEmpty {
             try run("DELETE FROM reminders WHERE id IN (\(Self.placeholders(rows: plan.deletes.count, columns: 1)))",
