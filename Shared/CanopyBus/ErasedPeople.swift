@@ -16,7 +16,7 @@ import Synchronization
 /// It keeps a keyed hash of each person (SipHash under this process's random seed), not the
 /// id, at most ``capacity`` of them (16 bytes each, and a queue entry): the oldest go first.
 /// Memory only: a service restarted inside the window forgets, and canopy-care's second pass
-/// (``Care/DeleteAccount``) erases what got through meanwhile (docs/OPERATIONS.md, "Erasure").
+/// (``Care/DeleteAccount``) erases what got through meanwhile (docs/operations/data.md, "Erasure").
 public final class ErasedPeople: Sendable {
     /// How long a person stays refused after their erasure.
     public let window: Duration

@@ -1,6 +1,6 @@
 import Foundation
 
-// The limits of every field canopy-care takes, in one place per type. docs/OPERATIONS.md
+// The limits of every field canopy-care takes, in one place per type. docs/operations/care.md
 // ("Limits") lists the same. Sizes are UTF-8 bytes.
 
 extension Care {

@@ -332,7 +332,7 @@ extension PostgresStore {
     /// deleted rows (dead tuples PostgreSQL keeps for snapshots that might still see them) are
     /// cleared and reused. What PostgreSQL keeps even then: the write-ahead log's segments
     /// until they are recycled (after the next checkpoints), and whatever replicas, WAL
-    /// archives and backups took before (docs/OPERATIONS.md, "Erasure").
+    /// archives and backups took before (docs/operations/data.md, "Erasure").
     ///
     /// One `VACUUM` of a store runs at a time: erasures that come while one runs ask for one
     /// more after it, not one each (two of one table would wait for each other, each holding

@@ -101,7 +101,7 @@ struct ServeBatch: AsyncParsableCommand {
     var rateLimit: Int = Environment.int("CANOPY_RATE_LIMIT", default: 50)
     @Option(help: ArgumentHelp("Requests one person may make at once, above the rate. Env: CANOPY_RATE_BURST.", valueName: "n"))
     var rateBurst: Int = Environment.int("CANOPY_RATE_BURST", default: 200)
-    @Option(help: ArgumentHelp("Work units a second one person may spend on photos (an upload: a unit per 8 KiB; an identification: 10 more; docs/OPERATIONS.md). Env: CANOPY_WORK_RATE.", valueName: "units"))
+    @Option(help: ArgumentHelp("Work units a second one person may spend on photos (an upload: a unit per 8 KiB; an identification: 10 more; docs/operations/api.md, \"Work budget\"). Env: CANOPY_WORK_RATE.", valueName: "units"))
     var workRate: Int = Environment.int("CANOPY_WORK_RATE", default: 100)
     @Option(help: ArgumentHelp("Work units one person may spend at once, above the rate. Env: CANOPY_WORK_BURST.", valueName: "units"))
     var workBurst: Int = Environment.int("CANOPY_WORK_BURST", default: 1_000)
