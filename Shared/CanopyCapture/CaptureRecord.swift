@@ -8,6 +8,7 @@ import CanopyWire
 /// Clients and workers appear as pseudonyms (a keyed hash of their socket identity, stable
 /// within one capture), never as socket ids.
 public struct CaptureRecord: Equatable, Sendable {
+    /// What a record is: a client's request, the answer the client got, or a mark the broker wrote.
     public enum Kind: UInt8, Sendable {
         case request = 1
         case reply = 2

@@ -6,6 +6,8 @@ import Histogram
 /// (`canopy capture inspect`): per service and operation, requests, answers, errors by
 /// code, shared answers, bytes and answer latency; the time span; how the reading ended.
 public struct CaptureSummary: Codable, Sendable, Equatable {
+    /// One service and operation's figures: requests, answers, errors, answers shared by
+    /// coalesced requests, bytes each way, and answer latency.
     public struct Operation: Codable, Sendable, Equatable {
         public var service: String
         public var operation: String
@@ -43,6 +45,7 @@ public struct CaptureSummary: Codable, Sendable, Equatable {
     /// The mark records (a snapshot's cut): when each was written, and the snapshot it names.
     public var marks: [Mark] = []
 
+    /// A mark record: when the broker wrote it, the snapshot it names (if any), and the requests held.
     public struct Mark: Codable, Sendable, Equatable {
         public var time: Int64
         public var snapshot: String?

@@ -6,7 +6,9 @@ public enum Broker {
 
     /// `broker.services`: the services that have workers now, with their operations.
     public enum Services: BusOperation {
+        /// Nothing.
         public typealias Request = Empty
+        /// One description per service that has workers, sorted by name.
         public typealias Reply = [ServiceDescription]
         public static let service = Broker.service
         public static let name = "services"
@@ -16,7 +18,9 @@ public enum Broker {
 
     /// `broker.stats`: per-service counters and latency.
     public enum Stats: BusOperation {
+        /// Nothing.
         public typealias Request = Empty
+        /// The broker's counters now.
         public typealias Reply = BrokerStatistics
         public static let service = Broker.service
         public static let name = "stats"
@@ -27,6 +31,8 @@ public enum Broker {
     /// `broker.capture.start`: begins capturing what crosses the broker into a file of the
     /// broker's capture directory (`--capture-dir`; without one the broker refuses).
     public enum CaptureStart: BusOperation {
+        /// The file's name, and how to capture: pseudonymized, without attachments, or with a hold for
+        /// a snapshot.
         public struct Request: Codable, Sendable, Equatable {
             /// The file's name in the capture directory: 1 to 100 of A-Z, a-z, 0-9, '.', '-',
             /// '_', not starting with '.'.
@@ -54,6 +60,8 @@ public enum Broker {
                 self.pseudonymKey = pseudonymKey
             }
         }
+        /// The capture's status once it runs (with a hold: at the cut, with `cutAt` and the requests
+        /// held).
         public typealias Reply = CaptureStatus
         public static let service = Broker.service
         public static let name = "capture.start"
@@ -64,6 +72,7 @@ public enum Broker {
     /// began: a mark record goes into the capture (naming the snapshot taken during the hold,
     /// when one was), then the held requests, which go on to their workers.
     public enum CaptureRelease: BusOperation {
+        /// The snapshot taken during the hold, named in the mark record.
         public struct Request: Codable, Sendable, Equatable {
             /// The snapshot taken while the requests were held (its directory's name), or nil
             /// when none could be taken.
@@ -73,6 +82,7 @@ public enum Broker {
                 self.snapshot = snapshot
             }
         }
+        /// The capture's status once the held requests went on; `conflict` when no hold is in force.
         public typealias Reply = CaptureStatus
         public static let service = Broker.service
         public static let name = "capture.release"
@@ -86,6 +96,7 @@ public enum Broker {
     /// never stops the stack for long. A capture running meanwhile records a mark at the
     /// release. Refused while another hold is in force.
     public enum Hold: BusOperation {
+        /// How long the hold may last after the cut: 1 to 60,000 milliseconds.
         public struct Request: Codable, Sendable, Equatable {
             public var holdMilliseconds: Int
 
@@ -93,6 +104,7 @@ public enum Broker {
                 self.holdMilliseconds = holdMilliseconds
             }
         }
+        /// Sent at the cut: the status, with `cutAt` and how many requests are held.
         public typealias Reply = CaptureStatus
         public static let service = Broker.service
         public static let name = "hold"
@@ -101,7 +113,9 @@ public enum Broker {
 
     /// `broker.capture.stop`: writes what is queued, closes the file, answers the final counts.
     public enum CaptureStop: BusOperation {
+        /// Nothing.
         public typealias Request = Empty
+        /// The stopped capture's final counts; `conflict` when none runs.
         public typealias Reply = CaptureStatus
         public static let service = Broker.service
         public static let name = "capture.stop"
@@ -110,7 +124,9 @@ public enum Broker {
 
     /// `broker.capture.status`: whether a capture runs, and its counts.
     public enum CaptureStatusOperation: BusOperation {
+        /// Nothing.
         public typealias Request = Empty
+        /// The running capture's counts (or the last one's), with the requests held now.
         public typealias Reply = CaptureStatus
         public static let service = Broker.service
         public static let name = "capture.status"

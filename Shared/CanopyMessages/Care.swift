@@ -81,8 +81,11 @@ public enum Care {
 
     /// `care.catalog.search`: species whose common name, scientific name or family contains the text.
     public enum CatalogSearch: BusOperation {
+        /// The text to look for (empty lists the catalog from its start) and how many species to
+        /// answer, 1 to 100 (default 20).
         public struct Request: Codable, Sendable { public var text: String; public var limit: Int?
             public init(text: String, limit: Int? = nil) { self.text = text; self.limit = limit } }
+        /// The matching species in catalog order, at most `limit`.
         public typealias Reply = [Species]
         public static let service = Care.service
         public static let name = "catalog.search"
@@ -157,7 +160,10 @@ public enum Care {
     /// `id` chosen by the caller, adding again returns the plant already added (no second
     /// plant); an id another person's plant has is refused `conflict`.
     public enum AddPlant: BusOperation {
+        /// The plant to add: only `scientificName` is required; with `id` empty, canopy-care chooses
+        /// one. A person keeps at most 10,000 plants (`tooLarge` past that).
         public typealias Request = Plant
+        /// The plant as stored, with its id and version.
         public typealias Reply = Plant
         public static let service = Care.service
         public static let name = "plants.add"
@@ -165,7 +171,9 @@ public enum Care {
 
     /// `care.plants.get`.
     public enum GetPlant: BusOperation {
+        /// One of the principal's plants, by id; another person's is `notFound`, as a missing one is.
         public struct Request: Codable, Sendable { public var id: String; public init(id: String) { self.id = id } }
+        /// The plant, with its care profile in force and its version.
         public typealias Reply = Plant
         public static let service = Care.service
         public static let name = "plants.get"
@@ -176,7 +184,10 @@ public enum Care {
     /// images, identification) and, when `profile` is given, overrides the care profile.
     /// With `version` given, only when the plant is still at that version (else `stale`).
     public enum UpdatePlant: BusOperation {
+        /// The plant as it should be, found by `id`; `version`, when given, is the version the change
+        /// was made against.
         public typealias Request = Plant
+        /// The plant as stored after the change, with its new version.
         public typealias Reply = Plant
         public static let service = Care.service
         public static let name = "plants.update"
@@ -186,7 +197,9 @@ public enum Care {
     /// `care.plants.delete`: removes the plant, its schedule, tasks and log, and records the
     /// follow-ups for other services (reminders, images, identifications) in the outbox.
     public enum DeletePlant: BusOperation {
+        /// The plant to delete; one that is not there (deleted already) is no error.
         public struct Request: Codable, Sendable { public var id: String; public init(id: String) { self.id = id } }
+        /// Nothing: the plant is gone and its follow-ups wait in the outbox.
         public typealias Reply = Empty
         public static let service = Care.service
         public static let name = "plants.delete"
@@ -204,11 +217,13 @@ public enum Care {
     /// saw the sign-out added meanwhile on a replica or a restarted service (which
     /// ``ErasedPeople`` did not refuse). It schedules no further pass.
     public enum DeleteAccount: BusOperation {
+        /// Empty from a person; canopy-care's outbox sets `secondPass` on the pass it scheduled.
         public struct Request: Codable, Sendable, Equatable {
             /// Whether this is canopy-care's own second pass.
             public var secondPass: Bool?
             public init(secondPass: Bool? = nil) { self.secondPass = secondPass }
         }
+        /// How many of the person's plants were deleted.
         public struct Reply: Codable, Sendable, Equatable {
             public var plants: Int
             public init(plants: Int) { self.plants = plants }
@@ -219,6 +234,8 @@ public enum Care {
         public static let idempotent = true
     }
 
+    /// What `care.plants.list` sorts by: when a plant was added or identified, its name (nickname,
+    /// else first common name, else scientific name), or its family.
     public enum SortKey: String, Codable, Sendable, CaseIterable { case dateAdded, dateIdentified, name, family }
 
     /// Watering frequency buckets: often (every 1-4 days), weekly (5-10), rarely (11+).
@@ -228,6 +245,8 @@ public enum Care {
     /// Listings leave each plant's `profile` out (`profileOverridden` still says whether it has
     /// overrides); `plants.get` has it.
     public enum ListPlants: BusOperation {
+        /// Filters (each optional; all given must match), the sort, and the page: `limit` plants,
+        /// 1 to 500 (default 50), from `offset`.
         public struct Request: Codable, Sendable, Equatable {
             /// Case-insensitive, partial: matches common names, scientific name and family.
             public var search: String?
@@ -260,6 +279,7 @@ public enum Care {
                 self.offset = offset
             }
         }
+        /// One page of the principal's plants, without profiles, with the total and the next page's offset.
         public struct Reply: Codable, Sendable, Equatable {
             public var plants: [Plant]
             /// How many match in all (for paging).
@@ -281,7 +301,11 @@ public enum Care {
 
     /// `care.statistics`.
     public enum Statistics: BusOperation {
+        /// Nothing: the figures are the principal's.
         public typealias Request = Empty
+        /// The principal's collection in figures: plants, favourites, plants by family and by
+        /// identification source, plants added this calendar month (in their time zone), and tasks
+        /// showing within the next 7 days or overdue.
         public struct Reply: Codable, Sendable, Equatable {
             public var total: Int
             public var favourites: Int
@@ -340,13 +364,17 @@ public enum Care {
 
     /// `care.preferences.set`: replaces the principal's preferences and reschedules.
     public enum SetPreferences: BusOperation {
+        /// The principal's preferences in full; fields left out take their defaults.
         public typealias Request = Preferences
+        /// The preferences as saved.
         public typealias Reply = Preferences
         public static let service = Care.service
         public static let name = "preferences.set"
         public static let idempotent = true
     }
 
+    /// What a task asks for: care a plant's profile schedules (water, rotate, and fertilize, mist,
+    /// repot or prune when the profile calls for them), or a person's own `custom` task.
     public enum TaskKind: String, Codable, Sendable, CaseIterable { case water, fertilize, mist, repot, prune, rotate, custom }
 
     /// A piece of care due at a time.
@@ -375,7 +403,9 @@ public enum Care {
     /// order with the syncs that changes send: it never lands after a newer window (a window
     /// read, then overtaken by a snooze's sync, would have put the snoozed reminder back).
     public enum RequestReminderSync: BusOperation {
+        /// Nothing: the window sent is the principal's.
         public struct Request: Codable, Sendable, Equatable { public init() {} }
+        /// Nothing: the window goes to canopy-remind through the outbox, not in this reply.
         public typealias Reply = Empty
         public static let service = Care.service
         public static let name = "tasks.reminder-sync"
@@ -386,8 +416,11 @@ public enum Care {
 
     /// `care.tasks.upcoming`: the principal's tasks due within `days`, overdue ones first, in due order.
     public enum UpcomingTasks: BusOperation {
+        /// How many days ahead to look, 0 to 366 (default 7), and at most how many tasks to answer,
+        /// 1 to 5,000 (default 1,000).
         public struct Request: Codable, Sendable { public var days: Int; public var limit: Int?
             public init(days: Int = 7, limit: Int? = nil) { self.days = days; self.limit = limit } }
+        /// The tasks showing before now (overdue) and those showing within `days`, each soonest first.
         public struct Reply: Codable, Sendable, Equatable {
             public var overdue: [Task]
             public var upcoming: [Task]
@@ -406,6 +439,7 @@ public enum Care {
     /// With a `key` (the caller's idempotency key), a repeat of the same key within a day does
     /// nothing more and answers the task as it is: the care is logged once.
     public enum CompleteTask: BusOperation {
+        /// The task, when the care was done (`at`, default now), and the caller's idempotency key, if any.
         public struct Request: Codable, Sendable {
             public var id: String
             public var at: Date?
@@ -416,6 +450,7 @@ public enum Care {
                 self.key = key
             }
         }
+        /// The task as it is now: next due counted from when the care was done.
         public typealias Reply = Task
         public static let service = Care.service
         public static let name = "tasks.complete"
@@ -423,8 +458,10 @@ public enum Care {
 
     /// `care.tasks.snooze`: shows the task again at `until`; its rule does not change.
     public enum SnoozeTask: BusOperation {
+        /// The task, and when to show it again.
         public struct Request: Codable, Sendable { public var id: String; public var until: Date
             public init(id: String, until: Date) { self.id = id; self.until = until } }
+        /// The task as it is now, showing at `snoozedUntil`.
         public typealias Reply = Task
         public static let service = Care.service
         public static let name = "tasks.snooze"
@@ -434,6 +471,7 @@ public enum Care {
     /// `care.tasks.skip`: moves to the next occurrence without logging care. With a `key`, as
     /// `tasks.complete`: a repeat of the key skips nothing more.
     public enum SkipTask: BusOperation {
+        /// The task, and the caller's idempotency key, if any.
         public struct Request: Codable, Sendable {
             public var id: String
             public var key: String?
@@ -442,6 +480,7 @@ public enum Care {
                 self.key = key
             }
         }
+        /// The task moved to its next occurrence, counted from when it was due.
         public typealias Reply = Task
         public static let service = Care.service
         public static let name = "tasks.skip"
@@ -450,6 +489,8 @@ public enum Care {
     /// `care.tasks.add-custom`: a task of the person's own for a plant, repeating every
     /// `everyDays` days from when it was last done.
     public enum AddCustomTask: BusOperation {
+        /// The principal's plant, the task's title (required, at most 200 bytes) and its interval,
+        /// 1 to 3,650 days. A plant has at most 50 custom tasks (`tooLarge` past that).
         public struct Request: Codable, Sendable {
             public var plantID: String
             public var title: String
@@ -460,6 +501,7 @@ public enum Care {
                 self.everyDays = everyDays
             }
         }
+        /// The new task, first due `everyDays` days from today at the person's preferred time.
         public typealias Reply = Task
         public static let service = Care.service
         public static let name = "tasks.add-custom"
@@ -480,7 +522,9 @@ public enum Care {
 
     /// `care.log`: what was done for a plant, newest first.
     public enum CareLog: BusOperation {
+        /// One of the principal's plants; another person's is `notFound`.
         public struct Request: Codable, Sendable { public var plantID: String; public init(plantID: String) { self.plantID = plantID } }
+        /// At most 1,000 entries, newest first.
         public typealias Reply = [LogEntry]
         public static let service = Care.service
         public static let name = "log"

@@ -141,6 +141,9 @@ public enum Identification {
     /// person already stored. The same photos and organs again give the same identification
     /// without asking the provider again.
     public enum Submit: BusOperation {
+        /// 1 to 5 photos (each a stored photo's id, or bytes of at most 25 MiB in the next
+        /// attachment), where they were taken (kept exactly or coarsened), and, with the hybrid
+        /// provider, whether to ask Pl@ntNet in any case.
         public struct Request: AttachmentCarrying, Sendable, Equatable {
             public var photos: [PhotoInput]
             public var location: Location?
@@ -179,6 +182,8 @@ public enum Identification {
             public static let attachmentCount = 0...(Limits.photos * 3)
         }
 
+        /// The identification as recorded: its candidates, best first, and the plant id its photos
+        /// are filed under.
         public typealias Reply = Record
         public static let service = Identification.service
         public static let name = "identifications.submit"
@@ -193,6 +198,8 @@ public enum Identification {
     /// candidate of rank `rank` or a name the person typed. Accepting again answers the same
     /// plant.
     public enum Accept: BusOperation {
+        /// The principal's identification, and either a candidate's `rank` or a typed `scientificName`
+        /// (one of the two), with an optional nickname.
         public struct Request: Codable, Sendable, Equatable {
             public var id: String
             /// The chosen candidate's rank; `nil` with `scientificName`.
@@ -210,6 +217,7 @@ public enum Identification {
             }
         }
 
+        /// The identification, marked accepted, and the plant canopy-care holds for it.
         public struct Reply: Codable, Sendable, Equatable {
             public var identification: Record
             public var plant: Care.Plant
@@ -227,11 +235,13 @@ public enum Identification {
 
     /// `identifications.get`.
     public enum Get: BusOperation {
+        /// One of the principal's identifications; another person's is `notFound`.
         public struct Request: Codable, Sendable, Equatable {
             public var id: String
             public init(id: String) { self.id = id }
         }
 
+        /// The identification as recorded.
         public typealias Reply = Record
         public static let service = Identification.service
         public static let name = "identifications.get"
@@ -241,6 +251,7 @@ public enum Identification {
     /// `identifications.history`: the person's identifications, or one plant's, newest first,
     /// a page at a time.
     public enum History: BusOperation {
+        /// Whose identifications (a plant's, or all the principal's), how many, and from which cursor.
         public struct Request: Codable, Sendable, Equatable {
             /// Only this plant's (the identifications filed under it); `nil` for all.
             public var plantID: String?
@@ -256,6 +267,7 @@ public enum Identification {
             }
         }
 
+        /// One page, newest first, and the cursor of the next page.
         public struct Reply: Codable, Sendable, Equatable {
             public var items: [Record]
             /// Pass as `after` for the next page; `nil` on the last.
@@ -275,8 +287,11 @@ public enum Identification {
     /// `identifications.quota`: how much of Pl@ntNet's daily quota is left (for operators;
     /// the same for everyone).
     public enum Quota: BusOperation {
+        /// Nothing: the quota is the service's, not a person's.
         public typealias Request = Empty
 
+        /// The provider in use and Pl@ntNet's quota as last seen; no figures (`nil` and 0) when the
+        /// service does not use Pl@ntNet.
         public struct Reply: Codable, Sendable, Equatable {
             /// The provider in use.
             public var provider: Provider
@@ -307,7 +322,9 @@ public enum Identification {
     /// `account.forget`: canopy-care's follow-up when a person deletes their account: every
     /// identification of theirs, its photos' filing and features, and their submissions go.
     public enum ForgetPerson: BusOperation {
+        /// Nothing: the person is the request's principal.
         public typealias Request = Empty
+        /// Nothing; answered once everything of the person's is gone.
         public typealias Reply = Empty
         public static let service = Identification.service
         public static let name = "account.forget"
@@ -319,11 +336,13 @@ public enum Identification {
     /// `identifications.forget-plant`: forget the identifications of a deleted plant (called
     /// by canopy-care's outbox).
     public enum ForgetPlant: BusOperation {
+        /// The deleted plant.
         public struct Request: Codable, Sendable, Equatable {
             public var plantID: String
             public init(plantID: String) { self.plantID = plantID }
         }
 
+        /// Nothing.
         public typealias Reply = Empty
         public static let service = Identification.service
         public static let name = "identifications.forget-plant"
@@ -332,12 +351,12 @@ public enum Identification {
         public static let access = Access.service
     }
 
-    /// Field limits, in bytes or counts.
     /// `references.add`: an operator adds reference photos of a species to the offline
     /// matcher's index, as `canopy-identify reference add` does on the store. Sent over the
     /// bus (`canopy demo` does), the change is captured with the traffic around it and
     /// replayed in its place.
     public enum AddReferences: BusOperation {
+        /// The species (name, common names, family, GBIF id) and 1 to 20 photos of it as attachments.
         public struct Request: AttachmentCarrying, Sendable, Equatable {
             /// With authorship when known: "Monstera deliciosa Liebm.".
             public var scientificName: String
@@ -374,6 +393,7 @@ public enum Identification {
             public static let attachmentCount = 1...Limits.referencePhotos
         }
 
+        /// The species, and how many reference photos it has now.
         public struct Reply: Codable, Sendable, Equatable {
             public var scientificName: String
             /// Reference photos the species has now.
@@ -390,6 +410,7 @@ public enum Identification {
         public static let access = Access.operator
     }
 
+    /// Field limits, in bytes or counts.
     public enum Limits {
         /// Reference photos in one `references.add`.
         public static let referencePhotos = 20

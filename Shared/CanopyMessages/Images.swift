@@ -56,6 +56,8 @@ public enum Images {
     /// `images.put`: store a photo for a plant. The photo's bytes travel as the request's one
     /// attachment, not in the JSON.
     public enum Put: BusOperation {
+        /// The principal's plant, and the photo's bytes (JPEG, PNG, WebP or HEIF). A plant holds at
+        /// most 500 photos, and a person as many photos and bytes as the service allows (`tooLarge`).
         public struct Request: AttachmentCarrying, Sendable {
             public var plantID: String
             /// The photo's bytes (the attachment).
@@ -75,6 +77,7 @@ public enum Images {
             }
             public static let attachmentCount = 1...1
         }
+        /// The photo as stored: its SHA-256 id, its size after auto-rotation, its format and bytes.
         public typealias Reply = Photo
         public static let service = Images.service
         public static let name = "images.put"
@@ -84,6 +87,8 @@ public enum Images {
 
     /// `images.fetch`: fetch a photo from a remote http(s) URL and store it like `images.put`.
     public enum Fetch: BusOperation {
+        /// The principal's plant, and the http(s) URL of the photo; internal addresses are refused
+        /// unless the operator allows the host.
         public struct Request: Codable, Sendable {
             public var plantID: String
             public var url: String
@@ -92,6 +97,7 @@ public enum Images {
                 self.url = url
             }
         }
+        /// The photo as stored, as `images.put` answers it.
         public typealias Reply = Photo
         public static let service = Images.service
         public static let name = "images.fetch"
@@ -106,6 +112,8 @@ public enum Images {
     /// `offset` on, as many as fit, with `totalBytes` and `nextOffset`; the caller asks again
     /// from `nextOffset` until it is absent (`BusClient.wholeVariant` does this).
     public enum GetVariant: BusOperation {
+        /// One of the principal's photos (another person's is `notFound`), the size and format wanted,
+        /// and where in the variant's bytes to start.
         public struct Request: Codable, Sendable, Equatable {
             public var sha256: String
             public var variant: Variant
@@ -120,6 +128,8 @@ public enum Images {
                 self.offset = offset
             }
         }
+        /// The variant's size and source, and its bytes from `offset` on (the attachment), with where
+        /// the next piece starts when they do not all fit.
         public struct Reply: AttachmentCarrying, Sendable, Equatable {
             public var sha256: String
             public var variant: Variant
@@ -197,10 +207,12 @@ public enum Images {
 
     /// `images.palette`: the dominant colours of a photo, by role.
     public enum Palette: BusOperation {
+        /// One of the principal's photos, by SHA-256; another person's is `notFound`.
         public struct Request: Codable, Sendable, Equatable {
             public var sha256: String
             public init(sha256: String) { self.sha256 = sha256 }
         }
+        /// The photo's colours by role, most populous first, and whether they were cached.
         public struct Reply: Codable, Sendable, Equatable {
             public var sha256: String
             /// Most populous first: the first is the dominant colour.
@@ -221,10 +233,12 @@ public enum Images {
 
     /// `images.list`: the photos of one of the principal's plants, newest first.
     public enum List: BusOperation {
+        /// One of the principal's plants.
         public struct Request: Codable, Sendable {
             public var plantID: String
             public init(plantID: String) { self.plantID = plantID }
         }
+        /// The plant's photos, newest first; none for a plant without photos.
         public typealias Reply = [Photo]
         public static let service = Images.service
         public static let name = "images.list"
@@ -234,7 +248,9 @@ public enum Images {
     /// `account.forget`: canopy-care's follow-up when a person deletes their account: every
     /// photo of theirs is purged as a deleted plant's are.
     public enum ForgetPerson: BusOperation {
+        /// Nothing: the person is the request's principal.
         public typealias Request = Empty
+        /// Nothing; answered once every photo of theirs is purged.
         public typealias Reply = Empty
         public static let service = Images.service
         public static let name = "account.forget"
@@ -246,6 +262,7 @@ public enum Images {
     /// `images.purge`: forget a plant's photos (or, with `sha256`, one of them); originals
     /// nobody else holds are deleted with their variants and palettes, from memory and disk.
     public enum Purge: BusOperation {
+        /// The principal's plant, and optionally the one photo of it to forget.
         public struct Request: Codable, Sendable {
             public var plantID: String
             /// Only this photo of the plant; all of them when absent.
@@ -273,6 +290,8 @@ public enum Images {
 
     /// `images.warm`: make variants ahead of time, with bounded concurrency.
     public enum Warm: BusOperation {
+        /// At most 1,000 of the principal's photos (one not theirs is `notFound`), the variants to
+        /// make (default thumbnail and gallery), and the format.
         public struct Request: Codable, Sendable {
             public var sha256s: [String]
             public var variants: [Variant]
@@ -283,6 +302,7 @@ public enum Images {
                 self.format = format
             }
         }
+        /// How many variants were made now, and how many were cached already.
         public struct Reply: Codable, Sendable, Equatable {
             public var made: Int
             public var alreadyCached: Int
@@ -318,7 +338,10 @@ public enum Images {
 
     /// `images.stats`: the caches and the store.
     public enum Stats: BusOperation {
+        /// Nothing: the figures are the whole service's, not a person's.
         public typealias Request = Empty
+        /// The memory and disk tiers' figures, the originals stored (count and bytes), the palettes
+        /// stored, and the memory pressure now.
         public struct Reply: Codable, Sendable, Equatable {
             public var memory: TierStatistics
             public var disk: TierStatistics

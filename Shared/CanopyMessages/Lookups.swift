@@ -53,6 +53,7 @@ extension Images {
     /// frame limit) are answered `tooLarge`: ask `images.variant` for those, which sends large
     /// variants in pieces.
     public enum GetVariants: BusOperation {
+        /// One variant to look up: a photo (by SHA-256) of the person named, in a size and format.
         public struct Key: Codable, Sendable, Equatable, Hashable {
             /// The person the variant is looked up for.
             public var principal: String
@@ -66,6 +67,8 @@ extension Images {
                 self.format = format
             }
         }
+        /// 1 to 64 keys, each naming its person; in a request made for one person, a key naming
+        /// another is refused.
         public struct Request: Codable, Sendable, Equatable, Validatable {
             public var keys: [Key]
             public init(keys: [Key]) { self.keys = keys }
@@ -85,6 +88,8 @@ extension Images {
                 self.bytes = bytes
             }
         }
+        /// One result per key, and each found variant's bytes as an attachment; ``variants(for:)``
+        /// pairs them up again.
         public struct Reply: AttachmentCarrying, Sendable, Equatable {
             /// One per key, in the request's order.
             public var results: [Lookup.Result<Found>]
@@ -127,6 +132,7 @@ extension Care {
     /// each checked against its own key's principal: a plant that is not that person's is
     /// `notFound`, whoever else it belongs to.
     public enum NextTasks: BusOperation {
+        /// One plant to look up, and the person it is looked up for.
         public struct Key: Codable, Sendable, Equatable, Hashable {
             /// The person the plant is looked up for.
             public var principal: String
@@ -136,6 +142,8 @@ extension Care {
                 self.plantID = plantID
             }
         }
+        /// 1 to 64 keys, each naming its person and a plant id; in a request made for one person, a
+        /// key naming another is refused.
         public struct Request: Codable, Sendable, Equatable, Validatable {
             public var keys: [Key]
             public init(keys: [Key]) { self.keys = keys }
@@ -149,6 +157,7 @@ extension Care {
             public var task: Task?
             public init(task: Task?) { self.task = task }
         }
+        /// One result per key: the plant's next task, or the key's own error.
         public struct Reply: Codable, Sendable, Equatable {
             /// One per key, in the request's order.
             public var results: [Lookup.Result<Next>]

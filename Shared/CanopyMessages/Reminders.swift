@@ -14,6 +14,7 @@ public enum Reminders {
     /// window is a few tasks each due several times, and 64 keyed objects cost the decoder
     /// several times what a few tasks with a list of dates do (see docs/PERFORMANCE.md).
     public enum Sync: BusOperation {
+        /// The principal's whole window, grouped by task: each task once, with its occurrences' due times.
         public struct Request: Codable, Sendable, Equatable {
             public var tasks: [Occurrences]
 
@@ -48,6 +49,7 @@ public enum Reminders {
                 }.sorted { ($0.due, $0.id) < ($1.due, $1.id) }
             }
         }
+        /// Nothing: the reminders kept now follow the window.
         public typealias Reply = Empty
         public static let service = Reminders.service
         public static let name = "reminders.sync"
@@ -77,11 +79,12 @@ public enum Reminders {
         }
     }
 
-    /// `reminders.cancel-plant`: drop every pending reminder of a deleted plant.
     /// `account.forget`: canopy-care's follow-up when a person deletes their account: every
     /// device, reminder and notification of theirs goes.
     public enum ForgetPerson: BusOperation {
+        /// Nothing: the person is the request's principal.
         public typealias Request = Empty
+        /// Nothing; answered once their devices, reminders and notifications are gone.
         public typealias Reply = Empty
         public static let service = Reminders.service
         public static let name = "account.forget"
@@ -90,11 +93,15 @@ public enum Reminders {
         public static let idempotent = true
     }
 
+    /// `reminders.cancel-plant`: canopy-care's outbox follow-up to a deleted plant: every reminder
+    /// of it goes, in any state, with the notifications that carried only its reminders.
     public enum CancelPlant: BusOperation {
+        /// The deleted plant.
         public struct Request: Codable, Sendable, Equatable {
             public var plantID: String
             public init(plantID: String) { self.plantID = plantID }
         }
+        /// Nothing; a plant with no reminders is no error.
         public typealias Reply = Empty
         public static let service = Reminders.service
         public static let name = "reminders.cancel-plant"
@@ -145,6 +152,9 @@ public enum Reminders {
     /// `devices.register`: adds a device, or makes it active again (the same channel and
     /// address answer the same device).
     public enum RegisterDevice: BusOperation {
+        /// The channel and its address (an APNs device token in hex, or an http(s) URL for a webhook
+        /// or ntfy), a name, and the channel's secrets: a webhook needs its signing secret. The
+        /// channel must be one the service has configured; a person registers at most 20 devices.
         public struct Request: Codable, Sendable, Equatable {
             public var channel: Channel
             public var address: String
@@ -162,6 +172,7 @@ public enum Reminders {
                 self.accessToken = accessToken
             }
         }
+        /// The device as stored, active; its secrets are never answered.
         public typealias Reply = Device
         public static let service = Reminders.service
         public static let name = "devices.register"
@@ -170,10 +181,12 @@ public enum Reminders {
 
     /// `devices.remove`.
     public enum RemoveDevice: BusOperation {
+        /// One of the principal's devices, by id; an id that is not theirs removes nothing.
         public struct Request: Codable, Sendable, Equatable {
             public var id: String
             public init(id: String) { self.id = id }
         }
+        /// Nothing, whether or not there was such a device.
         public typealias Reply = Empty
         public static let service = Reminders.service
         public static let name = "devices.remove"
@@ -182,7 +195,9 @@ public enum Reminders {
 
     /// `devices.list`: the principal's devices, oldest first.
     public enum ListDevices: BusOperation {
+        /// Nothing: the devices listed are the principal's.
         public typealias Request = Empty
+        /// Every device of the principal's, active or not, without secrets.
         public typealias Reply = [Device]
         public static let service = Reminders.service
         public static let name = "devices.list"
@@ -228,11 +243,13 @@ public enum Reminders {
     /// `reminders.pending`: the principal's next reminders, soonest first (for phones that
     /// schedule local notifications themselves: iOS keeps 64).
     public enum Pending: BusOperation {
+        /// At most how many reminders to answer.
         public struct Request: Codable, Sendable, Equatable {
             /// 1 to 256, default 64.
             public var limit: Int?
             public init(limit: Int? = nil) { self.limit = limit }
         }
+        /// Reminders waiting for their time or being sent, soonest first.
         public typealias Reply = [Reminder]
         public static let service = Reminders.service
         public static let name = "reminders.pending"
@@ -259,11 +276,13 @@ public enum Reminders {
 
     /// `reminders.failures`: the principal's dead letters, newest first.
     public enum Failures: BusOperation {
+        /// At most how many failures to answer.
         public struct Request: Codable, Sendable, Equatable {
             /// 1 to 500, default 100.
             public var limit: Int?
             public init(limit: Int? = nil) { self.limit = limit }
         }
+        /// Deliveries whose retries ran out and reminders that went stale, newest first.
         public typealias Reply = [Failure]
         public static let service = Reminders.service
         public static let name = "reminders.failures"
@@ -272,10 +291,13 @@ public enum Reminders {
 
     /// `reminders.send-test`: a test notification to one of the principal's devices, now.
     public enum SendTest: BusOperation {
+        /// One of the principal's devices (another person's is `notFound`), on a channel the service
+        /// has configured.
         public struct Request: Codable, Sendable, Equatable {
             public var deviceID: String
             public init(deviceID: String) { self.deviceID = deviceID }
         }
+        /// Whether the channel accepted the test notification, and what it said.
         public struct Reply: Codable, Sendable, Equatable {
             public var accepted: Bool
             /// What the channel said.

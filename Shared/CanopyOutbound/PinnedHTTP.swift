@@ -43,6 +43,7 @@ public final class PinnedHTTP: Sendable {
     /// Why a request failed: `refused` (not an http(s) URL, an internal address), `unreachable`
     /// (no such host, no connection), `timeout`, or `tooLarge` (the answer past its bound).
     public struct Failure: Error, CustomStringConvertible, Sendable {
+        /// Which way the request failed, as ``Failure`` lists them.
         public enum Kind: Sendable { case refused, unreachable, timeout, tooLarge }
         public var kind: Kind
         public var message: String

@@ -1,6 +1,8 @@
 /// A `multipart/form-data` body (RFC 7578), as apps upload photos: each part a name, an
 /// optional content type (a part with one is sent as a file), and bytes.
 public enum MultipartForm {
+    /// One part: its field name, its content type when it is a file (then named `<name>.jpg`), and
+    /// its bytes.
     public struct Part: Sendable {
         public var name: String
         public var type: String?

@@ -98,6 +98,7 @@ public struct TraceSpan: Sendable, Equatable, Codable {
     /// Its events' names.
     public var events: [String]
 
+    /// A span this one is linked to, by trace and span id.
     public struct Link: Sendable, Equatable, Codable {
         public var traceID: String
         public var spanID: String

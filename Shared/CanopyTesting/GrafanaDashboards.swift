@@ -16,6 +16,8 @@ public enum GrafanaDashboards {
         }
     }
 
+    /// Why the dashboards could not be read: no dashboard files, a file that is not a dashboard,
+    /// or a panel with no usable query.
     public struct Invalid: Error, CustomStringConvertible {
         public let description: String
     }

@@ -102,6 +102,8 @@ public final class LocalOpenIDProvider: Sendable {
     public func withdraw(_ kid: String) { state.withLock { $0.published.removeAll { $0["kid"] == kid } } }
     public var published: [[String: String]] { state.withLock { $0.published } }
 
+    /// The claims of the tokens it signs. `verify` checks nothing: checking a token is the job of
+    /// the code under test.
     public struct Claims: JWTPayload {
         public var iss: IssuerClaim
         public var sub: SubjectClaim

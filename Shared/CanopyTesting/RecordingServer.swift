@@ -5,6 +5,7 @@ import Synchronization
 /// A local HTTP server that records every request (a webhook receiver or an ntfy server),
 /// answering with the statuses it is given, then 200.
 public final class RecordingServer: Sendable {
+    /// One POST the server received: its path, its headers by canonical name, and its body.
     public struct Received: Sendable {
         public var path: String
         public var headers: [String: String]

@@ -42,7 +42,9 @@ public enum TestService {
 
     /// `test.echo`: idempotent; sleeps, then echoes.
     public enum Echo: BusOperation {
+        /// The text to echo, how long to sleep first, and padding for the reply.
         public typealias Request = TestService.Request
+        /// The text (padded), with the principal and the worker that answered.
         public typealias Reply = TestService.Reply
         public static let service = TestService.name
         public static let name = "echo"
@@ -52,7 +54,9 @@ public enum TestService {
 
     /// `test.append`: not idempotent; sleeps, then echoes.
     public enum Append: BusOperation {
+        /// The text to echo and record, how long to sleep first, and padding for the reply.
         public typealias Request = TestService.Request
+        /// The text (padded), with the principal and the worker that answered.
         public typealias Reply = TestService.Reply
         public static let service = TestService.name
         public static let name = "append"
@@ -92,7 +96,9 @@ public enum TestService {
     /// `test.blobs`: answers its attachments reversed, each reversed too, and counts them in
     /// the label. Coalescable, so tests see attachments compared as flights are joined.
     public enum ReverseBlobs: BusOperation {
+        /// A label and the attachments to reverse.
         public typealias Request = Blobs
+        /// The attachments reversed, each reversed too; the label followed by `:` and their count.
         public typealias Reply = Blobs
         public static let service = TestService.name
         public static let name = "blobs"
@@ -104,7 +110,9 @@ public enum TestService {
     /// `test.fail`: sleeps, then answers the error it is asked for (`text` is the code).
     /// Coalescable, so tests see an error fan out.
     public enum Fail: BusOperation {
+        /// The error code to answer (in `text`), and how long to sleep first.
         public typealias Request = TestService.Request
+        /// Never sent: the handler always answers the error.
         public typealias Reply = TestService.Reply
         public static let service = TestService.name
         public static let name = "fail"
@@ -115,7 +123,9 @@ public enum TestService {
 
     /// `test.lookup`: like echo, but coalescable: identical requests in flight share one call.
     public enum Lookup: BusOperation {
+        /// The text to echo, how long to sleep first, and padding for the reply.
         public typealias Request = TestService.Request
+        /// The text (padded), with the principal and the worker that answered.
         public typealias Reply = TestService.Reply
         public static let service = TestService.name
         public static let name = "lookup"
