@@ -165,62 +165,163 @@ public final class ServiceRunner: Service, @unchecked Sendable {
     /// The IO shell around a ``WorkerSession`` per broker and the ``CreditShare`` between
     /// them: the sockets, the handlers' tasks, the mailbox.
     private func loop() throws {
-        let settings = WorkerSession.Settings(
-            service: handlers.service, operations: handlers.descriptors, credit: configuration.credit,
-            heartbeatInterval: configuration.heartbeatInterval, liveness: configuration.liveness, drainTimeout: configuration.drainTimeout)
-        let brokers = configuration.endpoints.count
-        var links = (0..<brokers).map { _ in Link(session: WorkerSession(settings: settings, now: .now)) }
-        var share = CreditShare(total: configuration.credit, brokers: brokers)
-        defer { for link in links { link.socket?.close() } }
+        var loop = Loop(runner: self)
+        try loop.run()
+    }
+
+    /// The loop's state, and one method per event: the mailbox (a handler finished, shutdown),
+    /// a broker's socket readable, the clock. Each carries out what its broker's session
+    /// answers; once every session has stopped, ``running`` is false and the loop ends.
+    private struct Loop {
+        let runner: ServiceRunner
+        var links: [Link]
+        var share: CreditShare
         /// Handlers running, by broker and request id (each broker picks its own ids).
         var tasks: [Int: [UInt64: Task<Void, Never>]] = [:]
-        // With a stack, every message says which stack the broker belongs to.
-        let reading: PeerProperties.Names = configuration.stack == nil ? [] : .stack
+        /// With a stack, every message says which stack the broker belongs to.
+        let reading: PeerProperties.Names
         var warnings = LogRateLimiter()
         var poller = Poller()
         /// Which broker each polled socket is (the mailbox is item 0).
         var polled: [Int] = []
-        func watch() {
-            poller.removeAll()
-            poller.add(fileDescriptor: mailbox.fileDescriptor)
-            polled = links.indices.filter { links[$0].socket != nil }
-            for broker in polled { poller.add(links[broker].socket!) }
+        /// False once every session has stopped.
+        var running = true
+
+        init(runner: ServiceRunner) {
+            let configuration = runner.configuration
+            let settings = WorkerSession.Settings(
+                service: runner.handlers.service, operations: runner.handlers.descriptors, credit: configuration.credit,
+                heartbeatInterval: configuration.heartbeatInterval, liveness: configuration.liveness, drainTimeout: configuration.drainTimeout)
+            self.runner = runner
+            links = configuration.endpoints.indices.map { _ in Link(session: WorkerSession(settings: settings, now: .now)) }
+            share = CreditShare(total: configuration.credit, brokers: configuration.endpoints.count)
+            reading = configuration.stack == nil ? [] : .stack
         }
 
-        /// Tells brokers their new grants (a READY's credit goes with the READY itself).
-        func grant(_ changes: [CreditShare.Grant], except ready: Int? = nil) {
-            for change in changes where change.broker != ready {
-                guard let socket = links[change.broker].socket else { continue }
-                if (try? socket.send(WireMessage.credit(UInt32(change.credit)).encoded)) != true {
-                    log(.dropped(reason: "send queue full"), broker: change.broker, &warnings)
+        mutating func run() throws {
+            defer { for link in links { link.socket?.close() } }
+            for broker in links.indices where running { try register(broker) }
+            while running {
+                try poller.poll(timeout: max(.zero, nextWakeup() - .now))
+                if poller.isReadable(0) { try readMailbox() }
+                for (item, broker) in polled.enumerated() where running && poller.isReadable(item + 1) { try readBroker(broker) }
+                if running { try tick(now: .now) }
+            }
+        }
+
+        /// The sessions that run, and the brokers waiting to connect again (not their
+        /// sessions: those went silent, and their wakeups lie in the past).
+        func nextWakeup() -> ContinuousClock.Instant {
+            var wakeup = ContinuousClock.now + .seconds(1)
+            for link in links where !link.stopped { wakeup = min(wakeup, link.reconnectAt ?? link.session.nextWakeup) }
+            return wakeup
+        }
+
+        // MARK: Events
+
+        mutating func readMailbox() throws {
+            for control in runner.mailbox.drain() where running {
+                switch control {
+                case .finished(let id, let broker, let connection, let result): try finished(id, broker: broker, connection: connection, result)
+                case .shutdown: try shutdown()
                 }
             }
         }
 
+        /// A handler's answer, for the broker whose connection started it.
+        mutating func finished(_ id: UInt64, broker: Int, connection: Int, _ result: Result<Payload, CanopyError>) throws {
+            if connection == links[broker].session.connection { tasks[broker]?.removeValue(forKey: id) }
+            grant(share.finished(broker))
+            try carryOut(links[broker].session.finished(id: id, connection: connection, result), broker: broker)
+        }
+
+        mutating func shutdown() throws {
+            for broker in links.indices where running && !links[broker].stopped {
+                // A broker waiting to be connected again holds nothing: done with it.
+                if links[broker].socket == nil {
+                    links[broker].stopped = true
+                    links[broker].reconnectAt = nil
+                    continue
+                }
+                try carryOut(links[broker].session.shutdown(now: .now), broker: broker)
+            }
+            if links.allSatisfy(\.stopped) {
+                runner.registered.store(false, ordering: .relaxed)
+                running = false
+            }
+        }
+
+        /// Every message broker `broker` sent, until its socket has none (what follows a
+        /// DISCONNECT on the old connection is not read).
+        mutating func readBroker(_ broker: Int) throws {
+            while running, let socket = links[broker].socket, !links[broker].session.disconnected,
+                  let frames = try socket.receive(reading: reading, properties: &links[broker].peer) {
+                if let stack = runner.configuration.stack, links[broker].peer.stack != stack {
+                    throw ForeignBroker(endpoint: runner.configuration.endpoints[broker], expected: stack, announced: links[broker].peer.stack)
+                }
+                try carryOut(links[broker].session.receive(frames, now: .now), broker: broker)
+            }
+        }
+
+        /// Heartbeats, deadlines and reconnects that are due.
+        mutating func tick(now: ContinuousClock.Instant) throws {
+            for broker in links.indices where running && !links[broker].stopped {
+                if let at = links[broker].reconnectAt {
+                    if at <= now { try register(broker) }
+                    continue
+                }
+                try carryOut(links[broker].session.tick(now: now), broker: broker)
+            }
+            for (reason, count) in warnings.endWindows(now: now) {
+                runner.logger.warning("service.dropped.suppressed", metadata: ["service.reason": "\(reason)", "service.suppressed": "\(count)"])
+            }
+        }
+
+        // MARK: Carrying out
+
         /// Connects to broker `broker` and sends its READY with its share of the credit.
-        func register(_ broker: Int) throws -> Bool {
-            links[broker].socket = try connect(broker)
+        mutating func register(_ broker: Int) throws {
+            links[broker].socket = try runner.connect(broker)
             links[broker].reconnectAt = nil
             watch()
             let changes = share.brokerUp(broker)
             let own = changes.first { $0.broker == broker }?.credit ?? 1
             grant(changes, except: broker)
-            return try carryOut(links[broker].session.connected(now: .now, credit: own), broker: broker)
+            try carryOut(links[broker].session.connected(now: .now, credit: own), broker: broker)
         }
 
-        /// Carries out broker `broker`'s session's directives; false once every session has stopped.
-        func carryOut(_ directives: [WorkerSession.Directive], broker: Int) throws -> Bool {
+        /// Polls the mailbox and every connected broker's socket.
+        mutating func watch() {
+            poller.removeAll()
+            poller.add(fileDescriptor: runner.mailbox.fileDescriptor)
+            polled = links.indices.filter { links[$0].socket != nil }
+            for broker in polled { poller.add(links[broker].socket!) }
+        }
+
+        /// Tells brokers their new grants (a READY's credit goes with the READY itself).
+        mutating func grant(_ changes: [CreditShare.Grant], except ready: Int? = nil) {
+            for change in changes where change.broker != ready {
+                guard let socket = links[change.broker].socket else { continue }
+                if (try? socket.send(WireMessage.credit(UInt32(change.credit)).encoded)) != true {
+                    runner.log(.dropped(reason: "send queue full"), broker: change.broker, &warnings)
+                }
+            }
+        }
+
+        /// Carries out broker `broker`'s session's directives; ``running`` is false once every
+        /// session has stopped.
+        mutating func carryOut(_ directives: [WorkerSession.Directive], broker: Int) throws {
             for directive in directives {
                 switch directive {
                 case .send(let message):
                     if let socket = links[broker].socket, try !socket.send(message.encoded) {
-                        log(.dropped(reason: "send queue full"), broker: broker, &warnings)
+                        runner.log(.dropped(reason: "send queue full"), broker: broker, &warnings)
                     }
                 case .start(let id, let operation, let header, let payload):
                     share.started(broker)
-                    tasks[broker, default: [:]][id] = start(id: id, broker: broker, operation: operation, header: header, payload: payload,
-                                                            maximumReplyBytes: links[broker].session.maximumReplyBytes,
-                                                            connection: links[broker].session.connection)
+                    tasks[broker, default: [:]][id] = runner.start(
+                        id: id, broker: broker, operation: operation, header: header, payload: payload,
+                        maximumReplyBytes: links[broker].session.maximumReplyBytes, connection: links[broker].session.connection)
                 case .cancel(let id):
                     tasks[broker]?.removeValue(forKey: id)?.cancel()
                 case .reconnect(let backoff):
@@ -237,68 +338,12 @@ public final class ServiceRunner: Service, @unchecked Sendable {
                     watch()
                     _ = share.brokerDown(broker)
                 case .log(let event):
-                    log(event, broker: broker, &warnings)
+                    runner.log(event, broker: broker, &warnings)
                 }
             }
-            registered.store(links.contains { !$0.stopped && $0.session.isRegistered }, ordering: .relaxed)
-            metrics.inFlight.record(share.held.reduce(0, +))
-            return links.contains { !$0.stopped }
-        }
-
-        for broker in links.indices {
-            guard try register(broker) else { return }
-        }
-        while true {
-            // The sessions that run, and the brokers waiting to connect again (not their
-            // sessions: those went silent, and their wakeups lie in the past).
-            var wakeup = ContinuousClock.now + .seconds(1)
-            for link in links where !link.stopped { wakeup = min(wakeup, link.reconnectAt ?? link.session.nextWakeup) }
-            try poller.poll(timeout: max(.zero, wakeup - .now))
-            if poller.isReadable(0) {
-                for control in mailbox.drain() {
-                    switch control {
-                    case .finished(let id, let broker, let connection, let result):
-                        if connection == links[broker].session.connection { tasks[broker]?.removeValue(forKey: id) }
-                        grant(share.finished(broker))
-                        guard try carryOut(links[broker].session.finished(id: id, connection: connection, result), broker: broker) else { return }
-                    case .shutdown:
-                        for broker in links.indices where !links[broker].stopped {
-                            // A broker waiting to be connected again holds nothing: done with it.
-                            if links[broker].socket == nil {
-                                links[broker].stopped = true
-                                links[broker].reconnectAt = nil
-                                continue
-                            }
-                            guard try carryOut(links[broker].session.shutdown(now: .now), broker: broker) else { return }
-                        }
-                        if links.allSatisfy(\.stopped) {
-                            registered.store(false, ordering: .relaxed)
-                            return
-                        }
-                    }
-                }
-            }
-            for (item, broker) in polled.enumerated() where poller.isReadable(item + 1) {
-                // What follows a DISCONNECT on the old connection is not read.
-                while let socket = links[broker].socket, !links[broker].session.disconnected,
-                      let frames = try socket.receive(reading: reading, properties: &links[broker].peer) {
-                    if let stack = configuration.stack, links[broker].peer.stack != stack {
-                        throw ForeignBroker(endpoint: configuration.endpoints[broker], expected: stack, announced: links[broker].peer.stack)
-                    }
-                    guard try carryOut(links[broker].session.receive(frames, now: .now), broker: broker) else { return }
-                }
-            }
-            let now = ContinuousClock.now
-            for broker in links.indices where !links[broker].stopped {
-                if let at = links[broker].reconnectAt {
-                    if at <= now { guard try register(broker) else { return } }
-                    continue
-                }
-                guard try carryOut(links[broker].session.tick(now: now), broker: broker) else { return }
-            }
-            for (reason, count) in warnings.endWindows(now: now) {
-                logger.warning("service.dropped.suppressed", metadata: ["service.reason": "\(reason)", "service.suppressed": "\(count)"])
-            }
+            runner.registered.store(links.contains { !$0.stopped && $0.session.isRegistered }, ordering: .relaxed)
+            runner.metrics.inFlight.record(share.held.reduce(0, +))
+            running = links.contains { !$0.stopped }
         }
     }
 

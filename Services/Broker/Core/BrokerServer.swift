@@ -134,32 +134,51 @@ public final class BrokerServer: Service, @unchecked Sendable {
 
     // MARK: - Loop (the loop thread only)
 
+    /// What the loop holds between passes (loop thread only): the routing state, the directives
+    /// of the pass, the poller and the drain. A local of ``loop(tracing:)``, handed to each
+    /// event's method `inout`, so the hot path pays no exclusivity checks on class properties.
+    private struct Loop {
+        var state: BrokerState
+        var directives: [BrokerState.Directive] = []
+        var poller = Poller()
+        var socketItem = 0, mailboxItem = 0
+        var zapItem: Int?
+        let metrics: BrokerMetrics
+        var nextMetrics = ContinuousClock.now
+        /// Set by SIGTERM: when the broker stops waiting for its requests' answers.
+        var drainDeadline: ContinuousClock.Instant?
+        /// When a request was last refused while shutting down (the quiet spell before closing).
+        var lastReceived = ContinuousClock.now
+        var rejectedBefore: UInt64 = 0
+        var memory = MemoryGiveBack()
+        // Reused for every message received.
+        var identity: [UInt8] = []
+        var peer = PeerProperties()
+        let frames = ReceivedFrames()
+        var reading: PeerProperties.Names = []
+    }
+
+    /// The loop: waits for the socket, the mailbox, ZAP or the next timer, and hands each to
+    /// its method; ends once drained after SIGTERM.
     private func loop(tracing: BrokerTracing?) throws {
         defer {
             stopped.store(true, ordering: .relaxed)
             socket.close()
             zap?.close()
         }
-        let metrics = BrokerMetrics(broker: configuration.name)
-        var nextMetrics = ContinuousClock.now
-        var state = BrokerState(configuration: configuration, now: .now)
-        if let tracing { state.traceRequests(into: tracing) }
-        var directives: [BrokerState.Directive] = []
-        directives.reserveCapacity(64)
-        var poller = Poller()
-        let socketItem = poller.add(socket)
-        let mailboxItem = poller.add(fileDescriptor: mailbox.fileDescriptor)
-        let zapItem = zap.map { poller.add($0.socket) }
-        var drainDeadline: ContinuousClock.Instant?
-        /// When a request was last refused while shutting down (the quiet spell before closing).
-        var lastReceived = ContinuousClock.now
-        var rejectedBefore: UInt64 = 0
-        var memory = MemoryGiveBack()
+        var loop = Loop(state: BrokerState(configuration: configuration, now: .now), metrics: BrokerMetrics(broker: configuration.name))
+        if let tracing { loop.state.traceRequests(into: tracing) }
+        loop.directives.reserveCapacity(64)
+        loop.socketItem = loop.poller.add(socket)
+        loop.mailboxItem = loop.poller.add(fileDescriptor: mailbox.fileDescriptor)
+        loop.zapItem = zap.map { loop.poller.add($0.socket) }
+        if zap != nil { loop.reading.insert(.userID) }
+        if configuration.stack != nil { loop.reading.insert(.stack) }
         if let settings = configuration.capture, !settings.path.isEmpty {
             // A capture asked for at start that cannot begin stops the broker: the operator asked for it.
             capture = try CaptureWriter(settings: settings)
-            state.capturing = true
-            state.captureStatus = capture?.status
+            loop.state.capturing = true
+            loop.state.captureStatus = capture?.status
             logger.info("broker.capture.started", metadata: ["broker.capture": "\(settings.path)"])
         }
         defer {
@@ -169,106 +188,120 @@ public final class BrokerServer: Service, @unchecked Sendable {
                                                                "broker.dropped": "\(status.dropped)"])
             }
         }
-        // Reused for every message received.
-        var identity: [UInt8] = [], peer = PeerProperties()
-        let frames = ReceivedFrames()
-        var reading: PeerProperties.Names = []
-        if zap != nil { reading.insert(.userID) }
-        if configuration.stack != nil { reading.insert(.stack) }
         lastPass.store(DispatchTime.now().uptimeNanoseconds, ordering: .relaxed) // turning from here on
         logger.info("broker.started", metadata: ["broker.endpoint": "\(endpoint)", "broker.curve": "\(zap != nil)"])
 
         while true {
-            var timeout = max(.zero, state.nextWakeup() - .now)
-            if drainDeadline != nil { timeout = min(timeout, .milliseconds(20)) }
-            try poller.poll(timeout: timeout)
-
-            if poller.isReadable(mailboxItem) {
-                for control in mailbox.drain() {
-                    switch control {
-                    case .shutdown:
-                        guard drainDeadline == nil else { continue }
-                        state.beginShutdown()
-                        rejectedBefore = state.rejected
-                        lastReceived = .now - Self.quietBeforeClosing // nothing refused yet: no spell to wait
-                        drainDeadline = .now + configuration.drainTimeout
-                        logger.info("broker.draining", metadata: ["broker.pending": "\(state.pendingCount)"])
-                    case .allowList(let list):
-                        let anyClient = curve?.anyClient ?? false
-                        zap?.mayConnect = { key in anyClient || list.mayConnect(key) }
-                        state.replaceKeys(workers: list.workers, clients: anyClient ? nil : list.clients, into: &directives)
-                        try carryOut(&directives, state: &state)
-                        logger.notice("broker.curve.reloaded", metadata: ["broker.worker_keys": "\(list.workers.services.count)",
-                                                                         "broker.client_keys": "\(list.clients.count)"])
-                    case .captureStopped(let status, let client, let correlation):
-                        lastCapture = status
-                        state.captureStatus = status
-                        logger.info("broker.capture.stopped", metadata: ["broker.capture": "\(status.path ?? "")", "broker.records": "\(status.records)",
-                                                                       "broker.dropped": "\(status.dropped)"])
-                        try send(.reply(correlation: correlation, shared: false, body: (try? codec.encode(status)) ?? []), to: client)
-                    }
-                }
+            var timeout = max(.zero, loop.state.nextWakeup() - .now)
+            if loop.drainDeadline != nil { timeout = min(timeout, .milliseconds(20)) }
+            try loop.poller.poll(timeout: timeout)
+            if loop.poller.isReadable(loop.mailboxItem) {
+                for control in mailbox.drain() { try handle(control, &loop) }
             }
-            if let zapItem, poller.isReadable(zapItem) {
+            if let zapItem = loop.zapItem, loop.poller.isReadable(zapItem) {
                 try zap?.answerRequests()
             }
-            var received = 0
-            if poller.isReadable(socketItem) {
-                var budget = 4096 // then let timers run
-                // What a batch of messages asks to send goes out together at its end: libzmq wakes
-                // its I/O thread once for a burst instead of once a message. With CURVE, each
-                // message carries the public key its connection authenticated with (`key`).
-                // Frames are read in place; only what a request keeps is copied.
-                while budget > 0, try socket.receiveRouted(into: frames, identity: &identity, reading: reading, properties: &peer) {
-                    budget -= 1
-                    received += 1
-                    guard frames.count > 0 else { continue } // ROUTER always adds the identity
-                    if frames.dropped > 0 {
-                        state.dropOverlong(from: identity, into: &directives)
-                        continue
-                    }
-                    state.receive(frames, from: identity, key: peer.userID, stack: peer.stack, now: .now, into: &directives)
-                    if directives.count >= 1024 { try carryOut(&directives, state: &state) }
-                }
-                frames.release()
-                try carryOut(&directives, state: &state)
-            }
-            state.tick(now: .now, into: &directives)
-            try carryOut(&directives, state: &state)
-            let now = ContinuousClock.now
-            for (reason, count) in warnings.endWindows(now: now) {
-                logger.warning("broker.dropped.suppressed", metadata: ["broker.reason": "\(reason)", "broker.suppressed": "\(count)"])
-            }
-            memory.check(heldBytes: state.heldBytes + replies.bytes, received: received, now: now)
-            state.unreadReplies = (replies.bytes, replies.dropped)
-            lastPass.store(DispatchTime.now().uptimeNanoseconds, ordering: .relaxed)
-            if configuration.metrics {
-                state.drainLatencies { service, nanoseconds in metrics.recordLatency(service: service, nanoseconds: nanoseconds) }
-                if now >= nextMetrics {
-                    state.captureStatus = captureStatus
-                    metrics.refresh(state.statistics(now: now))
-                    nextMetrics = now + .seconds(1)
-                }
-            }
-
-            // Once drained, it goes when no request has been refused for a quiet spell (each new
-            // one is answered shuttingDown, which moves a client of several brokers to another),
-            // so a client that has not heard yet is told rather than left with a request that
-            // dies with the socket; at most until a second past the drain timeout. Not drained
-            // by the drain timeout, it goes then.
-            // (Requests refused while shutting down count; workers' heartbeats do not.)
-            if drainDeadline != nil, state.rejected != rejectedBefore {
-                rejectedBefore = state.rejected
-                lastReceived = now
-            }
-            if let deadline = drainDeadline,
-               state.pendingCount == 0 ? now - lastReceived >= Self.quietBeforeClosing || now >= deadline + .seconds(1) : now >= deadline {
-                state.disconnectAll(into: &directives)
-                try carryOut(&directives, state: &state)
-                logger.info("broker.stopped", metadata: ["broker.unanswered": "\(state.pendingCount)"])
-                return
-            }
+            let received = loop.poller.isReadable(loop.socketItem) ? try readMessages(&loop) : 0
+            loop.state.tick(now: .now, into: &loop.directives)
+            try carryOut(&loop.directives, state: &loop.state)
+            try endPass(received: received, &loop)
+            if try closeIfDrained(&loop) { return }
         }
+    }
+
+    /// A message from another thread: SIGTERM, a new allow-list, a capture that finished.
+    private func handle(_ control: Control, _ loop: inout Loop) throws {
+        switch control {
+        case .shutdown:
+            guard loop.drainDeadline == nil else { return }
+            loop.state.beginShutdown()
+            loop.rejectedBefore = loop.state.rejected
+            loop.lastReceived = .now - Self.quietBeforeClosing // nothing refused yet: no spell to wait
+            loop.drainDeadline = .now + configuration.drainTimeout
+            logger.info("broker.draining", metadata: ["broker.pending": "\(loop.state.pendingCount)"])
+        case .allowList(let list):
+            let anyClient = curve?.anyClient ?? false
+            zap?.mayConnect = { key in anyClient || list.mayConnect(key) }
+            loop.state.replaceKeys(workers: list.workers, clients: anyClient ? nil : list.clients, into: &loop.directives)
+            try carryOut(&loop.directives, state: &loop.state)
+            logger.notice("broker.curve.reloaded", metadata: ["broker.worker_keys": "\(list.workers.services.count)",
+                                                             "broker.client_keys": "\(list.clients.count)"])
+        case .captureStopped(let status, let client, let correlation):
+            lastCapture = status
+            loop.state.captureStatus = status
+            logger.info("broker.capture.stopped", metadata: ["broker.capture": "\(status.path ?? "")", "broker.records": "\(status.records)",
+                                                           "broker.dropped": "\(status.dropped)"])
+            try send(.reply(correlation: correlation, shared: false, body: (try? codec.encode(status)) ?? []), to: client)
+        }
+    }
+
+    /// Reads up to 4,096 messages from the socket (then timers run) and carries out what
+    /// they ask; returns how many it read.
+    ///
+    /// What a batch of messages asks to send goes out together at its end: libzmq wakes its I/O
+    /// thread once for a burst instead of once a message. With CURVE, each message carries the
+    /// public key its connection authenticated with (`key`). Frames are read in place; only
+    /// what a request keeps is copied.
+    private func readMessages(_ loop: inout Loop) throws -> Int {
+        var received = 0
+        while received < 4096, try socket.receiveRouted(into: loop.frames, identity: &loop.identity, reading: loop.reading, properties: &loop.peer) {
+            received += 1
+            guard loop.frames.count > 0 else { continue } // ROUTER always adds the identity
+            if loop.frames.dropped > 0 {
+                loop.state.dropOverlong(from: loop.identity, into: &loop.directives)
+                continue
+            }
+            loop.state.receive(loop.frames, from: loop.identity, key: loop.peer.userID, stack: loop.peer.stack, now: .now, into: &loop.directives)
+            if loop.directives.count >= 1024 { try carryOut(&loop.directives, state: &loop.state) }
+        }
+        loop.frames.release()
+        try carryOut(&loop.directives, state: &loop.state)
+        return received
+    }
+
+    /// What every pass ends with: suppressed warnings, memory given back, the health
+    /// stamp, and the metrics (at most once a second).
+    private func endPass(received: Int, _ loop: inout Loop) throws {
+        let now = ContinuousClock.now
+        for (reason, count) in warnings.endWindows(now: now) {
+            logger.warning("broker.dropped.suppressed", metadata: ["broker.reason": "\(reason)", "broker.suppressed": "\(count)"])
+        }
+        loop.memory.check(heldBytes: loop.state.heldBytes + replies.bytes, received: received, now: now)
+        loop.state.unreadReplies = (replies.bytes, replies.dropped)
+        lastPass.store(DispatchTime.now().uptimeNanoseconds, ordering: .relaxed)
+        guard configuration.metrics else { return }
+        let metrics = loop.metrics
+        loop.state.drainLatencies { service, nanoseconds in metrics.recordLatency(service: service, nanoseconds: nanoseconds) }
+        if now >= loop.nextMetrics {
+            loop.state.captureStatus = captureStatus
+            metrics.refresh(loop.state.statistics(now: now))
+            loop.nextMetrics = now + .seconds(1)
+        }
+    }
+
+    /// After SIGTERM: whether the broker is done, having told everyone DISCONNECT.
+    ///
+    /// Once drained, it goes when no request has been refused for a quiet spell (each new one
+    /// is answered shuttingDown, which moves a client of several brokers to another), so a
+    /// client that has not heard yet is told rather than left with a request that dies with
+    /// the socket; at most until a second past the drain timeout. Not drained by the drain
+    /// timeout, it goes then. (Requests refused while shutting down count; workers'
+    /// heartbeats do not.)
+    private func closeIfDrained(_ loop: inout Loop) throws -> Bool {
+        guard let deadline = loop.drainDeadline else { return false }
+        let now = ContinuousClock.now
+        if loop.state.rejected != loop.rejectedBefore {
+            loop.rejectedBefore = loop.state.rejected
+            loop.lastReceived = now
+        }
+        let done = loop.state.pendingCount == 0
+            ? now - loop.lastReceived >= Self.quietBeforeClosing || now >= deadline + .seconds(1)
+            : now >= deadline
+        guard done else { return false }
+        loop.state.disconnectAll(into: &loop.directives)
+        try carryOut(&loop.directives, state: &loop.state)
+        logger.info("broker.stopped", metadata: ["broker.unanswered": "\(loop.state.pendingCount)"])
+        return true
     }
 
     /// How long a drained broker waits with no request coming before it closes.
