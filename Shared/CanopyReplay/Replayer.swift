@@ -11,9 +11,10 @@ import Foundation
 /// connections. Answers teach the replay ids that changed (``Rebindings``), which later
 /// requests are sent with.
 ///
-/// The replay runs on one thread of its own that reads the capture, sends and receives
-/// frames and compares answers (``ReplayEngine``): no task, continuation or lock per request,
-/// so replaying keeps up with the stack it drives.
+/// The replay runs on one thread of its own: ``ReplayEngine`` reads the capture and sends and
+/// receives frames, and ``ReplaySchedule`` (no IO) decides when each request goes and compares
+/// the answers. No task, continuation or lock per request, so replaying keeps up with the
+/// stack it drives.
 public final class Replayer: Sendable {
     /// Where the stack's broker is, and how to reach it.
     public struct Connection: Sendable {
