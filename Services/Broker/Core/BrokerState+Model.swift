@@ -315,19 +315,6 @@ extension BrokerState {
         }
     }
 
-    /// `operation` of `service` as its workers serve it, or `nil` when none does.
-    mutating func resolve(_ operation: String, of service: ServiceEntry) -> ResolvedOperation? {
-        if let known = service.resolved[operation] { return known }
-        guard let descriptor = service.describe(operation) else { return nil }
-        // Past 1024 names (Majordomo workers take any) it is not kept, and so never told
-        // when the workers change: it claims nothing about them.
-        let kept = service.resolved.count < 1024
-        let resolved = ResolvedOperation(descriptor: descriptor, counters: counters(service: service.name, operation: operation),
-                                         servedByAll: kept && service.workers.allSatisfy { $0.descriptor(for: operation) != nil })
-        if kept { service.resolved[operation] = resolved }
-        return resolved
-    }
-
     /// A waiter's deadline in the ``DeadlineQueue``, ordered by nanoseconds since the broker
     /// started (comparing integers, not `Duration`s, on the hot path).
     package struct Deadline: Comparable {
@@ -381,21 +368,6 @@ extension BrokerState {
                 waitersPerFlightMax: mostWaiters,
                 outcomes: Dictionary(uniqueKeysWithValues: zip(["ok"] + CanopyError.Code.allCases.map(\.rawValue), outcomes).filter { $0.1 > 0 }))
         }
-    }
-
-    /// The counters of one operation. Majordomo workers take any operation name, so past
-    /// 1024 names new ones share one `service.*` entry and the table stays bounded.
-    mutating func counters(service: String, operation: String) -> OperationCounters {
-        var operation = operation
-        var name = operation.isEmpty ? service : "\(service).\(operation)"
-        if operationCounters[name] == nil && operationCounters.count >= 1024 {
-            operation = "*"
-            name = "\(service).*"
-        }
-        if let existing = operationCounters[name] { return existing }
-        let created = OperationCounters(service: service, operation: operation)
-        operationCounters[name] = created
-        return created
     }
 }
 

@@ -22,7 +22,7 @@ extension BrokerState {
 
     mutating func clientRequest(_ request: WireRequest, from client: [UInt8], now: ContinuousClock.Instant, into out: inout [Directive]) {
         let hash = ClientTable.hash(client: client, correlation: request.correlation) // the one hash of this request
-        guard byClient.find(hash: hash, client: client, correlation: request.correlation) == nil else {
+        guard flights.waiter(client: client, correlation: request.correlation, hash: hash) == nil else {
             return // the same request again (a client resending after a reconnect): the first will be answered
         }
         if request.service == Broker.service {
@@ -48,25 +48,20 @@ extension BrokerState {
             return refuse(CanopyError(.shuttingDown, "the broker is shutting down and did not run this request; send it to another broker, or retry in a moment"))
         }
         let service: ServiceEntry
-        if let known = services[intake.serviceName] {
+        if let known = workers.service(intake.serviceName) {
             service = known
-        } else if startupGraceEnds != nil {
-            // Its workers are expected to register soon; how many such services is bounded.
-            guard services.values.count(where: { $0.workers.isEmpty }) < configuration.maximumGraceServices else {
-                return refuse(Self.noWorkers(intake.serviceName))
-            }
-            service = ServiceEntry(name: intake.serviceName)
-            services[intake.serviceName] = service
+        } else if startupGraceEnds != nil, let awaited = workers.awaitedService(intake.serviceName, limit: configuration.maximumGraceServices) {
+            service = awaited // its workers are expected to register soon; how many such services is bounded
         } else {
             return refuse(Self.noWorkers(intake.serviceName))
         }
-        let resolved = resolve(intake.operation, of: service)
+        let resolved = workers.resolve(intake.operation, of: service)
         guard resolved != nil || (service.workers.isEmpty && startupGraceEnds != nil) else {
             service.errors += 1
             return refuse(Self.unknownOperation(intake.operation, of: intake.serviceName, known: service.operations.map(\.name)))
         }
         let descriptor = resolved?.descriptor
-        let counters = resolved?.counters ?? counters(service: service.name, operation: intake.operation) // only in the start-up grace
+        let counters = resolved?.counters ?? workers.counters(service: service.name, operation: intake.operation) // only in the start-up grace
         /// A refusal of a request whose operation is known: counted as the service's error
         /// and as the operation's outcome.
         func refuseCounted(_ error: CanopyError) {
@@ -81,15 +76,14 @@ extension BrokerState {
         var key: FlightKey?
         if configuration.coalescing, descriptor?.coalescable == true, !configuration.coalescingDisabledServices.contains(service.name) {
             let candidate = FlightKey(service: service.name, operation: intake.operation, principal: intake.header.principal, payload: intake.payload)
-            if let flight = openFlights[candidate] {
+            if let flight = flights.open(candidate) {
                 if now - flight.createdAt >= configuration.stuckFlightAge {
-                    flight.key = nil // stuck: it keeps its waiters but takes no new ones
-                    openFlights[candidate] = nil
+                    flights.stopJoining(flight) // stuck: it keeps its waiters but takes no new ones
                 } else if flight.waiters.count >= configuration.maximumWaitersPerFlight {
                     return refuseCounted(CanopyError(.busy, "\(configuration.maximumWaitersPerFlight) identical requests are already waiting on this one; retry later"))
                 } else {
-                    guard heldBytes + Self.waiterBytes(intake) <= configuration.maximumHeldBytes else {
-                        return refuseCounted(CanopyError(.busy, "the broker holds \(heldBytes) bytes of requests already (its limit is \(configuration.maximumHeldBytes)); retry later"))
+                    guard flights.heldBytes + Self.waiterBytes(intake) <= configuration.maximumHeldBytes else {
+                        return refuseCounted(CanopyError(.busy, "the broker holds \(flights.heldBytes) bytes of requests already (its limit is \(configuration.maximumHeldBytes)); retry later"))
                     }
                     counters.requests += 1
                     counters.coalesced += 1
@@ -97,7 +91,7 @@ extension BrokerState {
                     return
                 }
             }
-            guard openFlights.count < configuration.maximumOpenFlights else {
+            guard flights.openCount < configuration.maximumOpenFlights else {
                 return refuseCounted(CanopyError(.busy, "the broker holds \(configuration.maximumOpenFlights) distinct coalescable requests already; retry later"))
             }
             key = candidate
@@ -105,8 +99,8 @@ extension BrokerState {
 
         // A new flight, within the memory bounds: everything it and its waiter cost.
         let bytes = intake.payload.byteCount
-        guard heldBytes + bytes + Self.waiterBytes(intake) + Flight.bookkeepingBytes <= configuration.maximumHeldBytes else {
-            return refuseCounted(CanopyError(.busy, "the broker holds \(heldBytes) bytes of requests already (its limit is \(configuration.maximumHeldBytes)); retry later"))
+        guard flights.heldBytes + bytes + Self.waiterBytes(intake) + Flight.bookkeepingBytes <= configuration.maximumHeldBytes else {
+            return refuseCounted(CanopyError(.busy, "the broker holds \(flights.heldBytes) bytes of requests already (its limit is \(configuration.maximumHeldBytes)); retry later"))
         }
         let worker = service.freeWorker(for: intake.operation, servedByAll: resolved?.servedByAll == true)
         if worker == nil {
@@ -118,12 +112,10 @@ extension BrokerState {
             }
         }
         counters.requests += 1
-        let flight = Flight(id: makeID(), service: service, operation: intake.operation, header: intake.header, payload: intake.payload,
+        let flight = Flight(id: flights.makeID(), service: service, operation: intake.operation, header: intake.header, payload: intake.payload,
                             key: key, createdAt: now, counters: counters)
         flight.resolved = resolved
-        flights[flight.id] = flight
-        heldBytes += flight.bytes
-        if let key { openFlights[key] = flight }
+        flights.add(flight)
         let waiter = join(flight, intake, now: now, timeout: timeout, coalesced: false)
         if let tracing, waiter.traced {
             flight.traced = true
@@ -132,35 +124,7 @@ extension BrokerState {
         if let worker {
             dispatch(flight, to: worker, now: now, into: &out)
         } else {
-            enqueue(flight)
-        }
-    }
-
-    /// Puts a flight in its service's queue (at the back, or at the front when it goes again
-    /// after its worker died) and counts its bytes there.
-    mutating func enqueue(_ flight: Flight, atFront: Bool = false) {
-        if atFront {
-            flight.service.queue.prepend(flight.id)
-        } else {
-            flight.service.queue.append(flight.id)
-        }
-        flight.isQueued = true
-        flight.service.queuedCount += 1
-        flight.service.queuedBytes += flight.bytes
-    }
-
-    /// Takes a flight out of its service's queue counts (it was dispatched or closed). Its id
-    /// may still sit in the queue: it is skipped there, and the queue is compacted once such
-    /// ids outnumber the live ones, so taking a flight out is O(1) amortized wherever it
-    /// stands (a cancel used to search the queue from its front).
-    func unqueue(_ flight: Flight) {
-        guard flight.isQueued else { return }
-        flight.isQueued = false
-        let service = flight.service
-        service.queuedCount -= 1
-        service.queuedBytes -= flight.bytes
-        if service.queue.count > 2 * service.queuedCount + 1_024 {
-            service.queue.removeAll { flights[$0]?.isQueued != true }
+            flights.enqueue(flight)
         }
     }
 
@@ -172,32 +136,21 @@ extension BrokerState {
     /// Adds a waiter for `intake` to `flight` (`coalesced`: a flight already in the air).
     @discardableResult
     private mutating func join(_ flight: Flight, _ intake: Intake, now: ContinuousClock.Instant, timeout: Duration, coalesced: Bool) -> Waiter {
-        let waiter = Waiter(id: makeID(), client: intake.client, correlation: intake.correlation, clientHash: intake.clientHash, dialect: intake.dialect,
+        let waiter = Waiter(id: flights.makeID(), client: intake.client, correlation: intake.correlation, clientHash: intake.clientHash, dialect: intake.dialect,
                             serviceName: intake.serviceName, receivedAt: now, deadline: now + timeout, flight: flight.id)
         if let tracing, let caller = intake.header.trace {
             waiter.traced = true
             tracing.note(.waiter(waiter.id, caller: caller, service: flight.service.name, operation: intake.operation, coalesced: coalesced,
                                  flight: coalesced && flight.traced ? flight.id : nil, at: BrokerTracing.now))
         }
-        waiters[waiter.id] = waiter
-        heldBytes += waiter.bytes
-        if intake.dialect == .canopy {
-            byClient.insert(hash: intake.clientHash, client: intake.client, correlation: intake.correlation, id: waiter.id)
-        }
-        deadlines.insert(Deadline(at: waiter.deadline, key: deadlineKey(waiter.deadline), waiter: waiter.id),
-                         timeout: UInt64(intake.header.timeoutMilliseconds)) // 0: the broker's default
-        if deadlines.count > 2 * waiters.count + 4_096 { // answered ones piled up behind a slow one
-            deadlines.removeAll { waiters[$0.waiter]?.deadline != $0.at }
-        }
-        flight.waiters.append(waiter.id)
-        flight.totalWaiters += 1
+        flights.add(waiter, to: flight, timeout: intake.header.timeoutMilliseconds)
         return waiter
     }
 
     mutating func clientCancel(_ correlation: [UInt8], from client: [UInt8], now: ContinuousClock.Instant, into out: inout [Directive]) {
         let hash = ClientTable.hash(client: client, correlation: correlation)
-        guard let id = byClient.find(hash: hash, client: client, correlation: correlation), let waiter = waiters[id] else {
-            if hold != nil { _ = cancelHeld(client: client, correlation: correlation) }
+        guard let waiter = flights.waiter(client: client, correlation: correlation, hash: hash) else {
+            _ = hold?.cancel(client: client, correlation: correlation)
             return // nothing held under that id: already answered, or never sent
         }
         if waiter.traced {
@@ -210,7 +163,7 @@ extension BrokerState {
     /// others; when the last one leaves, the flight is dropped from the queue or cancelled at
     /// its worker (which keeps the credit until it replies).
     mutating func detach(_ waiter: Waiter, now: ContinuousClock.Instant, into out: inout [Directive]) {
-        forget(waiter)
+        flights.forget(waiter)
         guard let flight = flights[waiter.flight] else { return }
         flight.waiters.remove(waiter.id)
         if !flight.waiters.isEmpty {
@@ -220,32 +173,17 @@ extension BrokerState {
         if let worker = flight.worker, let cancel = cancelDirective(flight, worker: worker) {
             out.append(cancel)
         }
-        close(flight) // a queued one's id stays in the queue, skipped (see ``unqueue(_:)``)
-    }
-
-    /// Forgets a waiter (answered, or gone).
-    private mutating func forget(_ waiter: Waiter) {
-        waiters[waiter.id] = nil
-        heldBytes -= waiter.bytes
-        if waiter.dialect == .canopy {
-            byClient.remove(hash: waiter.clientHash, id: waiter.id)
-        }
+        close(flight) // a queued one's id stays in the queue, skipped (see ``FlightTable/unqueue(_:)``)
     }
 
     /// Forgets a flight: no waiter will join it again.
     mutating func close(_ flight: Flight) {
-        guard flights.removeValue(forKey: flight.id) != nil else { return }
-        if hold != nil { noteClosedForHold(flight) }
+        guard flights.remove(flight) else { return }
+        hold?.flightClosed(flight.id)
         if flight.traced { // closed unanswered: its last waiter left
             tracing?.note(.flightEnded(flight.id, waiters: flight.totalWaiters, dispatches: flight.dispatches, error: nil, cancelled: true, at: BrokerTracing.now))
             flight.traced = false
         }
-        heldBytes -= flight.bytes
-        unqueue(flight)
-        if let key = flight.key, openFlights[key] === flight { openFlights[key] = nil }
-        flight.key = nil
-        _ = flight.counters.waitersPerFlight.record(UInt64(flight.totalWaiters))
-        flight.counters.mostWaiters = max(flight.counters.mostWaiters, UInt64(flight.totalWaiters))
     }
 
     /// What a flight ended with.
@@ -271,8 +209,8 @@ extension BrokerState {
         close(flight)
         let shared = flight.totalWaiters > 1
         for id in flight.waiters {
-            guard let waiter = waiters[id] else { continue }
-            forget(waiter)
+            guard let waiter = flights.waiter(id) else { continue }
+            flights.forget(waiter)
             _ = flight.service.latencyMicros.record(UInt64(max(0, (now - waiter.receivedAt).microseconds)))
             if configuration.metrics { noteLatency(flight.service.name, now - waiter.receivedAt) }
             switch outcome {
@@ -302,12 +240,8 @@ extension BrokerState {
             out.append(.send(to: waiter.client, .reply(correlation: waiter.correlation, shared: shared, body: payload.first, attachments: payload.rest)))
         case (.canopy, .failure(let error)):
             replyError(to: waiter.client, correlation: waiter.correlation, error, into: &out)
-        case (.majordomo, .reply(let payload, let fromMajordomo)):
-            // Majordomo to Majordomo passes untouched; a Canopy worker's reply gets a status frame.
-            let body = fromMajordomo ? payload.frames : [Majordomo.ok] + payload.frames
-            out.append(.sendMajordomo(to: waiter.client, .client(service: Array(waiter.serviceName.utf8), body: body)))
-        case (.majordomo, .failure(let error)):
-            out.append(.sendMajordomo(to: waiter.client, .client(service: Array(waiter.serviceName.utf8), body: [Majordomo.error, (try? codec.encode(error)) ?? []])))
+        case (.majordomo, _):
+            out.append(.sendMajordomo(to: waiter.client, .client(service: Array(waiter.serviceName.utf8), body: MajordomoBridge.answerBody(outcome, codec: codec))))
         }
     }
 
@@ -322,24 +256,23 @@ extension BrokerState {
         case .canopy:
             replyError(to: intake.client, correlation: intake.correlation, error, into: &out)
         case .majordomo:
-            out.append(.sendMajordomo(to: intake.client, .client(service: Array(intake.serviceName.utf8), body: [Majordomo.error, (try? codec.encode(error)) ?? []])))
+            out.append(.sendMajordomo(to: intake.client, .client(service: Array(intake.serviceName.utf8), body: MajordomoBridge.errorBody(error, codec: codec))))
         }
     }
 
     /// After the start-up grace: flights still waiting for a service nobody registered are
     /// answered `noWorkers`, and those for an operation no worker declared `badRequest`.
     mutating func endStartupGrace(now: ContinuousClock.Instant, into out: inout [Directive]) {
-        for service in Array(services.values) {
-            for id in service.queue {
-                guard let flight = flights[id], flight.isQueued else { continue }
+        for service in Array(workers.services.values) {
+            for flight in flights.queued(in: service) {
                 if service.workers.isEmpty {
                     finish(flight, .failure(Self.noWorkers(service.name)), now: now, into: &out)
                 } else if service.describe(flight.operation) == nil {
                     finish(flight, .failure(Self.unknownOperation(flight.operation, of: service.name, known: service.operations.map(\.name))), now: now, into: &out)
                 }
             }
-            service.queue.removeAll { flights[$0] == nil }
-            if service.workers.isEmpty { services[service.name] = nil }
+            flights.compactQueue(of: service)
+            if service.workers.isEmpty { workers.drop(service) }
         }
     }
 }

@@ -34,7 +34,7 @@ extension BrokerState {
         configuration.workerKeys = workers
         configuration.clientKeys = clients
         let now = ContinuousClock.now
-        for worker in Array(self.workers.values) where !workers.allows(worker.key, service: worker.service.name) {
+        for worker in Array(self.workers.all) where !workers.allows(worker.key, service: worker.service.name) {
             out.append(.log("worker removed: its key left the allow-list", peer: worker.identity.bytes))
             out.append(worker.disconnect(reason: "this worker's key was taken off the broker's allow-list"))
             workerGone(worker.identity, now: now, into: &out)
@@ -87,20 +87,16 @@ extension BrokerState {
         majordomoDescriptor: OperationDescriptor? = nil, credit: Int, key: String?, now: ContinuousClock.Instant, into out: inout [Directive]
     ) -> String? {
         if workers[peer] != nil { workerGone(peer, now: now, into: &out) }
-        let service = services[name] ?? ServiceEntry(name: name)
-        if let existing = service.dialect, existing != dialect, !service.workers.isEmpty {
-            return "'\(name)' is served by \(existing == .canopy ? "Canopy" : "Majordomo") workers already; one service speaks one protocol"
+        switch workers.add(peer, dialect: dialect, service: name, operations: operations, majordomoDescriptor: majordomoDescriptor, credit: credit,
+                           key: key, expiry: now + configuration.workerExpiry) {
+        case .failure(let refusal):
+            return refusal.reason
+        case .success(let worker):
+            // The first heartbeat at once: it tells a Canopy worker the broker's frame limit.
+            out.append(worker.heartbeat(maximumFrameBytes: configuration.maximumFrameBytes))
+            dispatchQueued(worker.service, now: now, into: &out)
+            return nil
         }
-        service.dialect = dialect
-        services[name] = service
-        let worker = Worker(identity: peer, dialect: dialect, service: service, operations: operations,
-                            majordomoDescriptor: majordomoDescriptor, credit: credit, key: key, expiry: now + configuration.workerExpiry)
-        workers[peer] = worker
-        service.workers.append(worker)
-        // The first heartbeat at once: it tells a Canopy worker the broker's frame limit.
-        out.append(worker.heartbeat(maximumFrameBytes: configuration.maximumFrameBytes))
-        dispatchQueued(service, now: now, into: &out)
-        return nil
     }
 
     /// A Canopy worker's reply: the body and its attachments.
@@ -173,10 +169,8 @@ extension BrokerState {
     /// Removes a worker. Its idempotent flights go once more to another worker with their
     /// waiters still attached; the rest are answered `workerLost`.
     mutating func workerGone(_ peer: PeerKey, now: ContinuousClock.Instant, into out: inout [Directive]) {
-        guard let worker = workers.removeValue(forKey: peer) else { return }
+        guard let worker = workers.remove(peer) else { return }
         let service = worker.service
-        service.workers.removeAll { $0 === worker }
-        service.inFlight -= worker.held.count
         var retry: [UInt64] = []
         for id in worker.held.ids.sorted() {
             guard let flight = flights[id], flight.worker === worker else { continue }
@@ -197,12 +191,11 @@ extension BrokerState {
             }
         }
         for id in retry.reversed() {
-            if let flight = flights[id] { enqueue(flight, atFront: true) }
+            if let flight = flights[id] { flights.enqueue(flight, atFront: true) }
         }
         if service.workers.isEmpty {
-            services[service.name] = nil
-            for id in service.queue {
-                guard let flight = flights[id], flight.isQueued else { continue }
+            workers.drop(service)
+            for flight in flights.queued(in: service) {
                 finish(flight, .failure(CanopyError(.noWorkers, "the last worker of '\(service.name)' went away before it could take this request")), now: now, into: &out)
             }
             service.queue.removeAll()
@@ -214,7 +207,7 @@ extension BrokerState {
     // MARK: - Dispatch
 
     mutating func dispatch(_ flight: Flight, to worker: Worker, now: ContinuousClock.Instant, into out: inout [Directive]) {
-        unqueue(flight)
+        flights.unqueue(flight)
         flight.worker = worker
         flight.dispatches += 1
         flight.counters.workerCalls += 1
@@ -224,7 +217,7 @@ extension BrokerState {
         case .canopy:
             // The worker may work until the last waiter gives up.
             var deadline = now
-            for id in flight.waiters { if let waiter = waiters[id], waiter.deadline > deadline { deadline = waiter.deadline } }
+            for id in flight.waiters { if let waiter = flights.waiter(id), waiter.deadline > deadline { deadline = waiter.deadline } }
             var header = flight.header
             header.timeoutMilliseconds = UInt32(clamping: max(1, (deadline - now).wholeMilliseconds))
             if flight.traced {
@@ -234,9 +227,7 @@ extension BrokerState {
                                                body: flight.payload.first, attachments: flight.payload.rest)
             out.append(.send(to: worker.identity.bytes, message))
         case .majordomo:
-            // The flight id stands in the client address; the worker sends it back with the reply.
-            let body = flight.operation.isEmpty ? flight.payload.frames : [Array(flight.operation.utf8)] + flight.payload.frames
-            out.append(.sendMajordomo(to: worker.identity.bytes, .request(client: Wire.frame(flight.id), body: body)))
+            out.append(.sendMajordomo(to: worker.identity.bytes, MajordomoBridge.request(for: flight)))
         }
     }
 
@@ -286,7 +277,7 @@ extension BrokerState {
             rejected += 1
             out.append(.log("frame over the size limit", peer: peer))
             if case .client(let service, _) = message {
-                out.append(.sendMajordomo(to: peer, .client(service: service, body: [Majordomo.error, (try? codec.encode(tooLarge(oversized.count))) ?? []])))
+                out.append(.sendMajordomo(to: peer, .client(service: service, body: MajordomoBridge.errorBody(tooLarge(oversized.count), codec: codec))))
             }
             return
         }
@@ -297,30 +288,16 @@ extension BrokerState {
         }
     }
 
-    private mutating func majordomoClient(service serviceFrame: [UInt8], body: [[UInt8]], from client: [UInt8], now: ContinuousClock.Instant, into out: inout [Directive]) {
-        let name = String(decoding: serviceFrame, as: UTF8.self)
-        func reply(_ reply: [[UInt8]]) {
-            out.append(.sendMajordomo(to: client, .client(service: serviceFrame, body: reply)))
+    private mutating func majordomoClient(service: [UInt8], body: [[UInt8]], from client: [UInt8], now: ContinuousClock.Instant, into out: inout [Directive]) {
+        let workers = self.workers
+        switch MajordomoBridge.clientRequest(service: service, body: body, from: client, dialect: { workers.service($0)?.dialect },
+                                             hasWorkers: { workers.service($0)?.workers.isEmpty == false }, codec: codec) {
+        case .intake(let intake):
+            admit(intake, now: now, into: &out)
+        case .answer(let frames, let refused):
+            if refused { rejected += 1 }
+            out.append(.sendMajordomo(to: client, .client(service: service, body: frames)))
         }
-        if name.hasPrefix(Majordomo.managementPrefix) {
-            guard name == Majordomo.serviceQuery else { return reply([Array("501".utf8)]) }
-            let asked = body.first.map { String(decoding: $0, as: UTF8.self) } ?? ""
-            return reply([Array((services[asked]?.workers.isEmpty == false ? "200" : "404").utf8)])
-        }
-        let intake: Intake
-        if let service = services[name], service.dialect == .majordomo {
-            // Majordomo to Majordomo: the body passes untouched.
-            intake = Intake(client: client, correlation: [], dialect: .majordomo, serviceName: name, operation: "",
-                            header: RequestHeader(timeoutMilliseconds: 0), payload: Payload(frames: body))
-        } else {
-            guard body.count >= 2, body.count - 2 <= Wire.maximumAttachments, Wire.isValidName(body[0]) else {
-                rejected += 1
-                return reply([Majordomo.error, (try? codec.encode(CanopyError(.badRequest, "a Majordomo request to a Canopy service has the operation and the JSON body as its body frames, then up to \(Wire.maximumAttachments) attachments"))) ?? []])
-            }
-            intake = Intake(client: client, correlation: [], dialect: .majordomo, serviceName: name,
-                            operation: String(decoding: body[0], as: UTF8.self), header: RequestHeader(timeoutMilliseconds: 0), payload: Payload(frames: Array(body[1...])))
-        }
-        admit(intake, now: now, into: &out)
     }
 
     private mutating func majordomoWorker(_ message: MajordomoMessage, from peer: PeerKey, key: String?, now: ContinuousClock.Instant, into out: inout [Directive]) {
@@ -336,7 +313,7 @@ extension BrokerState {
             if let reason = unauthorizedWorker(key, service: name) { return refuse(reason) }
             let coalesced = configuration.majordomoCoalescedServices.contains(name)
             if let reason = register(peer, dialect: .majordomo, service: name, operations: [:],
-                                     majordomoDescriptor: OperationDescriptor(name: "*", idempotent: coalesced, coalescable: coalesced),
+                                     majordomoDescriptor: MajordomoBridge.workerDescriptor(coalesced: coalesced),
                                      credit: 1, key: key, now: now, into: &out) {
                 refuse(reason)
             }

@@ -19,6 +19,12 @@ import Histogram
 /// operation, principal and body bytes) joins it as one more waiter instead of reaching a
 /// worker; the reply fans out to every waiter under its own correlation id.
 ///
+/// It is the router over parts that each keep one kind of state and are tested on their own:
+/// ``FlightTable`` (flights, waiters, deadlines, held bytes), ``WorkerTable`` (workers, their
+/// services, operation counters), ``Hold`` (the snapshot hold), ``MajordomoBridge`` (7/MDP
+/// peers in Canopy's terms) and ``Management`` (the broker's own operations). This type
+/// decides: which flight a request joins, which worker takes it, who is answered what.
+///
 /// Owned by one loop and never copied: workers, services and flights are references inside.
 public struct BrokerState {
     /// Something the IO shell must do.
@@ -60,23 +66,16 @@ public struct BrokerState {
     /// The settings in force.
     public internal(set) var configuration: BrokerConfiguration
     let startedAt: ContinuousClock.Instant
-    var services: [String: ServiceEntry] = [:]
-    var workers: [PeerKey: Worker] = [:]
-    var waiters = IDTable<Waiter>(capacity: 1_024)
-    var flights = IDTable<Flight>(capacity: 1_024)
-    /// Coalescable flights that still take waiters.
-    var openFlights: [FlightKey: Flight] = [:]
-    /// Canopy clients' requests held now, by (routing identity, correlation id).
-    var byClient = ClientTable()
-    var deadlines = DeadlineQueue()
-    var operationCounters: [String: OperationCounters] = [:]
-    var nextID: UInt64 = 1
+    /// Flights and their waiters, with their deadlines and bytes.
+    var flights: FlightTable
+    /// Workers and the services they make up.
+    var workers = WorkerTable()
     var nextHeartbeat: ContinuousClock.Instant
     var rejected: UInt64 = 0
     /// Messages dropped or refused because they were malformed (bad frames, bad commands).
     var malformed: UInt64 = 0
     /// Bytes of request bodies held now, queued or at a worker (see ``BrokerConfiguration/maximumHeldBytes``).
-    public internal(set) var heldBytes = 0
+    public var heldBytes: Int { flights.heldBytes }
     var shuttingDown = false
     /// Answer latencies not yet handed to the metrics: (service, nanoseconds). Only when
     /// ``BrokerConfiguration/metrics`` is on; drained each loop pass.
@@ -106,6 +105,7 @@ public struct BrokerState {
     public init(configuration: BrokerConfiguration, now: ContinuousClock.Instant) {
         self.configuration = configuration
         self.startedAt = now
+        flights = FlightTable(startedAt: now)
         self.nextHeartbeat = now + configuration.heartbeatInterval
         self.startupGraceEnds = now + configuration.workerExpiry
     }
@@ -119,7 +119,7 @@ public struct BrokerState {
     // MARK: - Queries
 
     /// Client requests held now, queued, at a worker, or waiting on a flight.
-    public var pendingCount: Int { waiters.count }
+    public var pendingCount: Int { flights.waiterCount }
 
     /// Workers connected now.
     public var workerCount: Int { workers.count }
@@ -128,28 +128,14 @@ public struct BrokerState {
     public var flightCount: Int { flights.count }
 
     /// Deadlines kept, answered ones not yet dropped included (bounded: ``DeadlineQueue``).
-    public var deadlineCount: Int { deadlines.count }
+    public var deadlineCount: Int { flights.deadlineCount }
 
     /// When ``tick(now:into:)`` next has work: the next heartbeat or deadline.
     public mutating func nextWakeup() -> ContinuousClock.Instant {
         var wakeup = nextHeartbeat
-        while let first = deadlines.min, waiters[first.waiter]?.deadline != first.at {
-            deadlines.removeMin() // answered already; drop lazily
-        }
-        if let first = deadlines.min, first.at < wakeup { wakeup = first.at }
-        if let hold { wakeup = min(wakeup, hold.waiting == nil ? hold.releaseAt : hold.drainDeadline) }
+        if let deadline = flights.nextDeadline(), deadline < wakeup { wakeup = deadline }
+        if let hold { wakeup = min(wakeup, hold.nextWakeup) }
         return wakeup
-    }
-
-    /// A deadline as nanoseconds since the broker started, for the heap's ordering.
-    func deadlineKey(_ deadline: ContinuousClock.Instant) -> UInt64 {
-        let (seconds, attoseconds) = (deadline - startedAt).components
-        return UInt64(clamping: seconds) &* 1_000_000_000 &+ UInt64(clamping: attoseconds / 1_000_000_000)
-    }
-
-    mutating func makeID() -> UInt64 {
-        defer { nextID += 1 }
-        return nextID
     }
 
     // MARK: - Input
@@ -263,9 +249,7 @@ public struct BrokerState {
 
     /// Expires deadlines and, when due, sends heartbeats and expires silent workers.
     public mutating func tick(now: ContinuousClock.Instant, into out: inout [Directive]) {
-        while let first = deadlines.min, first.at <= now {
-            deadlines.removeMin()
-            guard let waiter = waiters[first.waiter], waiter.deadline == first.at else { continue }
+        while let waiter = flights.nextExpired(now: now) {
             let flight = flights[waiter.flight]
             flight?.service.errors += 1
             flight?.counters.count(.timeout)
@@ -281,10 +265,10 @@ public struct BrokerState {
         }
         guard now >= nextHeartbeat else { return }
         nextHeartbeat = now + configuration.heartbeatInterval
-        for worker in workers.values {
+        for worker in workers.all {
             out.append(worker.heartbeat(maximumFrameBytes: configuration.maximumFrameBytes))
         }
-        for worker in workers.values where worker.expiry < now {
+        for worker in workers.expired(now: now) {
             out.append(.log("worker expired after missed heartbeats", peer: worker.identity.bytes))
             workerGone(worker.identity, now: now, into: &out)
         }
@@ -293,7 +277,7 @@ public struct BrokerState {
     /// The ids a service's queue holds, live or taken out and not yet compacted (for tests of
     /// its bound).
     public func queueLength(of service: String) -> Int {
-        services[service]?.queue.count ?? 0
+        workers.service(service)?.queue.count ?? 0
     }
 
     /// Stops taking new requests (they are answered `shuttingDown`: not run, so a client of
@@ -304,7 +288,7 @@ public struct BrokerState {
 
     /// Tells every worker to go away; called last in a graceful shutdown.
     public mutating func disconnectAll(into out: inout [Directive]) {
-        for worker in workers.values {
+        for worker in workers.all {
             out.append(worker.disconnect(reason: "broker shutting down"))
         }
     }
@@ -368,91 +352,50 @@ public struct BrokerState {
 
     // MARK: - Management
 
-    /// Who may call the broker's own operations (their types declare it).
-    static let managementAccess: [String: Access] = [
-        Broker.Services.name: Broker.Services.access, Broker.Stats.name: Broker.Stats.access, Broker.CaptureStart.name: Broker.CaptureStart.access,
-        Broker.CaptureStop.name: Broker.CaptureStop.access, Broker.CaptureStatusOperation.name: Broker.CaptureStatusOperation.access,
-        Broker.CaptureRelease.name: Broker.CaptureRelease.access, Broker.Hold.name: Broker.Hold.access,
-    ]
-
+    /// Carries out a call of the broker's own operations (``Management``).
     mutating func management(_ operation: String, body requestBody: [UInt8], header: RequestHeader, to client: [UInt8], correlation: [UInt8],
                              now: ContinuousClock.Instant, into out: inout [Directive]) {
-        if let refusal = Self.managementAccess[operation]?.refusal(principal: header.principal, byService: header.flags & RequestHeader.Flag.derived != 0) {
+        let call: Management.Call
+        switch Management.read(operation, body: requestBody, header: header, codec: codec) {
+        case .success(let read): call = read
+        case .failure(let error):
             rejected += 1
-            replyError(to: client, correlation: correlation, refusal, into: &out)
-            return
+            return replyError(to: client, correlation: correlation, error, into: &out)
         }
         let body: [UInt8]?
-        switch operation {
-        case Broker.Services.name: body = try? codec.encode(serviceDescriptions())
-        case Broker.Stats.name: body = try? codec.encode(statistics(now: now))
-        case Broker.CaptureStart.name:
-            guard let request = try? codec.decode(Broker.CaptureStart.Request.self, from: requestBody) else {
-                rejected += 1
-                replyError(to: client, correlation: correlation, CanopyError(.badRequest, "capture.start takes {\"name\", \"pseudonymize\", \"withoutAttachments\"}"), into: &out)
-                return
-            }
-            out.append(.captureControl(.start(request), client: client, correlation: correlation))
-            return
-        case Broker.CaptureStop.name:
+        switch call {
+        case .services: body = try? codec.encode(serviceDescriptions())
+        case .stats: body = try? codec.encode(statistics(now: now))
+        case .captureStart(let request):
+            return out.append(.captureControl(.start(request), client: client, correlation: correlation))
+        case .captureStop:
             releaseHold(snapshot: nil, now: now, into: &out) // a capture stopped mid-hold lets its held requests go
-            out.append(.captureControl(.stop, client: client, correlation: correlation))
-            return
-        case Broker.CaptureRelease.name:
-            guard let request = try? codec.decode(Broker.CaptureRelease.Request.self, from: requestBody) else {
-                rejected += 1
-                replyError(to: client, correlation: correlation, CanopyError(.badRequest, "capture.release takes {\"snapshot\"}"), into: &out)
-                return
-            }
-            let released = hold?.waiting == nil && releaseHold(snapshot: request.snapshot, now: now, into: &out)
-            out.append(.captureControl(.released(released), client: client, correlation: correlation))
-            return
-        case Broker.CaptureStatusOperation.name:
-            out.append(.captureControl(.status, client: client, correlation: correlation))
-            return
-        case Broker.Hold.name:
-            guard let request = try? codec.decode(Broker.Hold.Request.self, from: requestBody),
-                  (1...Int(Self.maximumHold.wholeMilliseconds)).contains(request.holdMilliseconds) else {
-                rejected += 1
-                replyError(to: client, correlation: correlation, CanopyError(.badRequest, "hold takes {\"holdMilliseconds\"}, 1 to \(Self.maximumHold.wholeMilliseconds)"), into: &out)
-                return
-            }
+            return out.append(.captureControl(.stop, client: client, correlation: correlation))
+        case .captureRelease(let snapshot):
+            let released = hold?.waiting == nil && releaseHold(snapshot: snapshot, now: now, into: &out)
+            return out.append(.captureControl(.released(released), client: client, correlation: correlation))
+        case .captureStatus:
+            return out.append(.captureControl(.status, client: client, correlation: correlation))
+        case .hold(let limit):
             guard hold == nil else {
-                replyError(to: client, correlation: correlation, CanopyError(.conflict, "a hold is in force already (a backup or a snapshot is being taken); try again in a moment"), into: &out)
-                return
+                return replyError(to: client, correlation: correlation,
+                                  CanopyError(.conflict, "a hold is in force already (a backup or a snapshot is being taken); try again in a moment"), into: &out)
             }
-            beginHold(limit: .milliseconds(request.holdMilliseconds), client: client, correlation: correlation, forCapture: false, now: now, into: &out)
-            return
-        default:
-            rejected += 1
-            replyError(to: client, correlation: correlation, CanopyError(.badRequest, "the broker has no operation '\(operation)'; it has: services, stats, hold, capture.start, capture.release, capture.stop, capture.status"), into: &out)
-            return
+            return beginHold(limit: limit, client: client, correlation: correlation, forCapture: false, now: now, into: &out)
         }
         out.append(.send(to: client, .reply(correlation: correlation, shared: false, body: body ?? [])))
     }
 
     /// What `broker.services` answers.
     public func serviceDescriptions() -> [ServiceDescription] {
-        services.values.filter { !$0.workers.isEmpty }.sorted { $0.name < $1.name }.map { service in
-            ServiceDescription(name: service.name, workers: service.workers.count, operations: service.operations, majordomo: service.dialect == .majordomo)
-        }
+        workers.descriptions()
     }
 
     /// What `broker.stats` answers.
     public func statistics(now: ContinuousClock.Instant) -> BrokerStatistics {
-        let entries = services.values.sorted { $0.name < $1.name }.map { service in
-            let histogram = service.latencyMicros
-            return ServiceStatistics(
-                name: service.name, workers: service.workers.count, queued: service.queuedCount, queuedBytes: service.queuedBytes, inFlight: service.inFlight,
-                served: service.served, errors: service.errors,
-                p50Micros: histogram.totalCount == 0 ? 0 : histogram.valueAtPercentile(50),
-                p99Micros: histogram.totalCount == 0 ? 0 : histogram.valueAtPercentile(99))
-        }
-        let operations = operationCounters.keys.sorted().map { operationCounters[$0]!.statistics }
-        let uptime = now - startedAt
         var statistics = BrokerStatistics(
-            uptimeSeconds: uptime.seconds,
-            rejected: rejected, malformed: malformed, heldBytes: heldBytes, openFlights: openFlights.count, services: entries, operations: operations)
+            uptimeSeconds: (now - startedAt).seconds, rejected: rejected, malformed: malformed, heldBytes: heldBytes, openFlights: flights.openCount,
+            services: workers.statistics(), operations: workers.operationStatistics)
         statistics.capture = captureStatus
         statistics.unreadReplyBytes = unreadReplies.bytes
         statistics.slowReaderDrops = unreadReplies.dropped

@@ -15,24 +15,88 @@ import Collections
 // itself at its limit, so a caller that dies mid-snapshot never stops the stack for long.
 
 extension BrokerState {
-    /// A hold in force.
+    /// A hold in force: the requests it holds and what it waits for. Its own bookkeeping only;
+    /// the router admits the held requests when it ends.
     struct Hold {
         /// Requests held, in arrival order, with when they came.
-        var held = Deque<(intake: Intake, at: ContinuousClock.Instant)>()
-        var heldBytes = 0
+        private(set) var held = Deque<(intake: Intake, at: ContinuousClock.Instant)>()
+        private(set) var heldBytes = 0
         /// Client requests in the air when the hold began, not yet answered.
-        var draining: Set<UInt64>
+        private(set) var draining: Set<UInt64>
         /// The `capture.start` answered once ``draining`` is empty; nil once answered.
-        var waiting: (client: [UInt8], correlation: [UInt8])?
+        private(set) var waiting: (client: [UInt8], correlation: [UInt8])?
         /// Until then the requests in the air may take to be answered; the hold fails then.
         let drainDeadline: ContinuousClock.Instant
         /// How long the caller has after the cut to pin its snapshot.
         let limit: Duration
         /// When the hold ends by itself: `limit` after the cut.
-        var releaseAt: ContinuousClock.Instant
+        private(set) var releaseAt: ContinuousClock.Instant
         /// A `capture.start`'s (whose capture stops when no cut could be made), not a
         /// `broker.hold`'s (a backup's, which leaves a running capture alone).
-        var forCapture: Bool
+        let forCapture: Bool
+
+        /// A hold of at most `limit` (within 1 ms and ``BrokerState/maximumHold``) that waits for
+        /// the flights `inTheAir`, for the caller (`client`, `correlation`).
+        init(inTheAir: [UInt64], limit: Duration, client: [UInt8], correlation: [UInt8], forCapture: Bool, now: ContinuousClock.Instant) {
+            let limit = min(max(limit, .milliseconds(1)), BrokerState.maximumHold)
+            draining = Set(inTheAir)
+            waiting = (client, correlation)
+            drainDeadline = now + limit
+            self.limit = limit
+            releaseAt = now + limit
+            self.forCapture = forCapture
+        }
+
+        /// When ``check(now:)`` next has something to do.
+        var nextWakeup: ContinuousClock.Instant { waiting == nil ? releaseAt : drainDeadline }
+
+        /// Holds `intake` (costing `bytes`) unless the held bytes would pass `budget`.
+        mutating func take(_ intake: Intake, bytes: Int, budget: Int, now: ContinuousClock.Instant) -> Bool {
+            guard heldBytes + bytes <= budget else { return false }
+            held.append((intake, now))
+            heldBytes += bytes
+            return true
+        }
+
+        /// A flight ended: one fewer to wait for before the cut.
+        mutating func flightClosed(_ id: UInt64) {
+            if !draining.isEmpty { draining.remove(id) }
+        }
+
+        /// Drops a held request its client cancelled; false when none was held under that id.
+        mutating func cancel(client: [UInt8], correlation: [UInt8]) -> Bool {
+            guard let index = held.firstIndex(where: { $0.intake.client == client && $0.intake.correlation == correlation }) else { return false }
+            let removed = held.remove(at: index)
+            heldBytes -= removed.intake.payload.byteCount + BrokerState.waiterBytes(removed.intake)
+            return true
+        }
+
+        /// What is due at `now`.
+        enum Due {
+            case nothing
+            /// The requests in the air are answered: answer the caller (the cut); the hold
+            /// goes on until ``releaseAt``.
+            case cut(client: [UInt8], correlation: [UInt8])
+            /// They were not answered within the limit: the hold fails with this error.
+            case failed(CanopyError)
+            /// The cut's limit passed without `capture.release`: the hold ends.
+            case expired
+        }
+
+        mutating func check(now: ContinuousClock.Instant) -> Due {
+            if let waiting {
+                if draining.isEmpty {
+                    self.waiting = nil
+                    releaseAt = now + limit
+                    return .cut(client: waiting.client, correlation: waiting.correlation)
+                }
+                if now >= drainDeadline {
+                    return .failed(CanopyError(.timeout, "\(draining.count) request(s) in the air were not answered within the hold's limit, so no cut could be made; no snapshot was taken (try again when the stack is less busy, or with a longer hold)"))
+                }
+                return .nothing
+            }
+            return now >= releaseAt ? .expired : .nothing
+        }
     }
 
     /// The longest hold a caller may ask for.
@@ -46,10 +110,8 @@ extension BrokerState {
     /// ``CaptureControl/holdFailed(_:stopCapture:)`` when they are not within `limit`.
     mutating func beginHold(limit: Duration, client: [UInt8], correlation: [UInt8], forCapture: Bool = true, now: ContinuousClock.Instant,
                             into out: inout [Directive]) {
-        let limit = min(max(limit, .milliseconds(1)), Self.maximumHold)
         let inTheAir = flights.ids.filter { id in flights[id].map { !Self.isDerived($0.header) } ?? false }
-        hold = Hold(draining: Set(inTheAir), waiting: (client, correlation), drainDeadline: now + limit, limit: limit, releaseAt: now + limit,
-                    forCapture: forCapture)
+        hold = Hold(inTheAir: inTheAir, limit: limit, client: client, correlation: correlation, forCapture: forCapture, now: now)
         checkHold(now: now, into: &out)
     }
 
@@ -58,47 +120,22 @@ extension BrokerState {
     mutating func holds(_ intake: Intake, now: ContinuousClock.Instant, into out: inout [Directive]) -> Bool {
         guard hold != nil, !Self.isDerived(intake.header) else { return false }
         let bytes = intake.payload.byteCount + Self.waiterBytes(intake)
-        guard heldBytes + hold!.heldBytes + bytes <= configuration.maximumHeldBytes else {
+        if !hold!.take(intake, bytes: bytes, budget: configuration.maximumHeldBytes - flights.heldBytes, now: now) {
             rejected += 1
             send(CanopyError(.busy, "the broker holds requests while a snapshot is taken, and holds \(hold!.heldBytes) bytes of them already; retry in a moment"),
                  to: intake, into: &out)
-            return true
         }
-        hold!.held.append((intake, now))
-        hold!.heldBytes += bytes
-        return true
-    }
-
-    /// A flight ended: one fewer to wait for before the cut.
-    mutating func noteClosedForHold(_ flight: Flight) {
-        guard hold != nil, !hold!.draining.isEmpty else { return }
-        hold!.draining.remove(flight.id)
-    }
-
-    /// A held request its client cancelled: dropped unanswered, as a queued one would be.
-    mutating func cancelHeld(client: [UInt8], correlation: [UInt8]) -> Bool {
-        guard let index = hold?.held.firstIndex(where: { $0.intake.client == client && $0.intake.correlation == correlation }) else { return false }
-        let removed = hold!.held.remove(at: index)
-        hold!.heldBytes -= removed.intake.payload.byteCount + Self.waiterBytes(removed.intake)
         return true
     }
 
     /// Answers the waiting `capture.start` once drained, fails it past its deadline, and ends
     /// a hold that reached its limit.
     mutating func checkHold(now: ContinuousClock.Instant, into out: inout [Directive]) {
-        guard let current = hold else { return }
-        if let waiting = current.waiting {
-            if current.draining.isEmpty {
-                hold!.waiting = nil
-                hold!.releaseAt = now + current.limit
-                out.append(.captureControl(.cut, client: waiting.client, correlation: waiting.correlation))
-            } else if now >= current.drainDeadline {
-                let error = CanopyError(.timeout, "\(current.draining.count) request(s) in the air were not answered within the hold's limit, so no cut could be made; no snapshot was taken (try again when the stack is less busy, or with a longer hold)")
-                releaseHold(snapshot: nil, failing: error, now: now, into: &out)
-            }
-            return
-        }
-        if now >= current.releaseAt {
+        switch hold?.check(now: now) ?? .nothing {
+        case .nothing: break
+        case .cut(let client, let correlation): out.append(.captureControl(.cut, client: client, correlation: correlation))
+        case .failed(let error): releaseHold(snapshot: nil, failing: error, now: now, into: &out)
+        case .expired:
             out.append(.log("a hold for a snapshot reached its limit and ended without capture.release", peer: []))
             releaseHold(snapshot: nil, now: now, into: &out)
         }
