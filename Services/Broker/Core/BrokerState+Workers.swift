@@ -12,8 +12,8 @@ extension BrokerState {
             out.append(.log("worker refused: \(reason)", peer: peer.bytes))
             out.append(.send(to: peer.bytes, .brokerDisconnect(reason: reason)))
         }
-        guard let name = serviceName(Array(service.utf8)) else { return refuse("invalid or reserved service name; use 1 to 128 of a-z, 0-9, '.', '-', '_', not 'broker' or 'mmi.'") }
-        if let reason = unauthorizedWorker(key, service: name) { return refuse(reason) }
+        guard let name = KeyPolicy.serviceName(Array(service.utf8)) else { return refuse("invalid or reserved service name; use 1 to 128 of a-z, 0-9, '.', '-', '_', not 'broker' or 'mmi.'") }
+        if let reason = keys.unauthorizedWorker(key, service: name) { return refuse(reason) }
         guard credit >= 1, credit <= 100_000 else {
             return refuse("credit must be a 4-byte big-endian number from 1 to 100000")
         }
@@ -33,6 +33,7 @@ extension BrokerState {
     public mutating func replaceKeys(workers: WorkerKeys, clients: Set<String>?, into out: inout [Directive]) {
         configuration.workerKeys = workers
         configuration.clientKeys = clients
+        keys = KeyPolicy(workerKeys: workers, clientKeys: clients)
         let now = ContinuousClock.now
         for worker in Array(self.workers.all) where !workers.allows(worker.key, service: worker.service.name) {
             out.append(.log("worker removed: its key left the allow-list", peer: worker.identity.bytes))
@@ -41,48 +42,8 @@ extension BrokerState {
         }
     }
 
-    /// Why a request from the peer that authenticated with `key` is refused, or `nil` when
-    /// it may call (always without CURVE, or when any client may).
-    func unauthorizedCaller(_ key: String?) -> String? {
-        guard let clients = configuration.clientKeys, let key else { return nil }
-        if clients.contains(key) || configuration.workerKeys?.services[key] != nil { return nil }
-        return "this key is no longer on the broker's allow-list; the operator adds it again (--curve-allow, then SIGHUP)"
-    }
-
-    /// Why a request that says a service made it (``RequestHeader/Flag/derived``: operations of
-    /// ``Access/service`` take only those) is refused from the peer that authenticated with
-    /// `key`: with an allow-list in force, only a worker's key may say so. `nil` when it may.
-    func unauthorizedService(_ key: String?, flags: UInt8) -> String? {
-        guard flags & RequestHeader.Flag.derived != 0, let workers = configuration.workerKeys else { return nil }
-        if let key, workers.services[key] != nil { return nil }
-        return "only a service's worker key may make a request as a service (the derived flag); this key is a client's"
-    }
-
-    /// Why the peer that authenticated with `key` may not serve `service`, or `nil` when it may
-    /// (always, when the broker runs without an allow-list).
-    func unauthorizedWorker(_ key: String?, service: String) -> String? {
-        guard let allowList = configuration.workerKeys, !allowList.allows(key, service: service) else { return nil }
-        return key == nil
-            ? "this broker takes workers only over CURVE with an allowed key; give the worker --curve-server-key and --curve-secret-key-file"
-            : "this worker's CURVE key may not serve '\(service)'; the operator adds its public key to the broker's allow-list (--curve-allow) as a worker of it"
-    }
-
-    /// Whether a message for `worker` came with another CurveZMQ key than the worker registered
-    /// with: a peer that took over its routing identity. Only with an allow-list in force.
-    func impersonates(_ worker: Worker, key: String?) -> Bool {
-        configuration.workerKeys != nil && worker.key != key
-    }
-
-    /// A valid service name a worker may register, or `nil`.
-    func serviceName(_ frame: [UInt8]) -> String? {
-        guard Wire.isValidName(frame) else { return nil }
-        let name = String(decoding: frame, as: UTF8.self)
-        guard name != Broker.service, !name.hasPrefix(Broker.service + "."), !name.hasPrefix(Majordomo.managementPrefix) else { return nil }
-        return name
-    }
-
     /// Adds a worker to its service; returns why not when it cannot join.
-    private mutating func register(
+    mutating func register(
         _ peer: PeerKey, dialect: Dialect, service name: String, operations: [String: OperationDescriptor],
         majordomoDescriptor: OperationDescriptor? = nil, credit: Int, key: String?, now: ContinuousClock.Instant, into out: inout [Directive]
     ) -> String? {
@@ -258,84 +219,5 @@ extension BrokerState {
             }
         }
         service.queue.prepend(contentsOf: skipped)
-    }
-
-    // MARK: - Majordomo
-
-    /// A Majordomo (7/MDP) message: `["", "MDPC01" | "MDPW01", ...]`.
-    mutating func receiveMajordomo(_ frames: [[UInt8]], from peer: [UInt8], key: String?, now: ContinuousClock.Instant, into out: inout [Directive]) {
-        let message: MajordomoMessage
-        do {
-            message = try MajordomoMessage(frames: frames)
-        } catch {
-            // A Majordomo client's error must name a valid service, and a worker gets no errors.
-            return dropMalformed("malformed Majordomo message: \(error.reason.rawValue)", peer: peer, into: &out)
-        }
-        if case .reply = message {
-            // An oversized reply still answers its callers; majordomoWorker checks it.
-        } else if let oversized = frames.first(where: { $0.count > configuration.maximumFrameBytes }) {
-            rejected += 1
-            out.append(.log("frame over the size limit", peer: peer))
-            if case .client(let service, _) = message {
-                out.append(.sendMajordomo(to: peer, .client(service: service, body: MajordomoBridge.errorBody(tooLarge(oversized.count), codec: codec))))
-            }
-            return
-        }
-        if case .client(let service, let body) = message {
-            majordomoClient(service: service, body: body, from: peer, now: now, into: &out)
-        } else {
-            majordomoWorker(message, from: PeerKey(peer), key: key, now: now, into: &out)
-        }
-    }
-
-    private mutating func majordomoClient(service: [UInt8], body: [[UInt8]], from client: [UInt8], now: ContinuousClock.Instant, into out: inout [Directive]) {
-        let workers = self.workers
-        switch MajordomoBridge.clientRequest(service: service, body: body, from: client, dialect: { workers.service($0)?.dialect },
-                                             hasWorkers: { workers.service($0)?.workers.isEmpty == false }, codec: codec) {
-        case .intake(let intake):
-            admit(intake, now: now, into: &out)
-        case .answer(let frames, let refused):
-            if refused { rejected += 1 }
-            out.append(.sendMajordomo(to: client, .client(service: service, body: frames)))
-        }
-    }
-
-    private mutating func majordomoWorker(_ message: MajordomoMessage, from peer: PeerKey, key: String?, now: ContinuousClock.Instant, into out: inout [Directive]) {
-        // A worker's messages must come with the key it registered with (an identity is not proof).
-        let known = workers[peer].flatMap { $0.dialect == .majordomo && !impersonates($0, key: key) ? $0 : nil }
-        switch message {
-        case .ready(let service):
-            func refuse(_ reason: String) {
-                out.append(.log("worker refused: \(reason)", peer: peer.bytes))
-                out.append(.sendMajordomo(to: peer.bytes, .disconnect))
-            }
-            guard let name = serviceName(service) else { return refuse("invalid or reserved Majordomo service name") }
-            if let reason = unauthorizedWorker(key, service: name) { return refuse(reason) }
-            let coalesced = configuration.majordomoCoalescedServices.contains(name)
-            if let reason = register(peer, dialect: .majordomo, service: name, operations: [:],
-                                     majordomoDescriptor: MajordomoBridge.workerDescriptor(coalesced: coalesced),
-                                     credit: 1, key: key, now: now, into: &out) {
-                refuse(reason)
-            }
-        case .reply(let client, let body):
-            guard let worker = known else { return out.append(.sendMajordomo(to: peer.bytes, .disconnect)) }
-            worker.expiry = now + configuration.workerExpiry
-            guard let id = Wire.uint64(client) else {
-                return dropMalformed("malformed Majordomo reply", peer: peer.bytes, into: &out)
-            }
-            if let oversized = body.first(where: { $0.count > configuration.maximumFrameBytes }) {
-                rejected += 1
-                out.append(.log("worker reply over the size limit", peer: peer.bytes))
-                return complete(id, by: worker, .failure(oversizedReply(oversized.count, flight: id)), now: now, into: &out)
-            }
-            complete(id, by: worker, .reply(Payload(frames: body), fromMajordomo: true), now: now, into: &out)
-        case .heartbeat:
-            guard let worker = known else { return out.append(.sendMajordomo(to: peer.bytes, .disconnect)) }
-            worker.expiry = now + configuration.workerExpiry
-        case .disconnect:
-            if known != nil { workerGone(peer, now: now, into: &out) }
-        case .request, .client:
-            dropMalformed("Majordomo REQUEST is sent by the broker, not to it", peer: peer.bytes, into: &out)
-        }
     }
 }

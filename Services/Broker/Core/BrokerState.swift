@@ -70,6 +70,8 @@ public struct BrokerState {
     var flights: FlightTable
     /// Workers and the services they make up.
     var workers = WorkerTable()
+    /// The allow-list in force (``replaceKeys(workers:clients:into:)`` changes it).
+    var keys: KeyPolicy
     var nextHeartbeat: ContinuousClock.Instant
     var rejected: UInt64 = 0
     /// Messages dropped or refused because they were malformed (bad frames, bad commands).
@@ -106,6 +108,7 @@ public struct BrokerState {
         self.configuration = configuration
         self.startedAt = now
         flights = FlightTable(startedAt: now)
+        keys = KeyPolicy(workerKeys: configuration.workerKeys, clientKeys: configuration.clientKeys)
         self.nextHeartbeat = now + configuration.heartbeatInterval
         self.startupGraceEnds = now + configuration.workerExpiry
     }
@@ -202,7 +205,7 @@ public struct BrokerState {
         }
         switch message {
         case .workerReply, .workerHeartbeat, .workerDisconnect, .drain:
-            if let worker = workers[PeerKey(peer)], impersonates(worker, key: key) {
+            if let worker = workers[PeerKey(peer)], keys.impersonates(worker, key: key) {
                 dropMalformed("worker message with another key than the worker registered with", peer: peer, into: &out)
                 return
             }
@@ -210,7 +213,7 @@ public struct BrokerState {
         }
         switch message {
         case .request(let request):
-            if let reason = unauthorizedCaller(key) ?? unauthorizedService(key, flags: request.header.flags) {
+            if let reason = keys.unauthorizedCaller(key) ?? keys.unauthorizedService(key, flags: request.header.flags) {
                 rejected += 1
                 replyError(to: peer, correlation: request.correlation, CanopyError(.unauthorized, reason), into: &out)
                 return

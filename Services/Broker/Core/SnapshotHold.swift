@@ -167,12 +167,4 @@ extension BrokerState {
         }
         return true
     }
-
-    /// The mark record: the snapshot is consistent with the capture up to here (every request
-    /// recorded after it came after the cut).
-    func capturedMark(snapshot: String?, held: Int) -> CaptureEvent {
-        let body = (try? codec.encode(CaptureMark(snapshot: snapshot, held: held))) ?? []
-        return CaptureEvent(record: CaptureRecord(kind: .mark, time: 0, client: "", service: Broker.service, operation: "mark", correlation: [],
-                                                  header: RequestHeader(timeoutMilliseconds: 0), body: body), clientIdentity: [])
-    }
 }
