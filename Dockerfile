@@ -13,12 +13,12 @@ COPY Package.swift ./
 RUN swift package resolve
 COPY . .
 RUN set -eux; \
-    for product in canopy-broker canopy canopy-images canopy-care canopy-identify canopy-remind canopy-batch; do \
+    for product in canopy-broker canopy canopy-images canopy-care canopy-identify canopy-remind canopy-api; do \
         swift build -c release --static-swift-stdlib --product "$product"; \
     done; \
     mkdir -p /out; \
     bin="$(swift build -c release --show-bin-path)"; \
-    cp "$bin"/canopy "$bin"/canopy-broker "$bin"/canopy-images "$bin"/canopy-care "$bin"/canopy-identify "$bin"/canopy-remind "$bin"/canopy-batch /out/; \
+    cp "$bin"/canopy "$bin"/canopy-broker "$bin"/canopy-images "$bin"/canopy-care "$bin"/canopy-identify "$bin"/canopy-remind "$bin"/canopy-api /out/; \
     cp -R "$bin"/*.resources /out/
 
 # --- runtime: the libraries the executables link (libcurl4 for Foundation's networking, which
@@ -30,7 +30,7 @@ RUN set -eux; \
 FROM debian:bookworm-slim
 ARG SWIFT_VERSION
 LABEL org.opencontainers.image.title="Canopy" \
-      org.opencontainers.image.description="Plant-care backend: message-bus services (broker, images, care, identify, remind, batch) and the canopy CLI" \
+      org.opencontainers.image.description="Plant-care backend: message-bus services (broker, images, care, identify, remind, api) and the canopy CLI" \
       org.opencontainers.image.source="https://github.com/canopy/canopy" \
       org.opencontainers.image.licenses="Apache-2.0" \
       dev.canopy.swift-version="${SWIFT_VERSION}"

@@ -158,9 +158,9 @@ targets += service("Remind", core: "CanopyRemind", executable: "canopy-remind",
         P.collections, P.crypto, P.grdb, P.jwtKit, P.logging, P.metrics, P.nioSSL, P.postgresNIO, P.serviceLifecycle,
     ],
     executableDependencies: ["CanopyStore"])
-// canopy-batch: the HTTP API apps call, generated from its OpenAPI document
+// canopy-api: the HTTP API apps call, generated from its OpenAPI document
 // (Core/openapi.yaml, which docs/openapi.yaml links to) by the generator's build plugin.
-targets += service("API", core: "CanopyAPI", executable: "canopy-batch",
+targets += service("API", core: "CanopyAPI", executable: "canopy-api",
     dependencies: [
         "CanopyBus", "CanopyMessages", "CanopyServiceKit", "CanopyWire", "CanopyStore", "CanopyOutbound", P.crypto, P.grdb, P.httpTypes, P.hummingbird,
         P.jwtKit, P.logging, P.metrics, P.nioCore, P.nioHTTP1, P.openAPIHummingbird, P.openAPIRuntime, P.postgresNIO, P.serviceLifecycle,
@@ -213,20 +213,20 @@ targets += [
     tests("CanopyAPITests", [
         "CanopySamples", "CanopyAPI", "CanopyCare", "CanopyRemind", "CanopyImages", "CanopyIdentify", "CanopyImaging",
         "CanopyBus", "CanopyBroker", "CanopyTesting", "CanopyServiceKit", "CanopyCapture", "CanopyReplay", "CanopyMessages",
-        "canopy-batch", "CanopyOutbound", P.asyncHTTPClient, P.crypto, P.grdb, P.hummingbird, P.jwtKit, P.nioCore, P.nioHTTP1, P.yams,
+        "canopy-api", "CanopyOutbound", P.asyncHTTPClient, P.crypto, P.grdb, P.hummingbird, P.jwtKit, P.nioCore, P.nioHTTP1, P.yams,
     ]),
     tests("CanopyCareTests", [
         "CanopyCare", "CanopyImages", "CVips", "CanopyBus", "CanopyBroker", "CanopyStore", "CanopyTesting", "CanopyServiceKit", "canopy-care",
     ]),
     tests("EndToEndTests", [
         "CanopySamples", "CanopyServiceKit", "CanopyStore", "CanopyTesting", "CanopyCapture", "CanopyReplay", "CanopyImaging",
-        "canopy", "canopy-broker", "canopy-images", "canopy-care", "canopy-identify", "canopy-remind", "canopy-batch",
+        "canopy", "canopy-broker", "canopy-images", "canopy-care", "canopy-identify", "canopy-remind", "canopy-api",
         P.asyncHTTPClient, P.crypto, P.grdb, P.nioCore, P.nioHTTP1,
     ]),
     tests("DeploymentTests", [
         "CanopySamples", "CanopyDeployment", "CanopyServiceKit", "CanopyStore", "CanopyTesting", "CanopyImaging", "CanopyCapture", "CanopyBus",
         "CanopyMessages", "canopy", "canopy-broker",
-        "canopy-images", "canopy-care", "canopy-identify", "canopy-remind", "canopy-batch", P.grdb, P.yams,
+        "canopy-images", "canopy-care", "canopy-identify", "canopy-remind", "canopy-api", P.grdb, P.yams,
     ]),
     tests("CanopyCaptureTests", [
         "CanopyCapture", "CanopyReplay", "CanopyBroker", "CanopyBus", "CanopyWire", "CanopyMessages", "CanopyTesting",
@@ -249,7 +249,7 @@ let package = Package(
         .executable(name: "canopy-care", targets: ["canopy-care"]),
         .executable(name: "canopy-identify", targets: ["canopy-identify"]),
         .executable(name: "canopy-remind", targets: ["canopy-remind"]),
-        .executable(name: "canopy-batch", targets: ["canopy-batch"]),
+        .executable(name: "canopy-api", targets: ["canopy-api"]),
         .library(name: "CanopyMessages", targets: ["CanopyMessages"]),
         .library(name: "CanopyBus", targets: ["CanopyBus"]),
         .library(name: "CanopyBroker", targets: ["CanopyBroker"]),
@@ -273,7 +273,7 @@ let package = Package(
         .package(url: "https://github.com/hummingbird-project/hummingbird", from: "2.28.1"),
         .package(url: "https://github.com/swift-server/async-http-client", from: "1.37.0"),
         .package(url: "https://github.com/vapor/multipart-kit", from: "4.7.1"),
-        // canopy-batch's server is generated from docs/openapi.yaml.
+        // canopy-api's server is generated from docs/openapi.yaml.
         .package(url: "https://github.com/apple/swift-openapi-generator", from: "1.14.3"),
         .package(url: "https://github.com/apple/swift-openapi-runtime", from: "1.13.4"),
         .package(url: "https://github.com/hummingbird-project/swift-openapi-hummingbird", from: "2.1.0"),

@@ -15,8 +15,8 @@ import CanopyAPI
 import ServiceLifecycle
 import Synchronization
 
-/// canopy-batch, the HTTP edge, under load from wrk (Debian): (1) a thumbnail GET (a
-/// memory-cache hit) through canopy-batch against the same bus call made directly by the
+/// canopy-api, the HTTP edge, under load from wrk (Debian): (1) a thumbnail GET (a
+/// memory-cache hit) through canopy-api against the same bus call made directly by the
 /// pipelined bus load generator and against a bare Hummingbird route answering the same bytes
 /// from memory, at the same concurrency; (2) a collection screen (a page of plants, then each
 /// plant's thumbnail and next task) from many app sessions, implicit batching on against off:
@@ -25,7 +25,7 @@ import Synchronization
 struct EdgeBenchmark: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "edge",
-        abstract: "canopy-batch under wrk: thumbnail GETs against the bus call and a bare Hummingbird route; a collection screen with implicit batching on and off.",
+        abstract: "canopy-api under wrk: thumbnail GETs against the bus call and a bare Hummingbird route; a collection screen with implicit batching on and off.",
         discussion: "Needs wrk (apt-get install wrk). Example: canopy-bench edge --seconds 5 --connections 1,16,64 --sessions 50 --plants 100")
 
     @Option(help: "Seconds measured per setup and load.") var seconds = 5
@@ -36,8 +36,8 @@ struct EdgeBenchmark: AsyncParsableCommand {
     @Option(help: "Rounds per setup; the best counts (the machine is shared and noisy).") var rounds = 2
     @Option(help: "What to measure: thumbnail, collection, keys; comma-separated.") var parts = "thumbnail,collection,keys"
     @Option(help: "Connections for the POSTs with and without an Idempotency-Key, comma-separated.") var keyConnections = "16,64"
-    @Option(help: "Batches of one kind in the air before lookups wait (canopy-batch's --batch-in-flight) for the edge with implicit batching on.")
-    var batchInFlight = BatchServiceSettings(http: .anyLoopbackPort, bus: .init(endpoint: "tcp://127.0.0.1:1"), tokenKey: []).batchInFlight
+    @Option(help: "Batches of one kind in the air before lookups wait (canopy-api's --batch-in-flight) for the edge with implicit batching on.")
+    var batchInFlight = APIServiceSettings(http: .anyLoopbackPort, bus: .init(endpoint: "tcp://127.0.0.1:1"), tokenKey: []).batchInFlight
 
     func run() async throws {
         guard let wrk = which("wrk") else { throw CommandFailure("wrk is not installed; apt-get install wrk, then run again") }
@@ -48,9 +48,9 @@ struct EdgeBenchmark: AsyncParsableCommand {
         defer { try? FileManager.default.removeItem(at: directory) }
         let key = Array("the canopy-bench edge signing key, long enough".utf8)
 
-        // The stack: canopy-images and canopy-care behind the broker, canopy-batch twice (implicit
+        // The stack: canopy-images and canopy-care behind the broker, canopy-api twice (implicit
         // batching on, and off), and a bare Hummingbird route.
-        var edges: [BatchHTTPServer] = []
+        var edges: [APIHTTPServer] = []
         let bare = BareRoute()
         let stack = try await BenchStack(logger: logger) { endpoint, context in
             var images = ImageServiceSettings(directory: directory.appendingPathComponent("images"), runner: .init(endpoint: endpoint))
@@ -61,14 +61,14 @@ struct EdgeBenchmark: AsyncParsableCommand {
             services += try await buildCareService(settings: care, context: context, logger: logger)
             // Implicit batching on, off, and (on) with a store keeping idempotency keys.
             for (window, keyed) in [(Duration.milliseconds(2), false), (.zero, false), (.milliseconds(2), true)] {
-                var settings = BatchServiceSettings(http: .anyLoopbackPort, bus: .init(endpoint: endpoint), tokenKey: key)
+                var settings = APIServiceSettings(http: .anyLoopbackPort, bus: .init(endpoint: endpoint), tokenKey: key)
                 settings.rateLimit = 1_000_000
                 settings.rateBurst = 1_000_000
                 settings.batchWindow = window
                 settings.batchInFlight = batchInFlight
-                if keyed { settings.store = try await openBatchStore(directory: directory.appendingPathComponent("batch"), postgres: nil, logger: logger) }
-                let built = try buildBatchService(settings: settings, context: context, logger: logger)
-                edges += built.compactMap { $0 as? BatchHTTPServer }
+                if keyed { settings.store = try await openAPIStore(directory: directory.appendingPathComponent("api"), postgres: nil, logger: logger) }
+                let built = try buildAPIService(settings: settings, context: context, logger: logger)
+                edges += built.compactMap { $0 as? APIHTTPServer }
                 services += built
             }
             return services + [bare]
@@ -134,13 +134,13 @@ struct EdgeBenchmark: AsyncParsableCommand {
                          "\(direct.p50)", "\(direct.p99)", "1.00", "in process", "\(direct.errors)"])
             rows.append(["images.variant, raw frames (pipelined generator)", "\(connections)", String(format: "%.0f", bus.throughput), "\(bus.p50)", "\(bus.p99)",
                          String(format: "%.2f", Double(bus.p99) / baseline), String(format: "%.2f", bus.generatorCoreShare), "\(bus.errors)"])
-            for (name, result) in [("GET through canopy-batch, implicit batching on", on), ("GET through canopy-batch, batching off", off),
+            for (name, result) in [("GET through canopy-api, implicit batching on", on), ("GET through canopy-api, batching off", off),
                                    ("GET from a bare Hummingbird route (memory)", hummingbird)] {
                 rows.append([name, "\(connections)", String(format: "%.0f", result.throughput), "\(result.p50)", "\(result.p99)",
                              String(format: "%.2f", Double(result.p99) / baseline), String(format: "%.2f", result.generatorCoreShare), "\(result.errors)"])
             }
         }
-        print("\n(1) thumbnail GET, memory hit: canopy-batch against the same bus call and a bare Hummingbird route (target: p99 at most 1.30 of the same call made directly)")
+        print("\n(1) thumbnail GET, memory hit: canopy-api against the same bus call and a bare Hummingbird route (target: p99 at most 1.30 of the same call made directly)")
         printTable(rows)
         fflush(nil) // out now, also when it goes to a file
 
@@ -238,7 +238,7 @@ struct EdgeBenchmark: AsyncParsableCommand {
         printTable(rows)
 
         // What the store's two transactions cost alone, one after another on one thread.
-        let store = try await openBatchStore(directory: directory.appendingPathComponent("alone"), postgres: nil, logger: Logger(label: "canopy-bench"))
+        let store = try await openAPIStore(directory: directory.appendingPathComponent("alone"), postgres: nil, logger: Logger(label: "canopy-bench"))
         let kept = KeptAnswer(status: 200, headers: [["Content-Type", "application/json"]], body: [UInt8](repeating: 0x61, count: 300))
         let clock = ContinuousClock()
         var best = Duration.seconds(1)
@@ -410,7 +410,7 @@ struct WrkRunner {
 }
 
 /// The HTTP stack's own limit: a Hummingbird route answering a thumbnail's bytes from memory,
-/// with the headers canopy-batch sends.
+/// with the headers canopy-api sends.
 final class BareRoute: Service, Sendable {
     let bytes = Mutex(Data())
     let port = BoundPort(listener: "the bare Hummingbird route")

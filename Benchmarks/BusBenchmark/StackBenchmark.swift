@@ -292,8 +292,8 @@ struct StackRig: Sendable {
     }
 
     func token(_ stack: Layout, user: String) throws -> String {
-        let issued = try run("canopy-batch", ["token", "issue", "--user", user, "--days", "1", "--token-key-file", stack.launch.tokenKeyFile])
-        guard issued.status == 0 else { throw BenchmarkFailure("canopy-batch token issue failed: \(issued.text)") }
+        let issued = try run("canopy-api", ["token", "issue", "--user", user, "--days", "1", "--token-key-file", stack.launch.tokenKeyFile])
+        guard issued.status == 0 else { throw BenchmarkFailure("canopy-api token issue failed: \(issued.text)") }
         return issued.text.trimmingCharacters(in: .whitespacesAndNewlines)
     }
 

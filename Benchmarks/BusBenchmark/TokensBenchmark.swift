@@ -14,7 +14,7 @@ import CanopyAPI
 import ServiceLifecycle
 
 /// What a provider's token costs the edge against Canopy's own HS256: (1) verifying a token
-/// not seen before, per algorithm, in process; (2) through canopy-batch under wrk, a GET of a
+/// not seen before, per algorithm, in process; (2) through canopy-api under wrk, a GET of a
 /// person's collection with one token (each request after the first answered from the
 /// verified-token cache) and with a new token for every request (every one verified), HS256
 /// against RS256 (keys from a local OpenID provider, fetched once and kept).
@@ -74,18 +74,18 @@ struct TokensBenchmark: AsyncParsableCommand {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-bench-tokens-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(at: directory) }
-        var edges: [BatchHTTPServer] = []
+        var edges: [APIHTTPServer] = []
         let stack = try await BenchStack(logger: logger) { endpoint, context in
             var care = CareServiceSettings(directory: directory.appendingPathComponent("care"), runner: .init(endpoint: endpoint))
             care.runner.credit = 64
             var services = try await buildCareService(settings: care, context: context, logger: logger)
-            var settings = BatchServiceSettings(http: .anyLoopbackPort, bus: .init(endpoint: endpoint), tokenKeys: [key])
+            var settings = APIServiceSettings(http: .anyLoopbackPort, bus: .init(endpoint: endpoint), tokenKeys: [key])
             settings.rateLimit = 1_000_000
             settings.rateBurst = 1_000_000
             settings.trustedIssuers = trusted
             settings.jwksAllowedHosts = ["127.0.0.1"]
-            let built = try buildBatchService(settings: settings, context: context, logger: logger)
-            edges += built.compactMap { $0 as? BatchHTTPServer }
+            let built = try buildAPIService(settings: settings, context: context, logger: logger)
+            edges += built.compactMap { $0 as? APIHTTPServer }
             services += built
             return services
         }
@@ -132,7 +132,7 @@ struct TokensBenchmark: AsyncParsableCommand {
                               String(format: "%.2f", ratios.sorted()[ratios.count / 2]), String(format: "%.2f", max(hs.generatorCoreShare, rs.generatorCoreShare))])
             }
         }
-        print("\n(2) GET /v1/plants?limit=5 through canopy-batch under wrk, \(seconds) s a run, \(rounds) rounds (the last shown)")
+        print("\n(2) GET /v1/plants?limit=5 through canopy-api under wrk, \(seconds) s a run, \(rounds) rounds (the last shown)")
         printTable(table)
         print("RS256 keys fetched \(provider.keySetFetches) time(s) by the edges and the in-process authorities")
         await stack.shutdown()

@@ -17,7 +17,7 @@ import Tracing
 /// What tracing costs, in the same run: (1) the broker under the pipelined load with no
 /// tracer against a tracer with nothing sampled, 1% and 100% of requests carrying a sampled
 /// trace context (its waiter, flight and dispatch spans exported over OTLP/HTTP); (2)
-/// canopy-batch, as a process, under wrk with no collector (no tracer and no tracing middleware:
+/// canopy-api, as a process, under wrk with no collector (no tracer and no tracing middleware:
 /// no tracing code on the path), a collector named but `OTEL_SDK_DISABLED=true`, a collector
 /// with nothing sampled, 1% and 100% sampled. Spans go to a receiver in this process that reads nothing, so the collector's
 /// work does not count; the exporter's does, in the process that exports.
@@ -241,9 +241,9 @@ struct TracingCost: AsyncParsableCommand {
 
     func edge(endpoint: String, logger: Logger) async throws {
         guard let wrk = which("wrk") else { throw CommandFailure("wrk is not installed; apt-get install wrk, then run again") }
-        let batch = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath().deletingLastPathComponent().appendingPathComponent("canopy-batch")
+        let batch = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath().deletingLastPathComponent().appendingPathComponent("canopy-api")
         guard FileManager.default.isExecutableFile(atPath: batch.path) else {
-            throw CommandFailure("canopy-batch is not next to canopy-bench; build it (swift build -c release --product canopy-batch)")
+            throw CommandFailure("canopy-api is not next to canopy-bench; build it (swift build -c release --product canopy-api)")
         }
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-bench-tracing-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
@@ -288,8 +288,8 @@ struct TracingCost: AsyncParsableCommand {
             ("1% sampled", collectorEnvironment.merging(["OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.01"]) { $1 }),
             ("100% sampled", collectorEnvironment.merging(["OTEL_TRACES_SAMPLER": "parentbased_always_on"]) { $1 }),
         ]
-        print("canopy-bench tracing, edge: canopy-batch (a process) under wrk \(runner.version), \(connections) connections, GET /v1/plants (10 plants, through the broker to canopy-care), \(seconds) s per setup, \(rounds) rounds")
-        var comparison = Comparison(setups: setups.map(\.name), generator: "wrk cores", cpuColumns: ["canopy-batch"])
+        print("canopy-bench tracing, edge: canopy-api (a process) under wrk \(runner.version), \(connections) connections, GET /v1/plants (10 plants, through the broker to canopy-care), \(seconds) s per setup, \(rounds) rounds")
+        var comparison = Comparison(setups: setups.map(\.name), generator: "wrk cores", cpuColumns: ["canopy-api"])
         for round in 1...rounds {
             var measured: [String: any Figures] = [:], cpu: [String: [Double]] = [:]
             for setup in comparison.order(round: round).compactMap({ name in setups.first { $0.name == name } }) {
@@ -309,7 +309,7 @@ struct TracingCost: AsyncParsableCommand {
         comparison.print(target: "off and 1% within 3%")
     }
 
-    /// Runs `body` against a `canopy-batch serve` process with `environment`, then stops it.
+    /// Runs `body` against a `canopy-api serve` process with `environment`, then stops it.
     static func withEdge<T>(_ executable: URL, bus: String, keyFile: String, data: String, environment: [String: String],
                             _ body: (_ http: String, _ pid: Int32) throws -> T) async throws -> T {
         let port = FreePorts.any()
@@ -328,7 +328,7 @@ struct TracingCost: AsyncParsableCommand {
         }
         let deadline = ContinuousClock.now + .seconds(30)
         while !(try await answers(port)) {
-            guard ContinuousClock.now < deadline, process.isRunning else { throw BenchmarkFailure("canopy-batch did not start listening on \(port)") }
+            guard ContinuousClock.now < deadline, process.isRunning else { throw BenchmarkFailure("canopy-api did not start listening on \(port)") }
             try await Task.sleep(for: .milliseconds(50))
         }
         return try body("127.0.0.1:\(port)", process.processIdentifier)

@@ -144,7 +144,7 @@ struct Backup: AsyncParsableCommand {
     /// Every SQLite store in `directory` checked to be Canopy's (``StoreFile``), with a sentence.
     static func checkStores(in directory: URL) throws {
         for (service, plan) in Migrate.stores {
-            let path = directory.appendingPathComponent("\(service)/\(service).sqlite").path
+            let path = Migrate.storeFile(service, in: directory).path
             guard FileManager.default.fileExists(atPath: path) else { continue }
             do {
                 try StoreFile.check(path: path, store: service, tables: plan.tables.map(\.name))

@@ -44,7 +44,7 @@ struct Demo: AsyncParsableCommand {
 
         try await steps.run("a bearer token for \(person)") {
             api.token = try Up.demoToken(executables, key: stack.layout.tokenKey, user: person)
-            return "canopy-batch token issue, signed with \(stack.layout.tokenKey.path)"
+            return "canopy-api token issue, signed with \(stack.layout.tokenKey.path)"
         }
         try await steps.run("reference photos of \(Self.species.count) species") {
             try await loadReferences(executables)

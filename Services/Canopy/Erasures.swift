@@ -14,7 +14,7 @@ struct Erasures: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "List the accounts deleted, and delete them again from stores restored from an older backup.",
         discussion: """
-            canopy-batch records every account deletion as the person's sign-out digest (a keyed
+            canopy-api records every account deletion as the person's sign-out digest (a keyed
             hash of their id under the token key) and its time, never the id. A backup taken
             before a deletion still holds the person: after restoring one, run
             canopy erasures apply on the running stack, which finds the people whose digests
@@ -27,7 +27,7 @@ struct Erasures: AsyncParsableCommand {
             """,
         subcommands: [List.self, Apply.self])
 
-    /// Where the erasures are kept: canopy-batch's store in the data directory, or PostgreSQL.
+    /// Where the erasures are kept: canopy-api's store in the data directory, or PostgreSQL.
     struct Source: ParsableArguments {
         @OptionGroup var stack: StackOptions
         @OptionGroup var database: DatabaseOptions
@@ -46,27 +46,28 @@ struct Erasures: AsyncParsableCommand {
             return formatter.date(from: text)
         }
 
-        /// canopy-batch's store, which must exist already (nothing is made here).
-        func store() async throws -> any BatchStoring {
+        /// canopy-api's store, which must exist already (nothing is made here).
+        func store() async throws -> any APIStoring {
             let postgres = try database.postgres()
-            let directory = stack.layout.dataDirectory.appendingPathComponent("batch")
+            let directory = stack.layout.dataDirectory.appendingPathComponent(CanopyAPIStore.directoryName)
             if postgres == nil {
-                let path = directory.appendingPathComponent("batch.sqlite").path
+                try CanopyAPIStore.adoptFormerStore(in: stack.layout.dataDirectory)
+                let path = directory.appendingPathComponent("api.sqlite").path
                 guard FileManager.default.fileExists(atPath: path) else {
-                    throw CommandFailure("no canopy-batch store in \(directory.path); name the stack's data directory with --data-dir (canopy status shows it), or --database-url")
+                    throw CommandFailure("no canopy-api store in \(directory.path); name the stack's data directory with --data-dir (canopy status shows it), or --database-url")
                 }
                 try Backup.checkStores(in: stack.layout.dataDirectory) // another program's file is named, never opened for writing
             }
             var logger = Logger(label: "canopy-erasures")
             logger.logLevel = .error
             do {
-                return try await openBatchStore(directory: directory, postgres: postgres, logger: logger)
+                return try await openAPIStore(directory: directory, postgres: postgres, logger: logger)
             } catch let failure as PostgresStore.Failure {
                 throw CommandFailure(failure.description)
             }
         }
 
-        func erasures(_ store: any BatchStoring) throws -> [Erasure] {
+        func erasures(_ store: any APIStoring) throws -> [Erasure] {
             let from = since.flatMap(Self.date) ?? .distantPast
             return try store.erasures().filter { $0.at >= from }
         }
@@ -101,19 +102,19 @@ struct Erasures: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Delete again, on the running stack, every listed account that its stores (restored from a backup) still hold.",
             discussion: """
-                Reads the erasures (canopy-batch's store, or --digests-file), finds everyone the
+                Reads the erasures (canopy-api's store, or --digests-file), finds everyone the
                 stack's stores hold data of whose digest under the token key is listed, and for
                 each deletes the account again through canopy-care (care.account.delete, which has
-                every other service forget them) and canopy-batch's idempotency records, and
+                every other service forget them) and canopy-api's idempotency records, and
                 records the sign-out again. Run it with the stack up (canopy up --data-dir DIR).
                 Example: canopy erasures apply --data-dir ./.canopy
                 """)
 
         @OptionGroup var source: Source
         @OptionGroup var common: CommonOptions
-        @Option(help: ArgumentHelp("The digests to apply, one a line (canopy erasures list --digests), instead of canopy-batch's store's list.", valueName: "file"))
+        @Option(help: ArgumentHelp("The digests to apply, one a line (canopy erasures list --digests), instead of canopy-api's store's list.", valueName: "file"))
         var digestsFile: String?
-        @Option(help: ArgumentHelp("canopy-batch's token signing key (default: <data-dir>/token.key); repeat for keys rotated out.", valueName: "file"))
+        @Option(help: ArgumentHelp("canopy-api's token signing key (default: <data-dir>/token.key); repeat for keys rotated out.", valueName: "file"))
         var tokenKeyFile: [String] = []
 
         func run() async throws {
@@ -139,7 +140,7 @@ struct Erasures: AsyncParsableCommand {
             do {
                 keys = try keyFiles.map { file throws(CanopyError) in try TokenAuthority.key(file: file, value: nil) }
             } catch {
-                throw CommandFailure("\(error.message); name canopy-batch's token key with --token-key-file")
+                throw CommandFailure("\(error.message); name canopy-api's token key with --token-key-file")
             }
             let digests = SignOutDigest(tokenKeys: keys)
             let wanted = Set(listed)

@@ -18,7 +18,7 @@ struct Migrate: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Move a single-host install into PostgreSQL and a shared photo store, checked by counts and checksums.",
         discussion: """
-            Every SQLite store in --from (care, remind, identify, images, batch) is copied into the
+            Every SQLite store in --from (care, remind, identify, images, api) is copied into the
             database --to names, one transaction a store: its tables emptied and filled, then
             counted and checksummed against the source before anything commits. The stores are
             read through SQLite's online backup (as canopy backup does), so the stack may run
@@ -47,8 +47,19 @@ struct Migrate: AsyncParsableCommand {
     /// Every store `canopy migrate` moves, by the directory it lives in.
     static let stores: [(service: String, plan: StoreImport)] = [
         ("care", careStoreImport), ("remind", remindStoreImport), ("identify", identifyStoreImport), ("images", imagesStoreImport),
-        ("batch", batchStoreImport),
+        ("api", apiStoreImport),
     ]
+
+    /// Where `service`'s SQLite store is in a data directory or a backup: `<service>/<service>.sqlite`,
+    /// or canopy-api's under its former name (`batch/batch.sqlite`) in one made before the
+    /// rename, read where it is (a source is never changed).
+    static func storeFile(_ service: String, in directory: URL) -> URL {
+        let file = directory.appendingPathComponent("\(service)/\(service).sqlite")
+        guard service == CanopyAPIStore.directoryName, !FileManager.default.fileExists(atPath: file.path) else { return file }
+        let former = CanopyAPIStore.formerName
+        let old = directory.appendingPathComponent("\(former)/\(former).sqlite")
+        return FileManager.default.fileExists(atPath: old.path) ? old : file
+    }
 
     func run() async throws {
         let url: DatabaseURL
@@ -58,7 +69,7 @@ struct Migrate: AsyncParsableCommand {
             throw ValidationError(error.description)
         }
         let source = URL(fileURLWithPath: from, isDirectory: true).standardizedFileURL
-        let present = Self.stores.filter { FileManager.default.fileExists(atPath: source.appendingPathComponent("\($0.service)/\($0.service).sqlite").path) }
+        let present = Self.stores.filter { FileManager.default.fileExists(atPath: Self.storeFile($0.service, in: source).path) }
         guard !present.isEmpty else {
             throw CommandFailure("no stores in \(source.path); name a data directory (canopy status shows it) or a backup of one")
         }
@@ -68,7 +79,7 @@ struct Migrate: AsyncParsableCommand {
         // Each source is this store's, before anything is read from it.
         for (service, plan) in present {
             do {
-                try StoreFile.check(path: source.appendingPathComponent("\(service)/\(service).sqlite").path, store: service, tables: plan.tables.map(\.name))
+                try StoreFile.check(path: Self.storeFile(service, in: source).path, store: service, tables: plan.tables.map(\.name))
             } catch {
                 throw CommandFailure("\(error.description); nothing was migrated")
             }
@@ -81,7 +92,7 @@ struct Migrate: AsyncParsableCommand {
         var logger = Logger(label: "canopy-migrate")
         logger.logLevel = .error
         for (service, _) in present {
-            try Backup.copyStore(from: source.appendingPathComponent("\(service)/\(service).sqlite"), to: snapshot.appendingPathComponent("\(service).sqlite"))
+            try Backup.copyStore(from: Self.storeFile(service, in: source), to: snapshot.appendingPathComponent("\(service).sqlite"))
         }
         // Every store checked against the target before anything is written to it: one
         // refusal leaves the database (and the photos) as they were.

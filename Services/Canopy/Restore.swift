@@ -68,7 +68,7 @@ struct Restore: AsyncParsableCommand {
             guard check == "ok" else { throw CommandFailure("\(path) fails SQLite's integrity check (\(check.prefix(200))); restore another backup") }
         }
         let key = try tokenKeyFile.map { file -> Data in
-            guard let key = FileManager.default.contents(atPath: file) else { throw CommandFailure("cannot read --token-key-file \(file); name canopy-batch's token key") }
+            guard let key = FileManager.default.contents(atPath: file) else { throw CommandFailure("cannot read --token-key-file \(file); name canopy-api's token key") }
             return key
         }
         try FileManager.default.createDirectory(at: target, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])

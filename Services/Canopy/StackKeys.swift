@@ -6,7 +6,7 @@ import Glibc
 
 /// A local stack's CurveZMQ keys (`<data-dir>/keys`): made on its first `canopy up`, so that
 /// on one machine too only the stack's own processes can serve or call. Each service serves
-/// with its own key, for its own service alone; canopy-batch and the operator's CLI call with
+/// with its own key, for its own service alone; canopy-api and the operator's CLI call with
 /// theirs; any other local process has none and is refused at the handshake (a worker
 /// pretending to be a service, a client naming someone as the principal). Two stacks on one
 /// machine each have their own keys.

@@ -43,7 +43,7 @@ struct Up: ParsableCommand {
     var brokers: Int = Environment.int("CANOPY_BROKERS", default: 1)
     @Option(help: ArgumentHelp("Where the HTTP API listens. Env: CANOPY_HTTP.", valueName: "host:port"))
     var http: String = Environment.string("CANOPY_HTTP") ?? "127.0.0.1:8080"
-    @Option(help: ArgumentHelp("The broker's /metrics port; the services take the next five (9400: 9401 images … 9405 batch). Env: CANOPY_METRICS_BASE.", valueName: "port"))
+    @Option(help: ArgumentHelp("The broker's /metrics port; the services take the next five (9400: 9401 images … 9405 api). Env: CANOPY_METRICS_BASE.", valueName: "port"))
     var metricsBase: Int = Environment.int("CANOPY_METRICS_BASE", default: 9400)
     @Option(help: ArgumentHelp("The clock every service goes by (system, fixed:…, from:…; see --help of a service). Env: CANOPY_CLOCK.", valueName: "clock"))
     var clock: String = Environment.string("CANOPY_CLOCK") ?? "system"
@@ -330,14 +330,14 @@ struct Up: ParsableCommand {
 
     static func demoToken(_ executables: URL, key: URL, user: String = "demo") throws -> String {
         let issue = Process()
-        issue.executableURL = executables.appendingPathComponent("canopy-batch")
+        issue.executableURL = executables.appendingPathComponent("canopy-api")
         issue.arguments = ["token", "issue", "--user", user, "--days", "7", "--token-key-file", key.path]
         let pipe = Pipe()
         issue.standardOutput = pipe
         try issue.run()
         let token = String(decoding: pipe.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
         issue.waitUntilExit()
-        guard issue.terminationStatus == 0, !token.isEmpty else { throw CommandFailure("canopy-batch token issue failed") }
+        guard issue.terminationStatus == 0, !token.isEmpty else { throw CommandFailure("canopy-api token issue failed") }
         return token
     }
 }

@@ -36,7 +36,7 @@ public enum CanopyStack {
         Service(name: "care", executable: "canopy-care", metricsPort: 9402, scales: true, keepsData: true),
         Service(name: "identify", executable: "canopy-identify", metricsPort: 9403, scales: true, keepsData: true),
         Service(name: "remind", executable: "canopy-remind", metricsPort: 9404, scales: true, keepsData: true),
-        Service(name: "batch", executable: "canopy-batch", metricsPort: 9405, scales: false, keepsData: true),
+        Service(name: "api", executable: "canopy-api", metricsPort: 9405, scales: false, keepsData: true),
     ]
 
     /// Where one local stack's processes listen and keep their data: what `canopy up` passes
@@ -47,23 +47,23 @@ public enum CanopyStack {
         public var endpoint: String
         /// ``endpoint`` as a list.
         public var endpoints: [String] { endpoint.split(separator: ",").map(String.init) }
-        /// canopy-batch's HTTP address (`HOST:PORT`).
+        /// canopy-api's HTTP address (`HOST:PORT`).
         public var http: String
         /// The stores' directory.
         public var dataDirectory: String
         /// The broker's metrics port; every other service's is its usual offset from 9400 above it.
         public var metricsBase: Int
-        /// canopy-batch's token signing key file.
+        /// canopy-api's token signing key file.
         public var tokenKeyFile: String
         /// The stack's CurveZMQ key files, or nil for a bus without CurveZMQ (`--no-curve`).
         public var curve: CurveFiles?
 
         /// - Parameters:
         ///   - endpoint: the broker's endpoint.
-        ///   - http: canopy-batch's HTTP address.
+        ///   - http: canopy-api's HTTP address.
         ///   - dataDirectory: the stores' directory.
         ///   - metricsBase: the broker's metrics port.
-        ///   - tokenKeyFile: canopy-batch's token signing key file.
+        ///   - tokenKeyFile: canopy-api's token signing key file.
         ///   - curve: the stack's CurveZMQ key files, or nil for none.
         public init(endpoint: String, http: String, dataDirectory: String, metricsBase: Int, tokenKeyFile: String, curve: CurveFiles? = nil) {
             self.endpoint = endpoint
@@ -98,7 +98,7 @@ public enum CanopyStack {
                 arguments += ["--bind", endpoints[min(replica, endpoints.count) - 1], "--name", replica == 1 ? "broker" : "broker-\(replica)",
                               "--max-frame-bytes", "33554432", "--capture-dir", dataDirectory]
                 if let curve { arguments += ["--curve-secret-key-file", curve.secretKey(CurveFiles.broker), "--curve-allow", curve.allowList] }
-            case "batch":
+            case "api":
                 arguments += ["--endpoint", endpoint, "--http", http, "--token-key-file", tokenKeyFile, "--data-dir", dataDirectory]
             default:
                 arguments += ["--endpoint", endpoint, "--data-dir", dataDirectory]
@@ -114,14 +114,14 @@ public enum CanopyStack {
     /// A local stack's CurveZMQ key files, in one directory (`canopy up` makes them in
     /// `<data-dir>/keys` on its first start): one pair the brokers share, one per service, one
     /// for the operator's CLI; and the brokers' allow-list, each service's key for its own
-    /// service alone (`worker KEY care`), canopy-batch's and the operator's as clients.
+    /// service alone (`worker KEY care`), canopy-api's and the operator's as clients.
     public struct CurveFiles: Sendable, Equatable {
         /// The brokers' key pair's name.
         public static let broker = "broker"
         /// The key pairs that may serve, each its own service.
-        public static let workers = CanopyStack.services.filter { $0 != CanopyStack.broker && $0.name != "batch" }.map(\.name)
+        public static let workers = CanopyStack.services.filter { $0 != CanopyStack.broker && $0.name != "api" }.map(\.name)
         /// The key pairs that may only call: the HTTP edge, and the operator's CLI.
-        public static let clients = ["batch", "operator"]
+        public static let clients = ["api", "operator"]
 
         /// The directory of the files.
         public var directory: String

@@ -13,7 +13,7 @@ extension Care {
         public static let notesBytes = 10_000
         public static let imageIDs = 200
         public static let idBytes = 200
-        /// A caller's idempotency key (`tasks.complete`, `tasks.skip`): canopy-batch sends 64 hex digits.
+        /// A caller's idempotency key (`tasks.complete`, `tasks.skip`): canopy-api sends 64 hex digits.
         public static let requestKeyBytes = 128
         public static let searchBytes = 200
         public static let titleBytes = 200

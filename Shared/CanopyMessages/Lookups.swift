@@ -1,7 +1,7 @@
 import Foundation
 
 /// Multi-key lookups: several keys of one kind, possibly for several people, in one bus
-/// request. canopy-batch gathers the lookups its callers make within a short window (for
+/// request. canopy-api gathers the lookups its callers make within a short window (for
 /// example the 100 thumbnails and 100 next tasks of a collection screen, from many apps at
 /// once) and sends them as one of these; each key names the person it is looked up for, and
 /// the service checks that person's rights to that key alone, so each key's answer is its

@@ -5,7 +5,7 @@ import Synchronization
 /// Which requests the HTTP edge records, decided before any span is made: the edge is where
 /// traces begin (every other process records a request only when its caller's context is
 /// sampled), and starting spans it then did not record (with their attributes, and the bus
-/// calls' checks under them) was about 4% of canopy-batch's CPU samples at 1% sampling
+/// calls' checks under them) was about 4% of canopy-api's CPU samples at 1% sampling
 /// (docs/PERFORMANCE.md, "Tracing"). So the edge applies the
 /// configured sampler (`OTEL_TRACES_SAMPLER`, `OTEL_TRACES_SAMPLER_ARG`) itself, and its tracer
 /// records every span the edge makes (``tracerSampler``).

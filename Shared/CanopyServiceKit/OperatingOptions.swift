@@ -16,11 +16,11 @@ public struct OperatingOptions: ParsableArguments {
         public static let care = "127.0.0.1:9402"
         public static let identify = "127.0.0.1:9403"
         public static let remind = "127.0.0.1:9404"
-        public static let batch = "127.0.0.1:9405"
+        public static let api = "127.0.0.1:9405"
         public static let testWorker = "off"
     }
 
-    @Option(help: ArgumentHelp("Where /metrics and /health listen, HOST:PORT, or 'off' (default per executable: broker 9400, images 9401, care 9402, identify 9403, remind 9404, batch 9405 on 127.0.0.1). Env: CANOPY_METRICS_BIND.", valueName: "host:port"))
+    @Option(help: ArgumentHelp("Where /metrics and /health listen, HOST:PORT, or 'off' (default per executable: broker 9400, images 9401, care 9402, identify 9403, remind 9404, api 9405 on 127.0.0.1). Env: CANOPY_METRICS_BIND.", valueName: "host:port"))
     public var metricsBind: String?
 
     /// The flag, else `CANOPY_METRICS_BIND`, else `nil` (the executable's default).

@@ -76,7 +76,7 @@ public enum Traces {
 
     /// Whether `environment` turns traces on: an OTLP endpoint is named and tracing is not
     /// disabled. When not, the edge leaves its tracing middleware out altogether (a no-op one
-    /// still cost canopy-batch some 8% of its CPU per request in `canopy-bench tracing`).
+    /// still cost canopy-api some 8% of its CPU per request in `canopy-bench tracing`).
     public static func isEnabled(_ environment: [String: String] = ProcessInfo.processInfo.environment) -> Bool {
         let endpoint = environment["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] ?? environment["OTEL_EXPORTER_OTLP_ENDPOINT"] ?? ""
         return !endpoint.isEmpty && !isDisabled(environment)

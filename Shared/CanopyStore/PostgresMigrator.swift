@@ -19,6 +19,9 @@ public struct PostgresMigrator: Sendable {
 
     /// The store the migrations belong to (`care`, `remind`, …).
     public let store: String
+    /// Names the store had before (`batch`, for canopy-api's): a database migrated under one
+    /// has its records moved to ``store`` at the next migration.
+    public let formerNames: [String]
     public private(set) var migrations: [Migration] = []
 
     /// A migration that cannot be applied, or a database this Canopy cannot use.
@@ -26,8 +29,9 @@ public struct PostgresMigrator: Sendable {
         public let description: String
     }
 
-    public init(store: String) {
+    public init(store: String, formerNames: [String] = []) {
         self.store = store
+        self.formerNames = formerNames
     }
 
     /// Adds the next migration (names are unique per store; a migration, once released, never
@@ -58,6 +62,22 @@ public struct PostgresMigrator: Sendable {
                     appliedAt TIMESTAMPTZ NOT NULL DEFAULT now(),
                     PRIMARY KEY (store, name))
                 """, logger: logger)
+            for former in formerNames {
+                // The store's records under its former name become its own (once: a database
+                // that has both keeps what it has under the present name).
+                try await connection.query("""
+                    UPDATE canopy_migrations SET store = \(store)
+                    WHERE store = \(former) AND NOT EXISTS (SELECT 1 FROM canopy_migrations WHERE store = \(store))
+                    """, logger: logger)
+                try await connection.query("""
+                    DO $$ BEGIN
+                        IF to_regclass('canopy_imports') IS NOT NULL THEN
+                            UPDATE canopy_imports SET store = '\(unescaped: store)' WHERE store = '\(unescaped: former)'
+                              AND NOT EXISTS (SELECT 1 FROM canopy_imports WHERE store = '\(unescaped: store)');
+                        END IF;
+                    END $$
+                    """, logger: logger)
+            }
         }
         var applied: [String] = []
         for migration in migrations {
@@ -102,7 +122,11 @@ public struct PostgresMigrator: Sendable {
 
     private func applied(_ connection: PostgresConnection, logger: Logger) async throws -> [String] {
         var names: [String] = []
-        let rows = try await connection.query("SELECT name FROM canopy_migrations WHERE store = \(store) ORDER BY appliedAt, name", logger: logger)
+        // A database not migrated since the store was renamed has its records under a former name.
+        let rows = try await connection.query("""
+            SELECT name FROM canopy_migrations WHERE store = ANY(\([store] + formerNames))
+            ORDER BY appliedAt, name
+            """, logger: logger)
         for try await name in rows.decode(String.self) { names.append(name) }
         return names
     }

@@ -50,3 +50,29 @@ public enum StoreFile {
         return "\(error)"
     }
 }
+
+extension StoreFile {
+    /// Moves a store a data directory keeps under a service's former name into its present
+    /// one, once: `<data>/<former>/<former>.sqlite` (with its `-wal` and `-shm`) becomes
+    /// `<data>/<name>/<name>.sqlite`, so an install made before the rename keeps its data.
+    /// Nothing happens when the present store exists already or there is no former one.
+    ///
+    /// - Returns: whether it moved the store.
+    @discardableResult
+    public static func adopt(formerName former: String, as name: String, in dataDirectory: URL) throws -> Bool {
+        let manager = FileManager.default
+        let (old, new) = (dataDirectory.appendingPathComponent(former), dataDirectory.appendingPathComponent(name))
+        let oldStore = old.appendingPathComponent("\(former).sqlite")
+        guard manager.fileExists(atPath: oldStore.path), !manager.fileExists(atPath: new.appendingPathComponent("\(name).sqlite").path) else { return false }
+        try manager.createDirectory(at: new, withIntermediateDirectories: true)
+        // The write-ahead log first and the database last: a move cut short leaves the
+        // database where it was, found and adopted again at the next start.
+        for suffix in ["-shm", "-wal", ""] {
+            let from = old.appendingPathComponent("\(former).sqlite\(suffix)")
+            guard manager.fileExists(atPath: from.path) else { continue }
+            try manager.moveItem(at: from, to: new.appendingPathComponent("\(name).sqlite\(suffix)"))
+        }
+        if (try? manager.contentsOfDirectory(atPath: old.path))?.isEmpty == true { try? manager.removeItem(at: old) }
+        return true
+    }
+}

@@ -119,7 +119,7 @@ public struct StoreImport: Sendable {
     private func decide(shapes: [Shape], session: PostgresSession, install: String, url: DatabaseURL) throws -> Target {
         let reports = try shapes.map { try summary(of: $0, in: session) }
         if zip(shapes, reports).allSatisfy({ shape, report in shape.table.seeded || report.rows == 0 }) { return .empty }
-        let record = try Self.record(of: store, in: session)
+        let record = try Self.record(of: [store] + migrator.formerNames, in: session)
         guard let record else {
             throw Refused(description: "the \(store) store in \(url) already holds \(Self.rows(reports)) that canopy migrate did not put there; migrate into an empty database, or drop its tables first")
         }
@@ -134,10 +134,13 @@ public struct StoreImport: Sendable {
     }
 
     /// What `canopy_imports` recorded of `store`'s last import, if the table and the row exist.
-    private static func record(of store: String, in session: PostgresSession) throws -> (source: String, install: String?, sourceChecksum: String, targetChecksum: String, at: String)? {
+    /// `names`: the store's name, then its former ones (a database not migrated since the rename).
+    private static func record(of names: [String], in session: PostgresSession) throws -> (source: String, install: String?, sourceChecksum: String, targetChecksum: String, at: String)? {
         guard try session.value(Bool.self, "SELECT to_regclass('canopy_imports') IS NOT NULL") ?? false else { return nil }
         // As JSON: a record an older canopy migrate wrote has no install column.
-        guard let text = try session.value(String.self, "SELECT to_jsonb(i)::text FROM canopy_imports i WHERE store = \(store)"),
+        guard let text = try session.value(String.self, """
+                SELECT to_jsonb(i)::text FROM canopy_imports i WHERE store = ANY(\(names)) ORDER BY store = \(names[0]) DESC LIMIT 1
+                """),
               let row = try? JSONSerialization.jsonObject(with: Data(text.utf8)) as? [String: Any] else { return nil }
         return (row["source"] as? String ?? "?", row["install"] as? String, row["sourcechecksum"] as? String ?? "", row["targetchecksum"] as? String ?? "",
                 row["importedat"] as? String ?? "?")
@@ -177,7 +180,7 @@ public struct StoreImport: Sendable {
             let sourceChecksum = Self.combined(sourceReports)
             _ = try decide(shapes: shapes, session: session, install: install, url: url) // refuses what is not this install's
             let targetReports = try shapes.map { try summary(of: $0, in: session) }
-            if let record = try Self.record(of: store, in: session), record.install == install, record.sourceChecksum == sourceChecksum,
+            if let record = try Self.record(of: [store] + migrator.formerNames, in: session), record.install == install, record.sourceChecksum == sourceChecksum,
                record.targetChecksum == Self.combined(targetReports) {
                 return Report(outcome: .unchanged, tables: targetReports)
             }

@@ -8,7 +8,7 @@ import NIOCore
 import Testing
 @testable import CanopyAPI
 
-extension LiveBatchTests.BatchIdentificationTests {
+extension LiveAPITests.APIIdentificationTests {
     /// `DELETE /v1/account`: everything the person owns goes from every service (plants,
     /// tasks, preferences, devices, reminders, identifications, photos), another person's
     /// stays, and every token the person was issued is refused from then on; a request
@@ -17,7 +17,7 @@ extension LiveBatchTests.BatchIdentificationTests {
     @Test func deletingAnAccountRemovesEverythingThePersonOwnsAndSignsThemOut() async throws {
         let directory = try TemporaryDirectory("account-deletion")
         defer { directory.remove() }
-        let store = try await openBatchStore(directory: directory.url, postgres: nil, logger: Logger(label: "test"))
+        let store = try await openAPIStore(directory: directory.url, postgres: nil, logger: Logger(label: "test"))
         let window = Duration.seconds(10) // the refusals are checked well inside it, however loaded the machine
         try await Self.withIdentifyStack(reminders: true, erasureWindow: window, configure: { $0.store = store }) { stack in
             var tokens: [String: String] = [:]
@@ -76,7 +76,7 @@ extension LiveBatchTests.BatchIdentificationTests {
         }
     }
 
-    func submit(_ stack: LiveBatchTests.BatchAPITests.Stack, token: String, _ photo: [UInt8]) async throws -> LiveBatchTests.BatchAPITests.Answer {
+    func submit(_ stack: LiveAPITests.APITests.Stack, token: String, _ photo: [UInt8]) async throws -> LiveAPITests.APITests.Answer {
         var request = HTTPClientRequest(url: stack.base + "/v1/identifications")
         request.method = .POST
         request.headers.add(name: "Authorization", value: "Bearer \(token)")
@@ -84,6 +84,6 @@ extension LiveBatchTests.BatchIdentificationTests {
         request.body = .bytes(ByteBuffer(bytes: Self.form([("photo", "image/jpeg", photo), ("organ", nil, Array("leaf".utf8))])))
         let response = try await HTTPClient.shared.execute(request, timeout: .seconds(60))
         let body = try await response.body.collect(upTo: 1_048_576)
-        return LiveBatchTests.BatchAPITests.Answer(status: Int(response.status.code), headers: [:], body: Array(body.readableBytesView))
+        return LiveAPITests.APITests.Answer(status: Int(response.status.code), headers: [:], body: Array(body.readableBytesView))
     }
 }

@@ -5,11 +5,11 @@ import Foundation
 import NIOCore
 import Testing
 
-/// canopy-batch's traces as a process runs them: configured by the standard `OTEL_*`
+/// canopy-api's traces as a process runs them: configured by the standard `OTEL_*`
 /// variables, exported over OTLP/HTTP (JSON here) to a local receiver that answers as an
 /// OpenTelemetry collector does, continuing the W3C `traceparent` an app sent.
 struct EdgeTracingTests {
-    /// A running `canopy-batch serve` on its own ports, with `environment`; what it wrote to
+    /// A running `canopy-api serve` on its own ports, with `environment`; what it wrote to
     /// standard error once it ended.
     @discardableResult
     static func withEdge(environment: [String: String], _ body: (_ http: String) async throws -> Void) async throws -> String {
@@ -18,8 +18,8 @@ struct EdgeTracingTests {
         defer { try? FileManager.default.removeItem(at: directory) }
         try Data("dG9rZW4ta2V5LWZvci10ZXN0cy1vbmx5LXRva2VuLWtleS1mb3ItdGVzdHMtb25seQ==".utf8).write(to: directory.appendingPathComponent("token.key"))
         let process = Process()
-        process.executableURL = try LiveBus.executable("canopy-batch")
-        // Port 0: the system's choice, read back from the `batch.listening` line, so no other
+        process.executableURL = try LiveBus.executable("canopy-api")
+        // Port 0: the system's choice, read back from the `api.listening` line, so no other
         // test's process can take the port between a choice and the bind.
         process.arguments = ["serve", "--endpoint", "tcp://127.0.0.1:\(FreePorts.any())", "--http", "127.0.0.1:0", "--metrics-bind", "off",
                              "--log-level", "info", "--token-key-file", directory.appendingPathComponent("token.key").path,
@@ -39,14 +39,14 @@ struct EdgeTracingTests {
         // process that ends instead stops the wait at once.
         _ = try await eventually(within: .seconds(90), every: .milliseconds(50)) {
             let text = (try? String(contentsOf: errors, encoding: .utf8)) ?? ""
-            if let range = text.range(of: #"batch\.address=127\.0\.0\.1:[1-9][0-9]*"#, options: .regularExpression) {
-                found = String(text[range].dropFirst("batch.address=".count))
+            if let range = text.range(of: #"api\.address=127\.0\.0\.1:[1-9][0-9]*"#, options: .regularExpression) {
+                found = String(text[range].dropFirst("api.address=".count))
             }
             return found != nil || !process.isRunning
         }
         let written = (try? String(contentsOf: errors, encoding: .utf8)) ?? ""
-        let http = try #require(found, "canopy-batch did not start listening; it wrote: \(written.suffix(1_500))")
-        #expect(try await eventually(within: .seconds(30)) { (try? await Self.get(http, "/v1/plants", traceparent: nil)) != nil }, "canopy-batch did not answer")
+        let http = try #require(found, "canopy-api did not start listening; it wrote: \(written.suffix(1_500))")
+        #expect(try await eventually(within: .seconds(30)) { (try? await Self.get(http, "/v1/plants", traceparent: nil)) != nil }, "canopy-api did not answer")
         try await body(http)
         // SIGTERM: the exporter, stopped last, sends what is left.
         process.terminate()
@@ -77,7 +77,7 @@ struct EdgeTracingTests {
         }
         let spans = collector.spans
         let edge = try #require(spans.first { $0.traceID == trace })
-        #expect(edge.parentSpanID == parent && edge.spanID.count == 16 && edge.spanID != parent && edge.service == "canopy-batch", "\(edge)")
+        #expect(edge.parentSpanID == parent && edge.spanID.count == 16 && edge.spanID != parent && edge.service == "canopy-api", "\(edge)")
         #expect(edge.name == "/v1/plants", "the route: \(edge.name)")
         #expect(!spans.contains { $0.traceID == "0af7651916cd43dd8448eb211c80319c" }, "an unsampled trace is not exported")
     }
@@ -130,7 +130,7 @@ struct EdgeTracingTests {
             #expect(try await Self.get(http, "/v1/plants", traceparent: "00-\(trace)-\(parent)-01") == 401)
             #expect(try await eventually(within: .seconds(20)) { collector.spans.contains { $0.traceID == trace } })
         }
-        let roots = collector.spans.filter { $0.traceID != trace && $0.service == "canopy-batch" }
+        let roots = collector.spans.filter { $0.traceID != trace && $0.service == "canopy-api" }
         // 8 expected; 1 to 24 holds but for about one run in a million.
         #expect((1...24).contains(roots.count), "\(roots.count) of 400 recorded at 2%")
         #expect(roots.allSatisfy { $0.parentSpanID.isEmpty }, "new traces begin at the edge")
@@ -142,6 +142,6 @@ struct EdgeTracingTests {
         let errors = try await Self.withEdge(environment: ["OTEL_EXPORTER_OTLP_PROTOCOL": "http/json", "OTEL_TRACES_SAMPLER": "always_on", "OTEL_LOG_LEVEL": "debug"]) { http async throws in
             #expect(try await Self.get(http, "/v1/plants", traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01") == 401)
         }
-        #expect(errors.contains("batch.listening") && !errors.contains("swift-otel"), "\(errors.suffix(800))")
+        #expect(errors.contains("api.listening") && !errors.contains("swift-otel"), "\(errors.suffix(800))")
     }
 }

@@ -17,8 +17,8 @@ import CanopyRemind
 import Testing
 @testable import CanopyAPI
 
-extension LiveBatchTests {
-    /// The golden capture: a scripted journey through canopy-batch that touches every service
+extension LiveAPITests {
+    /// The golden capture: a scripted journey through canopy-api that touches every service
     /// (identify a photo, accept it, add a plant with a photo, its variants and palette, its
     /// tasks, a device, a batch, another person trying the first one's data), recorded at the
     /// broker with every service on a fixed clock. `Tests/Fixtures/captures/journey.ccap` holds
@@ -34,9 +34,9 @@ extension LiveBatchTests {
                 .appendingPathComponent("Fixtures/captures/journey.ccap").path
         }
 
-        /// Every service behind canopy-batch, each on ``clock``, the broker capturing into
+        /// Every service behind canopy-api, each on ``clock``, the broker capturing into
         /// `capture` when given.
-        static func withGoldenStack(capture: String? = nil, _ body: (BatchAPITests.Stack) async throws -> Void) async throws {
+        static func withGoldenStack(capture: String? = nil, _ body: (APITests.Stack) async throws -> Void) async throws {
             let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-golden-\(UUID().uuidString)")
             defer { try? FileManager.default.removeItem(at: directory) }
             var configuration = BrokerConfiguration.testing
@@ -55,23 +55,23 @@ extension LiveBatchTests {
                 var identify = IdentificationServiceSettings(directory: directory.appendingPathComponent("identify"), runner: bus.runnerConfiguration())
                 identify.clock = clock
                 let tools = try IdentificationTools(databasePath: identify.databasePath)
-                for (index, name) in BatchIdentificationTests.species.enumerated() {
+                for (index, name) in APIIdentificationTests.species.enumerated() {
                     try tools.addReferences(.init(scientificName: name, commonNames: ["Test plant \(index)"], family: "Testaceae"),
                                             photos: try (1...3).map { try SyntheticPlant.species(index).photo(seed: $0) })
                 }
                 bus.run(try await buildIdentificationService(settings: identify, context: bus.context, logger: bus.logger))
-                let batch = try buildBatchService(settings: BatchServiceSettings(http: .anyLoopbackPort, bus: .init(endpoint: bus.endpoint), tokenKey: BatchAPITests.key),
+                let batch = try buildAPIService(settings: APIServiceSettings(http: .anyLoopbackPort, bus: .init(endpoint: bus.endpoint), tokenKey: APITests.key),
                                                   context: bus.context, logger: bus.logger)
-                let http = try #require(batch.first { $0 is BatchHTTPServer } as? BatchHTTPServer)
+                let http = try #require(batch.first { $0 is APIHTTPServer } as? APIHTTPServer)
                 bus.run(batch)
                 for service in [Images.service, Care.service, Reminders.service, Identification.service] { try await bus.waitForWorkers(1, service: service) }
-                try await body(BatchAPITests.Stack(base: "http://127.0.0.1:\(try await http.boundPort())", tokens: try TokenAuthority(key: BatchAPITests.key),
+                try await body(APITests.Stack(base: "http://127.0.0.1:\(try await http.boundPort())", tokens: try TokenAuthority(key: APITests.key),
                                                    bus: TestBus(live: bus), metricsPort: 0))
             }
         }
 
         /// A body of bytes with its content type, as an app uploads a photo.
-        static func upload(_ stack: BatchAPITests.Stack, _ path: String, bytes: [UInt8], type: String) async throws -> BatchAPITests.Answer {
+        static func upload(_ stack: APITests.Stack, _ path: String, bytes: [UInt8], type: String) async throws -> APITests.Answer {
             var request = HTTPClientRequest(url: stack.base + path)
             request.method = .POST
             request.headers.add(name: "Authorization", value: "Bearer \(try await stack.token("alice"))")
@@ -79,16 +79,16 @@ extension LiveBatchTests {
             request.body = .bytes(ByteBuffer(bytes: bytes))
             let response = try await HTTPClient.shared.execute(request, timeout: .seconds(60))
             let body = try await response.body.collect(upTo: 1_048_576)
-            return BatchAPITests.Answer(status: Int(response.status.code), headers: [:], body: Array(body.readableBytesView))
+            return APITests.Answer(status: Int(response.status.code), headers: [:], body: Array(body.readableBytesView))
         }
 
         /// The journey, one request at a time, each answer checked.
-        static func journey(_ stack: BatchAPITests.Stack) async throws {
-            func ok(_ answer: BatchAPITests.Answer, _ status: Int = 200, _ what: String) {
+        static func journey(_ stack: APITests.Stack) async throws {
+            func ok(_ answer: APITests.Answer, _ status: Int = 200, _ what: String) {
                 #expect(answer.status == status, "\(what): \(String(decoding: answer.body.prefix(300), as: UTF8.self))")
             }
             // Identify a photo and accept the best match: canopy-identify, canopy-images, canopy-care.
-            let form = BatchIdentificationTests.form([("photo", "image/jpeg", try SyntheticPlant.species(1).photo(seed: 7)), ("organ", nil, Array("leaf".utf8))])
+            let form = APIIdentificationTests.form([("photo", "image/jpeg", try SyntheticPlant.species(1).photo(seed: 7)), ("organ", nil, Array("leaf".utf8))])
             let submitted = try await upload(stack, "/v1/identifications", bytes: form, type: "multipart/form-data; boundary=canopy-test-boundary")
             ok(submitted, 200, "identify")
             let identification = try #require(submitted.object["id"] as? String)
@@ -99,7 +99,7 @@ extension LiveBatchTests {
             ok(try await stack.send(.GET, "/v1/identifications?limit=5"), 200, "history")
 
             // A plant added by hand, a photo of it, its variants and palette.
-            let created = try await stack.send(.POST, "/v1/plants", json: BatchAPITests.monstera)
+            let created = try await stack.send(.POST, "/v1/plants", json: APITests.monstera)
             ok(created, 201, "add a plant")
             let plant = try #require(created.object["id"] as? String)
             let photo = try await upload(stack, "/v1/plants/\(plant)/photos", bytes: try SyntheticPlant.species(2).photo(seed: 3), type: "image/jpeg")

@@ -9,13 +9,13 @@ import NIOCore
 import Testing
 @testable import CanopyAPI
 
-/// A `canopy-batch serve` process killed after the work of a keyed request was set going and
+/// A `canopy-api serve` process killed after the work of a keyed request was set going and
 /// before it answered; the app sends the request again, with its key, to the edge started
 /// again: the plant is added once, and the answer names it.
 struct IdempotencyCrashTests {
     static let key = "dG9rZW4ta2V5LWZvci10ZXN0cy1vbmx5LXRva2VuLWtleS1mb3ItdGVzdHMtb25seQ=="
 
-    /// A running `canopy-batch serve` in front of `endpoint`, keeping its store in `data`.
+    /// A running `canopy-api serve` in front of `endpoint`, keeping its store in `data`.
     final class Edge {
         let process = Process()
         let errors: URL
@@ -23,7 +23,7 @@ struct IdempotencyCrashTests {
 
         init(endpoint: String, data: URL, directory: URL) async throws {
             errors = directory.appendingPathComponent("stderr-\(UUID().uuidString)")
-            process.executableURL = try LiveBus.executable("canopy-batch")
+            process.executableURL = try LiveBus.executable("canopy-api")
             process.arguments = ["serve", "--endpoint", endpoint, "--http", "127.0.0.1:0", "--metrics-bind", "off", "--log-level", "info",
                                  "--token-key-file", directory.appendingPathComponent("token.key").path, "--data-dir", data.path,
                                  "--idempotency-lease-ms", "1000", "--call-timeout-ms", "120000"]
@@ -34,12 +34,12 @@ struct IdempotencyCrashTests {
             var found: String?
             _ = try await eventually(within: .seconds(90), every: .milliseconds(50)) { [errors, process] in
                 let text = (try? String(contentsOf: errors, encoding: .utf8)) ?? ""
-                if let range = text.range(of: #"batch\.address=127\.0\.0\.1:[1-9][0-9]*"#, options: .regularExpression) {
-                    found = String(text[range].dropFirst("batch.address=".count))
+                if let range = text.range(of: #"api\.address=127\.0\.0\.1:[1-9][0-9]*"#, options: .regularExpression) {
+                    found = String(text[range].dropFirst("api.address=".count))
                 }
                 return found != nil || !process.isRunning
             }
-            http = try #require(found, "canopy-batch did not start listening; it wrote: \(((try? String(contentsOf: errors, encoding: .utf8)) ?? "").suffix(1_500))")
+            http = try #require(found, "canopy-api did not start listening; it wrote: \(((try? String(contentsOf: errors, encoding: .utf8)) ?? "").suffix(1_500))")
         }
 
         func kill() {

@@ -8,20 +8,20 @@ import Testing
 @testable import CanopyAPI
 
 /// `Idempotency-Key`'s rules (what a key may be, what a request finds) and its records in
-/// canopy-batch's store, in SQLite and in PostgreSQL.
+/// canopy-api's store, in SQLite and in PostgreSQL.
 @Suite(.serialized)
 struct IdempotencyKeyTests {
     /// Small limits, so that the bounds are reached in a few requests.
     static let limits = IdempotencyLimits(keysPerPerson: 20, bytesPerPerson: 8_192)
 
-    static let contract = StoreContract<any BatchStoring>("idempotency", sqlite: {
-        try await openBatchStore(directory: $0.url, postgres: nil, logger: Logger(label: "test"), idempotencyLimits: limits)
+    static let contract = StoreContract<any APIStoring>("idempotency", sqlite: {
+        try await openAPIStore(directory: $0.url, postgres: nil, logger: Logger(label: "test"), idempotencyLimits: limits)
     }) { url, _ in
-        let store = try await PostgresBatchStore.open(url: url, poolSize: 2, logger: Logger(label: "test"), idempotencyLimits: limits)
+        let store = try await PostgresAPIStore.open(url: url, poolSize: 2, logger: Logger(label: "test"), idempotencyLimits: limits)
         return (store, store.database.close)
     }
 
-    func withStore(_ backend: StoreBackend, _ body: (any BatchStoring) async throws -> Void) async throws {
+    func withStore(_ backend: StoreBackend, _ body: (any APIStoring) async throws -> Void) async throws {
         let (store, _, cleanup) = try await Self.contract.open(backend)
         defer { cleanup() }
         try await body(store)

@@ -8,15 +8,15 @@ import NIOCore
 import Testing
 @testable import CanopyAPI
 
-extension LiveBatchTests.BatchIdentificationTests {
-    typealias Answer = LiveBatchTests.BatchAPITests.Answer
-    typealias Stack = LiveBatchTests.BatchAPITests.Stack
+extension LiveAPITests.APIIdentificationTests {
+    typealias Answer = LiveAPITests.APITests.Answer
+    typealias Stack = LiveAPITests.APITests.Stack
 
-    /// Every service behind canopy-batch, with canopy-batch's store keeping keys.
+    /// Every service behind canopy-api, with canopy-api's store keeping keys.
     static func withKeyedStack(_ body: (Stack) async throws -> Void) async throws {
         let directory = try TemporaryDirectory("idempotency-stack")
         defer { directory.remove() }
-        let store = try await openBatchStore(directory: directory.url, postgres: nil, logger: Logger(label: "test"))
+        let store = try await openAPIStore(directory: directory.url, postgres: nil, logger: Logger(label: "test"))
         try await withIdentifyStack(reminders: true, configure: { $0.store = store }, body)
     }
 
@@ -37,7 +37,7 @@ extension LiveBatchTests.BatchIdentificationTests {
     @Test func eachPOSTRouteSentTwiceWithOneKeyDoesItsWorkOnceAndAnswersTheSame() async throws {
         try await Self.withKeyedStack { stack in
             // A plant.
-            let plant = try await twice { try await stack.send(.POST, "/v1/plants", json: LiveBatchTests.BatchAPITests.monstera, headers: $0) }
+            let plant = try await twice { try await stack.send(.POST, "/v1/plants", json: LiveAPITests.APITests.monstera, headers: $0) }
             let plantID = try #require(plant.object["id"] as? String)
             #expect(try await stack.send(.GET, "/v1/plants").object["total"] as? Int == 1)
 
@@ -95,7 +95,7 @@ extension LiveBatchTests.BatchIdentificationTests {
     @Test func aKeyReusedWithAnotherRequestIs422AndKeysAreEachPersonsAndRoutesOwn() async throws {
         try await Self.withKeyedStack { stack in
             let key = [("Idempotency-Key", "shared-key-1")]
-            let first = try await stack.send(.POST, "/v1/plants", json: LiveBatchTests.BatchAPITests.monstera, headers: key)
+            let first = try await stack.send(.POST, "/v1/plants", json: LiveAPITests.APITests.monstera, headers: key)
             #expect(first.status == 201)
             let other = try await stack.send(.POST, "/v1/plants", json: #"{"scientificName":"Ficus lyrata"}"#, headers: key)
             #expect(other.status == 422 && other.headers["content-type"] == "application/problem+json")
@@ -110,7 +110,7 @@ extension LiveBatchTests.BatchIdentificationTests {
             #expect(try await stack.send(.GET, "/v1/plants").object["total"] as? Int == 1)
 
             // Bob's request with Alice's key is his own: his plant, not hers, not a 422.
-            let bob = try await stack.send(.POST, "/v1/plants", as: "bob", json: LiveBatchTests.BatchAPITests.monstera, headers: key)
+            let bob = try await stack.send(.POST, "/v1/plants", as: "bob", json: LiveAPITests.APITests.monstera, headers: key)
             #expect(bob.status == 201 && bob.headers["idempotent-replayed"] == nil)
             #expect(bob.object["id"] as? String != first.object["id"] as? String)
             #expect(try await stack.send(.GET, "/v1/plants", as: "bob").object["total"] as? Int == 1)
@@ -119,7 +119,7 @@ extension LiveBatchTests.BatchIdentificationTests {
             let device = try await stack.send(.POST, "/v1/devices", json: #"{"channel":"log","address":"a desk"}"#, headers: key)
             #expect(device.status == 201 && device.headers["idempotent-replayed"] == nil)
             // A request without a key is never replayed.
-            let plain = try await stack.send(.POST, "/v1/plants", json: LiveBatchTests.BatchAPITests.monstera)
+            let plain = try await stack.send(.POST, "/v1/plants", json: LiveAPITests.APITests.monstera)
             #expect(plain.status == 201 && plain.headers["idempotent-replayed"] == nil)
             #expect(try await stack.send(.GET, "/v1/plants").object["total"] as? Int == 2)
         }
@@ -133,7 +133,7 @@ extension LiveBatchTests.BatchIdentificationTests {
             let answers = try await withThrowingTaskGroup(of: Answer.self) { group in
                 for _ in 0..<8 {
                     group.addTask {
-                        try await stack.send(.POST, "/v1/plants", token: token, json: LiveBatchTests.BatchAPITests.monstera, headers: [("Idempotency-Key", "at-once")])
+                        try await stack.send(.POST, "/v1/plants", token: token, json: LiveAPITests.APITests.monstera, headers: [("Idempotency-Key", "at-once")])
                     }
                 }
                 return try await group.reduce(into: [Answer]()) { $0.append($1) }

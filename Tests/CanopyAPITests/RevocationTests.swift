@@ -7,16 +7,16 @@ import Logging
 import Testing
 @testable import CanopyAPI
 
-/// Revoked tokens and people signed out everywhere (`canopy-batch token revoke`): kept in
-/// canopy-batch's store (SQLite, or PostgreSQL shared by every edge) and honoured at once,
+/// Revoked tokens and people signed out everywhere (`canopy-api token revoke`): kept in
+/// canopy-api's store (SQLite, or PostgreSQL shared by every edge) and honoured at once,
 /// also for a token the edge had verified and remembered.
 @Suite(.serialized)
 struct RevocationTests {
     static let key = Array("the key Canopy signs its own tokens with in these tests".utf8)
 
-    static let contract = StoreContract<any BatchStoring>("revocations", sqlite: { try await openBatchStore(directory: $0.url, postgres: nil, logger: Logger(label: "test")) }) {
+    static let contract = StoreContract<any APIStoring>("revocations", sqlite: { try await openAPIStore(directory: $0.url, postgres: nil, logger: Logger(label: "test")) }) {
         url, directory in
-        let store = try await PostgresBatchStore.open(url: url, poolSize: 2, logger: Logger(label: "test"))
+        let store = try await PostgresAPIStore.open(url: url, poolSize: 2, logger: Logger(label: "test"))
         return (store, store.database.close)
     }
 
@@ -80,15 +80,15 @@ struct RevocationTests {
         }
     }
 
-    /// A sign-out an older canopy-batch recorded under the person's id is kept, under the
+    /// A sign-out an older canopy-api recorded under the person's id is kept, under the
     /// person's digest instead, once an edge starts: the id leaves the store, the sign-out holds.
     @Test(arguments: StoreBackend.allCases) func aSignOutRecordedUnderAPersonsIdIsDigestedAndStillHolds(_ backend: StoreBackend) async throws {
         try await withStore(backend) { store, _ in
             let at = Date().addingTimeInterval(60).timeIntervalSince1970.rounded(.down)
             switch store {
-            case let sqlite as SQLiteBatchStore:
+            case let sqlite as SQLiteAPIStore:
                 try await sqlite.database.write { db in try db.execute(sql: "INSERT INTO signedOut VALUES ('dora', ?, 0)", arguments: [at]) }
-            case let postgres as PostgresBatchStore:
+            case let postgres as PostgresAPIStore:
                 try postgres.database.write { session in _ = try session.execute("INSERT INTO signedOut VALUES ('dora', \(at), 0)") }
             default:
                 Issue.record("a store of another kind")
@@ -116,19 +116,19 @@ struct RevocationTests {
             try Data(Self.key).write(to: URL(fileURLWithPath: keyFile))
             let token = try await TokenAuthority(keys: [Self.key]).issue(user: "cy", lifetime: .seconds(600))
             let data = directory.url.path
-            let revoke = try await runExecutable("canopy-batch", ["token", "revoke", "--token", token, "--token-key-file", keyFile, "--data-dir", data])
+            let revoke = try await runExecutable("canopy-api", ["token", "revoke", "--token", token, "--token-key-file", keyFile, "--data-dir", data])
             #expect(revoke.status == 0 && revoke.output.contains("revoked token") && revoke.output.contains("of cy"), "\(revoke.output) \(revoke.errors)")
-            let signOut = try await runExecutable("canopy-batch", ["token", "revoke", "--user", "apple:000123.abc", "--token-key-file", keyFile, "--data-dir", data])
+            let signOut = try await runExecutable("canopy-api", ["token", "revoke", "--user", "apple:000123.abc", "--token-key-file", keyFile, "--data-dir", data])
             #expect(signOut.status == 0 && signOut.output.contains("signed apple:000123.abc out everywhere"), "\(signOut.errors)")
-            let onDisk = try await openBatchStore(directory: directory.url.appendingPathComponent("batch"), postgres: nil, logger: Logger(label: "test"))
+            let onDisk = try await openAPIStore(directory: directory.url.appendingPathComponent("api"), postgres: nil, logger: Logger(label: "test"))
             let loaded = try onDisk.load(now: Date())
             // The store names the person by a keyed digest, never by their id.
             #expect(loaded.tokens.count == 1 && loaded.signedOut[SignOutDigest(tokenKeys: [Self.key]).record("apple:000123.abc")] != nil)
             #expect(loaded.signedOut["apple:000123.abc"] == nil)
             let forged = try await TokenAuthority(keys: [Array("another key entirely, long enough to sign".utf8)]).issue(user: "cy", lifetime: .seconds(60))
-            let refused = try await runExecutable("canopy-batch", ["token", "revoke", "--token", forged, "--token-key-file", keyFile, "--data-dir", data])
+            let refused = try await runExecutable("canopy-api", ["token", "revoke", "--token", forged, "--token-key-file", keyFile, "--data-dir", data])
             #expect(refused.status != 0 && refused.errors.contains("not one of Canopy's valid ones"), "\(refused.errors)")
-            let neither = try await runExecutable("canopy-batch", ["token", "revoke", "--data-dir", data])
+            let neither = try await runExecutable("canopy-api", ["token", "revoke", "--data-dir", data])
             #expect(neither.status != 0 && neither.errors.contains("give one of --token TOKEN, --jti ID or --user ID"))
         }
     }

@@ -155,7 +155,7 @@ struct TrustedIssuerTests {
             defer { directory.remove() }
             try await withTestBus(.inProcess) { bus in
                 try await bus.start(CareServiceSettings(directory: directory.url.appendingPathComponent("care"), runner: bus.runnerConfiguration()))
-                let stack = try await LiveBatchTests.BatchAPITests.startBatch(on: bus) { settings in
+                let stack = try await LiveAPITests.APITests.startAPI(on: bus) { settings in
                     settings.trustedIssuers = [TrustedIssuer(issuer: issuer, audiences: ["org.canopy.app"], prefix: "local")]
                     settings.jwksAllowedHosts = ["127.0.0.1"]
                 }

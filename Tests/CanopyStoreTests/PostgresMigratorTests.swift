@@ -34,6 +34,24 @@ struct PostgresMigratorTests {
         }
     }
 
+    /// A store renamed keeps its schema: the records under its former name become its own, and
+    /// nothing is applied twice.
+    @Test func aRenamedStoreFindsWhatItsFormerNameApplied() async throws {
+        try await withDatabase { client, url in
+            #expect(try await Self.plants.migrate(client, logger: logger) == ["v1", "v2-version"])
+            var renamed = PostgresMigrator(store: "garden", formerNames: ["care"])
+            renamed.register("v1", "CREATE TABLE plants (id TEXT PRIMARY KEY, owner TEXT NOT NULL)")
+            renamed.register("v2-version", "ALTER TABLE plants ADD COLUMN version INTEGER NOT NULL DEFAULT 1")
+            #expect(try await renamed.applied(client, logger: logger) == ["v1", "v2-version"], "read under the former name before any migration")
+            renamed.register("v3-notes", "ALTER TABLE plants ADD COLUMN notes TEXT")
+            #expect(try await renamed.migrate(client, logger: logger) == ["v3-notes"])
+            let stores = try await client.query("SELECT DISTINCT store FROM canopy_migrations", logger: logger)
+            var names: [String] = []
+            for try await name in stores.decode(String.self) { names.append(name) }
+            #expect(names == ["garden"], "every record moved to the present name")
+        }
+    }
+
     @Test func migrationsApplyOnceInOrder() async throws {
         try await withDatabase { client, url in
             #expect(try await Self.plants.migrate(client, logger: logger) == ["v1", "v2-version"])

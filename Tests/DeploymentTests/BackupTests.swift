@@ -60,7 +60,7 @@ extension CanopyUpTests {
             }
             let backedUp = try await runExecutable("canopy", ["backup", backup, "--data-dir", data], limit: 60)
             #expect(backedUp.status == 0, "\(backedUp.errors)")
-            for store in ["images/images.sqlite", "care/care.sqlite", "identify/identify.sqlite", "remind/remind.sqlite", "batch/batch.sqlite", "images/originals: 2 photos"] {
+            for store in ["images/images.sqlite", "care/care.sqlite", "identify/identify.sqlite", "remind/remind.sqlite", "api/api.sqlite", "images/originals: 2 photos"] {
                 #expect(backedUp.output.contains(store), "the table names \(store): \(backedUp.output)")
             }
             let mode = try FileManager.default.attributesOfItem(atPath: backup)[.posixPermissions] as? Int

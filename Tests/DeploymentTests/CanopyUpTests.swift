@@ -100,12 +100,12 @@ struct CanopyUpTests {
         let data = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-up-\(UUID().uuidString)").path
         defer { try? FileManager.default.removeItem(atPath: data) }
         let started = ContinuousClock.now
-        // canopy-batch refuses a rate limit of 0 and exits; the others start.
+        // canopy-api refuses a rate limit of 0 and exits; the others start.
         let up = try await runExecutable("canopy", ["up", "--detach", "--data-dir", data, "--broker", "tcp://127.0.0.1:\(FreePorts.any())",
                                                     "--http", "127.0.0.1:\(FreePorts.any())", "--metrics-base", "\(FreePorts.run(of: 5))"],
                                          environment: ["CANOPY_RATE_LIMIT": "0"], limit: 120)
         #expect(up.status != 0)
-        #expect(up.errors.contains("canopy-batch exited while starting") && up.errors.contains("--rate-limit"), "\(up.errors)")
+        #expect(up.errors.contains("canopy-api exited while starting") && up.errors.contains("--rate-limit"), "\(up.errors)")
         #expect(ContinuousClock.now - started < .seconds(60), "not the three minutes a healthy stack is waited for")
         let pids = Self.rows(try await runExecutable("canopy", ["status", "--data-dir", data]).output).map(\.pid).filter { $0 > 0 }
         #expect(!pids.isEmpty && pids.allSatisfy { kill($0, 0) != 0 }, "the services that did start are stopped again")

@@ -137,7 +137,7 @@ struct ComposeFileTests {
         #expect(!queries.isEmpty)
         // What an operator looks for is there.
         for series in ["canopy_broker_requests_total", "canopy_broker_coalesced_requests_total", "canopy_broker_held_bytes", "canopy_remind_lateness_seconds_bucket",
-                       "canopy_remind_attempts_total", "canopy_images_cache_hits_total", "canopy_batch_requests_total", "canopy_batch_request_duration_seconds_bucket"] {
+                       "canopy_remind_attempts_total", "canopy_images_cache_hits_total", "canopy_api_requests_total", "canopy_api_request_duration_seconds_bucket"] {
             #expect(queries.contains { $0.expression.contains(series) }, "no panel shows \(series)")
         }
     }
@@ -164,18 +164,18 @@ struct ComposeFileTests {
 
     @Test func aDashboardQueryForASeriesOrALabelNoScrapeHasIsAProblem() throws {
         let scrape = try PrometheusText("""
-            # TYPE canopy_batch_requests_total counter
-            canopy_batch_requests_total{route="/v1/plants",status="200"} 3
-            # TYPE canopy_batch_request_duration_seconds histogram
-            canopy_batch_request_duration_seconds_bucket{route="/v1/plants",le="0.1"} 3
+            # TYPE canopy_api_requests_total counter
+            canopy_api_requests_total{route="/v1/plants",status="200"} 3
+            # TYPE canopy_api_request_duration_seconds histogram
+            canopy_api_request_duration_seconds_bucket{route="/v1/plants",le="0.1"} 3
             """)
         func query(_ expression: String) -> GrafanaDashboards.Query { .init(dashboard: "d", panel: "p", expression: expression) }
-        #expect(GrafanaDashboards.problems([query("sum by (status) (rate(canopy_batch_requests_total[5m]))"),
-                                            query("histogram_quantile(0.99, sum by (le, route) (rate(canopy_batch_request_duration_seconds_bucket[5m])))"),
-                                            query(#"canopy_batch_requests_total{status!="200"}"#)], scrapes: [scrape]).isEmpty)
-        #expect(GrafanaDashboards.problems([query("rate(canopy_batch_requests_totl[5m])")], scrapes: [scrape]).count == 1, "a misspelt series")
-        #expect(GrafanaDashboards.problems([query("sum by (channel) (rate(canopy_batch_requests_total[5m]))")], scrapes: [scrape]).count == 1, "a label it lacks")
-        #expect(GrafanaDashboards.problems([query(#"canopy_batch_requests_total{code="200"}"#)], scrapes: [scrape]).count == 1, "a filter on a label it lacks")
+        #expect(GrafanaDashboards.problems([query("sum by (status) (rate(canopy_api_requests_total[5m]))"),
+                                            query("histogram_quantile(0.99, sum by (le, route) (rate(canopy_api_request_duration_seconds_bucket[5m])))"),
+                                            query(#"canopy_api_requests_total{status!="200"}"#)], scrapes: [scrape]).isEmpty)
+        #expect(GrafanaDashboards.problems([query("rate(canopy_api_requests_totl[5m])")], scrapes: [scrape]).count == 1, "a misspelt series")
+        #expect(GrafanaDashboards.problems([query("sum by (channel) (rate(canopy_api_requests_total[5m]))")], scrapes: [scrape]).count == 1, "a label it lacks")
+        #expect(GrafanaDashboards.problems([query(#"canopy_api_requests_total{code="200"}"#)], scrapes: [scrape]).count == 1, "a filter on a label it lacks")
         #expect(GrafanaDashboards.problems([query("up")], scrapes: [scrape]).count == 1, "no Canopy series at all")
     }
 

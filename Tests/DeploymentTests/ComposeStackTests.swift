@@ -85,7 +85,7 @@ struct ComposeStackTests {
             return try #require(pub.firstMatch(of: /public-key = (\S+)/).map { String($0.1) })
         }
         for service in ["images", "care", "identify", "remind"] { #expect(allow.contains("worker \(try publicKey(service)) \(service)\n")) }
-        for client in ["batch", "operator"] { #expect(allow.contains("client \(try publicKey(client))\n")) }
+        for client in ["api", "operator"] { #expect(allow.contains("client \(try publicKey(client))\n")) }
         let brokerPublics = [try publicKey("broker-a"), try publicKey("broker-b")]
         #expect(brokerPublics[0] != brokerPublics[1], "each broker has a key pair of its own")
         let lines = allow.split(separator: "\n").filter { !$0.hasPrefix("#") }.map { $0.split(separator: " ") }
@@ -215,10 +215,10 @@ struct ComposeStackTests {
         // In compose's order: the brokers healthy first, then the services, then the edge that needs them all.
         let brokers = CanopyStack.composeNames(CanopyStack.broker)
         for broker in brokers { try await waitHealthy(try start(broker)) }
-        let workers = CanopyStack.services.map(\.name).filter { $0 != CanopyStack.broker.name && $0 != "batch" }
+        let workers = CanopyStack.services.map(\.name).filter { $0 != CanopyStack.broker.name && $0 != "api" }
         let started = try workers.map(start)
         for service in started { try await waitHealthy(service) }
-        try await waitHealthy(try start("batch"))
+        try await waitHealthy(try start("api"))
 
         // The operator's CLI with the operator key sees every service registered with each broker over CURVE...
         let secrets = tree.appendingPathComponent("secrets")
@@ -247,13 +247,13 @@ struct ComposeStackTests {
         let refused = try await runExecutable("canopy", ["services"], environment: stranger)
         #expect(refused.status != 0 && refused.errors.contains("unauthorized"), "\(refused.output) \(refused.errors)")
 
-        // An app over HTTP, with a token signed by the secret key canopy-batch reads.
-        let issued = try await runExecutable("canopy-batch", ["token", "issue", "--user", "alice", "--token-key-file",
+        // An app over HTTP, with a token signed by the secret key canopy-api reads.
+        let issued = try await runExecutable("canopy-api", ["token", "issue", "--user", "alice", "--token-key-file",
                                                               secrets.appendingPathComponent("token.key").path])
         let token = issued.output.trimmingCharacters(in: .whitespacesAndNewlines)
         #expect(issued.status == 0 && !token.isEmpty, "\(issued.errors)")
         func send(_ method: String, _ path: String, json: String? = nil) async throws -> (Int, String) {
-            var request = URLRequest(url: URL(string: "http://127.0.0.1:\(port("batch", 8080))\(path)")!)
+            var request = URLRequest(url: URL(string: "http://127.0.0.1:\(port("api", 8080))\(path)")!)
             request.httpMethod = method
             request.setValue("Bearer \(token)", forHTTPHeaderField: "Authorization")
             if let json {

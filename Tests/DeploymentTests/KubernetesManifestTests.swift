@@ -159,7 +159,7 @@ struct KubernetesManifestTests {
                 let annotations = Self.dictionary(Self.dictionary(template["metadata"])["annotations"])
                 #expect(annotations["prometheus.io/port"] as? String == "\(service.metricsPort)", "\(name)")
                 // The brokers and the edge are reached by their compose names: a Service each.
-                if service == CanopyStack.broker || service.name == "batch" {
+                if service == CanopyStack.broker || service.name == "api" {
                     let object = try #require(objects["Service/\(name)"], "the base has no Service \(name)")
                     let spec = Self.dictionary(object["spec"])
                     let servicePorts = Self.dictionaries(spec["ports"]).compactMap { $0["port"] as? Int }
@@ -320,7 +320,7 @@ struct KubernetesManifestTests {
 
     @Test func replicatedServicesHaveReplicasABudgetAndTheEdgeAndImagesAnAutoscaler() throws {
         let objects = try Self.base()
-        let autoscaled = ["batch", "images"]
+        let autoscaled = ["api", "images"]
         for service in CanopyStack.services {
             for name in CanopyStack.composeNames(service) {
                 let deployment = try #require(objects["Deployment/\(name)"])

@@ -99,7 +99,7 @@ extension CanopyUpTests {
         let arguments = ["migrate", "--from", data, "--originals-dir", photos] + to
 
         // Killed (SIGKILL) as each store's import begins, one run after the other.
-        for stage in ["moving care", "moving remind", "moving identify", "moving images", "moving batch"] {
+        for stage in ["moving care", "moving remind", "moving identify", "moving images", "moving api"] {
             let killed = try await Self.run(arguments, killingWhenItSays: stage)
             #expect(killed, "the migrate said '\(stage)' before it ended")
         }

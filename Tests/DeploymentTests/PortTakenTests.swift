@@ -38,12 +38,12 @@ struct PortTakenTests {
         }
     }
 
-    @Test func aTakenHTTPPortStopsCanopyBatchNamingHTTP() async throws {
+    @Test func aTakenHTTPPortStopsCanopyAPINamingHTTP() async throws {
         let taken = FreePorts.hold()
         defer { taken.release() }
         let directory = try dataDirectory()
         defer { try? FileManager.default.removeItem(at: directory) }
-        let result = try await runExecutable("canopy-batch", ["serve", "--endpoint", "tcp://127.0.0.1:\(FreePorts.any())", "--http", "127.0.0.1:\(taken.port)",
+        let result = try await runExecutable("canopy-api", ["serve", "--endpoint", "tcp://127.0.0.1:\(FreePorts.any())", "--http", "127.0.0.1:\(taken.port)",
                                                               "--metrics-bind", "off", "--token-key-file", directory.appendingPathComponent("token.key").path],
                                              limit: 30)
         #expect(result.status != 0 && result.status != 15)

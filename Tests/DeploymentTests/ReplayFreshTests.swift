@@ -227,7 +227,7 @@ struct ReplayFreshTests {
         catalog["species"] = species
         let changed = directory.appendingPathComponent("catalog.json")
         try JSONSerialization.data(withJSONObject: catalog).write(to: changed)
-        for name in ["canopy-broker", "canopy-images", "canopy-identify", "canopy-remind", "canopy-batch"] {
+        for name in ["canopy-broker", "canopy-images", "canopy-identify", "canopy-remind", "canopy-api"] {
             try FileManager.default.createSymbolicLink(atPath: directory.appendingPathComponent(name).path, withDestinationPath: executables + "/" + name)
         }
         let wrapper = directory.appendingPathComponent("canopy-care")

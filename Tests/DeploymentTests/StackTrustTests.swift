@@ -30,7 +30,7 @@ struct StackTrustTests {
         // The keys are the owner's alone.
         func mode(_ path: String) -> Int { ((try? FileManager.default.attributesOfItem(atPath: data + path))?[.posixPermissions] as? Int) ?? -1 }
         #expect(mode("/keys") == 0o700)
-        for name in ["broker", "care", "batch", "operator"] { #expect(mode("/keys/\(name).key") == 0o600, "\(name).key") }
+        for name in ["broker", "care", "api", "operator"] { #expect(mode("/keys/\(name).key") == 0o600, "\(name).key") }
 
         // The operator's CLI finds the stack's keys in its data directory.
         func careWorkers() async throws -> Int? {

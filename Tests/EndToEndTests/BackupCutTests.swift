@@ -6,7 +6,7 @@ import Synchronization
 import Testing
 
 /// `canopy backup` while a person keeps adding plants with `Idempotency-Key`s is one cut:
-/// every answer canopy-batch kept for a key names a plant canopy-care's copy has, every store
+/// every answer canopy-api kept for a key names a plant canopy-care's copy has, every store
 /// passes SQLite's integrity check; `canopy restore` makes a data directory of it that a stack
 /// runs from, and a retry of a kept key there answers the kept plant, which exists. Part of
 /// ``ErasureTests`` (their stacks run one at a time).
@@ -55,12 +55,12 @@ extension ErasureTests {
         #expect(load.added.load(ordering: .relaxed) >= 30, "the load ran: \(load.added.load(ordering: .relaxed)) plants")
 
         // Every store whole; every kept answer's plant in canopy-care's copy.
-        for store in ["care/care.sqlite", "images/images.sqlite", "identify/identify.sqlite", "remind/remind.sqlite", "batch/batch.sqlite"] {
+        for store in ["care/care.sqlite", "images/images.sqlite", "identify/identify.sqlite", "remind/remind.sqlite", "api/api.sqlite"] {
             let queue = try DatabaseQueue(path: "\(backup)/\(store)")
             #expect(try await queue.read { db in try String.fetchAll(db, sql: "PRAGMA integrity_check") } == ["ok"], "\(store)")
             try queue.close()
         }
-        let answers = try await DatabaseQueue(path: "\(backup)/batch/batch.sqlite").read { db in
+        let answers = try await DatabaseQueue(path: "\(backup)/api/api.sqlite").read { db in
             try Row.fetchAll(db, sql: "SELECT key, body FROM idempotencyKeys WHERE answered = 1 AND status = 201").map { row -> (String, String) in
                 let body: Data = row["body"]
                 return (row["key"], (try JSONSerialization.jsonObject(with: body) as? [String: Any])?["id"] as? String ?? "")

@@ -126,7 +126,7 @@ struct ErasureTests {
             #expect(backedUp.status == 0, "\(backedUp.output) \(backedUp.errors)")
             #expect(try await stack.send(.DELETE, "/v1/account", token: try await stack.token(erased)).status == 204)
             #expect(try await eventually(within: .seconds(60), every: .milliseconds(250)) { try JourneyTests.mentions(of: erased, in: stack.data).isEmpty })
-            // What a restore of canopy-batch's store would lose, kept aside first.
+            // What a restore of canopy-api's store would lose, kept aside first.
             let listed = try await runExecutable("canopy", ["erasures", "list", "--digests", "--data-dir", stack.data])
             #expect(listed.status == 0 && listed.output.split(separator: "\n").count == 1, "\(listed.output) \(listed.errors)")
             try Data(listed.output.utf8).write(to: URL(fileURLWithPath: backup + ".erasures"))
@@ -136,7 +136,7 @@ struct ErasureTests {
         }
         await stack.stop()
 
-        // Restored into a new data directory (canopy-batch's store too: its erasures are lost),
+        // Restored into a new data directory (canopy-api's store too: its erasures are lost),
         // with the stack's token key.
         let restoredData = backup + ".restored"
         defer { try? FileManager.default.removeItem(atPath: restoredData) }
@@ -148,7 +148,7 @@ struct ErasureTests {
         try await restored.restart(environment: environment)
         do {
             let lost = try await runExecutable("canopy", ["erasures", "list", "--data-dir", restored.data])
-            #expect(lost.output.contains("no account was deleted"), "the restored canopy-batch store predates the deletion: \(lost.output)")
+            #expect(lost.output.contains("no account was deleted"), "the restored canopy-api store predates the deletion: \(lost.output)")
             let applied = try await runExecutable("canopy", ["erasures", "apply", "--digests-file", backup + ".erasures", "--data-dir", restored.data,
                                                              "--broker", restored.endpoint], limit: 60)
             #expect(applied.status == 0 && applied.output.contains("1 account deleted again"), "\(applied.output) \(applied.errors)")

@@ -67,7 +67,7 @@ struct JourneyTests {
         }
 
         func token(_ user: String) async throws -> String {
-            let issued = try await runExecutable("canopy-batch", ["token", "issue", "--user", user, "--days", "1", "--token-key-file", data + "/token.key"])
+            let issued = try await runExecutable("canopy-api", ["token", "issue", "--user", user, "--days", "1", "--token-key-file", data + "/token.key"])
             return issued.output.trimmingCharacters(in: .whitespacesAndNewlines)
         }
 
@@ -163,7 +163,7 @@ struct JourneyTests {
             let started = try await runExecutable("canopy", ["capture", "start", "journey", "--broker", stack.endpoint, "--data-dir", stack.data])
             #expect(started.status == 0, "\(started.errors)")
 
-            // A photo identified and accepted: canopy-batch, canopy-identify, canopy-images, canopy-care.
+            // A photo identified and accepted: canopy-api, canopy-identify, canopy-images, canopy-care.
             let form = MultipartForm.encode([.init(name: "photo", type: "image/jpeg", bytes: try SyntheticPlant.species(1).photo(seed: 42)),
                                              .init(name: "organ", bytes: Array("leaf".utf8))], boundary: "e2e")
             let identified = try await stack.send(.POST, "/v1/identifications", token: alice, body: form, type: "multipart/form-data; boundary=e2e")

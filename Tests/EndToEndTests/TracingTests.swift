@@ -47,13 +47,13 @@ extension JourneyTests {
 
             let spans = collector.spans.filter { $0.traceID == trace }
             let services = Set(spans.map(\.service))
-            #expect(services.isSuperset(of: ["canopy-batch", "canopy-broker", "canopy-identify", "canopy-images", "canopy-care"]), "\(services)")
+            #expect(services.isSuperset(of: ["canopy-api", "canopy-broker", "canopy-identify", "canopy-images", "canopy-care"]), "\(services)")
             #expect(!collector.spans.contains { $0.traceID == "0af7651916cd43dd8448eb211c80319c" })
             // Only the app's two spans are outside the trace; everything else has its parent in it.
             let ids = Set(spans.map(\.spanID))
             let roots = spans.filter { !ids.contains($0.parentSpanID) }
             #expect(Set(roots.map(\.parentSpanID)) == [submitParent, acceptParent], "\(roots.map { "\($0.service) \($0.name) <- \($0.parentSpanID)" })")
-            #expect(roots.allSatisfy { $0.service == "canopy-batch" && $0.kind == "server" })
+            #expect(roots.allSatisfy { $0.service == "canopy-api" && $0.kind == "server" })
 
             func handler(_ name: String, _ service: String) throws -> TraceSpan {
                 try #require(spans.first { $0.name == name && $0.service == service && $0.kind == "server" },
@@ -65,7 +65,7 @@ extension JourneyTests {
             let putChain = Self.traceAncestry(put, in: spans)
             #expect(putChain.map(\.name) == ["images/images.put", "images/images.put", "identify/identifications.submit", "identify/identifications.submit",
                                              putChain.last!.name], "\(putChain.map(\.name))")
-            #expect(putChain.map(\.service) == ["canopy-images", "canopy-identify", "canopy-identify", "canopy-batch", "canopy-batch"])
+            #expect(putChain.map(\.service) == ["canopy-images", "canopy-identify", "canopy-identify", "canopy-api", "canopy-api"])
             #expect(putChain[1].kind == "client" && putChain[3].kind == "client")
             #expect(putChain.contains { $0.spanID == submit.spanID } && putChain.last?.parentSpanID == submitParent)
             #expect(putChain.last?.attributes["http.request.method"] == "POST")
@@ -103,7 +103,7 @@ extension JourneyTests {
         }
         await stack.stop()
         let spans = try SpanFile.read(path: file)
-        let edge = try #require(spans.first { $0.service == "canopy-batch" && $0.kind == "server" && $0.attributes["http.request.method"] == "POST" },
+        let edge = try #require(spans.first { $0.service == "canopy-api" && $0.kind == "server" && $0.attributes["http.request.method"] == "POST" },
                                 "\(spans.map { "\($0.service) \($0.name)" })")
         let listed = try await runExecutable("canopy", ["trace", "--data-dir", stack.data])
         #expect(listed.status == 0 && listed.output.contains(edge.traceID) && listed.output.hasPrefix("trace "), "\(listed.output) \(listed.errors)")
@@ -118,7 +118,7 @@ extension JourneyTests {
         #expect(depth(edge.name) == 0, "\(tree.output)")
         // The edge's bus call, and the broker's span and the care handler both under it.
         func depth(of line: String?) -> Int? { line.map { $0.prefix { $0 == " " }.count / 2 } }
-        let call = depth(of: lines.first { $0.contains("care/plants.add  [canopy-batch]") })
+        let call = depth(of: lines.first { $0.contains("care/plants.add  [canopy-api]") })
         let broker = depth(of: lines.first { $0.contains("broker care/plants.add  [canopy-broker]") })
         let handler = depth(of: lines.first { $0.contains("care/plants.add  [canopy-care]") })
         #expect(call == 1 && broker == 2 && handler == 2, "\(tree.output)")

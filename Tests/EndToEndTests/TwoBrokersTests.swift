@@ -6,7 +6,7 @@ import NIOHTTP1
 import Synchronization
 import Testing
 
-/// `canopy up --brokers 2`: two live brokers, every service on both, canopy-batch a client of
+/// `canopy up --brokers 2`: two live brokers, every service on both, canopy-api a client of
 /// both. Part of ``JourneyTests``: its stacks run one at a time.
 extension JourneyTests {
     /// What the load saw.

@@ -13,7 +13,7 @@ extension APIHandlers {
 
     func runBatch(_ input: Operations.RunBatch.Input) async throws -> Operations.RunBatch.Output {
         guard case .json(let body) = input.body else { throw CanopyError(.badRequest, "the body is JSON") }
-        guard let table = operations else { throw CanopyError(.internal, "this canopy-batch runs no batches") }
+        guard let table = operations else { throw CanopyError(.internal, "this canopy-api runs no batches") }
         guard !body.operations.isEmpty, body.operations.count <= Self.maximumBatch else {
             throw RequestFieldError(field: "operations", "a batch has 1 to \(Self.maximumBatch) operations; this one has \(body.operations.count)")
         }

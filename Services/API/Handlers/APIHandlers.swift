@@ -14,10 +14,10 @@ struct APIHandlers: APIProtocol {
     var timeout: Duration = .seconds(10)
     /// Every route, for `POST /v1/batch` to run in process.
     var operations: OperationTable?
-    var metrics: BatchMetrics?
+    var metrics: APIMetrics?
     /// Implicit batching of variant and next-task lookups; `nil` sends each lookup alone.
     var lookups: Lookups?
-    /// Signs a person out everywhere (canopy-batch's revocations), when the edge has a store.
+    /// Signs a person out everywhere (canopy-api's revocations), when the edge has a store.
     var signOut: (@Sendable (String) async throws -> Void)?
     /// Forgets a person's idempotency keys and their kept answers (after their account's deletion).
     var forgetKeys: (@Sendable (String) async throws -> Void)?

@@ -57,7 +57,7 @@ final class ImplicitBatcher<Key: Hashable & Sendable, Value: Sendable>: Sendable
     let maximumInFlight: Int
     private let fetch: Fetch
     private let state = Mutex(State())
-    /// Keys per batch sent: how full batches are (`canopy_batch_implicit_batch_keys{kind}`).
+    /// Keys per batch sent: how full batches are (`canopy_api_implicit_batch_keys{kind}`).
     private let fill: Recorder
 
     /// - Parameters:
@@ -71,7 +71,7 @@ final class ImplicitBatcher<Key: Hashable & Sendable, Value: Sendable>: Sendable
         self.maximumKeys = max(1, min(maximumKeys, Lookup.maximumKeys))
         self.maximumInFlight = max(1, maximumInFlight)
         self.fetch = fetch
-        self.fill = Recorder(label: "canopy_batch_implicit_batch_keys", dimensions: [("kind", kind)], aggregate: true)
+        self.fill = Recorder(label: "canopy_api_implicit_batch_keys", dimensions: [("kind", kind)], aggregate: true)
     }
 
     /// `key`'s answer, looked up with whatever other keys gather with it.

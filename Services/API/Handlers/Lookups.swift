@@ -1,7 +1,7 @@
 import CanopyBus
 import CanopyMessages
 
-/// The lookups canopy-batch batches implicitly (``ImplicitBatcher``): photo variants from
+/// The lookups canopy-api batches implicitly (``ImplicitBatcher``): photo variants from
 /// canopy-images and plants' next tasks from canopy-care, the two a collection screen asks
 /// for a hundred of at once.
 struct Lookups: Sendable {

@@ -177,7 +177,7 @@ public enum IdempotencyDecision: Sendable, Equatable {
     }
 }
 
-/// Where the keys are kept: canopy-batch's own store (SQLite beside it, or the PostgreSQL the
+/// Where the keys are kept: canopy-api's own store (SQLite beside it, or the PostgreSQL the
 /// stack shares), so every replica of the edge sees every key.
 public protocol IdempotencyStoring: Sendable {
     /// Looks the key up and, when the request is to run (``IdempotencyDecision/proceed``),

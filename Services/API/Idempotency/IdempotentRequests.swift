@@ -33,7 +33,7 @@ struct IdempotentRequests: Sendable {
         do {
             decision = try await offThePool { [store] in try store.claim(claim, now: Date()) }
         } catch {
-            logger.error("batch.idempotency.unreadable", metadata: ["batch.request": "\(requestID)", "batch.error": "\(error)"])
+            logger.error("api.idempotency.unreadable", metadata: ["api.request": "\(requestID)", "api.error": "\(error)"])
             return Problem.response(.serviceUnavailable, "the store of idempotency keys cannot be read now; nothing was done; send the request again in a moment",
                                     requestID: requestID, headers: [.retryAfter: "1"])
         }
@@ -63,9 +63,9 @@ struct IdempotentRequests: Sendable {
         do {
             try await response.body.write(CollectingWriter(sink: collector))
         } catch {
-            logger.error("batch.idempotency.unanswered", metadata: ["batch.request": "\(requestID)", "batch.error": "\(error)"])
+            logger.error("api.idempotency.unanswered", metadata: ["api.request": "\(requestID)", "api.error": "\(error)"])
             try? await offThePool { [store] in try store.release(claim) }
-            return Problem.response(.internalServerError, "something failed inside canopy-batch; the request id finds it in the log", requestID: requestID)
+            return Problem.response(.internalServerError, "something failed inside canopy-api; the request id finds it in the log", requestID: requestID)
         }
         let bytes = collector.bytes
         response.body = .init(byteBuffer: ByteBuffer(bytes: bytes))
@@ -81,7 +81,7 @@ struct IdempotentRequests: Sendable {
         } catch {
             // The work is done and answered; the key stays held until its lease ends, and a repeat
             // after that runs it again, once in the services (their keys).
-            logger.warning("batch.idempotency.unkept", metadata: ["batch.request": "\(requestID)", "batch.error": "\(error)"])
+            logger.warning("api.idempotency.unkept", metadata: ["api.request": "\(requestID)", "api.error": "\(error)"])
         }
         return response
     }

@@ -64,7 +64,7 @@ public final class RevocationWatcher: Service, Sendable {
                     watcher.current.withLock { $0 = loaded }
                     seen = now
                 } catch {
-                    logger.warning("batch.revocations.unreadable", metadata: ["batch.error": "\(error)"])
+                    logger.warning("api.revocations.unreadable", metadata: ["api.error": "\(error)"])
                 }
             }
             self?.finished.signal()

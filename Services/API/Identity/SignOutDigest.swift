@@ -1,7 +1,7 @@
 import Crypto
 import Foundation
 
-/// How a sign-out names its person in canopy-batch's store: a keyed hash of the person's id
+/// How a sign-out names its person in canopy-api's store: a keyed hash of the person's id
 /// (HMAC-SHA256 under a key derived from each token signing key, hex), never the id. A
 /// deleted account's sign-out must outlive the person (their tokens live up to a year), but
 /// must not keep who they were in a file: the digest refuses their tokens and names nobody to
@@ -10,9 +10,9 @@ public struct SignOutDigest: Sendable {
     /// One key per token signing key, the signing one first.
     private let keys: [SymmetricKey]
 
-    /// - Parameter tokenKeys: canopy-batch's token signing keys, the newest first.
+    /// - Parameter tokenKeys: canopy-api's token signing keys, the newest first.
     public init(tokenKeys: [[UInt8]]) {
-        precondition(!tokenKeys.isEmpty, "sign-outs are digested under the token signing keys; canopy-batch has one at least")
+        precondition(!tokenKeys.isEmpty, "sign-outs are digested under the token signing keys; canopy-api has one at least")
         keys = tokenKeys.map { material in
             HKDF<SHA256>.deriveKey(inputKeyMaterial: SymmetricKey(data: material), info: Data("canopy sign-out digest".utf8), outputByteCount: 32)
         }

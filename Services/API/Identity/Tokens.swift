@@ -7,8 +7,8 @@ import JWTKit
 
 /// The bearer tokens apps present, and whom each names:
 ///
-/// - **Canopy's own** (`iss: canopy`): HS256 JWTs signed by a key only canopy-batch holds
-///   (`canopy-batch token issue`: the demo, tests, operators). Several keys may be given: the
+/// - **Canopy's own** (`iss: canopy`): HS256 JWTs signed by a key only canopy-api holds
+///   (`canopy-api token issue`: the demo, tests, operators). Several keys may be given: the
 ///   first signs (its `kid`, a hash of the key, goes in the header), every one verifies, so a
 ///   key is rotated by putting a new one first and removing the old once its tokens ended.
 /// - **Trusted issuers'** (``TrustedIssuer``): Sign in with Apple's identity tokens or any
@@ -80,11 +80,11 @@ public actor TokenAuthority {
     ///   - minimumRefresh: a token naming an unknown key refreshes an issuer's keys at most
     ///     once in this.
     ///   - leeway: how far `exp`, `nbf` and `iat` may be off.
-    ///   - revocations: tokens revoked and people signed out (`canopy-batch token revoke`).
+    ///   - revocations: tokens revoked and people signed out (`canopy-api token revoke`).
     public init(keys: [[UInt8]], issuers: [TrustedIssuer] = [], http: PinnedHTTP? = nil, minimumRefresh: Duration = .seconds(60),
                 leeway: TimeInterval = 60, revocations: RevocationWatcher? = nil) throws(CanopyError) {
         self.revocations = revocations
-        guard !keys.isEmpty else { throw CanopyError(.badRequest, "canopy-batch needs at least one token signing key") }
+        guard !keys.isEmpty else { throw CanopyError(.badRequest, "canopy-api needs at least one token signing key") }
         for key in keys where key.count < Self.minimumKeyBytes {
             throw CanopyError(.badRequest, "the token signing key has \(key.count) bytes; give at least \(Self.minimumKeyBytes) random bytes")
         }
@@ -130,7 +130,7 @@ public actor TokenAuthority {
             return bytes
         }
         if let value, !value.isEmpty { return Array(value.utf8) }
-        throw CanopyError(.badRequest, "canopy-batch needs a token signing key: --token-key-file FILE or CANOPY_TOKEN_KEY (32 bytes or more, random; `openssl rand -base64 48` makes one)")
+        throw CanopyError(.badRequest, "canopy-api needs a token signing key: --token-key-file FILE or CANOPY_TOKEN_KEY (32 bytes or more, random; `openssl rand -base64 48` makes one)")
     }
 
     private func ready() async {
@@ -204,7 +204,7 @@ public actor TokenAuthority {
         return identity.user
     }
 
-    /// A token's id and end, verified with the keys (for `canopy-batch token revoke --token`).
+    /// A token's id and end, verified with the keys (for `canopy-api token revoke --token`).
     public func identity(of token: String, now: Date = Date()) async -> (user: String, id: String?, expires: Date)? {
         guard let identity = await verify(token, now: now) else { return nil }
         return (identity.user, identity.id, identity.expires)

@@ -18,7 +18,7 @@ struct EdgeMiddleware<Context: RequestContext>: RouterMiddleware {
     let maximumPhotoBytes: Int
     /// Each person's requests a second, and at once.
     let limiter: RateLimiter
-    let metrics: BatchMetrics
+    let metrics: APIMetrics
     /// Photo variants, served here rather than through the generated layer.
     let variants: VariantRoute
     /// The document's routes, for 405 and `Allow`.
@@ -48,8 +48,8 @@ struct EdgeMiddleware<Context: RequestContext>: RouterMiddleware {
         let route = variant != nil ? VariantRoute.template : context.endpointPath ?? "unknown"
         metrics.record(route: route, status: response.status.code, duration: .now - started)
         if response.status.code >= 500 {
-            context.logger.error("batch.failed", metadata: ["batch.request": "\(requestID)", "batch.status": "\(response.status.code)",
-                                                            "batch.path": "\(request.uri.path)"])
+            context.logger.error("api.failed", metadata: ["api.request": "\(requestID)", "api.status": "\(response.status.code)",
+                                                            "api.path": "\(request.uri.path)"])
         }
         return response
     }
@@ -58,7 +58,7 @@ struct EdgeMiddleware<Context: RequestContext>: RouterMiddleware {
                         next: (Request, Context) async throws -> Response) async -> Response {
         guard let authorization = request.headers[.authorization], authorization.utf8.count > 7,
               authorization.prefix(7).lowercased() == "bearer " else {
-            return Problem.response(.unauthorized, "this needs a bearer token: Authorization: Bearer <token from canopy-batch token issue>",
+            return Problem.response(.unauthorized, "this needs a bearer token: Authorization: Bearer <token from canopy-api token issue>",
                                     requestID: requestID, headers: [.wwwAuthenticate: "Bearer realm=\"canopy\""])
         }
         guard let user = await tokens.user(of: String(authorization.dropFirst(7))) else {
@@ -164,7 +164,7 @@ struct EdgeMiddleware<Context: RequestContext>: RouterMiddleware {
             let problem = Problem.make(for: error, requestID: requestID)
             if problem.status.code >= 500 {
                 // What the problem body leaves out (it may name internals): the log has it, by request id.
-                context.logger.error("batch.error", metadata: ["batch.request": "\(requestID)", "batch.error": "\(String(describing: error).prefix(2_000))"])
+                context.logger.error("api.error", metadata: ["api.request": "\(requestID)", "api.error": "\(String(describing: error).prefix(2_000))"])
             }
             return problem.response
         }
@@ -248,7 +248,7 @@ enum Problem {
         return encoder
     }()
 
-    /// The statuses canopy-batch answers, by code, with their reason phrases (a status made from
+    /// The statuses canopy-api answers, by code, with their reason phrases (a status made from
     /// a bare code, as the router's errors carry, has none).
     private static let known: [Int: HTTPResponse.Status] = Dictionary(uniqueKeysWithValues: [
         HTTPResponse.Status.badRequest, .unauthorized, .forbidden, .notFound, .methodNotAllowed, .notAcceptable, .requestTimeout, .conflict, .gone,
@@ -281,7 +281,7 @@ enum Problem {
             let detail = status == .notFound ? "there is no such route; docs/openapi.yaml lists them" : (error.body ?? status.reasonPhrase)
             return make(status, detail, requestID: requestID)
         default:
-            return make(.internalServerError, "something failed inside canopy-batch; the request id finds it in the log", requestID: requestID)
+            return make(.internalServerError, "something failed inside canopy-api; the request id finds it in the log", requestID: requestID)
         }
     }
 
@@ -299,7 +299,7 @@ enum Problem {
                 let described = "\(error.underlyingError)".prefix(300)
                 return make(.badRequest, "the request does not match the API document: \(described)", requestID: requestID)
             }
-            return make(.internalServerError, "something failed inside canopy-batch; the request id finds it in the log", requestID: requestID)
+            return make(.internalServerError, "something failed inside canopy-api; the request id finds it in the log", requestID: requestID)
         }
     }
 

@@ -8,7 +8,7 @@ import Tracing
 /// are recorded is decided first (``EdgeSampling``), so an unrecorded one (99% of them at 1%
 /// sampling) makes no span at all. Hummingbird's `TracingMiddleware` starts a span for every
 /// request and works out its attributes whether the sampler records it or not: with the bus
-/// calls' checks, about 4% of canopy-batch's CPU samples at 1% (docs/PERFORMANCE.md, "Tracing").
+/// calls' checks, about 4% of canopy-api's CPU samples at 1% (docs/PERFORMANCE.md, "Tracing").
 ///
 /// The attributes are the ones `TracingMiddleware` sets (OpenTelemetry's HTTP conventions),
 /// with the values of `redactedQuery` parameters replaced by `REDACTED`. The span ends when

@@ -5,7 +5,7 @@ import GRDB
 import PostgresNIO
 import Synchronization
 
-/// The `idempotencyKeys` table of canopy-batch's store (migration v2 of both), one row per
+/// The `idempotencyKeys` table of canopy-api's store (migration v2 of both), one row per
 /// person, route and key. `answered` 0 is a request running, held by `holder` until
 /// `leaseUntil`; 1 is done, with its answer (`status`, `headers` as JSON `[[name, value]]`,
 /// `body`; no body when it was too large to keep). Every row goes at `expiresAt`.
@@ -88,7 +88,7 @@ final class SweepClock: Sendable {
 // range of the index, which also holds what the bounds count (`answered`, `bytes`): counting
 // a person's keys and bytes reads the index alone.
 
-extension SQLiteBatchStore {
+extension SQLiteAPIStore {
     func claim(_ claim: IdempotencyClaim, now: Date) throws -> IdempotencyDecision {
         let at = now.timeIntervalSince1970
         if sweep.due(now) {
@@ -160,7 +160,7 @@ extension SQLiteBatchStore {
 
 // MARK: - PostgreSQL
 
-extension PostgresBatchStore {
+extension PostgresAPIStore {
     func claim(_ claim: IdempotencyClaim, now: Date) throws -> IdempotencyDecision {
         let at = now.timeIntervalSince1970
         if sweep.due(now) { try database.statement { session in try session.execute("DELETE FROM idempotencyKeys WHERE expiresAt < \(at)") } }

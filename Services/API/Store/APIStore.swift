@@ -8,17 +8,17 @@ import PostgresNIO
 import ServiceLifecycle
 import Synchronization
 
-/// canopy-batch's own small store, in SQLite (`<data-dir>/batch/batch.sqlite`) or in the
+/// canopy-api's own small store, in SQLite (`<data-dir>/api/api.sqlite`) or in the
 /// PostgreSQL the stack shares: revocations (``RevocationStoring``) and idempotency keys
 /// (``IdempotencyStoring``).
-public protocol BatchStoring: RevocationStoring, IdempotencyStoring {
+public protocol APIStoring: RevocationStoring, IdempotencyStoring {
     /// Clears what an erasure (a person's account deleted) left beyond its deleted rows: the
     /// write-ahead log's copies of them (SQLite, at once), the dead rows (PostgreSQL, a
     /// `VACUUM` soon after).
     func eraseResidue()
 }
 
-/// Revoked tokens and people signed out everywhere (`canopy-batch token revoke`). Every
+/// Revoked tokens and people signed out everywhere (`canopy-api token revoke`). Every
 /// change bumps a generation, which each edge watches.
 public protocol RevocationStoring: Sendable {
     /// Revokes the token `id` until `until` (after which it would have ended anyway).
@@ -39,7 +39,7 @@ public protocol RevocationStoring: Sendable {
     func generation() throws -> Int64
 }
 
-/// An account deletion as canopy-batch keeps it: the person's sign-out digest (one per token
+/// An account deletion as canopy-api keeps it: the person's sign-out digest (one per token
 /// key, ``SignOutDigest/candidates(_:)``), never their id, and when it was.
 public struct Erasure: Sendable, Equatable {
     public var digest: String
@@ -54,8 +54,8 @@ public struct Erasure: Sendable, Equatable {
 /// The most tokens revoked by id at once (a bound on the store and on every edge's memory).
 let maximumRevokedTokens = 1_000_000
 
-/// canopy-batch's store in SQLite.
-final class SQLiteBatchStore: BatchStoring {
+/// canopy-api's store in SQLite.
+final class SQLiteAPIStore: APIStoring {
     let database: DatabasePool
     let sweep = SweepClock()
     let idempotencyLimits: IdempotencyLimits
@@ -149,14 +149,14 @@ final class SQLiteBatchStore: BatchStoring {
     }
 }
 
-/// canopy-batch's store in PostgreSQL, shared by every edge of the stack.
-final class PostgresBatchStore: BatchStoring {
+/// canopy-api's store in PostgreSQL, shared by every edge of the stack.
+final class PostgresAPIStore: APIStoring {
     let database: PostgresStore
     let sweep = SweepClock()
     let idempotencyLimits: IdempotencyLimits
 
     func eraseResidue() {
-        database.vacuumSoon(batchStoreImport.tables.map(\.name))
+        database.vacuumSoon(apiStoreImport.tables.map(\.name))
     }
 
     private init(database: PostgresStore, idempotencyLimits: IdempotencyLimits) {
@@ -164,12 +164,12 @@ final class PostgresBatchStore: BatchStoring {
         self.idempotencyLimits = idempotencyLimits
     }
 
-    static func open(url: DatabaseURL, poolSize: Int, waitingUpTo wait: Duration = .zero, logger: Logger, idempotencyLimits: IdempotencyLimits = IdempotencyLimits()) async throws -> PostgresBatchStore {
-        PostgresBatchStore(database: try await PostgresStore.open(url: url, migrator: migrator, size: poolSize, waitingUpTo: wait, logger: logger), idempotencyLimits: idempotencyLimits)
+    static func open(url: DatabaseURL, poolSize: Int, waitingUpTo wait: Duration = .zero, logger: Logger, idempotencyLimits: IdempotencyLimits = IdempotencyLimits()) async throws -> PostgresAPIStore {
+        PostgresAPIStore(database: try await PostgresStore.open(url: url, migrator: migrator, size: poolSize, waitingUpTo: wait, logger: logger), idempotencyLimits: idempotencyLimits)
     }
 
     static var migrator: PostgresMigrator {
-        var migrator = PostgresMigrator(store: "batch")
+        var migrator = PostgresMigrator(store: CanopyAPIStore.directoryName, formerNames: [CanopyAPIStore.formerName])
         migrator.register("v1",
             "CREATE TABLE revokedTokens (jti TEXT PRIMARY KEY, until DOUBLE PRECISION NOT NULL)",
             "CREATE TABLE signedOut (principal TEXT PRIMARY KEY, before DOUBLE PRECISION NOT NULL)",
@@ -247,25 +247,42 @@ final class PostgresBatchStore: BatchStoring {
     }
 }
 
-/// Opens canopy-batch's store: PostgreSQL when `postgres` names one, else SQLite in `directory`.
+/// Opens canopy-api's store: PostgreSQL when `postgres` names one, else SQLite in `directory`.
 /// `idempotencyLimits` bounds what each person's keys hold.
-public func openBatchStore(directory: URL, postgres: PostgresSettings?, logger: Logger,
-                           idempotencyLimits: IdempotencyLimits = IdempotencyLimits()) async throws -> any BatchStoring {
+public func openAPIStore(directory: URL, postgres: PostgresSettings?, logger: Logger,
+                           idempotencyLimits: IdempotencyLimits = IdempotencyLimits()) async throws -> any APIStoring {
     if let postgres {
-        return try await PostgresBatchStore.open(url: postgres.url, poolSize: min(postgres.poolSize, 2), waitingUpTo: postgres.wait, logger: logger, idempotencyLimits: idempotencyLimits)
+        return try await PostgresAPIStore.open(url: postgres.url, poolSize: min(postgres.poolSize, 2), waitingUpTo: postgres.wait, logger: logger, idempotencyLimits: idempotencyLimits)
     }
-    return try SQLiteBatchStore(path: directory.appendingPathComponent("batch.sqlite").path, idempotencyLimits: idempotencyLimits)
+    if directory.lastPathComponent == CanopyAPIStore.directoryName {
+        try CanopyAPIStore.adoptFormerStore(in: directory.deletingLastPathComponent())
+    }
+    return try SQLiteAPIStore(path: directory.appendingPathComponent("api.sqlite").path, idempotencyLimits: idempotencyLimits)
 }
 
-/// Everyone the stack's PostgreSQL holds data of, when `store` is canopy-batch's store in it
+/// Where canopy-api keeps its SQLite store in a data directory: `<data-dir>/api/api.sqlite`.
+public enum CanopyAPIStore {
+    /// Its folder in a data directory.
+    public static let directoryName = "api"
+    /// The name the edge had before it was `api` (`canopy-batch`, `<data-dir>/batch/batch.sqlite`,
+    /// the PostgreSQL store `batch`).
+    public static let formerName = "batch"
+
+    /// Moves a store kept under the former name into place, once (``StoreFile/adopt(formerName:as:in:)``).
+    public static func adoptFormerStore(in dataDirectory: URL) throws {
+        try StoreFile.adopt(formerName: formerName, as: directoryName, in: dataDirectory)
+    }
+}
+
+/// Everyone the stack's PostgreSQL holds data of, when `store` is canopy-api's store in it
 /// (every store of the stack shares the database), or nil for SQLite (each store a file).
-public func peopleInSharedDatabase(_ store: any BatchStoring) throws -> Set<String>? {
-    guard let postgres = store as? PostgresBatchStore else { return nil }
+public func peopleInSharedDatabase(_ store: any APIStoring) throws -> Set<String>? {
+    guard let postgres = store as? PostgresAPIStore else { return nil }
     return try StoreOwners.people(in: postgres.database)
 }
 
-/// What `canopy migrate` moves of canopy-batch's store.
-public let batchStoreImport = StoreImport(store: "batch", migrator: PostgresBatchStore.migrator, tables: [
+/// What `canopy migrate` moves of canopy-api's store.
+public let apiStoreImport = StoreImport(store: CanopyAPIStore.directoryName, migrator: PostgresAPIStore.migrator, tables: [
     .init("revokedTokens", key: ["jti"]), .init("signedOut", key: ["principal"]), .init("erasures", key: ["digest"]), .init("revocationMeta", key: ["key"], seeded: true),
     .init("idempotencyKeys", key: ["person", "route", "key"]),
 ])

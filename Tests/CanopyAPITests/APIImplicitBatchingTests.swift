@@ -12,10 +12,10 @@ import Testing
 /// Implicit batching over real HTTP: concurrent thumbnail and next-task lookups from two
 /// people reach canopy-images and canopy-care as a few multi-key requests (counted at the
 /// broker), and each caller gets exactly its own answers.
-extension LiveBatchTests {
+extension LiveAPITests {
     @Suite(.serialized)
-    struct BatchImplicitBatchingTests {
-        typealias Stack = BatchAPITests.Stack
+    struct APIImplicitBatchingTests {
+        typealias Stack = APITests.Stack
 
         /// Uploads a small photo to `plant` for `user`; its id.
         static func upload(_ stack: Stack, plant: String, as user: String, seed: Int) async throws -> String {
@@ -74,15 +74,15 @@ extension LiveBatchTests {
 
         @Test func concurrentLookupsFromTwoPeopleBecomeAFewBusRequestsAndEachGetsOnlyItsOwn() async throws {
             // One batch of a kind in the air at a time, so that lookups gather as soon as two meet.
-            try await BatchRemindersAndPhotosTests.withFullStack(.live, configure: { $0.batchInFlight = 1 }) { stack in
+            try await APIRemindersAndPhotosTests.withFullStack(.live, configure: { $0.batchInFlight = 1 }) { stack in
                 var alicePlants: [String] = []
                 var alicePhotos: [String] = []
                 for index in 0..<3 {
-                    let plant = try #require(try await stack.send(.POST, "/v1/plants", json: BatchAPITests.monstera).object["id"] as? String)
+                    let plant = try #require(try await stack.send(.POST, "/v1/plants", json: APITests.monstera).object["id"] as? String)
                     alicePlants.append(plant)
                     alicePhotos.append(try await Self.upload(stack, plant: plant, as: "alice", seed: index))
                 }
-                let bobPlant = try #require(try await stack.send(.POST, "/v1/plants", as: "bob", json: BatchAPITests.monstera).object["id"] as? String)
+                let bobPlant = try #require(try await stack.send(.POST, "/v1/plants", as: "bob", json: APITests.monstera).object["id"] as? String)
                 let bobPhoto = try await Self.upload(stack, plant: bobPlant, as: "bob", seed: 9)
 
                 // Each alone first (what the batched answers must equal), then counted.
@@ -140,15 +140,15 @@ extension LiveBatchTests {
                 #expect((imagesAfter["images.variant"] ?? 0) == (imagesBefore["images.variant"] ?? 0), "no lookup went alone")
                 // The fill metric saw every batch, and the keys in them (equal keys of one person share one).
                 let metrics = try await OperatingProbe.metrics(stack.metricsPort)
-                #expect(metrics.growth(since: metricsBefore, "canopy_batch_implicit_batch_keys_count", ["kind": "variant"]) == Double(variantRequests))
-                #expect(metrics.growth(since: metricsBefore, "canopy_batch_implicit_batch_keys_count", ["kind": "next-task"]) == Double(nextTaskRequests))
-                #expect((1...34).contains(metrics.growth(since: metricsBefore, "canopy_batch_implicit_batch_keys_sum", ["kind": "variant"])))
+                #expect(metrics.growth(since: metricsBefore, "canopy_api_implicit_batch_keys_count", ["kind": "variant"]) == Double(variantRequests))
+                #expect(metrics.growth(since: metricsBefore, "canopy_api_implicit_batch_keys_count", ["kind": "next-task"]) == Double(nextTaskRequests))
+                #expect((1...34).contains(metrics.growth(since: metricsBefore, "canopy_api_implicit_batch_keys_sum", ["kind": "variant"])))
             }
         }
 
         @Test func withBatchingOffEachLookupIsABusRequestOfItsOwn() async throws {
-            try await BatchRemindersAndPhotosTests.withFullStack(.live, configure: { $0.batchWindow = .zero }) { stack in
-                let plant = try #require(try await stack.send(.POST, "/v1/plants", json: BatchAPITests.monstera).object["id"] as? String)
+            try await APIRemindersAndPhotosTests.withFullStack(.live, configure: { $0.batchWindow = .zero }) { stack in
+                let plant = try #require(try await stack.send(.POST, "/v1/plants", json: APITests.monstera).object["id"] as? String)
                 let photo = try await Self.upload(stack, plant: plant, as: "alice", seed: 1)
                 let before = try await Self.requests(stack, Images.service)
                 let answers = try await Self.concurrently(stack, Array(repeating: ("alice", "/v1/photos/\(photo)/variants/thumbnail"), count: 6)

@@ -14,15 +14,15 @@ import CanopyRemind
 import Testing
 @testable import CanopyAPI
 
-/// Devices, reminders and photos through canopy-batch, with canopy-remind and canopy-images
+/// Devices, reminders and photos through canopy-api, with canopy-remind and canopy-images
 /// behind it as `serve` builds them.
-extension LiveBatchTests {
+extension LiveAPITests {
     @Suite(.serialized)
-    struct BatchRemindersAndPhotosTests {
-        /// canopy-care, canopy-remind and canopy-images behind canopy-batch: on the in-process
+    struct APIRemindersAndPhotosTests {
+        /// canopy-care, canopy-remind and canopy-images behind canopy-api: on the in-process
         /// bus, or (`.live`) as `serve` builds them, through the real broker.
-        static func withFullStack(_ mode: BusMode = .inProcess, configure: (inout BatchServiceSettings) -> Void = { _ in },
-                                  _ body: (BatchAPITests.Stack) async throws -> Void) async throws {
+        static func withFullStack(_ mode: BusMode = .inProcess, configure: (inout APIServiceSettings) -> Void = { _ in },
+                                  _ body: (APITests.Stack) async throws -> Void) async throws {
             let directory = try TemporaryDirectory("batch-full")
             defer { directory.remove() }
             try await withTestBus(mode) { bus in
@@ -33,7 +33,7 @@ extension LiveBatchTests {
                 try await bus.start(care)
                 try await bus.start(remind)
                 try await bus.start(images)
-                try await body(try await BatchAPITests.startBatch(on: bus, configure: configure))
+                try await body(try await APITests.startAPI(on: bus, configure: configure))
             }
         }
 
@@ -47,7 +47,7 @@ extension LiveBatchTests {
                 let test = try await stack.send(.POST, "/v1/devices/\(deviceID)/test")
                 #expect(test.status == 200 && test.object["accepted"] as? Bool == true)
 
-                _ = try await stack.send(.POST, "/v1/plants", json: BatchAPITests.monstera)
+                _ = try await stack.send(.POST, "/v1/plants", json: APITests.monstera)
                 var pending: [[String: Any]] = []
                 _ = try await eventually(within: .seconds(20)) { // canopy-care's outbox hands the window over
                     pending = try await stack.send(.GET, "/v1/reminders/pending?limit=10").object["reminders"] as? [[String: Any]] ?? []
@@ -74,7 +74,7 @@ extension LiveBatchTests {
 
         @Test func photosAsACDNServesThemWithETagsAnd304AndWebPWhenAccepted() async throws {
             try await Self.withFullStack { stack in
-                let plant = try #require(try await stack.send(.POST, "/v1/plants", json: BatchAPITests.monstera).object["id"] as? String)
+                let plant = try #require(try await stack.send(.POST, "/v1/plants", json: APITests.monstera).object["id"] as? String)
                 let jpeg = try SyntheticPlant.species(3).photo(seed: 7, width: 640, height: 480)
                 var upload = HTTPClientRequest(url: stack.base + "/v1/plants/\(plant)/photos")
                 upload.method = .POST

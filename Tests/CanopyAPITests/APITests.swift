@@ -11,11 +11,11 @@ import ServiceLifecycle
 import Testing
 @testable import CanopyAPI
 
-/// canopy-batch as `serve` builds it, over real HTTP (AsyncHTTPClient), in front of the real
+/// canopy-api as `serve` builds it, over real HTTP (AsyncHTTPClient), in front of the real
 /// broker and canopy-care: every route, who may call, and what bad requests get.
-extension LiveBatchTests {
+extension LiveAPITests {
     @Suite(.serialized)
-    struct BatchAPITests {
+    struct APITests {
         static let key = Array("a signing key for the tests, long enough to be taken".utf8)
 
         /// One HTTP answer: status, headers, and the body as JSON when it is.
@@ -60,17 +60,17 @@ extension LiveBatchTests {
             }
         }
 
-        /// canopy-batch over real HTTP in front of canopy-care: on the in-process bus, or
+        /// canopy-api over real HTTP in front of canopy-care: on the in-process bus, or
         /// (`.live`) as `serve` builds it, through the real broker.
         func withStack(_ mode: BusMode = .inProcess, rate: Double = 50, burst: Double = 200, work: (rate: Double, burst: Double)? = nil,
-                       idleTimeout: Duration = BatchServiceSettings.defaultIdleTimeout,
-                       readTimeout: Duration = BatchServiceSettings.defaultReadTimeout, _ body: (Stack) async throws -> Void) async throws {
-            let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-batch-\(UUID().uuidString)")
+                       idleTimeout: Duration = APIServiceSettings.defaultIdleTimeout,
+                       readTimeout: Duration = APIServiceSettings.defaultReadTimeout, _ body: (Stack) async throws -> Void) async throws {
+            let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-api-\(UUID().uuidString)")
             defer { try? FileManager.default.removeItem(at: directory) }
             try await withTestBus(mode) { bus in
                 let care = CareServiceSettings(directory: directory.appendingPathComponent("care"), runner: bus.runnerConfiguration())
                 try await bus.start(care)
-                try await body(try await Self.startBatch(on: bus) { settings in
+                try await body(try await Self.startAPI(on: bus) { settings in
                     settings.maximumBodyBytes = 64 * 1_024
                     settings.rateLimit = rate
                     settings.rateBurst = burst
@@ -81,18 +81,18 @@ extension LiveBatchTests {
             }
         }
 
-        /// canopy-batch on `bus`, as `serve` builds it (live) or its parts (in process), with
+        /// canopy-api on `bus`, as `serve` builds it (live) or its parts (in process), with
         /// its HTTP API and `/metrics` on ephemeral loopback ports: the stack tests call.
-        static func startBatch(on bus: TestBus, configure: (inout BatchServiceSettings) -> Void = { _ in }) async throws -> Stack {
-            var settings = BatchServiceSettings(http: .anyLoopbackPort, bus: .init(endpoint: bus.live?.endpoint ?? ""), tokenKey: Self.key,
+        static func startAPI(on bus: TestBus, configure: (inout APIServiceSettings) -> Void = { _ in }) async throws -> Stack {
+            var settings = APIServiceSettings(http: .anyLoopbackPort, bus: .init(endpoint: bus.live?.endpoint ?? ""), tokenKey: Self.key,
                                                 metrics: .anyLoopbackPort)
             configure(&settings)
             let services = if let live = bus.live {
-                try buildBatchService(settings: settings, context: live.context, logger: live.logger)
+                try buildAPIService(settings: settings, context: live.context, logger: live.logger)
             } else {
-                try makeBatchService(settings: settings, bus: try bus.client(timeout: settings.callTimeout), logger: bus.logger)
+                try makeAPIService(settings: settings, bus: try bus.client(timeout: settings.callTimeout), logger: bus.logger)
             }
-            let http = try #require(services.first { $0 is BatchHTTPServer } as? BatchHTTPServer)
+            let http = try #require(services.first { $0 is APIHTTPServer } as? APIHTTPServer)
             let metrics = services.first { $0 is OperatingEndpoint } as? OperatingEndpoint
             bus.run(services)
             return Stack(base: "http://127.0.0.1:\(try await http.boundPort(within: .seconds(60)))", tokens: try TokenAuthority(key: Self.key), bus: bus,
@@ -337,12 +337,12 @@ extension LiveBatchTests {
 
                 let after = try await OperatingProbe.metrics(stack.metricsPort)
                 func delta(_ name: String, _ labels: [String: String] = [:]) -> Double { value(after, name, labels) - value(before, name, labels) }
-                #expect(delta("canopy_batch_requests_total", ["route": "/v1/plants", "status": "200"]) == 4)
-                #expect(delta("canopy_batch_requests_total", ["route": "/v1/plants", "status": "429"]) == 1)
-                #expect(delta("canopy_batch_requests_total", ["route": "/v1/statistics", "status": "429"]) == 1)
-                #expect(delta("canopy_batch_requests_total", ["status": "404"]) == 1, "an unknown route is counted under one label")
-                #expect(delta("canopy_batch_rate_limited_total") == 2)
-                #expect(Set(after.samples.filter { $0.name == "canopy_batch_requests_total" }.compactMap { $0.labels["route"] })
+                #expect(delta("canopy_api_requests_total", ["route": "/v1/plants", "status": "200"]) == 4)
+                #expect(delta("canopy_api_requests_total", ["route": "/v1/plants", "status": "429"]) == 1)
+                #expect(delta("canopy_api_requests_total", ["route": "/v1/statistics", "status": "429"]) == 1)
+                #expect(delta("canopy_api_requests_total", ["status": "404"]) == 1, "an unknown route is counted under one label")
+                #expect(delta("canopy_api_rate_limited_total") == 2)
+                #expect(Set(after.samples.filter { $0.name == "canopy_api_requests_total" }.compactMap { $0.labels["route"] })
                     .allSatisfy { $0.hasPrefix("/v1/") || $0 == "NotFound" }, "routes are the document's templates")
             }
         }
@@ -364,7 +364,7 @@ extension LiveBatchTests {
                 #expect(try await stack.send(.GET, "/v1/plants").status == 200, "her reads are not work")
                 #expect(try await stack.send(.POST, "/v1/plants/plant-2/photos", as: "bob", bytes: photo, type: "image/jpeg").status != 429, "bob has his own budget")
                 let after = try await OperatingProbe.metrics(stack.metricsPort)
-                #expect(after.growth(since: before, "canopy_batch_over_budget_total") == 2)
+                #expect(after.growth(since: before, "canopy_api_over_budget_total") == 2)
             }
         }
 
@@ -387,7 +387,7 @@ extension LiveBatchTests {
                     ]}
                     """
                 func operationsBatched() async throws -> Double {
-                    try await OperatingProbe.metrics(stack.metricsPort).samples.filter { $0.name == "canopy_batch_batch_operations_sum" }.map(\.value).reduce(0, +)
+                    try await OperatingProbe.metrics(stack.metricsPort).samples.filter { $0.name == "canopy_api_batch_operations_sum" }.map(\.value).reduce(0, +)
                 }
                 let batchedBefore = try await operationsBatched()
                 let answer = try await stack.send(.POST, "/v1/batch", json: batch)

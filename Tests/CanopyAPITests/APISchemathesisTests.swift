@@ -4,16 +4,16 @@ import Foundation
 import Testing
 @testable import CanopyAPI
 
-extension LiveBatchTests {
+extension LiveAPITests {
     /// The whole API against its own document: schemathesis (PyPI) generates requests from
-    /// docs/openapi.yaml, valid and invalid, sends them to canopy-batch with every service
+    /// docs/openapi.yaml, valid and invalid, sends them to canopy-api with every service
     /// behind it, and checks that nothing answers 5xx and every answer (status, content type,
     /// headers, body) is one the document allows.
     ///
     /// `scripts/test` installs schemathesis and names it in `CANOPY_SCHEMATHESIS`; a plain
     /// `swift test` without it leaves this one out.
     @Suite(.serialized)
-    struct BatchSchemathesisTests {
+    struct APISchemathesisTests {
         static let schemathesis = ProcessInfo.processInfo.environment["CANOPY_SCHEMATHESIS"]
         static let document = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
             .appendingPathComponent("Services/API/Core/openapi.yaml")
@@ -24,14 +24,14 @@ extension LiveBatchTests {
             // A store, so that POSTs with an Idempotency-Key (the document's header) are kept and replayed.
             let storeDirectory = try TemporaryDirectory("schemathesis-store")
             defer { storeDirectory.remove() }
-            let store = try await openBatchStore(directory: storeDirectory.url, postgres: nil, logger: Logger(label: "test"))
-            try await BatchIdentificationTests.withIdentifyStack(reminders: true, configure: { settings in
+            let store = try await openAPIStore(directory: storeDirectory.url, postgres: nil, logger: Logger(label: "test"))
+            try await APIIdentificationTests.withIdentifyStack(reminders: true, configure: { settings in
                 settings.rateLimit = 100_000 // schemathesis is one person sending as fast as it can
                 settings.rateBurst = 100_000
                 settings.store = store
             }) { stack in
                 let base = stack.base
-                let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-batch-schemathesis-\(UUID().uuidString)")
+                let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-api-schemathesis-\(UUID().uuidString)")
                 defer { try? FileManager.default.removeItem(at: directory) }
                 let token = try await stack.token("schemathesis")
 

@@ -14,19 +14,19 @@ import CanopyRemind
 import Testing
 @testable import CanopyAPI
 
-extension LiveBatchTests {
-    /// Identifications through canopy-batch: a multipart upload of photos with their organs,
+extension LiveAPITests {
+    /// Identifications through canopy-api: a multipart upload of photos with their organs,
     /// then accept, get and history, with canopy-identify (its offline reference matcher),
     /// canopy-images and canopy-care behind it.
     @Suite(.serialized)
-    struct BatchIdentificationTests {
+    struct APIIdentificationTests {
         static let species = ["Testus primus", "Testus secundus", "Testus tertius"]
 
         /// canopy-images, canopy-care and canopy-identify (and canopy-remind when asked) behind
-        /// canopy-batch, as `serve` builds them.
+        /// canopy-api, as `serve` builds them.
         static func withIdentifyStack(_ mode: BusMode = .inProcess, reminders: Bool = false, erasureWindow: Duration = ErasedPeople.defaultWindow,
-                                      configure: (inout BatchServiceSettings) -> Void = { _ in },
-                                      _ body: (BatchAPITests.Stack) async throws -> Void) async throws {
+                                      configure: (inout APIServiceSettings) -> Void = { _ in },
+                                      _ body: (APITests.Stack) async throws -> Void) async throws {
             let directory = try TemporaryDirectory("batch-identify")
             defer { directory.remove() }
             try await withTestBus(mode, erasureWindow: erasureWindow) { bus in
@@ -45,7 +45,7 @@ extension LiveBatchTests {
                                             photos: try (1...3).map { try SyntheticPlant.species(index).photo(seed: $0) })
                 }
                 try await bus.start(settings)
-                try await body(try await BatchAPITests.startBatch(on: bus, configure: configure))
+                try await body(try await APITests.startAPI(on: bus, configure: configure))
             }
         }
 
@@ -54,7 +54,7 @@ extension LiveBatchTests {
             MultipartForm.encode(parts.map { MultipartForm.Part(name: $0.name, type: $0.type, bytes: $0.bytes) }, boundary: boundary)
         }
 
-        func submit(_ stack: BatchAPITests.Stack, as user: String, _ parts: [(name: String, type: String?, bytes: [UInt8])]) async throws -> BatchAPITests.Answer {
+        func submit(_ stack: APITests.Stack, as user: String, _ parts: [(name: String, type: String?, bytes: [UInt8])]) async throws -> APITests.Answer {
             var request = HTTPClientRequest(url: stack.base + "/v1/identifications")
             request.method = .POST
             request.headers.add(name: "Authorization", value: "Bearer \(try await stack.token(user))")
@@ -64,7 +64,7 @@ extension LiveBatchTests {
             let body = try await response.body.collect(upTo: 1_048_576)
             var fields: [String: String] = [:]
             for header in response.headers { fields[header.name.lowercased()] = header.value }
-            return BatchAPITests.Answer(status: Int(response.status.code), headers: fields, body: Array(body.readableBytesView))
+            return APITests.Answer(status: Int(response.status.code), headers: fields, body: Array(body.readableBytesView))
         }
 
         @Test func photosUploadedAsAFormAreIdentifiedAcceptedAndListedEachPersonTheirOwn() async throws {

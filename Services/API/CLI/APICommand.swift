@@ -8,24 +8,24 @@ import Logging
 import CanopyAPI
 
 @main
-struct BatchCommand: MainCommand {
+struct APICommand: MainCommand {
     static let configuration = CommandConfiguration(
-        commandName: "canopy-batch",
+        commandName: "canopy-api",
         abstract: "Canopy's HTTP API: what the apps call, checked for who is calling and carried onto the bus.",
         discussion: """
             Examples:
-              canopy-batch serve --http 0.0.0.0:8080 --endpoint tcp://127.0.0.1:5555 --token-key-file ./token.key
-              canopy-batch token issue --user user-42 --days 30 --token-key-file ./token.key
-              canopy-batch health --metrics-bind 127.0.0.1:9405
+              canopy-api serve --http 0.0.0.0:8080 --endpoint tcp://127.0.0.1:5555 --token-key-file ./token.key
+              canopy-api token issue --user user-42 --days 30 --token-key-file ./token.key
+              canopy-api health --metrics-bind 127.0.0.1:9405
             """,
-        subcommands: [ServeBatch.self, TokenCommand.self, HealthCommand<CanopyBatch>.self])
+        subcommands: [ServeAPI.self, TokenCommand.self, HealthCommand<CanopyAPI>.self])
 }
 
-/// What the shared `health` knows of canopy-batch.
-enum CanopyBatch: ServiceExecutable {
-    static let name = "canopy-batch"
-    static let directoryName = "batch"
-    static let defaultListener = OperatingOptions.Defaults.batch
+/// What the shared `health` knows of canopy-api.
+enum CanopyAPI: ServiceExecutable {
+    static let name = "canopy-api"
+    static let directoryName = "api"
+    static let defaultListener = OperatingOptions.Defaults.api
     static let healthyMeans = "its broker answers"
 }
 
@@ -48,18 +48,18 @@ struct TokenKeyOptions: ParsableArguments {
     }
 }
 
-/// Where canopy-batch keeps its store (revoked tokens, people signed out): SQLite in the
+/// Where canopy-api keeps its store (revoked tokens, people signed out): SQLite in the
 /// data directory, or PostgreSQL (`--database-url`) shared by every edge.
-struct BatchStoreOptions: ParsableArguments {
-    @Option(help: ArgumentHelp("Where the store of revoked tokens is (<dir>/batch/batch.sqlite) without --database-url. Env: CANOPY_DATA_DIR.", valueName: "dir"))
+struct APIStoreOptions: ParsableArguments {
+    @Option(help: ArgumentHelp("Where the store of revoked tokens is (<dir>/api/api.sqlite) without --database-url. Env: CANOPY_DATA_DIR.", valueName: "dir"))
     var dataDir: String = Environment.string("CANOPY_DATA_DIR") ?? "./.canopy"
     @OptionGroup var database: DatabaseOptions
 
     /// `<data-dir>/batch`, where the SQLite store is.
-    var directory: URL { URL(fileURLWithPath: dataDir, isDirectory: true).appendingPathComponent("batch") }
+    var directory: URL { URL(fileURLWithPath: dataDir, isDirectory: true).appendingPathComponent(CanopyAPI.directoryName) }
 
-    func open(logger: Logger) async throws -> any BatchStoring {
-        try await openBatchStore(directory: directory, postgres: try database.postgres(), logger: logger)
+    func open(logger: Logger) async throws -> any APIStoring {
+        try await openAPIStore(directory: directory, postgres: try database.postgres(), logger: logger)
     }
 }
 
@@ -82,17 +82,17 @@ struct IssuerOptions: ParsableArguments {
     }
 }
 
-struct ServeBatch: AsyncParsableCommand {
+struct ServeAPI: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "serve", abstract: "Serve the HTTP API until SIGTERM or SIGINT.",
-        discussion: "Example: canopy-batch serve --http 0.0.0.0:8080 --endpoint tcp://127.0.0.1:5555 --token-key-file ./token.key")
+        discussion: "Example: canopy-api serve --http 0.0.0.0:8080 --endpoint tcp://127.0.0.1:5555 --token-key-file ./token.key")
 
     @OptionGroup var common: CommonOptions
     @OptionGroup var operating: OperatingOptions
     @OptionGroup var traces: TraceOptions
     @OptionGroup var token: TokenKeyOptions
     @OptionGroup var issuers: IssuerOptions
-    @OptionGroup var store: BatchStoreOptions
+    @OptionGroup var store: APIStoreOptions
     @Option(help: ArgumentHelp("Where apps reach the API, HOST:PORT. Env: CANOPY_HTTP.", valueName: "host:port"))
     var http: String = Environment.string("CANOPY_HTTP") ?? "127.0.0.1:8080"
     @Option(help: ArgumentHelp("The largest JSON body taken, in bytes (a photo may have 25 MiB). Env: CANOPY_MAX_BODY_BYTES.", valueName: "bytes"))
@@ -114,9 +114,9 @@ struct ServeBatch: AsyncParsableCommand {
     @Option(help: ArgumentHelp("How many batches of one kind may be in the air before lookups wait for one to return, 1 to 64. Env: CANOPY_BATCH_IN_FLIGHT.", valueName: "n"))
     var batchInFlight: Int = Environment.int("CANOPY_BATCH_IN_FLIGHT", default: 2)
     @Option(help: ArgumentHelp("How long a connection may sit idle between requests before it is closed. Env: CANOPY_HTTP_IDLE_TIMEOUT_MS.", valueName: "ms"))
-    var idleTimeoutMs: Int = Environment.milliseconds("CANOPY_HTTP_IDLE_TIMEOUT_MS", default: BatchServiceSettings.defaultIdleTimeout)
+    var idleTimeoutMs: Int = Environment.milliseconds("CANOPY_HTTP_IDLE_TIMEOUT_MS", default: APIServiceSettings.defaultIdleTimeout)
     @Option(help: ArgumentHelp("How long a connection may send nothing while its request is being read before it is closed. Env: CANOPY_HTTP_READ_TIMEOUT_MS.", valueName: "ms"))
-    var readTimeoutMs: Int = Environment.milliseconds("CANOPY_HTTP_READ_TIMEOUT_MS", default: BatchServiceSettings.defaultReadTimeout)
+    var readTimeoutMs: Int = Environment.milliseconds("CANOPY_HTTP_READ_TIMEOUT_MS", default: APIServiceSettings.defaultReadTimeout)
     @Option(help: ArgumentHelp("How long one bus call of a request may take, 100 to 600000. Env: CANOPY_CALL_TIMEOUT_MS.", valueName: "ms"))
     var callTimeoutMs: Int = Environment.milliseconds("CANOPY_CALL_TIMEOUT_MS", default: .seconds(10))
     @Option(help: ArgumentHelp("How long a request with an Idempotency-Key holds it before a repeat may run it again (its edge presumed dead), 1000 to 600000. Env: CANOPY_IDEMPOTENCY_LEASE_MS.", valueName: "ms"))
@@ -142,16 +142,16 @@ struct ServeBatch: AsyncParsableCommand {
     }
 
     func run() async throws {
-        let logger = LogSetup.logger(label: "canopy-batch", level: common.logLevel)
+        let logger = LogSetup.logger(label: "canopy-api", level: common.logLevel)
         guard let address = try OperatingOptions.parse(http) else { throw ValidationError("--http is HOST:PORT, such as 0.0.0.0:8080") }
-        var settings = BatchServiceSettings(http: address, bus: try common.clientConfiguration(), tokenKeys: try token.keys(),
-                                            metrics: try operating.listener(default: OperatingOptions.Defaults.batch))
+        var settings = APIServiceSettings(http: address, bus: try common.clientConfiguration(), tokenKeys: try token.keys(),
+                                            metrics: try operating.listener(default: OperatingOptions.Defaults.api))
         settings.trustedIssuers = try issuers.issuers()
         settings.jwksAllowedHosts = issuers.allowedHosts
-        try checkBatchPorts(settings) // a taken port stops it before the store is made
+        try checkAPIPorts(settings) // a taken port stops it before the store is made
         let (directory, postgres) = (store.directory, try store.database.postgres(serving: true))
         guard let opened = try await buildUnlessStopped(logger: logger, {
-            try await openBatchStore(directory: directory, postgres: postgres, logger: logger)
+            try await openAPIStore(directory: directory, postgres: postgres, logger: logger)
         }) else { return }
         settings.store = opened
         settings.idempotencyLease = .milliseconds(idempotencyLeaseMs)
@@ -168,7 +168,7 @@ struct ServeBatch: AsyncParsableCommand {
         settings.idleTimeout = .milliseconds(idleTimeoutMs)
         settings.readTimeout = .milliseconds(readTimeoutMs)
         settings.tracing = Traces.isEnabled(traces.environment) ? EdgeSampling(environment: traces.environment) : nil
-        try await runUntilShutdown(try buildBatchService(settings: settings, context: common.busContext(), logger: logger), traces: traces,
+        try await runUntilShutdown(try buildAPIService(settings: settings, context: common.busContext(), logger: logger), traces: traces,
                                    edgeSampling: settings.tracing, logger: logger)
     }
 }
@@ -176,14 +176,14 @@ struct ServeBatch: AsyncParsableCommand {
 struct TokenCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "token", abstract: "Bearer tokens for operators and demos.",
-        discussion: "Example: canopy-batch token issue --user user-42 --days 30 --token-key-file ./token.key",
+        discussion: "Example: canopy-api token issue --user user-42 --days 30 --token-key-file ./token.key",
         subcommands: [IssueToken.self, RevokeToken.self])
 }
 
 struct IssueToken: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "issue", abstract: "Print a bearer token for a user, signed with the serving key.",
-        discussion: "Example: canopy-batch token issue --user user-42 --days 30 --token-key-file ./token.key")
+        discussion: "Example: canopy-api token issue --user user-42 --days 30 --token-key-file ./token.key")
 
     @OptionGroup var token: TokenKeyOptions
     @Option(help: "The user id the token names (1 to 128 printable ASCII characters).") var user: String
@@ -211,9 +211,9 @@ struct RevokeToken: AsyncParsableCommand {
         commandName: "revoke", abstract: "Revoke one token, or every token a person was issued until now (sign out everywhere); every edge refuses them within 0.1 s.",
         discussion: """
             Examples:
-              canopy-batch token revoke --token eyJhbGciOi… --token-key-file ./token.key
-              canopy-batch token revoke --jti 6f1c… --data-dir ./.canopy
-              canopy-batch token revoke --user apple:000123.4f5e… --token-key-file ./.canopy/token.key --data-dir ./.canopy
+              canopy-api token revoke --token eyJhbGciOi… --token-key-file ./token.key
+              canopy-api token revoke --jti 6f1c… --data-dir ./.canopy
+              canopy-api token revoke --user apple:000123.4f5e… --token-key-file ./.canopy/token.key --data-dir ./.canopy
             """)
 
     @Option(help: "A token to revoke (Canopy's own, checked with the key; its id and end are read from it).") var token: String?
@@ -221,7 +221,7 @@ struct RevokeToken: AsyncParsableCommand {
     @Option(help: "A person to sign out everywhere: every token issued to them before now (or --before) is refused.") var user: String?
     @Option(help: "With --user: sign out tokens issued before this time (ISO 8601) instead of now.") var before: String?
     @OptionGroup var keys: TokenKeyOptions
-    @OptionGroup var store: BatchStoreOptions
+    @OptionGroup var store: APIStoreOptions
 
     func validate() throws {
         guard [token != nil, jti != nil, user != nil].filter({ $0 }).count == 1 else {
@@ -236,7 +236,7 @@ struct RevokeToken: AsyncParsableCommand {
     }
 
     func run() async throws {
-        let logger = LogSetup.logger(label: "canopy-batch", level: .error)
+        let logger = LogSetup.logger(label: "canopy-api", level: .error)
         let revocations = try await store.open(logger: logger)
         if let user {
             let at = try before.map { try Date($0, strategy: .iso8601) } ?? Date()

@@ -11,21 +11,21 @@ import OpenAPIHummingbird
 import OpenAPIRuntime
 import ServiceLifecycle
 
-/// Everything `canopy-batch serve` can be told.
-public struct BatchServiceSettings: Sendable {
+/// Everything `canopy-api serve` can be told.
+public struct APIServiceSettings: Sendable {
     /// Query parameters whose values never reach a span's `url.query` (what a person typed:
     /// a plant search, a family, a page cursor); the tracing middleware records them as
     /// `REDACTED`.
     public static let redactedQueryParameters: Set<String> = ["search", "family", "after"]
     /// Which requests are spans (the tracing middleware, continuing an app's `traceparent`),
-    /// `nil` for none; `canopy-batch serve` sets it from the sampler variables when traces are
+    /// `nil` for none; `canopy-api serve` sets it from the sampler variables when traces are
     /// on (`Traces.isEnabled`), and leaves the middleware out otherwise. By default, requests
     /// an app's context samples.
     public var tracing: EdgeSampling? = EdgeSampling(followsParent: true, root: .never)
 
     /// Where apps reach the HTTP API.
     public var http: ListenAddress
-    /// How canopy-batch reaches the broker (endpoint, CURVE keys).
+    /// How canopy-api reaches the broker (endpoint, CURVE keys).
     public var bus: BusClient.Configuration
     /// The keys Canopy's own bearer tokens are signed with (32 bytes or more each): the first
     /// signs, every one verifies (`--token-key-file`, repeated).
@@ -36,10 +36,10 @@ public struct BatchServiceSettings: Sendable {
     public var jwksAllowedHosts: Set<String> = []
     /// A token naming a key an issuer has not published refreshes its keys at most once in this.
     public var jwksMinimumRefresh: Duration = .seconds(60)
-    /// canopy-batch's store: revoked tokens and people signed out (watched for changes), and
+    /// canopy-api's store: revoked tokens and people signed out (watched for changes), and
     /// idempotency keys; nil checks no revocations and keeps no keys (an `Idempotency-Key` is
     /// then not looked at: tests of other things).
-    public var store: (any BatchStoring)?
+    public var store: (any APIStoring)?
     /// How long a request with an `Idempotency-Key` holds it before a repeat may run it again
     /// (its edge presumed dead mid-request); longer than any request takes.
     public var idempotencyLease: Duration = .seconds(30)
@@ -67,10 +67,10 @@ public struct BatchServiceSettings: Sendable {
     /// How many batches of one kind may be in the air before lookups wait for one to return.
     public var batchInFlight = 2
     /// How long a connection may sit idle between requests before it is closed.
-    public var idleTimeout = BatchServiceSettings.defaultIdleTimeout
+    public var idleTimeout = APIServiceSettings.defaultIdleTimeout
     /// How long a connection may send nothing while a request of it is being read (its head
     /// or its body) before it is closed.
-    public var readTimeout = BatchServiceSettings.defaultReadTimeout
+    public var readTimeout = APIServiceSettings.defaultReadTimeout
     public static let defaultIdleTimeout: Duration = .seconds(30)
     public static let defaultReadTimeout: Duration = .seconds(30)
 
@@ -102,7 +102,7 @@ public struct BatchServiceSettings: Sendable {
 }
 
 /// The HTTP listener apps call, as a service of the group, with the port it bound.
-public final class BatchHTTPServer: Service, Sendable {
+public final class APIHTTPServer: Service, Sendable {
     private let application: Application<EdgeResponder>
     private let port = BoundPort(listener: "the HTTP listener")
 
@@ -121,7 +121,7 @@ public final class BatchHTTPServer: Service, Sendable {
             onServerRunning: { channel in
                 let port = channel.localAddress?.port
                 bound.set(port)
-                logger.info("batch.listening", metadata: ["batch.address": "\(address.host):\(port ?? 0)"])
+                logger.info("api.listening", metadata: ["api.address": "\(address.host):\(port ?? 0)"])
             },
             logger: logger)
     }
@@ -145,31 +145,31 @@ public final class BatchHTTPServer: Service, Sendable {
     }
 }
 
-/// Builds what `canopy-batch serve` runs, in start order: the bus client, the HTTP API (the
+/// Builds what `canopy-api serve` runs, in start order: the bus client, the HTTP API (the
 /// router generated from docs/openapi.yaml behind the edge middleware), and the `/metrics` and
 /// `/health` listener when `settings` name one. `/health` says whether the broker answers and
 /// which services have workers.
-public func buildBatchService(settings: BatchServiceSettings, context: ZMQContext, logger: Logger) throws -> [any Service] {
+public func buildAPIService(settings: APIServiceSettings, context: ZMQContext, logger: Logger) throws -> [any Service] {
     // Every port first, so a taken one stops the process before anything starts.
-    try checkBatchPorts(settings)
+    try checkAPIPorts(settings)
     _ = try settings.tokenAuthority() // a bad key or issuer stops it before the client connects
     let bus = try BusClient(configuration: settings.bus, context: context, logger: logger)
-    return [bus] + (try makeBatchService(settings: settings, bus: bus, logger: logger))
+    return [bus] + (try makeAPIService(settings: settings, bus: bus, logger: logger))
 }
 
 /// Stops with a sentence when a port `settings` name is taken (before anything opens: the
 /// store, the bus).
-public func checkBatchPorts(_ settings: BatchServiceSettings) throws {
-    try PortCheck.ensureFree(settings.http, for: BatchHTTPServer.purpose, option: BatchHTTPServer.option)
+public func checkAPIPorts(_ settings: APIServiceSettings) throws {
+    try PortCheck.ensureFree(settings.http, for: APIHTTPServer.purpose, option: APIHTTPServer.option)
     try OperatingEndpoint.ensureFree(settings.metrics)
 }
 
 /// The HTTP API and the `/metrics` and `/health` listener (when `settings` name one), calling
-/// the services through `bus`: what ``buildBatchService(settings:context:logger:)`` runs after
+/// the services through `bus`: what ``buildAPIService(settings:context:logger:)`` runs after
 /// its bus client, and what tests run on an in-process bus.
-public func makeBatchService(settings: BatchServiceSettings, bus: any BusCalling, logger: Logger) throws -> [any Service] {
+public func makeAPIService(settings: APIServiceSettings, bus: any BusCalling, logger: Logger) throws -> [any Service] {
     let signOuts = SignOutDigest(tokenKeys: settings.tokenKeys)
-    // Sign-outs recorded by an older canopy-batch name the person; from now on, a digest.
+    // Sign-outs recorded by an older canopy-api name the person; from now on, a digest.
     try settings.store?.digestLegacySignOuts(signOuts)
     let watcher = try settings.store.map { try RevocationWatcher(store: $0, digests: signOuts, logger: logger) }
     let tokens = try settings.tokenAuthority(revocations: watcher)
@@ -177,12 +177,12 @@ public func makeBatchService(settings: BatchServiceSettings, bus: any BusCalling
         // Each issuer's keys now; one that cannot be reached is tried again when its tokens come.
         Task {
             for (issuer, error) in await tokens.loadIssuerKeys() {
-                logger.warning("batch.issuer.keys.failed", metadata: ["batch.issuer": "\(issuer)", "batch.error": "\(error)"])
+                logger.warning("api.issuer.keys.failed", metadata: ["api.issuer": "\(issuer)", "api.error": "\(error)"])
             }
         }
     }
     let router = Router()
-    let metrics = BatchMetrics()
+    let metrics = APIMetrics()
     // Dates as the bus writes them; compact JSON with sorted keys, as the bus's.
     let configuration = Configuration(dateTranscoder: WireDateTranscoder(), jsonEncodingOptions: [.sortedKeys, .withoutEscapingSlashes])
     let operations = OperationTable()
@@ -216,19 +216,19 @@ public func makeBatchService(settings: BatchServiceSettings, bus: any BusCalling
     // A server span per request, continuing the app's W3C `traceparent` (Traces: no-op unless on).
     // What a person typed (a plant search, a family, a page cursor) stays out of the spans.
     if let sampling = settings.tracing {
-        router.add(middleware: EdgeTracingMiddleware(sampling: sampling, redactingQueryParameters: BatchServiceSettings.redactedQueryParameters))
+        router.add(middleware: EdgeTracingMiddleware(sampling: sampling, redactingQueryParameters: APIServiceSettings.redactedQueryParameters))
     }
     router.add(middleware: edge)
     try api.registerHandlers(on: router, configuration: configuration, middlewares: [EntityTags()])
     routes.load(router.routes.map { ("\($0.path)", $0.method.rawValue) })
     try api.registerHandlers(on: operations, configuration: configuration, middlewares: [EntityTags()]) // the same handlers, for batches
-    let http = BatchHTTPServer(responder: EdgeResponder(router: router.buildResponder(), edge: edge), address: settings.http,
+    let http = APIHTTPServer(responder: EdgeResponder(router: router.buildResponder(), edge: edge), address: settings.http,
                                idleTimeout: settings.idleTimeout, readTimeout: settings.readTimeout, logger: logger)
     var services: [any Service] = (watcher.map { [$0] } ?? []) + [http]
     if let metrics = settings.metrics {
         services.append(try OperatingEndpoint(host: metrics.host, port: metrics.port, health: { await brokerHealth(bus) }, logger: logger))
     }
-    if let postgres = settings.store as? PostgresBatchStore {
+    if let postgres = settings.store as? PostgresAPIStore {
         // Told first (the group stops in reverse order): requests draining never wait on a
         // PostgreSQL that is gone.
         services.append(ShutdownNotice(actions: [postgres.database.beginShutdown]))
