@@ -6,36 +6,41 @@
 import PackageDescription
 
 let swiftSettings: [SwiftSetting] = [
-    .swiftLanguageMode(.v6),
+    .swiftLanguageMode(.v6)
 ]
 
 #if arch(arm64)
-let multiarch = "aarch64-linux-gnu"
+    let multiarch = "aarch64-linux-gnu"
 #else
-let multiarch = "x86_64-linux-gnu"
+    let multiarch = "x86_64-linux-gnu"
 #endif
 
 /// A module of Shared/: one place each for what several executables share. `optimized`: its
 /// pixel loops are compiled with -O in debug builds too (a photo's features take 4 ms instead of
 /// 165 ms, so the tests' services answer within their deadlines under a parallel test run).
 func shared(_ name: String, _ dependencies: [Target.Dependency] = [], optimized: Bool = false) -> Target {
-    .target(name: name, dependencies: dependencies, path: "Shared/\(name)",
-            swiftSettings: swiftSettings + (optimized ? [.unsafeFlags(["-O"], .when(configuration: .debug))] : []))
+    .target(
+        name: name, dependencies: dependencies, path: "Shared/\(name)",
+        swiftSettings: swiftSettings + (optimized ? [.unsafeFlags(["-O"], .when(configuration: .debug))] : []))
 }
 
 /// A service's module (Services/<directory>, but its CLI: Core/ with its handlers and rules,
 /// Store/ with its store protocol and the SQLite and PostgreSQL twins, and the edge's folders
 /// by concern) and its executable (Services/<directory>/CLI: `serve`, `health` and the
 /// operator's commands), which links the module and what every executable links.
-func service(_ directory: String, core: String, executable: String, dependencies: [Target.Dependency],
-             executableDependencies: [Target.Dependency] = [], exclude: [String] = [], resources: [Resource]? = nil,
-             plugins: [Target.PluginUsage]? = nil) -> [Target] {
+func service(
+    _ directory: String, core: String, executable: String, dependencies: [Target.Dependency],
+    executableDependencies: [Target.Dependency] = [], exclude: [String] = [], resources: [Resource]? = nil,
+    plugins: [Target.PluginUsage]? = nil
+) -> [Target] {
     [
-        .target(name: core, dependencies: dependencies, path: "Services/\(directory)", exclude: ["CLI"] + exclude, resources: resources,
-                swiftSettings: swiftSettings, plugins: plugins),
-        .executableTarget(name: executable,
-                          dependencies: [.byName(name: core), "CanopyServiceKit", "CanopyBus", "CanopyMessages"] + executableDependencies,
-                          path: "Services/\(directory)/CLI", swiftSettings: swiftSettings),
+        .target(
+            name: core, dependencies: dependencies, path: "Services/\(directory)", exclude: ["CLI"] + exclude, resources: resources,
+            swiftSettings: swiftSettings, plugins: plugins),
+        .executableTarget(
+            name: executable,
+            dependencies: [.byName(name: core), "CanopyServiceKit", "CanopyBus", "CanopyMessages"] + executableDependencies,
+            path: "Services/\(directory)/CLI", swiftSettings: swiftSettings),
     ]
 }
 
@@ -111,15 +116,19 @@ var targets: [Target] = [
     shared("CanopyReplay", ["CanopyCapture", "CanopyBus", "CanopyWire", "CanopyMessages", "CZeroMQ", P.collections, P.histogram]),
     // What services and clients use: the typed client and the plug-in runtime.
     shared("CanopyBus", ["CanopyIO", "CanopyWire", "CanopyMessages", P.collections, P.logging, P.metrics, P.serviceLifecycle, P.tracing]),
-    shared("CanopyServiceKit", [
-        "CanopyBus", P.argumentParser, P.hummingbird, P.logging, P.metrics, P.nioCore, P.otel, P.prometheus, P.serviceLifecycle,
-        P.tracing, P.unixSignals,
-    ]),
+    shared(
+        "CanopyServiceKit",
+        [
+            "CanopyBus", P.argumentParser, P.hummingbird, P.logging, P.metrics, P.nioCore, P.otel, P.prometheus, P.serviceLifecycle,
+            P.tracing, P.unixSignals,
+        ]),
     shared("CanopyOutbound", ["CanopyMessages", P.nioCore, P.nioHTTP1, P.nioPosix, P.nioSSL]),
-    shared("CanopyTesting", [
-        "CanopyBus", "CanopyBroker", "CanopyMessages", "CanopyServiceKit", "CanopyImaging", "CanopyStore", "CZeroMQ", P.crypto, P.hummingbird,
-        P.jwtKit, P.logging, P.postgresNIO, P.serviceLifecycle,
-    ]),
+    shared(
+        "CanopyTesting",
+        [
+            "CanopyBus", "CanopyBroker", "CanopyMessages", "CanopyServiceKit", "CanopyImaging", "CanopyStore", "CZeroMQ", P.crypto, P.hummingbird,
+            P.jwtKit, P.logging, P.postgresNIO, P.serviceLifecycle,
+        ]),
 
     // Made-up plant photos and multipart forms, as phones send them: for `canopy demo`,
     // the tests and the benchmark, never for anything from users.
@@ -135,24 +144,28 @@ var targets: [Target] = [
 // MARK: - Services: each a module (Services/<Name>: Core/, Store/, …) and its executable (CLI/)
 
 // The broker: routing state, its IO shell, CurveZMQ's broker side, and `build…`.
-targets += service("Broker", core: "CanopyBroker", executable: "canopy-broker",
+targets += service(
+    "Broker", core: "CanopyBroker", executable: "canopy-broker",
     dependencies: [
         "CZeroMQ", "CanopyIO", "CanopyWire", "CanopyMessages", "CanopyCapture", "CanopyServiceKit", P.collections, P.histogram, P.logging,
         P.metrics, P.serviceLifecycle, P.tracing,
     ])
-targets += service("Images", core: "CanopyImages", executable: "canopy-images",
+targets += service(
+    "Images", core: "CanopyImages", executable: "canopy-images",
     dependencies: [
         "CVips", "CanopyImaging", "CanopyBus", "CanopyMessages", "CanopyServiceKit", "CanopyStore", "CanopyOutbound",
         P.crypto, P.grdb, P.logging, P.metrics, P.nioCore, P.nioHTTP1, P.nioPosix, P.nioSSL, P.postgresNIO, P.serviceLifecycle,
     ],
     executableDependencies: ["CanopyStore"])
-targets += service("Identify", core: "CanopyIdentify", executable: "canopy-identify",
+targets += service(
+    "Identify", core: "CanopyIdentify", executable: "canopy-identify",
     dependencies: [
         "CanopyImaging", "CanopyBus", "CanopyMessages", "CanopyServiceKit", "CanopyStore", P.asyncHTTPClient,
         P.crypto, P.grdb, P.logging, P.metrics, P.multipartKit, P.postgresNIO, P.serviceLifecycle,
     ],
     executableDependencies: ["CanopyImaging", "CanopyStore", P.logging])
-targets += service("Remind", core: "CanopyRemind", executable: "canopy-remind",
+targets += service(
+    "Remind", core: "CanopyRemind", executable: "canopy-remind",
     dependencies: [
         "CanopyBus", "CanopyMessages", "CanopyServiceKit", "CanopyStore", "CanopyOutbound", P.asyncHTTPClient,
         P.collections, P.crypto, P.grdb, P.jwtKit, P.logging, P.metrics, P.nioSSL, P.postgresNIO, P.serviceLifecycle,
@@ -160,14 +173,16 @@ targets += service("Remind", core: "CanopyRemind", executable: "canopy-remind",
     executableDependencies: ["CanopyStore"])
 // canopy-api: the HTTP API apps call, generated from its OpenAPI document
 // (Core/openapi.yaml, which docs/openapi.yaml links to) by the generator's build plugin.
-targets += service("API", core: "CanopyAPI", executable: "canopy-api",
+targets += service(
+    "API", core: "CanopyAPI", executable: "canopy-api",
     dependencies: [
         "CanopyBus", "CanopyMessages", "CanopyServiceKit", "CanopyWire", "CanopyStore", "CanopyOutbound", P.crypto, P.grdb, P.httpTypes, P.hummingbird,
         P.jwtKit, P.logging, P.metrics, P.nioCore, P.nioHTTP1, P.openAPIHummingbird, P.openAPIRuntime, P.postgresNIO, P.serviceLifecycle,
     ],
     executableDependencies: ["CanopyStore"],
     plugins: [.plugin(name: "OpenAPIGenerator", package: "swift-openapi-generator")])
-targets += service("Care", core: "CanopyCare", executable: "canopy-care",
+targets += service(
+    "Care", core: "CanopyCare", executable: "canopy-care",
     dependencies: [
         "CanopyBus", "CanopyMessages", "CanopyServiceKit", "CanopyStore", P.collections, P.grdb, P.logging,
         P.metrics, P.postgresNIO, P.serviceLifecycle,
@@ -178,65 +193,88 @@ targets += service("Care", core: "CanopyCare", executable: "canopy-care",
 // MARK: - The operator's CLI, the benchmark, and the tests
 
 targets += [
-    .executableTarget(name: "canopy", dependencies: [
-        "CanopySamples", "CanopyDeployment", "CanopyServiceKit", "CanopyBus", "CanopyMessages", "CanopyCapture",
-        "CanopyReplay", "CanopyImaging", "CanopyStore", "CanopyCare", "CanopyRemind", "CanopyIdentify", "CanopyImages", "CanopyAPI",
-        P.asyncHTTPClient, P.grdb, P.logging, P.nioCore, P.nioHTTP1,
-    ], path: "Services/Canopy", swiftSettings: swiftSettings),
-    .executableTarget(name: "canopy-bench", dependencies: [
-        "CanopySamples", "CanopyDeployment", "CanopyOutbound", "CanopyBus", "CanopyBroker", "CZeroMQ", "CanopyMessages",
-        "CanopyImages", "CanopyCare", "CanopyIdentify", "CanopyRemind", "CanopyImaging", "CVips", "CanopyServiceKit",
-        "CanopyWire", "CanopyAPI", "CanopyCapture", "CanopyReplay", "CanopyStore", "CanopyTesting", P.argumentParser, P.asyncHTTPClient,
-        P.collections, P.grdb, P.histogram, P.hummingbird, P.jwtKit, P.logging,
-    ], path: "Benchmarks/BusBenchmark", swiftSettings: swiftSettings),
+    .executableTarget(
+        name: "canopy",
+        dependencies: [
+            "CanopySamples", "CanopyDeployment", "CanopyServiceKit", "CanopyBus", "CanopyMessages", "CanopyCapture",
+            "CanopyReplay", "CanopyImaging", "CanopyStore", "CanopyCare", "CanopyRemind", "CanopyIdentify", "CanopyImages", "CanopyAPI",
+            P.asyncHTTPClient, P.grdb, P.logging, P.nioCore, P.nioHTTP1,
+        ], path: "Services/Canopy", swiftSettings: swiftSettings),
+    .executableTarget(
+        name: "canopy-bench",
+        dependencies: [
+            "CanopySamples", "CanopyDeployment", "CanopyOutbound", "CanopyBus", "CanopyBroker", "CZeroMQ", "CanopyMessages",
+            "CanopyImages", "CanopyCare", "CanopyIdentify", "CanopyRemind", "CanopyImaging", "CVips", "CanopyServiceKit",
+            "CanopyWire", "CanopyAPI", "CanopyCapture", "CanopyReplay", "CanopyStore", "CanopyTesting", P.argumentParser, P.asyncHTTPClient,
+            P.collections, P.grdb, P.histogram, P.hummingbird, P.jwtKit, P.logging,
+        ], path: "Benchmarks/BusBenchmark", swiftSettings: swiftSettings),
     // A worker process the live tests start and kill with SIGKILL.
-    .executableTarget(name: "canopy-test-worker", dependencies: ["CanopyTesting", "CanopyServiceKit"], path: "Tests/TestWorker",
-                      swiftSettings: swiftSettings),
+    .executableTarget(
+        name: "canopy-test-worker", dependencies: ["CanopyTesting", "CanopyServiceKit"], path: "Tests/TestWorker",
+        swiftSettings: swiftSettings),
 
     // MARK: - Tests
     // A suite that names an executable gets it built, for the tests that run it as a process
     // or ask it for --help.
 
     tests("CanopyMessagesTests", ["CanopyMessages", "CanopyWire", "CanopyBus", "CanopyTesting"], resources: [.copy("Fixtures")]),
-    tests("CanopyImagesTests", [
-        "CanopyOutbound", "CanopyImages", "CanopyImaging", "CVips", "CanopyBus", "CanopyBroker", "CanopyStore", "CanopyTesting",
-        "CanopyServiceKit", "canopy-images", P.nioCore, P.nioHTTP1, P.nioPosix,
-    ]),
-    tests("CanopyIdentifyTests", [
-        "CanopySamples", "CanopyIdentify", "CanopyImaging", "CVips", "CanopyImages", "CanopyCare", "CanopyBus",
-        "CanopyBroker", "CanopyStore", "CanopyTesting", "CanopyServiceKit", "canopy-identify", P.hummingbird, P.multipartKit,
-    ]),
-    tests("CanopyRemindTests", [
-        "CanopyOutbound", "CanopyRemind", "CanopyCare", "CanopyBus", "CanopyBroker", "CanopyStore", "CanopyTesting", "CanopyServiceKit",
-        "canopy-remind", P.crypto, P.hummingbird, P.hummingbirdHTTP2, P.nioSSL, P.x509,
-    ]),
-    tests("CanopyAPITests", [
-        "CanopySamples", "CanopyAPI", "CanopyCare", "CanopyRemind", "CanopyImages", "CanopyIdentify", "CanopyImaging",
-        "CanopyBus", "CanopyBroker", "CanopyTesting", "CanopyServiceKit", "CanopyCapture", "CanopyReplay", "CanopyMessages",
-        "canopy-api", "CanopyOutbound", P.asyncHTTPClient, P.crypto, P.grdb, P.hummingbird, P.jwtKit, P.nioCore, P.nioHTTP1, P.yams,
-    ]),
-    tests("CanopyCareTests", [
-        "CanopyCare", "CanopyImages", "CVips", "CanopyBus", "CanopyBroker", "CanopyStore", "CanopyTesting", "CanopyServiceKit", "canopy-care",
-    ]),
-    tests("EndToEndTests", [
-        "CanopySamples", "CanopyServiceKit", "CanopyStore", "CanopyTesting", "CanopyCapture", "CanopyReplay", "CanopyImaging",
-        "canopy", "canopy-broker", "canopy-images", "canopy-care", "canopy-identify", "canopy-remind", "canopy-api",
-        P.asyncHTTPClient, P.crypto, P.grdb, P.nioCore, P.nioHTTP1,
-    ]),
-    tests("DeploymentTests", [
-        "CanopySamples", "CanopyDeployment", "CanopyServiceKit", "CanopyStore", "CanopyTesting", "CanopyImaging", "CanopyCapture", "CanopyBus",
-        "CanopyMessages", "canopy", "canopy-broker",
-        "canopy-images", "canopy-care", "canopy-identify", "canopy-remind", "canopy-api", P.grdb, P.yams,
-    ]),
-    tests("CanopyCaptureTests", [
-        "CanopyCapture", "CanopyReplay", "CanopyBroker", "CanopyBus", "CanopyWire", "CanopyMessages", "CanopyTesting",
-        "CanopyServiceKit", "canopy", "canopy-broker",
-    ]),
+    tests(
+        "CanopyImagesTests",
+        [
+            "CanopyOutbound", "CanopyImages", "CanopyImaging", "CVips", "CanopyBus", "CanopyBroker", "CanopyStore", "CanopyTesting",
+            "CanopyServiceKit", "canopy-images", P.nioCore, P.nioHTTP1, P.nioPosix,
+        ]),
+    tests(
+        "CanopyIdentifyTests",
+        [
+            "CanopySamples", "CanopyIdentify", "CanopyImaging", "CVips", "CanopyImages", "CanopyCare", "CanopyBus",
+            "CanopyBroker", "CanopyStore", "CanopyTesting", "CanopyServiceKit", "canopy-identify", P.hummingbird, P.multipartKit,
+        ]),
+    tests(
+        "CanopyRemindTests",
+        [
+            "CanopyOutbound", "CanopyRemind", "CanopyCare", "CanopyBus", "CanopyBroker", "CanopyStore", "CanopyTesting", "CanopyServiceKit",
+            "canopy-remind", P.crypto, P.hummingbird, P.hummingbirdHTTP2, P.nioSSL, P.x509,
+        ]),
+    tests(
+        "CanopyAPITests",
+        [
+            "CanopySamples", "CanopyAPI", "CanopyCare", "CanopyRemind", "CanopyImages", "CanopyIdentify", "CanopyImaging",
+            "CanopyBus", "CanopyBroker", "CanopyTesting", "CanopyServiceKit", "CanopyCapture", "CanopyReplay", "CanopyMessages",
+            "canopy-api", "CanopyOutbound", P.asyncHTTPClient, P.crypto, P.grdb, P.hummingbird, P.jwtKit, P.nioCore, P.nioHTTP1, P.yams,
+        ]),
+    tests(
+        "CanopyCareTests",
+        [
+            "CanopyCare", "CanopyImages", "CVips", "CanopyBus", "CanopyBroker", "CanopyStore", "CanopyTesting", "CanopyServiceKit", "canopy-care",
+        ]),
+    tests(
+        "EndToEndTests",
+        [
+            "CanopySamples", "CanopyServiceKit", "CanopyStore", "CanopyTesting", "CanopyCapture", "CanopyReplay", "CanopyImaging",
+            "canopy", "canopy-broker", "canopy-images", "canopy-care", "canopy-identify", "canopy-remind", "canopy-api",
+            P.asyncHTTPClient, P.crypto, P.grdb, P.nioCore, P.nioHTTP1,
+        ]),
+    tests(
+        "DeploymentTests",
+        [
+            "CanopySamples", "CanopyDeployment", "CanopyServiceKit", "CanopyStore", "CanopyTesting", "CanopyImaging", "CanopyCapture", "CanopyBus",
+            "CanopyMessages", "canopy", "canopy-broker",
+            "canopy-images", "canopy-care", "canopy-identify", "canopy-remind", "canopy-api", P.grdb, P.yams,
+        ]),
+    tests(
+        "CanopyCaptureTests",
+        [
+            "CanopyCapture", "CanopyReplay", "CanopyBroker", "CanopyBus", "CanopyWire", "CanopyMessages", "CanopyTesting",
+            "CanopyServiceKit", "canopy", "canopy-broker",
+        ]),
     tests("CanopyStoreTests", ["CanopyStore", "CanopyTesting", P.grdb, P.postgresNIO]),
-    tests("CanopyBusTests", [
-        "CanopyBus", "CanopyBroker", "CanopyTesting", "CanopyServiceKit", "CZeroMQ", "canopy", "canopy-broker",
-        "canopy-test-worker", P.asyncHTTPClient, P.inMemoryTracing, P.nioCore, P.tracing, P.serviceLifecycle,
-    ]),
+    tests(
+        "CanopyBusTests",
+        [
+            "CanopyBus", "CanopyBroker", "CanopyTesting", "CanopyServiceKit", "CZeroMQ", "canopy", "canopy-broker",
+            "canopy-test-worker", P.asyncHTTPClient, P.inMemoryTracing, P.nioCore, P.tracing, P.serviceLifecycle,
+        ]),
 ]
 
 let package = Package(

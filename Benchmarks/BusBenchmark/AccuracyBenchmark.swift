@@ -1,9 +1,9 @@
 import ArgumentParser
+import CanopyIdentify
 import CanopyImaging
 import CanopySamples
 import CanopyServiceKit
 import Foundation
-import CanopyIdentify
 
 /// How often the offline matcher names the right species on photos that vary as phone photos
 /// do (``PlantScene``: background, light temperature and level, leaf count, scale, rotation,
@@ -15,7 +15,8 @@ import CanopyIdentify
 struct AccuracyBenchmark: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "accuracy",
-        abstract: "The offline matcher's top-1 and top-3 accuracy on made-up species photographed with varying background, light, leaves, scale, angle, noise and occlusion.",
+        abstract:
+            "The offline matcher's top-1 and top-3 accuracy on made-up species photographed with varying background, light, leaves, scale, angle, noise and occlusion.",
         discussion: """
             Example: canopy-bench accuracy --species 10,50,200 --references 3 --queries 5
             --fit chooses FeatureModel's numbers on validation species (1000–1299, never the ones measured) and prints them.
@@ -43,7 +44,12 @@ struct AccuracyBenchmark: AsyncParsableCommand {
     }
 
     private func measure(_ counts: [Int]) throws {
-        var rows = [["species", "sets", "queries", "top-1", "top-3", "no good match", "right if named", "unloaded refused", "baseline top-1", "baseline top-3", "match p50 ms"]]
+        var rows = [
+            [
+                "species", "sets", "queries", "top-1", "top-3", "no good match", "right if named", "unloaded refused", "baseline top-1", "baseline top-3",
+                "match p50 ms",
+            ]
+        ]
         var reliability: [(confidence: Double, right: Bool)] = []
         for count in counts {
             // Every disjoint set of `count` species among the first `--within` (at least one):
@@ -94,12 +100,18 @@ struct AccuracyBenchmark: AsyncParsableCommand {
             }
             let total = sets * count * queries
             timings.sort()
-            rows.append(["\(count)", "\(sets)", "\(total)", Self.percent(top1, total), Self.percent(top3, total), Self.percent(total - answered, total),
-                         Self.percent(answeredRight, answered), Self.percent(refused, sets * unknown),
-                         Self.percent(baseline1, total), Self.percent(baseline3, total), String(format: "%.2f", timings[timings.count / 2])])
+            rows.append([
+                "\(count)", "\(sets)", "\(total)", Self.percent(top1, total), Self.percent(top3, total), Self.percent(total - answered, total),
+                Self.percent(answeredRight, answered), Self.percent(refused, sets * unknown),
+                Self.percent(baseline1, total), Self.percent(baseline3, total), String(format: "%.2f", timings[timings.count / 2]),
+            ])
         }
-        print("the offline matcher on PlantScene photos (backgrounds, light, leaves, scale, angle, noise, occlusion vary), \(references) reference photos a species")
-        print("(top-1/top-3: the candidates' order; \"no good match\": the known species' photos it refused to name; the baseline is the matcher before issue 30, on the same photos, always answering)")
+        print(
+            "the offline matcher on PlantScene photos (backgrounds, light, leaves, scale, angle, noise, occlusion vary), \(references) reference photos a species"
+        )
+        print(
+            "(top-1/top-3: the candidates' order; \"no good match\": the known species' photos it refused to name; the baseline is the matcher before issue 30, on the same photos, always answering)"
+        )
         printTable(rows)
         print("\nconfidence of the first candidate against how often it was right (all species counts, unloaded species' photos included):")
         var table = [["confidence", "answers", "right"]]
@@ -130,7 +142,8 @@ struct AccuracyBenchmark: AsyncParsableCommand {
         try FileManager.default.createDirectory(atPath: samples, withIntermediateDirectories: true)
         for index in 0..<3 {
             for seed in [0, 1, 10_000] {
-                try Data(try PlantScene.species(index).photo(seed: seed)).write(to: URL(fileURLWithPath: samples).appendingPathComponent("species\(index)-shot\(seed).jpg"))
+                try Data(try PlantScene.species(index).photo(seed: seed)).write(
+                    to: URL(fileURLWithPath: samples).appendingPathComponent("species\(index)-shot\(seed).jpg"))
             }
         }
     }

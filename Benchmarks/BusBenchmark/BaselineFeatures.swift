@@ -78,7 +78,8 @@ struct BaselineFeatures: Sendable {
         }
         let count = Float(width * height)
         colour = colour.map { $0 / count }
-        let texture = textureDescriptor(grey, width: width, height: height, step: 1)
+        let texture =
+            textureDescriptor(grey, width: width, height: height, step: 1)
             + textureDescriptor(grey, width: width, height: height, step: 4)
         return BaselineFeatures(colour: colour, texture: texture, hash: differenceHash(grey, width: width, height: height))
     }

@@ -20,8 +20,10 @@ final class BenchStack {
     ///   - asService: the client stands in for a service (canopy-care sending windows), so
     ///     its requests say a service made them (service-to-service operations take only those).
     ///   - build: the services to run, given the broker's endpoint and the context to share.
-    init(configuration: BrokerConfiguration = .init(), logger: Logger, asService: Bool = false,
-         build: (_ endpoint: String, _ context: ZMQContext) async throws -> [any Service]) async throws {
+    init(
+        configuration: BrokerConfiguration = .init(), logger: Logger, asService: Bool = false,
+        build: (_ endpoint: String, _ context: ZMQContext) async throws -> [any Service]
+    ) async throws {
         let context = ZMQContext()
         let broker = try BrokerServer(endpoint: "tcp://127.0.0.1:*", configuration: configuration, context: context, logger: logger)
         self.broker = broker

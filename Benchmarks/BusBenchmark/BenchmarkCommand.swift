@@ -1,5 +1,5 @@
-import CanopyBroker
 import ArgumentParser
+import CanopyBroker
 import CanopyBus
 import CanopyServiceKit
 import Foundation
@@ -26,10 +26,14 @@ struct BenchmarkCommand: MainCommand {
               swift run -c release canopy-bench stack
               swift run -c release canopy-bench tracing
             """,
-        subcommands: [Bus.self, Coalescing.self, ImagesBenchmark.self, CareBenchmark.self, MetricsCost.self, TransferBenchmark.self, CoalescingCost.self,
-                      IdentifyBenchmark.self, RemindBenchmark.self, EdgeBenchmark.self, CaptureBenchmark.self, StackBenchmark.self, CancelBenchmark.self, OutboxBenchmark.self,
-                      StoresBenchmark.self, FailoverBenchmark.self, SnapshotBenchmark.self, TokensBenchmark.self, AccuracyBenchmark.self, TracingCost.self, FairnessBenchmark.self,
-                      InspectChild.self],
+        subcommands: [
+            Bus.self, Coalescing.self, ImagesBenchmark.self, CareBenchmark.self, MetricsCost.self, TransferBenchmark.self, CoalescingCost.self,
+            IdentifyBenchmark.self, RemindBenchmark.self, EdgeBenchmark.self, CaptureBenchmark.self, StackBenchmark.self, CancelBenchmark.self,
+            OutboxBenchmark.self,
+            StoresBenchmark.self, FailoverBenchmark.self, SnapshotBenchmark.self, TokensBenchmark.self, AccuracyBenchmark.self, TracingCost.self,
+            FairnessBenchmark.self,
+            InspectChild.self,
+        ],
         defaultSubcommand: Bus.self)
 }
 
@@ -67,16 +71,25 @@ struct Bus: AsyncParsableCommand {
         logger.logLevel = .error
         let body = Array(("{\"text\":\"" + String(repeating: "x", count: max(0, bodyBytes - 11)) + "\"}").utf8)
         let request = benchRequest(operation: "echo", body: body)
-        print("canopy-bench bus: \(workers) echo workers (credit \(credit)), \(body.count)-byte bodies, clients on \(threads) thread(s), \(seconds) s per measurement, best of \(rounds), loopback TCP")
-        print("cores: \(ProcessInfo.processInfo.activeProcessorCount); 'load CPU' is the generator's threads' CPU time over the measured time (1.00 = one core busy)")
+        print(
+            "canopy-bench bus: \(workers) echo workers (credit \(credit)), \(body.count)-byte bodies, clients on \(threads) thread(s), \(seconds) s per measurement, best of \(rounds), loopback TCP"
+        )
+        print(
+            "cores: \(ProcessInfo.processInfo.activeProcessorCount); 'load CPU' is the generator's threads' CPU time over the measured time (1.00 = one core busy)"
+        )
         print("")
-        var table: [[String]] = [["clients x window", "proxy req/s", "p50 µs", "p99 µs", "load CPU", "proxy µs/req", "broker req/s", "p50 µs", "p99 µs", "load CPU",
-                                  "broker CPU", "broker µs/req", "broker/proxy", "p99 broker/proxy"]]
+        var table: [[String]] = [
+            [
+                "clients x window", "proxy req/s", "p50 µs", "p99 µs", "load CPU", "proxy µs/req", "broker req/s", "p50 µs", "p99 µs", "load CPU",
+                "broker CPU", "broker µs/req", "broker/proxy", "p99 broker/proxy",
+            ]
+        ]
         for (clients, window) in parsedLoads ?? [] {
             var proxyBest: (result: PipelinedLoad.Result, proxyCPU: Double)?
             var brokerBest: (result: PipelinedLoad.Result, brokerCPU: Double)?
-            let load = PipelinedLoadSetup(clients: clients, window: window, threads: threads, request: request,
-                                          warmUp: .milliseconds(Int64(warmUp * 1000)), duration: .milliseconds(Int64(seconds * 1000)))
+            let load = PipelinedLoadSetup(
+                clients: clients, window: window, threads: threads, request: request,
+                warmUp: .milliseconds(Int64(warmUp * 1000)), duration: .milliseconds(Int64(seconds * 1000)))
             for round in 1...rounds {
                 progress("  \(clients)x\(window), round \(round)/\(rounds): zmq_proxy…")
                 let proxy = try await Rig(workers: workers, capacity: credit).proxy { endpoint, _ in
@@ -99,9 +112,11 @@ struct Bus: AsyncParsableCommand {
             // whose cores are all busy, and steadier from run to run than throughput.
             table.append([
                 "\(clients)x\(window)",
-                String(format: "%.0f", proxyResult.throughput), "\(proxyResult.p50)", "\(proxyResult.p99)", String(format: "%.2f", proxyResult.generatorCoreShare),
+                String(format: "%.0f", proxyResult.throughput), "\(proxyResult.p50)", "\(proxyResult.p99)",
+                String(format: "%.2f", proxyResult.generatorCoreShare),
                 String(format: "%.2f", proxyCPU * 1e6 / max(1, proxyResult.throughput)),
-                String(format: "%.0f", brokerResult.throughput), "\(brokerResult.p50)", "\(brokerResult.p99)", String(format: "%.2f", brokerResult.generatorCoreShare),
+                String(format: "%.0f", brokerResult.throughput), "\(brokerResult.p50)", "\(brokerResult.p99)",
+                String(format: "%.2f", brokerResult.generatorCoreShare),
                 String(format: "%.2f", brokerCPU), String(format: "%.2f", brokerCPU * 1e6 / max(1, brokerResult.throughput)),
                 String(format: "%.2f", brokerResult.throughput / proxyResult.throughput),
                 String(format: "%.2f", Double(brokerResult.p99) / Double(max(1, proxyResult.p99))),
@@ -148,9 +163,12 @@ struct CoalescingCost: AsyncParsableCommand {
     func run() async throws {
         var logger = Logger(label: "canopy-bench")
         logger.logLevel = .error
-        let load = PipelinedLoadSetup(clients: clients, window: window, threads: threads, request: benchRequest(operation: "lookup", body: Array("{}".utf8)),
-                                      warmUp: .milliseconds(500), duration: .milliseconds(Int64(seconds * 1000)), uniqueBodies: true)
-        print("canopy-bench coalescing-cost: \(clients) clients x \(window) in flight, unique bodies to a coalescable operation, \(seconds) s per measurement, \(rounds) rounds")
+        let load = PipelinedLoadSetup(
+            clients: clients, window: window, threads: threads, request: benchRequest(operation: "lookup", body: Array("{}".utf8)),
+            warmUp: .milliseconds(500), duration: .milliseconds(Int64(seconds * 1000)), uniqueBodies: true)
+        print(
+            "canopy-bench coalescing-cost: \(clients) clients x \(window) in flight, unique bodies to a coalescable operation, \(seconds) s per measurement, \(rounds) rounds"
+        )
         var rows = [["round", "coalescing off req/s", "p99 µs", "coalescing on req/s", "p99 µs", "on/off"]]
         var ratios: [Double] = []
         for round in 1...rounds {
@@ -163,8 +181,10 @@ struct CoalescingCost: AsyncParsableCommand {
             }
             guard let off = measured[false], let on = measured[true] else { continue }
             ratios.append(on.throughput / off.throughput)
-            rows.append(["\(round)", String(format: "%.0f", off.throughput), "\(off.p99)", String(format: "%.0f", on.throughput), "\(on.p99)",
-                         String(format: "%.3f", on.throughput / off.throughput)])
+            rows.append([
+                "\(round)", String(format: "%.0f", off.throughput), "\(off.p99)", String(format: "%.0f", on.throughput), "\(on.p99)",
+                String(format: "%.3f", on.throughput / off.throughput),
+            ])
         }
         printTable(rows)
         print("median on/off: \(String(format: "%.3f", ratios.sorted()[ratios.count / 2])) (target: at least 0.95)")
@@ -189,7 +209,9 @@ struct Rig {
     }
 
     /// Runs `body` on its own thread against a broker with echo workers behind it.
-    func broker<T: Sendable>(configuration: BrokerConfiguration = .init(), logger: Logger, _ body: @escaping @Sendable (String, EchoWorkers) throws -> T) async throws -> T {
+    func broker<T: Sendable>(configuration: BrokerConfiguration = .init(), logger: Logger, _ body: @escaping @Sendable (String, EchoWorkers) throws -> T)
+        async throws -> T
+    {
         let broker = try BrokerServer(endpoint: "tcp://127.0.0.1:*", configuration: configuration, context: ZMQContext(), logger: logger)
         let task = Task { try await broker.run() }
         let echo = EchoWorkers(endpoint: broker.endpoint, count: workers, kind: .canopy, capacity: capacity, serviceTime: serviceTime)
@@ -202,7 +224,9 @@ struct Rig {
     }
 
     /// Runs an async `body` against a broker with echo workers behind it.
-    func brokerAsync<T: Sendable>(configuration: BrokerConfiguration = .init(), logger: Logger, _ body: @escaping @Sendable (String) async throws -> T) async throws -> T {
+    func brokerAsync<T: Sendable>(configuration: BrokerConfiguration = .init(), logger: Logger, _ body: @escaping @Sendable (String) async throws -> T)
+        async throws -> T
+    {
         let broker = try BrokerServer(endpoint: "tcp://127.0.0.1:*", configuration: configuration, context: ZMQContext(), logger: logger)
         let task = Task { try await broker.run() }
         let echo = EchoWorkers(endpoint: broker.endpoint, count: workers, kind: .canopy, capacity: capacity, serviceTime: serviceTime)
@@ -218,8 +242,11 @@ struct Rig {
 
 /// A request frame set for the `bench` service; generators replace frame 2, the correlation.
 func benchRequest(operation: String, body: [UInt8]) -> [[UInt8]] {
-    WireMessage.request(WireRequest(correlation: Wire.frame(UInt64(0)), service: "bench", operation: operation,
-                                    header: RequestHeader(timeoutMilliseconds: 30_000), body: body)).encoded
+    WireMessage.request(
+        WireRequest(
+            correlation: Wire.frame(UInt64(0)), service: "bench", operation: operation,
+            header: RequestHeader(timeoutMilliseconds: 30_000), body: body)
+    ).encoded
 }
 
 /// Where `name` is on the PATH, if it is.
@@ -245,7 +272,8 @@ func printTable(_ rows: [[String]]) {
 struct MetricsCost: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "metrics",
-        abstract: "Broker throughput and broker-thread CPU per request with metrics on against off (and zmq_proxy, to show whether the load generator is the limit), in turn in one run.",
+        abstract:
+            "Broker throughput and broker-thread CPU per request with metrics on against off (and zmq_proxy, to show whether the load generator is the limit), in turn in one run.",
         discussion: "Example: canopy-bench metrics --seconds 3 --rounds 5 --clients 64 --window 16")
 
     @Option(help: "Seconds measured per setup.") var seconds = 3.0
@@ -266,9 +294,12 @@ struct MetricsCost: AsyncParsableCommand {
         var logger = Logger(label: "canopy-bench")
         logger.logLevel = .error
         let request = benchRequest(operation: "echo", body: Array(#"{"text":"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}"#.utf8))
-        let load = PipelinedLoadSetup(clients: clients, window: window, threads: threads, request: request,
-                                      warmUp: .milliseconds(500), duration: .milliseconds(Int64(seconds * 1000)))
-        print("canopy-bench metrics: \(clients) clients x \(window) in flight on \(threads) thread(s), \(workers) echo workers, \(seconds) s per measurement, \(rounds) rounds")
+        let load = PipelinedLoadSetup(
+            clients: clients, window: window, threads: threads, request: request,
+            warmUp: .milliseconds(500), duration: .milliseconds(Int64(seconds * 1000)))
+        print(
+            "canopy-bench metrics: \(clients) clients x \(window) in flight on \(threads) thread(s), \(workers) echo workers, \(seconds) s per measurement, \(rounds) rounds"
+        )
         var rows = [["round", "proxy req/s", "off req/s", "on req/s", "load CPU (on)", "off CPU µs/req", "on CPU µs/req", "req/s on/off", "CPU on/off"]]
         var throughputRatios: [Double] = [], cpuRatios: [Double] = []
         for round in 1...rounds {
@@ -295,14 +326,18 @@ struct MetricsCost: AsyncParsableCommand {
             let cpuRatio = on.brokerCPUMicros / off.brokerCPUMicros
             throughputRatios.append(throughputRatio)
             cpuRatios.append(cpuRatio)
-            rows.append(["\(round)", String(format: "%.0f", proxy.result.throughput), String(format: "%.0f", off.result.throughput),
-                         String(format: "%.0f", on.result.throughput), String(format: "%.2f", on.result.generatorCoreShare),
-                         String(format: "%.2f", off.brokerCPUMicros), String(format: "%.2f", on.brokerCPUMicros),
-                         String(format: "%.3f", throughputRatio), String(format: "%.3f", cpuRatio)])
+            rows.append([
+                "\(round)", String(format: "%.0f", proxy.result.throughput), String(format: "%.0f", off.result.throughput),
+                String(format: "%.0f", on.result.throughput), String(format: "%.2f", on.result.generatorCoreShare),
+                String(format: "%.2f", off.brokerCPUMicros), String(format: "%.2f", on.brokerCPUMicros),
+                String(format: "%.3f", throughputRatio), String(format: "%.3f", cpuRatio),
+            ])
         }
         printTable(rows)
         let median = { (values: [Double]) in values.sorted()[values.count / 2] }
-        print("median of rounds: throughput on/off \(String(format: "%.3f", median(throughputRatios))), broker CPU per request on/off \(String(format: "%.3f", median(cpuRatios))) (target: metrics cost at most 3%)")
+        print(
+            "median of rounds: throughput on/off \(String(format: "%.3f", median(throughputRatios))), broker CPU per request on/off \(String(format: "%.3f", median(cpuRatios))) (target: metrics cost at most 3%)"
+        )
     }
 }
 
@@ -318,8 +353,8 @@ func threadCPUSeconds(where test: (String) -> Bool) -> Double {
     var ticks = 0
     for task in tasks {
         guard let comm = try? String(contentsOfFile: "/proc/self/task/\(task)/comm", encoding: .utf8),
-              test(comm.trimmingCharacters(in: .whitespacesAndNewlines)),
-              let stat = ProcStat(path: "/proc/self/task/\(task)/stat")
+            test(comm.trimmingCharacters(in: .whitespacesAndNewlines)),
+            let stat = ProcStat(path: "/proc/self/task/\(task)/stat")
         else { continue }
         ticks += stat.cpuTicks
     }

@@ -40,8 +40,9 @@ struct CancelBenchmark: ParsableCommand {
         state.receive(WireMessage.ready(service: "plants", operations: operations, credit: 1).encoded, from: Array("w".utf8), now: start, into: &out)
         let client = Array("c".utf8)
         for index in 0...count {
-            let request = WireRequest(correlation: Wire.frame(UInt64(index)), service: "plants", operation: "get",
-                                      header: RequestHeader(timeoutMilliseconds: 600_000), body: Array(#"{"id":"p\#(index)"}"#.utf8))
+            let request = WireRequest(
+                correlation: Wire.frame(UInt64(index)), service: "plants", operation: "get",
+                header: RequestHeader(timeoutMilliseconds: 600_000), body: Array(#"{"id":"p\#(index)"}"#.utf8))
             out.removeAll(keepingCapacity: true)
             state.receive(WireMessage.request(request).encoded, from: client, now: start, into: &out)
         }

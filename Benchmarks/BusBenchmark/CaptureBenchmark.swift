@@ -34,9 +34,12 @@ struct CaptureBenchmark: AsyncParsableCommand {
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(at: directory) }
         let parts = Set(parts.split(separator: ",").map(String.init))
-        let load = PipelinedLoadSetup(clients: clients, window: window, threads: threads, request: benchRequest(operation: "echo", body: Array("{}".utf8)),
-                                      warmUp: .milliseconds(500), duration: .milliseconds(Int64(seconds * 1000)), uniqueBodies: true)
-        print("canopy-bench capture: \(clients) clients x \(window) in flight on \(threads) thread(s), 4 echo workers, unique small bodies, \(seconds) s per measurement")
+        let load = PipelinedLoadSetup(
+            clients: clients, window: window, threads: threads, request: benchRequest(operation: "echo", body: Array("{}".utf8)),
+            warmUp: .milliseconds(500), duration: .milliseconds(Int64(seconds * 1000)), uniqueBodies: true)
+        print(
+            "canopy-bench capture: \(clients) clients x \(window) in flight on \(threads) thread(s), 4 echo workers, unique small bodies, \(seconds) s per measurement"
+        )
         if parts.contains("cost") { try await cost(load, directory: directory, logger: logger) }
         if parts.contains("replay") { try await replay(load, directory: directory, logger: logger) }
         if parts.contains("inspect") { try inspect(directory: directory) }
@@ -65,9 +68,11 @@ struct CaptureBenchmark: AsyncParsableCommand {
             let bytes = reader.files.reduce(0) { $0 + ((try? FileManager.default.attributesOfItem(atPath: $1)[.size] as? Int) ?? 0) }
             for file in reader.files { try? FileManager.default.removeItem(atPath: file) }
             ratios.append(on.throughput / off.throughput)
-            rows.append(["\(round)", String(format: "%.0f", off.throughput), "\(off.p99)", String(format: "%.0f", on.throughput), "\(on.p99)",
-                         String(format: "%.2f", on.generatorCoreShare), "\(records)", "\(Int(on.throughput * (seconds + 0.5)) * 2)",
-                         String(format: "%.1f", Double(bytes) / 1e6 / (seconds + 0.5)), String(format: "%.3f", on.throughput / off.throughput)])
+            rows.append([
+                "\(round)", String(format: "%.0f", off.throughput), "\(off.p99)", String(format: "%.0f", on.throughput), "\(on.p99)",
+                String(format: "%.2f", on.generatorCoreShare), "\(records)", "\(Int(on.throughput * (seconds + 0.5)) * 2)",
+                String(format: "%.1f", Double(bytes) / 1e6 / (seconds + 0.5)), String(format: "%.3f", on.throughput / off.throughput),
+            ])
         }
         printTable(rows)
         print("median on/off: \(String(format: "%.3f", ratios.sorted()[ratios.count / 2])) (target: at least 0.85)")
@@ -76,7 +81,9 @@ struct CaptureBenchmark: AsyncParsableCommand {
     /// (2) A capture of `requests` requests replayed as fast as possible, against the same
     /// load from the pipelined generator.
     private func replay(_ load: PipelinedLoadSetup, directory: URL, logger: Logger) async throws {
-        print("\n(2) replaying \(requests) captured requests as fast as possible on \(replayConnections) connection(s), against the pipelined generator (target: at least 0.8)")
+        print(
+            "\n(2) replaying \(requests) captured requests as fast as possible on \(replayConnections) connection(s), against the pipelined generator (target: at least 0.8)"
+        )
         let recorded = directory.appendingPathComponent("recorded").path
         let trimmed = directory.appendingPathComponent("replayed").path
         var recordLoad = load
@@ -97,12 +104,15 @@ struct CaptureBenchmark: AsyncParsableCommand {
             let report = try await Rig(workers: 4).brokerAsync(logger: logger) { [replayConnections] endpoint in
                 var options = ReplayOptions()
                 options.pacing = .fast
-                return try await Replayer(connection: .init(endpoint: endpoint, count: replayConnections), options: options).run(try CaptureReader(path: trimmed))
+                return try await Replayer(connection: .init(endpoint: endpoint, count: replayConnections), options: options).run(
+                    try CaptureReader(path: trimmed))
             }
             ratios.append(report.requestsPerSecond / generator.throughput)
-            rows.append(["\(round)", String(format: "%.0f", generator.throughput), String(format: "%.0f", report.requestsPerSecond),
-                         "\(report.matched) of \(report.requests)", "\(report.replayedP50Micros)", "\(report.replayedP99Micros)",
-                         String(format: "%.3f", report.requestsPerSecond / generator.throughput)])
+            rows.append([
+                "\(round)", String(format: "%.0f", generator.throughput), String(format: "%.0f", report.requestsPerSecond),
+                "\(report.matched) of \(report.requests)", "\(report.replayedP50Micros)", "\(report.replayedP99Micros)",
+                String(format: "%.3f", report.requestsPerSecond / generator.throughput),
+            ])
         }
         printTable(rows)
         print("best replay/generator: \(String(format: "%.3f", ratios.max() ?? 0)) (target: at least 0.8)")
@@ -151,13 +161,17 @@ struct CaptureBenchmark: AsyncParsableCommand {
             let elapsed = ContinuousClock.now - started
             let seconds = elapsed.seconds
             let fields = output.split(separator: " ").map(String.init) // "RECORDS PEAK_KIB"
-            guard child.terminationStatus == 0, fields.count == 2, let counted = Int(fields[0]), let peak = Double(fields[1].trimmingCharacters(in: .whitespacesAndNewlines)) else {
+            guard child.terminationStatus == 0, fields.count == 2, let counted = Int(fields[0]),
+                let peak = Double(fields[1].trimmingCharacters(in: .whitespacesAndNewlines))
+            else {
                 throw BenchmarkFailure("inspect-child failed: \(output)")
             }
             guard counted == records else { throw BenchmarkFailure("inspect counted \(counted) records of \(records)") }
             peaks.append(peak / 1024)
-            rows.append(["\(megabytes)", "\(records)", String(format: "%.2f", seconds), String(format: "%.0f", Double(megabytes << 20) / 1e6 / seconds),
-                         String(format: "%.1f", peak / 1024)])
+            rows.append([
+                "\(megabytes)", "\(records)", String(format: "%.2f", seconds), String(format: "%.0f", Double(megabytes << 20) / 1e6 / seconds),
+                String(format: "%.1f", peak / 1024),
+            ])
             try? FileManager.default.removeItem(atPath: path)
         }
         printTable(rows)
@@ -174,8 +188,9 @@ struct CaptureBenchmark: AsyncParsableCommand {
             index += 1
             let which = Int(index % 4)
             let header = RequestHeader(timeoutMilliseconds: 5_000, principal: "user-\(index % 1_000)")
-            let request = CaptureRecord(kind: .request, time: Int64(index) * 10_000, client: "c-\(index % 64)", service: services[which],
-                                        operation: operations[which], correlation: Wire.frame(index), header: header, body: body)
+            let request = CaptureRecord(
+                kind: .request, time: Int64(index) * 10_000, client: "c-\(index % 64)", service: services[which],
+                operation: operations[which], correlation: Wire.frame(index), header: header, body: body)
             var reply = request
             reply.kind = .reply
             reply.time += 5_000

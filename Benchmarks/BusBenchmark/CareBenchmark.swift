@@ -1,10 +1,10 @@
-import CanopyBroker
 import ArgumentParser
+import CanopyBroker
 import CanopyBus
+import CanopyCare
 import CanopyMessages
 import CanopyStore
 import CanopyTesting
-import CanopyCare
 import Foundation
 import Histogram
 import Logging
@@ -18,7 +18,8 @@ struct CareBenchmark: AsyncParsableCommand {
         discussion: "Example: canopy-bench care --repeats 300")
 
     @Option(help: "Timed requests per measurement.") var repeats = 300
-    @Option(help: "The stores to measure, in turn: sqlite, postgres or both (postgres: a throwaway server, or --database-url).") var backends = "sqlite,postgres"
+    @Option(help: "The stores to measure, in turn: sqlite, postgres or both (postgres: a throwaway server, or --database-url).") var backends =
+        "sqlite,postgres"
     @Option(help: "A PostgreSQL to measure on instead of a throwaway server (an empty database).") var databaseURL: String?
 
     /// One backend's figures: each request's latencies, the round trip, and CPU per request.
@@ -61,13 +62,17 @@ struct CareBenchmark: AsyncParsableCommand {
             var rows = [["request", "plants", "p50 µs", "p99 µs", "p99 vs round trip", "target p99"]]
             let baseline = Double(figure.roundTrip.valueAtPercentile(99))
             for row in [("catalog.search one result (baseline round trip)", "-", figure.roundTrip, "-")] + figure.rows {
-                rows.append([row.0, row.1, "\(row.2.valueAtPercentile(50))", "\(row.2.valueAtPercentile(99))",
-                             String(format: "%.1f", Double(row.2.valueAtPercentile(99)) / baseline), row.3])
+                rows.append([
+                    row.0, row.1, "\(row.2.valueAtPercentile(50))", "\(row.2.valueAtPercentile(99))",
+                    String(format: "%.1f", Double(row.2.valueAtPercentile(99)) / baseline), row.3,
+                ])
             }
             print("canopy-bench care on \(figure.backend): over the bus (client to broker to canopy-care and back), \(repeats) requests each")
             printTable(rows)
-            print(String(format: "CPU per request: %.0f µs in this process (client, broker, canopy-care), %.0f µs in PostgreSQL\n",
-                         figure.processCPU * 1e6 / Double(max(1, figure.requests)), figure.databaseCPU * 1e6 / Double(max(1, figure.requests))))
+            print(
+                String(
+                    format: "CPU per request: %.0f µs in this process (client, broker, canopy-care), %.0f µs in PostgreSQL\n",
+                    figure.processCPU * 1e6 / Double(max(1, figure.requests)), figure.databaseCPU * 1e6 / Double(max(1, figure.requests))))
         }
         if figures.count == 2 {
             var rows = [["request", "\(figures[0].backend) p99 µs", "\(figures[1].backend) p99 µs", "ratio"]]
@@ -92,7 +97,10 @@ struct CareBenchmark: AsyncParsableCommand {
             best = min(best, ContinuousClock.now - began)
         }
         let seconds = best.seconds
-        print(String(format: "\na year of tasks for 10,000 plants: %d tasks in %.3f s (best of 3; target under 1 s), %.1f µs per plant", count, seconds, seconds * 1e6 / 10_000))
+        print(
+            String(
+                format: "\na year of tasks for 10,000 plants: %d tasks in %.3f s (best of 3; target under 1 s), %.1f µs per plant", count, seconds,
+                seconds * 1e6 / 10_000))
     }
 
     /// canopy-care on `settings`' store behind a broker: 500 and 1,000 plants seeded through
@@ -110,8 +118,9 @@ struct CareBenchmark: AsyncParsableCommand {
         let catalog = CareTools.catalog.species
         func plant(_ index: Int) -> Care.Plant {
             let species = catalog[index % catalog.count]
-            return Care.Plant(scientificName: species.scientificName, customName: index % 7 == 0 ? "Plant \(index)" : nil, favourite: index % 5 == 0,
-                              identificationSource: index % 2 == 0 ? .plantnet : .manual, identificationConfidence: 0.8)
+            return Care.Plant(
+                scientificName: species.scientificName, customName: index % 7 == 0 ? "Plant \(index)" : nil, favourite: index % 5 == 0,
+                identificationSource: index % 2 == 0 ? .plantnet : .manual, identificationConfidence: 0.8)
         }
         progress("\(backend): seeding 500 plants for one person and 1,000 for another (timing each save)…\n")
         let cpuBefore = (process: processCPU(), database: postgres.map { databaseCPUSeconds($0.pid) } ?? 0)
@@ -124,21 +133,37 @@ struct CareBenchmark: AsyncParsableCommand {
         for index in 0..<1_000 { _ = try await client.call(Care.AddPlant.self, plant(index), principal: "thousand") }
         var figures = Figures(backend: backend, roundTrip: try await timed { _ = try await client.call(Care.CatalogSearch.self, .init(text: "zz", limit: 1)) })
         figures.rows.append(("plants.add (save, schedule, outbox)", "0-500", saves, "5,000"))
-        figures.rows.append(("plants.list first page of 50", "500", try await timed {
-            _ = try await client.call(Care.ListPlants.self, .init(limit: 50), principal: "five-hundred")
-        }, "20,000"))
-        figures.rows.append(("plants.list all 500", "500", try await timed {
-            _ = try await client.call(Care.ListPlants.self, .init(limit: 500), principal: "five-hundred")
-        }, "20,000"))
+        figures.rows.append(
+            (
+                "plants.list first page of 50", "500",
+                try await timed {
+                    _ = try await client.call(Care.ListPlants.self, .init(limit: 50), principal: "five-hundred")
+                }, "20,000"
+            ))
+        figures.rows.append(
+            (
+                "plants.list all 500", "500",
+                try await timed {
+                    _ = try await client.call(Care.ListPlants.self, .init(limit: 500), principal: "five-hundred")
+                }, "20,000"
+            ))
         let words = ["mon", "fern", "araceae", "palm", "swiss", "ficus", "jade", "lily"]
         var word = 0
-        figures.rows.append(("plants.list search (8 terms in turn)", "1,000", try await timed {
-            word += 1
-            _ = try await client.call(Care.ListPlants.self, .init(search: words[word % words.count], limit: 50), principal: "thousand")
-        }, "10,000"))
-        figures.rows.append(("tasks.upcoming 7 days", "500", try await timed {
-            _ = try await client.call(Care.UpcomingTasks.self, .init(days: 7), principal: "five-hundred")
-        }, "10,000"))
+        figures.rows.append(
+            (
+                "plants.list search (8 terms in turn)", "1,000",
+                try await timed {
+                    word += 1
+                    _ = try await client.call(Care.ListPlants.self, .init(search: words[word % words.count], limit: 50), principal: "thousand")
+                }, "10,000"
+            ))
+        figures.rows.append(
+            (
+                "tasks.upcoming 7 days", "500",
+                try await timed {
+                    _ = try await client.call(Care.UpcomingTasks.self, .init(days: 7), principal: "five-hundred")
+                }, "10,000"
+            ))
         figures.requests = 1_500 + 6 * (repeats + 20)
         figures.processCPU = processCPU() - cpuBefore.process
         figures.databaseCPU = (postgres.map { databaseCPUSeconds($0.pid) } ?? 0) - cpuBefore.database

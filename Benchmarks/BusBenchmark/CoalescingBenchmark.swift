@@ -1,5 +1,5 @@
-import CanopyBroker
 import ArgumentParser
+import CanopyBroker
 import CanopyBus
 import CanopyMessages
 import Foundation
@@ -97,12 +97,16 @@ struct Coalescing: AsyncParsableCommand {
         let baseline = results["zmq_proxy"]!.throughput
         for name in ["zmq_proxy", "broker, coalescing off", "broker, coalescing on"] {
             let result = results[name]!
-            rows.append([name, String(format: "%.0f", result.throughput), "\(result.p50)", "\(result.p99)", String(format: "%.2f", result.throughput / baseline)])
+            rows.append([
+                name, String(format: "%.0f", result.throughput), "\(result.p50)", "\(result.p99)", String(format: "%.2f", result.throughput / baseline),
+            ])
         }
         printTable(rows)
-        print(String(format: "coalescing on/off: throughput %.2f, p99 %.2f",
-                     results["broker, coalescing on"]!.throughput / results["broker, coalescing off"]!.throughput,
-                     Double(results["broker, coalescing on"]!.p99) / Double(results["broker, coalescing off"]!.p99)))
+        print(
+            String(
+                format: "coalescing on/off: throughput %.2f, p99 %.2f",
+                results["broker, coalescing on"]!.throughput / results["broker, coalescing off"]!.throughput,
+                Double(results["broker, coalescing on"]!.p99) / Double(results["broker, coalescing off"]!.p99)))
     }
 
     /// (c) What coalescing costs when nothing repeats: unique bodies, instant workers.
@@ -141,8 +145,11 @@ func brokerStatistics(endpoint: String) throws -> BrokerStatistics {
     let socket = try ZMQSocket(context, type: .dealer)
     defer { socket.close() }
     try socket.connect(endpoint)
-    try socket.send([Wire.version, Wire.Command.request.frame, Wire.frame(UInt64(1)), Array("broker".utf8), Array("stats".utf8),
-                     RequestHeader(timeoutMilliseconds: 5_000).frame, Array("{}".utf8)], dontWait: false)
+    try socket.send(
+        [
+            Wire.version, Wire.Command.request.frame, Wire.frame(UInt64(1)), Array("broker".utf8), Array("stats".utf8),
+            RequestHeader(timeoutMilliseconds: 5_000).frame, Array("{}".utf8),
+        ], dontWait: false)
     guard let reply = try socket.receive(dontWait: false), reply.count == 5 else { throw CanopyError(.internal, "no stats reply") }
     return try MessageCodec().decode(BrokerStatistics.self, from: reply[4])
 }

@@ -48,10 +48,12 @@ final class EchoWorkers: @unchecked Sendable {
         let sockets = try dealers(count, connectedTo: endpoint, in: context)
         defer { sockets.forEach { $0.close() } }
         if kind == .canopy {
-            let ready = WireMessage.ready(service: "bench", operations: [
-                OperationDescriptor(name: "echo", idempotent: true, coalescable: false),
-                OperationDescriptor(name: "lookup", idempotent: true, coalescable: true),
-            ], credit: UInt32(capacity))
+            let ready = WireMessage.ready(
+                service: "bench",
+                operations: [
+                    OperationDescriptor(name: "echo", idempotent: true, coalescable: false),
+                    OperationDescriptor(name: "lookup", idempotent: true, coalescable: true),
+                ], credit: UInt32(capacity))
             for socket in sockets {
                 try socket.send(ready.encoded, dontWait: false)
             }

@@ -1,17 +1,17 @@
 import ArgumentParser
+import CanopyAPI
 import CanopyBroker
 import CanopyBus
+import CanopyCare
+import CanopyImages
 import CanopyImaging
 import CanopyMessages
 import CanopySamples
 import CanopyServiceKit
 import CanopyWire
-import CanopyCare
 import Foundation
 import Hummingbird
-import CanopyImages
 import Logging
-import CanopyAPI
 import ServiceLifecycle
 import Synchronization
 
@@ -25,7 +25,8 @@ import Synchronization
 struct EdgeBenchmark: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "edge",
-        abstract: "canopy-api under wrk: thumbnail GETs against the bus call and a bare Hummingbird route; a collection screen with implicit batching on and off.",
+        abstract:
+            "canopy-api under wrk: thumbnail GETs against the bus call and a bare Hummingbird route; a collection screen with implicit batching on and off.",
         discussion: "Needs wrk (apt-get install wrk). Example: canopy-bench edge --seconds 5 --connections 1,16,64 --sessions 50 --plants 100")
 
     @Option(help: "Seconds measured per setup and load.") var seconds = 5
@@ -88,12 +89,15 @@ struct EdgeBenchmark: AsyncParsableCommand {
 
         let parts = Set(parts.split(separator: ",").map(String.init))
         if parts.contains("thumbnail") { try await thumbnails(stack: stack, tokens: tokens, runner: runner, bare: bare, edges: (batchingOn, batchingOff)) }
-        if parts.contains("collection") { try await collection(stack: stack, tokens: tokens, runner: runner, edges: (batchingOn, batchingOff), directory: directory) }
+        if parts.contains("collection") {
+            try await collection(stack: stack, tokens: tokens, runner: runner, edges: (batchingOn, batchingOff), directory: directory)
+        }
         if parts.contains("keys") {
             let posts = directory.appendingPathComponent("posts.lua")
             try Self.postScript.write(to: posts, atomically: true, encoding: .utf8)
-            try await keys(stack: stack, tokens: tokens, runner: WrkRunner(wrk: wrk, script: posts.path),
-                           edge: "http://127.0.0.1:\(try await edges[2].boundPort())", directory: directory)
+            try await keys(
+                stack: stack, tokens: tokens, runner: WrkRunner(wrk: wrk, script: posts.path),
+                edge: "http://127.0.0.1:\(try await edges[2].boundPort())", directory: directory)
         }
         await stack.shutdown()
     }
@@ -101,18 +105,23 @@ struct EdgeBenchmark: AsyncParsableCommand {
     /// (1) One thumbnail, a memory hit, for one person, at each load.
     private func thumbnails(stack: BenchStack, tokens: TokenAuthority, runner: WrkRunner, bare: BareRoute, edges: (on: String, off: String)) async throws {
         let (client, batchingOn, batchingOff, barePort) = (stack.client, edges.on, edges.off, try await bare.port.wait())
-        let photo = try await client.call(Images.Put.self, .init(plantID: "bench-plant", data: Data(try SyntheticPlant.species(1).photo(seed: 1, width: 1024, height: 768))),
-                                          principal: "bench")
+        let photo = try await client.call(
+            Images.Put.self, .init(plantID: "bench-plant", data: Data(try SyntheticPlant.species(1).photo(seed: 1, width: 1024, height: 768))),
+            principal: "bench")
         let thumbnail = try await client.call(Images.GetVariant.self, .init(sha256: photo.sha256, variant: .thumbnail), principal: "bench")
         bare.bytes.withLock { $0 = thumbnail.data }
         let token = try await tokens.issue(user: "bench", lifetime: .seconds(3_600))
         let header = "Authorization: Bearer \(token)"
         let path = "/v1/photos/\(photo.sha256)/variants/thumbnail"
-        let busRequest = WireMessage.request(WireRequest(
-            correlation: Wire.frame(UInt64(0)), service: Images.service, operation: Images.GetVariant.name,
-            header: RequestHeader(timeoutMilliseconds: 30_000, flags: RequestHeader.Flag.idempotent, principal: "bench"),
-            body: try MessageCodec().encode(Images.GetVariant.Request(sha256: photo.sha256, variant: .thumbnail)))).encoded
-        print("canopy-bench edge: a \(thumbnail.data.count)-byte thumbnail (memory hit), \(seconds) s per setup and load, best of \(rounds) rounds, wrk \(runner.version)")
+        let busRequest = WireMessage.request(
+            WireRequest(
+                correlation: Wire.frame(UInt64(0)), service: Images.service, operation: Images.GetVariant.name,
+                header: RequestHeader(timeoutMilliseconds: 30_000, flags: RequestHeader.Flag.idempotent, principal: "bench"),
+                body: try MessageCodec().encode(Images.GetVariant.Request(sha256: photo.sha256, variant: .thumbnail)))
+        ).encoded
+        print(
+            "canopy-bench edge: a \(thumbnail.data.count)-byte thumbnail (memory hit), \(seconds) s per setup and load, best of \(rounds) rounds, wrk \(runner.version)"
+        )
         var rows = [["setup", "connections", "requests/s", "p50 µs", "p99 µs", "p99 vs direct call", "generator cores", "errors"]]
         for connections in connections.split(separator: ",").compactMap({ Int($0) }) {
             progress("  thumbnail GETs over \(connections) connection(s)…\n")
@@ -130,17 +139,27 @@ struct EdgeBenchmark: AsyncParsableCommand {
                 hummingbird = Swift.max(hummingbird, try runner.run(url: "http://127.0.0.1:\(barePort)/thumbnail", connections: connections, seconds: seconds))
             }
             let baseline = Double(max(direct.p99, 1))
-            rows.append(["images.variant, BusClient.call from \(connections) caller(s) (baseline)", "\(connections)", String(format: "%.0f", direct.throughput),
-                         "\(direct.p50)", "\(direct.p99)", "1.00", "in process", "\(direct.errors)"])
-            rows.append(["images.variant, raw frames (pipelined generator)", "\(connections)", String(format: "%.0f", bus.throughput), "\(bus.p50)", "\(bus.p99)",
-                         String(format: "%.2f", Double(bus.p99) / baseline), String(format: "%.2f", bus.generatorCoreShare), "\(bus.errors)"])
-            for (name, result) in [("GET through canopy-api, implicit batching on", on), ("GET through canopy-api, batching off", off),
-                                   ("GET from a bare Hummingbird route (memory)", hummingbird)] {
-                rows.append([name, "\(connections)", String(format: "%.0f", result.throughput), "\(result.p50)", "\(result.p99)",
-                             String(format: "%.2f", Double(result.p99) / baseline), String(format: "%.2f", result.generatorCoreShare), "\(result.errors)"])
+            rows.append([
+                "images.variant, BusClient.call from \(connections) caller(s) (baseline)", "\(connections)", String(format: "%.0f", direct.throughput),
+                "\(direct.p50)", "\(direct.p99)", "1.00", "in process", "\(direct.errors)",
+            ])
+            rows.append([
+                "images.variant, raw frames (pipelined generator)", "\(connections)", String(format: "%.0f", bus.throughput), "\(bus.p50)", "\(bus.p99)",
+                String(format: "%.2f", Double(bus.p99) / baseline), String(format: "%.2f", bus.generatorCoreShare), "\(bus.errors)",
+            ])
+            for (name, result) in [
+                ("GET through canopy-api, implicit batching on", on), ("GET through canopy-api, batching off", off),
+                ("GET from a bare Hummingbird route (memory)", hummingbird),
+            ] {
+                rows.append([
+                    name, "\(connections)", String(format: "%.0f", result.throughput), "\(result.p50)", "\(result.p99)",
+                    String(format: "%.2f", Double(result.p99) / baseline), String(format: "%.2f", result.generatorCoreShare), "\(result.errors)",
+                ])
             }
         }
-        print("\n(1) thumbnail GET, memory hit: canopy-api against the same bus call and a bare Hummingbird route (target: p99 at most 1.30 of the same call made directly)")
+        print(
+            "\n(1) thumbnail GET, memory hit: canopy-api against the same bus call and a bare Hummingbird route (target: p99 at most 1.30 of the same call made directly)"
+        )
         printTable(rows)
         fflush(nil) // out now, also when it goes to a file
 
@@ -158,7 +177,8 @@ struct EdgeBenchmark: AsyncParsableCommand {
             let seeded = try await withThrowingTaskGroup(of: (String, String).self) { group in
                 for index in 0..<plants {
                     group.addTask {
-                        let plant = try await client.call(Care.AddPlant.self, .init(scientificName: "Monstera deliciosa", customName: "Plant \(index)"), principal: user)
+                        let plant = try await client.call(
+                            Care.AddPlant.self, .init(scientificName: "Monstera deliciosa", customName: "Plant \(index)"), principal: user)
                         let photo = try await client.call(Images.Put.self, .init(plantID: plant.id, data: Data(photos[index])), principal: user)
                         return (plant.id, photo.sha256)
                     }
@@ -195,14 +215,20 @@ struct EdgeBenchmark: AsyncParsableCommand {
         let (off, on) = (screens["off"]!, screens["on"]!)
         var table = [["implicit batching", "HTTP requests/s", "screens/s", "p50 µs", "p99 µs", "bus messages per screen", "generator cores", "errors"]]
         for (name, entry) in [("off", off), ("on (2 ms window, 64 keys, \(batchInFlight) in the air)", on)] {
-            table.append([name, String(format: "%.0f", entry.result.throughput), String(format: "%.1f", entry.result.throughput / Double(screen)),
-                          "\(entry.result.p50)", "\(entry.result.p99)", String(format: "%.1f", entry.busPerScreen),
-                          String(format: "%.2f", entry.result.generatorCoreShare), "\(entry.result.errors)"])
+            table.append([
+                name, String(format: "%.0f", entry.result.throughput), String(format: "%.1f", entry.result.throughput / Double(screen)),
+                "\(entry.result.p50)", "\(entry.result.p99)", String(format: "%.1f", entry.busPerScreen),
+                String(format: "%.2f", entry.result.generatorCoreShare), "\(entry.result.errors)",
+            ])
         }
-        print("\n(2) a collection screen (\(plants / 20) pages of 20 plants, then \(plants) thumbnails and \(plants) next tasks: \(screen) requests) from \(sessions) sessions over \(connections) connections")
+        print(
+            "\n(2) a collection screen (\(plants / 20) pages of 20 plants, then \(plants) thumbnails and \(plants) next tasks: \(screen) requests) from \(sessions) sessions over \(connections) connections"
+        )
         printTable(table)
-        print(String(format: "bus messages, off against on: %.1f times fewer (target at least 10); screens per second, on against off: %.2f (target at least 1.00)",
-                     off.busPerScreen / max(on.busPerScreen, 0.001), on.result.throughput / max(off.result.throughput, 0.001)))
+        print(
+            String(
+                format: "bus messages, off against on: %.1f times fewer (target at least 10); screens per second, on against off: %.2f (target at least 1.00)",
+                off.busPerScreen / max(on.busPerScreen, 0.001), on.result.throughput / max(off.result.throughput, 0.001)))
     }
 
     /// (3) `POST /v1/tasks/{id}/snooze` for `sessions` people, each with a new
@@ -215,7 +241,9 @@ struct EdgeBenchmark: AsyncParsableCommand {
             let user = "poster-\(session)"
             let plant = try await client.call(Care.AddPlant.self, .init(scientificName: "Monstera deliciosa"), principal: user)
             let tasks = try await client.call(Care.UpcomingTasks.self, .init(days: 366, limit: 50), principal: user)
-            guard let task = (tasks.overdue + tasks.upcoming).first(where: { $0.plantID == plant.id }) else { throw BenchmarkFailure("\(user)'s plant has no task") }
+            guard let task = (tasks.overdue + tasks.upcoming).first(where: { $0.plantID == plant.id }) else {
+                throw BenchmarkFailure("\(user)'s plant has no task")
+            }
             lines.append("\(try await tokens.issue(user: user, lifetime: .seconds(3_600))) /v1/tasks/\(task.id)/snooze")
         }
         let paths = directory.appendingPathComponent("posts.txt")
@@ -230,11 +258,16 @@ struct EdgeBenchmark: AsyncParsableCommand {
                 keyed = Swift.max(keyed, try runner.run(url: edge + "/", connections: connections, seconds: seconds, paths: paths.path, arguments: ["keyed"]))
             }
             for (name, result) in [("without (baseline)", plain), ("a new one each", keyed)] {
-                rows.append(["\(connections)", name, String(format: "%.0f", result.throughput), "\(result.p50)", "\(result.p99)",
-                             String(format: "%.2f", Double(result.p99) / Double(max(plain.p99, 1))), String(format: "%.2f", result.generatorCoreShare), "\(result.errors)"])
+                rows.append([
+                    "\(connections)", name, String(format: "%.0f", result.throughput), "\(result.p50)", "\(result.p99)",
+                    String(format: "%.2f", Double(result.p99) / Double(max(plain.p99, 1))), String(format: "%.2f", result.generatorCoreShare),
+                    "\(result.errors)",
+                ])
             }
         }
-        print("\n(3) POST /v1/tasks/{id}/snooze from \(sessions) people, with a new Idempotency-Key each and without (same edge, SQLite store), best of \(rounds) rounds")
+        print(
+            "\n(3) POST /v1/tasks/{id}/snooze from \(sessions) people, with a new Idempotency-Key each and without (same edge, SQLite store), best of \(rounds) rounds"
+        )
         printTable(rows)
 
         // What the store's two transactions cost alone, one after another on one thread.
@@ -245,15 +278,18 @@ struct EdgeBenchmark: AsyncParsableCommand {
         for round in 0..<rounds {
             let start = clock.now
             for index in 0..<5_000 {
-                let claim = IdempotencyClaim(person: "person-\(index % sessions)", route: "POST /v1/plants", key: "\(round)-\(index)",
-                                             fingerprint: [UInt8](repeating: 1, count: 32), lease: 30)
+                let claim = IdempotencyClaim(
+                    person: "person-\(index % sessions)", route: "POST /v1/plants", key: "\(round)-\(index)",
+                    fingerprint: [UInt8](repeating: 1, count: 32), lease: 30)
                 _ = try store.claim(claim, now: Date())
                 try store.answer(claim, with: kept, now: Date())
             }
             best = Swift.min(best, (clock.now - start) / 5_000)
         }
-        print(String(format: "the store alone: a key claimed and its answer kept, %.0f µs (SQLite, one thread, best of %d rounds of 5,000)",
-                     Double(best.attoseconds) / 1e12 + Double(best.seconds) * 1e6, rounds))
+        print(
+            String(
+                format: "the store alone: a key claimed and its answer kept, %.0f µs (SQLite, one thread, best of %d rounds of 5,000)",
+                Double(best.attoseconds) / 1e12 + Double(best.seconds) * 1e6, rounds))
     }
 
     /// `count` tasks each making `call` one after another for `seconds` (after a half-second
@@ -384,8 +420,9 @@ struct WrkRunner {
         }
         let numbers = line.split(separator: " ").dropFirst().compactMap { UInt64($0) }
         guard numbers.count == 5 else { throw BenchmarkFailure("wrk's figures are not five numbers: \(line)") }
-        return WrkResult(requests: Int(numbers[0]), errors: Int(numbers[1]), p50: numbers[2], p99: numbers[3], seconds: Double(numbers[4]) / 1e6,
-                         generatorCPUSeconds: childCPUSeconds() - before)
+        return WrkResult(
+            requests: Int(numbers[0]), errors: Int(numbers[1]), p50: numbers[2], p99: numbers[3], seconds: Double(numbers[4]) / 1e6,
+            generatorCPUSeconds: childCPUSeconds() - before)
     }
 
     private func output(_ arguments: [String]) throws -> String {
@@ -419,14 +456,18 @@ final class BareRoute: Service, Sendable {
         let router = Router()
         router.get("/thumbnail") { [self] _, _ -> Response in
             let data = self.bytes.withLock { $0 }
-            return Response(status: .ok, headers: [.contentType: "image/jpeg", .eTag: "\"bare-thumbnail-jpeg\"",
-                                                   .cacheControl: "private, max-age=31536000, immutable"],
-                            body: .init(byteBuffer: ByteBuffer(bytes: data)))
+            return Response(
+                status: .ok,
+                headers: [
+                    .contentType: "image/jpeg", .eTag: "\"bare-thumbnail-jpeg\"",
+                    .cacheControl: "private, max-age=31536000, immutable",
+                ],
+                body: .init(byteBuffer: ByteBuffer(bytes: data)))
         }
         let port = self.port
-        let application = Application(router: router, configuration: .init(address: .hostname("127.0.0.1", port: 0)),
-                                      onServerRunning: { port.set($0.localAddress?.port) })
+        let application = Application(
+            router: router, configuration: .init(address: .hostname("127.0.0.1", port: 0)),
+            onServerRunning: { port.set($0.localAddress?.port) })
         try await application.run()
     }
 }
-

@@ -78,8 +78,10 @@ struct FailoverBenchmark: AsyncParsableCommand {
         }
         var table = [["load", "calls/s", "CPU µs/call, this process", "CPU µs/call, brokers", "throughput vs one broker"]]
         for row in cost {
-            table.append([row.label, String(format: "%.0f", row.perSecond), String(format: "%.0f", row.process * 1e6), String(format: "%.0f", row.brokers * 1e6),
-                          String(format: "%.2f", row.perSecond / cost[0].perSecond)])
+            table.append([
+                row.label, String(format: "%.0f", row.perSecond), String(format: "%.0f", row.process * 1e6), String(format: "%.0f", row.brokers * 1e6),
+                String(format: "%.2f", row.perSecond / cost[0].perSecond),
+            ])
         }
         print("\n(1) a second broker's cost (the same pipelined load; this process runs the clients, the worker and its handlers)")
         printTable(table)
@@ -121,8 +123,10 @@ struct FailoverBenchmark: AsyncParsableCommand {
             ["  answered brokerLost (at broker 1, not idempotent: never sent twice)", "\(brokerLost)"],
             ["calls lost (any other failure; target 0)", "\(lost.count)"],
         ])
-        print(String(format: "target: calls go through again within 1 s of the kill at p99: %@ (the gap %.1f ms)",
-                     gap < .seconds(1) && lost.isEmpty ? "met" : "NOT met", gap.seconds * 1000))
+        print(
+            String(
+                format: "target: calls go through again within 1 s of the kill at p99: %@ (the gap %.1f ms)",
+                gap < .seconds(1) && lost.isEmpty ? "met" : "NOT met", gap.seconds * 1000))
         if let first = lost.first { print("first lost call: \(first.code?.rawValue ?? "?")") }
     }
 
@@ -158,7 +162,9 @@ struct FailoverBenchmark: AsyncParsableCommand {
         defer { buses.forEach { $0.close() } }
         // Every broker has the worker before the load starts.
         for bus in buses.prefix(endpoints.count) {
-            while (try? await bus.call(TestService.Echo.self, .init(text: "warm"), timeout: .seconds(1))) == nil { try await Task.sleep(for: .milliseconds(50)) }
+            while (try? await bus.call(TestService.Echo.self, .init(text: "warm"), timeout: .seconds(1))) == nil {
+                try await Task.sleep(for: .milliseconds(50))
+            }
         }
         let calls = Calls()
         let (process, broker) = (processCPU(), brokers.reduce(0) { $0 + $1.cpuSeconds })
@@ -200,8 +206,9 @@ struct FailoverBenchmark: AsyncParsableCommand {
         let elapsed = (ContinuousClock.now - started).seconds
         let all = calls.all
         let count = Double(max(1, all.count))
-        return Result(perSecond: Double(all.filter { $0.code == nil }.count) / elapsed, processCPU: (processCPU() - process) / count,
-                      brokerCPU: (brokers.reduce(0) { $0 + $1.cpuSeconds } - broker) / count, calls: all,
-                      sentAgain: buses.reduce(0) { $0 + $1.callsSentAgain })
+        return Result(
+            perSecond: Double(all.filter { $0.code == nil }.count) / elapsed, processCPU: (processCPU() - process) / count,
+            brokerCPU: (brokers.reduce(0) { $0 + $1.cpuSeconds } - broker) / count, calls: all,
+            sentAgain: buses.reduce(0) { $0 + $1.callsSentAgain })
     }
 }

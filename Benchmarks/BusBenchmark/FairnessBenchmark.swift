@@ -18,7 +18,8 @@ import Synchronization
 struct FairnessBenchmark: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "fairness",
-        abstract: "One person's flood of identifications or photo uploads against another person's reads: the reader's p50/p99 alone and beside it, with the work budget and without.",
+        abstract:
+            "One person's flood of identifications or photo uploads against another person's reads: the reader's p50/p99 alone and beside it, with the work budget and without.",
         discussion: """
             Needs the executables next to canopy-bench (swift build, or -c release). The flooder
             sends as fast as the edge lets it, on --connections connections: after a 429 each
@@ -56,28 +57,42 @@ struct FairnessBenchmark: AsyncParsableCommand {
         let rig = StackRig(executables: executables, root: root)
         let width = Int((megapixels * 1e6 * 4 / 3).squareRoot()), height = width * 3 / 4
         let photo = try PlantScene.species(1).photo(seed: 3, width: width, height: height)
-        print("canopy-bench fairness: \(work) flood of \(width)x\(height) JPEGs (\(photo.count / 1_024) KiB) on \(connections) connections; "
-            + "\(rounds) rounds of \(seconds) s alone, then beside it; \(ProcessInfo.processInfo.activeProcessorCount) cores; executables in \(executables.path)")
-        var table = Table(headers: ["SETTING", "ROUND", "READER P50 ALONE", "P99 ALONE", "P50 FLOOD", "P99 FLOOD", "P99 RATIO", "FLOOD SERVED/S",
-                                    "FLOOD 429/S", "GENERATOR CPU", "MACHINE CPU"])
+        print(
+            "canopy-bench fairness: \(work) flood of \(width)x\(height) JPEGs (\(photo.count / 1_024) KiB) on \(connections) connections; "
+                + "\(rounds) rounds of \(seconds) s alone, then beside it; \(ProcessInfo.processInfo.activeProcessorCount) cores; executables in \(executables.path)"
+        )
+        var table = Table(headers: [
+            "SETTING", "ROUND", "READER P50 ALONE", "P99 ALONE", "P50 FLOOD", "P99 FLOOD", "P99 RATIO", "FLOOD SERVED/S",
+            "FLOOD 429/S", "GENERATOR CPU", "MACHINE CPU",
+        ])
         for setting in settings.split(separator: ",").map(String.init) {
             let stack = try rig.up("fairness-\(setting)", environment: Self.environment(setting))
             do {
                 try rig.loadReferences(stack)
                 let base = "http://\(stack.launch.http)"
                 let reader = try rig.token(stack, user: "reader"), flooder = try rig.token(stack, user: "flooder")
-                for index in 0..<20 { try await Self.expect(201, try await Self.send(base, .POST, "/v1/plants", token: reader,
-                                                                                      json: #"{"scientificName":"Ficus lyrata","customName":"Fig \#(index)"}"#)) }
+                for index in 0..<20 {
+                    try await Self.expect(
+                        201,
+                        try await Self.send(
+                            base, .POST, "/v1/plants", token: reader,
+                            json: #"{"scientificName":"Ficus lyrata","customName":"Fig \#(index)"}"#))
+                }
                 let plant = try await Self.send(base, .POST, "/v1/plants", token: flooder, json: #"{"scientificName":"Ficus lyrata"}"#)
                 let plantID = (try JSONSerialization.jsonObject(with: Data(plant.body)) as? [String: Any])?["id"] as? String ?? ""
                 // Every photo of the flood its own bytes (a counter after the JPEG's end, which
                 // decoders skip): the same bytes again would be deduplicated, not worked on.
                 let identify = work == "identify"
-                let request: (String, String, @Sendable (Int) -> [UInt8]) = identify
-                    ? ("/v1/identifications", "multipart/form-data; boundary=canopy-bench", { count in
-                        MultipartForm.encode([.init(name: "photo", type: "image/jpeg", bytes: Self.unique(photo, count)), .init(name: "organ", bytes: Array("leaf".utf8))],
-                                             boundary: "canopy-bench")
-                    })
+                let request: (String, String, @Sendable (Int) -> [UInt8]) =
+                    identify
+                    ? (
+                        "/v1/identifications", "multipart/form-data; boundary=canopy-bench",
+                        { count in
+                            MultipartForm.encode(
+                                [.init(name: "photo", type: "image/jpeg", bytes: Self.unique(photo, count)), .init(name: "organ", bytes: Array("leaf".utf8))],
+                                boundary: "canopy-bench")
+                        }
+                    )
                     : ("/v1/plants/\(plantID)/photos", "image/jpeg", { count in Self.unique(photo, count) })
                 // Every round's reads together too: a p99 of one 8 s half is its second-worst read.
                 var (allAlone, allBeside) = (JourneyAPI.histogram(), JourneyAPI.histogram())
@@ -99,19 +114,23 @@ struct FairnessBenchmark: AsyncParsableCommand {
                     flood.stop()
                     for flooder in flooders { await flooder.value }
                     let ratio = Double(beside.valueAtPercentile(99)) / Double(max(1, alone.valueAtPercentile(99)))
-                    table.append([setting, "\(round)", Self.millis(alone.valueAtPercentile(50)), Self.millis(alone.valueAtPercentile(99)),
-                                  Self.millis(beside.valueAtPercentile(50)), Self.millis(beside.valueAtPercentile(99)), String(format: "%.2f", ratio),
-                                  String(format: "%.1f", Double(servedAfter - served) / elapsed), String(format: "%.0f", Double(refusedAfter - refused) / elapsed),
-                                  String(format: "%.2f", generator), String(format: "%.2f", machine)])
+                    table.append([
+                        setting, "\(round)", Self.millis(alone.valueAtPercentile(50)), Self.millis(alone.valueAtPercentile(99)),
+                        Self.millis(beside.valueAtPercentile(50)), Self.millis(beside.valueAtPercentile(99)), String(format: "%.2f", ratio),
+                        String(format: "%.1f", Double(servedAfter - served) / elapsed), String(format: "%.0f", Double(refusedAfter - refused) / elapsed),
+                        String(format: "%.2f", generator), String(format: "%.2f", machine),
+                    ])
                     allAlone.add(alone)
                     allBeside.add(beside)
                     (allServed, allRefused, allElapsed) = (allServed + servedAfter - served, allRefused + refusedAfter - refused, allElapsed + elapsed)
                     try await Task.sleep(for: .seconds(2)) // what the flood left in the air is done
                 }
                 let ratio = Double(allBeside.valueAtPercentile(99)) / Double(max(1, allAlone.valueAtPercentile(99)))
-                table.append([setting, "all", Self.millis(allAlone.valueAtPercentile(50)), Self.millis(allAlone.valueAtPercentile(99)),
-                              Self.millis(allBeside.valueAtPercentile(50)), Self.millis(allBeside.valueAtPercentile(99)), String(format: "%.2f", ratio),
-                              String(format: "%.1f", Double(allServed) / allElapsed), String(format: "%.0f", Double(allRefused) / allElapsed), "", ""])
+                table.append([
+                    setting, "all", Self.millis(allAlone.valueAtPercentile(50)), Self.millis(allAlone.valueAtPercentile(99)),
+                    Self.millis(allBeside.valueAtPercentile(50)), Self.millis(allBeside.valueAtPercentile(99)), String(format: "%.2f", ratio),
+                    String(format: "%.1f", Double(allServed) / allElapsed), String(format: "%.0f", Double(allRefused) / allElapsed), "", "",
+                ])
             } catch {
                 rig.down(stack)
                 throw error
@@ -119,7 +138,9 @@ struct FairnessBenchmark: AsyncParsableCommand {
             rig.down(stack)
         }
         print(table.render())
-        print("P50/P99 in ms of one GET /v1/plants at a time (a phone's); GENERATOR CPU: this process's cores, MACHINE CPU: all cores busy, during the flood half.")
+        print(
+            "P50/P99 in ms of one GET /v1/plants at a time (a phone's); GENERATOR CPU: this process's cores, MACHINE CPU: all cores busy, during the flood half."
+        )
     }
 
     static func millis(_ micros: UInt64) -> String { String(format: "%.2f", Double(micros) / 1_000) }
@@ -174,8 +195,10 @@ struct FairnessBenchmark: AsyncParsableCommand {
         var retryAfter: Int?
     }
 
-    static func send(_ base: String, _ method: HTTPMethod, _ path: String, token: String, json: String? = nil, body: [UInt8]? = nil,
-                     type: String? = nil) async throws -> Answer {
+    static func send(
+        _ base: String, _ method: HTTPMethod, _ path: String, token: String, json: String? = nil, body: [UInt8]? = nil,
+        type: String? = nil
+    ) async throws -> Answer {
         var request = HTTPClientRequest(url: base + path)
         request.method = method
         request.headers.add(name: "Authorization", value: "Bearer \(token)")
@@ -188,8 +211,9 @@ struct FairnessBenchmark: AsyncParsableCommand {
         }
         let response = try await HTTPClient.shared.execute(request, timeout: .seconds(120))
         let collected = try await response.body.collect(upTo: 32 << 20)
-        return Answer(status: Int(response.status.code), body: Array(collected.readableBytesView),
-                      retryAfter: response.headers.first(name: "Retry-After").flatMap(Int.init))
+        return Answer(
+            status: Int(response.status.code), body: Array(collected.readableBytesView),
+            retryAfter: response.headers.first(name: "Retry-After").flatMap(Int.init))
     }
 
     static func expect(_ status: Int, _ answer: Answer) throws {

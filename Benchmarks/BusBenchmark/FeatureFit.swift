@@ -118,10 +118,17 @@ struct FeatureFit {
         let (temperature, noMatch) = Self.calibrate(cases)
         let beyond = Self.noMatchBeyond(cases)
         let result = accuracy(distances, species: speciesCount), result50 = accuracy(distances, species: 50)
-        print(String(format: "validation: top-1 %.1f%%, top-3 %.1f%% at %d species; top-1 %.1f%% at 50", 100 * result.top1, 100 * result.top3, speciesCount, 100 * result50.top1))
+        print(
+            String(
+                format: "validation: top-1 %.1f%%, top-3 %.1f%% at %d species; top-1 %.1f%% at 50", 100 * result.top1, 100 * result.top3, speciesCount,
+                100 * result50.top1))
         print("// FeatureModel (Shared/CanopyImaging/FeatureModel.swift), blocks in order \(blocks.map { "\($0)" }.joined(separator: ", "))")
         print("public static let blockWeights: [Float] = [\n    " + final.map { String(format: "%.5g", $0) }.joined(separator: ", ") + ",\n]")
-        print(String(format: "public static let temperature: Float = %.4g\npublic static let noMatchDistance: Float = %.4g\npublic static let noMatchBeyond: Float = %.4g", temperature, noMatch, beyond))
+        print(
+            String(
+                format:
+                    "public static let temperature: Float = %.4g\npublic static let noMatchDistance: Float = %.4g\npublic static let noMatchBeyond: Float = %.4g",
+                temperature, noMatch, beyond))
     }
 
     /// T and d₀ of the greatest likelihood: the right species for loaded ones, "none" for others.

@@ -1,8 +1,8 @@
+import CanopyIdentify
 import CanopyImaging
 import CanopySamples
 import CanopyServiceKit
 import Foundation
-import CanopyIdentify
 
 /// `canopy-bench accuracy --speed`: a 12 MP photo's features against the baseline's on the
 /// same photo, and the reference index's search at 10,000 photos against scanning them all.
@@ -17,7 +17,10 @@ struct FeatureSpeed {
             before.append(try Self.milliseconds { _ = try BaselineFeatures.compute(from: large) })
         }
         let (todayP50, beforeP50) = (Self.percentile(today, 0.5), Self.percentile(before, 0.5))
-        print(String(format: "12 MP JPEG (%d KB): features p50 %.1f ms, the baseline's %.1f ms: ratio %.2f", large.count / 1_000, todayP50, beforeP50, todayP50 / beforeP50))
+        print(
+            String(
+                format: "12 MP JPEG (%d KB): features p50 %.1f ms, the baseline's %.1f ms: ratio %.2f", large.count / 1_000, todayP50, beforeP50,
+                todayP50 / beforeP50))
 
         let photos = 10_000, perSpecies = 5
         progress("  describing \(photos) reference photos…\n")
@@ -42,8 +45,12 @@ struct FeatureSpeed {
             scanned = simd.map(\.distance)
             if found.map(\.distance) == scanned { agree += 1 }
         }
-        print(String(format: "index of %d photos (built in %.0f ms): 32 nearest p50 %.3f ms, p99 %.3f ms; scanning all p50 %.3f ms, p99 %.3f ms; same answer %d of %d",
-                     photos, buildSeconds * 1_000, Self.percentile(tree, 0.5), Self.percentile(tree, 0.99), Self.percentile(scan, 0.5), Self.percentile(scan, 0.99), agree, queries.count))
+        print(
+            String(
+                format:
+                    "index of %d photos (built in %.0f ms): 32 nearest p50 %.3f ms, p99 %.3f ms; scanning all p50 %.3f ms, p99 %.3f ms; same answer %d of %d",
+                photos, buildSeconds * 1_000, Self.percentile(tree, 0.5), Self.percentile(tree, 0.99), Self.percentile(scan, 0.5), Self.percentile(scan, 0.99),
+                agree, queries.count))
     }
 
     static func milliseconds(_ body: () throws -> Void) rethrows -> Double {

@@ -1,16 +1,17 @@
 import ArgumentParser
 import CanopyBroker
 import CanopyBus
+import CanopyCare
+import CanopyIdentify
+import CanopyImages
 import CanopyImaging
 import CanopyMessages
 import CanopySamples
 import CanopyServiceKit
-import CanopyCare
 import Foundation
 import Histogram
-import CanopyIdentify
-import CanopyImages
 import Logging
+import Synchronization
 
 /// canopy-identify with the reference provider over the bus, with canopy-images and
 /// canopy-care beside it, each figure against a baseline measured in the same run:
@@ -45,17 +46,20 @@ struct IdentifyBenchmark: AsyncParsableCommand {
         let settings = IdentificationServiceSettings(directory: directory.appendingPathComponent("identify"), runner: .init(endpoint: ""))
         let tools = try IdentificationTools(databasePath: settings.databasePath)
         for species in 0..<20 {
-            try tools.addReferences(.init(scientificName: "Benchus species\(species)"), photos: try (1...3).map { try SyntheticPlant.species(species).photo(seed: $0) })
+            try tools.addReferences(
+                .init(scientificName: "Benchus species\(species)"), photos: try (1...3).map { try SyntheticPlant.species(species).photo(seed: $0) })
         }
         let stack = try await BenchStack(logger: logger) { endpoint, context in
             var runner = ServiceRunner.Configuration(endpoint: endpoint)
             runner.credit = 16
             var identify = settings
             identify.runner = runner
-            let care = try await buildCareService(settings: CareServiceSettings(directory: directory.appendingPathComponent("care"), runner: runner),
-                                                  context: context, logger: logger)
+            let care = try await buildCareService(
+                settings: CareServiceSettings(directory: directory.appendingPathComponent("care"), runner: runner),
+                context: context, logger: logger)
             let identification = try await buildIdentificationService(settings: identify, context: context, logger: logger)
-            return try await buildImageService(settings: ImageServiceSettings(directory: directory.appendingPathComponent("images"), runner: runner), context: context, logger: logger)
+            return try await buildImageService(
+                settings: ImageServiceSettings(directory: directory.appendingPathComponent("images"), runner: runner), context: context, logger: logger)
                 + care + identification
         }
         let client = stack.client
@@ -73,7 +77,9 @@ struct IdentifyBenchmark: AsyncParsableCommand {
             for photo in data { _ = try await client.call(Images.Put.self, .init(plantID: plant, data: photo), principal: "bench") }
         }
         _ = try await submit(try photos(1)) // warm
-        print("canopy-bench identify: reference provider, 20 species x 3 reference photos, \(width)x\(height) JPEG photos (\(try photos(1)[0].count) bytes each), \(calls) calls per figure")
+        print(
+            "canopy-bench identify: reference provider, 20 species x 3 reference photos, \(width)x\(height) JPEG photos (\(try photos(1)[0].count) bytes each), \(calls) calls per figure"
+        )
 
         var rows = [["figure", "p50 µs", "p99 µs", "baseline", "p50 µs", "p99 µs", "ratio (p50)"]]
         for count in [1, 5] where wants("latency") {
@@ -148,9 +154,11 @@ struct IdentifyBenchmark: AsyncParsableCommand {
                 _ = scanned.record(UInt64(max(1, (ContinuousClock.now - start).nanoseconds / 1_000)))
                 precondition(found.map(\.distance) == scan.map(\.distance), "the index must find what a full scan finds")
             }
-            rows.append(["\(count)", "\(indexed.valueAtPercentile(50))", "\(indexed.valueAtPercentile(99))",
-                         "\(scanned.valueAtPercentile(50))", "\(scanned.valueAtPercentile(99))",
-                         String(format: "%.1f", Double(scanned.valueAtPercentile(50)) / Double(indexed.valueAtPercentile(50)))])
+            rows.append([
+                "\(count)", "\(indexed.valueAtPercentile(50))", "\(indexed.valueAtPercentile(99))",
+                "\(scanned.valueAtPercentile(50))", "\(scanned.valueAtPercentile(99))",
+                String(format: "%.1f", Double(scanned.valueAtPercentile(50)) / Double(indexed.valueAtPercentile(50))),
+            ])
         }
         printTable(rows)
     }
@@ -166,9 +174,11 @@ struct IdentifyBenchmark: AsyncParsableCommand {
     }
 
     private func row(_ name: String, _ measured: Histogram<UInt64>, _ baselineName: String, _ baseline: Histogram<UInt64>) -> [String] {
-        [name, "\(measured.valueAtPercentile(50))", "\(measured.valueAtPercentile(99))", baselineName,
-         "\(baseline.valueAtPercentile(50))", "\(baseline.valueAtPercentile(99))",
-         String(format: "%.2f", Double(measured.valueAtPercentile(50)) / Double(baseline.valueAtPercentile(50)))]
+        [
+            name, "\(measured.valueAtPercentile(50))", "\(measured.valueAtPercentile(99))", baselineName,
+            "\(baseline.valueAtPercentile(50))", "\(baseline.valueAtPercentile(99))",
+            String(format: "%.2f", Double(measured.valueAtPercentile(50)) / Double(baseline.valueAtPercentile(50))),
+        ]
     }
 
     /// Calls per second with ``concurrency`` callers taking work from `items` until the time is up.
@@ -208,5 +218,3 @@ private final class WorkQueue: Sendable {
         }
     }
 }
-
-import Synchronization

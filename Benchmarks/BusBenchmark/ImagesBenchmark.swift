@@ -1,13 +1,13 @@
-import CanopyImaging
-import CanopyBroker
 import ArgumentParser
 import CVips
+import CanopyBroker
 import CanopyBus
+import CanopyImages
+import CanopyImaging
 import CanopyMessages
 import CanopyServiceKit
 import Foundation
 import Histogram
-import CanopyImages
 import Logging
 
 /// canopy-images: variant making against `vipsthumbnail`, cache hits over the bus against a
@@ -76,7 +76,9 @@ struct ImagesBenchmark: AsyncParsableCommand {
         let sample = Array(images.prefix(3)), scale = Double(images.count) / Double(sample.count)
         for _ in 0..<3 {
             var round: [String: Double] = [:]
-            round["vips"] = try time { try runProcess(vipsthumbnail, files + ["--size", "150x150", "--smartcrop", "centre", "-o", "\(directory.path)/%s_t.jpg[Q=70,strip]"]) }
+            round["vips"] = try time {
+                try runProcess(vipsthumbnail, files + ["--size", "150x150", "--smartcrop", "centre", "-o", "\(directory.path)/%s_t.jpg[Q=70,strip]"])
+            }
             round["thumbnail"] = try time { for image in images { _ = try ImageTools.variant(image, .thumbnail, format: .jpeg) } }
             round["gallery"] = try time { for image in images { _ = try ImageTools.variant(image, .gallery, format: .jpeg) } }
             round["three"] = try time { for image in images { _ = try ImageTools.variants(image, [.thumbnail, .gallery, .small]) } }
@@ -95,7 +97,9 @@ struct ImagesBenchmark: AsyncParsableCommand {
         best["three+original"] = best["three"]! + best["original"]!
         var rows = [["what", "ms per photo", "vs vipsthumbnail", "vs canopy thumbnail"]]
         func row(_ label: String, _ key: String) {
-            rows.append([label, String(format: "%.1f", best[key]! * 1000), String(format: "%.2f", best[key]! / vips), String(format: "%.2f", best[key]! / thumbnail)])
+            rows.append([
+                label, String(format: "%.1f", best[key]! * 1000), String(format: "%.2f", best[key]! / vips), String(format: "%.2f", best[key]! / thumbnail),
+            ])
         }
         row("vipsthumbnail 150x150 centre crop, Q70 (one process, all photos)", "vips")
         row("canopy-images thumbnail", "thumbnail")
@@ -111,8 +115,11 @@ struct ImagesBenchmark: AsyncParsableCommand {
         let described = kind == .photo ? "photo-like JPEGs (texture and noise)" : "smooth JPEGs (a colour sweep)"
         print("\n(1) variant generation, \(described), \(kibibytes) KiB each, best of 3 runs over \(images.count) photos")
         printTable(rows)
-        print(String(format: "thumbnail vs vipsthumbnail: %.2f (target at most 1.2); all four variants vs one thumbnail: %.2f (target at most 1.5); the three small ones from one decode vs a decode each: %.2f",
-                     thumbnail / vips, best["three+original"]! / thumbnail, best["three"]! / best["separately"]!))
+        print(
+            String(
+                format:
+                    "thumbnail vs vipsthumbnail: %.2f (target at most 1.2); all four variants vs one thumbnail: %.2f (target at most 1.5); the three small ones from one decode vs a decode each: %.2f",
+                thumbnail / vips, best["three+original"]! / thumbnail, best["three"]! / best["separately"]!))
     }
 
     // MARK: - (2) Cache hits over the bus
@@ -145,8 +152,10 @@ struct ImagesBenchmark: AsyncParsableCommand {
                 sources.insert(try await client.call(Images.GetVariant.self, request, principal: "bench").source)
             }
             precondition(sources == [tier], "expected \(tier) hits, saw \(sources)")
-            rows.append(["images.variant thumbnail, \(tier) hit", "\(histogram.valueAtPercentile(50))", "\(histogram.valueAtPercentile(99))",
-                         String(format: "%.2f", Double(histogram.valueAtPercentile(99)) / Double(baseline))])
+            rows.append([
+                "images.variant thumbnail, \(tier) hit", "\(histogram.valueAtPercentile(50))", "\(histogram.valueAtPercentile(99))",
+                String(format: "%.2f", Double(histogram.valueAtPercentile(99)) / Double(baseline)),
+            ])
             if tier == "memory" {
                 // A palette: computed once (a 400 px decode and the multi-scale histogram), then cached.
                 let computing = ContinuousClock.now
@@ -159,8 +168,10 @@ struct ImagesBenchmark: AsyncParsableCommand {
                     allCached = allCached && cached
                 }
                 precondition(allCached, "expected every palette from the cache")
-                rows.append(["images.palette, cached", "\(palettes.valueAtPercentile(50))", "\(palettes.valueAtPercentile(99))",
-                             String(format: "%.2f", Double(palettes.valueAtPercentile(99)) / Double(baseline))])
+                rows.append([
+                    "images.palette, cached", "\(palettes.valueAtPercentile(50))", "\(palettes.valueAtPercentile(99))",
+                    String(format: "%.2f", Double(palettes.valueAtPercentile(99)) / Double(baseline)),
+                ])
             }
             await stack.shutdown()
         }
@@ -204,12 +215,16 @@ struct ImagesBenchmark: AsyncParsableCommand {
         defer { client.close() }
         while (try? await client.call(Images.Stats.self, .init(), timeout: .seconds(1))) == nil { try await Task.sleep(for: .milliseconds(100)) }
         let idle = processMemoryKiB(service.processIdentifier)
-        var rows = [["moment", "seconds", "resident MiB", "peak so far MiB"],
-                    ["idle after start (baseline)", "", String(format: "%.0f", Double(idle.rss) / 1024), String(format: "%.0f", Double(idle.peak) / 1024)]]
+        var rows = [
+            ["moment", "seconds", "resident MiB", "peak so far MiB"],
+            ["idle after start (baseline)", "", String(format: "%.0f", Double(idle.rss) / 1024), String(format: "%.0f", Double(idle.peak) / 1024)],
+        ]
         func row(_ label: String, since start: ContinuousClock.Instant) {
             let now = processMemoryKiB(service.processIdentifier), elapsed = ContinuousClock.now - start
-            rows.append([label, String(format: "%.2f", elapsed.seconds),
-                         String(format: "%.0f", Double(now.rss) / 1024), String(format: "%.0f", Double(now.peak) / 1024)])
+            rows.append([
+                label, String(format: "%.2f", elapsed.seconds),
+                String(format: "%.0f", Double(now.rss) / 1024), String(format: "%.0f", Double(now.peak) / 1024),
+            ])
         }
         let sources = (0..<concurrent).map { index in images[index % images.count] + Array("\(index)".utf8) } // distinct photos
         progress("  \(concurrent) concurrent uploads of 12-megapixel photos…\n")
@@ -227,7 +242,9 @@ struct ImagesBenchmark: AsyncParsableCommand {
             let start = ContinuousClock.now
             try await withThrowingTaskGroup(of: Void.self) { group in
                 for photo in photos {
-                    group.addTask { _ = try await client.call(Images.GetVariant.self, .init(sha256: photo.sha256, variant: variant, format: format), principal: "bench") }
+                    group.addTask {
+                        _ = try await client.call(Images.GetVariant.self, .init(sha256: photo.sha256, variant: variant, format: format), principal: "bench")
+                    }
                 }
                 try await group.waitForAll()
             }
@@ -237,7 +254,10 @@ struct ImagesBenchmark: AsyncParsableCommand {
         let fullSize = ProcessInfo.processInfo.environment["CANOPY_IMAGES_FULL_SIZE_CONCURRENCY"] ?? "default"
         print("\n(3) canopy-images resident memory (its own process, default options: credit 8, memory tier 50 MiB; full-size concurrency \(fullSize))")
         printTable(rows)
-        print(String(format: "peak %.0f MiB (target under 300 MB = 286 MiB), %.1fx the idle process", Double(end.peak) / 1024, Double(end.peak) / Double(max(1, idle.rss))))
+        print(
+            String(
+                format: "peak %.0f MiB (target under 300 MB = 286 MiB), %.1fx the idle process", Double(end.peak) / 1024,
+                Double(end.peak) / Double(max(1, idle.rss))))
         _ = brokerTask
     }
 

@@ -43,7 +43,8 @@ struct LoadGenerator {
             case .fixed: break
             case .unique: frames[6] = Array("{\"n\":\(correlations[index])}".utf8)
             case .mixed(let popular, let share):
-                frames[6] = Double.random(in: 0..<1, using: &random) < share
+                frames[6] =
+                    Double.random(in: 0..<1, using: &random) < share
                     ? popular[Int.random(in: 0..<popular.count, using: &random)]
                     : Array("{\"n\":\(correlations[index])}".utf8)
             }
@@ -85,7 +86,9 @@ struct LoadGenerator {
 
 /// An open burst: every client sends `perClient` identical requests at once, then waits
 /// for all the answers. Returns the wall time and how many answers were replies.
-func burst(endpoint: String, clients: Int, perClient: Int, request: [[UInt8]], limit: Duration = .seconds(60)) throws -> (seconds: Double, replies: Int, errors: Int) {
+func burst(endpoint: String, clients: Int, perClient: Int, request: [[UInt8]], limit: Duration = .seconds(60)) throws -> (
+    seconds: Double, replies: Int, errors: Int
+) {
     let context = ZMQContext()
     let sockets = try dealers(clients, connectedTo: endpoint, in: context)
     defer { sockets.forEach { $0.close() } }

@@ -1,8 +1,8 @@
 import ArgumentParser
 import CanopyBroker
 import CanopyBus
-import CanopyMessages
 import CanopyCare
+import CanopyMessages
 import Foundation
 import GRDB
 import Histogram
@@ -98,8 +98,9 @@ struct OutboxBenchmark: AsyncParsableCommand {
         let now = Date().timeIntervalSince1970
         try await pool.write { db in
             for index in 0..<backlog {
-                try db.execute(sql: "INSERT INTO outbox (owner, service, operation, body, nextAttempt, createdAt) VALUES (?, ?, ?, ?, ?, ?)",
-                               arguments: ["backlog-\(index)", Reminders.service, Reminders.Sync.name, Data(), now, now])
+                try db.execute(
+                    sql: "INSERT INTO outbox (owner, service, operation, body, nextAttempt, createdAt) VALUES (?, ?, ?, ?, ?, ?)",
+                    arguments: ["backlog-\(index)", Reminders.service, Reminders.Sync.name, Data(), now, now])
             }
         }
         try pool.close()
@@ -118,8 +119,10 @@ struct OutboxBenchmark: AsyncParsableCommand {
             ["save to arrival p50 (light load, one at a time)", "\(Double(latency.valueAtPercentile(50)) / 1000) ms", "", "", ""],
             ["save to arrival p99", "\(Double(latency.valueAtPercentile(99)) / 1000) ms", "", "", "under 100 ms"],
             ["backlog drained", "\(times.count) of \(backlog)", "", "", "all"],
-            ["drained per second (first to last arrival)", String(format: "%.0f", drained), String(format: "%.0f (the same calls, 64 callers)", direct),
-             String(format: "%.2f", drained / direct), "2,000"],
+            [
+                "drained per second (first to last arrival)", String(format: "%.0f", drained), String(format: "%.0f (the same calls, 64 callers)", direct),
+                String(format: "%.2f", drained / direct), "2,000",
+            ],
         ])
     }
 }

@@ -85,8 +85,9 @@ struct PipelinedLoad {
             if let traceEvery {
                 if sequence[index] % UInt64(traceEvery) == 0 {
                     var header = header
-                    header.trace = TraceContext(traceHigh: sequence[index] | 1, traceLow: UInt64(clientIndexes[index] + 1) << 32 | UInt64.random(in: 0...UInt64(UInt32.max)),
-                                                spanID: sequence[index] | 1, flags: 1)
+                    header.trace = TraceContext(
+                        traceHigh: sequence[index] | 1, traceLow: UInt64(clientIndexes[index] + 1) << 32 | UInt64.random(in: 0...UInt64(UInt32.max)),
+                        spanID: sequence[index] | 1, flags: 1)
                     frames[5] = header.frame
                 } else {
                     frames[5] = request[5]

@@ -1,8 +1,10 @@
 import ArgumentParser
+import AsyncHTTPClient
 import CanopyBroker
 import CanopyBus
 import CanopyMessages
 import CanopyOutbound
+import CanopyRemind
 import CanopyServiceKit
 import CanopyStore
 import CanopyTesting
@@ -11,7 +13,7 @@ import GRDB
 import Histogram
 import Hummingbird
 import Logging
-import CanopyRemind
+import NIOCore
 import ServiceLifecycle
 import Synchronization
 
@@ -33,7 +35,8 @@ struct RemindBenchmark: AsyncParsableCommand {
     @Option(help: "People whose windows of 64 are synced.") var people = 10_000
     @Option(help: "Pending reminders for the memory figure.") var memory = 1_000_000
     @Option(help: "Deliveries the dispatcher keeps in flight at once.") var concurrency = DispatchSettings().concurrency
-    @Option(help: "Which parts to run: deliveries, replicas, fairness, codec, syncs, memory (comma-separated).") var parts = "deliveries,replicas,fairness,codec,syncs,memory"
+    @Option(help: "Which parts to run: deliveries, replicas, fairness, codec, syncs, memory (comma-separated).") var parts =
+        "deliveries,replicas,fairness,codec,syncs,memory"
     @Option(help: "Replicas: reminders due over the run on PostgreSQL, with 1 and then 2 replicas (one per person).") var replicaReminders = 20_000
     @Option(help: "Fairness: receivers that take --slow-seconds to answer, each on a host of its own.") var slowReceivers = 10
     @Option(help: "Fairness: how long each slow receiver takes to answer.") var slowSeconds = 10.0
@@ -82,7 +85,8 @@ struct RemindBenchmark: AsyncParsableCommand {
         let running = try await RunningDispatcher.start(concurrency: concurrency, logger: logger) { db in
             FileHandle.standardError.write(Data("loading \(reminders) reminders…".utf8))
             for person in 0..<reminders {
-                try Self.insert(db, person: "u\(person)", url: url, secret: secret, due: start.timeIntervalSince1970 + seconds * Double(person) / Double(reminders))
+                try Self.insert(
+                    db, person: "u\(person)", url: url, secret: secret, due: start.timeIntervalSince1970 + seconds * Double(person) / Double(reminders))
             }
             FileHandle.standardError.write(Data(" done\n".utf8))
             sink.reset()
@@ -101,7 +105,9 @@ struct RemindBenchmark: AsyncParsableCommand {
         }
         let first = arrivals.map(\.at).min() ?? 0, last = arrivals.map(\.at).max() ?? 0
         let rate = Double(arrivals.count) / max(0.001, last - first)
-        print("canopy-bench remind: \(reminders) reminders due over \(Int(seconds)) s (\(Int(Double(reminders) / seconds))/s asked), one per person, to a local webhook sink")
+        print(
+            "canopy-bench remind: \(reminders) reminders due over \(Int(seconds)) s (\(Int(Double(reminders) / seconds))/s asked), one per person, to a local webhook sink"
+        )
         printTable([
             ["figure", "value"],
             ["delivered", "\(arrivals.count) of \(reminders)"],
@@ -132,7 +138,9 @@ struct RemindBenchmark: AsyncParsableCommand {
         progress("starting a throwaway PostgreSQL (Debian's postgresql)…\n")
         let server = try await PostgresServer()
         defer { server.stop() }
-        var rows = [["replicas", "delivered", "per second", "lateness p50 ms", "p99 ms", "max ms", "sent twice", "PostgreSQL CPU (cores)", "process CPU (cores)"]]
+        var rows = [
+            ["replicas", "delivered", "per second", "lateness p50 ms", "p99 ms", "max ms", "sent twice", "PostgreSQL CPU (cores)", "process CPU (cores)"]
+        ]
         for count in [1, 2] {
             let database = try await server.database("canopy_remind_\(count)")
             let count = count
@@ -141,12 +149,14 @@ struct RemindBenchmark: AsyncParsableCommand {
             let store = try await PostgresStore.open(url: database, migrator: remindStoreImport.migrator, size: 1, logger: logger)
             try store.write { session in
                 let people = (0..<reminders).map { "u\($0)" }
-                try session.execute("""
+                try session.execute(
+                    """
                     INSERT INTO devices (id, owner, channel, address, secret, active, registeredAt)
                     SELECT 'd-' || person, person, 'webhook', \(url), \(secret), true, 0 FROM unnest(\(people)) AS person
                     """)
                 let dues = (0..<reminders).map { start.timeIntervalSince1970 + seconds * Double($0) / Double(reminders) }
-                try session.execute("""
+                try session.execute(
+                    """
                     INSERT INTO reminders (owner, taskID, due, plantID, kind, title, fireAt, state, updatedAt)
                     SELECT person, 'p-' || person || ':water', due, 'p-' || person, 'water', 'Water it', due, 'pending', 0
                     FROM unnest(\(people), \(dues)) AS r(person, due)
@@ -173,10 +183,12 @@ struct RemindBenchmark: AsyncParsableCommand {
                 _ = lateness.record(UInt64(late.rounded()))
             }
             let span = max(0.001, last - first)
-            rows.append(["\(count)", "\(arrivals.count) of \(reminders)", String(format: "%.0f", Double(arrivals.count) / span),
-                         "\(lateness.valueAtPercentile(50))", "\(lateness.valueAtPercentile(99))", String(format: "%.0f", latest),
-                         "\(arrivals.count - Set(arrivals.map(\.due)).count)",
-                         String(format: "%.2f", cpu.database / (span + 1)), String(format: "%.2f", cpu.process / (span + 1))])
+            rows.append([
+                "\(count)", "\(arrivals.count) of \(reminders)", String(format: "%.0f", Double(arrivals.count) / span),
+                "\(lateness.valueAtPercentile(50))", "\(lateness.valueAtPercentile(99))", String(format: "%.0f", latest),
+                "\(arrivals.count - Set(arrivals.map(\.due)).count)",
+                String(format: "%.2f", cpu.database / (span + 1)), String(format: "%.2f", cpu.process / (span + 1)),
+            ])
         }
         print("canopy-bench remind replicas: \(replicaReminders) reminders due over \(Int(seconds)) s on PostgreSQL, one per person, to a local webhook sink")
         printTable(rows)
@@ -186,11 +198,13 @@ struct RemindBenchmark: AsyncParsableCommand {
 
     /// One person with a webhook device and one reminder due at `due`.
     static func insert(_ db: Database, person: String, url: String, secret: String, due: Double) throws {
-        try db.execute(sql: "INSERT INTO devices (id, owner, channel, address, secret, active, registeredAt) VALUES (?, ?, 'webhook', ?, ?, 1, 0)",
-                       arguments: ["d-\(person)", person, url, secret])
-        try db.execute(sql: """
-            INSERT INTO reminders (owner, taskID, due, plantID, kind, title, fireAt, state, updatedAt) VALUES (?, ?, ?, ?, 'water', 'Water it', ?, 'pending', 0)
-            """, arguments: [person, "p-\(person):water", due, "p-\(person)", due])
+        try db.execute(
+            sql: "INSERT INTO devices (id, owner, channel, address, secret, active, registeredAt) VALUES (?, ?, 'webhook', ?, ?, 1, 0)",
+            arguments: ["d-\(person)", person, url, secret])
+        try db.execute(
+            sql: """
+                INSERT INTO reminders (owner, taskID, due, plantID, kind, title, fireAt, state, updatedAt) VALUES (?, ?, ?, ?, 'water', 'Water it', ?, 'pending', 0)
+                """, arguments: [person, "p-\(person):water", due, "p-\(person)", due])
     }
 
     // MARK: - Fairness
@@ -210,15 +224,20 @@ struct RemindBenchmark: AsyncParsableCommand {
             let slowURLs = urls
             let start = Date().addingTimeInterval(3)
             let (others, secret) = (self.others, Self.secret)
-            let running = try await RunningDispatcher.start(concurrency: concurrency, allowedHosts: Set((0..<max(1, slow)).map { "127.0.0.\(2 + $0)" }),
-                                                            logger: logger) { db in
+            let running = try await RunningDispatcher.start(
+                concurrency: concurrency, allowedHosts: Set((0..<max(1, slow)).map { "127.0.0.\(2 + $0)" }),
+                logger: logger
+            ) { db in
                 // Each slow receiver: 20 people's reminders due first, at the start.
                 for (index, slowURL) in slowURLs.enumerated() {
-                    for person in 0..<20 { try Self.insert(db, person: "slow\(index)-\(person)", url: slowURL, secret: secret, due: start.timeIntervalSince1970) }
+                    for person in 0..<20 {
+                        try Self.insert(db, person: "slow\(index)-\(person)", url: slowURL, secret: secret, due: start.timeIntervalSince1970)
+                    }
                 }
                 // Everyone else's from 0.5 s on, over 5 s.
                 for person in 0..<others {
-                    try Self.insert(db, person: "u\(person)", url: url, secret: secret, due: start.timeIntervalSince1970 + 0.5 + 5 * Double(person) / Double(others))
+                    try Self.insert(
+                        db, person: "u\(person)", url: url, secret: secret, due: start.timeIntervalSince1970 + 0.5 + 5 * Double(person) / Double(others))
                 }
             }
             let deadline = start.addingTimeInterval(60)
@@ -233,14 +252,20 @@ struct RemindBenchmark: AsyncParsableCommand {
         }
         let (baseline, baselineDelivered, _) = try await othersLateness(slow: 0)
         let (loaded, delivered, slowArrived) = try await othersLateness(slow: slowReceivers)
-        print("canopy-bench remind fairness: \(others) people's reminders due over 5 s, while \(slowReceivers) receivers (a host each) take \(Int(slowSeconds)) s per answer for 20 sends each")
+        print(
+            "canopy-bench remind fairness: \(others) people's reminders due over 5 s, while \(slowReceivers) receivers (a host each) take \(Int(slowSeconds)) s per answer for 20 sends each"
+        )
         printTable([
             ["figure", "without slow receivers (baseline)", "with them", "ratio"],
             ["others delivered", "\(baselineDelivered) of \(others)", "\(delivered) of \(others)", ""],
-            ["others' lateness p50 ms", "\(baseline.valueAtPercentile(50))", "\(loaded.valueAtPercentile(50))",
-             String(format: "%.2f", Double(loaded.valueAtPercentile(50)) / Double(max(1, baseline.valueAtPercentile(50))))],
-            ["others' lateness p99 ms (target under 100)", "\(baseline.valueAtPercentile(99))", "\(loaded.valueAtPercentile(99))",
-             String(format: "%.2f", Double(loaded.valueAtPercentile(99)) / Double(max(1, baseline.valueAtPercentile(99))))],
+            [
+                "others' lateness p50 ms", "\(baseline.valueAtPercentile(50))", "\(loaded.valueAtPercentile(50))",
+                String(format: "%.2f", Double(loaded.valueAtPercentile(50)) / Double(max(1, baseline.valueAtPercentile(50)))),
+            ],
+            [
+                "others' lateness p99 ms (target under 100)", "\(baseline.valueAtPercentile(99))", "\(loaded.valueAtPercentile(99))",
+                String(format: "%.2f", Double(loaded.valueAtPercentile(99)) / Double(max(1, baseline.valueAtPercentile(99)))),
+            ],
             ["others' lateness max ms", "\(baseline.max)", "\(loaded.max)", ""],
             ["slow receivers' requests in flight at the end (at most 4 a host)", "", "\(slowArrived)", ""],
         ])
@@ -251,8 +276,9 @@ struct RemindBenchmark: AsyncParsableCommand {
     /// A window of 64 (8 tasks, each due 8 times) as canopy-care makes it.
     static func window(_ person: Int, base: Date, shift: Double) -> [Care.Task] {
         (0..<64).map { index in
-            Care.Task(id: "p\(person)-\(index % 8):water", plantID: "p\(person)-\(index % 8)", kind: .water, title: "Water plant \(index % 8)",
-                      due: base.addingTimeInterval(Double(index) * 43_200 + shift))
+            Care.Task(
+                id: "p\(person)-\(index % 8):water", plantID: "p\(person)-\(index % 8)", kind: .water, title: "Water plant \(index % 8)",
+                due: base.addingTimeInterval(Double(index) * 43_200 + shift))
         }
     }
 
@@ -280,8 +306,10 @@ struct RemindBenchmark: AsyncParsableCommand {
         printTable([
             ["shape", "bytes", "encode µs", "decode µs", "decode against 64 keyed objects"],
             ["64 keyed occurrences (before, baseline)", "\(flatBytes.count)", String(format: "%.1f", flatEncode), String(format: "%.1f", flatDecode), "1.00"],
-            ["each task once with its due times", "\(groupedBytes.count)", String(format: "%.1f", groupedEncode), String(format: "%.1f", groupedDecode),
-             String(format: "%.2f", groupedDecode / flatDecode)],
+            [
+                "each task once with its due times", "\(groupedBytes.count)", String(format: "%.1f", groupedEncode), String(format: "%.1f", groupedDecode),
+                String(format: "%.2f", groupedDecode / flatDecode),
+            ],
         ])
     }
 
@@ -340,9 +368,11 @@ struct RemindBenchmark: AsyncParsableCommand {
     }
 
     private func row(_ name: String, _ total: Duration, _ calls: Histogram<UInt64>, _ baseline: Histogram<UInt64>) -> [String] {
-        [name, String(format: "%.2f", total.seconds),
-         "\(calls.valueAtPercentile(50))", "\(calls.valueAtPercentile(99))",
-         String(format: "%.1f", Double(calls.valueAtPercentile(50)) / Double(baseline.valueAtPercentile(50)))]
+        [
+            name, String(format: "%.2f", total.seconds),
+            "\(calls.valueAtPercentile(50))", "\(calls.valueAtPercentile(99))",
+            String(format: "%.1f", Double(calls.valueAtPercentile(50)) / Double(baseline.valueAtPercentile(50))),
+        ]
     }
 
     // MARK: - Memory
@@ -358,9 +388,10 @@ struct RemindBenchmark: AsyncParsableCommand {
         let far = Date().addingTimeInterval(30 * 86_400).timeIntervalSince1970
         try await pool.write { db in
             for index in 0..<memory {
-                try db.execute(sql: """
-                    INSERT INTO reminders (owner, taskID, due, plantID, kind, title, fireAt, state, updatedAt) VALUES (?, ?, ?, ?, 'water', 'Water it', ?, 'pending', 0)
-                    """, arguments: ["u\(index / 64)", "p\(index):water", far + Double(index), "p\(index)", far + Double(index)])
+                try db.execute(
+                    sql: """
+                        INSERT INTO reminders (owner, taskID, due, plantID, kind, title, fireAt, state, updatedAt) VALUES (?, ?, ?, ?, 'water', 'Water it', ?, 'pending', 0)
+                        """, arguments: ["u\(index / 64)", "p\(index):water", far + Double(index), "p\(index)", far + Double(index)])
             }
         }
         try pool.close()
@@ -391,8 +422,10 @@ private struct RunningDispatcher {
     let directory: URL
 
     /// With `postgres`, on that database (loaded already: `load` is not called).
-    static func start(concurrency: Int, allowedHosts: Set<String> = [], postgres: PostgresSettings? = nil, logger: Logger,
-                      load: @escaping @Sendable (Database) throws -> Void) async throws -> RunningDispatcher {
+    static func start(
+        concurrency: Int, allowedHosts: Set<String> = [], postgres: PostgresSettings? = nil, logger: Logger,
+        load: @escaping @Sendable (Database) throws -> Void
+    ) async throws -> RunningDispatcher {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-bench-remind-\(UUID().uuidString)")
         var settings = ReminderServiceSettings(directory: directory, runner: .init(endpoint: "tcp://127.0.0.1:1"))
         settings.allowedHosts = allowedHosts.union(["127.0.0.1"])
@@ -454,8 +487,9 @@ private final class Sink: Sendable {
             }
             return .ok
         }
-        application = Application(router: router, configuration: .init(address: .hostname(host, port: 0), serverName: "sink"),
-                                  onServerRunning: { channel in state.withLock { $0.port = channel.localAddress?.port } })
+        application = Application(
+            router: router, configuration: .init(address: .hostname(host, port: 0), serverName: "sink"),
+            onServerRunning: { channel in state.withLock { $0.port = channel.localAddress?.port } })
     }
 
     struct Payload: Decodable {
@@ -509,12 +543,10 @@ func processCPU() -> Double {
 /// This process's resident memory, from /proc/self/status.
 private func residentBytes() -> Int {
     guard let status = try? String(contentsOfFile: "/proc/self/status", encoding: .utf8),
-          let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmRSS:") }) else { return 0 }
+        let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmRSS:") })
+    else { return 0 }
     return (Int(line.split(separator: " ").dropFirst().first ?? "0") ?? 0) * 1024
 }
-
-import AsyncHTTPClient
-import NIOCore
 
 extension Sequence {
     /// `transform` applied to each element in turn, awaiting each.

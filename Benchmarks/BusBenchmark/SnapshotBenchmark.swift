@@ -35,7 +35,9 @@ struct SnapshotBenchmark: AsyncParsableCommand {
         let stack = try rig.up("snapshot", environment: ["CANOPY_RATE_LIMIT": "100000", "CANOPY_RATE_BURST": "100000"])
         defer { rig.down(stack) }
         try rig.loadReferences(stack)
-        print("canopy-bench snapshot: \(people) journeys a phase, \(atOnce) at once, \(rounds) phases of each kind, \(ProcessInfo.processInfo.activeProcessorCount) cores")
+        print(
+            "canopy-bench snapshot: \(people) journeys a phase, \(atOnce) at once, \(rounds) phases of each kind, \(ProcessInfo.processInfo.activeProcessorCount) cores"
+        )
 
         var without = JourneyAPI.histogram(), with = JourneyAPI.histogram()
         var held: [Double] = [], pins: [Double] = [], snapshots = 0, generatorShares: [Double] = []
@@ -51,12 +53,17 @@ struct SnapshotBenchmark: AsyncParsableCommand {
                 var count = 0, held: [Double] = [], pins: [Double] = []
                 while !stop.isSet {
                     let name = "bench-\(round)-\(count)"
-                    let started = try rig.run("canopy", ["capture", "start", name, "--snapshot", "--data-dir", stack.directory, "--endpoint", stack.launch.endpoint])
+                    let started = try rig.run(
+                        "canopy", ["capture", "start", name, "--snapshot", "--data-dir", stack.directory, "--endpoint", stack.launch.endpoint])
                     guard started.status == 0 else { throw BenchmarkFailure("canopy capture start failed: \(started.text.suffix(600))") }
-                    if let range = started.text.range(of: "requests held "), let milliseconds = Double(started.text[range.upperBound...].prefix { $0.isNumber || $0 == "." }) {
+                    if let range = started.text.range(of: "requests held "),
+                        let milliseconds = Double(started.text[range.upperBound...].prefix { $0.isNumber || $0 == "." })
+                    {
                         held.append(milliseconds)
                     }
-                    if let range = started.text.range(of: " ms, "), let milliseconds = Double(started.text[range.upperBound...].prefix { $0.isNumber || $0 == "." }) {
+                    if let range = started.text.range(of: " ms, "),
+                        let milliseconds = Double(started.text[range.upperBound...].prefix { $0.isNumber || $0 == "." })
+                    {
                         pins.append(milliseconds)
                     }
                     _ = try rig.run("canopy", ["capture", "stop", "--endpoint", stack.launch.endpoint, "--data-dir", stack.directory])
@@ -95,15 +102,23 @@ struct SnapshotBenchmark: AsyncParsableCommand {
         func percentile(_ values: [Double], _ p: Double) -> Double { values.isEmpty ? 0 : values[min(values.count - 1, Int(Double(values.count) * p))] }
         var rows = [["phase", "calls", "p50 ms", "p99 ms", "p99 against without"]]
         let baseline = Double(max(without.valueAtPercentile(99), 1))
-        rows.append(["without snapshots", "\(without.totalCount)", StackBenchmark.millis(without.valueAtPercentile(50)), StackBenchmark.millis(without.valueAtPercentile(99)), "1.00"])
-        rows.append(["snapshots back to back (\(snapshots) taken)", "\(with.totalCount)", StackBenchmark.millis(with.valueAtPercentile(50)),
-                     StackBenchmark.millis(with.valueAtPercentile(99)), String(format: "%.2f", Double(with.valueAtPercentile(99)) / baseline)])
+        rows.append([
+            "without snapshots", "\(without.totalCount)", StackBenchmark.millis(without.valueAtPercentile(50)),
+            StackBenchmark.millis(without.valueAtPercentile(99)), "1.00",
+        ])
+        rows.append([
+            "snapshots back to back (\(snapshots) taken)", "\(with.totalCount)", StackBenchmark.millis(with.valueAtPercentile(50)),
+            StackBenchmark.millis(with.valueAtPercentile(99)), String(format: "%.2f", Double(with.valueAtPercentile(99)) / baseline),
+        ])
         print("\nthe journey's HTTP calls (every step but the edge's own 401), with and without snapshots")
         printTable(rows)
         let pinsSorted = pins.sorted()
-        print(String(format: "requests held per snapshot: p50 %.1f ms, p99 %.1f ms, most %.1f ms (%d snapshots); of it pinning the stores: p50 %.1f ms, p99 %.1f ms; the load generator used %.2f of a core at most",
-                     percentile(heldSorted, 0.5), percentile(heldSorted, 0.99), heldSorted.last ?? 0, heldSorted.count, percentile(pinsSorted, 0.5),
-                     percentile(pinsSorted, 0.99), generatorShares.max() ?? 0))
+        print(
+            String(
+                format:
+                    "requests held per snapshot: p50 %.1f ms, p99 %.1f ms, most %.1f ms (%d snapshots); of it pinning the stores: p50 %.1f ms, p99 %.1f ms; the load generator used %.2f of a core at most",
+                percentile(heldSorted, 0.5), percentile(heldSorted, 0.99), heldSorted.last ?? 0, heldSorted.count, percentile(pinsSorted, 0.5),
+                percentile(pinsSorted, 0.99), generatorShares.max() ?? 0))
     }
 }
 

@@ -18,7 +18,8 @@ import NIOHTTP1
 struct StackBenchmark: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "stack",
-        abstract: "The stack as processes: canopy up to healthy against starting the processes by hand, the journey's HTTP calls, resident memory idle and under load.",
+        abstract:
+            "The stack as processes: canopy up to healthy against starting the processes by hand, the journey's HTTP calls, resident memory idle and under load.",
         discussion: """
             Needs the release executables next to canopy-bench (swift build -c release) and wrk for
             the load (apt-get install wrk). The journey's and the load's stack runs with the
@@ -143,12 +144,18 @@ struct StackBenchmark: AsyncParsableCommand {
         for name in JourneyAPI.steps {
             guard let histogram = steps[name] else { continue }
             if name != JourneyAPI.baselineStep { all.add(histogram) }
-            rows.append([name, "\(histogram.totalCount)", Self.millis(histogram.valueAtPercentile(50)), Self.millis(histogram.valueAtPercentile(99)),
-                         String(format: "%.1f", Double(histogram.valueAtPercentile(50)) / baseline)])
+            rows.append([
+                name, "\(histogram.totalCount)", Self.millis(histogram.valueAtPercentile(50)), Self.millis(histogram.valueAtPercentile(99)),
+                String(format: "%.1f", Double(histogram.valueAtPercentile(50)) / baseline),
+            ])
         }
-        rows.append(["every journey call", "\(all.totalCount)", Self.millis(all.valueAtPercentile(50)), Self.millis(all.valueAtPercentile(99)),
-                     String(format: "%.1f", Double(all.valueAtPercentile(50)) / baseline)])
-        print("\n(2) the journey over HTTP: \(people) people, \(atOnce) at once, every service a process (\(String(format: "%.1f", elapsed)) s, \(String(format: "%.1f", Double(people) / elapsed)) journeys/s)")
+        rows.append([
+            "every journey call", "\(all.totalCount)", Self.millis(all.valueAtPercentile(50)), Self.millis(all.valueAtPercentile(99)),
+            String(format: "%.1f", Double(all.valueAtPercentile(50)) / baseline),
+        ])
+        print(
+            "\n(2) the journey over HTTP: \(people) people, \(atOnce) at once, every service a process (\(String(format: "%.1f", elapsed)) s, \(String(format: "%.1f", Double(people) / elapsed)) journeys/s)"
+        )
         printTable(rows)
         fflush(nil)
         return left
@@ -164,15 +171,18 @@ struct StackBenchmark: AsyncParsableCommand {
         if lines.isEmpty {
             let token = try rig.token(stack, user: "memory")
             var none: [String: Histogram<UInt64>] = [:]
-            lines = try await JourneyAPI(base: "http://\(stack.launch.http)").journey(token: token, photo: try SyntheticPlant.species(0).photo(seed: 7), deletes: false,
-                                                                                      into: &none)
+            lines = try await JourneyAPI(base: "http://\(stack.launch.http)").journey(
+                token: token, photo: try SyntheticPlant.species(0).photo(seed: 7), deletes: false,
+                into: &none)
         }
         let afterJourneys = rig.residentMemory(stack)
         let paths = rig.root.appendingPathComponent("load.txt")
         try lines.joined(separator: "\n").appending("\n").write(to: paths, atomically: true, encoding: .utf8)
         let script = rig.root.appendingPathComponent("canopy.lua")
         try EdgeBenchmark.wrkScript.write(to: script, atomically: true, encoding: .utf8)
-        progress("  wrk: \(lines.count) thumbnail and next-task GETs of \(lines.count / 2) people, \(connections) connections, \(seconds) s, memory sampled every 100 ms…\n")
+        progress(
+            "  wrk: \(lines.count) thumbnail and next-task GETs of \(lines.count / 2) people, \(connections) connections, \(seconds) s, memory sampled every 100 ms…\n"
+        )
         let sampler = Task.detached { () -> [String: Int] in
             var most: [String: Int] = [:]
             while !Task.isCancelled {
@@ -181,7 +191,8 @@ struct StackBenchmark: AsyncParsableCommand {
             }
             return most
         }
-        let load = try WrkRunner(wrk: wrk, script: script.path).run(url: "http://\(stack.launch.http)/", connections: connections, seconds: seconds, paths: paths.path)
+        let load = try WrkRunner(wrk: wrk, script: script.path).run(
+            url: "http://\(stack.launch.http)/", connections: connections, seconds: seconds, paths: paths.path)
         sampler.cancel()
         let underLoad = await sampler.value
         let final = rig.residentMemory(stack)
@@ -190,10 +201,16 @@ struct StackBenchmark: AsyncParsableCommand {
         for name in ["canopy up (supervisor)"] + CanopyStack.services.map(\.executable) {
             let values = [idle[name]?.rss ?? 0, afterJourneys[name]?.rss ?? 0, underLoad[name] ?? 0, final[name]?.peak ?? 0]
             for index in totals.indices { totals[index] += values[index] }
-            rows.append([name] + values.map { String(format: "%.1f", Double($0) / 1_024) } + [String(format: "%.2f", Double(values[2]) / Double(max(values[0], 1)))])
+            rows.append(
+                [name] + values.map { String(format: "%.1f", Double($0) / 1_024) } + [String(format: "%.2f", Double(values[2]) / Double(max(values[0], 1)))])
         }
-        rows.append(["the whole stack"] + totals.map { String(format: "%.1f", Double($0) / 1_024) } + [String(format: "%.2f", Double(totals[2]) / Double(max(totals[0], 1)))])
-        print("\n(3) resident memory of every process (VmRSS): idle, and under wrk (\(String(format: "%.0f", load.throughput)) requests/s, p50 \(load.p50) µs, p99 \(load.p99) µs, \(load.errors) errors, wrk \(String(format: "%.2f", load.generatorCoreShare)) of a core)")
+        rows.append(
+            ["the whole stack"] + totals.map { String(format: "%.1f", Double($0) / 1_024) } + [
+                String(format: "%.2f", Double(totals[2]) / Double(max(totals[0], 1)))
+            ])
+        print(
+            "\n(3) resident memory of every process (VmRSS): idle, and under wrk (\(String(format: "%.0f", load.throughput)) requests/s, p50 \(load.p50) µs, p99 \(load.p99) µs, \(load.errors) errors, wrk \(String(format: "%.2f", load.generatorCoreShare)) of a core)"
+        )
         printTable(rows)
     }
 }
@@ -213,8 +230,11 @@ struct StackRig: Sendable {
 
     func layout(_ name: String) -> Layout {
         let directory = root.appendingPathComponent(name).path
-        return Layout(directory: directory, launch: .init(endpoint: "tcp://127.0.0.1:\(Self.freePort())", http: "127.0.0.1:\(Self.freePort())",
-                                                          dataDirectory: directory, metricsBase: Self.freePorts(6), tokenKeyFile: directory + "/token.key"))
+        return Layout(
+            directory: directory,
+            launch: .init(
+                endpoint: "tcp://127.0.0.1:\(Self.freePort())", http: "127.0.0.1:\(Self.freePort())",
+                dataDirectory: directory, metricsBase: Self.freePorts(6), tokenKeyFile: directory + "/token.key"))
     }
 
     /// `canopy up --detach` in a new directory; returns once the stack is healthy.
@@ -227,8 +247,12 @@ struct StackRig: Sendable {
     /// Seconds `canopy up --detach` takes to return (every service healthy).
     func timeUp(_ stack: Layout, environment: [String: String] = [:]) throws -> Double {
         let started = ContinuousClock.now
-        let output = try run("canopy", ["up", "--detach", "--data-dir", stack.directory, "--broker", stack.launch.endpoint, "--http", stack.launch.http,
-                                        "--metrics-base", "\(stack.launch.metricsBase)"], environment: environment)
+        let output = try run(
+            "canopy",
+            [
+                "up", "--detach", "--data-dir", stack.directory, "--broker", stack.launch.endpoint, "--http", stack.launch.http,
+                "--metrics-base", "\(stack.launch.metricsBase)",
+            ], environment: environment)
         guard output.status == 0 else { throw BenchmarkFailure("canopy up failed: \(output.text.suffix(1_000))") }
         return (ContinuousClock.now - started).seconds
     }
@@ -242,8 +266,9 @@ struct StackRig: Sendable {
     func startByHand(_ name: String) async throws -> Double {
         let stack = layout(name)
         try FileManager.default.createDirectory(atPath: stack.directory, withIntermediateDirectories: true)
-        _ = FileManager.default.createFile(atPath: stack.launch.tokenKeyFile, contents: Data(String(repeating: "k", count: 64).utf8),
-                                           attributes: [.posixPermissions: 0o600])
+        _ = FileManager.default.createFile(
+            atPath: stack.launch.tokenKeyFile, contents: Data(String(repeating: "k", count: 64).utf8),
+            attributes: [.posixPermissions: 0o600])
         let started = ContinuousClock.now
         var processes: [Process] = []
         defer {
@@ -300,12 +325,14 @@ struct StackRig: Sendable {
     /// Resident and peak memory (KiB) of the supervisor and every service of `stack`, by executable.
     func residentMemory(_ stack: Layout) -> [String: (rss: Int, peak: Int)] {
         guard let data = FileManager.default.contents(atPath: stack.directory + "/stack.json"),
-              let state = (try? JSONSerialization.jsonObject(with: data)) as? [String: Any] else { return [:] }
+            let state = (try? JSONSerialization.jsonObject(with: data)) as? [String: Any]
+        else { return [:] }
         var memory: [String: (rss: Int, peak: Int)] = [:]
         if let supervisor = state["supervisor"] as? Int32 { memory["canopy up (supervisor)"] = processMemoryKiB(supervisor) }
         for service in state["services"] as? [[String: Any]] ?? [] {
             guard let name = service["name"] as? String, let pid = service["pid"] as? Int32,
-                  let executable = CanopyStack.services.first(where: { $0.name == name })?.executable else { continue }
+                let executable = CanopyStack.services.first(where: { $0.name == name })?.executable
+            else { continue }
             memory[executable] = processMemoryKiB(pid)
         }
         return memory
@@ -332,7 +359,7 @@ struct StackRig: Sendable {
     /// The first of `count` consecutive ports free at this moment.
     static func freePorts(_ count: Int) -> Int {
         while true {
-            let first = Int.random(in: 20_000 ... 60_000)
+            let first = Int.random(in: 20_000...60_000)
             if (first..<first + count).allSatisfy(portIsFree) { return first }
         }
     }
@@ -367,8 +394,10 @@ struct JourneyAPI: Sendable {
     /// One person's journey; returns `TOKEN PATH` lines of the thumbnail and next task of the
     /// plant it keeps (none when it deletes it).
     func journey(token: String, photo: [UInt8], deletes: Bool, into steps: inout [String: Histogram<UInt64>]) async throws -> [String] {
-        func call(_ step: Int, _ method: HTTPMethod, _ path: String, json: String? = nil, form: [UInt8]? = nil, token: String? = token,
-                  expect: Int = 200) async throws -> [String: Any] {
+        func call(
+            _ step: Int, _ method: HTTPMethod, _ path: String, json: String? = nil, form: [UInt8]? = nil, token: String? = token,
+            expect: Int = 200
+        ) async throws -> [String: Any] {
             var request = HTTPClientRequest(url: base + path)
             request.method = method
             if let token { request.headers.add(name: "Authorization", value: "Bearer \(token)") }
@@ -390,8 +419,9 @@ struct JourneyAPI: Sendable {
             return (try? JSONSerialization.jsonObject(with: Data(buffer: body))) as? [String: Any] ?? [:]
         }
         _ = try await call(0, .GET, "/v1/plants", token: nil, expect: 401)
-        let form = MultipartForm.encode([.init(name: "photo", type: "image/jpeg", bytes: photo), .init(name: "organ", bytes: Array("leaf".utf8))],
-                                        boundary: "canopy-bench")
+        let form = MultipartForm.encode(
+            [.init(name: "photo", type: "image/jpeg", bytes: photo), .init(name: "organ", bytes: Array("leaf".utf8))],
+            boundary: "canopy-bench")
         let identification = try await call(1, .POST, "/v1/identifications", form: form)["id"] as? String ?? ""
         let accepted = try await call(2, .POST, "/v1/identifications/\(identification)/accept", json: #"{"rank":1,"customName":"Bench plant"}"#)
         let plant = (accepted["plant"] as? [String: Any])?["id"] as? String ?? ""
@@ -417,7 +447,8 @@ struct JourneyAPI: Sendable {
 func processMemoryKiB(_ pid: Int32) -> (rss: Int, peak: Int) {
     guard let status = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8) else { return (0, 0) }
     func field(_ name: String) -> Int {
-        status.split(separator: "\n").first { $0.hasPrefix(name) }.flatMap { $0.split(separator: " ").dropFirst().first { Int($0) != nil }.flatMap { Int($0) } } ?? 0
+        status.split(separator: "\n").first { $0.hasPrefix(name) }.flatMap { $0.split(separator: " ").dropFirst().first { Int($0) != nil }.flatMap { Int($0) } }
+            ?? 0
     }
     return (field("VmRSS:"), field("VmHWM:"))
 }

@@ -1,15 +1,15 @@
 import ArgumentParser
 import CanopyBus
+import CanopyCare
+import CanopyIdentify
+import CanopyImages
 import CanopyMessages
 import CanopySamples
 import CanopyServiceKit
 import CanopyStore
 import CanopyTesting
-import CanopyCare
 import Foundation
 import Histogram
-import CanopyIdentify
-import CanopyImages
 import Logging
 
 /// What canopy-images' and canopy-identify's requests cost on SQLite and on PostgreSQL in the
@@ -61,23 +61,31 @@ struct StoresBenchmark: AsyncParsableCommand {
             var table = [["request", "p50 µs", "p99 µs", "p99 vs round trip", "CPU µs (process)", "CPU µs (PostgreSQL)", "CPU vs round trip"]]
             let baseline = rows[0]
             for row in rows {
-                table.append([row.operation, "\(row.latency.valueAtPercentile(50))", "\(row.latency.valueAtPercentile(99))",
-                              String(format: "%.1f", Double(row.latency.valueAtPercentile(99)) / Double(max(1, baseline.latency.valueAtPercentile(99)))),
-                              String(format: "%.0f", row.processCPU * 1e6), String(format: "%.0f", row.databaseCPU * 1e6),
-                              String(format: "%.1f", (row.processCPU + row.databaseCPU) / max(1e-9, baseline.processCPU + baseline.databaseCPU))])
+                table.append([
+                    row.operation, "\(row.latency.valueAtPercentile(50))", "\(row.latency.valueAtPercentile(99))",
+                    String(format: "%.1f", Double(row.latency.valueAtPercentile(99)) / Double(max(1, baseline.latency.valueAtPercentile(99)))),
+                    String(format: "%.0f", row.processCPU * 1e6), String(format: "%.0f", row.databaseCPU * 1e6),
+                    String(format: "%.1f", (row.processCPU + row.databaseCPU) / max(1e-9, baseline.processCPU + baseline.databaseCPU)),
+                ])
             }
             print("canopy-bench stores on \(backend): \(requests) requests each, one at a time, over the bus (client to broker to the service and back)")
             printTable(table)
             print("")
         }
         if results.count == 2 {
-            var table = [["request", "\(results[0].backend) p99 µs", "\(results[1].backend) p99 µs", "p99 ratio",
-                          "\(results[0].backend) CPU µs", "\(results[1].backend) CPU µs (process + PostgreSQL)", "CPU ratio"]]
+            var table = [
+                [
+                    "request", "\(results[0].backend) p99 µs", "\(results[1].backend) p99 µs", "p99 ratio",
+                    "\(results[0].backend) CPU µs", "\(results[1].backend) CPU µs (process + PostgreSQL)", "CPU ratio",
+                ]
+            ]
             for (first, second) in zip(results[0].rows, results[1].rows) {
                 let (a, b) = (first.processCPU + first.databaseCPU, second.processCPU + second.databaseCPU)
-                table.append([first.operation, "\(first.latency.valueAtPercentile(99))", "\(second.latency.valueAtPercentile(99))",
-                              String(format: "%.2f", Double(second.latency.valueAtPercentile(99)) / Double(max(1, first.latency.valueAtPercentile(99)))),
-                              String(format: "%.0f", a * 1e6), String(format: "%.0f", b * 1e6), String(format: "%.2f", b / max(1e-9, a))])
+                table.append([
+                    first.operation, "\(first.latency.valueAtPercentile(99))", "\(second.latency.valueAtPercentile(99))",
+                    String(format: "%.2f", Double(second.latency.valueAtPercentile(99)) / Double(max(1, first.latency.valueAtPercentile(99)))),
+                    String(format: "%.0f", a * 1e6), String(format: "%.0f", b * 1e6), String(format: "%.2f", b / max(1e-9, a)),
+                ])
             }
             print("the same requests, \(results[1].backend) against \(results[0].backend) in this run:")
             printTable(table)
@@ -89,7 +97,8 @@ struct StoresBenchmark: AsyncParsableCommand {
         identify.postgres = postgres
         let tools = try await IdentificationTools(databasePath: identify.databasePath, postgres: postgres, logger: logger)
         for species in 0..<10 {
-            try tools.addReferences(.init(scientificName: "Benchus species\(species)"), photos: try (1...3).map { try SyntheticPlant.species(species).photo(seed: $0) })
+            try tools.addReferences(
+                .init(scientificName: "Benchus species\(species)"), photos: try (1...3).map { try SyntheticPlant.species(species).photo(seed: $0) })
         }
         // The client stands in for canopy-care too (images.purge is its call to canopy-images).
         let stack = try await BenchStack(logger: logger, asService: true) { endpoint, context in
@@ -134,8 +143,9 @@ struct StoresBenchmark: AsyncParsableCommand {
                 _ = latency.record(UInt64((ContinuousClock.now - start).microseconds))
             }
             let count = Double(requests)
-            return Row(operation: operation, latency: latency, processCPU: (processCPU() - process) / count,
-                       databaseCPU: ((server.map { databaseCPUSeconds($0.pid) } ?? 0) - database) / count)
+            return Row(
+                operation: operation, latency: latency, processCPU: (processCPU() - process) / count,
+                databaseCPU: ((server.map { databaseCPUSeconds($0.pid) } ?? 0) - database) / count)
         }
         func photo(_ index: Int, _ half: Int) -> Data {
             index < 0 ? Data(photos[photos.count - 1 - half]) : Data(photos[half * requests + index])
@@ -143,29 +153,36 @@ struct StoresBenchmark: AsyncParsableCommand {
         var stored: [String] = []
         var rows: [Row] = []
         // The baseline: a request that reads no store (canopy-care's catalog is in memory).
-        rows.append(try await timed("care.catalog.search one result (bus round trip, baseline)") { _ in
-            _ = try await client.call(Care.CatalogSearch.self, .init(text: "zz", limit: 1))
-        })
-        rows.append(try await timed("images.put, a new 640x480 photo") { index in
-            let put = try await client.call(Images.Put.self, .init(plantID: "plant-\(index % 20)", data: photo(index, 0)), principal: "bench")
-            if index >= 0 { stored.append(put.sha256) }
-        })
-        rows.append(try await timed("images.variant thumbnail, made") { index in
-            _ = try await client.call(Images.GetVariant.self, .init(sha256: stored[max(0, index)], variant: .thumbnail), principal: "bench")
-        })
-        rows.append(try await timed("images.variant thumbnail, memory hit") { index in
-            _ = try await client.call(Images.GetVariant.self, .init(sha256: stored[max(0, index)], variant: .thumbnail), principal: "bench")
-        })
-        rows.append(try await timed("images.list, a plant's 10 photos") { index in
-            _ = try await client.call(Images.List.self, .init(plantID: "plant-\(max(0, index) % 20)"), principal: "bench")
-        })
-        rows.append(try await timed("identifications.submit, a new photo") { index in
-            _ = try await client.call(Identification.Submit.self, .init(photos: [.init(organ: .leaf)], data: [photo(index, 1)]), principal: "bench")
-        })
-        rows.append(try await timed("images.purge, one photo") { index in
-            guard index >= 0 else { return }
-            _ = try await client.call(Images.Purge.self, .init(plantID: "plant-\(index % 20)", sha256: stored[index]), principal: "bench")
-        })
+        rows.append(
+            try await timed("care.catalog.search one result (bus round trip, baseline)") { _ in
+                _ = try await client.call(Care.CatalogSearch.self, .init(text: "zz", limit: 1))
+            })
+        rows.append(
+            try await timed("images.put, a new 640x480 photo") { index in
+                let put = try await client.call(Images.Put.self, .init(plantID: "plant-\(index % 20)", data: photo(index, 0)), principal: "bench")
+                if index >= 0 { stored.append(put.sha256) }
+            })
+        rows.append(
+            try await timed("images.variant thumbnail, made") { index in
+                _ = try await client.call(Images.GetVariant.self, .init(sha256: stored[max(0, index)], variant: .thumbnail), principal: "bench")
+            })
+        rows.append(
+            try await timed("images.variant thumbnail, memory hit") { index in
+                _ = try await client.call(Images.GetVariant.self, .init(sha256: stored[max(0, index)], variant: .thumbnail), principal: "bench")
+            })
+        rows.append(
+            try await timed("images.list, a plant's 10 photos") { index in
+                _ = try await client.call(Images.List.self, .init(plantID: "plant-\(max(0, index) % 20)"), principal: "bench")
+            })
+        rows.append(
+            try await timed("identifications.submit, a new photo") { index in
+                _ = try await client.call(Identification.Submit.self, .init(photos: [.init(organ: .leaf)], data: [photo(index, 1)]), principal: "bench")
+            })
+        rows.append(
+            try await timed("images.purge, one photo") { index in
+                guard index >= 0 else { return }
+                _ = try await client.call(Images.Purge.self, .init(plantID: "plant-\(index % 20)", sha256: stored[index]), principal: "bench")
+            })
         return rows
     }
 }

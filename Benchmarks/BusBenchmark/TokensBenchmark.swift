@@ -1,16 +1,16 @@
 import ArgumentParser
+import CanopyAPI
 import CanopyBroker
 import CanopyBus
+import CanopyCare
 import CanopyMessages
 import CanopyOutbound
 import CanopyServiceKit
 import CanopyTesting
-import CanopyCare
 import Foundation
 import Histogram
 import JWTKit
 import Logging
-import CanopyAPI
 import ServiceLifecycle
 
 /// What a provider's token costs the edge against Canopy's own HS256: (1) verifying a token
@@ -53,8 +53,10 @@ struct TokensBenchmark: AsyncParsableCommand {
             _ = await authority.loadIssuerKeys()
             var tokens: [String] = []
             for index in 0..<count {
-                tokens.append(kid.isEmpty ? try await own.issue(user: "user-\(index)", lifetime: .seconds(3_600))
-                                          : try await provider.token(kid: kid, subject: "person-\(index)"))
+                tokens.append(
+                    kid.isEmpty
+                        ? try await own.issue(user: "user-\(index)", lifetime: .seconds(3_600))
+                        : try await provider.token(kid: kid, subject: "person-\(index)"))
             }
             var histogram = Histogram<UInt64>(highestTrackableValue: 60_000_000, numberOfSignificantValueDigits: .three)
             for token in tokens {
@@ -103,8 +105,10 @@ struct TokensBenchmark: AsyncParsableCommand {
         for (kind, kid) in [("HS256", ""), ("RS256", "rsa-1")] {
             var lines: [String] = []
             for index in 0..<distinct {
-                let token = kid.isEmpty ? try await own.issue(user: "edge-\(index % 50)", lifetime: .seconds(3_600))
-                                        : try await provider.token(kid: kid, subject: "edge-\(index % 50)")
+                let token =
+                    kid.isEmpty
+                    ? try await own.issue(user: "edge-\(index % 50)", lifetime: .seconds(3_600))
+                    : try await provider.token(kid: kid, subject: "edge-\(index % 50)")
                 lines.append("\(token) /v1/plants?limit=5")
             }
             let file = directory.appendingPathComponent("\(kind).txt")
@@ -115,7 +119,9 @@ struct TokensBenchmark: AsyncParsableCommand {
             try (lines[0] + "\n").write(to: one, atomically: true, encoding: .utf8)
             files[kind + "-one"] = one.path
         }
-        var table = [["tokens", "connections", "HS256 req/s", "HS256 p99 µs", "RS256 req/s", "RS256 p99 µs", "p99 RS256 / HS256 (median of rounds)", "wrk cores"]]
+        var table = [
+            ["tokens", "connections", "HS256 req/s", "HS256 p99 µs", "RS256 req/s", "RS256 p99 µs", "p99 RS256 / HS256 (median of rounds)", "wrk cores"]
+        ]
         for connections in connections.split(separator: ",").compactMap({ Int($0) }) {
             for (label, suffix) in [("one token, repeated", "-one"), ("a new token every request", "")] {
                 var ratios: [Double] = []
@@ -128,8 +134,10 @@ struct TokensBenchmark: AsyncParsableCommand {
                     last = (hs, rs)
                 }
                 guard let (hs, rs) = last else { continue }
-                table.append([label, "\(connections)", String(format: "%.0f", hs.throughput), "\(hs.p99)", String(format: "%.0f", rs.throughput), "\(rs.p99)",
-                              String(format: "%.2f", ratios.sorted()[ratios.count / 2]), String(format: "%.2f", max(hs.generatorCoreShare, rs.generatorCoreShare))])
+                table.append([
+                    label, "\(connections)", String(format: "%.0f", hs.throughput), "\(hs.p99)", String(format: "%.0f", rs.throughput), "\(rs.p99)",
+                    String(format: "%.2f", ratios.sorted()[ratios.count / 2]), String(format: "%.2f", max(hs.generatorCoreShare, rs.generatorCoreShare)),
+                ])
             }
         }
         print("\n(2) GET /v1/plants?limit=5 through canopy-api under wrk, \(seconds) s a run, \(rounds) rounds (the last shown)")

@@ -1,17 +1,17 @@
 import ArgumentParser
 import AsyncHTTPClient
+import CanopyAPI
 import CanopyBroker
 import CanopyBus
+import CanopyCare
 import CanopyMessages
 import CanopyServiceKit
 import CanopyTesting
 import CanopyWire
 import Collections
-import CanopyCare
 import Foundation
 import Glibc
 import Logging
-import CanopyAPI
 import Tracing
 
 /// What tracing costs, in the same run: (1) the broker under the pipelined load with no
@@ -34,7 +34,8 @@ struct TracingCost: AsyncParsableCommand {
     @Option(help: "Edge: wrk's connections.") var connections = 32
     @Option(help: "What to measure: state, broker, edge; comma-separated.") var parts = "state,broker,edge"
     @Option(help: "State: requests routed per setup and round.") var requests = 300_000
-    @Option(help: "State: requests held at once, by 4 workers of credit 64 and the service's queue (1,024: as 64 clients x 16 in flight; 1: one at a time).") var inFlight = 1
+    @Option(help: "State: requests held at once, by 4 workers of credit 64 and the service's queue (1,024: as 64 clients x 16 in flight; 1: one at a time).")
+    var inFlight = 1
     @Option(help: "State: run only this setup (no tracer, tracer nothing sampled, 1%, 100%), for counting instructions with perf stat.") var only: String?
 
     func run() async throws {
@@ -58,8 +59,10 @@ struct TracingCost: AsyncParsableCommand {
     /// message stamped with the time as it comes, the worker answering the oldest it holds,
     /// timers looked at every 32 messages as the loop does after a burst. A new request
     /// follows each reply. ns per request, measured after one warm-up pass of `inFlight`.
-    static func stateUnderLoad(_ state: inout BrokerState, requests: Int, inFlight: Int, ready: [[UInt8]], reply: [UInt8],
-                               request: () -> [[UInt8]]) throws -> Double {
+    static func stateUnderLoad(
+        _ state: inout BrokerState, requests: Int, inFlight: Int, ready: [[UInt8]], reply: [UInt8],
+        request: () -> [[UInt8]]
+    ) throws -> Double {
         let workers = (0..<4).map { Array("worker-\($0)".utf8) }
         let client = Array("client".utf8)
         var out: [BrokerState.Directive] = []
@@ -105,8 +108,10 @@ struct TracingCost: AsyncParsableCommand {
     /// the loop thread in the broker). What no socket or scheduler adds noise to. With
     /// `inFlight` above 1, ``stateUnderLoad(_:requests:inFlight:ready:reply:request:)`` instead.
     func stateMachine(endpoint: String, logger: Logger) async throws {
-        let all: [(name: String, traced: Bool, every: Int?)] = [("no tracer", false, nil), ("tracer, nothing sampled", true, nil),
-                                                                ("1% sampled", true, 100), ("100% sampled", true, 1)]
+        let all: [(name: String, traced: Bool, every: Int?)] = [
+            ("no tracer", false, nil), ("tracer, nothing sampled", true, nil),
+            ("1% sampled", true, 100), ("100% sampled", true, 1),
+        ]
         let setups = all.filter { only == nil || $0.name.hasPrefix(only!) }
         guard !setups.isEmpty else { throw ValidationError("--only names one of: \(all.map(\.name).joined(separator: "; "))") }
         let header = RequestHeader(timeoutMilliseconds: 30_000)
@@ -120,10 +125,12 @@ struct TracingCost: AsyncParsableCommand {
         // Under load, every other request carries the edge's 10 s call timeout, as a stack's
         // mix of the edge's calls and the services' own (30 s) does.
         let edgeCall = request(RequestHeader(timeoutMilliseconds: 10_000))
-        let ready = WireMessage.ready(service: "bench", operations: [OperationDescriptor(name: "echo", idempotent: true, coalescable: false)], credit: 64).encoded
+        let ready = WireMessage.ready(service: "bench", operations: [OperationDescriptor(name: "echo", idempotent: true, coalescable: false)], credit: 64)
+            .encoded
         let reply = Array(#"{"text":"ok"}"#.utf8)
-        print("canopy-bench tracing, state machine: \(requests) requests routed per setup and round (request in, dispatch out, reply in, reply out) on one thread, \(rounds) rounds, "
-              + (inFlight > 1 ? "\(inFlight) in flight (4 workers, credit 64; timeouts of 10 s and 30 s in turn)" : "one at a time"))
+        print(
+            "canopy-bench tracing, state machine: \(requests) requests routed per setup and round (request in, dispatch out, reply in, reply out) on one thread, \(rounds) rounds, "
+                + (inFlight > 1 ? "\(inFlight) in flight (4 workers, credit 64; timeouts of 10 s and 30 s in turn)" : "one at a time"))
         var rows = [["round", "setup", "ns/request (loop)", "vs no tracer", "flush µs/traced request", "ns/request with flush"]]
         var ratios: [String: [Double]] = [:], withFlush: [String: [Double]] = [:]
         for round in 1...rounds {
@@ -140,12 +147,13 @@ struct TracingCost: AsyncParsableCommand {
                     let worker = Array("w".utf8), client = Array("c".utf8)
                     if inFlight > 1 {
                         var turn = 0
-                        let loop = try Self.stateUnderLoad(&state, requests: requests, inFlight: inFlight, ready: ready, reply: reply,
-                                                           request: {
-                                                               turn += 1
-                                                               if setup.every.map({ $0 == 1 || Int.random(in: 0..<$0) == 0 }) ?? false { return sampled }
-                                                               return turn % 2 == 0 ? edgeCall : plain
-                                                           })
+                        let loop = try Self.stateUnderLoad(
+                            &state, requests: requests, inFlight: inFlight, ready: ready, reply: reply,
+                            request: {
+                                turn += 1
+                                if setup.every.map({ $0 == 1 || Int.random(in: 0..<$0) == 0 }) ?? false { return sampled }
+                                return turn % 2 == 0 ? edgeCall : plain
+                            })
                         tracing?.flush(ending: true)
                         return (loop, 0, 0)
                     }
@@ -157,7 +165,8 @@ struct TracingCost: AsyncParsableCommand {
                         let traceThis = setup.every.map { index % $0 == 0 } ?? false
                         if traceThis { tracedCount += 1 }
                         state.receive(traceThis ? sampled : plain, from: client, now: start, into: &out)
-                        guard case .send(_, .dispatch(let id, _, _, _, _))? = out.first(where: { if case .send(_, .dispatch) = $0 { true } else { false } }) else {
+                        guard case .send(_, .dispatch(let id, _, _, _, _))? = out.first(where: { if case .send(_, .dispatch) = $0 { true } else { false } })
+                        else {
                             throw BenchmarkFailure("the state machine did not dispatch request \(index)")
                         }
                         out.removeAll(keepingCapacity: true)
@@ -176,26 +185,34 @@ struct TracingCost: AsyncParsableCommand {
                 let total = figures.loop + figures.flush * 1e3 * Double(figures.traced) / Double(requests)
                 ratios[setup.name, default: []].append(figures.loop / baseline.loop)
                 withFlush[setup.name, default: []].append(total / baseline.loop)
-                rows.append(["\(round)", setup.name, String(format: "%.0f", figures.loop), String(format: "%.3f", figures.loop / baseline.loop),
-                             String(format: "%.1f", figures.flush), String(format: "%.0f", total)])
+                rows.append([
+                    "\(round)", setup.name, String(format: "%.0f", figures.loop), String(format: "%.3f", figures.loop / baseline.loop),
+                    String(format: "%.1f", figures.flush), String(format: "%.0f", total),
+                ])
             }
         }
         printTable(rows)
         func median(_ values: [Double]?) -> Double { values.map { $0.sorted()[$0.count / 2] } ?? 0 }
-        print("median of rounds against no tracer: " + setups.dropFirst().map {
-            "\($0.name) \(String(format: "%.3f", median(ratios[$0.name]))) on the loop, \(String(format: "%.3f", median(withFlush[$0.name]))) with the flush"
-        }.joined(separator: "; "))
+        print(
+            "median of rounds against no tracer: "
+                + setups.dropFirst().map {
+                    "\($0.name) \(String(format: "%.3f", median(ratios[$0.name]))) on the loop, \(String(format: "%.3f", median(withFlush[$0.name]))) with the flush"
+                }.joined(separator: "; "))
         print("")
     }
 
     // MARK: - The broker
 
     func broker(endpoint: String, logger: Logger) async throws {
-        let setups: [(name: String, traced: Bool, every: Int?)] = [("no tracer", false, nil), ("tracer, nothing sampled", true, nil),
-                                                                   ("1% sampled", true, 100), ("100% sampled", true, 1)]
+        let setups: [(name: String, traced: Bool, every: Int?)] = [
+            ("no tracer", false, nil), ("tracer, nothing sampled", true, nil),
+            ("1% sampled", true, 100), ("100% sampled", true, 1),
+        ]
         let request = benchRequest(operation: "echo", body: Array(#"{"text":"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}"#.utf8))
         print("canopy-bench tracing, broker: \(clients) clients x \(window) in flight on 2 threads, 4 echo workers, \(seconds) s per setup, \(rounds) rounds;")
-        print("a sampled request's broker spans (waiter, flight) made off the broker's thread and exported over OTLP/HTTP JSON by swift-otel to a receiver that reads nothing")
+        print(
+            "a sampled request's broker spans (waiter, flight) made off the broker's thread and exported over OTLP/HTTP JSON by swift-otel to a receiver that reads nothing"
+        )
         var comparison = Comparison(setups: setups.map(\.name), generator: "load CPU", cpuColumns: ["broker thread", "broker + swift-otel threads"])
         for round in 1...rounds {
             var measured: [String: any Figures] = [:], cpu: [String: [Double]] = [:]
@@ -204,14 +221,17 @@ struct TracingCost: AsyncParsableCommand {
                 let (result, used) = try await Self.withTracer(setup.traced, endpoint: endpoint) { tracer in
                     var configuration = BrokerConfiguration()
                     configuration.tracer = tracer
-                    let load = PipelinedLoadSetup(clients: clients, window: window, threads: 2, request: request, warmUp: .milliseconds(500),
-                                                  duration: .seconds(seconds), traceEvery: setup.every)
+                    let load = PipelinedLoadSetup(
+                        clients: clients, window: window, threads: 2, request: request, warmUp: .milliseconds(500),
+                        duration: .seconds(seconds), traceEvery: setup.every)
                     return try await Rig(workers: 4).broker(configuration: configuration, logger: logger) { endpoint, _ in
                         let before = (threadCPUSeconds(named: "canopy-broker"), threadCPUSeconds(where: Self.isExporterThread))
                         let result = try load.run(endpoint)
                         // Scaled to the measured part (the warm-up's requests are not counted).
                         let share = result.seconds / (result.seconds + 0.5)
-                        let used = ((threadCPUSeconds(named: "canopy-broker") - before.0) * share, (threadCPUSeconds(where: Self.isExporterThread) - before.1) * share)
+                        let used = (
+                            (threadCPUSeconds(named: "canopy-broker") - before.0) * share, (threadCPUSeconds(where: Self.isExporterThread) - before.1) * share
+                        )
                         return (result, (used.0 * 1e6 / Double(max(1, result.requests)), used.1 * 1e6 / Double(max(1, result.requests))))
                     }
                 }
@@ -272,8 +292,9 @@ struct TracingCost: AsyncParsableCommand {
             try await Task.sleep(for: .milliseconds(50))
         }
         for index in 0..<10 {
-            _ = try await stack.client.call(Care.AddPlant.self, Care.Plant(id: "bench-\(index)", scientificName: "Monstera deliciosa", customName: "Bench \(index)"),
-                                            principal: "bench")
+            _ = try await stack.client.call(
+                Care.AddPlant.self, Care.Plant(id: "bench-\(index)", scientificName: "Monstera deliciosa", customName: "Bench \(index)"),
+                principal: "bench")
         }
         let token = try await TokenAuthority(key: key).issue(user: "bench", lifetime: .seconds(3_600))
         let script = directory.appendingPathComponent("canopy.lua")
@@ -288,16 +309,21 @@ struct TracingCost: AsyncParsableCommand {
             ("1% sampled", collectorEnvironment.merging(["OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.01"]) { $1 }),
             ("100% sampled", collectorEnvironment.merging(["OTEL_TRACES_SAMPLER": "parentbased_always_on"]) { $1 }),
         ]
-        print("canopy-bench tracing, edge: canopy-api (a process) under wrk \(runner.version), \(connections) connections, GET /v1/plants (10 plants, through the broker to canopy-care), \(seconds) s per setup, \(rounds) rounds")
+        print(
+            "canopy-bench tracing, edge: canopy-api (a process) under wrk \(runner.version), \(connections) connections, GET /v1/plants (10 plants, through the broker to canopy-care), \(seconds) s per setup, \(rounds) rounds"
+        )
         var comparison = Comparison(setups: setups.map(\.name), generator: "wrk cores", cpuColumns: ["canopy-api"])
         for round in 1...rounds {
             var measured: [String: any Figures] = [:], cpu: [String: [Double]] = [:]
             for setup in comparison.order(round: round).compactMap({ name in setups.first { $0.name == name } }) {
                 progress("  round \(round)/\(rounds): edge, \(setup.name)…\n")
-                let (result, used) = try await Self.withEdge(batch, bus: stack.broker.endpoint, keyFile: keyFile.path, data: directory.path,
-                                                             environment: setup.environment) { http, pid in
+                let (result, used) = try await Self.withEdge(
+                    batch, bus: stack.broker.endpoint, keyFile: keyFile.path, data: directory.path,
+                    environment: setup.environment
+                ) { http, pid in
                     let before = ProcStat(path: "/proc/\(pid)/stat")?.cpuTicks ?? 0
-                    let result = try runner.run(url: "http://\(http)/v1/plants", connections: connections, seconds: seconds, header: "Authorization: Bearer \(token)")
+                    let result = try runner.run(
+                        url: "http://\(http)/v1/plants", connections: connections, seconds: seconds, header: "Authorization: Bearer \(token)")
                     let ticks = (ProcStat(path: "/proc/\(pid)/stat")?.cpuTicks ?? 0) - before
                     return (result, Double(ticks) / Double(sysconf(Int32(_SC_CLK_TCK))) * 1e6 / Double(max(1, result.requests)))
                 }
@@ -310,13 +336,17 @@ struct TracingCost: AsyncParsableCommand {
     }
 
     /// Runs `body` against a `canopy-api serve` process with `environment`, then stops it.
-    static func withEdge<T>(_ executable: URL, bus: String, keyFile: String, data: String, environment: [String: String],
-                            _ body: (_ http: String, _ pid: Int32) throws -> T) async throws -> T {
+    static func withEdge<T>(
+        _ executable: URL, bus: String, keyFile: String, data: String, environment: [String: String],
+        _ body: (_ http: String, _ pid: Int32) throws -> T
+    ) async throws -> T {
         let port = FreePorts.any()
         let process = Process()
         process.executableURL = executable
-        process.arguments = ["serve", "--endpoint", bus, "--http", "127.0.0.1:\(port)", "--metrics-bind", "off", "--token-key-file", keyFile,
-                             "--data-dir", data + "/edge-\(port)", "--rate-limit", "100000", "--rate-burst", "1000000", "--log-level", "error"]
+        process.arguments = [
+            "serve", "--endpoint", bus, "--http", "127.0.0.1:\(port)", "--metrics-bind", "off", "--token-key-file", keyFile,
+            "--data-dir", data + "/edge-\(port)", "--rate-limit", "100000", "--rate-burst", "1000000", "--log-level", "error",
+        ]
         var merged = ProcessInfo.processInfo.environment.filter { !$0.key.hasPrefix("OTEL_") }
         merged.merge(environment) { $1 }
         process.environment = merged
@@ -366,7 +396,10 @@ struct Comparison {
     init(setups: [String], generator: String, cpuColumns: [String] = []) {
         self.setups = setups
         self.cpuColumns = cpuColumns
-        rows = [["round", "setup", "req/s", "p50 µs", "p99 µs", generator, "errors", "req/s vs \(setups[0])", "p99 vs \(setups[0])"] + cpuColumns.map { "\($0) µs/req" }]
+        rows = [
+            ["round", "setup", "req/s", "p50 µs", "p99 µs", generator, "errors", "req/s vs \(setups[0])", "p99 vs \(setups[0])"]
+                + cpuColumns.map { "\($0) µs/req" }
+        ]
     }
 
     /// The setups in the order round `round` runs them.
@@ -384,9 +417,13 @@ struct Comparison {
                 if let mine = cpu[setup]?[index], let base = cpu[setups[0]]?[index], base > 0 { figures.append((column, mine / base)) }
             }
             for (figure, ratio) in figures { ratios[figure, default: [:]][setup, default: []].append(ratio) }
-            rows.append(["\(round)", setup, String(format: "%.0f", result.throughput), "\(result.p50)", "\(result.p99)",
-                         String(format: "%.2f", result.generatorCoreShare), "\(result.errors)", String(format: "%.3f", figures[0].1), String(format: "%.2f", figures[1].1)]
-                         + (cpu[setup] ?? []).map { String(format: "%.2f", $0) })
+            rows.append(
+                [
+                    "\(round)", setup, String(format: "%.0f", result.throughput), "\(result.p50)", "\(result.p99)",
+                    String(format: "%.2f", result.generatorCoreShare), "\(result.errors)", String(format: "%.3f", figures[0].1),
+                    String(format: "%.2f", figures[1].1),
+                ]
+                    + (cpu[setup] ?? []).map { String(format: "%.2f", $0) })
         }
     }
 
@@ -396,8 +433,9 @@ struct Comparison {
         Swift.print("median of rounds against \(setups[0]) (target: \(target)):")
         var table = [["setup", "req/s", "p99"] + cpuColumns.map { "\($0) CPU/req" }]
         for setup in setups.dropFirst() {
-            table.append([setup, String(format: "%.3f", median(ratios["req/s"]?[setup])), String(format: "%.2f", median(ratios["p99"]?[setup]))]
-                         + cpuColumns.map { String(format: "%.3f", median(ratios[$0]?[setup])) })
+            table.append(
+                [setup, String(format: "%.3f", median(ratios["req/s"]?[setup])), String(format: "%.2f", median(ratios["p99"]?[setup]))]
+                    + cpuColumns.map { String(format: "%.3f", median(ratios[$0]?[setup])) })
         }
         printTable(table)
     }

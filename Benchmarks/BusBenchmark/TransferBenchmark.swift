@@ -1,11 +1,11 @@
 import ArgumentParser
 import CanopyBroker
 import CanopyBus
+import CanopyImages
 import CanopyMessages
 import CanopyServiceKit
 import Foundation
 import Histogram
-import CanopyImages
 import Logging
 
 /// What it costs to move a 12-megapixel photo over the bus: `images.put` (the photo is
@@ -49,10 +49,14 @@ struct TransferBenchmark: AsyncParsableCommand {
         printTable([
             ["call", "p50 µs", "p99 µs", "p50 against the round trip"],
             ["images.stats (round trip, baseline)", "\(roundTrip.valueAtPercentile(50))", "\(roundTrip.valueAtPercentile(99))", "1.0"],
-            ["images.put, 12 MP, known photo", "\(puts.valueAtPercentile(50))", "\(puts.valueAtPercentile(99))",
-             String(format: "%.1f", Double(puts.valueAtPercentile(50)) / Double(roundTrip.valueAtPercentile(50)))],
-            ["images.variant full, memory tier", "\(variants.valueAtPercentile(50))", "\(variants.valueAtPercentile(99))",
-             String(format: "%.1f", Double(variants.valueAtPercentile(50)) / Double(roundTrip.valueAtPercentile(50)))],
+            [
+                "images.put, 12 MP, known photo", "\(puts.valueAtPercentile(50))", "\(puts.valueAtPercentile(99))",
+                String(format: "%.1f", Double(puts.valueAtPercentile(50)) / Double(roundTrip.valueAtPercentile(50))),
+            ],
+            [
+                "images.variant full, memory tier", "\(variants.valueAtPercentile(50))", "\(variants.valueAtPercentile(99))",
+                String(format: "%.1f", Double(variants.valueAtPercentile(50)) / Double(roundTrip.valueAtPercentile(50))),
+            ],
         ])
         await stack.shutdown()
     }

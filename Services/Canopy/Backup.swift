@@ -31,10 +31,17 @@ struct Backup: AsyncParsableCommand {
     @Argument(help: "The new directory the backup goes to.") var directory: String
     @OptionGroup var stack: StackOptions
     @OptionGroup var database: DatabaseOptions
-    @Option(help: ArgumentHelp("Where the photos' originals are, with --database-url (the directory every canopy-images replica mounts). Env: CANOPY_ORIGINALS_DIR.", valueName: "dir"))
+    @Option(
+        help: ArgumentHelp(
+            "Where the photos' originals are, with --database-url (the directory every canopy-images replica mounts). Env: CANOPY_ORIGINALS_DIR.",
+            valueName: "dir"))
     var originalsDir: String? = Environment.string("CANOPY_ORIGINALS_DIR")
     @Option(help: "How long the broker may hold requests while the stores are pinned, in milliseconds (1 to 60000).") var holdMs = 10_000
-    @Option(name: .customLong("broker"), help: ArgumentHelp("A broker of the stack to hold for the cut (repeat for several), for a stack canopy up does not run from --data-dir (compose, several hosts); default: the brokers of the stack canopy up runs from --data-dir.", valueName: "endpoint"))
+    @Option(
+        name: .customLong("broker"),
+        help: ArgumentHelp(
+            "A broker of the stack to hold for the cut (repeat for several), for a stack canopy up does not run from --data-dir (compose, several hosts); default: the brokers of the stack canopy up runs from --data-dir.",
+            valueName: "endpoint"))
     var brokers: [String] = []
 
     func validate() throws {
@@ -47,8 +54,10 @@ struct Backup: AsyncParsableCommand {
         guard target.path != source.path else { throw ValidationError("the backup goes to a directory of its own, not the data directory itself") }
         try Self.refuseNonEmpty(target, what: "the backup")
         if let postgres = try database.postgres() {
-            return try await PostgresBackup(url: postgres.url, originals: originalsDir.map { URL(fileURLWithPath: $0, isDirectory: true) }, stack: stack,
-                                            brokers: brokers, holdMilliseconds: holdMs).run(into: target)
+            return try await PostgresBackup(
+                url: postgres.url, originals: originalsDir.map { URL(fileURLWithPath: $0, isDirectory: true) }, stack: stack,
+                brokers: brokers, holdMilliseconds: holdMs
+            ).run(into: target)
         }
         let stores = CanopyStack.services.compactMap(\.store).filter { FileManager.default.fileExists(atPath: source.appendingPathComponent($0).path) }
         guard !stores.isEmpty else {
@@ -82,7 +91,8 @@ struct Backup: AsyncParsableCommand {
                 if missing > 0 { note("\(missing) photos the images store named had no file; the backup leaves them out") }
             }
             // The manifest last: a directory with one is a whole backup.
-            let manifest = Manifest(install: install, cutAt: MessageCodec.string(from: cutAt), stores: pinned.stores.map(\.relative), heldMilliseconds: held ?? 0)
+            let manifest = Manifest(
+                install: install, cutAt: MessageCodec.string(from: cutAt), stores: pinned.stores.map(\.relative), heldMilliseconds: held ?? 0)
             try Self.write(manifest, to: target)
             print(table)
             print("backed up \(Self.describe(held)) to \(target.path); make a data directory of it with canopy restore \(target.path) --data-dir NEW")

@@ -24,5 +24,8 @@ struct CanopyCommand: MainCommand {
               canopy capture inspect ./captures/monday
               canopy replay ./captures/monday --broker tcp://127.0.0.1:5555
             """,
-        subcommands: [Up.self, Status.self, Logs.self, Down.self, Trace.self, Backup.self, Restore.self, Erasures.self, Migrate.self, Demo.self, Send.self, Services.self, Stats.self, Keys.self, Capture.self, Replay.self])
+        subcommands: [
+            Up.self, Status.self, Logs.self, Down.self, Trace.self, Backup.self, Restore.self, Erasures.self, Migrate.self, Demo.self, Send.self, Services.self,
+            Stats.self, Keys.self, Capture.self, Replay.self,
+        ])
 }

@@ -40,7 +40,9 @@ struct Capture: AsyncParsableCommand {
         @Argument(help: "The capture file's name in the broker's capture directory (A-Z, a-z, 0-9, '.', '-', '_').") var name: String
         @Flag(help: "Replace principals by keyed hashes (stable within the capture; the snapshot's stores get the same ones).") var pseudonymize = false
         @Flag(help: "Leave attachment bytes (photos) out; their sizes are kept.") var withoutAttachments = false
-        @Flag(inversion: .prefixedNo, help: "Keep the stack's stores as they stand at the capture's start beside it (default: when canopy up's stack runs from --data-dir).")
+        @Flag(
+            inversion: .prefixedNo,
+            help: "Keep the stack's stores as they stand at the capture's start beside it (default: when canopy up's stack runs from --data-dir).")
         var snapshot: Bool?
         @Option(help: "How long the broker may hold requests while the snapshot is pinned, in milliseconds (1 to 60000).") var holdMs = 10_000
         @OptionGroup var common: CommonOptions
@@ -56,8 +58,9 @@ struct Capture: AsyncParsableCommand {
                 // With several brokers, each captures what crosses it (into its own directory).
                 try await withEachBroker(common, stack: stack) { endpoint, bus in
                     let status = try await callBroker {
-                        try await bus.call(Broker.CaptureStart.self, .init(name: name, pseudonymize: pseudonymize, withoutAttachments: withoutAttachments),
-                                           timeout: .seconds(10))
+                        try await bus.call(
+                            Broker.CaptureStart.self, .init(name: name, pseudonymize: pseudonymize, withoutAttachments: withoutAttachments),
+                            timeout: .seconds(10))
                     }
                     print("\(endpoint): capturing into \(status.path ?? name); stop with: canopy capture stop")
                 }
@@ -100,16 +103,22 @@ struct Capture: AsyncParsableCommand {
             }
             do {
                 for (endpoint, bus) in brokers {
-                    let request = Broker.CaptureStart.Request(name: name, pseudonymize: pseudonymize, withoutAttachments: withoutAttachments,
-                                                              holdMilliseconds: holdMs, pseudonymKey: pseudonyms.map { Data($0.key).base64EncodedString() })
+                    let request = Broker.CaptureStart.Request(
+                        name: name, pseudonymize: pseudonymize, withoutAttachments: withoutAttachments,
+                        holdMilliseconds: holdMs, pseudonymKey: pseudonyms.map { Data($0.key).base64EncodedString() })
                     let status = try await callBroker { try await bus.call(Broker.CaptureStart.self, request, timeout: .milliseconds(Int64(holdMs) + 5_000)) }
                     held.append((endpoint, bus, status))
                 }
             } catch {
                 try await abandon(error)
             }
-            guard let first = held.first, let path = first.status.path, StackSnapshot.directory(forCapture: path).standardizedFileURL == directory.standardizedFileURL else {
-                try await abandon(CommandFailure("the broker captures into \(held.first?.status.path ?? "(nowhere)"), not beside \(directory.path); give --data-dir the stack's own data directory, or capture without a snapshot (--no-snapshot)"))
+            guard let first = held.first, let path = first.status.path,
+                StackSnapshot.directory(forCapture: path).standardizedFileURL == directory.standardizedFileURL
+            else {
+                try await abandon(
+                    CommandFailure(
+                        "the broker captures into \(held.first?.status.path ?? "(nowhere)"), not beside \(directory.path); give --data-dir the stack's own data directory, or capture without a snapshot (--no-snapshot)"
+                    ))
             }
             let pinning = ContinuousClock.now
             do {
@@ -121,11 +130,15 @@ struct Capture: AsyncParsableCommand {
             let ended = await release(directory.lastPathComponent)
             let heldFor = ContinuousClock.now - started
             guard ended.isEmpty else {
-                try await abandon(CommandFailure("the hold at \(ended.joined(separator: ", ")) ended by itself before the snapshot was pinned (after \(Int(heldFor.seconds * 1_000)) ms), so the snapshot would not match the capture; nothing was kept. Try again, or with a longer --hold-ms"))
+                try await abandon(
+                    CommandFailure(
+                        "the hold at \(ended.joined(separator: ", ")) ended by itself before the snapshot was pinned (after \(Int(heldFor.seconds * 1_000)) ms), so the snapshot would not match the capture; nothing was kept. Try again, or with a longer --hold-ms"
+                    ))
             }
-            let manifest = StackSnapshot.Manifest(captures: held.compactMap(\.status.path), cutAt: first.status.cutAt ?? 0,
-                                                  stores: pinned.stores.map(\.relative), originals: pinned.originals,
-                                                  pseudonymized: pseudonymize, heldMilliseconds: (heldFor.seconds * 1_000 * 10).rounded() / 10)
+            let manifest = StackSnapshot.Manifest(
+                captures: held.compactMap(\.status.path), cutAt: first.status.cutAt ?? 0,
+                stores: pinned.stores.map(\.relative), originals: pinned.originals,
+                pseudonymized: pseudonymize, heldMilliseconds: (heldFor.seconds * 1_000 * 10).rounded() / 10)
             let table: String
             do {
                 table = try StackSnapshot.finish(pinned, manifest: manifest, pseudonyms: pseudonyms)
@@ -133,7 +146,9 @@ struct Capture: AsyncParsableCommand {
                 try await abandon(error) // a snapshot half copied is no snapshot: the captures stop too
             }
             for broker in held { print("\(broker.endpoint): capturing into \(broker.status.path ?? name)") }
-            print("snapshot at the cut (requests held \(String(format: "%.1f", manifest.heldMilliseconds)) ms, \(String(format: "%.1f", pinnedIn.seconds * 1_000)) ms of it pinning the stores, \(pinned.originals) originals linked): \(directory.path)")
+            print(
+                "snapshot at the cut (requests held \(String(format: "%.1f", manifest.heldMilliseconds)) ms, \(String(format: "%.1f", pinnedIn.seconds * 1_000)) ms of it pinning the stores, \(pinned.originals) originals linked): \(directory.path)"
+            )
             print(table)
             print("stop with: canopy capture stop; replay with: canopy replay \(path) --fresh")
         }
@@ -191,7 +206,9 @@ struct Capture: AsyncParsableCommand {
             let reader = try openCapture(files)
             var progress = ProgressLine()
             let total = reader.allFiles.reduce(0) { $0 + ((try? FileManager.default.attributesOfItem(atPath: $1)[.size] as? Int) ?? 0) }
-            let summary = try CaptureSummary.make(reader) { read in progress.update("reading \(ProgressLine.bar(read, of: total)) \(read >> 20) of \(total >> 20) MiB") }
+            let summary = try CaptureSummary.make(reader) { read in
+                progress.update("reading \(ProgressLine.bar(read, of: total)) \(read >> 20) of \(total >> 20) MiB")
+            }
             progress.finish()
             if json {
                 let encoder = JSONEncoder()
@@ -233,8 +250,9 @@ struct Capture: AsyncParsableCommand {
         func run() throws {
             let reader = try openCapture([file])
             var writer = try CaptureFileWriter(path: output, pseudonymized: reader.header.pseudonymized, withoutAttachments: reader.header.withoutAttachments)
-            var selection = CaptureSelection(services: Set(service), operations: Set(operation), principals: Set(principal),
-                                             from: from.flatMap(CaptureTime.init), to: to.flatMap(CaptureTime.init))
+            var selection = CaptureSelection(
+                services: Set(service), operations: Set(operation), principals: Set(principal),
+                from: from.flatMap(CaptureTime.init), to: to.flatMap(CaptureTime.init))
             var progress = ProgressLine()
             var read = 0
             while let record = try reader.next() {
@@ -254,8 +272,10 @@ struct Capture: AsyncParsableCommand {
 
     static func render(_ status: CaptureStatus) -> String {
         var table = Table("CAPTURING", "FILE", "RECORDS", "BYTES", "DROPPED", "FAILED", "FILES")
-        table.append([status.capturing ? "yes" : "no", status.path ?? "-", "\(status.records)", "\(status.bytes)", "\(status.dropped)",
-                      "\(status.failed)", "\(status.segments)"])
+        table.append([
+            status.capturing ? "yes" : "no", status.path ?? "-", "\(status.records)", "\(status.bytes)", "\(status.dropped)",
+            "\(status.failed)", "\(status.segments)",
+        ])
         return table.render() + (status.error.map { "\nstopped by an error: \($0)" } ?? "")
             + (status.dropped > 0 ? "\n\(status.dropped) record(s) were dropped: the disk did not keep up (raise --capture-queue-bytes or capture less)" : "")
     }
@@ -265,22 +285,33 @@ struct Capture: AsyncParsableCommand {
         formatter.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
         func time(_ nanoseconds: Int64) -> String { formatter.string(from: Date(timeIntervalSince1970: Double(nanoseconds) / 1e9)) }
         var lines: [String] = []
-        lines.append("capture \(summary.files.joined(separator: ", "))\(summary.pseudonymized ? " (pseudonymized)" : "")\(summary.withoutAttachments ? " (without attachments)" : "")")
+        lines.append(
+            "capture \(summary.files.joined(separator: ", "))\(summary.pseudonymized ? " (pseudonymized)" : "")\(summary.withoutAttachments ? " (without attachments)" : "")"
+        )
         if summary.records > 0 {
             lines.append("from \(time(summary.firstTime)) to \(time(summary.lastTime)) (\(String(format: "%.3f", summary.spanSeconds)) s)")
         }
         let clients = summary.clients >= CaptureSummary.clientLimit ? "at least \(summary.clients)" : "\(summary.clients)"
-        lines.append("\(summary.records) records: \(summary.requests) requests, \(summary.replies) answers (\(summary.errors) errors), \(summary.bytes) bytes, \(clients) client(s)")
+        lines.append(
+            "\(summary.records) records: \(summary.requests) requests, \(summary.replies) answers (\(summary.errors) errors), \(summary.bytes) bytes, \(clients) client(s)"
+        )
         lines.append("read: \(summary.ending)")
         for mark in summary.marks {
-            lines.append("mark at \(time(mark.time)): \(mark.snapshot.map { "the snapshot \($0) holds the stores at the cut before it" } ?? "no snapshot was taken"); \(mark.held) request(s) held during it")
+            lines.append(
+                "mark at \(time(mark.time)): \(mark.snapshot.map { "the snapshot \($0) holds the stores at the cut before it" } ?? "no snapshot was taken"); \(mark.held) request(s) held during it"
+            )
         }
         var table = Table("SERVICE", "OPERATION", "REQUESTS", "ANSWERS", "ERRORS", "SHARED", "REQUEST BYTES", "ANSWER BYTES", "P50 µs", "P99 µs")
         for row in summary.operations {
-            table.append([row.service, row.operation, "\(row.requests)", "\(row.replies)", "\(row.errors)", "\(row.shared)", "\(row.requestBytes)",
-                          "\(row.replyBytes)", "\(row.latencyP50Micros)", "\(row.latencyP99Micros)"])
+            table.append([
+                row.service, row.operation, "\(row.requests)", "\(row.replies)", "\(row.errors)", "\(row.shared)", "\(row.requestBytes)",
+                "\(row.replyBytes)", "\(row.latencyP50Micros)", "\(row.latencyP99Micros)",
+            ])
         }
-        if !summary.operations.isEmpty { lines.append(""); lines.append(table.render()) }
+        if !summary.operations.isEmpty {
+            lines.append("")
+            lines.append(table.render())
+        }
         if !summary.errorCodes.isEmpty {
             var errors = Table("ERROR", "COUNT")
             for (code, count) in summary.errorCodes.sorted(by: { $0.key < $1.key }) { errors.append([code, "\(count)"]) }

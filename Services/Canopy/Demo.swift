@@ -52,8 +52,9 @@ struct Demo: AsyncParsableCommand {
         let photo = try PlantScene.species(1).photo(seed: 10_000)
         var identification = ""
         try await steps.run("identify a photo (POST /v1/identifications)") {
-            let form = MultipartForm.encode([.init(name: "photo", type: "image/jpeg", bytes: photo), .init(name: "organ", bytes: Array("leaf".utf8))],
-                                            boundary: DemoAPI.boundary)
+            let form = MultipartForm.encode(
+                [.init(name: "photo", type: "image/jpeg", bytes: photo), .init(name: "organ", bytes: Array("leaf".utf8))],
+                boundary: DemoAPI.boundary)
             let answer = try await api.send(.POST, "/v1/identifications", body: form, type: "multipart/form-data; boundary=\(DemoAPI.boundary)")
             identification = try answer.string("id")
             let best = try answer.first("results")
@@ -108,7 +109,8 @@ struct Demo: AsyncParsableCommand {
                         let text = String(decoding: FileManager.default.contents(atPath: log.path) ?? Data(), as: UTF8.self)
                         let lines = text.split(separator: "\n").filter { $0.contains(device) && $0.contains("remind.title") }
                         if let line = lines.last {
-                            return "sent to the log channel at \(line.prefix(19).replacingOccurrences(of: "T", with: " ")) (due \(dueAt.formatted(.iso8601).prefix(19).replacingOccurrences(of: "T", with: " "))): canopy logs remind"
+                            return
+                                "sent to the log channel at \(line.prefix(19).replacingOccurrences(of: "T", with: " ")) (due \(dueAt.formatted(.iso8601).prefix(19).replacingOccurrences(of: "T", with: " "))): canopy logs remind"
                         }
                     } else if pending < most {
                         return "no longer pending: sent (canopy-remind's log has the delivery)"
@@ -142,7 +144,8 @@ struct Demo: AsyncParsableCommand {
         let missing = Self.species.enumerated().filter { !listed.contains($0.element) }
         guard !missing.isEmpty else { return "already loaded" }
         guard let endpoint = stack.layout.state()?.endpoint else {
-            throw CommandFailure("no stack runs from \(stack.layout.dataDirectory.path) to load the reference photos into; start one with canopy up, or pass --data-dir")
+            throw CommandFailure(
+                "no stack runs from \(stack.layout.dataDirectory.path) to load the reference photos into; start one with canopy up, or pass --data-dir")
         }
         var configuration = BusClient.Configuration(endpoint: endpoint)
         configuration.curve = try StackKeys.operatorSettings(dataDirectory: stack.layout.dataDirectory)
@@ -150,8 +153,9 @@ struct Demo: AsyncParsableCommand {
         defer { bus.close() }
         for (index, name) in missing {
             let photos = try (0..<3).map { seed in Data(try PlantScene.species(index).photo(seed: seed)) }
-            _ = try await bus.call(Identification.AddReferences.self, .init(scientificName: name, commonNames: ["Demo plant \(index)"], family: "Demoaceae", data: photos),
-                                   timeout: .seconds(60))
+            _ = try await bus.call(
+                Identification.AddReferences.self, .init(scientificName: name, commonNames: ["Demo plant \(index)"], family: "Demoaceae", data: photos),
+                timeout: .seconds(60))
         }
         return "added \(missing.count) species over the bus (identify.references.add)"
     }
@@ -170,7 +174,9 @@ struct DemoSteps {
             let elapsed = Int((ContinuousClock.now - started).wholeMilliseconds)
             total += elapsed
             let label = "\(number). \(title)"
-            print("\(label.padding(toLength: max(label.count, 48), withPad: " ", startingAt: 0)) \(String(repeating: " ", count: max(0, 6 - "\(elapsed)".count)))\(elapsed) ms  \(result)")
+            print(
+                "\(label.padding(toLength: max(label.count, 48), withPad: " ", startingAt: 0)) \(String(repeating: " ", count: max(0, 6 - "\(elapsed)".count)))\(elapsed) ms  \(result)"
+            )
         } catch {
             print("\(number). \(title): failed")
             throw error
@@ -196,12 +202,16 @@ final class DemoAPI: @unchecked Sendable {
         var json: Any? { try? JSONSerialization.jsonObject(with: Data(body)) }
 
         func object(_ key: String) throws -> [String: Any] {
-            guard let value = (json as? [String: Any])?[key] as? [String: Any] else { throw CommandFailure("the answer has no \(key): \(String(decoding: body.prefix(300), as: UTF8.self))") }
+            guard let value = (json as? [String: Any])?[key] as? [String: Any] else {
+                throw CommandFailure("the answer has no \(key): \(String(decoding: body.prefix(300), as: UTF8.self))")
+            }
             return value
         }
 
         func array(_ key: String) throws -> [[String: Any]] {
-            guard let value = (json as? [String: Any])?[key] as? [[String: Any]] else { throw CommandFailure("the answer has no \(key): \(String(decoding: body.prefix(300), as: UTF8.self))") }
+            guard let value = (json as? [String: Any])?[key] as? [[String: Any]] else {
+                throw CommandFailure("the answer has no \(key): \(String(decoding: body.prefix(300), as: UTF8.self))")
+            }
             return value
         }
 
@@ -211,7 +221,9 @@ final class DemoAPI: @unchecked Sendable {
         }
 
         func string(_ key: String) throws -> String {
-            guard let value = (json as? [String: Any])?[key] as? String else { throw CommandFailure("the answer has no \(key): \(String(decoding: body.prefix(300), as: UTF8.self))") }
+            guard let value = (json as? [String: Any])?[key] as? String else {
+                throw CommandFailure("the answer has no \(key): \(String(decoding: body.prefix(300), as: UTF8.self))")
+            }
             return value
         }
     }
@@ -272,7 +284,8 @@ final class DemoAPI: @unchecked Sendable {
         let out = output.fileHandleForReading.readDataToEndOfFile(), err = errors.fileHandleForReading.readDataToEndOfFile()
         process.waitUntilExit()
         guard process.terminationStatus == 0 else {
-            throw CommandFailure("\(executable.lastPathComponent) \(arguments.prefix(2).joined(separator: " ")) failed: \(String(decoding: err, as: UTF8.self).prefix(500))")
+            throw CommandFailure(
+                "\(executable.lastPathComponent) \(arguments.prefix(2).joined(separator: " ")) failed: \(String(decoding: err, as: UTF8.self).prefix(500))")
         }
         return String(decoding: out, as: UTF8.self)
     }

@@ -1,4 +1,5 @@
 import ArgumentParser
+import CanopyAPI
 import CanopyBus
 import CanopyDeployment
 import CanopyMessages
@@ -6,7 +7,6 @@ import CanopyServiceKit
 import CanopyStore
 import Foundation
 import Logging
-import CanopyAPI
 
 /// `canopy erasures`: the accounts deleted, and their deletion applied again to stores
 /// restored from a backup taken before it.
@@ -35,7 +35,9 @@ struct Erasures: AsyncParsableCommand {
         var since: String?
 
         func validate() throws {
-            if let since, Self.date(since) == nil { throw ValidationError("--since \(since.prefix(40)) is not a date; write 2026-11-25 or 2026-11-25T09:00:00Z") }
+            if let since, Self.date(since) == nil {
+                throw ValidationError("--since \(since.prefix(40)) is not a date; write 2026-11-25 or 2026-11-25T09:00:00Z")
+            }
         }
 
         static func date(_ text: String) -> Date? {
@@ -54,7 +56,8 @@ struct Erasures: AsyncParsableCommand {
                 try CanopyAPIStore.adoptFormerStore(in: stack.layout.dataDirectory)
                 let path = directory.appendingPathComponent("api.sqlite").path
                 guard FileManager.default.fileExists(atPath: path) else {
-                    throw CommandFailure("no canopy-api store in \(directory.path); name the stack's data directory with --data-dir (canopy status shows it), or --database-url")
+                    throw CommandFailure(
+                        "no canopy-api store in \(directory.path); name the stack's data directory with --data-dir (canopy status shows it), or --database-url")
                 }
                 try Backup.checkStores(in: stack.layout.dataDirectory) // another program's file is named, never opened for writing
             }
@@ -94,7 +97,9 @@ struct Erasures: AsyncParsableCommand {
             var table = Table("DELETED AT (UTC)", "DIGEST")
             for erasure in erasures { table.append([MessageCodec.string(from: erasure.at), erasure.digest]) }
             print(table.render())
-            print("\(erasures.count) account\(erasures.count == 1 ? "" : "s") deleted; after restoring a backup older than one of them, run canopy erasures apply")
+            print(
+                "\(erasures.count) account\(erasures.count == 1 ? "" : "s") deleted; after restoring a backup older than one of them, run canopy erasures apply"
+            )
         }
     }
 
@@ -112,7 +117,8 @@ struct Erasures: AsyncParsableCommand {
 
         @OptionGroup var source: Source
         @OptionGroup var common: CommonOptions
-        @Option(help: ArgumentHelp("The digests to apply, one a line (canopy erasures list --digests), instead of canopy-api's store's list.", valueName: "file"))
+        @Option(
+            help: ArgumentHelp("The digests to apply, one a line (canopy erasures list --digests), instead of canopy-api's store's list.", valueName: "file"))
         var digestsFile: String?
         @Option(help: ArgumentHelp("canopy-api's token signing key (default: <data-dir>/token.key); repeat for keys rotated out.", valueName: "file"))
         var tokenKeyFile: [String] = []
@@ -126,7 +132,8 @@ struct Erasures: AsyncParsableCommand {
                 }
                 listed = text.split(whereSeparator: \.isNewline).map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
                 if let bad = listed.first(where: { $0.count != 64 || !$0.allSatisfy(\.isHexDigit) }) {
-                    throw CommandFailure("--digests-file has '\(bad.prefix(70))', which is not a digest (64 hex digits); write it with canopy erasures list --digests")
+                    throw CommandFailure(
+                        "--digests-file has '\(bad.prefix(70))', which is not a digest (64 hex digits); write it with canopy erasures list --digests")
                 }
             } else {
                 listed = try source.erasures(store).map(\.digest)
@@ -159,8 +166,10 @@ struct Erasures: AsyncParsableCommand {
             let erased = people.compactMap { person in digests.candidates(person).first(where: wanted.contains).map { (person, $0) } }
                 .sorted { $0.1 < $1.1 }
             guard !erased.isEmpty else {
-                print("none of the \(wanted.count) erased account\(wanted.count == 1 ? " is" : "s are") in these stores (\(people.count) people); nothing to do"
-                      + " (digests are keyed by the token key: under another key than the one in force when they were recorded, none can match; name it with --token-key-file)")
+                print(
+                    "none of the \(wanted.count) erased account\(wanted.count == 1 ? " is" : "s are") in these stores (\(people.count) people); nothing to do"
+                        + " (digests are keyed by the token key: under another key than the one in force when they were recorded, none can match; name it with --token-key-file)"
+                )
                 return
             }
 
@@ -185,9 +194,12 @@ struct Erasures: AsyncParsableCommand {
             progress.finish()
             print(table.render())
             guard failed == 0 else {
-                throw CommandFailure("\(failed) of \(erased.count) accounts were not deleted again; check that the stack runs (canopy status) and run this again")
+                throw CommandFailure(
+                    "\(failed) of \(erased.count) accounts were not deleted again; check that the stack runs (canopy status) and run this again")
             }
-            print("\(erased.count) account\(erased.count == 1 ? "" : "s") deleted again (of \(wanted.count) erasures listed); each service's follow-up is delivered by canopy-care's outbox")
+            print(
+                "\(erased.count) account\(erased.count == 1 ? "" : "s") deleted again (of \(wanted.count) erasures listed); each service's follow-up is delivered by canopy-care's outbox"
+            )
         }
     }
 }

@@ -34,8 +34,10 @@ final class FreshStack {
     /// now; returns once every service is healthy. `nil` when starting took longer than the
     /// lead (the caller tries again with a longer one): the clocks would already have passed
     /// the cut.
-    static func start(snapshot: URL, manifest: StackSnapshot.Manifest, executables: URL, lead: Duration,
-                      progress: (String) -> Void) throws -> FreshStack? {
+    static func start(
+        snapshot: URL, manifest: StackSnapshot.Manifest, executables: URL, lead: Duration,
+        progress: (String) -> Void
+    ) throws -> FreshStack? {
         try Backup.checkStores(in: snapshot) // another program's file is named, not handed to a service
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-replay-\(UUID().uuidString)", isDirectory: true)
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
@@ -43,7 +45,8 @@ final class FreshStack {
         defer { if !started { try? FileManager.default.removeItem(at: directory) } }
         for store in manifest.stores {
             let target = directory.appendingPathComponent(store)
-            try FileManager.default.createDirectory(at: target.deletingLastPathComponent(), withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+            try FileManager.default.createDirectory(
+                at: target.deletingLastPathComponent(), withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
             try FileManager.default.copyItem(at: snapshot.appendingPathComponent(store), to: target)
         }
         _ = try StackSnapshot.linkOriginals(from: snapshot.appendingPathComponent("images/originals"), to: directory.appendingPathComponent("images/originals"))
@@ -59,17 +62,23 @@ final class FreshStack {
         let cut = Date(timeIntervalSince1970: (Double(manifest.cutAt) / 1e6).rounded() / 1e3)
         let anchor = Date(timeIntervalSince1970: ((Date().timeIntervalSince1970 + lead.seconds) * 1e3).rounded() / 1e3)
         let format = Date.ISO8601FormatStyle(includingFractionalSeconds: true)
-        var environment = ["CANOPY_CLOCK": "from:\(cut.formatted(format)),at:\(anchor.formatted(format))", "CANOPY_STACK": stackID,
-                           "CANOPY_LOG_LEVEL": "notice", "CANOPY_REHEARSAL": "1"]
+        var environment = [
+            "CANOPY_CLOCK": "from:\(cut.formatted(format)),at:\(anchor.formatted(format))", "CANOPY_STACK": stackID,
+            "CANOPY_LOG_LEVEL": "notice", "CANOPY_REHEARSAL": "1",
+        ]
         // Not the environment's stack: its database, originals, endpoint and keys stay out.
-        for name in ["CANOPY_DATABASE_URL", "CANOPY_DATABASE_PASSWORD_FILE", "CANOPY_ORIGINALS_DIR", "CANOPY_ENDPOINT", "CANOPY_HTTP",
-                     "CANOPY_CURVE_SERVER_KEY", "CANOPY_CURVE_SECRET_KEY", "CANOPY_CURVE_SECRET_KEY_FILE", "CANOPY_DATA_DIR"] {
+        for name in [
+            "CANOPY_DATABASE_URL", "CANOPY_DATABASE_PASSWORD_FILE", "CANOPY_ORIGINALS_DIR", "CANOPY_ENDPOINT", "CANOPY_HTTP",
+            "CANOPY_CURVE_SERVER_KEY", "CANOPY_CURVE_SECRET_KEY", "CANOPY_CURVE_SECRET_KEY_FILE", "CANOPY_DATA_DIR",
+        ] {
             environment[name] = ""
         }
         let (bus, http, metrics) = try freePorts()
         let endpoint = "tcp://127.0.0.1:\(bus)"
-        let supervisor = StackSupervisor(settings: .init(layout: layout, executables: executables, endpoint: endpoint, http: "127.0.0.1:\(http)",
-                                                         metricsBase: metrics, environment: environment, curve: keys.files))
+        let supervisor = StackSupervisor(
+            settings: .init(
+                layout: layout, executables: executables, endpoint: endpoint, http: "127.0.0.1:\(http)",
+                metricsBase: metrics, environment: environment, curve: keys.files))
         progress("starting a fresh stack from \(snapshot.lastPathComponent) in \(directory.path)…")
         do {
             try supervisor.startAll(within: .seconds(120)) { _ in }
@@ -82,8 +91,9 @@ final class FreshStack {
             return nil
         }
         started = true
-        return FreshStack(directory: directory, endpoint: endpoint, curve: operatorKey, anchor: anchor,
-                          anchorCut: cut.timeIntervalSince1970, supervisor: supervisor)
+        return FreshStack(
+            directory: directory, endpoint: endpoint, curve: operatorKey, anchor: anchor,
+            anchorCut: cut.timeIntervalSince1970, supervisor: supervisor)
     }
 
     /// Stops every service and removes the directory.
@@ -96,7 +106,8 @@ final class FreshStack {
     /// below the system's ephemeral ports, which outgoing connections take at random.
     private static func freePorts() throws -> (bus: Int, http: Int, metrics: Int) {
         func free(_ port: Int) -> Bool { (try? PortCheck.check(ListenAddress(host: "127.0.0.1", port: port))) != nil }
-        let range = (try? String(contentsOfFile: "/proc/sys/net/ipv4/ip_local_port_range", encoding: .utf8))?
+        let range =
+            (try? String(contentsOfFile: "/proc/sys/net/ipv4/ip_local_port_range", encoding: .utf8))?
             .split(whereSeparator: \.isWhitespace).compactMap { Int($0) } ?? []
         let ceiling = max(11_000, (range.first ?? 32_768) - 10)
         var found: [Int] = []

@@ -21,7 +21,8 @@ enum InstallID {
         if let id = read(in: directory) { return id }
         let existing = directory.appendingPathComponent(fileName)
         guard !FileManager.default.fileExists(atPath: existing.path) else {
-            throw CommandFailure("\(existing.path) is not an install id (32 hex digits); restore it from a backup of this data directory, never make a new one over it")
+            throw CommandFailure(
+                "\(existing.path) is not an install id (32 hex digits); restore it from a backup of this data directory, never make a new one over it")
         }
         let id = (0..<16).map { _ in String(format: "%02x", UInt8.random(in: 0...255)) }.joined()
         let file = directory.appendingPathComponent(fileName)

@@ -36,7 +36,8 @@ struct Keys: ParsableCommand {
                 target = pid
             } else {
                 guard let state = stack.layout.state(), state.supervisorAlive,
-                      let broker = state.services.first(where: { $0.name == CanopyStack.broker.name }), broker.pid > 0 else {
+                    let broker = state.services.first(where: { $0.name == CanopyStack.broker.name }), broker.pid > 0
+                else {
                     throw CommandFailure("no stack runs from \(stack.layout.dataDirectory.path); give the broker's --pid, or the stack's --data-dir")
                 }
                 target = broker.pid
@@ -73,7 +74,9 @@ struct Keys: ParsableCommand {
         var force = false
 
         func validate() throws {
-            guard !name.isEmpty, name.utf8.count <= 64, name.allSatisfy({ $0.isLetter || $0.isNumber || $0 == "-" || $0 == "_" || $0 == "." }), !name.hasPrefix(".") else {
+            guard !name.isEmpty, name.utf8.count <= 64, name.allSatisfy({ $0.isLetter || $0.isNumber || $0 == "-" || $0 == "_" || $0 == "." }),
+                !name.hasPrefix(".")
+            else {
                 throw ValidationError("the name is 1 to 64 letters, digits, '-', '_' or '.', such as broker or care")
             }
         }

@@ -54,7 +54,9 @@ struct Stats: AsyncParsableCommand {
                     "\(service.served)", "\(service.errors)", "\(service.p50Micros)", "\(service.p99Micros)",
                 ])
             }
-            print("uptime \(Int(stats.uptimeSeconds)) s, \(stats.rejected) request(s) rejected by the broker (\(stats.malformed) malformed), \(stats.heldBytes) bytes of requests held, \(stats.openFlights) open flight(s)")
+            print(
+                "uptime \(Int(stats.uptimeSeconds)) s, \(stats.rejected) request(s) rejected by the broker (\(stats.malformed) malformed), \(stats.heldBytes) bytes of requests held, \(stats.openFlights) open flight(s)"
+            )
             if let unread = stats.unreadReplyBytes, let drops = stats.slowReaderDrops {
                 print("\(unread) bytes of replies wait for clients to read them; \(drops) dropped for slow readers")
             }
@@ -65,7 +67,8 @@ struct Stats: AsyncParsableCommand {
                     operations.append([
                         operation.operation.isEmpty ? operation.service : "\(operation.service).\(operation.operation)",
                         "\(operation.requests)", "\(operation.coalesced)", "\(operation.workerCalls)", "\(operation.workerCallsSaved)",
-                        "\(operation.detachedWaiters)", "\(operation.redispatchedFlights)", "\(operation.waitersPerFlightP50)", "\(operation.waitersPerFlightP99)",
+                        "\(operation.detachedWaiters)", "\(operation.redispatchedFlights)", "\(operation.waitersPerFlightP50)",
+                        "\(operation.waitersPerFlightP99)",
                     ])
                 }
                 print("")

@@ -1,16 +1,16 @@
 import ArgumentParser
-import CanopyDeployment
-import CanopyMessages
-import CanopyServiceKit
-import CanopyStore
+import CanopyAPI
 import CanopyCare
-import Foundation
-import GRDB
+import CanopyDeployment
 import CanopyIdentify
 import CanopyImages
-import Logging
+import CanopyMessages
 import CanopyRemind
-import CanopyAPI
+import CanopyServiceKit
+import CanopyStore
+import Foundation
+import GRDB
+import Logging
 
 /// `canopy migrate`: a single-host install's stores moved into PostgreSQL, its photos into
 /// the shared photo store. The path from one machine to many (docs/SCALING.md).
@@ -41,7 +41,10 @@ struct Migrate: AsyncParsableCommand {
     var to: String
     @Option(help: ArgumentHelp("A file holding the database password, instead of one in the URL. Env: CANOPY_DATABASE_PASSWORD_FILE.", valueName: "path"))
     var databasePasswordFile: String? = Environment.string("CANOPY_DATABASE_PASSWORD_FILE")
-    @Option(help: ArgumentHelp("Where the photos' originals go: the directory every canopy-images replica mounts (default: where they are, <from>/images/originals). Env: CANOPY_ORIGINALS_DIR.", valueName: "dir"))
+    @Option(
+        help: ArgumentHelp(
+            "Where the photos' originals go: the directory every canopy-images replica mounts (default: where they are, <from>/images/originals). Env: CANOPY_ORIGINALS_DIR.",
+            valueName: "dir"))
     var originalsDir: String? = Environment.string("CANOPY_ORIGINALS_DIR")
 
     /// Every store `canopy migrate` moves, by the directory it lives in.
@@ -113,18 +116,22 @@ struct Migrate: AsyncParsableCommand {
             }
             progress.finish()
             for entry in report.tables {
-                table.append([service, entry.table, "\(entry.rows)", String(entry.checksum.prefix(16)), report.outcome == .imported ? "copied, checked" : "already there"])
+                table.append([
+                    service, entry.table, "\(entry.rows)", String(entry.checksum.prefix(16)), report.outcome == .imported ? "copied, checked" : "already there",
+                ])
             }
         }
         print(table.render())
         if present.contains(where: { $0.service == "images" }) {
-            let originals = originalsDir.map { URL(fileURLWithPath: $0, isDirectory: true) } ?? source.appendingPathComponent("images/originals", isDirectory: true)
+            let originals =
+                originalsDir.map { URL(fileURLWithPath: $0, isDirectory: true) } ?? source.appendingPathComponent("images/originals", isDirectory: true)
             let index = try DatabaseQueue(path: snapshot.appendingPathComponent("images.sqlite").path)
             let names = try await index.read { (db: Database) in try String.fetchAll(db, sql: "SELECT sha256 FROM originals ORDER BY sha256") }
             try index.close()
             let copied: ImageTools.OriginalsCopy
             do {
-                copied = try ImageTools.copyOriginals(names, from: source.appendingPathComponent("images/originals", isDirectory: true), to: originals) { done, total in
+                copied = try ImageTools.copyOriginals(names, from: source.appendingPathComponent("images/originals", isDirectory: true), to: originals) {
+                    done, total in
                     progress.update("photos \(ProgressLine.bar(done, of: total)) \(done)/\(total)")
                 }
             } catch let error as CanopyError {
@@ -135,7 +142,9 @@ struct Migrate: AsyncParsableCommand {
             print("photos: \(copied.copied) copied (\(copied.bytes >> 20) MiB), \(copied.present) already in \(originals.path), each compared with its source")
         }
         let images = originalsDir.map { " --originals-dir \($0)" } ?? ""
-        print("moved into \(url); run each service with --database-url \(url)\(databasePasswordFile.map { " --database-password-file \($0)" } ?? "") (canopy-images also\(images.isEmpty ? " with --originals-dir where the originals are" : images)), or canopy up --database-url \(url)")
+        print(
+            "moved into \(url); run each service with --database-url \(url)\(databasePasswordFile.map { " --database-password-file \($0)" } ?? "") (canopy-images also\(images.isEmpty ? " with --originals-dir where the originals are" : images)), or canopy up --database-url \(url)"
+        )
     }
 
     /// Refuses, with every reason at once, when any store's target holds what this install
@@ -145,7 +154,9 @@ struct Migrate: AsyncParsableCommand {
         defer { target.close() }
         var refusals: [String] = []
         do {
-            refusals = try StoreImport.foreignImports(in: target, install: install).filter { sentence in !present.contains { sentence.hasPrefix("the \($0.service) store") } }
+            refusals = try StoreImport.foreignImports(in: target, install: install).filter { sentence in
+                !present.contains { sentence.hasPrefix("the \($0.service) store") }
+            }
         } catch {
             throw sentence(error)
         }

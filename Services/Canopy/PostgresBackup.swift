@@ -43,13 +43,21 @@ struct PostgresBackup {
             guard let exporter else { throw CommandFailure("no snapshot was exported at the cut") }
             note("dumping \(url) with pg_dump from the snapshot at the cut…")
             let dump = target.appendingPathComponent(Self.dumpFile)
-            let dumped = Result { try Self.runProgram(pgDump, ["--snapshot=\(try exporter.waitForSnapshot())", "--format=custom", "--no-owner", "--no-privileges",
-                                                              "--file=\(dump.path)"], url: url) }
+            let dumped = Result {
+                try Self.runProgram(
+                    pgDump,
+                    [
+                        "--snapshot=\(try exporter.waitForSnapshot())", "--format=custom", "--no-owner", "--no-privileges",
+                        "--file=\(dump.path)",
+                    ], url: url)
+            }
             let named = try exporter.finish() // the transaction ends once pg_dump is done
             try dumped.get()
             try FileManager.default.setAttributes([.posixPermissions: 0o600], ofItemAtPath: dump.path)
             guard originals != nil || named.isEmpty else {
-                throw CommandFailure("the database names \(named.count) photos, and no --originals-dir says where their files are; name canopy-images' --originals-dir (nothing was kept)")
+                throw CommandFailure(
+                    "the database names \(named.count) photos, and no --originals-dir says where their files are; name canopy-images' --originals-dir (nothing was kept)"
+                )
             }
             // Originals linked that the database at the cut does not name (an erased person's) go.
             var pruned = 0
@@ -59,9 +67,11 @@ struct PostgresBackup {
             }
             let missing = named.filter { !FileManager.default.fileExists(atPath: linked.appendingPathComponent($0).path) }
             guard originals == nil || missing.isEmpty else {
-                throw CommandFailure("\(missing.count) photos the database names are not in \(originals?.path ?? ""); name canopy-images' --originals-dir with --originals-dir")
+                throw CommandFailure(
+                    "\(missing.count) photos the database names are not in \(originals?.path ?? ""); name canopy-images' --originals-dir with --originals-dir")
             }
-            let manifest = Backup.Manifest(install: try Self.install(store), cutAt: MessageCodec.string(from: cutAt), stores: [], heldMilliseconds: held ?? 0, databaseDump: Self.dumpFile)
+            let manifest = Backup.Manifest(
+                install: try Self.install(store), cutAt: MessageCodec.string(from: cutAt), stores: [], heldMilliseconds: held ?? 0, databaseDump: Self.dumpFile)
             let encoder = JSONEncoder()
             encoder.outputFormatting = [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]
             try encoder.encode(manifest).write(to: target.appendingPathComponent(Backup.Manifest.file), options: .atomic)
@@ -70,7 +80,9 @@ struct PostgresBackup {
             table.append(["database", Self.dumpFile, String(format: "%.2f", Double(bytes) / 1_048_576)])
             table.append(["photos", "images/originals (\(named.count) photos, \(pruned) no row named left out)", ""])
             print(table.render())
-            print("backed up \(url) \(Backup.describe(held)) to \(target.path); restore with canopy restore \(target.path) --database-url URL --originals-dir DIR")
+            print(
+                "backed up \(url) \(Backup.describe(held)) to \(target.path); restore with canopy restore \(target.path) --database-url URL --originals-dir DIR"
+            )
         } catch {
             if let exporter { _ = try? exporter.finish() } // its transaction and thread end with the backup
             try? FileManager.default.removeItem(at: target)
@@ -98,14 +110,17 @@ struct PostgresBackup {
         }
         store.close()
         guard tables == 0 else {
-            throw CommandFailure("\(url) is not empty (\(tables) tables); canopy restore fills an empty database only: create one (CREATE DATABASE …) and name it")
+            throw CommandFailure(
+                "\(url) is not empty (\(tables) tables); canopy restore fills an empty database only: create one (CREATE DATABASE …) and name it")
         }
         try Backup.refuseNonEmpty(originalsDir, what: "the restored photos")
         note("restoring \(url) with pg_restore…")
         try runProgram(pgRestore, ["--no-owner", "--no-privileges", "--exit-on-error", "--single-transaction", dump.path], url: url)
         let names = ((try? FileManager.default.contentsOfDirectory(atPath: originals.path)) ?? []).filter { !$0.hasPrefix(".") }.sorted()
         let count = try Restore.copyOriginals(names, from: originals, to: originalsDir).count
-        print("restored \(url) (\(dump.lastPathComponent)) and \(count) photos into \(originalsDir.path); run the stack with --database-url \(url) --originals-dir \(originalsDir.path)")
+        print(
+            "restored \(url) (\(dump.lastPathComponent)) and \(count) photos into \(originalsDir.path); run the stack with --database-url \(url) --originals-dir \(originalsDir.path)"
+        )
     }
 
     /// A connection to `url` that changes nothing; its failure as a sentence.
@@ -133,7 +148,8 @@ struct PostgresBackup {
             let candidate = root.appendingPathComponent("\(version)/bin/\(name)")
             if FileManager.default.isExecutableFile(atPath: candidate.path) { return candidate }
         }
-        throw CommandFailure("\(name) is not installed; install PostgreSQL's client programs (apt-get install postgresql-client), at least the server's version")
+        throw CommandFailure(
+            "\(name) is not installed; install PostgreSQL's client programs (apt-get install postgresql-client), at least the server's version")
     }
 
     /// `url` as libpq's key=value string, each value quoted; with TLS, the server's
@@ -165,7 +181,9 @@ struct PostgresBackup {
         let said = errors.fileHandleForReading.readDataToEndOfFile()
         process.waitUntilExit()
         guard process.terminationStatus == 0 else {
-            throw CommandFailure("\(program.lastPathComponent) failed (exit \(process.terminationStatus)): \(String(decoding: said.prefix(600), as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines))")
+            throw CommandFailure(
+                "\(program.lastPathComponent) failed (exit \(process.terminationStatus)): \(String(decoding: said.prefix(600), as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines))"
+            )
         }
     }
 }

@@ -46,7 +46,10 @@ struct Replay: AsyncParsableCommand {
     @Flag(help: "Read the capture and report what would be sent, with checks; send nothing.") var dryRun = false
     @Flag(help: "Replay on a throwaway stack of this build started from the capture's snapshot, its clock at the capture's start; stopped afterwards.")
     var fresh = false
-    @Option(help: ArgumentHelp("With --fresh: replay on a stack of another build too (the directory holding its canopy-broker, canopy-care, …) and report where the two differ.", valueName: "dir"))
+    @Option(
+        help: ArgumentHelp(
+            "With --fresh: replay on a stack of another build too (the directory holding its canopy-broker, canopy-care, …) and report where the two differ.",
+            valueName: "dir"))
     var compareWith: String?
     @Option(help: ArgumentHelp("With --fresh: the snapshot to start from (default: the capture's NAME.snapshot).", valueName: "dir"))
     var snapshot: String?
@@ -68,7 +71,9 @@ struct Replay: AsyncParsableCommand {
         guard (-1...3_600_000).contains(timeToleranceMs) else { throw ValidationError("--time-tolerance-ms is -1 (times as text) to 3600000") }
         if fresh {
             guard !fast && rate == nil && (speed ?? 1) == 1 else {
-                throw ValidationError("--fresh replays at the captured pace, so that what depends on time (a reminder falling due) happens between the same requests; leave out --fast, --rate and --speed")
+                throw ValidationError(
+                    "--fresh replays at the captured pace, so that what depends on time (a reminder falling due) happens between the same requests; leave out --fast, --rate and --speed"
+                )
             }
             guard !dryRun else { throw ValidationError("--dry-run sends nothing; leave out --fresh") }
         } else if compareWith != nil || snapshot != nil {
@@ -119,15 +124,20 @@ struct Replay: AsyncParsableCommand {
         let manifest = try StackSnapshot.manifest(in: snapshotDirectory)
         let this = try Up.executables()
         guard let other = compareWith else {
-            let report = try await replayOnFreshStack(reader, executables: this, snapshot: snapshotDirectory, manifest: manifest, options: options, bytes: bytes)
+            let report = try await replayOnFreshStack(
+                reader, executables: this, snapshot: snapshotDirectory, manifest: manifest, options: options, bytes: bytes)
             try print(json ? Self.json(report) : Self.render(report))
             if !report.isClean { throw ExitCode(1) }
             return
         }
         let otherBuild = URL(fileURLWithPath: other, isDirectory: true).standardizedFileURL
-        let missing = CanopyStack.services.map(\.executable).filter { !FileManager.default.isExecutableFile(atPath: otherBuild.appendingPathComponent($0).path) }
+        let missing = CanopyStack.services.map(\.executable).filter {
+            !FileManager.default.isExecutableFile(atPath: otherBuild.appendingPathComponent($0).path)
+        }
         guard missing.isEmpty else {
-            throw CommandFailure("\(otherBuild.path) has no \(missing.joined(separator: ", ")); name the directory of the other build's executables (such as ../other/.build/release after swift build -c release)")
+            throw CommandFailure(
+                "\(otherBuild.path) has no \(missing.joined(separator: ", ")); name the directory of the other build's executables (such as ../other/.build/release after swift build -c release)"
+            )
         }
         // This build's answers, written as a capture of their own, are what the other build is
         // compared against.
@@ -139,10 +149,14 @@ struct Replay: AsyncParsableCommand {
         let baseline = try await replayOnFreshStack(reader, executables: this, snapshot: snapshotDirectory, manifest: manifest, options: first, bytes: bytes)
         note("this build against the capture: \(baseline.matched) matched, \(baseline.differed) differed, \(baseline.failed) failed")
         note("replaying on \(otherBuild.path)…")
-        let compared = try await replayOnFreshStack(try openCapture([answers]), executables: otherBuild, snapshot: snapshotDirectory, manifest: manifest,
-                                                    options: options, bytes: bytes)
+        let compared = try await replayOnFreshStack(
+            try openCapture([answers]), executables: otherBuild, snapshot: snapshotDirectory, manifest: manifest,
+            options: options, bytes: bytes)
         if json {
-            struct Comparison: Encodable { var thisBuild: ReplayReport; var otherBuild: ReplayReport }
+            struct Comparison: Encodable {
+                var thisBuild: ReplayReport
+                var otherBuild: ReplayReport
+            }
             try print(Self.json(Comparison(thisBuild: baseline, otherBuild: compared)))
         } else {
             print("this build (\(this.path)) against the capture: \(baseline.matched) of \(baseline.requests) matched")
@@ -153,8 +167,10 @@ struct Replay: AsyncParsableCommand {
     }
 
     /// Starts a fresh stack of `executables` from the snapshot, replays, stops it.
-    private func replayOnFreshStack(_ reader: CaptureReader, executables: URL, snapshot: URL, manifest: StackSnapshot.Manifest,
-                                    options: ReplayOptions, bytes: Int) async throws -> ReplayReport {
+    private func replayOnFreshStack(
+        _ reader: CaptureReader, executables: URL, snapshot: URL, manifest: StackSnapshot.Manifest,
+        options: ReplayOptions, bytes: Int
+    ) async throws -> ReplayReport {
         var lead: Duration = .seconds(3)
         var failures: [Error] = []
         for _ in 0..<4 {
@@ -189,8 +205,11 @@ struct Replay: AsyncParsableCommand {
 
     /// `service.operation` of every operation the stack offers, or nil when it cannot be asked.
     private func offeredOperations() async -> Set<String>? {
-        guard let bus = try? BusClient(configuration: try common.operatorConfiguration(stack: stack), context: ZMQContext(),
-                                       logger: LogSetup.logger(label: "canopy", level: .critical)) else { return nil }
+        guard
+            let bus = try? BusClient(
+                configuration: try common.operatorConfiguration(stack: stack), context: ZMQContext(),
+                logger: LogSetup.logger(label: "canopy", level: .critical))
+        else { return nil }
         defer { bus.close() }
         guard let services = try? await bus.call(Broker.Services.self, .init(), timeout: .seconds(3)) else { return nil }
         return Set(services.flatMap { service in service.operations.map { "\(service.name).\($0.name)" } })
@@ -203,7 +222,9 @@ struct Replay: AsyncParsableCommand {
     }
 
     static func render(_ check: ReplayCheck, offered: Bool) -> String {
-        var lines = ["would send \(check.requests) request(s) from \(check.clients) client(s), captured over \(String(format: "%.3f", check.spanSeconds)) s; \(check.answers) captured answer(s) to compare with; \(check.derived) request(s) the services made themselves are left to them"]
+        var lines = [
+            "would send \(check.requests) request(s) from \(check.clients) client(s), captured over \(String(format: "%.3f", check.spanSeconds)) s; \(check.answers) captured answer(s) to compare with; \(check.derived) request(s) the services made themselves are left to them"
+        ]
         var table = Table("OPERATION", "REQUESTS")
         for (name, count) in check.operations.sorted(by: { $0.key < $1.key }) { table.append([name, "\(count)"]) }
         if !check.operations.isEmpty { lines += ["", table.render(), ""] }
@@ -215,15 +236,20 @@ struct Replay: AsyncParsableCommand {
 
     static func render(_ report: ReplayReport) -> String {
         var summary = Table("REQUESTS", "MATCHED", "DIFFERED", "FAILED", "SKIPPED", "UNANSWERED", "IDS REBOUND", "REQUESTS/S")
-        summary.append(["\(report.requests)", "\(report.matched)", "\(report.differed)", "\(report.failed)", "\(report.skipped)", "\(report.unanswered)",
-                        "\(report.rebound)", String(format: "%.0f", report.requestsPerSecond)])
+        summary.append([
+            "\(report.requests)", "\(report.matched)", "\(report.differed)", "\(report.failed)", "\(report.skipped)", "\(report.unanswered)",
+            "\(report.rebound)", String(format: "%.0f", report.requestsPerSecond),
+        ])
         var latency = Table("LATENCY", "P50 µs", "P99 µs")
         latency.append(["captured (at the broker)", "\(report.capturedP50Micros)", "\(report.capturedP99Micros)"])
         latency.append(["replayed (at this client)", "\(report.replayedP50Micros)", "\(report.replayedP99Micros)"])
         var lines = [summary.render(), "", latency.render()]
         if report.ending != "complete" { lines += ["", "the capture is \(report.ending)"] }
         if report.backgroundWaitsEnded > 0 {
-            lines += ["", "\(report.backgroundWaitsEnded) request(s) went without background work the capture had seen done before them (the stack did less of it within 3 s)"]
+            lines += [
+                "",
+                "\(report.backgroundWaitsEnded) request(s) went without background work the capture had seen done before them (the stack did less of it within 3 s)",
+            ]
         }
         if !report.differingPaths.isEmpty {
             var places = Table("ANSWERS", "OPERATION", "PATH")
@@ -239,7 +265,9 @@ struct Replay: AsyncParsableCommand {
         for example in report.examples {
             lines.append("")
             let when = Date(timeIntervalSince1970: Double(example.time) / 1e9).formatted(.iso8601)
-            lines.append("\(example.service).\(example.operation) from \(example.client) for \(example.principal.isEmpty ? "nobody" : example.principal), captured \(when):")
+            lines.append(
+                "\(example.service).\(example.operation) from \(example.client) for \(example.principal.isEmpty ? "nobody" : example.principal), captured \(when):"
+            )
             if let failure = example.failure { lines.append("  failed: \(failure)") }
             for difference in example.differences { lines.append("  \(difference.path): \(difference.captured) -> \(difference.replayed)") }
         }

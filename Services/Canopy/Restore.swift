@@ -31,14 +31,18 @@ struct Restore: AsyncParsableCommand {
     @OptionGroup var database: DatabaseOptions
     @Option(help: ArgumentHelp("With --database-url: where the photos' originals go (the directory canopy-images' replicas will mount).", valueName: "dir"))
     var originalsDir: String?
-    @Option(help: ArgumentHelp("The token signing key to put in the new data directory: tokens issued before still work, and canopy erasures apply can match the accounts deleted since.", valueName: "file"))
+    @Option(
+        help: ArgumentHelp(
+            "The token signing key to put in the new data directory: tokens issued before still work, and canopy erasures apply can match the accounts deleted since.",
+            valueName: "file"))
     var tokenKeyFile: String?
     @Flag(help: "Start with a new token key instead (everyone signs in again, and deletions recorded under the old key can no longer be applied).")
     var newTokenKey = false
 
     func validate() throws {
         if tokenKeyFile == nil, !newTokenKey, database.databaseURL == nil {
-            throw ValidationError("name the stack's token key with --token-key-file (canopy erasures apply needs it to find deleted accounts), or say --new-token-key")
+            throw ValidationError(
+                "name the stack's token key with --token-key-file (canopy erasures apply needs it to find deleted accounts), or say --new-token-key")
         }
         if tokenKeyFile != nil, newTokenKey { throw ValidationError("--token-key-file and --new-token-key say opposite things; give one") }
     }
@@ -48,11 +52,15 @@ struct Restore: AsyncParsableCommand {
         let manifest = try Self.manifest(in: source)
         if let dump = manifest.databaseDump {
             guard let postgres = try database.postgres() else {
-                throw CommandFailure("\(source.path) is a backup of a stack on PostgreSQL; restore it with --database-url URL (an empty database) and --originals-dir DIR")
+                throw CommandFailure(
+                    "\(source.path) is a backup of a stack on PostgreSQL; restore it with --database-url URL (an empty database) and --originals-dir DIR")
             }
-            guard let originalsDir else { throw CommandFailure("a PostgreSQL backup's photos go to --originals-dir DIR; name the directory canopy-images will mount") }
-            return try await PostgresBackup.restore(dump: source.appendingPathComponent(dump), originals: source.appendingPathComponent("images/originals"),
-                                                    into: postgres.url, originalsDir: URL(fileURLWithPath: originalsDir, isDirectory: true))
+            guard let originalsDir else {
+                throw CommandFailure("a PostgreSQL backup's photos go to --originals-dir DIR; name the directory canopy-images will mount")
+            }
+            return try await PostgresBackup.restore(
+                dump: source.appendingPathComponent(dump), originals: source.appendingPathComponent("images/originals"),
+                into: postgres.url, originalsDir: URL(fileURLWithPath: originalsDir, isDirectory: true))
         }
         let target = stack.layout.dataDirectory
         guard target.path != source.path else { throw ValidationError("restore into a new data directory, not the backup itself") }
@@ -61,14 +69,18 @@ struct Restore: AsyncParsableCommand {
         // Each store whole before anything is written.
         var table = Table("STORE", "FILE", "MIB", "CHECK")
         for store in manifest.stores {
-            guard CanopyStack.services.contains(where: { $0.store == store }) else { throw CommandFailure("\(Backup.Manifest.file) names \(store), which is no store of Canopy's; is \(source.path) a backup?") }
+            guard CanopyStack.services.contains(where: { $0.store == store }) else {
+                throw CommandFailure("\(Backup.Manifest.file) names \(store), which is no store of Canopy's; is \(source.path) a backup?")
+            }
             let path = source.appendingPathComponent(store).path
             guard FileManager.default.fileExists(atPath: path) else { throw CommandFailure("\(path) is missing; the backup \(source.path) is incomplete") }
             let check = try Self.integrity(of: path)
             guard check == "ok" else { throw CommandFailure("\(path) fails SQLite's integrity check (\(check.prefix(200))); restore another backup") }
         }
         let key = try tokenKeyFile.map { file -> Data in
-            guard let key = FileManager.default.contents(atPath: file) else { throw CommandFailure("cannot read --token-key-file \(file); name canopy-api's token key") }
+            guard let key = FileManager.default.contents(atPath: file) else {
+                throw CommandFailure("cannot read --token-key-file \(file); name canopy-api's token key")
+            }
             return key
         }
         try FileManager.default.createDirectory(at: target, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
@@ -80,27 +92,32 @@ struct Restore: AsyncParsableCommand {
             throw error
         }
         print(table.render())
-        print("restored the backup of \(manifest.cutAt) into \(target.path); start it with canopy up --data-dir \(target.path)"
-              + (key == nil ? " (a new token key is made: people sign in again)" : ""))
+        print(
+            "restored the backup of \(manifest.cutAt) into \(target.path); start it with canopy up --data-dir \(target.path)"
+                + (key == nil ? " (a new token key is made: people sign in again)" : ""))
     }
 
     /// Copies the stores, the photos, the install id and the token key.
     private func restoreFiles(_ manifest: Backup.Manifest, from source: URL, into target: URL, key: Data?, table: inout CanopyServiceKit.Table) throws {
         for store in manifest.stores {
             let (from, to) = (source.appendingPathComponent(store), target.appendingPathComponent(store))
-            try FileManager.default.createDirectory(at: to.deletingLastPathComponent(), withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+            try FileManager.default.createDirectory(
+                at: to.deletingLastPathComponent(), withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
             note("restoring \(store)…")
             try Backup.copyStore(from: from, to: to)
             let bytes = (try? FileManager.default.attributesOfItem(atPath: to.path)[.size] as? Int) ?? 0
             table.append([store.split(separator: "/").first.map(String.init) ?? store, store, String(format: "%.2f", Double(bytes) / 1_048_576), "ok"])
         }
         if manifest.stores.contains("images/images.sqlite") {
-            let copied = try Self.copyOriginals(from: source.appendingPathComponent("images/originals"), to: target.appendingPathComponent("images/originals"),
-                                                named: target.appendingPathComponent("images/images.sqlite"))
+            let copied = try Self.copyOriginals(
+                from: source.appendingPathComponent("images/originals"), to: target.appendingPathComponent("images/originals"),
+                named: target.appendingPathComponent("images/images.sqlite"))
             table.append(["images", "images/originals (\(copied.count) photos)", String(format: "%.2f", Double(copied.bytes) / 1_048_576), "compared"])
         }
         try Data((manifest.install + "\n").utf8).write(to: target.appendingPathComponent(InstallID.fileName))
-        if let key, !FileManager.default.createFile(atPath: target.appendingPathComponent("token.key").path, contents: key, attributes: [.posixPermissions: 0o600]) {
+        if let key,
+            !FileManager.default.createFile(atPath: target.appendingPathComponent("token.key").path, contents: key, attributes: [.posixPermissions: 0o600])
+        {
             throw CommandFailure("cannot write the token key into \(target.path); check that it is writable")
         }
     }
@@ -149,7 +166,8 @@ struct Restore: AsyncParsableCommand {
             }
             return (names.count, copied.bytes)
         } catch let error as CanopyError {
-            throw CommandFailure("\(error.message); the backup \(source.deletingLastPathComponent().deletingLastPathComponent().path) is incomplete, or the disk failed")
+            throw CommandFailure(
+                "\(error.message); the backup \(source.deletingLastPathComponent().deletingLastPathComponent().path) is incomplete, or the disk failed")
         }
     }
 }

@@ -44,8 +44,9 @@ struct Send: AsyncParsableCommand {
         try await withBus(common, stack: stack) { bus in
             do {
                 let attachments = try attach.map { [UInt8](try Data(contentsOf: URL(fileURLWithPath: $0))) }
-                let reply = try await bus.call(service: service, operation: operation, body: Array(json.utf8), attachments: attachments,
-                                               principal: principal.isEmpty ? nil : principal, timeout: .milliseconds(timeoutMs), idempotent: idempotent)
+                let reply = try await bus.call(
+                    service: service, operation: operation, body: Array(json.utf8), attachments: attachments,
+                    principal: principal.isEmpty ? nil : principal, timeout: .milliseconds(timeoutMs), idempotent: idempotent)
                 print(prettyJSON(reply.body))
                 try saveAttachments(reply.attachments)
             } catch let error as CanopyError {
@@ -77,7 +78,7 @@ extension Send {
 /// Indented JSON with sorted keys, or the bytes as text when they are not JSON.
 func prettyJSON(_ bytes: [UInt8]) -> String {
     guard let object = try? JSONSerialization.jsonObject(with: Data(bytes), options: [.fragmentsAllowed]),
-          let data = try? JSONSerialization.data(withJSONObject: object, options: [.prettyPrinted, .sortedKeys, .fragmentsAllowed, .withoutEscapingSlashes])
+        let data = try? JSONSerialization.data(withJSONObject: object, options: [.prettyPrinted, .sortedKeys, .fragmentsAllowed, .withoutEscapingSlashes])
     else { return String(decoding: bytes, as: UTF8.self) }
     return String(decoding: data, as: UTF8.self)
 }
@@ -91,7 +92,8 @@ func withEachBroker(_ common: CommonOptions, stack: StackOptions, _ body: (_ end
         do {
             try await body(endpoint, bus)
         } catch let error as CanopyError where error.code == .timeout {
-            FileHandle.standardError.write(Data("error (timeout): \(error.message). Is canopy-broker running at \(endpoint)? Start it, or leave it out of --endpoint.\n".utf8))
+            FileHandle.standardError.write(
+                Data("error (timeout): \(error.message). Is canopy-broker running at \(endpoint)? Start it, or leave it out of --endpoint.\n".utf8))
             throw ExitCode(1)
         }
     }
@@ -121,7 +123,10 @@ func withBus(_ common: CommonOptions, stack: StackOptions, _ body: (BusClient) a
     do {
         try await body(bus)
     } catch let error as CanopyError where error.code == .timeout {
-        FileHandle.standardError.write(Data("error (timeout): \(error.message). Is canopy-broker running at \(common.endpoint)? Start it or pass --endpoint; a stack canopy up runs elsewhere needs its --data-dir (its keys).\n".utf8))
+        FileHandle.standardError.write(
+            Data(
+                "error (timeout): \(error.message). Is canopy-broker running at \(common.endpoint)? Start it or pass --endpoint; a stack canopy up runs elsewhere needs its --data-dir (its keys).\n"
+                    .utf8))
         throw ExitCode(1)
     }
 }

@@ -42,7 +42,9 @@ enum StackSnapshot {
     /// A snapshot's manifest, or a sentence saying why there is none.
     static func manifest(in directory: URL) throws -> Manifest {
         guard let data = FileManager.default.contents(atPath: directory.appendingPathComponent(Manifest.file).path) else {
-            throw CommandFailure("no snapshot at \(directory.path); capture with canopy capture start NAME --snapshot (the default for a stack canopy up started), or name one with --snapshot DIR")
+            throw CommandFailure(
+                "no snapshot at \(directory.path); capture with canopy capture start NAME --snapshot (the default for a stack canopy up started), or name one with --snapshot DIR"
+            )
         }
         do {
             return try JSONDecoder().decode(Manifest.self, from: data)
@@ -65,8 +67,9 @@ enum StackSnapshot {
         /// stack purges later, which the pinned store may still name).
         mutating func pin() throws {
             for entry in stores { try entry.store.pin() }
-            originals += try StackSnapshot.linkOriginals(from: data.appendingPathComponent("images/originals"),
-                                                         to: directory.appendingPathComponent("images/originals"))
+            originals += try StackSnapshot.linkOriginals(
+                from: data.appendingPathComponent("images/originals"),
+                to: directory.appendingPathComponent("images/originals"))
         }
     }
 
@@ -83,7 +86,9 @@ enum StackSnapshot {
         let present = CanopyStack.services.compactMap(\.store).filter { FileManager.default.fileExists(atPath: data.appendingPathComponent($0).path) }
         let stores = present.filter { $0.hasPrefix("care/") } + present.filter { !$0.hasPrefix("care/") }
         guard !stores.isEmpty else {
-            throw CommandFailure("no SQLite stores in \(data.path) to snapshot (a stack on PostgreSQL is snapshotted with pg_dump, not here); capture without --snapshot, or name the stack with --data-dir")
+            throw CommandFailure(
+                "no SQLite stores in \(data.path) to snapshot (a stack on PostgreSQL is snapshotted with pg_dump, not here); capture without --snapshot, or name the stack with --data-dir"
+            )
         }
         let empty = ((try? FileManager.default.contentsOfDirectory(atPath: directory.path)) ?? ["?"]).isEmpty
         guard !FileManager.default.fileExists(atPath: directory.path) || (orEmpty && empty) else {
@@ -94,7 +99,8 @@ enum StackSnapshot {
         var pinned = Pinned(stores: [], originals: 0, directory: directory, data: data)
         do {
             for store in stores { pinned.stores.append((store, try PinnedStore(path: data.appendingPathComponent(store).path))) }
-            pinned.originals = try linkOriginals(from: data.appendingPathComponent("images/originals"), to: directory.appendingPathComponent("images/originals"))
+            pinned.originals = try linkOriginals(
+                from: data.appendingPathComponent("images/originals"), to: directory.appendingPathComponent("images/originals"))
         } catch {
             pinned.close()
             try? FileManager.default.removeItem(at: directory)
@@ -134,12 +140,15 @@ enum StackSnapshot {
             progress.update("copying \(entry.relative) (\(index + 1) of \(pinned.stores.count))…")
             let started = ContinuousClock.now
             let copy = pinned.directory.appendingPathComponent(entry.relative)
-            try FileManager.default.createDirectory(at: copy.deletingLastPathComponent(), withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+            try FileManager.default.createDirectory(
+                at: copy.deletingLastPathComponent(), withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
             try entry.store.copy(to: copy.path)
             if let pseudonyms { try StoreOwners.rename(inStoreAt: copy.path) { pseudonyms.principal($0) } }
             let bytes = (try? FileManager.default.attributesOfItem(atPath: copy.path)[.size] as? Int) ?? 0
-            table.append([entry.relative.split(separator: "/").first.map(String.init) ?? entry.relative, entry.relative,
-                          String(format: "%.2f", Double(bytes) / 1_048_576), String(format: "%.2f", (ContinuousClock.now - started).seconds)])
+            table.append([
+                entry.relative.split(separator: "/").first.map(String.init) ?? entry.relative, entry.relative,
+                String(format: "%.2f", Double(bytes) / 1_048_576), String(format: "%.2f", (ContinuousClock.now - started).seconds),
+            ])
         }
         progress.finish()
         if let manifest {

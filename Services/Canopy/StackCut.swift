@@ -62,7 +62,9 @@ enum StackCut {
         let ended = await release()
         let heldFor = ContinuousClock.now - started
         guard ended.isEmpty else {
-            throw CommandFailure("the hold at \(ended.joined(separator: ", ")) ended by itself before the stores were pinned (after \(Int(heldFor.seconds * 1_000)) ms), so they would not agree; nothing was kept. Try again, or with a longer --hold-ms")
+            throw CommandFailure(
+                "the hold at \(ended.joined(separator: ", ")) ended by itself before the stores were pinned (after \(Int(heldFor.seconds * 1_000)) ms), so they would not agree; nothing was kept. Try again, or with a longer --hold-ms"
+            )
         }
         return (heldFor.seconds * 10_000).rounded() / 10
     }

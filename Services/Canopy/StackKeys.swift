@@ -23,7 +23,8 @@ struct StackKeys {
         try FileManager.default.createDirectory(atPath: files.directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
         chmod(files.directory, 0o700)
         let names = [CanopyStack.CurveFiles.broker] + CanopyStack.CurveFiles.workers + CanopyStack.CurveFiles.clients
-        for name in names where !FileManager.default.fileExists(atPath: files.secretKey(name)) || !FileManager.default.fileExists(atPath: files.publicKey(name)) {
+        for name in names where !FileManager.default.fileExists(atPath: files.secretKey(name)) || !FileManager.default.fileExists(atPath: files.publicKey(name))
+        {
             let pair: CurveKeyPair
             do { pair = try CurveKeyPair.generate() } catch { throw CommandFailure("\(error)") }
             try Self.write(Curve.secretKeyFile(pair, name: name), to: URL(fileURLWithPath: files.secretKey(name)), mode: 0o600)
@@ -46,8 +47,9 @@ struct StackKeys {
         let keys = StackKeys(dataDirectory: dataDirectory)
         guard FileManager.default.fileExists(atPath: keys.files.secretKey("operator")) else { return nil }
         do {
-            return CurveClientSettings(serverKeys: [try Curve.publicKey(keys.files.publicKey(CanopyStack.CurveFiles.broker))],
-                                       keyPair: try Curve.readKeyPair(file: keys.files.secretKey("operator")))
+            return CurveClientSettings(
+                serverKeys: [try Curve.publicKey(keys.files.publicKey(CanopyStack.CurveFiles.broker))],
+                keyPair: try Curve.readKeyPair(file: keys.files.secretKey("operator")))
         } catch let error as Curve.KeyError {
             throw CommandFailure("the stack's keys in \(keys.files.directory) cannot be read: \(error.description)")
         }
@@ -77,8 +79,9 @@ extension CommonOptions {
     func operatorConfiguration(stack: StackOptions) throws -> BusClient.Configuration {
         var configuration = try clientConfiguration()
         if configuration.curve == nil, let state = stack.layout.state(), state.curve == true,
-           !Set(state.endpoint.split(separator: ",").map(String.init)).isDisjoint(with: configuration.endpoints),
-           let keys = try StackKeys.operatorSettings(dataDirectory: stack.layout.dataDirectory) {
+            !Set(state.endpoint.split(separator: ",").map(String.init)).isDisjoint(with: configuration.endpoints),
+            let keys = try StackKeys.operatorSettings(dataDirectory: stack.layout.dataDirectory)
+        {
             configuration.curve = keys
         }
         return configuration

@@ -112,8 +112,9 @@ final class StackSupervisor: @unchecked Sendable {
                 }
                 defer { extra += 1 }
                 let name = "\(service.name)-\(replica)"
-                return Child(service, name: name, replica: replica, metricsPort: extra,
-                             dataDirectory: settings.layout.dataDirectory.appendingPathComponent("replicas/\(name)").path)
+                return Child(
+                    service, name: name, replica: replica, metricsPort: extra,
+                    dataDirectory: settings.layout.dataDirectory.appendingPathComponent("replicas/\(name)").path)
             }
         }
     }
@@ -132,8 +133,9 @@ final class StackSupervisor: @unchecked Sendable {
     var launch: CanopyStack.Launch { Self.launch(settings) }
 
     private static func launch(_ settings: Settings) -> CanopyStack.Launch {
-        CanopyStack.Launch(endpoint: settings.endpoint, http: settings.http, dataDirectory: settings.layout.dataDirectory.path,
-                           metricsBase: settings.metricsBase, tokenKeyFile: settings.layout.tokenKey.path, curve: settings.curve)
+        CanopyStack.Launch(
+            endpoint: settings.endpoint, http: settings.http, dataDirectory: settings.layout.dataDirectory.path,
+            metricsBase: settings.metricsBase, tokenKeyFile: settings.layout.tokenKey.path, curve: settings.curve)
     }
 
     private func start(_ child: Child) throws {
@@ -212,14 +214,16 @@ final class StackSupervisor: @unchecked Sendable {
             for child in waiting where child.process?.isRunning != true {
                 child.state = "failed"
                 writeState()
-                throw CommandFailure("""
+                throw CommandFailure(
+                    """
                     \(child.name == child.service.name ? child.service.executable : "\(child.service.executable) (\(child.name))") exited while starting (status \(child.process?.terminationStatus ?? 0)); the end of its log \
                     (\(settings.layout.log(child.name).path), canopy logs \(child.name)):
                     \(lastLines(of: child, count: 5))
                     """)
             }
             guard ContinuousClock.now < deadline else {
-                throw CommandFailure("\(waiting.map(\.name).joined(separator: ", ")) did not become healthy within \(limit); see canopy logs \(waiting[0].name)")
+                throw CommandFailure(
+                    "\(waiting.map(\.name).joined(separator: ", ")) did not become healthy within \(limit); see canopy logs \(waiting[0].name)")
             }
             if !waiting.isEmpty { Thread.sleep(forTimeInterval: 0.05) }
         }
@@ -287,7 +291,10 @@ final class StackSupervisor: @unchecked Sendable {
     func stopAll(grace: Duration = .seconds(15)) {
         requestStop()
         for child in children.reversed() {
-            guard let process = child.process, process.isRunning else { child.state = "stopped"; continue }
+            guard let process = child.process, process.isRunning else {
+                child.state = "stopped"
+                continue
+            }
             process.terminate()
             let deadline = ContinuousClock.now + grace
             while process.isRunning && ContinuousClock.now < deadline { Thread.sleep(forTimeInterval: 0.05) }
@@ -302,8 +309,11 @@ final class StackSupervisor: @unchecked Sendable {
     func writeState(stopped: Bool = false) {
         let state = StackState(
             supervisor: getpid(), endpoint: settings.endpoint, http: settings.http,
-            services: children.map { .init(name: $0.name, pid: $0.process?.processIdentifier ?? 0, state: $0.state, restarts: $0.restarts,
-                                           metrics: "127.0.0.1:\($0.metricsPort)") },
+            services: children.map {
+                .init(
+                    name: $0.name, pid: $0.process?.processIdentifier ?? 0, state: $0.state, restarts: $0.restarts,
+                    metrics: "127.0.0.1:\($0.metricsPort)")
+            },
             stopped: stopped, traces: settings.traces, curve: settings.curve != nil)
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.prettyPrinted, .sortedKeys]

@@ -28,7 +28,8 @@ struct Trace: ParsableCommand {
 
     func run() throws {
         guard let path = file ?? stack.layout.state()?.traces else {
-            throw CommandFailure("the stack in \(stack.layout.dataDirectory.path) records no traces; start it with canopy up --traces FILE, or name a file with --file")
+            throw CommandFailure(
+                "the stack in \(stack.layout.dataDirectory.path) records no traces; start it with canopy up --traces FILE, or name a file with --file")
         }
         let spans = try SpanFile.read(path: path)
         guard let id else {

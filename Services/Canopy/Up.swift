@@ -37,25 +37,43 @@ struct Up: ParsableCommand {
             """)
 
     @OptionGroup var stack: StackOptions
-    @Option(name: [.customLong("broker"), .customLong("endpoint")], help: ArgumentHelp("Where the broker listens (the first one's, with --brokers; or a list A,B). Env: CANOPY_ENDPOINT.", valueName: "endpoint"))
+    @Option(
+        name: [.customLong("broker"), .customLong("endpoint")],
+        help: ArgumentHelp("Where the broker listens (the first one's, with --brokers; or a list A,B). Env: CANOPY_ENDPOINT.", valueName: "endpoint"))
     var broker: String = Environment.string("CANOPY_ENDPOINT") ?? "tcp://127.0.0.1:5555"
-    @Option(help: ArgumentHelp("Live brokers, 1 to 4: every service registers with each, clients fail over between them; the second listens on the --broker port plus one, and so on. Env: CANOPY_BROKERS.", valueName: "count"))
+    @Option(
+        help: ArgumentHelp(
+            "Live brokers, 1 to 4: every service registers with each, clients fail over between them; the second listens on the --broker port plus one, and so on. Env: CANOPY_BROKERS.",
+            valueName: "count"))
     var brokers: Int = Environment.int("CANOPY_BROKERS", default: 1)
     @Option(help: ArgumentHelp("Where the HTTP API listens. Env: CANOPY_HTTP.", valueName: "host:port"))
     var http: String = Environment.string("CANOPY_HTTP") ?? "127.0.0.1:8080"
-    @Option(help: ArgumentHelp("The broker's /metrics port; the services take the next five (9400: 9401 images … 9405 api). Env: CANOPY_METRICS_BASE.", valueName: "port"))
+    @Option(
+        help: ArgumentHelp(
+            "The broker's /metrics port; the services take the next five (9400: 9401 images … 9405 api). Env: CANOPY_METRICS_BASE.", valueName: "port"))
     var metricsBase: Int = Environment.int("CANOPY_METRICS_BASE", default: 9400)
     @Option(help: ArgumentHelp("The clock every service goes by (system, fixed:…, from:…; see --help of a service). Env: CANOPY_CLOCK.", valueName: "clock"))
     var clock: String = Environment.string("CANOPY_CLOCK") ?? "system"
-    @Option(help: ArgumentHelp("PostgreSQL for every service's store, shared by their replicas: postgres://USER@HOST:5432/DATABASE (without it: SQLite in --data-dir). Env: CANOPY_DATABASE_URL.", valueName: "url"))
+    @Option(
+        help: ArgumentHelp(
+            "PostgreSQL for every service's store, shared by their replicas: postgres://USER@HOST:5432/DATABASE (without it: SQLite in --data-dir). Env: CANOPY_DATABASE_URL.",
+            valueName: "url"))
     var databaseURL: String? = Environment.string("CANOPY_DATABASE_URL")
     @Option(help: ArgumentHelp("A file holding the database password. Env: CANOPY_DATABASE_PASSWORD_FILE.", valueName: "path"))
     var databasePasswordFile: String? = Environment.string("CANOPY_DATABASE_PASSWORD_FILE")
-    @Option(help: ArgumentHelp("With --database-url: where canopy-images keeps originals, shared by its replicas (default <data-dir>/images/originals). Env: CANOPY_ORIGINALS_DIR.", valueName: "dir"))
+    @Option(
+        help: ArgumentHelp(
+            "With --database-url: where canopy-images keeps originals, shared by its replicas (default <data-dir>/images/originals). Env: CANOPY_ORIGINALS_DIR.",
+            valueName: "dir"))
     var originalsDir: String? = Environment.string("CANOPY_ORIGINALS_DIR")
-    @Option(help: ArgumentHelp("Processes per service, such as care=3,remind=2,images=2,identify=2 (needs --database-url). Env: CANOPY_REPLICAS.", valueName: "name=count,…"))
+    @Option(
+        help: ArgumentHelp(
+            "Processes per service, such as care=3,remind=2,images=2,identify=2 (needs --database-url). Env: CANOPY_REPLICAS.", valueName: "name=count,…"))
     var replicas: String = Environment.string("CANOPY_REPLICAS") ?? ""
-    @Option(help: ArgumentHelp("Record every request's spans (every service, the broker, the HTTP edge) and append them to FILE, one JSON object per line; canopy trace lists them and prints one as a tree.", valueName: "file"))
+    @Option(
+        help: ArgumentHelp(
+            "Record every request's spans (every service, the broker, the HTTP edge) and append them to FILE, one JSON object per line; canopy trace lists them and prints one as a tree.",
+            valueName: "file"))
     var traces: String?
     @Flag(help: "Run the bus without CurveZMQ: any local process can then serve as a service or call as anyone (for debugging only).")
     var noCurve = false
@@ -90,7 +108,8 @@ struct Up: ParsableCommand {
         }
         guard brokers > 1 else { return named }
         guard let first = ListenAddress(zeroMQEndpoint: broker), first.port + brokers - 1 <= 65_535 else {
-            throw ValidationError("--brokers \(brokers) needs --broker tcp://HOST:PORT with the ports after it free (or a list: --broker tcp://HOST:A,tcp://HOST:B)")
+            throw ValidationError(
+                "--brokers \(brokers) needs --broker tcp://HOST:PORT with the ports after it free (or a list: --broker tcp://HOST:A,tcp://HOST:B)")
         }
         return (0..<brokers).map { "tcp://\(first.host):\(first.port + $0)" }
     }
@@ -119,7 +138,8 @@ struct Up: ParsableCommand {
         umask(0o077)
         try FileManager.default.createDirectory(at: layout.logs, withIntermediateDirectories: true)
         if let state = layout.state(), state.supervisorAlive {
-            throw CommandFailure("a stack runs already from \(layout.dataDirectory.path) (supervisor \(state.supervisor)); see canopy status, or stop it with canopy down")
+            throw CommandFailure(
+                "a stack runs already from \(layout.dataDirectory.path) (supervisor \(state.supervisor)); see canopy status, or stop it with canopy down")
         }
         try refuseTakenPorts(layout)
         StackPermissions.restrict(layout.dataDirectory)
@@ -154,8 +174,9 @@ struct Up: ParsableCommand {
             environment["OTEL_BSP_SCHEDULE_DELAY"] = "500"
             traceFile = path
         }
-        var settings = StackSupervisor.Settings(layout: layout, executables: executables, endpoint: try brokerEndpoints().joined(separator: ","), http: http,
-                                                metricsBase: metricsBase, environment: environment, replicas: try replicaCounts())
+        var settings = StackSupervisor.Settings(
+            layout: layout, executables: executables, endpoint: try brokerEndpoints().joined(separator: ","), http: http,
+            metricsBase: metricsBase, environment: environment, replicas: try replicaCounts())
         settings.traces = traceFile
         settings.curve = noCurve ? nil : keys.files
         let supervisor = StackSupervisor(settings: settings)
@@ -199,10 +220,14 @@ struct Up: ParsableCommand {
         process.executableURL = URL(fileURLWithPath: "/usr/bin/setsid")
         // --wait: setsid forks (the child leads its own process group) and answers the
         // supervisor's exit status, so a stack that fails to start is seen at once.
-        var arguments: [String] = ["--wait", Self.selfPath(), "up", "--supervise", "--detach", "--data-dir", stack.dataDir, "--broker", broker, "--http", http,
-                                   "--metrics-base", "\(metricsBase)", "--clock", clock, "--replicas", replicas, "--brokers", "\(brokers)"]
-        let optional: [(String, String?)] = [("--database-url", databaseURL), ("--database-password-file", databasePasswordFile), ("--originals-dir", originalsDir),
-                                             ("--traces", traces.map { URL(fileURLWithPath: $0).standardizedFileURL.path })]
+        var arguments: [String] = [
+            "--wait", Self.selfPath(), "up", "--supervise", "--detach", "--data-dir", stack.dataDir, "--broker", broker, "--http", http,
+            "--metrics-base", "\(metricsBase)", "--clock", clock, "--replicas", replicas, "--brokers", "\(brokers)",
+        ]
+        let optional: [(String, String?)] = [
+            ("--database-url", databaseURL), ("--database-password-file", databasePasswordFile), ("--originals-dir", originalsDir),
+            ("--traces", traces.map { URL(fileURLWithPath: $0).standardizedFileURL.path }),
+        ]
         for case let (option, value?) in optional { arguments += [option, value] }
         if noCurve { arguments.append("--no-curve") }
         process.arguments = arguments
@@ -215,10 +240,13 @@ struct Up: ParsableCommand {
         while ContinuousClock.now < deadline {
             Thread.sleep(forTimeInterval: 0.1)
             if let state = layout.state(), state.services.allSatisfy({ $0.state == "running" }), state.supervisorAlive,
-               (try? String(contentsOf: log, encoding: .utf8))?.contains("demo token") == true {
+                (try? String(contentsOf: log, encoding: .utf8))?.contains("demo token") == true
+            {
                 print(StackSupervisor.table(state))
                 let text = (try? String(contentsOf: log, encoding: .utf8)) ?? ""
-                for line in text.split(separator: "\n") where line.hasPrefix("the HTTP API") || line.hasPrefix("demo token") || line.hasPrefix("traces:") { print(line) }
+                for line in text.split(separator: "\n") where line.hasPrefix("the HTTP API") || line.hasPrefix("demo token") || line.hasPrefix("traces:") {
+                    print(line)
+                }
                 print("running in the background; canopy status, canopy logs SERVICE, canopy down")
                 return
             }
@@ -234,7 +262,9 @@ struct Up: ParsableCommand {
     /// (the supervisor), which stops the services, and so gets their last spans, first.
     static func receiveTraces(into file: String) throws -> (endpoint: String, path: String) {
         let path = URL(fileURLWithPath: file).standardizedFileURL.path
-        let spans = try SpanFile(path: path) { note("\(path) reached \(SpanFile.maximumBytes >> 20) MiB, or could not be written (is the disk full?); further spans are not written") }
+        let spans = try SpanFile(path: path) {
+            note("\(path) reached \(SpanFile.maximumBytes >> 20) MiB, or could not be written (is the disk full?); further spans are not written")
+        }
         var logger = Logger(label: "canopy-traces")
         logger.logLevel = .warning
         let receiver = OTLPReceiver(logger: logger) { spans.append($0) }
@@ -257,7 +287,8 @@ struct Up: ParsableCommand {
         let missing = CanopyStack.services.map(\.executable).filter { !FileManager.default.isExecutableFile(atPath: directory.appendingPathComponent($0).path) }
         guard !missing.isEmpty else { return directory }
         guard FileManager.default.fileExists(atPath: "Package.swift") else {
-            throw CommandFailure("\(missing.joined(separator: ", ")) are not next to canopy in \(directory.path); build them (swift build -c release) or install them together")
+            throw CommandFailure(
+                "\(missing.joined(separator: ", ")) are not next to canopy in \(directory.path); build them (swift build -c release) or install them together")
         }
         let configuration = directory.lastPathComponent == "debug" ? "debug" : "release"
         for (index, product) in missing.enumerated() {
@@ -283,9 +314,11 @@ struct Up: ParsableCommand {
         }
         if let api = try OperatingOptions.parse(http) { ports.append(("the HTTP API (--http)", api)) }
         let all = endpoints.joined(separator: ",")
-        let launch = CanopyStack.Launch(endpoint: all, http: http, dataDirectory: layout.dataDirectory.path, metricsBase: metricsBase, tokenKeyFile: layout.tokenKey.path)
-        let settings = StackSupervisor.Settings(layout: layout, executables: layout.dataDirectory, endpoint: all, http: http, metricsBase: metricsBase,
-                                                replicas: (try? replicaCounts()) ?? [:])
+        let launch = CanopyStack.Launch(
+            endpoint: all, http: http, dataDirectory: layout.dataDirectory.path, metricsBase: metricsBase, tokenKeyFile: layout.tokenKey.path)
+        let settings = StackSupervisor.Settings(
+            layout: layout, executables: layout.dataDirectory, endpoint: all, http: http, metricsBase: metricsBase,
+            replicas: (try? replicaCounts()) ?? [:])
         for child in StackSupervisor.children(settings, launch: launch) {
             ports.append(("\(child.name)'s /metrics (--metrics-base)", ListenAddress(host: "127.0.0.1", port: child.metricsPort)))
         }
@@ -298,7 +331,8 @@ struct Up: ParsableCommand {
             }
         }
         guard !taken.isEmpty else { return }
-        throw CommandFailure("""
+        throw CommandFailure(
+            """
             cannot start a stack from \(layout.dataDirectory.path): \(taken.joined(separator: "; ")). \
             Another stack (canopy status --data-dir DIR shows it) or program holds them: stop it (canopy down --data-dir DIR), \
             or give this stack free ports with --broker tcp://127.0.0.1:PORT, --http 127.0.0.1:PORT and --metrics-base PORT (6 ports from it, and one more per extra replica)
@@ -308,7 +342,8 @@ struct Up: ParsableCommand {
     /// The stack's id, made once per data directory (16 random bytes, hex) and kept.
     static func stackID(_ url: URL) throws -> String {
         if let text = try? String(contentsOf: url, encoding: .utf8), case let id = text.trimmingCharacters(in: .whitespacesAndNewlines),
-           (try? CommonOptions.validate(stack: id)) != nil {
+            (try? CommonOptions.validate(stack: id)) != nil
+        {
             return id
         }
         let id = (0..<16).map { _ in String(format: "%02x", UInt8.random(in: 0...255)) }.joined()
@@ -322,8 +357,9 @@ struct Up: ParsableCommand {
     static func makeTokenKey(_ url: URL) throws {
         guard !FileManager.default.fileExists(atPath: url.path) else { return }
         var bytes = [UInt8](repeating: 0, count: 48)
-        for index in bytes.indices { bytes[index] = UInt8.random(in: 0 ... 255) }
-        guard FileManager.default.createFile(atPath: url.path, contents: Data(Data(bytes).base64EncodedString().utf8), attributes: [.posixPermissions: 0o600]) else {
+        for index in bytes.indices { bytes[index] = UInt8.random(in: 0...255) }
+        guard FileManager.default.createFile(atPath: url.path, contents: Data(Data(bytes).base64EncodedString().utf8), attributes: [.posixPermissions: 0o600])
+        else {
             throw CommandFailure("cannot create the token key \(url.path); check that its directory is writable")
         }
     }
@@ -344,8 +380,9 @@ struct Up: ParsableCommand {
 
 /// `canopy status`: the local stack's services.
 struct Status: ParsableCommand {
-    static let configuration = CommandConfiguration(abstract: "Show the local stack's services: pid, state, restarts, metrics address.",
-                                                    discussion: "Example: canopy status --data-dir ./.canopy")
+    static let configuration = CommandConfiguration(
+        abstract: "Show the local stack's services: pid, state, restarts, metrics address.",
+        discussion: "Example: canopy status --data-dir ./.canopy")
     @OptionGroup var stack: StackOptions
 
     func run() throws {
@@ -353,14 +390,18 @@ struct Status: ParsableCommand {
             throw CommandFailure("no stack has run from \(stack.layout.dataDirectory.path); start one with canopy up")
         }
         print(StackSupervisor.table(state))
-        print(state.supervisorAlive ? "supervisor \(state.supervisor); the HTTP API on http://\(state.http); the broker on \(state.endpoint)" : "the stack is stopped; canopy up starts it")
+        print(
+            state.supervisorAlive
+                ? "supervisor \(state.supervisor); the HTTP API on http://\(state.http); the broker on \(state.endpoint)"
+                : "the stack is stopped; canopy up starts it")
     }
 }
 
 /// `canopy logs SERVICE`: a service's log.
 struct Logs: ParsableCommand {
-    static let configuration = CommandConfiguration(abstract: "Print a local stack service's log (--follow keeps printing).",
-                                                    discussion: "Example: canopy logs care --lines 50 --follow")
+    static let configuration = CommandConfiguration(
+        abstract: "Print a local stack service's log (--follow keeps printing).",
+        discussion: "Example: canopy logs care --lines 50 --follow")
     @Argument(help: "The service: \(CanopyStack.services.map(\.name).joined(separator: ", ")), or canopy-up (the supervisor).") var service: String
     @Option(help: "Lines from the end to print first.") var lines = 100
     @Flag(help: "Keep printing what is added, until Ctrl-C.") var follow = false
@@ -368,8 +409,10 @@ struct Logs: ParsableCommand {
 
     func validate() throws {
         let base = service.split(separator: "-").first.map(String.init) ?? service
-        guard CanopyStack.services.contains(where: { $0.name == service || ($0.name == base && service.split(separator: "-").last.flatMap { Int($0) } != nil) })
-                || service == "canopy-up" else {
+        guard
+            CanopyStack.services.contains(where: { $0.name == service || ($0.name == base && service.split(separator: "-").last.flatMap { Int($0) } != nil) })
+                || service == "canopy-up"
+        else {
             throw ValidationError("no service '\(service)'; the stack has \(CanopyStack.services.map(\.name).joined(separator: ", ")) (and canopy-up)")
         }
         guard lines >= 0 else { throw ValidationError("--lines cannot be negative") }
@@ -397,8 +440,9 @@ struct Logs: ParsableCommand {
 
 /// `canopy down`: stops the local stack.
 struct Down: ParsableCommand {
-    static let configuration = CommandConfiguration(abstract: "Stop the local stack gracefully (the services finish what they hold).",
-                                                    discussion: "Example: canopy down --data-dir ./.canopy")
+    static let configuration = CommandConfiguration(
+        abstract: "Stop the local stack gracefully (the services finish what they hold).",
+        discussion: "Example: canopy down --data-dir ./.canopy")
     @OptionGroup var stack: StackOptions
 
     func run() throws {

@@ -1,6 +1,6 @@
-import CanopyWire
 import CanopyIO
 import CanopyMessages
+import CanopyWire
 import Foundation
 
 extension BusCalling {
@@ -33,7 +33,8 @@ extension BusCalling {
             next = following
         }
         guard data.count == whole.totalBytes else {
-            throw CanopyError(.internal, "variant \(request.variant.rawValue) of \(request.sha256) came to \(data.count) of \(whole.totalBytes) bytes; try again")
+            throw CanopyError(
+                .internal, "variant \(request.variant.rawValue) of \(request.sha256) came to \(data.count) of \(whole.totalBytes) bytes; try again")
         }
         whole.data = data
         whole.nextOffset = nil

@@ -16,17 +16,22 @@ public protocol BusCalling: Sendable {
     ///   - idempotent: whether the call may be sent again after losing the broker.
     /// - Throws: ``CanopyError`` for every failure the bus or the service reports, or
     ///   `CancellationError` when the calling task is cancelled.
-    func call(service: String, operation: String, payload: Payload, principal: String?, timeout: Duration?,
-              idempotent: Bool) async throws -> RawReply
+    func call(
+        service: String, operation: String, payload: Payload, principal: String?, timeout: Duration?,
+        idempotent: Bool
+    ) async throws -> RawReply
 }
 
 extension BusCalling {
     /// Calls an operation with a raw JSON body (what `canopy send` does); see
     /// ``call(service:operation:payload:principal:timeout:idempotent:)``.
-    public func call(service: String, operation: String, body: [UInt8], attachments: [[UInt8]] = [], principal: String? = nil,
-                     timeout: Duration? = nil, idempotent: Bool = false) async throws -> RawReply {
-        try await call(service: service, operation: operation, payload: Payload(body: body, attachments: attachments), principal: principal,
-                       timeout: timeout, idempotent: idempotent)
+    public func call(
+        service: String, operation: String, body: [UInt8], attachments: [[UInt8]] = [], principal: String? = nil,
+        timeout: Duration? = nil, idempotent: Bool = false
+    ) async throws -> RawReply {
+        try await call(
+            service: service, operation: operation, payload: Payload(body: body, attachments: attachments), principal: principal,
+            timeout: timeout, idempotent: idempotent)
     }
 
     /// Calls a typed operation and decodes its reply.
@@ -43,8 +48,9 @@ extension BusCalling {
     ) async throws -> Operation.Reply {
         let codec = MessageCodec.shared
         let payload = try codec.encodePayload(request)
-        let reply = try await call(service: Operation.service, operation: Operation.name, payload: payload, principal: principal, timeout: timeout,
-                                   idempotent: Operation.idempotent)
+        let reply = try await call(
+            service: Operation.service, operation: Operation.name, payload: payload, principal: principal, timeout: timeout,
+            idempotent: Operation.idempotent)
         do {
             return try codec.decodePayload(Operation.Reply.self, from: reply.payload)
         } catch {

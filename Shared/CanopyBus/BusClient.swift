@@ -1,10 +1,12 @@
-import CanopyWire
-import CanopyIO
 import CZeroMQ
+import CanopyIO
 import CanopyMessages
+import CanopyWire
 import Collections
 import Foundation
 import Logging
+import ServiceLifecycle
+import Synchronization
 import Tracing
 
 /// A reply as it came off the bus.
@@ -130,14 +132,16 @@ public final class BusClient: BusCalling {
         // recorded, nothing: not even a span that records nothing.
         let tracer = configuration.tracer ?? InstrumentationSystem.tracer
         guard let context = ServiceContext.current, BusTracing.trace(of: context, tracer: tracer) != nil else {
-            return try await send(service: service, operation: operation, payload: payload, principal: principal, timeout: timeout,
-                                  idempotent: idempotent, trace: nil)
+            return try await send(
+                service: service, operation: operation, payload: payload, principal: principal, timeout: timeout,
+                idempotent: idempotent, trace: nil)
         }
         return try await tracer.withSpan(BusTracing.spanName(service: service, operation: operation), context: context, ofKind: .client) { span in
             BusTracing.describe(span, service: service, operation: operation)
             do {
-                return try await send(service: service, operation: operation, payload: payload, principal: principal, timeout: timeout,
-                                      idempotent: idempotent, trace: BusTracing.trace(of: span.context, tracer: tracer))
+                return try await send(
+                    service: service, operation: operation, payload: payload, principal: principal, timeout: timeout,
+                    idempotent: idempotent, trace: BusTracing.trace(of: span.context, tracer: tracer))
             } catch let error as CanopyError {
                 BusTracing.fail(span, error)
                 throw error
@@ -150,8 +154,9 @@ public final class BusClient: BusCalling {
     ) async throws -> RawReply {
         let id = nextID.next()
         let timeout = timeout ?? configuration.defaultTimeout
-        let frames = ClientSession.requestFrames(correlation: Wire.frame(id), service: service, operation: operation, body: payload.body, attachments: payload.attachments,
-                                                 principal: principal, timeout: timeout, idempotent: idempotent, derived: configuration.derived, trace: trace)
+        let frames = ClientSession.requestFrames(
+            correlation: Wire.frame(id), service: service, operation: operation, body: payload.body, attachments: payload.attachments,
+            principal: principal, timeout: timeout, idempotent: idempotent, derived: configuration.derived, trace: trace)
         let deadline = ContinuousClock.now + timeout
         return try await withTaskCancellationHandler {
             try await withCheckedThrowingContinuation { continuation in
@@ -183,8 +188,6 @@ private final class Counter: Sendable {
         }
     }
 }
-
-import Synchronization
 
 /// The client's sockets and everything only its thread touches: the IO shell around
 /// ``ClientSession``, which decides what every event means for the calls in flight.
@@ -330,8 +333,6 @@ private final class ClientLoop: @unchecked Sendable {
         }
     }
 }
-
-import ServiceLifecycle
 
 extension BusClient: Service {
     /// Keeps the client open until graceful shutdown, then closes it, so a `ServiceGroup`

@@ -1,6 +1,6 @@
-import CanopyWire
 import CanopyIO
 import CanopyMessages
+import CanopyWire
 import Logging
 
 /// A Canopy service as a plug-in: it names itself and registers one typed handler per
@@ -46,8 +46,10 @@ public struct RequestContext: Sendable {
     ///   - logger: the request's logger.
     ///   - maximumReplyBytes: the largest reply the broker takes.
     ///   - byService: whether a service made the request.
-    public init(principal: String?, deadline: ContinuousClock.Instant, logger: Logger, maximumReplyBytes: Int = defaultMaximumReplyBytes,
-                byService: Bool = false) {
+    public init(
+        principal: String?, deadline: ContinuousClock.Instant, logger: Logger, maximumReplyBytes: Int = defaultMaximumReplyBytes,
+        byService: Bool = false
+    ) {
         self.principal = principal
         self.deadline = deadline
         self.logger = logger
@@ -60,8 +62,9 @@ public struct RequestContext: Sendable {
     public init(header: RequestHeader, operation: String, logger: Logger, maximumReplyBytes: Int) {
         var logger = logger
         logger[metadataKey: "service.operation"] = "\(operation)"
-        self.init(principal: header.principal.isEmpty ? nil : header.principal, deadline: .now + .milliseconds(Int64(header.timeoutMilliseconds)),
-                  logger: logger, maximumReplyBytes: maximumReplyBytes, byService: header.flags & RequestHeader.Flag.derived != 0)
+        self.init(
+            principal: header.principal.isEmpty ? nil : header.principal, deadline: .now + .milliseconds(Int64(header.timeoutMilliseconds)),
+            logger: logger, maximumReplyBytes: maximumReplyBytes, byService: header.flags & RequestHeader.Flag.derived != 0)
     }
 
     /// The person one key of a multi-key lookup (``Lookup``) is for: the key's principal,
@@ -106,8 +109,9 @@ public struct OperationHandlers: Sendable {
         _ operation: Operation.Type,
         _ handler: @escaping @Sendable (_ request: Operation.Request, _ owner: String, RequestContext) async throws -> Operation.Reply
     ) {
-        precondition(Operation.access == .own || Operation.access == .service,
-                     "\(service).\(Operation.name) is \(Operation.access), not one person's data: register it without an owner")
+        precondition(
+            Operation.access == .own || Operation.access == .service,
+            "\(service).\(Operation.name) is \(Operation.access), not one person's data: register it without an owner")
         let erased = self.erased
         register(operation) { request, context in
             let owner = context.principal ?? ""
@@ -129,8 +133,9 @@ public struct OperationHandlers: Sendable {
         _ operation: Operation.Type,
         _ handler: @escaping @Sendable (Operation.Request, RequestContext) async throws -> Operation.Reply
     ) {
-        precondition(Operation.access != .own && Operation.access != .service,
-                     "\(service).\(Operation.name) acts on one person's data: register a handler that takes the owner")
+        precondition(
+            Operation.access != .own && Operation.access != .service,
+            "\(service).\(Operation.name) acts on one person's data: register a handler that takes the owner")
         register(operation, handler)
     }
 

@@ -152,7 +152,8 @@ public struct ClientSession: Sendable {
             case .reply(let correlation, _, _, _), .error(let correlation, _):
                 guard let id = Wire.uint64(correlation), calls[id] != nil, let outcome = Self.outcome(of: message) else { return [] }
                 if case .failure(let error) = outcome, error.code == .shuttingDown || error.code == .noWorkers,
-                   calls[id]!.sent?.broker != broker {
+                    calls[id]!.sent?.broker != broker
+                {
                     return [] // a refusal from a broker the call has left already (it went elsewhere)
                 }
                 if case .failure(let error) = outcome, error.code == .shuttingDown {
@@ -212,7 +213,14 @@ public struct ClientSession: Sendable {
                 calls[id]!.sent = nil
             } else {
                 calls[id] = nil
-                out.append(.resolve(id: id, .failure(CanopyError(.brokerLost, "the connection to the broker was lost while this call was in flight; it may or may not have run, and it is not idempotent, so it was not sent again"))))
+                out.append(
+                    .resolve(
+                        id: id,
+                        .failure(
+                            CanopyError(
+                                .brokerLost,
+                                "the connection to the broker was lost while this call was in flight; it may or may not have run, and it is not idempotent, so it was not sent again"
+                            ))))
             }
         }
         return out + choose() + sendWaiting()
@@ -241,9 +249,15 @@ public struct ClientSession: Sendable {
             deadlines.removeMin()
             guard let call = calls[first.id], call.deadline == first.at else { continue }
             calls[first.id] = nil
-            out.append(.resolve(id: first.id, .failure(CanopyError(.timeout, connected.contains(true)
-                ? "no reply within the call's deadline"
-                : "no reply within the call's deadline; no broker can be reached"))))
+            out.append(
+                .resolve(
+                    id: first.id,
+                    .failure(
+                        CanopyError(
+                            .timeout,
+                            connected.contains(true)
+                                ? "no reply within the call's deadline"
+                                : "no reply within the call's deadline; no broker can be reached"))))
         }
         return out
     }
@@ -297,14 +311,19 @@ public struct ClientSession: Sendable {
     ///   - correlation: the call's correlation id.
     ///   - derived: the caller is a service acting on its own (``RequestHeader/Flag/derived``).
     ///   - trace: the calling span, when it is sampled.
-    public static func requestFrames(correlation: [UInt8], service: String, operation: String, body: [UInt8], attachments: [[UInt8]],
-                                     principal: String?, timeout: Duration, idempotent: Bool, derived: Bool, trace: TraceContext? = nil) -> [[UInt8]] {
+    public static func requestFrames(
+        correlation: [UInt8], service: String, operation: String, body: [UInt8], attachments: [[UInt8]],
+        principal: String?, timeout: Duration, idempotent: Bool, derived: Bool, trace: TraceContext? = nil
+    ) -> [[UInt8]] {
         let header = RequestHeader(
             timeoutMilliseconds: UInt32(clamping: max(1, timeout.wholeMilliseconds)),
             flags: (idempotent ? RequestHeader.Flag.idempotent : 0) | (derived ? RequestHeader.Flag.derived : 0),
             principal: principal ?? "", trace: trace)
-        return WireMessage.request(WireRequest(correlation: correlation, service: service, operation: operation, header: header,
-                                               body: body, attachments: attachments)).encoded
+        return WireMessage.request(
+            WireRequest(
+                correlation: correlation, service: service, operation: operation, header: header,
+                body: body, attachments: attachments)
+        ).encoded
     }
 
     /// How a reply or error message ends its call (`nil` for other messages): the error's JSON
@@ -321,5 +340,7 @@ public struct ClientSession: Sendable {
     }
 
     /// What calls fail with while the broker refuses the client's CURVE key.
-    public static let keyRefused = CanopyError(.unauthorized, "the broker refused this client's CURVE key; the operator adds its public key to the broker's allow-list (--curve-allow), or check --curve-server-key")
+    public static let keyRefused = CanopyError(
+        .unauthorized,
+        "the broker refused this client's CURVE key; the operator adds its public key to the broker's allow-list (--curve-allow), or check --curve-server-key")
 }

@@ -1,13 +1,13 @@
-import CanopyWire
-import CanopyIO
 import CZeroMQ
+import CanopyIO
 import CanopyMessages
+import CanopyWire
 import Foundation
 import Logging
-import Tracing
 import Metrics
 import ServiceLifecycle
 import Synchronization
+import Tracing
 
 /// Hosts one ``BusService`` on the bus: connects to the broker (or to each of several live
 /// brokers), announces the service's operations and credit (READY), heartbeats both ways,
@@ -255,7 +255,8 @@ public final class ServiceRunner: Service, @unchecked Sendable {
         /// DISCONNECT on the old connection is not read).
         mutating func readBroker(_ broker: Int) throws {
             while running, let socket = links[broker].socket, !links[broker].session.disconnected,
-                  let frames = try socket.receive(reading: reading, properties: &links[broker].peer) {
+                let frames = try socket.receive(reading: reading, properties: &links[broker].peer)
+            {
                 if let stack = runner.configuration.stack, links[broker].peer.stack != stack {
                     throw ForeignBroker(endpoint: runner.configuration.endpoints[broker], expected: stack, announced: links[broker].peer.stack)
                 }
@@ -351,7 +352,8 @@ public final class ServiceRunner: Service, @unchecked Sendable {
     private func log(_ event: WorkerSession.Event, broker: Int, _ warnings: inout LogRateLimiter) {
         switch event {
         case .registering:
-            logger.info("service.registering", metadata: ["service.endpoint": "\(configuration.endpoints[broker])", "service.credit": "\(configuration.credit)"])
+            logger.info(
+                "service.registering", metadata: ["service.endpoint": "\(configuration.endpoints[broker])", "service.credit": "\(configuration.credit)"])
         case .draining(let running):
             logger.info("service.draining", metadata: ["service.running": "\(running)"])
         case .stopped(let abandoned):
@@ -371,7 +373,9 @@ public final class ServiceRunner: Service, @unchecked Sendable {
         }
     }
 
-    private func start(id: UInt64, broker: Int, operation: String, header: RequestHeader, payload: Payload, maximumReplyBytes: Int, connection: Int) -> Task<Void, Never> {
+    private func start(id: UInt64, broker: Int, operation: String, header: RequestHeader, payload: Payload, maximumReplyBytes: Int, connection: Int) -> Task<
+        Void, Never
+    > {
         let context = RequestContext(header: header, operation: operation, logger: logger, maximumReplyBytes: maximumReplyBytes)
         let tracer = header.trace == nil ? nil : configuration.tracer ?? InstrumentationSystem.tracer
         return Task { [handlers, mailbox, metrics] in
@@ -381,12 +385,17 @@ public final class ServiceRunner: Service, @unchecked Sendable {
             @Sendable func handle() async -> Result<Payload, CanopyError> {
                 let result = await handlers.handle(operation, payload: payload, context: context)
                 if context.logger.logLevel <= .debug {
-                    let outcome = switch result {
-                    case .success: "ok"
-                    case .failure(let error): error.code.rawValue
-                    }
-                    context.logger.debug("service.handled", metadata: ["service.outcome": "\(outcome)",
-                                                                       "service.microseconds": "\((ContinuousClock.now - started).microseconds)"])
+                    let outcome =
+                        switch result {
+                        case .success: "ok"
+                        case .failure(let error): error.code.rawValue
+                        }
+                    context.logger.debug(
+                        "service.handled",
+                        metadata: [
+                            "service.outcome": "\(outcome)",
+                            "service.microseconds": "\((ContinuousClock.now - started).microseconds)",
+                        ])
                 }
                 return result
             }
@@ -394,8 +403,10 @@ public final class ServiceRunner: Service, @unchecked Sendable {
             if let trace = header.trace, let tracer {
                 // A sampled request: the handler is a span of its trace, under the call that
                 // made the request, and everything it does (store, bus calls, log lines) under that.
-                result = await tracer.withSpan(BusTracing.spanName(service: handlers.service, operation: operation),
-                                               context: BusTracing.context(continuing: trace, tracer: tracer), ofKind: .server) { span in
+                result = await tracer.withSpan(
+                    BusTracing.spanName(service: handlers.service, operation: operation),
+                    context: BusTracing.context(continuing: trace, tracer: tracer), ofKind: .server
+                ) { span in
                     BusTracing.describe(span, service: handlers.service, operation: operation)
                     let result = await handle()
                     if case .failure(let error) = result { BusTracing.fail(span, error) }
@@ -429,15 +440,17 @@ final class RunnerMetrics: Sendable {
 
     /// Records one handler run in `canopy_service_handler_duration_seconds{service,operation,outcome}`.
     func record(operation: String, result: Result<Payload, CanopyError>, duration: Duration) {
-        let outcome = switch result {
-        case .success: "ok"
-        case .failure(let error): error.code.rawValue
-        }
+        let outcome =
+            switch result {
+            case .success: "ok"
+            case .failure(let error): error.code.rawValue
+            }
         let key = operation + "|" + outcome
         let timer = timers.withLock { timers in
             if let timer = timers[key] { return timer }
-            let timer = Metrics.Timer(label: "canopy_service_handler_duration_seconds",
-                                      dimensions: [("service", service), ("operation", operation), ("outcome", outcome)])
+            let timer = Metrics.Timer(
+                label: "canopy_service_handler_duration_seconds",
+                dimensions: [("service", service), ("operation", operation), ("outcome", outcome)])
             timers[key] = timer
             return timer
         }

@@ -29,8 +29,10 @@ public struct WorkerSession: Sendable {
         ///   - heartbeatInterval: heartbeat interval, both ways.
         ///   - liveness: missed broker heartbeats before reconnecting.
         ///   - drainTimeout: how long a graceful shutdown waits for running handlers.
-        public init(service: String, operations: [OperationDescriptor], credit: Int, heartbeatInterval: Duration = BusDefaults.heartbeatInterval,
-                    liveness: Int = BusDefaults.liveness, drainTimeout: Duration = BusDefaults.drainTimeout) {
+        public init(
+            service: String, operations: [OperationDescriptor], credit: Int, heartbeatInterval: Duration = BusDefaults.heartbeatInterval,
+            liveness: Int = BusDefaults.liveness, drainTimeout: Duration = BusDefaults.drainTimeout
+        ) {
             self.service = service
             self.operations = operations
             self.credit = credit
@@ -156,7 +158,9 @@ public struct WorkerSession: Sendable {
         guard connection == self.connection, let operation = running.removeValue(forKey: id) else { return [] }
         let checked = Self.checked(result, service: settings.service, operation: operation, maximumReplyBytes: maximumReplyBytes)
         if case .success(let payload) = result, case .failure(let error) = checked { // a reply over the limit
-            return [.log(.replyTooLarge(operation: operation, bytes: payload.largestFrame)), .send(.workerReply(requestID: id, failed: true, body: encoded(error)))]
+            return [
+                .log(.replyTooLarge(operation: operation, bytes: payload.largestFrame)), .send(.workerReply(requestID: id, failed: true, body: encoded(error))),
+            ]
         }
         switch checked {
         case .success(let payload):
@@ -168,10 +172,16 @@ public struct WorkerSession: Sendable {
 
     /// A handler's result as it may go to the broker: a reply with a frame larger than the
     /// broker takes becomes `tooLarge` (the broker would refuse it).
-    public static func checked(_ result: Result<Payload, CanopyError>, service: String, operation: String,
-                               maximumReplyBytes: Int) -> Result<Payload, CanopyError> {
+    public static func checked(
+        _ result: Result<Payload, CanopyError>, service: String, operation: String,
+        maximumReplyBytes: Int
+    ) -> Result<Payload, CanopyError> {
         guard case .success(let payload) = result, payload.largestFrame > maximumReplyBytes else { return result }
-        return .failure(CanopyError(.tooLarge, "a frame of the reply of \(service).\(operation) is \(payload.largestFrame) bytes, over the broker's limit of \(maximumReplyBytes) bytes; ask for less (a smaller page, or the data in pieces)"))
+        return .failure(
+            CanopyError(
+                .tooLarge,
+                "a frame of the reply of \(service).\(operation) is \(payload.largestFrame) bytes, over the broker's limit of \(maximumReplyBytes) bytes; ask for less (a smaller page, or the data in pieces)"
+            ))
     }
 
     /// A graceful shutdown begins: take no new requests, let the running ones finish.

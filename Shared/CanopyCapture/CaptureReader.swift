@@ -168,7 +168,8 @@ public final class CaptureReader {
             }
             let length = Int(readUInt32(at: position)), crc = readUInt32(at: position + 4)
             guard length <= Self.maximumRecordBytes else {
-                ending = .damaged(file: currentFile, offset: recordOffset, detail: "a record length of \(length) bytes, over the format's \(Self.maximumRecordBytes)")
+                ending = .damaged(
+                    file: currentFile, offset: recordOffset, detail: "a record length of \(length) bytes, over the format's \(Self.maximumRecordBytes)")
                 return nil
             }
             // Bounded by what the file still holds (asked again once: a capture being written
@@ -239,7 +240,10 @@ public final class CaptureReader {
                 ending = .damaged(file: path, offset: 0, detail: "\(error)")
                 return false
             }
-            guard header.captureID == self.header.captureID else { Glibc.close(descriptor); continue }
+            guard header.captureID == self.header.captureID else {
+                Glibc.close(descriptor)
+                continue
+            }
             Glibc.close(self.descriptor)
             self.descriptor = descriptor
             fileSize = Self.size(descriptor)

@@ -56,9 +56,11 @@ public struct CaptureRecord: Equatable, Sendable {
     /// Each attachment's size in bytes, also when its bytes were left out.
     public var attachmentSizes: [Int]
 
-    public init(kind: Kind, flags: Flags = [], time: Int64, latencyNanoseconds: UInt64 = 0, client: String, worker: String = "",
-                service: String, operation: String, correlation: [UInt8], header: RequestHeader, body: [UInt8],
-                attachments: [[UInt8]] = [], attachmentSizes: [Int]? = nil) {
+    public init(
+        kind: Kind, flags: Flags = [], time: Int64, latencyNanoseconds: UInt64 = 0, client: String, worker: String = "",
+        service: String, operation: String, correlation: [UInt8], header: RequestHeader, body: [UInt8],
+        attachments: [[UInt8]] = [], attachmentSizes: [Int]? = nil
+    ) {
         self.kind = kind
         self.flags = flags
         self.time = time
@@ -148,7 +150,8 @@ public enum CaptureFormat {
             reader.skip(8)
             let version = reader.uint16()!
             guard CaptureFormat.readable.contains(version) else {
-                throw CaptureFormatError("capture format version \(version); this build reads versions \(CaptureFormat.readable.lowerBound) to \(CaptureFormat.readable.upperBound)")
+                throw CaptureFormatError(
+                    "capture format version \(version); this build reads versions \(CaptureFormat.readable.lowerBound) to \(CaptureFormat.readable.upperBound)")
             }
             let flags = reader.uint16()!
             segment = reader.uint32()!
@@ -216,7 +219,8 @@ public enum CaptureFormat {
         }
         guard let correlationCount = reader.uint8(), let correlation = reader.bytes(Int(correlationCount)) else { throw fail("correlation") }
         guard let headerCount = reader.uint16(), let headerBytes = reader.bytes(Int(headerCount)),
-              let header = RequestHeader(frame: headerBytes) else { throw fail("header") }
+            let header = RequestHeader(frame: headerBytes)
+        else { throw fail("header") }
         guard let bodyCount = reader.uint32(), let body = reader.bytes(Int(bodyCount)) else { throw fail("body") }
         let flags = CaptureRecord.Flags(rawValue: flagByte)
         guard let attachmentCount = reader.uint8() else { throw fail("attachment count") }
@@ -230,9 +234,10 @@ public enum CaptureFormat {
             }
         }
         guard reader.isAtEnd else { throw fail("bytes after the last field") }
-        return CaptureRecord(kind: kind, flags: flags, time: Int64(bitPattern: time), latencyNanoseconds: latency,
-                             client: texts[0], worker: texts[1], service: texts[2], operation: texts[3], correlation: correlation,
-                             header: header, body: body, attachments: attachments, attachmentSizes: sizes)
+        return CaptureRecord(
+            kind: kind, flags: flags, time: Int64(bitPattern: time), latencyNanoseconds: latency,
+            client: texts[0], worker: texts[1], service: texts[2], operation: texts[3], correlation: correlation,
+            header: header, body: body, attachments: attachments, attachmentSizes: sizes)
     }
 }
 

@@ -62,8 +62,9 @@ public struct CaptureSummary: Codable, Sendable, Equatable {
     /// Reads the whole capture through `reader`, calling `progress` now and then with the
     /// bytes read so far.
     public static func make(_ reader: CaptureReader, progress: (Int) -> Void = { _ in }) throws -> CaptureSummary {
-        var summary = CaptureSummary(files: reader.files, pseudonymized: reader.header.pseudonymized,
-                                     withoutAttachments: reader.header.withoutAttachments)
+        var summary = CaptureSummary(
+            files: reader.files, pseudonymized: reader.header.pseudonymized,
+            withoutAttachments: reader.header.withoutAttachments)
         struct Key: Hashable { let service: String, operation: String }
         var rows: [Key: (Operation, Histogram<UInt64>)] = [:]
         var clients = Set<String>()
@@ -84,8 +85,11 @@ public struct CaptureSummary: Codable, Sendable, Equatable {
             if clients.count < clientLimit { clients.insert(record.client) }
             var key = Key(service: record.service, operation: record.operation)
             if rows[key] == nil && rows.count >= operationLimit { key = other }
-            var (row, histogram) = rows[key] ?? (Operation(service: key.service, operation: key.operation),
-                                                 Histogram<UInt64>(highestTrackableValue: 3_600_000_000, numberOfSignificantValueDigits: .two))
+            var (row, histogram) =
+                rows[key] ?? (
+                    Operation(service: key.service, operation: key.operation),
+                    Histogram<UInt64>(highestTrackableValue: 3_600_000_000, numberOfSignificantValueDigits: .two)
+                )
             switch record.kind {
             case .request:
                 summary.requests += 1

@@ -265,8 +265,9 @@ struct SegmentFile {
         self.segment = segment
         self.captureID = captureID
         self.startedAt = startedAt
-        let header = CaptureFormat.FileHeader(pseudonymized: settings.pseudonymize, withoutAttachments: settings.withoutAttachments,
-                                              segment: segment, startedAt: startedAt, captureID: captureID)
+        let header = CaptureFormat.FileHeader(
+            pseudonymized: settings.pseudonymize, withoutAttachments: settings.withoutAttachments,
+            segment: segment, startedAt: startedAt, captureID: captureID)
         do {
             try write(header.encoded)
         } catch {

@@ -95,8 +95,10 @@ public enum CanopyStack {
             case CanopyStack.broker.name:
                 // Photos up to 25 MiB travel as attachments: frames up to 32 MiB.
                 let endpoints = self.endpoints
-                arguments += ["--bind", endpoints[min(replica, endpoints.count) - 1], "--name", replica == 1 ? "broker" : "broker-\(replica)",
-                              "--max-frame-bytes", "33554432", "--capture-dir", dataDirectory]
+                arguments += [
+                    "--bind", endpoints[min(replica, endpoints.count) - 1], "--name", replica == 1 ? "broker" : "broker-\(replica)",
+                    "--max-frame-bytes", "33554432", "--capture-dir", dataDirectory,
+                ]
                 if let curve { arguments += ["--curve-secret-key-file", curve.secretKey(CurveFiles.broker), "--curve-allow", curve.allowList] }
             case "api":
                 arguments += ["--endpoint", endpoint, "--http", http, "--token-key-file", tokenKeyFile, "--data-dir", dataDirectory]

@@ -185,4 +185,3 @@ extension ZMQSocket {
         try setText(ZMQ_CURVE_SECRETKEY, settings.keyPair.secretKey)
     }
 }
-

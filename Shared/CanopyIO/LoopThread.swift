@@ -1,5 +1,5 @@
-import Foundation
 import CZeroMQ
+import Foundation
 import ServiceLifecycle
 
 /// Runs a blocking socket loop on a thread of its own, so a ZeroMQ socket has exactly one

@@ -1,5 +1,5 @@
-import CanopyWire
 import CZeroMQ
+import CanopyWire
 import Glibc
 
 /// The frames of the message a ROUTER socket received last, held as libzmq's own messages
@@ -87,8 +87,10 @@ extension ZMQSocket {
     /// while the connection's properties are the same.
     ///
     /// - Returns: false when no message was waiting.
-    public func receiveRouted(into frames: ReceivedFrames, identity: inout [UInt8], reading: PeerProperties.Names = [],
-                              properties: inout PeerProperties) throws -> Bool {
+    public func receiveRouted(
+        into frames: ReceivedFrames, identity: inout [UInt8], reading: PeerProperties.Names = [],
+        properties: inout PeerProperties
+    ) throws -> Bool {
         var routing = zmq_msg_t()
         zmq_msg_init(&routing)
         defer { zmq_msg_close(&routing) }
@@ -155,9 +157,13 @@ extension ZMQSocket {
             value = nil
             return
         }
-        if let current = value, current.utf8.withContiguousStorageIfAvailable({ stored in
-            stored.count == strlen(property) && memcmp(stored.baseAddress!, property, stored.count) == 0
-        }) == true { return }
+        if let current = value,
+            current.utf8.withContiguousStorageIfAvailable({ stored in
+                stored.count == strlen(property) && memcmp(stored.baseAddress!, property, stored.count) == 0
+            }) == true
+        {
+            return
+        }
         value = String(cString: property)
     }
 }

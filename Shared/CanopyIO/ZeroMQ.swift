@@ -1,5 +1,5 @@
-import CanopyMessages
 import CZeroMQ
+import CanopyMessages
 import Dispatch
 import Foundation
 import Glibc
@@ -321,8 +321,10 @@ public final class ZMQSocket {
     /// `reading` names into `properties`.
     ///
     /// - Returns: `false` when nothing is waiting.
-    public func receiveRouted(identity: inout [UInt8], frames: inout [[UInt8]], reading: PeerProperties.Names = [],
-                              properties: inout PeerProperties) throws -> Bool {
+    public func receiveRouted(
+        identity: inout [UInt8], frames: inout [[UInt8]], reading: PeerProperties.Names = [],
+        properties: inout PeerProperties
+    ) throws -> Bool {
         frames.removeAll(keepingCapacity: true)
         properties = PeerProperties()
         var routing: [UInt8]? = []
@@ -333,8 +335,10 @@ public final class ZMQSocket {
 
     /// Receives one message's frames into `frames`; when `identity` is not `nil`, the first
     /// frame (a ROUTER's routing identity) goes there instead.
-    private func receive(dontWait: Bool, reading: PeerProperties.Names, properties: inout PeerProperties, identity: inout [UInt8]?,
-                         into frames: inout [[UInt8]]) throws -> Bool {
+    private func receive(
+        dontWait: Bool, reading: PeerProperties.Names, properties: inout PeerProperties, identity: inout [UInt8]?,
+        into frames: inout [[UInt8]]
+    ) throws -> Bool {
         var wantsIdentity = identity != nil
         var message = zmq_msg_t()
         zmq_msg_init(&message)

@@ -136,9 +136,12 @@ public struct PhotoFeatures: Sendable, Equatable {
         let source = try VipsImage(decoded, "the photo cannot be decoded (not a JPEG, PNG, WebP or HEIF, or truncated)")
         // After autorotation the sides may have swapped.
         let long = max(source.width, source.height)
-        let (width, height) = cropping ? (side, side)
+        let (width, height) =
+            cropping
+            ? (side, side)
             : long <= side ? (source.width, source.height) : (max(1, source.width * side / long), max(1, source.height * side / long))
-        let image = try VipsImage(canopy_vips_resize(source.handle, Int32(width), Int32(height), cropping ? 1 : 0), "the photo cannot be decoded (truncated or corrupt?)")
+        let image = try VipsImage(
+            canopy_vips_resize(source.handle, Int32(width), Int32(height), cropping ? 1 : 0), "the photo cannot be decoded (truncated or corrupt?)")
         do {
             return try image.rgbPixels()
         } catch {

@@ -12,8 +12,10 @@ public enum PhotoLimits {
 
     /// Throws `tooLarge` when a photo of `bytes` bytes claiming `width` × `height` pixels is
     /// over either limit.
-    public static func check(bytes: Int, width: Int, height: Int, maximumBytes: Int = maximumBytes,
-                             maximumPixels: Int = maximumPixels) throws(CanopyError) {
+    public static func check(
+        bytes: Int, width: Int, height: Int, maximumBytes: Int = maximumBytes,
+        maximumPixels: Int = maximumPixels
+    ) throws(CanopyError) {
         guard bytes <= maximumBytes else {
             throw CanopyError(.tooLarge, "the image is \(bytes) bytes; the limit is \(maximumBytes) bytes")
         }

@@ -220,8 +220,10 @@ struct PlantDescriptors {
     }
 
     /// A joint histogram of two values per pixel (the first's bins by the second's); sums to 1.
-    static func histogram2D(_ first: [Float], from low1: Float, to high1: Float, bins bins1: Int,
-                            _ second: [Float], from low2: Float, to high2: Float, bins bins2: Int) -> [Float] {
+    static func histogram2D(
+        _ first: [Float], from low1: Float, to high1: Float, bins bins1: Int,
+        _ second: [Float], from low2: Float, to high2: Float, bins bins2: Int
+    ) -> [Float] {
         var histogram = [Float](repeating: 0, count: bins1 * bins2)
         for (a, b) in zip(first, second) {
             let i = min(bins1 - 1, max(0, Int((a - low1) / (high1 - low1) * Float(bins1))))

@@ -42,15 +42,18 @@ struct PlantMask {
         let right = Self.edge(pixels, width: width, count: height, band: band) { position, depth in position * width + width - 1 - depth }
         var background = [Float](repeating: 0, count: width * height * 3)
         for channel in 0..<3 {
-            let corners = (topLeft: (top[channel] + left[channel]) / 2, topRight: (top[(width - 1) * 3 + channel] + right[channel]) / 2,
-                           bottomLeft: (bottom[channel] + left[(height - 1) * 3 + channel]) / 2,
-                           bottomRight: (bottom[(width - 1) * 3 + channel] + right[(height - 1) * 3 + channel]) / 2)
+            let corners = (
+                topLeft: (top[channel] + left[channel]) / 2, topRight: (top[(width - 1) * 3 + channel] + right[channel]) / 2,
+                bottomLeft: (bottom[channel] + left[(height - 1) * 3 + channel]) / 2,
+                bottomRight: (bottom[(width - 1) * 3 + channel] + right[(height - 1) * 3 + channel]) / 2
+            )
             for y in 0..<height {
                 let v = height > 1 ? Float(y) / Float(height - 1) : 0
                 for x in 0..<width {
                     let u = width > 1 ? Float(x) / Float(width - 1) : 0
                     let edges = (1 - v) * top[x * 3 + channel] + v * bottom[x * 3 + channel] + (1 - u) * left[y * 3 + channel] + u * right[y * 3 + channel]
-                    let blend = (1 - u) * (1 - v) * corners.topLeft + u * (1 - v) * corners.topRight + (1 - u) * v * corners.bottomLeft + u * v * corners.bottomRight
+                    let blend =
+                        (1 - u) * (1 - v) * corners.topLeft + u * (1 - v) * corners.topRight + (1 - u) * v * corners.bottomLeft + u * v * corners.bottomRight
                     background[(y * width + x) * 3 + channel] = edges - blend
                 }
             }

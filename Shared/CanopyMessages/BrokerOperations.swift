@@ -51,8 +51,10 @@ public enum Broker {
             /// with the same pseudonyms; without it the broker makes one and never tells it.
             public var pseudonymKey: String?
 
-            public init(name: String, pseudonymize: Bool? = nil, withoutAttachments: Bool? = nil, holdMilliseconds: Int? = nil,
-                        pseudonymKey: String? = nil) {
+            public init(
+                name: String, pseudonymize: Bool? = nil, withoutAttachments: Bool? = nil, holdMilliseconds: Int? = nil,
+                pseudonymKey: String? = nil
+            ) {
                 self.name = name
                 self.pseudonymize = pseudonymize
                 self.withoutAttachments = withoutAttachments
@@ -157,8 +159,10 @@ public struct CaptureStatus: Codable, Sendable, Equatable {
     /// Requests held now (for a capture started with a hold, until it is released).
     public var held: Int?
 
-    public init(capturing: Bool, path: String? = nil, records: UInt64 = 0, bytes: UInt64 = 0, dropped: UInt64 = 0, failed: UInt64 = 0,
-                segments: Int = 0, error: String? = nil) {
+    public init(
+        capturing: Bool, path: String? = nil, records: UInt64 = 0, bytes: UInt64 = 0, dropped: UInt64 = 0, failed: UInt64 = 0,
+        segments: Int = 0, error: String? = nil
+    ) {
         self.capturing = capturing
         self.path = path
         self.records = records
@@ -228,8 +232,10 @@ public struct BrokerStatistics: Codable, Sendable, Equatable {
     ///   - openFlights: coalescable flights that can still be joined.
     ///   - services: per-service figures.
     ///   - operations: per-operation coalescing figures.
-    public init(uptimeSeconds: Double, rejected: UInt64, malformed: UInt64, heldBytes: Int, openFlights: Int,
-                services: [ServiceStatistics], operations: [OperationStatistics]) {
+    public init(
+        uptimeSeconds: Double, rejected: UInt64, malformed: UInt64, heldBytes: Int, openFlights: Int,
+        services: [ServiceStatistics], operations: [OperationStatistics]
+    ) {
         self.uptimeSeconds = uptimeSeconds
         self.rejected = rejected
         self.malformed = malformed

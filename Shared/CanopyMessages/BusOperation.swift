@@ -72,9 +72,12 @@ public enum Access: String, Sendable, Codable, CaseIterable {
         case .own where !present, .service where !present:
             return CanopyError(.unauthorized, "this operation acts on a person's data and needs a principal (the user id the edge authenticated)")
         case .service where !byService:
-            return CanopyError(.unauthorized, "this operation is one service's to another (a follow-up about a person's data); only a service's own bus client sends it")
+            return CanopyError(
+                .unauthorized, "this operation is one service's to another (a follow-up about a person's data); only a service's own bus client sends it")
         case .operator where present:
-            return CanopyError(.unauthorized, "this is an operator's operation, about the service as a whole; it is not called on a person's behalf (send it without a principal)")
+            return CanopyError(
+                .unauthorized,
+                "this is an operator's operation, about the service as a whole; it is not called on a person's behalf (send it without a principal)")
         default:
             return nil
         }

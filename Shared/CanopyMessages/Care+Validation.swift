@@ -83,7 +83,8 @@ extension Care.Plant: Validatable {
     /// An upper bound of this plant's JSON size in a listing (no profile), in bytes: every
     /// text may double when escaped, and the rest is a fixed allowance.
     public var listingBytesBound: Int {
-        let texts = [scientificName, family, genus, customName ?? "", location ?? "", notes ?? "", id].reduce(0) { $0 + $1.utf8.count }
+        let texts =
+            [scientificName, family, genus, customName ?? "", location ?? "", notes ?? "", id].reduce(0) { $0 + $1.utf8.count }
             + commonNames.reduce(0) { $0 + $1.utf8.count + 3 } + imageIDs.reduce(0) { $0 + $1.utf8.count + 3 }
         return 2 * texts + 600
     }
@@ -190,4 +191,3 @@ extension Care.CareLog.Request: Validatable {
 extension Care.RequestReminderSync.Request: Validatable {
     public func validate() throws(CanopyError) {}
 }
-

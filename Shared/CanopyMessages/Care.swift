@@ -39,9 +39,11 @@ public enum Care {
         /// Whether it is pruned once a year, at the start of its growing season.
         public var prune: Bool?
 
-        public init(light: Light, wateringIntervalDays: Int, wateringAmount: String, temperatureMinimumC: Double, temperatureMaximumC: Double,
-                    temperatureOptimumC: Double, humidity: String, fertilizerIntervalDays: Int?, fertilizerType: String?, dormancyMonths: [Int],
-                    toxicToPets: Bool, mistIntervalDays: Int? = nil, repotIntervalMonths: Int? = nil, prune: Bool? = nil) {
+        public init(
+            light: Light, wateringIntervalDays: Int, wateringAmount: String, temperatureMinimumC: Double, temperatureMaximumC: Double,
+            temperatureOptimumC: Double, humidity: String, fertilizerIntervalDays: Int?, fertilizerType: String?, dormancyMonths: [Int],
+            toxicToPets: Bool, mistIntervalDays: Int? = nil, repotIntervalMonths: Int? = nil, prune: Bool? = nil
+        ) {
             self.light = light
             self.wateringIntervalDays = wateringIntervalDays
             self.wateringAmount = wateringAmount
@@ -83,8 +85,14 @@ public enum Care {
     public enum CatalogSearch: BusOperation {
         /// The text to look for (empty lists the catalog from its start) and how many species to
         /// answer, 1 to 100 (default 20).
-        public struct Request: Codable, Sendable { public var text: String; public var limit: Int?
-            public init(text: String, limit: Int? = nil) { self.text = text; self.limit = limit } }
+        public struct Request: Codable, Sendable {
+            public var text: String
+            public var limit: Int?
+            public init(text: String, limit: Int? = nil) {
+                self.text = text
+                self.limit = limit
+            }
+        }
         /// The matching species in catalog order, at most `limit`.
         public typealias Reply = [Species]
         public static let service = Care.service
@@ -130,11 +138,13 @@ public enum Care {
         /// (`If-Match`): a plant changed since is refused `stale`, never overwritten.
         public var version: Int?
 
-        public init(id: String = "", scientificName: String, commonNames: [String] = [], family: String = "", genus: String = "",
-                    customName: String? = nil, location: String? = nil, notes: String? = nil, favourite: Bool = false, imageIDs: [String] = [],
-                    identificationSource: Source = .manual, identificationConfidence: Double? = nil, dateIdentified: Date? = nil,
-                    dateAdded: Date = Date(timeIntervalSince1970: 0), profile: Profile? = nil, profileOverridden: Bool = false,
-                    version: Int? = nil) {
+        public init(
+            id: String = "", scientificName: String, commonNames: [String] = [], family: String = "", genus: String = "",
+            customName: String? = nil, location: String? = nil, notes: String? = nil, favourite: Bool = false, imageIDs: [String] = [],
+            identificationSource: Source = .manual, identificationConfidence: Double? = nil, dateIdentified: Date? = nil,
+            dateAdded: Date = Date(timeIntervalSince1970: 0), profile: Profile? = nil, profileOverridden: Bool = false,
+            version: Int? = nil
+        ) {
             self.id = id
             self.scientificName = scientificName
             self.commonNames = commonNames
@@ -172,7 +182,10 @@ public enum Care {
     /// `care.plants.get`.
     public enum GetPlant: BusOperation {
         /// One of the principal's plants, by id; another person's is `notFound`, as a missing one is.
-        public struct Request: Codable, Sendable { public var id: String; public init(id: String) { self.id = id } }
+        public struct Request: Codable, Sendable {
+            public var id: String
+            public init(id: String) { self.id = id }
+        }
         /// The plant, with its care profile in force and its version.
         public typealias Reply = Plant
         public static let service = Care.service
@@ -198,7 +211,10 @@ public enum Care {
     /// follow-ups for other services (reminders, images, identifications) in the outbox.
     public enum DeletePlant: BusOperation {
         /// The plant to delete; one that is not there (deleted already) is no error.
-        public struct Request: Codable, Sendable { public var id: String; public init(id: String) { self.id = id } }
+        public struct Request: Codable, Sendable {
+            public var id: String
+            public init(id: String) { self.id = id }
+        }
         /// Nothing: the plant is gone and its follow-ups wait in the outbox.
         public typealias Reply = Empty
         public static let service = Care.service
@@ -262,9 +278,11 @@ public enum Care {
             public var limit: Int
             public var offset: Int
 
-            public init(search: String? = nil, favourite: Bool? = nil, family: String? = nil, light: Light? = nil, watering: WateringFrequency? = nil,
-                        source: Source? = nil, addedFrom: Date? = nil, addedTo: Date? = nil, sort: SortKey = .dateAdded, descending: Bool = true,
-                        limit: Int = 50, offset: Int = 0) {
+            public init(
+                search: String? = nil, favourite: Bool? = nil, family: String? = nil, light: Light? = nil, watering: WateringFrequency? = nil,
+                source: Source? = nil, addedFrom: Date? = nil, addedTo: Date? = nil, sort: SortKey = .dateAdded, descending: Bool = true,
+                limit: Int = 50, offset: Int = 0
+            ) {
                 self.search = search
                 self.favourite = favourite
                 self.family = family
@@ -315,7 +333,9 @@ public enum Care {
             public var upcomingTasks: Int
             public var overdueTasks: Int
 
-            public init(total: Int, favourites: Int, families: [String: Int], sources: [String: Int], addedThisMonth: Int, upcomingTasks: Int, overdueTasks: Int) {
+            public init(
+                total: Int, favourites: Int, families: [String: Int], sources: [String: Int], addedThisMonth: Int, upcomingTasks: Int, overdueTasks: Int
+            ) {
                 self.total = total
                 self.favourites = favourites
                 self.families = families
@@ -349,8 +369,10 @@ public enum Care {
         /// Whether the person lives south of the equator (dormancy months shift by six).
         public var southernHemisphere: Bool
 
-        public init(timeZone: String = "UTC", preferredMinute: Int = 540, quietStartMinute: Int? = nil, quietEndMinute: Int? = nil,
-                    wateringFactor: Double = 1, pauseStart: Date? = nil, pauseEnd: Date? = nil, southernHemisphere: Bool = false) {
+        public init(
+            timeZone: String = "UTC", preferredMinute: Int = 540, quietStartMinute: Int? = nil, quietEndMinute: Int? = nil,
+            wateringFactor: Double = 1, pauseStart: Date? = nil, pauseEnd: Date? = nil, southernHemisphere: Bool = false
+        ) {
             self.timeZone = timeZone
             self.preferredMinute = preferredMinute
             self.quietStartMinute = quietStartMinute
@@ -418,8 +440,14 @@ public enum Care {
     public enum UpcomingTasks: BusOperation {
         /// How many days ahead to look, 0 to 366 (default 7), and at most how many tasks to answer,
         /// 1 to 5,000 (default 1,000).
-        public struct Request: Codable, Sendable { public var days: Int; public var limit: Int?
-            public init(days: Int = 7, limit: Int? = nil) { self.days = days; self.limit = limit } }
+        public struct Request: Codable, Sendable {
+            public var days: Int
+            public var limit: Int?
+            public init(days: Int = 7, limit: Int? = nil) {
+                self.days = days
+                self.limit = limit
+            }
+        }
         /// The tasks showing before now (overdue) and those showing within `days`, each soonest first.
         public struct Reply: Codable, Sendable, Equatable {
             public var overdue: [Task]
@@ -459,8 +487,14 @@ public enum Care {
     /// `care.tasks.snooze`: shows the task again at `until`; its rule does not change.
     public enum SnoozeTask: BusOperation {
         /// The task, and when to show it again.
-        public struct Request: Codable, Sendable { public var id: String; public var until: Date
-            public init(id: String, until: Date) { self.id = id; self.until = until } }
+        public struct Request: Codable, Sendable {
+            public var id: String
+            public var until: Date
+            public init(id: String, until: Date) {
+                self.id = id
+                self.until = until
+            }
+        }
         /// The task as it is now, showing at `snoozedUntil`.
         public typealias Reply = Task
         public static let service = Care.service
@@ -523,7 +557,10 @@ public enum Care {
     /// `care.log`: what was done for a plant, newest first.
     public enum CareLog: BusOperation {
         /// One of the principal's plants; another person's is `notFound`.
-        public struct Request: Codable, Sendable { public var plantID: String; public init(plantID: String) { self.plantID = plantID } }
+        public struct Request: Codable, Sendable {
+            public var plantID: String
+            public init(plantID: String) { self.plantID = plantID }
+        }
         /// At most 1,000 entries, newest first.
         public typealias Reply = [LogEntry]
         public static let service = Care.service

@@ -79,9 +79,11 @@ public enum Identification {
         /// Which provider found it (in a hybrid identification, either).
         public var provider: Provider
 
-        public init(rank: Int, score: Double, scientificName: String, scientificNameWithoutAuthor: String, authorship: String = "",
-                    commonNames: [String] = [], genus: String = "", family: String = "", gbifID: Int? = nil, plantID: String? = nil,
-                    provider: Provider) {
+        public init(
+            rank: Int, score: Double, scientificName: String, scientificNameWithoutAuthor: String, authorship: String = "",
+            commonNames: [String] = [], genus: String = "", family: String = "", gbifID: Int? = nil, plantID: String? = nil,
+            provider: Provider
+        ) {
             self.rank = rank
             self.score = score
             self.scientificName = scientificName
@@ -119,8 +121,10 @@ public enum Identification {
         public var acceptedAt: Date?
         public var acceptedName: String?
 
-        public init(id: String, owner: String, createdAt: Date, provider: Provider, organs: [Organ], photoIDs: [String], location: Location?,
-                    exactLocation: Bool, results: [Candidate], plantID: String, acceptedAt: Date? = nil, acceptedName: String? = nil) {
+        public init(
+            id: String, owner: String, createdAt: Date, provider: Provider, organs: [Organ], photoIDs: [String], location: Location?,
+            exactLocation: Bool, results: [Candidate], plantID: String, acceptedAt: Date? = nil, acceptedName: String? = nil
+        ) {
             self.id = id
             self.owner = owner
             self.createdAt = createdAt
@@ -434,7 +438,8 @@ extension Identification.Submit.Request: Validatable {
     public func validate() throws(CanopyError) {
         guard !photos.isEmpty else { throw CanopyError(.badRequest, "photos is empty; send 1 to \(Identification.Limits.photos) photos of the same plant") }
         guard photos.count <= Identification.Limits.photos else {
-            throw CanopyError(.tooLarge, "photos has \(photos.count) items; one identification takes at most \(Identification.Limits.photos) photos of one plant")
+            throw CanopyError(
+                .tooLarge, "photos has \(photos.count) items; one identification takes at most \(Identification.Limits.photos) photos of one plant")
         }
         for (index, photo) in photos.enumerated() {
             if let id = photo.photoID, id.utf8.count != 64 || !id.utf8.allSatisfy({ ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x61 && $0 <= 0x66) }) {

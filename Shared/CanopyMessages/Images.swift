@@ -148,8 +148,10 @@ public enum Images {
             public var totalBytes: Int
             /// Where the next piece starts; absent when `data` reaches the end.
             public var nextOffset: Int?
-            public init(sha256: String, variant: Variant, format: Format, width: Int, height: Int, data: Data, source: String,
-                        offset: Int = 0, totalBytes: Int? = nil, nextOffset: Int? = nil) {
+            public init(
+                sha256: String, variant: Variant, format: Format, width: Int, height: Int, data: Data, source: String,
+                offset: Int = 0, totalBytes: Int? = nil, nextOffset: Int? = nil
+            ) {
                 self.sha256 = sha256
                 self.variant = variant
                 self.format = format
@@ -370,9 +372,10 @@ extension Images.GetVariant.Request {
     /// `format` defaults to JPEG, `offset` to 0.
     public init(from decoder: any Decoder) throws {
         let values = try decoder.container(keyedBy: CodingKeys.self)
-        self.init(sha256: try values.decode(String.self, forKey: .sha256), variant: try values.decode(Images.Variant.self, forKey: .variant),
-                  format: try values.decodeIfPresent(Images.Format.self, forKey: .format) ?? .jpeg,
-                  offset: try values.decodeIfPresent(Int.self, forKey: .offset) ?? 0)
+        self.init(
+            sha256: try values.decode(String.self, forKey: .sha256), variant: try values.decode(Images.Variant.self, forKey: .variant),
+            format: try values.decodeIfPresent(Images.Format.self, forKey: .format) ?? .jpeg,
+            offset: try values.decodeIfPresent(Int.self, forKey: .offset) ?? 0)
     }
 
     /// Encodes `offset` only when it is not 0, so a whole-variant request keeps the bytes it
@@ -396,8 +399,9 @@ extension Images.Warm.Request {
     /// `variants` default to thumbnail and gallery, `format` to JPEG.
     public init(from decoder: any Decoder) throws {
         let values = try decoder.container(keyedBy: CodingKeys.self)
-        self.init(sha256s: try values.decode([String].self, forKey: .sha256s),
-                  variants: try values.decodeIfPresent([Images.Variant].self, forKey: .variants) ?? [.thumbnail, .gallery],
-                  format: try values.decodeIfPresent(Images.Format.self, forKey: .format) ?? .jpeg)
+        self.init(
+            sha256s: try values.decode([String].self, forKey: .sha256s),
+            variants: try values.decodeIfPresent([Images.Variant].self, forKey: .variants) ?? [.thumbnail, .gallery],
+            format: try values.decodeIfPresent(Images.Format.self, forKey: .format) ?? .jpeg)
     }
 }

@@ -1,3 +1,5 @@
+import Foundation
+
 /// Checks what `JSONDecoder` lets through before it decodes: a key twice in one object
 /// (`JSONDecoder` keeps the first, most JSON readers the last, so two programs would read
 /// different requests from the same bytes) and nesting deeper than ``maximumDepth``.
@@ -35,7 +37,10 @@ public enum JSONShape {
                 var end = start
                 var escaped = false
                 while end < count, bytes[end] != UInt8(ascii: "\"") {
-                    if bytes[end] == UInt8(ascii: "\\") { escaped = true; end += 1 }
+                    if bytes[end] == UInt8(ascii: "\\") {
+                        escaped = true
+                        end += 1
+                    }
                     end += 1
                 }
                 if let last = containers.indices.last, containers[last].isObject, containers[last].expectingKey {
@@ -61,8 +66,6 @@ public enum JSONShape {
         return Array(text.utf8)
     }
 }
-
-import Foundation
 
 /// One decoder for the rare escaped key, built once.
 private enum JSONDecoderBox {

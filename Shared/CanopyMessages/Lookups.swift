@@ -109,14 +109,17 @@ extension Images {
             /// Each key's answer with its bytes: a whole variant, or the key's error.
             public func variants(for keys: [Key]) throws(CanopyError) -> [Result<GetVariant.Reply, CanopyError>] {
                 guard results.count == keys.count, results.count(where: { $0.value != nil }) == attachments.count else {
-                    throw CanopyError(.internal, "images.variants answered \(results.count) results and \(attachments.count) attachments for \(keys.count) keys")
+                    throw CanopyError(
+                        .internal, "images.variants answered \(results.count) results and \(attachments.count) attachments for \(keys.count) keys")
                 }
                 var next = attachments.makeIterator()
                 return zip(keys, results).map { key, result in
                     guard let found = result.value else { return .failure(result.error ?? CanopyError(.internal, "a result without a value or an error")) }
                     let data = next.next()!
-                    return .success(GetVariant.Reply(sha256: key.sha256, variant: key.variant, format: key.format, width: found.width,
-                                                     height: found.height, data: data, source: found.source))
+                    return .success(
+                        GetVariant.Reply(
+                            sha256: key.sha256, variant: key.variant, format: key.format, width: found.width,
+                            height: found.height, data: data, source: found.source))
                 }
             }
         }

@@ -71,7 +71,10 @@ public struct MessageCodec: Sendable {
         } catch let error as DecodingError {
             if case .dataCorrupted(let context) = error, context.codingPath.isEmpty, let field = misfitNumber(in: bytes, for: type) {
                 // Valid JSON whose number does not fit its field: this decoder reports it without a path.
-                throw CanopyError(.badRequest, "invalid value for \(T.self): the number at '\(field.path)' (\(field.text)) does not fit its field; whole numbers are integers from -2^63 to 2^63-1")
+                throw CanopyError(
+                    .badRequest,
+                    "invalid value for \(T.self): the number at '\(field.path)' (\(field.text)) does not fit its field; whole numbers are integers from -2^63 to 2^63-1"
+                )
             }
             throw CanopyError(.badRequest, "invalid JSON for \(T.self): \(Self.describe(error))")
         } catch {
@@ -110,7 +113,9 @@ public struct MessageCodec: Sendable {
             return value
         }
         for candidate in candidates {
-            guard let data = try? JSONSerialization.data(withJSONObject: replacing(object, at: candidate.path[...]), options: [.fragmentsAllowed]) else { continue }
+            guard let data = try? JSONSerialization.data(withJSONObject: replacing(object, at: candidate.path[...]), options: [.fragmentsAllowed]) else {
+                continue
+            }
             do {
                 _ = try decoder.decode(type, from: data)
             } catch DecodingError.dataCorrupted(let context) where context.codingPath.isEmpty {

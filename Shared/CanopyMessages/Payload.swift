@@ -59,7 +59,9 @@ extension MessageCodec {
         let expected = Swift.type(of: carrying).attachmentCount
         guard expected.contains(payload.attachments.count) else {
             let count = expected.lowerBound == expected.upperBound ? "\(expected.lowerBound)" : "\(expected.lowerBound) to \(expected.upperBound)"
-            throw CanopyError(.badRequest, "this message takes \(count) attachment(s), the bytes as frames after the JSON (canopy send --attach FILE); got \(payload.attachments.count)")
+            throw CanopyError(
+                .badRequest,
+                "this message takes \(count) attachment(s), the bytes as frames after the JSON (canopy send --attach FILE); got \(payload.attachments.count)")
         }
         carrying.attachments = payload.attachments.map { Data(sharing: $0) }
         return carrying as! T // swiftlint:disable:this force_cast — the same value, its attachments set

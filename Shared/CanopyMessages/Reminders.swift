@@ -31,8 +31,10 @@ public enum Reminders {
                         if grouped[at].snoozedUntil == nil, let snoozed = task.snoozedUntil { grouped[at].snoozedUntil = snoozed }
                     } else {
                         index[task.id] = grouped.count
-                        grouped.append(Occurrences(id: task.id, plantID: task.plantID, kind: task.kind, title: task.title, due: [task.due],
-                                                   snoozedUntil: task.snoozedUntil))
+                        grouped.append(
+                            Occurrences(
+                                id: task.id, plantID: task.plantID, kind: task.kind, title: task.title, due: [task.due],
+                                snoozedUntil: task.snoozedUntil))
                     }
                 }
                 tasks = grouped
@@ -43,8 +45,9 @@ public enum Reminders {
             public var occurrences: [Care.Task] {
                 tasks.flatMap { task in
                     task.due.sorted().enumerated().map { index, due in
-                        Care.Task(id: task.id, plantID: task.plantID, kind: task.kind, title: task.title, due: due,
-                                  snoozedUntil: index == 0 ? task.snoozedUntil : nil)
+                        Care.Task(
+                            id: task.id, plantID: task.plantID, kind: task.kind, title: task.title, due: due,
+                            snoozedUntil: index == 0 ? task.snoozedUntil : nil)
                     }
                 }.sorted { ($0.due, $0.id) < ($1.due, $1.id) }
             }
@@ -358,7 +361,8 @@ extension Reminders.RegisterDevice.Request: Validatable {
         case .apns:
             // A device token: 32 bytes or more, as hexadecimal.
             guard address.utf8.count >= 64, address.utf8.count <= 200, address.utf8.count % 2 == 0,
-                  address.utf8.allSatisfy({ ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x61 && $0 <= 0x66) || ($0 >= 0x41 && $0 <= 0x46) }) else {
+                address.utf8.allSatisfy({ ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x61 && $0 <= 0x66) || ($0 >= 0x41 && $0 <= 0x46) })
+            else {
                 throw CanopyError(.badRequest, "an APNs device token is 64 to 200 hexadecimal characters, as the phone reports it")
             }
         case .webhook, .ntfy:

@@ -63,8 +63,10 @@ public enum Field {
 
     /// A list of at most `maximumCount` items, each checked by `each` (with the item's
     /// name, e.g. `commonNames[3]`).
-    public static func list<Item>(_ values: [Item], _ name: String, maximumCount: Int,
-                                  each: (Item, String) throws(CanopyError) -> Void) throws(CanopyError) {
+    public static func list<Item>(
+        _ values: [Item], _ name: String, maximumCount: Int,
+        each: (Item, String) throws(CanopyError) -> Void
+    ) throws(CanopyError) {
         guard values.count <= maximumCount else {
             throw CanopyError(.tooLarge, "\(name) has \(values.count) items; the limit is \(maximumCount)", field: name)
         }
@@ -88,9 +90,12 @@ public enum Field {
     /// An identifier: 1 to `maximumBytes` bytes of ASCII letters, digits, `.`, `_`, `:` and `-`.
     public static func identifier(_ value: String?, _ name: String, maximumBytes: Int = 128) throws(CanopyError) {
         guard let value else { return }
-        guard !value.isEmpty, value.utf8.count <= maximumBytes, value.utf8.allSatisfy({ byte in
-            (byte >= 0x30 && byte <= 0x39) || (byte >= 0x41 && byte <= 0x5A) || (byte >= 0x61 && byte <= 0x7A) || byte == 0x2E || byte == 0x5F || byte == 0x3A || byte == 0x2D
-        }) else {
+        guard !value.isEmpty, value.utf8.count <= maximumBytes,
+            value.utf8.allSatisfy({ byte in
+                (byte >= 0x30 && byte <= 0x39) || (byte >= 0x41 && byte <= 0x5A) || (byte >= 0x61 && byte <= 0x7A) || byte == 0x2E || byte == 0x5F
+                    || byte == 0x3A || byte == 0x2D
+            })
+        else {
             throw CanopyError(.badRequest, "\(name) must be 1 to \(maximumBytes) ASCII letters, digits, '.', '_', ':' or '-'", field: name)
         }
     }

@@ -65,7 +65,8 @@ enum WireDate {
         var text = text
         return text.withUTF8 { bytes -> Parsed in
             guard bytes.count >= 20, bytes.count <= 30, bytes[4] == 0x2D, bytes[7] == 0x2D, bytes[10] == 0x54, bytes[13] == 0x3A,
-                  bytes[16] == 0x3A, bytes[bytes.count - 1] == 0x5A else { return .other }
+                bytes[16] == 0x3A, bytes[bytes.count - 1] == 0x5A
+            else { return .other }
             func number(_ offset: Int, _ digits: Int) -> Int? {
                 var value = 0
                 for index in offset..<(offset + digits) {
@@ -76,7 +77,8 @@ enum WireDate {
                 return value
             }
             guard let year = number(0, 4), let month = number(5, 2), let day = number(8, 2), let hour = number(11, 2),
-                  let minute = number(14, 2), let second = number(17, 2) else { return .other }
+                let minute = number(14, 2), let second = number(17, 2)
+            else { return .other }
             var fraction = 0.0
             if bytes.count > 20 {
                 let digits = bytes.count - 21
@@ -143,7 +145,8 @@ public enum WireTime {
         case .other:
             let start = Array(bytes.prefix(11))
             guard start[4] == UInt8(ascii: "-"), start[7] == UInt8(ascii: "-"), start[10] == UInt8(ascii: "T"),
-                  let date = try? Date(text, strategy: Date.ISO8601FormatStyle(includingFractionalSeconds: text.contains("."))) else { return nil }
+                let date = try? Date(text, strategy: Date.ISO8601FormatStyle(includingFractionalSeconds: text.contains(".")))
+            else { return nil }
             return Int64((date.timeIntervalSince1970 * 1e9).rounded())
         }
     }

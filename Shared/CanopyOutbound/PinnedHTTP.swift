@@ -86,7 +86,7 @@ public final class PinnedHTTP: Sendable {
 
         public init(_ text: String) throws(Failure) {
             guard let url = URL(string: text), let scheme = url.scheme?.lowercased(), scheme == "http" || scheme == "https",
-                  let host = url.host, !host.isEmpty
+                let host = url.host, !host.isEmpty
             else { throw Failure(kind: .refused, message: "'\(text.prefix(200))' is not an http(s) URL") }
             secure = scheme == "https"
             self.host = host.lowercased().trimmingCharacters(in: CharacterSet(charactersIn: "[]"))

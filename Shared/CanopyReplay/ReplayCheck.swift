@@ -34,9 +34,13 @@ public struct ReplayCheck: Codable, Sendable, Equatable {
         var problems: [String] = []
         if ending != "complete" { problems.append("the capture is \(ending)") }
         if !unknownOperations.isEmpty { problems.append("the stack does not offer \(unknownOperations.joined(separator: ", ")): those requests will fail") }
-        if outOfOrder > 0 { problems.append("\(outOfOrder) record(s) are earlier than the record before them: the capture was edited or its clock stepped back") }
+        if outOfOrder > 0 {
+            problems.append("\(outOfOrder) record(s) are earlier than the record before them: the capture was edited or its clock stepped back")
+        }
         if missingAnswers > 0 { problems.append("\(missingAnswers) request(s) have no captured answer: they will be sent but not compared") }
-        if attachmentsOmitted > 0 { problems.append("\(attachmentsOmitted) request(s) were captured without their attachments (--without-attachments): they will be skipped") }
+        if attachmentsOmitted > 0 {
+            problems.append("\(attachmentsOmitted) request(s) were captured without their attachments (--without-attachments): they will be skipped")
+        }
         return problems
     }
 

@@ -1,7 +1,7 @@
+import CZeroMQ
 import CanopyBus
 import CanopyCapture
 import CanopyWire
-import CZeroMQ
 import Foundation
 
 /// The replay's IO shell, owned by one thread: the capture's reader, the DEALER connections

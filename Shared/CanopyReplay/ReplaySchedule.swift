@@ -245,17 +245,20 @@ struct ReplaySchedule {
         case .request:
             let first = firstTime ?? record.time
             firstTime = first
-            let sendAt: ContinuousClock.Instant? = switch options.pacing {
-            case .recorded(let speed): started + .nanoseconds(Int64(Double(max(0, record.time - first)) / speed))
-            case .rate(let rate): started + .nanoseconds(Int64(Double(requestIndex) / rate * 1e9))
-            case .fast: nil
-            }
+            let sendAt: ContinuousClock.Instant? =
+                switch options.pacing {
+                case .recorded(let speed): started + .nanoseconds(Int64(Double(max(0, record.time - first)) / speed))
+                case .rate(let rate): started + .nanoseconds(Int64(Double(requestIndex) / rate * 1e9))
+                case .fast: nil
+                }
             requestIndex += 1
-            let lane = lanes[record.client] ?? {
-                let lane = Lane(socket: lanes.count % connections)
-                lanes[record.client] = lane
-                return lane
-            }()
+            let lane =
+                lanes[record.client]
+                ?? {
+                    let lane = Lane(socket: lanes.count % connections)
+                    lanes[record.client] = lane
+                    return lane
+                }()
             let job = Job(id: nextID, record: record, lane: lane, sendAt: sendAt)
             nextID += 1
             if options.causalOrder {
@@ -360,8 +363,11 @@ struct ReplaySchedule {
         var header = record.header
         header.timeoutMilliseconds = UInt32(clamping: max(1, timeout.wholeMilliseconds))
         header.trace = nil // a replayed request is not part of the trace it was recorded in
-        let frames = WireMessage.request(WireRequest(correlation: Wire.frame(job.id), service: record.service, operation: record.operation, header: header,
-                                                     body: rebindings.rewrite(record.body), attachments: record.attachments)).encoded
+        let frames = WireMessage.request(
+            WireRequest(
+                correlation: Wire.frame(job.id), service: record.service, operation: record.operation, header: header,
+                body: rebindings.rewrite(record.body), attachments: record.attachments)
+        ).encoded
         out.append(.send(socket: job.lane.socket, frames: frames, job: job.id))
         sent += 1
         job.sentAt = now
@@ -463,8 +469,11 @@ struct ReplaySchedule {
     private mutating func askForStats(now: ContinuousClock.Instant) {
         if let asked = statsAskedAt, now - asked < .milliseconds(5) { return }
         statsAskedAt = now
-        let frames = WireMessage.request(WireRequest(correlation: Self.statsCorrelation, service: Broker.service, operation: Broker.Stats.name,
-                                                     header: RequestHeader(timeoutMilliseconds: 2_000), body: Array("{}".utf8))).encoded
+        let frames = WireMessage.request(
+            WireRequest(
+                correlation: Self.statsCorrelation, service: Broker.service, operation: Broker.Stats.name,
+                header: RequestHeader(timeoutMilliseconds: 2_000), body: Array("{}".utf8))
+        ).encoded
         out.append(.send(socket: 0, frames: frames, job: nil))
     }
 
@@ -496,8 +505,16 @@ struct ReplaySchedule {
     static func pattern(_ path: String) -> String {
         var out = "", inIndex = false
         for character in path {
-            if character == "[" { inIndex = true; out += "[*"; continue }
-            if character == "]" { inIndex = false; out += "]"; continue }
+            if character == "[" {
+                inIndex = true
+                out += "[*"
+                continue
+            }
+            if character == "]" {
+                inIndex = false
+                out += "]"
+                continue
+            }
             if !inIndex { out.append(character) }
         }
         return out
@@ -526,10 +543,13 @@ struct ReplaySchedule {
             case .answer(let replied, let replyAttachments):
                 (body, attachments) = (rebindings.restore(replied), replyAttachments)
             }
-            out.append(.write(CaptureRecord(kind: .reply, flags: flags, time: request.time + Int64(job.took.nanoseconds),
-                                              latencyNanoseconds: UInt64(max(0, job.took.nanoseconds)), client: record.client,
-                                              service: record.service, operation: record.operation, correlation: record.correlation,
-                                              header: record.header, body: body, attachments: attachments)))
+            out.append(
+                .write(
+                    CaptureRecord(
+                        kind: .reply, flags: flags, time: request.time + Int64(job.took.nanoseconds),
+                        latencyNanoseconds: UInt64(max(0, job.took.nanoseconds)), client: record.client,
+                        service: record.service, operation: record.operation, correlation: record.correlation,
+                        header: record.header, body: body, attachments: attachments)))
         }
     }
 
@@ -544,8 +564,9 @@ struct ReplaySchedule {
     private func timeWindow(_ job: Job, captured: CaptureRecord) -> TimeWindow? {
         guard let tolerance = options.timeTolerance, job.sentWall != 0 else { return nil }
         let slack = Int64(tolerance.nanoseconds)
-        return TimeWindow(shift: stackTime(job) - job.record.time, below: max(Int64(captured.latencyNanoseconds), slowest) + slack,
-                          above: max(Int64(job.took.nanoseconds), slowest) + slack)
+        return TimeWindow(
+            shift: stackTime(job) - job.record.time, below: max(Int64(captured.latencyNanoseconds), slowest) + slack,
+            above: max(Int64(job.took.nanoseconds), slowest) + slack)
     }
 
     /// When `job` was sent, by the stack's clock (ns since 1970).
@@ -566,8 +587,10 @@ struct ReplaySchedule {
 
     private mutating func example(_ record: CaptureRecord, failure: String?, _ differences: [Difference]) {
         guard report.examples.count < options.examples else { return }
-        report.examples.append(.init(client: record.client, service: record.service, operation: record.operation, time: record.time,
-                                     principal: record.header.principal, failure: failure, differences: differences))
+        report.examples.append(
+            .init(
+                client: record.client, service: record.service, operation: record.operation, time: record.time,
+                principal: record.header.principal, failure: failure, differences: differences))
     }
 
     /// Errors that say the stack did not answer, rather than what it answered.
@@ -592,19 +615,23 @@ struct ReplaySchedule {
             if body != captured.body {
                 // Ids first: what this answer teaches explains its own differences too.
                 if let left = try? JSONSerialization.jsonObject(with: Data(captured.body), options: [.fragmentsAllowed]),
-                   let right = try? JSONSerialization.jsonObject(with: Data(body), options: [.fragmentsAllowed]) {
+                    let right = try? JSONSerialization.jsonObject(with: Data(body), options: [.fragmentsAllowed])
+                {
                     rebindings.learn(captured: left, replayed: right)
                 }
             }
-            var differences = ReplyComparison.differences(captured: captured.body, replayed: body, ignored: ignored, rebindings: rebindings,
-                                                          times: timeWindow(job, captured: captured), timed: &timeFields)
+            var differences = ReplyComparison.differences(
+                captured: captured.body, replayed: body, ignored: ignored, rebindings: rebindings,
+                times: timeWindow(job, captured: captured), timed: &timeFields)
             if !captured.flags.contains(.attachmentsOmitted) {
                 for index in 0..<max(captured.attachments.count, attachments.count) {
                     let left = index < captured.attachments.count ? captured.attachments[index] : nil
                     let right = index < attachments.count ? attachments[index] : nil
                     if left != right && !ignored.contains(["attachments", "\(index)"]) {
-                        differences.append(Difference(path: "$attachments[\(index)]", captured: left.map { "\($0.count) bytes" } ?? "(absent)",
-                                                      replayed: right.map { "\($0.count) bytes, other bytes" } ?? "(absent)"))
+                        differences.append(
+                            Difference(
+                                path: "$attachments[\(index)]", captured: left.map { "\($0.count) bytes" } ?? "(absent)",
+                                replayed: right.map { "\($0.count) bytes, other bytes" } ?? "(absent)"))
                     }
                 }
             }

@@ -83,7 +83,8 @@ public struct Rebindings: Sendable {
             // must not move it to another thing.
             // An id made of learned parts is explained by them (or differs for real): not learned whole.
             if let key, Self.isIdentifierKey(key), captured != replayed, !captured.isEmpty, table[captured] == nil, mapped(captured) == nil,
-               table.count < Self.limit {
+                table.count < Self.limit
+            {
                 table[captured] = replayed
             }
         default:
@@ -107,13 +108,17 @@ public struct Rebindings: Sendable {
             case let object as [String: Any]: return object.mapValues(replace)
             case let array as [Any]: return array.map(replace)
             case let text as String:
-                if let new = mapped(text, by: table) { changed = true; return new }
+                if let new = mapped(text, by: table) {
+                    changed = true
+                    return new
+                }
                 return text
             default: return json
             }
         }
         let replaced = replace(json)
-        guard changed, let data = try? JSONSerialization.data(withJSONObject: replaced, options: [.sortedKeys, .withoutEscapingSlashes, .fragmentsAllowed]) else {
+        guard changed, let data = try? JSONSerialization.data(withJSONObject: replaced, options: [.sortedKeys, .withoutEscapingSlashes, .fragmentsAllowed])
+        else {
             return body
         }
         return [UInt8](data)
@@ -180,11 +185,14 @@ public enum ReplyComparison {
     /// ids `rebindings` explain. Bodies that are not JSON are compared as bytes. With
     /// `times`, two date-times that differ by the clocks' shift are the same; the paths where
     /// that happened go to `timed` (`$.tasks[*].due`: indexes as `*`).
-    public static func differences(captured: [UInt8], replayed: [UInt8], ignored: IgnoredPaths, rebindings: Rebindings, limit: Int = 20,
-                                   times: TimeWindow? = nil, timed: inout Set<String>) -> [Difference] {
+    public static func differences(
+        captured: [UInt8], replayed: [UInt8], ignored: IgnoredPaths, rebindings: Rebindings, limit: Int = 20,
+        times: TimeWindow? = nil, timed: inout Set<String>
+    ) -> [Difference] {
         if captured == replayed { return [] }
         guard let left = try? JSONSerialization.jsonObject(with: Data(captured), options: [.fragmentsAllowed]),
-              let right = try? JSONSerialization.jsonObject(with: Data(replayed), options: [.fragmentsAllowed]) else {
+            let right = try? JSONSerialization.jsonObject(with: Data(replayed), options: [.fragmentsAllowed])
+        else {
             return [Difference(path: "$", captured: "\(captured.count) bytes (not JSON)", replayed: "\(replayed.count) bytes")]
         }
         var found: [Difference] = []
@@ -236,7 +244,8 @@ public enum ReplyComparison {
         case (let left as String, let right as String):
             guard left != right, !context.rebindings.explains(captured: left, replayed: right) else { return }
             if let window = context.times, let was = WireTime.nanoseconds(left), let now = WireTime.nanoseconds(right),
-               window.explains(captured: was, replayed: now) {
+                window.explains(captured: was, replayed: now)
+            {
                 context.timed.insert("$" + path.map { Int($0) != nil ? "[*]" : ".\($0)" }.joined())
                 return
             }

@@ -20,7 +20,8 @@ public enum MultipartForm {
     public static func encode(_ parts: [Part], boundary: String) -> [UInt8] {
         var body: [UInt8] = []
         for part in parts {
-            body += Array("--\(boundary)\r\nContent-Disposition: form-data; name=\"\(part.name)\"\(part.type == nil ? "" : "; filename=\"\(part.name).jpg\"")\r\n".utf8)
+            body += Array(
+                "--\(boundary)\r\nContent-Disposition: form-data; name=\"\(part.name)\"\(part.type == nil ? "" : "; filename=\"\(part.name).jpg\"")\r\n".utf8)
             if let type = part.type { body += Array("Content-Type: \(type)\r\n".utf8) }
             body += Array("\r\n".utf8) + part.bytes + Array("\r\n".utf8)
         }

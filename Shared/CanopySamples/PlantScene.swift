@@ -116,7 +116,8 @@ public struct PlantScene: Sendable, Equatable {
                     break
                 }
                 if let occlusion = shot.occlusion, Double(x) >= occlusion.x * Double(width), Double(x) < (occlusion.x + occlusion.width) * Double(width),
-                   Double(y) >= occlusion.y * Double(height), Double(y) < (occlusion.y + occlusion.height) * Double(height) {
+                    Double(y) >= occlusion.y * Double(height), Double(y) < (occlusion.y + occlusion.height) * Double(height)
+                {
                     colour = [205, 170, 150] // a hand
                 }
                 let offset = (y * width + x) * 3

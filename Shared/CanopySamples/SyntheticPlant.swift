@@ -29,9 +29,10 @@ public struct SyntheticPlant: Sendable, Equatable {
     /// directions are spread so that neighbours differ in at least two of them).
     public static func species(_ index: Int) -> SyntheticPlant {
         let golden = 137.507_764 // degrees: successive hues as far apart as they can be
-        return SyntheticPlant(hue: (Double(index) * golden).truncatingRemainder(dividingBy: 360),
-                              accentHue: (Double(index) * golden + 40 + Double(index % 3) * 60).truncatingRemainder(dividingBy: 360),
-                              angle: Double((index * 47) % 180), frequency: [2.5, 5, 9][index % 3])
+        return SyntheticPlant(
+            hue: (Double(index) * golden).truncatingRemainder(dividingBy: 360),
+            accentHue: (Double(index) * golden + 40 + Double(index % 3) * 60).truncatingRemainder(dividingBy: 360),
+            angle: Double((index * 47) % 180), frequency: [2.5, 5, 9][index % 3])
     }
 
     /// A shot of the plant as 8-bit sRGB pixels, three bytes each.

@@ -8,8 +8,11 @@ import OTel
 /// it, and how much to log.
 public struct CommonOptions: ParsableArguments {
     /// The broker endpoints to connect to: one, or several live brokers.
-    @Option(name: [.customLong("endpoint"), .customLong("broker")],
-            help: ArgumentHelp("Broker endpoint (--broker says the same); repeat it, or separate endpoints with commas, for several live brokers. Env: CANOPY_ENDPOINT (A,B for several).", valueName: "endpoint"))
+    @Option(
+        name: [.customLong("endpoint"), .customLong("broker")],
+        help: ArgumentHelp(
+            "Broker endpoint (--broker says the same); repeat it, or separate endpoints with commas, for several live brokers. Env: CANOPY_ENDPOINT (A,B for several).",
+            valueName: "endpoint"))
     public var endpoints: [String] = [Environment.string("CANOPY_ENDPOINT") ?? "tcp://127.0.0.1:5555"]
 
     /// The endpoints as one string, `A,B` (what the bus configurations split again).
@@ -19,15 +22,27 @@ public struct CommonOptions: ParsableArguments {
     public var brokerEndpoints: [String] { BusClient.Configuration(endpoint: endpoint).endpoints }
 
     /// The broker's CurveZMQ public key, or a file holding it.
-    @Option(name: .long, help: ArgumentHelp("The broker's CurveZMQ public key (Z85) or its .pub file; turns CURVE on. With several brokers, one per --endpoint in order, separated by commas. Env: CANOPY_CURVE_SERVER_KEY.", valueName: "key|file"))
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "The broker's CurveZMQ public key (Z85) or its .pub file; turns CURVE on. With several brokers, one per --endpoint in order, separated by commas. Env: CANOPY_CURVE_SERVER_KEY.",
+            valueName: "key|file"))
     public var curveServerKey: String?
 
     /// This peer's secret key file.
-    @Option(name: .long, help: ArgumentHelp("This peer's key file from 'canopy keys generate' (its public key must be on the broker's allow-list). Env: CANOPY_CURVE_SECRET_KEY_FILE, or the key itself in CANOPY_CURVE_SECRET_KEY.", valueName: "file"))
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "This peer's key file from 'canopy keys generate' (its public key must be on the broker's allow-list). Env: CANOPY_CURVE_SECRET_KEY_FILE, or the key itself in CANOPY_CURVE_SECRET_KEY.",
+            valueName: "file"))
     public var curveSecretKeyFile: String?
 
     /// The stack this executable belongs to.
-    @Option(name: .long, help: ArgumentHelp("The stack this belongs to (canopy up sets it): the broker must announce the same, or a worker stops rather than serve another stack. Env: CANOPY_STACK.", valueName: "id"))
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "The stack this belongs to (canopy up sets it): the broker must announce the same, or a worker stops rather than serve another stack. Env: CANOPY_STACK.",
+            valueName: "id"))
     public var stack: String? = Environment.string("CANOPY_STACK")
 
     /// The lowest log level written.
@@ -44,7 +59,9 @@ public struct CommonOptions: ParsableArguments {
 
     /// A stack id is 1 to 64 of a-z, A-Z, 0-9, '-' and '_' (it travels in ZMTP metadata).
     public static func validate(stack: String) throws {
-        guard (1...64).contains(stack.utf8.count), stack.utf8.allSatisfy({ $0 == 0x2D || $0 == 0x5F || (0x30...0x39).contains($0) || (0x41...0x5A).contains($0) || (0x61...0x7A).contains($0) }) else {
+        guard (1...64).contains(stack.utf8.count),
+            stack.utf8.allSatisfy({ $0 == 0x2D || $0 == 0x5F || (0x30...0x39).contains($0) || (0x41...0x5A).contains($0) || (0x61...0x7A).contains($0) })
+        else {
             throw ValidationError("--stack (CANOPY_STACK) is 1 to 64 of a-z, A-Z, 0-9, '-' and '_'; got '\(stack.prefix(80))'")
         }
     }
@@ -66,7 +83,8 @@ public struct CommonOptions: ParsableArguments {
             let keys = try serverKey.split(separator: ",").map { try Curve.publicKey(String($0).trimmingCharacters(in: .whitespaces)) }
             let brokers = brokerEndpoints.count
             guard !keys.isEmpty, keys.count == 1 || keys.count == brokers else {
-                throw ValidationError("--curve-server-key names \(keys.count) broker keys for \(brokers) brokers; give one key for all, or one per --endpoint in the same order")
+                throw ValidationError(
+                    "--curve-server-key names \(keys.count) broker keys for \(brokers) brokers; give one key for all, or one per --endpoint in the same order")
             }
             return CurveClientSettings(serverKeys: keys, keyPair: keyPair)
         } catch let error as Curve.KeyError {
@@ -105,11 +123,12 @@ public enum LogSetup {
         _ = Observability.registry
         // A line logged while serving a traced request carries its trace_id and span_id
         // (the span in the task's service context; nothing when there is none).
-        LoggingSystem.bootstrap({ label, metadataProvider in
-            var handler = StreamLogHandler.standardError(label: label, metadataProvider: metadataProvider)
-            handler.logLevel = .trace // each Logger below decides
-            return handler
-        }, metadataProvider: OTel.makeLoggingMetadataProvider())
+        LoggingSystem.bootstrap(
+            { label, metadataProvider in
+                var handler = StreamLogHandler.standardError(label: label, metadataProvider: metadataProvider)
+                handler.logLevel = .trace // each Logger below decides
+                return handler
+            }, metadataProvider: OTel.makeLoggingMetadataProvider())
         var logger = Logger(label: label)
         logger.logLevel = level
         return logger

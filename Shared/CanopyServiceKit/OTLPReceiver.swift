@@ -30,8 +30,10 @@ public final class OTLPReceiver: Sendable {
     ///     must not count against what it measures).
     ///   - sink: where the spans of each request go; without one they are kept in memory
     ///     (up to ``maximumKeptBytes``, the oldest dropped past it) for ``spans``.
-    public init(address: BindAddress = .hostname("127.0.0.1", port: 0), logger: Logger = Logger(label: "otlp"), discarding: Bool = false,
-                sink: (@Sendable ([TraceSpan]) -> Void)? = nil) {
+    public init(
+        address: BindAddress = .hostname("127.0.0.1", port: 0), logger: Logger = Logger(label: "otlp"), discarding: Bool = false,
+        sink: (@Sendable ([TraceSpan]) -> Void)? = nil
+    ) {
         let router = Router()
         let state = self.state
         router.post("/v1/traces") { request, _ -> Response in
@@ -54,11 +56,13 @@ public final class OTLPReceiver: Sendable {
                     }
                 }
             }
-            return Response(status: .ok, headers: [.contentType: json ? "application/json" : "application/x-protobuf"],
-                            body: .init(byteBuffer: ByteBuffer(string: json ? "{}" : "")))
+            return Response(
+                status: .ok, headers: [.contentType: json ? "application/json" : "application/x-protobuf"],
+                body: .init(byteBuffer: ByteBuffer(string: json ? "{}" : "")))
         }
-        application = Application(router: router, configuration: .init(address: address, serverName: "otlp"),
-                                  onServerRunning: { channel in state.port.set(channel.localAddress?.port) }, logger: logger)
+        application = Application(
+            router: router, configuration: .init(address: address, serverName: "otlp"),
+            onServerRunning: { channel in state.port.set(channel.localAddress?.port) }, logger: logger)
     }
 
     /// The port it listens on, once it does.
@@ -123,14 +127,17 @@ public struct TraceSpan: Sendable, Equatable, Codable {
             for scope in resource["scopeSpans"] as? [[String: Any]] ?? [] {
                 for span in scope["spans"] as? [[String: Any]] ?? [] {
                     let status = span["status"] as? [String: Any] ?? [:]
-                    spans.append(TraceSpan(
-                        traceID: hex(span["traceId"], bytes: 16), spanID: hex(span["spanId"], bytes: 8),
-                        parentSpanID: hex(span["parentSpanId"], bytes: 8), name: span["name"] as? String ?? "", service: service,
-                        kind: kind(span["kind"]), start: nanoseconds(span["startTimeUnixNano"]), end: nanoseconds(span["endTimeUnixNano"]),
-                        status: statusCode(status["code"]), statusMessage: status["message"] as? String ?? "",
-                        attributes: attributes(span["attributes"]),
-                        links: (span["links"] as? [[String: Any]] ?? []).map { Link(traceID: hex($0["traceId"], bytes: 16), spanID: hex($0["spanId"], bytes: 8)) },
-                        events: (span["events"] as? [[String: Any]] ?? []).compactMap { $0["name"] as? String }))
+                    spans.append(
+                        TraceSpan(
+                            traceID: hex(span["traceId"], bytes: 16), spanID: hex(span["spanId"], bytes: 8),
+                            parentSpanID: hex(span["parentSpanId"], bytes: 8), name: span["name"] as? String ?? "", service: service,
+                            kind: kind(span["kind"]), start: nanoseconds(span["startTimeUnixNano"]), end: nanoseconds(span["endTimeUnixNano"]),
+                            status: statusCode(status["code"]), statusMessage: status["message"] as? String ?? "",
+                            attributes: attributes(span["attributes"]),
+                            links: (span["links"] as? [[String: Any]] ?? []).map {
+                                Link(traceID: hex($0["traceId"], bytes: 16), spanID: hex($0["spanId"], bytes: 8))
+                            },
+                            events: (span["events"] as? [[String: Any]] ?? []).compactMap { $0["name"] as? String }))
                 }
             }
         }

@@ -55,14 +55,16 @@ public final class OperatingEndpoint: Service, Sendable {
             var buffer = [UInt8]()
             buffer.reserveCapacity(16_384)
             registry.emit(into: &buffer)
-            return Response(status: .ok, headers: [.contentType: "text/plain; version=0.0.4; charset=utf-8"],
-                            body: .init(byteBuffer: ByteBuffer(bytes: buffer)))
+            return Response(
+                status: .ok, headers: [.contentType: "text/plain; version=0.0.4; charset=utf-8"],
+                body: .init(byteBuffer: ByteBuffer(bytes: buffer)))
         }
         router.get("/health") { _, _ -> Response in
             let report = await health()
             let body = (try? JSONEncoder().encode(report)) ?? Data()
-            return Response(status: report.healthy ? .ok : .serviceUnavailable, headers: [.contentType: "application/json"],
-                            body: .init(byteBuffer: ByteBuffer(bytes: body)))
+            return Response(
+                status: report.healthy ? .ok : .serviceUnavailable, headers: [.contentType: "application/json"],
+                body: .init(byteBuffer: ByteBuffer(bytes: body)))
         }
         var quiet = logger
         quiet.logLevel = max(logger.logLevel, .warning)
@@ -120,9 +122,11 @@ extension OperatingEndpoint {
         let reporters = services.compactMap { $0 as? any HealthReporting }
         return {
             let registered = runners.allSatisfy(\.isRegistered)
-            var report = HealthReport(healthy: registered, checks: [
-                "broker": registered ? "registered, heartbeats flowing" : "not registered with the broker (is canopy-broker running at --endpoint?)",
-            ])
+            var report = HealthReport(
+                healthy: registered,
+                checks: [
+                    "broker": registered ? "registered, heartbeats flowing" : "not registered with the broker (is canopy-broker running at --endpoint?)"
+                ])
             for reporter in reporters {
                 for check in await reporter.healthChecks() {
                     report.checks[check.name] = check.detail

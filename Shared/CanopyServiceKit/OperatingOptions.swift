@@ -1,9 +1,10 @@
 import ArgumentParser
 import Foundation
-#if canImport(FoundationNetworking)
-import FoundationNetworking
-#endif
 import Logging
+
+#if canImport(FoundationNetworking)
+    import FoundationNetworking
+#endif
 
 /// Where an executable serves `/metrics` and `/health`: `--metrics-bind HOST:PORT`
 /// (`CANOPY_METRICS_BIND`), `off` for nowhere. Each executable has its own default port
@@ -20,7 +21,10 @@ public struct OperatingOptions: ParsableArguments {
         public static let testWorker = "off"
     }
 
-    @Option(help: ArgumentHelp("Where /metrics and /health listen, HOST:PORT, or 'off' (default per executable: broker 9400, images 9401, care 9402, identify 9403, remind 9404, api 9405 on 127.0.0.1). Env: CANOPY_METRICS_BIND.", valueName: "host:port"))
+    @Option(
+        help: ArgumentHelp(
+            "Where /metrics and /health listen, HOST:PORT, or 'off' (default per executable: broker 9400, images 9401, care 9402, identify 9403, remind 9404, api 9405 on 127.0.0.1). Env: CANOPY_METRICS_BIND.",
+            valueName: "host:port"))
     public var metricsBind: String?
 
     /// The flag, else `CANOPY_METRICS_BIND`, else `nil` (the executable's default).
@@ -40,7 +44,7 @@ public struct OperatingOptions: ParsableArguments {
     public static func parse(_ text: String) throws -> ListenAddress? {
         if text.lowercased() == "off" { return nil }
         guard let colon = text.lastIndex(of: ":"), let port = Int(text[text.index(after: colon)...]), (0...65_535).contains(port),
-              colon != text.startIndex
+            colon != text.startIndex
         else {
             throw ValidationError("--metrics-bind is HOST:PORT, such as 127.0.0.1:9400 or 0.0.0.0:9400, or 'off'; got '\(text)'")
         }

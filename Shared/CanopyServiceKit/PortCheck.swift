@@ -88,8 +88,10 @@ public enum PortCheck {
     }
 
     /// Runs a listener, turning its bind error for a taken port into the check's sentence.
-    public static func translatingBindErrors(_ address: ListenAddress, for purpose: String, option: String,
-                                             _ body: () async throws -> Void) async throws {
+    public static func translatingBindErrors(
+        _ address: ListenAddress, for purpose: String, option: String,
+        _ body: () async throws -> Void
+    ) async throws {
         do {
             try await body()
         } catch let error as IOError where error.errnoCode == EADDRINUSE {
@@ -107,7 +109,7 @@ public enum PortCheck {
             guard let pid = Int32(entry), let descriptors = try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(entry)/fd") else { continue }
             for descriptor in descriptors {
                 guard let target = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(entry)/fd/\(descriptor)"),
-                      target.hasPrefix("socket:["), inodes.contains(String(target.dropFirst(8).dropLast()))
+                    target.hasPrefix("socket:["), inodes.contains(String(target.dropFirst(8).dropLast()))
                 else { continue }
                 return describe(pid: pid)
             }

@@ -56,7 +56,8 @@ public struct ServiceClock: Sendable, Equatable, CustomStringConvertible {
         if text.hasPrefix("fixed:"), let date = instant(text.dropFirst(6)) {
             mode = .fixed(date)
         } else if text.hasPrefix("from:"), case let parts = text.dropFirst(5).split(separator: ",", maxSplits: 1), parts.count == 2,
-                  parts[1].hasPrefix("at:"), let date = instant(parts[0]), let at = instant(parts[1].dropFirst(3)) {
+            parts[1].hasPrefix("at:"), let date = instant(parts[0]), let at = instant(parts[1].dropFirst(3))
+        {
             mode = .shifted(date.timeIntervalSince(at))
         } else if text.hasPrefix("from:"), !text.contains(","), let date = instant(text.dropFirst(5)) {
             mode = .shifted(date.timeIntervalSinceNow)

@@ -1,5 +1,5 @@
-import CanopyBus
 import CZeroMQ
+import CanopyBus
 import Logging
 import ServiceLifecycle
 
@@ -28,8 +28,10 @@ public struct ServiceParts: Sendable {
     /// has one: started first, closed last), the background services, the runner (stopped
     /// first: it drains its requests while the rest still run), and the `/metrics` and
     /// `/health` listener when `metrics` names one.
-    public func assembled(runner configuration: ServiceRunner.Configuration, bus: BusClient?, metrics: ListenAddress?, context: ZMQContext,
-                          logger: Logger) throws -> [any Service] {
+    public func assembled(
+        runner configuration: ServiceRunner.Configuration, bus: BusClient?, metrics: ListenAddress?, context: ZMQContext,
+        logger: Logger
+    ) throws -> [any Service] {
         let runner = ServiceRunner(service: handlers, configuration: configuration, context: context, logger: logger)
         let notice: [any Service] = onShutdown.isEmpty ? [] : [ShutdownNotice(actions: onShutdown)]
         let services: [any Service] = (bus.map { [$0] } ?? []) + background + [runner] + notice

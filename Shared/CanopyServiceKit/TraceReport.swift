@@ -113,9 +113,11 @@ public enum TraceReport {
             let root = trace.filter { !ids.contains($0.parentSpanID) }.min { $0.start < $1.start }
             let start = trace.map(\.start).min() ?? 0
             let end = trace.map(\.end).max() ?? start
-            table.append([trace[0].traceID, formatter.string(from: Date(timeIntervalSince1970: Double(start) / 1e9)), root?.name ?? "",
-                          "\(trace.count)", Set(trace.map(\.service)).sorted().joined(separator: ","),
-                          String(format: "%.1f", Double(end - start) / 1e6), "\(trace.count { $0.status == "error" })"])
+            table.append([
+                trace[0].traceID, formatter.string(from: Date(timeIntervalSince1970: Double(start) / 1e9)), root?.name ?? "",
+                "\(trace.count)", Set(trace.map(\.service)).sorted().joined(separator: ","),
+                String(format: "%.1f", Double(end - start) / 1e6), "\(trace.count { $0.status == "error" })",
+            ])
         }
         return table.render()
     }

@@ -54,8 +54,10 @@ public enum Traces {
     /// benchmark's brokers and workers, each with its own), exporting OTLP/JSON to
     /// `endpoint` (`http://HOST:PORT`), and the service that exports (run it; its graceful
     /// shutdown sends what is left).
-    public static func makeTracer(serviceName: String, endpoint: String, sampler: OTel.Configuration.TracesConfiguration.SamplerConfiguration = .parentBasedAlwaysOn,
-                                  scheduleDelay: Duration = .milliseconds(100)) throws -> (tracer: any Tracer, exporter: any Service) {
+    public static func makeTracer(
+        serviceName: String, endpoint: String, sampler: OTel.Configuration.TracesConfiguration.SamplerConfiguration = .parentBasedAlwaysOn,
+        scheduleDelay: Duration = .milliseconds(100)
+    ) throws -> (tracer: any Tracer, exporter: any Service) {
         var configuration = OTel.Configuration.default
         configuration.serviceName = serviceName
         configuration.logs.enabled = false
@@ -91,13 +93,20 @@ public enum Traces {
 /// The trace options every long-running executable takes, beside the `OTEL_*` variables
 /// they stand for (an option wins over its variable).
 public struct TraceOptions: ParsableArguments {
-    @Option(help: ArgumentHelp("An OpenTelemetry collector's OTLP/HTTP endpoint, such as http://127.0.0.1:4318; turns traces on. Env: OTEL_EXPORTER_OTLP_ENDPOINT.", valueName: "url"))
+    @Option(
+        help: ArgumentHelp(
+            "An OpenTelemetry collector's OTLP/HTTP endpoint, such as http://127.0.0.1:4318; turns traces on. Env: OTEL_EXPORTER_OTLP_ENDPOINT.",
+            valueName: "url"))
     public var otlpEndpoint: String?
     @Option(help: ArgumentHelp("http/protobuf (the default) or http/json. Env: OTEL_EXPORTER_OTLP_PROTOCOL.", valueName: "protocol"))
     public var otlpProtocol: String?
-    @Option(help: ArgumentHelp("Which new traces to record: parentbased_always_off (the default: only those an app's traceparent samples), parentbased_traceidratio, parentbased_always_on, always_on, always_off or traceidratio. Env: OTEL_TRACES_SAMPLER.", valueName: "sampler"))
+    @Option(
+        help: ArgumentHelp(
+            "Which new traces to record: parentbased_always_off (the default: only those an app's traceparent samples), parentbased_traceidratio, parentbased_always_on, always_on, always_off or traceidratio. Env: OTEL_TRACES_SAMPLER.",
+            valueName: "sampler"))
     public var tracesSampler: String?
-    @Option(help: ArgumentHelp("The share of new traces a *traceidratio sampler records, 0 to 1 (0.01 is 1%). Env: OTEL_TRACES_SAMPLER_ARG.", valueName: "ratio"))
+    @Option(
+        help: ArgumentHelp("The share of new traces a *traceidratio sampler records, 0 to 1 (0.01 is 1%). Env: OTEL_TRACES_SAMPLER_ARG.", valueName: "ratio"))
     public var tracesSamplerArg: String?
     @Option(help: ArgumentHelp("The service.name on this process's spans (default: the executable's name). Env: OTEL_SERVICE_NAME.", valueName: "name"))
     public var otelServiceName: String?
@@ -109,8 +118,10 @@ public struct TraceOptions: ParsableArguments {
 
     /// Each option given, with the variable it stands for.
     private var given: [(name: String, value: String)] {
-        [(otlpEndpoint, "OTEL_EXPORTER_OTLP_ENDPOINT"), (otlpProtocol, "OTEL_EXPORTER_OTLP_PROTOCOL"), (tracesSampler, "OTEL_TRACES_SAMPLER"),
-         (tracesSamplerArg, "OTEL_TRACES_SAMPLER_ARG"), (otelServiceName, "OTEL_SERVICE_NAME")].compactMap { value, name in value.map { (name, $0) } }
+        [
+            (otlpEndpoint, "OTEL_EXPORTER_OTLP_ENDPOINT"), (otlpProtocol, "OTEL_EXPORTER_OTLP_PROTOCOL"), (tracesSampler, "OTEL_TRACES_SAMPLER"),
+            (tracesSamplerArg, "OTEL_TRACES_SAMPLER_ARG"), (otelServiceName, "OTEL_SERVICE_NAME"),
+        ].compactMap { value, name in value.map { (name, $0) } }
     }
 
     /// The process's environment with each option given in place of its variable.
@@ -131,13 +142,15 @@ public struct TraceOptions: ParsableArguments {
             throw ValidationError("--otlp-protocol (OTEL_EXPORTER_OTLP_PROTOCOL) is http/protobuf or http/json; got '\(value.prefix(40))'")
         }
         if let value = environment["OTEL_TRACES_SAMPLER"], !value.isEmpty, !Self.samplers.contains(value) {
-            throw ValidationError("--traces-sampler (OTEL_TRACES_SAMPLER) is one of \(Self.samplers.sorted().joined(separator: ", ")); got '\(value.prefix(40))'")
+            throw ValidationError(
+                "--traces-sampler (OTEL_TRACES_SAMPLER) is one of \(Self.samplers.sorted().joined(separator: ", ")); got '\(value.prefix(40))'")
         }
         if let value = environment["OTEL_TRACES_SAMPLER_ARG"], !value.isEmpty, Double(value).map({ (0...1).contains($0) }) != true {
             throw ValidationError("--traces-sampler-arg (OTEL_TRACES_SAMPLER_ARG) is a ratio from 0 to 1, such as 0.01; got '\(value.prefix(40))'")
         }
         if let value = environment["OTEL_EXPORTER_OTLP_ENDPOINT"], !value.isEmpty,
-           URL(string: value).map({ ["http", "https"].contains($0.scheme ?? "") && $0.host != nil }) != true {
+            URL(string: value).map({ ["http", "https"].contains($0.scheme ?? "") && $0.host != nil }) != true
+        {
             throw ValidationError("--otlp-endpoint (OTEL_EXPORTER_OTLP_ENDPOINT) is an http(s) URL such as http://127.0.0.1:4318; got '\(value.prefix(80))'")
         }
     }

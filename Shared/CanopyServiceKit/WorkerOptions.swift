@@ -23,7 +23,10 @@ public struct WorkerOptions: ParsableArguments {
     public var drainTimeoutMs: Int = Environment.milliseconds("CANOPY_DRAIN_TIMEOUT_MS", default: Self.defaults.drainTimeout)
 
     /// The time the service goes by.
-    @Option(help: ArgumentHelp("The time this service goes by: system, fixed:2026-11-24T09:00:00Z (stopped there, for tests and exact replays), from:2026-11-24T09:00:00Z (starting there, running) or from:2026-11-24T09:00:00Z,at:INSTANT (standing there at that instant of the system clock, running: what a fresh replay stack runs on). Env: CANOPY_CLOCK.", valueName: "clock"))
+    @Option(
+        help: ArgumentHelp(
+            "The time this service goes by: system, fixed:2026-11-24T09:00:00Z (stopped there, for tests and exact replays), from:2026-11-24T09:00:00Z (starting there, running) or from:2026-11-24T09:00:00Z,at:INSTANT (standing there at that instant of the system clock, running: what a fresh replay stack runs on). Env: CANOPY_CLOCK.",
+            valueName: "clock"))
     public var clock: String = Environment.string("CANOPY_CLOCK") ?? "system"
 
     /// Parsed by argument parser.
@@ -47,7 +50,9 @@ public struct WorkerOptions: ParsableArguments {
     public func runnerConfiguration(_ common: CommonOptions) throws -> ServiceRunner.Configuration {
         var configuration = ServiceRunner.Configuration(endpoint: common.endpoint)
         guard credit >= configuration.endpoints.count else {
-            throw ValidationError("--credit \(credit) cannot be shared by \(configuration.endpoints.count) brokers: each holds at least one; raise --credit (CANOPY_CREDIT) to \(configuration.endpoints.count) or more")
+            throw ValidationError(
+                "--credit \(credit) cannot be shared by \(configuration.endpoints.count) brokers: each holds at least one; raise --credit (CANOPY_CREDIT) to \(configuration.endpoints.count) or more"
+            )
         }
         configuration.curve = try common.curveSettings()
         configuration.stack = common.stack

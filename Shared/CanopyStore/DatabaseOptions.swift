@@ -4,16 +4,27 @@ import Foundation
 /// Where a stateful service keeps its data: `--database-url` (PostgreSQL, which replicas
 /// share) or, without it, a SQLite file in its data directory (the embedded default).
 public struct DatabaseOptions: ParsableArguments {
-    @Option(help: ArgumentHelp("PostgreSQL for this service's store, shared by its replicas: postgres://USER@HOST:5432/DATABASE (without it: SQLite in the data directory). Env: CANOPY_DATABASE_URL.", valueName: "url"))
+    @Option(
+        help: ArgumentHelp(
+            "PostgreSQL for this service's store, shared by its replicas: postgres://USER@HOST:5432/DATABASE (without it: SQLite in the data directory). Env: CANOPY_DATABASE_URL.",
+            valueName: "url"))
     public var databaseURL: String? = Self.environment("CANOPY_DATABASE_URL")
 
-    @Option(help: ArgumentHelp("A file holding the database password (a compose secret), instead of one in the URL. Env: CANOPY_DATABASE_PASSWORD_FILE.", valueName: "path"))
+    @Option(
+        help: ArgumentHelp(
+            "A file holding the database password (a compose secret), instead of one in the URL. Env: CANOPY_DATABASE_PASSWORD_FILE.", valueName: "path"))
     public var databasePasswordFile: String? = Self.environment("CANOPY_DATABASE_PASSWORD_FILE")
 
-    @Option(help: ArgumentHelp("Connections this process opens to PostgreSQL at most; the server must allow this times the replicas. Env: CANOPY_DATABASE_POOL.", valueName: "count"))
+    @Option(
+        help: ArgumentHelp(
+            "Connections this process opens to PostgreSQL at most; the server must allow this times the replicas. Env: CANOPY_DATABASE_POOL.",
+            valueName: "count"))
     public var databasePool: Int = Int(Self.environment("CANOPY_DATABASE_POOL") ?? "") ?? PostgresSettings.defaultPoolSize
 
-    @Option(help: ArgumentHelp("Seconds a service that starts before its PostgreSQL waits for it (a line logged at each try) before it stops with a sentence; 60 for serve, 0 for other commands. Env: CANOPY_DATABASE_WAIT.", valueName: "seconds"))
+    @Option(
+        help: ArgumentHelp(
+            "Seconds a service that starts before its PostgreSQL waits for it (a line logged at each try) before it stops with a sentence; 60 for serve, 0 for other commands. Env: CANOPY_DATABASE_WAIT.",
+            valueName: "seconds"))
     public var databaseWait: Int? = Int(Self.environment("CANOPY_DATABASE_WAIT") ?? "")
 
     public init() {}
@@ -31,7 +42,9 @@ public struct DatabaseOptions: ParsableArguments {
         if let wait = Self.environment("CANOPY_DATABASE_WAIT"), Int(wait) == nil {
             throw ValidationError("CANOPY_DATABASE_WAIT=\(wait.prefix(40)) is not a whole number of seconds; unset it or give one")
         }
-        if let databaseWait, !(0...3_600).contains(databaseWait) { throw ValidationError("--database-wait must be from 0 to 3600 seconds; 60 is the usual value") }
+        if let databaseWait, !(0...3_600).contains(databaseWait) {
+            throw ValidationError("--database-wait must be from 0 to 3600 seconds; 60 is the usual value")
+        }
         _ = try postgres()
     }
 
@@ -44,8 +57,9 @@ public struct DatabaseOptions: ParsableArguments {
             return nil
         }
         do {
-            return PostgresSettings(url: try DatabaseURL(parsing: databaseURL, passwordFile: databasePasswordFile), poolSize: databasePool,
-                                    wait: .seconds(databaseWait ?? (serving ? PostgresSettings.defaultWaitSeconds : 0)))
+            return PostgresSettings(
+                url: try DatabaseURL(parsing: databaseURL, passwordFile: databasePasswordFile), poolSize: databasePool,
+                wait: .seconds(databaseWait ?? (serving ? PostgresSettings.defaultWaitSeconds : 0)))
         } catch {
             throw ValidationError(error.description)
         }

@@ -25,7 +25,9 @@ public struct DatabaseURL: Sendable, Equatable, CustomStringConvertible {
     /// the URL (its contents, trailing newline dropped).
     public init(parsing text: String, passwordFile: String? = nil) throws(Invalid) {
         func invalid(_ why: String) -> Invalid {
-            Invalid(description: "--database-url (CANOPY_DATABASE_URL) \(why); give postgres://USER@HOST:5432/DATABASE, with the password in --database-password-file")
+            Invalid(
+                description:
+                    "--database-url (CANOPY_DATABASE_URL) \(why); give postgres://USER@HOST:5432/DATABASE, with the password in --database-password-file")
         }
         guard let components = URLComponents(string: text), let scheme = components.scheme?.lowercased() else { throw invalid("is not a URL") }
         guard scheme == "postgres" || scheme == "postgresql" else { throw invalid("has the scheme '\(scheme.prefix(20))', not postgres") }
@@ -83,7 +85,8 @@ public struct DatabaseURL: Sendable, Equatable, CustomStringConvertible {
 
     /// A postgres-nio client configuration for this server.
     public func clientConfiguration() -> PostgresClient.Configuration {
-        PostgresClient.Configuration(host: host, port: port, username: user, password: password, database: database,
-                                     tls: requiresTLS ? .require(.makeClientConfiguration()) : .disable)
+        PostgresClient.Configuration(
+            host: host, port: port, username: user, password: password, database: database,
+            tls: requiresTLS ? .require(.makeClientConfiguration()) : .disable)
     }
 }

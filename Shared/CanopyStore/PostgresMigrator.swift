@@ -55,7 +55,8 @@ public struct PostgresMigrator: Sendable {
         // catalog (CREATE TABLE IF NOT EXISTS is not safe against itself).
         try await connection.withTransaction(logger: logger) { connection in
             try await connection.query("SELECT pg_advisory_xact_lock(hashtext('canopy_migrations'))", logger: logger)
-            try await connection.query("""
+            try await connection.query(
+                """
                 CREATE TABLE IF NOT EXISTS canopy_migrations (
                     store TEXT NOT NULL,
                     name TEXT NOT NULL,
@@ -65,11 +66,13 @@ public struct PostgresMigrator: Sendable {
             for former in formerNames {
                 // The store's records under its former name become its own (once: a database
                 // that has both keeps what it has under the present name).
-                try await connection.query("""
+                try await connection.query(
+                    """
                     UPDATE canopy_migrations SET store = \(store)
                     WHERE store = \(former) AND NOT EXISTS (SELECT 1 FROM canopy_migrations WHERE store = \(store))
                     """, logger: logger)
-                try await connection.query("""
+                try await connection.query(
+                    """
                     DO $$ BEGIN
                         IF to_regclass('canopy_imports') IS NOT NULL THEN
                             UPDATE canopy_imports SET store = '\(unescaped: store)' WHERE store = '\(unescaped: former)'
@@ -81,24 +84,32 @@ public struct PostgresMigrator: Sendable {
         }
         var applied: [String] = []
         for migration in migrations {
-            let ran = try await Self.unwrapped { try await connection.withTransaction(logger: logger) { connection -> Bool in
-                // One replica at a time per store: the lock ends with the transaction.
-                try await connection.query("SELECT pg_advisory_xact_lock(hashtext(\(store)))", logger: logger)
-                let done = try await self.applied(connection, logger: logger)
-                if let unknown = done.first(where: { name in !migrations.contains { $0.name == name } }) {
-                    throw Failure(description: "the \(store) store in this database was migrated by a newer Canopy (it has '\(unknown)', which this one does not know); run that version, or a newer one")
-                }
-                guard !done.contains(migration.name) else { return false }
-                for statement in migration.statements {
-                    do {
-                        try await connection.query(PostgresQuery(unsafeSQL: statement), logger: logger)
-                    } catch {
-                        throw Failure(description: "the \(store) migration '\(migration.name)' failed, and nothing of it was applied: \(String(reflecting: error).prefix(600))")
+            let ran = try await Self.unwrapped {
+                try await connection.withTransaction(logger: logger) { connection -> Bool in
+                    // One replica at a time per store: the lock ends with the transaction.
+                    try await connection.query("SELECT pg_advisory_xact_lock(hashtext(\(store)))", logger: logger)
+                    let done = try await self.applied(connection, logger: logger)
+                    if let unknown = done.first(where: { name in !migrations.contains { $0.name == name } }) {
+                        throw Failure(
+                            description:
+                                "the \(store) store in this database was migrated by a newer Canopy (it has '\(unknown)', which this one does not know); run that version, or a newer one"
+                        )
                     }
+                    guard !done.contains(migration.name) else { return false }
+                    for statement in migration.statements {
+                        do {
+                            try await connection.query(PostgresQuery(unsafeSQL: statement), logger: logger)
+                        } catch {
+                            throw Failure(
+                                description:
+                                    "the \(store) migration '\(migration.name)' failed, and nothing of it was applied: \(String(reflecting: error).prefix(600))"
+                            )
+                        }
+                    }
+                    try await connection.query("INSERT INTO canopy_migrations (store, name) VALUES (\(store), \(migration.name))", logger: logger)
+                    return true
                 }
-                try await connection.query("INSERT INTO canopy_migrations (store, name) VALUES (\(store), \(migration.name))", logger: logger)
-                return true
-            } }
+            }
             if ran { applied.append(migration.name) }
         }
         return applied
@@ -123,7 +134,8 @@ public struct PostgresMigrator: Sendable {
     private func applied(_ connection: PostgresConnection, logger: Logger) async throws -> [String] {
         var names: [String] = []
         // A database not migrated since the store was renamed has its records under a former name.
-        let rows = try await connection.query("""
+        let rows = try await connection.query(
+            """
             SELECT name FROM canopy_migrations WHERE store = ANY(\([store] + formerNames))
             ORDER BY appliedAt, name
             """, logger: logger)

@@ -74,8 +74,10 @@ public final class PostgresStore: Sendable {
     ///     starts before its database): tried again every second or two, a log line each
     ///     time saying so, then the sentence of ``Failure``. Zero (operator commands) fails at once.
     ///     Cancelling the task (SIGTERM while waiting) ends the wait with `CancellationError`.
-    public static func open(url: DatabaseURL, migrator: PostgresMigrator, size: Int = 8, waitingUpTo wait: Duration = .zero,
-                            logger: Logger) async throws -> PostgresStore {
+    public static func open(
+        url: DatabaseURL, migrator: PostgresMigrator, size: Int = 8, waitingUpTo wait: Duration = .zero,
+        logger: Logger
+    ) async throws -> PostgresStore {
         let store = try PostgresStore(url: url, size: size, logger: logger)
         let connection = try await store.firstConnection(waitingUpTo: wait)
         do {
@@ -109,15 +111,22 @@ public final class PostgresStore: Sendable {
         while true {
             do {
                 // SIGTERM while waiting (the task cancelled) ends the attempt at once.
-                return try await withTaskCancellationHandler { try await connect().get() } onCancel: { beginShutdown() }
+                return try await withTaskCancellationHandler {
+                    try await connect().get()
+                } onCancel: {
+                    beginShutdown()
+                }
             } catch {
                 let waited = ContinuousClock.now - start
                 guard waited + pause <= wait, Self.isWorthWaitingFor(error) else { throw unreachable(error) }
                 try Task.checkCancellation()
-                logger.warning("store.database.waiting", metadata: [
-                    "store.database": "\(url)",
-                    "store.reason": "cannot reach PostgreSQL at \(url) yet (\(Self.cause(of: error))); trying again in \(pause.components.seconds == 0 ? "0.5" : "\(pause.components.seconds)") s, \(waited.components.seconds) s of \(wait.components.seconds) s waited",
-                ])
+                logger.warning(
+                    "store.database.waiting",
+                    metadata: [
+                        "store.database": "\(url)",
+                        "store.reason":
+                            "cannot reach PostgreSQL at \(url) yet (\(Self.cause(of: error))); trying again in \(pause.components.seconds == 0 ? "0.5" : "\(pause.components.seconds)") s, \(waited.components.seconds) s of \(wait.components.seconds) s waited",
+                    ])
                 try await Task.sleep(for: pause)
                 pause = min(pause * 2, .seconds(2))
             }
@@ -133,7 +142,10 @@ public final class PostgresStore: Sendable {
     public func beginShutdown() {
         shuttingDown.store(true, ordering: .relaxed)
         let failed = Failure(description: "stopped waiting for PostgreSQL at \(url): this process is shutting down")
-        for promise in connecting.withLock({ connecting in defer { connecting.removeAll() }; return Array(connecting.values) }) {
+        for promise in connecting.withLock({ connecting in
+            defer { connecting.removeAll() }
+            return Array(connecting.values)
+        }) {
             promise.fail(failed)
         }
     }
@@ -143,7 +155,10 @@ public final class PostgresStore: Sendable {
         closed.store(true, ordering: .relaxed)
         beginShutdown()
         presence.withLock { $0?.cancel() }
-        for connection in idle.withLock({ idle in defer { idle.removeAll() }; return idle }) {
+        for connection in idle.withLock({ idle in
+            defer { idle.removeAll() }
+            return idle
+        }) {
             Self.close(connection)
         }
     }
@@ -271,7 +286,10 @@ public final class PostgresStore: Sendable {
     private func withConnection<T>(_ body: (PostgresSession) throws -> T) throws -> T {
         guard !closed.load(ordering: .relaxed) else { throw Failure(description: "the store at \(url) is closed") }
         guard slots.wait(timeout: .now() + Self.acquireTimeout) == .success else {
-            throw Failure(description: "all \(size) connections to \(url) were busy for \(Int(Self.acquireTimeout)) s; raise --database-pool or the server's max_connections, or add replicas of the database")
+            throw Failure(
+                description:
+                    "all \(size) connections to \(url) were busy for \(Int(Self.acquireTimeout)) s; raise --database-pool or the server's max_connections, or add replicas of the database"
+            )
         }
         defer { slots.signal() }
         var connection = idle.withLock { $0.popLast() }
@@ -341,7 +359,10 @@ extension PostgresStore {
         // The tables were made with unquoted names, which PostgreSQL folds to lower case.
         let statement = "VACUUM " + tables.map { $0.lowercased() }.joined(separator: ", ")
         let start = vacuum.withLock { state -> Bool in
-            if state.running { state.again = true; return false }
+            if state.running {
+                state.again = true
+                return false
+            }
             state.running = true
             return true
         }
@@ -354,7 +375,10 @@ extension PostgresStore {
                     logger.warning("store.vacuum.failed", metadata: ["store.error": "\(String(reflecting: error).prefix(400))"])
                 }
             } while vacuum.withLock { state -> Bool in
-                if state.again { state.again = false; return true }
+                if state.again {
+                    state.again = false
+                    return true
+                }
                 state.running = false
                 return false
             }
@@ -389,8 +413,10 @@ extension PostgresStore {
         let task = Task.detached {
             while !Task.isCancelled {
                 do {
-                    let connection = try await PostgresConnection.connect(on: MultiThreadedEventLoopGroup.singleton.any(), configuration: configuration,
-                                                                          id: 0, logger: logger).get()
+                    let connection = try await PostgresConnection.connect(
+                        on: MultiThreadedEventLoopGroup.singleton.any(), configuration: configuration,
+                        id: 0, logger: logger
+                    ).get()
                     do {
                         _ = try await connection.query("SELECT pg_advisory_lock(\(Self.presenceClass), \(Int32(holder)))", logger: logger).get()
                         heldNow.yield()

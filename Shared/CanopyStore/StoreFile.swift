@@ -41,7 +41,10 @@ public enum StoreFile {
         let missing = tables.filter { !present.contains($0.lowercased()) }
         guard missing.isEmpty else {
             let has = present.filter { !$0.hasPrefix("sqlite_") && !$0.hasPrefix("grdb_") }.sorted()
-            throw Refused(description: "\(path) is an SQLite database but not \(expected): it has no table \(missing.prefix(3).joined(separator: ", "))\(has.isEmpty ? " (it has no tables)" : " (it has \(has.prefix(6).joined(separator: ", ")))")")
+            throw Refused(
+                description:
+                    "\(path) is an SQLite database but not \(expected): it has no table \(missing.prefix(3).joined(separator: ", "))\(has.isEmpty ? " (it has no tables)" : " (it has \(has.prefix(6).joined(separator: ", ")))")"
+            )
         }
     }
 

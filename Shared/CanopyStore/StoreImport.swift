@@ -93,7 +93,10 @@ public struct StoreImport: Sendable {
                     total + (try session.value(Int.self, PostgresQuery(unsafeSQL: "SELECT COUNT(*)::BIGINT FROM \(table.name)")) ?? 0)
                 }
                 guard rows > 0 else { return .empty }
-                throw Refused(description: "the \(store) store in \(target.url) holds \(rows) rows in part of its tables (\(present.map(\.name).joined(separator: ", ")) of \(tables.map(\.name).joined(separator: ", "))); migrate into an empty database, or drop those tables first")
+                throw Refused(
+                    description:
+                        "the \(store) store in \(target.url) holds \(rows) rows in part of its tables (\(present.map(\.name).joined(separator: ", ")) of \(tables.map(\.name).joined(separator: ", "))); migrate into an empty database, or drop those tables first"
+                )
             }
             let shapes = try tables.map { try shape($0, sqlite: sqlite, session: session) }
             return try decide(shapes: shapes, session: session, install: install, url: target.url)
@@ -105,8 +108,13 @@ public struct StoreImport: Sendable {
     public static func foreignImports(in target: PostgresStore, install: String) throws -> [String] {
         try target.read { session in
             guard try session.value(Bool.self, "SELECT to_regclass('canopy_imports') IS NOT NULL") ?? false else { return [] }
-            return try session.rows("SELECT store, to_jsonb(i)->>'install' AS install, source, importedAt::TEXT AS importedAt FROM canopy_imports i ORDER BY store").compactMap { row in
-                let (store, other, source, at) = (try row.column("store").decode(String.self), try row.column("install").decode(String?.self), try row.column("source").decode(String.self), try row.column("importedAt").decode(String.self))
+            return try session.rows(
+                "SELECT store, to_jsonb(i)->>'install' AS install, source, importedAt::TEXT AS importedAt FROM canopy_imports i ORDER BY store"
+            ).compactMap { row in
+                let (store, other, source, at) = (
+                    try row.column("store").decode(String.self), try row.column("install").decode(String?.self), try row.column("source").decode(String.self),
+                    try row.column("importedAt").decode(String.self)
+                )
                 guard other != install else { return nil }
                 let whose = other.map { "another install (\($0.prefix(8))…)" } ?? "an install from before install ids"
                 return "the \(store) store in \(target.url) was migrated from \(whose), from \(source) at \(at); a database is one install's"
@@ -121,29 +129,46 @@ public struct StoreImport: Sendable {
         if zip(shapes, reports).allSatisfy({ shape, report in shape.table.seeded || report.rows == 0 }) { return .empty }
         let record = try Self.record(of: [store] + migrator.formerNames, in: session)
         guard let record else {
-            throw Refused(description: "the \(store) store in \(url) already holds \(Self.rows(reports)) that canopy migrate did not put there; migrate into an empty database, or drop its tables first")
+            throw Refused(
+                description:
+                    "the \(store) store in \(url) already holds \(Self.rows(reports)) that canopy migrate did not put there; migrate into an empty database, or drop its tables first"
+            )
         }
         guard record.install == install else {
             let whose = record.install.map { "another install (\($0.prefix(8))…)" } ?? "an install from before install ids"
-            throw Refused(description: "the \(store) store in \(url) holds \(Self.rows(reports)) migrated from \(whose), from \(record.source) at \(record.at); this is install \(install.prefix(8))…, so nothing was changed. Migrate into a database of its own")
+            throw Refused(
+                description:
+                    "the \(store) store in \(url) holds \(Self.rows(reports)) migrated from \(whose), from \(record.source) at \(record.at); this is install \(install.prefix(8))…, so nothing was changed. Migrate into a database of its own"
+            )
         }
         guard Self.combined(reports) == record.targetChecksum else {
-            throw Refused(description: "the \(store) store in \(url) was migrated from here at \(record.at) and changed since (a stack ran on it), so migrating again would lose that; nothing was changed")
+            throw Refused(
+                description:
+                    "the \(store) store in \(url) was migrated from here at \(record.at) and changed since (a stack ran on it), so migrating again would lose that; nothing was changed"
+            )
         }
         return .imported(from: record.source, at: record.at)
     }
 
     /// What `canopy_imports` recorded of `store`'s last import, if the table and the row exist.
     /// `names`: the store's name, then its former ones (a database not migrated since the rename).
-    private static func record(of names: [String], in session: PostgresSession) throws -> (source: String, install: String?, sourceChecksum: String, targetChecksum: String, at: String)? {
+    private static func record(of names: [String], in session: PostgresSession) throws -> (
+        source: String, install: String?, sourceChecksum: String, targetChecksum: String, at: String
+    )? {
         guard try session.value(Bool.self, "SELECT to_regclass('canopy_imports') IS NOT NULL") ?? false else { return nil }
         // As JSON: a record an older canopy migrate wrote has no install column.
-        guard let text = try session.value(String.self, """
+        guard
+            let text = try session.value(
+                String.self,
+                """
                 SELECT to_jsonb(i)::text FROM canopy_imports i WHERE store = ANY(\(names)) ORDER BY store = \(names[0]) DESC LIMIT 1
                 """),
-              let row = try? JSONSerialization.jsonObject(with: Data(text.utf8)) as? [String: Any] else { return nil }
-        return (row["source"] as? String ?? "?", row["install"] as? String, row["sourcechecksum"] as? String ?? "", row["targetchecksum"] as? String ?? "",
-                row["importedat"] as? String ?? "?")
+            let row = try? JSONSerialization.jsonObject(with: Data(text.utf8)) as? [String: Any]
+        else { return nil }
+        return (
+            row["source"] as? String ?? "?", row["install"] as? String, row["sourcechecksum"] as? String ?? "", row["targetchecksum"] as? String ?? "",
+            row["importedat"] as? String ?? "?"
+        )
     }
 
     private static func rows(_ reports: [TableReport]) -> String {
@@ -159,8 +184,10 @@ public struct StoreImport: Sendable {
     /// imports again, as long as nobody changed the PostgreSQL copy since; a database with this
     /// store's data from anywhere else is refused (``check(from:into:install:)`` says so
     /// before anything is written; this decides again inside the transaction).
-    public func run(from path: String, into url: DatabaseURL, source: String, install: String, logger: Logger,
-                    progress: @escaping (_ table: String, _ done: Int, _ total: Int) -> Void = { _, _, _ in }) async throws -> Report {
+    public func run(
+        from path: String, into url: DatabaseURL, source: String, install: String, logger: Logger,
+        progress: @escaping (_ table: String, _ done: Int, _ total: Int) -> Void = { _, _, _ in }
+    ) async throws -> Report {
         let sqlite = try openSource(path)
         defer { try? sqlite.close() }
         let target = try await PostgresStore.open(url: url, migrator: migrator, size: 1, logger: logger)
@@ -168,7 +195,8 @@ public struct StoreImport: Sendable {
         return try target.write(isolation: .readCommitted) { session in
             // One import of this store at a time, and the record of the last one.
             try session.execute("SELECT pg_advisory_xact_lock(hashtext('canopy_import:' || \(store)))")
-            try session.execute("""
+            try session.execute(
+                """
                 CREATE TABLE IF NOT EXISTS canopy_imports (
                     store TEXT PRIMARY KEY, source TEXT NOT NULL, sourceChecksum TEXT NOT NULL, targetChecksum TEXT NOT NULL, importedAt TIMESTAMPTZ NOT NULL)
                 """)
@@ -180,25 +208,33 @@ public struct StoreImport: Sendable {
             let sourceChecksum = Self.combined(sourceReports)
             _ = try decide(shapes: shapes, session: session, install: install, url: url) // refuses what is not this install's
             let targetReports = try shapes.map { try summary(of: $0, in: session) }
-            if let record = try Self.record(of: [store] + migrator.formerNames, in: session), record.install == install, record.sourceChecksum == sourceChecksum,
-               record.targetChecksum == Self.combined(targetReports) {
+            if let record = try Self.record(of: [store] + migrator.formerNames, in: session), record.install == install,
+                record.sourceChecksum == sourceChecksum,
+                record.targetChecksum == Self.combined(targetReports)
+            {
                 return Report(outcome: .unchanged, tables: targetReports)
             }
             try session.execute(PostgresQuery(unsafeSQL: "TRUNCATE \(shapes.map(\.table.name).joined(separator: ", ")) RESTART IDENTITY CASCADE"))
             for shape in shapes {
                 try copy(shape, from: sqlite, into: session) { progress("\(store).\(shape.table.name)", $0, shape.sourceRows) }
                 if shape.columns.contains(where: { $0.name.lowercased() == "id" && $0.type == .bigint }) {
-                    try session.execute(PostgresQuery(unsafeSQL: """
-                        SELECT setval(pg_get_serial_sequence('\(shape.table.name.lowercased())', 'id'), GREATEST(COALESCE(MAX(id), 0), 1), MAX(id) IS NOT NULL)
-                        FROM \(shape.table.name)
-                        """))
+                    try session.execute(
+                        PostgresQuery(
+                            unsafeSQL: """
+                                SELECT setval(pg_get_serial_sequence('\(shape.table.name.lowercased())', 'id'), GREATEST(COALESCE(MAX(id), 0), 1), MAX(id) IS NOT NULL)
+                                FROM \(shape.table.name)
+                                """))
                 }
             }
             let copied = try shapes.map { try summary(of: $0, in: session) }
             for (wanted, got) in zip(sourceReports, copied) where wanted != got {
-                throw Refused(description: "\(store).\(wanted.table) did not copy exactly (\(wanted.rows) rows, \(got.rows) copied, checksums \(wanted.checksum.prefix(12)) and \(got.checksum.prefix(12))); nothing was imported")
+                throw Refused(
+                    description:
+                        "\(store).\(wanted.table) did not copy exactly (\(wanted.rows) rows, \(got.rows) copied, checksums \(wanted.checksum.prefix(12)) and \(got.checksum.prefix(12))); nothing was imported"
+                )
             }
-            try session.execute("""
+            try session.execute(
+                """
                 INSERT INTO canopy_imports (store, source, sourceChecksum, targetChecksum, importedAt, install)
                 VALUES (\(store), \(source), \(sourceChecksum), \(Self.combined(copied)), now(), \(install))
                 ON CONFLICT (store) DO UPDATE SET source = excluded.source, sourceChecksum = excluded.sourceChecksum,
@@ -246,16 +282,19 @@ public struct StoreImport: Sendable {
         }
         guard !sourceColumns.isEmpty else { throw Refused(description: "the \(store) store has no table \(table.name); is it a Canopy data directory?") }
         var targetTypes: [String: Column.Kind] = [:]
-        for row in try session.rows("SELECT column_name, data_type FROM information_schema.columns WHERE table_schema = current_schema() AND table_name = \(table.name.lowercased())") {
-            let type: Column.Kind? = switch try row.column("data_type").decode(String.self) {
-            case "text": .text
-            case "bytea": .bytea
-            case "boolean": .boolean
-            case "integer", "smallint": .integer
-            case "bigint": .bigint
-            case "double precision", "real": .double
-            default: nil
-            }
+        for row in try session.rows(
+            "SELECT column_name, data_type FROM information_schema.columns WHERE table_schema = current_schema() AND table_name = \(table.name.lowercased())")
+        {
+            let type: Column.Kind? =
+                switch try row.column("data_type").decode(String.self) {
+                case "text": .text
+                case "bytea": .bytea
+                case "boolean": .boolean
+                case "integer", "smallint": .integer
+                case "bigint": .bigint
+                case "double precision", "real": .double
+                default: nil
+                }
             if let type { targetTypes[try row.column("column_name").decode(String.self)] = type }
         }
         let columns = sourceColumns.compactMap { name in targetTypes[name.lowercased()].map { Column(name: name, type: $0) } }
@@ -294,7 +333,10 @@ public struct StoreImport: Sendable {
 
         /// The target's value.
         init(_ cell: PostgresCell, as type: Column.Kind) throws {
-            guard cell.bytes != nil else { self = .null; return }
+            guard cell.bytes != nil else {
+                self = .null
+                return
+            }
             switch type {
             case .text: self = .text(try cell.decode(String.self))
             case .bytea: self = .bytes(try cell.decode(Data.self))

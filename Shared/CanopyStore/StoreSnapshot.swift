@@ -59,11 +59,13 @@ public enum StoreOwners {
         let queue = try DatabaseQueue(path: path)
         defer { try? queue.close() }
         return try queue.write { db in
-            db.add(function: DatabaseFunction("canopy_owner", argumentCount: 1, pure: true) { values in
-                String.fromDatabaseValue(values[0]).map(rename)
-            })
+            db.add(
+                function: DatabaseFunction("canopy_owner", argumentCount: 1, pure: true) { values in
+                    String.fromDatabaseValue(values[0]).map(rename)
+                })
             var changed = 0
-            let tables = try String.fetchAll(db, sql: "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' AND name NOT LIKE 'grdb_%'")
+            let tables = try String.fetchAll(
+                db, sql: "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' AND name NOT LIKE 'grdb_%'")
             for table in tables where try db.columns(in: table).contains(where: { $0.name == "owner" }) {
                 try db.execute(sql: "UPDATE \(table.quotedDatabaseIdentifier) SET owner = canopy_owner(owner)")
                 changed += db.changesCount

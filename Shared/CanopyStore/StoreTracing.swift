@@ -39,8 +39,10 @@ public enum StoreTracing {
     }
 
     /// Runs `body`, in a span when the calling task is in a sampled one.
-    public static func span<T>(_ name: String, system: String, database: @autoclosure () -> String, function: String,
-                               _ body: () async throws -> T) async throws -> T {
+    public static func span<T>(
+        _ name: String, system: String, database: @autoclosure () -> String, function: String,
+        _ body: () async throws -> T
+    ) async throws -> T {
         guard let context = sampledContext else { return try await body() }
         return try await InstrumentationSystem.tracer.withSpan(name, context: context, ofKind: .client) { span in
             span.attributes["db.system"] = system
@@ -64,11 +66,15 @@ extension DatabasePool {
 
     /// The async `read(_:)` as a `store read` span of the request (``StoreTracing``).
     public func tracedRead<T: Sendable>(function: String = #function, _ body: @Sendable (Database) throws -> T) async throws -> T {
-        try await StoreTracing.span("store read", system: "sqlite", database: URL(fileURLWithPath: path).lastPathComponent, function: function) { try await read(body) }
+        try await StoreTracing.span("store read", system: "sqlite", database: URL(fileURLWithPath: path).lastPathComponent, function: function) {
+            try await read(body)
+        }
     }
 
     /// The async `write(_:)` as a `store write` span of the request (``StoreTracing``).
     public func tracedWrite<T: Sendable>(function: String = #function, _ body: @Sendable (Database) throws -> T) async throws -> T {
-        try await StoreTracing.span("store write", system: "sqlite", database: URL(fileURLWithPath: path).lastPathComponent, function: function) { try await write(body) }
+        try await StoreTracing.span("store write", system: "sqlite", database: URL(fileURLWithPath: path).lastPathComponent, function: function) {
+            try await write(body)
+        }
     }
 }

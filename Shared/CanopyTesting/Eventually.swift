@@ -8,8 +8,10 @@ import CanopyIO
 /// ```
 ///
 /// - Returns: whether the condition held (checked once more at the end).
-public func eventually(within limit: Duration = .seconds(10), every interval: Duration = .milliseconds(10),
-                       _ condition: () async throws -> Bool) async throws -> Bool {
+public func eventually(
+    within limit: Duration = .seconds(10), every interval: Duration = .milliseconds(10),
+    _ condition: () async throws -> Bool
+) async throws -> Bool {
     let deadline = ContinuousClock.now + limit
     while ContinuousClock.now < deadline {
         if try await condition() { return true }

@@ -31,8 +31,9 @@ public enum GrafanaDashboards {
         guard !files.isEmpty else { throw Invalid(description: "no dashboards in \(directory.path)") }
         for file in files.sorted(by: { $0.path < $1.path }) {
             guard let dashboard = try JSONSerialization.jsonObject(with: Data(contentsOf: file)) as? [String: Any],
-                  let uid = dashboard["uid"] as? String, !uid.isEmpty, let title = dashboard["title"] as? String,
-                  let panels = dashboard["panels"] as? [[String: Any]] else {
+                let uid = dashboard["uid"] as? String, !uid.isEmpty, let title = dashboard["title"] as? String,
+                let panels = dashboard["panels"] as? [[String: Any]]
+            else {
                 throw Invalid(description: "\(file.lastPathComponent) is not a dashboard with a uid, a title and panels")
             }
             for panel in panels where panel["type"] as? String != "row" {
@@ -68,7 +69,10 @@ public enum GrafanaDashboards {
                 if found.isEmpty { problems.append("\(query): no service exports \(name)") }
                 for sample in found { labels.formUnion(sample.labels.keys) }
             }
-            var used = Set(matches(#"\bby \(([a-z_, ]+)\)"#, in: query.expression, group: 1).flatMap { $0.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) } })
+            var used = Set(
+                matches(#"\bby \(([a-z_, ]+)\)"#, in: query.expression, group: 1).flatMap {
+                    $0.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }
+                })
             used.formUnion(matches(#"[{,]\s*([a-z_]+)\s*(?:=|!=|=~|!~)"#, in: query.expression, group: 1))
             for label in used.subtracting(labels).sorted() {
                 problems.append("\(query): no series it names has the label \(label)")

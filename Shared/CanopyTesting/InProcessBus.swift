@@ -44,8 +44,10 @@ public final class InProcessBus: BusCalling {
     ///   - defaultTimeout: the deadline of calls that give none.
     ///   - derived: the calls are a service's own (``RequestHeader/Flag/derived``).
     ///   - erasureWindow: how long each service refuses a person it erased (``ErasedPeople``).
-    public convenience init(maximumFrameBytes: Int = BusDefaults.maximumFrameBytes, defaultTimeout: Duration = .seconds(60), derived: Bool = false,
-                            erasureWindow: Duration = ErasedPeople.defaultWindow) {
+    public convenience init(
+        maximumFrameBytes: Int = BusDefaults.maximumFrameBytes, defaultTimeout: Duration = .seconds(60), derived: Bool = false,
+        erasureWindow: Duration = ErasedPeople.defaultWindow
+    ) {
         self.init(services: Registry(erasureWindow: erasureWindow), maximumFrameBytes: maximumFrameBytes, defaultTimeout: defaultTimeout, derived: derived)
     }
 
@@ -92,8 +94,9 @@ public final class InProcessBus: BusCalling {
 
     public func call(service: String, operation: String, payload: Payload, principal: String?, timeout: Duration?, idempotent: Bool) async throws -> RawReply {
         let correlation = Wire.frame(nextCorrelation.add(1, ordering: .relaxed).newValue)
-        let frames = ClientSession.requestFrames(correlation: correlation, service: service, operation: operation, body: payload.body, attachments: payload.attachments,
-                                                 principal: principal, timeout: timeout ?? defaultTimeout, idempotent: idempotent, derived: derived)
+        let frames = ClientSession.requestFrames(
+            correlation: correlation, service: service, operation: operation, body: payload.body, attachments: payload.attachments,
+            principal: principal, timeout: timeout ?? defaultTimeout, idempotent: idempotent, derived: derived)
         let answer = await answer(frames)
         try Task.checkCancellation() // as BusClient: a cancelled caller gets CancellationError
         switch ClientSession.outcome(of: answer.wire(correlation: correlation)) {
@@ -133,8 +136,10 @@ public final class InProcessBus: BusCalling {
 
     /// Runs `body` until it ends or `deadline` passes (then it is cancelled and the answer is
     /// `timeout`); a cancelled caller cancels it too.
-    private static func run(until deadline: ContinuousClock.Instant, timeout: CanopyError,
-                            _ body: @escaping @Sendable () async -> Result<Payload, CanopyError>) async -> Result<Payload, CanopyError> {
+    private static func run(
+        until deadline: ContinuousClock.Instant, timeout: CanopyError,
+        _ body: @escaping @Sendable () async -> Result<Payload, CanopyError>
+    ) async -> Result<Payload, CanopyError> {
         let answer = FirstAnswer()
         let handler = Task { answer.give(await body()) }
         let timer = Task {

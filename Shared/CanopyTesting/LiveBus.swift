@@ -1,9 +1,11 @@
 import CanopyBroker
 import CanopyBus
+import CanopyMessages
 import CanopyServiceKit
 import Foundation
 import Logging
 import ServiceLifecycle
+import Synchronization
 
 /// A real broker, workers and clients on `tcp://127.0.0.1` with an ephemeral port, for live
 /// tests. Everything it starts is stopped by ``shutdown()``; ``withLiveBus(configuration:_:)``
@@ -126,8 +128,10 @@ public final class LiveBus: @unchecked Sendable {
 
     /// Waits until `service` has `workers` workers, polling `broker.services` (over CURVE
     /// with `curve`).
-    public func waitForWorkers(_ workers: Int, service: String = TestService.name, within limit: Duration = .seconds(30),
-                               curve: CurveClientSettings? = nil) async throws {
+    public func waitForWorkers(
+        _ workers: Int, service: String = TestService.name, within limit: Duration = .seconds(30),
+        curve: CurveClientSettings? = nil
+    ) async throws {
         let client = try client(timeout: .seconds(1), curve: curve)
         let reached = try await eventually(within: limit, every: .milliseconds(20)) {
             (try? await client.call(Broker.Services.self, .init()))?.first { $0.name == service }?.workers == workers
@@ -138,8 +142,10 @@ public final class LiveBus: @unchecked Sendable {
 
     /// Waits until the broker's `broker.stats` shows `service` with `inFlight` requests held
     /// by workers and `queued` waiting, so a test orders its steps by state, not by sleeping.
-    public func waitForLoad(inFlight: Int, queued: Int = 0, service: String = TestService.name,
-                            within limit: Duration = .seconds(30)) async throws {
+    public func waitForLoad(
+        inFlight: Int, queued: Int = 0, service: String = TestService.name,
+        within limit: Duration = .seconds(30)
+    ) async throws {
         let client = try client(timeout: .seconds(1))
         let reached = try await eventually(within: limit) {
             guard let figures = (try? await client.call(Broker.Stats.self, .init()))?.services.first(where: { $0.name == service }) else { return false }
@@ -187,8 +193,6 @@ public final class LiveBus: @unchecked Sendable {
     }
 }
 
-import CanopyMessages
-
 extension Array where Element == any Service {
     /// The first of these services that is a `T`, such as the ``OperatingEndpoint`` a build
     /// function appended.
@@ -215,8 +219,10 @@ extension BrokerConfiguration {
 }
 
 /// Runs `body` with a fresh live bus and shuts it down afterwards, also when `body` throws.
-public func withLiveBus<T>(configuration: BrokerConfiguration = .testing, curve: CurveServerSettings? = nil,
-                           _ body: (LiveBus) async throws -> T) async throws -> T {
+public func withLiveBus<T>(
+    configuration: BrokerConfiguration = .testing, curve: CurveServerSettings? = nil,
+    _ body: (LiveBus) async throws -> T
+) async throws -> T {
     let bus = try LiveBus(configuration: configuration, curve: curve)
     return try await ending(with: bus.shutdown) { try await body(bus) }
 }
@@ -257,13 +263,17 @@ public func runExecutable(_ name: String, _ arguments: [String], environment: [S
 }
 
 /// Runs a program from elsewhere (a test peer such as schemathesis) as ``runExecutable(_:_:environment:limit:)`` does.
-public func runProgram(at path: String, _ arguments: [String], environment: [String: String] = [:], directory: URL? = nil,
-                       limit: TimeInterval = 20) async throws -> ProcessResult {
+public func runProgram(
+    at path: String, _ arguments: [String], environment: [String: String] = [:], directory: URL? = nil,
+    limit: TimeInterval = 20
+) async throws -> ProcessResult {
     try await offThePool { try runBlocking(URL(fileURLWithPath: path), arguments, environment: environment, directory: directory, limit: limit) }
 }
 
-private func runBlocking(_ executable: URL, _ arguments: [String], environment: [String: String], directory: URL? = nil,
-                         limit: TimeInterval) throws -> ProcessResult {
+private func runBlocking(
+    _ executable: URL, _ arguments: [String], environment: [String: String], directory: URL? = nil,
+    limit: TimeInterval
+) throws -> ProcessResult {
     let process = Process()
     process.executableURL = executable
     if let directory { process.currentDirectoryURL = directory }
@@ -299,7 +309,8 @@ private func runBlocking(_ executable: URL, _ arguments: [String], environment: 
     let reportAt = Date().addingTimeInterval(10)
     while process.isRunning, Date() < reportAt { usleep(10_000) }
     guard !process.isRunning else {
-        throw ProcessNotReported(description: "\(executable.lastPathComponent) \(arguments.joined(separator: " ").prefix(200)) ended, but Foundation never reported its exit")
+        throw ProcessNotReported(
+            description: "\(executable.lastPathComponent) \(arguments.joined(separator: " ").prefix(200)) ended, but Foundation never reported its exit")
     }
     reading.wait()
     let (out, err) = collected.withLock { ($0.output, $0.errors) }
@@ -310,9 +321,6 @@ private func runBlocking(_ executable: URL, _ arguments: [String], environment: 
 public struct ProcessNotReported: Error, CustomStringConvertible {
     public let description: String
 }
-
-import Synchronization
-
 
 /// Runs `services` in one `ServiceGroup` while `body` runs, then shuts them down gracefully,
 /// also when `body` throws (local HTTP servers, a dispatcher, a channel).

@@ -48,11 +48,13 @@ public final class LocalOpenIDProvider: Sendable {
             }
             guard available else { return Response(status: .serviceUnavailable) }
             let body = try JSONSerialization.data(withJSONObject: ["keys": keys])
-            return Response(status: .ok, headers: [.contentType: "application/json", .cacheControl: "public, max-age=\(maxAge)"],
-                            body: .init(byteBuffer: ByteBuffer(bytes: body)))
+            return Response(
+                status: .ok, headers: [.contentType: "application/json", .cacheControl: "public, max-age=\(maxAge)"],
+                body: .init(byteBuffer: ByteBuffer(bytes: body)))
         }
-        application = Application(router: router, configuration: .init(address: .hostname("127.0.0.1", port: 0), serverName: "local-openid"),
-                                  onServerRunning: { channel in state.withLock { $0.port = channel.localAddress?.port } })
+        application = Application(
+            router: router, configuration: .init(address: .hostname("127.0.0.1", port: 0), serverName: "local-openid"),
+            onServerRunning: { channel in state.withLock { $0.port = channel.localAddress?.port } })
     }
 
     /// The issuer, once the server listens: `http://127.0.0.1:PORT` (within 90 s: amid the whole
@@ -113,8 +115,10 @@ public final class LocalOpenIDProvider: Sendable {
         public var nbf: NotBeforeClaim?
         public var email: String?
 
-        public init(iss: IssuerClaim, sub: SubjectClaim, aud: AudienceClaim, exp: ExpirationClaim, iat: IssuedAtClaim, nbf: NotBeforeClaim? = nil,
-                    email: String? = nil) {
+        public init(
+            iss: IssuerClaim, sub: SubjectClaim, aud: AudienceClaim, exp: ExpirationClaim, iat: IssuedAtClaim, nbf: NotBeforeClaim? = nil,
+            email: String? = nil
+        ) {
             self.iss = iss
             self.sub = sub
             self.aud = aud
@@ -128,13 +132,16 @@ public final class LocalOpenIDProvider: Sendable {
     }
 
     /// A token signed with key `kid`.
-    public func token(kid: String, issuer: String? = nil, subject: String = "000123.a1b2c3", audience: String = "org.canopy.app",
-               expires: TimeInterval = 600, notBefore: TimeInterval? = nil) async throws -> String {
+    public func token(
+        kid: String, issuer: String? = nil, subject: String = "000123.a1b2c3", audience: String = "org.canopy.app",
+        expires: TimeInterval = 600, notBefore: TimeInterval? = nil
+    ) async throws -> String {
         let now = Date()
         let issuer = if let issuer { issuer } else { try await self.issuer() }
-        let claims = Claims(iss: IssuerClaim(value: issuer), sub: SubjectClaim(value: subject), aud: AudienceClaim(value: audience),
-                            exp: ExpirationClaim(value: now.addingTimeInterval(expires)), iat: IssuedAtClaim(value: now),
-                            nbf: notBefore.map { NotBeforeClaim(value: now.addingTimeInterval($0)) }, email: "person@example.org")
+        let claims = Claims(
+            iss: IssuerClaim(value: issuer), sub: SubjectClaim(value: subject), aud: AudienceClaim(value: audience),
+            exp: ExpirationClaim(value: now.addingTimeInterval(expires)), iat: IssuedAtClaim(value: now),
+            nbf: notBefore.map { NotBeforeClaim(value: now.addingTimeInterval($0)) }, email: "person@example.org")
         return try await signers.sign(claims, kid: JWKIdentifier(string: kid))
     }
 
@@ -142,4 +149,3 @@ public final class LocalOpenIDProvider: Sendable {
         data.base64EncodedString().replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_").replacingOccurrences(of: "=", with: "")
     }
 }
-

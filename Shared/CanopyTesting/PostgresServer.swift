@@ -4,8 +4,9 @@ import Foundation
 import Logging
 import PostgresNIO
 import Synchronization
+
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// A throwaway PostgreSQL server for tests, from Debian's `postgresql` package (scripts/setup
@@ -68,17 +69,23 @@ public final class PostgresServer: @unchecked Sendable { // its Process is touch
             // setpriv executes the program itself: the process the test holds is the server.
             return (URL(fileURLWithPath: "/usr/bin/setpriv"), ["--reuid=65534", "--regid=65534", "--clear-groups", executable.path] + arguments)
         }
-        let (initdb, initArguments) = command("initdb", ["-D", data.path, "-U", "canopy", "--pwfile=\(passwordFile.path)", "-A", "scram-sha-256",
-                                                          "--encoding=UTF8", "--locale=C.UTF-8", "--no-sync"])
+        let (initdb, initArguments) = command(
+            "initdb",
+            [
+                "-D", data.path, "-U", "canopy", "--pwfile=\(passwordFile.path)", "-A", "scram-sha-256",
+                "--encoding=UTF8", "--locale=C.UTF-8", "--no-sync",
+            ])
         let initialized = try await runProgram(at: initdb.path, initArguments, limit: 120)
         guard initialized.status == 0 else {
             throw PostgresServerError("initdb failed: \(initialized.errors.suffix(1_000))\(initialized.output.suffix(500))")
         }
         let port = chosenPort ?? FreePorts.any()
-        let (postgres, serverArguments) = command("postgres", [
-            "-D", data.path, "-p", "\(port)", "-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories=",
-            "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off", "-c", "max_connections=200",
-        ])
+        let (postgres, serverArguments) = command(
+            "postgres",
+            [
+                "-D", data.path, "-p", "\(port)", "-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories=",
+                "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off", "-c", "max_connections=200",
+            ])
         process = Process()
         process.executableURL = postgres
         process.arguments = serverArguments

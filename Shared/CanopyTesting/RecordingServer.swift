@@ -41,15 +41,17 @@ public final class RecordingServer: Sendable {
             return Response(status: .init(code: status))
         }
         self.host = host
-        application = Application(router: router, configuration: .init(address: .hostname(host, port: 0), serverName: "recording"),
-                                  onServerRunning: { channel in shared.value.withLock { $0.port = channel.localAddress?.port } })
+        application = Application(
+            router: router, configuration: .init(address: .hostname(host, port: 0), serverName: "recording"),
+            onServerRunning: { channel in shared.value.withLock { $0.port = channel.localAddress?.port } })
     }
 
     /// `http://HOST:PORT/path` once the server listens (within 90 s by default: amid the whole
     /// suite a 2-core machine has starved a server's start for over 30).
     public func url(_ path: String, within limit: Duration = .seconds(90)) async throws -> String {
         guard try await eventually(within: limit, { shared.value.withLock { $0.port } != nil }),
-              let port = shared.value.withLock({ $0.port }) else { throw LiveBusError("the recording server did not start listening within \(limit)") }
+            let port = shared.value.withLock({ $0.port })
+        else { throw LiveBusError("the recording server did not start listening within \(limit)") }
         return "http://\(host):\(port)\(path)"
     }
 
@@ -67,4 +69,3 @@ public final class RecordingServer: Sendable {
     /// Answers what it held, and everything after.
     public func release() { shared.value.withLock { $0.holding = false } }
 }
-

@@ -34,8 +34,10 @@ public struct StoreContract<Store>: Sendable {
     ///   - sqlite: opens the store in the directory, as the service does in its data directory.
     ///   - postgres: opens the store on the database (with the directory for any files it
     ///     keeps beside it) and says how to close its connections.
-    public init(_ label: String, sqlite: @escaping @Sendable (TemporaryDirectory) async throws -> Store,
-                postgres: @escaping @Sendable (DatabaseURL, TemporaryDirectory) async throws -> (Store, close: () -> Void)) {
+    public init(
+        _ label: String, sqlite: @escaping @Sendable (TemporaryDirectory) async throws -> Store,
+        postgres: @escaping @Sendable (DatabaseURL, TemporaryDirectory) async throws -> (Store, close: () -> Void)
+    ) {
         self.label = label
         self.sqlite = sqlite
         self.postgres = postgres
@@ -68,7 +70,13 @@ public struct StoreContract<Store>: Sendable {
         let place = try await place(backend)
         do {
             let (store, close) = try await open(at: place)
-            return (store, place, { close(); place.directory.remove() })
+            return (
+                store, place,
+                {
+                    close()
+                    place.directory.remove()
+                }
+            )
         } catch {
             place.directory.remove()
             throw error

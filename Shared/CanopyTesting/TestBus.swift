@@ -60,8 +60,10 @@ public final class TestBus: Sendable {
     /// Starts a worker as its executable would: live, what its `build…Service` made, until
     /// the broker has seen `service` register; in process, the parts its `make…Service` made
     /// (given a caller of this bus for the services it calls).
-    public func start(_ service: String, live build: (ZMQContext, Logger) async throws -> [any Service],
-                      inProcess make: (any BusCalling, Logger) async throws -> ServiceParts) async throws {
+    public func start(
+        _ service: String, live build: (ZMQContext, Logger) async throws -> [any Service],
+        inProcess make: (any BusCalling, Logger) async throws -> ServiceParts
+    ) async throws {
         if let live {
             live.run(try await build(live.context, live.logger))
             try await live.waitForWorkers(1, service: service)
@@ -111,8 +113,10 @@ public final class TestBus: Sendable {
 /// Runs `body` with a ``TestBus`` in `mode`, and stops whatever it started afterwards, also
 /// when `body` throws. `CANOPY_TEST_BUS=live` runs the in-process tests over a live broker too
 /// (`CANOPY_TEST_BUS=live scripts/test`), to compare the two paths or their times.
-public func withTestBus<T>(_ mode: BusMode = .inProcess, configuration: BrokerConfiguration = .testing, erasureWindow: Duration = ErasedPeople.defaultWindow,
-                           _ body: (TestBus) async throws -> T) async throws -> T {
+public func withTestBus<T>(
+    _ mode: BusMode = .inProcess, configuration: BrokerConfiguration = .testing, erasureWindow: Duration = ErasedPeople.defaultWindow,
+    _ body: (TestBus) async throws -> T
+) async throws -> T {
     let mode = ProcessInfo.processInfo.environment["CANOPY_TEST_BUS"] == "live" ? .live : mode
     switch mode {
     case .inProcess:

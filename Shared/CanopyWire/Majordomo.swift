@@ -98,7 +98,9 @@ public enum MajordomoMessage: Equatable, Sendable {
         }
         switch command {
         case .ready:
-            guard frames.count == 4 else { throw WireDecodingError(.wrongFrameCount, "a Majordomo READY has 4 frames (\"\", MDPW01, 0x01, service), got \(frames.count)") }
+            guard frames.count == 4 else {
+                throw WireDecodingError(.wrongFrameCount, "a Majordomo READY has 4 frames (\"\", MDPW01, 0x01, service), got \(frames.count)")
+            }
             self = .ready(service: frames[3])
         case .request, .reply:
             guard frames.count >= 5, frames[4].isEmpty else {

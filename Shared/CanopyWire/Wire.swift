@@ -201,7 +201,9 @@ public struct RequestHeader: Sendable, Equatable {
         flags = frame[start + 4]
         var principalStart = start + 5
         if flags & Flag.traced != 0 {
-            guard frame.count >= 5 + TraceContext.byteCount, let trace = TraceContext(bytes: frame[(start + 5)..<(start + 5 + TraceContext.byteCount)]) else { return nil }
+            guard frame.count >= 5 + TraceContext.byteCount, let trace = TraceContext(bytes: frame[(start + 5)..<(start + 5 + TraceContext.byteCount)]) else {
+                return nil
+            }
             self.trace = trace
             principalStart += TraceContext.byteCount
         } else {
@@ -257,10 +259,10 @@ public struct TraceContext: Sendable, Hashable {
     public init?(traceparent: String) {
         let utf8 = Array(traceparent.utf8)
         guard utf8.count >= 55, utf8[0] == UInt8(ascii: "0"), utf8[1] == UInt8(ascii: "0"),
-              utf8[2] == UInt8(ascii: "-"), utf8[35] == UInt8(ascii: "-"), utf8[52] == UInt8(ascii: "-"),
-              utf8.count == 55 || utf8[55] == UInt8(ascii: "-"),
-              let high = Self.hex(utf8[3..<19]), let low = Self.hex(utf8[19..<35]),
-              let span = Self.hex(utf8[36..<52]), let flags = Self.hex(utf8[53..<55])
+            utf8[2] == UInt8(ascii: "-"), utf8[35] == UInt8(ascii: "-"), utf8[52] == UInt8(ascii: "-"),
+            utf8.count == 55 || utf8[55] == UInt8(ascii: "-"),
+            let high = Self.hex(utf8[3..<19]), let low = Self.hex(utf8[19..<35]),
+            let span = Self.hex(utf8[36..<52]), let flags = Self.hex(utf8[53..<55])
         else { return nil }
         self.init(traceHigh: high, traceLow: low, spanID: span, flags: UInt8(flags))
     }

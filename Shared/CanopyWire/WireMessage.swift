@@ -225,11 +225,13 @@ extension WireMessage {
         let reader = FrameReader(frames: frames)
         guard frames.count >= 2, frames.frame(0, equals: Wire.version) else {
             let seen = frames.count > 0 ? frames.withFrame(0) { String(decoding: $0.prefix(32), as: UTF8.self) } : ""
-            throw WireDecodingError(.wrongVersion, correlation: reader.likelyCorrelation,
-                                    "unsupported protocol version '\(seen)'; Canopy speaks \(Wire.versionText) (or Majordomo MDPC01/MDPW01)")
+            throw WireDecodingError(
+                .wrongVersion, correlation: reader.likelyCorrelation,
+                "unsupported protocol version '\(seen)'; Canopy speaks \(Wire.versionText) (or Majordomo MDPC01/MDPW01)")
         }
         guard frames.byteCount(1) == 1, let command = Wire.Command(rawValue: frames.withFrame(1) { $0[0] }) else {
-            throw WireDecodingError(.unknownCommand, correlation: reader.likelyCorrelation, "unknown command frame; this peer speaks \(Wire.versionText) (see docs/PROTOCOL.md)")
+            throw WireDecodingError(
+                .unknownCommand, correlation: reader.likelyCorrelation, "unknown command frame; this peer speaks \(Wire.versionText) (see docs/PROTOCOL.md)")
         }
         do {
             self = try Self.decode(reader, command)
@@ -243,26 +245,34 @@ extension WireMessage {
         let frames = reader.frames
         switch command {
         case .request:
-            try reader.expect(7, command, attachments: true, "a request has 7 frames (version, command, correlation, service, operation, header, body), then up to \(Wire.maximumAttachments) attachments")
+            try reader.expect(
+                7, command, attachments: true,
+                "a request has 7 frames (version, command, correlation, service, operation, header, body), then up to \(Wire.maximumAttachments) attachments")
             let correlation = try reader.correlation(at: 2)
             guard frames.withFrame(3, Wire.isValidName), frames.withFrame(4, Wire.isValidName) else {
-                throw WireDecodingError(.invalidName, correlation: correlation,
-                                        "service and operation names are 1 to \(Wire.maximumNameLength) characters of a-z, 0-9, '.', '-' and '_'")
+                throw WireDecodingError(
+                    .invalidName, correlation: correlation,
+                    "service and operation names are 1 to \(Wire.maximumNameLength) characters of a-z, 0-9, '.', '-' and '_'")
             }
             guard let header = frames.withFrame(5, { RequestHeader(frame: $0) }) else {
                 throw WireDecodingError(.malformedHeader, correlation: correlation, RequestHeader.formatDescription)
             }
-            return .request(WireRequest(correlation: correlation, service: reader.string(at: 3), operation: reader.string(at: 4), header: header,
-                                        body: frames.array(6), attachments: frames.arrays(7..<frames.count)))
+            return .request(
+                WireRequest(
+                    correlation: correlation, service: reader.string(at: 3), operation: reader.string(at: 4), header: header,
+                    body: frames.array(6), attachments: frames.arrays(7..<frames.count)))
         case .cancel:
             try reader.expect(3, command, "a cancel has 3 frames (version, command, correlation)")
             return .cancel(correlation: try reader.correlation(at: 2))
         case .reply:
-            try reader.expect(5, command, attachments: true, "a reply has 5 frames (version, command, correlation, flags, body), then up to \(Wire.maximumAttachments) attachments")
+            try reader.expect(
+                5, command, attachments: true,
+                "a reply has 5 frames (version, command, correlation, flags, body), then up to \(Wire.maximumAttachments) attachments")
             let correlation = try reader.correlation(at: 2)
             guard frames.byteCount(3) == 1 else { throw WireDecodingError(.malformedInteger, correlation: correlation, "a reply's flags are one byte") }
-            return .reply(correlation: correlation, shared: frames.withFrame(3) { $0[0] } & Wire.ReplyFlag.shared != 0, body: frames.array(4),
-                          attachments: frames.arrays(5..<frames.count))
+            return .reply(
+                correlation: correlation, shared: frames.withFrame(3) { $0[0] } & Wire.ReplyFlag.shared != 0, body: frames.array(4),
+                attachments: frames.arrays(5..<frames.count))
         case .error:
             try reader.expect(4, command, "an error has 4 frames (version, command, correlation, error)")
             guard frames.byteCount(2) <= Wire.maximumCorrelationLength else {
@@ -275,13 +285,15 @@ extension WireMessage {
                 throw WireDecodingError(.invalidName, "invalid service name; use 1 to \(Wire.maximumNameLength) of a-z, 0-9, '.', '-', '_'")
             }
             guard let operations = try? MessageCodec().decode([OperationDescriptor].self, from: frames.array(3)), !operations.isEmpty,
-                  operations.allSatisfy({ Wire.isValidName($0.name.utf8) })
+                operations.allSatisfy({ Wire.isValidName($0.name.utf8) })
             else {
                 throw WireDecodingError(.malformedOperations, "operations must be a non-empty JSON array of {name, idempotent, coalescable} with valid names")
             }
             return .ready(service: reader.string(at: 2), operations: operations, credit: try reader.uint32(at: 4, "credit"))
         case .workerReply:
-            try reader.expect(5, command, attachments: true, "a worker reply has 5 frames (version, command, request id, status, body), then up to \(Wire.maximumAttachments) attachments")
+            try reader.expect(
+                5, command, attachments: true,
+                "a worker reply has 5 frames (version, command, request id, status, body), then up to \(Wire.maximumAttachments) attachments")
             let id = try reader.uint64(at: 2, "request id")
             let status = frames.byteCount(3) == 1 ? frames.withFrame(3) { $0[0] } : UInt8.max
             guard status <= Wire.Status.error else {
@@ -301,11 +313,16 @@ extension WireMessage {
             try reader.expect(3, command, "a credit has 3 frames (version, command, credit)")
             return .credit(try reader.uint32(at: 2, "credit"))
         case .dispatch:
-            try reader.expect(6, command, attachments: true, "a dispatch has 6 frames (version, command, request id, operation, header, body), then up to \(Wire.maximumAttachments) attachments")
+            try reader.expect(
+                6, command, attachments: true,
+                "a dispatch has 6 frames (version, command, request id, operation, header, body), then up to \(Wire.maximumAttachments) attachments")
             let id = try reader.uint64(at: 2, "request id")
             guard frames.withFrame(3, Wire.isValidName) else { throw WireDecodingError(.invalidName, "invalid operation name") }
-            guard let header = frames.withFrame(4, { RequestHeader(frame: $0) }) else { throw WireDecodingError(.malformedHeader, RequestHeader.formatDescription) }
-            return .dispatch(requestID: id, operation: reader.string(at: 3), header: header, body: frames.array(5), attachments: frames.arrays(6..<frames.count))
+            guard let header = frames.withFrame(4, { RequestHeader(frame: $0) }) else {
+                throw WireDecodingError(.malformedHeader, RequestHeader.formatDescription)
+            }
+            return .dispatch(
+                requestID: id, operation: reader.string(at: 3), header: header, body: frames.array(5), attachments: frames.arrays(6..<frames.count))
         case .cancelDispatch:
             try reader.expect(3, command, "a cancel dispatch has 3 frames (version, command, request id)")
             return .cancelDispatch(requestID: try reader.uint64(at: 2, "request id"))
@@ -381,5 +398,6 @@ extension Wire {
 extension RequestHeader {
     /// What a header frame must be, for refusals.
     @usableFromInline
-    static let formatDescription = "the header frame is malformed: 4-byte timeout, 1 flags byte, the 25-byte trace context when flag 0x04 is set (16-byte trace id, 8-byte span id, neither zero, 1 flags byte), then the principal: empty, or 1 to 256 bytes of printable ASCII (0x21-0x7E; no spaces, no Unicode)"
+    static let formatDescription =
+        "the header frame is malformed: 4-byte timeout, 1 flags byte, the 25-byte trace context when flag 0x04 is set (16-byte trace id, 8-byte span id, neither zero, 1 flags byte), then the principal: empty, or 1 to 256 bytes of printable ASCII (0x21-0x7E; no spaces, no Unicode)"
 }

@@ -1,6 +1,7 @@
 import CanopyTesting
 import Foundation
 import Testing
+
 @testable import CanopyAPI
 
 /// `canopy-api` as an operator runs it.

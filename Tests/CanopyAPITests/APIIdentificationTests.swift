@@ -1,17 +1,18 @@
 import AsyncHTTPClient
 import CanopyBus
+import CanopyCare
+import CanopyIdentify
+import CanopyImages
 import CanopyImaging
 import CanopyMessages
+import CanopyRemind
 import CanopySamples
 import CanopyServiceKit
 import CanopyTesting
-import CanopyCare
 import Foundation
-import CanopyIdentify
-import CanopyImages
 import NIOCore
-import CanopyRemind
 import Testing
+
 @testable import CanopyAPI
 
 extension LiveAPITests {
@@ -24,9 +25,11 @@ extension LiveAPITests {
 
         /// canopy-images, canopy-care and canopy-identify (and canopy-remind when asked) behind
         /// canopy-api, as `serve` builds them.
-        static func withIdentifyStack(_ mode: BusMode = .inProcess, reminders: Bool = false, erasureWindow: Duration = ErasedPeople.defaultWindow,
-                                      configure: (inout APIServiceSettings) -> Void = { _ in },
-                                      _ body: (APITests.Stack) async throws -> Void) async throws {
+        static func withIdentifyStack(
+            _ mode: BusMode = .inProcess, reminders: Bool = false, erasureWindow: Duration = ErasedPeople.defaultWindow,
+            configure: (inout APIServiceSettings) -> Void = { _ in },
+            _ body: (APITests.Stack) async throws -> Void
+        ) async throws {
             let directory = try TemporaryDirectory("batch-identify")
             defer { directory.remove() }
             try await withTestBus(mode, erasureWindow: erasureWindow) { bus in
@@ -41,8 +44,9 @@ extension LiveAPITests {
                 let settings = IdentificationServiceSettings(directory: directory.url.appendingPathComponent("identify"), runner: bus.runnerConfiguration())
                 let tools = try IdentificationTools(databasePath: settings.databasePath)
                 for (index, name) in Self.species.enumerated() {
-                    try tools.addReferences(.init(scientificName: name, commonNames: ["Test plant \(index)"], family: "Testaceae"),
-                                            photos: try (1...3).map { try SyntheticPlant.species(index).photo(seed: $0) })
+                    try tools.addReferences(
+                        .init(scientificName: name, commonNames: ["Test plant \(index)"], family: "Testaceae"),
+                        photos: try (1...3).map { try SyntheticPlant.species(index).photo(seed: $0) })
                 }
                 try await bus.start(settings)
                 try await body(try await APITests.startAPI(on: bus, configure: configure))
@@ -70,9 +74,13 @@ extension LiveAPITests {
         @Test func photosUploadedAsAFormAreIdentifiedAcceptedAndListedEachPersonTheirOwn() async throws {
             try await Self.withIdentifyStack { stack in
                 let photos = try (7...8).map { try SyntheticPlant.species(1).photo(seed: $0) }
-                let submitted = try await submit(stack, as: "alice", [("photo", "image/jpeg", photos[0]), ("photo", "image/jpeg", photos[1]),
-                                                                      ("organ", nil, Array("leaf".utf8)), ("organ", nil, Array("flower".utf8)),
-                                                                      ("latitude", nil, Array("52.5163".utf8)), ("longitude", nil, Array("13.3777".utf8))])
+                let submitted = try await submit(
+                    stack, as: "alice",
+                    [
+                        ("photo", "image/jpeg", photos[0]), ("photo", "image/jpeg", photos[1]),
+                        ("organ", nil, Array("leaf".utf8)), ("organ", nil, Array("flower".utf8)),
+                        ("latitude", nil, Array("52.5163".utf8)), ("longitude", nil, Array("13.3777".utf8)),
+                    ])
                 #expect(submitted.status == 200, "\(String(decoding: submitted.body, as: UTF8.self))")
                 let id = try #require(submitted.object["id"] as? String)
                 #expect(submitted.object["organs"] as? [String] == ["leaf", "flower"])

@@ -7,6 +7,7 @@ import CanopyTesting
 import Foundation
 import NIOCore
 import Testing
+
 @testable import CanopyAPI
 
 /// Implicit batching over real HTTP: concurrent thumbnail and next-task lookups from two
@@ -151,8 +152,10 @@ extension LiveAPITests {
                 let plant = try #require(try await stack.send(.POST, "/v1/plants", json: APITests.monstera).object["id"] as? String)
                 let photo = try await Self.upload(stack, plant: plant, as: "alice", seed: 1)
                 let before = try await Self.requests(stack, Images.service)
-                let answers = try await Self.concurrently(stack, Array(repeating: ("alice", "/v1/photos/\(photo)/variants/thumbnail"), count: 6)
-                                                          + [("alice", "/v1/plants/\(plant)/next-task"), ("bob", "/v1/plants/\(plant)/next-task")])
+                let answers = try await Self.concurrently(
+                    stack,
+                    Array(repeating: ("alice", "/v1/photos/\(photo)/variants/thumbnail"), count: 6)
+                        + [("alice", "/v1/plants/\(plant)/next-task"), ("bob", "/v1/plants/\(plant)/next-task")])
                 #expect(answers.map(\.status) == [200, 200, 200, 200, 200, 200, 200, 404])
                 let after = try await Self.requests(stack, Images.service)
                 #expect((after["images.variant"] ?? 0) - (before["images.variant"] ?? 0) == 6)

@@ -1,17 +1,18 @@
 import AsyncHTTPClient
 import CanopyBus
+import CanopyCare
+import CanopyImages
 import CanopyImaging
 import CanopyMessages
+import CanopyRemind
 import CanopySamples
 import CanopyServiceKit
 import CanopyTesting
-import CanopyCare
 import Foundation
-import CanopyImages
 import NIOCore
 import NIOHTTP1
-import CanopyRemind
 import Testing
+
 @testable import CanopyAPI
 
 /// Devices, reminders and photos through canopy-api, with canopy-remind and canopy-images
@@ -21,8 +22,10 @@ extension LiveAPITests {
     struct APIRemindersAndPhotosTests {
         /// canopy-care, canopy-remind and canopy-images behind canopy-api: on the in-process
         /// bus, or (`.live`) as `serve` builds them, through the real broker.
-        static func withFullStack(_ mode: BusMode = .inProcess, configure: (inout APIServiceSettings) -> Void = { _ in },
-                                  _ body: (APITests.Stack) async throws -> Void) async throws {
+        static func withFullStack(
+            _ mode: BusMode = .inProcess, configure: (inout APIServiceSettings) -> Void = { _ in },
+            _ body: (APITests.Stack) async throws -> Void
+        ) async throws {
             let directory = try TemporaryDirectory("batch-full")
             defer { directory.remove() }
             try await withTestBus(mode) { bus in
@@ -63,7 +66,9 @@ extension LiveAPITests {
                 _ = try await stack.send(.DELETE, "/v1/devices/\(deviceID)", as: "bob")
                 #expect((try await stack.send(.GET, "/v1/devices").object["devices"] as? [Any])?.count == 1)
 
-                let webhook = try await stack.send(.POST, "/v1/devices", json: #"{"channel":"webhook","address":"http://169.254.169.254/hook","secret":"whsec_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"}"#)
+                let webhook = try await stack.send(
+                    .POST, "/v1/devices",
+                    json: #"{"channel":"webhook","address":"http://169.254.169.254/hook","secret":"whsec_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"}"#)
                 #expect(webhook.status == 400, "an address inside the network is refused")
                 let unknown = try await stack.send(.POST, "/v1/devices", json: #"{"channel":"pigeon","address":"roof"}"#)
                 #expect(unknown.status == 400)
@@ -103,9 +108,11 @@ extension LiveAPITests {
                 #expect(palette.status == 200 && !((palette.object["swatches"] as? [Any]) ?? []).isEmpty)
 
                 // Bytes are not batched; the palette, JSON, is.
-                let batched = try await stack.send(.POST, "/v1/batch", json: """
-                    {"operations":[{"method":"GET","path":"/v1/photos/\(photoID)/variants/thumbnail"},{"method":"GET","path":"/v1/photos/\(photoID)/palette"}]}
-                    """)
+                let batched = try await stack.send(
+                    .POST, "/v1/batch",
+                    json: """
+                        {"operations":[{"method":"GET","path":"/v1/photos/\(photoID)/variants/thumbnail"},{"method":"GET","path":"/v1/photos/\(photoID)/palette"}]}
+                        """)
                 let results = try #require(batched.object["results"] as? [[String: Any]])
                 #expect(results.map { $0["status"] as? Int } == [400, 200])
                 #expect(((results[0]["body"] as? [String: Any])?["detail"] as? String)?.contains("bytes") == true)

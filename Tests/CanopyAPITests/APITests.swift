@@ -1,14 +1,15 @@
 import AsyncHTTPClient
 import CanopyBus
+import CanopyCare
 import CanopyMessages
 import CanopyServiceKit
 import CanopyTesting
-import CanopyCare
 import Foundation
 import NIOCore
 import NIOHTTP1
 import ServiceLifecycle
 import Testing
+
 @testable import CanopyAPI
 
 /// canopy-api as `serve` builds it, over real HTTP (AsyncHTTPClient), in front of the real
@@ -35,8 +36,10 @@ extension LiveAPITests {
 
             func token(_ user: String) async throws -> String { try await tokens.issue(user: user, lifetime: .seconds(3_600)) }
 
-            func send(_ method: HTTPMethod, _ path: String, as user: String? = "alice", token: String? = nil, json: String? = nil,
-                      bytes: [UInt8]? = nil, type: String? = nil, headers: [(String, String)] = [], client: HTTPClient = .shared) async throws -> Answer {
+            func send(
+                _ method: HTTPMethod, _ path: String, as user: String? = "alice", token: String? = nil, json: String? = nil,
+                bytes: [UInt8]? = nil, type: String? = nil, headers: [(String, String)] = [], client: HTTPClient = .shared
+            ) async throws -> Answer {
                 var request = HTTPClientRequest(url: base + path)
                 request.method = method
                 if let token {
@@ -62,41 +65,47 @@ extension LiveAPITests {
 
         /// canopy-api over real HTTP in front of canopy-care: on the in-process bus, or
         /// (`.live`) as `serve` builds it, through the real broker.
-        func withStack(_ mode: BusMode = .inProcess, rate: Double = 50, burst: Double = 200, work: (rate: Double, burst: Double)? = nil,
-                       idleTimeout: Duration = APIServiceSettings.defaultIdleTimeout,
-                       readTimeout: Duration = APIServiceSettings.defaultReadTimeout, _ body: (Stack) async throws -> Void) async throws {
+        func withStack(
+            _ mode: BusMode = .inProcess, rate: Double = 50, burst: Double = 200, work: (rate: Double, burst: Double)? = nil,
+            idleTimeout: Duration = APIServiceSettings.defaultIdleTimeout,
+            readTimeout: Duration = APIServiceSettings.defaultReadTimeout, _ body: (Stack) async throws -> Void
+        ) async throws {
             let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-api-\(UUID().uuidString)")
             defer { try? FileManager.default.removeItem(at: directory) }
             try await withTestBus(mode) { bus in
                 let care = CareServiceSettings(directory: directory.appendingPathComponent("care"), runner: bus.runnerConfiguration())
                 try await bus.start(care)
-                try await body(try await Self.startAPI(on: bus) { settings in
-                    settings.maximumBodyBytes = 64 * 1_024
-                    settings.rateLimit = rate
-                    settings.rateBurst = burst
-                    if let work { (settings.workRate, settings.workBurst) = work }
-                    settings.idleTimeout = idleTimeout
-                    settings.readTimeout = readTimeout
-                })
+                try await body(
+                    try await Self.startAPI(on: bus) { settings in
+                        settings.maximumBodyBytes = 64 * 1_024
+                        settings.rateLimit = rate
+                        settings.rateBurst = burst
+                        if let work { (settings.workRate, settings.workBurst) = work }
+                        settings.idleTimeout = idleTimeout
+                        settings.readTimeout = readTimeout
+                    })
             }
         }
 
         /// canopy-api on `bus`, as `serve` builds it (live) or its parts (in process), with
         /// its HTTP API and `/metrics` on ephemeral loopback ports: the stack tests call.
         static func startAPI(on bus: TestBus, configure: (inout APIServiceSettings) -> Void = { _ in }) async throws -> Stack {
-            var settings = APIServiceSettings(http: .anyLoopbackPort, bus: .init(endpoint: bus.live?.endpoint ?? ""), tokenKey: Self.key,
-                                                metrics: .anyLoopbackPort)
+            var settings = APIServiceSettings(
+                http: .anyLoopbackPort, bus: .init(endpoint: bus.live?.endpoint ?? ""), tokenKey: Self.key,
+                metrics: .anyLoopbackPort)
             configure(&settings)
-            let services = if let live = bus.live {
-                try buildAPIService(settings: settings, context: live.context, logger: live.logger)
-            } else {
-                try makeAPIService(settings: settings, bus: try bus.client(timeout: settings.callTimeout), logger: bus.logger)
-            }
+            let services =
+                if let live = bus.live {
+                    try buildAPIService(settings: settings, context: live.context, logger: live.logger)
+                } else {
+                    try makeAPIService(settings: settings, bus: try bus.client(timeout: settings.callTimeout), logger: bus.logger)
+                }
             let http = try #require(services.first { $0 is APIHTTPServer } as? APIHTTPServer)
             let metrics = services.first { $0 is OperatingEndpoint } as? OperatingEndpoint
             bus.run(services)
-            return Stack(base: "http://127.0.0.1:\(try await http.boundPort(within: .seconds(60)))", tokens: try TokenAuthority(key: Self.key), bus: bus,
-                         metricsPort: try await metrics?.boundPort(within: .seconds(60)) ?? 0)
+            return Stack(
+                base: "http://127.0.0.1:\(try await http.boundPort(within: .seconds(60)))", tokens: try TokenAuthority(key: Self.key), bus: bus,
+                metricsPort: try await metrics?.boundPort(within: .seconds(60)) ?? 0)
         }
 
         static let monstera = #"{"scientificName":"Monstera deliciosa","customName":"Monty","location":"Living room"}"#
@@ -124,7 +133,8 @@ extension LiveAPITests {
                 let favourite = try await stack.send(.PUT, "/v1/plants/\(id)/favourite", json: #"{"favourite":true}"#)
                 #expect(favourite.status == 200 && favourite.object["favourite"] as? Bool == true)
                 #expect(try await stack.send(.GET, "/v1/plants?favourite=true").object["total"] as? Int == 1)
-                let updated = try await stack.send(.PUT, "/v1/plants/\(id)", json: #"{"scientificName":"Monstera deliciosa","customName":"Big Monty","favourite":true}"#)
+                let updated = try await stack.send(
+                    .PUT, "/v1/plants/\(id)", json: #"{"scientificName":"Monstera deliciosa","customName":"Big Monty","favourite":true}"#)
                 #expect(updated.status == 200 && updated.object["customName"] as? String == "Big Monty")
 
                 let statistics = try await stack.send(.GET, "/v1/statistics")
@@ -161,12 +171,14 @@ extension LiveAPITests {
                 let read = try await stack.send(.GET, "/v1/plants/\(id)")
                 #expect(read.headers["etag"] == #""1""# && read.object["version"] as? Int == 1, "\(read.headers) \(read.object)")
                 // The first phone's edit, made against version 1, goes in: version 2.
-                let first = try await stack.send(.PUT, "/v1/plants/\(id)", json: #"{"scientificName":"Monstera deliciosa","customName":"Kitchen"}"#,
-                                                 headers: [("If-Match", #""1""#)])
+                let first = try await stack.send(
+                    .PUT, "/v1/plants/\(id)", json: #"{"scientificName":"Monstera deliciosa","customName":"Kitchen"}"#,
+                    headers: [("If-Match", #""1""#)])
                 #expect(first.status == 200 && first.headers["etag"] == #""2""#, "\(first.object)")
                 // The second phone read version 1 too: refused, the first edit stands.
-                let second = try await stack.send(.PUT, "/v1/plants/\(id)", json: #"{"scientificName":"Monstera deliciosa","customName":"Hall"}"#,
-                                                  headers: [("If-Match", #""1""#)])
+                let second = try await stack.send(
+                    .PUT, "/v1/plants/\(id)", json: #"{"scientificName":"Monstera deliciosa","customName":"Hall"}"#,
+                    headers: [("If-Match", #""1""#)])
                 #expect(second.status == 412 && second.headers["content-type"] == "application/problem+json")
                 #expect((second.object["detail"] as? String)?.contains("read it again") == true, "\(second.object)")
                 let now = try await stack.send(.GET, "/v1/plants/\(id)")
@@ -211,10 +223,12 @@ extension LiveAPITests {
                 let tasks = try #require(try await stack.send(.GET, "/v1/tasks/upcoming?days=60", as: "alice").object["tasks"] as? [[String: Any]])
                 let taskID = try #require(tasks.first?["id"] as? String)
 
-                for (method, path, json) in [(HTTPMethod.GET, "/v1/plants/\(id)", nil), (.PUT, "/v1/plants/\(id)", Self.monstera),
-                                             (.PUT, "/v1/plants/\(id)/favourite", #"{"favourite":true}"#), (.DELETE, "/v1/plants/\(id)", nil),
-                                             (.POST, "/v1/tasks/\(taskID)/complete", "{}"), (.POST, "/v1/tasks/\(taskID)/skip", nil),
-                                             (.POST, "/v1/tasks/\(taskID)/snooze", #"{"until":"2031-01-01T09:00:00.000Z"}"#)] as [(HTTPMethod, String, String?)] {
+                for (method, path, json) in [
+                    (HTTPMethod.GET, "/v1/plants/\(id)", nil), (.PUT, "/v1/plants/\(id)", Self.monstera),
+                    (.PUT, "/v1/plants/\(id)/favourite", #"{"favourite":true}"#), (.DELETE, "/v1/plants/\(id)", nil),
+                    (.POST, "/v1/tasks/\(taskID)/complete", "{}"), (.POST, "/v1/tasks/\(taskID)/skip", nil),
+                    (.POST, "/v1/tasks/\(taskID)/snooze", #"{"until":"2031-01-01T09:00:00.000Z"}"#),
+                ] as [(HTTPMethod, String, String?)] {
                     let answer = try await stack.send(method, path, as: "bob", json: json)
                     #expect(answer.status == 404 || (method == .DELETE && answer.status == 204), "\(method) \(path) as bob: \(answer.status)")
                 }
@@ -253,8 +267,9 @@ extension LiveAPITests {
                 problem(try await stack.send(.GET, "/v1/plants?offset=10001"), 400, field: "offset", "offset")
                 problem(try await stack.send(.GET, "/v1/tasks/upcoming?days=367"), 400, field: "days", "days")
                 problem(try await stack.send(.GET, "/v1/tasks/overdue?limit=0"), 400, field: "limit", "overdue limit")
-                problem(try await stack.send(.PUT, "/v1/preferences", json: #"{"timeZone":"UTC","quietStartMinute":1440,"quietEndMinute":60}"#), 400,
-                        field: "quietStartMinute", "quiet hours")
+                problem(
+                    try await stack.send(.PUT, "/v1/preferences", json: #"{"timeZone":"UTC","quietStartMinute":1440,"quietEndMinute":60}"#), 400,
+                    field: "quietStartMinute", "quiet hours")
                 problem(try await stack.send(.PUT, "/v1/preferences", json: #"{"timeZone":"UTC","preferredMinute":1e300}"#), 400, "huge number in the body")
                 problem(try await stack.send(.GET, "/v1/plants/..%2F..%2Fetc"), 400, "an id that cannot be one")
                 let noRoute = try await stack.send(.GET, "/v1/nothing-here")
@@ -266,19 +281,24 @@ extension LiveAPITests {
                 #expect(wrongMethod.headers["allow"] == "GET, POST" && wrongMethod.object["title"] as? String == "Method Not Allowed", "\(wrongMethod.headers)")
                 #expect(try await stack.send(.PATCH, "/v1/plants/p1").headers["allow"]?.contains("DELETE") == true)
                 // A field over its limit is the request's mistake: 400 naming the field (413 is for bodies).
-                problem(try await stack.send(.POST, "/v1/plants", json: #"{"scientificName":"\#(String(repeating: "a", count: 201))"}"#), 400,
-                        field: "scientificName", "a field over its length")
+                problem(
+                    try await stack.send(.POST, "/v1/plants", json: #"{"scientificName":"\#(String(repeating: "a", count: 201))"}"#), 400,
+                    field: "scientificName", "a field over its length")
                 // A key twice: refused, as the bus refuses it, whichever a decoder would keep.
                 problem(try await stack.send(.POST, "/v1/plants", json: #"{"scientificName":"Monstera","scientificName":"Ficus"}"#), 400, "a key twice")
-                problem(try await stack.send(.POST, "/v1/plants", json: #"{"scientificName":"Monstera","scientific\u004eame":"Ficus"}"#), 400, "a key twice, escaped")
-                problem(try await stack.send(.POST, "/v1/plants", json: #"{"scientificName":""#.padding(toLength: 70_000, withPad: "a", startingAt: 0) + #""}"#),
-                        413, "a body over the limit")
+                problem(
+                    try await stack.send(.POST, "/v1/plants", json: #"{"scientificName":"Monstera","scientific\u004eame":"Ficus"}"#), 400,
+                    "a key twice, escaped")
+                problem(
+                    try await stack.send(.POST, "/v1/plants", json: #"{"scientificName":""#.padding(toLength: 70_000, withPad: "a", startingAt: 0) + #""}"#),
+                    413, "a body over the limit")
                 // In chunks, without a length: still refused at the limit.
                 var chunked = HTTPClientRequest(url: stack.base + "/v1/plants")
                 chunked.method = .POST
                 chunked.headers.add(name: "Authorization", value: "Bearer \(try await stack.token("alice"))")
                 chunked.headers.add(name: "Content-Type", value: "application/json")
-                let pieces = [ByteBuffer(string: #"{"scientificName":""#)] + Array(repeating: ByteBuffer(string: String(repeating: "a", count: 8_192)), count: 10)
+                let pieces =
+                    [ByteBuffer(string: #"{"scientificName":""#)] + Array(repeating: ByteBuffer(string: String(repeating: "a", count: 8_192)), count: 10)
                     + [ByteBuffer(string: #""}"#)]
                 chunked.body = .stream(pieces.async, length: .unknown)
                 let refused = try await HTTPClient.shared.execute(chunked, timeout: .seconds(30))
@@ -296,7 +316,9 @@ extension LiveAPITests {
                 #expect(idle.closedByServer(within: .seconds(30)), "an idle connection is closed")
                 // A request whose body stalls half way: closed.
                 let stalled = try RawConnection(port: port)
-                stalled.send("POST /v1/plants HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \(try await stack.token("alice"))\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"scien")
+                stalled.send(
+                    "POST /v1/plants HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \(try await stack.token("alice"))\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"scien"
+                )
                 #expect(stalled.closedByServer(within: .seconds(30)), "a stalled body is closed")
                 // A keep-alive connection that answered a request, then idles: closed too.
                 let used = try RawConnection(port: port)
@@ -305,7 +327,9 @@ extension LiveAPITests {
                 // A body announced over the limit: 413 at once, before any of it is sent; a client
                 // that then sends nothing is closed like any stalled one.
                 let large = try RawConnection(port: port)
-                large.send("POST /v1/plants HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \(try await stack.token("alice"))\r\nContent-Type: application/json\r\nContent-Length: 20000000\r\n\r\n")
+                large.send(
+                    "POST /v1/plants HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \(try await stack.token("alice"))\r\nContent-Type: application/json\r\nContent-Length: 20000000\r\n\r\n"
+                )
                 #expect(large.closedByServer(within: .seconds(30)) && large.received.hasPrefix("HTTP/1.1 413"), "\(large.received.prefix(80))")
             }
         }
@@ -313,7 +337,8 @@ extension LiveAPITests {
         @Test func healthSaysWhetherTheBrokerAnswersAndWhichServicesHaveWorkers() async throws {
             try await withStack(.live) { stack in
                 #expect(try await OperatingProbe.waitForHealth(stack.metricsPort, status: 200))
-                let response = try await HTTPClient.shared.execute(HTTPClientRequest(url: "http://127.0.0.1:\(stack.metricsPort)/health"), timeout: .seconds(10))
+                let response = try await HTTPClient.shared.execute(
+                    HTTPClientRequest(url: "http://127.0.0.1:\(stack.metricsPort)/health"), timeout: .seconds(10))
                 let report = try JSONDecoder().decode(HealthReport.self, from: Data(try await response.body.collect(upTo: 65_536).readableBytesView))
                 #expect(report.healthy && report.checks["broker"] == "answers" && report.checks["service.care"] == "1 worker", "\(report)")
             }
@@ -342,8 +367,9 @@ extension LiveAPITests {
                 #expect(delta("canopy_api_requests_total", ["route": "/v1/statistics", "status": "429"]) == 1)
                 #expect(delta("canopy_api_requests_total", ["status": "404"]) == 1, "an unknown route is counted under one label")
                 #expect(delta("canopy_api_rate_limited_total") == 2)
-                #expect(Set(after.samples.filter { $0.name == "canopy_api_requests_total" }.compactMap { $0.labels["route"] })
-                    .allSatisfy { $0.hasPrefix("/v1/") || $0 == "NotFound" }, "routes are the document's templates")
+                #expect(
+                    Set(after.samples.filter { $0.name == "canopy_api_requests_total" }.compactMap { $0.labels["route"] })
+                        .allSatisfy { $0.hasPrefix("/v1/") || $0 == "NotFound" }, "routes are the document's templates")
             }
         }
 
@@ -362,7 +388,9 @@ extension LiveAPITests {
                 #expect(refused.status == 429 && (10...12).contains(wait), "13.5 units wanted, 3 left, 1 a second: \(refused.headers)")
                 #expect((refused.object["detail"] as? String)?.contains("POST /v1/plants/{plantID}/photos costs 14 work units") == true, "\(refused.object)")
                 #expect(try await stack.send(.GET, "/v1/plants").status == 200, "her reads are not work")
-                #expect(try await stack.send(.POST, "/v1/plants/plant-2/photos", as: "bob", bytes: photo, type: "image/jpeg").status != 429, "bob has his own budget")
+                #expect(
+                    try await stack.send(.POST, "/v1/plants/plant-2/photos", as: "bob", bytes: photo, type: "image/jpeg").status != 429,
+                    "bob has his own budget")
                 let after = try await OperatingProbe.metrics(stack.metricsPort)
                 #expect(after.growth(since: before, "canopy_api_over_budget_total") == 2)
             }
@@ -387,15 +415,17 @@ extension LiveAPITests {
                     ]}
                     """
                 func operationsBatched() async throws -> Double {
-                    try await OperatingProbe.metrics(stack.metricsPort).samples.filter { $0.name == "canopy_api_batch_operations_sum" }.map(\.value).reduce(0, +)
+                    try await OperatingProbe.metrics(stack.metricsPort).samples.filter { $0.name == "canopy_api_batch_operations_sum" }.map(\.value).reduce(
+                        0, +)
                 }
                 let batchedBefore = try await operationsBatched()
                 let answer = try await stack.send(.POST, "/v1/batch", json: batch)
                 #expect(answer.status == 200, "\(String(decoding: answer.body, as: UTF8.self))")
                 #expect(try await operationsBatched() - batchedBefore == 11, "the batch's size is recorded")
                 let results = try #require(answer.object["results"] as? [[String: Any]])
-                #expect(results.map { $0["status"] as? Int } == [200, 201, 404, 400, 200, 200, 200, 400, 400, 404, 503],
-                        "\(results.map { $0["status"] ?? "-" })")
+                #expect(
+                    results.map { $0["status"] as? Int } == [200, 201, 404, 400, 200, 200, 200, 400, 400, 404, 503],
+                    "\(results.map { $0["status"] ?? "-" })")
                 #expect((results[0]["body"] as? [String: Any])?["customName"] as? String == "Monty")
                 #expect((results[1]["body"] as? [String: Any])?["customName"] as? String == "Pothos")
                 #expect((results[3]["body"] as? [String: Any])?["field"] as? String == "scientificName")
@@ -409,9 +439,11 @@ extension LiveAPITests {
                 #expect(try await stack.send(.GET, "/v1/plants").object["total"] as? Int == 2)
 
                 // Bob's batch reaches none of Alice's plants.
-                let bobs = try await stack.send(.POST, "/v1/batch", as: "bob", json: """
-                    {"operations":[{"method":"GET","path":"/v1/plants/\(id)"},{"method":"DELETE","path":"/v1/plants/\(id)"},{"method":"GET","path":"/v1/plants"}]}
-                    """)
+                let bobs = try await stack.send(
+                    .POST, "/v1/batch", as: "bob",
+                    json: """
+                        {"operations":[{"method":"GET","path":"/v1/plants/\(id)"},{"method":"DELETE","path":"/v1/plants/\(id)"},{"method":"GET","path":"/v1/plants"}]}
+                        """)
                 let bobResults = try #require(bobs.object["results"] as? [[String: Any]])
                 #expect(bobResults.first?["status"] as? Int == 404)
                 #expect(((bobResults.last?["body"] as? [String: Any])?["total"]) as? Int == 0)

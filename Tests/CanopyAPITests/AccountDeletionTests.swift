@@ -6,6 +6,7 @@ import Foundation
 import Logging
 import NIOCore
 import Testing
+
 @testable import CanopyAPI
 
 extension LiveAPITests.APIIdentificationTests {
@@ -52,12 +53,13 @@ extension LiveAPITests.APIIdentificationTests {
                 try await client.call(Care.AddPlant.self, Care.Plant(scientificName: "Ficus lyrata"), principal: "alice")
             }
             #expect(refused?.code == .unauthorized && refused?.message.contains("deleted") == true, "\(String(describing: refused))")
-            #expect(try await eventually {
-                do {
-                    _ = try await client.call(Reminders.ListDevices.self, Empty(), principal: "alice")
-                    return false
-                } catch let error as CanopyError { return error.code == .unauthorized }
-            })
+            #expect(
+                try await eventually {
+                    do {
+                        _ = try await client.call(Reminders.ListDevices.self, Empty(), principal: "alice")
+                        return false
+                    } catch let error as CanopyError { return error.code == .unauthorized }
+                })
 
             // What every service kept of her is gone, asked as her once their windows passed
             // (over the bus: the services' own answers).

@@ -1,5 +1,6 @@
 import CanopyMessages
 import Testing
+
 @testable import CanopyAPI
 
 /// The API document's enums and the bus messages' spell the same cases, so converting between

@@ -21,9 +21,11 @@ struct EdgeTracingTests {
         process.executableURL = try LiveBus.executable("canopy-api")
         // Port 0: the system's choice, read back from the `api.listening` line, so no other
         // test's process can take the port between a choice and the bind.
-        process.arguments = ["serve", "--endpoint", "tcp://127.0.0.1:\(FreePorts.any())", "--http", "127.0.0.1:0", "--metrics-bind", "off",
-                             "--log-level", "info", "--token-key-file", directory.appendingPathComponent("token.key").path,
-                             "--data-dir", directory.path] // its store its own: several of these run at once
+        process.arguments = [
+            "serve", "--endpoint", "tcp://127.0.0.1:\(FreePorts.any())", "--http", "127.0.0.1:0", "--metrics-bind", "off",
+            "--log-level", "info", "--token-key-file", directory.appendingPathComponent("token.key").path,
+            "--data-dir", directory.path,
+        ] // its store its own: several of these run at once
         process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
         process.standardOutput = FileHandle.nullDevice
         let errors = directory.appendingPathComponent("stderr")
@@ -94,12 +96,16 @@ struct EdgeTracingTests {
         address.sin_addr.s_addr = inet_addr("127.0.0.1")
         var length = socklen_t(MemoryLayout<sockaddr_in>.size)
         let listening = withUnsafeMutablePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(silent, $0, length) == 0 && listen(silent, 64) == 0 && getsockname(silent, $0, &length) == 0 }
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                bind(silent, $0, length) == 0 && listen(silent, 64) == 0 && getsockname(silent, $0, &length) == 0
+            }
         }
         try #require(listening)
         let port = Int(UInt16(bigEndian: address.sin_port))
-        try await Self.withEdge(environment: ["OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:\(port)", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json",
-                                              "OTEL_TRACES_SAMPLER": "parentbased_always_on", "OTEL_BSP_SCHEDULE_DELAY": "50"]) { http async throws in
+        try await Self.withEdge(environment: [
+            "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:\(port)", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json",
+            "OTEL_TRACES_SAMPLER": "parentbased_always_on", "OTEL_BSP_SCHEDULE_DELAY": "50",
+        ]) { http async throws in
             var times: [Duration] = []
             for index in 0..<200 {
                 let started = ContinuousClock.now
@@ -124,8 +130,10 @@ struct EdgeTracingTests {
         defer { server.cancel() }
         let endpoint = try await collector.endpoint()
         let (trace, parent) = ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7")
-        try await Self.withEdge(environment: ["OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json", "OTEL_BSP_SCHEDULE_DELAY": "100",
-                                              "OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.02"]) { http async throws in
+        try await Self.withEdge(environment: [
+            "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json", "OTEL_BSP_SCHEDULE_DELAY": "100",
+            "OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.02",
+        ]) { http async throws in
             for _ in 0..<400 { #expect(try await Self.get(http, "/v1/plants", traceparent: nil) == 401) }
             #expect(try await Self.get(http, "/v1/plants", traceparent: "00-\(trace)-\(parent)-01") == 401)
             #expect(try await eventually(within: .seconds(20)) { collector.spans.contains { $0.traceID == trace } })
@@ -139,7 +147,9 @@ struct EdgeTracingTests {
     @Test func withoutAnEndpointNothingIsExported() async throws {
         // No endpoint named (nor the default localhost:4318 tried): no tracer at all, so swift-otel
         // (asked to log at debug level) says nothing.
-        let errors = try await Self.withEdge(environment: ["OTEL_EXPORTER_OTLP_PROTOCOL": "http/json", "OTEL_TRACES_SAMPLER": "always_on", "OTEL_LOG_LEVEL": "debug"]) { http async throws in
+        let errors = try await Self.withEdge(environment: [
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json", "OTEL_TRACES_SAMPLER": "always_on", "OTEL_LOG_LEVEL": "debug",
+        ]) { http async throws in
             #expect(try await Self.get(http, "/v1/plants", traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01") == 401)
         }
         #expect(errors.contains("api.listening") && !errors.contains("swift-otel"), "\(errors.suffix(800))")

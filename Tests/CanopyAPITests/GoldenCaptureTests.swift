@@ -2,19 +2,20 @@ import AsyncHTTPClient
 import CanopyBroker
 import CanopyBus
 import CanopyCapture
+import CanopyCare
+import CanopyIdentify
+import CanopyImages
 import CanopyImaging
 import CanopyMessages
+import CanopyRemind
 import CanopyReplay
 import CanopySamples
 import CanopyServiceKit
 import CanopyTesting
-import CanopyCare
 import Foundation
-import CanopyIdentify
-import CanopyImages
 import NIOCore
-import CanopyRemind
 import Testing
+
 @testable import CanopyAPI
 
 extension LiveAPITests {
@@ -56,17 +57,21 @@ extension LiveAPITests {
                 identify.clock = clock
                 let tools = try IdentificationTools(databasePath: identify.databasePath)
                 for (index, name) in APIIdentificationTests.species.enumerated() {
-                    try tools.addReferences(.init(scientificName: name, commonNames: ["Test plant \(index)"], family: "Testaceae"),
-                                            photos: try (1...3).map { try SyntheticPlant.species(index).photo(seed: $0) })
+                    try tools.addReferences(
+                        .init(scientificName: name, commonNames: ["Test plant \(index)"], family: "Testaceae"),
+                        photos: try (1...3).map { try SyntheticPlant.species(index).photo(seed: $0) })
                 }
                 bus.run(try await buildIdentificationService(settings: identify, context: bus.context, logger: bus.logger))
-                let batch = try buildAPIService(settings: APIServiceSettings(http: .anyLoopbackPort, bus: .init(endpoint: bus.endpoint), tokenKey: APITests.key),
-                                                  context: bus.context, logger: bus.logger)
+                let batch = try buildAPIService(
+                    settings: APIServiceSettings(http: .anyLoopbackPort, bus: .init(endpoint: bus.endpoint), tokenKey: APITests.key),
+                    context: bus.context, logger: bus.logger)
                 let http = try #require(batch.first { $0 is APIHTTPServer } as? APIHTTPServer)
                 bus.run(batch)
                 for service in [Images.service, Care.service, Reminders.service, Identification.service] { try await bus.waitForWorkers(1, service: service) }
-                try await body(APITests.Stack(base: "http://127.0.0.1:\(try await http.boundPort())", tokens: try TokenAuthority(key: APITests.key),
-                                                   bus: TestBus(live: bus), metricsPort: 0))
+                try await body(
+                    APITests.Stack(
+                        base: "http://127.0.0.1:\(try await http.boundPort())", tokens: try TokenAuthority(key: APITests.key),
+                        bus: TestBus(live: bus), metricsPort: 0))
             }
         }
 
@@ -124,10 +129,12 @@ extension LiveAPITests {
             ok(device, 201, "register a device")
             let deviceID = try #require(device.object["id"] as? String)
             ok(try await stack.send(.GET, "/v1/devices"), 200, "devices")
-            let batch = try await stack.send(.POST, "/v1/batch", json: """
-                {"operations":[{"method":"GET","path":"/v1/plants/\(plant)"},{"method":"GET","path":"/v1/statistics"},\
-                {"method":"GET","path":"/v1/plants/no-such-plant"}]}
-                """)
+            let batch = try await stack.send(
+                .POST, "/v1/batch",
+                json: """
+                    {"operations":[{"method":"GET","path":"/v1/plants/\(plant)"},{"method":"GET","path":"/v1/statistics"},\
+                    {"method":"GET","path":"/v1/plants/no-such-plant"}]}
+                    """)
             ok(batch, 200, "a batch")
 
             // Bob reaches none of it.
@@ -145,7 +152,8 @@ extension LiveAPITests {
             try await withGoldenStack { stack in
                 var options = ReplayOptions()
                 options.pacing = .fast
-                report = try await Replayer(connection: .init(endpoint: try #require(stack.bus.live).endpoint), options: options).run(try CaptureReader(path: path))
+                report = try await Replayer(connection: .init(endpoint: try #require(stack.bus.live).endpoint), options: options).run(
+                    try CaptureReader(path: path))
             }
             return report
         }

@@ -1,12 +1,13 @@
 import AsyncHTTPClient
 import CanopyBroker
 import CanopyBus
+import CanopyCare
 import CanopyMessages
 import CanopyTesting
-import CanopyCare
 import Foundation
 import NIOCore
 import Testing
+
 @testable import CanopyAPI
 
 /// A `canopy-api serve` process killed after the work of a keyed request was set going and
@@ -24,9 +25,11 @@ struct IdempotencyCrashTests {
         init(endpoint: String, data: URL, directory: URL) async throws {
             errors = directory.appendingPathComponent("stderr-\(UUID().uuidString)")
             process.executableURL = try LiveBus.executable("canopy-api")
-            process.arguments = ["serve", "--endpoint", endpoint, "--http", "127.0.0.1:0", "--metrics-bind", "off", "--log-level", "info",
-                                 "--token-key-file", directory.appendingPathComponent("token.key").path, "--data-dir", data.path,
-                                 "--idempotency-lease-ms", "1000", "--call-timeout-ms", "120000"]
+            process.arguments = [
+                "serve", "--endpoint", endpoint, "--http", "127.0.0.1:0", "--metrics-bind", "off", "--log-level", "info",
+                "--token-key-file", directory.appendingPathComponent("token.key").path, "--data-dir", data.path,
+                "--idempotency-lease-ms", "1000", "--call-timeout-ms", "120000",
+            ]
             process.standardOutput = FileHandle.nullDevice
             _ = FileManager.default.createFile(atPath: errors.path, contents: nil)
             process.standardError = try FileHandle(forWritingTo: errors)
@@ -39,7 +42,8 @@ struct IdempotencyCrashTests {
                 }
                 return found != nil || !process.isRunning
             }
-            http = try #require(found, "canopy-api did not start listening; it wrote: \(((try? String(contentsOf: errors, encoding: .utf8)) ?? "").suffix(1_500))")
+            http = try #require(
+                found, "canopy-api did not start listening; it wrote: \(((try? String(contentsOf: errors, encoding: .utf8)) ?? "").suffix(1_500))")
         }
 
         func kill() {
@@ -83,16 +87,18 @@ struct IdempotencyCrashTests {
             let first = try await Edge(endpoint: live.endpoint, data: data, directory: directory.url)
             defer { first.kill() }
             let lost = Task { [http = first.http] in (try? await Self.createPlant(http, token: token, key: key))?.status }
-            #expect(try await eventually(within: .seconds(30)) { (try? await client.call(Broker.Stats.self, Empty()).heldBytes) ?? 0 > 0 },
-                    "the request reached the broker")
+            #expect(
+                try await eventually(within: .seconds(30)) { (try? await client.call(Broker.Stats.self, Empty()).heldBytes) ?? 0 > 0 },
+                "the request reached the broker")
             first.kill()
             #expect(await lost.value == nil, "its answer is lost")
 
             // canopy-care comes up and does the work; its answer goes nowhere.
             try await bus.start(CareServiceSettings(directory: directory.url.appendingPathComponent("care"), runner: bus.runnerConfiguration()))
-            #expect(try await eventually(within: .seconds(30)) {
-                (try? await client.call(Care.ListPlants.self, .init(), principal: "alice").total) == 1
-            }, "the work was done")
+            #expect(
+                try await eventually(within: .seconds(30)) {
+                    (try? await client.call(Care.ListPlants.self, .init(), principal: "alice").total) == 1
+                }, "the work was done")
             let added = try #require(try await client.call(Care.ListPlants.self, .init(), principal: "alice").plants.first)
 
             // The app sends it again, with its key, to the edge started again: the plant the
@@ -108,8 +114,12 @@ struct IdempotencyCrashTests {
                 answer = try await Self.createPlant(second.http, token: token, key: key)
             }
             #expect(answer.status == 201, "\(answer.body)")
-            #expect(answer.body["id"] as? String == added.id && added.id == IdempotencyKeys.plantID(
-                serviceKey: IdempotencyKeys.serviceKey(person: "alice", route: "POST /v1/plants", key: key)))
+            #expect(
+                answer.body["id"] as? String == added.id
+                    && added.id
+                        == IdempotencyKeys.plantID(
+                            serviceKey: IdempotencyKeys.serviceKey(person: "alice", route: "POST /v1/plants", key: key))
+            )
             #expect(try await client.call(Care.ListPlants.self, .init(), principal: "alice").total == 1, "added once")
             let again = try await Self.createPlant(second.http, token: token, key: key)
             #expect(again.status == 201 && again.headers["idempotent-replayed"] == "true" && again.body["id"] as? String == added.id)

@@ -5,6 +5,7 @@ import CanopyTesting
 import Foundation
 import Logging
 import Testing
+
 @testable import CanopyAPI
 
 /// `Idempotency-Key`'s rules (what a key may be, what a request finds) and its records in
@@ -14,9 +15,12 @@ struct IdempotencyKeyTests {
     /// Small limits, so that the bounds are reached in a few requests.
     static let limits = IdempotencyLimits(keysPerPerson: 20, bytesPerPerson: 8_192)
 
-    static let contract = StoreContract<any APIStoring>("idempotency", sqlite: {
-        try await openAPIStore(directory: $0.url, postgres: nil, logger: Logger(label: "test"), idempotencyLimits: limits)
-    }) { url, _ in
+    static let contract = StoreContract<any APIStoring>(
+        "idempotency",
+        sqlite: {
+            try await openAPIStore(directory: $0.url, postgres: nil, logger: Logger(label: "test"), idempotencyLimits: limits)
+        }
+    ) { url, _ in
         let store = try await PostgresAPIStore.open(url: url, poolSize: 2, logger: Logger(label: "test"), idempotencyLimits: limits)
         return (store, store.database.close)
     }
@@ -27,10 +31,13 @@ struct IdempotencyKeyTests {
         try await body(store)
     }
 
-    static func claim(_ person: String = "ann", route: String = "POST /v1/plants", key: String = "k-1", body: String = "{}", lease: TimeInterval = 30) -> IdempotencyClaim {
-        IdempotencyClaim(person: person, route: route, key: key,
-                         fingerprint: IdempotencyKeys.fingerprint(method: "POST", path: String(route.dropFirst(5)), contentType: "application/json", body: Array(body.utf8)),
-                         lease: lease)
+    static func claim(_ person: String = "ann", route: String = "POST /v1/plants", key: String = "k-1", body: String = "{}", lease: TimeInterval = 30)
+        -> IdempotencyClaim
+    {
+        IdempotencyClaim(
+            person: person, route: route, key: key,
+            fingerprint: IdempotencyKeys.fingerprint(method: "POST", path: String(route.dropFirst(5)), contentType: "application/json", body: Array(body.utf8)),
+            lease: lease)
     }
 
     static let answer = KeptAnswer(status: 201, headers: [["Content-Type", "application/json"]], body: Array(#"{"id":"p-1"}"#.utf8))
@@ -57,7 +64,9 @@ struct IdempotencyKeyTests {
         #expect(base != IdempotencyKeys.fingerprint(method: "PATCH", path: "/v1/plants", contentType: "application/json", body: Array("{}".utf8)))
         #expect(base != IdempotencyKeys.fingerprint(method: "POST", path: "/v1/plants", contentType: "text/plain", body: Array("{}".utf8)))
         // Length-prefixed: moving bytes from one part to the next is another request.
-        #expect(IdempotencyKeys.fingerprint(method: "POST", path: "/a", contentType: "b", body: []) != IdempotencyKeys.fingerprint(method: "POST", path: "/", contentType: "ab", body: []))
+        #expect(
+            IdempotencyKeys.fingerprint(method: "POST", path: "/a", contentType: "b", body: [])
+                != IdempotencyKeys.fingerprint(method: "POST", path: "/", contentType: "ab", body: []))
     }
 
     @Test func theServicesKeyAndThePlantIDAreEachPersonsAndRoutesOwn() {
@@ -84,8 +93,10 @@ struct IdempotencyKeyTests {
         #expect(IdempotencyDecision.decide(ended, for: claim, now: now) == .proceed, "its holder's lease ended: presumed dead")
         let done = IdempotencyRecord(fingerprint: claim.fingerprint, holder: nil, leaseUntil: nil, answer: Self.answer, answered: true)
         #expect(IdempotencyDecision.decide(done, for: claim, now: now) == .replay(Self.answer))
-        #expect(IdempotencyDecision.decide(IdempotencyRecord(fingerprint: claim.fingerprint, holder: nil, leaseUntil: nil, answer: nil, answered: true),
-                                           for: claim, now: now) == .answeredNotKept)
+        #expect(
+            IdempotencyDecision.decide(
+                IdempotencyRecord(fingerprint: claim.fingerprint, holder: nil, leaseUntil: nil, answer: nil, answered: true),
+                for: claim, now: now) == .answeredNotKept)
         let other = Self.claim(body: #"{"other":true}"#)
         #expect(IdempotencyDecision.decide(done, for: other, now: now) == .otherRequest)
         #expect(IdempotencyDecision.decide(running, for: other, now: now) == .otherRequest)

@@ -6,6 +6,7 @@ import Foundation
 import Logging
 import NIOCore
 import Testing
+
 @testable import CanopyAPI
 
 extension LiveAPITests.APIIdentificationTests {
@@ -21,14 +22,17 @@ extension LiveAPITests.APIIdentificationTests {
     }
 
     /// `request` twice with one key: the same answer, the second marked replayed.
-    func twice(_ request: (_ key: [(String, String)]) async throws -> Answer, key: String = UUID().uuidString,
-               sourceLocation: SourceLocation = #_sourceLocation) async throws -> Answer {
+    func twice(
+        _ request: (_ key: [(String, String)]) async throws -> Answer, key: String = UUID().uuidString,
+        sourceLocation: SourceLocation = #_sourceLocation
+    ) async throws -> Answer {
         let first = try await request([("Idempotency-Key", key)])
         let second = try await request([("Idempotency-Key", key)])
         #expect((200..<300).contains(first.status), "\(String(decoding: first.body, as: UTF8.self))", sourceLocation: sourceLocation)
         #expect(first.headers["idempotent-replayed"] == nil, sourceLocation: sourceLocation)
         #expect(second.status == first.status && second.body == first.body, "\(String(decoding: second.body, as: UTF8.self))", sourceLocation: sourceLocation)
-        #expect(second.headers["idempotent-replayed"] == "true" && second.headers["content-type"] == first.headers["content-type"], sourceLocation: sourceLocation)
+        #expect(
+            second.headers["idempotent-replayed"] == "true" && second.headers["content-type"] == first.headers["content-type"], sourceLocation: sourceLocation)
         #expect(second.headers["x-request-id"] != first.headers["x-request-id"], "the repeat's own request id", sourceLocation: sourceLocation)
         return first
     }
@@ -47,7 +51,9 @@ extension LiveAPITests.APIIdentificationTests {
             let completed = try await twice { try await stack.send(.POST, "/v1/tasks/\(taskID)/complete", json: "{}", headers: $0) }
             let dueAfterComplete = try #require(completed.object["due"] as? String)
             #expect(try await Self.due(of: taskID, in: stack) == dueAfterComplete)
-            let snoozed = try await twice { try await stack.send(.POST, "/v1/tasks/\(taskID)/snooze", json: #"{"until":"2031-01-01T09:00:00.000Z"}"#, headers: $0) }
+            let snoozed = try await twice {
+                try await stack.send(.POST, "/v1/tasks/\(taskID)/snooze", json: #"{"until":"2031-01-01T09:00:00.000Z"}"#, headers: $0)
+            }
             #expect(snoozed.object["snoozedUntil"] as? String == "2031-01-01T09:00:00.000Z")
             let skipped = try await twice { try await stack.send(.POST, "/v1/tasks/\(taskID)/skip", headers: $0) }
             let dueAfterSkip = try #require(skipped.object["due"] as? String)
@@ -55,7 +61,9 @@ extension LiveAPITests.APIIdentificationTests {
             #expect(try await Self.due(of: taskID, in: stack) == dueAfterSkip, "skipped once")
 
             // A device, and its test notification.
-            let device = try await twice { try await stack.send(.POST, "/v1/devices", json: #"{"channel":"log","address":"a desk","name":"desk"}"#, headers: $0) }
+            let device = try await twice {
+                try await stack.send(.POST, "/v1/devices", json: #"{"channel":"log","address":"a desk","name":"desk"}"#, headers: $0)
+            }
             let deviceID = try #require(device.object["id"] as? String)
             #expect((try await stack.send(.GET, "/v1/devices").object["devices"] as? [Any])?.count == 1)
             _ = try await twice { try await stack.send(.POST, "/v1/devices/\(deviceID)/test", headers: $0) }
@@ -76,7 +84,8 @@ extension LiveAPITests.APIIdentificationTests {
             #expect(try await stack.send(.GET, "/v1/plants").object["total"] as? Int == 2)
 
             // A batch that adds a plant and completes a task: each once.
-            let batch = #"{"operations":[{"method":"POST","path":"/v1/plants","body":{"scientificName":"Epipremnum aureum"}},{"method":"POST","path":"/v1/tasks/\#(taskID)/complete","body":{}}]}"#
+            let batch =
+                #"{"operations":[{"method":"POST","path":"/v1/plants","body":{"scientificName":"Epipremnum aureum"}},{"method":"POST","path":"/v1/tasks/\#(taskID)/complete","body":{}}]}"#
             let batched = try await twice { try await stack.send(.POST, "/v1/batch", json: batch, headers: $0) }
             let results = try #require(batched.object["results"] as? [[String: Any]])
             #expect(results.map { $0["status"] as? Int } == [201, 200])

@@ -2,6 +2,7 @@ import CanopyMessages
 import CanopyTesting
 import Synchronization
 import Testing
+
 @testable import CanopyAPI
 
 /// The batcher alone: what goes out together, and what each caller gets back.
@@ -35,8 +36,9 @@ struct ImplicitBatcherTests {
 
     @Test func keysGoAtOnceWhileThereIsRoomInTheAir() async throws {
         let recorder = Recorder()
-        let batcher = ImplicitBatcher<String, String>(kind: "test", window: .seconds(600), maximumKeys: 64, maximumInFlight: 3,
-                                                      fetch: recorder.fetch(delay: .seconds(1)) { .success($0) })
+        let batcher = ImplicitBatcher<String, String>(
+            kind: "test", window: .seconds(600), maximumKeys: 64, maximumInFlight: 3,
+            fetch: recorder.fetch(delay: .seconds(1)) { .success($0) })
         let answers = await Self.loadAll((0..<6).map { "key-\($0)" }, from: batcher)
         #expect(answers.allSatisfy { (try? $0.get()) != nil })
         // Three alone at once, then the other three together when the first comes back.
@@ -45,8 +47,9 @@ struct ImplicitBatcherTests {
 
     @Test func aKeyAlreadyInTheAirIsNotSentAgain() async throws {
         let recorder = Recorder()
-        let batcher = ImplicitBatcher<String, String>(kind: "test", window: .seconds(600), maximumKeys: 64, maximumInFlight: 2,
-                                                      fetch: recorder.fetch(delay: .seconds(1)) { .success("value of \($0)") })
+        let batcher = ImplicitBatcher<String, String>(
+            kind: "test", window: .seconds(600), maximumKeys: 64, maximumInFlight: 2,
+            fetch: recorder.fetch(delay: .seconds(1)) { .success("value of \($0)") })
         async let first = batcher.load("a")
         #expect(try await eventually { !recorder.batches.withLock { $0.isEmpty } }) // "a" is in the air
         async let second = batcher.load("a")
@@ -60,7 +63,8 @@ struct ImplicitBatcherTests {
 
     @Test func aLoneKeyGoesAtOnceWithoutWaitingForItsWindow() async throws {
         let recorder = Recorder()
-        let batcher = ImplicitBatcher<String, String>(kind: "test", window: .seconds(600), maximumKeys: 64, maximumInFlight: 2, fetch: recorder.fetch { .success("value of \($0)") })
+        let batcher = ImplicitBatcher<String, String>(
+            kind: "test", window: .seconds(600), maximumKeys: 64, maximumInFlight: 2, fetch: recorder.fetch { .success("value of \($0)") })
         #expect(try await batcher.load("a") == "value of a")
         #expect(try await batcher.load("b") == "value of b")
         #expect(recorder.batches.withLock { $0 } == [["a"], ["b"]])
@@ -69,16 +73,18 @@ struct ImplicitBatcherTests {
     @Test func keysGatherWhileABatchIsInTheAirAndEachCallerGetsItsOwnAnswerOrError() async throws {
         let recorder = Recorder()
         // The first key goes alone and is answered slowly; the window is longer than the test.
-        let batcher = ImplicitBatcher<String, String>(kind: "test", window: .seconds(600), maximumKeys: 64, maximumInFlight: 1,
-                                                      fetch: recorder.fetch(delay: .seconds(1)) { key in
-            key.hasPrefix("secret") ? .failure(CanopyError(.notFound, "no \(key)")) : .success("value of \(key)")
-        })
+        let batcher = ImplicitBatcher<String, String>(
+            kind: "test", window: .seconds(600), maximumKeys: 64, maximumInFlight: 1,
+            fetch: recorder.fetch(delay: .seconds(1)) { key in
+                key.hasPrefix("secret") ? .failure(CanopyError(.notFound, "no \(key)")) : .success("value of \(key)")
+            })
         let keys = ["a", "b", "a", "secret-1", "c", "b"]
         let answers = await Self.loadAll(keys, from: batcher)
         let batches = recorder.batches.withLock { $0 }
         #expect(batches.count == 2 && batches[0].count == 1, "\(batches)")
-        #expect(Set(batches.flatMap { $0 }) == ["a", "b", "c", "secret-1"] && Set(batches[1]).count == batches[1].count,
-                "equal keys in one batch share one slot: \(batches)")
+        #expect(
+            Set(batches.flatMap { $0 }) == ["a", "b", "c", "secret-1"] && Set(batches[1]).count == batches[1].count,
+            "equal keys in one batch share one slot: \(batches)")
         for (key, answer) in zip(keys, answers) {
             switch answer {
             case .success(let value): #expect(value == "value of \(key)")
@@ -89,8 +95,9 @@ struct ImplicitBatcherTests {
 
     @Test func aFullBatchLeavesAtOnceEvenWhileAnotherIsInTheAir() async throws {
         let recorder = Recorder()
-        let batcher = ImplicitBatcher<String, String>(kind: "test", window: .seconds(600), maximumKeys: 4, maximumInFlight: 1,
-                                                      fetch: recorder.fetch(delay: .seconds(1)) { .success($0) })
+        let batcher = ImplicitBatcher<String, String>(
+            kind: "test", window: .seconds(600), maximumKeys: 4, maximumInFlight: 1,
+            fetch: recorder.fetch(delay: .seconds(1)) { .success($0) })
         let clock = ContinuousClock()
         let started = clock.now
         let keys = (0..<8).map { "key-\($0)" }

@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+
 @testable import CanopyAPI
 
 /// Token buckets per person, driven by hand: a burst, then the rate, a wait that says when,
@@ -19,7 +20,10 @@ struct RateLimitTests {
 
     @Test func peopleRememberedStayWithinTheBoundFullBucketsForgottenFirst() {
         var buckets = TokenBuckets(rate: 1, burst: 2, capacity: 100)
-        for index in 0..<10 { _ = buckets.take("busy-\(index)", now: 1_000); _ = buckets.take("busy-\(index)", now: 1_000) }
+        for index in 0..<10 {
+            _ = buckets.take("busy-\(index)", now: 1_000)
+            _ = buckets.take("busy-\(index)", now: 1_000)
+        }
         for index in 0..<10_000 {
             _ = buckets.take("passer-\(index)", now: Double(index) * 0.001)
             #expect(buckets.count <= 100)
@@ -27,7 +31,10 @@ struct RateLimitTests {
         // People who emptied their buckets a moment ago are still held to it when room is made.
         var held = TokenBuckets(rate: 1, burst: 2, capacity: 100)
         for index in 0..<95 { _ = held.take("earlier-\(index)", now: 0) } // full again by t = 100
-        for index in 0..<10 { _ = held.take("busy-\(index)", now: 100); _ = held.take("busy-\(index)", now: 100) }
+        for index in 0..<10 {
+            _ = held.take("busy-\(index)", now: 100)
+            _ = held.take("busy-\(index)", now: 100)
+        }
         #expect(held.count <= 100)
         #expect(held.take("busy-3", now: 100.1) != nil, "an empty bucket outlives the full ones")
     }
@@ -37,7 +44,9 @@ struct RateLimitTests {
 /// them, and a bound on their requests working in one service.
 struct WorkBudgetTests {
     @Test func photosCostByTheirSizeIdentificationsMoreAndEverythingElseNothing() {
-        #expect(RouteCost.of(method: .post, path: "/v1/plants/p-1/photos", bodyBytes: 40 * 1_024) == RouteCost(units: 6, service: "images", route: "POST /v1/plants/{plantID}/photos"))
+        #expect(
+            RouteCost.of(method: .post, path: "/v1/plants/p-1/photos", bodyBytes: 40 * 1_024)
+                == RouteCost(units: 6, service: "images", route: "POST /v1/plants/{plantID}/photos"))
         #expect(RouteCost.of(method: .post, path: "/v1/identifications", bodyBytes: 80 * 1_024)?.units == 21)
         #expect(RouteCost.of(method: .post, path: "/v1/plants", bodyBytes: 500) == nil)
         #expect(RouteCost.of(method: .get, path: "/v1/plants/p-1/photos", bodyBytes: 0) == nil)

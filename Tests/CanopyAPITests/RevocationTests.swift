@@ -5,6 +5,7 @@ import CanopyTesting
 import Foundation
 import Logging
 import Testing
+
 @testable import CanopyAPI
 
 /// Revoked tokens and people signed out everywhere (`canopy-api token revoke`): kept in
@@ -14,7 +15,9 @@ import Testing
 struct RevocationTests {
     static let key = Array("the key Canopy signs its own tokens with in these tests".utf8)
 
-    static let contract = StoreContract<any APIStoring>("revocations", sqlite: { try await openAPIStore(directory: $0.url, postgres: nil, logger: Logger(label: "test")) }) {
+    static let contract = StoreContract<any APIStoring>(
+        "revocations", sqlite: { try await openAPIStore(directory: $0.url, postgres: nil, logger: Logger(label: "test")) }
+    ) {
         url, directory in
         let store = try await PostgresAPIStore.open(url: url, poolSize: 2, logger: Logger(label: "test"))
         return (store, store.database.close)
@@ -118,7 +121,8 @@ struct RevocationTests {
             let data = directory.url.path
             let revoke = try await runExecutable("canopy-api", ["token", "revoke", "--token", token, "--token-key-file", keyFile, "--data-dir", data])
             #expect(revoke.status == 0 && revoke.output.contains("revoked token") && revoke.output.contains("of cy"), "\(revoke.output) \(revoke.errors)")
-            let signOut = try await runExecutable("canopy-api", ["token", "revoke", "--user", "apple:000123.abc", "--token-key-file", keyFile, "--data-dir", data])
+            let signOut = try await runExecutable(
+                "canopy-api", ["token", "revoke", "--user", "apple:000123.abc", "--token-key-file", keyFile, "--data-dir", data])
             #expect(signOut.status == 0 && signOut.output.contains("signed apple:000123.abc out everywhere"), "\(signOut.errors)")
             let onDisk = try await openAPIStore(directory: directory.url.appendingPathComponent("api"), postgres: nil, logger: Logger(label: "test"))
             let loaded = try onDisk.load(now: Date())

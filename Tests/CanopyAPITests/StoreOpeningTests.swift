@@ -2,6 +2,7 @@ import CanopyTesting
 import Foundation
 import GRDB
 import Testing
+
 @testable import CanopyCare
 @testable import CanopyIdentify
 @testable import CanopyImages
@@ -17,10 +18,11 @@ struct StoreOpeningTests {
 
     static func pragmas(_ database: DatabasePool) throws -> Pragmas {
         try database.write { db in
-            Pragmas(journal: try String.fetchOne(db, sql: "PRAGMA journal_mode") ?? "",
-                    foreignKeys: try Int.fetchOne(db, sql: "PRAGMA foreign_keys") ?? -1,
-                    busyMilliseconds: try Int.fetchOne(db, sql: "PRAGMA busy_timeout") ?? -1,
-                    synchronous: try Int.fetchOne(db, sql: "PRAGMA synchronous") ?? -1)
+            Pragmas(
+                journal: try String.fetchOne(db, sql: "PRAGMA journal_mode") ?? "",
+                foreignKeys: try Int.fetchOne(db, sql: "PRAGMA foreign_keys") ?? -1,
+                busyMilliseconds: try Int.fetchOne(db, sql: "PRAGMA busy_timeout") ?? -1,
+                synchronous: try Int.fetchOne(db, sql: "PRAGMA synchronous") ?? -1)
         }
     }
 

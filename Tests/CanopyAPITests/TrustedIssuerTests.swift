@@ -1,8 +1,8 @@
+import CanopyCare
 import CanopyMessages
 import CanopyOutbound
 import CanopyServiceKit
 import CanopyTesting
-import CanopyCare
 import Crypto
 import Foundation
 import Hummingbird
@@ -12,6 +12,7 @@ import NIOCore
 import NIOHTTP1
 import Synchronization
 import Testing
+
 @testable import CanopyAPI
 
 /// Tokens from Sign in with Apple and OpenID Connect providers, checked against a local
@@ -32,8 +33,9 @@ struct TrustedIssuerTests {
         try await provider.addUsualKeys()
         var outbound = PinnedHTTP.Settings()
         outbound.allowedHosts = ["127.0.0.1"]
-        let authority = try TokenAuthority(keys: [Self.ownKey], issuers: [TrustedIssuer(issuer: issuer, audiences: ["org.canopy.app"], prefix: "local")],
-                                           http: try PinnedHTTP(settings: outbound), minimumRefresh: minimumRefresh)
+        let authority = try TokenAuthority(
+            keys: [Self.ownKey], issuers: [TrustedIssuer(issuer: issuer, audiences: ["org.canopy.app"], prefix: "local")],
+            http: try PinnedHTTP(settings: outbound), minimumRefresh: minimumRefresh)
         #expect(await authority.loadIssuerKeys().isEmpty)
         try await body(provider, authority, issuer)
         await serving.triggerGracefulShutdown()
@@ -69,8 +71,9 @@ struct TrustedIssuerTests {
                 let forger = JWTKeyCollection()
                 await forger.add(hmac: HMACKey(from: secret), digestAlgorithm: .sha256, kid: "rsa-1")
                 let now = Date()
-                let claims = LocalOpenIDProvider.Claims(iss: IssuerClaim(value: issuer), sub: SubjectClaim(value: "mallory"), aud: AudienceClaim(value: "org.canopy.app"),
-                                                       exp: ExpirationClaim(value: now.addingTimeInterval(600)), iat: IssuedAtClaim(value: now))
+                let claims = LocalOpenIDProvider.Claims(
+                    iss: IssuerClaim(value: issuer), sub: SubjectClaim(value: "mallory"), aud: AudienceClaim(value: "org.canopy.app"),
+                    exp: ExpirationClaim(value: now.addingTimeInterval(600)), iat: IssuedAtClaim(value: now))
                 #expect(await authority.user(of: try await forger.sign(claims, kid: "rsa-1")) == nil, "the algorithm is the key's")
             }
             // An ES256 key offered for an RS256 header, and a token with no kid.
@@ -188,7 +191,10 @@ struct TrustedIssuerTests {
             (#"{"issuers":[{"issuer":"http://idp.example","audiences":["a"],"prefix":"x"}]}"#, "is not an https URL"),
             (#"{"issuers":[{"issuer":"https://idp.example","audiences":[],"prefix":"x"}]}"#, "audiences names 1 to 16"),
             (#"{"issuers":[{"issuer":"https://idp.example","audiences":["a"],"prefix":"X Y"}]}"#, "prefix is 1 to 32"),
-            (#"{"issuers":[{"issuer":"https://a.example","audiences":["a"],"prefix":"x"},{"issuer":"https://b.example","audiences":["a"],"prefix":"x"}]}"#, "the prefix 'x'"),
+            (
+                #"{"issuers":[{"issuer":"https://a.example","audiences":["a"],"prefix":"x"},{"issuer":"https://b.example","audiences":["a"],"prefix":"x"}]}"#,
+                "the prefix 'x'"
+            ),
             ("not json", "is not a trusted issuers file"),
         ] {
             let file = directory.path("issuers-\(problem.count).json")
@@ -197,7 +203,8 @@ struct TrustedIssuerTests {
             do { _ = try TrustedIssuer.load(file: file) } catch { #expect(error.message.contains(problem), "\(error.message)") }
         }
         let apple = directory.path("apple.json")
-        try #"{"issuers":[{"issuer":"https://appleid.apple.com","jwksURL":"https://appleid.apple.com/auth/keys","audiences":["org.canopy.app"],"prefix":"apple"}]}"#
+        try
+            #"{"issuers":[{"issuer":"https://appleid.apple.com","jwksURL":"https://appleid.apple.com/auth/keys","audiences":["org.canopy.app"],"prefix":"apple"}]}"#
             .write(toFile: apple, atomically: true, encoding: .utf8)
         #expect(try TrustedIssuer.load(file: apple).map(\.prefix) == ["apple"])
     }

@@ -1,4 +1,5 @@
 import Testing
+
 @testable import CanopyAPI
 
 /// The edge's own variant route: which paths it takes, and when it answers WebP.
@@ -7,8 +8,10 @@ struct VariantRouteTests {
         let id = String(repeating: "ab", count: 32)
         #expect(VariantRoute.match("/v1/photos/\(id)/variants/thumbnail")?.photoID == id)
         #expect(VariantRoute.match("/v1/photos/\(id)/variants/thumbnail")?.variant == "thumbnail")
-        for other in ["/v1/photos/\(id)/palette", "/v1/photos/\(id)/variants/", "/v1/photos/\(id)/variants/thumbnail/x",
-                      "/v2/photos/\(id)/variants/thumbnail", "v1/photos/\(id)/variants/thumbnail", "/v1/plants/\(id)/variants/thumbnail"] {
+        for other in [
+            "/v1/photos/\(id)/palette", "/v1/photos/\(id)/variants/", "/v1/photos/\(id)/variants/thumbnail/x",
+            "/v2/photos/\(id)/variants/thumbnail", "v1/photos/\(id)/variants/thumbnail", "/v1/plants/\(id)/variants/thumbnail",
+        ] {
             #expect(VariantRoute.match(other[...]) == nil, "\(other)")
         }
     }

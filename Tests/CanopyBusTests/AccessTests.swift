@@ -131,7 +131,8 @@ struct AccessTests {
     @Test func withCurveOnlyAWorkersKeyMayCallAsAService() async throws {
         guard Curve.isAvailable else { return }
         let broker = try CurveKeyPair.generate(), worker = try CurveKeyPair.generate(), client = try CurveKeyPair.generate()
-        let curve = CurveServerSettings(keyPair: broker, allowList: CurveAllowList(workers: WorkerKeys([worker.publicKey: ["access"]]), clients: [client.publicKey]))
+        let curve = CurveServerSettings(
+            keyPair: broker, allowList: CurveAllowList(workers: WorkerKeys([worker.publicKey: ["access"]]), clients: [client.publicKey]))
         func peer(_ pair: CurveKeyPair) -> CurveClientSettings { CurveClientSettings(serverKey: broker.publicKey, keyPair: pair) }
         try await withLiveBus(curve: curve) { bus in
             bus.startRunner(AccessService(), curve: peer(worker))

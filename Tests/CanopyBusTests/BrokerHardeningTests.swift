@@ -113,12 +113,17 @@ struct BrokerHardeningTests {
         broker.ready("w1", key: workerKey)
         let sent = dispatches(broker.request("c", 1))
         // The same routing identity, another key: its reply is not an answer.
-        let forged = broker.receive([Wire.version, Wire.Command.workerReply.frame, Wire.frame(sent[0].id), [Wire.Status.ok], Array("{}".utf8)],
-                                    from: "w1", key: clientKey)
+        let forged = broker.receive(
+            [Wire.version, Wire.Command.workerReply.frame, Wire.frame(sent[0].id), [Wire.Status.ok], Array("{}".utf8)],
+            from: "w1", key: clientKey)
         #expect(replies(forged).isEmpty)
         #expect(broker.state.statistics(now: broker.now).malformed == 1)
-        #expect(replies(broker.receive([Wire.version, Wire.Command.workerReply.frame, Wire.frame(sent[0].id), [Wire.Status.ok], Array("{}".utf8)],
-                                       from: "w1", key: workerKey)).count == 1)
+        #expect(
+            replies(
+                broker.receive(
+                    [Wire.version, Wire.Command.workerReply.frame, Wire.frame(sent[0].id), [Wire.Status.ok], Array("{}".utf8)],
+                    from: "w1", key: workerKey)
+            ).count == 1)
     }
 
     @Test func majordomoWorkersFollowTheSameAllowList() {
@@ -201,8 +206,8 @@ struct BrokerHardeningTests {
         var broker = Harness { $0.maximumQueuedPerService = 1 }
         broker.ready("w1", credit: 1)
         let first = dispatches(broker.request("c", 1, timeoutMs: 60_000))
-        _ = broker.request("c", 2, timeoutMs: 100)  // queued, then times out
-        _ = broker.request("c", 3)                   // the queue is full: busy
+        _ = broker.request("c", 2, timeoutMs: 100) // queued, then times out
+        _ = broker.request("c", 3) // the queue is full: busy
         _ = broker.advance(.milliseconds(150))
         _ = broker.reply("w1", request: first[0].id)
         let failing = dispatches(broker.request("c", 4))

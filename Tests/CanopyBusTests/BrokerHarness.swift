@@ -30,22 +30,33 @@ struct BrokerHarness {
     }
 
     @discardableResult
-    mutating func ready(_ worker: String, service: String = "plants", operations: [OperationDescriptor] = BrokerHarness.defaultOperations, credit: UInt32 = 4,
-                        key: String? = nil) -> [BrokerState.Directive] {
+    mutating func ready(
+        _ worker: String, service: String = "plants", operations: [OperationDescriptor] = BrokerHarness.defaultOperations, credit: UInt32 = 4,
+        key: String? = nil
+    ) -> [BrokerState.Directive] {
         receive(WireMessage.ready(service: service, operations: operations, credit: credit).encoded, from: worker, key: key)
     }
 
-    mutating func request(_ client: String, _ correlation: UInt64, service: String = "plants", operation: String = "get", timeoutMs: UInt32 = 1_000,
-                          principal: String = "", body: String = "{}", attachments: [[UInt8]] = [], trace: TraceContext? = nil) -> [BrokerState.Directive] {
+    mutating func request(
+        _ client: String, _ correlation: UInt64, service: String = "plants", operation: String = "get", timeoutMs: UInt32 = 1_000,
+        principal: String = "", body: String = "{}", attachments: [[UInt8]] = [], trace: TraceContext? = nil
+    ) -> [BrokerState.Directive] {
         let header = RequestHeader(timeoutMilliseconds: timeoutMs, principal: principal, trace: trace)
-        return receive(WireMessage.request(WireRequest(correlation: Wire.frame(correlation), service: service, operation: operation,
-                                                       header: header, body: Array(body.utf8), attachments: attachments)).encoded, from: client)
+        return receive(
+            WireMessage.request(
+                WireRequest(
+                    correlation: Wire.frame(correlation), service: service, operation: operation,
+                    header: header, body: Array(body.utf8), attachments: attachments)
+            ).encoded, from: client)
     }
 
-    mutating func reply(_ worker: String, request id: UInt64, body: String = "{\"ok\":true}", status: UInt8 = Wire.Status.ok, key: String? = nil,
-                        attachments: [[UInt8]] = []) -> [BrokerState.Directive] {
-        receive(WireMessage.workerReply(requestID: id, failed: status != Wire.Status.ok, body: Array(body.utf8), attachments: attachments).encoded,
-                from: worker, key: key)
+    mutating func reply(
+        _ worker: String, request id: UInt64, body: String = "{\"ok\":true}", status: UInt8 = Wire.Status.ok, key: String? = nil,
+        attachments: [[UInt8]] = []
+    ) -> [BrokerState.Directive] {
+        receive(
+            WireMessage.workerReply(requestID: id, failed: status != Wire.Status.ok, body: Array(body.utf8), attachments: attachments).encoded,
+            from: worker, key: key)
     }
 
     static let defaultOperations = [

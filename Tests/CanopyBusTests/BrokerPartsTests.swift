@@ -1,6 +1,7 @@
 import CanopyMessages
 import CanopyWire
 import Testing
+
 @testable import CanopyBroker
 
 /// The parts ``BrokerState`` routes over, each on its own: the flight table, the worker
@@ -15,14 +16,17 @@ struct BrokerPartsTests {
     }
 
     func flight(_ table: inout State.FlightTable, service: State.ServiceEntry, body: String = "{}", key: State.FlightKey? = nil) -> State.Flight {
-        State.Flight(id: table.makeID(), service: service, operation: "get", header: RequestHeader(timeoutMilliseconds: 1_000),
-                     payload: State.Payload(body: Array(body.utf8)), key: key, createdAt: now, counters: State.OperationCounters(service: service.name, operation: "get"))
+        State.Flight(
+            id: table.makeID(), service: service, operation: "get", header: RequestHeader(timeoutMilliseconds: 1_000),
+            payload: State.Payload(body: Array(body.utf8)), key: key, createdAt: now, counters: State.OperationCounters(service: service.name, operation: "get")
+        )
     }
 
     func waiter(_ table: inout State.FlightTable, on flight: State.Flight, client: String, correlation: UInt8, after timeout: Duration) -> State.Waiter {
         let (client, correlation) = (Array(client.utf8), [correlation])
-        return State.Waiter(id: table.makeID(), client: client, correlation: correlation, clientHash: ClientTable.hash(client: client, correlation: correlation),
-                            dialect: .canopy, serviceName: flight.service.name, receivedAt: now, deadline: now + timeout, flight: flight.id)
+        return State.Waiter(
+            id: table.makeID(), client: client, correlation: correlation, clientHash: ClientTable.hash(client: client, correlation: correlation),
+            dialect: .canopy, serviceName: flight.service.name, receivedAt: now, deadline: now + timeout, flight: flight.id)
     }
 
     // MARK: - Flight table
@@ -82,10 +86,14 @@ struct BrokerPartsTests {
     @Test func theWorkerTableTakesTurnsKeepsOneProtocolAServiceAndForgetsWhatItResolved() throws {
         var table = State.WorkerTable()
         let expiry = now + .seconds(3)
-        let first = try table.add(State.PeerKey([1]), dialect: .canopy, service: "care", operations: ["get": descriptor("get")], credit: 2, key: nil,
-                                  expiry: expiry).get()
-        let second = try table.add(State.PeerKey([2]), dialect: .canopy, service: "care", operations: ["get": descriptor("get"), "put": descriptor("put")],
-                                   credit: 2, key: nil, expiry: expiry).get()
+        let first = try table.add(
+            State.PeerKey([1]), dialect: .canopy, service: "care", operations: ["get": descriptor("get")], credit: 2, key: nil,
+            expiry: expiry
+        ).get()
+        let second = try table.add(
+            State.PeerKey([2]), dialect: .canopy, service: "care", operations: ["get": descriptor("get"), "put": descriptor("put")],
+            credit: 2, key: nil, expiry: expiry
+        ).get()
         let service = try #require(table.service("care"))
         #expect(service.freeWorker(for: "get") === first)
         #expect(service.freeWorker(for: "get") === second, "round robin")
@@ -98,8 +106,11 @@ struct BrokerPartsTests {
         #expect(put?.servedByAll == false)
         #expect(delete == nil)
 
-        guard case .failure(let refusal) = table.add(State.PeerKey([3]), dialect: .majordomo, service: "care", operations: [:], credit: 1, key: nil,
-                                                     expiry: expiry) else {
+        guard
+            case .failure(let refusal) = table.add(
+                State.PeerKey([3]), dialect: .majordomo, service: "care", operations: [:], credit: 1, key: nil,
+                expiry: expiry)
+        else {
             Issue.record("a Majordomo worker joined a Canopy service")
             return
         }
@@ -132,25 +143,41 @@ struct BrokerPartsTests {
     // MARK: - Hold
 
     func intake(_ body: String = "{}", client: String = "phone", correlation: UInt8 = 1) -> State.Intake {
-        State.Intake(client: Array(client.utf8), correlation: [correlation], dialect: .canopy, serviceName: "care", operation: "get",
-                     header: RequestHeader(timeoutMilliseconds: 1_000), payload: State.Payload(body: Array(body.utf8)))
+        State.Intake(
+            client: Array(client.utf8), correlation: [correlation], dialect: .canopy, serviceName: "care", operation: "get",
+            header: RequestHeader(timeoutMilliseconds: 1_000), payload: State.Payload(body: Array(body.utf8)))
     }
 
     @Test func aHoldCutsOnceItsFlightsAreAnsweredAndEndsAtItsLimit() {
         var hold = State.Hold(inTheAir: [7, 8], limit: .seconds(2), client: [9], correlation: [1], forCapture: false, now: now)
-        guard case .nothing = hold.check(now: now) else { Issue.record("cut before the flights in the air were answered"); return }
+        guard case .nothing = hold.check(now: now) else {
+            Issue.record("cut before the flights in the air were answered")
+            return
+        }
         hold.flightClosed(7)
         hold.flightClosed(8)
-        guard case .cut(let client, _) = hold.check(now: now + .seconds(1)) else { Issue.record("no cut once drained"); return }
+        guard case .cut(let client, _) = hold.check(now: now + .seconds(1)) else {
+            Issue.record("no cut once drained")
+            return
+        }
         #expect(client == [9])
         #expect(hold.nextWakeup == now + .seconds(3), "the caller has the limit again after the cut")
-        guard case .nothing = hold.check(now: now + .milliseconds(2_999)) else { Issue.record("ended early"); return }
-        guard case .expired = hold.check(now: now + .seconds(3)) else { Issue.record("did not end at its limit"); return }
+        guard case .nothing = hold.check(now: now + .milliseconds(2_999)) else {
+            Issue.record("ended early")
+            return
+        }
+        guard case .expired = hold.check(now: now + .seconds(3)) else {
+            Issue.record("did not end at its limit")
+            return
+        }
     }
 
     @Test func aHoldFailsWhenTheRequestsInTheAirOutlastItAndHoldsWithinItsBudget() {
         var hold = State.Hold(inTheAir: [7], limit: .seconds(2), client: [9], correlation: [1], forCapture: true, now: now)
-        guard case .failed(let error) = hold.check(now: now + .seconds(2)) else { Issue.record("no failure past the drain deadline"); return }
+        guard case .failed(let error) = hold.check(now: now + .seconds(2)) else {
+            Issue.record("no failure past the drain deadline")
+            return
+        }
         #expect(error.code == .timeout)
 
         let small = intake(), cost = small.payload.byteCount + State.waiterBytes(small)
@@ -172,18 +199,32 @@ struct BrokerPartsTests {
 
     @Test func majordomoClientsAreReadAsCanopyRequestsOrAnsweredAtOnce() {
         func read(_ service: String, _ body: [String], dialect: State.Dialect? = .canopy) -> State.MajordomoBridge.ClientRequest {
-            State.MajordomoBridge.clientRequest(service: Array(service.utf8), body: body.map { Array($0.utf8) }, from: [1], dialect: { _ in dialect },
-                                                hasWorkers: { $0 == "care" }, codec: codec)
+            State.MajordomoBridge.clientRequest(
+                service: Array(service.utf8), body: body.map { Array($0.utf8) }, from: [1], dialect: { _ in dialect },
+                hasWorkers: { $0 == "care" }, codec: codec)
         }
-        guard case .intake(let toCanopy) = read("care", ["plants.get", "{}", "photo"]) else { Issue.record("not admitted"); return }
+        guard case .intake(let toCanopy) = read("care", ["plants.get", "{}", "photo"]) else {
+            Issue.record("not admitted")
+            return
+        }
         #expect(toCanopy.operation == "plants.get" && toCanopy.payload.frames == [Array("{}".utf8), Array("photo".utf8)])
-        guard case .intake(let toMajordomo) = read("echo", ["a", "b"], dialect: .majordomo) else { Issue.record("not admitted"); return }
+        guard case .intake(let toMajordomo) = read("echo", ["a", "b"], dialect: .majordomo) else {
+            Issue.record("not admitted")
+            return
+        }
         #expect(toMajordomo.operation == "" && toMajordomo.payload.frames.count == 2, "Majordomo to Majordomo passes untouched")
-        guard case .answer(let bad, refused: true) = read("care", ["plants.get"]) else { Issue.record("a body without JSON admitted"); return }
+        guard case .answer(let bad, refused: true) = read("care", ["plants.get"]) else {
+            Issue.record("a body without JSON admitted")
+            return
+        }
         #expect(bad.first == Majordomo.error)
         guard case .answer(let found, refused: false) = read("mmi.service", ["care"]),
-              case .answer(let missing, refused: false) = read("mmi.service", ["remind"]),
-              case .answer(let unknown, refused: false) = read("mmi.other", []) else { Issue.record("mmi not answered"); return }
+            case .answer(let missing, refused: false) = read("mmi.service", ["remind"]),
+            case .answer(let unknown, refused: false) = read("mmi.other", [])
+        else {
+            Issue.record("mmi not answered")
+            return
+        }
         #expect([found, missing, unknown].map { String(decoding: $0[0], as: UTF8.self) } == ["200", "404", "501"])
     }
 

@@ -39,7 +39,8 @@ struct BrokerProcessTests {
         func endpoint(within limit: Duration = .seconds(20)) async throws -> String {
             let pattern = #"broker.endpoint=tcp://127\.0\.0\.1:[0-9]+"#
             guard try await eventually(within: limit, { text.range(of: pattern, options: .regularExpression) != nil }),
-                  let range = text.range(of: pattern, options: .regularExpression) else {
+                let range = text.range(of: pattern, options: .regularExpression)
+            else {
                 throw CommandFailure("the broker did not start: \(text)")
             }
             return String(text[range].dropFirst("broker.endpoint=".count))
@@ -124,11 +125,19 @@ struct BrokerProcessTests {
         let endpoint = try await broker.endpoint()
         let serverKey = directory.appendingPathComponent("broker.pub").path
 
-        let allowed = try await run("canopy-broker", ["health", "--endpoint", endpoint, "--curve-server-key", serverKey,
-                                                "--curve-secret-key-file", directory.appendingPathComponent("ops.key").path])
+        let allowed = try await run(
+            "canopy-broker",
+            [
+                "health", "--endpoint", endpoint, "--curve-server-key", serverKey,
+                "--curve-secret-key-file", directory.appendingPathComponent("ops.key").path,
+            ])
         #expect(allowed.status == 0, "\(allowed.output)")
-        let stranger = try await run("canopy-broker", ["health", "--endpoint", endpoint, "--curve-server-key", serverKey,
-                                                 "--curve-secret-key-file", directory.appendingPathComponent("stranger.key").path])
+        let stranger = try await run(
+            "canopy-broker",
+            [
+                "health", "--endpoint", endpoint, "--curve-server-key", serverKey,
+                "--curve-secret-key-file", directory.appendingPathComponent("stranger.key").path,
+            ])
         #expect(stranger.status != 0)
         #expect(stranger.output.contains("CURVE key"), "told why: \(stranger.output)")
         let plain = try await run("canopy-broker", ["health", "--endpoint", endpoint])
@@ -141,8 +150,12 @@ struct BrokerProcessTests {
         let reload = try await run("canopy", ["keys", "reload", "--pid", "\(broker.process.processIdentifier)"])
         #expect(reload.status == 0, "\(reload.errors)")
         #expect(try await eventually { broker.text.contains("broker.curve.reloaded") }, "\(broker.text.suffix(500))")
-        let removed = try await run("canopy-broker", ["health", "--endpoint", endpoint, "--curve-server-key", serverKey,
-                                                "--curve-secret-key-file", directory.appendingPathComponent("ops.key").path])
+        let removed = try await run(
+            "canopy-broker",
+            [
+                "health", "--endpoint", endpoint, "--curve-server-key", serverKey,
+                "--curve-secret-key-file", directory.appendingPathComponent("ops.key").path,
+            ])
         #expect(removed.status != 0, "ops is no longer let in: \(removed.output)")
         #expect(broker.process.isRunning, "SIGHUP reloads; it does not stop the broker")
 
@@ -161,13 +174,14 @@ struct BrokerProcessTests {
         // rest let go): dropped whole and counted like the others.
         let overlong = [Wire.version, Wire.Command.request.frame] + (0..<298).map { [UInt8(truncatingIfNeeded: $0)] }
         for index in 0..<20_000 {
-            let frames: [[UInt8]] = switch index % 4 {
-            case _ where index % 50 == 49: overlong
-            case 0: [Array("junk".utf8)]
-            case 1: [Wire.version, [0x7F]]
-            case 2: [Wire.version, Wire.Command.request.frame, [1]]
-            default: [Wire.version, Wire.Command.reply.frame]
-            }
+            let frames: [[UInt8]] =
+                switch index % 4 {
+                case _ where index % 50 == 49: overlong
+                case 0: [Array("junk".utf8)]
+                case 1: [Wire.version, [0x7F]]
+                case 2: [Wire.version, Wire.Command.request.frame, [1]]
+                default: [Wire.version, Wire.Command.reply.frame]
+                }
             try socket.send(frames, dontWait: false)
         }
         let client = try BusClient(configuration: .init(endpoint: endpoint), context: context, logger: .init(label: "test"))
@@ -201,8 +215,10 @@ struct BrokerProcessTests {
         // full leaves the broker's answers unread, and with them its ZMTP PINGs, and the broker
         // drops it after the heartbeat timeout (with what it had in the air).
         func request(_ index: Int, service: String) async throws {
-            let frames = [Wire.version, Wire.Command.request.frame, Array(repeating: 0x63, count: 56) + Wire.frame(UInt64(index)),
-                          Array(service.utf8), Array("op".utf8), header, []]
+            let frames = [
+                Wire.version, Wire.Command.request.frame, Array(repeating: 0x63, count: 56) + Wire.frame(UInt64(index)),
+                Array(service.utf8), Array("op".utf8), header, [],
+            ]
             while try !socket.send(frames, dontWait: true) {
                 try drain()
                 try await Task.sleep(for: .milliseconds(1))
@@ -213,9 +229,10 @@ struct BrokerProcessTests {
         for index in 0..<64 { try await request(index, service: "held-\(index)") }
         let client = try BusClient(configuration: .init(endpoint: endpoint), context: context, logger: .init(label: "test"))
         defer { client.close() }
-        #expect(try await eventually {
-            try await client.call(Broker.Stats.self, .init()).services.filter { $0.name.hasPrefix("held-") }.map(\.queued).reduce(0, +) == 64
-        }, "the 64 requests are held before the baseline is read")
+        #expect(
+            try await eventually {
+                try await client.call(Broker.Stats.self, .init()).services.filter { $0.name.hasPrefix("held-") }.map(\.queued).reduce(0, +) == 64
+            }, "the 64 requests are held before the baseline is read")
         let baseline = broker.residentBytes
         var peak = baseline
         for index in 0..<300_000 {
@@ -254,8 +271,11 @@ struct BrokerProcessTests {
         let body = [UInt8](repeating: 0x7B, count: 1_000_000)
         for index in 0..<150 {
             let header = RequestHeader(timeoutMilliseconds: 60_000, principal: "user-1").frame
-            try socket.send([Wire.version, Wire.Command.request.frame, Wire.frame(UInt64(index + 1)), Array("invented-\(index % 40)".utf8),
-                             Array("op".utf8), header, body], dontWait: false)
+            try socket.send(
+                [
+                    Wire.version, Wire.Command.request.frame, Wire.frame(UInt64(index + 1)), Array("invented-\(index % 40)".utf8),
+                    Array("op".utf8), header, body,
+                ], dontWait: false)
         }
         var answered = 0, peak = 0
         _ = try await eventually(within: .seconds(30)) {
@@ -277,15 +297,20 @@ struct BrokerProcessTests {
     @Test func repliesForAReaderThatDoesNotReadCostAtMostItsBoundInMemory() async throws {
         // 300 replies of 1 MiB for a client that does not read took 300 MB and more of the
         // broker's memory before; now at most --max-unread-bytes-per-client waits for it.
-        let broker = try BrokerProcess(["--log-level", "info", "--heartbeat-ms", "2000", "--liveness", "30",
-                                        "--max-unread-bytes-per-client", "\(16 << 20)"])
+        let broker = try BrokerProcess([
+            "--log-level", "info", "--heartbeat-ms", "2000", "--liveness", "30",
+            "--max-unread-bytes-per-client", "\(16 << 20)",
+        ])
         defer { broker.stop() }
         let endpoint = try await broker.endpoint()
         let worker = Process()
         worker.executableURL = try LiveBus.executable("canopy-test-worker")
         worker.arguments = ["--endpoint", endpoint, "--name", "w1", "--credit", "4", "--heartbeat-ms", "2000", "--log-level", "critical"]
         try worker.run()
-        defer { worker.terminate(); worker.waitUntilExit() }
+        defer {
+            worker.terminate()
+            worker.waitUntilExit()
+        }
         let context = ZMQContext()
         let observer = try BusClient(configuration: .init(endpoint: endpoint), context: context, logger: Logger(label: "test"))
         func served() async -> Int {
@@ -299,8 +324,11 @@ struct BrokerProcessTests {
         try reader.set(ZMQ_RCVHWM, 1)
         let body = try MessageCodec().encode(TestService.Request(text: "big", replyPaddingBytes: 1_000_000))
         for index in 0..<300 {
-            try reader.send([Wire.version, Wire.Command.request.frame, Wire.frame(UInt64(index + 1)), Array("test".utf8), Array("echo".utf8),
-                             RequestHeader(timeoutMilliseconds: 60_000).frame, body], dontWait: false)
+            try reader.send(
+                [
+                    Wire.version, Wire.Command.request.frame, Wire.frame(UInt64(index + 1)), Array("test".utf8), Array("echo".utf8),
+                    RequestHeader(timeoutMilliseconds: 60_000).frame, body,
+                ], dontWait: false)
         }
         var peak = baseline
         _ = try await eventually(within: .seconds(60), every: .milliseconds(20)) { // sampling the memory as it goes

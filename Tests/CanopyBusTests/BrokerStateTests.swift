@@ -64,9 +64,10 @@ struct BrokerStateTests {
         #expect(broker.state.statistics(now: broker.now).services[0].queued == 1)
         #expect(dispatches(broker.receive(WireMessage.credit(5).encoded, from: "w1")).count == 1)
         // From a worker the broker does not know: register again.
-        #expect(broker.receive(WireMessage.credit(2).encoded, from: "stranger").contains { directive in
-            if case .send(let to, .brokerDisconnect) = directive { to == Array("stranger".utf8) } else { false }
-        })
+        #expect(
+            broker.receive(WireMessage.credit(2).encoded, from: "stranger").contains { directive in
+                if case .send(let to, .brokerDisconnect) = directive { to == Array("stranger".utf8) } else { false }
+            })
     }
 
     @Test func cancelsAnywhereInALongQueueLeaveTheRestInOrderAndTheQueueBounded() {
@@ -103,8 +104,9 @@ struct BrokerStateTests {
         for index in 0..<2_000 {
             // An empty body, a 256-byte principal, a 64-byte correlation id.
             let header = RequestHeader(timeoutMilliseconds: 600_000, principal: principal)
-            let request = WireRequest(correlation: Array(repeating: UInt8(index % 250), count: 56) + Wire.frame(UInt64(index)), service: "plants",
-                                      operation: "get", header: header, body: [], attachments: [])
+            let request = WireRequest(
+                correlation: Array(repeating: UInt8(index % 250), count: 56) + Wire.frame(UInt64(index)), service: "plants",
+                operation: "get", header: header, body: [], attachments: [])
             refused += errors(broker.receive(WireMessage.request(request).encoded, from: "client-\(index % 7)")).filter { $0.error.code == .busy }.count
         }
         let held = broker.state.heldBytes
@@ -305,7 +307,10 @@ struct BrokerStateTests {
     // MARK: - Heartbeats and lost workers
 
     @Test func workerExpiresAfterThreeMissedHeartbeats() {
-        var broker = Harness { $0.heartbeatInterval = .seconds(1); $0.liveness = 3 }
+        var broker = Harness {
+            $0.heartbeatInterval = .seconds(1)
+            $0.liveness = 3
+        }
         broker.ready("w1")
         broker.ready("w2")
         let idempotent = dispatches(broker.request("c", 1, operation: "get", timeoutMs: 60_000))[0]
@@ -383,10 +388,15 @@ struct BrokerStateTests {
 
         let servicesReply = replies(broker.request("c", 3, service: "broker", operation: "services"))
         let services = try codec.decode([ServiceDescription].self, from: Array(servicesReply[0].body.utf8))
-        #expect(services == [ServiceDescription(name: "plants", workers: 1, operations: [
-            OperationDescriptor(name: "add", idempotent: false, coalescable: false),
-            OperationDescriptor(name: "get", idempotent: true, coalescable: false),
-        ])])
+        #expect(
+            services == [
+                ServiceDescription(
+                    name: "plants", workers: 1,
+                    operations: [
+                        OperationDescriptor(name: "add", idempotent: false, coalescable: false),
+                        OperationDescriptor(name: "get", idempotent: true, coalescable: false),
+                    ])
+            ])
 
         let statsReply = replies(broker.request("c", 4, service: "broker", operation: "stats"))
         let stats = try codec.decode(BrokerStatistics.self, from: Array(statsReply[0].body.utf8))

@@ -78,9 +78,10 @@ struct ClientTableTests {
             }
             if step % 10_000 == 0 {
                 #expect(table.count == model.count)
-                #expect(model.allSatisfy { key, held in
-                    table.find(hash: held.hash, client: [key[0]], correlation: Array(key[2...])) == held.id
-                }, "every entry reachable after removals")
+                #expect(
+                    model.allSatisfy { key, held in
+                        table.find(hash: held.hash, client: [key[0]], correlation: Array(key[2...])) == held.id
+                    }, "every entry reachable after removals")
             }
         }
         table.remove(hash: 7, id: 999_999_999) // not there: nothing happens
@@ -123,11 +124,12 @@ struct DeadlineQueueTests {
             switch random.next() % 10 {
             case 0..<5: // a request: mostly the common timeout (in order), sometimes one of many others
                 clock += random.next() % 3
-                let timeout: UInt64 = switch random.next() % 4 {
-                case 0: random.next() % 1_000
-                case 1: 1_000 + random.next() % 100_000
-                default: 30_000
-                }
+                let timeout: UInt64 =
+                    switch random.next() % 4 {
+                    case 0: random.next() % 1_000
+                    case 1: 1_000 + random.next() % 100_000
+                    default: 30_000
+                    }
                 let key = clock + timeout
                 let deadline = BrokerState.Deadline(at: start + .nanoseconds(Int64(key)), key: key, waiter: nextWaiter)
                 nextWaiter += 1

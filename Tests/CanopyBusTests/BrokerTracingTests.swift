@@ -56,7 +56,8 @@ struct BrokerTracingTests {
         #expect(waiter.events.last?.attributes["canopy.attempt"]?.toSpanAttribute() == 1)
         #expect(waiter.events.last?.attributes["canopy.worker"]?.toSpanAttribute() == .string(Array("w1".utf8).lowercaseHex))
         #expect(waiter.attributes["canopy.coalesced"]?.toSpanAttribute() == false && waiter.attributes["canopy.dispatches"]?.toSpanAttribute() == 1)
-        #expect(waiter.startInstant.nanosecondsSinceEpoch <= waiter.events[0].nanosecondsSinceEpoch
+        #expect(
+            waiter.startInstant.nanosecondsSinceEpoch <= waiter.events[0].nanosecondsSinceEpoch
                 && waiter.events[1].nanosecondsSinceEpoch <= waiter.endInstant.nanosecondsSinceEpoch, "the recorded times, in order")
         #expect(tracer.activeSpans.isEmpty, "every span ended")
     }
@@ -76,8 +77,9 @@ struct BrokerTracingTests {
         let leader = try #require(waiters.first { $0.attributes["canopy.coalesced"]?.toSpanAttribute() == false })
         let joined = try #require(waiters.first { $0.attributes["canopy.coalesced"]?.toSpanAttribute() == true })
         #expect(flight.parentSpanID == leader.spanID)
-        #expect(joined.links.count == 1 && joined.links.first?.context.inMemorySpanContext?.spanID == flight.spanID,
-                "linked to the one flight that served it")
+        #expect(
+            joined.links.count == 1 && joined.links.first?.context.inMemorySpanContext?.spanID == flight.spanID,
+            "linked to the one flight that served it")
         #expect(leader.links.isEmpty)
         #expect(waiters.allSatisfy { $0.attributes["canopy.shared"]?.toSpanAttribute() == true })
         #expect(flight.attributes["canopy.waiters"]?.toSpanAttribute() == 2)

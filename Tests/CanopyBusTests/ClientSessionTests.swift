@@ -7,8 +7,11 @@ struct ClientSessionTests {
     let start = ContinuousClock.now
 
     func request(_ id: UInt64) -> [[UInt8]] {
-        WireMessage.request(WireRequest(correlation: Wire.frame(id), service: "plants", operation: "get",
-                                        header: RequestHeader(timeoutMilliseconds: 1_000), body: Array("{}".utf8))).encoded
+        WireMessage.request(
+            WireRequest(
+                correlation: Wire.frame(id), service: "plants", operation: "get",
+                header: RequestHeader(timeoutMilliseconds: 1_000), body: Array("{}".utf8))
+        ).encoded
     }
 
     func outcomes(_ directives: [ClientSession.Directive]) -> [UInt64: ClientSession.Outcome] {
@@ -120,7 +123,9 @@ struct ClientSessionTests {
         #expect(client.sentAgain == 1, "the idempotent call, once")
         #expect(client.call(id: 4, frames: request(4), idempotent: false, deadline: start + .seconds(10)) == [.send(request(4), broker: 2)])
         // A late reply from the lost connection's broker is nobody's; answers from broker 2 end their calls.
-        #expect(outcomes(client.receive(WireMessage.reply(correlation: Wire.frame(UInt64(2)), shared: false, body: [], attachments: []).encoded, from: 2)).keys.sorted() == [2])
+        #expect(
+            outcomes(client.receive(WireMessage.reply(correlation: Wire.frame(UInt64(2)), shared: false, body: [], attachments: []).encoded, from: 2)).keys
+                .sorted() == [2])
         #expect(client.pendingCount == 2)
         // The preferred broker back: new calls return to it; those on broker 2 stay there.
         #expect(client.handshakeSucceeded(broker: 1) == [.log(.switched(from: 2, to: 1))])
@@ -174,7 +179,9 @@ struct ClientSessionTests {
         #expect(client.receive(refusal(1), from: 0) == [.log(.switched(from: 0, to: 1)), .send(request(1), broker: 1)])
         #expect(client.call(id: 3, frames: request(3), idempotent: true, deadline: start + .seconds(10)) == [.send(request(3), broker: 1)])
         // What broker 0 still holds is answered as it drains.
-        #expect(outcomes(client.receive(WireMessage.reply(correlation: Wire.frame(UInt64(2)), shared: false, body: [], attachments: []).encoded, from: 0)).keys.sorted() == [2])
+        #expect(
+            outcomes(client.receive(WireMessage.reply(correlation: Wire.frame(UInt64(2)), shared: false, body: [], attachments: []).encoded, from: 0)).keys
+                .sorted() == [2])
         // It exits, a new one starts on its endpoint: new calls go back to the preferred broker.
         _ = client.disconnected(broker: 0)
         #expect(client.handshakeSucceeded(broker: 0) == [.log(.switched(from: 1, to: 0))])

@@ -16,7 +16,8 @@ struct CommandLineTests {
         try await withLiveBus { bus in
             bus.startWorker(name: "cli")
             try await bus.waitForWorkers(1)
-            let ok = try await run("canopy", ["send", "test", "echo", "--json", #"{"text":"fern","sleepMilliseconds":0}"#, "--principal", "user-7", "--endpoint", bus.endpoint])
+            let ok = try await run(
+                "canopy", ["send", "test", "echo", "--json", #"{"text":"fern","sleepMilliseconds":0}"#, "--principal", "user-7", "--endpoint", bus.endpoint])
             #expect(ok.status == 0)
             #expect(ok.output.contains(#""text" : "fern""#))
             #expect(ok.output.contains(#""principal" : "user-7""#))
@@ -42,8 +43,12 @@ struct CommandLineTests {
             bus.startWorker(name: "cli")
             try await bus.waitForWorkers(1)
             let saved = directory.appendingPathComponent("reply.bin")
-            let sent = try await run("canopy", ["send", "test", "blobs", "--json", #"{"label":"photo"}"#, "--attach", photo.path,
-                                          "--save", saved.path, "--endpoint", bus.endpoint])
+            let sent = try await run(
+                "canopy",
+                [
+                    "send", "test", "blobs", "--json", #"{"label":"photo"}"#, "--attach", photo.path,
+                    "--save", saved.path, "--endpoint", bus.endpoint,
+                ])
             #expect(sent.status == 0, "\(sent.errors)")
             #expect(sent.output.contains(#""label" : "photo:1""#))
             #expect(try Data(contentsOf: saved) == Data(bytes.reversed()), "the worker's reply attachment, written whole")
@@ -121,7 +126,8 @@ struct CommandLineTests {
         let keys = try (0..<3).map { _ in try CurveKeyPair.generate().publicKey }
         let two = try CommonOptions.parse(["--endpoint", "tcp://a:1,tcp://b:2", "--curve-server-key=\(keys[0]),\(keys[1])"]) // = : a Z85 key may begin with '-'
         #expect(try two.curveSettings()?.serverKeys == [keys[0], keys[1]])
-        #expect(try CommonOptions.parse(["--endpoint", "tcp://a:1,tcp://b:2", "--curve-server-key=\(keys[2])"]).curveSettings()?.serverKey(forBroker: 1) == keys[2])
+        #expect(
+            try CommonOptions.parse(["--endpoint", "tcp://a:1,tcp://b:2", "--curve-server-key=\(keys[2])"]).curveSettings()?.serverKey(forBroker: 1) == keys[2])
         let three = try CommonOptions.parse(["--endpoint", "tcp://a:1,tcp://b:2", "--curve-server-key=\(keys.joined(separator: ","))"])
         #expect(throws: ValidationError.self) { try three.curveSettings() }
     }

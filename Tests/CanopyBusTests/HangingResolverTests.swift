@@ -42,8 +42,9 @@ struct HangingResolverTests {
         let source = directory.appendingPathComponent("hanging-resolver.c")
         let library = directory.appendingPathComponent("hanging-resolver.so")
         try Data(resolverSource.utf8).write(to: source)
-        let compiler = try #require(["/usr/bin/cc", "/usr/bin/gcc", "/usr/bin/clang"].first { FileManager.default.isExecutableFile(atPath: $0) },
-                                    "a C compiler (Debian's gcc) builds the hanging resolver")
+        let compiler = try #require(
+            ["/usr/bin/cc", "/usr/bin/gcc", "/usr/bin/clang"].first { FileManager.default.isExecutableFile(atPath: $0) },
+            "a C compiler (Debian's gcc) builds the hanging resolver")
         let built = try await runProgram(at: compiler, ["-shared", "-fPIC", "-O1", "-o", library.path, source.path, "-ldl"], limit: 60)
         try #require(built.status == 0, "\(built.errors)")
         return library
@@ -60,8 +61,10 @@ struct HangingResolverTests {
             // A worker of both registers with the broker that answers and serves through it.
             let worker = Process()
             worker.executableURL = try LiveBus.executable("canopy-test-worker")
-            worker.arguments = ["--endpoint", endpoints, "--name", "beside-a-hanging-name", "--log-level", "critical",
-                                "--heartbeat-ms", "\(bus.configuration.heartbeatInterval.wholeMilliseconds)"] // the test broker's beat
+            worker.arguments = [
+                "--endpoint", endpoints, "--name", "beside-a-hanging-name", "--log-level", "critical",
+                "--heartbeat-ms", "\(bus.configuration.heartbeatInterval.wholeMilliseconds)",
+            ] // the test broker's beat
             worker.environment = environment
             try worker.run()
             defer { if worker.isRunning { kill(worker.processIdentifier, SIGKILL) } }
@@ -71,9 +74,13 @@ struct HangingResolverTests {
             #expect(echoed.text == "through the other broker" && echoed.pid == worker.processIdentifier)
 
             // A client process of both brokers gets its answer through the one that answers.
-            let sent = try await runExecutable("canopy", ["send", TestService.name, TestService.Echo.name, "--json", #"{"sleepMilliseconds":0,"text":"from a client"}"#,
-                                                          "--endpoint", endpoints, "--timeout-ms", "30000"],
-                                               environment: ["LD_PRELOAD": resolver.path], limit: 60)
+            let sent = try await runExecutable(
+                "canopy",
+                [
+                    "send", TestService.name, TestService.Echo.name, "--json", #"{"sleepMilliseconds":0,"text":"from a client"}"#,
+                    "--endpoint", endpoints, "--timeout-ms", "30000",
+                ],
+                environment: ["LD_PRELOAD": resolver.path], limit: 60)
             #expect(sent.status == 0 && sent.output.contains("from a client"), "\(sent.errors)")
 
             // SIGTERM still ends the worker, and as a stop asked for, though one of its I/O

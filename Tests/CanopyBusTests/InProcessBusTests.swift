@@ -39,38 +39,64 @@ struct InProcessBusTests {
         ("a principal reaches the handler", { bus in try await echo(bus, .init(text: "p"), principal: "alice") }),
         ("a Unicode-equivalent principal is refused", { bus in try await echo(bus, .init(text: "p"), principal: "jose\u{301}") }),
         ("a principal with a space is refused", { bus in try await echo(bus, .init(text: "p"), principal: "two words") }),
-        ("an unknown operation", { bus in
-            let raw = try await bus.call(service: "test", operation: "nope", body: Array("{}".utf8), attachments: [], principal: nil, timeout: nil, idempotent: false)
-            return .reply(text: String(decoding: raw.body, as: UTF8.self), principal: nil)
-        }),
-        ("an unknown service", { bus in
-            let raw = try await bus.call(service: "nobody", operation: "echo", body: Array("{}".utf8), attachments: [], principal: nil, timeout: nil, idempotent: false)
-            return .reply(text: String(decoding: raw.body, as: UTF8.self), principal: nil)
-        }),
-        ("an invalid service name", { bus in
-            _ = try await bus.call(service: "Bad Name", operation: "echo", body: Array("{}".utf8), attachments: [], principal: nil, timeout: nil, idempotent: false)
-            return .reply(text: "", principal: nil)
-        }),
-        ("invalid JSON", { bus in
-            _ = try await bus.call(service: "test", operation: "echo", body: Array("{not json".utf8), attachments: [], principal: nil, timeout: nil, idempotent: false)
-            return .reply(text: "", principal: nil)
-        }),
-        ("duplicate keys", { bus in
-            _ = try await bus.call(service: "test", operation: "echo", body: Array(#"{"text":"a","text":"b","sleepMilliseconds":0}"#.utf8), attachments: [],
-                                   principal: nil, timeout: nil, idempotent: false)
-            return .reply(text: "", principal: nil)
-        }),
+        (
+            "an unknown operation",
+            { bus in
+                let raw = try await bus.call(
+                    service: "test", operation: "nope", body: Array("{}".utf8), attachments: [], principal: nil, timeout: nil, idempotent: false)
+                return .reply(text: String(decoding: raw.body, as: UTF8.self), principal: nil)
+            }
+        ),
+        (
+            "an unknown service",
+            { bus in
+                let raw = try await bus.call(
+                    service: "nobody", operation: "echo", body: Array("{}".utf8), attachments: [], principal: nil, timeout: nil, idempotent: false)
+                return .reply(text: String(decoding: raw.body, as: UTF8.self), principal: nil)
+            }
+        ),
+        (
+            "an invalid service name",
+            { bus in
+                _ = try await bus.call(
+                    service: "Bad Name", operation: "echo", body: Array("{}".utf8), attachments: [], principal: nil, timeout: nil, idempotent: false)
+                return .reply(text: "", principal: nil)
+            }
+        ),
+        (
+            "invalid JSON",
+            { bus in
+                _ = try await bus.call(
+                    service: "test", operation: "echo", body: Array("{not json".utf8), attachments: [], principal: nil, timeout: nil, idempotent: false)
+                return .reply(text: "", principal: nil)
+            }
+        ),
+        (
+            "duplicate keys",
+            { bus in
+                _ = try await bus.call(
+                    service: "test", operation: "echo", body: Array(#"{"text":"a","text":"b","sleepMilliseconds":0}"#.utf8), attachments: [],
+                    principal: nil, timeout: nil, idempotent: false)
+                return .reply(text: "", principal: nil)
+            }
+        ),
         ("a request frame over the limit", { bus in try await echo(bus, .init(text: String(repeating: "y", count: 80_000))) }),
         ("a reply frame over the limit", { bus in try await echo(bus, .init(text: "big", replyPaddingBytes: 80_000)) }),
-        ("a handler's own error, as it wrote it", { bus in
-            let reply = try await bus.call(TestService.Fail.self, .init(text: "conflict"))
-            return .reply(text: reply.text, principal: nil)
-        }),
+        (
+            "a handler's own error, as it wrote it",
+            { bus in
+                let reply = try await bus.call(TestService.Fail.self, .init(text: "conflict"))
+                return .reply(text: reply.text, principal: nil)
+            }
+        ),
         ("a deadline that passes", { bus in try await echo(bus, .init(text: "slow", sleepMilliseconds: 5_000), timeout: .milliseconds(200)) }),
-        ("attachments both ways", { bus in
-            let reply = try await bus.call(TestService.ReverseBlobs.self, .init(label: "two", blobs: [Data([1, 2, 3]), Data([9])]))
-            return .blobs(label: reply.label, blobs: reply.blobs)
-        }),
+        (
+            "attachments both ways",
+            { bus in
+                let reply = try await bus.call(TestService.ReverseBlobs.self, .init(label: "two", blobs: [Data([1, 2, 3]), Data([9])]))
+                return .blobs(label: reply.label, blobs: reply.blobs)
+            }
+        ),
     ]
 
     @Test func everyCaseIsAnsweredAsTheLiveBusAnswersIt() async throws {

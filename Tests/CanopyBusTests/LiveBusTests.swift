@@ -1,5 +1,5 @@
-import CanopyBroker
 import CZeroMQ
+import CanopyBroker
 import CanopyBus
 import CanopyMessages
 import CanopyTesting
@@ -199,7 +199,9 @@ struct LiveBusTests {
                     let index = Int.random(in: 1..<valid.count, using: &generator)
                     frames[index] = (0..<Int.random(in: 0...12, using: &generator)).map { _ in UInt8.random(in: 0...255, using: &generator) }
                 default: // worker commands from a stranger, and other commands
-                    frames = [Wire.version, [UInt8.random(in: 0...0x30, using: &generator)]] + (0..<Int.random(in: 0...5, using: &generator)).map { _ in Array("x".utf8) }
+                    frames =
+                        [Wire.version, [UInt8.random(in: 0...0x30, using: &generator)]]
+                        + (0..<Int.random(in: 0...5, using: &generator)).map { _ in Array("x".utf8) }
                 }
                 try attacker.send(frames)
             }
@@ -207,9 +209,10 @@ struct LiveBusTests {
             // with the worker's connection if, on a loaded machine, the flood held its heartbeats
             // past the tests' 300 ms: the next one is served).
             let client = try bus.client()
-            #expect(try await eventually(within: .seconds(60)) {
-                (try? await client.call(TestService.Echo.self, .init(text: "still here"), timeout: .seconds(5)))?.text == "still here"
-            }, "the broker serves after the flood")
+            #expect(
+                try await eventually(within: .seconds(60)) {
+                    (try? await client.call(TestService.Echo.self, .init(text: "still here"), timeout: .seconds(5)))?.text == "still here"
+                }, "the broker serves after the flood")
             let stats = try await client.call(Broker.Stats.self, .init())
             #expect(stats.rejected > 1_000)
             // One worker, none added by the flood (on a loaded machine the worker may have
@@ -246,4 +249,3 @@ struct LiveBusTests {
         }
     }
 }
-

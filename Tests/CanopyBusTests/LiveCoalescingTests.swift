@@ -3,6 +3,7 @@ import CanopyBus
 import CanopyMessages
 import CanopyTesting
 import Foundation
+import Synchronization
 import Testing
 
 /// Coalescing and Majordomo through the real broker on tcp://127.0.0.1.
@@ -114,9 +115,10 @@ struct LiveCoalescingTests {
             let patient = Task { try await client.call(TestService.Lookup.self, .init(text: "slow", sleepMilliseconds: 5_000)) }
             #expect(try await eventually { worker.counters.running.load(ordering: .relaxed) == 1 })
             let cancelled = Task { try await client.call(TestService.Lookup.self, .init(text: "slow", sleepMilliseconds: 5_000)) }
-            #expect(try await eventually { // it joined the flight in the air
-                try await client.call(Broker.Stats.self, .init()).operations.first { $0.operation == TestService.Lookup.name }?.coalesced == 1
-            })
+            #expect(
+                try await eventually { // it joined the flight in the air
+                    try await client.call(Broker.Stats.self, .init()).operations.first { $0.operation == TestService.Lookup.name }?.coalesced == 1
+                })
             cancelled.cancel()
             await #expect(throws: CancellationError.self) { _ = try await cancelled.value }
             let hurried = await #expect(throws: CanopyError.self) {
@@ -228,5 +230,3 @@ private struct UncheckedSocket: @unchecked Sendable {
     let socket: ZMQSocket
     init(_ socket: ZMQSocket) { self.socket = socket }
 }
-
-import Synchronization

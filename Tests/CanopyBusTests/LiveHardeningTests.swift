@@ -1,5 +1,5 @@
-import CanopyBroker
 import CZeroMQ
+import CanopyBroker
 import CanopyBus
 import CanopyMessages
 import CanopyTesting
@@ -147,9 +147,10 @@ struct LiveHardeningTests {
             try write(workers: [], clients: [second])
             #expect(try bus.broker.reloadAllowList() == (0, 1))
             let staying = try bus.client(timeout: .seconds(30), curve: keys.peer(second))
-            #expect(try await eventually {
-                try await !staying.call(Broker.Services.self, .init()).contains { $0.name == TestService.name }
-            }, "the removed worker was disconnected and is not taken back")
+            #expect(
+                try await eventually {
+                    try await !staying.call(Broker.Services.self, .init()).contains { $0.name == TestService.name }
+                }, "the removed worker was disconnected and is not taken back")
             // On the connection it already has, the removed client is refused, saying why.
             let refused = await #expect(throws: CanopyError.self) { try await leaving.call(TestService.Echo.self, .init(text: "after")) }
             #expect(refused?.code == .unauthorized && refused?.message.contains("allow-list") == true, "\(refused?.message ?? "")")
@@ -227,8 +228,11 @@ struct LiveHardeningTests {
                 try socket.connect(bus.endpoint)
                 let body = try MessageCodec().encode(TestService.Request(text: "big", replyPaddingBytes: 1_000_000))
                 for index in 0..<requests {
-                    try socket.send([Wire.version, Wire.Command.request.frame, Wire.frame(UInt64(index + 1)), Array("test".utf8), Array("echo".utf8),
-                                     RequestHeader(timeoutMilliseconds: 60_000).frame, body], dontWait: false)
+                    try socket.send(
+                        [
+                            Wire.version, Wire.Command.request.frame, Wire.frame(UInt64(index + 1)), Array("test".utf8), Array("echo".utf8),
+                            RequestHeader(timeoutMilliseconds: 60_000).frame, body,
+                        ], dontWait: false)
                 }
                 return (context, socket)
             }
@@ -275,12 +279,13 @@ struct LiveHardeningTests {
 
     @Test func allowListsAreParsedLineByLineWithClearErrors() throws {
         let worker = try CurveKeyPair.generate().publicKey, client = try CurveKeyPair.generate().publicKey
-        let list = try CurveAllowList(parsing: """
-            # role  key  services
-            worker  \(worker)  care,images
+        let list = try CurveAllowList(
+            parsing: """
+                # role  key  services
+                worker  \(worker)  care,images
 
-            client \(client)
-            """)
+                client \(client)
+                """)
         #expect(list.workers.allows(worker, service: "care"))
         #expect(!list.workers.allows(worker, service: "remind"))
         #expect(!list.workers.allows(client, service: "care"))

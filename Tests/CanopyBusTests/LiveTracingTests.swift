@@ -42,14 +42,16 @@ struct LiveTracingTests {
 
     @Test func aTraceCrossesTheBusAndACoalescedCallerIsLinkedToTheFlight() async throws {
         try await withCollector { (collector: OTLPReceiver, endpoint: String) async throws in
-            let (first, second) = try await withTracer(serviceName: "canopy-test", endpoint: endpoint) { (tracer: any Tracer) async throws -> (Caller, Caller) in
+            let (first, second) = try await withTracer(serviceName: "canopy-test", endpoint: endpoint) {
+                (tracer: any Tracer) async throws -> (Caller, Caller) in
                 try await Self.twoIdenticalCalls(tracer: tracer)
             }
             #expect(first.shared && second.shared && first.trace != second.trace && !first.trace.isEmpty)
             let spans = collector.spans
             func named(_ name: String, kind: String? = nil, in trace: String) throws -> TraceSpan {
-                try #require(spans.first { $0.name == name && $0.traceID == trace && (kind == nil || $0.kind == kind) },
-                             "no \(name) in trace \(trace): \(spans.map { "\($0.traceID.prefix(6)) \($0.name)" })")
+                try #require(
+                    spans.first { $0.name == name && $0.traceID == trace && (kind == nil || $0.kind == kind) },
+                    "no \(name) in trace \(trace): \(spans.map { "\($0.traceID.prefix(6)) \($0.name)" })")
             }
             // The first caller's trace: the broker's spans and the worker's handler, each
             // under the caller's bus call (the header's context reaches the worker untouched).
@@ -68,7 +70,11 @@ struct LiveTracingTests {
             let joined = try named("broker test/lookup", in: second.trace)
             #expect(joined.attributes["canopy.coalesced"] == "true" && joined.attributes["canopy.shared"] == "true")
             #expect(joined.links == [TraceSpan.Link(traceID: first.trace, spanID: flight.spanID)])
-            #expect(!spans.contains { $0.traceID == second.trace && ($0.name.hasPrefix("flight") || $0.kind == "server" && $0.service == "canopy-test" && $0.name == "test/lookup") })
+            #expect(
+                !spans.contains {
+                    $0.traceID == second.trace
+                        && ($0.name.hasPrefix("flight") || $0.kind == "server" && $0.service == "canopy-test" && $0.name == "test/lookup")
+                })
             // And the tree a person reads.
             let tree = try #require(TraceReport.tree(spans, traceID: String(second.trace.prefix(8))))
             #expect(tree.contains("coalesced") && tree.contains("linked to \(flight.spanID) in trace \(first.trace)"), "\(tree)")

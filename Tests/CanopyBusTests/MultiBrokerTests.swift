@@ -35,7 +35,10 @@ struct MultiBrokerTests {
 
     @Test func aClientOfTwoBrokersGoesOnWhenOneIsKilledAndRunsNothingTwice() async throws {
         let (a, b) = (try BrokerProcess([]), try BrokerProcess([]))
-        defer { a.stop(); b.stop() }
+        defer {
+            a.stop()
+            b.stop()
+        }
         let endpoints = [try await a.endpoint(), try await b.endpoint()]
         var logger = Logger(label: "multi-broker")
         logger.logLevel = .warning
@@ -119,7 +122,10 @@ struct MultiBrokerTests {
         let endpointA = "tcp://127.0.0.1:\(portA)"
         var a = try BrokerProcess(["--bind", endpointA])
         let b = try BrokerProcess([])
-        defer { a.stop(); b.stop() }
+        defer {
+            a.stop()
+            b.stop()
+        }
         _ = try await a.endpoint()
         let endpoints = [endpointA, try await b.endpoint()]
         var logger = Logger(label: "multi-broker")
@@ -138,12 +144,15 @@ struct MultiBrokerTests {
             }
             defer { clients.forEach { $0.close() } }
             func registered(_ broker: Int) async -> Bool {
-                ((try? await clients[broker].call(Broker.Services.self, .init(), timeout: .seconds(1))) ?? []).contains { $0.name == TestService.name && $0.workers == 1 }
+                ((try? await clients[broker].call(Broker.Services.self, .init(), timeout: .seconds(1))) ?? []).contains {
+                    $0.name == TestService.name && $0.workers == 1
+                }
             }
-            #expect(try await eventually {
-                let (first, second) = (await registered(0), await registered(1))
-                return first && second
-            }, "one worker registered with both brokers")
+            #expect(
+                try await eventually {
+                    let (first, second) = (await registered(0), await registered(1))
+                    return first && second
+                }, "one worker registered with both brokers")
 
             // Twenty slow calls through each broker at once: the worker holds at most its credit.
             func burst(_ brokers: [Int]) async throws -> [String] {
@@ -156,7 +165,9 @@ struct MultiBrokerTests {
                 }
             }
             #expect(try await burst([0, 1]).count == 20)
-            #expect(service.counters.mostRunning.load(ordering: .relaxed) <= 4, "never more than its credit: \(service.counters.mostRunning.load(ordering: .relaxed))")
+            #expect(
+                service.counters.mostRunning.load(ordering: .relaxed) <= 4,
+                "never more than its credit: \(service.counters.mostRunning.load(ordering: .relaxed))")
             #expect(service.counters.mostRunning.load(ordering: .relaxed) >= 3, "and both brokers' shares in use")
 
             // Broker a dies: the worker goes on with b, all its credit there but a's reserve.
@@ -267,15 +278,17 @@ struct MultiBrokerTests {
                 _ = try await brokers[index].endpoint()
                 let probe = try BusClient(configuration: .init(endpoint: endpoints[index]), context: context, logger: logger)
                 defer { probe.close() }
-                #expect(try await eventually(within: .seconds(30)) {
-                    ((try? await probe.call(Broker.Services.self, .init(), timeout: .seconds(1))) ?? []).contains { $0.name == TestService.name }
-                }, "the worker registered again with broker \(index + 1)")
+                #expect(
+                    try await eventually(within: .seconds(30)) {
+                        ((try? await probe.call(Broker.Services.self, .init(), timeout: .seconds(1))) ?? []).contains { $0.name == TestService.name }
+                    }, "the worker registered again with broker \(index + 1)")
                 // And the callers are back on it (libzmq reconnects them with backoff; on a loaded
                 // machine stopping the other broker first left some with none to go to).
-                #expect(try await eventually(within: .seconds(30)) {
-                    let stats = try? await probe.call(Broker.Stats.self, .init(), timeout: .seconds(1))
-                    return (stats?.operations.filter { $0.service == TestService.name }.map(\.requests).reduce(0, +) ?? 0) >= 20
-                }, "the callers call through broker \(index + 1) again")
+                #expect(
+                    try await eventually(within: .seconds(30)) {
+                        let stats = try? await probe.call(Broker.Stats.self, .init(), timeout: .seconds(1))
+                        return (stats?.operations.filter { $0.service == TestService.name }.map(\.requests).reduce(0, +) ?? 0) >= 20
+                    }, "the callers call through broker \(index + 1) again")
             }
             try await Task.sleep(for: .milliseconds(500))
             stop.value.store(true, ordering: .relaxed)

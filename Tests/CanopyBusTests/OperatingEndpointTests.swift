@@ -45,8 +45,9 @@ struct OperatingEndpointTests {
     @Test func theBrokerThatServeBuildsCountsWhatItAnswersAndSaysItTurns() async throws {
         try await withLiveBus { bus in
             // A second broker, built as `canopy-broker serve` builds it, with a worker and a client of its own.
-            let services = try buildBroker(settings: .init(endpoint: "tcp://127.0.0.1:*", configuration: .testing, metrics: .anyLoopbackPort),
-                                           context: bus.context, logger: bus.logger)
+            let services = try buildBroker(
+                settings: .init(endpoint: "tcp://127.0.0.1:*", configuration: .testing, metrics: .anyLoopbackPort),
+                context: bus.context, logger: bus.logger)
             let broker = try #require(services.first(BrokerServer.self))
             let listener = try #require(services.first(OperatingEndpoint.self))
             bus.run(services)
@@ -99,7 +100,8 @@ struct OperatingEndpointTests {
     }
 
     @Test func prometheusTextIsReadBackBySeriesAndLabels() throws {
-        let text = try PrometheusText("""
+        let text = try PrometheusText(
+            """
             # TYPE requests_total counter
             requests_total{service="care",outcome="ok"} 3
             requests_total{outcome="busy",service="care"} 2
@@ -123,8 +125,9 @@ struct OperatingEndpointTests {
     @Test func aListenerThatCannotBindEndsTheGroupWithASentence() async throws {
         try await withLiveBus { bus in
             let port = FreePorts.any()
-            let runner = ServiceRunner(service: TestWorkerService(workerName: "w1"), configuration: bus.runnerConfiguration(credit: 1),
-                                       context: bus.context, logger: bus.logger)
+            let runner = ServiceRunner(
+                service: TestWorkerService(workerName: "w1"), configuration: bus.runnerConfiguration(credit: 1),
+                context: bus.context, logger: bus.logger)
             let services = try OperatingEndpoint.serving([runner], at: ListenAddress(host: "127.0.0.1", port: port), logger: bus.logger)
             let taken = FreePorts.hold(port)
             defer { taken.release() }

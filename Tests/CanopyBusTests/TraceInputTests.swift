@@ -9,17 +9,22 @@ import Testing
 /// anything and keeps only spans, and `canopy trace` saying what to do.
 struct TraceInputTests {
     @Test func badTraceOptionsStopTheExecutableWithASentence() async throws {
-        for (arguments, expected) in [(["--traces-sampler", "sometimes"], "--traces-sampler"), (["--traces-sampler-arg", "2"], "--traces-sampler-arg"),
-                                      (["--otlp-protocol", "grpc"], "--otlp-protocol"), (["--otlp-endpoint", "collector:4318"], "--otlp-endpoint")] {
-            let result = try await runExecutable("canopy-broker", ["serve", "--bind", "tcp://127.0.0.1:\(FreePorts.any())", "--metrics-bind", "off"] + arguments)
+        for (arguments, expected) in [
+            (["--traces-sampler", "sometimes"], "--traces-sampler"), (["--traces-sampler-arg", "2"], "--traces-sampler-arg"),
+            (["--otlp-protocol", "grpc"], "--otlp-protocol"), (["--otlp-endpoint", "collector:4318"], "--otlp-endpoint"),
+        ] {
+            let result = try await runExecutable(
+                "canopy-broker", ["serve", "--bind", "tcp://127.0.0.1:\(FreePorts.any())", "--metrics-bind", "off"] + arguments)
             #expect(result.status != 0 && result.errors.contains(expected), "\(arguments): \(result.errors)")
         }
     }
 
     @Test func theReceiverAnswersGarbageAsACollectorDoesAndKeepsOnlySpans() async throws {
         try await withCollector { collector, endpoint in
-            for (body, type) in [("{not json", "application/json"), (#"{"resourceSpans":[{"scopeSpans":[{"spans":[{"name":"x"}]}]}]}"#, "application/json"),
-                                 ("\u{0}\u{1}protobuf", "application/x-protobuf")] {
+            for (body, type) in [
+                ("{not json", "application/json"), (#"{"resourceSpans":[{"scopeSpans":[{"spans":[{"name":"x"}]}]}]}"#, "application/json"),
+                ("\u{0}\u{1}protobuf", "application/x-protobuf"),
+            ] {
                 var request = HTTPClientRequest(url: endpoint + "/v1/traces")
                 request.method = .POST
                 request.headers.add(name: "Content-Type", value: type)

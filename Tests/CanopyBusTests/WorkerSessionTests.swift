@@ -8,13 +8,17 @@ struct WorkerSessionTests {
     let start = ContinuousClock.now
 
     func session(credit: Int = 4) -> WorkerSession {
-        WorkerSession(settings: .init(service: "plants", operations: Self.operations, credit: credit, heartbeatInterval: .seconds(1), liveness: 3,
-                                      drainTimeout: .seconds(5)), now: start)
+        WorkerSession(
+            settings: .init(
+                service: "plants", operations: Self.operations, credit: credit, heartbeatInterval: .seconds(1), liveness: 3,
+                drainTimeout: .seconds(5)), now: start)
     }
 
     func dispatch(_ id: UInt64, body: String = "{}", attachments: [[UInt8]] = []) -> [[UInt8]] {
-        WireMessage.dispatch(requestID: id, operation: "get", header: RequestHeader(timeoutMilliseconds: 1_000), body: Array(body.utf8),
-                             attachments: attachments).encoded
+        WireMessage.dispatch(
+            requestID: id, operation: "get", header: RequestHeader(timeoutMilliseconds: 1_000), body: Array(body.utf8),
+            attachments: attachments
+        ).encoded
     }
 
     func sent(_ directives: [WorkerSession.Directive]) -> [WireMessage] {
@@ -34,8 +38,12 @@ struct WorkerSessionTests {
         var worker = session()
         _ = worker.connected(now: start)
         let started = worker.receive(dispatch(7, body: #"{"id":1}"#, attachments: [[0xFF]]), now: start)
-        #expect(started == [.start(id: 7, operation: "get", header: RequestHeader(timeoutMilliseconds: 1_000),
-                                   payload: Payload(body: Array(#"{"id":1}"#.utf8), attachments: [[0xFF]]))])
+        #expect(
+            started == [
+                .start(
+                    id: 7, operation: "get", header: RequestHeader(timeoutMilliseconds: 1_000),
+                    payload: Payload(body: Array(#"{"id":1}"#.utf8), attachments: [[0xFF]]))
+            ])
         #expect(worker.running == [7: "get"])
         let replied = worker.finished(id: 7, connection: 0, .success(Payload(body: Array("{}".utf8), attachments: [[1, 2]])))
         #expect(sent(replied) == [.workerReply(requestID: 7, failed: false, body: Array("{}".utf8), attachments: [[1, 2]])])
@@ -83,8 +91,11 @@ struct WorkerSessionTests {
             for directive in worker.tick(now: now) { if case .reconnect(let backoff) = directive { backoffs.append(backoff) } }
             now += .milliseconds(10)
         }
-        #expect(backoffs == [.zero, .milliseconds(100), .milliseconds(200), .milliseconds(400), .milliseconds(800), .milliseconds(1_600),
-                             .milliseconds(3_200), .milliseconds(5_000), .milliseconds(5_000)])
+        #expect(
+            backoffs == [
+                .zero, .milliseconds(100), .milliseconds(200), .milliseconds(400), .milliseconds(800), .milliseconds(1_600),
+                .milliseconds(3_200), .milliseconds(5_000), .milliseconds(5_000),
+            ])
         _ = worker.connected(now: now)
         _ = worker.receive(WireMessage.brokerHeartbeat(maximumFrameBytes: 1 << 24).encoded, now: now)
         _ = worker.receive(WireMessage.brokerDisconnect(reason: "broker shutting down").encoded, now: now)
@@ -118,8 +129,14 @@ struct WorkerSessionTests {
     @Test func malformedOrMisdirectedMessagesAreDroppedWithAReason() {
         var worker = session()
         _ = worker.connected(now: start)
-        #expect(worker.receive([Array("canopy/1".utf8), [0x20]], now: start) == [.log(.dropped(reason: "malformed message from the broker: message without the canopy/3 version frame"))])
-        #expect(worker.receive(WireMessage.reply(correlation: [1], shared: false, body: []).encoded, now: start) == [.log(.dropped(reason: "command not sent to workers"))])
+        #expect(
+            worker.receive([Array("canopy/1".utf8), [0x20]], now: start) == [
+                .log(.dropped(reason: "malformed message from the broker: message without the canopy/3 version frame"))
+            ])
+        #expect(
+            worker.receive(WireMessage.reply(correlation: [1], shared: false, body: []).encoded, now: start) == [
+                .log(.dropped(reason: "command not sent to workers"))
+            ])
         #expect(worker.receive(WireMessage.cancelDispatch(requestID: 99).encoded, now: start).isEmpty, "a cancel for nothing held")
     }
 }

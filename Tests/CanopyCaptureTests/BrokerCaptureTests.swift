@@ -48,7 +48,9 @@ struct BrokerCaptureTests {
             #expect(requests.count == 6 && answers.count == 6)
             // Every answer pairs with a request of the same client and correlation id, and comes after it.
             for answer in answers {
-                let request = requests.first { Pair(client: $0.client, correlation: $0.correlation) == Pair(client: answer.client, correlation: answer.correlation) }
+                let request = requests.first {
+                    Pair(client: $0.client, correlation: $0.correlation) == Pair(client: answer.client, correlation: answer.correlation)
+                }
                 #expect(request != nil)
                 #expect(request.map { $0.time <= answer.time } == true)
                 #expect(request?.operation == answer.operation && request?.header.principal == answer.header.principal)
@@ -127,7 +129,8 @@ struct BrokerCaptureTests {
             let sent = ContinuousClock.now
             let early = Task { try await client.call(TestService.Append.self, .init(text: "early", sleepMilliseconds: 400), principal: "user-1") }
             try await bus.waitForLoad(inFlight: 1)
-            let cut = try await operator_.call(Broker.CaptureStart.self, .init(name: name, holdMilliseconds: 30_000), timeout: .seconds(40)) // a loaded machine may take seconds between the cut and the release
+            // a loaded machine may take seconds between the cut and the release
+            let cut = try await operator_.call(Broker.CaptureStart.self, .init(name: name, holdMilliseconds: 30_000), timeout: .seconds(40))
             // (Timed from the request's sending: noticing it is in the air may take a while on a loaded machine.)
             #expect(ContinuousClock.now - sent >= .milliseconds(400), "the cut waits for the request in the air")
             #expect(try await early.value.text == "early")
@@ -146,9 +149,11 @@ struct BrokerCaptureTests {
             let mark = try JSONDecoder().decode(CaptureMark.self, from: Data(records[markIndex].body))
             #expect(mark == CaptureMark(snapshot: "\(name).snapshot", held: 1))
             let own = records.enumerated().filter { $0.element.kind == .request && $0.element.header.flags & RequestHeader.Flag.derived == 0 }
-            #expect(own.map { String(decoding: $0.element.body, as: UTF8.self).contains("late") } == [true], "only the held request is recorded, after the mark")
+            #expect(
+                own.map { String(decoding: $0.element.body, as: UTF8.self).contains("late") } == [true], "only the held request is recorded, after the mark")
             #expect(own.allSatisfy { $0.offset > markIndex })
-            #expect(!records.contains { $0.kind == .request && String(decoding: $0.body, as: UTF8.self).contains("early") }, "the request before the cut is not")
+            #expect(
+                !records.contains { $0.kind == .request && String(decoding: $0.body, as: UTF8.self).contains("early") }, "the request before the cut is not")
             // inspect lists the mark; filter keeps it unless it leaves the beginning out.
             let summary = try CaptureSummary.make(try CaptureReader(paths: [directory + "/" + name]))
             #expect(summary.marks.map(\.snapshot) == ["\(name).snapshot"] && summary.marks.first?.held == 1)
@@ -194,7 +199,8 @@ struct BrokerCaptureTests {
             let sent = ContinuousClock.now
             let early = Task { try await client.call(TestService.Append.self, .init(text: "early", sleepMilliseconds: 400), principal: "user-3") }
             try await bus.waitForLoad(inFlight: 1)
-            let cut = try await operator_.call(Broker.Hold.self, .init(holdMilliseconds: 30_000), timeout: .seconds(40)) // a loaded machine may take seconds between the cut and the release
+            // a loaded machine may take seconds between the cut and the release
+            let cut = try await operator_.call(Broker.Hold.self, .init(holdMilliseconds: 30_000), timeout: .seconds(40))
             #expect(ContinuousClock.now - sent >= .milliseconds(400), "the cut waits for the request in the air")
             #expect(cut.cutAt != nil && !cut.capturing)
             #expect(try await early.value.text == "early")
@@ -208,7 +214,9 @@ struct BrokerCaptureTests {
             #expect(capture?.code == .conflict)
             _ = try await operator_.call(Broker.CaptureRelease.self, .init(snapshot: nil))
             #expect(try await late.value.text == "late")
-            let person = await #expect(throws: CanopyError.self) { _ = try await client.call(Broker.Hold.self, .init(holdMilliseconds: 1_000), principal: "user-3") }
+            let person = await #expect(throws: CanopyError.self) {
+                _ = try await client.call(Broker.Hold.self, .init(holdMilliseconds: 1_000), principal: "user-3")
+            }
             #expect(person?.code == .unauthorized)
 
             // A hold whose request in the air outlasts it fails; the capture running goes on.

@@ -50,8 +50,9 @@ struct CaptureCommandLineTests {
             // Under an address-space limit below 1 GiB (with few malloc arenas, whose reservations
             // count too): allocating the claim would kill it, and room is left for the threads.
             for command in [["capture", "inspect", path], ["capture", "filter", path, "--output", path + ".out"], ["replay", path, "--dry-run"]] {
-                let result = try await runProgram(at: "/bin/bash", ["-c", "ulimit -v 1000000; exec \"$0\" \"$@\"", try LiveBus.executable("canopy").path] + command,
-                                                  environment: ["MALLOC_ARENA_MAX": "2"])
+                let result = try await runProgram(
+                    at: "/bin/bash", ["-c", "ulimit -v 1000000; exec \"$0\" \"$@\"", try LiveBus.executable("canopy").path] + command,
+                    environment: ["MALLOC_ARENA_MAX": "2"])
                 // inspect and filter exit 2 for a capture that ends early; a dry run 1 (its checks found something)
                 #expect(result.status == (command[0] == "replay" ? 1 : 2), "\(command) \(claim): \(result.status) \(result.errors)")
                 #expect((result.output + result.errors).contains("\(ending): \(path)"), "\(command) \(claim): \(result.output) \(result.errors)")
@@ -81,8 +82,12 @@ struct CaptureCommandLineTests {
             let started = try await runExecutable("canopy", ["capture", "start", "session", "--broker", bus.endpoint])
             #expect(started.status == 0 && started.output.contains("capturing into \(directory)/session"), "\(started.errors)")
             for text in ["fern", "ivy"] {
-                let sent = try await runExecutable("canopy", ["send", "test", "echo", "--json", #"{"text":"\#(text)","sleepMilliseconds":0}"#, "--principal", "p1",
-                                                              "--broker", bus.endpoint])
+                let sent = try await runExecutable(
+                    "canopy",
+                    [
+                        "send", "test", "echo", "--json", #"{"text":"\#(text)","sleepMilliseconds":0}"#, "--principal", "p1",
+                        "--broker", bus.endpoint,
+                    ])
                 #expect(sent.status == 0)
             }
             _ = try await runExecutable("canopy", ["send", "test", "lookup", "--json", #"{"text":"x","sleepMilliseconds":0}"#, "--broker", bus.endpoint])
@@ -94,7 +99,8 @@ struct CaptureCommandLineTests {
             let again = try await runExecutable("canopy", ["capture", "stop", "--broker", bus.endpoint])
             #expect(again.status == 1 && again.errors.contains("no capture is running"))
 
-            let filtered = try await runExecutable("canopy", ["capture", "filter", "\(directory)/session", "--output", "\(directory)/echoes", "--operation", "echo"])
+            let filtered = try await runExecutable(
+                "canopy", ["capture", "filter", "\(directory)/session", "--output", "\(directory)/echoes", "--operation", "echo"])
             #expect(filtered.status == 0 && filtered.output.contains("wrote 4 of 6 records"), "\(filtered.output) \(filtered.errors)")
 
             let dry = try await runExecutable("canopy", ["replay", "\(directory)/echoes", "--dry-run", "--broker", bus.endpoint])
@@ -107,8 +113,9 @@ struct CaptureCommandLineTests {
             // A captured answer the worker no longer gives: shown as a JSON path, exit status 1.
             let changed = "\(directory)/changed"
             let header = RequestHeader(timeoutMilliseconds: 5_000, flags: 1, principal: "p1")
-            let request = CaptureRecord(kind: .request, time: 1, client: "c-1", service: "test", operation: "echo", correlation: [1], header: header,
-                                        body: Array(#"{"sleepMilliseconds":0,"text":"fern"}"#.utf8))
+            let request = CaptureRecord(
+                kind: .request, time: 1, client: "c-1", service: "test", operation: "echo", correlation: [1], header: header,
+                body: Array(#"{"sleepMilliseconds":0,"text":"fern"}"#.utf8))
             var reply = request
             reply.kind = .reply
             reply.body = Array(#"{"pid":\#(getpid()),"principal":"p1","text":"palm","worker":"cli"}"#.utf8)
@@ -164,8 +171,13 @@ struct CaptureCommandLineTests {
     }
 
     @Test func theCaptureAndReplayCommandsShowExamples() async throws {
-        #expect(try await helpProblems("canopy", subcommands: [["capture"], ["capture", "start"], ["capture", "stop"], ["capture", "status"],
-                                                               ["capture", "inspect"], ["capture", "filter"], ["replay"]]) == [])
+        #expect(
+            try await helpProblems(
+                "canopy",
+                subcommands: [
+                    ["capture"], ["capture", "start"], ["capture", "stop"], ["capture", "status"],
+                    ["capture", "inspect"], ["capture", "filter"], ["replay"],
+                ]) == [])
         #expect(try await helpProblems("canopy-broker", subcommands: [["serve"]]) == [])
         let refused = try await runExecutable("canopy-broker", ["serve", "--capture-dir", "/no/such/dir"])
         #expect(refused.status != 0 && refused.errors.contains("mkdir -p /no/such/dir"))

@@ -6,17 +6,19 @@ import Testing
 /// The capture file format: records, checksums, files cut short or damaged.
 struct CaptureFormatTests {
     static func request(_ index: Int, client: String = "c-1", principal: String = "user-1", attachments: [[UInt8]] = []) -> CaptureRecord {
-        CaptureRecord(kind: .request, time: 1_700_000_000_000_000_000 + Int64(index) * 1_000_000, client: client, service: "care",
-                      operation: "plants.get", correlation: Array("corr-\(index)".utf8),
-                      header: RequestHeader(timeoutMilliseconds: 5_000, flags: 1, principal: principal),
-                      body: Array(#"{"id":"plant-\#(index)"}"#.utf8), attachments: attachments)
+        CaptureRecord(
+            kind: .request, time: 1_700_000_000_000_000_000 + Int64(index) * 1_000_000, client: client, service: "care",
+            operation: "plants.get", correlation: Array("corr-\(index)".utf8),
+            header: RequestHeader(timeoutMilliseconds: 5_000, flags: 1, principal: principal),
+            body: Array(#"{"id":"plant-\#(index)"}"#.utf8), attachments: attachments)
     }
 
     static func reply(_ index: Int, client: String = "c-1", failed: Bool = false) -> CaptureRecord {
-        CaptureRecord(kind: .reply, flags: failed ? [.failed] : [.shared], time: 1_700_000_000_000_000_000 + Int64(index) * 1_000_000 + 500_000,
-                      latencyNanoseconds: 500_000, client: client, worker: "w-1", service: "care", operation: "plants.get",
-                      correlation: Array("corr-\(index)".utf8), header: RequestHeader(timeoutMilliseconds: 5_000, principal: "user-1"),
-                      body: failed ? Array(#"{"code":"notFound","message":"no such plant"}"#.utf8) : Array(#"{"id":"plant-\#(index)","name":"Monstera"}"#.utf8))
+        CaptureRecord(
+            kind: .reply, flags: failed ? [.failed] : [.shared], time: 1_700_000_000_000_000_000 + Int64(index) * 1_000_000 + 500_000,
+            latencyNanoseconds: 500_000, client: client, worker: "w-1", service: "care", operation: "plants.get",
+            correlation: Array("corr-\(index)".utf8), header: RequestHeader(timeoutMilliseconds: 5_000, principal: "user-1"),
+            body: failed ? Array(#"{"code":"notFound","message":"no such plant"}"#.utf8) : Array(#"{"id":"plant-\#(index)","name":"Monstera"}"#.utf8))
     }
 
     static func temporaryPath(_ name: String) -> String {
@@ -52,7 +54,9 @@ struct CaptureFormatTests {
 
     @Test func recordsComeBackAsWritten() throws {
         let path = Self.temporaryPath("capture")
-        let records = [Self.request(1, attachments: [[1, 2, 3], Array(repeating: 7, count: 70_000)]), Self.reply(1), Self.request(2), Self.reply(2, failed: true)]
+        let records = [
+            Self.request(1, attachments: [[1, 2, 3], Array(repeating: 7, count: 70_000)]), Self.reply(1), Self.request(2), Self.reply(2, failed: true),
+        ]
         try Self.write(records, to: path)
         let (read, reader) = try Self.readAll(path)
         #expect(read == records)
@@ -64,8 +68,9 @@ struct CaptureFormatTests {
     /// capture's clients renamed so that the same routing id at two brokers is two clients.
     @Test func severalCapturesAreReadAsOneMergedByTime() throws {
         func record(_ time: Int64, client: String) -> CaptureRecord {
-            CaptureRecord(kind: .request, time: time, client: client, service: "care", operation: "plants.get", correlation: [UInt8(time)],
-                          header: RequestHeader(timeoutMilliseconds: 1_000), body: [])
+            CaptureRecord(
+                kind: .request, time: time, client: client, service: "care", operation: "plants.get", correlation: [UInt8(time)],
+                header: RequestHeader(timeoutMilliseconds: 1_000), body: [])
         }
         let (first, second) = (Self.temporaryPath("a"), Self.temporaryPath("b"))
         try Self.write([record(1, client: "c1"), record(4, client: "c1"), record(5, client: "c1")], to: first)
@@ -133,7 +138,10 @@ struct CaptureFormatTests {
         try Data(bytes).write(to: URL(fileURLWithPath: path))
         let (again, damaged) = try Self.readAll(path)
         #expect(again == [records[0]])
-        guard case .damaged(_, let offset, _) = damaged.ending else { Issue.record("not damaged: \(String(describing: damaged.ending))"); return }
+        guard case .damaged(_, let offset, _) = damaged.ending else {
+            Issue.record("not damaged: \(String(describing: damaged.ending))")
+            return
+        }
         #expect(offset == secondStart)
     }
 

@@ -5,8 +5,10 @@ import Testing
 
 /// The capture's writer thread: pseudonyms, attachments left out, rotation, a bounded queue.
 struct CaptureWriterTests {
-    static func event(_ index: Int, identity: [UInt8] = [0, 1, 2, 3, 4], principal: String = "alice@example.com",
-                      body: String? = nil, attachments: [[UInt8]] = []) -> CaptureEvent {
+    static func event(
+        _ index: Int, identity: [UInt8] = [0, 1, 2, 3, 4], principal: String = "alice@example.com",
+        body: String? = nil, attachments: [[UInt8]] = []
+    ) -> CaptureEvent {
         var record = CaptureFormatTests.request(index, client: "", principal: principal, attachments: attachments)
         if let body { record.body = Array(body.utf8) }
         return CaptureEvent(record: record, clientIdentity: identity)

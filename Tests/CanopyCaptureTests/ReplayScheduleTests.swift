@@ -2,6 +2,7 @@ import CanopyCapture
 import CanopyMessages
 import CanopyWire
 import Testing
+
 @testable import CanopyReplay
 
 /// ``ReplaySchedule`` on its own: captured records and made-up answers in, frames and
@@ -11,13 +12,15 @@ struct ReplayScheduleTests {
     static let captured: Int64 = 1_700_000_000_000_000_000
 
     static func request(_ index: Int, client: String = "c-1", at offset: Int64 = 0, body: String) -> CaptureRecord {
-        CaptureRecord(kind: .request, time: captured + offset, client: client, service: "notes", operation: "get", correlation: [UInt8(index)],
-                      header: RequestHeader(timeoutMilliseconds: 5_000, principal: "alice"), body: Array(body.utf8))
+        CaptureRecord(
+            kind: .request, time: captured + offset, client: client, service: "notes", operation: "get", correlation: [UInt8(index)],
+            header: RequestHeader(timeoutMilliseconds: 5_000, principal: "alice"), body: Array(body.utf8))
     }
 
     static func reply(_ index: Int, client: String = "c-1", at offset: Int64 = 1_000, body: String) -> CaptureRecord {
-        CaptureRecord(kind: .reply, time: captured + offset, latencyNanoseconds: 1_000, client: client, service: "notes", operation: "get",
-                      correlation: [UInt8(index)], header: RequestHeader(timeoutMilliseconds: 5_000, principal: "alice"), body: Array(body.utf8))
+        CaptureRecord(
+            kind: .reply, time: captured + offset, latencyNanoseconds: 1_000, client: client, service: "notes", operation: "get",
+            correlation: [UInt8(index)], header: RequestHeader(timeoutMilliseconds: 5_000, principal: "alice"), body: Array(body.utf8))
     }
 
     /// The requests the directives send: (connection, job id, body).

@@ -182,21 +182,29 @@ struct ReplayTests {
 
     @Test func comparisonSkipsIgnoredPathsAndExplainsReboundIds() {
         var rebindings = Rebindings()
-        rebindings.learn(captured: ["plant": ["id": "old-1", "name": "Fern"], "photoIDs": ["a", "b"]] as [String: Any],
-                         replayed: ["plant": ["id": "new-1", "name": "Fern"], "photoIDs": ["a", "c"]] as [String: Any])
+        rebindings.learn(
+            captured: ["plant": ["id": "old-1", "name": "Fern"], "photoIDs": ["a", "b"]] as [String: Any],
+            replayed: ["plant": ["id": "new-1", "name": "Fern"], "photoIDs": ["a", "c"]] as [String: Any])
         #expect(rebindings.table == ["old-1": "new-1", "b": "c"])
-        #expect(String(decoding: rebindings.rewrite(Array(#"{"ids":["old-1","x"],"plantID":"old-1"}"#.utf8)), as: UTF8.self)
-            == #"{"ids":["new-1","x"],"plantID":"new-1"}"#)
+        #expect(
+            String(decoding: rebindings.rewrite(Array(#"{"ids":["old-1","x"],"plantID":"old-1"}"#.utf8)), as: UTF8.self)
+                == #"{"ids":["new-1","x"],"plantID":"new-1"}"#)
         let untouched = Array(#"{"b" : 1}"#.utf8)
         #expect(rebindings.rewrite(untouched) == untouched)
         let captured = Array(#"{"plant":{"addedAt":1,"id":"old-1","name":"Fern"},"tasks":[{"due":5},{"due":6}]}"#.utf8)
         let replayed = Array(#"{"plant":{"addedAt":2,"id":"new-1","name":"Ivy"},"tasks":[{"due":7},{"due":6}],"extra":true}"#.utf8)
         let found = ReplyComparison.differences(captured: captured, replayed: replayed, ignored: IgnoredPaths(["addedAt"]), rebindings: rebindings)
-        #expect(found == [Difference(path: "$.extra", captured: "(absent)", replayed: "true"),
-                          Difference(path: "$.plant.name", captured: #""Fern""#, replayed: #""Ivy""#),
-                          Difference(path: "$.tasks[0].due", captured: "5", replayed: "7")])
-        #expect(ReplyComparison.differences(captured: captured, replayed: replayed,
-                                            ignored: IgnoredPaths(["addedAt", "$.plant.name", "tasks[*].due", "extra"]), rebindings: rebindings).isEmpty)
+        #expect(
+            found == [
+                Difference(path: "$.extra", captured: "(absent)", replayed: "true"),
+                Difference(path: "$.plant.name", captured: #""Fern""#, replayed: #""Ivy""#),
+                Difference(path: "$.tasks[0].due", captured: "5", replayed: "7"),
+            ])
+        #expect(
+            ReplyComparison.differences(
+                captured: captured, replayed: replayed,
+                ignored: IgnoredPaths(["addedAt", "$.plant.name", "tasks[*].due", "extra"]), rebindings: rebindings
+            ).isEmpty)
     }
 
     /// Times are compared as times: a date-time moved by the request's clock shift (give or
@@ -204,12 +212,17 @@ struct ReplayTests {
     @Test func timesThatDifferByTheClockShiftAreTheSameAndNamed() {
         let hour: Int64 = 3_600_000_000_000
         let window = TimeWindow(shift: 72 * hour, below: 5_000_000, above: 8_000_000)
-        let captured = Array(#"{"plant":{"dateAdded":"2026-11-24T09:00:00.000Z"},"tasks":[{"due":"2026-11-25T09:00:00.000Z"},{"due":"2026-11-26T09:00:00.000Z"}],"day":"2026-11-24"}"#.utf8)
+        let captured = Array(
+            #"{"plant":{"dateAdded":"2026-11-24T09:00:00.000Z"},"tasks":[{"due":"2026-11-25T09:00:00.000Z"},{"due":"2026-11-26T09:00:00.000Z"}],"day":"2026-11-24"}"#
+                .utf8)
         // Three days later, 7 ms into the request; one task two hours further off; a date alone is text.
-        let replayed = Array(#"{"plant":{"dateAdded":"2026-11-27T09:00:00.007Z"},"tasks":[{"due":"2026-11-28T09:00:00.000Z"},{"due":"2026-11-29T11:00:00.000Z"}],"day":"2026-11-27"}"#.utf8)
+        let replayed = Array(
+            #"{"plant":{"dateAdded":"2026-11-27T09:00:00.007Z"},"tasks":[{"due":"2026-11-28T09:00:00.000Z"},{"due":"2026-11-29T11:00:00.000Z"}],"day":"2026-11-27"}"#
+                .utf8)
         var timed = Set<String>()
-        let found = ReplyComparison.differences(captured: captured, replayed: replayed, ignored: IgnoredPaths([]), rebindings: Rebindings(),
-                                                times: window, timed: &timed)
+        let found = ReplyComparison.differences(
+            captured: captured, replayed: replayed, ignored: IgnoredPaths([]), rebindings: Rebindings(),
+            times: window, timed: &timed)
         #expect(found.map(\.path) == ["$.day", "$.tasks[1].due"])
         #expect(timed == ["$.plant.dateAdded", "$.tasks[*].due"])
         // Outside the window on either side, and without a window, times are text.
@@ -227,14 +240,17 @@ struct ReplayTests {
         rebindings.learn(captured: ["plant": ["id": "5f1d2c3b-old"]] as [String: Any], replayed: ["plant": ["id": "9e8a7b6c-new"]] as [String: Any])
         #expect(String(decoding: rebindings.rewrite(Array(#"{"taskID":"5f1d2c3b-old:water"}"#.utf8)), as: UTF8.self) == #"{"taskID":"9e8a7b6c-new:water"}"#)
         // Learning a list in another order does not learn a composite whole.
-        rebindings.learn(captured: ["tasks": [["id": "5f1d2c3b-old:rotate"]]] as [String: Any], replayed: ["tasks": [["id": "9e8a7b6c-new:water"]]] as [String: Any])
+        rebindings.learn(
+            captured: ["tasks": [["id": "5f1d2c3b-old:rotate"]]] as [String: Any], replayed: ["tasks": [["id": "9e8a7b6c-new:water"]]] as [String: Any])
         #expect(rebindings.count == 1)
-        let found = ReplyComparison.differences(captured: Array(#"{"tasks":[{"id":"5f1d2c3b-old:water"},{"id":"5f1d2c3b-old:rotate"}]}"#.utf8),
-                                                replayed: Array(#"{"tasks":[{"id":"9e8a7b6c-new:water"},{"id":"9e8a7b6c-new:water"}]}"#.utf8),
-                                                ignored: IgnoredPaths([]), rebindings: rebindings)
+        let found = ReplyComparison.differences(
+            captured: Array(#"{"tasks":[{"id":"5f1d2c3b-old:water"},{"id":"5f1d2c3b-old:rotate"}]}"#.utf8),
+            replayed: Array(#"{"tasks":[{"id":"9e8a7b6c-new:water"},{"id":"9e8a7b6c-new:water"}]}"#.utf8),
+            ignored: IgnoredPaths([]), rebindings: rebindings)
         #expect(found.map(\.path) == ["$.tasks[1].id"], "the first is explained by its part, the second differs for real")
-        #expect(String(decoding: rebindings.restore(Array(#"{"ids":["9e8a7b6c-new","9e8a7b6c-new:mist","x"]}"#.utf8)), as: UTF8.self)
-            == #"{"ids":["5f1d2c3b-old","5f1d2c3b-old:mist","x"]}"#)
+        #expect(
+            String(decoding: rebindings.restore(Array(#"{"ids":["9e8a7b6c-new","9e8a7b6c-new:mist","x"]}"#.utf8)), as: UTF8.self)
+                == #"{"ids":["5f1d2c3b-old","5f1d2c3b-old:mist","x"]}"#)
     }
 
     /// A fresh replay stack's clock: the cut at one instant of the system clock, whenever

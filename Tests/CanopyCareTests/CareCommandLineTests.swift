@@ -1,14 +1,16 @@
 import CanopyBus
+import CanopyCare
 import CanopyMessages
 import CanopyTesting
-import CanopyCare
 import Foundation
 import Glibc
-#if canImport(FoundationNetworking)
-import FoundationNetworking
-#endif
 import Testing
+
 @testable import CanopyCare
+
+#if canImport(FoundationNetworking)
+    import FoundationNetworking
+#endif
 
 /// `canopy-care` as an operator runs it.
 @Suite(.serialized)
@@ -35,14 +37,17 @@ struct CareCommandLineTests {
     @Test func serveTakesACatalogOfItsOwnAndRefusesOneThatIsNot() async throws {
         let directory = try TemporaryDirectory("care-catalog")
         defer { directory.remove() }
-        for (content, problem) in [(nil, "cannot read the catalog"), ("{\"species\": 3}", "is not a catalog"), ("{\"sources\": {}, \"species\": []}", "names no species")] {
+        for (content, problem) in [
+            (nil, "cannot read the catalog"), ("{\"species\": 3}", "is not a catalog"), ("{\"sources\": {}, \"species\": []}", "names no species"),
+        ] {
             let file = directory.path("catalog-\(problem.count).json")
             if let content { try content.write(toFile: file, atomically: true, encoding: .utf8) }
             let result = try await run(["serve", "--catalog", file, "--endpoint", "tcp://127.0.0.1:1", "--metrics-bind", "off"])
             #expect(result.status != 0 && result.errors.contains(problem), "\(result.errors)")
         }
-        let catalog = try Catalog.load(file: URL(fileURLWithPath: #filePath).deletingLastPathComponent()
-            .appendingPathComponent("../../Services/Care/Core/Resources/catalog.json").path)
+        let catalog = try Catalog.load(
+            file: URL(fileURLWithPath: #filePath).deletingLastPathComponent()
+                .appendingPathComponent("../../Services/Care/Core/Resources/catalog.json").path)
         #expect(catalog.species.count == Catalog.shipped.species.count && catalog.lookup("Ficus lyrata")?.profile.wateringIntervalDays == 8)
     }
 
@@ -81,14 +86,21 @@ struct CareCommandLineTests {
             func replica() throws -> Process {
                 let process = Process()
                 process.executableURL = try LiveBus.executable("canopy-care")
-                process.arguments = ["serve", "--endpoint", bus.endpoint, "--data-dir", directory.path("data"), "--metrics-bind", "off",
-                                     "--heartbeat-ms", "100", "--log-level", "critical"]
+                process.arguments = [
+                    "serve", "--endpoint", bus.endpoint, "--data-dir", directory.path("data"), "--metrics-bind", "off",
+                    "--heartbeat-ms", "100", "--log-level", "critical",
+                ]
                 process.environment = ["CANOPY_DATABASE_URL": url.description, "CANOPY_DATABASE_PASSWORD_FILE": passwordFile.path]
                 try process.run()
                 return process
             }
             let replicas = [try replica(), try replica()]
-            defer { replicas.filter(\.isRunning).forEach { $0.terminate(); $0.waitUntilExit() } }
+            defer {
+                replicas.filter(\.isRunning).forEach {
+                    $0.terminate()
+                    $0.waitUntilExit()
+                }
+            }
             try await bus.waitForWorkers(2, service: Care.service)
             let client = try bus.client()
             for index in 0..<10 {
@@ -110,8 +122,10 @@ struct CareCommandLineTests {
         let invalid = try await run(["serve", "--endpoint", "tcp://127.0.0.1:1", "--database-url", "mysql://db/canopy"])
         #expect(invalid.status != 0 && invalid.errors.contains("not postgres"), "\(invalid.errors)")
         // It is waited for (a line each try) up to --database-wait, then the sentence.
-        let absent = try await run(["serve", "--endpoint", "tcp://127.0.0.1:1", "--metrics-bind", "off", "--database-wait", "2",
-                                    "--database-url", "postgres://canopy@127.0.0.1:\(FreePorts.any())/canopy"])
+        let absent = try await run([
+            "serve", "--endpoint", "tcp://127.0.0.1:1", "--metrics-bind", "off", "--database-wait", "2",
+            "--database-url", "postgres://canopy@127.0.0.1:\(FreePorts.any())/canopy",
+        ])
         #expect(absent.status != 0 && absent.errors.contains("cannot reach PostgreSQL"), "\(absent.errors)")
         #expect(absent.errors.contains("store.database.waiting") && absent.errors.contains("trying again in"), "\(absent.errors)")
     }
@@ -126,8 +140,10 @@ struct CareCommandLineTests {
         FileManager.default.createFile(atPath: log.path, contents: nil)
         let process = Process()
         process.executableURL = try LiveBus.executable("canopy-care")
-        process.arguments = ["serve", "--endpoint", "tcp://127.0.0.1:1", "--metrics-bind", "off", "--data-dir", directory.path("data"),
-                             "--database-wait", "600", "--database-url", "postgres://canopy@127.0.0.1:\(FreePorts.any())/canopy"]
+        process.arguments = [
+            "serve", "--endpoint", "tcp://127.0.0.1:1", "--metrics-bind", "off", "--data-dir", directory.path("data"),
+            "--database-wait", "600", "--database-url", "postgres://canopy@127.0.0.1:\(FreePorts.any())/canopy",
+        ]
         process.standardError = try FileHandle(forWritingTo: log)
         try process.run()
         defer { if process.isRunning { kill(process.processIdentifier, SIGKILL) } }
@@ -150,8 +166,12 @@ struct CareCommandLineTests {
         let directory = try TemporaryDirectory("canopy-care-fatal-line")
         defer { directory.remove() }
         let trace = directory.path("writes")
-        let result = try await runProgram(at: strace, ["-f", "-e", "trace=write", "-s", "4096", "-o", trace, try LiveBus.executable("canopy-care").path,
-                                                       "serve", "--endpoint", "tcp://127.0.0.1:1", "--database-url", "mysql://db/canopy"], limit: 60)
+        let result = try await runProgram(
+            at: strace,
+            [
+                "-f", "-e", "trace=write", "-s", "4096", "-o", trace, try LiveBus.executable("canopy-care").path,
+                "serve", "--endpoint", "tcp://127.0.0.1:1", "--database-url", "mysql://db/canopy",
+            ], limit: 60)
         #expect(result.status != 0 && result.errors.contains("not postgres"), "\(result.errors)")
         let writes = try String(contentsOfFile: trace, encoding: .utf8).split(separator: "\n").filter { $0.contains("write(2, ") }
         #expect(writes.contains { $0.contains("not postgres") && $0.contains("\\n\"") }, "the sentence and its newline in one write: \(writes.prefix(5))")
@@ -169,8 +189,10 @@ struct CareCommandLineTests {
         try await withLiveBus { bus in
             let process = Process()
             process.executableURL = try LiveBus.executable("canopy-care")
-            process.arguments = ["serve", "--endpoint", bus.endpoint, "--data-dir", directory.path, "--metrics-bind", listener,
-                                 "--heartbeat-ms", "100", "--log-level", "critical"]
+            process.arguments = [
+                "serve", "--endpoint", bus.endpoint, "--data-dir", directory.path, "--metrics-bind", listener,
+                "--heartbeat-ms", "100", "--log-level", "critical",
+            ]
             try process.run()
             defer {
                 process.terminate()

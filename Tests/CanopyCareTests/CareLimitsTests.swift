@@ -5,6 +5,7 @@ import CanopyServiceKit
 import CanopyTesting
 import Foundation
 import Testing
+
 @testable import CanopyCare
 
 /// What one person can store and list is bounded, and every field out of range is refused
@@ -68,7 +69,13 @@ struct CareLimitsTests {
             ("profile.repotIntervalMonths", { $0.repotIntervalMonths = -12 }),
             ("profile.dormancyMonths[0]", { $0.dormancyMonths = [13] }),
             ("profile.dormancyMonths[1]", { $0.dormancyMonths = [1, -1] }),
-            ("profile temperatures", { $0.temperatureMinimumC = 30; $0.temperatureMaximumC = 10 }),
+            (
+                "profile temperatures",
+                {
+                    $0.temperatureMinimumC = 30
+                    $0.temperatureMaximumC = 10
+                }
+            ),
             ("profile.humidity", { $0.humidity = "soggy" }),
             ("profile.temperatureOptimumC", { $0.temperatureOptimumC = 1e9 }),
         ]
@@ -89,7 +96,10 @@ struct CareLimitsTests {
             ("quietEndMinute", Care.Preferences(quietStartMinute: 60, quietEndMinute: 99_999)),
             ("quietStartMinute and quietEndMinute", Care.Preferences(quietStartMinute: 60)),
             ("preferredMinute", Care.Preferences(preferredMinute: 1_440)),
-            ("pauseStart", Care.Preferences(pauseStart: Date(timeIntervalSince1970: 3_093_527_980_800), pauseEnd: Date(timeIntervalSince1970: 3_093_528_000_000))),
+            (
+                "pauseStart",
+                Care.Preferences(pauseStart: Date(timeIntervalSince1970: 3_093_527_980_800), pauseEnd: Date(timeIntervalSince1970: 3_093_528_000_000))
+            ),
             ("timeZone", Care.Preferences(timeZone: String(repeating: "A", count: 65))),
             ("timeZone", Care.Preferences(timeZone: "Mars/Olympus_Mons")),
             ("timeZone", Care.Preferences(timeZone: "CET+1")),
@@ -175,8 +185,9 @@ struct CareLimitsTests {
             #expect(error?.message.contains("not valid JSON") == false)
         }
         let duplicate = await #expect(throws: CanopyError.self) {
-            try await care.call(service: Care.AddPlant.service, operation: Care.AddPlant.name, body: Array(#"{"scientificName":"Ficus lyrata","scientificName":"Other"}"#.utf8),
-                                principal: "alice")
+            try await care.call(
+                service: Care.AddPlant.service, operation: Care.AddPlant.name, body: Array(#"{"scientificName":"Ficus lyrata","scientificName":"Other"}"#.utf8),
+                principal: "alice")
         }
         #expect(duplicate?.message.contains("'scientificName' appears twice") == true)
         #expect(try plantCount() == 0, "nothing was stored")
@@ -222,10 +233,12 @@ struct CareLimitsOnTheBusTests {
         try await CareServiceTests().withCare(.live, configuration: configuration, credit: 2) { _, client, _, _ in
             let notes = String(repeating: "n", count: 9_500)
             for index in 0..<8 {
-                _ = try await client.call(Care.AddPlant.self, Care.Plant(scientificName: "Ficus lyrata", customName: "\(index)", notes: notes), principal: "alice")
+                _ = try await client.call(
+                    Care.AddPlant.self, Care.Plant(scientificName: "Ficus lyrata", customName: "\(index)", notes: notes), principal: "alice")
             }
             let refused = await #expect(throws: CanopyError.self) {
-                try await client.call(Care.AddPlant.self, Care.Plant(scientificName: "Ficus lyrata", customName: String(repeating: "x", count: 60_000)), principal: "alice")
+                try await client.call(
+                    Care.AddPlant.self, Care.Plant(scientificName: "Ficus lyrata", customName: String(repeating: "x", count: 60_000)), principal: "alice")
             }
             #expect(refused?.code == .tooLarge)
             // More listings than the worker has credit, every one answered.

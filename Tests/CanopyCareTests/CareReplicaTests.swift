@@ -6,6 +6,7 @@ import Foundation
 import Logging
 import Synchronization
 import Testing
+
 @testable import CanopyCare
 
 /// Several canopy-care replicas on one PostgreSQL database: what one writes, the others see;
@@ -69,7 +70,11 @@ struct CareReplicaTests {
         #expect(try await a.dueFollowUps(now: later, limit: 10).isEmpty, "c is there: its lease holds")
         c.database.close()
         var after: [FollowUp] = []
-        #expect(try await eventually { after = try await a.dueFollowUps(now: later, limit: 10); return !after.isEmpty }, "c is gone")
+        #expect(
+            try await eventually {
+                after = try await a.dueFollowUps(now: later, limit: 10)
+                return !after.isEmpty
+            }, "c is gone")
         #expect(after.map(\.body) == [[4]])
     }
 

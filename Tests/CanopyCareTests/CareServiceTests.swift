@@ -1,5 +1,5 @@
-import CanopyBroker
 import CVips
+import CanopyBroker
 import CanopyBus
 import CanopyMessages
 import CanopyTesting
@@ -7,6 +7,7 @@ import Foundation
 import GRDB
 import Synchronization
 import Testing
+
 @testable import CanopyCare
 @testable import CanopyImages
 
@@ -14,8 +15,10 @@ import Testing
 /// outbox delivering to the real canopy-images.
 @Suite(.serialized)
 struct CareServiceTests {
-    func withCare(_ mode: BusMode = .inProcess, configuration: BrokerConfiguration = .testing, credit: Int = 4,
-                  _ body: (TestBus, any BusCalling, CareLibrary, URL) async throws -> Void) async throws {
+    func withCare(
+        _ mode: BusMode = .inProcess, configuration: BrokerConfiguration = .testing, credit: Int = 4,
+        _ body: (TestBus, any BusCalling, CareLibrary, URL) async throws -> Void
+    ) async throws {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-care-live-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(at: directory) }
@@ -49,7 +52,9 @@ struct CareServiceTests {
             #expect(missing?.code == .notFound)
             let anonymous = await #expect(throws: CanopyError.self) { _ = try await client.call(Care.ListPlants.self, .init()) }
             #expect(anonymous?.code == .unauthorized)
-            let zone = await #expect(throws: CanopyError.self) { _ = try await client.call(Care.SetPreferences.self, .init(timeZone: "Atlantis/Capital"), principal: "alice") }
+            let zone = await #expect(throws: CanopyError.self) {
+                _ = try await client.call(Care.SetPreferences.self, .init(timeZone: "Atlantis/Capital"), principal: "alice")
+            }
             #expect(zone?.code == .badRequest)
             _ = try await client.call(Care.DeletePlant.self, .init(id: added.id), principal: "alice")
             #expect(try await client.call(Care.ListPlants.self, .init(), principal: "alice").total == 0)
@@ -84,8 +89,10 @@ struct CareServiceTests {
             #expect(tried.count == 2 && tried.allSatisfy { ($0["lastError"] as String).contains("noWorkers") })
             let waiting = pending.filter { ($0["attempts"] as Int) == 0 }
             #expect(waiting.count == 1 && [Reminders.CancelPlant.name, Reminders.Sync.name].contains(waiting.first?["operation"] as String? ?? ""))
-            let later = await Outbox(library: CareLibrary(store: reopened), bus: try bus.client(timeout: .seconds(2), asService: true), interval: .seconds(1), logger: bus.logger)
-                .deliverDue(now: now.addingTimeInterval(3))
+            let later = await Outbox(
+                library: CareLibrary(store: reopened), bus: try bus.client(timeout: .seconds(2), asService: true), interval: .seconds(1), logger: bus.logger
+            )
+            .deliverDue(now: now.addingTimeInterval(3))
             #expect(later.failed == 2, "retried after the backoff, canopy-remind's second still behind its first")
         }
     }
@@ -107,9 +114,10 @@ struct CareServiceTests {
                 #expect(try await eventually(within: .seconds(30)) { remind.windows.withLock { $0.count } >= 301 })
                 #expect(remind.windows.withLock { $0.count } == 301, "each person's window once")
                 // Confirmed ones are deleted when their pass ends, after they arrived.
-                #expect(try await eventually(within: .seconds(30)) {
-                    try await library.store.pendingFollowUps().count == 0
-                }, "every confirmed follow-up is deleted")
+                #expect(
+                    try await eventually(within: .seconds(30)) {
+                        try await library.store.pendingFollowUps().count == 0
+                    }, "every confirmed follow-up is deleted")
             }
         }
     }
@@ -145,7 +153,8 @@ struct CareServiceTests {
     @Test func aChangeWhileItsSyncIsOnItsWayGoesInTheNextSync() async throws {
         try await withCare { bus, client, library, _ in
             let plant = try await client.call(Care.AddPlant.self, Care.Plant(scientificName: "Ficus lyrata"), principal: "alice")
-            let task = try #require(try await client.call(Care.UpcomingTasks.self, .init(days: 60), principal: "alice").upcoming.first { $0.plantID == plant.id })
+            let task = try #require(
+                try await client.call(Care.UpcomingTasks.self, .init(days: 60), principal: "alice").upcoming.first { $0.plantID == plant.id })
             let until = Date(timeIntervalSince1970: (Date().timeIntervalSince1970 + 3_600).rounded())
             let remind = SyncRecorder { library in
                 _ = try library.snooze(task.id, until: until, owner: "alice") // the change, while the first sync is answered

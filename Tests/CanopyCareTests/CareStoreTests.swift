@@ -5,6 +5,7 @@ import Foundation
 import Logging
 import Synchronization
 import Testing
+
 @testable import CanopyCare
 
 /// The store contract (``CareStoring``) on its own, without the library's rules: what any
@@ -24,8 +25,9 @@ struct CareStoreTests {
     let start = Date(timeIntervalSince1970: 1_780_000_000)
 
     func task(_ id: String, plant: String, owner: String, due: TimeInterval, kind: Care.TaskKind = .water) -> StoredTask {
-        StoredTask(task: Care.Task(id: id, plantID: plant, kind: kind, title: id, due: start.addingTimeInterval(due)), owner: owner,
-                   anchor: start, everyDays: kind == .custom ? 3 : nil)
+        StoredTask(
+            task: Care.Task(id: id, plantID: plant, kind: kind, title: id, due: start.addingTimeInterval(due)), owner: owner,
+            anchor: start, everyDays: kind == .custom ? 3 : nil)
     }
 
     /// Alice's plant p1 with a water task due in a day, and whatever `more` writes.
@@ -128,8 +130,11 @@ struct CareStoreTests {
         let due = try await store.dueFollowUps(now: start, limit: 10)
         #expect(due.map(\.body) == [[1], [2], [3]])
         // Alice's first fails: her second waits behind it; bob's is confirmed.
-        try await store.settle([.failed(id: due[0].id, attempts: 0, error: "down"), .returned(id: due[1].id),
-                                .confirmed(id: due[2].id, generation: due[2].generation)], now: start)
+        try await store.settle(
+            [
+                .failed(id: due[0].id, attempts: 0, error: "down"), .returned(id: due[1].id),
+                .confirmed(id: due[2].id, generation: due[2].generation),
+            ], now: start)
         #expect(try await store.dueFollowUps(now: start, limit: 10).isEmpty, "alice's lane waits for its retry")
         // The next time anything can go is the retry, not the second one already due behind it
         // (an outbox sleeping until then does not turn without pause).
@@ -172,7 +177,9 @@ struct CareStoreTests {
         let skipped = try library.skip(water.id, key: "k2", owner: "alice", now: start.addingTimeInterval(90_000))
         #expect(skipped.due > done.due)
         #expect(try library.skip(water.id, key: "k2", owner: "alice", now: start.addingTimeInterval(90_001)) == skipped)
-        #expect(try library.skip(water.id, key: "k1", owner: "alice", now: start.addingTimeInterval(90_001)) == skipped, "k1 was used: a key is done once, whatever the operation")
+        #expect(
+            try library.skip(water.id, key: "k1", owner: "alice", now: start.addingTimeInterval(90_001)) == skipped,
+            "k1 was used: a key is done once, whatever the operation")
         // A repeat changes nothing, so the reminders are not told again.
         let syncs = try await store.dueFollowUps(now: start.addingTimeInterval(90_001), limit: 10)
         #expect(syncs.count == 1, "the completion and the skip asked for one sync")
@@ -228,8 +235,9 @@ struct CareStoreTests {
         try await store.settle(due.map { .confirmed(id: $0.id, generation: $0.generation) }, now: deleted.addingTimeInterval(60))
         #expect(try library.deleteAccount(owner: "bob", secondPass: true, now: deleted.addingTimeInterval(60)) == 1, "the late plant goes")
         let again = try await store.dueFollowUps(now: deleted.addingTimeInterval(3_600), limit: 20)
-        #expect(Set(again.filter { Outbox.erasures.contains($0.operation) }.map(\.service)) == forgets && !again.contains { $0.service == Care.service },
-                "the others forget again; no third pass")
+        #expect(
+            Set(again.filter { Outbox.erasures.contains($0.operation) }.map(\.service)) == forgets && !again.contains { $0.service == Care.service },
+            "the others forget again; no third pass")
         #expect(try library.list(.init(), owner: "bob").plants.isEmpty)
         #expect(try library.list(.init(), owner: "alice").plants.count == 1)
     }

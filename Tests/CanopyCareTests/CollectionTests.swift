@@ -2,6 +2,7 @@ import CanopyMessages
 import Foundation
 import GRDB
 import Testing
+
 @testable import CanopyCare
 
 /// The collection in a real SQLite store: seed 003's search and filter table, sorting,
@@ -30,8 +31,9 @@ struct CollectionTests {
         ]
         var added: [Care.Plant] = []
         for (index, (name, custom, favourite, source)) in plants.enumerated() {
-            let plant = Care.Plant(scientificName: name, customName: custom, favourite: favourite, identificationSource: source,
-                                   identificationConfidence: 0.9, dateIdentified: start.addingTimeInterval(Double(index) * 86_400 - 3_600))
+            let plant = Care.Plant(
+                scientificName: name, customName: custom, favourite: favourite, identificationSource: source,
+                identificationConfidence: 0.9, dateIdentified: start.addingTimeInterval(Double(index) * 86_400 - 3_600))
             added.append(try library.add(plant, owner: "alice", now: start.addingTimeInterval(Double(index) * 86_400)))
         }
         _ = try library.add(Care.Plant(scientificName: "Monstera adansonii"), owner: "bob", now: start)

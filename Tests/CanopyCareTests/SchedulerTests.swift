@@ -2,6 +2,7 @@ import CanopyMessages
 import CanopyServiceKit
 import Foundation
 import Testing
+
 @testable import CanopyCare
 
 /// Local times across daylight-saving changes in both hemispheres, dormancy, pauses and
@@ -104,15 +105,26 @@ struct SchedulerTests {
 
     @Test func aPauseWindowPushesTasksToItsEnd() throws {
         let start = local("Europe/Berlin", 2026, 7, 1, 0), end = local("Europe/Berlin", 2026, 7, 15, 0)
-        let scheduler = try scheduler("Europe/Berlin") { $0.pauseStart = start; $0.pauseEnd = end }
+        let scheduler = try scheduler("Europe/Berlin") {
+            $0.pauseStart = start
+            $0.pauseEnd = end
+        }
         #expect(scheduler.nextDue(.water, profile: monstera, after: local("Europe/Berlin", 2026, 6, 28)) == utc("2026-07-15T07:00:00Z"))
-        #expect(scheduler.nextDue(.water, profile: monstera, after: local("Europe/Berlin", 2026, 6, 20)) == utc("2026-06-27T07:00:00Z"), "before the pause: unchanged")
+        #expect(
+            scheduler.nextDue(.water, profile: monstera, after: local("Europe/Berlin", 2026, 6, 20)) == utc("2026-06-27T07:00:00Z"),
+            "before the pause: unchanged")
     }
 
     @Test func quietHoursPushTasksToTheirEnd() throws {
-        let late = try scheduler("Europe/Berlin", minute: 23 * 60) { $0.quietStartMinute = 22 * 60; $0.quietEndMinute = 7 * 60 }
+        let late = try scheduler("Europe/Berlin", minute: 23 * 60) {
+            $0.quietStartMinute = 22 * 60
+            $0.quietEndMinute = 7 * 60
+        }
         #expect(late.place(onDayOf: local("Europe/Berlin", 2026, 5, 10)) == utc("2026-05-11T05:00:00Z"))
-        let early = try scheduler("Europe/Berlin", minute: 6 * 60) { $0.quietStartMinute = 22 * 60; $0.quietEndMinute = 7 * 60 }
+        let early = try scheduler("Europe/Berlin", minute: 6 * 60) {
+            $0.quietStartMinute = 22 * 60
+            $0.quietEndMinute = 7 * 60
+        }
         #expect(early.place(onDayOf: local("Europe/Berlin", 2026, 5, 10)) == utc("2026-05-10T05:00:00Z"))
     }
 
@@ -122,8 +134,10 @@ struct SchedulerTests {
     }
 
     @Test func invalidPreferencesAreRefused() {
-        for preferences in [Care.Preferences(timeZone: "Mars/Olympus"), Care.Preferences(timeZone: "Berlin"), Care.Preferences(timeZone: "UTC", preferredMinute: 1440),
-                            Care.Preferences(timeZone: "UTC", wateringFactor: 0)] {
+        for preferences in [
+            Care.Preferences(timeZone: "Mars/Olympus"), Care.Preferences(timeZone: "Berlin"), Care.Preferences(timeZone: "UTC", preferredMinute: 1440),
+            Care.Preferences(timeZone: "UTC", wateringFactor: 0),
+        ] {
             #expect(throws: CanopyError.self) { try preferences.validate() }
         }
         // A calendar cannot be made without a zone: the scheduler refuses one that is not IANA too.

@@ -81,7 +81,9 @@ final class FakePlantNet: Sendable {
             guard images.count <= 5 else { return Self.error(400, "Bad Request", "\"images\" must contain less than or equal to 5 items") }
             guard organs.count == images.count else { return Self.error(400, "Bad Request", "\"organs\" must be as many as \"images\"") }
             let allowed: Set<String> = ["leaf", "flower", "fruit", "bark", "auto", "habit", "other"]
-            guard organs.allSatisfy(allowed.contains) else { return Self.error(400, "Bad Request", "\"organs\" must be one of [leaf, flower, fruit, bark, auto, habit, other]") }
+            guard organs.allSatisfy(allowed.contains) else {
+                return Self.error(400, "Bad Request", "\"organs\" must be one of [leaf, flower, fruit, bark, auto, habit, other]")
+            }
             guard images.allSatisfy({ $0.starts(with: [0xFF, 0xD8, 0xFF]) || $0.starts(with: [0x89, 0x50, 0x4E, 0x47]) }) else {
                 return Self.error(400, "Bad Request", "Unsupported file type for image")
             }
@@ -92,8 +94,9 @@ final class FakePlantNet: Sendable {
             }
             guard let remaining else { return Self.error(429, "Too Many Requests", "Too Many Requests") }
             let results = Int(query["nb-results"] ?? "") ?? 10
-            return Response(status: .ok, headers: [.contentType: "application/json"],
-                            body: .init(byteBuffer: ByteBuffer(string: Self.answer(organs: organs, results: results, remaining: remaining, project: project))))
+            return Response(
+                status: .ok, headers: [.contentType: "application/json"],
+                body: .init(byteBuffer: ByteBuffer(string: Self.answer(organs: organs, results: results, remaining: remaining, project: project))))
         }
         application = Application(
             router: router, configuration: .init(address: .hostname("127.0.0.1", port: 0), serverName: "fake-plantnet"),
@@ -103,7 +106,8 @@ final class FakePlantNet: Sendable {
     /// The base URL, once the server listens.
     func baseURL(within limit: Duration = .seconds(30)) async throws -> String {
         guard try await eventually(within: limit, { state.withLock { $0.port } != nil }),
-              let port = state.withLock({ $0.port }) else { throw CancellationError() }
+            let port = state.withLock({ $0.port })
+        else { throw CancellationError() }
         return "http://127.0.0.1:\(port)"
     }
 

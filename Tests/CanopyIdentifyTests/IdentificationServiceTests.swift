@@ -1,15 +1,16 @@
 import CanopyBroker
 import CanopyBus
+import CanopyCare
+import CanopyImages
 import CanopyImaging
 import CanopyMessages
 import CanopySamples
 import CanopyServiceKit
 import CanopyStore
 import CanopyTesting
-import CanopyCare
 import Foundation
-import CanopyImages
 import Testing
+
 @testable import CanopyIdentify
 
 /// canopy-identify as `serve` makes it, with the real canopy-images and canopy-care beside
@@ -25,26 +26,32 @@ struct IdentificationServiceTests {
         /// Where `/metrics` and `/health` listen (live only).
         let operatingPort: Int?
 
-        func submit(_ photos: [[UInt8]], organs: [Identification.Organ]? = nil, as owner: String = "alice",
-                    location: Identification.Location? = nil, exact: Bool = false) async throws -> Identification.Record {
+        func submit(
+            _ photos: [[UInt8]], organs: [Identification.Organ]? = nil, as owner: String = "alice",
+            location: Identification.Location? = nil, exact: Bool = false
+        ) async throws -> Identification.Record {
             let inputs = (organs ?? Array(repeating: .leaf, count: photos.count)).map { Identification.PhotoInput(organ: $0) }
-            return try await client.call(Identification.Submit.self, .init(photos: inputs, data: photos.map { Data($0) }, location: location, exactLocation: exact),
-                                         principal: owner, timeout: .seconds(60))
+            return try await client.call(
+                Identification.Submit.self, .init(photos: inputs, data: photos.map { Data($0) }, location: location, exactLocation: exact),
+                principal: owner, timeout: .seconds(60))
         }
     }
 
     /// canopy-identify (`replicas` of it, on one PostgreSQL database when more than one or
     /// `postgres`), canopy-images and canopy-care on a test bus.
-    func withStack(_ provider: Identification.Provider = .reference, remaining: Int = 500, references: Int = 0, mode: BusMode = .inProcess,
-                   replicas: Int = 1, postgres: Bool = false, _ body: (Stack) async throws -> Void) async throws {
+    func withStack(
+        _ provider: Identification.Provider = .reference, remaining: Int = 500, references: Int = 0, mode: BusMode = .inProcess,
+        replicas: Int = 1, postgres: Bool = false, _ body: (Stack) async throws -> Void
+    ) async throws {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-identify-live-\(UUID().uuidString)")
         defer { try? FileManager.default.removeItem(at: directory) }
         try await withTestBus(mode) { bus in
             let images = ImageServiceSettings(directory: directory.appendingPathComponent("images"), runner: bus.runnerConfiguration(credit: 8))
             var care = CareServiceSettings(directory: directory.appendingPathComponent("care"), runner: bus.runnerConfiguration())
             care.outboxInterval = .milliseconds(200)
-            var settings = IdentificationServiceSettings(directory: directory.appendingPathComponent("identify"), runner: bus.runnerConfiguration(credit: 8),
-                                                         metrics: .anyLoopbackPort)
+            var settings = IdentificationServiceSettings(
+                directory: directory.appendingPathComponent("identify"), runner: bus.runnerConfiguration(credit: 8),
+                metrics: .anyLoopbackPort)
             settings.provider = provider
             settings.sweepInterval = .milliseconds(200)
             if postgres || replicas > 1 {
@@ -52,8 +59,9 @@ struct IdentificationServiceTests {
             }
             let tools = try await IdentificationTools(databasePath: settings.databasePath, postgres: settings.postgres, logger: bus.logger)
             for index in 0..<references {
-                try tools.addReferences(.init(scientificName: ReferenceMatchingTests.name(index), commonNames: ["Test plant \(index)"], family: "Testaceae"),
-                                        photos: try (0..<3).map { try PlantScene.species(index).photo(seed: $0) })
+                try tools.addReferences(
+                    .init(scientificName: ReferenceMatchingTests.name(index), commonNames: ["Test plant \(index)"], family: "Testaceae"),
+                    photos: try (0..<3).map { try PlantScene.species(index).photo(seed: $0) })
             }
             var plantNet: FakePlantNet?
             if provider != .reference {
@@ -86,7 +94,8 @@ struct IdentificationServiceTests {
                 precondition(replicas == 1, "replicas of a service run on the live bus")
                 try await bus.run(try await makeImageService(settings: images, logger: bus.logger))
                 try await bus.run(try await makeCareService(settings: care, bus: try bus.client(asService: true), logger: bus.logger))
-                try await bus.run(try await makeIdentificationService(settings: settings, bus: try bus.client(timeout: .seconds(60), asService: true), logger: bus.logger))
+                try await bus.run(
+                    try await makeIdentificationService(settings: settings, bus: try bus.client(timeout: .seconds(60), asService: true), logger: bus.logger))
             }
             try await body(Stack(bus: bus, client: try bus.client(timeout: .seconds(60)), tools: tools, plantNet: plantNet, operatingPort: operatingPort))
         }
@@ -158,7 +167,8 @@ struct IdentificationServiceTests {
                 #expect(try await eventually { try await photos("left-behind") == 0 })
             }
             // And the claims go (the sweep lets go of each once its photos are purged).
-            #expect(try await eventually { try died.takeAbandonedSubmissions(now: Date() + 1, until: Date() + 121, limit: 10).isEmpty }, "every claim is cleared")
+            #expect(
+                try await eventually { try died.takeAbandonedSubmissions(now: Date() + 1, until: Date() + 121, limit: 10).isEmpty }, "every claim is cleared")
         }
     }
 
@@ -182,11 +192,13 @@ struct IdentificationServiceTests {
             #expect(bobs.id != alices.id && bobs.owner == "bob")
             // Nor may Bob name Alice's stored photo.
             let borrowed = await #expect(throws: CanopyError.self) {
-                _ = try await stack.client.call(Identification.Submit.self, .init(photos: [.init(organ: .leaf, photoID: alices.photoIDs[0])]), principal: "mallory")
+                _ = try await stack.client.call(
+                    Identification.Submit.self, .init(photos: [.init(organ: .leaf, photoID: alices.photoIDs[0])]), principal: "mallory")
             }
             #expect(borrowed?.code == .notFound)
             // By id, Alice's own stored photo works.
-            let byID = try await stack.client.call(Identification.Submit.self, .init(photos: [.init(organ: .bark, photoID: alices.photoIDs[0])]), principal: "alice")
+            let byID = try await stack.client.call(
+                Identification.Submit.self, .init(photos: [.init(organ: .bark, photoID: alices.photoIDs[0])]), principal: "alice")
             #expect(byID.photoIDs == alices.photoIDs && byID.id != alices.id, "another organ is another submission")
             let anonymous = await #expect(throws: CanopyError.self) {
                 _ = try await stack.client.call(Identification.History.self, .init())
@@ -200,8 +212,9 @@ struct IdentificationServiceTests {
     @Test func referencesAddedOverTheBusAreMatchedAndOnlyAnOperatorMayAddThem() async throws {
         try await withStack { stack in
             let photos = try (1...3).map { Data(try Self.photo(2, seed: $0)) }
-            let added = try await stack.client.call(Identification.AddReferences.self,
-                                                    .init(scientificName: "Ficus exemplaris Demo.", commonNames: ["Demo fig"], family: "Moraceae", data: photos))
+            let added = try await stack.client.call(
+                Identification.AddReferences.self,
+                .init(scientificName: "Ficus exemplaris Demo.", commonNames: ["Demo fig"], family: "Moraceae", data: photos))
             #expect(added == .init(scientificName: "Ficus exemplaris Demo.", photos: 3))
             #expect(try stack.tools.references().map(\.scientificName) == ["Ficus exemplaris Demo."])
             let match = try await stack.submit([try Self.photo(2, seed: 40)])
@@ -241,9 +254,10 @@ struct IdentificationServiceTests {
 
             // Deleting the plant in canopy-care reaches canopy-identify through care's outbox.
             _ = try await stack.client.call(Care.DeletePlant.self, .init(id: accepted.plant.id), principal: "alice")
-            #expect(try await eventually(within: .seconds(20)) {
-                try await stack.client.call(Identification.History.self, .init(plantID: accepted.plant.id), principal: "alice").items.isEmpty
-            }, "care's outbox called identifications.forget-plant")
+            #expect(
+                try await eventually(within: .seconds(20)) {
+                    try await stack.client.call(Identification.History.self, .init(plantID: accepted.plant.id), principal: "alice").items.isEmpty
+                }, "care's outbox called identifications.forget-plant")
             let gone = await #expect(throws: CanopyError.self) {
                 _ = try await stack.client.call(Identification.Get.self, .init(id: records[1].id), principal: "alice")
             }
@@ -277,7 +291,9 @@ struct IdentificationServiceTests {
             for index in 0..<20 {
                 // Identified from three photos, which stay the plant's.
                 let record = try await stack.submit(try (0..<3).map { try PlantScene.species(300 + index).photo(seed: $0) })
-                plants.append(try await stack.client.call(Identification.Accept.self, .init(id: record.id, scientificName: "Plant \(index)"), principal: "alice").plant.id)
+                plants.append(
+                    try await stack.client.call(Identification.Accept.self, .init(id: record.id, scientificName: "Plant \(index)"), principal: "alice").plant.id
+                )
             }
             // The matcher names the right one of 20 for about four in five new photos
             // (docs/PERFORMANCE.md); every one named that way is accepted as that plant.
@@ -313,8 +329,10 @@ struct IdentificationServiceTests {
             #expect(after.growth(since: before, "canopy_identify_submissions_total", ["result": "repeat"]) >= 1)
             #expect(after.growth(since: before, "canopy_identify_features_computed_total", [:]) >= 1)
             #expect(after.growth(since: before, "canopy_identify_provider_duration_seconds_count", ["provider": "reference", "outcome": "ok"]) >= 1)
-            #expect(after.growth(since: before, "canopy_service_handler_duration_seconds_count",
-                                 ["service": "identify", "operation": "identifications.submit", "outcome": "ok"]) >= 2)
+            #expect(
+                after.growth(
+                    since: before, "canopy_service_handler_duration_seconds_count",
+                    ["service": "identify", "operation": "identifications.submit", "outcome": "ok"]) >= 2)
         }
     }
 
@@ -351,8 +369,9 @@ struct IdentificationServiceTests {
             let svg = Data(#"<svg xmlns="http://www.w3.org/2000/svg" width="10" height="10"/>"#.utf8)
             for _ in 0..<3 {
                 let mixed = await #expect(throws: CanopyError.self) {
-                    _ = try await stack.client.call(Identification.Submit.self, .init(photos: [.init(organ: .leaf), .init(organ: .flower)], data: [Data(valid), svg]),
-                                                    principal: "alice", timeout: .seconds(60))
+                    _ = try await stack.client.call(
+                        Identification.Submit.self, .init(photos: [.init(organ: .leaf), .init(organ: .flower)], data: [Data(valid), svg]),
+                        principal: "alice", timeout: .seconds(60))
                 }
                 #expect(mixed?.code == .badRequest)
             }
@@ -480,7 +499,9 @@ struct IdentificationServiceTests {
             #expect(stack.plantNet?.calls.count == askedBefore + 1)
             #expect(unsure.results.first?.provider == .plantnet)
             // Asked for explicitly.
-            let asked = try await stack.client.call(Identification.Submit.self, .init(photos: [.init(organ: .leaf)], data: [Data(try Self.photo(2, seed: 501))], askPlantNet: true), principal: "alice")
+            let asked = try await stack.client.call(
+                Identification.Submit.self, .init(photos: [.init(organ: .leaf)], data: [Data(try Self.photo(2, seed: 501))], askPlantNet: true),
+                principal: "alice")
             #expect(asked.results.contains { $0.provider == .plantnet })
         }
     }

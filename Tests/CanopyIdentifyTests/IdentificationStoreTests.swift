@@ -6,13 +6,16 @@ import Foundation
 import GRDB
 import Logging
 import Testing
+
 @testable import CanopyIdentify
 
 /// The store contract (``IdentificationStoring``) on its own: what any implementation must
 /// do. It runs against SQLite, and PostgreSQL on a throwaway server the tests start.
 struct IdentificationStoreTests {
-    static let contract = StoreContract<any IdentificationStoring>("identify-store",
-                                                                    sqlite: { try SQLiteIdentificationStore(path: $0.path("identify.sqlite")) }) { url, _ in
+    static let contract = StoreContract<any IdentificationStoring>(
+        "identify-store",
+        sqlite: { try SQLiteIdentificationStore(path: $0.path("identify.sqlite")) }
+    ) { url, _ in
         let store = try await PostgresIdentificationStore.open(url: url, logger: Logger(label: "identify-store-test"))
         return (store, store.database.close)
     }
@@ -25,10 +28,11 @@ struct IdentificationStoreTests {
     let now = Date(timeIntervalSince1970: 1_780_000_000)
 
     func record(_ id: String, owner: String = "alice", photos: [String], plant: String, at offset: TimeInterval = 0) -> Identification.Record {
-        Identification.Record(id: id, owner: owner, createdAt: now.addingTimeInterval(offset), provider: .reference, organs: photos.map { _ in .leaf },
-                              photoIDs: photos, location: nil, exactLocation: false,
-                              results: [.init(rank: 1, score: 0.9, scientificName: "Ficus lyrata", scientificNameWithoutAuthor: "Ficus lyrata", provider: .reference)],
-                              plantID: plant)
+        Identification.Record(
+            id: id, owner: owner, createdAt: now.addingTimeInterval(offset), provider: .reference, organs: photos.map { _ in .leaf },
+            photoIDs: photos, location: nil, exactLocation: false,
+            results: [.init(rank: 1, score: 0.9, scientificName: "Ficus lyrata", scientificNameWithoutAuthor: "Ficus lyrata", provider: .reference)],
+            plantID: plant)
     }
 
     func features(_ seed: Float) -> PhotoFeatures {
@@ -83,8 +87,9 @@ struct IdentificationStoreTests {
         let queue = try DatabaseQueue(path: path)
         try SQLiteIdentificationStore.migrator.migrate(queue, upTo: "v3-submission-holders")
         try queue.write { db in
-            try db.execute(sql: "INSERT INTO photoFeatures (sha256, features) VALUES ('old', ?), ('new', ?)",
-                           arguments: [Data(repeating: 1, count: 192), features(1).packed])
+            try db.execute(
+                sql: "INSERT INTO photoFeatures (sha256, features) VALUES ('old', ?), ('new', ?)",
+                arguments: [Data(repeating: 1, count: 192), features(1).packed])
             try db.execute(sql: "INSERT INTO plantPhotos (owner, plantID, sha256, candidate) VALUES ('alice', 'p1', 'old', x'')")
         }
         try queue.close()
@@ -112,7 +117,8 @@ struct IdentificationStoreTests {
         let (store, cleanup) = try await Self.open(backend)
         defer { cleanup() }
         for index in 0..<5 {
-            _ = try store.insert(record("i\(index)", photos: ["p\(index)"], plant: index == 2 ? "fern" : "plant-\(index)", at: Double(index)), submissionKey: "k\(index)")
+            _ = try store.insert(
+                record("i\(index)", photos: ["p\(index)"], plant: index == 2 ? "fern" : "plant-\(index)", at: Double(index)), submissionKey: "k\(index)")
         }
         let page = try store.history(owner: "alice", plantID: nil, limit: 2, after: nil)
         #expect(page.map(\.id) == ["i4", "i3"])
@@ -130,11 +136,13 @@ struct IdentificationStoreTests {
         #expect(try store.claimSubmission(owner: "bob", key: "k", plantID: "p3", now: now + 1, until: now + 61) == "p3", "someone else's is their own")
         try store.releaseSubmission(owner: "alice", key: "k")
         #expect(try store.claimSubmission(owner: "alice", key: "k", plantID: "p4", now: now + 2, until: now + 62) == "p4", "released")
-        #expect(try store.claimSubmission(owner: "alice", key: "k", plantID: "p5", now: now + 62, until: now + 122) == "p4",
-                "its claim ended: taken over, with the plant id its photos are under")
+        #expect(
+            try store.claimSubmission(owner: "alice", key: "k", plantID: "p5", now: now + 62, until: now + 122) == "p4",
+            "its claim ended: taken over, with the plant id its photos are under")
         #expect(try store.takeAbandonedSubmissions(now: now + 60, until: now + 180, limit: 10).isEmpty, "every claim is held")
-        #expect(try store.takeAbandonedSubmissions(now: now + 200, until: now + 320, limit: 10).map(\.key).sorted() == ["k", "k"],
-                "both claims ended: the sweep takes them")
+        #expect(
+            try store.takeAbandonedSubmissions(now: now + 200, until: now + 320, limit: 10).map(\.key).sorted() == ["k", "k"],
+            "both claims ended: the sweep takes them")
     }
 
     /// A store whose process ended holds no claim: another takes it over at once, with the
@@ -155,10 +163,11 @@ struct IdentificationStoreTests {
         }
         closeFirst() // as a killed process's connections end
         var taken: String?
-        #expect(try await eventually {
-            taken = try second.claimSubmission(owner: "alice", key: "k1", plantID: "p3", now: now + 2, until: now + 122)
-            return taken != nil
-        })
+        #expect(
+            try await eventually {
+                taken = try second.claimSubmission(owner: "alice", key: "k1", plantID: "p3", now: now + 2, until: now + 122)
+                return taken != nil
+            })
         #expect(taken == "p1", "taken over long before its time, with the first plant id")
         let abandoned = try second.takeAbandonedSubmissions(now: now + 2, until: now + 122, limit: 10)
         #expect(abandoned == [AbandonedSubmission(owner: "alice", key: "k2", plantID: "p2")])
@@ -172,8 +181,9 @@ struct IdentificationStoreTests {
         let (store, cleanup) = try await Self.open(backend)
         defer { cleanup() }
         let generation = try store.referenceGeneration()
-        let fern = ReferenceSpecies(scientificName: "Nephrolepis exaltata (L.) Schott", withoutAuthor: "Nephrolepis exaltata", authorship: "(L.) Schott",
-                                    genus: "Nephrolepis", family: "Nephrolepidaceae", commonNames: ["Boston fern"], gbifID: 42)
+        let fern = ReferenceSpecies(
+            scientificName: "Nephrolepis exaltata (L.) Schott", withoutAuthor: "Nephrolepis exaltata", authorship: "(L.) Schott",
+            genus: "Nephrolepis", family: "Nephrolepidaceae", commonNames: ["Boston fern"], gbifID: 42)
         try store.addReferences(fern, photos: [("r1", features(2)), ("r2", features(3))], now: now)
         #expect(try store.referenceGeneration() == generation + 1)
         #expect(try store.referenceSpecies().map { ($0.species, $0.photos) }.first.map { $0.0 == fern && $0.1 == 2 } == true)

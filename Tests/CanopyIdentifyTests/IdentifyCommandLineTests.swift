@@ -1,11 +1,11 @@
 import CanopyBus
+import CanopyCare
+import CanopyImages
 import CanopyImaging
 import CanopyMessages
 import CanopySamples
 import CanopyTesting
-import CanopyCare
 import Foundation
-import CanopyImages
 import Testing
 
 /// `canopy-identify` as an operator runs it: reference photos in, one-shot matching offline.
@@ -16,7 +16,9 @@ struct IdentifyCommandLineTests {
     }
 
     @Test func everySubcommandShowsAnExampleAndEveryServeOptionItsVariable() async throws {
-        let subcommands = [[], ["serve"], ["submit"], ["reference"], ["reference", "add"], ["reference", "list"], ["reference", "remove"], ["quota"], ["health"]]
+        let subcommands = [
+            [], ["serve"], ["submit"], ["reference"], ["reference", "add"], ["reference", "list"], ["reference", "remove"], ["quota"], ["health"],
+        ]
         #expect(try await helpProblems("canopy-identify", subcommands: subcommands) == [])
     }
 
@@ -35,8 +37,11 @@ struct IdentifyCommandLineTests {
         #expect(empty.status != 0 && empty.errors.contains("reference add"), "\(empty.errors)")
 
         for species in 0..<4 {
-            let added = try await run(["reference", "add", "--species", "Testus species\(species) Author", "--common-name", "Tester \(species)",
-                                       "--family", "Testaceae", "--gbif", "\(500 + species)", try file(species, 1), try file(species, 2)] + dataDir)
+            let added = try await run(
+                [
+                    "reference", "add", "--species", "Testus species\(species) Author", "--common-name", "Tester \(species)",
+                    "--family", "Testaceae", "--gbif", "\(500 + species)", try file(species, 1), try file(species, 2),
+                ] + dataDir)
             #expect(added.status == 0, "\(added.errors)")
             #expect(added.output.contains("2 reference photo(s)") && added.errors.contains("computing features: 2/2"))
         }
@@ -81,7 +86,9 @@ struct IdentifyCommandLineTests {
     @Test func servingPlantNetWithoutAKeySaysWhatToSet() async throws {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-identify-nokey-\(UUID().uuidString)")
         defer { try? FileManager.default.removeItem(at: directory) }
-        let result = try await run(["serve", "--provider", "plantnet", "--endpoint", "tcp://127.0.0.1:1", "--metrics-bind", "off", "--data-dir", directory.path])
+        let result = try await run([
+            "serve", "--provider", "plantnet", "--endpoint", "tcp://127.0.0.1:1", "--metrics-bind", "off", "--data-dir", directory.path,
+        ])
         #expect(result.status != 0 && result.errors.contains("CANOPY_PLANTNET_KEY"), "\(result.errors)")
         let bad = try await run(["serve", "--provider", "oracle"])
         #expect(bad.status != 0 && bad.errors.contains("reference, plantnet or hybrid"))
@@ -116,8 +123,11 @@ struct IdentifyCommandLineTests {
 
             let process = Process()
             process.executableURL = try LiveBus.executable("canopy-identify")
-            process.arguments = serve + ["--endpoint", bus.endpoint, "--plantnet-key-file", keyFile.path, "--plantnet-url", try await plantNet.baseURL(),
-                                         "--heartbeat-ms", "100", "--log-level", "critical"]
+            process.arguments =
+                serve + [
+                    "--endpoint", bus.endpoint, "--plantnet-key-file", keyFile.path, "--plantnet-url", try await plantNet.baseURL(),
+                    "--heartbeat-ms", "100", "--log-level", "critical",
+                ]
             var environment = ProcessInfo.processInfo.environment
             environment["CANOPY_PLANTNET_KEY"] = nil
             process.environment = environment
@@ -131,8 +141,9 @@ struct IdentifyCommandLineTests {
             }
             let client = try bus.client(timeout: .seconds(60))
             let photo = try SyntheticPlant.species(1).photo(seed: 7)
-            let record = try await client.call(Identification.Submit.self, .init(photos: [.init(organ: .leaf)], data: [Data(photo)]),
-                                               principal: "alice", timeout: .seconds(60))
+            let record = try await client.call(
+                Identification.Submit.self, .init(photos: [.init(organ: .leaf)], data: [Data(photo)]),
+                principal: "alice", timeout: .seconds(60))
             #expect(record.provider == .plantnet && !record.results.isEmpty)
             #expect(plantNet.calls.map { $0.query["api-key"] } == [FakePlantNet.key], "the key from the file, trimmed")
         }

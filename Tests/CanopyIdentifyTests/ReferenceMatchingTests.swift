@@ -1,9 +1,10 @@
-@testable import CanopyImaging
 import CanopyMessages
 import CanopySamples
 import Foundation
 import Testing
+
 @testable import CanopyIdentify
+@testable import CanopyImaging
 
 /// The reference matcher on made-up species and plants photographed as phones do
 /// (``PlantScene``): photos in, features computed from the encoded JPEGs, as in service.
@@ -23,7 +24,8 @@ struct ReferenceMatchingTests {
     static func load(_ range: Range<Int>, into tools: IdentificationTools) throws {
         for index in range {
             let photos = try (0..<3).map { try PlantScene.species(index).photo(seed: $0) }
-            try tools.addReferences(.init(scientificName: Self.name(index), commonNames: ["Test plant \(index)"], family: "Testaceae", gbifID: 1000 + index), photos: photos)
+            try tools.addReferences(
+                .init(scientificName: Self.name(index), commonNames: ["Test plant \(index)"], family: "Testaceae", gbifID: 1000 + index), photos: photos)
         }
     }
 
@@ -137,11 +139,14 @@ struct ReferenceMatchingTests {
                     let bytes = try plant.photo(seed: seed)
                     let sha256 = IdentificationLibrary.sha256(bytes)
                     try store.saveFeatures(try PhotoFeatures.compute(from: bytes), sha256: sha256)
-                    let record = Identification.Record(id: "i\(index)-\(seed)", owner: owner, createdAt: Date(), provider: .reference, organs: [.leaf],
-                                                       photoIDs: [sha256], location: nil, exactLocation: false, results: [], plantID: "p\(index)")
+                    let record = Identification.Record(
+                        id: "i\(index)-\(seed)", owner: owner, createdAt: Date(), provider: .reference, organs: [.leaf],
+                        photoIDs: [sha256], location: nil, exactLocation: false, results: [], plantID: "p\(index)")
                     _ = try store.insert(record, submissionKey: record.id)
-                    try await store.accept(record, plantID: "p\(index)",
-                                           candidate: .init(rank: 1, score: 1, scientificName: "Plant \(index)", scientificNameWithoutAuthor: "Plant \(index)", provider: .reference))
+                    try await store.accept(
+                        record, plantID: "p\(index)",
+                        candidate: .init(
+                            rank: 1, score: 1, scientificName: "Plant \(index)", scientificNameWithoutAuthor: "Plant \(index)", provider: .reference))
                 }
             }
             let provider = ReferenceProvider(store: store)
@@ -154,7 +159,11 @@ struct ReferenceMatchingTests {
                 }
                 let query = ProviderQuery(owner: owner, photos: photos, askPlantNet: false)
                 let candidates = try await provider.identify(query)
-                if candidates.first?.plantID == "p\(index)" { found += 1 } else { outcomes.append("p\(index): \(candidates.prefix(2).map { "\($0.plantID ?? "-") \($0.score)" })") }
+                if candidates.first?.plantID == "p\(index)" {
+                    found += 1
+                } else {
+                    outcomes.append("p\(index): \(candidates.prefix(2).map { "\($0.plantID ?? "-") \($0.score)" })")
+                }
                 // Nobody else's plants.
                 let stranger = ProviderQuery(owner: "bob", photos: query.photos, askPlantNet: false)
                 #expect(try await provider.identify(stranger).allSatisfy { $0.plantID == nil })
@@ -188,14 +197,16 @@ struct ReferenceMatchingTests {
             // Filled in one SQL transaction of the SQLite store (the limit is thousands).
             try await #require(store as? SQLiteIdentificationStore).database.write { db in
                 for index in 0..<limit {
-                    try db.execute(sql: """
-                        INSERT INTO identifications (id, owner, submissionKey, createdAt, plantID, acceptedPlantID, record) VALUES (?, 'alice', ?, ?, ?, ?, x'')
-                        """, arguments: ["i\(index)", "k\(index)", Double(index), "p\(index)", index == 0 ? "p0" : nil])
+                    try db.execute(
+                        sql: """
+                            INSERT INTO identifications (id, owner, submissionKey, createdAt, plantID, acceptedPlantID, record) VALUES (?, 'alice', ?, ?, ?, ?, x'')
+                            """, arguments: ["i\(index)", "k\(index)", Double(index), "p\(index)", index == 0 ? "p0" : nil])
                 }
             }
             func record(_ id: String, owner: String = "alice") -> Identification.Record {
-                .init(id: id, owner: owner, createdAt: Date(timeIntervalSince1970: 1e9), provider: .reference, organs: [.leaf], photoIDs: [],
-                      location: nil, exactLocation: false, results: [], plantID: "p-\(id)")
+                .init(
+                    id: id, owner: owner, createdAt: Date(timeIntervalSince1970: 1e9), provider: .reference, organs: [.leaf], photoIDs: [],
+                    location: nil, exactLocation: false, results: [], plantID: "p-\(id)")
             }
             let (_, dropped) = try store.insert(record("new"), submissionKey: "k-new")
             #expect(dropped == ["p1"], "the oldest never accepted (i0 was accepted and stays)")

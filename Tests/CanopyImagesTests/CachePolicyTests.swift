@@ -4,6 +4,7 @@ import CanopyTesting
 import Foundation
 import Synchronization
 import Testing
+
 @testable import CanopyImages
 
 /// The cache tiers' policies, without images.
@@ -66,7 +67,11 @@ struct ConcurrencyLimiterTests {
             for index in 0..<10 {
                 group.addTask {
                     try await limiter.run(0) {
-                        counts.state.withLock { $0.now += 1; $0.most = max($0.most, $0.now); $0.started.append(index) }
+                        counts.state.withLock {
+                            $0.now += 1
+                            $0.most = max($0.most, $0.now)
+                            $0.started.append(index)
+                        }
                         try await Task.sleep(for: .milliseconds(5))
                         counts.state.withLock { $0.now -= 1 }
                     }
@@ -88,7 +93,11 @@ struct ConcurrencyLimiterTests {
         let log = Log()
         func piece(_ name: String, weight: Int) async throws {
             try await limiter.run(0, weight: weight) {
-                log.state.withLock { $0.now += weight; $0.order.append(name); if weight == 2 && $0.now > 2 { $0.heavyWithOthers = true } }
+                log.state.withLock {
+                    $0.now += weight
+                    $0.order.append(name)
+                    if weight == 2 && $0.now > 2 { $0.heavyWithOthers = true }
+                }
                 try await Task.sleep(for: .milliseconds(50))
                 log.state.withLock { $0.now -= weight }
             }
@@ -96,9 +105,10 @@ struct ConcurrencyLimiterTests {
         async let first: Void = piece("light 1", weight: 1)
         #expect(try await eventually(every: .milliseconds(1)) { !log.state.withLock { $0.order.isEmpty } })
         async let heavy: Void = piece("heavy", weight: 2)
-        #expect(try await eventually(every: .milliseconds(1)) {
-            await limiter.queued(0) > 0 || log.state.withLock { $0.order.contains("heavy") }
-        })
+        #expect(
+            try await eventually(every: .milliseconds(1)) {
+                await limiter.queued(0) > 0 || log.state.withLock { $0.order.contains("heavy") }
+            })
         async let second: Void = piece("light 2", weight: 1) // would fit beside light 1, but the heavy one came first
         _ = try await (first, heavy, second)
         let result = log.state.withLock { $0 }
@@ -118,7 +128,9 @@ struct MemoryPressureTests {
         #expect(full == 0.75)
     }
 
-    @Test(arguments: [(100, MemoryPressure.normal), (499, .normal), (500, .warning), (699, .warning), (700, .urgent), (849, .urgent), (850, .critical), (2000, .critical)])
+    @Test(arguments: [
+        (100, MemoryPressure.normal), (499, .normal), (500, .warning), (699, .warning), (700, .urgent), (849, .urgent), (850, .critical), (2000, .critical),
+    ])
     func residentShareOfTheBudgetSetsTheLevel(resident: Int, level: MemoryPressure) {
         #expect(MemoryPressure.level(.init(stalledSome: nil, stalledFull: nil, residentBytes: resident), budget: 1000) == level)
     }
@@ -142,7 +154,9 @@ struct VariantCacheTests {
     typealias Key = VariantCache.Key
 
     func entry(_ size: Int) -> VariantCache.Entry { .init(bytes: [UInt8](repeating: 7, count: size), width: 10, height: 20) }
-    func key(_ n: Int, _ variant: Images.Variant = .thumbnail) -> Key { Key(sha256: String(repeating: "\(n % 10)", count: 64), variant: variant, format: .jpeg) }
+    func key(_ n: Int, _ variant: Images.Variant = .thumbnail) -> Key {
+        Key(sha256: String(repeating: "\(n % 10)", count: 64), variant: variant, format: .jpeg)
+    }
 
     @Test func aStoredVariantIsServedFromMemoryThenFromDiskAfterARestart() async throws {
         let directory = Fixture.directory()

@@ -1,7 +1,8 @@
-import CanopyImaging
 import CVips
+import CanopyImaging
 import CanopyTesting
 import Foundation
+
 @testable import CanopyImages
 
 /// Real images made in the tests with libvips.
@@ -36,8 +37,9 @@ enum Fixture {
         }
         var bytes: UnsafeMutableRawPointer?
         var length = 0
-        precondition(canopy_vips_encode_keeping_metadata(image, options.format, Int32(options.quality), options.progressive ? 1 : 0, &bytes, &length) == 0,
-                     "fixture encode failed: \(Vips.lastError())")
+        precondition(
+            canopy_vips_encode_keeping_metadata(image, options.format, Int32(options.quality), options.progressive ? 1 : 0, &bytes, &length) == 0,
+            "fixture encode failed: \(Vips.lastError())")
         defer { canopy_vips_free(bytes) }
         return Array(UnsafeRawBufferPointer(start: bytes, count: length))
     }

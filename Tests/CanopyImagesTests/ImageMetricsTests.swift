@@ -3,6 +3,7 @@ import CanopyServiceKit
 import CanopyTesting
 import Foundation
 import Testing
+
 @testable import CanopyImages
 
 /// canopy-images' series reach Prometheus: refusals by reason, work times, cache tiers.

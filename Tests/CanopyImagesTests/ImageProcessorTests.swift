@@ -1,9 +1,10 @@
-import CanopyImaging
 import CVips
+import CanopyImaging
 import CanopyMessages
 import CanopyServiceKit
 import Foundation
 import Testing
+
 @testable import CanopyImages
 
 /// Checking input and making variants with libvips, on real images made in the tests.
@@ -37,7 +38,10 @@ struct ImageProcessorTests {
     }
 
     @Test func smallImagesAreNeverEnlarged() throws {
-        let tiny = Fixture.image { $0.width = 300; $0.height = 200 }
+        let tiny = Fixture.image {
+            $0.width = 300
+            $0.height = 200
+        }
         let made = try processor.make([.gallery, .thumbnail], format: .jpeg, from: tiny)
         #expect(made.first { $0.variant == .gallery }.map { ($0.width, $0.height) }! == (300, 200))
     }
@@ -124,7 +128,10 @@ struct ImageProcessorTests {
     func variantsFromOneDecodeMatchVariantsMadeAlone(shape: Shape) async throws {
         let (width, height) = shape.size
         let result = try await offloaded { processor in
-            let bytes = Fixture.image { $0.width = width; $0.height = height }
+            let bytes = Fixture.image {
+                $0.width = width
+                $0.height = height
+            }
             var result = Compared()
             for made in try processor.make([.thumbnail, .gallery, .small], format: .jpeg, from: bytes) {
                 let alone = try processor.make([made.variant], format: .jpeg, from: bytes)[0]
@@ -164,14 +171,19 @@ struct ImageProcessorTests {
             var result = Result()
             var pixels: [ImageProcessor.Pixels] = []
             for format in [canopy_format(0), canopy_format(1)] {
-                let bytes = Fixture.image { $0.width = 2401; $0.height = 1600; $0.format = format }
+                let bytes = Fixture.image {
+                    $0.width = 2401
+                    $0.height = 1600
+                    $0.format = format
+                }
                 for shrink in [1, 2, 4, 8] {
                     let decoded = try processor.decode(bytes, shrink: shrink)
                     let expected = (Int((2401.0 / Double(shrink)).rounded(.up)), 1600 / shrink)
                     let close = abs(decoded.width - expected.0) <= 1 && abs(decoded.height - expected.1) <= 1
                     result.decoded.append("\(format.rawValue) shrink \(shrink): \(close ? "as expected" : "\(decoded.width)x\(decoded.height)")")
                 }
-                result.variants.append(try processor.make([.gallery, .small, .thumbnail], format: .jpeg, from: bytes).map { "\($0.variant) \($0.width)x\($0.height)" })
+                result.variants.append(
+                    try processor.make([.gallery, .small, .thumbnail], format: .jpeg, from: bytes).map { "\($0.variant) \($0.width)x\($0.height)" })
                 pixels.append(try processor.palettePixels(from: bytes))
             }
             result.pixelDifference = Self.meanDifference(pixels[0].bytes, pixels[1].bytes)

@@ -6,6 +6,7 @@ import Foundation
 import Logging
 import Synchronization
 import Testing
+
 @testable import CanopyImages
 
 /// canopy-images replicas: the index in one PostgreSQL, the originals in one directory both
@@ -23,8 +24,9 @@ struct ImageReplicaTests {
         let url = try await PostgresServer.shared().database()
         var replicas: [Replica] = []
         for index in 0..<count {
-            let store = try await PostgresImageStore.open(url: url, poolSize: 4, originals: directory.url.appendingPathComponent("shared-originals"),
-                                                          logger: Logger(label: "images-replica-\(index)"))
+            let store = try await PostgresImageStore.open(
+                url: url, poolSize: 4, originals: directory.url.appendingPathComponent("shared-originals"),
+                logger: Logger(label: "images-replica-\(index)"))
             let library = try ImageLibrary(store: store, directory: directory.url.appendingPathComponent("replica-\(index)"))
             replicas.append(Replica(store: store, library: library))
         }
@@ -37,7 +39,10 @@ struct ImageReplicaTests {
         let replicas = try await replicas(2, in: directory)
         defer { replicas.forEach { $0.store.database.close() } }
         let (a, b) = (replicas[0], replicas[1])
-        let bytes = Fixture.image { $0.width = 640; $0.height = 480 }
+        let bytes = Fixture.image {
+            $0.width = 640
+            $0.height = 480
+        }
         let alice = try await a.library.put(bytes, owner: "alice", plantID: "p1")
         let bob = try await b.library.put(bytes, owner: "bob", plantID: "p9")
         #expect(alice.sha256 == bob.sha256)
@@ -75,7 +80,10 @@ struct ImageReplicaTests {
         defer { directory.remove() }
         let replicas = try await replicas(2, in: directory)
         defer { replicas.forEach { $0.store.database.close() } }
-        let bytes = Fixture.image { $0.width = 320; $0.height = 240 }
+        let bytes = Fixture.image {
+            $0.width = 320
+            $0.height = 240
+        }
         let sha256 = ImageLibrary.sha256(bytes)
         for round in 0..<20 {
             // Alice uploads on one replica while bob, the only other holder, lets go on the other.
@@ -96,7 +104,10 @@ struct ImageReplicaTests {
         defer { directory.remove() }
         let replicas = try await replicas(2, in: directory)
         defer { replicas.forEach { $0.store.database.close() } }
-        let bytes = Fixture.image { $0.width = 200; $0.height = 150 }
+        let bytes = Fixture.image {
+            $0.width = 200
+            $0.height = 150
+        }
         let sha256 = ImageLibrary.sha256(bytes)
         // Eight people take and let go of the same photo, forty times each, half on each
         // replica, straight on the stores (no decode in between: the windows overlap often),
@@ -114,8 +125,9 @@ struct ImageReplicaTests {
                     var broken = 0
                     for _ in 0..<40 {
                         _ = try await offThePool {
-                            try store.add(sha256: sha256, owner: "person-\(person)", plantID: "p", format: "jpeg",
-                                          normalized: { (bytes, 200, 150) }, now: Date())
+                            try store.add(
+                                sha256: sha256, owner: "person-\(person)", plantID: "p", format: "jpeg",
+                                normalized: { (bytes, 200, 150) }, now: Date())
                         }
                         // While this person holds it, its row and its file are there.
                         if try !store.hasOriginal(sha256) || !store.files.exists(sha256) { broken += 1 }
@@ -138,20 +150,27 @@ struct ImageReplicaTests {
         let directory = try TemporaryDirectory("images-sweep")
         defer { directory.remove() }
         let first = try await replicas(1, in: directory)[0]
-        let held = try await first.library.put(Fixture.image { $0.width = 320; $0.height = 240 }, owner: "alice", plantID: "p1")
+        let held = try await first.library.put(
+            Fixture.image {
+                $0.width = 320
+                $0.height = 240
+            }, owner: "alice", plantID: "p1")
         let files = first.store.files
         // Killed between the file and its row (or between a purge's commit and the file's removal).
         let orphan = String(repeating: "ab", count: 32)
         try files.write([1, 2, 3], as: orphan)
         // Killed while writing: a temporary file an hour old, and one being written now.
-        let (stale, fresh) = (files.directory.appendingPathComponent(PhotoFiles.temporaryPrefix + "stale"),
-                              files.directory.appendingPathComponent(PhotoFiles.temporaryPrefix + "fresh"))
+        let (stale, fresh) = (
+            files.directory.appendingPathComponent(PhotoFiles.temporaryPrefix + "stale"),
+            files.directory.appendingPathComponent(PhotoFiles.temporaryPrefix + "fresh")
+        )
         try Data([1]).write(to: stale)
         try Data([2]).write(to: fresh)
         try FileManager.default.setAttributes([.modificationDate: Date(timeIntervalSinceNow: -3_600)], ofItemAtPath: stale.path)
         first.store.database.close()
 
-        let again = try await PostgresImageStore.open(url: first.store.database.url, poolSize: 2, originals: files.directory, logger: Logger(label: "images-sweep"))
+        let again = try await PostgresImageStore.open(
+            url: first.store.database.url, poolSize: 2, originals: files.directory, logger: Logger(label: "images-sweep"))
         defer { again.database.close() }
         #expect(try Set(files.entries().map(\.name)) == [held.sha256, PhotoFiles.temporaryPrefix + "fresh"], "the orphan and the stale temporary file went")
         #expect(try again.hasOriginal(held.sha256) && files.exists(held.sha256))

@@ -1,11 +1,12 @@
-import CanopyImaging
-import CanopyBroker
 import CVips
+import CanopyBroker
 import CanopyBus
+import CanopyImaging
 import CanopyMessages
 import CanopyTesting
 import Foundation
 import Testing
+
 @testable import CanopyImages
 
 /// canopy-images on the bus, as other services use it: in process, and through the real
@@ -13,8 +14,10 @@ import Testing
 @Suite(.serialized)
 struct ImageServiceTests {
     /// A bus with an image service on a fresh directory.
-    func withImages(_ mode: BusMode = .inProcess, configuration: BrokerConfiguration = .testing,
-                    _ body: (TestBus, any BusCalling, URL) async throws -> Void) async throws {
+    func withImages(
+        _ mode: BusMode = .inProcess, configuration: BrokerConfiguration = .testing,
+        _ body: (TestBus, any BusCalling, URL) async throws -> Void
+    ) async throws {
         let directory = Fixture.directory()
         defer { try? FileManager.default.removeItem(at: directory) }
         try await withTestBus(mode, configuration: configuration) { bus in
@@ -135,7 +138,9 @@ struct ImageServiceTests {
                 _ = try await client.call(Images.GetVariant.self, .init(sha256: sha, variant: .thumbnail), principal: "alice")
             }
             // Someone else naming the photo changes nothing.
-            #expect(try await bus.client(asService: true).call(Images.Purge.self, .init(plantID: "fern", sha256: drop.sha256), principal: "bob") == .init(photos: 0))
+            #expect(
+                try await bus.client(asService: true).call(Images.Purge.self, .init(plantID: "fern", sha256: drop.sha256), principal: "bob") == .init(photos: 0)
+            )
             let removed = try await bus.client(asService: true).call(Images.Purge.self, .init(plantID: "fern", sha256: drop.sha256), principal: "alice")
             #expect(removed == .init(photos: 1))
             #expect(try await client.call(Images.List.self, .init(plantID: "fern"), principal: "alice").map(\.sha256) == [keep.sha256])
@@ -243,7 +248,9 @@ struct ImageServiceTests {
             let webp = try await client.call(Images.GetVariant.self, .init(sha256: photo.sha256, variant: .full, format: .webp), principal: "alice")
             #expect(webp.source == "made" && ImageKind(sniffing: [UInt8](webp.data)) == .webp)
             #expect((webp.width, webp.height) == (1200, 800))
-            #expect(try await client.call(Images.GetVariant.self, .init(sha256: photo.sha256, variant: .full, format: .webp), principal: "alice").source == "memory")
+            #expect(
+                try await client.call(Images.GetVariant.self, .init(sha256: photo.sha256, variant: .full, format: .webp), principal: "alice").source == "memory"
+            )
             // Somebody else cannot have it.
             let error = await #expect(throws: CanopyError.self) {
                 _ = try await client.call(Images.GetVariant.self, .init(sha256: photo.sha256, variant: .full), principal: "bob")
@@ -256,7 +263,8 @@ struct ImageServiceTests {
         try await withImages { _, client, _ in
             var shas: [String] = []
             for width in [600, 700, 900] {
-                shas.append(try await client.call(Images.Put.self, .init(plantID: "p1", data: Data(Fixture.image { $0.width = width })), principal: "alice").sha256)
+                shas.append(
+                    try await client.call(Images.Put.self, .init(plantID: "p1", data: Data(Fixture.image { $0.width = width })), principal: "alice").sha256)
             }
             let warmed = try await client.call(Images.Warm.self, .init(sha256s: shas, variants: [.thumbnail, .gallery]), principal: "alice")
             #expect(warmed == .init(made: 6, alreadyCached: 0))
@@ -269,14 +277,23 @@ struct ImageServiceTests {
             // full WebP is made.
             let more = try await client.call(Images.Warm.self, .init(sha256s: shas, variants: [.small, .full, .thumbnail]), principal: "alice")
             #expect(more == .init(made: 0, alreadyCached: 9))
-            let webp = try await client.call(Images.Warm.self, .init(sha256s: shas + shas, variants: [.full, .small], format: .webp), principal: "alice") // each photo once
+            // each photo once
+            let webp = try await client.call(Images.Warm.self, .init(sha256s: shas + shas, variants: [.full, .small], format: .webp), principal: "alice")
             #expect(webp == .init(made: 6, alreadyCached: 0))
         }
     }
 
     @Test func identicalConcurrentVariantRequestsAreCoalescedAtTheBroker() async throws {
         try await withImages(.live) { _, client, _ in
-            let photo = try await client.call(Images.Put.self, .init(plantID: "p1", data: Data(Fixture.image { $0.width = 3000; $0.height = 2000 })), principal: "alice")
+            let photo = try await client.call(
+                Images.Put.self,
+                .init(
+                    plantID: "p1",
+                    data: Data(
+                        Fixture.image {
+                            $0.width = 3000
+                            $0.height = 2000
+                        })), principal: "alice")
             let request = Images.GetVariant.Request(sha256: photo.sha256, variant: .full)
             let replies = try await withThrowingTaskGroup(of: Images.GetVariant.Reply.self) { group in
                 for _ in 0..<20 { group.addTask { try await client.call(Images.GetVariant.self, request, principal: "alice") } }
@@ -302,8 +319,14 @@ struct ImageServiceTests {
         _ = try await images.call(Images.Put.self, .init(plantID: "own", data: Data(Fixture.png)), principal: "mallory")
         // A purge is a service's (canopy-care's follow-up for mallory's deleted plant).
         let care = images.timingOut(after: .seconds(30), asService: true)
-        let held = try await care.call(service: Images.Purge.service, operation: Images.Purge.name, body: try MessageCodec().encode(Images.Purge.Request(plantID: "probe")), principal: "mallory").body
-        let alone = try await care.call(service: Images.Purge.service, operation: Images.Purge.name, body: try MessageCodec().encode(Images.Purge.Request(plantID: "own")), principal: "mallory").body
+        let held = try await care.call(
+            service: Images.Purge.service, operation: Images.Purge.name, body: try MessageCodec().encode(Images.Purge.Request(plantID: "probe")),
+            principal: "mallory"
+        ).body
+        let alone = try await care.call(
+            service: Images.Purge.service, operation: Images.Purge.name, body: try MessageCodec().encode(Images.Purge.Request(plantID: "own")),
+            principal: "mallory"
+        ).body
         #expect(held == alone, "the same answer whether or not alice holds the bytes")
         #expect(String(decoding: held, as: UTF8.self) == #"{"photos":1}"#)
     }
@@ -320,8 +343,9 @@ struct ImageServiceTests {
             .init(principal: "alice", sha256: photo.sha256, variant: .gallery), // does not fit after the thumbnail
         ]
         // A reply with room for the thumbnail's bytes and little more.
-        let context = RequestContext(principal: nil, deadline: .now + .seconds(30), logger: .init(label: "test"),
-                                     maximumReplyBytes: max(1_024, thumbnail.data.count + 16))
+        let context = RequestContext(
+            principal: nil, deadline: .now + .seconds(30), logger: .init(label: "test"),
+            maximumReplyBytes: max(1_024, thumbnail.data.count + 16))
         let reply = await library.variants(keys, context: context)
         #expect(reply.results.count == 3 && reply.attachments == [thumbnail.data])
         #expect(reply.results[0].value?.bytes == thumbnail.data.count)
@@ -365,9 +389,14 @@ struct ImageServiceTests {
         var configuration = BrokerConfiguration.testing
         configuration.maximumFrameBytes = 128 * 1024
         try await withImages(mode, configuration: configuration) { _, client, _ in
-            let upload = Fixture.image { $0.width = 2400; $0.height = 1600; $0.quality = 20 }
+            let upload = Fixture.image {
+                $0.width = 2400
+                $0.height = 1600
+                $0.quality = 20
+            }
             let photo = try await client.call(Images.Put.self, .init(plantID: "fern", data: Data(upload)), principal: "alice")
-            try #require(photo.bytes > ImageLibrary.pieceBytes(replyBytes: configuration.maximumFrameBytes), "the stored photo (\(photo.bytes) bytes) must need pieces")
+            try #require(
+                photo.bytes > ImageLibrary.pieceBytes(replyBytes: configuration.maximumFrameBytes), "the stored photo (\(photo.bytes) bytes) must need pieces")
             let first = try await client.call(Images.GetVariant.self, .init(sha256: photo.sha256, variant: .full), principal: "alice")
             #expect(first.nextOffset != nil && first.totalBytes == photo.bytes)
             var fetched: Set<Data> = []

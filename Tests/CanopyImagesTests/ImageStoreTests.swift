@@ -4,6 +4,7 @@ import CanopyTesting
 import Foundation
 import Logging
 import Testing
+
 @testable import CanopyImages
 
 /// The store contract (``ImageStoring``) on its own: what any implementation must do. It
@@ -11,18 +12,20 @@ import Testing
 /// directory replicas would share.
 struct ImageStoreTests {
     static let contract = StoreContract<any ImageStoring>("image-store", sqlite: { try SQLiteImageStore(directory: $0.url) }) { url, directory in
-        let store = try await PostgresImageStore.open(url: url, originals: directory.url.appendingPathComponent("originals"), logger: Logger(label: "image-store-test"))
+        let store = try await PostgresImageStore.open(
+            url: url, originals: directory.url.appendingPathComponent("originals"), logger: Logger(label: "image-store-test"))
         return (store, store.database.close)
     }
 
     /// The store, whether it holds an original's file (by its SHA-256), and its cleanup.
     static func open(_ backend: StoreBackend) async throws -> (any ImageStoring, exists: (String) -> Bool, cleanup: () -> Void) {
         let (store, _, cleanup) = try await contract.open(backend)
-        let exists: (String) -> Bool = switch store {
-        case let sqlite as SQLiteImageStore: { FileManager.default.fileExists(atPath: sqlite.originalURL($0).path) }
-        case let postgres as PostgresImageStore: postgres.files.exists
-        default: { _ in false }
-        }
+        let exists: (String) -> Bool =
+            switch store {
+            case let sqlite as SQLiteImageStore: { FileManager.default.fileExists(atPath: sqlite.originalURL($0).path) }
+            case let postgres as PostgresImageStore: postgres.files.exists
+            default: { _ in false }
+            }
         return (store, exists, cleanup)
     }
 
@@ -34,9 +37,24 @@ struct ImageStoreTests {
         let (store, exists, cleanup) = try await Self.open(backend)
         defer { cleanup() }
         var normalizations = 0
-        let first = try store.add(sha256: sha, owner: "alice", plantID: "p1", format: "jpeg", normalized: { normalizations += 1; return ([1, 2, 3, 4], 40, 30) }, now: now)
-        _ = try store.add(sha256: sha, owner: "alice", plantID: "p1", format: "jpeg", normalized: { normalizations += 1; return ([1, 2, 3, 4], 40, 30) }, now: now)
-        _ = try store.add(sha256: sha, owner: "bob", plantID: "b1", format: "jpeg", normalized: { normalizations += 1; return ([1, 2, 3, 4], 40, 30) }, now: now)
+        let first = try store.add(
+            sha256: sha, owner: "alice", plantID: "p1", format: "jpeg",
+            normalized: {
+                normalizations += 1
+                return ([1, 2, 3, 4], 40, 30)
+            }, now: now)
+        _ = try store.add(
+            sha256: sha, owner: "alice", plantID: "p1", format: "jpeg",
+            normalized: {
+                normalizations += 1
+                return ([1, 2, 3, 4], 40, 30)
+            }, now: now)
+        _ = try store.add(
+            sha256: sha, owner: "bob", plantID: "b1", format: "jpeg",
+            normalized: {
+                normalizations += 1
+                return ([1, 2, 3, 4], 40, 30)
+            }, now: now)
         #expect(normalizations == 1, "made once, whoever adds it")
         #expect(first.width == 40 && first.height == 30 && first.bytes == 4 && first.plantID == "p1")
         #expect(try store.original(sha) == [1, 2, 3, 4] && exists(sha))

@@ -4,6 +4,7 @@ import CanopyServiceKit
 import CanopyTesting
 import Foundation
 import Testing
+
 @testable import CanopyImages
 
 /// What `canopy-images serve` runs, built by the same function: its listener says whether it

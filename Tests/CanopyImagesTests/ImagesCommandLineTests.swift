@@ -3,6 +3,7 @@ import CanopyMessages
 import CanopyTesting
 import Foundation
 import Testing
+
 @testable import CanopyImages
 
 /// `canopy-images` as an operator runs it.

@@ -1,8 +1,9 @@
-import CanopyOutbound
 import CanopyMessages
+import CanopyOutbound
 import Foundation
 import NIOCore
 import Testing
+
 @testable import CanopyImages
 
 /// Remote fetches against a local server (no test reaches the internet).
@@ -43,7 +44,10 @@ struct RemoteFetchTests {
     @Test func loopbackAndPrivateAddressesAreRefusedByDefault() async throws {
         try await withServer(["/a.jpg": .body(photo)]) { server in
             let strict = try fetcher { $0.allowedHosts = [] }
-            for url in [server.url("/a.jpg"), server.url("/a.jpg", host: "localhost"), "http://169.254.169.254/latest/meta-data", "http://10.1.2.3/x.jpg", "http://[::1]:\(server.port)/a.jpg"] {
+            for url in [
+                server.url("/a.jpg"), server.url("/a.jpg", host: "localhost"), "http://169.254.169.254/latest/meta-data", "http://10.1.2.3/x.jpg",
+                "http://[::1]:\(server.port)/a.jpg",
+            ] {
                 let error = await #expect(throws: CanopyError.self) { _ = try await strict.fetch(url) }
                 #expect(error?.code == .badRequest, "\(url)")
             }

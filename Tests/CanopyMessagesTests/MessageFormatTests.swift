@@ -22,17 +22,21 @@ struct MessageFormatTests {
     }
 
     @Test func everyErrorCodeKeepsItsWireName() {
-        #expect(CanopyError.Code.allCases.map(\.rawValue) == [
-            "badRequest", "notFound", "conflict", "stale", "unauthorized", "tooLarge", "busy", "noWorkers", "timeout", "workerLost", "brokerLost", "shuttingDown", "internal",
-        ])
+        #expect(
+            CanopyError.Code.allCases.map(\.rawValue) == [
+                "badRequest", "notFound", "conflict", "stale", "unauthorized", "tooLarge", "busy", "noWorkers", "timeout", "workerLost", "brokerLost",
+                "shuttingDown", "internal",
+            ])
     }
 
     @Test func brokerServicesReplyIsPinned() throws {
         let reply = [
-            ServiceDescription(name: "care", workers: 2, operations: [
-                OperationDescriptor(name: "plants.add", idempotent: false, coalescable: false),
-                OperationDescriptor(name: "plants.get", idempotent: true, coalescable: true),
-            ]),
+            ServiceDescription(
+                name: "care", workers: 2,
+                operations: [
+                    OperationDescriptor(name: "plants.add", idempotent: false, coalescable: false),
+                    OperationDescriptor(name: "plants.get", idempotent: true, coalescable: true),
+                ]),
             ServiceDescription(name: "legacy", workers: 1, operations: [OperationDescriptor(name: "*", idempotent: true, coalescable: true)], majordomo: true),
         ]
         #expect(try codec.encode(reply) == fixture("broker-services-reply.json"))
@@ -42,11 +46,15 @@ struct MessageFormatTests {
     @Test func brokerStatsReplyIsPinned() throws {
         let reply = BrokerStatistics(
             uptimeSeconds: 12.5, rejected: 3, malformed: 2, heldBytes: 2048, openFlights: 1,
-            services: [ServiceStatistics(name: "care", workers: 2, queued: 0, queuedBytes: 0, inFlight: 2, served: 41, errors: 1, p50Micros: 180, p99Micros: 950)],
-            operations: [OperationStatistics(
-                service: "care", operation: "plants.get", requests: 41, coalesced: 37, workerCalls: 5, workerCallsSaved: 37,
-                detachedWaiters: 2, redispatchedFlights: 1, flights: 4, waitersPerFlightP50: 3, waitersPerFlightP99: 30, waitersPerFlightMax: 30,
-                outcomes: ["ok": 38, "timeout": 1])])
+            services: [
+                ServiceStatistics(name: "care", workers: 2, queued: 0, queuedBytes: 0, inFlight: 2, served: 41, errors: 1, p50Micros: 180, p99Micros: 950)
+            ],
+            operations: [
+                OperationStatistics(
+                    service: "care", operation: "plants.get", requests: 41, coalesced: 37, workerCalls: 5, workerCallsSaved: 37,
+                    detachedWaiters: 2, redispatchedFlights: 1, flights: 4, waitersPerFlightP50: 3, waitersPerFlightP99: 30, waitersPerFlightMax: 30,
+                    outcomes: ["ok": 38, "timeout": 1])
+            ])
         #expect(try codec.encode(reply) == fixture("broker-stats-reply.json"))
         #expect(try codec.decode(Broker.Stats.Reply.self, from: fixture("broker-stats-reply.json")) == reply)
     }
@@ -63,13 +71,20 @@ struct MessageFormatTests {
         struct Golden: Decodable { let frames: [String] }
         let golden = try JSONDecoder().decode(Golden.self, from: Data(fixture("request-frames.json")))
         let header = RequestHeader(timeoutMilliseconds: 2_500, flags: RequestHeader.Flag.idempotent, principal: "user-42")
-        let frames = [Wire.version, Wire.Command.request.frame, Wire.frame(UInt64(7)), Array("care".utf8), Array("plants.get".utf8), header.frame, Array(#"{"id":"p1"}"#.utf8)]
+        let frames = [
+            Wire.version, Wire.Command.request.frame, Wire.frame(UInt64(7)), Array("care".utf8), Array("plants.get".utf8), header.frame,
+            Array(#"{"id":"p1"}"#.utf8),
+        ]
         #expect(frames.map(\.hexString) == golden.frames)
         #expect(RequestHeader(frame: frames[5]) == header)
     }
 
     @Test func equalValuesEncodeToEqualBytesWhateverTheKeyOrder() throws {
-        struct Plant: Codable { var zeta: Int; var alpha: String; var middle: [String: Int] }
+        struct Plant: Codable {
+            var zeta: Int
+            var alpha: String
+            var middle: [String: Int]
+        }
         let one = try codec.encode(Plant(zeta: 1, alpha: "a", middle: ["b": 2, "a": 1, "c": 3]))
         let two = try codec.encode(Plant(zeta: 1, alpha: "a", middle: ["c": 3, "a": 1, "b": 2]))
         #expect(one == two)
@@ -111,7 +126,10 @@ struct MessageFormatTests {
             #expect(error?.message.contains("'code' appears twice") == true, "\(error?.message ?? "")")
         }
         // The same key in different objects, or inside a string, is fine.
-        struct Pair: Codable { var a: CanopyError; var b: CanopyError }
+        struct Pair: Codable {
+            var a: CanopyError
+            var b: CanopyError
+        }
         #expect(throws: Never.self) {
             _ = try codec.decode(Pair.self, from: Array(#"{"a":{"code":"busy","message":"\"code\":"},"b":{"code":"busy","message":"x"}}"#.utf8))
         }
@@ -124,7 +142,10 @@ struct MessageFormatTests {
     }
 
     @Test func aNumberThatDoesNotFitItsFieldIsNamed() {
-        struct Page: Codable { var limit: Int; var ratio: Double }
+        struct Page: Codable {
+            var limit: Int
+            var ratio: Double
+        }
         for body in [#"{"limit":1.5,"ratio":0.5}"#, #"{"limit":18446744073709551616,"ratio":0.25}"#] {
             let error = #expect(throws: CanopyError.self) { _ = try codec.decode(Page.self, from: Array(body.utf8)) }
             #expect(error?.message.contains("'limit'") == true, "\(error?.message ?? "")")

@@ -20,8 +20,9 @@ struct OperationFixtureTests {
         genus: "Monstera", customName: "Big Monty", location: "Living room", notes: "Repotted in spring", favourite: true,
         imageIDs: [String(repeating: "ab", count: 32)], identificationSource: .plantnet, identificationConfidence: 0.93,
         dateIdentified: day, dateAdded: day, profile: profile, profileOverridden: false)
-    static let task = Care.Task(id: "6f1c9a52-0d6b-4c1e-9a43-2b7f4e8d1c00:water", plantID: plant.id, kind: .water, title: "Water Big Monty",
-                                due: day, snoozedUntil: nil)
+    static let task = Care.Task(
+        id: "6f1c9a52-0d6b-4c1e-9a43-2b7f4e8d1c00:water", plantID: plant.id, kind: .water, title: "Water Big Monty",
+        due: day, snoozedUntil: nil)
     static let sha = String(repeating: "0f", count: 32)
     static let photo = Images.Photo(sha256: sha, plantID: plant.id, width: 1200, height: 800, format: "jpeg", bytes: 182_311, addedAt: day)
     /// A window: one task due twice (snoozed the first time), another once.
@@ -30,8 +31,9 @@ struct OperationFixtureTests {
         Care.Task(id: plant.id + ":mist", plantID: plant.id, kind: .mist, title: "Mist Big Monty", due: day.addingTimeInterval(86_400)),
         Care.Task(id: task.id, plantID: plant.id, kind: .water, title: task.title, due: day.addingTimeInterval(7 * 86_400)),
     ])
-    static let device = Reminders.Device(id: "0b7e4c1a-9f3d-4e2b-8a6c-5d1f2e3a4b5c", channel: .webhook, address: "https://hooks.example.org/canopy",
-                                         name: "kitchen display", active: true, registeredAt: day)
+    static let device = Reminders.Device(
+        id: "0b7e4c1a-9f3d-4e2b-8a6c-5d1f2e3a4b5c", channel: .webhook, address: "https://hooks.example.org/canopy",
+        name: "kitchen display", active: true, registeredAt: day)
     static let reminder = Reminders.Reminder(taskID: task.id, plantID: plant.id, kind: .water, title: task.title, due: day, state: .pending)
     static let tier = Images.TierStatistics(entries: 12, bytes: 345_678, limitBytes: 52_428_800, hits: 90, misses: 10, evictions: 2)
 
@@ -39,23 +41,41 @@ struct OperationFixtureTests {
     static var cases: [(name: String, value: any Encodable)] {
         [
             ("care.catalog.search.request", Care.CatalogSearch.Request(text: "monstera", limit: 5)),
-            ("care.catalog.search.reply", [Care.Species(scientificName: "Monstera deliciosa", commonNames: ["Swiss cheese plant"], family: "Araceae",
-                                                         genus: "Monstera", profile: profile, sources: ["rhs"])]),
+            (
+                "care.catalog.search.reply",
+                [
+                    Care.Species(
+                        scientificName: "Monstera deliciosa", commonNames: ["Swiss cheese plant"], family: "Araceae",
+                        genus: "Monstera", profile: profile, sources: ["rhs"])
+                ]
+            ),
             ("care.plants.add.request", plant),
             ("care.plants.add.reply", plant),
             ("care.plants.get.request", Care.GetPlant.Request(id: plant.id)),
             ("care.plants.update.request", plant),
             ("care.plants.delete.request", Care.DeletePlant.Request(id: plant.id)),
             ("care.plants.delete.reply", Empty()),
-            ("care.plants.list.request", Care.ListPlants.Request(search: "mon", favourite: true, family: "Araceae", light: .brightIndirect,
-                                                                 watering: .weekly, source: .plantnet, addedFrom: day, addedTo: day,
-                                                                 sort: .name, descending: false, limit: 20, offset: 40)),
+            (
+                "care.plants.list.request",
+                Care.ListPlants.Request(
+                    search: "mon", favourite: true, family: "Araceae", light: .brightIndirect,
+                    watering: .weekly, source: .plantnet, addedFrom: day, addedTo: day,
+                    sort: .name, descending: false, limit: 20, offset: 40)
+            ),
             ("care.plants.list.reply", Care.ListPlants.Reply(plants: [plant], total: 61, nextOffset: 41)),
-            ("care.statistics.reply", Care.Statistics.Reply(total: 6, favourites: 3, families: ["Araceae": 2], sources: ["plantnet": 4],
-                                                            addedThisMonth: 1, upcomingTasks: 5, overdueTasks: 1)),
-            ("care.preferences.set.request", Care.Preferences(timeZone: "Europe/Berlin", preferredMinute: 540, quietStartMinute: 1_320,
-                                                              quietEndMinute: 420, wateringFactor: 1.2, pauseStart: day,
-                                                              pauseEnd: day.addingTimeInterval(7 * 86_400), southernHemisphere: false)),
+            (
+                "care.statistics.reply",
+                Care.Statistics.Reply(
+                    total: 6, favourites: 3, families: ["Araceae": 2], sources: ["plantnet": 4],
+                    addedThisMonth: 1, upcomingTasks: 5, overdueTasks: 1)
+            ),
+            (
+                "care.preferences.set.request",
+                Care.Preferences(
+                    timeZone: "Europe/Berlin", preferredMinute: 540, quietStartMinute: 1_320,
+                    quietEndMinute: 420, wateringFactor: 1.2, pauseStart: day,
+                    pauseEnd: day.addingTimeInterval(7 * 86_400), southernHemisphere: false)
+            ),
             ("care.tasks.upcoming.request", Care.UpcomingTasks.Request(days: 7, limit: 100)),
             ("care.tasks.upcoming.reply", Care.UpcomingTasks.Reply(overdue: [task], upcoming: [task])),
             ("care.tasks.complete.request", Care.CompleteTask.Request(id: task.id, at: day)),
@@ -70,33 +90,69 @@ struct OperationFixtureTests {
             ("images.fetch.request", Images.Fetch.Request(plantID: plant.id, url: "https://example.org/monstera.jpg")),
             ("images.variant.request", Images.GetVariant.Request(sha256: sha, variant: .thumbnail, format: .webp)),
             ("images.variant.piece.request", Images.GetVariant.Request(sha256: sha, variant: .full, format: .jpeg, offset: 8_388_608)),
-            ("images.variant.reply", Images.GetVariant.Reply(sha256: sha, variant: .full, format: .jpeg, width: 5_472, height: 3_648,
-                                                             data: Data([0xFF, 0xD8]), source: "original", offset: 8_388_608,
-                                                             totalBytes: 19_700_000, nextOffset: 16_777_216)),
+            (
+                "images.variant.reply",
+                Images.GetVariant.Reply(
+                    sha256: sha, variant: .full, format: .jpeg, width: 5_472, height: 3_648,
+                    data: Data([0xFF, 0xD8]), source: "original", offset: 8_388_608,
+                    totalBytes: 19_700_000, nextOffset: 16_777_216)
+            ),
             ("images.palette.request", Images.Palette.Request(sha256: sha)),
-            ("images.palette.reply", Images.Palette.Reply(sha256: sha, swatches: [Images.Swatch(role: "vibrant", hex: "#3a7d44", population: 0.42,
-                                                                                             oklab: [0.52, -0.09, 0.07])], cached: true)),
+            (
+                "images.palette.reply",
+                Images.Palette.Reply(
+                    sha256: sha,
+                    swatches: [
+                        Images.Swatch(
+                            role: "vibrant", hex: "#3a7d44", population: 0.42,
+                            oklab: [0.52, -0.09, 0.07])
+                    ], cached: true)
+            ),
             ("images.list.request", Images.List.Request(plantID: plant.id)),
             ("images.list.reply", [photo]),
             ("images.purge.request", Images.Purge.Request(plantID: plant.id, sha256: sha)),
             ("images.purge.reply", Images.Purge.Reply(photos: 1)),
             ("images.warm.request", Images.Warm.Request(sha256s: [sha], variants: [.thumbnail, .gallery], format: .jpeg)),
             ("images.warm.reply", Images.Warm.Reply(made: 2, alreadyCached: 0)),
-            ("images.variants.request", Images.GetVariants.Request(keys: [.init(principal: "user-42", sha256: sha, variant: .thumbnail),
-                                                                           .init(principal: "user-7", sha256: sha, variant: .gallery, format: .webp)])),
-            ("images.variants.reply", Images.GetVariants.Reply(results: [.init(value: .init(width: 150, height: 150, source: "memory", bytes: 2)),
-                                                                         .init(error: CanopyError(.notFound, "no photo \(sha) among yours"))],
-                                                               attachments: [Data([0xFF, 0xD8])])),
+            (
+                "images.variants.request",
+                Images.GetVariants.Request(keys: [
+                    .init(principal: "user-42", sha256: sha, variant: .thumbnail),
+                    .init(principal: "user-7", sha256: sha, variant: .gallery, format: .webp),
+                ])
+            ),
+            (
+                "images.variants.reply",
+                Images.GetVariants.Reply(
+                    results: [
+                        .init(value: .init(width: 150, height: 150, source: "memory", bytes: 2)),
+                        .init(error: CanopyError(.notFound, "no photo \(sha) among yours")),
+                    ],
+                    attachments: [Data([0xFF, 0xD8])])
+            ),
             ("care.tasks.next.request", Care.NextTasks.Request(keys: [.init(principal: "user-42", plantID: plant.id)])),
-            ("care.tasks.next.reply", Care.NextTasks.Reply(results: [.init(value: .init(task: task)), .init(value: .init(task: nil)),
-                                                                     .init(error: CanopyError(.notFound, "no plant p-9 in your collection"))])),
-            ("images.stats.reply", Images.Stats.Reply(memory: tier, disk: tier, originals: 3, originalBytes: 9_000_000, palettes: 2,
-                                                      memoryPressure: "normal")),
+            (
+                "care.tasks.next.reply",
+                Care.NextTasks.Reply(results: [
+                    .init(value: .init(task: task)), .init(value: .init(task: nil)),
+                    .init(error: CanopyError(.notFound, "no plant p-9 in your collection")),
+                ])
+            ),
+            (
+                "images.stats.reply",
+                Images.Stats.Reply(
+                    memory: tier, disk: tier, originals: 3, originalBytes: 9_000_000, palettes: 2,
+                    memoryPressure: "normal")
+            ),
             ("care.tasks.reminder-sync.request", Care.RequestReminderSync.Request()),
             ("remind.reminders.sync.request", window),
             ("remind.reminders.cancel-plant.request", Reminders.CancelPlant.Request(plantID: plant.id)),
-            ("remind.devices.register.request", Reminders.RegisterDevice.Request(channel: .webhook, address: "https://hooks.example.org/canopy",
-                                                                                 name: "kitchen display", secret: "whsec_" + String(repeating: "A", count: 32))),
+            (
+                "remind.devices.register.request",
+                Reminders.RegisterDevice.Request(
+                    channel: .webhook, address: "https://hooks.example.org/canopy",
+                    name: "kitchen display", secret: "whsec_" + String(repeating: "A", count: 32))
+            ),
             ("remind.devices.register.reply", device),
             ("remind.devices.remove.request", Reminders.RemoveDevice.Request(id: device.id)),
             ("remind.devices.list.request", Empty()),
@@ -104,8 +160,14 @@ struct OperationFixtureTests {
             ("remind.reminders.pending.request", Reminders.Pending.Request(limit: 64)),
             ("remind.reminders.pending.reply", [reminder]),
             ("remind.reminders.failures.request", Reminders.Failures.Request(limit: 100)),
-            ("remind.reminders.failures.reply", [Reminders.Failure(reminder: reminder, deviceID: device.id, attempts: 8,
-                                                                   lastError: "the webhook answered HTTP 503", at: day)]),
+            (
+                "remind.reminders.failures.reply",
+                [
+                    Reminders.Failure(
+                        reminder: reminder, deviceID: device.id, attempts: 8,
+                        lastError: "the webhook answered HTTP 503", at: day)
+                ]
+            ),
             ("remind.reminders.send-test.request", Reminders.SendTest.Request(deviceID: device.id)),
             ("remind.reminders.send-test.reply", Reminders.SendTest.Reply(accepted: true, detail: "HTTP 200")),
         ]
@@ -123,8 +185,9 @@ struct OperationFixtureTests {
         }
         var pinned = [UInt8](try Data(contentsOf: file))
         while pinned.last == 0x0A { pinned.removeLast() }
-        #expect(String(decoding: encoded, as: UTF8.self) == String(decoding: pinned, as: UTF8.self),
-                "\(name) changed; if on purpose, record the fixtures again (CANOPY_RECORD_FIXTURES=1)")
+        #expect(
+            String(decoding: encoded, as: UTF8.self) == String(decoding: pinned, as: UTF8.self),
+            "\(name) changed; if on purpose, record the fixtures again (CANOPY_RECORD_FIXTURES=1)")
     }
 
     @Test func everyCareImagesAndRemindOperationHasItsRequestPinned() {
@@ -134,7 +197,8 @@ struct OperationFixtureTests {
             Care.SetPreferences.self, Care.UpcomingTasks.self, Care.CompleteTask.self, Care.SnoozeTask.self, Care.SkipTask.self,
             Care.AddCustomTask.self, Care.CareLog.self,
             Care.RequestReminderSync.self, Care.NextTasks.self,
-            Images.Put.self, Images.GetVariants.self, Images.Fetch.self, Images.GetVariant.self, Images.Palette.self, Images.List.self, Images.Purge.self, Images.Warm.self,
+            Images.Put.self, Images.GetVariants.self, Images.Fetch.self, Images.GetVariant.self, Images.Palette.self, Images.List.self, Images.Purge.self,
+            Images.Warm.self,
             Reminders.Sync.self, Reminders.CancelPlant.self, Reminders.RegisterDevice.self, Reminders.RemoveDevice.self, Reminders.ListDevices.self,
             Reminders.Pending.self, Reminders.Failures.self, Reminders.SendTest.self,
         ]

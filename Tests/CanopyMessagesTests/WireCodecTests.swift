@@ -58,13 +58,18 @@ struct WireCodecTests {
         let golden = try golden()
         var samples = Self.samples
         samples.append(("with attachments", .reply(correlation: [1], shared: false, body: [2], attachments: [[3], [], [4, 5]])))
-        samples.append(("without principal", .request(WireRequest(correlation: [1], service: "a", operation: "b", header: RequestHeader(timeoutMilliseconds: 0), body: []))))
+        samples.append(
+            (
+                "without principal",
+                .request(WireRequest(correlation: [1], service: "a", operation: "b", header: RequestHeader(timeoutMilliseconds: 0), body: []))
+            ))
         for (name, message) in samples {
             var writer = RecordingWriter()
             message.write(into: &writer)
             #expect(writer.frames.map(\.bytes) == message.encoded, "\(name)")
             if let expected = golden[name] { #expect(writer.frames.map(\.bytes.hex) == expected, "\(name)") }
-            #expect(writer.frames.map(\.more) == Array(repeating: true, count: writer.frames.count - 1) + [false], "\(name): only the last frame ends the message")
+            #expect(
+                writer.frames.map(\.more) == Array(repeating: true, count: writer.frames.count - 1) + [false], "\(name): only the last frame ends the message")
         }
     }
 
@@ -123,7 +128,8 @@ struct WireCodecTests {
         #expect(TraceContext(traceparent: "00-0AF7651916CD43DD8448EB211C80319C-B7AD6B7169203331-01") == nil, "upper case is not W3C's")
         #expect(TraceContext(traceparent: "00-00000000000000000000000000000000-b7ad6b7169203331-01") == nil)
         #expect(TraceContext(traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331") == nil)
-        #expect(TraceContext(traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")?.traceparent
+        #expect(
+            TraceContext(traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")?.traceparent
                 == "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
         #expect(reason([Wire.version, Wire.Command.workerReply.frame, [1, 2], [0], []]) == .malformedInteger)
         #expect(reason([Wire.version, Wire.Command.workerReply.frame, Wire.frame(UInt64(1)), [7], []]) == .malformedInteger, "status is 0 or 1")
@@ -202,29 +208,45 @@ struct WireCodecTests {
             return String((0..<Int.random(in: 1...40, using: &random)).map { _ in alphabet.randomElement(using: &random)! })
         }
         func header() -> RequestHeader {
-            let principal = Bool.random(using: &random) ? "" : String((0..<Int.random(in: 1...256, using: &random)).map { _ in
-                Character(Unicode.Scalar(UInt8.random(in: 0x21...0x7E, using: &random)))
-            })
-            let trace = Bool.random(using: &random) ? nil : TraceContext(traceHigh: random.next(), traceLow: random.next() | 1, spanID: random.next() | 1,
-                                                                       flags: UInt8.random(in: 0...255, using: &random))
-            return RequestHeader(timeoutMilliseconds: UInt32.random(in: 0...UInt32.max, using: &random), flags: UInt8.random(in: 0...255, using: &random),
-                                 principal: principal, trace: trace)
+            let principal =
+                Bool.random(using: &random)
+                ? ""
+                : String(
+                    (0..<Int.random(in: 1...256, using: &random)).map { _ in
+                        Character(Unicode.Scalar(UInt8.random(in: 0x21...0x7E, using: &random)))
+                    })
+            let trace =
+                Bool.random(using: &random)
+                ? nil
+                : TraceContext(
+                    traceHigh: random.next(), traceLow: random.next() | 1, spanID: random.next() | 1,
+                    flags: UInt8.random(in: 0...255, using: &random))
+            return RequestHeader(
+                timeoutMilliseconds: UInt32.random(in: 0...UInt32.max, using: &random), flags: UInt8.random(in: 0...255, using: &random),
+                principal: principal, trace: trace)
         }
         for _ in 0..<2_000 {
             let messages: [WireMessage] = [
-                .request(WireRequest(correlation: bytes(1...64), service: name(), operation: name(), header: header(), body: bytes(0...200),
-                                     attachments: (0..<Int.random(in: 0...3, using: &random)).map { _ in bytes(0...100) })),
+                .request(
+                    WireRequest(
+                        correlation: bytes(1...64), service: name(), operation: name(), header: header(), body: bytes(0...200),
+                        attachments: (0..<Int.random(in: 0...3, using: &random)).map { _ in bytes(0...100) })),
                 .cancel(correlation: bytes(1...64)),
-                .reply(correlation: bytes(1...64), shared: Bool.random(using: &random), body: bytes(0...200),
-                       attachments: (0..<Int.random(in: 0...3, using: &random)).map { _ in bytes(0...100) }),
+                .reply(
+                    correlation: bytes(1...64), shared: Bool.random(using: &random), body: bytes(0...200),
+                    attachments: (0..<Int.random(in: 0...3, using: &random)).map { _ in bytes(0...100) }),
                 .error(correlation: bytes(0...64), error: bytes(0...100)),
-                .ready(service: name(), operations: (0..<Int.random(in: 1...5, using: &random)).map { _ in
-                    OperationDescriptor(name: name(), idempotent: Bool.random(using: &random), coalescable: Bool.random(using: &random))
-                }, credit: UInt32.random(in: 0...UInt32.max, using: &random)),
-                .workerReply(requestID: random.next(), failed: Bool.random(using: &random), body: bytes(0...200),
-                             attachments: (0..<Int.random(in: 0...3, using: &random)).map { _ in bytes(0...100) }),
-                .dispatch(requestID: random.next(), operation: name(), header: header(), body: bytes(0...200),
-                          attachments: (0..<Int.random(in: 0...3, using: &random)).map { _ in bytes(0...100) }),
+                .ready(
+                    service: name(),
+                    operations: (0..<Int.random(in: 1...5, using: &random)).map { _ in
+                        OperationDescriptor(name: name(), idempotent: Bool.random(using: &random), coalescable: Bool.random(using: &random))
+                    }, credit: UInt32.random(in: 0...UInt32.max, using: &random)),
+                .workerReply(
+                    requestID: random.next(), failed: Bool.random(using: &random), body: bytes(0...200),
+                    attachments: (0..<Int.random(in: 0...3, using: &random)).map { _ in bytes(0...100) }),
+                .dispatch(
+                    requestID: random.next(), operation: name(), header: header(), body: bytes(0...200),
+                    attachments: (0..<Int.random(in: 0...3, using: &random)).map { _ in bytes(0...100) }),
                 .cancelDispatch(requestID: random.next()),
                 .brokerHeartbeat(maximumFrameBytes: random.next()),
                 .brokerDisconnect(reason: name()),

@@ -1,6 +1,7 @@
 import CanopyTesting
 import Foundation
 import Testing
+
 @testable import CanopyMessages
 
 /// The hand-written wire dates agree with Foundation's ISO 8601 format style, to the bit,
@@ -45,8 +46,10 @@ struct WireDateTests {
         for text in ["2026-02-29T09:00:00.000Z", "2026-04-31T09:00:00Z", "2026-03-29T24:00:00Z", "2026-03-29T09:60:00Z", "2026-13-01T09:00:00Z"] {
             #expect(WireDate.parse(text) == .invalid, "\(text)")
         }
-        for text in ["1969-12-31T23:59:59Z", "2026-03-29T09:00:00+02:00", "2026-03-29 09:00:00Z", "2026-03-29T09:00:00.Z",
-                     "2026-3-29T09:00:00.000Z", "2026-03-29T09:00:00.1234567890Z", "２０２６-03-29T09:00:00Z"] {
+        for text in [
+            "1969-12-31T23:59:59Z", "2026-03-29T09:00:00+02:00", "2026-03-29 09:00:00Z", "2026-03-29T09:00:00.Z",
+            "2026-3-29T09:00:00.000Z", "2026-03-29T09:00:00.1234567890Z", "２０２６-03-29T09:00:00Z",
+        ] {
             #expect(WireDate.parse(text) == .other, "\(text)")
         }
         // Through the codec, an offset still decodes (Foundation's way) and a date that does not

@@ -6,6 +6,7 @@ import GRDB
 import Logging
 import ServiceLifecycle
 import Testing
+
 @testable import CanopyRemind
 
 /// The `apns` channel against a local HTTP/2 TLS server that answers as Apple documents:
@@ -23,16 +24,19 @@ struct APNsTests {
         let directory: URL
 
         func device(_ token: String = APNsTests.phone, owner: String = "alice") -> DeviceRecord {
-            DeviceRecord(device: Reminders.Device(id: "device-\(token.prefix(6))", channel: .apns, address: token, name: "iPhone",
-                                                                active: true, registeredAt: APNsTests.start), owner: owner)
+            DeviceRecord(
+                device: Reminders.Device(
+                    id: "device-\(token.prefix(6))", channel: .apns, address: token, name: "iPhone",
+                    active: true, registeredAt: APNsTests.start), owner: owner)
         }
 
         func notification(_ titles: [String] = ["Water Monstera"]) -> ReminderNotification {
             let reminders = titles.enumerated().map { index, title in
                 Reminders.Reminder(taskID: "task-\(index)", plantID: "plant-\(index)", kind: .water, title: title, due: clock.now(), state: .sending)
             }
-            return ReminderNotification(id: ReminderNotification.key(deviceID: "d", reminders: reminders.map { ($0.taskID, $0.due.timeIntervalSince1970) }),
-                                        reminders: reminders)
+            return ReminderNotification(
+                id: ReminderNotification.key(deviceID: "d", reminders: reminders.map { ($0.taskID, $0.due.timeIntervalSince1970) }),
+                reminders: reminders)
         }
     }
 
@@ -119,12 +123,13 @@ struct APNsTests {
         try await withAPNs { setup in
             setup.apns.script([(status, reason)])
             let outcome = await setup.channel.deliver(setup.notification(), to: setup.device())
-            let kind = switch outcome {
-            case .accepted: "accepted"
-            case .retry: "retry"
-            case .rejected(_, deactivate: true): "deactivated"
-            case .rejected(_, deactivate: false): "rejected"
-            }
+            let kind =
+                switch outcome {
+                case .accepted: "accepted"
+                case .retry: "retry"
+                case .rejected(_, deactivate: true): "deactivated"
+                case .rejected(_, deactivate: false): "rejected"
+                }
             #expect(kind == expected, "\(status) \(reason) gave \(outcome)")
             #expect(setup.apns.received.count == 1, "no second try within the delivery")
             if case .rejected(let detail, _) = outcome { #expect(detail.contains(reason)) }
@@ -198,9 +203,10 @@ struct APNsTests {
                 dispatcher.schedule(try await library.sync([.water("p1", due: t + 60, name: "Fern")], owner: "alice", now: t))
                 setup.clock.advance(by: 60)
                 #expect(try await eventually { setup.apns.received.count == 1 })
-                #expect(try await eventually { // the attempt is recorded with its backoff
-                    try store.database.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM attempts") ?? 0 } == 1
-                })
+                #expect(
+                    try await eventually { // the attempt is recorded with its backoff
+                        try store.database.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM attempts") ?? 0 } == 1
+                    })
                 setup.clock.advance(by: 3)
                 #expect(try await eventually { setup.apns.received.count == 2 })
                 #expect(try await eventually { try library.pending(owner: "alice", limit: 10).isEmpty })
@@ -209,8 +215,10 @@ struct APNsTests {
 
                 // The app was removed: 410, the phone deactivated, nothing more sent to it.
                 setup.apns.unregister(Self.phone)
-                dispatcher.schedule(try await library.sync([.water("p2", due: t + 3_600, name: "Pothos"), .water("p3", due: t + 7_200, name: "Ivy")],
-                                                     owner: "alice", now: setup.clock.now()))
+                dispatcher.schedule(
+                    try await library.sync(
+                        [.water("p2", due: t + 3_600, name: "Pothos"), .water("p3", due: t + 7_200, name: "Ivy")],
+                        owner: "alice", now: setup.clock.now()))
                 setup.clock.advance(by: 3_600)
                 #expect(try await eventually { try library.devices(owner: "alice").first?.active == false })
                 #expect(try library.devices(owner: "alice").first?.deactivatedReason?.contains("Unregistered") == true)

@@ -5,6 +5,7 @@ import Foundation
 import GRDB
 import Logging
 import Testing
+
 @testable import CanopyRemind
 
 /// A canopy-remind process killed with SIGKILL while it delivers, then started again: every
@@ -29,8 +30,10 @@ struct CrashTests {
             func start() throws -> Process {
                 let process = Process()
                 process.executableURL = try LiveBus.executable("canopy-remind")
-                process.arguments = ["serve", "--endpoint", bus.endpoint, "--data-dir", directory.path, "--allow-host", "127.0.0.1",
-                                     "--metrics-bind", "off", "--log-level", "error"]
+                process.arguments = [
+                    "serve", "--endpoint", bus.endpoint, "--data-dir", directory.path, "--allow-host", "127.0.0.1",
+                    "--metrics-bind", "off", "--log-level", "error",
+                ]
                 process.standardError = FileHandle.nullDevice
                 try process.run()
                 return process
@@ -55,9 +58,10 @@ struct CrashTests {
             #expect(seen.count == 1_000, "none lost")
             #expect(seen.values.allSatisfy { $0 <= 2 }, "none sent more than twice")
             let store = try SQLiteReminderStore(path: path)
-            #expect(try await eventually(within: .seconds(30)) {
-                try store.database.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM reminders WHERE state = 'delivered'") } == 1_000
-            })
+            #expect(
+                try await eventually(within: .seconds(30)) {
+                    try store.database.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM reminders WHERE state = 'delivered'") } == 1_000
+                })
         }
         await serving.triggerGracefulShutdown()
         _ = try? await server.value
@@ -86,9 +90,10 @@ struct CrashTests {
             process.standardOutput = log
             try process.run()
             let store = try SQLiteReminderStore(path: path)
-            #expect(try await eventually(within: .seconds(60)) {
-                try store.database.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM reminders WHERE state = 'delivered'") } == 20
-            })
+            #expect(
+                try await eventually(within: .seconds(60)) {
+                    try store.database.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM reminders WHERE state = 'delivered'") } == 20
+                })
             process.terminate()
             let text = String(decoding: log.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
             process.waitUntilExit()
@@ -108,11 +113,13 @@ struct CrashTests {
         let store = try SQLiteReminderStore(path: path)
         try await store.database.write { db in
             for person in 0..<people {
-                try db.execute(sql: "INSERT INTO devices (id, owner, channel, address, secret, active, registeredAt) VALUES (?, ?, 'webhook', ?, ?, 1, 0)",
-                               arguments: ["d\(person)", "u\(person)", webhook, DispatcherTests.secret])
-                try db.execute(sql: """
-                    INSERT INTO reminders (owner, taskID, due, plantID, kind, title, fireAt, state, updatedAt) VALUES (?, ?, ?, ?, 'water', 'Water it', ?, 'pending', 0)
-                    """, arguments: ["u\(person)", "p\(person):water", due, "p\(person)", due])
+                try db.execute(
+                    sql: "INSERT INTO devices (id, owner, channel, address, secret, active, registeredAt) VALUES (?, ?, 'webhook', ?, ?, 1, 0)",
+                    arguments: ["d\(person)", "u\(person)", webhook, DispatcherTests.secret])
+                try db.execute(
+                    sql: """
+                        INSERT INTO reminders (owner, taskID, due, plantID, kind, title, fireAt, state, updatedAt) VALUES (?, ?, ?, ?, 'water', 'Water it', ?, 'pending', 0)
+                        """, arguments: ["u\(person)", "p\(person):water", due, "p\(person)", due])
             }
         }
         return path

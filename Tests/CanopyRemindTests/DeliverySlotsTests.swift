@@ -1,4 +1,5 @@
 import Testing
+
 @testable import CanopyRemind
 
 /// The delivery slots as pure values: a bound in all and per destination, and a full
@@ -7,33 +8,66 @@ struct DeliverySlotsTests {
     @Test func startsAtMostTheTotalAndMoreAsSendsFinish() {
         var slots = DeliverySlots(total: 3, perDestination: 2)
         slots.enqueue([1, 2, 3, 4, 5])
-        do { let started = slots.start(); #expect(started.map(\.id) == [1, 2, 3]) }
-        do { let started = slots.start(); #expect(started.isEmpty, "the total is in flight") }
+        do {
+            let started = slots.start()
+            #expect(started.map(\.id) == [1, 2, 3])
+        }
+        do {
+            let started = slots.start()
+            #expect(started.isEmpty, "the total is in flight")
+        }
         for id: Int64 in [1, 2, 3] {
             let admitted = slots.admit(id, to: nil)
             #expect(admitted)
         }
         slots.finish(destination: nil)
-        do { let started = slots.start(); #expect(started == [.init(id: 4, reserved: nil)]) }
+        do {
+            let started = slots.start()
+            #expect(started == [.init(id: 4, reserved: nil)])
+        }
         #expect(slots.inFlight == 3)
     }
 
     @Test func aFullDestinationParksItsSendsAndFreesTheirSlotsForOthers() {
         var slots = DeliverySlots(total: 3, perDestination: 2)
         slots.enqueue([1, 2, 3, 4])
-        do { let started = slots.start(); #expect(started.map(\.id) == [1, 2, 3]) }
-        do { let admitted = slots.admit(1, to: "webhook:slow.example"); #expect(admitted) }
-        do { let admitted = slots.admit(2, to: "webhook:slow.example"); #expect(admitted) }
-        do { let admitted = slots.admit(3, to: "webhook:slow.example"); #expect(!admitted, "a third to the same host waits") }
+        do {
+            let started = slots.start()
+            #expect(started.map(\.id) == [1, 2, 3])
+        }
+        do {
+            let admitted = slots.admit(1, to: "webhook:slow.example")
+            #expect(admitted)
+        }
+        do {
+            let admitted = slots.admit(2, to: "webhook:slow.example")
+            #expect(admitted)
+        }
+        do {
+            let admitted = slots.admit(3, to: "webhook:slow.example")
+            #expect(!admitted, "a third to the same host waits")
+        }
         #expect(slots.inFlight == 2 && slots.waitingCount == 1)
         // Its slot went to the next send, for another host.
-        do { let started = slots.start(); #expect(started.map(\.id) == [4]) }
-        do { let admitted = slots.admit(4, to: "webhook:fast.example"); #expect(admitted) }
+        do {
+            let started = slots.start()
+            #expect(started.map(\.id) == [4])
+        }
+        do {
+            let admitted = slots.admit(4, to: "webhook:fast.example")
+            #expect(admitted)
+        }
         slots.finish(destination: "webhook:fast.example")
-        do { let started = slots.start(); #expect(started.isEmpty, "nothing else is ready; the parked one waits for its own host") }
+        do {
+            let started = slots.start()
+            #expect(started.isEmpty, "nothing else is ready; the parked one waits for its own host")
+        }
         // The slow host answers one: the parked send takes its destination slot, and starts first.
         slots.finish(destination: "webhook:slow.example")
-        do { let started = slots.start(); #expect(started == [.init(id: 3, reserved: "webhook:slow.example")]) }
+        do {
+            let started = slots.start()
+            #expect(started == [.init(id: 3, reserved: "webhook:slow.example")])
+        }
         #expect(slots.inFlightTo["webhook:slow.example"] == 2 && slots.waitingCount == 0)
         slots.finish(destination: "webhook:slow.example")
         slots.finish(destination: "webhook:slow.example")

@@ -1,6 +1,7 @@
 import CanopyMessages
 import Foundation
 import Testing
+
 @testable import CanopyRemind
 
 /// The dispatcher's decisions and a sync's plan, as values: no clock, no store, no network.
@@ -10,8 +11,9 @@ struct DispatchPlanTests {
 
     func row(_ id: Int64, owner: String = "alice", task: String, firesIn seconds: TimeInterval) -> ReminderRow {
         let at = now.addingTimeInterval(seconds)
-        return ReminderRow(id: id, owner: owner, reminder: Reminders.Reminder(taskID: task, plantID: "p1", kind: .water, title: "Water \(task)", due: at, state: .pending),
-                           fireAt: at)
+        return ReminderRow(
+            id: id, owner: owner, reminder: Reminders.Reminder(taskID: task, plantID: "p1", kind: .water, title: "Water \(task)", due: at, state: .pending),
+            fireAt: at)
     }
 
     func device(_ id: String) -> DeviceRecord {
@@ -61,7 +63,10 @@ struct DispatchPlanTests {
         #expect(digest.state == .delivered && digest.notifications.isEmpty, "nothing to wait for")
         // Nothing fresh: the devices are not even read.
         var asked = false
-        let onlyStale = plan.digest([late], now: now) { asked = true; return [device("phone")] }
+        let onlyStale = plan.digest([late], now: now) {
+            asked = true
+            return [device("phone")]
+        }
         #expect(onlyStale.stale == [late] && onlyStale.fresh.isEmpty && !asked)
     }
 
@@ -80,31 +85,36 @@ struct DispatchPlanTests {
         #expect(plan.update(after: .retry("503"), attempt: 1, now: at, jitter: 1.2) == .retry(at: at + 1.2, reason: "503"), "the jitter spreads retries")
         #expect(plan.update(after: .retry("503"), attempt: 8, now: at, jitter: 1) == .failed(reason: "503", deactivateDevice: false), "the eighth was the last")
         #expect(plan.update(after: .accepted("200"), attempt: 3, now: at, jitter: 1) == .delivered)
-        #expect(plan.update(after: .rejected("410 Unregistered", deactivate: true), attempt: 1, now: at, jitter: 1)
-            == .failed(reason: "410 Unregistered", deactivateDevice: true))
+        #expect(
+            plan.update(after: .rejected("410 Unregistered", deactivate: true), attempt: 1, now: at, jitter: 1)
+                == .failed(reason: "410 Unregistered", deactivateDevice: true))
     }
 
     // MARK: What a sync changes
 
     @Test func aSyncChangesOnlyWhatDiffersAndNeverResendsWhatWasSent() {
         func task(_ id: String, due: TimeInterval, title: String? = nil, snoozed: TimeInterval? = nil) -> Care.Task {
-            Care.Task(id: id, plantID: "p1", kind: .water, title: title ?? id, due: now.addingTimeInterval(due), snoozedUntil: snoozed.map(now.addingTimeInterval))
+            Care.Task(
+                id: id, plantID: "p1", kind: .water, title: title ?? id, due: now.addingTimeInterval(due), snoozedUntil: snoozed.map(now.addingTimeInterval))
         }
         func known(_ id: Int64, _ task: String, due: TimeInterval, pending: Bool = true, title: String? = nil) -> KnownReminder {
-            KnownReminder(id: id, occurrence: .init(taskID: task, due: now.addingTimeInterval(due).timeIntervalSince1970), pending: pending,
-                          fireAt: now.addingTimeInterval(due).timeIntervalSince1970, title: title ?? task)
+            KnownReminder(
+                id: id, occurrence: .init(taskID: task, due: now.addingTimeInterval(due).timeIntervalSince1970), pending: pending,
+                fireAt: now.addingTimeInterval(due).timeIntervalSince1970, title: title ?? task)
         }
-        let plan = SyncPlan(window: [
-            task("same", due: 100),
-            task("renamed", due: 100, title: "Water Monty"),
-            task("snoozed", due: 100, snoozed: 500),
-            task("sent", due: 100),
-            task("new", due: 100),
-            task("new", due: 100), // twice in one window: once
-        ], known: [
-            known(1, "same", due: 100), known(2, "renamed", due: 100), known(3, "snoozed", due: 100),
-            known(4, "sent", due: 100, pending: false), known(5, "gone", due: 100), known(6, "sent before", due: 50, pending: false),
-        ])
+        let plan = SyncPlan(
+            window: [
+                task("same", due: 100),
+                task("renamed", due: 100, title: "Water Monty"),
+                task("snoozed", due: 100, snoozed: 500),
+                task("sent", due: 100),
+                task("new", due: 100),
+                task("new", due: 100), // twice in one window: once
+            ],
+            known: [
+                known(1, "same", due: 100), known(2, "renamed", due: 100), known(3, "snoozed", due: 100),
+                known(4, "sent", due: 100, pending: false), known(5, "gone", due: 100), known(6, "sent before", due: 50, pending: false),
+            ])
         #expect(plan.updates.map(\.id) == [2, 3])
         #expect(plan.inserts.map(\.id) == ["new"])
         #expect(plan.deletes == [5], "a pending one no longer wanted goes; a sent one stays as it is")

@@ -7,6 +7,7 @@ import GRDB
 import Logging
 import ServiceLifecycle
 import Testing
+
 @testable import CanopyRemind
 
 /// The reminder queue with a hand-driven clock and a local webhook receiver: on time, once,
@@ -37,13 +38,18 @@ struct DispatcherTests {
 
         func states() throws -> [String: String] {
             try store.database.read { db in
-                Dictionary(uniqueKeysWithValues: try Row.fetchAll(db, sql: "SELECT taskID, state FROM reminders").map { ($0["taskID"] as String, $0["state"] as String) })
+                Dictionary(
+                    uniqueKeysWithValues: try Row.fetchAll(db, sql: "SELECT taskID, state FROM reminders").map {
+                        ($0["taskID"] as String, $0["state"] as String)
+                    })
             }
         }
     }
 
-    func withDispatcher(settings: DispatchSettings = .init(), preload: (ReminderLibrary) async throws -> Void = { _ in },
-                        _ body: (Setup) async throws -> Void) async throws {
+    func withDispatcher(
+        settings: DispatchSettings = .init(), preload: (ReminderLibrary) async throws -> Void = { _ in },
+        _ body: (Setup) async throws -> Void
+    ) async throws {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-remind-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(at: directory) }
@@ -59,8 +65,9 @@ struct DispatcherTests {
             try await preload(library) // what the store held before the dispatcher started
             let clock = ManualClock(Self.start)
             let http = try notificationHTTP(allowedHosts: ["127.0.0.1", "127.0.0.2"])
-            let dispatcher = Dispatcher(store: store, channels: [LogChannel(logger: logger), WebhookChannel(http: http, now: { clock.now() })],
-                                        clock: clock, settings: settings, logger: logger)
+            let dispatcher = Dispatcher(
+                store: store, channels: [LogChannel(logger: logger), WebhookChannel(http: http, now: { clock.now() })],
+                clock: clock, settings: settings, logger: logger)
             try await withRunning([dispatcher], logger: logger) {
                 try await body(Setup(store: store, library: library, dispatcher: dispatcher, clock: clock, receiver: receiver, webhook: webhook))
             }
@@ -97,7 +104,9 @@ struct DispatcherTests {
             var delivered = Set<String>()
             for round in 0..<60 {
                 let tasks = (0..<Int.random(in: 0...40, using: &random)).map { index in
-                    Care.Task.water("p\(Int.random(in: 0..<30, using: &random))", due: Self.start + Double(Int.random(in: 1...20, using: &random) * 3_600) + Double(index % 2))
+                    Care.Task.water(
+                        "p\(Int.random(in: 0..<30, using: &random))",
+                        due: Self.start + Double(Int.random(in: 1...20, using: &random) * 3_600) + Double(index % 2))
                 }
                 _ = try await setup.library.sync(tasks, owner: "carol")
                 let expected = Set(tasks.map { "\($0.id)@\($0.due.timeIntervalSince1970)" }).subtracting(delivered)
@@ -109,7 +118,9 @@ struct DispatcherTests {
                     delivered.insert(some)
                     let parts = some.split(separator: "@")
                     try await setup.store.database.write { db in
-                        try db.execute(sql: "UPDATE reminders SET state = 'delivered' WHERE owner = 'carol' AND taskID = ? AND due = ?", arguments: [String(parts[0]), Double(parts[1])!])
+                        try db.execute(
+                            sql: "UPDATE reminders SET state = 'delivered' WHERE owner = 'carol' AND taskID = ? AND due = ?",
+                            arguments: [String(parts[0]), Double(parts[1])!])
                     }
                 }
             }
@@ -121,7 +132,9 @@ struct DispatcherTests {
     @Test func remindersFireOnTimeDigestedAndSignedAsStandardWebhooksSay() async throws {
         try await withDispatcher { setup in
             let t = Self.start
-            try await setup.sync([.water("p1", due: t + 60, name: "Monstera"), .water("p2", due: t + 300, name: "Pothos"), .water("p3", due: t + 2_000, name: "Fern")])
+            try await setup.sync([
+                .water("p1", due: t + 60, name: "Monstera"), .water("p2", due: t + 300, name: "Pothos"), .water("p3", due: t + 2_000, name: "Fern"),
+            ])
             setup.clock.advance(by: 59)
             #expect(try await !eventually(within: .milliseconds(300)) { !setup.receiver.received.isEmpty }, "nothing before its time")
             setup.clock.advance(by: 1)
@@ -163,8 +176,10 @@ struct DispatcherTests {
             """
         let process = Process()
         process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-        process.arguments = ["python3", "-c", script, secret, request.headers["webhook-id"] ?? "", request.headers["webhook-timestamp"] ?? "",
-                             request.headers["webhook-signature"] ?? ""]
+        process.arguments = [
+            "python3", "-c", script, secret, request.headers["webhook-id"] ?? "", request.headers["webhook-timestamp"] ?? "",
+            request.headers["webhook-signature"] ?? "",
+        ]
         let input = Pipe()
         process.standardInput = input
         try process.run()
@@ -291,8 +306,9 @@ struct DispatcherTests {
                 Reminders.Reminder(taskID: "a:water", plantID: "a", kind: .water, title: "Water Monstera", due: Self.start, state: .sending),
                 Reminders.Reminder(taskID: "b:water", plantID: "b", kind: .water, title: "Water Pothos", due: Self.start, state: .sending),
             ]
-            let notification = ReminderNotification(id: ReminderNotification.key(deviceID: device.id, reminders: reminders.map { ($0.taskID, $0.due.timeIntervalSince1970) }),
-                                                    reminders: reminders)
+            let notification = ReminderNotification(
+                id: ReminderNotification.key(deviceID: device.id, reminders: reminders.map { ($0.taskID, $0.due.timeIntervalSince1970) }),
+                reminders: reminders)
             let record = try await setup.store.read { data in try data.device(owner: "erin", id: device.id) }
             #expect(await channel.deliver(notification, to: try #require(record)) == .accepted("HTTP 200"))
             let received = try #require(setup.receiver.received.last)
@@ -303,7 +319,10 @@ struct DispatcherTests {
             #expect(received.headers["x-canopy-id"] == notification.id)
             #expect(String(decoding: received.body, as: UTF8.self) == "Water Monstera\nWater Pothos")
             // The key is the same for the same reminders and device, and differs for another device.
-            #expect(ReminderNotification.key(deviceID: device.id, reminders: [("b:water", Self.start.timeIntervalSince1970), ("a:water", Self.start.timeIntervalSince1970)]) == notification.id)
+            #expect(
+                ReminderNotification.key(
+                    deviceID: device.id, reminders: [("b:water", Self.start.timeIntervalSince1970), ("a:water", Self.start.timeIntervalSince1970)])
+                    == notification.id)
             #expect(ReminderNotification.key(deviceID: "other", reminders: [("a:water", Self.start.timeIntervalSince1970)]) != notification.id)
         }
     }
@@ -322,9 +341,13 @@ struct DispatcherTests {
                 #expect(throws: CanopyError.self) { try request.validate() }
             }
             let library = ReminderLibrary(store: setup.store) // no host allowed
-            for address in ["http://127.0.0.1:8080/x", "http://10.1.2.3/x", "http://[::1]/x", "http://localhost/x", "http://169.254.169.254/latest",
-                            "http://[::a9fe:a9fe]/", "http://[64:ff9b::a9fe:a9fe]/", "http://[2002:a9fe:a9fe::1]/", "http://[::ffff:10.0.0.1]/"] {
-                let error = #expect(throws: CanopyError.self) { _ = try library.register(.init(channel: .webhook, address: address, secret: Self.secret), owner: "alice") }
+            for address in [
+                "http://127.0.0.1:8080/x", "http://10.1.2.3/x", "http://[::1]/x", "http://localhost/x", "http://169.254.169.254/latest",
+                "http://[::a9fe:a9fe]/", "http://[64:ff9b::a9fe:a9fe]/", "http://[2002:a9fe:a9fe::1]/", "http://[::ffff:10.0.0.1]/",
+            ] {
+                let error = #expect(throws: CanopyError.self) {
+                    _ = try library.register(.init(channel: .webhook, address: address, secret: Self.secret), owner: "alice")
+                }
                 #expect(error?.message.contains("private") == true, "\(address)")
             }
             let unresolvable = #expect(throws: CanopyError.self) {
@@ -338,9 +361,13 @@ struct DispatcherTests {
             // allowed goes nowhere once the connection's own check refuses the address.
             let device = try setup.library.register(.init(channel: .webhook, address: setup.webhook, name: "old", secret: Self.secret), owner: "frank")
             let strict = WebhookChannel(http: try notificationHTTP(allowedHosts: []))
-            let outcome = await strict.deliver(ReminderNotification(id: "00000000-0000-0000-0000-000000000001", reminders: []),
-                                               to: try #require(try await setup.store.read { data in try data.device(owner: "frank", id: device.id) }))
-            guard case .rejected(let reason, deactivate: false) = outcome else { Issue.record("\(outcome)"); return }
+            let outcome = await strict.deliver(
+                ReminderNotification(id: "00000000-0000-0000-0000-000000000001", reminders: []),
+                to: try #require(try await setup.store.read { data in try data.device(owner: "frank", id: device.id) }))
+            guard case .rejected(let reason, deactivate: false) = outcome else {
+                Issue.record("\(outcome)")
+                return
+            }
             #expect(reason.contains("internal"))
             #expect(setup.receiver.received.isEmpty, "nothing reached the internal address")
         }

@@ -51,8 +51,10 @@ final class FakeAPNs: Sendable {
     let caFile: URL
 
     private let publicKey: P256.Signing.PublicKey
-    fileprivate typealias State = (received: [Received], scripted: [(Int, String)], unregistered: Set<String>, port: Int?,
-                               lastToken: (token: String, firstSeen: Date)?)
+    fileprivate typealias State = (
+        received: [Received], scripted: [(Int, String)], unregistered: Set<String>, port: Int?,
+        lastToken: (token: String, firstSeen: Date)?
+    )
     fileprivate final class Shared: Sendable {
         let value = Mutex<State>(([], [], [], nil, nil))
     }
@@ -96,8 +98,10 @@ final class FakeAPNs: Sendable {
             let token = context.parameters.get("token") ?? ""
             let (status, reason) = server.answer(token: token, headers: headers, body: Array(body.readableBytesView))
             server.shared.value.withLock {
-                $0.received.append(Received(deviceToken: token, headers: headers, body: Array(body.readableBytesView), http2: context.http2,
-                                            status: status, reason: reason))
+                $0.received.append(
+                    Received(
+                        deviceToken: token, headers: headers, body: Array(body.readableBytesView), http2: context.http2,
+                        status: status, reason: reason))
             }
             var fields = HTTPFields()
             if let id = headers["apns-id"] { fields[HTTPFields.Element.Name("apns-id")!] = id }
@@ -110,9 +114,10 @@ final class FakeAPNs: Sendable {
         }
         let shared = Shared()
         self.shared = shared
-        application = Application(router: router, server: try .http2Upgrade(tlsConfiguration: tls),
-                                  configuration: .init(address: .hostname("127.0.0.1", port: 0), serverName: "fake-apns"),
-                                  onServerRunning: { channel in shared.value.withLock { $0.port = channel.localAddress?.port } })
+        application = Application(
+            router: router, server: try .http2Upgrade(tlsConfiguration: tls),
+            configuration: .init(address: .hostname("127.0.0.1", port: 0), serverName: "fake-apns"),
+            onServerRunning: { channel in shared.value.withLock { $0.port = channel.localAddress?.port } })
         box.server = self
     }
 
@@ -127,7 +132,8 @@ final class FakeAPNs: Sendable {
     /// half a minute.
     func url(within limit: Duration = .seconds(120)) async throws -> String {
         guard try await eventually(within: limit, { shared.value.withLock { $0.port } != nil }),
-              let port = shared.value.withLock({ $0.port }) else { throw NotListening(limit: limit) }
+            let port = shared.value.withLock({ $0.port })
+        else { throw NotListening(limit: limit) }
         return "https://localhost:\(port)"
     }
 
@@ -157,10 +163,15 @@ final class FakeAPNs: Sendable {
         if let collapse = headers["apns-collapse-id"], collapse.utf8.count > 64 { return (400, "BadCollapseId") }
         guard !body.isEmpty else { return (400, "PayloadEmpty") }
         guard body.count <= 4_096 else { return (413, "PayloadTooLarge") }
-        guard token.utf8.count == 64, token.utf8.allSatisfy({ ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x61 && $0 <= 0x66) }) else { return (400, "BadDeviceToken") }
+        guard token.utf8.count == 64, token.utf8.allSatisfy({ ($0 >= 0x30 && $0 <= 0x39) || ($0 >= 0x61 && $0 <= 0x66) }) else {
+            return (400, "BadDeviceToken")
+        }
         return shared.value.withLock { state -> (Int, String?) in
             if state.unregistered.contains(token) { return (410, "Unregistered") }
-            if !state.scripted.isEmpty { let (status, reason) = state.scripted.removeFirst(); return (status, reason) }
+            if !state.scripted.isEmpty {
+                let (status, reason) = state.scripted.removeFirst()
+                return (status, reason)
+            }
             return (200, nil)
         }
     }
@@ -170,13 +181,14 @@ final class FakeAPNs: Sendable {
         let token = String(authorization.dropFirst(7))
         let parts = token.split(separator: ".", omittingEmptySubsequences: false).map(String.init)
         guard parts.count == 3, let headerBytes = Self.base64URL(parts[0]), let claimsBytes = Self.base64URL(parts[1]),
-              let signatureBytes = Self.base64URL(parts[2]),
-              let header = try? JSONSerialization.jsonObject(with: headerBytes) as? [String: Any],
-              let claims = try? JSONSerialization.jsonObject(with: claimsBytes) as? [String: Any],
-              header["alg"] as? String == "ES256", header["kid"] as? String == Self.keyID, claims["iss"] as? String == Self.teamID,
-              let iat = (claims["iat"] as? NSNumber)?.doubleValue,
-              let signature = try? P256.Signing.ECDSASignature(rawRepresentation: signatureBytes),
-              publicKey.isValidSignature(signature, for: Data((parts[0] + "." + parts[1]).utf8)) else {
+            let signatureBytes = Self.base64URL(parts[2]),
+            let header = try? JSONSerialization.jsonObject(with: headerBytes) as? [String: Any],
+            let claims = try? JSONSerialization.jsonObject(with: claimsBytes) as? [String: Any],
+            header["alg"] as? String == "ES256", header["kid"] as? String == Self.keyID, claims["iss"] as? String == Self.teamID,
+            let iat = (claims["iat"] as? NSNumber)?.doubleValue,
+            let signature = try? P256.Signing.ECDSASignature(rawRepresentation: signatureBytes),
+            publicKey.isValidSignature(signature, for: Data((parts[0] + "." + parts[1]).utf8))
+        else {
             return (403, "InvalidProviderToken")
         }
         let now = self.now()

@@ -4,6 +4,7 @@ import CanopyServiceKit
 import CanopyTesting
 import Foundation
 import Testing
+
 @testable import CanopyRemind
 
 /// `canopy-remind` as an operator runs it.
@@ -46,12 +47,16 @@ struct RemindCommandLineTests {
         let partial = try await run(["serve", "--apns-key-file", "/tmp/AuthKey.p8", "--apns-topic", "org.canopy.app"])
         #expect(partial.status != 0)
         #expect(partial.errors.contains("--apns-key-id") && partial.errors.contains("--apns-team-id"), "\(partial.errors)")
-        let badTeam = try await run(["serve", "--apns-key-file", "/tmp/AuthKey.p8", "--apns-key-id", "ABC123DEFG", "--apns-team-id", "team",
-                                     "--apns-topic", "org.canopy.app"])
+        let badTeam = try await run([
+            "serve", "--apns-key-file", "/tmp/AuthKey.p8", "--apns-key-id", "ABC123DEFG", "--apns-team-id", "team",
+            "--apns-topic", "org.canopy.app",
+        ])
         #expect(badTeam.status != 0 && badTeam.errors.contains("team id"), "\(badTeam.errors)")
-        let noKey = try await run(["serve", "--apns-key-file", "/nonexistent/AuthKey.p8", "--apns-key-id", "ABC123DEFG", "--apns-team-id", "DEF123GHIJ",
-                                   "--apns-topic", "org.canopy.app", "--endpoint", "tcp://127.0.0.1:1", "--metrics-bind", "off",
-                                   "--data-dir", FileManager.default.temporaryDirectory.appendingPathComponent("canopy-remind-cli-\(UUID().uuidString)").path])
+        let noKey = try await run([
+            "serve", "--apns-key-file", "/nonexistent/AuthKey.p8", "--apns-key-id", "ABC123DEFG", "--apns-team-id", "DEF123GHIJ",
+            "--apns-topic", "org.canopy.app", "--endpoint", "tcp://127.0.0.1:1", "--metrics-bind", "off",
+            "--data-dir", FileManager.default.temporaryDirectory.appendingPathComponent("canopy-remind-cli-\(UUID().uuidString)").path,
+        ])
         #expect(noKey.status != 0 && noKey.errors.contains(".p8"), "\(noKey.errors)")
     }
 }

@@ -5,6 +5,7 @@ import CanopyTesting
 import Foundation
 import Logging
 import Testing
+
 @testable import CanopyRemind
 
 /// canopy-remind replicas on one PostgreSQL database, with a hand-driven clock and a local
@@ -36,8 +37,10 @@ struct ReminderReplicaTests {
         let receiver = RecordingServer()
         try await withRunning([receiver.application], logger: logger) {
             for person in 0..<people {
-                _ = try libraries[0].register(.init(channel: .webhook, address: try await receiver.url("/hooks/person-\(person)"), name: "phone",
-                                                    secret: "whsec_" + Data(repeating: 7, count: 32).base64EncodedString()), owner: "person-\(person)")
+                _ = try libraries[0].register(
+                    .init(
+                        channel: .webhook, address: try await receiver.url("/hooks/person-\(person)"), name: "phone",
+                        secret: "whsec_" + Data(repeating: 7, count: 32).base64EncodedString()), owner: "person-\(person)")
             }
             let clock = ManualClock(Self.start)
             let http = try notificationHTTP(allowedHosts: ["127.0.0.1"])
@@ -62,14 +65,18 @@ struct ReminderReplicaTests {
                 for dispatcher in replicas.dispatchers { dispatcher.schedule(scheduled) }
             }
             // Time goes on (a person another replica was busy with comes round a second later).
-            #expect(try await eventually(within: .seconds(60), every: .milliseconds(20)) { // generous: a loaded machine took over 20 s
-                replicas.clock.advance(by: 5)
-                return replicas.receiver.received.count >= 36
-            }, "\(replicas.receiver.received.count) of 36 arrived")
+            #expect(
+                try await eventually(within: .seconds(60), every: .milliseconds(20)) { // generous: a loaded machine took over 20 s
+                    replicas.clock.advance(by: 5)
+                    return replicas.receiver.received.count >= 36
+                }, "\(replicas.receiver.received.count) of 36 arrived")
             #expect(try await !eventually(within: .milliseconds(300)) { replicas.receiver.received.count > 36 }, "no second copy arrives")
             let ids = replicas.receiver.received.compactMap { $0.headers["webhook-id"] }
             #expect(ids.count == 36 && Set(ids).count == 36, "36 reminders, each sent once: \(ids.count) requests, \(Set(ids).count) ids")
-            #expect(try await eventually { try replicas.stores[0].read { data in try (0..<12).allSatisfy { try data.pendingSummary(owner: "person-\($0)").count == 0 } } })
+            #expect(
+                try await eventually {
+                    try replicas.stores[0].read { data in try (0..<12).allSatisfy { try data.pendingSummary(owner: "person-\($0)").count == 0 } }
+                })
         }
     }
 
@@ -123,10 +130,11 @@ struct ReminderReplicaTests {
             let key = try #require(try await survivor.read { data in try data.pendingSend(id: send) }).send.notification.id
             killed.database.close()
             // The survivor's sweep takes it seconds later, long before the lease would end.
-            #expect(try await eventually(within: .seconds(20), every: .milliseconds(200)) {
-                if replicas.clock.now() < Self.start + 20 { replicas.clock.advance(by: 1) }
-                return replicas.receiver.received.count == 1
-            }, "sent by the survivor before the lease ends")
+            #expect(
+                try await eventually(within: .seconds(20), every: .milliseconds(200)) {
+                    if replicas.clock.now() < Self.start + 20 { replicas.clock.advance(by: 1) }
+                    return replicas.receiver.received.count == 1
+                }, "sent by the survivor before the lease ends")
             #expect(replicas.clock.now() < Self.start + settings.lease.seconds)
             #expect(replicas.receiver.received.first?.headers["webhook-id"] == key)
         }

@@ -4,6 +4,7 @@ import CanopyTesting
 import Foundation
 import Logging
 import Testing
+
 @testable import CanopyRemind
 
 /// The store contract (``ReminderStoring``) on its own, without the library's or the
@@ -85,8 +86,9 @@ struct ReminderStoreTests {
             return try data.apply(SyncPlan(window: [task("t1", in: 0), task("t2", plant: "p2", in: 0)], known: []), owner: "alice", now: now).map(\.id)
         }
         let rows = try await store.read { data in try data.pendingReminders(ids: ids) }
-        let notification = ReminderNotification(id: ReminderNotification.key(deviceID: "d1", reminders: rows.map { ($0.reminder.taskID, $0.reminder.due.timeIntervalSince1970) }),
-                                                reminders: rows.map(\.reminder))
+        let notification = ReminderNotification(
+            id: ReminderNotification.key(deviceID: "d1", reminders: rows.map { ($0.reminder.taskID, $0.reminder.due.timeIntervalSince1970) }),
+            reminders: rows.map(\.reminder))
         let send = try await store.write { (data: any ReminderWrites) throws -> Int64? in
             try data.setState(.sending, ofReminders: ids, at: now)
             let send = try data.insertSend(owner: "alice", deviceID: "d1", notification: notification, reminderIDs: ids, at: now)

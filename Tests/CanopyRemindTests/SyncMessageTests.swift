@@ -11,9 +11,10 @@ struct SyncMessageTests {
     static func window(snoozed: Bool = false) -> [Care.Task] {
         (0..<64).map { index in
             let plant = index % 8
-            return Care.Task(id: "p\(plant):water", plantID: "p\(plant)", kind: .water, title: "Water plant \(plant)",
-                             due: day.addingTimeInterval(Double(index / 8) * 4 * 86_400 + Double(plant) * 3_600),
-                             snoozedUntil: snoozed && index == 3 ? day.addingTimeInterval(10 * 3_600) : nil)
+            return Care.Task(
+                id: "p\(plant):water", plantID: "p\(plant)", kind: .water, title: "Water plant \(plant)",
+                due: day.addingTimeInterval(Double(index / 8) * 4 * 86_400 + Double(plant) * 3_600),
+                snoozedUntil: snoozed && index == 3 ? day.addingTimeInterval(10 * 3_600) : nil)
         }.sorted { ($0.due, $0.id) < ($1.due, $1.id) }
     }
 

@@ -2,6 +2,7 @@ import CanopyMessages
 import Foundation
 import Hummingbird
 import Synchronization
+
 @testable import CanopyRemind
 
 /// A clock the test moves by hand; sleepers wake when it passes their deadline.
@@ -43,7 +44,6 @@ final class ManualClock: ReminderClock {
         for sleeper in woken { sleeper.continuation.resume() }
     }
 }
-
 
 extension Care.Task {
     static func water(_ plant: String, due: Date, name: String? = nil) -> Care.Task {

@@ -21,7 +21,9 @@ struct DatabaseURLTests {
         try Data("from-the-secret\n".utf8).write(to: URL(fileURLWithPath: directory.path("password")))
         let url = try DatabaseURL(parsing: "postgres://canopy:in-the-url@db/canopy", passwordFile: directory.path("password"))
         #expect(url.password == "from-the-secret")
-        let missing = #expect(throws: DatabaseURL.Invalid.self) { try DatabaseURL(parsing: "postgres://canopy@db/canopy", passwordFile: directory.path("none")) }
+        let missing = #expect(throws: DatabaseURL.Invalid.self) {
+            try DatabaseURL(parsing: "postgres://canopy@db/canopy", passwordFile: directory.path("none"))
+        }
         #expect(missing?.description.contains("cannot read the database password file") == true)
     }
 

@@ -93,7 +93,10 @@ struct PostgresMigratorTests {
                     group.addTask {
                         let replica = PostgresClient(configuration: url.clientConfiguration())
                         return try await withThrowingTaskGroup(of: [String].self) { inner in
-                            inner.addTask { await replica.run(); return [] }
+                            inner.addTask {
+                                await replica.run()
+                                return []
+                            }
                             defer { inner.cancelAll() } // also when migrating throws
                             return try await migrator.migrate(replica, logger: Logger(label: "replica"))
                         }

@@ -48,7 +48,10 @@ struct StoreImportTests {
 
             let imported = try await Self.notes.run(from: source, into: url, source: directory.path(""), install: "install-a", logger: logger)
             #expect(imported.outcome == .imported && imported.tables.map(\.rows) == [2, 1])
-            if case .imported = try Self.notes.check(from: source, into: target, install: "install-a") {} else { Issue.record("this install's import is there") }
+            if case .imported = try Self.notes.check(from: source, into: target, install: "install-a") {
+            } else {
+                Issue.record("this install's import is there")
+            }
             #expect(try await Self.notes.run(from: source, into: url, source: directory.path(""), install: "install-a", logger: logger).outcome == .unchanged)
 
             // Another install: refused before and inside the import, the rows kept.

@@ -42,22 +42,25 @@ struct StoreSnapshotTests {
         defer { directory.remove() }
         let database = try DatabaseQueue(path: directory.path("remind.sqlite"))
         try database.write { db in
-            try db.execute(sql: """
-                CREATE TABLE devices (id TEXT PRIMARY KEY, owner TEXT NOT NULL, UNIQUE (owner, id));
-                CREATE TABLE reminders (id INTEGER PRIMARY KEY, owner TEXT NOT NULL, title TEXT NOT NULL);
-                CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-                INSERT INTO devices VALUES ('d1', 'ann'), ('d2', 'bob');
-                INSERT INTO reminders VALUES (1, 'ann', 'Water ann''s fern'), (2, 'ann', 'Mist');
-                INSERT INTO meta VALUES ('owner', 'ann');
-                """)
+            try db.execute(
+                sql: """
+                    CREATE TABLE devices (id TEXT PRIMARY KEY, owner TEXT NOT NULL, UNIQUE (owner, id));
+                    CREATE TABLE reminders (id INTEGER PRIMARY KEY, owner TEXT NOT NULL, title TEXT NOT NULL);
+                    CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+                    INSERT INTO devices VALUES ('d1', 'ann'), ('d2', 'bob');
+                    INSERT INTO reminders VALUES (1, 'ann', 'Water ann''s fern'), (2, 'ann', 'Mist');
+                    INSERT INTO meta VALUES ('owner', 'ann');
+                    """)
         }
         try database.close()
         let changed = try StoreOwners.rename(inStoreAt: directory.path("remind.sqlite")) { "p-" + String($0.reversed()) }
         #expect(changed == 4)
         let after = try DatabaseQueue(path: directory.path("remind.sqlite"))
         let (devices, owners, titles, meta) = try after.read { db in
-            (try String.fetchAll(db, sql: "SELECT owner FROM devices ORDER BY id"), try String.fetchAll(db, sql: "SELECT owner FROM reminders ORDER BY id"),
-             try String.fetchAll(db, sql: "SELECT title FROM reminders ORDER BY id"), try String.fetchOne(db, sql: "SELECT value FROM meta"))
+            (
+                try String.fetchAll(db, sql: "SELECT owner FROM devices ORDER BY id"), try String.fetchAll(db, sql: "SELECT owner FROM reminders ORDER BY id"),
+                try String.fetchAll(db, sql: "SELECT title FROM reminders ORDER BY id"), try String.fetchOne(db, sql: "SELECT value FROM meta")
+            )
         }
         #expect(devices == ["p-nna", "p-bob"])
         #expect(owners == ["p-nna", "p-nna"])

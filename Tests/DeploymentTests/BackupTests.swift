@@ -20,8 +20,12 @@ extension CanopyUpTests {
 
         init(data: String, _ more: [String] = []) async throws {
             self.data = data
-            started = try await runExecutable("canopy", ["up", "--detach", "--data-dir", data, "--broker", endpoint, "--http", "127.0.0.1:\(FreePorts.any())",
-                                                         "--metrics-base", "\(FreePorts.run(of: 12))"] + more, limit: 240)
+            started = try await runExecutable(
+                "canopy",
+                [
+                    "up", "--detach", "--data-dir", data, "--broker", endpoint, "--http", "127.0.0.1:\(FreePorts.any())",
+                    "--metrics-base", "\(FreePorts.run(of: 12))",
+                ] + more, limit: 240)
             #expect(started.status == 0, "canopy up: \(started.output) \(started.errors)")
         }
 
@@ -31,8 +35,10 @@ extension CanopyUpTests {
 
         /// A bus call as `canopy send` makes it, for alice; its JSON reply.
         func send(_ service: String, _ operation: String, _ json: String, attach: [String] = []) async throws -> Any? {
-            let sent = try await runExecutable("canopy", ["send", service, operation, "--principal", "alice", "--json", json, "--broker", endpoint, "--data-dir", data]
-                                                   + attach.flatMap { ["--attach", $0] })
+            let sent = try await runExecutable(
+                "canopy",
+                ["send", service, operation, "--principal", "alice", "--json", json, "--broker", endpoint, "--data-dir", data]
+                    + attach.flatMap { ["--attach", $0] })
             #expect(sent.status == 0, "canopy send \(service) \(operation): \(sent.errors)")
             return try? JSONSerialization.jsonObject(with: Data(sent.output.utf8))
         }
@@ -41,7 +47,9 @@ extension CanopyUpTests {
     @Test func aRunningStackIsBackedUpAndRestoredAndAStackRunsFromIt() async throws {
         let root = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-backup-\(UUID().uuidString)")
         defer { try? FileManager.default.removeItem(at: root) }
-        let (data, backup, later) = (root.appendingPathComponent("data").path, root.appendingPathComponent("backup").path, root.appendingPathComponent("later").path)
+        let (data, backup, later) = (
+            root.appendingPathComponent("data").path, root.appendingPathComponent("backup").path, root.appendingPathComponent("later").path
+        )
         try FileManager.default.createDirectory(at: root, withIntermediateDirectories: true)
         var photos: [String] = []
         for seed in 1...2 {
@@ -54,13 +62,19 @@ extension CanopyUpTests {
         let stack = try await BackupStack(data: data)
         var shas: [String] = []
         do {
-            let plant = try #require((try await stack.send("care", "plants.add", #"{"scientificName":"Monstera deliciosa","customName":"Kept"}"#) as? [String: Any])?["id"] as? String)
+            let plant = try #require(
+                (try await stack.send("care", "plants.add", #"{"scientificName":"Monstera deliciosa","customName":"Kept"}"#) as? [String: Any])?["id"]
+                    as? String)
             for photo in photos {
-                shas.append(try #require((try await stack.send("images", "images.put", #"{"plantID":"\#(plant)"}"#, attach: [photo]) as? [String: Any])?["sha256"] as? String))
+                shas.append(
+                    try #require(
+                        (try await stack.send("images", "images.put", #"{"plantID":"\#(plant)"}"#, attach: [photo]) as? [String: Any])?["sha256"] as? String))
             }
             let backedUp = try await runExecutable("canopy", ["backup", backup, "--data-dir", data], limit: 60)
             #expect(backedUp.status == 0, "\(backedUp.errors)")
-            for store in ["images/images.sqlite", "care/care.sqlite", "identify/identify.sqlite", "remind/remind.sqlite", "api/api.sqlite", "images/originals: 2 photos"] {
+            for store in [
+                "images/images.sqlite", "care/care.sqlite", "identify/identify.sqlite", "remind/remind.sqlite", "api/api.sqlite", "images/originals: 2 photos",
+            ] {
                 #expect(backedUp.output.contains(store), "the table names \(store): \(backedUp.output)")
             }
             let mode = try FileManager.default.attributesOfItem(atPath: backup)[.posixPermissions] as? Int
@@ -89,7 +103,9 @@ extension CanopyUpTests {
         let restoredData = root.appendingPathComponent("restored").path
         let restoring = try await runExecutable("canopy", ["restore", backup, "--data-dir", restoredData, "--new-token-key"], limit: 60)
         #expect(restoring.status == 0 && restoring.output.contains("images/originals (2 photos)"), "\(restoring.output) \(restoring.errors)")
-        #expect(FileManager.default.contents(atPath: "\(restoredData)/install-id") == FileManager.default.contents(atPath: "\(data)/install-id"), "the same install")
+        #expect(
+            FileManager.default.contents(atPath: "\(restoredData)/install-id") == FileManager.default.contents(atPath: "\(data)/install-id"), "the same install"
+        )
         let restored = try await BackupStack(data: restoredData)
         do {
             let plants = (try await restored.send("care", "plants.list", "{}") as? [String: Any])?["plants"] as? [[String: Any]] ?? []

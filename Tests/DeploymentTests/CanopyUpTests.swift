@@ -28,8 +28,12 @@ struct CanopyUpTests {
         let base = FreePorts.run(of: 5)
         let http = "127.0.0.1:\(FreePorts.any())"
         let broker = "tcp://127.0.0.1:\(FreePorts.any())"
-        let up = try await runExecutable("canopy", ["up", "--detach", "--broker", broker,
-                                                    "--http", http, "--metrics-base", "\(base)"] + stack, limit: 240)
+        let up = try await runExecutable(
+            "canopy",
+            [
+                "up", "--detach", "--broker", broker,
+                "--http", http, "--metrics-base", "\(base)",
+            ] + stack, limit: 240)
         defer { _ = try? Self.runDown(stack) }
         #expect(up.status == 0, "\(up.output) \(up.errors)")
         let started = Self.rows(up.output)
@@ -49,8 +53,9 @@ struct CanopyUpTests {
         // sentence naming the ports, the first stack's data directory and the options.
         let second = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-up-\(UUID().uuidString)").path
         defer { try? FileManager.default.removeItem(atPath: second) }
-        let clash = try await runExecutable("canopy", ["up", "--detach", "--broker", broker, "--http", http, "--metrics-base", "\(base)", "--data-dir", second],
-                                            limit: 60)
+        let clash = try await runExecutable(
+            "canopy", ["up", "--detach", "--broker", broker, "--http", http, "--metrics-base", "\(base)", "--data-dir", second],
+            limit: 60)
         #expect(clash.status != 0, "\(clash.output)")
         #expect(clash.errors.contains("cannot start a stack from \(second)"), "\(clash.errors)")
         #expect(clash.errors.contains("\(broker.dropFirst(6)) for the broker's bus (--broker) is in use by canopy-broker"))
@@ -61,8 +66,10 @@ struct CanopyUpTests {
         // The app's journey over HTTP, as canopy demo walks it.
         let demo = try await runExecutable("canopy", ["demo", "--http", http, "--reminder-seconds", "2"] + stack, limit: 120)
         #expect(demo.status == 0, "\(demo.output) \(demo.errors)\n\(Self.logTails(data, ["remind", "care"]))")
-        for step in ["identify a photo", "accept it as a plant", "its care schedule", "its reminder delivered", "sent to the log channel",
-                     "complete the task, then its plant's next task", "the photo's thumbnail and palette", "done in"] {
+        for step in [
+            "identify a photo", "accept it as a plant", "its care schedule", "its reminder delivered", "sent to the log channel",
+            "complete the task, then its plant's next task", "the photo's thumbnail and palette", "done in",
+        ] {
             #expect(demo.output.contains(step), "canopy demo shows no '\(step)': \(demo.output)")
         }
         #expect(demo.output.contains("best match Ficus exemplaris"), "the demo's photo is of its second reference species")
@@ -101,9 +108,13 @@ struct CanopyUpTests {
         defer { try? FileManager.default.removeItem(atPath: data) }
         let started = ContinuousClock.now
         // canopy-api refuses a rate limit of 0 and exits; the others start.
-        let up = try await runExecutable("canopy", ["up", "--detach", "--data-dir", data, "--broker", "tcp://127.0.0.1:\(FreePorts.any())",
-                                                    "--http", "127.0.0.1:\(FreePorts.any())", "--metrics-base", "\(FreePorts.run(of: 5))"],
-                                         environment: ["CANOPY_RATE_LIMIT": "0"], limit: 120)
+        let up = try await runExecutable(
+            "canopy",
+            [
+                "up", "--detach", "--data-dir", data, "--broker", "tcp://127.0.0.1:\(FreePorts.any())",
+                "--http", "127.0.0.1:\(FreePorts.any())", "--metrics-base", "\(FreePorts.run(of: 5))",
+            ],
+            environment: ["CANOPY_RATE_LIMIT": "0"], limit: 120)
         #expect(up.status != 0)
         #expect(up.errors.contains("canopy-api exited while starting") && up.errors.contains("--rate-limit"), "\(up.errors)")
         #expect(ContinuousClock.now - started < .seconds(60), "not the three minutes a healthy stack is waited for")

@@ -3,11 +3,12 @@ import CanopyServiceKit
 import CanopyStore
 import CanopyTesting
 import Foundation
-#if canImport(FoundationNetworking)
-import FoundationNetworking
-#endif
 import Glibc
 import Testing
+
+#if canImport(FoundationNetworking)
+    import FoundationNetworking
+#endif
 
 /// docker-compose.yml's configuration run for real without a Docker engine: the secrets
 /// `scripts/compose-secrets` makes, and every compose service started as a process with its
@@ -35,8 +36,12 @@ struct ComposeStackTests {
             try FileManager.default.createDirectory(at: tree.appendingPathComponent("scripts"), withIntermediateDirectories: true)
             try FileManager.default.copyItem(at: ComposeFileTests.root.appendingPathComponent("scripts/compose-secrets"), to: script)
         }
-        return try await runProgram(at: script.path, [], environment: ["CANOPY_BIN": try LiveBus.executable("canopy").path, "CANOPY_PLANTNET_KEY": "",
-                                                                         "CANOPY_SECRETS_GROUP": getuid() == 0 ? "" : "\(getgid())"].merging(environment) { $1 })
+        return try await runProgram(
+            at: script.path, [],
+            environment: [
+                "CANOPY_BIN": try LiveBus.executable("canopy").path, "CANOPY_PLANTNET_KEY": "",
+                "CANOPY_SECRETS_GROUP": getuid() == 0 ? "" : "\(getgid())",
+            ].merging(environment) { $1 })
     }
 
     static func temporaryTree() throws -> URL {
@@ -62,8 +67,10 @@ struct ComposeStackTests {
         func file(_ name: String) throws -> (mode: Int, group: Int, bytes: Data) {
             let path = tree.appendingPathComponent("secrets/\(name)").path
             let attributes = try FileManager.default.attributesOfItem(atPath: path)
-            return (attributes[.posixPermissions] as? Int ?? -1, (attributes[.groupOwnerAccountID] as? NSNumber)?.intValue ?? -1,
-                    try Data(contentsOf: URL(fileURLWithPath: path)))
+            return (
+                attributes[.posixPermissions] as? Int ?? -1, (attributes[.groupOwnerAccountID] as? NSNumber)?.intValue ?? -1,
+                try Data(contentsOf: URL(fileURLWithPath: path))
+            )
         }
         // Every secret the compose files name, and the operator's own, exist and are readable so.
         var names = ["apns.p8"]
@@ -89,8 +96,9 @@ struct ComposeStackTests {
         let brokerPublics = [try publicKey("broker-a"), try publicKey("broker-b")]
         #expect(brokerPublics[0] != brokerPublics[1], "each broker has a key pair of its own")
         let lines = allow.split(separator: "\n").filter { !$0.hasPrefix("#") }.map { $0.split(separator: " ") }
-        #expect(lines.count == 6 && brokerPublics.allSatisfy { !allow.contains($0) } && !lines.contains { $0.count > 2 && $0[2].contains("*") },
-                "six keys, and none serves every service: \(allow)")
+        #expect(
+            lines.count == 6 && brokerPublics.allSatisfy { !allow.contains($0) } && !lines.contains { $0.count > 2 && $0[2].contains("*") },
+            "six keys, and none serves every service: \(allow)")
 
         let again = try await Self.makeSecrets(in: tree, environment: ["CANOPY_PLANTNET_KEY": "pn-key-1"])
         #expect(again.status == 0, "\(again.errors)")
@@ -223,9 +231,11 @@ struct ComposeStackTests {
         // The operator's CLI with the operator key sees every service registered with each broker over CURVE...
         let secrets = tree.appendingPathComponent("secrets")
         let endpoints = brokers.map { "tcp://127.0.0.1:\(port($0, 5555))" }
-        let operatorEnvironment = ["CANOPY_ENDPOINT": endpoints.joined(separator: ","),
-                                   "CANOPY_CURVE_SERVER_KEY": brokers.map { secrets.appendingPathComponent("\($0).pub").path }.joined(separator: ","),
-                                   "CANOPY_CURVE_SECRET_KEY_FILE": secrets.appendingPathComponent("operator.key").path]
+        let operatorEnvironment = [
+            "CANOPY_ENDPOINT": endpoints.joined(separator: ","),
+            "CANOPY_CURVE_SERVER_KEY": brokers.map { secrets.appendingPathComponent("\($0).pub").path }.joined(separator: ","),
+            "CANOPY_CURVE_SECRET_KEY_FILE": secrets.appendingPathComponent("operator.key").path,
+        ]
         let listed = try await runExecutable("canopy", ["services"], environment: operatorEnvironment)
         #expect(listed.status == 0, "\(listed.errors)")
         // Each broker's rows: from the row naming it to the next.
@@ -248,8 +258,12 @@ struct ComposeStackTests {
         #expect(refused.status != 0 && refused.errors.contains("unauthorized"), "\(refused.output) \(refused.errors)")
 
         // An app over HTTP, with a token signed by the secret key canopy-api reads.
-        let issued = try await runExecutable("canopy-api", ["token", "issue", "--user", "alice", "--token-key-file",
-                                                              secrets.appendingPathComponent("token.key").path])
+        let issued = try await runExecutable(
+            "canopy-api",
+            [
+                "token", "issue", "--user", "alice", "--token-key-file",
+                secrets.appendingPathComponent("token.key").path,
+            ])
         let token = issued.output.trimmingCharacters(in: .whitespacesAndNewlines)
         #expect(issued.status == 0 && !token.isEmpty, "\(issued.errors)")
         func send(_ method: String, _ path: String, json: String? = nil) async throws -> (Int, String) {

@@ -235,7 +235,8 @@ struct KubernetesManifestTests {
                 #expect(mount?["readOnly"] as? Bool == true, "\(name) mounts no read-only /run/secrets")
                 for (variable, value) in Self.environment(container) {
                     for path in value.split(separator: ",") where path.hasPrefix("/run/secrets/") {
-                        #expect(mounted.keys.contains(String(path.dropFirst("/run/secrets/".count))), "\(name): \(variable) names \(path), which is not mounted")
+                        #expect(
+                            mounted.keys.contains(String(path.dropFirst("/run/secrets/".count))), "\(name): \(variable) names \(path), which is not mounted")
                     }
                 }
             }
@@ -281,7 +282,8 @@ struct KubernetesManifestTests {
                 let deployment = try #require(objects["Deployment/\(name)"])
                 let pod = Self.pod(deployment)
                 let security = Self.dictionary(pod["securityContext"])
-                #expect(security["runAsUser"] as? Int == uid && security["runAsGroup"] as? Int == uid && security["fsGroup"] as? Int == uid, "\(name): \(security)")
+                #expect(
+                    security["runAsUser"] as? Int == uid && security["runAsGroup"] as? Int == uid && security["fsGroup"] as? Int == uid, "\(name): \(security)")
                 #expect(security["runAsNonRoot"] as? Bool == true, "\(name)")
                 let container = try Self.container(deployment)
                 let containerSecurity = Self.dictionary(container["securityContext"])
@@ -351,7 +353,9 @@ struct KubernetesManifestTests {
                 let budgetSpec = Self.dictionary(budget["spec"])
                 let selector = Self.dictionary(Self.dictionary(budgetSpec["selector"])["matchLabels"])
                 let labels = Self.dictionary(Self.dictionary(Self.dictionary(spec["template"])["metadata"])["labels"])
-                #expect(!selector.isEmpty && selector.allSatisfy { labels[$0.key] as? String == $0.value as? String }, "PodDisruptionBudget \(budgetName) does not select \(name)'s pods")
+                #expect(
+                    !selector.isEmpty && selector.allSatisfy { labels[$0.key] as? String == $0.value as? String },
+                    "PodDisruptionBudget \(budgetName) does not select \(name)'s pods")
                 #expect(budgetSpec["maxUnavailable"] as? Int == 1, "\(budgetName)")
             }
         }
@@ -420,7 +424,8 @@ struct KubernetesManifestTests {
         }
         let ignored = try String(contentsOf: ComposeFileTests.root.appendingPathComponent(".gitignore"), encoding: .utf8)
         #expect(ignored.split(separator: "\n").contains("secrets/"), "git must ignore every secrets/ directory")
-        let database = try #require(Self.dictionaries(overlay["secretGenerator"]).first { $0["name"] as? String == "canopy-database" }, "the overlay makes no canopy-database")
+        let database = try #require(
+            Self.dictionaries(overlay["secretGenerator"]).first { $0["name"] as? String == "canopy-database" }, "the overlay makes no canopy-database")
         let url = try #require((database["literals"] as? [String] ?? []).first { $0.hasPrefix("url=") }, "canopy-database has no url")
         #expect(url.hasPrefix("url=postgres://canopy@"), "\(url)")
     }

@@ -3,8 +3,8 @@ import CanopyServiceKit
 import CanopyStore
 import CanopyTesting
 import Foundation
-import Glibc
 import GRDB
+import Glibc
 import Testing
 
 /// `canopy migrate` never loses data: a database another install filled is refused and left
@@ -18,8 +18,11 @@ extension CanopyUpTests {
         try Data(try SyntheticPlant.species(seed % 3).photo(seed: seed)).write(to: URL(fileURLWithPath: photo))
         let stack = try await BackupStack(data: data)
         do {
-            let plant = try #require((try await stack.send("care", "plants.add", #"{"scientificName":"Monstera deliciosa","customName":"\#(name)"}"#) as? [String: Any])?["id"] as? String)
-            let sha = try #require((try await stack.send("images", "images.put", #"{"plantID":"\#(plant)"}"#, attach: [photo]) as? [String: Any])?["sha256"] as? String)
+            let plant = try #require(
+                (try await stack.send("care", "plants.add", #"{"scientificName":"Monstera deliciosa","customName":"\#(name)"}"#) as? [String: Any])?["id"]
+                    as? String)
+            let sha = try #require(
+                (try await stack.send("images", "images.put", #"{"plantID":"\#(plant)"}"#, attach: [photo]) as? [String: Any])?["sha256"] as? String)
             await stack.down()
             return sha
         } catch {
@@ -78,8 +81,9 @@ extension CanopyUpTests {
         let (url, to) = try await Self.target(in: root)
         let foreign = try await runExecutable("canopy", ["migrate", "--from", data] + to, limit: 60)
         #expect(foreign.status != 0, "\(foreign.output)")
-        #expect(foreign.errors.contains("\(care) is an SQLite database but not canopy-care's store") && foreign.errors.contains("it has no table plants"),
-                "\(foreign.errors)")
+        #expect(
+            foreign.errors.contains("\(care) is an SQLite database but not canopy-care's store") && foreign.errors.contains("it has no table plants"),
+            "\(foreign.errors)")
         #expect(!foreign.errors.contains("SQLite error"), "\(foreign.errors)")
         // A file that is not SQLite at all.
         try Data("this is not a database, it is a shopping list\n".utf8).write(to: URL(fileURLWithPath: care))
@@ -157,8 +161,11 @@ extension CanopyUpTests {
         let stack = try await BackupStack(data: root.path("data"), database + ["--originals-dir", photos])
         let sha: String
         do {
-            let plant = try #require((try await stack.send("care", "plants.add", #"{"scientificName":"Monstera deliciosa","customName":"Dumped"}"#) as? [String: Any])?["id"] as? String)
-            sha = try #require((try await stack.send("images", "images.put", #"{"plantID":"\#(plant)"}"#, attach: [photo]) as? [String: Any])?["sha256"] as? String)
+            let plant = try #require(
+                (try await stack.send("care", "plants.add", #"{"scientificName":"Monstera deliciosa","customName":"Dumped"}"#) as? [String: Any])?["id"]
+                    as? String)
+            sha = try #require(
+                (try await stack.send("images", "images.put", #"{"plantID":"\#(plant)"}"#, attach: [photo]) as? [String: Any])?["sha256"] as? String)
             let backedUp = try await runExecutable("canopy", ["backup", backup, "--data-dir", stack.data, "--originals-dir", photos] + database, limit: 120)
             #expect(backedUp.status == 0 && backedUp.output.contains("at one cut"), "\(backedUp.output) \(backedUp.errors)")
         } catch {

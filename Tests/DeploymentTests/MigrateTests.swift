@@ -19,8 +19,11 @@ extension CanopyUpTests {
         let single = try await BackupStack(data: data)
         let sha: String
         do {
-            let plant = try #require((try await single.send("care", "plants.add", #"{"scientificName":"Monstera deliciosa","customName":"Moved"}"#) as? [String: Any])?["id"] as? String)
-            sha = try #require((try await single.send("images", "images.put", #"{"plantID":"\#(plant)"}"#, attach: [photo]) as? [String: Any])?["sha256"] as? String)
+            let plant = try #require(
+                (try await single.send("care", "plants.add", #"{"scientificName":"Monstera deliciosa","customName":"Moved"}"#) as? [String: Any])?["id"]
+                    as? String)
+            sha = try #require(
+                (try await single.send("images", "images.put", #"{"plantID":"\#(plant)"}"#, attach: [photo]) as? [String: Any])?["sha256"] as? String)
         } catch {
             await single.down()
             throw error
@@ -46,8 +49,12 @@ extension CanopyUpTests {
         #expect(again.output.contains("photos: 0 copied") && again.output.contains("1 already in"), "\(again.output)")
 
         // A stack with two replicas of care and images runs from it: the plant and the photo.
-        let stack = try await BackupStack(data: replicated, ["--database-url", url.description, "--database-password-file", passwordFile,
-                                                             "--originals-dir", shared, "--replicas", "care=2,images=2"])
+        let stack = try await BackupStack(
+            data: replicated,
+            [
+                "--database-url", url.description, "--database-password-file", passwordFile,
+                "--originals-dir", shared, "--replicas", "care=2,images=2",
+            ])
         do {
             let names = Self.rows(stack.started.output).map(\.name)
             #expect(names.contains("care-2") && names.contains("images-2"), "\(stack.started.output)")

@@ -24,9 +24,10 @@ struct PortTakenTests {
         let directory = try dataDirectory()
         defer { try? FileManager.default.removeItem(at: directory) }
         // The stack's usual arguments, with this service's metrics port the one held.
-        let launch = CanopyStack.Launch(endpoint: "tcp://127.0.0.1:\(FreePorts.any())", http: "127.0.0.1:\(FreePorts.any())",
-                                        dataDirectory: directory.path, metricsBase: taken.port - (service.metricsPort - CanopyStack.broker.metricsPort),
-                                        tokenKeyFile: directory.appendingPathComponent("token.key").path)
+        let launch = CanopyStack.Launch(
+            endpoint: "tcp://127.0.0.1:\(FreePorts.any())", http: "127.0.0.1:\(FreePorts.any())",
+            dataDirectory: directory.path, metricsBase: taken.port - (service.metricsPort - CanopyStack.broker.metricsPort),
+            tokenKeyFile: directory.appendingPathComponent("token.key").path)
         let result = try await runExecutable(service.executable, launch.arguments(service), limit: 30)
         #expect(result.status != 0 && result.status != 15, "\(service.executable) exited \(result.status)")
         #expect(result.errors.contains("cannot listen on 127.0.0.1:\(taken.port) for /metrics and /health"), "\(result.errors.suffix(600))")
@@ -43,9 +44,13 @@ struct PortTakenTests {
         defer { taken.release() }
         let directory = try dataDirectory()
         defer { try? FileManager.default.removeItem(at: directory) }
-        let result = try await runExecutable("canopy-api", ["serve", "--endpoint", "tcp://127.0.0.1:\(FreePorts.any())", "--http", "127.0.0.1:\(taken.port)",
-                                                              "--metrics-bind", "off", "--token-key-file", directory.appendingPathComponent("token.key").path],
-                                             limit: 30)
+        let result = try await runExecutable(
+            "canopy-api",
+            [
+                "serve", "--endpoint", "tcp://127.0.0.1:\(FreePorts.any())", "--http", "127.0.0.1:\(taken.port)",
+                "--metrics-bind", "off", "--token-key-file", directory.appendingPathComponent("token.key").path,
+            ],
+            limit: 30)
         #expect(result.status != 0 && result.status != 15)
         #expect(result.errors.contains("cannot listen on 127.0.0.1:\(taken.port) for the HTTP API"), "\(result.errors.suffix(600))")
         #expect(result.errors.contains("--http"))

@@ -31,8 +31,9 @@ struct ReplayFreshTests {
         let data = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-replay-\(UUID().uuidString)").path
         let stack = ["--data-dir", data]
         let broker = "tcp://127.0.0.1:\(FreePorts.any())", http = "127.0.0.1:\(FreePorts.any())"
-        let up = try await runExecutable("canopy", ["up", "--detach", "--broker", broker, "--http", http, "--metrics-base", "\(FreePorts.run(of: 5))"] + stack,
-                                         limit: 240)
+        let up = try await runExecutable(
+            "canopy", ["up", "--detach", "--broker", broker, "--http", http, "--metrics-base", "\(FreePorts.run(of: 5))"] + stack,
+            limit: 240)
         if up.status != 0 {
             _ = try? CanopyUpTests.runDown(stack)
             try? FileManager.default.removeItem(atPath: data)
@@ -105,12 +106,14 @@ struct ReplayFreshTests {
         let snapshotCounts = try Self.plantCounts(capture + ".snapshot/care/care.sqlite")
         let liveCounts = try Self.plantCounts(data + "/care/care.sqlite")
         for person in people {
-            #expect((snapshotCounts[person] ?? 0) + (capturedAdds[person] ?? 0) == liveCounts[person] ?? 0,
-                    "\(person): \(snapshotCounts[person] ?? 0) in the snapshot + \(capturedAdds[person] ?? 0) captured vs \(liveCounts[person] ?? 0) live")
+            #expect(
+                (snapshotCounts[person] ?? 0) + (capturedAdds[person] ?? 0) == liveCounts[person] ?? 0,
+                "\(person): \(snapshotCounts[person] ?? 0) in the snapshot + \(capturedAdds[person] ?? 0) captured vs \(liveCounts[person] ?? 0) live")
         }
         #expect(liveCounts.filter { $0.key.hasPrefix("load-") }.values.reduce(0, +) == answeredAdds)
-        #expect(people.contains { (snapshotCounts[$0] ?? 0) > 0 } && people.contains { (capturedAdds[$0] ?? 0) > 0 },
-                "the cut fell inside the load: \(snapshotCounts) \(capturedAdds)")
+        #expect(
+            people.contains { (snapshotCounts[$0] ?? 0) > 0 } && people.contains { (capturedAdds[$0] ?? 0) > 0 },
+            "the cut fell inside the load: \(snapshotCounts) \(capturedAdds)")
 
         // Replayed fresh, each add answers as it did (the snapshot holds what came before).
         let replay = try await runExecutable("canopy", ["replay", capture, "--fresh"], limit: 180)
@@ -133,8 +136,10 @@ struct ReplayFreshTests {
         #expect(replay.status == 0 && replay.output.contains("every answer matched"), "\(replay.output) \(replay.errors)")
         // (Which of them moved depends on the milliseconds: one replayed at the very millisecond
         // it was captured, relative to the clock's start, matches outright.)
-        #expect(replay.output.contains("compared as times")
-                && ["$.plant.dateAdded", "$.createdAt", "$.identification.createdAt", "$.registeredAt"].contains { replay.output.contains($0) }, "\(replay.output)")
+        #expect(
+            replay.output.contains("compared as times")
+                && ["$.plant.dateAdded", "$.createdAt", "$.identification.createdAt", "$.registeredAt"].contains { replay.output.contains($0) },
+            "\(replay.output)")
 
         // Against the same build: no difference between the two.
         let executables = try LiveBus.executable("canopy").deletingLastPathComponent().path
@@ -153,8 +158,11 @@ struct ReplayFreshTests {
         let places = Set(report.otherBuild.differingPaths.keys)
         #expect(places.contains("identify.identifications.accept $.plant.profile.wateringIntervalDays"), "\(places)")
         let operations = Set(places.map { String($0.split(separator: " ")[0]) })
-        #expect(operations.isSubset(of: ["identify.identifications.accept", "care.tasks.upcoming", "care.tasks.next", "care.tasks.snooze",
-                                         "care.tasks.complete", "remind.reminders.pending"]), "\(operations)")
+        #expect(
+            operations.isSubset(of: [
+                "identify.identifications.accept", "care.tasks.upcoming", "care.tasks.next", "care.tasks.snooze",
+                "care.tasks.complete", "remind.reminders.pending",
+            ]), "\(operations)")
         #expect(places.allSatisfy { !$0.hasSuffix(".name") && !$0.contains("photos") && !$0.contains("devices") }, "\(places)")
         #expect(report.otherBuild.matched > 0 && report.otherBuild.failed == 0)
     }
@@ -208,7 +216,10 @@ struct ReplayFreshTests {
         let database = try DatabaseQueue(path: path)
         defer { try? database.close() }
         return try database.read { db in
-            Dictionary(uniqueKeysWithValues: try Row.fetchAll(db, sql: "SELECT owner, COUNT(*) AS n FROM plants GROUP BY owner").map { ($0["owner"] as String, $0["n"] as Int) })
+            Dictionary(
+                uniqueKeysWithValues: try Row.fetchAll(db, sql: "SELECT owner, COUNT(*) AS n FROM plants GROUP BY owner").map {
+                    ($0["owner"] as String, $0["n"] as Int)
+                })
         }
     }
 

@@ -22,8 +22,12 @@ struct StackTrustTests {
         }
         let stack = ["--data-dir", data]
         let broker = "tcp://127.0.0.1:\(FreePorts.any())"
-        let up = try await runExecutable("canopy", ["up", "--detach", "--broker", broker, "--http", "127.0.0.1:\(FreePorts.any())",
-                                                    "--metrics-base", "\(FreePorts.run(of: 5))"] + stack, limit: 240)
+        let up = try await runExecutable(
+            "canopy",
+            [
+                "up", "--detach", "--broker", broker, "--http", "127.0.0.1:\(FreePorts.any())",
+                "--metrics-base", "\(FreePorts.run(of: 5))",
+            ] + stack, limit: 240)
         defer { _ = try? CanopyUpTests.runDown(stack) }
         try #require(up.status == 0, "\(up.output) \(up.errors)")
 
@@ -36,13 +40,19 @@ struct StackTrustTests {
         func careWorkers() async throws -> Int? {
             let listed = try await runExecutable("canopy", ["services", "--broker", broker] + stack)
             guard listed.status == 0 else { return nil }
-            return listed.output.split(separator: "\n").first { $0.hasPrefix("care ") }.flatMap { $0.split(separator: " ").dropFirst().first.flatMap { Int($0) } }
+            return listed.output.split(separator: "\n").first { $0.hasPrefix("care ") }.flatMap {
+                $0.split(separator: " ").dropFirst().first.flatMap { Int($0) }
+            }
         }
         #expect(try await careWorkers() == 1)
 
         // A process without the stack's keys cannot call (its handshake is refused) ...
-        let refused = try await runExecutable("canopy", ["send", "care", "plants.list", "--principal", "demo", "--json", #"{"limit":10}"#,
-                                                         "--broker", broker, "--timeout-ms", "3000", "--data-dir", stranger.url.path])
+        let refused = try await runExecutable(
+            "canopy",
+            [
+                "send", "care", "plants.list", "--principal", "demo", "--json", #"{"limit":10}"#,
+                "--broker", broker, "--timeout-ms", "3000", "--data-dir", stranger.url.path,
+            ])
         #expect(refused.status != 0 && !refused.output.contains("plants"), "\(refused.output) \(refused.errors)")
 
         // ... nor serve: a worker with no key never registers,
@@ -54,16 +64,19 @@ struct StackTrustTests {
         // ... and one presenting another service's key (remind's) as care is refused and logged.
         let impostor = Process()
         impostor.executableURL = try LiveBus.executable("canopy-care")
-        impostor.arguments = ["serve", "--endpoint", broker, "--data-dir", stranger.url.path, "--metrics-bind", "off", "--log-level", "critical",
-                              "--curve-server-key", "\(data)/keys/broker.pub", "--curve-secret-key-file", "\(data)/keys/remind.key"]
+        impostor.arguments = [
+            "serve", "--endpoint", broker, "--data-dir", stranger.url.path, "--metrics-bind", "off", "--log-level", "critical",
+            "--curve-server-key", "\(data)/keys/broker.pub", "--curve-secret-key-file", "\(data)/keys/remind.key",
+        ]
         try impostor.run()
         defer { if impostor.isRunning { kill(impostor.processIdentifier, SIGKILL) } }
         func brokerLog() -> String { (try? String(contentsOfFile: "\(data)/logs/broker.log", encoding: .utf8)) ?? "" }
         #expect(try await eventually(within: .seconds(60)) { brokerLog().contains("worker refused") }, "\(CanopyUpTests.logTails(data, ["broker"]))")
         try await Task.sleep(for: .seconds(3)) // the rogue worker has had its time to try
         let services = try await runExecutable("canopy", ["services", "--broker", broker] + stack)
-        #expect(services.status == 0 && !services.output.contains("rogue") && !services.output.split(separator: "\n").contains { $0.hasPrefix("test ") },
-                "\(services.output)")
+        #expect(
+            services.status == 0 && !services.output.contains("rogue") && !services.output.split(separator: "\n").contains { $0.hasPrefix("test ") },
+            "\(services.output)")
         #expect(try await careWorkers() == 1, "the impostor never joined care")
 
         // The operator's key is a client's: it may call, but not as a service (the derived

@@ -34,8 +34,9 @@ extension ErasureTests {
                     var index = 0
                     while load.writing.load(ordering: .relaxed) {
                         index += 1
-                        let answer = try await stack.send(.POST, "/v1/plants", token: token, json: #"{"scientificName":"Ficus lyrata","customName":"load \#(lane)-\#(index)"}"#,
-                                                          headers: [("Idempotency-Key", "load-\(lane)-\(index)")])
+                        let answer = try await stack.send(
+                            .POST, "/v1/plants", token: token, json: #"{"scientificName":"Ficus lyrata","customName":"load \#(lane)-\#(index)"}"#,
+                            headers: [("Idempotency-Key", "load-\(lane)-\(index)")])
                         if answer.status == 201 { load.added.add(1, ordering: .relaxed) }
                     }
                 }
@@ -77,17 +78,20 @@ extension ErasureTests {
         #expect(refused.status != 0 && refused.errors.contains("is not empty"), "\(refused.errors)")
         let notABackup = try await runExecutable("canopy", ["restore", root, "--data-dir", restoredData, "--new-token-key"])
         #expect(notABackup.status != 0 && notABackup.errors.contains("is not a backup made by canopy backup"), "\(notABackup.errors)")
-        let restored = try await runExecutable("canopy", ["restore", backup, "--data-dir", restoredData, "--token-key-file", stack.data + "/token.key"], limit: 120)
+        let restored = try await runExecutable(
+            "canopy", ["restore", backup, "--data-dir", restoredData, "--token-key-file", stack.data + "/token.key"], limit: 120)
         #expect(restored.status == 0, "\(restored.output) \(restored.errors)")
-        let again = Stack(data: restoredData, endpoint: "tcp://127.0.0.1:\(FreePorts.any())", http: "127.0.0.1:\(FreePorts.any())", metricsBase: FreePorts.run(of: 16))
+        let again = Stack(
+            data: restoredData, endpoint: "tcp://127.0.0.1:\(FreePorts.any())", http: "127.0.0.1:\(FreePorts.any())", metricsBase: FreePorts.run(of: 16))
         try await again.restart()
         do {
             let listed = try await again.send(.GET, "/v1/plants?limit=1", token: token)
             #expect(listed.status == 200 && listed.object["total"] as? Int == plants.count, "\(listed.text)")
             let (key, plant) = try #require(answers.first)
             let parts = key.split(separator: "-")
-            let retried = try await again.send(.POST, "/v1/plants", token: token, json: #"{"scientificName":"Ficus lyrata","customName":"load \#(parts[1])-\#(parts[2])"}"#,
-                                               headers: [("Idempotency-Key", key)])
+            let retried = try await again.send(
+                .POST, "/v1/plants", token: token, json: #"{"scientificName":"Ficus lyrata","customName":"load \#(parts[1])-\#(parts[2])"}"#,
+                headers: [("Idempotency-Key", key)])
             #expect(retried.status == 201 && retried.headers["idempotent-replayed"] == "true" && retried.object["id"] as? String == plant, "\(retried.text)")
             #expect(try await again.send(.GET, "/v1/plants/\(plant)", token: token).status == 200)
         } catch {

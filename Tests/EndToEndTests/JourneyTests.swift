@@ -6,8 +6,8 @@ import CanopySamples
 import CanopyServiceKit
 import CanopyTesting
 import Foundation
-import Glibc
 import GRDB
+import Glibc
 import NIOCore
 import NIOHTTP1
 import Testing
@@ -34,11 +34,16 @@ struct JourneyTests {
         ///   in PostgreSQL; `more`: further `canopy up` options (`--replicas`).
         static func start(environment: [String: String] = [:], database: [String] = [], _ more: [String] = []) async throws -> Stack {
             let data = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-e2e-\(UUID().uuidString)").path
-            let stack = Stack(data: data, endpoint: "tcp://127.0.0.1:\(FreePorts.any())", http: "127.0.0.1:\(FreePorts.any())", database: database,
-                              metricsBase: FreePorts.run(of: 16))
+            let stack = Stack(
+                data: data, endpoint: "tcp://127.0.0.1:\(FreePorts.any())", http: "127.0.0.1:\(FreePorts.any())", database: database,
+                metricsBase: FreePorts.run(of: 16))
             // The first six processes on their ports; replicas on the ones after.
-            let up = try await runExecutable("canopy", ["up", "--detach", "--data-dir", data, "--broker", stack.endpoint, "--http", stack.http,
-                                                        "--metrics-base", "\(stack.metricsBase)"] + database + more, environment: environment, limit: 240)
+            let up = try await runExecutable(
+                "canopy",
+                [
+                    "up", "--detach", "--data-dir", data, "--broker", stack.endpoint, "--http", stack.http,
+                    "--metrics-base", "\(stack.metricsBase)",
+                ] + database + more, environment: environment, limit: 240)
             #expect(up.status == 0, "canopy up: \(up.output) \(up.errors)")
             try stack.loadReferences()
             return stack
@@ -47,8 +52,12 @@ struct JourneyTests {
         /// The same stack started again from its data directory (after ``stop()``), on the
         /// same addresses.
         func restart(environment: [String: String] = [:]) async throws {
-            let up = try await runExecutable("canopy", ["up", "--detach", "--data-dir", data, "--broker", endpoint, "--http", http,
-                                                        "--metrics-base", "\(metricsBase)"] + database, environment: environment, limit: 240)
+            let up = try await runExecutable(
+                "canopy",
+                [
+                    "up", "--detach", "--data-dir", data, "--broker", endpoint, "--http", http,
+                    "--metrics-base", "\(metricsBase)",
+                ] + database, environment: environment, limit: 240)
             #expect(up.status == 0, "canopy up: \(up.output) \(up.errors)")
         }
 
@@ -99,8 +108,10 @@ struct JourneyTests {
             }
         }
 
-        func send(_ method: HTTPMethod, _ path: String, token: String, json: String? = nil, body: [UInt8]? = nil, type: String? = nil,
-                  headers more: [(String, String)] = []) async throws -> Answer {
+        func send(
+            _ method: HTTPMethod, _ path: String, token: String, json: String? = nil, body: [UInt8]? = nil, type: String? = nil,
+            headers more: [(String, String)] = []
+        ) async throws -> Answer {
             var request = HTTPClientRequest(url: "http://\(http)\(path)")
             request.method = method
             request.headers.add(name: "Authorization", value: "Bearer \(token)")
@@ -140,8 +151,10 @@ struct JourneyTests {
                 for table in try String.fetchAll(db, sql: "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'") {
                     let columns = try Row.fetchAll(db, sql: "PRAGMA table_info(\"\(table)\")").map { $0["name"] as String }
                     let condition = columns.map { "CAST(\"\($0)\" AS TEXT) LIKE ?" }.joined(separator: " OR ")
-                    let count = try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM \"\(table)\" WHERE \(condition)",
-                                                 arguments: StatementArguments(Array(repeating: "%\(needle)%", count: columns.count))) ?? 0
+                    let count =
+                        try Int.fetchOne(
+                            db, sql: "SELECT COUNT(*) FROM \"\(table)\" WHERE \(condition)",
+                            arguments: StatementArguments(Array(repeating: "%\(needle)%", count: columns.count))) ?? 0
                     if count > 0 { found.append("\(store).\(table)") }
                 }
             }
@@ -164,8 +177,11 @@ struct JourneyTests {
             #expect(started.status == 0, "\(started.errors)")
 
             // A photo identified and accepted: canopy-api, canopy-identify, canopy-images, canopy-care.
-            let form = MultipartForm.encode([.init(name: "photo", type: "image/jpeg", bytes: try SyntheticPlant.species(1).photo(seed: 42)),
-                                             .init(name: "organ", bytes: Array("leaf".utf8))], boundary: "e2e")
+            let form = MultipartForm.encode(
+                [
+                    .init(name: "photo", type: "image/jpeg", bytes: try SyntheticPlant.species(1).photo(seed: 42)),
+                    .init(name: "organ", bytes: Array("leaf".utf8)),
+                ], boundary: "e2e")
             let identified = try await stack.send(.POST, "/v1/identifications", token: alice, body: form, type: "multipart/form-data; boundary=e2e")
             #expect(identified.status == 200, "\(identified.text)")
             let identification = try #require(identified.object["id"] as? String)
@@ -181,12 +197,14 @@ struct JourneyTests {
             let tasks = (upcoming.object["tasks"] as? [[String: Any]] ?? []).filter { $0["plantID"] as? String == plant }
             let task = try #require(tasks.first?["id"] as? String, "\(upcoming.text)")
             #expect((try await stack.send(.GET, "/v1/tasks/upcoming?days=60", token: bob).object["tasks"] as? [Any])?.isEmpty == true)
-            let device = try await stack.send(.POST, "/v1/devices", token: alice,
-                                              json: #"{"channel":"webhook","address":"\#(hook)","secret":"whsec_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"}"#)
+            let device = try await stack.send(
+                .POST, "/v1/devices", token: alice,
+                json: #"{"channel":"webhook","address":"\#(hook)","secret":"whsec_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"}"#)
             #expect(device.status == 201, "\(device.text)")
             let due = Date(timeIntervalSinceNow: 4)
-            let snoozed = try await stack.send(.POST, "/v1/tasks/\(task)/snooze", token: alice,
-                                               json: #"{"until":"\#(due.formatted(Date.ISO8601FormatStyle(includingFractionalSeconds: true)))"}"#)
+            let snoozed = try await stack.send(
+                .POST, "/v1/tasks/\(task)/snooze", token: alice,
+                json: #"{"until":"\#(due.formatted(Date.ISO8601FormatStyle(includingFractionalSeconds: true)))"}"#)
             #expect(snoozed.status == 200, "\(snoozed.text)")
             _ = try await eventually(within: .seconds(60), every: .milliseconds(100)) { !webhook.received.isEmpty }
             let delivered = try #require(webhook.received.first, "no webhook arrived within a minute of the reminder's time")
@@ -207,8 +225,9 @@ struct JourneyTests {
 
             // The provisioned dashboards ask only for series and labels this stack exports, now
             // that every service has served (a reminder delivered, photos cached, the edge answered).
-            let queries = try GrafanaDashboards.queries(in: URL(fileURLWithPath: #filePath).deletingLastPathComponent()
-                .appendingPathComponent("../../deploy/grafana/dashboards").standardized, datasourceUID: "prometheus")
+            let queries = try GrafanaDashboards.queries(
+                in: URL(fileURLWithPath: #filePath).deletingLastPathComponent()
+                    .appendingPathComponent("../../deploy/grafana/dashboards").standardized, datasourceUID: "prometheus")
             #expect(queries.count > 20)
             let problems = GrafanaDashboards.problems(queries, scrapes: try await stack.scrapes())
             #expect(problems.isEmpty, "\(problems.joined(separator: "\n"))")
@@ -220,16 +239,18 @@ struct JourneyTests {
             kill(images, SIGSTOP)
             let deleted = try await stack.send(.DELETE, "/v1/plants/\(plant)", token: alice)
             #expect(deleted.status == 204, "\(deleted.text)")
-            #expect(try await eventually(within: .seconds(30), every: .milliseconds(250)) { // the broker gives up on the stopped worker
-                let services = try await runExecutable("canopy", ["services", "--broker", stack.endpoint, "--data-dir", stack.data])
-                return services.status == 0 && !services.output.contains("images")
-            }, "the stopped canopy-images was dropped by the broker")
+            #expect(
+                try await eventually(within: .seconds(30), every: .milliseconds(250)) { // the broker gives up on the stopped worker
+                    let services = try await runExecutable("canopy", ["services", "--broker", stack.endpoint, "--data-dir", stack.data])
+                    return services.status == 0 && !services.output.contains("images")
+                }, "the stopped canopy-images was dropped by the broker")
             kill(images, SIGCONT)
             var left: [String] = []
-            #expect(try await eventually(within: .seconds(90), every: .milliseconds(500)) {
-                left = try Self.mentions(of: plant, in: stack.data) + Self.mentions(of: photo, in: stack.data)
-                return left.isEmpty
-            }, "still held: \(left)")
+            #expect(
+                try await eventually(within: .seconds(90), every: .milliseconds(500)) {
+                    left = try Self.mentions(of: plant, in: stack.data) + Self.mentions(of: photo, in: stack.data)
+                    return left.isEmpty
+                }, "still held: \(left)")
             #expect(try await stack.send(.GET, "/v1/plants/\(plant)", token: alice).status == 404)
         } catch {
             await stack.stop()
@@ -244,8 +265,10 @@ struct JourneyTests {
         do {
             var options = ReplayOptions()
             options.pacing = .recorded(speed: 1)
-            options.ignore = ["createdAt", "addedAt", "due", "snoozedUntil", "dateAdded", "dateIdentified", "updatedAt", "registeredAt", "lastWatered",
-                              "lastFertilized", "completedAt", "acceptedAt", "at"]
+            options.ignore = [
+                "createdAt", "addedAt", "due", "snoozedUntil", "dateAdded", "dateIdentified", "updatedAt", "registeredAt", "lastWatered",
+                "lastFertilized", "completedAt", "acceptedAt", "at",
+            ]
             let report = try await Replayer(connection: .init(endpoint: fresh.endpoint, curve: try stackOperatorCurve(data: fresh.data)), options: options)
                 .run(try CaptureReader(path: capture))
             #expect(report.isClean, "\(report.examples)")

@@ -41,9 +41,10 @@ extension JourneyTests {
         let server = Task { try await webhook.application.run() }
         defer { server.cancel() }
         let hook = try await webhook.url("/hooks")
-        let stack = try await Stack.start(environment: ["CANOPY_ALLOW_HOSTS": "127.0.0.1"],
-                                          database: ["--database-url", url.description, "--database-password-file", passwordFile],
-                                          ["--replicas", "care=3,remind=2,images=2,identify=2"])
+        let stack = try await Stack.start(
+            environment: ["CANOPY_ALLOW_HOSTS": "127.0.0.1"],
+            database: ["--database-url", url.description, "--database-password-file", passwordFile],
+            ["--replicas", "care=3,remind=2,images=2,identify=2"])
         defer { try? FileManager.default.removeItem(atPath: stack.data) }
         do {
             try await Self.driveAndKill(stack, hook: hook, webhook: webhook)
@@ -82,13 +83,14 @@ extension JourneyTests {
         }
         try await killer.value
         // Every killed replica is running again.
-        #expect(try await eventually(within: .seconds(90), every: .milliseconds(300)) {
-            let state = try JSONSerialization.jsonObject(with: Data(contentsOf: URL(fileURLWithPath: stack.data + "/stack.json"))) as? [String: Any]
-            let services = state?["services"] as? [[String: Any]] ?? []
-            return ["care-2", "images", "identify-2", "remind"].allSatisfy { name in
-                services.contains { $0["name"] as? String == name && ($0["restarts"] as? Int ?? 0) >= 1 && $0["state"] as? String == "running" }
-            }
-        }, "every killed replica was started again")
+        #expect(
+            try await eventually(within: .seconds(90), every: .milliseconds(300)) {
+                let state = try JSONSerialization.jsonObject(with: Data(contentsOf: URL(fileURLWithPath: stack.data + "/stack.json"))) as? [String: Any]
+                let services = state?["services"] as? [[String: Any]] ?? []
+                return ["care-2", "images", "identify-2", "remind"].allSatisfy { name in
+                    services.contains { $0["name"] as? String == name && ($0["restarts"] as? Int ?? 0) >= 1 && $0["state"] as? String == "running" }
+                }
+            }, "every killed replica was started again")
 
         for person in people {
             // Most calls went through while replicas died: a run where everything failed proves nothing.
@@ -131,15 +133,19 @@ extension JourneyTests {
         if let plant = ana.plants.keys.first(where: { !ana.deleted.contains($0) }), let photo = ana.photos[plant]?.first {
             #expect(try await stack.send(.GET, "/v1/plants/\(plant)", token: ben.token).status == 404)
             #expect(try await stack.send(.PUT, "/v1/plants/\(plant)", token: ben.token, json: #"{"scientificName":"Ficus lyrata"}"#).status == 404)
-            #expect(try await stack.send(.GET, "/v1/photos/\(photo)/variants/thumbnail", token: ben.token).status == (ben.photos.values.contains { $0.contains(photo) } ? 200 : 404))
+            #expect(
+                try await stack.send(.GET, "/v1/photos/\(photo)/variants/thumbnail", token: ben.token).status
+                    == (ben.photos.values.contains { $0.contains(photo) } ? 200 : 404))
 
             // Two phones editing one plant at once, on whichever care replicas: one edit wins, the other is told.
             let read = try await stack.send(.GET, "/v1/plants/\(plant)", token: ana.token)
             let tag = try #require(read.headers["etag"])
-            async let first = stack.send(.PUT, "/v1/plants/\(plant)", token: ana.token, json: #"{"scientificName":"Monstera deliciosa","customName":"ana-kitchen"}"#,
-                                         headers: [("If-Match", tag)])
-            async let second = stack.send(.PUT, "/v1/plants/\(plant)", token: ana.token, json: #"{"scientificName":"Monstera deliciosa","customName":"ana-hall"}"#,
-                                          headers: [("If-Match", tag)])
+            async let first = stack.send(
+                .PUT, "/v1/plants/\(plant)", token: ana.token, json: #"{"scientificName":"Monstera deliciosa","customName":"ana-kitchen"}"#,
+                headers: [("If-Match", tag)])
+            async let second = stack.send(
+                .PUT, "/v1/plants/\(plant)", token: ana.token, json: #"{"scientificName":"Monstera deliciosa","customName":"ana-hall"}"#,
+                headers: [("If-Match", tag)])
             let statuses = [try await first.status, try await second.status].sorted()
             #expect(statuses == [200, 412], "\(statuses)")
         }
@@ -154,8 +160,9 @@ extension JourneyTests {
             deliveries = [:]
             for received in webhook.received {
                 guard let id = received.headers["webhook-id"],
-                      let payload = try? JSONSerialization.jsonObject(with: Data(received.body)) as? [String: Any],
-                      let reminders = (payload["data"] as? [String: Any])?["reminders"] as? [[String: Any]] else { continue }
+                    let payload = try? JSONSerialization.jsonObject(with: Data(received.body)) as? [String: Any],
+                    let reminders = (payload["data"] as? [String: Any])?["reminders"] as? [[String: Any]]
+                else { continue }
                 for reminder in reminders {
                     let key = "\(reminder["taskID"] as? String ?? "") at \(reminder["due"] as? String ?? "")"
                     deliveries[key, default: []].insert(id)
@@ -203,11 +210,13 @@ extension JourneyTests {
             let species = Stack.species[round % Stack.species.count]
             let name = "\(person.name)-\(round)"
             guard let added = await call(.POST, "/v1/plants", json: #"{"scientificName":"\#(species)","customName":"\#(name)"}"#), added.status == 201,
-                  let plant = added.object["id"] as? String else { continue }
+                let plant = added.object["id"] as? String
+            else { continue }
             person.plants[plant] = name
             let photo = round == 0 ? common : try SyntheticPlant.species(round % 3).photo(seed: 1_000 * (index + 1) + round)
             if let stored = await call(.POST, "/v1/plants/\(plant)/photos", body: photo, type: "image/jpeg"), stored.status == 201,
-               let id = stored.object["photoID"] as? String {
+                let id = stored.object["photoID"] as? String
+            {
                 person.photos[plant, default: []].insert(id)
             }
             // Every third plant goes again, photos and all.
@@ -216,26 +225,32 @@ extension JourneyTests {
             }
             // A task of two plants fires a few seconds from now, people apart.
             if round == 1 || round == 4, let upcoming = await call(.GET, "/v1/tasks/upcoming?days=60"),
-               let task = (upcoming.object["tasks"] as? [[String: Any]])?.first(where: { $0["plantID"] as? String == plant })?["id"] as? String {
+                let task = (upcoming.object["tasks"] as? [[String: Any]])?.first(where: { $0["plantID"] as? String == plant })?["id"] as? String
+            {
                 let due = Date(timeIntervalSinceNow: Double(3 + 2 * index + (round == 4 ? 4 : 0)))
                 let until = due.formatted(Date.ISO8601FormatStyle(includingFractionalSeconds: true))
                 if await call(.POST, "/v1/tasks/\(task)/snooze", json: #"{"until":"\#(until)"}"#)?.status == 200 { person.snoozed.insert(task) }
             }
             // A photo identified, then accepted as a plant of its own.
             if round == 1 {
-                let form = MultipartForm.encode([.init(name: "photo", type: "image/jpeg", bytes: try SyntheticPlant.species(1).photo(seed: 40 + index)),
-                                                 .init(name: "organ", bytes: Array("leaf".utf8))], boundary: "replicas")
+                let form = MultipartForm.encode(
+                    [
+                        .init(name: "photo", type: "image/jpeg", bytes: try SyntheticPlant.species(1).photo(seed: 40 + index)),
+                        .init(name: "organ", bytes: Array("leaf".utf8)),
+                    ], boundary: "replicas")
                 if let identified = await call(.POST, "/v1/identifications", body: form, type: "multipart/form-data; boundary=replicas"),
-                   identified.status == 200, let id = identified.object["id"] as? String,
-                   let accepted = await call(.POST, "/v1/identifications/\(id)/accept", json: #"{"rank":1,"customName":"\#(person.name)-identified"}"#),
-                   accepted.status == 200, let plant = (accepted.object["plant"] as? [String: Any])?["id"] as? String {
+                    identified.status == 200, let id = identified.object["id"] as? String,
+                    let accepted = await call(.POST, "/v1/identifications/\(id)/accept", json: #"{"rank":1,"customName":"\#(person.name)-identified"}"#),
+                    accepted.status == 200, let plant = (accepted.object["plant"] as? [String: Any])?["id"] as? String
+                {
                     person.plants[plant] = "\(person.name)-identified"
                 }
             }
         }
         // The first person lets go of the photo everyone stored; the others still hold it.
         if index == 0, let first = person.plants.first(where: { $0.value == "\(person.name)-0" })?.key,
-           await call(.DELETE, "/v1/plants/\(first)")?.status == 204 {
+            await call(.DELETE, "/v1/plants/\(first)")?.status == 204
+        {
             person.deleted.insert(first)
         }
         return person

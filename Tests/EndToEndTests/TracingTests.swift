@@ -21,24 +21,32 @@ extension JourneyTests {
 
     @Test func anIdentificationIsOneTraceAcrossEveryService() async throws {
         try await withCollector { collector, endpoint in
-            let stack = try await Stack.start(environment: ["OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json",
-                                                            "OTEL_BSP_SCHEDULE_DELAY": "100", "CANOPY_LOG_LEVEL": "debug"])
+            let stack = try await Stack.start(environment: [
+                "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json",
+                "OTEL_BSP_SCHEDULE_DELAY": "100", "CANOPY_LOG_LEVEL": "debug",
+            ])
             defer { try? FileManager.default.removeItem(atPath: stack.data) }
             let trace = "5ca1ab1e0ddba11ca5cadef00d5eed01"
             let (submitParent, acceptParent) = ("a1a1a1a1a1a1a1a1", "b2b2b2b2b2b2b2b2")
             do {
                 let alice = try await stack.token("alice")
-                let form = MultipartForm.encode([.init(name: "photo", type: "image/jpeg", bytes: try SyntheticPlant.species(1).photo(seed: 7)),
-                                                 .init(name: "organ", bytes: Array("leaf".utf8))], boundary: "trace")
-                let identified = try await stack.send(.POST, "/v1/identifications", token: alice, body: form, type: "multipart/form-data; boundary=trace",
-                                                      headers: [("traceparent", "00-\(trace)-\(submitParent)-01")])
+                let form = MultipartForm.encode(
+                    [
+                        .init(name: "photo", type: "image/jpeg", bytes: try SyntheticPlant.species(1).photo(seed: 7)),
+                        .init(name: "organ", bytes: Array("leaf".utf8)),
+                    ], boundary: "trace")
+                let identified = try await stack.send(
+                    .POST, "/v1/identifications", token: alice, body: form, type: "multipart/form-data; boundary=trace",
+                    headers: [("traceparent", "00-\(trace)-\(submitParent)-01")])
                 #expect(identified.status == 200, "\(identified.text)")
                 let id = try #require(identified.object["id"] as? String)
-                let accepted = try await stack.send(.POST, "/v1/identifications/\(id)/accept", token: alice, json: #"{"rank":1}"#,
-                                                    headers: [("traceparent", "00-\(trace)-\(acceptParent)-01")])
+                let accepted = try await stack.send(
+                    .POST, "/v1/identifications/\(id)/accept", token: alice, json: #"{"rank":1}"#,
+                    headers: [("traceparent", "00-\(trace)-\(acceptParent)-01")])
                 #expect(accepted.status == 200, "\(accepted.text)")
                 // A request the app did not sample leaves nothing.
-                _ = try await stack.send(.GET, "/v1/plants", token: alice, headers: [("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00")])
+                _ = try await stack.send(
+                    .GET, "/v1/plants", token: alice, headers: [("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00")])
             } catch {
                 await stack.stop()
                 throw error
@@ -56,35 +64,49 @@ extension JourneyTests {
             #expect(roots.allSatisfy { $0.service == "canopy-api" && $0.kind == "server" })
 
             func handler(_ name: String, _ service: String) throws -> TraceSpan {
-                try #require(spans.first { $0.name == name && $0.service == service && $0.kind == "server" },
-                             "no \(name) handler span of \(service): \(spans.map { "\($0.service) \($0.name)" }.sorted())")
+                try #require(
+                    spans.first { $0.name == name && $0.service == service && $0.kind == "server" },
+                    "no \(name) handler span of \(service): \(spans.map { "\($0.service) \($0.name)" }.sorted())")
             }
             // Submit: edge, broker, identify's handler, then its images.put through the broker to images.
             let submit = try handler("identify/identifications.submit", "canopy-identify")
             let put = try handler("images/images.put", "canopy-images")
             let putChain = Self.traceAncestry(put, in: spans)
-            #expect(putChain.map(\.name) == ["images/images.put", "images/images.put", "identify/identifications.submit", "identify/identifications.submit",
-                                             putChain.last!.name], "\(putChain.map(\.name))")
+            #expect(
+                putChain.map(\.name) == [
+                    "images/images.put", "images/images.put", "identify/identifications.submit", "identify/identifications.submit",
+                    putChain.last!.name,
+                ], "\(putChain.map(\.name))")
             #expect(putChain.map(\.service) == ["canopy-images", "canopy-identify", "canopy-identify", "canopy-api", "canopy-api"])
             #expect(putChain[1].kind == "client" && putChain[3].kind == "client")
             #expect(putChain.contains { $0.spanID == submit.spanID } && putChain.last?.parentSpanID == submitParent)
             #expect(putChain.last?.attributes["http.request.method"] == "POST")
             // The broker's part of each bus call: a span under the call, saying it was dispatched.
             for call in [putChain[1], putChain[3]] {
-                let waiter = try #require(spans.first { $0.name == "broker " + call.name && $0.parentSpanID == call.spanID }, "no broker span under \(call.name)")
+                let waiter = try #require(
+                    spans.first { $0.name == "broker " + call.name && $0.parentSpanID == call.spanID }, "no broker span under \(call.name)")
                 #expect(waiter.service == "canopy-broker" && waiter.attributes["canopy.coalesced"] == "false" && waiter.events.contains("dispatched"))
             }
             // Store calls are spans of the handler that made them.
-            #expect(spans.contains { $0.name == "store write" && $0.service == "canopy-images" && Self.traceAncestry($0, in: spans).contains { $0.spanID == put.spanID } })
-            #expect(spans.contains { $0.name.hasPrefix("store ") && $0.service == "canopy-identify" && Self.traceAncestry($0, in: spans).contains { $0.spanID == submit.spanID } })
+            #expect(
+                spans.contains {
+                    $0.name == "store write" && $0.service == "canopy-images" && Self.traceAncestry($0, in: spans).contains { $0.spanID == put.spanID }
+                })
+            #expect(
+                spans.contains {
+                    $0.name.hasPrefix("store ") && $0.service == "canopy-identify" && Self.traceAncestry($0, in: spans).contains { $0.spanID == submit.spanID }
+                })
             // Accept: identify adds the plant in canopy-care, under the app's second request.
             let add = try handler("care/plants.add", "canopy-care")
             #expect(Self.traceAncestry(add, in: spans).last?.parentSpanID == acceptParent)
             #expect(Self.traceAncestry(add, in: spans).contains { $0.name == "identify/identifications.accept" && $0.service == "canopy-identify" })
             // A log line written while serving it names the trace and the handler's span.
             let log = try String(contentsOfFile: stack.data + "/logs/images.log", encoding: .utf8)
-            #expect(log.split(separator: "\n").contains { $0.contains("service.handled") && $0.contains("trace_id=\(trace)") && $0.contains("span_id=\(put.spanID)") },
-                    "\(log.split(separator: "\n").filter { $0.contains("service.handled") }.prefix(5))")
+            #expect(
+                log.split(separator: "\n").contains {
+                    $0.contains("service.handled") && $0.contains("trace_id=\(trace)") && $0.contains("span_id=\(put.spanID)")
+                },
+                "\(log.split(separator: "\n").filter { $0.contains("service.handled") }.prefix(5))")
         }
     }
 
@@ -96,15 +118,17 @@ extension JourneyTests {
         do {
             let alice = try await stack.token("alice")
             // Every request is recorded, with or without an app's trace.
-            #expect(try await stack.send(.POST, "/v1/plants", token: alice, json: #"{"scientificName":"Monstera deliciosa","customName":"Traced"}"#).status == 201)
+            #expect(
+                try await stack.send(.POST, "/v1/plants", token: alice, json: #"{"scientificName":"Monstera deliciosa","customName":"Traced"}"#).status == 201)
         } catch {
             await stack.stop()
             throw error
         }
         await stack.stop()
         let spans = try SpanFile.read(path: file)
-        let edge = try #require(spans.first { $0.service == "canopy-api" && $0.kind == "server" && $0.attributes["http.request.method"] == "POST" },
-                                "\(spans.map { "\($0.service) \($0.name)" })")
+        let edge = try #require(
+            spans.first { $0.service == "canopy-api" && $0.kind == "server" && $0.attributes["http.request.method"] == "POST" },
+            "\(spans.map { "\($0.service) \($0.name)" })")
         let listed = try await runExecutable("canopy", ["trace", "--data-dir", stack.data])
         #expect(listed.status == 0 && listed.output.contains(edge.traceID) && listed.output.hasPrefix("trace "), "\(listed.output) \(listed.errors)")
         let tree = try await runExecutable("canopy", ["trace", String(edge.traceID.prefix(12)), "--file", file])

@@ -51,8 +51,9 @@ extension JourneyTests {
                         while !stop.value.load(ordering: .relaxed) {
                             round += 1
                             // A write: created, or (at a broker that died with it) 502, the broker lost.
-                            let created = try await stack.send(.POST, "/v1/plants", token: token,
-                                                               json: #"{"scientificName":"Ficus lyrata","customName":"c\#(caller)-\#(round)"}"#)
+                            let created = try await stack.send(
+                                .POST, "/v1/plants", token: token,
+                                json: #"{"scientificName":"Ficus lyrata","customName":"c\#(caller)-\#(round)"}"#)
                             if created.status == 201, let id = created.object["id"] as? String {
                                 answers.value.withLock { $0.created.append((caller, id)) }
                             } else if created.status == 502, created.text.contains("connection to the broker was lost") {

@@ -1,11 +1,11 @@
 import ArgumentParser
+import CanopyAPI
 import CanopyBus
 import CanopyMessages
 import CanopyServiceKit
 import CanopyStore
 import Foundation
 import Logging
-import CanopyAPI
 
 @main
 struct APICommand: MainCommand {
@@ -31,7 +31,10 @@ enum CanopyAPI: ServiceExecutable {
 
 /// Where the token signing key comes from: a file, or the key itself in a variable. Never logged.
 struct TokenKeyOptions: ParsableArguments {
-    @Option(help: ArgumentHelp("A file holding a key Canopy's bearer tokens are signed with (32 bytes or more, random); repeat it to rotate: the first signs, every one verifies. Env: CANOPY_TOKEN_KEY_FILE (comma-separated), or the key itself in CANOPY_TOKEN_KEY.", valueName: "file"))
+    @Option(
+        help: ArgumentHelp(
+            "A file holding a key Canopy's bearer tokens are signed with (32 bytes or more, random); repeat it to rotate: the first signs, every one verifies. Env: CANOPY_TOKEN_KEY_FILE (comma-separated), or the key itself in CANOPY_TOKEN_KEY.",
+            valueName: "file"))
     var tokenKeyFile: [String] = Environment.string("CANOPY_TOKEN_KEY_FILE")?.split(separator: ",").map(String.init) ?? []
 
     /// The signing key (the first).
@@ -65,9 +68,15 @@ struct APIStoreOptions: ParsableArguments {
 
 /// The identity providers whose tokens the API takes besides Canopy's own.
 struct IssuerOptions: ParsableArguments {
-    @Option(help: ArgumentHelp("A JSON file of identity providers whose tokens are taken (Sign in with Apple, OpenID Connect): {\"issuers\": [{\"issuer\", \"jwksURL\"?, \"audiences\", \"subjectClaim\"?, \"prefix\"}]}. Env: CANOPY_TRUSTED_ISSUERS_FILE.", valueName: "file"))
+    @Option(
+        help: ArgumentHelp(
+            "A JSON file of identity providers whose tokens are taken (Sign in with Apple, OpenID Connect): {\"issuers\": [{\"issuer\", \"jwksURL\"?, \"audiences\", \"subjectClaim\"?, \"prefix\"}]}. Env: CANOPY_TRUSTED_ISSUERS_FILE.",
+            valueName: "file"))
     var trustedIssuers: String? = Environment.string("CANOPY_TRUSTED_ISSUERS_FILE")
-    @Option(help: ArgumentHelp("A host the issuers' keys may be fetched from though it is private or loopback (repeatable). Env: CANOPY_JWKS_ALLOW_HOSTS (comma-separated).", valueName: "host"))
+    @Option(
+        help: ArgumentHelp(
+            "A host the issuers' keys may be fetched from though it is private or loopback (repeatable). Env: CANOPY_JWKS_ALLOW_HOSTS (comma-separated).",
+            valueName: "host"))
     var jwksAllowHost: [String] = Environment.string("CANOPY_JWKS_ALLOW_HOSTS")?.split(separator: ",").map(String.init) ?? []
 
     var allowedHosts: Set<String> { Set(jwksAllowHost.map { $0.lowercased() }) }
@@ -101,25 +110,38 @@ struct ServeAPI: AsyncParsableCommand {
     var rateLimit: Int = Environment.int("CANOPY_RATE_LIMIT", default: 50)
     @Option(help: ArgumentHelp("Requests one person may make at once, above the rate. Env: CANOPY_RATE_BURST.", valueName: "n"))
     var rateBurst: Int = Environment.int("CANOPY_RATE_BURST", default: 200)
-    @Option(help: ArgumentHelp("Work units a second one person may spend on photos (an upload: a unit per 8 KiB; an identification: 10 more; docs/operations/api.md, \"Work budget\"). Env: CANOPY_WORK_RATE.", valueName: "units"))
+    @Option(
+        help: ArgumentHelp(
+            "Work units a second one person may spend on photos (an upload: a unit per 8 KiB; an identification: 10 more; docs/operations/api.md, \"Work budget\"). Env: CANOPY_WORK_RATE.",
+            valueName: "units"))
     var workRate: Int = Environment.int("CANOPY_WORK_RATE", default: 100)
     @Option(help: ArgumentHelp("Work units one person may spend at once, above the rate. Env: CANOPY_WORK_BURST.", valueName: "units"))
     var workBurst: Int = Environment.int("CANOPY_WORK_BURST", default: 1_000)
     @Option(help: ArgumentHelp("A person's photo uploads (or identifications) working at once. Env: CANOPY_WORK_IN_FLIGHT.", valueName: "n"))
     var workInFlight: Int = Environment.int("CANOPY_WORK_IN_FLIGHT", default: 2)
-    @Option(help: ArgumentHelp("How long the first variant or next-task lookup waits for others to go out with it as one bus request; 0 sends each alone. Env: CANOPY_BATCH_WINDOW_MS.", valueName: "ms"))
+    @Option(
+        help: ArgumentHelp(
+            "How long the first variant or next-task lookup waits for others to go out with it as one bus request; 0 sends each alone. Env: CANOPY_BATCH_WINDOW_MS.",
+            valueName: "ms"))
     var batchWindowMs: Int = Environment.int("CANOPY_BATCH_WINDOW_MS", default: 2)
     @Option(help: ArgumentHelp("The most lookups in one bus request, 1 to 64. Env: CANOPY_BATCH_KEYS.", valueName: "n"))
     var batchKeys: Int = Environment.int("CANOPY_BATCH_KEYS", default: 64)
-    @Option(help: ArgumentHelp("How many batches of one kind may be in the air before lookups wait for one to return, 1 to 64. Env: CANOPY_BATCH_IN_FLIGHT.", valueName: "n"))
+    @Option(
+        help: ArgumentHelp(
+            "How many batches of one kind may be in the air before lookups wait for one to return, 1 to 64. Env: CANOPY_BATCH_IN_FLIGHT.", valueName: "n"))
     var batchInFlight: Int = Environment.int("CANOPY_BATCH_IN_FLIGHT", default: 2)
     @Option(help: ArgumentHelp("How long a connection may sit idle between requests before it is closed. Env: CANOPY_HTTP_IDLE_TIMEOUT_MS.", valueName: "ms"))
     var idleTimeoutMs: Int = Environment.milliseconds("CANOPY_HTTP_IDLE_TIMEOUT_MS", default: APIServiceSettings.defaultIdleTimeout)
-    @Option(help: ArgumentHelp("How long a connection may send nothing while its request is being read before it is closed. Env: CANOPY_HTTP_READ_TIMEOUT_MS.", valueName: "ms"))
+    @Option(
+        help: ArgumentHelp(
+            "How long a connection may send nothing while its request is being read before it is closed. Env: CANOPY_HTTP_READ_TIMEOUT_MS.", valueName: "ms"))
     var readTimeoutMs: Int = Environment.milliseconds("CANOPY_HTTP_READ_TIMEOUT_MS", default: APIServiceSettings.defaultReadTimeout)
     @Option(help: ArgumentHelp("How long one bus call of a request may take, 100 to 600000. Env: CANOPY_CALL_TIMEOUT_MS.", valueName: "ms"))
     var callTimeoutMs: Int = Environment.milliseconds("CANOPY_CALL_TIMEOUT_MS", default: .seconds(10))
-    @Option(help: ArgumentHelp("How long a request with an Idempotency-Key holds it before a repeat may run it again (its edge presumed dead), 1000 to 600000. Env: CANOPY_IDEMPOTENCY_LEASE_MS.", valueName: "ms"))
+    @Option(
+        help: ArgumentHelp(
+            "How long a request with an Idempotency-Key holds it before a repeat may run it again (its edge presumed dead), 1000 to 600000. Env: CANOPY_IDEMPOTENCY_LEASE_MS.",
+            valueName: "ms"))
     var idempotencyLeaseMs: Int = Environment.milliseconds("CANOPY_IDEMPOTENCY_LEASE_MS", default: .seconds(30))
 
     func validate() throws {
@@ -144,15 +166,20 @@ struct ServeAPI: AsyncParsableCommand {
     func run() async throws {
         let logger = LogSetup.logger(label: "canopy-api", level: common.logLevel)
         guard let address = try OperatingOptions.parse(http) else { throw ValidationError("--http is HOST:PORT, such as 0.0.0.0:8080") }
-        var settings = APIServiceSettings(http: address, bus: try common.clientConfiguration(), tokenKeys: try token.keys(),
-                                            metrics: try operating.listener(default: OperatingOptions.Defaults.api))
+        var settings = APIServiceSettings(
+            http: address, bus: try common.clientConfiguration(), tokenKeys: try token.keys(),
+            metrics: try operating.listener(default: OperatingOptions.Defaults.api))
         settings.trustedIssuers = try issuers.issuers()
         settings.jwksAllowedHosts = issuers.allowedHosts
         try checkAPIPorts(settings) // a taken port stops it before the store is made
         let (directory, postgres) = (store.directory, try store.database.postgres(serving: true))
-        guard let opened = try await buildUnlessStopped(logger: logger, {
-            try await openAPIStore(directory: directory, postgres: postgres, logger: logger)
-        }) else { return }
+        guard
+            let opened = try await buildUnlessStopped(
+                logger: logger,
+                {
+                    try await openAPIStore(directory: directory, postgres: postgres, logger: logger)
+                })
+        else { return }
         settings.store = opened
         settings.idempotencyLease = .milliseconds(idempotencyLeaseMs)
         settings.callTimeout = .milliseconds(callTimeoutMs)
@@ -168,8 +195,9 @@ struct ServeAPI: AsyncParsableCommand {
         settings.idleTimeout = .milliseconds(idleTimeoutMs)
         settings.readTimeout = .milliseconds(readTimeoutMs)
         settings.tracing = Traces.isEnabled(traces.environment) ? EdgeSampling(environment: traces.environment) : nil
-        try await runUntilShutdown(try buildAPIService(settings: settings, context: common.busContext(), logger: logger), traces: traces,
-                                   edgeSampling: settings.tracing, logger: logger)
+        try await runUntilShutdown(
+            try buildAPIService(settings: settings, context: common.busContext(), logger: logger), traces: traces,
+            edgeSampling: settings.tracing, logger: logger)
     }
 }
 
@@ -205,10 +233,10 @@ struct IssueToken: AsyncParsableCommand {
     }
 }
 
-
 struct RevokeToken: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        commandName: "revoke", abstract: "Revoke one token, or every token a person was issued until now (sign out everywhere); every edge refuses them within 0.1 s.",
+        commandName: "revoke",
+        abstract: "Revoke one token, or every token a person was issued until now (sign out everywhere); every edge refuses them within 0.1 s.",
         discussion: """
             Examples:
               canopy-api token revoke --token eyJhbGciOi… --token-key-file ./token.key
@@ -248,7 +276,9 @@ struct RevokeToken: AsyncParsableCommand {
         } else if let token {
             let authority = try TokenAuthority(keys: try keys.keys())
             guard let identity = await authority.identity(of: token) else {
-                throw CommandFailure("the token is not one of Canopy's valid ones (forged, expired, or signed with another key); revoke by --jti, or sign the person out with --user")
+                throw CommandFailure(
+                    "the token is not one of Canopy's valid ones (forged, expired, or signed with another key); revoke by --jti, or sign the person out with --user"
+                )
             }
             guard let id = identity.id else {
                 throw CommandFailure("the token has no id (issued before tokens had one); sign \(identity.user) out with --user \(identity.user)")

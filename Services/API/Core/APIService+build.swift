@@ -5,8 +5,8 @@ import CanopyServiceKit
 import Foundation
 import Hummingbird
 import HummingbirdCore
-import NIOCore
 import Logging
+import NIOCore
 import OpenAPIHummingbird
 import OpenAPIRuntime
 import ServiceLifecycle
@@ -112,11 +112,12 @@ public final class APIHTTPServer: Service, Sendable {
         let read = TimeAmount.milliseconds(readTimeout.wholeMilliseconds)
         application = Application(
             responder: responder,
-            server: .http1(configuration: .init(
-                // A read timeout closes a connection that stalls while its request is read (or
-                // that holds no request); one being answered is not cut.
-                additionalChannelHandlers: [IdleStateHandler(readTimeout: read), HTTPUserEventHandler(logger: logger)],
-                idleTimeout: .milliseconds(idleTimeout.wholeMilliseconds))),
+            server: .http1(
+                configuration: .init(
+                    // A read timeout closes a connection that stalls while its request is read (or
+                    // that holds no request); one being answered is not cut.
+                    additionalChannelHandlers: [IdleStateHandler(readTimeout: read), HTTPUserEventHandler(logger: logger)],
+                    idleTimeout: .milliseconds(idleTimeout.wholeMilliseconds))),
             configuration: .init(address: .hostname(address.host, port: address.port), serverName: "canopy"),
             onServerRunning: { channel in
                 let port = channel.localAddress?.port
@@ -204,15 +205,17 @@ public func makeAPIService(settings: APIServiceSettings, bus: any BusCalling, lo
         }
     }
     if settings.batchWindow > .zero {
-        api.lookups = Lookups(bus: bus, window: settings.batchWindow, maximumKeys: settings.batchKeys, maximumInFlight: settings.batchInFlight,
-                              timeout: settings.callTimeout)
+        api.lookups = Lookups(
+            bus: bus, window: settings.batchWindow, maximumKeys: settings.batchKeys, maximumInFlight: settings.batchInFlight,
+            timeout: settings.callTimeout)
     }
     let routes = RouteMethods()
-    let edge = EdgeMiddleware<BasicRequestContext>(tokens: tokens, maximumBodyBytes: settings.maximumBodyBytes, maximumPhotoBytes: settings.maximumPhotoBytes,
-                                                   limiter: RateLimiter(rate: settings.rateLimit, burst: settings.rateBurst), metrics: metrics,
-                                                   variants: VariantRoute(api: api), routes: routes,
-                                                   idempotency: settings.store.map { IdempotentRequests(store: $0, lease: settings.idempotencyLease) },
-                                                   budget: WorkBudget(rate: settings.workRate, burst: settings.workBurst, inFlight: settings.workInFlight))
+    let edge = EdgeMiddleware<BasicRequestContext>(
+        tokens: tokens, maximumBodyBytes: settings.maximumBodyBytes, maximumPhotoBytes: settings.maximumPhotoBytes,
+        limiter: RateLimiter(rate: settings.rateLimit, burst: settings.rateBurst), metrics: metrics,
+        variants: VariantRoute(api: api), routes: routes,
+        idempotency: settings.store.map { IdempotentRequests(store: $0, lease: settings.idempotencyLease) },
+        budget: WorkBudget(rate: settings.workRate, burst: settings.workBurst, inFlight: settings.workInFlight))
     // A server span per request, continuing the app's W3C `traceparent` (Traces: no-op unless on).
     // What a person typed (a plant search, a family, a page cursor) stays out of the spans.
     if let sampling = settings.tracing {
@@ -222,8 +225,9 @@ public func makeAPIService(settings: APIServiceSettings, bus: any BusCalling, lo
     try api.registerHandlers(on: router, configuration: configuration, middlewares: [EntityTags()])
     routes.load(router.routes.map { ("\($0.path)", $0.method.rawValue) })
     try api.registerHandlers(on: operations, configuration: configuration, middlewares: [EntityTags()]) // the same handlers, for batches
-    let http = APIHTTPServer(responder: EdgeResponder(router: router.buildResponder(), edge: edge), address: settings.http,
-                               idleTimeout: settings.idleTimeout, readTimeout: settings.readTimeout, logger: logger)
+    let http = APIHTTPServer(
+        responder: EdgeResponder(router: router.buildResponder(), edge: edge), address: settings.http,
+        idleTimeout: settings.idleTimeout, readTimeout: settings.readTimeout, logger: logger)
     var services: [any Service] = (watcher.map { [$0] } ?? []) + [http]
     if let metrics = settings.metrics {
         services.append(try OperatingEndpoint(host: metrics.host, port: metrics.port, health: { await brokerHealth(bus) }, logger: logger))
@@ -255,9 +259,9 @@ struct WireDateTranscoder: DateTranscoder {
 
     func decode(_ text: String) throws -> Date {
         guard let date = MessageCodec.date(from: text) else {
-            throw DecodingError.dataCorrupted(.init(codingPath: [], debugDescription: "'\(text.prefix(40))' is not an ISO 8601 date such as 2026-03-29T09:00:00.000Z"))
+            throw DecodingError.dataCorrupted(
+                .init(codingPath: [], debugDescription: "'\(text.prefix(40))' is not an ISO 8601 date such as 2026-03-29T09:00:00.000Z"))
         }
         return date
     }
 }
-

@@ -45,7 +45,9 @@ public struct TrustedIssuer: Codable, Sendable, Equatable {
         do {
             issuers = try JSONDecoder().decode(File.self, from: data).issuers
         } catch {
-            throw CanopyError(.badRequest, "\(file) is not a trusted issuers file: {\"issuers\": [{\"issuer\", \"jwksURL\"?, \"audiences\", \"subjectClaim\"?, \"prefix\"}]} (\(error))")
+            throw CanopyError(
+                .badRequest,
+                "\(file) is not a trusted issuers file: {\"issuers\": [{\"issuer\", \"jwksURL\"?, \"audiences\", \"subjectClaim\"?, \"prefix\"}]} (\(error))")
         }
         try validate(issuers, allowedHosts: allowedHosts)
         return issuers
@@ -73,7 +75,8 @@ public struct TrustedIssuer: Codable, Sendable, Equatable {
         guard !claim.isEmpty, claim.utf8.count <= 64 else { throw CanopyError(.badRequest, "\(issuer): subjectClaim is 1 to 64 bytes") }
         let bytes = Array(prefix.utf8)
         guard (1...32).contains(bytes.count), prefix != TokenAuthority.issuer,
-              bytes.allSatisfy({ (0x61...0x7A).contains($0) || (0x30...0x39).contains($0) || $0 == UInt8(ascii: "-") }) else {
+            bytes.allSatisfy({ (0x61...0x7A).contains($0) || (0x30...0x39).contains($0) || $0 == UInt8(ascii: "-") })
+        else {
             throw CanopyError(.badRequest, "\(issuer): prefix is 1 to 32 of a-z, 0-9 and '-' (not 'canopy'), such as apple or auth0")
         }
     }
@@ -81,7 +84,8 @@ public struct TrustedIssuer: Codable, Sendable, Equatable {
     /// An https URL, or http to a host the operator allowed (a provider on this machine).
     static func checkURL(_ text: String, what: String, allowedHosts: Set<String>) throws(CanopyError) {
         guard text.utf8.count <= 2_048, let url = URL(string: text), let scheme = url.scheme?.lowercased(), let host = url.host?.lowercased(),
-              scheme == "https" || (scheme == "http" && allowedHosts.contains(host)) else {
+            scheme == "https" || (scheme == "http" && allowedHosts.contains(host))
+        else {
             throw CanopyError(.badRequest, "\(what) \(text.prefix(200)) is not an https URL (http only to a host allowed with --jwks-allow-host)")
         }
     }

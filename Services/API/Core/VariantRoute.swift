@@ -24,7 +24,8 @@ struct VariantRoute: Sendable {
         guard bytes.starts(with: prefix) else { return nil }
         let idStart = bytes.index(bytes.startIndex, offsetBy: prefix.count)
         guard let idEnd = bytes[idStart...].firstIndex(of: UInt8(ascii: "/")), idEnd > idStart,
-              bytes[idEnd...].starts(with: middle) else { return nil }
+            bytes[idEnd...].starts(with: middle)
+        else { return nil }
         let nameStart = bytes.index(idEnd, offsetBy: middle.count)
         guard nameStart < bytes.endIndex, !bytes[nameStart...].contains(UInt8(ascii: "/")) else { return nil }
         return (String(path[idStart..<idEnd]), String(path[nameStart...]))
@@ -35,15 +36,20 @@ struct VariantRoute: Sendable {
         guard photoID.utf8.count == 64, photoID.utf8.allSatisfy({ (0x30...0x39).contains($0) || (0x61...0x66).contains($0) }) else {
             throw RequestFieldError(field: "photoID", "photoID is the photo's SHA-256: 64 lower-case hexadecimal characters")
         }
-        let answer = try await api.variant(photoID: photoID, variant: variant, webp: Self.acceptsWebP(request.headers[.accept]),
-                                           ifNoneMatch: request.headers[.ifNoneMatch])
+        let answer = try await api.variant(
+            photoID: photoID, variant: variant, webp: Self.acceptsWebP(request.headers[.accept]),
+            ifNoneMatch: request.headers[.ifNoneMatch])
         switch answer {
         case .notModified(let eTag):
             return Response(status: .notModified, headers: [.eTag: eTag, .cacheControl: APIHandlers.variantCacheControl])
         case .bytes(let eTag, let bytes, let webp):
-            return Response(status: .ok, headers: [.contentType: webp ? "image/webp" : "image/jpeg", .eTag: eTag,
-                                                   .cacheControl: APIHandlers.variantCacheControl, .vary: "Accept"],
-                            body: .init(byteBuffer: ByteBuffer(bytes: bytes)))
+            return Response(
+                status: .ok,
+                headers: [
+                    .contentType: webp ? "image/webp" : "image/jpeg", .eTag: eTag,
+                    .cacheControl: APIHandlers.variantCacheControl, .vary: "Accept",
+                ],
+                body: .init(byteBuffer: ByteBuffer(bytes: bytes)))
         }
     }
 

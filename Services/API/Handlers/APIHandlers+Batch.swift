@@ -50,15 +50,18 @@ extension APIHandlers {
         guard path.hasPrefix("/v1/"), pathOnly != "/v1/batch" else {
             return problem(Problem.make(.badRequest, "a batched path is one of the API's under /v1/, not /v1/batch", requestID: requestID, field: "path"))
         }
-        let method: HTTPRequest.Method = switch operation.method {
-        case .get: .get
-        case .post: .post
-        case .put: .put
-        case .delete: .delete
-        }
+        let method: HTTPRequest.Method =
+            switch operation.method {
+            case .get: .get
+            case .post: .post
+            case .put: .put
+            case .delete: .delete
+            }
         guard let (handler, metadata) = table.handler(method, pathOnly) else {
-            return problem(Problem.make(.notFound, "there is no \(operation.method.rawValue) \(pathOnly.prefix(200)); docs/openapi.yaml lists the routes",
-                                        requestID: requestID))
+            return problem(
+                Problem.make(
+                    .notFound, "there is no \(operation.method.rawValue) \(pathOnly.prefix(200)); docs/openapi.yaml lists the routes",
+                    requestID: requestID))
         }
         var request = HTTPRequest(method: method, scheme: nil, authority: nil, path: path)
         var body: HTTPBody?

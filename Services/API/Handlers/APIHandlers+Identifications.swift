@@ -75,31 +75,41 @@ extension APIHandlers {
     }
 
     func getIdentification(_ input: Operations.GetIdentification.Input) async throws -> Operations.GetIdentification.Output {
-        .ok(.init(body: .json(try .init(try await call(Identification.Get.self, .init(id: try RequestFieldError.identifier(input.path.identificationID, "identificationID")))))))
+        .ok(
+            .init(
+                body: .json(
+                    try .init(
+                        try await call(Identification.Get.self, .init(id: try RequestFieldError.identifier(input.path.identificationID, "identificationID"))))))
+        )
     }
 
     func acceptIdentification(_ input: Operations.AcceptIdentification.Input) async throws -> Operations.AcceptIdentification.Output {
         guard case .json(let body) = input.body else { throw CanopyError(.badRequest, "the body is JSON") }
-        let reply = try await call(Identification.Accept.self, .init(id: try RequestFieldError.identifier(input.path.identificationID, "identificationID"), rank: body.rank, scientificName: body.scientificName,
-                                                                     customName: body.customName))
+        let reply = try await call(
+            Identification.Accept.self,
+            .init(
+                id: try RequestFieldError.identifier(input.path.identificationID, "identificationID"), rank: body.rank, scientificName: body.scientificName,
+                customName: body.customName))
         return .ok(.init(body: .json(.init(identification: try .init(reply.identification), plant: try .init(reply.plant)))))
     }
 }
 
 extension Components.Schemas.Identification {
     init(_ record: Identification.Record) throws {
-        self.init(id: record.id, createdAt: record.createdAt, provider: try convert(record.provider), organs: try record.organs.map { try convert($0) },
-                  photoIDs: record.photoIDs, latitude: record.location?.latitude, longitude: record.location?.longitude,
-                  exactLocation: record.exactLocation, results: try record.results.map(Components.Schemas.Candidate.init), plantID: record.plantID,
-                  acceptedAt: record.acceptedAt, acceptedName: record.acceptedName)
+        self.init(
+            id: record.id, createdAt: record.createdAt, provider: try convert(record.provider), organs: try record.organs.map { try convert($0) },
+            photoIDs: record.photoIDs, latitude: record.location?.latitude, longitude: record.location?.longitude,
+            exactLocation: record.exactLocation, results: try record.results.map(Components.Schemas.Candidate.init), plantID: record.plantID,
+            acceptedAt: record.acceptedAt, acceptedName: record.acceptedName)
     }
 }
 
 extension Components.Schemas.Candidate {
     init(_ candidate: Identification.Candidate) throws {
-        self.init(rank: candidate.rank, score: candidate.score, scientificName: candidate.scientificName,
-                  scientificNameWithoutAuthor: candidate.scientificNameWithoutAuthor, authorship: candidate.authorship,
-                  commonNames: candidate.commonNames, genus: candidate.genus, family: candidate.family, gbifID: candidate.gbifID,
-                  plantID: candidate.plantID, provider: try convert(candidate.provider))
+        self.init(
+            rank: candidate.rank, score: candidate.score, scientificName: candidate.scientificName,
+            scientificNameWithoutAuthor: candidate.scientificNameWithoutAuthor, authorship: candidate.authorship,
+            commonNames: candidate.commonNames, genus: candidate.genus, family: candidate.family, gbifID: candidate.gbifID,
+            plantID: candidate.plantID, provider: try convert(candidate.provider))
     }
 }

@@ -16,9 +16,10 @@ extension APIHandlers {
     }
 
     func uploadPhoto(_ input: Operations.UploadPhoto.Input) async throws -> Operations.UploadPhoto.Output {
-        let body: HTTPBody = switch input.body {
-        case .jpeg(let body), .png(let body), .imageWebp(let body), .imageHeic(let body): body
-        }
+        let body: HTTPBody =
+            switch input.body {
+            case .jpeg(let body), .png(let body), .imageWebp(let body), .imageHeic(let body): body
+            }
         let bytes: Data
         do {
             bytes = try await Data(collecting: body, upTo: Self.maximumPhotoBytes)
@@ -55,7 +56,8 @@ extension APIHandlers {
     /// the generated route and the edge's direct one (``VariantRoute``) both come here.
     func variant(photoID: String, variant name: String, webp: Bool, ifNoneMatch: String?) async throws -> VariantAnswer {
         guard let variant = Images.Variant(rawValue: name) else {
-            throw RequestFieldError(field: "variant", "variant is one of \(Images.Variant.allCases.map(\.rawValue).joined(separator: ", ")); got '\(name.prefix(40))'")
+            throw RequestFieldError(
+                field: "variant", "variant is one of \(Images.Variant.allCases.map(\.rawValue).joined(separator: ", ")); got '\(name.prefix(40))'")
         }
         let format: Images.Format = webp ? .webp : .jpeg
         // The owner is checked by canopy-images even when the client has the bytes already:
@@ -94,15 +96,21 @@ extension APIHandlers {
 
     func getPhotoPalette(_ input: Operations.GetPhotoPalette.Input) async throws -> Operations.GetPhotoPalette.Output {
         let palette = try await call(Images.Palette.self, .init(sha256: input.path.photoID))
-        return .ok(.init(body: .json(.init(photoID: palette.sha256, swatches: palette.swatches.map {
-            Components.Schemas.Swatch(role: $0.role, hex: $0.hex, population: $0.population, oklab: $0.oklab)
-        }))))
+        return .ok(
+            .init(
+                body: .json(
+                    .init(
+                        photoID: palette.sha256,
+                        swatches: palette.swatches.map {
+                            Components.Schemas.Swatch(role: $0.role, hex: $0.hex, population: $0.population, oklab: $0.oklab)
+                        }))))
     }
 }
 
 extension Components.Schemas.Photo {
     init(_ photo: Images.Photo) {
-        self.init(photoID: photo.sha256, plantID: photo.plantID, width: photo.width, height: photo.height, format: photo.format, bytes: photo.bytes,
-                  addedAt: photo.addedAt)
+        self.init(
+            photoID: photo.sha256, plantID: photo.plantID, width: photo.width, height: photo.height, format: photo.format, bytes: photo.bytes,
+            addedAt: photo.addedAt)
     }
 }

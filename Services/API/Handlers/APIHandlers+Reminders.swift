@@ -11,8 +11,11 @@ extension APIHandlers {
 
     func registerDevice(_ input: Operations.RegisterDevice.Input) async throws -> Operations.RegisterDevice.Output {
         guard case .json(let body) = input.body else { throw CanopyError(.badRequest, "the body is JSON") }
-        let device = try await call(Reminders.RegisterDevice.self, .init(channel: try convert(body.channel), address: body.address, name: body.name,
-                                                                         secret: body.secret, accessToken: body.accessToken))
+        let device = try await call(
+            Reminders.RegisterDevice.self,
+            .init(
+                channel: try convert(body.channel), address: body.address, name: body.name,
+                secret: body.secret, accessToken: body.accessToken))
         return .created(.init(body: .json(try .init(device))))
     }
 
@@ -33,23 +36,30 @@ extension APIHandlers {
 
     func listReminderFailures(_ input: Operations.ListReminderFailures.Input) async throws -> Operations.ListReminderFailures.Output {
         let failures = try await call(Reminders.Failures.self, .init(limit: input.query.limit ?? 100))
-        return .ok(.init(body: .json(.init(failures: try failures.map { failure in
-            Components.Schemas.Failure(reminder: try .init(failure.reminder), deviceID: failure.deviceID, attempts: failure.attempts,
-                                       lastError: failure.lastError, at: failure.at)
-        }))))
+        return .ok(
+            .init(
+                body: .json(
+                    .init(
+                        failures: try failures.map { failure in
+                            Components.Schemas.Failure(
+                                reminder: try .init(failure.reminder), deviceID: failure.deviceID, attempts: failure.attempts,
+                                lastError: failure.lastError, at: failure.at)
+                        }))))
     }
 }
 
 extension Components.Schemas.Device {
     init(_ device: Reminders.Device) throws {
-        self.init(id: device.id, channel: try convert(device.channel), address: device.address, name: device.name, active: device.active,
-                  registeredAt: device.registeredAt, deactivatedReason: device.deactivatedReason)
+        self.init(
+            id: device.id, channel: try convert(device.channel), address: device.address, name: device.name, active: device.active,
+            registeredAt: device.registeredAt, deactivatedReason: device.deactivatedReason)
     }
 }
 
 extension Components.Schemas.Reminder {
     init(_ reminder: Reminders.Reminder) throws {
-        self.init(taskID: reminder.taskID, plantID: reminder.plantID, kind: try convert(reminder.kind), title: reminder.title, due: reminder.due,
-                  state: try convert(reminder.state))
+        self.init(
+            taskID: reminder.taskID, plantID: reminder.plantID, kind: try convert(reminder.kind), title: reminder.title, due: reminder.due,
+            state: try convert(reminder.state))
     }
 }

@@ -46,8 +46,12 @@ struct APIHandlers: APIProtocol {
             addedFrom: query.addedFrom, addedTo: query.addedTo, sort: try query.sort.map { try convert($0) } ?? .dateAdded,
             descending: query.descending ?? true, limit: limit, offset: query.offset ?? 0)
         let reply = try await call(Care.ListPlants.self, request)
-        return .ok(.init(body: .json(.init(plants: try reply.plants.map(Components.Schemas.Plant.init), total: reply.total,
-                                           nextOffset: reply.nextOffset))))
+        return .ok(
+            .init(
+                body: .json(
+                    .init(
+                        plants: try reply.plants.map(Components.Schemas.Plant.init), total: reply.total,
+                        nextOffset: reply.nextOffset))))
     }
 
     func createPlant(_ input: Operations.CreatePlant.Input) async throws -> Operations.CreatePlant.Output {
@@ -136,8 +140,11 @@ struct APIHandlers: APIProtocol {
     func completeTask(_ input: Operations.CompleteTask.Input) async throws -> Operations.CompleteTask.Output {
         var at: Date?
         if case .json(let body) = input.body { at = body.at }
-        let task = try await call(Care.CompleteTask.self, .init(id: try RequestFieldError.identifier(input.path.taskID, "taskID"), at: at,
-                                                                 key: Caller.idempotencyKey))
+        let task = try await call(
+            Care.CompleteTask.self,
+            .init(
+                id: try RequestFieldError.identifier(input.path.taskID, "taskID"), at: at,
+                key: Caller.idempotencyKey))
         return .ok(.init(body: .json(try .init(task))))
     }
 
@@ -156,22 +163,30 @@ struct APIHandlers: APIProtocol {
 
     func getStatistics(_ input: Operations.GetStatistics.Input) async throws -> Operations.GetStatistics.Output {
         let statistics = try await call(Care.Statistics.self, Empty())
-        return .ok(.init(body: .json(.init(
-            total: statistics.total, favourites: statistics.favourites, families: .init(additionalProperties: statistics.families),
-            sources: .init(additionalProperties: statistics.sources), addedThisMonth: statistics.addedThisMonth,
-            upcomingTasks: statistics.upcomingTasks, overdueTasks: statistics.overdueTasks))))
+        return .ok(
+            .init(
+                body: .json(
+                    .init(
+                        total: statistics.total, favourites: statistics.favourites, families: .init(additionalProperties: statistics.families),
+                        sources: .init(additionalProperties: statistics.sources), addedThisMonth: statistics.addedThisMonth,
+                        upcomingTasks: statistics.upcomingTasks, overdueTasks: statistics.overdueTasks))))
     }
 
     func setPreferences(_ input: Operations.SetPreferences.Input) async throws -> Operations.SetPreferences.Output {
         guard case .json(let body) = input.body else { throw CanopyError(.badRequest, "the body is JSON") }
-        let stored = try await call(Care.SetPreferences.self, Care.Preferences(
-            timeZone: body.timeZone, preferredMinute: body.preferredMinute ?? 540, quietStartMinute: body.quietStartMinute,
-            quietEndMinute: body.quietEndMinute, wateringFactor: body.wateringFactor ?? 1, pauseStart: body.pauseStart, pauseEnd: body.pauseEnd,
-            southernHemisphere: body.southernHemisphere ?? false))
-        return .ok(.init(body: .json(.init(
-            timeZone: stored.timeZone, preferredMinute: stored.preferredMinute, quietStartMinute: stored.quietStartMinute,
-            quietEndMinute: stored.quietEndMinute, wateringFactor: stored.wateringFactor, pauseStart: stored.pauseStart,
-            pauseEnd: stored.pauseEnd, southernHemisphere: stored.southernHemisphere))))
+        let stored = try await call(
+            Care.SetPreferences.self,
+            Care.Preferences(
+                timeZone: body.timeZone, preferredMinute: body.preferredMinute ?? 540, quietStartMinute: body.quietStartMinute,
+                quietEndMinute: body.quietEndMinute, wateringFactor: body.wateringFactor ?? 1, pauseStart: body.pauseStart, pauseEnd: body.pauseEnd,
+                southernHemisphere: body.southernHemisphere ?? false))
+        return .ok(
+            .init(
+                body: .json(
+                    .init(
+                        timeZone: stored.timeZone, preferredMinute: stored.preferredMinute, quietStartMinute: stored.quietStartMinute,
+                        quietEndMinute: stored.quietEndMinute, wateringFactor: stored.wateringFactor, pauseStart: stored.pauseStart,
+                        pauseEnd: stored.pauseEnd, southernHemisphere: stored.southernHemisphere))))
     }
 }
 

@@ -15,36 +15,39 @@ func convert<From: RawRepresentable, To: RawRepresentable>(_ value: From) throws
 
 extension Components.Schemas.Plant {
     init(_ plant: Care.Plant) throws {
-        self.init(id: plant.id, scientificName: plant.scientificName, commonNames: plant.commonNames, family: plant.family, genus: plant.genus,
-                  customName: plant.customName, location: plant.location, notes: plant.notes, favourite: plant.favourite,
-                  imageIDs: plant.imageIDs, identificationSource: try convert(plant.identificationSource),
-                  identificationConfidence: plant.identificationConfidence, dateIdentified: plant.dateIdentified, dateAdded: plant.dateAdded,
-                  profile: try plant.profile.map(Components.Schemas.Profile.init), profileOverridden: plant.profileOverridden,
-                  version: plant.version)
+        self.init(
+            id: plant.id, scientificName: plant.scientificName, commonNames: plant.commonNames, family: plant.family, genus: plant.genus,
+            customName: plant.customName, location: plant.location, notes: plant.notes, favourite: plant.favourite,
+            imageIDs: plant.imageIDs, identificationSource: try convert(plant.identificationSource),
+            identificationConfidence: plant.identificationConfidence, dateIdentified: plant.dateIdentified, dateAdded: plant.dateAdded,
+            profile: try plant.profile.map(Components.Schemas.Profile.init), profileOverridden: plant.profileOverridden,
+            version: plant.version)
     }
 }
 
 extension Care.Plant {
     /// The plant an app sent, under `id` (empty: canopy-care chooses one).
     init(_ input: Components.Schemas.PlantInput, id: String) throws {
-        self.init(id: id, scientificName: input.scientificName, commonNames: input.commonNames ?? [], family: input.family ?? "",
-                  genus: input.genus ?? "", customName: input.customName, location: input.location, notes: input.notes,
-                  favourite: input.favourite ?? false, imageIDs: input.imageIDs ?? [],
-                  identificationSource: try input.identificationSource.map { try convert($0) } ?? .manual,
-                  identificationConfidence: input.identificationConfidence, dateIdentified: input.dateIdentified,
-                  profile: try input.profile.map(Care.Profile.init))
+        self.init(
+            id: id, scientificName: input.scientificName, commonNames: input.commonNames ?? [], family: input.family ?? "",
+            genus: input.genus ?? "", customName: input.customName, location: input.location, notes: input.notes,
+            favourite: input.favourite ?? false, imageIDs: input.imageIDs ?? [],
+            identificationSource: try input.identificationSource.map { try convert($0) } ?? .manual,
+            identificationConfidence: input.identificationConfidence, dateIdentified: input.dateIdentified,
+            profile: try input.profile.map(Care.Profile.init))
     }
 }
 
 extension Components.Schemas.Profile {
     init(_ profile: Care.Profile) throws {
-        self.init(light: try convert(profile.light), wateringIntervalDays: profile.wateringIntervalDays, wateringAmount: profile.wateringAmount,
-                  temperatureMinimumC: profile.temperatureMinimumC, temperatureMaximumC: profile.temperatureMaximumC,
-                  temperatureOptimumC: profile.temperatureOptimumC,
-                  humidity: try convert(Humidity(rawValue: profile.humidity) ?? .medium),
-                  fertilizerIntervalDays: profile.fertilizerIntervalDays, fertilizerType: profile.fertilizerType,
-                  dormancyMonths: profile.dormancyMonths, toxicToPets: profile.toxicToPets, mistIntervalDays: profile.mistIntervalDays,
-                  repotIntervalMonths: profile.repotIntervalMonths, prune: profile.prune)
+        self.init(
+            light: try convert(profile.light), wateringIntervalDays: profile.wateringIntervalDays, wateringAmount: profile.wateringAmount,
+            temperatureMinimumC: profile.temperatureMinimumC, temperatureMaximumC: profile.temperatureMaximumC,
+            temperatureOptimumC: profile.temperatureOptimumC,
+            humidity: try convert(Humidity(rawValue: profile.humidity) ?? .medium),
+            fertilizerIntervalDays: profile.fertilizerIntervalDays, fertilizerType: profile.fertilizerType,
+            dormancyMonths: profile.dormancyMonths, toxicToPets: profile.toxicToPets, mistIntervalDays: profile.mistIntervalDays,
+            repotIntervalMonths: profile.repotIntervalMonths, prune: profile.prune)
     }
 
     /// canopy-care keeps humidity as text, always one of these.
@@ -53,12 +56,13 @@ extension Components.Schemas.Profile {
 
 extension Care.Profile {
     init(_ profile: Components.Schemas.Profile) throws {
-        self.init(light: try convert(profile.light), wateringIntervalDays: profile.wateringIntervalDays, wateringAmount: profile.wateringAmount,
-                  temperatureMinimumC: profile.temperatureMinimumC, temperatureMaximumC: profile.temperatureMaximumC,
-                  temperatureOptimumC: profile.temperatureOptimumC, humidity: profile.humidity.rawValue,
-                  fertilizerIntervalDays: profile.fertilizerIntervalDays, fertilizerType: profile.fertilizerType,
-                  dormancyMonths: profile.dormancyMonths, toxicToPets: profile.toxicToPets, mistIntervalDays: profile.mistIntervalDays,
-                  repotIntervalMonths: profile.repotIntervalMonths, prune: profile.prune)
+        self.init(
+            light: try convert(profile.light), wateringIntervalDays: profile.wateringIntervalDays, wateringAmount: profile.wateringAmount,
+            temperatureMinimumC: profile.temperatureMinimumC, temperatureMaximumC: profile.temperatureMaximumC,
+            temperatureOptimumC: profile.temperatureOptimumC, humidity: profile.humidity.rawValue,
+            fertilizerIntervalDays: profile.fertilizerIntervalDays, fertilizerType: profile.fertilizerType,
+            dormancyMonths: profile.dormancyMonths, toxicToPets: profile.toxicToPets, mistIntervalDays: profile.mistIntervalDays,
+            repotIntervalMonths: profile.repotIntervalMonths, prune: profile.prune)
     }
 }
 

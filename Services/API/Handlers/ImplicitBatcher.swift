@@ -132,7 +132,8 @@ final class ImplicitBatcher<Key: Hashable & Sendable, Value: Sendable>: Sendable
         if let next { Task { _ = await self.send(next) } }
         var answer: Result<Value, any Error> = .failure(CanopyError(.internal, "the lookup was not among the keys sent"))
         for (index, waiting) in waiters.enumerated() {
-            let result: Result<Value, any Error> = index < results.count
+            let result: Result<Value, any Error> =
+                index < results.count
                 ? results[index]
                 : .failure(CanopyError(.internal, "the lookup answered \(results.count) of \(keys.count) keys"))
             for waiter in waiting { waiter.resume(with: result) }

@@ -34,12 +34,15 @@ public enum IdempotencyKeys {
         if key.utf8.count >= 2, key.hasPrefix("\""), key.hasSuffix("\"") {
             key = String(key.dropFirst().dropLast())
             guard !key.contains("\\") && !key.contains("\"") else {
-                throw CanopyError(.badRequest, "\(header) is 1 to \(maximumKeyBytes) printable ASCII characters, without quotes or backslashes inside", field: header)
+                throw CanopyError(
+                    .badRequest, "\(header) is 1 to \(maximumKeyBytes) printable ASCII characters, without quotes or backslashes inside", field: header)
             }
         }
         guard (1...maximumKeyBytes).contains(key.utf8.count), key.utf8.allSatisfy({ (0x20...0x7E).contains($0) }),
-              key.utf8.contains(where: { $0 != 0x20 }) else {
-            throw CanopyError(.badRequest, "\(header) is 1 to \(maximumKeyBytes) printable ASCII characters, such as a UUID; got \(value.utf8.count) bytes", field: header)
+            key.utf8.contains(where: { $0 != 0x20 })
+        else {
+            throw CanopyError(
+                .badRequest, "\(header) is 1 to \(maximumKeyBytes) printable ASCII characters, such as a UUID; got \(value.utf8.count) bytes", field: header)
         }
         return key
     }

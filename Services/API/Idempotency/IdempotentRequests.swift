@@ -22,20 +22,25 @@ struct IdempotentRequests: Sendable {
 
     /// Answers `request` of `person` that came with `key`: `work` runs (told the services'
     /// key) only when the store says this request holds the key.
-    func run(_ request: Request, person: String, key: String, body: ByteBuffer, requestID: String, logger: Logger,
-             work: (_ serviceKey: String) async -> Response) async -> Response {
+    func run(
+        _ request: Request, person: String, key: String, body: ByteBuffer, requestID: String, logger: Logger,
+        work: (_ serviceKey: String) async -> Response
+    ) async -> Response {
         let route = "\(request.method) \(request.uri.path)"
-        let claim = IdempotencyClaim(person: person, route: route, key: key,
-                                     fingerprint: IdempotencyKeys.fingerprint(method: request.method.rawValue, path: request.uri.description,
-                                                                              contentType: request.headers[.contentType], body: body.readableBytesView),
-                                     lease: lease.seconds)
+        let claim = IdempotencyClaim(
+            person: person, route: route, key: key,
+            fingerprint: IdempotencyKeys.fingerprint(
+                method: request.method.rawValue, path: request.uri.description,
+                contentType: request.headers[.contentType], body: body.readableBytesView),
+            lease: lease.seconds)
         let decision: IdempotencyDecision
         do {
             decision = try await offThePool { [store] in try store.claim(claim, now: Date()) }
         } catch {
             logger.error("api.idempotency.unreadable", metadata: ["api.request": "\(requestID)", "api.error": "\(error)"])
-            return Problem.response(.serviceUnavailable, "the store of idempotency keys cannot be read now; nothing was done; send the request again in a moment",
-                                    requestID: requestID, headers: [.retryAfter: "1"])
+            return Problem.response(
+                .serviceUnavailable, "the store of idempotency keys cannot be read now; nothing was done; send the request again in a moment",
+                requestID: requestID, headers: [.retryAfter: "1"])
         }
         switch decision {
         case .replay(let answer):
@@ -46,14 +51,19 @@ struct IdempotentRequests: Sendable {
             headers[Self.replayedHeader] = "true"
             return Response(status: .init(code: answer.status), headers: headers, body: .init(byteBuffer: ByteBuffer(bytes: answer.body)))
         case .answeredNotKept:
-            return Problem.response(.conflict, "this request was done already with this \(IdempotencyKeys.header); its answer was larger than is kept, so read what it changed instead",
-                                    requestID: requestID)
+            return Problem.response(
+                .conflict,
+                "this request was done already with this \(IdempotencyKeys.header); its answer was larger than is kept, so read what it changed instead",
+                requestID: requestID)
         case .otherRequest:
-            return Problem.response(.unprocessableContent, "idempotency key reused with another request: this \(IdempotencyKeys.header) was sent with another body or path; use a new key for a new request",
-                                    requestID: requestID, field: IdempotencyKeys.header)
+            return Problem.response(
+                .unprocessableContent,
+                "idempotency key reused with another request: this \(IdempotencyKeys.header) was sent with another body or path; use a new key for a new request",
+                requestID: requestID, field: IdempotencyKeys.header)
         case .running(let retryAfter):
-            return Problem.response(.conflict, "a request with this \(IdempotencyKeys.header) is still running; its answer comes when it ends: send it again in \(retryAfter) s",
-                                    requestID: requestID, headers: [.retryAfter: String(retryAfter)])
+            return Problem.response(
+                .conflict, "a request with this \(IdempotencyKeys.header) is still running; its answer comes when it ends: send it again in \(retryAfter) s",
+                requestID: requestID, headers: [.retryAfter: String(retryAfter)])
         case .proceed:
             break
         }
@@ -73,8 +83,11 @@ struct IdempotentRequests: Sendable {
             if response.status.code >= 500 {
                 try await offThePool { [store] in try store.release(claim) }
             } else {
-                let kept = bytes.count <= IdempotencyKeys.maximumAnswerBytes
-                    ? KeptAnswer(status: response.status.code, headers: Self.keptHeaders.compactMap { name in response.headers[name].map { [name.rawName, $0] } }, body: bytes)
+                let kept =
+                    bytes.count <= IdempotencyKeys.maximumAnswerBytes
+                    ? KeptAnswer(
+                        status: response.status.code, headers: Self.keptHeaders.compactMap { name in response.headers[name].map { [name.rawName, $0] } },
+                        body: bytes)
                     : nil
                 try await offThePool { [store] in try store.answer(claim, with: kept, now: Date()) }
             }

@@ -2,8 +2,8 @@ import CanopyMessages
 import CanopyOutbound
 import Crypto
 import Foundation
-import Synchronization
 import JWTKit
+import Synchronization
 
 /// The bearer tokens apps present, and whom each names:
 ///
@@ -81,8 +81,10 @@ public actor TokenAuthority {
     ///     once in this.
     ///   - leeway: how far `exp`, `nbf` and `iat` may be off.
     ///   - revocations: tokens revoked and people signed out (`canopy-api token revoke`).
-    public init(keys: [[UInt8]], issuers: [TrustedIssuer] = [], http: PinnedHTTP? = nil, minimumRefresh: Duration = .seconds(60),
-                leeway: TimeInterval = 60, revocations: RevocationWatcher? = nil) throws(CanopyError) {
+    public init(
+        keys: [[UInt8]], issuers: [TrustedIssuer] = [], http: PinnedHTTP? = nil, minimumRefresh: Duration = .seconds(60),
+        leeway: TimeInterval = 60, revocations: RevocationWatcher? = nil
+    ) throws(CanopyError) {
         self.revocations = revocations
         guard !keys.isEmpty else { throw CanopyError(.badRequest, "canopy-api needs at least one token signing key") }
         for key in keys where key.count < Self.minimumKeyBytes {
@@ -130,7 +132,9 @@ public actor TokenAuthority {
             return bytes
         }
         if let value, !value.isEmpty { return Array(value.utf8) }
-        throw CanopyError(.badRequest, "canopy-api needs a token signing key: --token-key-file FILE or CANOPY_TOKEN_KEY (32 bytes or more, random; `openssl rand -base64 48` makes one)")
+        throw CanopyError(
+            .badRequest,
+            "canopy-api needs a token signing key: --token-key-file FILE or CANOPY_TOKEN_KEY (32 bytes or more, random; `openssl rand -base64 48` makes one)")
     }
 
     private func ready() async {
@@ -148,9 +152,10 @@ public actor TokenAuthority {
         await ready()
         // Whole seconds, as JWT libraries expect of NumericDates.
         let issued = Date(timeIntervalSince1970: now.timeIntervalSince1970.rounded(.down))
-        let claims = Claims(sub: SubjectClaim(value: user), exp: ExpirationClaim(value: issued.addingTimeInterval(Double(lifetime.components.seconds))),
-                            iat: IssuedAtClaim(value: issued), iss: IssuerClaim(value: Self.issuer),
-                            jti: IDClaim(value: (0..<16).map { _ in String(format: "%02x", UInt8.random(in: 0...255)) }.joined()))
+        let claims = Claims(
+            sub: SubjectClaim(value: user), exp: ExpirationClaim(value: issued.addingTimeInterval(Double(lifetime.components.seconds))),
+            iat: IssuedAtClaim(value: issued), iss: IssuerClaim(value: Self.issuer),
+            jti: IDClaim(value: (0..<16).map { _ in String(format: "%02x", UInt8.random(in: 0...255)) }.joined()))
         return try await keys.sign(claims, kid: JWKIdentifier(string: signing[0].kid))
     }
 
@@ -234,7 +239,8 @@ public actor TokenAuthority {
     /// A trusted issuer's: its key by `kid`, that key's algorithm, then `iss`, `aud`, the times.
     private func verifyIssued(_ token: String, parts: UnverifiedToken, by issuerKeys: IssuerKeys, now: Date) async -> Identity? {
         guard let kid = parts.keyID, let key = await issuerKeys.key(kid), parts.algorithm == key.algorithm,
-              let claims = try? await key.collection.verify(token, as: IssuerClaims.self) else { return nil }
+            let claims = try? await key.collection.verify(token, as: IssuerClaims.self)
+        else { return nil }
         let issuer = issuerKeys.issuer
         guard claims.iss.value == issuer.issuer, claims.aud.value.contains(where: { issuer.audiences.contains($0) }) else { return nil }
         guard now.timeIntervalSince(claims.exp.value) < leeway else { return nil }

@@ -38,8 +38,10 @@ struct EdgeMiddleware<Context: RequestContext>: RouterMiddleware {
 
     /// A request, with the photo and variant when ``EdgeResponder`` found it to be a variant GET
     /// (answered here, `next` unused).
-    func handle(_ request: Request, context: Context, variant: (photoID: String, variant: String)?,
-                next: (Request, Context) async throws -> Response) async throws -> Response {
+    func handle(
+        _ request: Request, context: Context, variant: (photoID: String, variant: String)?,
+        next: (Request, Context) async throws -> Response
+    ) async throws -> Response {
         let started = ContinuousClock.now
         let requestID = sequence.next()
         var response = await answer(request, context: context, requestID: requestID, variant: variant, next: next)
@@ -48,28 +50,38 @@ struct EdgeMiddleware<Context: RequestContext>: RouterMiddleware {
         let route = variant != nil ? VariantRoute.template : context.endpointPath ?? "unknown"
         metrics.record(route: route, status: response.status.code, duration: .now - started)
         if response.status.code >= 500 {
-            context.logger.error("api.failed", metadata: ["api.request": "\(requestID)", "api.status": "\(response.status.code)",
-                                                            "api.path": "\(request.uri.path)"])
+            context.logger.error(
+                "api.failed",
+                metadata: [
+                    "api.request": "\(requestID)", "api.status": "\(response.status.code)",
+                    "api.path": "\(request.uri.path)",
+                ])
         }
         return response
     }
 
-    private func answer(_ request: Request, context: Context, requestID: String, variant: (photoID: String, variant: String)?,
-                        next: (Request, Context) async throws -> Response) async -> Response {
+    private func answer(
+        _ request: Request, context: Context, requestID: String, variant: (photoID: String, variant: String)?,
+        next: (Request, Context) async throws -> Response
+    ) async -> Response {
         guard let authorization = request.headers[.authorization], authorization.utf8.count > 7,
-              authorization.prefix(7).lowercased() == "bearer " else {
-            return Problem.response(.unauthorized, "this needs a bearer token: Authorization: Bearer <token from canopy-api token issue>",
-                                    requestID: requestID, headers: [.wwwAuthenticate: "Bearer realm=\"canopy\""])
+            authorization.prefix(7).lowercased() == "bearer "
+        else {
+            return Problem.response(
+                .unauthorized, "this needs a bearer token: Authorization: Bearer <token from canopy-api token issue>",
+                requestID: requestID, headers: [.wwwAuthenticate: "Bearer realm=\"canopy\""])
         }
         guard let user = await tokens.user(of: String(authorization.dropFirst(7))) else {
-            return Problem.response(.unauthorized, "the bearer token is not valid: forged, expired or not Canopy's; ask for a new one",
-                                    requestID: requestID,
-                                    headers: [.wwwAuthenticate: "Bearer realm=\"canopy\", error=\"invalid_token\""])
+            return Problem.response(
+                .unauthorized, "the bearer token is not valid: forged, expired or not Canopy's; ask for a new one",
+                requestID: requestID,
+                headers: [.wwwAuthenticate: "Bearer realm=\"canopy\", error=\"invalid_token\""])
         }
         if let wait = limiter.take(user) {
             metrics.rateLimited.increment()
-            return Problem.response(.tooManyRequests, "too many requests from you at once; try again in \(wait) s", requestID: requestID,
-                                    headers: [.retryAfter: String(wait)])
+            return Problem.response(
+                .tooManyRequests, "too many requests from you at once; try again in \(wait) s", requestID: requestID,
+                headers: [.retryAfter: String(wait)])
         }
         let path = request.uri.path
         let isPhoto = request.method == .post && ((path.hasPrefix("/v1/plants/") && path.hasSuffix("/photos")) || path == "/v1/identifications")
@@ -124,8 +136,10 @@ struct EdgeMiddleware<Context: RequestContext>: RouterMiddleware {
     }
 
     /// The request on its way to its route: through ``IdempotentRequests`` when it carries a key.
-    private func dispatch(_ request: Request, context: Context, user: String, requestID: String, body collected: ByteBuffer,
-                          variant: (photoID: String, variant: String)?, next: (Request, Context) async throws -> Response) async -> Response {
+    private func dispatch(
+        _ request: Request, context: Context, user: String, requestID: String, body collected: ByteBuffer,
+        variant: (photoID: String, variant: String)?, next: (Request, Context) async throws -> Response
+    ) async -> Response {
         // A retried POST with the key it came with the first time is answered once (IdempotentRequests).
         if let idempotency, request.method == .post || request.method == .patch, let value = request.headers[IdempotentRequests.keyHeader] {
             let key: String
@@ -144,8 +158,10 @@ struct EdgeMiddleware<Context: RequestContext>: RouterMiddleware {
     }
 
     /// The request's route (or the variant it is), for `user`; any error as the problem it is.
-    private func route(_ request: Request, context: Context, user: String, requestID: String, variant: (photoID: String, variant: String)?,
-                       next: (Request, Context) async throws -> Response) async -> Response {
+    private func route(
+        _ request: Request, context: Context, user: String, requestID: String, variant: (photoID: String, variant: String)?,
+        next: (Request, Context) async throws -> Response
+    ) async -> Response {
         let path = request.uri.path
         do {
             return try await Caller.$principal.withValue(user) {
@@ -158,8 +174,9 @@ struct EdgeMiddleware<Context: RequestContext>: RouterMiddleware {
             // No route: a path the document has, with another method, is 405 and says which it takes.
             let allowed = routes.methods(for: path)
             guard !allowed.isEmpty else { return Problem.make(for: error, requestID: requestID).response }
-            return Problem.response(.methodNotAllowed, "\(path) takes \(allowed.joined(separator: ", ")), not \(request.method)", requestID: requestID,
-                                    headers: [.allow: allowed.joined(separator: ", ")])
+            return Problem.response(
+                .methodNotAllowed, "\(path) takes \(allowed.joined(separator: ", ")), not \(request.method)", requestID: requestID,
+                headers: [.allow: allowed.joined(separator: ", ")])
         } catch {
             let problem = Problem.make(for: error, requestID: requestID)
             if problem.status.code >= 500 {
@@ -188,8 +205,12 @@ final class RouteMethods: Sendable {
         let parts = Self.components(path)
         return table.withLock { table in
             var methods = Set<String>()
-            for route in table where route.template.count == parts.count
-                && zip(route.template, parts).allSatisfy({ template, part in template == part || (template.hasPrefix("{") && template.hasSuffix("}") && !part.isEmpty) }) {
+            for route in table
+            where route.template.count == parts.count
+                && zip(route.template, parts).allSatisfy({ template, part in
+                    template == part || (template.hasPrefix("{") && template.hasSuffix("}") && !part.isEmpty)
+                })
+            {
                 methods.formUnion(route.methods)
             }
             return methods.sorted()
@@ -224,8 +245,10 @@ enum Problem {
         var response: Response { Response(status: status, headers: headers, body: .init(byteBuffer: ByteBuffer(bytes: bytes))) }
     }
 
-    static func response(_ status: HTTPResponse.Status, _ detail: String, requestID: String, field: String? = nil,
-                         headers: HTTPFields = [:]) -> Response {
+    static func response(
+        _ status: HTTPResponse.Status, _ detail: String, requestID: String, field: String? = nil,
+        headers: HTTPFields = [:]
+    ) -> Response {
         make(status, detail, requestID: requestID, field: field, headers: headers).response
     }
 
@@ -250,18 +273,22 @@ enum Problem {
 
     /// The statuses canopy-api answers, by code, with their reason phrases (a status made from
     /// a bare code, as the router's errors carry, has none).
-    private static let known: [Int: HTTPResponse.Status] = Dictionary(uniqueKeysWithValues: [
-        HTTPResponse.Status.badRequest, .unauthorized, .forbidden, .notFound, .methodNotAllowed, .notAcceptable, .requestTimeout, .conflict, .gone,
-        .lengthRequired, .preconditionFailed, .contentTooLarge, .uriTooLong, .unsupportedMediaType, .unprocessableContent, .tooManyRequests,
-        .requestHeaderFieldsTooLarge, .internalServerError, .notImplemented, .badGateway, .serviceUnavailable, .gatewayTimeout,
-    ].map { ($0.code, $0) })
+    private static let known: [Int: HTTPResponse.Status] = Dictionary(
+        uniqueKeysWithValues: [
+            HTTPResponse.Status.badRequest, .unauthorized, .forbidden, .notFound, .methodNotAllowed, .notAcceptable, .requestTimeout, .conflict, .gone,
+            .lengthRequired, .preconditionFailed, .contentTooLarge, .uriTooLong, .unsupportedMediaType, .unprocessableContent, .tooManyRequests,
+            .requestHeaderFieldsTooLarge, .internalServerError, .notImplemented, .badGateway, .serviceUnavailable, .gatewayTimeout,
+        ].map { ($0.code, $0) })
 
-    static func make(_ status: HTTPResponse.Status, _ detail: String, requestID: String, field: String? = nil,
-                         headers: HTTPFields = [:]) -> Made {
+    static func make(
+        _ status: HTTPResponse.Status, _ detail: String, requestID: String, field: String? = nil,
+        headers: HTTPFields = [:]
+    ) -> Made {
         let status = status.reasonPhrase.isEmpty ? known[status.code] ?? HTTPResponse.Status(code: status.code, reasonPhrase: "HTTP \(status.code)") : status
         let slug = status.reasonPhrase.lowercased().replacingOccurrences(of: " ", with: "-")
-        let body = Body(type: "https://canopy.dev/problems/\(slug)", title: status.reasonPhrase, status: status.code, detail: detail,
-                        requestID: requestID, field: field)
+        let body = Body(
+            type: "https://canopy.dev/problems/\(slug)", title: status.reasonPhrase, status: status.code, detail: detail,
+            requestID: requestID, field: field)
         var headers = headers
         headers[.contentType] = "application/problem+json"
         return Made(status: status, headers: headers, bytes: [UInt8]((try? encoder.encode(body)) ?? Data()))
@@ -310,13 +337,14 @@ enum Problem {
             let keys = context.codingPath + (key.map { [$0] } ?? [])
             return keys.map { $0.intValue.map { "[\($0)]" } ?? ".\($0.stringValue)" }.joined().drop { $0 == "." }.description
         }
-        let (field, detail): (String, String) = switch error {
-        case .keyNotFound(let key, let context): (path(context, key), "is required")
-        case .typeMismatch(let type, let context): (path(context), "is not a valid \(type): \(context.debugDescription.prefix(200))")
-        case .valueNotFound(_, let context): (path(context), "may not be null")
-        case .dataCorrupted(let context): (path(context), "is not valid: \(context.debugDescription.prefix(200))")
-        @unknown default: ("", "does not decode")
-        }
+        let (field, detail): (String, String) =
+            switch error {
+            case .keyNotFound(let key, let context): (path(context, key), "is required")
+            case .typeMismatch(let type, let context): (path(context), "is not a valid \(type): \(context.debugDescription.prefix(200))")
+            case .valueNotFound(_, let context): (path(context), "may not be null")
+            case .dataCorrupted(let context): (path(context), "is not valid: \(context.debugDescription.prefix(200))")
+            @unknown default: ("", "does not decode")
+            }
         return make(.badRequest, "\(field.isEmpty ? whole : field) \(detail)", requestID: requestID, field: field.isEmpty ? nil : field)
     }
 
@@ -325,18 +353,19 @@ enum Problem {
     /// the request's mistake; 413 is for bodies over the body limit).
     private static func make(_ error: CanopyError, requestID: String) -> Made {
         if let field = error.field { return make(.badRequest, error.message, requestID: requestID, field: field) }
-        let status: HTTPResponse.Status = switch error.code {
-        case .badRequest: .badRequest
-        case .notFound: .notFound
-        case .conflict: .conflict
-        case .stale: .preconditionFailed
-        case .tooLarge: .contentTooLarge
-        case .unauthorized: .forbidden
-        case .busy, .noWorkers, .shuttingDown: .serviceUnavailable
-        case .timeout: .gatewayTimeout
-        case .workerLost, .brokerLost: .badGateway
-        case .internal: .internalServerError
-        }
+        let status: HTTPResponse.Status =
+            switch error.code {
+            case .badRequest: .badRequest
+            case .notFound: .notFound
+            case .conflict: .conflict
+            case .stale: .preconditionFailed
+            case .tooLarge: .contentTooLarge
+            case .unauthorized: .forbidden
+            case .busy, .noWorkers, .shuttingDown: .serviceUnavailable
+            case .timeout: .gatewayTimeout
+            case .workerLost, .brokerLost: .badGateway
+            case .internal: .internalServerError
+            }
         var headers: HTTPFields = [:]
         if error.code == .busy { headers[.retryAfter] = "1" }
         if error.code == .noWorkers { headers[.retryAfter] = "5" }

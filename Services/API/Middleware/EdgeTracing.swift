@@ -1,7 +1,7 @@
-import HTTPTypes
-import Hummingbird
 import CanopyServiceKit
 import CanopyWire
+import HTTPTypes
+import Hummingbird
 import Tracing
 
 /// A server span per recorded request, continuing an app's W3C `traceparent`. Which requests
@@ -38,9 +38,12 @@ struct EdgeTracingMiddleware<Context: RequestContext>: RouterMiddleware {
         span.updateAttributes { attributes in
             attributes["http.request.method"] = request.method.rawValue
             attributes["url.path"] = request.uri.path
-            attributes["url.query"] = redactedQuery.isEmpty ? request.uri.query : request.uri.queryParameters.lazy.map { key, value in
-                redactedQuery.contains(key) ? "\(key)=REDACTED" : "\(key)=\(value)"
-            }.joined(separator: "&")
+            attributes["url.query"] =
+                redactedQuery.isEmpty
+                ? request.uri.query
+                : request.uri.queryParameters.lazy.map { key, value in
+                    redactedQuery.contains(key) ? "\(key)=REDACTED" : "\(key)=\(value)"
+                }.joined(separator: "&")
             attributes["user_agent.original"] = request.headers[.userAgent]
             attributes["http.request.body.size"] = request.headers[.contentLength].flatMap { Int($0) }
         }

@@ -79,7 +79,9 @@ final class WorkBudget: Sendable {
         }
         if let wait = units.take(person, cost: cost.units) {
             finished(person, cost)
-            return ("\(cost.route) costs \(Int(cost.units.rounded(.up))) work units and your budget is \(Int(units.rate)) a second; it refills in \(wait) s", wait)
+            return (
+                "\(cost.route) costs \(Int(cost.units.rounded(.up))) work units and your budget is \(Int(units.rate)) a second; it refills in \(wait) s", wait
+            )
         }
         return nil
     }

@@ -73,12 +73,13 @@ final class SQLiteAPIStore: APIStoring {
     static var migrator: DatabaseMigrator {
         var migrator = DatabaseMigrator()
         migrator.registerMigration("v1") { db in
-            try db.execute(sql: """
-                CREATE TABLE revokedTokens (jti TEXT PRIMARY KEY, until DOUBLE NOT NULL);
-                CREATE TABLE signedOut (principal TEXT PRIMARY KEY, before DOUBLE NOT NULL);
-                CREATE TABLE revocationMeta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
-                INSERT INTO revocationMeta VALUES ('generation', 0);
-                """)
+            try db.execute(
+                sql: """
+                    CREATE TABLE revokedTokens (jti TEXT PRIMARY KEY, until DOUBLE NOT NULL);
+                    CREATE TABLE signedOut (principal TEXT PRIMARY KEY, before DOUBLE NOT NULL);
+                    CREATE TABLE revocationMeta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+                    INSERT INTO revocationMeta VALUES ('generation', 0);
+                    """)
         }
         migrator.registerMigration("v2") { db in try db.execute(sql: IdempotencyTable.sqlite) }
         // Sign-outs name a digest of the person, not the person (rows before it: 0 until digested).
@@ -93,8 +94,9 @@ final class SQLiteAPIStore: APIStoring {
             guard try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM revokedTokens") ?? 0 < maximumRevokedTokens else {
                 throw CanopyError(.tooLarge, "\(maximumRevokedTokens) tokens are revoked already; sign people out everywhere instead (--user)")
             }
-            try db.execute(sql: "INSERT INTO revokedTokens VALUES (?, ?) ON CONFLICT (jti) DO UPDATE SET until = max(until, excluded.until)",
-                           arguments: [id, until.timeIntervalSince1970])
+            try db.execute(
+                sql: "INSERT INTO revokedTokens VALUES (?, ?) ON CONFLICT (jti) DO UPDATE SET until = max(until, excluded.until)",
+                arguments: [id, until.timeIntervalSince1970])
             try db.execute(sql: "UPDATE revocationMeta SET value = value + 1 WHERE key = 'generation'")
         }
     }
@@ -102,8 +104,9 @@ final class SQLiteAPIStore: APIStoring {
     func signOut(digest: String, before: Date, erasure: Bool) throws {
         let at = before.timeIntervalSince1970.rounded(.down)
         try database.tracedWrite { db in
-            try db.execute(sql: "INSERT INTO signedOut VALUES (?, ?, 1) ON CONFLICT (principal) DO UPDATE SET before = max(before, excluded.before)",
-                           arguments: [digest, at])
+            try db.execute(
+                sql: "INSERT INTO signedOut VALUES (?, ?, 1) ON CONFLICT (principal) DO UPDATE SET before = max(before, excluded.before)",
+                arguments: [digest, at])
             if erasure { try db.execute(sql: "INSERT INTO erasures VALUES (?, ?) ON CONFLICT (digest) DO NOTHING", arguments: [digest, at]) }
             try db.execute(sql: "UPDATE revocationMeta SET value = value + 1 WHERE key = 'generation'")
         }
@@ -111,20 +114,25 @@ final class SQLiteAPIStore: APIStoring {
 
     func erasures() throws -> [Erasure] {
         try database.tracedRead { db in
-            try Row.fetchAll(db, sql: "SELECT digest, at FROM erasures ORDER BY at, digest").map { Erasure(digest: $0["digest"], at: Date(timeIntervalSince1970: $0["at"])) }
+            try Row.fetchAll(db, sql: "SELECT digest, at FROM erasures ORDER BY at, digest").map {
+                Erasure(digest: $0["digest"], at: Date(timeIntervalSince1970: $0["at"]))
+            }
         }
     }
 
     func digestLegacySignOuts(_ digest: SignOutDigest) throws {
-        guard try database.tracedRead({ db in try Bool.fetchOne(db, sql: "SELECT EXISTS (SELECT 1 FROM signedOut WHERE digested = 0)") ?? false }) else { return }
+        guard try database.tracedRead({ db in try Bool.fetchOne(db, sql: "SELECT EXISTS (SELECT 1 FROM signedOut WHERE digested = 0)") ?? false }) else {
+            return
+        }
         try database.tracedWrite { db in
             let legacy = try Row.fetchAll(db, sql: "SELECT principal, before FROM signedOut WHERE digested = 0")
             guard !legacy.isEmpty else { return }
             for row in legacy {
                 let person: String = row["principal"]
                 try db.execute(sql: "DELETE FROM signedOut WHERE principal = ?", arguments: [person])
-                try db.execute(sql: "INSERT INTO signedOut VALUES (?, ?, 1) ON CONFLICT (principal) DO UPDATE SET before = max(before, excluded.before)",
-                               arguments: [digest.record(person), row["before"] as Double])
+                try db.execute(
+                    sql: "INSERT INTO signedOut VALUES (?, ?, 1) ON CONFLICT (principal) DO UPDATE SET before = max(before, excluded.before)",
+                    arguments: [digest.record(person), row["before"] as Double])
             }
             try db.execute(sql: "UPDATE revocationMeta SET value = value + 1 WHERE key = 'generation'")
         }
@@ -164,13 +172,18 @@ final class PostgresAPIStore: APIStoring {
         self.idempotencyLimits = idempotencyLimits
     }
 
-    static func open(url: DatabaseURL, poolSize: Int, waitingUpTo wait: Duration = .zero, logger: Logger, idempotencyLimits: IdempotencyLimits = IdempotencyLimits()) async throws -> PostgresAPIStore {
-        PostgresAPIStore(database: try await PostgresStore.open(url: url, migrator: migrator, size: poolSize, waitingUpTo: wait, logger: logger), idempotencyLimits: idempotencyLimits)
+    static func open(
+        url: DatabaseURL, poolSize: Int, waitingUpTo wait: Duration = .zero, logger: Logger, idempotencyLimits: IdempotencyLimits = IdempotencyLimits()
+    ) async throws -> PostgresAPIStore {
+        PostgresAPIStore(
+            database: try await PostgresStore.open(url: url, migrator: migrator, size: poolSize, waitingUpTo: wait, logger: logger),
+            idempotencyLimits: idempotencyLimits)
     }
 
     static var migrator: PostgresMigrator {
         var migrator = PostgresMigrator(store: CanopyAPIStore.directoryName, formerNames: [CanopyAPIStore.formerName])
-        migrator.register("v1",
+        migrator.register(
+            "v1",
             "CREATE TABLE revokedTokens (jti TEXT PRIMARY KEY, until DOUBLE PRECISION NOT NULL)",
             "CREATE TABLE signedOut (principal TEXT PRIMARY KEY, before DOUBLE PRECISION NOT NULL)",
             "CREATE TABLE revocationMeta (key TEXT PRIMARY KEY, value BIGINT NOT NULL)",
@@ -189,7 +202,8 @@ final class PostgresAPIStore: APIStoring {
             guard try session.value(Int.self, "SELECT COUNT(*)::BIGINT FROM revokedTokens") ?? 0 < maximumRevokedTokens else {
                 throw CanopyError(.tooLarge, "\(maximumRevokedTokens) tokens are revoked already; sign people out everywhere instead (--user)")
             }
-            _ = try session.execute("INSERT INTO revokedTokens VALUES (\(id), \(end)) ON CONFLICT (jti) DO UPDATE SET until = GREATEST(revokedTokens.until, EXCLUDED.until)")
+            _ = try session.execute(
+                "INSERT INTO revokedTokens VALUES (\(id), \(end)) ON CONFLICT (jti) DO UPDATE SET until = GREATEST(revokedTokens.until, EXCLUDED.until)")
             _ = try session.execute("UPDATE revocationMeta SET value = value + 1 WHERE key = 'generation'")
         }
     }
@@ -197,7 +211,8 @@ final class PostgresAPIStore: APIStoring {
     func signOut(digest: String, before: Date, erasure: Bool) throws {
         let at = before.timeIntervalSince1970.rounded(.down)
         try database.write(isolation: .readCommitted) { session in
-            _ = try session.execute("INSERT INTO signedOut VALUES (\(digest), \(at), 1) ON CONFLICT (principal) DO UPDATE SET before = GREATEST(signedOut.before, EXCLUDED.before)")
+            _ = try session.execute(
+                "INSERT INTO signedOut VALUES (\(digest), \(at), 1) ON CONFLICT (principal) DO UPDATE SET before = GREATEST(signedOut.before, EXCLUDED.before)")
             if erasure { _ = try session.execute("INSERT INTO erasures VALUES (\(digest), \(at)) ON CONFLICT (digest) DO NOTHING") }
             _ = try session.execute("UPDATE revocationMeta SET value = value + 1 WHERE key = 'generation'")
         }
@@ -221,7 +236,9 @@ final class PostgresAPIStore: APIStoring {
             for row in legacy {
                 let person = try row.column("principal").decode(String.self), at = try row.column("before").decode(Double.self)
                 _ = try session.execute("DELETE FROM signedOut WHERE principal = \(person)")
-                _ = try session.execute("INSERT INTO signedOut VALUES (\(digest.record(person)), \(at), 1) ON CONFLICT (principal) DO UPDATE SET before = GREATEST(signedOut.before, EXCLUDED.before)")
+                _ = try session.execute(
+                    "INSERT INTO signedOut VALUES (\(digest.record(person)), \(at), 1) ON CONFLICT (principal) DO UPDATE SET before = GREATEST(signedOut.before, EXCLUDED.before)"
+                )
             }
             _ = try session.execute("UPDATE revocationMeta SET value = value + 1 WHERE key = 'generation'")
         }
@@ -236,7 +253,8 @@ final class PostgresAPIStore: APIStoring {
                 revocations.tokens[try row.column("jti").decode(String.self)] = Date(timeIntervalSince1970: try row.column("until").decode(Double.self))
             }
             for row in try session.rows("SELECT principal, before FROM signedOut") {
-                revocations.signedOut[try row.column("principal").decode(String.self)] = Date(timeIntervalSince1970: try row.column("before").decode(Double.self))
+                revocations.signedOut[try row.column("principal").decode(String.self)] = Date(
+                    timeIntervalSince1970: try row.column("before").decode(Double.self))
             }
             return revocations
         }
@@ -249,10 +267,13 @@ final class PostgresAPIStore: APIStoring {
 
 /// Opens canopy-api's store: PostgreSQL when `postgres` names one, else SQLite in `directory`.
 /// `idempotencyLimits` bounds what each person's keys hold.
-public func openAPIStore(directory: URL, postgres: PostgresSettings?, logger: Logger,
-                           idempotencyLimits: IdempotencyLimits = IdempotencyLimits()) async throws -> any APIStoring {
+public func openAPIStore(
+    directory: URL, postgres: PostgresSettings?, logger: Logger,
+    idempotencyLimits: IdempotencyLimits = IdempotencyLimits()
+) async throws -> any APIStoring {
     if let postgres {
-        return try await PostgresAPIStore.open(url: postgres.url, poolSize: min(postgres.poolSize, 2), waitingUpTo: postgres.wait, logger: logger, idempotencyLimits: idempotencyLimits)
+        return try await PostgresAPIStore.open(
+            url: postgres.url, poolSize: min(postgres.poolSize, 2), waitingUpTo: postgres.wait, logger: logger, idempotencyLimits: idempotencyLimits)
     }
     if directory.lastPathComponent == CanopyAPIStore.directoryName {
         try CanopyAPIStore.adoptFormerStore(in: directory.deletingLastPathComponent())
@@ -282,10 +303,13 @@ public func peopleInSharedDatabase(_ store: any APIStoring) throws -> Set<String
 }
 
 /// What `canopy migrate` moves of canopy-api's store.
-public let apiStoreImport = StoreImport(store: CanopyAPIStore.directoryName, migrator: PostgresAPIStore.migrator, tables: [
-    .init("revokedTokens", key: ["jti"]), .init("signedOut", key: ["principal"]), .init("erasures", key: ["digest"]), .init("revocationMeta", key: ["key"], seeded: true),
-    .init("idempotencyKeys", key: ["person", "route", "key"]),
-])
+public let apiStoreImport = StoreImport(
+    store: CanopyAPIStore.directoryName, migrator: PostgresAPIStore.migrator,
+    tables: [
+        .init("revokedTokens", key: ["jti"]), .init("signedOut", key: ["principal"]), .init("erasures", key: ["digest"]),
+        .init("revocationMeta", key: ["key"], seeded: true),
+        .init("idempotencyKeys", key: ["person", "route", "key"]),
+    ])
 
 extension Erasure {
     /// The erasures table: a digest per account deleted, the second of its deletion.

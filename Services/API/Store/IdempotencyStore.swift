@@ -46,11 +46,14 @@ enum IdempotencyTable {
     }
 
     /// The record a row holds.
-    static func record(fingerprint: Data, holder: String?, leaseUntil: Double?, answered: Bool, status: Int?, headers: String?, body: Data?) -> IdempotencyRecord {
+    static func record(fingerprint: Data, holder: String?, leaseUntil: Double?, answered: Bool, status: Int?, headers: String?, body: Data?)
+        -> IdempotencyRecord
+    {
         var answer: KeptAnswer?
         if answered, let status, let body { answer = KeptAnswer(status: status, headers: decodeHeaders(headers), body: Array(body)) }
-        return IdempotencyRecord(fingerprint: Array(fingerprint), holder: holder, leaseUntil: leaseUntil.map(Date.init(timeIntervalSince1970:)),
-                                 answer: answer, answered: answered)
+        return IdempotencyRecord(
+            fingerprint: Array(fingerprint), holder: holder, leaseUntil: leaseUntil.map(Date.init(timeIntervalSince1970:)),
+            answer: answer, answered: answered)
     }
 
     /// The oldest done keys to drop so that a person keeps `limit` at most, given each done
@@ -96,12 +99,15 @@ extension SQLiteAPIStore {
         }
         return try database.tracedWrite { db in
             try db.cachedStatement(sql: "DELETE FROM idempotencyKeys WHERE person = ? AND expiresAt < ?").execute(arguments: [claim.person, at])
-            let row = try Row.fetchOne(db.cachedStatement(sql: """
-                SELECT fingerprint, holder, leaseUntil, answered, status, headers, body FROM idempotencyKeys WHERE person = ? AND route = ? AND key = ?
-                """), arguments: [claim.person, claim.route, claim.key])
+            let row = try Row.fetchOne(
+                db.cachedStatement(
+                    sql: """
+                        SELECT fingerprint, holder, leaseUntil, answered, status, headers, body FROM idempotencyKeys WHERE person = ? AND route = ? AND key = ?
+                        """), arguments: [claim.person, claim.route, claim.key])
             let record = row.map { row in
-                IdempotencyTable.record(fingerprint: row["fingerprint"], holder: row["holder"], leaseUntil: row["leaseUntil"], answered: row["answered"] as Int != 0,
-                                        status: row["status"], headers: row["headers"], body: row["body"])
+                IdempotencyTable.record(
+                    fingerprint: row["fingerprint"], holder: row["holder"], leaseUntil: row["leaseUntil"], answered: row["answered"] as Int != 0,
+                    status: row["status"], headers: row["headers"], body: row["body"])
             }
             let decision = IdempotencyDecision.decide(record, for: claim, now: now)
             guard decision == .proceed else { return decision }
@@ -113,15 +119,19 @@ extension SQLiteAPIStore {
             }
             let held = try Int.fetchOne(db.cachedStatement(sql: "SELECT COUNT(*) FROM idempotencyKeys WHERE person = ?"), arguments: [claim.person]) ?? 0
             if held >= idempotencyLimits.keysPerPerson {
-                try db.cachedStatement(sql: """
-                    DELETE FROM idempotencyKeys WHERE rowid IN
-                        (SELECT rowid FROM idempotencyKeys WHERE person = ? AND answered = 1 ORDER BY expiresAt LIMIT ?)
-                    """).execute(arguments: [claim.person, held - idempotencyLimits.keysPerPerson + 1])
+                try db.cachedStatement(
+                    sql: """
+                        DELETE FROM idempotencyKeys WHERE rowid IN
+                            (SELECT rowid FROM idempotencyKeys WHERE person = ? AND answered = 1 ORDER BY expiresAt LIMIT ?)
+                        """
+                ).execute(arguments: [claim.person, held - idempotencyLimits.keysPerPerson + 1])
             }
-            try db.cachedStatement(sql: """
-                INSERT INTO idempotencyKeys (person, route, key, fingerprint, holder, leaseUntil, answered, createdAt, expiresAt)
-                VALUES (?, ?, ?, ?, ?, ?, 0, ?, ?)
-                """).execute(arguments: [claim.person, claim.route, claim.key, Data(claim.fingerprint), claim.holder, lease, at, at + IdempotencyKeys.lifetime])
+            try db.cachedStatement(
+                sql: """
+                    INSERT INTO idempotencyKeys (person, route, key, fingerprint, holder, leaseUntil, answered, createdAt, expiresAt)
+                    VALUES (?, ?, ?, ?, ?, ?, 0, ?, ?)
+                    """
+            ).execute(arguments: [claim.person, claim.route, claim.key, Data(claim.fingerprint), claim.holder, lease, at, at + IdempotencyKeys.lifetime])
             return decision
         }
     }
@@ -129,19 +139,30 @@ extension SQLiteAPIStore {
     func answer(_ claim: IdempotencyClaim, with answer: KeptAnswer?, now: Date) throws {
         let at = now.timeIntervalSince1970
         try database.tracedWrite { db in
-            try db.cachedStatement(sql: """
-                UPDATE idempotencyKeys SET holder = NULL, leaseUntil = NULL, answered = 1, status = ?, headers = ?, body = ?, bytes = ?, expiresAt = ?
-                WHERE person = ? AND route = ? AND key = ? AND holder = ?
-                """).execute(arguments: [answer?.status, answer.map { IdempotencyTable.encode($0.headers) }, answer.map { Data($0.body) }, answer?.body.count ?? 0,
-                                         at + IdempotencyKeys.lifetime, claim.person, claim.route, claim.key, claim.holder])
-            let total = try Int.fetchOne(db.cachedStatement(sql: "SELECT COALESCE(SUM(bytes), 0) FROM idempotencyKeys WHERE person = ?"),
-                                         arguments: [claim.person]) ?? 0
+            try db.cachedStatement(
+                sql: """
+                    UPDATE idempotencyKeys SET holder = NULL, leaseUntil = NULL, answered = 1, status = ?, headers = ?, body = ?, bytes = ?, expiresAt = ?
+                    WHERE person = ? AND route = ? AND key = ? AND holder = ?
+                    """
+            ).execute(arguments: [
+                answer?.status, answer.map { IdempotencyTable.encode($0.headers) }, answer.map { Data($0.body) }, answer?.body.count ?? 0,
+                at + IdempotencyKeys.lifetime, claim.person, claim.route, claim.key, claim.holder,
+            ])
+            let total =
+                try Int.fetchOne(
+                    db.cachedStatement(sql: "SELECT COALESCE(SUM(bytes), 0) FROM idempotencyKeys WHERE person = ?"),
+                    arguments: [claim.person]) ?? 0
             guard total > idempotencyLimits.bytesPerPerson else { return }
-            let sizes = try Row.fetchAll(db.cachedStatement(sql: """
-                SELECT route, key, bytes FROM idempotencyKeys WHERE person = ? AND answered = 1 AND bytes > 0 AND NOT (route = ? AND key = ?) ORDER BY expiresAt
-                """), arguments: [claim.person, claim.route, claim.key]).map { (route: $0["route"] as String, key: $0["key"] as String, bytes: $0["bytes"] as Int) }
+            let sizes = try Row.fetchAll(
+                db.cachedStatement(
+                    sql: """
+                        SELECT route, key, bytes FROM idempotencyKeys WHERE person = ? AND answered = 1 AND bytes > 0 AND NOT (route = ? AND key = ?) ORDER BY expiresAt
+                        """), arguments: [claim.person, claim.route, claim.key]
+            ).map { (route: $0["route"] as String, key: $0["key"] as String, bytes: $0["bytes"] as Int) }
             for (route, key) in IdempotencyTable.oldestToDrop(sizes, total: total, limit: idempotencyLimits.bytesPerPerson) {
-                try db.cachedStatement(sql: "DELETE FROM idempotencyKeys WHERE person = ? AND route = ? AND key = ?").execute(arguments: [claim.person, route, key])
+                try db.cachedStatement(sql: "DELETE FROM idempotencyKeys WHERE person = ? AND route = ? AND key = ?").execute(arguments: [
+                    claim.person, route, key,
+                ])
             }
         }
     }
@@ -178,31 +199,38 @@ extension PostgresAPIStore {
         let (person, route, key, holder) = (claim.person, claim.route, claim.key, claim.holder)
         return try database.write { session -> IdempotencyDecision? in
             try session.execute("DELETE FROM idempotencyKeys WHERE person = \(person) AND expiresAt < \(at)")
-            let row = try session.row("""
+            let row = try session.row(
+                """
                 SELECT fingerprint, holder, leaseUntil, answered, status, headers, body FROM idempotencyKeys WHERE person = \(person) AND route = \(route) AND key = \(key)
                 """)
             let record = try row.map { row in
-                IdempotencyTable.record(fingerprint: try row.column("fingerprint").decode(Data.self), holder: try row.column("holder").decode(String?.self), leaseUntil: try row.column("leaseUntil").decode(Double?.self),
-                                        answered: try row.column("answered").decode(Int.self) != 0, status: try row.column("status").decode(Int?.self), headers: try row.column("headers").decode(String?.self),
-                                        body: try row.column("body").decode(Data?.self))
+                IdempotencyTable.record(
+                    fingerprint: try row.column("fingerprint").decode(Data.self), holder: try row.column("holder").decode(String?.self),
+                    leaseUntil: try row.column("leaseUntil").decode(Double?.self),
+                    answered: try row.column("answered").decode(Int.self) != 0, status: try row.column("status").decode(Int?.self),
+                    headers: try row.column("headers").decode(String?.self),
+                    body: try row.column("body").decode(Data?.self))
             }
             let decision = IdempotencyDecision.decide(record, for: claim, now: now)
             guard decision == .proceed else { return decision }
             let lease = at + claim.lease
             if record != nil {
-                try session.execute("UPDATE idempotencyKeys SET holder = \(holder), leaseUntil = \(lease) WHERE person = \(person) AND route = \(route) AND key = \(key)")
+                try session.execute(
+                    "UPDATE idempotencyKeys SET holder = \(holder), leaseUntil = \(lease) WHERE person = \(person) AND route = \(route) AND key = \(key)")
                 return decision
             }
             let held = try session.value(Int.self, "SELECT COUNT(*)::BIGINT FROM idempotencyKeys WHERE person = \(person)") ?? 0
             if held >= idempotencyLimits.keysPerPerson {
                 let excess = held - idempotencyLimits.keysPerPerson + 1
-                try session.execute("""
+                try session.execute(
+                    """
                     DELETE FROM idempotencyKeys WHERE (person, route, key) IN
                         (SELECT person, route, key FROM idempotencyKeys WHERE person = \(person) AND answered = 1 ORDER BY expiresAt LIMIT \(excess))
                     """)
             }
             let (fingerprint, expires) = (Data(claim.fingerprint), at + IdempotencyKeys.lifetime)
-            let inserted = try session.execute("""
+            let inserted = try session.execute(
+                """
                 INSERT INTO idempotencyKeys (person, route, key, fingerprint, holder, leaseUntil, answered, createdAt, expiresAt)
                 VALUES (\(person), \(route), \(key), \(fingerprint), \(holder), \(lease), 0, \(at), \(expires))
                 ON CONFLICT (person, route, key) DO NOTHING
@@ -213,20 +241,30 @@ extension PostgresAPIStore {
 
     func answer(_ claim: IdempotencyClaim, with answer: KeptAnswer?, now: Date) throws {
         let (person, route, key, holder) = (claim.person, claim.route, claim.key, claim.holder)
-        let (status, headers, body, bytes) = (answer?.status, answer.map { IdempotencyTable.encode($0.headers) }, answer.map { Data($0.body) }, answer?.body.count ?? 0)
+        let (status, headers, body, bytes) = (
+            answer?.status, answer.map { IdempotencyTable.encode($0.headers) }, answer.map { Data($0.body) }, answer?.body.count ?? 0
+        )
         let expires = now.timeIntervalSince1970 + IdempotencyKeys.lifetime
         try database.write(isolation: .readCommitted) { session in
-            try session.execute("""
+            try session.execute(
+                """
                 UPDATE idempotencyKeys SET holder = NULL, leaseUntil = NULL, answered = 1, status = \(status), headers = \(headers), body = \(body),
                     bytes = \(bytes), expiresAt = \(expires)
                 WHERE person = \(person) AND route = \(route) AND key = \(key) AND holder = \(holder)
                 """)
             let total = try session.value(Int.self, "SELECT COALESCE(SUM(bytes), 0)::BIGINT FROM idempotencyKeys WHERE person = \(person)") ?? 0
             guard total > idempotencyLimits.bytesPerPerson else { return }
-            let sizes = try session.rows("""
+            let sizes = try session.rows(
+                """
                 SELECT route, key, bytes FROM idempotencyKeys WHERE person = \(person) AND answered = 1 AND bytes > 0 AND NOT (route = \(route) AND key = \(key))
                 ORDER BY expiresAt
-                """).map { (route: try $0.column("route").decode(String.self), key: try $0.column("key").decode(String.self), bytes: try $0.column("bytes").decode(Int.self)) }
+                """
+            ).map {
+                (
+                    route: try $0.column("route").decode(String.self), key: try $0.column("key").decode(String.self),
+                    bytes: try $0.column("bytes").decode(Int.self)
+                )
+            }
             for (dropRoute, dropKey) in IdempotencyTable.oldestToDrop(sizes, total: total, limit: idempotencyLimits.bytesPerPerson) {
                 try session.execute("DELETE FROM idempotencyKeys WHERE person = \(person) AND route = \(dropRoute) AND key = \(dropKey)")
             }

@@ -1,10 +1,10 @@
 import ArgumentParser
 import CanopyBroker
+import CanopyBus
+import CanopyMessages
+import CanopyServiceKit
 import Dispatch
 import Foundation
-import CanopyBus
-import CanopyServiceKit
-import CanopyMessages
 import Logging
 import ServiceLifecycle
 
@@ -44,7 +44,8 @@ struct Serve: AsyncParsableCommand {
         hangUp.setEventHandler {
             do {
                 let counts = try broker?.reloadAllowList()
-                logger.notice("broker.curve.reload", metadata: ["broker.worker_keys": "\(counts?.workers ?? 0)", "broker.client_keys": "\(counts?.clients ?? 0)"])
+                logger.notice(
+                    "broker.curve.reload", metadata: ["broker.worker_keys": "\(counts?.workers ?? 0)", "broker.client_keys": "\(counts?.clients ?? 0)"])
             } catch {
                 logger.error("broker.curve.reload.failed", metadata: ["broker.error": "\(error)"])
             }

@@ -1,9 +1,9 @@
-import CanopyBroker
-import CanopyCapture
 import ArgumentParser
-import Foundation
+import CanopyBroker
 import CanopyBus
+import CanopyCapture
 import CanopyServiceKit
+import Foundation
 import Logging
 
 /// Every option of `canopy-broker serve`; each also reads a `CANOPY_*` variable (flags win).
@@ -17,7 +17,10 @@ struct BrokerOptions: ParsableArguments {
     @Option(help: ArgumentHelp("This broker's name among several live ones: the 'broker' label of its metrics. Env: CANOPY_BROKER_NAME.", valueName: "name"))
     var name: String = Environment.string("CANOPY_BROKER_NAME") ?? Self.defaults.name
 
-    @Option(help: ArgumentHelp("The stack this broker belongs to (canopy up sets it): announced to every peer, and peers of another stack are refused. Env: CANOPY_STACK.", valueName: "id"))
+    @Option(
+        help: ArgumentHelp(
+            "The stack this broker belongs to (canopy up sets it): announced to every peer, and peers of another stack are refused. Env: CANOPY_STACK.",
+            valueName: "id"))
     var stack: String? = Environment.string("CANOPY_STACK")
 
     @Option(help: ArgumentHelp("Heartbeat interval in milliseconds, both ways. Env: CANOPY_HEARTBEAT_MS.", valueName: "ms"))
@@ -32,10 +35,15 @@ struct BrokerOptions: ParsableArguments {
     @Option(help: ArgumentHelp("Bytes of requests waiting per service before new ones get 'busy'. Env: CANOPY_MAX_QUEUE_BYTES.", valueName: "bytes"))
     var maxQueueBytes: Int = Environment.int("CANOPY_MAX_QUEUE_BYTES", default: Self.defaults.maximumQueuedBytesPerService)
 
-    @Option(help: ArgumentHelp("Bytes of requests the broker holds in all (queued or at workers) before new ones get 'busy'. Env: CANOPY_MAX_HELD_BYTES.", valueName: "bytes"))
+    @Option(
+        help: ArgumentHelp(
+            "Bytes of requests the broker holds in all (queued or at workers) before new ones get 'busy'. Env: CANOPY_MAX_HELD_BYTES.", valueName: "bytes"))
     var maxHeldBytes: Int = Environment.int("CANOPY_MAX_HELD_BYTES", default: Self.defaults.maximumHeldBytes)
 
-    @Option(help: ArgumentHelp("Bytes of replies waiting unread for one client before more are dropped (it gets 'busy' instead). Env: CANOPY_MAX_UNREAD_BYTES_PER_CLIENT.", valueName: "bytes"))
+    @Option(
+        help: ArgumentHelp(
+            "Bytes of replies waiting unread for one client before more are dropped (it gets 'busy' instead). Env: CANOPY_MAX_UNREAD_BYTES_PER_CLIENT.",
+            valueName: "bytes"))
     var maxUnreadBytesPerClient: Int = Environment.int("CANOPY_MAX_UNREAD_BYTES_PER_CLIENT", default: Self.defaults.maximumUnreadBytesPerClient)
 
     @Option(help: ArgumentHelp("Bytes of replies waiting unread for all clients before more are dropped. Env: CANOPY_MAX_UNREAD_BYTES.", valueName: "bytes"))
@@ -56,7 +64,10 @@ struct BrokerOptions: ParsableArguments {
     @Option(help: ArgumentHelp("Services never coalesced, comma-separated. Env: CANOPY_UNCOALESCED_SERVICES.", valueName: "services"))
     var uncoalescedServices: String = Environment.string("CANOPY_UNCOALESCED_SERVICES") ?? ""
 
-    @Option(help: ArgumentHelp("Majordomo (7/MDP) services whose requests are coalesced, comma-separated; they must be idempotent. Env: CANOPY_MAJORDOMO_COALESCED.", valueName: "services"))
+    @Option(
+        help: ArgumentHelp(
+            "Majordomo (7/MDP) services whose requests are coalesced, comma-separated; they must be idempotent. Env: CANOPY_MAJORDOMO_COALESCED.",
+            valueName: "services"))
     var majordomoCoalesced: String = Environment.string("CANOPY_MAJORDOMO_COALESCED") ?? ""
 
     @Option(help: ArgumentHelp("Waiters one flight takes before identical requests get 'busy'. Env: CANOPY_MAX_WAITERS.", valueName: "count"))
@@ -68,10 +79,14 @@ struct BrokerOptions: ParsableArguments {
     @Option(help: ArgumentHelp("Age in milliseconds after which a flight takes no new waiters. Env: CANOPY_STUCK_FLIGHT_MS.", valueName: "ms"))
     var stuckFlightMs: Int = Environment.milliseconds("CANOPY_STUCK_FLIGHT_MS", default: Self.defaults.stuckFlightAge)
 
-    @Option(help: ArgumentHelp("The broker's key file from 'canopy keys generate'; turns CurveZMQ on (needs --curve-allow). Env: CANOPY_CURVE_SECRET_KEY_FILE, or the key itself in CANOPY_CURVE_SECRET_KEY.", valueName: "file"))
+    @Option(
+        help: ArgumentHelp(
+            "The broker's key file from 'canopy keys generate'; turns CurveZMQ on (needs --curve-allow). Env: CANOPY_CURVE_SECRET_KEY_FILE, or the key itself in CANOPY_CURVE_SECRET_KEY.",
+            valueName: "file"))
     var curveSecretKeyFile: String?
 
-    @Option(help: ArgumentHelp("The allow-list: lines 'worker KEY SERVICES' (comma-separated, or *) and 'client KEY'. Env: CANOPY_CURVE_ALLOW.", valueName: "file"))
+    @Option(
+        help: ArgumentHelp("The allow-list: lines 'worker KEY SERVICES' (comma-separated, or *) and 'client KEY'. Env: CANOPY_CURVE_ALLOW.", valueName: "file"))
     var curveAllow: String?
 
     /// The key file from the flag, else `CANOPY_CURVE_SECRET_KEY_FILE`.
@@ -82,22 +97,36 @@ struct BrokerOptions: ParsableArguments {
     @Flag(help: ArgumentHelp("With CURVE, let any key call (workers still need an allowed key). Env: CANOPY_CURVE_ANY_CLIENT=1."))
     var curveAnyClient: Bool = Environment.flag("CANOPY_CURVE_ANY_CLIENT")
 
-    @Option(help: ArgumentHelp("Capture every request and reply that crosses the broker into this file from the start (see canopy capture --help). Env: CANOPY_CAPTURE.", valueName: "file"))
+    @Option(
+        help: ArgumentHelp(
+            "Capture every request and reply that crosses the broker into this file from the start (see canopy capture --help). Env: CANOPY_CAPTURE.",
+            valueName: "file"))
     var capture: String? = Environment.string("CANOPY_CAPTURE")
 
-    @Option(help: ArgumentHelp("Directory where 'canopy capture start NAME' may create captures on the running broker; without it the broker refuses. Env: CANOPY_CAPTURE_DIR.", valueName: "dir"))
+    @Option(
+        help: ArgumentHelp(
+            "Directory where 'canopy capture start NAME' may create captures on the running broker; without it the broker refuses. Env: CANOPY_CAPTURE_DIR.",
+            valueName: "dir"))
     var captureDir: String? = Environment.string("CANOPY_CAPTURE_DIR")
 
-    @Option(help: ArgumentHelp("A capture file that reaches this size is closed and the next begun (FILE.1, FILE.2...). Env: CANOPY_CAPTURE_MAX_BYTES.", valueName: "bytes"))
+    @Option(
+        help: ArgumentHelp(
+            "A capture file that reaches this size is closed and the next begun (FILE.1, FILE.2...). Env: CANOPY_CAPTURE_MAX_BYTES.", valueName: "bytes"))
     var captureMaxBytes: Int = Environment.int("CANOPY_CAPTURE_MAX_BYTES", default: 1 << 30)
 
-    @Option(help: ArgumentHelp("Capture files kept; the oldest goes when a new one would exceed it (0 keeps all). Env: CANOPY_CAPTURE_KEEP.", valueName: "count"))
+    @Option(
+        help: ArgumentHelp("Capture files kept; the oldest goes when a new one would exceed it (0 keeps all). Env: CANOPY_CAPTURE_KEEP.", valueName: "count"))
     var captureKeep: Int = Environment.int("CANOPY_CAPTURE_KEEP", default: 0)
 
-    @Option(help: ArgumentHelp("Bytes of records waiting for the disk; beyond it records are dropped and counted, never queued without bound. Env: CANOPY_CAPTURE_QUEUE_BYTES.", valueName: "bytes"))
+    @Option(
+        help: ArgumentHelp(
+            "Bytes of records waiting for the disk; beyond it records are dropped and counted, never queued without bound. Env: CANOPY_CAPTURE_QUEUE_BYTES.",
+            valueName: "bytes"))
     var captureQueueBytes: Int = Environment.int("CANOPY_CAPTURE_QUEUE_BYTES", default: 64 << 20)
 
-    @Flag(help: ArgumentHelp("In captures, replace principals (headers and bodies) by keyed hashes, stable within a capture. Env: CANOPY_CAPTURE_PSEUDONYMIZE=1."))
+    @Flag(
+        help: ArgumentHelp("In captures, replace principals (headers and bodies) by keyed hashes, stable within a capture. Env: CANOPY_CAPTURE_PSEUDONYMIZE=1.")
+    )
     var pseudonymize: Bool = Environment.flag("CANOPY_CAPTURE_PSEUDONYMIZE")
 
     @Flag(help: ArgumentHelp("In captures, leave attachment bytes (photos) out; their sizes are kept. Env: CANOPY_CAPTURE_WITHOUT_ATTACHMENTS=1."))
@@ -127,11 +156,15 @@ struct BrokerOptions: ParsableArguments {
         }
         guard maxFrameBytes >= 1024 else { throw ValidationError("--max-frame-bytes must be at least 1024") }
         guard maxUnreadBytesPerClient >= 1 << 20, maxUnreadBytes >= maxUnreadBytesPerClient else {
-            throw ValidationError("--max-unread-bytes-per-client must be at least 1048576 (1 MiB) and --max-unread-bytes at least as large; 67108864 and 536870912 are the defaults")
+            throw ValidationError(
+                "--max-unread-bytes-per-client must be at least 1048576 (1 MiB) and --max-unread-bytes at least as large; 67108864 and 536870912 are the defaults"
+            )
         }
         guard defaultTimeoutMs >= 1 else { throw ValidationError("--default-timeout-ms must be at least 1") }
         guard drainTimeoutMs >= 0 else { throw ValidationError("--drain-timeout-ms cannot be negative") }
-        guard maxWaiters >= 1, maxFlights >= 1 else { throw ValidationError("--max-waiters and --max-flights must be at least 1; turn coalescing off with --no-coalescing instead") }
+        guard maxWaiters >= 1, maxFlights >= 1 else {
+            throw ValidationError("--max-waiters and --max-flights must be at least 1; turn coalescing off with --no-coalescing instead")
+        }
         guard stuckFlightMs >= 1 else { throw ValidationError("--stuck-flight-ms must be at least 1") }
         guard captureMaxBytes >= 1 << 16 else { throw ValidationError("--capture-max-bytes must be at least 65536; 1073741824 (1 GiB) is the default") }
         guard captureKeep >= 0 else { throw ValidationError("--capture-keep cannot be negative; 0 keeps every file") }
@@ -194,10 +227,12 @@ struct BrokerOptions: ParsableArguments {
     func curveSettings() throws -> CurveServerSettings? {
         guard let allowFile else { return nil }
         do {
-            let keyPair = try secretKeyFile.map { try Curve.readKeyPair(file: $0) }
+            let keyPair =
+                try secretKeyFile.map { try Curve.readKeyPair(file: $0) }
                 ?? CurveKeyPair(secretKey: Environment.string("CANOPY_CURVE_SECRET_KEY") ?? "")
-            return CurveServerSettings(keyPair: keyPair, allowList: try CurveServerSettings.readAllowList(allowFile), anyClient: curveAnyClient,
-                                       allowListFile: allowFile)
+            return CurveServerSettings(
+                keyPair: keyPair, allowList: try CurveServerSettings.readAllowList(allowFile), anyClient: curveAnyClient,
+                allowListFile: allowFile)
         } catch let error as Curve.KeyError {
             throw ValidationError(error.description)
         }

@@ -37,9 +37,13 @@ public struct BrokerSettings: Sendable {
 ///   key is unusable.
 public func buildBroker(settings: BrokerSettings, context: ZMQContext, logger: Logger) throws -> [any Service] {
     if let curve = settings.curve {
-        logger.info("broker.curve", metadata: ["broker.public_key": "\(curve.keyPair.publicKey)",
-                                               "broker.worker_keys": "\(curve.allowList.workers.services.count)",
-                                               "broker.client_keys": "\(curve.allowList.clients.count)"])
+        logger.info(
+            "broker.curve",
+            metadata: [
+                "broker.public_key": "\(curve.keyPair.publicKey)",
+                "broker.worker_keys": "\(curve.allowList.workers.services.count)",
+                "broker.client_keys": "\(curve.allowList.clients.count)",
+            ])
     }
     // The listener's port first, so a taken one stops the broker before it binds the bus.
     try OperatingEndpoint.ensureFree(settings.metrics)
@@ -50,14 +54,18 @@ public func buildBroker(settings: BrokerSettings, context: ZMQContext, logger: L
         broker = try BrokerServer(endpoint: settings.endpoint, configuration: configuration, curve: settings.curve, context: context, logger: logger)
     } catch let error as ZMQError {
         let holder = ListenAddress(zeroMQEndpoint: settings.endpoint).flatMap { PortCheck.holder(ofPort: $0.port) }
-        throw CommandFailure("cannot listen on \(settings.endpoint) for the bus: \(error)\(holder.map { " (held by \($0))" } ?? ""); stop what holds it or choose another endpoint with --bind (CANOPY_BIND)")
+        throw CommandFailure(
+            "cannot listen on \(settings.endpoint) for the bus: \(error)\(holder.map { " (held by \($0))" } ?? ""); stop what holds it or choose another endpoint with --bind (CANOPY_BIND)"
+        )
     } catch let error as Curve.KeyError {
         throw CommandFailure(error.description)
     }
     guard let address = settings.metrics else { return [broker] }
-    let endpoint = try OperatingEndpoint(host: address.host, port: address.port, health: {
-        let serving = broker.isServing
-        return HealthReport(healthy: serving, checks: ["loop": serving ? "bound, turning" : "not turning"])
-    }, logger: logger)
+    let endpoint = try OperatingEndpoint(
+        host: address.host, port: address.port,
+        health: {
+            let serving = broker.isServing
+            return HealthReport(healthy: serving, checks: ["loop": serving ? "bound, turning" : "not turning"])
+        }, logger: logger)
     return [broker, endpoint]
 }

@@ -1,6 +1,6 @@
-import CanopyWire
 import CanopyIO
 import CanopyMessages
+import CanopyWire
 import Metrics
 
 /// The broker's figures in swift-metrics, refreshed from ``BrokerState/statistics(now:)``
@@ -54,11 +54,13 @@ final class BrokerMetrics {
             self.broker = broker
             self.service = service
             self.operation = operation
-            coalesced = Counter(label: "canopy_broker_coalesced_requests_total", dimensions: [("broker", broker), ("service", service), ("operation", operation)])
+            coalesced = Counter(
+                label: "canopy_broker_coalesced_requests_total", dimensions: [("broker", broker), ("service", service), ("operation", operation)])
         }
         mutating func answered(_ outcome: String) -> Counter {
             if let counter = answered[outcome] { return counter }
-            let counter = Counter(label: "canopy_broker_requests_total", dimensions: [("broker", broker), ("service", service), ("operation", operation), ("outcome", outcome)])
+            let counter = Counter(
+                label: "canopy_broker_requests_total", dimensions: [("broker", broker), ("service", service), ("operation", operation), ("outcome", outcome)])
             answered[outcome] = counter
             return counter
         }
@@ -98,7 +100,10 @@ final class BrokerMetrics {
         }
         let seen = Set(statistics.services.map(\.name))
         for (name, series) in services where !seen.contains(name) {
-            series.queued.record(0); series.queuedBytes.record(0); series.inFlight.record(0); series.workers.record(0)
+            series.queued.record(0)
+            series.queuedBytes.record(0)
+            series.inFlight.record(0)
+            series.workers.record(0)
         }
         for service in statistics.services {
             let series = services[service.name] ?? ServiceSeries(service.name, broker: broker)

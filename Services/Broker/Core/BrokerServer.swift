@@ -1,15 +1,15 @@
+import CZeroMQ
 import CanopyCapture
+import CanopyIO
 import CanopyMessages
 import CanopyWire
-import CanopyIO
-import CZeroMQ
 import Dispatch
 import Foundation
 import Glibc
 import Logging
-import Tracing
 import ServiceLifecycle
 import Synchronization
+import Tracing
 
 /// The broker's IO shell: one ROUTER socket, one loop thread, and a ``BrokerState`` that
 /// decides everything. Run it in a `ServiceGroup`; graceful shutdown stops taking new
@@ -62,8 +62,10 @@ public final class BrokerServer: Service, @unchecked Sendable {
     ///     register (the allow-list's workers replace `configuration.workerKeys`).
     ///   - context: the ZeroMQ context (one CURVE broker per context: it holds the ZAP handler).
     ///   - logger: where the broker logs.
-    public init(endpoint: String, configuration: BrokerConfiguration = .init(), curve: CurveServerSettings? = nil,
-                context: ZMQContext, logger: Logger) throws {
+    public init(
+        endpoint: String, configuration: BrokerConfiguration = .init(), curve: CurveServerSettings? = nil,
+        context: ZMQContext, logger: Logger
+    ) throws {
         var configuration = configuration
         self.curve = curve
         if let curve {
@@ -184,8 +186,12 @@ public final class BrokerServer: Service, @unchecked Sendable {
         defer {
             if let capture {
                 let status = capture.stop()
-                logger.info("broker.capture.stopped", metadata: ["broker.capture": "\(status.path ?? "")", "broker.records": "\(status.records)",
-                                                               "broker.dropped": "\(status.dropped)"])
+                logger.info(
+                    "broker.capture.stopped",
+                    metadata: [
+                        "broker.capture": "\(status.path ?? "")", "broker.records": "\(status.records)",
+                        "broker.dropped": "\(status.dropped)",
+                    ])
             }
         }
         lastPass.store(DispatchTime.now().uptimeNanoseconds, ordering: .relaxed) // turning from here on
@@ -224,13 +230,21 @@ public final class BrokerServer: Service, @unchecked Sendable {
             zap?.mayConnect = { key in anyClient || list.mayConnect(key) }
             loop.state.replaceKeys(workers: list.workers, clients: anyClient ? nil : list.clients, into: &loop.directives)
             try carryOut(&loop.directives, state: &loop.state)
-            logger.notice("broker.curve.reloaded", metadata: ["broker.worker_keys": "\(list.workers.services.count)",
-                                                             "broker.client_keys": "\(list.clients.count)"])
+            logger.notice(
+                "broker.curve.reloaded",
+                metadata: [
+                    "broker.worker_keys": "\(list.workers.services.count)",
+                    "broker.client_keys": "\(list.clients.count)",
+                ])
         case .captureStopped(let status, let client, let correlation):
             lastCapture = status
             loop.state.captureStatus = status
-            logger.info("broker.capture.stopped", metadata: ["broker.capture": "\(status.path ?? "")", "broker.records": "\(status.records)",
-                                                           "broker.dropped": "\(status.dropped)"])
+            logger.info(
+                "broker.capture.stopped",
+                metadata: [
+                    "broker.capture": "\(status.path ?? "")", "broker.records": "\(status.records)",
+                    "broker.dropped": "\(status.dropped)",
+                ])
             try send(.reply(correlation: correlation, shared: false, body: (try? codec.encode(status)) ?? []), to: client)
         }
     }
@@ -294,7 +308,8 @@ public final class BrokerServer: Service, @unchecked Sendable {
             loop.rejectedBefore = loop.state.rejected
             loop.lastReceived = now
         }
-        let done = loop.state.pendingCount == 0
+        let done =
+            loop.state.pendingCount == 0
             ? now - loop.lastReceived >= Self.quietBeforeClosing || now >= deadline + .seconds(1)
             : now >= deadline
         guard done else { return false }
@@ -390,7 +405,10 @@ public final class BrokerServer: Service, @unchecked Sendable {
         case .reply(let correlation, _, _, _):
             ticket = admitReply(message.byteCount + peer.count, to: peer)
             guard ticket != nil else {
-                let error = CanopyError(.busy, "the reply was dropped: more than \(replies.perClient) bytes of replies waited unread for this connection, or \(replies.total) for all (a slow reader); read replies as they come")
+                let error = CanopyError(
+                    .busy,
+                    "the reply was dropped: more than \(replies.perClient) bytes of replies waited unread for this connection, or \(replies.total) for all (a slow reader); read replies as they come"
+                )
                 return try send(.error(correlation: correlation, error: (try? codec.encode(error)) ?? []), to: peer)
             }
         case .error:
@@ -408,8 +426,12 @@ public final class BrokerServer: Service, @unchecked Sendable {
         if let ticket = replies.admit(bytes, to: peer, slack: slack) { return ticket }
         replies.countDrop()
         if warnings.decide("slow reader: a reply was dropped", now: .now) == .write {
-            logger.warning("broker.dropped", metadata: ["broker.reason": "slow reader: a reply was dropped", "broker.peer": "\(peer.hex)",
-                                                       "broker.unread_bytes": "\(replies.bytes)"])
+            logger.warning(
+                "broker.dropped",
+                metadata: [
+                    "broker.reason": "slow reader: a reply was dropped", "broker.peer": "\(peer.hex)",
+                    "broker.unread_bytes": "\(replies.bytes)",
+                ])
         }
         return nil
     }
@@ -417,8 +439,10 @@ public final class BrokerServer: Service, @unchecked Sendable {
     /// Starts, stops or reports the capture, as `broker.capture.*` asked; nil when the answer
     /// comes later (a stop: the writer finishes on a thread of its own, so the loop never
     /// waits for the disk, and the answer goes out when it is done).
-    private func controlCapture(_ control: BrokerState.CaptureControl, client: [UInt8], correlation: [UInt8],
-                                state: inout BrokerState) throws(CanopyError) -> CaptureStatus? {
+    private func controlCapture(
+        _ control: BrokerState.CaptureControl, client: [UInt8], correlation: [UInt8],
+        state: inout BrokerState
+    ) throws(CanopyError) -> CaptureStatus? {
         switch control {
         case .status:
             var status = captureStatus ?? CaptureStatus(capturing: false)

@@ -33,8 +33,10 @@ extension BrokerState {
 
     private mutating func majordomoClient(service: [UInt8], body: [[UInt8]], from client: [UInt8], now: ContinuousClock.Instant, into out: inout [Directive]) {
         let workers = self.workers
-        switch MajordomoBridge.clientRequest(service: service, body: body, from: client, dialect: { workers.service($0)?.dialect },
-                                             hasWorkers: { workers.service($0)?.workers.isEmpty == false }, codec: codec) {
+        switch MajordomoBridge.clientRequest(
+            service: service, body: body, from: client, dialect: { workers.service($0)?.dialect },
+            hasWorkers: { workers.service($0)?.workers.isEmpty == false }, codec: codec)
+        {
         case .intake(let intake):
             admit(intake, now: now, into: &out)
         case .answer(let frames, let refused):
@@ -43,7 +45,9 @@ extension BrokerState {
         }
     }
 
-    private mutating func majordomoWorker(_ message: MajordomoMessage, from peer: PeerKey, key: String?, now: ContinuousClock.Instant, into out: inout [Directive]) {
+    private mutating func majordomoWorker(
+        _ message: MajordomoMessage, from peer: PeerKey, key: String?, now: ContinuousClock.Instant, into out: inout [Directive]
+    ) {
         // A worker's messages must come with the key it registered with (an identity is not proof).
         let known = workers[peer].flatMap { $0.dialect == .majordomo && !keys.impersonates($0, key: key) ? $0 : nil }
         switch message {
@@ -55,9 +59,11 @@ extension BrokerState {
             guard let name = KeyPolicy.serviceName(service) else { return refuse("invalid or reserved Majordomo service name") }
             if let reason = keys.unauthorizedWorker(key, service: name) { return refuse(reason) }
             let coalesced = configuration.majordomoCoalescedServices.contains(name)
-            if let reason = register(peer, dialect: .majordomo, service: name, operations: [:],
-                                     majordomoDescriptor: MajordomoBridge.workerDescriptor(coalesced: coalesced),
-                                     credit: 1, key: key, now: now, into: &out) {
+            if let reason = register(
+                peer, dialect: .majordomo, service: name, operations: [:],
+                majordomoDescriptor: MajordomoBridge.workerDescriptor(coalesced: coalesced),
+                credit: 1, key: key, now: now, into: &out)
+            {
                 refuse(reason)
             }
         case .reply(let client, let body):

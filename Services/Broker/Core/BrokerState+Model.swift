@@ -1,6 +1,6 @@
-import CanopyWire
 import CanopyIO
 import CanopyMessages
+import CanopyWire
 import Collections
 import Histogram
 
@@ -36,8 +36,10 @@ extension BrokerState {
         /// Whether its request is traced and the broker traces (``BrokerTracing``).
         @exclusivity(unchecked) var traced = false
 
-        init(id: UInt64, client: [UInt8], correlation: [UInt8], clientHash: Int, dialect: Dialect, serviceName: String,
-             receivedAt: ContinuousClock.Instant, deadline: ContinuousClock.Instant, flight: UInt64) {
+        init(
+            id: UInt64, client: [UInt8], correlation: [UInt8], clientHash: Int, dialect: Dialect, serviceName: String,
+            receivedAt: ContinuousClock.Instant, deadline: ContinuousClock.Instant, flight: UInt64
+        ) {
             self.id = id
             self.client = client
             self.correlation = correlation
@@ -83,8 +85,10 @@ extension BrokerState {
         /// Whether the request that started it is traced and the broker traces.
         @exclusivity(unchecked) var traced = false
 
-        init(id: UInt64, service: ServiceEntry, operation: String, header: RequestHeader, payload: Payload,
-             key: FlightKey?, createdAt: ContinuousClock.Instant, counters: OperationCounters) {
+        init(
+            id: UInt64, service: ServiceEntry, operation: String, header: RequestHeader, payload: Payload,
+            key: FlightKey?, createdAt: ContinuousClock.Instant, counters: OperationCounters
+        ) {
             self.id = id
             self.service = service
             self.operation = operation
@@ -93,7 +97,8 @@ extension BrokerState {
             self.key = key
             self.createdAt = createdAt
             self.counters = counters
-            self.bytes = payload.byteCount + 24 * payload.count + operation.utf8.count + header.principal.utf8.count * (key == nil ? 1 : 2)
+            self.bytes =
+                payload.byteCount + 24 * payload.count + operation.utf8.count + header.principal.utf8.count * (key == nil ? 1 : 2)
                 + 32 + Self.bookkeepingBytes // 32: the header's fixed fields and the strings' storage
         }
     }
@@ -192,8 +197,10 @@ extension BrokerState {
         @exclusivity(unchecked) var expiry: ContinuousClock.Instant
         @exclusivity(unchecked) var draining = false
 
-        init(identity: PeerKey, dialect: Dialect, service: ServiceEntry, operations: [String: OperationDescriptor],
-             majordomoDescriptor: OperationDescriptor? = nil, credit: Int, key: String? = nil, expiry: ContinuousClock.Instant) {
+        init(
+            identity: PeerKey, dialect: Dialect, service: ServiceEntry, operations: [String: OperationDescriptor],
+            majordomoDescriptor: OperationDescriptor? = nil, credit: Int, key: String? = nil, expiry: ContinuousClock.Instant
+        ) {
             self.identity = identity
             self.key = key
             self.dialect = dialect

@@ -1,7 +1,7 @@
 import CanopyCapture
-import CanopyWire
 import CanopyIO
 import CanopyMessages
+import CanopyWire
 import Collections
 
 // Client requests: intake, coalescing, cancel, and answering every waiter of a flight.
@@ -29,8 +29,9 @@ extension BrokerState {
             management(request.operation, body: request.body, header: request.header, to: client, correlation: request.correlation, now: now, into: &out)
             return
         }
-        var intake = Intake(client: client, correlation: request.correlation, dialect: .canopy, serviceName: request.service,
-                            operation: request.operation, header: request.header, payload: Payload(body: request.body, attachments: request.attachments))
+        var intake = Intake(
+            client: client, correlation: request.correlation, dialect: .canopy, serviceName: request.service,
+            operation: request.operation, header: request.header, payload: Payload(body: request.body, attachments: request.attachments))
         intake.clientHash = hash
         admit(intake, now: now, into: &out)
     }
@@ -45,7 +46,8 @@ extension BrokerState {
             send(error, to: intake, into: &out)
         }
         if shuttingDown {
-            return refuse(CanopyError(.shuttingDown, "the broker is shutting down and did not run this request; send it to another broker, or retry in a moment"))
+            return refuse(
+                CanopyError(.shuttingDown, "the broker is shutting down and did not run this request; send it to another broker, or retry in a moment"))
         }
         let service: ServiceEntry
         if let known = workers.service(intake.serviceName) {
@@ -80,10 +82,15 @@ extension BrokerState {
                 if now - flight.createdAt >= configuration.stuckFlightAge {
                     flights.stopJoining(flight) // stuck: it keeps its waiters but takes no new ones
                 } else if flight.waiters.count >= configuration.maximumWaitersPerFlight {
-                    return refuseCounted(CanopyError(.busy, "\(configuration.maximumWaitersPerFlight) identical requests are already waiting on this one; retry later"))
+                    return refuseCounted(
+                        CanopyError(.busy, "\(configuration.maximumWaitersPerFlight) identical requests are already waiting on this one; retry later"))
                 } else {
                     guard flights.heldBytes + Self.waiterBytes(intake) <= configuration.maximumHeldBytes else {
-                        return refuseCounted(CanopyError(.busy, "the broker holds \(flights.heldBytes) bytes of requests already (its limit is \(configuration.maximumHeldBytes)); retry later"))
+                        return refuseCounted(
+                            CanopyError(
+                                .busy,
+                                "the broker holds \(flights.heldBytes) bytes of requests already (its limit is \(configuration.maximumHeldBytes)); retry later")
+                        )
                     }
                     counters.requests += 1
                     counters.coalesced += 1
@@ -92,7 +99,8 @@ extension BrokerState {
                 }
             }
             guard flights.openCount < configuration.maximumOpenFlights else {
-                return refuseCounted(CanopyError(.busy, "the broker holds \(configuration.maximumOpenFlights) distinct coalescable requests already; retry later"))
+                return refuseCounted(
+                    CanopyError(.busy, "the broker holds \(configuration.maximumOpenFlights) distinct coalescable requests already; retry later"))
             }
             key = candidate
         }
@@ -100,26 +108,36 @@ extension BrokerState {
         // A new flight, within the memory bounds: everything it and its waiter cost.
         let bytes = intake.payload.byteCount
         guard flights.heldBytes + bytes + Self.waiterBytes(intake) + Flight.bookkeepingBytes <= configuration.maximumHeldBytes else {
-            return refuseCounted(CanopyError(.busy, "the broker holds \(flights.heldBytes) bytes of requests already (its limit is \(configuration.maximumHeldBytes)); retry later"))
+            return refuseCounted(
+                CanopyError(
+                    .busy, "the broker holds \(flights.heldBytes) bytes of requests already (its limit is \(configuration.maximumHeldBytes)); retry later"))
         }
         let worker = service.freeWorker(for: intake.operation, servedByAll: resolved?.servedByAll == true)
         if worker == nil {
             guard service.queuedCount < configuration.maximumQueuedPerService else {
-                return refuseCounted(CanopyError(.busy, "'\(service.name)' has \(configuration.maximumQueuedPerService) requests waiting already; retry later or start more workers"))
+                return refuseCounted(
+                    CanopyError(
+                        .busy, "'\(service.name)' has \(configuration.maximumQueuedPerService) requests waiting already; retry later or start more workers"))
             }
             guard service.queuedBytes + bytes <= configuration.maximumQueuedBytesPerService else {
-                return refuseCounted(CanopyError(.busy, "'\(service.name)' has \(service.queuedBytes) bytes of requests waiting already (its limit is \(configuration.maximumQueuedBytesPerService)); retry later or start more workers"))
+                return refuseCounted(
+                    CanopyError(
+                        .busy,
+                        "'\(service.name)' has \(service.queuedBytes) bytes of requests waiting already (its limit is \(configuration.maximumQueuedBytesPerService)); retry later or start more workers"
+                    ))
             }
         }
         counters.requests += 1
-        let flight = Flight(id: flights.makeID(), service: service, operation: intake.operation, header: intake.header, payload: intake.payload,
-                            key: key, createdAt: now, counters: counters)
+        let flight = Flight(
+            id: flights.makeID(), service: service, operation: intake.operation, header: intake.header, payload: intake.payload,
+            key: key, createdAt: now, counters: counters)
         flight.resolved = resolved
         flights.add(flight)
         let waiter = join(flight, intake, now: now, timeout: timeout, coalesced: false)
         if let tracing, waiter.traced {
             flight.traced = true
-            tracing.note(.flight(flight.id, waiter: waiter.id, service: service.name, operation: intake.operation, queued: worker == nil, at: BrokerTracing.now))
+            tracing.note(
+                .flight(flight.id, waiter: waiter.id, service: service.name, operation: intake.operation, queued: worker == nil, at: BrokerTracing.now))
         }
         if let worker {
             dispatch(flight, to: worker, now: now, into: &out)
@@ -136,12 +154,15 @@ extension BrokerState {
     /// Adds a waiter for `intake` to `flight` (`coalesced`: a flight already in the air).
     @discardableResult
     private mutating func join(_ flight: Flight, _ intake: Intake, now: ContinuousClock.Instant, timeout: Duration, coalesced: Bool) -> Waiter {
-        let waiter = Waiter(id: flights.makeID(), client: intake.client, correlation: intake.correlation, clientHash: intake.clientHash, dialect: intake.dialect,
-                            serviceName: intake.serviceName, receivedAt: now, deadline: now + timeout, flight: flight.id)
+        let waiter = Waiter(
+            id: flights.makeID(), client: intake.client, correlation: intake.correlation, clientHash: intake.clientHash, dialect: intake.dialect,
+            serviceName: intake.serviceName, receivedAt: now, deadline: now + timeout, flight: flight.id)
         if let tracing, let caller = intake.header.trace {
             waiter.traced = true
-            tracing.note(.waiter(waiter.id, caller: caller, service: flight.service.name, operation: intake.operation, coalesced: coalesced,
-                                 flight: coalesced && flight.traced ? flight.id : nil, at: BrokerTracing.now))
+            tracing.note(
+                .waiter(
+                    waiter.id, caller: caller, service: flight.service.name, operation: intake.operation, coalesced: coalesced,
+                    flight: coalesced && flight.traced ? flight.id : nil, at: BrokerTracing.now))
         }
         flights.add(waiter, to: flight, timeout: intake.header.timeoutMilliseconds)
         return waiter
@@ -181,7 +202,8 @@ extension BrokerState {
         guard flights.remove(flight) else { return }
         hold?.flightClosed(flight.id)
         if flight.traced { // closed unanswered: its last waiter left
-            tracing?.note(.flightEnded(flight.id, waiters: flight.totalWaiters, dispatches: flight.dispatches, error: nil, cancelled: true, at: BrokerTracing.now))
+            tracing?.note(
+                .flightEnded(flight.id, waiters: flight.totalWaiters, dispatches: flight.dispatches, error: nil, cancelled: true, at: BrokerTracing.now))
             flight.traced = false
         }
     }
@@ -202,8 +224,10 @@ extension BrokerState {
     /// Answers every waiter of `flight` at once, each under its own correlation id.
     mutating func finish(_ flight: Flight, _ outcome: Outcome, now: ContinuousClock.Instant, into out: inout [Directive]) {
         if flight.traced {
-            tracing?.note(.flightEnded(flight.id, waiters: flight.totalWaiters, dispatches: flight.dispatches, error: outcome.error, cancelled: false,
-                                       at: BrokerTracing.now))
+            tracing?.note(
+                .flightEnded(
+                    flight.id, waiters: flight.totalWaiters, dispatches: flight.dispatches, error: outcome.error, cancelled: false,
+                    at: BrokerTracing.now))
             flight.traced = false
         }
         close(flight)
@@ -231,9 +255,12 @@ extension BrokerState {
             tracing?.note(.waiterEnded(waiter.id, shared: shared, error: outcome.error, event: nil, at: BrokerTracing.now))
         }
         if capturing {
-            out.append(.capture(capturedAnswer(outcome, client: waiter.client, correlation: waiter.correlation, dialect: waiter.dialect,
-                                               service: waiter.serviceName, operation: flight?.operation ?? "", header: flight?.header,
-                                               worker: flight?.worker?.identity.bytes ?? [], shared: shared, latency: now - waiter.receivedAt)))
+            out.append(
+                .capture(
+                    capturedAnswer(
+                        outcome, client: waiter.client, correlation: waiter.correlation, dialect: waiter.dialect,
+                        service: waiter.serviceName, operation: flight?.operation ?? "", header: flight?.header,
+                        worker: flight?.worker?.identity.bytes ?? [], shared: shared, latency: now - waiter.receivedAt)))
         }
         switch (waiter.dialect, outcome) {
         case (.canopy, .reply(let payload, _)):
@@ -241,22 +268,27 @@ extension BrokerState {
         case (.canopy, .failure(let error)):
             replyError(to: waiter.client, correlation: waiter.correlation, error, into: &out)
         case (.majordomo, _):
-            out.append(.sendMajordomo(to: waiter.client, .client(service: Array(waiter.serviceName.utf8), body: MajordomoBridge.answerBody(outcome, codec: codec))))
+            out.append(
+                .sendMajordomo(to: waiter.client, .client(service: Array(waiter.serviceName.utf8), body: MajordomoBridge.answerBody(outcome, codec: codec))))
         }
     }
 
     /// An error to a request that never became a waiter.
     func send(_ error: CanopyError, to intake: Intake, into out: inout [Directive]) {
         if capturing {
-            out.append(.capture(capturedAnswer(.failure(error), client: intake.client, correlation: intake.correlation, dialect: intake.dialect,
-                                               service: intake.serviceName, operation: intake.operation, header: intake.header,
-                                               worker: [], shared: false, latency: .zero)))
+            out.append(
+                .capture(
+                    capturedAnswer(
+                        .failure(error), client: intake.client, correlation: intake.correlation, dialect: intake.dialect,
+                        service: intake.serviceName, operation: intake.operation, header: intake.header,
+                        worker: [], shared: false, latency: .zero)))
         }
         switch intake.dialect {
         case .canopy:
             replyError(to: intake.client, correlation: intake.correlation, error, into: &out)
         case .majordomo:
-            out.append(.sendMajordomo(to: intake.client, .client(service: Array(intake.serviceName.utf8), body: MajordomoBridge.errorBody(error, codec: codec))))
+            out.append(
+                .sendMajordomo(to: intake.client, .client(service: Array(intake.serviceName.utf8), body: MajordomoBridge.errorBody(error, codec: codec))))
         }
     }
 
@@ -268,7 +300,9 @@ extension BrokerState {
                 if service.workers.isEmpty {
                     finish(flight, .failure(Self.noWorkers(service.name)), now: now, into: &out)
                 } else if service.describe(flight.operation) == nil {
-                    finish(flight, .failure(Self.unknownOperation(flight.operation, of: service.name, known: service.operations.map(\.name))), now: now, into: &out)
+                    finish(
+                        flight, .failure(Self.unknownOperation(flight.operation, of: service.name, known: service.operations.map(\.name))), now: now, into: &out
+                    )
                 }
             }
             flights.compactQueue(of: service)

@@ -1,18 +1,22 @@
-import CanopyWire
 import CanopyIO
 import CanopyMessages
+import CanopyWire
 import Collections
 
 // Workers of both protocols: registration, replies, heartbeats, loss, and dispatch.
 
 extension BrokerState {
-    mutating func workerReady(service: String, operations: [OperationDescriptor], credit: UInt32, from peer: PeerKey, key: String?,
-                              now: ContinuousClock.Instant, into out: inout [Directive]) {
+    mutating func workerReady(
+        service: String, operations: [OperationDescriptor], credit: UInt32, from peer: PeerKey, key: String?,
+        now: ContinuousClock.Instant, into out: inout [Directive]
+    ) {
         func refuse(_ reason: String) {
             out.append(.log("worker refused: \(reason)", peer: peer.bytes))
             out.append(.send(to: peer.bytes, .brokerDisconnect(reason: reason)))
         }
-        guard let name = KeyPolicy.serviceName(Array(service.utf8)) else { return refuse("invalid or reserved service name; use 1 to 128 of a-z, 0-9, '.', '-', '_', not 'broker' or 'mmi.'") }
+        guard let name = KeyPolicy.serviceName(Array(service.utf8)) else {
+            return refuse("invalid or reserved service name; use 1 to 128 of a-z, 0-9, '.', '-', '_', not 'broker' or 'mmi.'")
+        }
         if let reason = keys.unauthorizedWorker(key, service: name) { return refuse(reason) }
         guard credit >= 1, credit <= 100_000 else {
             return refuse("credit must be a 4-byte big-endian number from 1 to 100000")
@@ -20,7 +24,8 @@ extension BrokerState {
         var table: [String: OperationDescriptor] = [:]
         for operation in operations {
             // Only idempotent operations may be coalesced.
-            table[operation.name] = OperationDescriptor(name: operation.name, idempotent: operation.idempotent, coalescable: operation.coalescable && operation.idempotent)
+            table[operation.name] = OperationDescriptor(
+                name: operation.name, idempotent: operation.idempotent, coalescable: operation.coalescable && operation.idempotent)
         }
         if let reason = register(peer, dialect: .canopy, service: name, operations: table, credit: Int(credit), key: key, now: now, into: &out) {
             refuse(reason)
@@ -48,8 +53,10 @@ extension BrokerState {
         majordomoDescriptor: OperationDescriptor? = nil, credit: Int, key: String?, now: ContinuousClock.Instant, into out: inout [Directive]
     ) -> String? {
         if workers[peer] != nil { workerGone(peer, now: now, into: &out) }
-        switch workers.add(peer, dialect: dialect, service: name, operations: operations, majordomoDescriptor: majordomoDescriptor, credit: credit,
-                           key: key, expiry: now + configuration.workerExpiry) {
+        switch workers.add(
+            peer, dialect: dialect, service: name, operations: operations, majordomoDescriptor: majordomoDescriptor, credit: credit,
+            key: key, expiry: now + configuration.workerExpiry)
+        {
         case .failure(let refusal):
             return refusal.reason
         case .success(let worker):
@@ -81,7 +88,10 @@ extension BrokerState {
     /// What the callers of a flight whose reply was over the frame limit are told.
     func oversizedReply(_ count: Int, flight id: UInt64) -> CanopyError {
         let name = flights[id].map { "\($0.service.name).\($0.operation)" } ?? "the service"
-        return CanopyError(.tooLarge, "the reply of \(name) was \(count) bytes, over the broker's limit of \(configuration.maximumFrameBytes) bytes; ask for less (a smaller page, or the data in pieces)")
+        return CanopyError(
+            .tooLarge,
+            "the reply of \(name) was \(count) bytes, over the broker's limit of \(configuration.maximumFrameBytes) bytes; ask for less (a smaller page, or the data in pieces)"
+        )
     }
 
     /// A worker answered flight `id`: release its credit, answer the waiters, feed it more.
@@ -145,7 +155,8 @@ extension BrokerState {
                 }
                 retry.append(id)
             } else {
-                let message = idempotent
+                let message =
+                    idempotent
                     ? "the request was lost with two workers in a row; it was not sent a third time"
                     : "the worker died while holding this request; it may or may not have run, and it is not idempotent, so it was not sent again"
                 finish(flight, .failure(CanopyError(.workerLost, message)), now: now, into: &out)
@@ -157,7 +168,9 @@ extension BrokerState {
         if service.workers.isEmpty {
             workers.drop(service)
             for flight in flights.queued(in: service) {
-                finish(flight, .failure(CanopyError(.noWorkers, "the last worker of '\(service.name)' went away before it could take this request")), now: now, into: &out)
+                finish(
+                    flight, .failure(CanopyError(.noWorkers, "the last worker of '\(service.name)' went away before it could take this request")), now: now,
+                    into: &out)
             }
             service.queue.removeAll()
             return
@@ -184,8 +197,9 @@ extension BrokerState {
             if flight.traced {
                 tracing?.note(.flightEvent(flight.id, name: "dispatched", worker: worker.identity.bytes.hex, attempt: flight.dispatches, at: BrokerTracing.now))
             }
-            let message = WireMessage.dispatch(requestID: flight.id, operation: flight.operation, header: header,
-                                               body: flight.payload.first, attachments: flight.payload.rest)
+            let message = WireMessage.dispatch(
+                requestID: flight.id, operation: flight.operation, header: header,
+                body: flight.payload.first, attachments: flight.payload.rest)
             out.append(.send(to: worker.identity.bytes, message))
         case .majordomo:
             out.append(.sendMajordomo(to: worker.identity.bytes, MajordomoBridge.request(for: flight)))

@@ -1,7 +1,7 @@
 import CanopyCapture
-import CanopyWire
 import CanopyIO
 import CanopyMessages
+import CanopyWire
 import Collections
 import Histogram
 
@@ -154,20 +154,26 @@ public struct BrokerState {
     ///     than ``BrokerConfiguration/stack`` is refused.
     ///   - now: the time.
     ///   - out: where the directives go.
-    public mutating func receive(_ frames: [[UInt8]], from peer: [UInt8], key: String? = nil, stack: String? = nil,
-                                 now: ContinuousClock.Instant, into out: inout [Directive]) {
+    public mutating func receive(
+        _ frames: [[UInt8]], from peer: [UInt8], key: String? = nil, stack: String? = nil,
+        now: ContinuousClock.Instant, into out: inout [Directive]
+    ) {
         handle(frames, from: peer, key: key, stack: stack, now: now, into: &out)
     }
 
     /// The frames read in place from the broker's socket (``ReceivedFrames``); see above.
-    public mutating func receive(_ frames: ReceivedFrames, from peer: [UInt8], key: String? = nil, stack: String? = nil,
-                                 now: ContinuousClock.Instant, into out: inout [Directive]) {
+    public mutating func receive(
+        _ frames: ReceivedFrames, from peer: [UInt8], key: String? = nil, stack: String? = nil,
+        now: ContinuousClock.Instant, into out: inout [Directive]
+    ) {
         handle(frames, from: peer, key: key, stack: stack, now: now, into: &out)
     }
 
     /// One body for both, specialized in this module for each.
-    private mutating func handle<Frames: FrameList>(_ frames: Frames, from peer: [UInt8], key: String?, stack: String?,
-                                                    now: ContinuousClock.Instant, into out: inout [Directive]) {
+    private mutating func handle<Frames: FrameList>(
+        _ frames: Frames, from peer: [UInt8], key: String?, stack: String?,
+        now: ContinuousClock.Instant, into out: inout [Directive]
+    ) {
         if MajordomoMessage.claims(frames) {
             receiveMajordomo(frames.arrays, from: peer, key: key, now: now, into: &out)
             return
@@ -230,14 +236,17 @@ public struct BrokerState {
         case .credit(let credit): workerCredit(credit, from: PeerKey(peer), now: now, into: &out)
         case .reply, .error, .dispatch, .cancelDispatch, .brokerHeartbeat, .brokerDisconnect:
             dropMalformed("command not accepted by a broker", peer: peer, into: &out)
-            replyError(to: peer, correlation: [], CanopyError(.badRequest, "command 0x\(String(message.command.rawValue, radix: 16)) is sent by the broker, not to it"), into: &out)
+            replyError(
+                to: peer, correlation: [],
+                CanopyError(.badRequest, "command 0x\(String(message.command.rawValue, radix: 16)) is sent by the broker, not to it"), into: &out)
         }
     }
 
     /// Refuses a message from a peer of another stack: a READY with DISCONNECT, a request
     /// with `unauthorized`, anything else dropped; each says which stacks met.
     private mutating func refuseForeignStack(_ message: WireMessage, stack: String, own: String, peer: [UInt8], into out: inout [Directive]) {
-        let reason = "this broker belongs to stack \(own.prefix(64)), the peer to stack \(stack.prefix(64)): two stacks share one broker endpoint; give each stack its own (canopy up --broker)"
+        let reason =
+            "this broker belongs to stack \(own.prefix(64)), the peer to stack \(stack.prefix(64)): two stacks share one broker endpoint; give each stack its own (canopy up --broker)"
         switch message {
         case .ready:
             out.append(.log("worker refused: another stack", peer: peer))
@@ -258,8 +267,9 @@ public struct BrokerState {
             flight?.counters.count(.timeout)
             if configuration.metrics, let flight { noteLatency(flight.service.name, now - waiter.receivedAt) }
             detach(waiter, now: now, into: &out)
-            answer(waiter, .failure(Self.timeout(waiter.serviceName)),
-                   shared: false, flight: flight, now: now, into: &out)
+            answer(
+                waiter, .failure(Self.timeout(waiter.serviceName)),
+                shared: false, flight: flight, now: now, into: &out)
         }
         if hold != nil { checkHold(now: now, into: &out) }
         if let graceEnds = startupGraceEnds, now >= graceEnds {
@@ -356,8 +366,10 @@ public struct BrokerState {
     // MARK: - Management
 
     /// Carries out a call of the broker's own operations (``Management``).
-    mutating func management(_ operation: String, body requestBody: [UInt8], header: RequestHeader, to client: [UInt8], correlation: [UInt8],
-                             now: ContinuousClock.Instant, into out: inout [Directive]) {
+    mutating func management(
+        _ operation: String, body requestBody: [UInt8], header: RequestHeader, to client: [UInt8], correlation: [UInt8],
+        now: ContinuousClock.Instant, into out: inout [Directive]
+    ) {
         let call: Management.Call
         switch Management.read(operation, body: requestBody, header: header, codec: codec) {
         case .success(let read): call = read
@@ -381,8 +393,9 @@ public struct BrokerState {
             return out.append(.captureControl(.status, client: client, correlation: correlation))
         case .hold(let limit):
             guard hold == nil else {
-                return replyError(to: client, correlation: correlation,
-                                  CanopyError(.conflict, "a hold is in force already (a backup or a snapshot is being taken); try again in a moment"), into: &out)
+                return replyError(
+                    to: client, correlation: correlation,
+                    CanopyError(.conflict, "a hold is in force already (a backup or a snapshot is being taken); try again in a moment"), into: &out)
             }
             return beginHold(limit: limit, client: client, correlation: correlation, forCapture: false, now: now, into: &out)
         }

@@ -118,8 +118,9 @@ public final class BrokerTracing: Sendable {
         switch note {
         case .waiter(let id, let caller, let service, let operation, let coalesced, let flight, let at):
             guard open.waiters.count + open.flights.count < Self.maximumOpen else { return }
-            let span = tracer.startAnySpan("broker " + BusTracing.spanName(service: service, operation: operation), at: RecordedInstant(nanosecondsSinceEpoch: at),
-                                           context: BusTracing.context(continuing: caller, tracer: tracer), ofKind: .server)
+            let span = tracer.startAnySpan(
+                "broker " + BusTracing.spanName(service: service, operation: operation), at: RecordedInstant(nanosecondsSinceEpoch: at),
+                context: BusTracing.context(continuing: caller, tracer: tracer), ofKind: .server)
             BusTracing.describe(span, service: service, operation: operation)
             span.attributes["canopy.coalesced"] = coalesced
             if let flight, var served = open.flights[flight] {
@@ -129,9 +130,10 @@ public final class BrokerTracing: Sendable {
             open.waiters[id] = span
         case .flight(let id, let waiter, let service, let operation, let queued, let at):
             guard let parent = open.waiters[waiter] else { return }
-            open.flights[id] = OpenFlight(name: "flight " + BusTracing.spanName(service: service, operation: operation), service: service, operation: operation,
-                                          start: at, waiter: waiter, parent: parent.context,
-                                          events: queued ? [SpanEvent(name: "queued", at: RecordedInstant(nanosecondsSinceEpoch: at))] : [], span: nil)
+            open.flights[id] = OpenFlight(
+                name: "flight " + BusTracing.spanName(service: service, operation: operation), service: service, operation: operation,
+                start: at, waiter: waiter, parent: parent.context,
+                events: queued ? [SpanEvent(name: "queued", at: RecordedInstant(nanosecondsSinceEpoch: at))] : [], span: nil)
         case .flightEvent(let id, let name, let worker, let attempt, let at):
             guard var flight = open.flights[id] else { return }
             var attributes: SpanAttributes = [:]

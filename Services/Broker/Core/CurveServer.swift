@@ -1,6 +1,6 @@
-import CanopyWire
 import CZeroMQ
 import CanopyIO
+import CanopyWire
 import Foundation
 
 // The broker's side of CurveZMQ: the allow-list of worker and client keys, the broker's

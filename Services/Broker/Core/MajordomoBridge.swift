@@ -18,8 +18,10 @@ extension BrokerState {
 
         /// Reads a Majordomo client's request for `service` (`dialect`: the protocol of the
         /// service's workers, `hasWorkers`: whether it has any, by name).
-        static func clientRequest(service serviceFrame: [UInt8], body: [[UInt8]], from client: [UInt8], dialect: (String) -> Dialect?,
-                                  hasWorkers: (String) -> Bool, codec: MessageCodec) -> ClientRequest {
+        static func clientRequest(
+            service serviceFrame: [UInt8], body: [[UInt8]], from client: [UInt8], dialect: (String) -> Dialect?,
+            hasWorkers: (String) -> Bool, codec: MessageCodec
+        ) -> ClientRequest {
             let name = String(decoding: serviceFrame, as: UTF8.self)
             if name.hasPrefix(Majordomo.managementPrefix) {
                 guard name == Majordomo.serviceQuery else { return .answer([Array("501".utf8)], refused: false) }
@@ -28,16 +30,23 @@ extension BrokerState {
             }
             if dialect(name) == .majordomo {
                 // Majordomo to Majordomo: the body passes untouched.
-                return .intake(Intake(client: client, correlation: [], dialect: .majordomo, serviceName: name, operation: "",
-                                      header: RequestHeader(timeoutMilliseconds: 0), payload: Payload(frames: body)))
+                return .intake(
+                    Intake(
+                        client: client, correlation: [], dialect: .majordomo, serviceName: name, operation: "",
+                        header: RequestHeader(timeoutMilliseconds: 0), payload: Payload(frames: body)))
             }
             guard body.count >= 2, body.count - 2 <= Wire.maximumAttachments, Wire.isValidName(body[0]) else {
-                let error = CanopyError(.badRequest, "a Majordomo request to a Canopy service has the operation and the JSON body as its body frames, then up to \(Wire.maximumAttachments) attachments")
+                let error = CanopyError(
+                    .badRequest,
+                    "a Majordomo request to a Canopy service has the operation and the JSON body as its body frames, then up to \(Wire.maximumAttachments) attachments"
+                )
                 return .answer(errorBody(error, codec: codec), refused: true)
             }
-            return .intake(Intake(client: client, correlation: [], dialect: .majordomo, serviceName: name,
-                                  operation: String(decoding: body[0], as: UTF8.self), header: RequestHeader(timeoutMilliseconds: 0),
-                                  payload: Payload(frames: Array(body[1...]))))
+            return .intake(
+                Intake(
+                    client: client, correlation: [], dialect: .majordomo, serviceName: name,
+                    operation: String(decoding: body[0], as: UTF8.self), header: RequestHeader(timeoutMilliseconds: 0),
+                    payload: Payload(frames: Array(body[1...]))))
         }
 
         /// The body frames a Majordomo client is answered with: a Majordomo worker's reply as it

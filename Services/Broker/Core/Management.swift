@@ -47,12 +47,17 @@ extension BrokerState {
                 return .success(.captureRelease(snapshot: request.snapshot))
             case Broker.Hold.name:
                 guard let request = try? codec.decode(Broker.Hold.Request.self, from: body),
-                      (1...Int(BrokerState.maximumHold.wholeMilliseconds)).contains(request.holdMilliseconds) else {
+                    (1...Int(BrokerState.maximumHold.wholeMilliseconds)).contains(request.holdMilliseconds)
+                else {
                     return .failure(CanopyError(.badRequest, "hold takes {\"holdMilliseconds\"}, 1 to \(BrokerState.maximumHold.wholeMilliseconds)"))
                 }
                 return .success(.hold(.milliseconds(request.holdMilliseconds)))
             default:
-                return .failure(CanopyError(.badRequest, "the broker has no operation '\(operation)'; it has: services, stats, hold, capture.start, capture.release, capture.stop, capture.status"))
+                return .failure(
+                    CanopyError(
+                        .badRequest,
+                        "the broker has no operation '\(operation)'; it has: services, stats, hold, capture.start, capture.release, capture.stop, capture.status"
+                    ))
             }
         }
     }

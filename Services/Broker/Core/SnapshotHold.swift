@@ -91,7 +91,11 @@ extension BrokerState {
                     return .cut(client: waiting.client, correlation: waiting.correlation)
                 }
                 if now >= drainDeadline {
-                    return .failed(CanopyError(.timeout, "\(draining.count) request(s) in the air were not answered within the hold's limit, so no cut could be made; no snapshot was taken (try again when the stack is less busy, or with a longer hold)"))
+                    return .failed(
+                        CanopyError(
+                            .timeout,
+                            "\(draining.count) request(s) in the air were not answered within the hold's limit, so no cut could be made; no snapshot was taken (try again when the stack is less busy, or with a longer hold)"
+                        ))
                 }
                 return .nothing
             }
@@ -108,8 +112,10 @@ extension BrokerState {
     /// Begins holding new client requests; the caller (`client`, `correlation`) is answered
     /// with ``CaptureControl/cut`` once the requests in the air are answered, or with
     /// ``CaptureControl/holdFailed(_:stopCapture:)`` when they are not within `limit`.
-    mutating func beginHold(limit: Duration, client: [UInt8], correlation: [UInt8], forCapture: Bool = true, now: ContinuousClock.Instant,
-                            into out: inout [Directive]) {
+    mutating func beginHold(
+        limit: Duration, client: [UInt8], correlation: [UInt8], forCapture: Bool = true, now: ContinuousClock.Instant,
+        into out: inout [Directive]
+    ) {
         let inTheAir = flights.ids.filter { id in flights[id].map { !Self.isDerived($0.header) } ?? false }
         hold = Hold(inTheAir: inTheAir, limit: limit, client: client, correlation: correlation, forCapture: forCapture, now: now)
         checkHold(now: now, into: &out)
@@ -122,8 +128,10 @@ extension BrokerState {
         let bytes = intake.payload.byteCount + Self.waiterBytes(intake)
         if !hold!.take(intake, bytes: bytes, budget: configuration.maximumHeldBytes - flights.heldBytes, now: now) {
             rejected += 1
-            send(CanopyError(.busy, "the broker holds requests while a snapshot is taken, and holds \(hold!.heldBytes) bytes of them already; retry in a moment"),
-                 to: intake, into: &out)
+            send(
+                CanopyError(
+                    .busy, "the broker holds requests while a snapshot is taken, and holds \(hold!.heldBytes) bytes of them already; retry in a moment"),
+                to: intake, into: &out)
         }
         return true
     }
@@ -151,7 +159,9 @@ extension BrokerState {
         hold = nil
         if let waiting = current.waiting {
             let error = failing ?? CanopyError(.conflict, "the capture was stopped before the requests in the air were answered; no snapshot was taken")
-            out.append(.captureControl(.holdFailed(error, stopCapture: failing != nil && current.forCapture), client: waiting.client, correlation: waiting.correlation))
+            out.append(
+                .captureControl(.holdFailed(error, stopCapture: failing != nil && current.forCapture), client: waiting.client, correlation: waiting.correlation)
+            )
         } else if capturing {
             out.append(.capture(capturedMark(snapshot: snapshot, held: current.held.count)))
         }

@@ -1,5 +1,5 @@
-import CanopyWire
 import CanopyMessages
+import CanopyWire
 
 extension BrokerState {
     /// Connected workers and the services they make up: who serves what, in which protocol,
@@ -28,12 +28,14 @@ extension BrokerState {
         ) -> Result<Worker, Refusal> {
             let service = services[name] ?? ServiceEntry(name: name)
             if let existing = service.dialect, existing != dialect, !service.workers.isEmpty {
-                return .failure(Refusal(reason: "'\(name)' is served by \(existing == .canopy ? "Canopy" : "Majordomo") workers already; one service speaks one protocol"))
+                return .failure(
+                    Refusal(reason: "'\(name)' is served by \(existing == .canopy ? "Canopy" : "Majordomo") workers already; one service speaks one protocol"))
             }
             service.dialect = dialect
             services[name] = service
-            let worker = Worker(identity: peer, dialect: dialect, service: service, operations: operations,
-                                majordomoDescriptor: majordomoDescriptor, credit: credit, key: key, expiry: expiry)
+            let worker = Worker(
+                identity: peer, dialect: dialect, service: service, operations: operations,
+                majordomoDescriptor: majordomoDescriptor, credit: credit, key: key, expiry: expiry)
             workers[peer] = worker
             service.workers.append(worker)
             return .success(worker)
@@ -79,8 +81,9 @@ extension BrokerState {
             // Past 1024 names (Majordomo workers take any) it is not kept, and so never told
             // when the workers change: it claims nothing about them.
             let kept = service.resolved.count < 1024
-            let resolved = ResolvedOperation(descriptor: descriptor, counters: counters(service: service.name, operation: operation),
-                                             servedByAll: kept && service.workers.allSatisfy { $0.descriptor(for: operation) != nil })
+            let resolved = ResolvedOperation(
+                descriptor: descriptor, counters: counters(service: service.name, operation: operation),
+                servedByAll: kept && service.workers.allSatisfy { $0.descriptor(for: operation) != nil })
             if kept { service.resolved[operation] = resolved }
             return resolved
         }
@@ -117,7 +120,8 @@ extension BrokerState {
             services.values.sorted { $0.name < $1.name }.map { service in
                 let histogram = service.latencyMicros
                 return ServiceStatistics(
-                    name: service.name, workers: service.workers.count, queued: service.queuedCount, queuedBytes: service.queuedBytes, inFlight: service.inFlight,
+                    name: service.name, workers: service.workers.count, queued: service.queuedCount, queuedBytes: service.queuedBytes,
+                    inFlight: service.inFlight,
                     served: service.served, errors: service.errors,
                     p50Micros: histogram.totalCount == 0 ? 0 : histogram.valueAtPercentile(50),
                     p99Micros: histogram.totalCount == 0 ? 0 : histogram.valueAtPercentile(99))

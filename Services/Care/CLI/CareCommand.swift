@@ -1,9 +1,9 @@
 import ArgumentParser
 import CanopyBus
+import CanopyCare
 import CanopyMessages
 import CanopyServiceKit
 import CanopyStore
-import CanopyCare
 import Foundation
 
 @main
@@ -37,13 +37,20 @@ struct ServeCare: AsyncParsableCommand {
 
     @OptionGroup var serve: ServeOptions<CanopyCare>
     @OptionGroup var database: DatabaseOptions
-    @Option(help: ArgumentHelp("A species care catalog used instead of the shipped one (the shape of Resources/catalog.json). Env: CANOPY_CATALOG.", valueName: "file"))
+    @Option(
+        help: ArgumentHelp(
+            "A species care catalog used instead of the shipped one (the shape of Resources/catalog.json). Env: CANOPY_CATALOG.", valueName: "file"))
     var catalog: String? = Environment.string("CANOPY_CATALOG")
-    @Option(help: ArgumentHelp("Seconds after an account's deletion its second pass erases what requests already on their way added (longer than any request waits). Env: CANOPY_ERASURE_SECOND_PASS.", valueName: "seconds"))
+    @Option(
+        help: ArgumentHelp(
+            "Seconds after an account's deletion its second pass erases what requests already on their way added (longer than any request waits). Env: CANOPY_ERASURE_SECOND_PASS.",
+            valueName: "seconds"))
     var erasureSecondPass: Int = Environment.int("CANOPY_ERASURE_SECOND_PASS", default: 60)
 
     func validate() throws {
-        guard (1...86_400).contains(erasureSecondPass) else { throw ValidationError("--erasure-second-pass is 1 to 86400 seconds (a day); 60 is longer than any request waits") }
+        guard (1...86_400).contains(erasureSecondPass) else {
+            throw ValidationError("--erasure-second-pass is 1 to 86400 seconds (a day); 60 is longer than any request waits")
+        }
         if let catalog {
             do { _ = try Catalog.load(file: catalog) } catch let error as CanopyError { throw ValidationError(error.message) }
         }
@@ -57,9 +64,13 @@ struct ServeCare: AsyncParsableCommand {
         if let catalog { settings.catalog = try Catalog.load(file: catalog) }
         settings.erasureSecondPass = .seconds(erasureSecondPass)
         let context = serve.common.busContext()
-        guard let services = try await buildUnlessStopped(logger: logger, { [settings] in
-            try await buildCareService(settings: settings, context: context, logger: logger)
-        }) else { return }
+        guard
+            let services = try await buildUnlessStopped(
+                logger: logger,
+                { [settings] in
+                    try await buildCareService(settings: settings, context: context, logger: logger)
+                })
+        else { return }
         try await runUntilShutdown(services, traces: serve.traces, logger: logger)
     }
 }
@@ -81,8 +92,10 @@ struct CatalogCommand: AsyncParsableCommand {
             }
             var table = Table("SCIENTIFIC NAME", "COMMON NAME", "FAMILY", "LIGHT", "WATER DAYS", "PET-SAFE")
             for species in found {
-                table.append([species.scientificName, species.commonNames.first ?? "", species.family, species.profile.light.rawValue,
-                              "\(species.profile.wateringIntervalDays)", species.profile.toxicToPets ? "no" : "yes"])
+                table.append([
+                    species.scientificName, species.commonNames.first ?? "", species.family, species.profile.light.rawValue,
+                    "\(species.profile.wateringIntervalDays)", species.profile.toxicToPets ? "no" : "yes",
+                ])
             }
             print(table.render())
         }
@@ -138,13 +151,17 @@ struct Upcoming: AsyncParsableCommand {
     @Option(help: "Days ahead.") var days = 7
 
     func run() async throws {
-        let bus = try BusClient(configuration: try common.clientConfiguration(), context: ZMQContext(), logger: LogSetup.logger(label: "canopy-care", level: .error))
+        let bus = try BusClient(
+            configuration: try common.clientConfiguration(), context: ZMQContext(), logger: LogSetup.logger(label: "canopy-care", level: .error))
         defer { bus.close() }
         do {
             let reply = try await bus.call(Care.UpcomingTasks.self, .init(days: days), principal: user, timeout: .seconds(5))
             var table = Table("DUE (UTC)", "TASK", "STATE")
             for task in reply.overdue + reply.upcoming {
-                table.append([(task.snoozedUntil ?? task.due).formatted(.iso8601), task.title, reply.overdue.contains(task) ? "overdue" : (task.snoozedUntil != nil ? "snoozed" : "")])
+                table.append([
+                    (task.snoozedUntil ?? task.due).formatted(.iso8601), task.title,
+                    reply.overdue.contains(task) ? "overdue" : (task.snoozedUntil != nil ? "snoozed" : ""),
+                ])
             }
             print(table.render())
         } catch let error as CanopyError {

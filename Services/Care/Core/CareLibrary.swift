@@ -1,7 +1,7 @@
 import CanopyBus
 import CanopyMessages
-import Collections
 import CanopyServiceKit
+import Collections
 import Foundation
 
 /// canopy-care's operations, each scoped to its owner: the domain's rules (what a plant
@@ -21,8 +21,10 @@ final class CareLibrary: Sendable {
     let erasureSecondPass: Duration
     private let codec = MessageCodec()
 
-    init(store: any CareStoring, reminderWindow: Int = 64, maximumPlants: Int = Care.Limits.plantsPerPerson, clock: ServiceClock = .system,
-         erasureSecondPass: Duration = .seconds(60)) {
+    init(
+        store: any CareStoring, reminderWindow: Int = 64, maximumPlants: Int = Care.Limits.plantsPerPerson, clock: ServiceClock = .system,
+        erasureSecondPass: Duration = .seconds(60)
+    ) {
         self.clock = clock
         self.store = store
         self.reminderWindow = reminderWindow
@@ -82,7 +84,10 @@ final class CareLibrary: Sendable {
         return try store.write { data in
             guard let existing = try data.plant(owner: owner, id: plant.id) else { throw notFound(plant.id) }
             if let expected = plant.version, expected != existing.version {
-                throw CanopyError(.stale, "the plant \(plant.id) changed since version \(expected) was read (it is at version \(existing.version ?? 1)); read it again and make the change to that")
+                throw CanopyError(
+                    .stale,
+                    "the plant \(plant.id) changed since version \(expected) was read (it is at version \(existing.version ?? 1)); read it again and make the change to that"
+                )
             }
             var updated = plant
             updated.dateAdded = existing.dateAdded
@@ -104,12 +109,15 @@ final class CareLibrary: Sendable {
         try store.write { data in
             guard try data.hasPlant(owner: owner, id: id) else { return } // deleting twice is fine
             try data.deletePlant(owner: owner, id: id)
-            try data.enqueue(owner: owner, service: Reminders.service, operation: Reminders.CancelPlant.name,
-                             body: try codec.encode(Reminders.CancelPlant.Request(plantID: id)), now: now)
-            try data.enqueue(owner: owner, service: Images.service, operation: Images.Purge.name,
-                             body: try codec.encode(Images.Purge.Request(plantID: id)), now: now)
-            try data.enqueue(owner: owner, service: Identification.service, operation: Identification.ForgetPlant.name,
-                             body: try codec.encode(Identification.ForgetPlant.Request(plantID: id)), now: now)
+            try data.enqueue(
+                owner: owner, service: Reminders.service, operation: Reminders.CancelPlant.name,
+                body: try codec.encode(Reminders.CancelPlant.Request(plantID: id)), now: now)
+            try data.enqueue(
+                owner: owner, service: Images.service, operation: Images.Purge.name,
+                body: try codec.encode(Images.Purge.Request(plantID: id)), now: now)
+            try data.enqueue(
+                owner: owner, service: Identification.service, operation: Identification.ForgetPlant.name,
+                body: try codec.encode(Identification.ForgetPlant.Request(plantID: id)), now: now)
             try data.enqueueReminderSync(owner: owner, now: now)
         }
     }
@@ -125,14 +133,17 @@ final class CareLibrary: Sendable {
             for plant in plants { try data.deletePlant(owner: owner, id: plant.id) }
             try data.deletePreferences(owner: owner)
             try data.deleteRequestKeys(owner: owner)
-            for (service, operation) in [(Reminders.service, Reminders.ForgetPerson.name), (Identification.service, Identification.ForgetPerson.name),
-                                         (Images.service, Images.ForgetPerson.name)] {
+            for (service, operation) in [
+                (Reminders.service, Reminders.ForgetPerson.name), (Identification.service, Identification.ForgetPerson.name),
+                (Images.service, Images.ForgetPerson.name),
+            ] {
                 try data.enqueue(owner: owner, service: service, operation: operation, body: empty, now: now)
             }
             if !secondPass {
                 // What a request already on its way adds after this, erased too (Care.DeleteAccount).
-                try data.enqueue(owner: owner, service: Care.service, operation: Care.DeleteAccount.name, body: again,
-                                 now: now.addingTimeInterval(erasureSecondPass.seconds))
+                try data.enqueue(
+                    owner: owner, service: Care.service, operation: Care.DeleteAccount.name, body: again,
+                    now: now.addingTimeInterval(erasureSecondPass.seconds))
             }
             return plants.count
         }
@@ -209,10 +220,12 @@ final class CareLibrary: Sendable {
 
     /// The task, its plant and the owner's scheduler, in a write transaction; or notFound.
     /// `body` says whether it changed anything: only then are the reminders told.
-    private func withTask(_ id: String, owner: String, now: Date, _ body: (any CareWrites, StoredTask, Care.Plant, Scheduler) throws -> Bool) throws -> Care.Task {
+    private func withTask(_ id: String, owner: String, now: Date, _ body: (any CareWrites, StoredTask, Care.Plant, Scheduler) throws -> Bool) throws
+        -> Care.Task
+    {
         try store.write { data in
             guard let task = try data.task(owner: owner, id: id),
-                  let plant = try data.plant(owner: owner, id: task.task.plantID)
+                let plant = try data.plant(owner: owner, id: task.task.plantID)
             else { throw CanopyError(.notFound, "no task \(id) among yours; care.tasks.upcoming lists them") }
             if try body(data, task, plant, try Scheduler(preferences: try data.preferences(owner: owner))) {
                 try data.enqueueReminderSync(owner: owner, now: now)
@@ -265,8 +278,9 @@ final class CareLibrary: Sendable {
             }
             let scheduler = try Scheduler(preferences: try data.preferences(owner: owner))
             let task = StoredTask(
-                task: Care.Task(id: "\(request.plantID):custom:\(UUID().uuidString.lowercased())", plantID: request.plantID, kind: .custom, title: title,
-                                due: scheduler.nextDue(everyDays: request.everyDays, after: now)),
+                task: Care.Task(
+                    id: "\(request.plantID):custom:\(UUID().uuidString.lowercased())", plantID: request.plantID, kind: .custom, title: title,
+                    due: scheduler.nextDue(everyDays: request.everyDays, after: now)),
                 owner: owner, anchor: now, everyDays: request.everyDays)
             try data.saveTask(task)
             try data.enqueueReminderSync(owner: owner, now: now)
@@ -297,8 +311,9 @@ final class CareLibrary: Sendable {
     private func planned(owner: String, plant: Care.Plant, kind: Care.TaskKind, anchor: Date, scheduler: Scheduler) -> StoredTask? {
         guard let profile = plant.profile, let due = scheduler.nextDue(kind, profile: profile, after: anchor) else { return nil }
         let name = plant.customName ?? plant.commonNames.first ?? plant.scientificName
-        return StoredTask(task: Care.Task(id: "\(plant.id):\(kind.rawValue)", plantID: plant.id, kind: kind, title: "\(kind.rawValue.capitalized) \(name)", due: due),
-                          owner: owner, anchor: anchor, everyDays: nil)
+        return StoredTask(
+            task: Care.Task(id: "\(plant.id):\(kind.rawValue)", plantID: plant.id, kind: kind, title: "\(kind.rawValue.capitalized) \(name)", due: due),
+            owner: owner, anchor: anchor, everyDays: nil)
     }
 
     /// Reschedules one task from `anchor` (after complete or skip, or new preferences).
@@ -383,7 +398,8 @@ final class CareLibrary: Sendable {
                             profiles[following.plantID] = try data.plant(owner: owner, id: following.plantID)?.profile
                         }
                         guard let profile = profiles[following.plantID] ?? nil,
-                              let due = scheduler.nextDue(following.kind, profile: profile, after: after), due > after else { break }
+                            let due = scheduler.nextDue(following.kind, profile: profile, after: after), due > after
+                        else { break }
                         following.due = due
                     }
                     steps += 1

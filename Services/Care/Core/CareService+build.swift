@@ -52,15 +52,17 @@ public func buildCareService(settings: CareServiceSettings, context: ZMQContext,
 public func makeCareService(settings: CareServiceSettings, bus: any BusCalling, logger: Logger) async throws -> ServiceParts {
     let store: any CareStoring
     if let postgres = settings.postgres {
-        store = try await PostgresCareStore.open(url: postgres.url, poolSize: postgres.poolSize, catalog: settings.catalog, waitingUpTo: postgres.wait, logger: logger)
+        store = try await PostgresCareStore.open(
+            url: postgres.url, poolSize: postgres.poolSize, catalog: settings.catalog, waitingUpTo: postgres.wait, logger: logger)
     } else {
         try FileManager.default.createDirectory(at: settings.directory, withIntermediateDirectories: true)
         store = try SQLiteCareStore(path: settings.directory.appendingPathComponent("care.sqlite").path, catalog: settings.catalog)
     }
     let library = CareLibrary(store: store, clock: settings.clock, erasureSecondPass: settings.erasureSecondPass)
     let outbox = Outbox(library: library, bus: bus, interval: settings.outboxInterval, logger: logger)
-    return ServiceParts(handlers: CareService(library: library), background: [outbox],
-                        onShutdown: (store as? PostgresCareStore).map { [$0.database.beginShutdown] } ?? [])
+    return ServiceParts(
+        handlers: CareService(library: library), background: [outbox],
+        onShutdown: (store as? PostgresCareStore).map { [$0.database.beginShutdown] } ?? [])
 }
 
 /// One-shot scheduling for the CLI.
@@ -77,12 +79,15 @@ public enum CareTools {
     }
 
     /// Every task a species brings over `days` from `start`, for a person in `timeZone`.
-    public static func plan(species: String, days: Int, timeZone: String, preferredMinute: Int = 540, southernHemisphere: Bool = false,
-                            from start: Date = Date()) throws -> (species: Care.Species, tasks: [(kind: Care.TaskKind, due: Date)]) {
+    public static func plan(
+        species: String, days: Int, timeZone: String, preferredMinute: Int = 540, southernHemisphere: Bool = false,
+        from start: Date = Date()
+    ) throws -> (species: Care.Species, tasks: [(kind: Care.TaskKind, due: Date)]) {
         guard let found = Catalog.shipped.lookup(species) ?? Catalog.shipped.search(species, limit: 1).first else {
             throw CanopyError(.notFound, "no species matches '\(species)'; try canopy-care catalog search \(species)")
         }
-        let scheduler = try Scheduler(preferences: Care.Preferences(timeZone: timeZone, preferredMinute: preferredMinute, southernHemisphere: southernHemisphere))
+        let scheduler = try Scheduler(
+            preferences: Care.Preferences(timeZone: timeZone, preferredMinute: preferredMinute, southernHemisphere: southernHemisphere))
         return (found, scheduler.plan(profile: found.profile, from: start, days: days))
     }
 }

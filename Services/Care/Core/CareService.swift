@@ -17,11 +17,14 @@ public struct CareService: BusService {
         // Every operation waits on SQLite (GRDB's blocking calls), so each runs on a Dispatch
         // thread: the cooperative pool, a thread a core, is never held waiting for a database
         // connection (which would starve the tasks that hold one, and everything else).
-        func on<Operation: BusOperation>(_ operation: Operation.Type, _ work: @escaping @Sendable (Operation.Request, RequestContext) throws -> Operation.Reply) {
+        func on<Operation: BusOperation>(_ operation: Operation.Type, _ work: @escaping @Sendable (Operation.Request, RequestContext) throws -> Operation.Reply)
+        {
             handlers.on(operation) { request, context in try await offThePool { try work(request, context) } }
         }
-        func on<Operation: BusOperation>(_ operation: Operation.Type,
-                                         _ work: @escaping @Sendable (Operation.Request, _ owner: String, RequestContext) throws -> Operation.Reply) {
+        func on<Operation: BusOperation>(
+            _ operation: Operation.Type,
+            _ work: @escaping @Sendable (Operation.Request, _ owner: String, RequestContext) throws -> Operation.Reply
+        ) {
             handlers.on(operation) { request, owner, context in try await offThePool { try work(request, owner, context) } }
         }
         on(Care.CatalogSearch.self) { request, _ in library.store.catalog.search(request.text, limit: request.limit ?? 20) }

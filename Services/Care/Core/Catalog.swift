@@ -19,8 +19,8 @@ public struct Catalog: Sendable {
     /// The catalog shipped with the service.
     public static let shipped: Catalog = {
         guard let url = Bundle.module.url(forResource: "catalog", withExtension: "json"),
-              let data = try? Data(contentsOf: url),
-              let file = try? JSONDecoder().decode(File.self, from: data)
+            let data = try? Data(contentsOf: url),
+            let file = try? JSONDecoder().decode(File.self, from: data)
         else { preconditionFailure("canopy-care's catalog.json is missing or malformed; the build is broken") }
         return Catalog(species: file.species, sources: file.sources)
     }()
@@ -62,9 +62,10 @@ public struct Catalog: Sendable {
     public func search(_ text: String, limit: Int = 20) -> [Care.Species] {
         let needle = text.lowercased().trimmingCharacters(in: .whitespaces)
         guard !needle.isEmpty else { return Array(species.prefix(limit)) }
-        return Array(species.filter { species in
-            species.scientificName.lowercased().contains(needle) || species.family.lowercased().contains(needle)
-                || species.commonNames.contains { $0.lowercased().contains(needle) }
-        }.prefix(limit))
+        return Array(
+            species.filter { species in
+                species.scientificName.lowercased().contains(needle) || species.family.lowercased().contains(needle)
+                    || species.commonNames.contains { $0.lowercased().contains(needle) }
+            }.prefix(limit))
     }
 }

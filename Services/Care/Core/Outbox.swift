@@ -1,7 +1,7 @@
 import CanopyBus
 import CanopyMessages
-import Foundation
 import CanopyServiceKit
+import Foundation
 import Logging
 import Metrics
 import ServiceLifecycle
@@ -192,7 +192,8 @@ struct Outbox: Service, HealthReporting {
         for row in rows {
             do {
                 let (library, owner) = (self.library, row.owner)
-                let body: [UInt8] = row.operation == Reminders.Sync.name // the window as it is now, read off the pool (it waits on the store)
+                let body: [UInt8] =
+                    row.operation == Reminders.Sync.name // the window as it is now, read off the pool (it waits on the store)
                     ? try codec.encode(Reminders.Sync.Request(window: try await offThePool { try library.reminderWindow(owner: owner) }))
                     : row.body
                 _ = try await bus.call(service: row.service, operation: row.operation, body: body, principal: row.owner, timeout: .seconds(5), idempotent: true)

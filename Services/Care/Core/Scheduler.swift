@@ -25,7 +25,8 @@ struct Scheduler: Sendable {
     ///   calendar cannot be made without.
     init(preferences: Care.Preferences) throws(CanopyError) {
         guard let zone = preferences.zone else {
-            throw CanopyError(.badRequest, "timeZone '\(preferences.timeZone)' is not an IANA time zone such as Europe/Berlin or America/New_York", field: "timeZone")
+            throw CanopyError(
+                .badRequest, "timeZone '\(preferences.timeZone)' is not an IANA time zone such as Europe/Berlin or America/New_York", field: "timeZone")
         }
         var calendar = Calendar(identifier: .gregorian)
         calendar.timeZone = zone
@@ -114,7 +115,8 @@ struct Scheduler: Sendable {
     /// `due`, or the end of the quiet hours it falls in.
     private func outOfQuietHours(_ due: Date) -> Date {
         guard let start = preferences.quietStartMinute, let end = preferences.quietEndMinute,
-              isQuiet(minuteOfDay(due), start: start, end: end) else { return due }
+            isQuiet(minuteOfDay(due), start: start, end: end)
+        else { return due }
         let sameDay = atLocalMinute(end, onDayOf: due)
         return sameDay > due ? sameDay : atLocalMinute(end, onDayOf: calendar.date(byAdding: .day, value: 1, to: due)!)
     }
@@ -123,8 +125,9 @@ struct Scheduler: Sendable {
     /// becomes the next valid time; a repeated one the first.
     func atLocalMinute(_ minute: Int, onDayOf date: Date) -> Date {
         let day = calendar.startOfDay(for: date)
-        return calendar.date(bySettingHour: minute / 60, minute: minute % 60, second: 0, of: day,
-                             matchingPolicy: .nextTime, repeatedTimePolicy: .first, direction: .forward) ?? day
+        return calendar.date(
+            bySettingHour: minute / 60, minute: minute % 60, second: 0, of: day,
+            matchingPolicy: .nextTime, repeatedTimePolicy: .first, direction: .forward) ?? day
     }
 
     func minuteOfDay(_ date: Date) -> Int {
@@ -176,8 +179,10 @@ struct Scheduler: Sendable {
                         calendar.date(byAdding: .month, value: months, to: table.day(day)).flatMap(table.index)
                     }
                 case .prune:
-                    next = calendar.nextDate(after: table.day(day), matching: DateComponents(month: pruneMonth(profile), day: 1),
-                                             matchingPolicy: .nextTime).flatMap(table.index)
+                    next = calendar.nextDate(
+                        after: table.day(day), matching: DateComponents(month: pruneMonth(profile), day: 1),
+                        matchingPolicy: .nextTime
+                    ).flatMap(table.index)
                 case .custom:
                     next = nil
                 }

@@ -35,13 +35,18 @@ final class PostgresCareStore: CareStoring {
     }
 
     /// Connects to `url` and migrates canopy-care's tables.
-    static func open(url: DatabaseURL, poolSize: Int = 8, catalog: Catalog = .shipped, waitingUpTo wait: Duration = .zero, logger: Logger) async throws -> PostgresCareStore {
-        PostgresCareStore(database: try await PostgresStore.open(url: url, migrator: migrator, size: poolSize, waitingUpTo: wait, logger: logger), catalog: catalog)
+    static func open(url: DatabaseURL, poolSize: Int = 8, catalog: Catalog = .shipped, waitingUpTo wait: Duration = .zero, logger: Logger) async throws
+        -> PostgresCareStore
+    {
+        PostgresCareStore(
+            database: try await PostgresStore.open(url: url, migrator: migrator, size: poolSize, waitingUpTo: wait, logger: logger), catalog: catalog)
     }
 
     static var migrator: PostgresMigrator {
         var migrator = PostgresMigrator(store: "care")
-        migrator.register("v1", """
+        migrator.register(
+            "v1",
+            """
             CREATE TABLE plants (
                 id TEXT PRIMARY KEY,
                 owner TEXT NOT NULL,
@@ -119,8 +124,9 @@ final class PostgresCareStore: CareStoring {
         // holds nothing, whatever its lease says.
         migrator.register("v2-lease-holders", "ALTER TABLE outbox ADD COLUMN leasedBy BIGINT")
         // Callers' idempotency keys: a keyed task completion or skip is done once.
-        migrator.register("v3-request-keys", "CREATE TABLE requestKeys (owner TEXT NOT NULL, key TEXT NOT NULL, at DOUBLE PRECISION NOT NULL, PRIMARY KEY (owner, key))",
-                          "CREATE INDEX requestKeysByAge ON requestKeys(owner, at)")
+        migrator.register(
+            "v3-request-keys", "CREATE TABLE requestKeys (owner TEXT NOT NULL, key TEXT NOT NULL, at DOUBLE PRECISION NOT NULL, PRIMARY KEY (owner, key))",
+            "CREATE INDEX requestKeysByAge ON requestKeys(owner, at)")
         return migrator
     }
 
@@ -145,9 +151,12 @@ final class PostgresCareStore: CareStoring {
         let override = profile ? overrideData.flatMap { try? codec.decode(Care.Profile.self, from: [UInt8]($0)) } : nil
         let scientificName = try row.column("scientificName").decode(String.self)
         return Care.Plant(
-            id: try row.column("id").decode(String.self), scientificName: scientificName, commonNames: SQLiteCareStore.split(try row.column("commonNames").decode(String.self)),
-            family: try row.column("family").decode(String.self), genus: try row.column("genus").decode(String.self), customName: try row.column("customName").decode(String?.self),
-            location: try row.column("location").decode(String?.self), notes: try row.column("notes").decode(String?.self), favourite: try row.column("favourite").decode(Bool.self),
+            id: try row.column("id").decode(String.self), scientificName: scientificName,
+            commonNames: SQLiteCareStore.split(try row.column("commonNames").decode(String.self)),
+            family: try row.column("family").decode(String.self), genus: try row.column("genus").decode(String.self),
+            customName: try row.column("customName").decode(String?.self),
+            location: try row.column("location").decode(String?.self), notes: try row.column("notes").decode(String?.self),
+            favourite: try row.column("favourite").decode(Bool.self),
             imageIDs: SQLiteCareStore.split(try row.column("imageIDs").decode(String.self)),
             identificationSource: Care.Source(rawValue: try row.column("source").decode(String.self)) ?? .other,
             identificationConfidence: try row.column("confidence").decode(Double?.self),
@@ -162,10 +171,11 @@ final class PostgresCareStore: CareStoring {
 
     fileprivate static func task(_ row: PostgresRandomAccessRow) throws -> StoredTask {
         StoredTask(
-            task: Care.Task(id: try row.column("id").decode(String.self), plantID: try row.column("plantID").decode(String.self),
-                            kind: Care.TaskKind(rawValue: try row.column("kind").decode(String.self)) ?? .custom, title: try row.column("title").decode(String.self),
-                            due: Date(timeIntervalSince1970: try row.column("due").decode(Double.self)),
-                            snoozedUntil: try row.column("snoozedUntil").decode(Double?.self).map(Date.init(timeIntervalSince1970:))),
+            task: Care.Task(
+                id: try row.column("id").decode(String.self), plantID: try row.column("plantID").decode(String.self),
+                kind: Care.TaskKind(rawValue: try row.column("kind").decode(String.self)) ?? .custom, title: try row.column("title").decode(String.self),
+                due: Date(timeIntervalSince1970: try row.column("due").decode(Double.self)),
+                snoozedUntil: try row.column("snoozedUntil").decode(Double?.self).map(Date.init(timeIntervalSince1970:))),
             owner: try row.column("owner").decode(String.self), anchor: Date(timeIntervalSince1970: try row.column("anchor").decode(Double.self)),
             everyDays: try row.column("everyDays").decode(Int?.self))
     }
@@ -180,7 +190,8 @@ final class PostgresCareStore: CareStoring {
                 // before, so no lane is split between two replicas. A lease whose replica is
                 // gone (killed mid-pass) is over at once.
                 try session.execute("SELECT pg_advisory_xact_lock(hashtext('canopy_care_outbox'))")
-                return try session.rows("""
+                return try session.rows(
+                    """
                     UPDATE outbox SET leasedUntil = \(until), leasedBy = \(database.holder) WHERE id IN (
                         SELECT id FROM outbox
                         WHERE nextAttempt <= \(at) AND (leasedUntil IS NULL OR leasedUntil <= \(at) OR \(unescaped: PostgresStore.holderIsGone("leasedBy")))
@@ -190,10 +201,13 @@ final class PostgresCareStore: CareStoring {
                                                  OR (earlier.leasedUntil > \(at) AND NOT \(unescaped: PostgresStore.holderIsGone("earlier.leasedBy")))))
                         ORDER BY id LIMIT \(limit) FOR UPDATE SKIP LOCKED)
                     RETURNING id, owner, service, operation, body, attempts, generation
-                    """).map { row in
-                    FollowUp(id: try row.column("id").decode(Int64.self), owner: try row.column("owner").decode(String.self), service: try row.column("service").decode(String.self),
-                             operation: try row.column("operation").decode(String.self), body: [UInt8](try row.column("body").decode(Data.self)),
-                             attempts: try row.column("attempts").decode(Int.self), generation: try row.column("generation").decode(Int64.self))
+                    """
+                ).map { row in
+                    FollowUp(
+                        id: try row.column("id").decode(Int64.self), owner: try row.column("owner").decode(String.self),
+                        service: try row.column("service").decode(String.self),
+                        operation: try row.column("operation").decode(String.self), body: [UInt8](try row.column("body").decode(Data.self)),
+                        attempts: try row.column("attempts").decode(Int.self), generation: try row.column("generation").decode(Int64.self))
                 }.sorted { $0.id < $1.id }
             }
         }
@@ -221,11 +235,13 @@ final class PostgresCareStore: CareStoring {
         let (database, settled, putOff, freed) = (self.database, confirmed, failed, released)
         try await offThePool {
             try database.write(isolation: .readCommitted) { session in
-                try session.execute("""
+                try session.execute(
+                    """
                     DELETE FROM outbox USING unnest(\(settled.ids), \(settled.generations)) AS sent(id, generation)
                     WHERE outbox.id = sent.id AND outbox.generation = sent.generation
                     """)
-                try session.execute("""
+                try session.execute(
+                    """
                     UPDATE outbox SET attempts = attempts + 1, nextAttempt = failed.next, lastError = failed.error, leasedUntil = NULL
                     FROM unnest(\(putOff.ids), \(putOff.next), \(putOff.errors)) AS failed(id, next, error) WHERE outbox.id = failed.id
                     """)
@@ -239,7 +255,9 @@ final class PostgresCareStore: CareStoring {
         return try await offThePool {
             // A follow-up leased to another replica comes due for this one when its lease ends.
             try database.read { session in
-                try session.value(Double.self, """
+                try session.value(
+                    Double.self,
+                    """
                     SELECT MIN(GREATEST(nextAttempt, COALESCE(leasedUntil, 0))) FROM outbox
                     WHERE GREATEST(nextAttempt, COALESCE(leasedUntil, 0)) > \(at)
                     """)
@@ -302,7 +320,8 @@ private struct PostgresCareTransaction: CareWrites {
         }
         var conditions = ["owner = \(bind(owner))"]
         if let search = request.search?.trimmingCharacters(in: .whitespaces).lowercased(), !search.isEmpty {
-            let escaped = search.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: "%", with: "\\%").replacingOccurrences(of: "_", with: "\\_")
+            let escaped = search.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: "%", with: "\\%").replacingOccurrences(
+                of: "_", with: "\\_")
             conditions.append("searchText LIKE \(bind("%\(escaped)%")) ESCAPE '\\'")
         }
         if let favourite = request.favourite { conditions.append("favourite = \(bind(favourite))") }
@@ -319,23 +338,26 @@ private struct PostgresCareTransaction: CareWrites {
         if let from = request.addedFrom { conditions.append("dateAdded >= \(bind(from.timeIntervalSince1970))") }
         if let to = request.addedTo { conditions.append("dateAdded < \(bind(to.timeIntervalSince1970))") }
         let direction = request.descending ? "DESC" : "ASC"
-        let order = switch request.sort {
-        case .dateAdded: "dateAdded \(direction), id"
-        case .dateIdentified: "dateIdentified IS NULL, dateIdentified \(direction), id"
-        case .name: "sortName \(direction), id"
-        case .family: "lower(family) COLLATE \"C\" \(direction), sortName, id"
-        }
+        let order =
+            switch request.sort {
+            case .dateAdded: "dateAdded \(direction), id"
+            case .dateIdentified: "dateIdentified IS NULL, dateIdentified \(direction), id"
+            case .name: "sortName \(direction), id"
+            case .family: "lower(family) COLLATE \"C\" \(direction), sortName, id"
+            }
         let filter = conditions.joined(separator: " AND ")
         let total = try session.value(Int.self, PostgresQuery(unsafeSQL: "SELECT COUNT(*) FROM plants WHERE \(filter)", binds: bindings)) ?? 0
         let page = "LIMIT \(bind(request.limit)) OFFSET \(bind(request.offset))"
-        let rows = try session.rows(PostgresQuery(
-            unsafeSQL: "SELECT \(PostgresCareStore.plantColumns) FROM plants WHERE \(filter) ORDER BY \(order) \(page)", binds: bindings))
+        let rows = try session.rows(
+            PostgresQuery(
+                unsafeSQL: "SELECT \(PostgresCareStore.plantColumns) FROM plants WHERE \(filter) ORDER BY \(order) \(page)", binds: bindings))
         return Care.ListPlants.Reply(plants: try rows.map { try store.plant($0, profile: false) }, total: total)
     }
 
     func statistics(owner: String, monthStart: Date, now: Date, weekEnd: Date) throws -> Care.Statistics.Reply {
         let (monthStart, now, weekEnd) = (monthStart.timeIntervalSince1970, now.timeIntervalSince1970, weekEnd.timeIntervalSince1970)
-        let counts = try session.row("""
+        let counts = try session.row(
+            """
             SELECT COUNT(*) AS total, COUNT(*) FILTER (WHERE favourite) AS favourites, COUNT(*) FILTER (WHERE dateAdded >= \(monthStart)) AS addedThisMonth,
                    (SELECT COUNT(*) FROM tasks WHERE owner = \(owner) AND showAt >= \(now) AND showAt < \(weekEnd)) AS upcomingTasks,
                    (SELECT COUNT(*) FROM tasks WHERE owner = \(owner) AND showAt < \(now)) AS overdueTasks
@@ -343,9 +365,10 @@ private struct PostgresCareTransaction: CareWrites {
             """)
         func count(_ column: String) throws -> Int { try counts?.column(column).decode(Int.self) ?? 0 }
         func groups(_ column: String) throws -> [String: Int] {
-            Dictionary(uniqueKeysWithValues: try session.rows(
-                "SELECT \(unescaped: column) AS name, COUNT(*) AS count FROM plants WHERE owner = \(owner) GROUP BY \(unescaped: column)"
-            ).map { (try $0.column("name").decode(String.self), try $0.column("count").decode(Int.self)) })
+            Dictionary(
+                uniqueKeysWithValues: try session.rows(
+                    "SELECT \(unescaped: column) AS name, COUNT(*) AS count FROM plants WHERE owner = \(owner) GROUP BY \(unescaped: column)"
+                ).map { (try $0.column("name").decode(String.self), try $0.column("count").decode(Int.self)) })
         }
         return Care.Statistics.Reply(
             total: try count("total"), favourites: try count("favourites"), families: try groups("family"), sources: try groups("source"),
@@ -358,22 +381,22 @@ private struct PostgresCareTransaction: CareWrites {
         let sortName = (plant.customName ?? plant.commonNames.first ?? plant.scientificName).lowercased()
         let overrideData = try override.map { Data(try store.codec.encode($0)) }
         let query: PostgresQuery = try """
-            INSERT INTO plants (id, owner, scientificName, commonNames, family, genus, customName, location, notes, favourite,
-                imageIDs, source, confidence, dateIdentified, dateAdded, profileOverride, searchText, sortName, light, wateringDays)
-            VALUES (\(plant.id), \(owner), \(plant.scientificName), \(SQLiteCareStore.joined(plant.commonNames)), \(plant.family), \(plant.genus),
-                \(plant.customName), \(plant.location), \(plant.notes), \(plant.favourite), \(SQLiteCareStore.joined(plant.imageIDs)),
-                \(plant.identificationSource.rawValue), \(plant.identificationConfidence), \(plant.dateIdentified?.timeIntervalSince1970),
-                \(plant.dateAdded.timeIntervalSince1970), \(overrideData), \(searchText), \(sortName), \(profile?.light.rawValue),
-                \(profile?.wateringIntervalDays))
-            ON CONFLICT (id) DO UPDATE SET scientificName = excluded.scientificName, commonNames = excluded.commonNames,
-                family = excluded.family, genus = excluded.genus, customName = excluded.customName, location = excluded.location,
-                notes = excluded.notes, favourite = excluded.favourite, imageIDs = excluded.imageIDs, source = excluded.source,
-                confidence = excluded.confidence, dateIdentified = excluded.dateIdentified, profileOverride = excluded.profileOverride,
-                searchText = excluded.searchText, sortName = excluded.sortName, light = excluded.light, wateringDays = excluded.wateringDays,
-                version = plants.version + 1
-            WHERE plants.owner = excluded.owner
-            RETURNING \(unescaped: PostgresCareStore.plantColumns)
-            """
+        INSERT INTO plants (id, owner, scientificName, commonNames, family, genus, customName, location, notes, favourite,
+            imageIDs, source, confidence, dateIdentified, dateAdded, profileOverride, searchText, sortName, light, wateringDays)
+        VALUES (\(plant.id), \(owner), \(plant.scientificName), \(SQLiteCareStore.joined(plant.commonNames)), \(plant.family), \(plant.genus),
+            \(plant.customName), \(plant.location), \(plant.notes), \(plant.favourite), \(SQLiteCareStore.joined(plant.imageIDs)),
+            \(plant.identificationSource.rawValue), \(plant.identificationConfidence), \(plant.dateIdentified?.timeIntervalSince1970),
+            \(plant.dateAdded.timeIntervalSince1970), \(overrideData), \(searchText), \(sortName), \(profile?.light.rawValue),
+            \(profile?.wateringIntervalDays))
+        ON CONFLICT (id) DO UPDATE SET scientificName = excluded.scientificName, commonNames = excluded.commonNames,
+            family = excluded.family, genus = excluded.genus, customName = excluded.customName, location = excluded.location,
+            notes = excluded.notes, favourite = excluded.favourite, imageIDs = excluded.imageIDs, source = excluded.source,
+            confidence = excluded.confidence, dateIdentified = excluded.dateIdentified, profileOverride = excluded.profileOverride,
+            searchText = excluded.searchText, sortName = excluded.sortName, light = excluded.light, wateringDays = excluded.wateringDays,
+            version = plants.version + 1
+        WHERE plants.owner = excluded.owner
+        RETURNING \(unescaped: PostgresCareStore.plantColumns)
+        """
         // As stored, in the same round trip (an update of someone else's id changes nothing and answers nothing).
         guard let row = try session.row(query) else {
             throw CanopyError(.conflict, "the plant id '\(plant.id)' is taken; leave id empty and one is chosen")
@@ -393,7 +416,8 @@ private struct PostgresCareTransaction: CareWrites {
     }
 
     func plantCountAndPreferences(owner: String) throws -> (plants: Int, preferences: Care.Preferences) {
-        let row = try session.row("SELECT (SELECT COUNT(*) FROM plants WHERE owner = \(owner)) AS plants, (SELECT value FROM preferences WHERE owner = \(owner)) AS preferences")
+        let row = try session.row(
+            "SELECT (SELECT COUNT(*) FROM plants WHERE owner = \(owner)) AS plants, (SELECT value FROM preferences WHERE owner = \(owner)) AS preferences")
         let preferences = try row?.column("preferences").decode(Data?.self).flatMap { try? store.codec.decode(Care.Preferences.self, from: [UInt8]($0)) }
         return (try row?.column("plants").decode(Int.self) ?? 0, preferences ?? Care.Preferences())
     }
@@ -419,21 +443,25 @@ private struct PostgresCareTransaction: CareWrites {
     }
 
     func tasks(owner: String, showingBefore before: Date?, limit: Int) throws -> [StoredTask] {
-        let rows = if let before {
-            try session.rows("""
-                SELECT \(unescaped: PostgresCareStore.taskColumns) FROM tasks
-                WHERE owner = \(owner) AND showAt < \(before.timeIntervalSince1970) ORDER BY showAt, id LIMIT \(limit)
-                """)
-        } else {
-            try session.rows("SELECT \(unescaped: PostgresCareStore.taskColumns) FROM tasks WHERE owner = \(owner) ORDER BY showAt, id LIMIT \(limit)")
-        }
+        let rows =
+            if let before {
+                try session.rows(
+                    """
+                    SELECT \(unescaped: PostgresCareStore.taskColumns) FROM tasks
+                    WHERE owner = \(owner) AND showAt < \(before.timeIntervalSince1970) ORDER BY showAt, id LIMIT \(limit)
+                    """)
+            } else {
+                try session.rows("SELECT \(unescaped: PostgresCareStore.taskColumns) FROM tasks WHERE owner = \(owner) ORDER BY showAt, id LIMIT \(limit)")
+            }
         return try rows.map(PostgresCareStore.task)
     }
 
     func nextTask(owner: String, plantID: String) throws -> StoredTask? {
-        try session.row("""
+        try session.row(
+            """
             SELECT \(unescaped: PostgresCareStore.taskColumns) FROM tasks WHERE plantID = \(plantID) AND owner = \(owner) ORDER BY showAt, id LIMIT 1
-            """).map(PostgresCareStore.task)
+            """
+        ).map(PostgresCareStore.task)
     }
 
     func customTaskCount(owner: String, plantID: String) throws -> Int {
@@ -442,7 +470,8 @@ private struct PostgresCareTransaction: CareWrites {
 
     func saveTask(_ stored: StoredTask) throws {
         let task = stored.task
-        try session.execute("""
+        try session.execute(
+            """
             INSERT INTO tasks (id, owner, plantID, kind, title, anchor, due, snoozedUntil, showAt, everyDays)
             VALUES (\(task.id), \(stored.owner), \(task.plantID), \(task.kind.rawValue), \(task.title), \(stored.anchor.timeIntervalSince1970),
                     \(task.due.timeIntervalSince1970), NULL, \(task.due.timeIntervalSince1970), \(stored.everyDays))
@@ -460,7 +489,8 @@ private struct PostgresCareTransaction: CareWrites {
         let (ids, owners, plants) = (tasks.map(\.task.id), tasks.map(\.owner), tasks.map(\.task.plantID))
         let (kinds, titles, anchors) = (tasks.map(\.task.kind.rawValue), tasks.map(\.task.title), tasks.map(\.anchor.timeIntervalSince1970))
         let (dues, everyDays) = (tasks.map(\.task.due.timeIntervalSince1970), tasks.map { $0.everyDays.map(Int64.init) ?? -1 })
-        try session.execute("""
+        try session.execute(
+            """
             INSERT INTO tasks (id, owner, plantID, kind, title, anchor, due, snoozedUntil, showAt, everyDays)
             SELECT id, owner, plantID, kind, title, anchor, due, NULL, due, NULLIF(everyDays, -1)
             FROM unnest(\(ids), \(owners), \(plants), \(kinds), \(titles), \(anchors), \(dues), \(everyDays))
@@ -486,7 +516,8 @@ private struct PostgresCareTransaction: CareWrites {
 
     func useRequestKey(owner: String, key: String, now: Date) throws -> Bool {
         let (at, expired, kept) = (now.timeIntervalSince1970, now.timeIntervalSince1970 - RequestKeys.lifetime, RequestKeys.maximumPerOwner - 1)
-        try session.execute("""
+        try session.execute(
+            """
             DELETE FROM requestKeys WHERE owner = \(owner) AND (at < \(expired) OR key IN
                 (SELECT key FROM requestKeys WHERE owner = \(owner) ORDER BY at DESC OFFSET \(kept)))
             """)
@@ -500,8 +531,10 @@ private struct PostgresCareTransaction: CareWrites {
     func careLog(owner: String, plantID: String, limit: Int) throws -> [Care.LogEntry] {
         try session.rows("SELECT plantID, kind, at FROM careLog WHERE owner = \(owner) AND plantID = \(plantID) ORDER BY at DESC, id DESC LIMIT \(limit)")
             .map { row in
-                Care.LogEntry(plantID: try row.column("plantID").decode(String.self), kind: Care.TaskKind(rawValue: try row.column("kind").decode(String.self)) ?? .custom,
-                              at: Date(timeIntervalSince1970: try row.column("at").decode(Double.self)))
+                Care.LogEntry(
+                    plantID: try row.column("plantID").decode(String.self),
+                    kind: Care.TaskKind(rawValue: try row.column("kind").decode(String.self)) ?? .custom,
+                    at: Date(timeIntervalSince1970: try row.column("at").decode(Double.self)))
             }
     }
 
@@ -510,7 +543,8 @@ private struct PostgresCareTransaction: CareWrites {
     func enqueue(owner: String, service: String, operation: String, body: [UInt8], now: Date) throws {
         let (data, at) = (Data(body), now.timeIntervalSince1970)
         // Written and announced in one round trip (every replica's outbox wakes on commit).
-        try session.execute("""
+        try session.execute(
+            """
             WITH written AS (
                 INSERT INTO outbox (owner, service, operation, body, nextAttempt, createdAt) VALUES (\(owner), \(service), \(operation), \(data), \(at), \(at))
                 RETURNING id)
@@ -521,7 +555,8 @@ private struct PostgresCareTransaction: CareWrites {
     func enqueueReminderSync(owner: String, now: Date) throws {
         // A pending one asked again, else a new one, and the announcement: one round trip.
         let at = now.timeIntervalSince1970
-        try session.execute("""
+        try session.execute(
+            """
             WITH asked AS (
                 UPDATE outbox SET generation = generation + 1 WHERE owner = \(owner) AND operation = \(Reminders.Sync.name) AND attempts = 0 RETURNING id),
             written AS (
@@ -534,7 +569,9 @@ private struct PostgresCareTransaction: CareWrites {
 }
 
 /// How canopy-care's SQLite store moves into PostgreSQL (`canopy migrate`).
-public let careStoreImport = StoreImport(store: "care", migrator: PostgresCareStore.migrator, tables: [
-    .init("plants", key: ["id"]), .init("preferences", key: ["owner"]), .init("tasks", key: ["id"]), .init("careLog"), .init("outbox", key: ["id"]),
-    .init("requestKeys", key: ["owner", "key"]),
-])
+public let careStoreImport = StoreImport(
+    store: "care", migrator: PostgresCareStore.migrator,
+    tables: [
+        .init("plants", key: ["id"]), .init("preferences", key: ["owner"]), .init("tasks", key: ["id"]), .init("careLog"), .init("outbox", key: ["id"]),
+        .init("requestKeys", key: ["owner", "key"]),
+    ])

@@ -25,65 +25,66 @@ final class SQLiteCareStore: CareStoring {
     static var migrator: DatabaseMigrator {
         var migrator = DatabaseMigrator()
         migrator.registerMigration("v1") { db in
-            try db.execute(sql: """
-                CREATE TABLE plants (
-                    id TEXT PRIMARY KEY,
-                    owner TEXT NOT NULL,
-                    scientificName TEXT NOT NULL,
-                    commonNames TEXT NOT NULL,
-                    family TEXT NOT NULL,
-                    genus TEXT NOT NULL,
-                    customName TEXT,
-                    location TEXT,
-                    notes TEXT,
-                    favourite INTEGER NOT NULL DEFAULT 0,
-                    imageIDs TEXT NOT NULL,
-                    source TEXT NOT NULL,
-                    confidence DOUBLE,
-                    dateIdentified DOUBLE,
-                    dateAdded DOUBLE NOT NULL,
-                    profileOverride BLOB,
-                    -- derived once at save time, for filtering and sorting in SQL
-                    searchText TEXT NOT NULL,
-                    sortName TEXT NOT NULL,
-                    light TEXT,
-                    wateringDays INTEGER);
-                CREATE INDEX plantsByAdded ON plants(owner, dateAdded);
-                CREATE INDEX plantsByIdentified ON plants(owner, dateIdentified);
-                CREATE INDEX plantsByName ON plants(owner, sortName);
-                CREATE INDEX plantsByFamily ON plants(owner, family COLLATE NOCASE);
-                CREATE TABLE preferences (owner TEXT PRIMARY KEY, value BLOB NOT NULL);
-                CREATE TABLE tasks (
-                    id TEXT PRIMARY KEY,
-                    owner TEXT NOT NULL,
-                    plantID TEXT NOT NULL REFERENCES plants(id) ON DELETE CASCADE,
-                    kind TEXT NOT NULL,
-                    title TEXT NOT NULL,
-                    anchor DOUBLE NOT NULL,
-                    due DOUBLE NOT NULL,
-                    snoozedUntil DOUBLE,
-                    showAt DOUBLE NOT NULL,
-                    -- custom tasks: their interval in days
-                    everyDays INTEGER);
-                CREATE INDEX tasksByPlant ON tasks(plantID);
-                CREATE INDEX tasksByOwner ON tasks(owner, showAt);
-                CREATE TABLE careLog (
-                    owner TEXT NOT NULL,
-                    plantID TEXT NOT NULL REFERENCES plants(id) ON DELETE CASCADE,
-                    kind TEXT NOT NULL,
-                    at DOUBLE NOT NULL);
-                CREATE INDEX careLogByPlant ON careLog(plantID, at);
-                CREATE TABLE outbox (
-                    id INTEGER PRIMARY KEY AUTOINCREMENT,
-                    owner TEXT NOT NULL,
-                    service TEXT NOT NULL,
-                    operation TEXT NOT NULL,
-                    body BLOB NOT NULL,
-                    attempts INTEGER NOT NULL DEFAULT 0,
-                    nextAttempt DOUBLE NOT NULL,
-                    lastError TEXT);
-                CREATE INDEX outboxByNext ON outbox(nextAttempt);
-                """)
+            try db.execute(
+                sql: """
+                    CREATE TABLE plants (
+                        id TEXT PRIMARY KEY,
+                        owner TEXT NOT NULL,
+                        scientificName TEXT NOT NULL,
+                        commonNames TEXT NOT NULL,
+                        family TEXT NOT NULL,
+                        genus TEXT NOT NULL,
+                        customName TEXT,
+                        location TEXT,
+                        notes TEXT,
+                        favourite INTEGER NOT NULL DEFAULT 0,
+                        imageIDs TEXT NOT NULL,
+                        source TEXT NOT NULL,
+                        confidence DOUBLE,
+                        dateIdentified DOUBLE,
+                        dateAdded DOUBLE NOT NULL,
+                        profileOverride BLOB,
+                        -- derived once at save time, for filtering and sorting in SQL
+                        searchText TEXT NOT NULL,
+                        sortName TEXT NOT NULL,
+                        light TEXT,
+                        wateringDays INTEGER);
+                    CREATE INDEX plantsByAdded ON plants(owner, dateAdded);
+                    CREATE INDEX plantsByIdentified ON plants(owner, dateIdentified);
+                    CREATE INDEX plantsByName ON plants(owner, sortName);
+                    CREATE INDEX plantsByFamily ON plants(owner, family COLLATE NOCASE);
+                    CREATE TABLE preferences (owner TEXT PRIMARY KEY, value BLOB NOT NULL);
+                    CREATE TABLE tasks (
+                        id TEXT PRIMARY KEY,
+                        owner TEXT NOT NULL,
+                        plantID TEXT NOT NULL REFERENCES plants(id) ON DELETE CASCADE,
+                        kind TEXT NOT NULL,
+                        title TEXT NOT NULL,
+                        anchor DOUBLE NOT NULL,
+                        due DOUBLE NOT NULL,
+                        snoozedUntil DOUBLE,
+                        showAt DOUBLE NOT NULL,
+                        -- custom tasks: their interval in days
+                        everyDays INTEGER);
+                    CREATE INDEX tasksByPlant ON tasks(plantID);
+                    CREATE INDEX tasksByOwner ON tasks(owner, showAt);
+                    CREATE TABLE careLog (
+                        owner TEXT NOT NULL,
+                        plantID TEXT NOT NULL REFERENCES plants(id) ON DELETE CASCADE,
+                        kind TEXT NOT NULL,
+                        at DOUBLE NOT NULL);
+                    CREATE INDEX careLogByPlant ON careLog(plantID, at);
+                    CREATE TABLE outbox (
+                        id INTEGER PRIMARY KEY AUTOINCREMENT,
+                        owner TEXT NOT NULL,
+                        service TEXT NOT NULL,
+                        operation TEXT NOT NULL,
+                        body BLOB NOT NULL,
+                        attempts INTEGER NOT NULL DEFAULT 0,
+                        nextAttempt DOUBLE NOT NULL,
+                        lastError TEXT);
+                    CREATE INDEX outboxByNext ON outbox(nextAttempt);
+                    """)
         }
         migrator.registerMigration("v2-outbox-created") { db in
             // When a follow-up was written, for the age of the oldest pending one (older rows
@@ -106,10 +107,11 @@ final class SQLiteCareStore: CareStoring {
         }
         migrator.registerMigration("v6-request-keys") { db in
             // Callers' idempotency keys: a keyed task completion or skip is done once.
-            try db.execute(sql: """
-                CREATE TABLE requestKeys (owner TEXT NOT NULL, key TEXT NOT NULL, at DOUBLE NOT NULL, PRIMARY KEY (owner, key));
-                CREATE INDEX requestKeysByAge ON requestKeys(owner, at);
-                """)
+            try db.execute(
+                sql: """
+                    CREATE TABLE requestKeys (owner TEXT NOT NULL, key TEXT NOT NULL, at DOUBLE NOT NULL, PRIMARY KEY (owner, key));
+                    CREATE INDEX requestKeysByAge ON requestKeys(owner, at);
+                    """)
         }
         return migrator
     }
@@ -153,8 +155,9 @@ final class SQLiteCareStore: CareStoring {
 
     fileprivate static func task(_ row: Row) -> StoredTask {
         StoredTask(
-            task: Care.Task(id: row["id"], plantID: row["plantID"], kind: Care.TaskKind(rawValue: row["kind"]) ?? .custom, title: row["title"],
-                            due: Date(timeIntervalSince1970: row["due"]), snoozedUntil: (row["snoozedUntil"] as Double?).map(Date.init(timeIntervalSince1970:))),
+            task: Care.Task(
+                id: row["id"], plantID: row["plantID"], kind: Care.TaskKind(rawValue: row["kind"]) ?? .custom, title: row["title"],
+                due: Date(timeIntervalSince1970: row["due"]), snoozedUntil: (row["snoozedUntil"] as Double?).map(Date.init(timeIntervalSince1970:))),
             owner: row["owner"], anchor: Date(timeIntervalSince1970: row["anchor"]), everyDays: row["everyDays"])
     }
 
@@ -163,16 +166,20 @@ final class SQLiteCareStore: CareStoring {
     func dueFollowUps(now: Date, limit: Int) async throws -> [FollowUp] {
         try await database.tracedRead { db in
             // Due, and not behind an earlier follow-up of its lane that waits for a retry.
-            try Row.fetchAll(db, sql: """
-                SELECT id, owner, service, operation, body, attempts, generation FROM outbox
-                WHERE nextAttempt <= ?1
-                  AND NOT EXISTS (SELECT 1 FROM outbox earlier INDEXED BY outboxByLane
-                                  WHERE earlier.owner = outbox.owner AND earlier.service = outbox.service
-                                    AND earlier.id < outbox.id AND earlier.nextAttempt > ?1)
-                ORDER BY id LIMIT ?2
-                """, arguments: [now.timeIntervalSince1970, limit]).map { row in
-                FollowUp(id: row["id"], owner: row["owner"], service: row["service"], operation: row["operation"],
-                         body: [UInt8](row["body"] as Data? ?? Data()), attempts: row["attempts"], generation: row["generation"])
+            try Row.fetchAll(
+                db,
+                sql: """
+                    SELECT id, owner, service, operation, body, attempts, generation FROM outbox
+                    WHERE nextAttempt <= ?1
+                      AND NOT EXISTS (SELECT 1 FROM outbox earlier INDEXED BY outboxByLane
+                                      WHERE earlier.owner = outbox.owner AND earlier.service = outbox.service
+                                        AND earlier.id < outbox.id AND earlier.nextAttempt > ?1)
+                    ORDER BY id LIMIT ?2
+                    """, arguments: [now.timeIntervalSince1970, limit]
+            ).map { row in
+                FollowUp(
+                    id: row["id"], owner: row["owner"], service: row["service"], operation: row["operation"],
+                    body: [UInt8](row["body"] as Data? ?? Data()), attempts: row["attempts"], generation: row["generation"])
             }
         }
     }
@@ -248,12 +255,22 @@ private struct Transaction: CareWrites {
         var arguments: [any DatabaseValueConvertible] = [owner]
         if let search = request.search?.trimmingCharacters(in: .whitespaces).lowercased(), !search.isEmpty {
             conditions.append("searchText LIKE ? ESCAPE '\\'")
-            let escaped = search.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: "%", with: "\\%").replacingOccurrences(of: "_", with: "\\_")
+            let escaped = search.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: "%", with: "\\%").replacingOccurrences(
+                of: "_", with: "\\_")
             arguments.append("%\(escaped)%")
         }
-        if let favourite = request.favourite { conditions.append("favourite = ?"); arguments.append(favourite) }
-        if let family = request.family { conditions.append("family = ? COLLATE NOCASE"); arguments.append(family) }
-        if let light = request.light { conditions.append("light = ?"); arguments.append(light.rawValue) }
+        if let favourite = request.favourite {
+            conditions.append("favourite = ?")
+            arguments.append(favourite)
+        }
+        if let family = request.family {
+            conditions.append("family = ? COLLATE NOCASE")
+            arguments.append(family)
+        }
+        if let light = request.light {
+            conditions.append("light = ?")
+            arguments.append(light.rawValue)
+        }
         if let watering = request.watering {
             switch watering {
             case .often: conditions.append("wateringDays <= 4")
@@ -261,36 +278,51 @@ private struct Transaction: CareWrites {
             case .rarely: conditions.append("wateringDays >= 11")
             }
         }
-        if let source = request.source { conditions.append("source = ?"); arguments.append(source.rawValue) }
-        if let from = request.addedFrom { conditions.append("dateAdded >= ?"); arguments.append(from.timeIntervalSince1970) }
-        if let to = request.addedTo { conditions.append("dateAdded < ?"); arguments.append(to.timeIntervalSince1970) }
-        let direction = request.descending ? "DESC" : "ASC"
-        let order = switch request.sort {
-        case .dateAdded: "dateAdded \(direction), id"
-        case .dateIdentified: "dateIdentified IS NULL, dateIdentified \(direction), id"
-        case .name: "sortName \(direction), id"
-        case .family: "family COLLATE NOCASE \(direction), sortName, id"
+        if let source = request.source {
+            conditions.append("source = ?")
+            arguments.append(source.rawValue)
         }
+        if let from = request.addedFrom {
+            conditions.append("dateAdded >= ?")
+            arguments.append(from.timeIntervalSince1970)
+        }
+        if let to = request.addedTo {
+            conditions.append("dateAdded < ?")
+            arguments.append(to.timeIntervalSince1970)
+        }
+        let direction = request.descending ? "DESC" : "ASC"
+        let order =
+            switch request.sort {
+            case .dateAdded: "dateAdded \(direction), id"
+            case .dateIdentified: "dateIdentified IS NULL, dateIdentified \(direction), id"
+            case .name: "sortName \(direction), id"
+            case .family: "family COLLATE NOCASE \(direction), sortName, id"
+            }
         let filter = conditions.joined(separator: " AND ")
         let total = try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM plants WHERE \(filter)", arguments: StatementArguments(arguments)) ?? 0
-        let rows = try Row.fetchAll(db, sql: "SELECT * FROM plants WHERE \(filter) ORDER BY \(order) LIMIT ? OFFSET ?",
-                                    arguments: StatementArguments(arguments + [request.limit, request.offset]))
+        let rows = try Row.fetchAll(
+            db, sql: "SELECT * FROM plants WHERE \(filter) ORDER BY \(order) LIMIT ? OFFSET ?",
+            arguments: StatementArguments(arguments + [request.limit, request.offset]))
         return Care.ListPlants.Reply(plants: rows.map { store.plant($0, profile: false) }, total: total)
     }
 
     func statistics(owner: String, monthStart: Date, now: Date, weekEnd: Date) throws -> Care.Statistics.Reply {
         func count(_ sql: String, _ arguments: StatementArguments) throws -> Int { try Int.fetchOne(db, sql: sql, arguments: arguments) ?? 0 }
         func groups(_ column: String) throws -> [String: Int] {
-            Dictionary(uniqueKeysWithValues: try Row.fetchAll(db, sql: "SELECT \(column) AS key, COUNT(*) AS n FROM plants WHERE owner = ? GROUP BY \(column)",
-                                                               arguments: [owner]).map { ($0["key"] as String, $0["n"] as Int) })
+            Dictionary(
+                uniqueKeysWithValues: try Row.fetchAll(
+                    db, sql: "SELECT \(column) AS key, COUNT(*) AS n FROM plants WHERE owner = ? GROUP BY \(column)",
+                    arguments: [owner]
+                ).map { ($0["key"] as String, $0["n"] as Int) })
         }
         return Care.Statistics.Reply(
             total: try count("SELECT COUNT(*) FROM plants WHERE owner = ?", [owner]),
             favourites: try count("SELECT COUNT(*) FROM plants WHERE owner = ? AND favourite", [owner]),
             families: try groups("family"), sources: try groups("source"),
             addedThisMonth: try count("SELECT COUNT(*) FROM plants WHERE owner = ? AND dateAdded >= ?", [owner, monthStart.timeIntervalSince1970]),
-            upcomingTasks: try count("SELECT COUNT(*) FROM tasks WHERE owner = ? AND showAt >= ? AND showAt < ?",
-                                     [owner, now.timeIntervalSince1970, weekEnd.timeIntervalSince1970]),
+            upcomingTasks: try count(
+                "SELECT COUNT(*) FROM tasks WHERE owner = ? AND showAt >= ? AND showAt < ?",
+                [owner, now.timeIntervalSince1970, weekEnd.timeIntervalSince1970]),
             overdueTasks: try count("SELECT COUNT(*) FROM tasks WHERE owner = ? AND showAt < ?", [owner, now.timeIntervalSince1970]))
     }
 
@@ -300,17 +332,19 @@ private struct Transaction: CareWrites {
         let sortName = (plant.customName ?? plant.commonNames.first ?? plant.scientificName).lowercased()
         // An upsert, not INSERT OR REPLACE: a replace deletes the row first, and the delete
         // would cascade to the plant's tasks and care log.
-        try db.execute(sql: """
-            INSERT INTO plants (id, owner, scientificName, commonNames, family, genus, customName, location, notes, favourite,
-                imageIDs, source, confidence, dateIdentified, dateAdded, profileOverride, searchText, sortName, light, wateringDays)
-            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-            ON CONFLICT (id) DO UPDATE SET scientificName = excluded.scientificName, commonNames = excluded.commonNames,
-                family = excluded.family, genus = excluded.genus, customName = excluded.customName, location = excluded.location,
-                notes = excluded.notes, favourite = excluded.favourite, imageIDs = excluded.imageIDs, source = excluded.source,
-                confidence = excluded.confidence, dateIdentified = excluded.dateIdentified, profileOverride = excluded.profileOverride,
-                searchText = excluded.searchText, sortName = excluded.sortName, light = excluded.light, wateringDays = excluded.wateringDays,
-                version = plants.version + 1
-            """, arguments: [
+        try db.execute(
+            sql: """
+                INSERT INTO plants (id, owner, scientificName, commonNames, family, genus, customName, location, notes, favourite,
+                    imageIDs, source, confidence, dateIdentified, dateAdded, profileOverride, searchText, sortName, light, wateringDays)
+                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                ON CONFLICT (id) DO UPDATE SET scientificName = excluded.scientificName, commonNames = excluded.commonNames,
+                    family = excluded.family, genus = excluded.genus, customName = excluded.customName, location = excluded.location,
+                    notes = excluded.notes, favourite = excluded.favourite, imageIDs = excluded.imageIDs, source = excluded.source,
+                    confidence = excluded.confidence, dateIdentified = excluded.dateIdentified, profileOverride = excluded.profileOverride,
+                    searchText = excluded.searchText, sortName = excluded.sortName, light = excluded.light, wateringDays = excluded.wateringDays,
+                    version = plants.version + 1
+                """,
+            arguments: [
                 plant.id, owner, plant.scientificName, SQLiteCareStore.joined(plant.commonNames), plant.family, plant.genus,
                 plant.customName, plant.location, plant.notes, plant.favourite, SQLiteCareStore.joined(plant.imageIDs),
                 plant.identificationSource.rawValue, plant.identificationConfidence, plant.dateIdentified?.timeIntervalSince1970,
@@ -348,38 +382,49 @@ private struct Transaction: CareWrites {
     func tasks(owner: String, plantID: String) throws -> [StoredTask] {
         // By the plant's index: SQLite's planner would take the owner's (every task of the
         // person) for the two equalities, and a collection of 500 plants made saves 25% slower.
-        try Row.fetchAll(db.cachedStatement(sql: "SELECT * FROM tasks INDEXED BY tasksByPlant WHERE plantID = ? AND owner = ?"),
-                         arguments: [plantID, owner]).map(SQLiteCareStore.task)
+        try Row.fetchAll(
+            db.cachedStatement(sql: "SELECT * FROM tasks INDEXED BY tasksByPlant WHERE plantID = ? AND owner = ?"),
+            arguments: [plantID, owner]
+        ).map(SQLiteCareStore.task)
     }
 
     func tasks(owner: String, showingBefore before: Date?, limit: Int) throws -> [StoredTask] {
-        let rows = if let before {
-            try Row.fetchAll(db.cachedStatement(sql: "SELECT * FROM tasks WHERE owner = ? AND showAt < ? ORDER BY showAt, id LIMIT ?"),
-                             arguments: [owner, before.timeIntervalSince1970, limit])
-        } else {
-            try Row.fetchAll(db.cachedStatement(sql: "SELECT * FROM tasks WHERE owner = ? ORDER BY showAt, id LIMIT ?"), arguments: [owner, limit])
-        }
+        let rows =
+            if let before {
+                try Row.fetchAll(
+                    db.cachedStatement(sql: "SELECT * FROM tasks WHERE owner = ? AND showAt < ? ORDER BY showAt, id LIMIT ?"),
+                    arguments: [owner, before.timeIntervalSince1970, limit])
+            } else {
+                try Row.fetchAll(db.cachedStatement(sql: "SELECT * FROM tasks WHERE owner = ? ORDER BY showAt, id LIMIT ?"), arguments: [owner, limit])
+            }
         return rows.map(SQLiteCareStore.task)
     }
 
     func nextTask(owner: String, plantID: String) throws -> StoredTask? {
-        try Row.fetchOne(db.cachedStatement(sql: "SELECT * FROM tasks INDEXED BY tasksByPlant WHERE plantID = ? AND owner = ? ORDER BY showAt, id LIMIT 1"),
-                         arguments: [plantID, owner]).map(SQLiteCareStore.task)
+        try Row.fetchOne(
+            db.cachedStatement(sql: "SELECT * FROM tasks INDEXED BY tasksByPlant WHERE plantID = ? AND owner = ? ORDER BY showAt, id LIMIT 1"),
+            arguments: [plantID, owner]
+        ).map(SQLiteCareStore.task)
     }
 
     func customTaskCount(owner: String, plantID: String) throws -> Int {
-        try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM tasks INDEXED BY tasksByPlant WHERE plantID = ? AND owner = ? AND kind = 'custom'",
-                         arguments: [plantID, owner]) ?? 0
+        try Int.fetchOne(
+            db, sql: "SELECT COUNT(*) FROM tasks INDEXED BY tasksByPlant WHERE plantID = ? AND owner = ? AND kind = 'custom'",
+            arguments: [plantID, owner]) ?? 0
     }
 
     func saveTask(_ stored: StoredTask) throws {
         let task = stored.task
-        try db.execute(sql: """
-            INSERT INTO tasks (id, owner, plantID, kind, title, anchor, due, snoozedUntil, showAt, everyDays) VALUES (?, ?, ?, ?, ?, ?, ?, NULL, ?, ?)
-            ON CONFLICT (id) DO UPDATE SET title = excluded.title, anchor = excluded.anchor, due = excluded.due,
-                snoozedUntil = NULL, showAt = excluded.showAt, everyDays = excluded.everyDays
-            """, arguments: [task.id, stored.owner, task.plantID, task.kind.rawValue, task.title, stored.anchor.timeIntervalSince1970,
-                             task.due.timeIntervalSince1970, task.due.timeIntervalSince1970, stored.everyDays])
+        try db.execute(
+            sql: """
+                INSERT INTO tasks (id, owner, plantID, kind, title, anchor, due, snoozedUntil, showAt, everyDays) VALUES (?, ?, ?, ?, ?, ?, ?, NULL, ?, ?)
+                ON CONFLICT (id) DO UPDATE SET title = excluded.title, anchor = excluded.anchor, due = excluded.due,
+                    snoozedUntil = NULL, showAt = excluded.showAt, everyDays = excluded.everyDays
+                """,
+            arguments: [
+                task.id, stored.owner, task.plantID, task.kind.rawValue, task.title, stored.anchor.timeIntervalSince1970,
+                task.due.timeIntervalSince1970, task.due.timeIntervalSince1970, stored.everyDays,
+            ])
     }
 
     func deleteTask(owner: String, id: String) throws {
@@ -387,21 +432,24 @@ private struct Transaction: CareWrites {
     }
 
     func snoozeTask(owner: String, id: String, until: Date) throws {
-        try db.execute(sql: "UPDATE tasks SET snoozedUntil = ?, showAt = ? WHERE owner = ? AND id = ?",
-                       arguments: [until.timeIntervalSince1970, until.timeIntervalSince1970, owner, id])
+        try db.execute(
+            sql: "UPDATE tasks SET snoozedUntil = ?, showAt = ? WHERE owner = ? AND id = ?",
+            arguments: [until.timeIntervalSince1970, until.timeIntervalSince1970, owner, id])
     }
 
     func logCare(owner: String, plantID: String, kind: Care.TaskKind, at: Date) throws {
-        try db.execute(sql: "INSERT INTO careLog (owner, plantID, kind, at) VALUES (?, ?, ?, ?)",
-                       arguments: [owner, plantID, kind.rawValue, at.timeIntervalSince1970])
+        try db.execute(
+            sql: "INSERT INTO careLog (owner, plantID, kind, at) VALUES (?, ?, ?, ?)",
+            arguments: [owner, plantID, kind.rawValue, at.timeIntervalSince1970])
     }
 
     func useRequestKey(owner: String, key: String, now: Date) throws -> Bool {
         let at = now.timeIntervalSince1970
-        try db.execute(sql: """
-            DELETE FROM requestKeys WHERE owner = ? AND (at < ? OR key IN
-                (SELECT key FROM requestKeys WHERE owner = ? ORDER BY at DESC LIMIT -1 OFFSET ?))
-            """, arguments: [owner, at - RequestKeys.lifetime, owner, RequestKeys.maximumPerOwner - 1])
+        try db.execute(
+            sql: """
+                DELETE FROM requestKeys WHERE owner = ? AND (at < ? OR key IN
+                    (SELECT key FROM requestKeys WHERE owner = ? ORDER BY at DESC LIMIT -1 OFFSET ?))
+                """, arguments: [owner, at - RequestKeys.lifetime, owner, RequestKeys.maximumPerOwner - 1])
         try db.execute(sql: "INSERT OR IGNORE INTO requestKeys (owner, key, at) VALUES (?, ?, ?)", arguments: [owner, key, at])
         return db.changesCount > 0
     }
@@ -411,8 +459,10 @@ private struct Transaction: CareWrites {
     }
 
     func careLog(owner: String, plantID: String, limit: Int) throws -> [Care.LogEntry] {
-        try Row.fetchAll(db, sql: "SELECT * FROM careLog WHERE owner = ? AND plantID = ? ORDER BY at DESC LIMIT ?",
-                         arguments: [owner, plantID, limit]).map {
+        try Row.fetchAll(
+            db, sql: "SELECT * FROM careLog WHERE owner = ? AND plantID = ? ORDER BY at DESC LIMIT ?",
+            arguments: [owner, plantID, limit]
+        ).map {
             Care.LogEntry(plantID: $0["plantID"], kind: Care.TaskKind(rawValue: $0["kind"]) ?? .custom, at: Date(timeIntervalSince1970: $0["at"]))
         }
     }
@@ -420,13 +470,15 @@ private struct Transaction: CareWrites {
     // MARK: Follow-ups
 
     func enqueue(owner: String, service: String, operation: String, body: [UInt8], now: Date) throws {
-        try db.execute(sql: "INSERT INTO outbox (owner, service, operation, body, nextAttempt, createdAt) VALUES (?, ?, ?, ?, ?, ?)",
-                       arguments: [owner, service, operation, Data(body), now.timeIntervalSince1970, now.timeIntervalSince1970])
+        try db.execute(
+            sql: "INSERT INTO outbox (owner, service, operation, body, nextAttempt, createdAt) VALUES (?, ?, ?, ?, ?, ?)",
+            arguments: [owner, service, operation, Data(body), now.timeIntervalSince1970, now.timeIntervalSince1970])
     }
 
     func enqueueReminderSync(owner: String, now: Date) throws {
-        try db.execute(sql: "UPDATE outbox SET generation = generation + 1 WHERE owner = ? AND operation = ? AND attempts = 0",
-                       arguments: [owner, Reminders.Sync.name])
+        try db.execute(
+            sql: "UPDATE outbox SET generation = generation + 1 WHERE owner = ? AND operation = ? AND attempts = 0",
+            arguments: [owner, Reminders.Sync.name])
         if db.changesCount == 0 {
             try enqueue(owner: owner, service: Reminders.service, operation: Reminders.Sync.name, body: [], now: now)
         }

@@ -1,11 +1,11 @@
 import ArgumentParser
 import CanopyBus
+import CanopyIdentify
 import CanopyMessages
 import CanopyServiceKit
 import CanopyStore
-import Logging
 import Foundation
-import CanopyIdentify
+import Logging
 
 @main
 struct IdentifyCommand: MainCommand {
@@ -40,8 +40,9 @@ struct DataDirectory: ParsableArguments {
     var directory: URL { URL(fileURLWithPath: dataDir).appendingPathComponent("identify", isDirectory: true) }
 
     func tools() async throws -> IdentificationTools {
-        try await IdentificationTools(databasePath: directory.appendingPathComponent("identify.sqlite").path, postgres: try database.postgres(),
-                                      logger: Logger(label: "canopy-identify"))
+        try await IdentificationTools(
+            databasePath: directory.appendingPathComponent("identify.sqlite").path, postgres: try database.postgres(),
+            logger: Logger(label: "canopy-identify"))
     }
 }
 
@@ -60,7 +61,9 @@ struct ServeIdentify: AsyncParsableCommand {
     @Option(help: ArgumentHelp("Pl@ntNet API key (never logged). Env: CANOPY_PLANTNET_KEY.", valueName: "key"))
     var plantnetKey: String?
 
-    @Option(help: ArgumentHelp("A file holding the Pl@ntNet API key (a container secret); an empty file means none. Env: CANOPY_PLANTNET_KEY_FILE.", valueName: "file"))
+    @Option(
+        help: ArgumentHelp(
+            "A file holding the Pl@ntNet API key (a container secret); an empty file means none. Env: CANOPY_PLANTNET_KEY_FILE.", valueName: "file"))
     var plantnetKeyFile: String? = Environment.string("CANOPY_PLANTNET_KEY_FILE")
 
     /// The key from the flag, the variable, or the file, in that order (nil or empty: none).
@@ -85,16 +88,21 @@ struct ServeIdentify: AsyncParsableCommand {
     var hybridThreshold: Double = Environment.string("CANOPY_HYBRID_THRESHOLD").flatMap(Double.init) ?? 0.8
 
     func validate() throws {
-        guard Identification.Provider(rawValue: provider) != nil else { throw ValidationError("--provider is reference, plantnet or hybrid; got '\(provider)'") }
+        guard Identification.Provider(rawValue: provider) != nil else {
+            throw ValidationError("--provider is reference, plantnet or hybrid; got '\(provider)'")
+        }
         guard (0...1).contains(hybridThreshold) else { throw ValidationError("--hybrid-threshold is from 0 to 1") }
         guard (1...1_000_000).contains(plantnetDailyLimit) else { throw ValidationError("--plantnet-daily-limit is from 1 to 1000000") }
-        guard URL(string: plantnetURL)?.scheme.map({ ["http", "https"].contains($0) }) == true else { throw ValidationError("--plantnet-url is an http(s) URL") }
+        guard URL(string: plantnetURL)?.scheme.map({ ["http", "https"].contains($0) }) == true else {
+            throw ValidationError("--plantnet-url is an http(s) URL")
+        }
     }
 
     func run() async throws {
         let logger = serve.logger()
-        var settings = IdentificationServiceSettings(directory: serve.directory, runner: try serve.runner(),
-                                                     metrics: try serve.metrics())
+        var settings = IdentificationServiceSettings(
+            directory: serve.directory, runner: try serve.runner(),
+            metrics: try serve.metrics())
         settings.provider = Identification.Provider(rawValue: provider)!
         settings.hybridThreshold = hybridThreshold
         if let key = try plantNetKey() {
@@ -109,9 +117,13 @@ struct ServeIdentify: AsyncParsableCommand {
         do {
             settings.clock = serve.worker.serviceClock
             let context = serve.common.busContext()
-            guard let services = try await buildUnlessStopped(logger: logger, { [settings] in
-                try await buildIdentificationService(settings: settings, context: context, logger: logger)
-            }) else { return }
+            guard
+                let services = try await buildUnlessStopped(
+                    logger: logger,
+                    { [settings] in
+                        try await buildIdentificationService(settings: settings, context: context, logger: logger)
+                    })
+            else { return }
             try await runUntilShutdown(services, traces: serve.traces, logger: logger)
         } catch let error as CanopyError {
             throw CommandFailure(error.message)
@@ -151,7 +163,8 @@ struct SubmitCommand: AsyncParsableCommand {
     func run() async throws {
         let tools = try await data.tools()
         guard try !tools.references().isEmpty else {
-            throw CommandFailure("the store at \(data.directory.path) has no reference photos; add some with canopy-identify reference add --species NAME PHOTO...")
+            throw CommandFailure(
+                "the store at \(data.directory.path) has no reference photos; add some with canopy-identify reference add --species NAME PHOTO...")
         }
         let candidates: [Identification.Candidate]
         do {
@@ -165,7 +178,9 @@ struct SubmitCommand: AsyncParsableCommand {
         }
         var table = Table("RANK", "SCORE", "SCIENTIFIC NAME", "COMMON NAME", "FAMILY")
         for candidate in candidates {
-            table.append(["\(candidate.rank)", String(format: "%.3f", candidate.score), candidate.scientificName, candidate.commonNames.first ?? "", candidate.family])
+            table.append([
+                "\(candidate.rank)", String(format: "%.3f", candidate.score), candidate.scientificName, candidate.commonNames.first ?? "", candidate.family,
+            ])
         }
         print(table.render())
         print("Scores are confidences: of first candidates scored about 0.8, about 8 in 10 are right (docs/IDENTIFICATION.md).")
@@ -181,7 +196,9 @@ struct ReferenceCommand: AsyncParsableCommand {
     struct Add: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Add photos of a species (features are computed and stored; the photos themselves are not kept).",
-            discussion: "Example: canopy-identify reference add --species \"Monstera deliciosa Liebm.\" --common-name \"Swiss cheese plant\" --family Araceae --gbif 2868241 a.jpg b.jpg")
+            discussion:
+                "Example: canopy-identify reference add --species \"Monstera deliciosa Liebm.\" --common-name \"Swiss cheese plant\" --family Araceae --gbif 2868241 a.jpg b.jpg"
+        )
 
         @OptionGroup var data: DataDirectory
         @Option(help: "Scientific name, with authorship if known.") var species: String
@@ -194,7 +211,8 @@ struct ReferenceCommand: AsyncParsableCommand {
             let tools = try await data.tools()
             let bytes = try readPhotos(photos)
             do {
-                let total = try tools.addReferences(.init(scientificName: species, commonNames: commonName, family: family, gbifID: gbif), photos: bytes) { done in
+                let total = try tools.addReferences(.init(scientificName: species, commonNames: commonName, family: family, gbifID: gbif), photos: bytes) {
+                    done in
                     FileHandle.standardError.write(Data("\rcomputing features: \(done)/\(bytes.count)".utf8))
                 }
                 FileHandle.standardError.write(Data("\n".utf8))
@@ -224,8 +242,9 @@ struct ReferenceCommand: AsyncParsableCommand {
     }
 
     struct Remove: AsyncParsableCommand {
-        static let configuration = CommandConfiguration(abstract: "Remove a species and its reference photos.",
-                                                        discussion: "Example: canopy-identify reference remove --species \"Monstera deliciosa\"")
+        static let configuration = CommandConfiguration(
+            abstract: "Remove a species and its reference photos.",
+            discussion: "Example: canopy-identify reference remove --species \"Monstera deliciosa\"")
         @OptionGroup var data: DataDirectory
         @Option(help: "Scientific name, with or without authorship.") var species: String
 

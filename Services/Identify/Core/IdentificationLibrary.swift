@@ -19,8 +19,11 @@ final class IdentificationLibrary: Sendable {
     let bus: any IdentificationPeers
     let metrics: IdentificationMetrics
 
-    init(store: any IdentificationStoring, provider: any IdentificationProvider, bus: any IdentificationPeers, metrics: IdentificationMetrics = IdentificationMetrics(),
-         clock: ServiceClock = .system) {
+    init(
+        store: any IdentificationStoring, provider: any IdentificationProvider, bus: any IdentificationPeers,
+        metrics: IdentificationMetrics = IdentificationMetrics(),
+        clock: ServiceClock = .system
+    ) {
         self.clock = clock
         self.store = store
         self.provider = provider
@@ -82,8 +85,9 @@ final class IdentificationLibrary: Sendable {
         var storedAny = false
         var computed: [String] = []
         do {
-            return try await identify(photos, request: request, key: key, plantID: plantID, owner: owner, now: now,
-                                      storedAny: &storedAny, computed: &computed)
+            return try await identify(
+                photos, request: request, key: key, plantID: plantID, owner: owner, now: now,
+                storedAny: &storedAny, computed: &computed)
         } catch {
             if storedAny { _ = try? await bus.purge(plantID: plantID, owner: owner) }
             try? store.deleteFeatures(computed)
@@ -117,9 +121,11 @@ final class IdentificationLibrary: Sendable {
 
     /// The work of ``submit(_:owner:now:)`` once the submission is new: every photo stored
     /// (or its owner checked) and its features known, the provider asked, the record written.
-    private func identify(_ photos: [(organ: Identification.Organ, sha256: String, bytes: Data?)], request: Identification.Submit.Request,
-                          key: String, plantID: String, owner: String, now: Date,
-                          storedAny: inout Bool, computed: inout [String]) async throws -> Identification.Record {
+    private func identify(
+        _ photos: [(organ: Identification.Organ, sha256: String, bytes: Data?)], request: Identification.Submit.Request,
+        key: String, plantID: String, owner: String, now: Date,
+        storedAny: inout Bool, computed: inout [String]
+    ) async throws -> Identification.Record {
         var query: [QueryPhoto] = []
         for (index, photo) in photos.enumerated() {
             let features: PhotoFeatures
@@ -139,8 +145,10 @@ final class IdentificationLibrary: Sendable {
                 features = try await self.features(photo.sha256, computed: &computed) { [bus] in try await bus.variant(photo.sha256, .small, owner: owner) }
             }
             let (bus, sha256) = (self.bus, photo.sha256)
-            query.append(QueryPhoto(sha256: sha256, organ: photo.organ, features: features,
-                                    gallery: { try await bus.variant(sha256, .gallery, owner: owner) }))
+            query.append(
+                QueryPhoto(
+                    sha256: sha256, organ: photo.organ, features: features,
+                    gallery: { try await bus.variant(sha256, .gallery, owner: owner) }))
         }
         if provider.kind != .plantnet { await computeMissingPlantFeatures(owner: owner) }
         let results = try await metrics.providerCall(provider.kind) {
@@ -165,10 +173,12 @@ final class IdentificationLibrary: Sendable {
     /// plant again after a few identifications. Best effort: a photo that cannot be read now
     /// is tried again next time.
     private func computeMissingPlantFeatures(owner: String) async {
-        guard let missing = try? await offThePool({ [store] in try store.plantPhotosWithoutFeatures(owner: owner, limit: Self.missingFeaturesPerRequest) }) else { return }
+        guard let missing = try? await offThePool({ [store] in try store.plantPhotosWithoutFeatures(owner: owner, limit: Self.missingFeaturesPerRequest) })
+        else { return }
         for sha256 in missing {
             guard let bytes = try? await bus.variant(sha256, .small, owner: owner),
-                  let features = try? await offThePool({ try PhotoFeatures.compute(from: bytes) }) else { continue }
+                let features = try? await offThePool({ try PhotoFeatures.compute(from: bytes) })
+            else { continue }
             _ = try? await offThePool { [store] in try store.saveFeatures(features, sha256: sha256) }
             metrics.computedFeatures()
         }

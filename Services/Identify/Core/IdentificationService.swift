@@ -41,8 +41,9 @@ public struct IdentificationService: BusService {
                 return .init(provider: library.provider.kind, remaining: nil, dailyLimit: 0, resetsAt: nil, calls: 0)
             }
             let quota = try plantNet.quota()
-            return .init(provider: library.provider.kind, remaining: quota.remaining, dailyLimit: plantNet.settings.dailyLimit,
-                         resetsAt: quota.resetsAt, calls: plantNet.calls.load(ordering: .relaxed))
+            return .init(
+                provider: library.provider.kind, remaining: quota.remaining, dailyLimit: plantNet.settings.dailyLimit,
+                resetsAt: quota.resetsAt, calls: plantNet.calls.load(ordering: .relaxed))
         }
     }
 }
@@ -102,19 +103,24 @@ public func makeIdentificationService(settings: IdentificationServiceSettings, b
     var plantNet: PlantNetProvider?
     if settings.provider != .reference {
         guard let plantNetSettings = settings.plantNet, !plantNetSettings.apiKey.isEmpty else {
-            throw CanopyError(.badRequest, "the \(settings.provider.rawValue) provider needs a Pl@ntNet API key: set --plantnet-key or CANOPY_PLANTNET_KEY, or --plantnet-key-file (CANOPY_PLANTNET_KEY_FILE) (or use --provider reference)")
+            throw CanopyError(
+                .badRequest,
+                "the \(settings.provider.rawValue) provider needs a Pl@ntNet API key: set --plantnet-key or CANOPY_PLANTNET_KEY, or --plantnet-key-file (CANOPY_PLANTNET_KEY_FILE) (or use --provider reference)"
+            )
         }
         plantNet = PlantNetProvider(settings: plantNetSettings, store: store, metrics: metrics, logger: logger)
     }
-    let provider: any IdentificationProvider = switch settings.provider {
-    case .reference: reference
-    case .plantnet: plantNet!
-    case .hybrid: HybridProvider(reference: reference, plantNet: plantNet!, threshold: settings.hybridThreshold)
-    }
+    let provider: any IdentificationProvider =
+        switch settings.provider {
+        case .reference: reference
+        case .plantnet: plantNet!
+        case .hybrid: HybridProvider(reference: reference, plantNet: plantNet!, threshold: settings.hybridThreshold)
+        }
     let library = IdentificationLibrary(store: store, provider: provider, bus: BusPeers(client: bus), metrics: metrics, clock: settings.clock)
-    return ServiceParts(handlers: IdentificationService(library: library, plantNet: plantNet),
-                        background: [SubmissionSweep(library: library, interval: settings.sweepInterval, logger: logger)],
-                        onShutdown: (store as? PostgresIdentificationStore).map { [$0.database.beginShutdown] } ?? [])
+    return ServiceParts(
+        handlers: IdentificationService(library: library, plantNet: plantNet),
+        background: [SubmissionSweep(library: library, interval: settings.sweepInterval, logger: logger)],
+        onShutdown: (store as? PostgresIdentificationStore).map { [$0.database.beginShutdown] } ?? [])
 }
 
 /// Clears, at start and every `interval`, what submissions left when the process

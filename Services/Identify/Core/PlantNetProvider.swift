@@ -149,7 +149,11 @@ final class PlantNetProvider: IdentificationProvider {
         case 404:
             return .answered([]) // "Species not found": nothing matched
         case 401, 403:
-            return .refused(CanopyError(.internal, "Pl@ntNet refused canopy-identify's API key (HTTP \(status)): a configuration error; set --plantnet-key (CANOPY_PLANTNET_KEY) to a valid key"))
+            return .refused(
+                CanopyError(
+                    .internal,
+                    "Pl@ntNet refused canopy-identify's API key (HTTP \(status)): a configuration error; set --plantnet-key (CANOPY_PLANTNET_KEY) to a valid key"
+                ))
         case 429:
             return .retry("HTTP 429 Too Many Requests")
         case 500...599:

@@ -58,7 +58,9 @@ final class ReferenceProvider: IdentificationProvider {
     }
 
     /// The person's plants, each at the mean over the query photos of its nearest photo.
-    static func ownPlants(_ photos: [(candidate: Identification.Candidate, features: PhotoFeatures)], for queries: [PhotoFeatures]) -> [Identification.Candidate] {
+    static func ownPlants(_ photos: [(candidate: Identification.Candidate, features: PhotoFeatures)], for queries: [PhotoFeatures]) -> [Identification
+        .Candidate]
+    {
         guard !queries.isEmpty else { return [] }
         var nearest: [String: (candidate: Identification.Candidate, distances: [Float])] = [:]
         for photo in photos {
@@ -116,10 +118,12 @@ extension ReferenceProvider.Loaded {
         }
         let measured = species.values.map { entry in
             let total = zip(nearest, farthest).reduce(Float(0)) { $0 + ($1.0[entry.scientificName] ?? $1.1) }
-            return (Identification.Candidate(
-                rank: 0, score: 0, scientificName: entry.scientificName,
-                scientificNameWithoutAuthor: entry.withoutAuthor, authorship: entry.authorship, commonNames: entry.commonNames,
-                genus: entry.genus, family: entry.family, gbifID: entry.gbifID, provider: .reference), total / Float(queries.count))
+            return (
+                Identification.Candidate(
+                    rank: 0, score: 0, scientificName: entry.scientificName,
+                    scientificNameWithoutAuthor: entry.withoutAuthor, authorship: entry.authorship, commonNames: entry.commonNames,
+                    genus: entry.genus, family: entry.family, gbifID: entry.gbifID, provider: .reference), total / Float(queries.count)
+            )
         }
         return ReferenceProvider.scored(measured, refusingFar: refusingFar)
     }

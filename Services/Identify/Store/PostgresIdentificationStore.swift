@@ -25,13 +25,17 @@ final class PostgresIdentificationStore: IdentificationStoring {
     }
 
     /// Connects to `url` and migrates canopy-identify's tables.
-    static func open(url: DatabaseURL, poolSize: Int = PostgresSettings.defaultPoolSize, waitingUpTo wait: Duration = .zero, logger: Logger) async throws -> PostgresIdentificationStore {
+    static func open(url: DatabaseURL, poolSize: Int = PostgresSettings.defaultPoolSize, waitingUpTo wait: Duration = .zero, logger: Logger) async throws
+        -> PostgresIdentificationStore
+    {
         PostgresIdentificationStore(database: try await PostgresStore.open(url: url, migrator: migrator, size: poolSize, waitingUpTo: wait, logger: logger))
     }
 
     static var migrator: PostgresMigrator {
         var migrator = PostgresMigrator(store: "identify")
-        migrator.register("v1", """
+        migrator.register(
+            "v1",
+            """
             CREATE TABLE identifications (
                 id TEXT PRIMARY KEY,
                 owner TEXT NOT NULL,
@@ -81,9 +85,10 @@ final class PostgresIdentificationStore: IdentificationStoring {
             "INSERT INTO meta VALUES ('referenceGeneration', 0)")
         // Who holds a claim (``PostgresStore/holder``), and the plant id its photos go under:
         // a claim left by a replica that is gone is taken over with its photos, or cleared.
-        migrator.register("v2-submission-holders",
-                          "ALTER TABLE submissions ADD COLUMN plantID TEXT",
-                          "ALTER TABLE submissions ADD COLUMN claimedBy BIGINT")
+        migrator.register(
+            "v2-submission-holders",
+            "ALTER TABLE submissions ADD COLUMN plantID TEXT",
+            "ALTER TABLE submissions ADD COLUMN claimedBy BIGINT")
         // Features of the first format describe the whole frame (SQLiteIdentificationStore's v4).
         migrator.register("v3-plant-features", "DELETE FROM photoFeatures WHERE length(features) = 192")
         return migrator
@@ -116,7 +121,9 @@ final class PostgresIdentificationStore: IdentificationStoring {
     func claimSubmission(owner: String, key: String, plantID: String, now: Date, until: Date) throws -> String? {
         let (at, end, holder) = (now.timeIntervalSince1970, until.timeIntervalSince1970, database.holder)
         return try database.write(isolation: .readCommitted) { session in
-            try session.value(String.self, """
+            try session.value(
+                String.self,
+                """
                 INSERT INTO submissions (owner, submissionKey, claimedUntil, plantID, claimedBy) VALUES (\(owner), \(key), \(end), \(plantID), \(holder))
                 ON CONFLICT (owner, submissionKey) DO UPDATE
                 SET claimedUntil = excluded.claimedUntil, claimedBy = excluded.claimedBy, plantID = COALESCE(submissions.plantID, excluded.plantID)
@@ -128,10 +135,12 @@ final class PostgresIdentificationStore: IdentificationStoring {
 
     func plantIDs(owner: String) throws -> [String] {
         try database.statement { session in
-            try session.rows("""
+            try session.rows(
+                """
                 SELECT plantID FROM identifications WHERE owner = \(owner) UNION SELECT acceptedPlantID FROM identifications WHERE owner = \(owner) AND acceptedPlantID IS NOT NULL
                 UNION SELECT plantID FROM plantPhotos WHERE owner = \(owner)
-                """).map { try $0.column("plantID").decode(String.self) }
+                """
+            ).map { try $0.column("plantID").decode(String.self) }
         }
     }
 
@@ -149,12 +158,18 @@ final class PostgresIdentificationStore: IdentificationStoring {
     func takeAbandonedSubmissions(now: Date, until: Date, limit: Int) throws -> [AbandonedSubmission] {
         let (at, end, holder) = (now.timeIntervalSince1970, until.timeIntervalSince1970, database.holder)
         return try database.write(isolation: .readCommitted) { session in
-            try session.rows("""
+            try session.rows(
+                """
                 UPDATE submissions SET claimedUntil = \(end), claimedBy = \(holder) WHERE (owner, submissionKey) IN (
                     SELECT owner, submissionKey FROM submissions WHERE claimedUntil <= \(at) OR \(unescaped: PostgresStore.holderIsGone("claimedBy"))
                     LIMIT \(limit) FOR UPDATE SKIP LOCKED)
                 RETURNING owner, submissionKey, plantID
-                """).map { AbandonedSubmission(owner: try $0.column("owner").decode(String.self), key: try $0.column("submissionKey").decode(String.self), plantID: try $0.column("plantID").decode(String?.self)) }
+                """
+            ).map {
+                AbandonedSubmission(
+                    owner: try $0.column("owner").decode(String.self), key: try $0.column("submissionKey").decode(String.self),
+                    plantID: try $0.column("plantID").decode(String?.self))
+            }
         }
     }
 
@@ -167,13 +182,16 @@ final class PostgresIdentificationStore: IdentificationStoring {
             var dropped: [String] = []
             let excess = count - Identification.Limits.identificationsPerPerson + 1
             if excess > 0 {
-                dropped = try session.rows("""
+                dropped = try session.rows(
+                    """
                     DELETE FROM identifications WHERE owner = \(record.owner) AND id IN (
                         SELECT id FROM identifications WHERE owner = \(record.owner) AND acceptedPlantID IS NULL ORDER BY createdAt, id LIMIT \(excess))
                     RETURNING plantID
-                    """).map { try $0.column("plantID").decode(String.self) }
+                    """
+                ).map { try $0.column("plantID").decode(String.self) }
             }
-            try session.execute("""
+            try session.execute(
+                """
                 INSERT INTO identifications (id, owner, submissionKey, createdAt, plantID, record)
                 VALUES (\(record.id), \(record.owner), \(submissionKey), \(record.createdAt.timeIntervalSince1970), \(record.plantID), \(encoded))
                 """)
@@ -187,10 +205,12 @@ final class PostgresIdentificationStore: IdentificationStoring {
         let (encoded, filed) = (Data(try codec.encode(record)), Data(try codec.encode(own)))
         try await offThePool { [self] in
             try database.write { session in
-                try session.execute("""
+                try session.execute(
+                    """
                     UPDATE identifications SET record = \(encoded), acceptedPlantID = \(plantID) WHERE owner = \(record.owner) AND id = \(record.id)
                     """)
-                try session.execute("""
+                try session.execute(
+                    """
                     INSERT INTO plantPhotos (owner, plantID, sha256, candidate) SELECT \(record.owner), \(plantID), unnest(\(record.photoIDs)), \(filed)
                     ON CONFLICT (owner, plantID, sha256) DO UPDATE SET candidate = excluded.candidate
                     """)
@@ -222,8 +242,12 @@ final class PostgresIdentificationStore: IdentificationStoring {
     func forget(owner: String, plantID: String) throws -> Int {
         try database.write { session in
             // The photos involved: those of the identifications and of the plant's own photos.
-            var photos = Set(try session.rows("SELECT sha256 FROM plantPhotos WHERE owner = \(owner) AND plantID = \(plantID)").map { try $0.column("sha256").decode(String.self) })
-            let forgotten = try session.rows("""
+            var photos = Set(
+                try session.rows("SELECT sha256 FROM plantPhotos WHERE owner = \(owner) AND plantID = \(plantID)").map {
+                    try $0.column("sha256").decode(String.self)
+                })
+            let forgotten = try session.rows(
+                """
                 DELETE FROM identifications WHERE owner = \(owner) AND (plantID = \(plantID) OR acceptedPlantID = \(plantID)) RETURNING record
                 """)
             for row in forgotten {
@@ -232,7 +256,8 @@ final class PostgresIdentificationStore: IdentificationStoring {
             try session.execute("DELETE FROM plantPhotos WHERE owner = \(owner) AND plantID = \(plantID)")
             // Their features go too, unless another plant, identification or reference still has the photo.
             for sha256 in photos {
-                try session.execute("""
+                try session.execute(
+                    """
                     DELETE FROM photoFeatures WHERE sha256 = \(sha256)
                       AND NOT EXISTS (SELECT 1 FROM plantPhotos WHERE sha256 = \(sha256))
                       AND NOT EXISTS (SELECT 1 FROM referencePhotos WHERE sha256 = \(sha256))
@@ -250,7 +275,9 @@ final class PostgresIdentificationStore: IdentificationStoring {
         return try database.statement { session in
             var found: [String: PhotoFeatures] = [:]
             for row in try session.rows("SELECT sha256, features FROM photoFeatures WHERE sha256 = ANY(\(sha256s))") {
-                if let features = PhotoFeatures(packed: try row.column("features").decode(Data.self)) { found[try row.column("sha256").decode(String.self)] = features }
+                if let features = PhotoFeatures(packed: try row.column("features").decode(Data.self)) {
+                    found[try row.column("sha256").decode(String.self)] = features
+                }
             }
             return found
         }
@@ -264,16 +291,19 @@ final class PostgresIdentificationStore: IdentificationStoring {
     func saveFeatures(_ features: PhotoFeatures, sha256: String) throws {
         let packed = features.packed
         try database.write { session in
-            try session.execute("INSERT INTO photoFeatures (sha256, features) VALUES (\(sha256), \(packed)) ON CONFLICT (sha256) DO UPDATE SET features = excluded.features")
+            try session.execute(
+                "INSERT INTO photoFeatures (sha256, features) VALUES (\(sha256), \(packed)) ON CONFLICT (sha256) DO UPDATE SET features = excluded.features")
         }
     }
 
     func plantPhotos(owner: String) throws -> [(candidate: Identification.Candidate, features: PhotoFeatures)] {
         try database.statement { session in
-            try session.rows("""
+            try session.rows(
+                """
                 SELECT plantPhotos.candidate, photoFeatures.features FROM plantPhotos
                 JOIN photoFeatures ON photoFeatures.sha256 = plantPhotos.sha256 WHERE plantPhotos.owner = \(owner)
-                """).compactMap { row in
+                """
+            ).compactMap { row in
                 guard let features = PhotoFeatures(packed: try row.column("features").decode(Data.self)) else { return nil }
                 return (try codec.decode(Identification.Candidate.self, from: [UInt8](try row.column("candidate").decode(Data.self))), features)
             }
@@ -282,10 +312,12 @@ final class PostgresIdentificationStore: IdentificationStoring {
 
     func plantPhotosWithoutFeatures(owner: String, limit: Int) throws -> [String] {
         try database.statement { session in
-            try session.rows("""
+            try session.rows(
+                """
                 SELECT DISTINCT sha256 FROM plantPhotos WHERE owner = \(owner)
                 AND NOT EXISTS (SELECT 1 FROM photoFeatures WHERE photoFeatures.sha256 = plantPhotos.sha256) ORDER BY sha256 LIMIT \(limit)
-                """).map { try $0.column("sha256").decode(String.self) }
+                """
+            ).map { try $0.column("sha256").decode(String.self) }
         }
     }
 
@@ -299,7 +331,9 @@ final class PostgresIdentificationStore: IdentificationStoring {
         let names = Data(try codec.encode(species.commonNames))
         let (sha256s, packed) = (photos.map(\.sha256), photos.map(\.features.packed))
         try database.write { session in
-            let id = try session.value(Int64.self, """
+            let id = try session.value(
+                Int64.self,
+                """
                 INSERT INTO species (scientificName, withoutAuthor, authorship, genus, family, commonNames, gbifID)
                 VALUES (\(species.scientificName), \(species.withoutAuthor), \(species.authorship), \(species.genus), \(species.family), \(names), \(species.gbifID))
                 ON CONFLICT (scientificName) DO UPDATE SET withoutAuthor = excluded.withoutAuthor, authorship = excluded.authorship,
@@ -307,9 +341,12 @@ final class PostgresIdentificationStore: IdentificationStoring {
                 RETURNING id
                 """)!
             for (sha256, features) in zip(sha256s, packed) {
-                try session.execute("INSERT INTO photoFeatures (sha256, features) VALUES (\(sha256), \(features)) ON CONFLICT (sha256) DO UPDATE SET features = excluded.features")
+                try session.execute(
+                    "INSERT INTO photoFeatures (sha256, features) VALUES (\(sha256), \(features)) ON CONFLICT (sha256) DO UPDATE SET features = excluded.features"
+                )
             }
-            try session.execute("""
+            try session.execute(
+                """
                 INSERT INTO referencePhotos (speciesID, sha256, addedAt) SELECT \(id), unnest(\(sha256s)), \(now.timeIntervalSince1970)
                 ON CONFLICT DO NOTHING
                 """)
@@ -319,28 +356,36 @@ final class PostgresIdentificationStore: IdentificationStoring {
 
     func removeReferences(scientificName: String) throws -> Bool {
         try database.write { session in
-            guard try session.execute("DELETE FROM species WHERE scientificName = \(scientificName) OR withoutAuthor = \(scientificName)") > 0 else { return false }
+            guard try session.execute("DELETE FROM species WHERE scientificName = \(scientificName) OR withoutAuthor = \(scientificName)") > 0 else {
+                return false
+            }
             try session.execute("UPDATE meta SET value = value + 1 WHERE key = 'referenceGeneration'")
             return true
         }
     }
 
-    private static let speciesColumns = "species.id, species.scientificName, species.withoutAuthor, species.authorship, species.genus, species.family, species.commonNames, species.gbifID"
+    private static let speciesColumns =
+        "species.id, species.scientificName, species.withoutAuthor, species.authorship, species.genus, species.family, species.commonNames, species.gbifID"
 
     private func species(_ row: PostgresRandomAccessRow) throws -> ReferenceSpecies {
-        ReferenceSpecies(scientificName: try row.column("scientificName").decode(String.self), withoutAuthor: try row.column("withoutAuthor").decode(String.self), authorship: try row.column("authorship").decode(String.self),
-                         genus: try row.column("genus").decode(String.self), family: try row.column("family").decode(String.self),
-                         commonNames: try codec.decode([String].self, from: [UInt8](try row.column("commonNames").decode(Data.self))), gbifID: try row.column("gbifID").decode(Int?.self))
+        ReferenceSpecies(
+            scientificName: try row.column("scientificName").decode(String.self), withoutAuthor: try row.column("withoutAuthor").decode(String.self),
+            authorship: try row.column("authorship").decode(String.self),
+            genus: try row.column("genus").decode(String.self), family: try row.column("family").decode(String.self),
+            commonNames: try codec.decode([String].self, from: [UInt8](try row.column("commonNames").decode(Data.self))),
+            gbifID: try row.column("gbifID").decode(Int?.self))
     }
 
     func referenceSpecies() throws -> [(species: ReferenceSpecies, photos: Int)] {
         try database.statement { session in
-            try session.rows("""
+            try session.rows(
+                """
                 SELECT \(unescaped: Self.speciesColumns), COUNT(photoFeatures.sha256) AS photos FROM species
                 LEFT JOIN referencePhotos ON referencePhotos.speciesID = species.id
                 LEFT JOIN photoFeatures ON photoFeatures.sha256 = referencePhotos.sha256
                 GROUP BY species.id ORDER BY species.scientificName COLLATE "C"
-                """).map { row in (try species(row), try row.column("photos").decode(Int.self)) }
+                """
+            ).map { row in (try species(row), try row.column("photos").decode(Int.self)) }
         }
     }
 
@@ -348,12 +393,18 @@ final class PostgresIdentificationStore: IdentificationStoring {
         try database.read { session in
             let generation = try session.value(Int.self, "SELECT value FROM meta WHERE key = 'referenceGeneration'") ?? 0
             var speciesByID: [Int64: ReferenceSpecies] = [:]
-            for row in try session.rows("SELECT \(unescaped: Self.speciesColumns) FROM species") { speciesByID[try row.column("id").decode(Int64.self)] = try species(row) }
-            let entries = try session.rows("""
+            for row in try session.rows("SELECT \(unescaped: Self.speciesColumns) FROM species") {
+                speciesByID[try row.column("id").decode(Int64.self)] = try species(row)
+            }
+            let entries = try session.rows(
+                """
                 SELECT referencePhotos.speciesID, photoFeatures.features FROM referencePhotos
                 JOIN photoFeatures ON photoFeatures.sha256 = referencePhotos.sha256
-                """).compactMap { row -> (ReferenceSpecies, PhotoFeatures)? in
-                guard let species = speciesByID[try row.column("speciesID").decode(Int64.self)], let features = PhotoFeatures(packed: try row.column("features").decode(Data.self)) else { return nil }
+                """
+            ).compactMap { row -> (ReferenceSpecies, PhotoFeatures)? in
+                guard let species = speciesByID[try row.column("speciesID").decode(Int64.self)],
+                    let features = PhotoFeatures(packed: try row.column("features").decode(Data.self))
+                else { return nil }
                 return (species, features)
             }
             return (generation, entries)
@@ -365,13 +416,16 @@ final class PostgresIdentificationStore: IdentificationStoring {
     func quota(provider: String) throws -> ProviderQuota {
         try database.statement { session in
             guard let row = try session.row("SELECT remaining, resetsAt FROM quota WHERE provider = \(provider)") else { return ProviderQuota() }
-            return ProviderQuota(remaining: try row.column("remaining").decode(Int?.self), resetsAt: try row.column("resetsAt").decode(Double?.self).map(Date.init(timeIntervalSince1970:)))
+            return ProviderQuota(
+                remaining: try row.column("remaining").decode(Int?.self),
+                resetsAt: try row.column("resetsAt").decode(Double?.self).map(Date.init(timeIntervalSince1970:)))
         }
     }
 
     func saveQuota(_ state: ProviderQuota, provider: String, now: Date) throws {
         try database.write { session in
-            try session.execute("""
+            try session.execute(
+                """
                 INSERT INTO quota (provider, remaining, resetsAt, updatedAt) VALUES (\(provider), \(state.remaining), \(state.resetsAt?.timeIntervalSince1970), \(now.timeIntervalSince1970))
                 ON CONFLICT (provider) DO UPDATE SET remaining = excluded.remaining, resetsAt = excluded.resetsAt, updatedAt = excluded.updatedAt
                 """)
@@ -382,8 +436,10 @@ final class PostgresIdentificationStore: IdentificationStoring {
 /// How canopy-identify's SQLite store moves into PostgreSQL (`canopy migrate`). Submissions
 /// come along: nothing is under way (the store is stopped or a backup), so each is one a
 /// process left when it ended, and the first replica's sweep clears what it stored.
-public let identifyStoreImport = StoreImport(store: "identify", migrator: PostgresIdentificationStore.migrator, tables: [
-    .init("identifications", key: ["id"]), .init("photoFeatures", key: ["sha256"]), .init("species", key: ["id"]),
-    .init("referencePhotos", key: ["speciesID", "sha256"]), .init("plantPhotos", key: ["owner", "plantID", "sha256"]),
-    .init("quota", key: ["provider"]), .init("meta", key: ["key"], seeded: true), .init("submissions", key: ["owner", "submissionKey"]),
-])
+public let identifyStoreImport = StoreImport(
+    store: "identify", migrator: PostgresIdentificationStore.migrator,
+    tables: [
+        .init("identifications", key: ["id"]), .init("photoFeatures", key: ["sha256"]), .init("species", key: ["id"]),
+        .init("referencePhotos", key: ["speciesID", "sha256"]), .init("plantPhotos", key: ["owner", "plantID", "sha256"]),
+        .init("quota", key: ["provider"]), .init("meta", key: ["key"], seeded: true), .init("submissions", key: ["owner", "submissionKey"]),
+    ])

@@ -1,6 +1,6 @@
 import ArgumentParser
-import CanopyServiceKit
 import CanopyImages
+import CanopyServiceKit
 
 @main
 struct ImagesCommand: MainCommand {
@@ -24,4 +24,3 @@ enum CanopyImages: ServiceExecutable {
     static let directoryName = "images"
     static let defaultListener = OperatingOptions.Defaults.images
 }
-

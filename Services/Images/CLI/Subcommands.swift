@@ -1,10 +1,10 @@
 import ArgumentParser
 import CanopyBus
+import CanopyImages
 import CanopyMessages
 import CanopyServiceKit
 import CanopyStore
 import Foundation
-import CanopyImages
 
 /// `canopy-images serve`: the image service as a bus worker.
 struct ServeImages: AsyncParsableCommand {
@@ -15,7 +15,10 @@ struct ServeImages: AsyncParsableCommand {
 
     @OptionGroup var serve: ServeOptions<CanopyImages>
     @OptionGroup var database: DatabaseOptions
-    @Option(help: ArgumentHelp("With --database-url: where originals are kept, a directory every replica mounts (a shared volume); default <data-dir>/images/originals. Env: CANOPY_ORIGINALS_DIR.", valueName: "dir"))
+    @Option(
+        help: ArgumentHelp(
+            "With --database-url: where originals are kept, a directory every replica mounts (a shared volume); default <data-dir>/images/originals. Env: CANOPY_ORIGINALS_DIR.",
+            valueName: "dir"))
     var originalsDir: String? = Environment.string("CANOPY_ORIGINALS_DIR")
     @Option(help: ArgumentHelp("Largest input in MiB. Env: CANOPY_IMAGES_MAX_MB.", valueName: "MiB"))
     var maxMb: Int = Environment.int("CANOPY_IMAGES_MAX_MB", default: ImageServiceSettings.defaultMaximumInputBytes / (1024 * 1024))
@@ -33,9 +36,14 @@ struct ServeImages: AsyncParsableCommand {
     var paletteDays: Int = Environment.int("CANOPY_IMAGES_PALETTE_DAYS", default: 30)
     @Option(help: ArgumentHelp("Remote fetches per origin host at once. Env: CANOPY_IMAGES_FETCHES_PER_HOST.", valueName: "count"))
     var fetchesPerHost: Int = Environment.int("CANOPY_IMAGES_FETCHES_PER_HOST", default: 3)
-    @Option(help: ArgumentHelp("Hosts images.fetch may reach on loopback or private addresses, comma-separated. Env: CANOPY_IMAGES_FETCH_ALLOW.", valueName: "hosts"))
+    @Option(
+        help: ArgumentHelp(
+            "Hosts images.fetch may reach on loopback or private addresses, comma-separated. Env: CANOPY_IMAGES_FETCH_ALLOW.", valueName: "hosts"))
     var fetchAllow: String = Environment.string("CANOPY_IMAGES_FETCH_ALLOW") ?? ""
-    @Option(help: ArgumentHelp("Full-size decodes at once (uploads, full variants in another format); each holds a whole photo. Env: CANOPY_IMAGES_FULL_SIZE_CONCURRENCY.", valueName: "count"))
+    @Option(
+        help: ArgumentHelp(
+            "Full-size decodes at once (uploads, full variants in another format); each holds a whole photo. Env: CANOPY_IMAGES_FULL_SIZE_CONCURRENCY.",
+            valueName: "count"))
     var fullSizeConcurrency: Int = Environment.int("CANOPY_IMAGES_FULL_SIZE_CONCURRENCY", default: 2)
     @Option(help: ArgumentHelp("Resident-size budget in MiB that memory pressure is judged against. Env: CANOPY_IMAGES_BUDGET_MB.", valueName: "MiB"))
     var budgetMb: Int = Environment.int("CANOPY_IMAGES_BUDGET_MB", default: 512)
@@ -69,9 +77,13 @@ struct ServeImages: AsyncParsableCommand {
         settings.fetchAllowedHosts = Set(fetchAllow.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces).lowercased() }.filter { !$0.isEmpty })
         settings.clock = serve.worker.serviceClock
         let context = serve.common.busContext()
-        guard let services = try await buildUnlessStopped(logger: logger, { [settings] in
-            try await buildImageService(settings: settings, context: context, logger: logger)
-        }) else { return }
+        guard
+            let services = try await buildUnlessStopped(
+                logger: logger,
+                { [settings] in
+                    try await buildImageService(settings: settings, context: context, logger: logger)
+                })
+        else { return }
         try await runUntilShutdown(services, traces: serve.traces, logger: logger)
     }
 }
@@ -120,8 +132,10 @@ struct PaletteCommand: AsyncParsableCommand {
             let swatches = try ImageTools.palette(bytes)
             var table = Table("ROLE", "COLOUR", "SHARE", "OKLAB L", "A", "B")
             for swatch in swatches {
-                table.append([swatch.role, swatch.hex, String(format: "%.1f%%", swatch.population * 100),
-                              String(format: "%.3f", swatch.oklab[0]), String(format: "%.3f", swatch.oklab[1]), String(format: "%.3f", swatch.oklab[2])])
+                table.append([
+                    swatch.role, swatch.hex, String(format: "%.1f%%", swatch.population * 100),
+                    String(format: "%.3f", swatch.oklab[0]), String(format: "%.3f", swatch.oklab[1]), String(format: "%.3f", swatch.oklab[2]),
+                ])
             }
             print(table.render())
         } catch let error as CanopyError {
@@ -151,11 +165,15 @@ struct StatsCommand: AsyncParsableCommand {
         }
         var table = Table("TIER", "ENTRIES", "MiB", "LIMIT MiB", "HITS", "MISSES", "HIT RATIO", "EVICTIONS")
         for (name, tier) in [("memory", stats.memory), ("disk", stats.disk)] {
-            table.append([name, "\(tier.entries)", String(format: "%.1f", Double(tier.bytes) / 1_048_576), "\(tier.limitBytes / 1_048_576)",
-                          "\(tier.hits)", "\(tier.misses)", String(format: "%.2f", tier.hitRatio), "\(tier.evictions)"])
+            table.append([
+                name, "\(tier.entries)", String(format: "%.1f", Double(tier.bytes) / 1_048_576), "\(tier.limitBytes / 1_048_576)",
+                "\(tier.hits)", "\(tier.misses)", String(format: "%.2f", tier.hitRatio), "\(tier.evictions)",
+            ])
         }
         print(table.render())
-        print("originals: \(stats.originals) (\(String(format: "%.1f", Double(stats.originalBytes) / 1_048_576)) MiB), palettes: \(stats.palettes), memory pressure: \(stats.memoryPressure)")
+        print(
+            "originals: \(stats.originals) (\(String(format: "%.1f", Double(stats.originalBytes) / 1_048_576)) MiB), palettes: \(stats.palettes), memory pressure: \(stats.memoryPressure)"
+        )
     }
 }
 

@@ -103,15 +103,19 @@ final class ImageLibrary: Sendable {
         let usage = try await stored { try $0.usage(owner: owner) }
         let (most, mostBytes) = (configuration.photosPerPerson, configuration.bytesPerPerson)
         guard usage.photos < most, usage.bytes + bytes.count <= mostBytes else {
-            throw CanopyError(.tooLarge, "you keep \(usage.photos) photos of \(usage.bytes >> 20) MiB; one person keeps at most \(most) photos and \(mostBytes >> 20) MiB: remove some first")
+            throw CanopyError(
+                .tooLarge,
+                "you keep \(usage.photos) photos of \(usage.bytes >> 20) MiB; one person keeps at most \(most) photos and \(mostBytes >> 20) MiB: remove some first"
+            )
         }
         let (store, processor) = (self.store, self.processor)
         let inspected = try processor.inspect(bytes)
         let sha256 = try await offThePool { Self.sha256(bytes) }
         let add = { @Sendable in
             try await offThePool {
-                try store.add(sha256: sha256, owner: owner, plantID: plantID, format: inspected.kind.rawValue,
-                              normalized: { try processor.metrics.time(.normalize) { try processor.normalized(bytes, keeping: inspected.kind) } }, now: now)
+                try store.add(
+                    sha256: sha256, owner: owner, plantID: plantID, format: inspected.kind.rawValue,
+                    normalized: { try processor.metrics.time(.normalize) { try processor.normalized(bytes, keeping: inspected.kind) } }, now: now)
             }
         }
         // Only a new photo is decoded (at full size, so it waits for a full-size slot).
@@ -153,20 +157,23 @@ final class ImageLibrary: Sendable {
         }
         // A lone key (a quiet edge sends each lookup at once) is looked up in this task: a
         // child task would be two hops for nothing.
-        let found = keys.count == 1 ? [await look(keys[0])] : await withTaskGroup(of: (Int, Result<Images.GetVariant.Reply, CanopyError>).self) { group in
-            var next = min(Self.variantsAtOnce, keys.count)
-            for index in 0..<next { group.addTask { (index, await look(keys[index])) } }
-            var found = [Result<Images.GetVariant.Reply, CanopyError>?](repeating: nil, count: keys.count)
-            for await (index, result) in group {
-                found[index] = result
-                if next < keys.count {
-                    let index = next
-                    group.addTask { (index, await look(keys[index])) }
-                    next += 1
+        let found =
+            keys.count == 1
+            ? [await look(keys[0])]
+            : await withTaskGroup(of: (Int, Result<Images.GetVariant.Reply, CanopyError>).self) { group in
+                var next = min(Self.variantsAtOnce, keys.count)
+                for index in 0..<next { group.addTask { (index, await look(keys[index])) } }
+                var found = [Result<Images.GetVariant.Reply, CanopyError>?](repeating: nil, count: keys.count)
+                for await (index, result) in group {
+                    found[index] = result
+                    if next < keys.count {
+                        let index = next
+                        group.addTask { (index, await look(keys[index])) }
+                        next += 1
+                    }
                 }
+                return found.map { $0! }
             }
-            return found.map { $0! }
-        }
         var budget = Self.pieceBytes(replyBytes: context.maximumReplyBytes)
         var reply = Images.GetVariants.Reply(results: [], attachments: [])
         for result in found {
@@ -176,7 +183,8 @@ final class ImageLibrary: Sendable {
                 reply.results.append(.init(value: .init(width: variant.width, height: variant.height, source: variant.source, bytes: variant.data.count)))
                 reply.attachments.append(variant.data)
             case .success(let variant):
-                reply.results.append(.init(error: CanopyError(.tooLarge, "this variant (\(variant.data.count) bytes) does not fit in this reply; ask images.variant for it")))
+                reply.results.append(
+                    .init(error: CanopyError(.tooLarge, "this variant (\(variant.data.count) bytes) does not fit in this reply; ask images.variant for it")))
             case .failure(let error):
                 reply.results.append(.init(error: error))
             }
@@ -210,8 +218,9 @@ final class ImageLibrary: Sendable {
         if request.variant == .full, let stored = try await stored({ try $0.originalSize(request.sha256) }), stored.format == request.format {
             // Normalizing made the original exactly what the full variant is: no decode, no copy in the cache tiers.
             let bytes = try await offThePool { try store.original(request.sha256) }
-            return Images.GetVariant.Reply(sha256: request.sha256, variant: .full, format: request.format,
-                                           width: stored.width, height: stored.height, data: Data(bytes), source: "original")
+            return Images.GetVariant.Reply(
+                sha256: request.sha256, variant: .full, format: request.format,
+                width: stored.width, height: stored.height, data: Data(bytes), source: "original")
         }
         let key = VariantCache.Key(sha256: request.sha256, variant: request.variant, format: request.format)
         if let (entry, tier) = await cache.lookup(key) {
@@ -226,7 +235,8 @@ final class ImageLibrary: Sendable {
                 return try processor.metrics.time(work) { try processor.make(wanted, format: request.format, from: original) }
             }
         }
-        let made = request.variant == .full
+        let made =
+            request.variant == .full
             ? try await fullSize.run(0, weight: request.format == .webp ? configuration.fullSizeConcurrency : 1, make)
             : try await make()
         try await keep(made, of: request.sha256)
@@ -240,8 +250,9 @@ final class ImageLibrary: Sendable {
     /// first.
     func keep(_ made: [ImageProcessor.Made], of sha256: String) async throws {
         for item in made {
-            await cache.store(VariantCache.Entry(bytes: item.bytes, width: item.width, height: item.height),
-                              for: VariantCache.Key(sha256: sha256, variant: item.variant, format: item.format))
+            await cache.store(
+                VariantCache.Entry(bytes: item.bytes, width: item.width, height: item.height),
+                for: VariantCache.Key(sha256: sha256, variant: item.variant, format: item.format))
         }
         if try await !stored({ try $0.hasOriginal(sha256) }) {
             await cache.purge(sha256)
@@ -249,8 +260,9 @@ final class ImageLibrary: Sendable {
     }
 
     private func reply(_ request: Images.GetVariant.Request, _ entry: VariantCache.Entry, source: String) -> Images.GetVariant.Reply {
-        Images.GetVariant.Reply(sha256: request.sha256, variant: request.variant, format: request.format,
-                                width: entry.width, height: entry.height, data: Data(entry.bytes), source: source)
+        Images.GetVariant.Reply(
+            sha256: request.sha256, variant: request.variant, format: request.format,
+            width: entry.width, height: entry.height, data: Data(entry.bytes), source: source)
     }
 
     /// The palette: from memory, from the store (younger than 30 days), or computed now from
@@ -273,8 +285,8 @@ final class ImageLibrary: Sendable {
             let original = try store.original(sha256)
             let (made, pixels) = try processor.metrics.time(.palette) {
                 variantsCached
-                ? ([], try processor.palettePixels(from: original))
-                : try processor.makeWithPalettePixels(format: .jpeg, from: original)
+                    ? ([], try processor.palettePixels(from: original))
+                    : try processor.makeWithPalettePixels(format: .jpeg, from: original)
             }
             return (made, PaletteExtractor.swatches(pixels: pixels.bytes, width: pixels.width, height: pixels.height))
         }
@@ -315,7 +327,8 @@ final class ImageLibrary: Sendable {
         var seen: Set<String> = []
         for sha in request.sha256s where seen.insert(sha).inserted {
             var missing: [Images.Variant] = []
-            for variant in small.sorted(by: { $0.rawValue < $1.rawValue }) where !(await cache.contains(.init(sha256: sha, variant: variant, format: request.format))) {
+            for variant in small.sorted(by: { $0.rawValue < $1.rawValue })
+            where !(await cache.contains(.init(sha256: sha, variant: variant, format: request.format))) {
                 missing.append(variant)
             }
             cached += small.count - missing.count
@@ -349,8 +362,9 @@ final class ImageLibrary: Sendable {
     func statistics() async throws -> Images.Stats.Reply {
         let (memory, disk) = await cache.statistics()
         let totals = try store.originalTotals()
-        return Images.Stats.Reply(memory: memory, disk: disk, originals: totals.count, originalBytes: totals.bytes,
-                                  palettes: try store.paletteCount(), memoryPressure: pressure.withLock { $0.rawValue })
+        return Images.Stats.Reply(
+            memory: memory, disk: disk, originals: totals.count, originalBytes: totals.bytes,
+            palettes: try store.paletteCount(), memoryPressure: pressure.withLock { $0.rawValue })
     }
 
     // MARK: - Memory pressure

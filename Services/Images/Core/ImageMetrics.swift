@@ -1,6 +1,7 @@
 import CanopyBus
 import CanopyMessages
 import Metrics
+import Synchronization
 
 /// canopy-images' figures in swift-metrics, created once. The cache tiers' series are
 /// refreshed from ``VariantCache/statistics()`` by the pressure monitor's pass (each second);
@@ -46,12 +47,14 @@ final class ImageMetrics: Sendable {
     private let totals = Mutex(CounterTotals())
 
     init() {
-        refusals = Dictionary(uniqueKeysWithValues: Refusal.allCases.map {
-            ($0, Counter(label: "canopy_images_refused_inputs_total", dimensions: [("reason", $0.rawValue)]))
-        })
-        work = Dictionary(uniqueKeysWithValues: Work.allCases.map {
-            ($0, Metrics.Timer(label: "canopy_images_work_duration_seconds", dimensions: [("work", $0.rawValue)]))
-        })
+        refusals = Dictionary(
+            uniqueKeysWithValues: Refusal.allCases.map {
+                ($0, Counter(label: "canopy_images_refused_inputs_total", dimensions: [("reason", $0.rawValue)]))
+            })
+        work = Dictionary(
+            uniqueKeysWithValues: Work.allCases.map {
+                ($0, Metrics.Timer(label: "canopy_images_work_duration_seconds", dimensions: [("work", $0.rawValue)]))
+            })
     }
 
     func refused(_ reason: Refusal) {
@@ -74,13 +77,13 @@ final class ImageMetrics: Sendable {
             for (name, tier, statistics) in [("memory", memory, memoryStatistics), ("disk", disk, diskStatistics)] {
                 tier.entries.record(statistics.entries)
                 tier.bytes.record(statistics.bytes)
-                for (key, counter, total) in [("hits", tier.hits, statistics.hits), ("misses", tier.misses, statistics.misses),
-                                              ("evictions", tier.evictions, statistics.evictions)] {
+                for (key, counter, total) in [
+                    ("hits", tier.hits, statistics.hits), ("misses", tier.misses, statistics.misses),
+                    ("evictions", tier.evictions, statistics.evictions),
+                ] {
                     totals.advance(counter, name + key, to: total)
                 }
             }
         }
     }
 }
-
-import Synchronization

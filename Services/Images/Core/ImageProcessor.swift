@@ -1,5 +1,5 @@
-import CanopyImaging
 import CVips
+import CanopyImaging
 import CanopyMessages
 
 /// What an input's first bytes say it is. Only these four are ever decoded; the declared
@@ -19,7 +19,8 @@ enum ImageKind: String, Sendable {
         } else if matches(Array("RIFF".utf8)) && matches(Array("WEBP".utf8), at: 8) {
             self = .webp
         } else if matches(Array("ftyp".utf8), at: 4), bytes.count >= 12,
-                  ["heic", "heix", "hevc", "hevx", "heim", "heis", "mif1", "msf1", "avif", "avis"].contains(String(decoding: bytes[8..<12], as: UTF8.self)) {
+            ["heic", "heix", "hevc", "hevx", "heim", "heis", "mif1", "msf1", "avif", "avis"].contains(String(decoding: bytes[8..<12], as: UTF8.self))
+        {
             self = .heif
         } else {
             return nil
@@ -86,7 +87,8 @@ struct ImageProcessor: Sendable {
             throw error
         }
         do {
-            try PhotoLimits.check(bytes: bytes.count, width: shown.width, height: shown.height, maximumBytes: limits.maximumBytes, maximumPixels: limits.maximumPixels)
+            try PhotoLimits.check(
+                bytes: bytes.count, width: shown.width, height: shown.height, maximumBytes: limits.maximumBytes, maximumPixels: limits.maximumPixels)
         } catch {
             metrics.refused(.tooManyPixels)
             throw error
@@ -204,8 +206,10 @@ struct ImageProcessor: Sendable {
     /// its size, not from the decode again: small from gallery, thumbnail from small. An image
     /// that later variants are made from is rendered into memory once; the rest stream.
     /// A `keeping` variant is rendered into memory too (its pixels are read after encoding).
-    private func render(_ variants: Set<Images.Variant>, from original: [UInt8], keeping: Images.Variant? = nil,
-                        visit: (Images.Variant, VipsImage) throws -> Void) throws {
+    private func render(
+        _ variants: Set<Images.Variant>, from original: [UInt8], keeping: Images.Variant? = nil,
+        visit: (Images.Variant, VipsImage) throws -> Void
+    ) throws {
         let shown = try header(original)
         let steps = variants.map { Self.step($0, width: shown.width, height: shown.height) }
         // Fitted variants largest first (each can feed the next); cropped ones last, as
@@ -223,7 +227,8 @@ struct ImageProcessor: Sendable {
         for (index, step) in ordered.enumerated() {
             // The smallest image made so far that has the pixels this variant needs.
             let source = sources.last { $0.scale >= step.scale * 0.999 }?.image ?? decoded
-            var image = step.crop || source.width != step.width || source.height != step.height
+            var image =
+                step.crop || source.width != step.width || source.height != step.height
                 ? try VipsImage(canopy_vips_resize(source.handle, Int32(step.width), Int32(step.height), step.crop ? 1 : 0), "resizing")
                 : source
             if (!step.crop && index < ordered.count - 1) || step.variant == keeping {
@@ -244,8 +249,9 @@ struct ImageProcessor: Sendable {
             return Step(variant: variant, scale: min(1, max(across, down)), width: spec.width, height: spec.height, crop: true)
         }
         let scale = min(1, across, down)
-        return Step(variant: variant, scale: scale, width: max(1, Int((Double(width) * scale).rounded())),
-                    height: max(1, Int((Double(height) * scale).rounded())), crop: false)
+        return Step(
+            variant: variant, scale: scale, width: max(1, Int((Double(width) * scale).rounded())),
+            height: max(1, Int((Double(height) * scale).rounded())), crop: false)
     }
 
     /// The largest shrink-on-load factor (8, 4, 2 or 1) that still decodes at least `scale`

@@ -1,6 +1,6 @@
-import CanopyImaging
 import CVips
 import CanopyBus
+import CanopyImaging
 import CanopyMessages
 import CanopyServiceKit
 import CanopyStore
@@ -86,17 +86,19 @@ public func makeImageService(settings: ImageServiceSettings, logger: Logger) asy
     var background: [any Service] = []
     let library: ImageLibrary
     if let postgres = settings.postgres {
-        let store = try await PostgresImageStore.open(url: postgres.url, poolSize: postgres.poolSize,
-                                                      originals: settings.originals ?? settings.directory.appendingPathComponent("originals", isDirectory: true),
-                                                      waitingUpTo: postgres.wait, logger: logger)
+        let store = try await PostgresImageStore.open(
+            url: postgres.url, poolSize: postgres.poolSize,
+            originals: settings.originals ?? settings.directory.appendingPathComponent("originals", isDirectory: true),
+            waitingUpTo: postgres.wait, logger: logger)
         library = try ImageLibrary(store: store, directory: settings.directory, configuration: settings.library, clock: settings.clock)
         background.append(await DeletedOriginalsWatch.start(store: store, library: library))
     } else {
         library = try ImageLibrary(directory: settings.directory, configuration: settings.library, clock: settings.clock)
     }
     background.append(PressureMonitor(library: library, budget: settings.memoryBudget, interval: settings.pressureInterval, logger: logger))
-    return ServiceParts(handlers: ImageService(library: library), background: background,
-                        onShutdown: (library.store as? PostgresImageStore).map { [$0.database.beginShutdown] } ?? [])
+    return ServiceParts(
+        handlers: ImageService(library: library), background: background,
+        onShutdown: (library.store as? PostgresImageStore).map { [$0.database.beginShutdown] } ?? [])
 }
 
 /// Drops from this replica's memory and disk tiers every original any replica deleted (the
@@ -108,9 +110,10 @@ struct DeletedOriginalsWatch: Service {
     /// and purges them from `library`'s caches.
     static func start(store: PostgresImageStore, library: ImageLibrary) async -> DeletedOriginalsWatch {
         let cache = library.cache
-        return DeletedOriginalsWatch(listening: await store.observeDeletedOriginals { ids in
-            Task { for id in ids { await cache.purge(id) } }
-        })
+        return DeletedOriginalsWatch(
+            listening: await store.observeDeletedOriginals { ids in
+                Task { for id in ids { await cache.purge(id) } }
+            })
     }
 
     func run() async throws {
@@ -177,8 +180,10 @@ public enum ImageTools {
     /// read back and compared; one already there with the same bytes is left as it is, so a
     /// copy that stopped half-way runs again from where it was. Throws, naming the photo,
     /// when a source file is missing or a copy differs.
-    public static func copyOriginals(_ sha256s: [String], from source: URL, to target: URL,
-                                     progress: (_ done: Int, _ total: Int) -> Void = { _, _ in }) throws -> OriginalsCopy {
+    public static func copyOriginals(
+        _ sha256s: [String], from source: URL, to target: URL,
+        progress: (_ done: Int, _ total: Int) -> Void = { _, _ in }
+    ) throws -> OriginalsCopy {
         let (from, to) = (try PhotoFiles(directory: source), try PhotoFiles(directory: target))
         var result = OriginalsCopy()
         for (index, sha256) in sha256s.enumerated() {
@@ -210,7 +215,9 @@ public enum ImageTools {
     }
 
     /// A variant of an image file's bytes, checked as the service checks uploads.
-    public static func variant(_ bytes: [UInt8], _ variant: Images.Variant, format: Images.Format, size: Int? = nil) throws -> (bytes: [UInt8], width: Int, height: Int) {
+    public static func variant(_ bytes: [UInt8], _ variant: Images.Variant, format: Images.Format, size: Int? = nil) throws -> (
+        bytes: [UInt8], width: Int, height: Int
+    ) {
         let processor = try ImageProcessor()
         _ = try processor.inspect(bytes)
         if let size, variant == .thumbnail {
@@ -223,7 +230,9 @@ public enum ImageTools {
     }
 
     /// Several variants from one decode, checked as ``variant(_:_:format:size:)`` checks.
-    public static func variants(_ bytes: [UInt8], _ variants: Set<Images.Variant>, format: Images.Format = .jpeg) throws -> [(variant: Images.Variant, bytes: [UInt8])] {
+    public static func variants(_ bytes: [UInt8], _ variants: Set<Images.Variant>, format: Images.Format = .jpeg) throws -> [(
+        variant: Images.Variant, bytes: [UInt8]
+    )] {
         let processor = try ImageProcessor()
         _ = try processor.inspect(bytes)
         return try processor.make(variants, format: format, from: bytes).map { ($0.variant, $0.bytes) }

@@ -25,12 +25,13 @@ enum MemoryPressure: String, Sendable, Comparable, CaseIterable {
     /// urgent; `full` over 10% critical.
     static func level(_ reading: Reading, budget: Int) -> MemoryPressure {
         let share = budget > 0 ? Double(reading.residentBytes) / Double(budget) : 0
-        var level: MemoryPressure = switch share {
-        case ..<0.5: .normal
-        case ..<0.7: .warning
-        case ..<0.85: .urgent
-        default: .critical
-        }
+        var level: MemoryPressure =
+            switch share {
+            case ..<0.5: .normal
+            case ..<0.7: .warning
+            case ..<0.85: .urgent
+            default: .critical
+            }
         if let some = reading.stalledSome {
             if some > 30 { level = max(level, .urgent) } else if some > 10 { level = max(level, .warning) }
         }
@@ -45,7 +46,7 @@ enum MemoryPressure: String, Sendable, Comparable, CaseIterable {
         for line in text.split(separator: "\n") {
             let fields = line.split(separator: " ")
             guard let kind = fields.first,
-                  let avg10 = fields.first(where: { $0.hasPrefix("avg10=") }).flatMap({ Double($0.dropFirst(6)) })
+                let avg10 = fields.first(where: { $0.hasPrefix("avg10=") }).flatMap({ Double($0.dropFirst(6)) })
             else { continue }
             if kind == "some" { some = avg10 } else if kind == "full" { full = avg10 }
         }

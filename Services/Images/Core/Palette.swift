@@ -129,8 +129,9 @@ enum PaletteExtractor {
             if let index = bestIndex { names[index] = role.name }
         }
         return zip(kept, names).map { cluster, role in
-            Images.Swatch(role: role, hex: cluster.lab.hex, population: (cluster.weight / total * 1000).rounded() / 1000,
-                          oklab: [cluster.lab.l, cluster.lab.a, cluster.lab.b].map { ($0 * 10_000).rounded() / 10_000 })
+            Images.Swatch(
+                role: role, hex: cluster.lab.hex, population: (cluster.weight / total * 1000).rounded() / 1000,
+                oklab: [cluster.lab.l, cluster.lab.a, cluster.lab.b].map { ($0 * 10_000).rounded() / 10_000 })
         }
     }
 }

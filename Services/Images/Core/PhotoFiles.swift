@@ -1,6 +1,7 @@
 import Foundation
+
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// Originals on disk, content-addressed: one file per photo, named by the SHA-256 of the bytes
@@ -69,7 +70,10 @@ struct PhotoFiles: Sendable {
         let probe = directory.appendingPathComponent(Self.temporaryPrefix + "health-" + UUID().uuidString)
         let descriptor = open(probe.path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
         guard descriptor >= 0 else {
-            throw Failure(description: "cannot create files in \(directory.path) (\(String(cString: strerror(errno)))); give the service's user (uid \(getuid())) write access to it")
+            throw Failure(
+                description:
+                    "cannot create files in \(directory.path) (\(String(cString: strerror(errno)))); give the service's user (uid \(getuid())) write access to it"
+            )
         }
         close(descriptor)
         unlink(probe.path)

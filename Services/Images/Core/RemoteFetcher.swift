@@ -1,10 +1,10 @@
-import CanopyMessages
 import CanopyBus
+import CanopyMessages
+import CanopyOutbound
 import Foundation
 import NIOCore
 import NIOHTTP1
 import NIOPosix
-import CanopyOutbound
 
 /// Fetches a photo from a remote http(s) URL, safely:
 /// - at most `maximumPerHost` fetches per origin host at once (more wait their turn);
@@ -83,7 +83,7 @@ final class RemoteFetcher: Sendable {
                 return response.body
             case 301, 302, 303, 307, 308:
                 guard let next = response.headers.first(name: "location"),
-                      let resolved = URL(string: next, relativeTo: URL(string: location))?.absoluteString
+                    let resolved = URL(string: next, relativeTo: URL(string: location))?.absoluteString
                 else { throw Failure(code: .badRequest, message: "\(location) redirects without a Location", retryable: false) }
                 location = resolved
             case 429, 500...599:

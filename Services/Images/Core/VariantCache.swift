@@ -38,7 +38,9 @@ actor VariantCache {
         /// Parses a disk file name back.
         init?(fileName: String) {
             let parts = fileName.split(separator: ".")
-            guard parts.count == 4, let variant = Images.Variant(rawValue: String(parts[1])), let format = Images.Format(rawValue: String(parts[2])) else { return nil }
+            guard parts.count == 4, let variant = Images.Variant(rawValue: String(parts[1])), let format = Images.Format(rawValue: String(parts[2])) else {
+                return nil
+            }
             self.init(sha256: String(parts[0]), variant: variant, format: format)
         }
     }
@@ -170,9 +172,13 @@ actor VariantCache {
     // MARK: - Statistics
 
     func statistics() -> (memory: Images.TierStatistics, disk: Images.TierStatistics) {
-        (Images.TierStatistics(entries: memory.count, bytes: memory.totalCost, limitBytes: limits.memoryBytes,
-                               hits: memoryHits, misses: memoryMisses, evictions: memory.evictions),
-         Images.TierStatistics(entries: disk.count, bytes: disk.totalCost, limitBytes: limits.diskBytes,
-                               hits: diskHits, misses: diskMisses, evictions: disk.evictions + expired))
+        (
+            Images.TierStatistics(
+                entries: memory.count, bytes: memory.totalCost, limitBytes: limits.memoryBytes,
+                hits: memoryHits, misses: memoryMisses, evictions: memory.evictions),
+            Images.TierStatistics(
+                entries: disk.count, bytes: disk.totalCost, limitBytes: limits.diskBytes,
+                hits: diskHits, misses: diskMisses, evictions: disk.evictions + expired)
+        )
     }
 }

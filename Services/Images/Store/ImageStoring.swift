@@ -35,8 +35,10 @@ protocol ImageStoring: Sendable {
     /// Records `sha256` as `owner`'s photo of `plantID`, writing the original first when it
     /// is new (`normalized` makes its bytes and size, and runs only then). Returns the photo
     /// as its owner sees it.
-    func add(sha256: String, owner: String, plantID: String, format: String,
-             normalized: () throws -> (bytes: [UInt8], width: Int, height: Int), now: Date) throws -> Images.Photo
+    func add(
+        sha256: String, owner: String, plantID: String, format: String,
+        normalized: () throws -> (bytes: [UInt8], width: Int, height: Int), now: Date
+    ) throws -> Images.Photo
     /// Whether `owner` holds the photo (for any plant): the check before anything is served.
     func owns(_ owner: String, _ sha256: String) throws -> Bool
     /// How many photos a person keeps, and the bytes of their originals.

@@ -40,16 +40,21 @@ final class PostgresImageStore: ImageStoring {
     }
 
     /// Connects to `url`, migrates canopy-images' tables, and keeps originals in `originals`.
-    static func open(url: DatabaseURL, poolSize: Int = PostgresSettings.defaultPoolSize, originals: URL, waitingUpTo wait: Duration = .zero, logger: Logger) async throws -> PostgresImageStore {
-        let store = PostgresImageStore(database: try await PostgresStore.open(url: url, migrator: migrator, size: poolSize, waitingUpTo: wait, logger: logger),
-                                       files: try PhotoFiles(directory: originals))
+    static func open(url: DatabaseURL, poolSize: Int = PostgresSettings.defaultPoolSize, originals: URL, waitingUpTo wait: Duration = .zero, logger: Logger)
+        async throws -> PostgresImageStore
+    {
+        let store = PostgresImageStore(
+            database: try await PostgresStore.open(url: url, migrator: migrator, size: poolSize, waitingUpTo: wait, logger: logger),
+            files: try PhotoFiles(directory: originals))
         try await offThePool { try store.sweepOrphans(now: Date()) }
         return store
     }
 
     static var migrator: PostgresMigrator {
         var migrator = PostgresMigrator(store: "images")
-        migrator.register("v1", """
+        migrator.register(
+            "v1",
+            """
             CREATE TABLE originals (
                 sha256 TEXT PRIMARY KEY,
                 format TEXT NOT NULL,
@@ -86,7 +91,10 @@ final class PostgresImageStore: ImageStoring {
     func originalSize(_ sha256: String) throws -> (format: Images.Format, width: Int, height: Int)? {
         try database.statement { session in
             try session.row("SELECT format, width, height FROM originals WHERE sha256 = \(sha256)").map { row in
-                (ImageProcessor.storedFormat(ImageKind(rawValue: try row.column("format").decode(String.self)) ?? .jpeg), try row.column("width").decode(Int.self), try row.column("height").decode(Int.self))
+                (
+                    ImageProcessor.storedFormat(ImageKind(rawValue: try row.column("format").decode(String.self)) ?? .jpeg),
+                    try row.column("width").decode(Int.self), try row.column("height").decode(Int.self)
+                )
             }
         }
     }
@@ -108,8 +116,10 @@ final class PostgresImageStore: ImageStoring {
 
     // MARK: - Photos
 
-    func add(sha256: String, owner: String, plantID: String, format: String,
-             normalized: () throws -> (bytes: [UInt8], width: Int, height: Int), now: Date) throws -> Images.Photo {
+    func add(
+        sha256: String, owner: String, plantID: String, format: String,
+        normalized: () throws -> (bytes: [UInt8], width: Int, height: Int), now: Date
+    ) throws -> Images.Photo {
         let at = now.timeIntervalSince1970
         return try database.write(isolation: .readCommitted) { session in
             try Self.lock(session, [sha256])
@@ -118,11 +128,13 @@ final class PostgresImageStore: ImageStoring {
             if try session.value(Int.self, "SELECT 1 FROM originals WHERE sha256 = \(sha256)") == nil {
                 let made = try normalized()
                 let size = try files.write(made.bytes, as: sha256)
-                try session.execute("""
+                try session.execute(
+                    """
                     INSERT INTO originals (sha256, format, width, height, bytes, createdAt) VALUES (\(sha256), \(format), \(made.width), \(made.height), \(size), \(at))
                     """)
             }
-            try session.execute("""
+            try session.execute(
+                """
                 INSERT INTO photos (owner, plantID, sha256, addedAt) VALUES (\(owner), \(plantID), \(sha256), \(at)) ON CONFLICT DO NOTHING
                 """)
             return try photos(session, owner: owner, plantID: plantID, sha256: sha256).first!
@@ -132,14 +144,19 @@ final class PostgresImageStore: ImageStoring {
     private static let photoColumns = "p.plantID, p.sha256, p.addedAt, o.format, o.width, o.height, o.bytes"
 
     private func photos(_ session: PostgresSession, owner: String, plantID: String, sha256: String? = nil) throws -> [Images.Photo] {
-        try session.rows("""
+        try session.rows(
+            """
             SELECT \(unescaped: Self.photoColumns) FROM photos p JOIN originals o ON o.sha256 = p.sha256
             WHERE p.owner = \(owner) AND p.plantID = \(plantID) AND (\(sha256)::TEXT IS NULL OR p.sha256 = \(sha256))
             ORDER BY p.addedAt DESC, p.sha256
-            """).map { row in
-            Images.Photo(sha256: try row.column("sha256").decode(String.self), plantID: try row.column("plantID").decode(String.self), width: try row.column("width").decode(Int.self),
-                         height: try row.column("height").decode(Int.self), format: try row.column("format").decode(String.self), bytes: try row.column("bytes").decode(Int.self),
-                         addedAt: Date(timeIntervalSince1970: try row.column("addedAt").decode(Double.self)))
+            """
+        ).map { row in
+            Images.Photo(
+                sha256: try row.column("sha256").decode(String.self), plantID: try row.column("plantID").decode(String.self),
+                width: try row.column("width").decode(Int.self),
+                height: try row.column("height").decode(Int.self), format: try row.column("format").decode(String.self),
+                bytes: try row.column("bytes").decode(Int.self),
+                addedAt: Date(timeIntervalSince1970: try row.column("addedAt").decode(Double.self)))
         }
     }
 
@@ -155,7 +172,8 @@ final class PostgresImageStore: ImageStoring {
 
     func usage(owner: String) throws -> (photos: Int, bytes: Int) {
         try database.statement { session in
-            let row = try session.row("""
+            let row = try session.row(
+                """
                 SELECT COUNT(*) AS count, COALESCE(SUM(o.bytes), 0)::BIGINT AS bytes FROM photos p JOIN originals o ON o.sha256 = p.sha256 WHERE p.owner = \(owner)
                 """)
             return (try row?.column("count").decode(Int.self) ?? 0, try row?.column("bytes").decode(Int.self) ?? 0)
@@ -168,19 +186,24 @@ final class PostgresImageStore: ImageStoring {
 
     func purge(owner: String, plantID: String, sha256: String?) throws -> (photos: Int, deleted: [String]) {
         let (count, orphaned) = try database.write(isolation: .readCommitted) { session -> (Int, [String]) in
-            let shas = try session.rows("""
+            let shas = try session.rows(
+                """
                 SELECT sha256 FROM photos WHERE owner = \(owner) AND plantID = \(plantID) AND (\(sha256)::TEXT IS NULL OR sha256 = \(sha256))
-                """).map { try $0.column("sha256").decode(String.self) }
+                """
+            ).map { try $0.column("sha256").decode(String.self) }
             guard !shas.isEmpty else { return (0, []) }
             try Self.lock(session, shas)
-            let removed = try session.execute("""
+            let removed = try session.execute(
+                """
                 DELETE FROM photos WHERE owner = \(owner) AND plantID = \(plantID) AND sha256 = ANY(\(shas))
                 """)
             // Originals nobody holds any more lose their rows (and palettes) here; their files
             // go once this commits, in the lock again (below).
-            let orphaned = try session.rows("""
+            let orphaned = try session.rows(
+                """
                 SELECT sha FROM unnest(\(shas)) AS sha WHERE NOT EXISTS (SELECT 1 FROM photos WHERE photos.sha256 = sha)
-                """).map { try $0.column("sha").decode(String.self) }
+                """
+            ).map { try $0.column("sha").decode(String.self) }
             if !orphaned.isEmpty {
                 try session.execute("DELETE FROM palettes WHERE sha256 = ANY(\(orphaned))")
                 try session.execute("DELETE FROM originals WHERE sha256 = ANY(\(orphaned))")
@@ -197,7 +220,8 @@ final class PostgresImageStore: ImageStoring {
     private func removeFiles(_ sha256s: [String]) throws -> [String] {
         try database.write(isolation: .readCommitted) { session in
             try Self.lock(session, sha256s)
-            let counted = Set(try session.rows("SELECT sha256 FROM originals WHERE sha256 = ANY(\(sha256s))").map { try $0.column("sha256").decode(String.self) })
+            let counted = Set(
+                try session.rows("SELECT sha256 FROM originals WHERE sha256 = ANY(\(sha256s))").map { try $0.column("sha256").decode(String.self) })
             let gone = sha256s.filter { !counted.contains($0) }
             for sha in gone { files.remove(sha) }
             // A notification carries at most 8000 bytes: 100 ids at a time.
@@ -245,7 +269,8 @@ final class PostgresImageStore: ImageStoring {
     func savePalette(_ swatches: [Images.Swatch], for sha256: String, now: Date) throws {
         let blob = Data(try codec.encode(swatches))
         try database.write { session in
-            try session.execute("""
+            try session.execute(
+                """
                 INSERT INTO palettes (sha256, swatches, createdAt) SELECT \(sha256), \(blob), \(now.timeIntervalSince1970)
                 WHERE EXISTS (SELECT 1 FROM originals WHERE sha256 = \(sha256))
                 ON CONFLICT (sha256) DO UPDATE SET swatches = excluded.swatches, createdAt = excluded.createdAt
@@ -260,6 +285,8 @@ final class PostgresImageStore: ImageStoring {
 
 /// How canopy-images' SQLite index moves into PostgreSQL (`canopy migrate`; the originals are
 /// copied by ``ImageTools/copyOriginals(_:from:to:progress:)``).
-public let imagesStoreImport = StoreImport(store: "images", migrator: PostgresImageStore.migrator, tables: [
-    .init("originals", key: ["sha256"]), .init("photos", key: ["owner", "plantID", "sha256"]), .init("palettes", key: ["sha256"]),
-])
+public let imagesStoreImport = StoreImport(
+    store: "images", migrator: PostgresImageStore.migrator,
+    tables: [
+        .init("originals", key: ["sha256"]), .init("photos", key: ["owner", "plantID", "sha256"]), .init("palettes", key: ["sha256"]),
+    ])

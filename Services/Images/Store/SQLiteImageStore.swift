@@ -31,26 +31,27 @@ final class SQLiteImageStore: ImageStoring {
     static var migrator: DatabaseMigrator {
         var migrator = DatabaseMigrator()
         migrator.registerMigration("v1") { db in
-            try db.execute(sql: """
-                CREATE TABLE originals (
-                    sha256 TEXT PRIMARY KEY,
-                    format TEXT NOT NULL,
-                    width INTEGER NOT NULL,
-                    height INTEGER NOT NULL,
-                    bytes INTEGER NOT NULL,
-                    createdAt DOUBLE NOT NULL);
-                CREATE TABLE photos (
-                    owner TEXT NOT NULL,
-                    plantID TEXT NOT NULL,
-                    sha256 TEXT NOT NULL REFERENCES originals(sha256),
-                    addedAt DOUBLE NOT NULL,
-                    PRIMARY KEY (owner, plantID, sha256));
-                CREATE INDEX photosBySha ON photos(sha256, owner);
-                CREATE TABLE palettes (
-                    sha256 TEXT PRIMARY KEY REFERENCES originals(sha256),
-                    swatches BLOB NOT NULL,
-                    createdAt DOUBLE NOT NULL);
-                """)
+            try db.execute(
+                sql: """
+                    CREATE TABLE originals (
+                        sha256 TEXT PRIMARY KEY,
+                        format TEXT NOT NULL,
+                        width INTEGER NOT NULL,
+                        height INTEGER NOT NULL,
+                        bytes INTEGER NOT NULL,
+                        createdAt DOUBLE NOT NULL);
+                    CREATE TABLE photos (
+                        owner TEXT NOT NULL,
+                        plantID TEXT NOT NULL,
+                        sha256 TEXT NOT NULL REFERENCES originals(sha256),
+                        addedAt DOUBLE NOT NULL,
+                        PRIMARY KEY (owner, plantID, sha256));
+                    CREATE INDEX photosBySha ON photos(sha256, owner);
+                    CREATE TABLE palettes (
+                        sha256 TEXT PRIMARY KEY REFERENCES originals(sha256),
+                        swatches BLOB NOT NULL,
+                        createdAt DOUBLE NOT NULL);
+                    """)
         }
         return migrator
     }
@@ -63,7 +64,9 @@ final class SQLiteImageStore: ImageStoring {
 
     /// Whether the original is stored (for anyone).
     func hasOriginal(_ sha256: String) throws -> Bool {
-        try database.tracedRead { db in try Bool.fetchOne(db.cachedStatement(sql: "SELECT EXISTS(SELECT 1 FROM originals WHERE sha256 = ?)"), arguments: [sha256]) ?? false }
+        try database.tracedRead { db in
+            try Bool.fetchOne(db.cachedStatement(sql: "SELECT EXISTS(SELECT 1 FROM originals WHERE sha256 = ?)"), arguments: [sha256]) ?? false
+        }
     }
 
     /// The format the original is stored in and its size, or nil when it is not stored.
@@ -84,8 +87,10 @@ final class SQLiteImageStore: ImageStoring {
     /// is new. Returns the photo as its owner sees it.
     /// `normalized` makes the bytes to store (and their size after auto-rotation); it runs
     /// only when the original is new.
-    func add(sha256: String, owner: String, plantID: String, format: String,
-             normalized: () throws -> (bytes: [UInt8], width: Int, height: Int), now: Date) throws -> Images.Photo {
+    func add(
+        sha256: String, owner: String, plantID: String, format: String,
+        normalized: () throws -> (bytes: [UInt8], width: Int, height: Int), now: Date
+    ) throws -> Images.Photo {
         var wroteFile = false
         var width = 0, height = 0, size = 0
         if try !hasOriginal(sha256) {
@@ -96,12 +101,14 @@ final class SQLiteImageStore: ImageStoring {
         }
         do {
             return try database.tracedWrite { db in
-                try db.execute(sql: """
-                    INSERT OR IGNORE INTO originals (sha256, format, width, height, bytes, createdAt) VALUES (?, ?, ?, ?, ?, ?)
-                    """, arguments: [sha256, format, width, height, size, now.timeIntervalSince1970])
-                try db.execute(sql: """
-                    INSERT OR IGNORE INTO photos (owner, plantID, sha256, addedAt) VALUES (?, ?, ?, ?)
-                    """, arguments: [owner, plantID, sha256, now.timeIntervalSince1970])
+                try db.execute(
+                    sql: """
+                        INSERT OR IGNORE INTO originals (sha256, format, width, height, bytes, createdAt) VALUES (?, ?, ?, ?, ?, ?)
+                        """, arguments: [sha256, format, width, height, size, now.timeIntervalSince1970])
+                try db.execute(
+                    sql: """
+                        INSERT OR IGNORE INTO photos (owner, plantID, sha256, addedAt) VALUES (?, ?, ?, ?)
+                        """, arguments: [owner, plantID, sha256, now.timeIntervalSince1970])
                 return try photo(db, owner: owner, plantID: plantID, sha256: sha256)!
             }
         } catch {
@@ -111,23 +118,28 @@ final class SQLiteImageStore: ImageStoring {
     }
 
     private func photo(_ db: Database, owner: String, plantID: String, sha256: String) throws -> Images.Photo? {
-        try Row.fetchOne(db, sql: """
-            SELECT p.plantID, p.sha256, p.addedAt, o.format, o.width, o.height, o.bytes
-            FROM photos p JOIN originals o ON o.sha256 = p.sha256
-            WHERE p.owner = ? AND p.plantID = ? AND p.sha256 = ?
-            """, arguments: [owner, plantID, sha256]).map(Self.photo)
+        try Row.fetchOne(
+            db,
+            sql: """
+                SELECT p.plantID, p.sha256, p.addedAt, o.format, o.width, o.height, o.bytes
+                FROM photos p JOIN originals o ON o.sha256 = p.sha256
+                WHERE p.owner = ? AND p.plantID = ? AND p.sha256 = ?
+                """, arguments: [owner, plantID, sha256]
+        ).map(Self.photo)
     }
 
     private static func photo(_ row: Row) -> Images.Photo {
-        Images.Photo(sha256: row["sha256"], plantID: row["plantID"], width: row["width"], height: row["height"],
-                     format: row["format"], bytes: row["bytes"], addedAt: Date(timeIntervalSince1970: row["addedAt"]))
+        Images.Photo(
+            sha256: row["sha256"], plantID: row["plantID"], width: row["width"], height: row["height"],
+            format: row["format"], bytes: row["bytes"], addedAt: Date(timeIntervalSince1970: row["addedAt"]))
     }
 
     /// Whether `owner` holds the photo (for any plant): the check before anything is served
     /// (every variant request runs it: the statement is prepared once per connection).
     func owns(_ owner: String, _ sha256: String) throws -> Bool {
         try database.tracedRead { db in
-            try Bool.fetchOne(db.cachedStatement(sql: "SELECT EXISTS(SELECT 1 FROM photos WHERE sha256 = ? AND owner = ?)"), arguments: [sha256, owner]) ?? false
+            try Bool.fetchOne(db.cachedStatement(sql: "SELECT EXISTS(SELECT 1 FROM photos WHERE sha256 = ? AND owner = ?)"), arguments: [sha256, owner])
+                ?? false
         }
     }
 
@@ -139,21 +151,26 @@ final class SQLiteImageStore: ImageStoring {
     /// How many photos a person keeps, and the bytes of their originals.
     func usage(owner: String) throws -> (photos: Int, bytes: Int) {
         try database.tracedRead { db in
-            let row = try Row.fetchOne(db, sql: """
-                SELECT COUNT(*) AS photos, COALESCE(SUM(o.bytes), 0) AS bytes FROM photos p JOIN originals o ON o.sha256 = p.sha256 WHERE p.owner = ?
-                """, arguments: [owner])
+            let row = try Row.fetchOne(
+                db,
+                sql: """
+                    SELECT COUNT(*) AS photos, COALESCE(SUM(o.bytes), 0) AS bytes FROM photos p JOIN originals o ON o.sha256 = p.sha256 WHERE p.owner = ?
+                    """, arguments: [owner])
             return (row?["photos"] ?? 0, row?["bytes"] ?? 0)
         }
     }
 
     func photos(owner: String, plantID: String) throws -> [Images.Photo] {
         try database.tracedRead { db in
-            try Row.fetchAll(db, sql: """
-                SELECT p.plantID, p.sha256, p.addedAt, o.format, o.width, o.height, o.bytes
-                FROM photos p JOIN originals o ON o.sha256 = p.sha256
-                WHERE p.owner = ? AND p.plantID = ?
-                ORDER BY p.addedAt DESC, p.sha256
-                """, arguments: [owner, plantID]).map(Self.photo)
+            try Row.fetchAll(
+                db,
+                sql: """
+                    SELECT p.plantID, p.sha256, p.addedAt, o.format, o.width, o.height, o.bytes
+                    FROM photos p JOIN originals o ON o.sha256 = p.sha256
+                    WHERE p.owner = ? AND p.plantID = ?
+                    ORDER BY p.addedAt DESC, p.sha256
+                    """, arguments: [owner, plantID]
+            ).map(Self.photo)
         }
     }
 
@@ -213,8 +230,9 @@ final class SQLiteImageStore: ImageStoring {
         let blob = Data(try codec.encode(swatches))
         try database.tracedWrite { db in
             guard try Bool.fetchOne(db, sql: "SELECT EXISTS(SELECT 1 FROM originals WHERE sha256 = ?)", arguments: [sha256]) ?? false else { return }
-            try db.execute(sql: "INSERT OR REPLACE INTO palettes (sha256, swatches, createdAt) VALUES (?, ?, ?)",
-                           arguments: [sha256, blob, now.timeIntervalSince1970])
+            try db.execute(
+                sql: "INSERT OR REPLACE INTO palettes (sha256, swatches, createdAt) VALUES (?, ?, ?)",
+                arguments: [sha256, blob, now.timeIntervalSince1970])
         }
     }
 

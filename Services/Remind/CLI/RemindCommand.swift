@@ -1,10 +1,10 @@
 import ArgumentParser
 import CanopyBus
 import CanopyMessages
+import CanopyRemind
 import CanopyServiceKit
 import CanopyStore
 import Foundation
-import CanopyRemind
 
 @main
 struct RemindCommand: MainCommand {
@@ -39,11 +39,16 @@ struct ServeRemind: AsyncParsableCommand {
     var digestSeconds: Int = Environment.int("CANOPY_DIGEST_SECONDS", default: 600)
     @Option(help: ArgumentHelp("Hours after which a missed reminder is recorded as stale instead of sent. Env: CANOPY_STALE_HOURS.", valueName: "h"))
     var staleHours: Int = Environment.int("CANOPY_STALE_HOURS", default: 12)
-    @Option(help: ArgumentHelp("A host webhooks and ntfy topics may name though it is private or loopback (repeatable). Env: CANOPY_ALLOW_HOSTS (comma-separated).", valueName: "host"))
+    @Option(
+        help: ArgumentHelp(
+            "A host webhooks and ntfy topics may name though it is private or loopback (repeatable). Env: CANOPY_ALLOW_HOSTS (comma-separated).",
+            valueName: "host"))
     var allowHost: [String] = Environment.string("CANOPY_ALLOW_HOSTS")?.split(separator: ",").map(String.init) ?? []
     @OptionGroup var apns: APNsOptions
     @OptionGroup var database: DatabaseOptions
-    @Flag(help: ArgumentHelp("Send nothing: every notification becomes a log line, whatever its device's channel (a replay or staging stack). Env: CANOPY_REHEARSAL=1."))
+    @Flag(
+        help: ArgumentHelp(
+            "Send nothing: every notification becomes a log line, whatever its device's channel (a replay or staging stack). Env: CANOPY_REHEARSAL=1."))
     var rehearse = false
 
     func validate() throws {
@@ -69,16 +74,23 @@ struct ServeRemind: AsyncParsableCommand {
         settings.clock = serve.worker.serviceClock
         settings.rehearsal = rehearse || Environment.flag("CANOPY_REHEARSAL")
         let context = serve.common.busContext()
-        guard let services = try await buildUnlessStopped(logger: logger, { [settings] in
-            try await buildReminderService(settings: settings, context: context, logger: logger)
-        }) else { return }
+        guard
+            let services = try await buildUnlessStopped(
+                logger: logger,
+                { [settings] in
+                    try await buildReminderService(settings: settings, context: context, logger: logger)
+                })
+        else { return }
         try await runUntilShutdown(services, traces: serve.traces, logger: logger)
     }
 }
 
 /// A call to the running service for one person, with an error that says what to check.
-func ask<Operation: BusOperation>(_ operation: Operation.Type, _ request: Operation.Request, user: String, common: CommonOptions) async throws -> Operation.Reply {
-    let bus = try BusClient(configuration: try common.clientConfiguration(), context: ZMQContext(), logger: LogSetup.logger(label: "canopy-remind", level: .error))
+func ask<Operation: BusOperation>(_ operation: Operation.Type, _ request: Operation.Request, user: String, common: CommonOptions) async throws
+    -> Operation.Reply
+{
+    let bus = try BusClient(
+        configuration: try common.clientConfiguration(), context: ZMQContext(), logger: LogSetup.logger(label: "canopy-remind", level: .error))
     defer { bus.close() }
     do {
         return try await bus.call(operation, request, principal: user, timeout: .seconds(10))
@@ -97,8 +109,10 @@ struct DevicesCommand: AsyncParsableCommand {
         let devices = try await ask(Reminders.ListDevices.self, .init(), user: user, common: common)
         var table = Table("ID", "CHANNEL", "NAME", "ACTIVE", "REGISTERED (UTC)", "ADDRESS")
         for device in devices {
-            table.append([device.id, device.channel.rawValue, device.name ?? "", device.active ? "yes" : "no: \(device.deactivatedReason ?? "")",
-                          device.registeredAt.formatted(.iso8601), String(device.address.prefix(60))])
+            table.append([
+                device.id, device.channel.rawValue, device.name ?? "", device.active ? "yes" : "no: \(device.deactivatedReason ?? "")",
+                device.registeredAt.formatted(.iso8601), String(device.address.prefix(60)),
+            ])
         }
         print(table.render())
     }
@@ -106,7 +120,8 @@ struct DevicesCommand: AsyncParsableCommand {
 
 struct PendingCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        commandName: "pending", abstract: "List a person's next reminders (asks the running service).", discussion: "Example: canopy-remind pending --user user-42")
+        commandName: "pending", abstract: "List a person's next reminders (asks the running service).",
+        discussion: "Example: canopy-remind pending --user user-42")
     @OptionGroup var common: CommonOptions
     @Option(help: "The person's user id.") var user: String
     @Option(help: "How many, 1 to 256.") var limit = 64
@@ -149,9 +164,13 @@ struct APNsOptions: ParsableArguments {
     var apnsTeamID: String? = Environment.string("CANOPY_APNS_TEAM_ID")
     @Option(help: ArgumentHelp("The app's bundle id (apns-topic). Env: CANOPY_APNS_TOPIC.", valueName: "bundle-id"))
     var apnsTopic: String? = Environment.string("CANOPY_APNS_TOPIC")
-    @Option(help: ArgumentHelp("APNs' address: \(APNsSettings.production), or \(APNsSettings.sandbox) for development builds. Env: CANOPY_APNS_SERVER.", valueName: "url"))
+    @Option(
+        help: ArgumentHelp(
+            "APNs' address: \(APNsSettings.production), or \(APNsSettings.sandbox) for development builds. Env: CANOPY_APNS_SERVER.", valueName: "url"))
     var apnsServer: String = Environment.string("CANOPY_APNS_SERVER") ?? APNsSettings.production
-    @Option(help: ArgumentHelp("Certificate authorities (PEM) to trust for APNs instead of the system's, for a proxy. Env: CANOPY_APNS_CA_FILE.", valueName: "file"))
+    @Option(
+        help: ArgumentHelp("Certificate authorities (PEM) to trust for APNs instead of the system's, for a proxy. Env: CANOPY_APNS_CA_FILE.", valueName: "file")
+    )
     var apnsCAFile: String? = Environment.string("CANOPY_APNS_CA_FILE")
 
     /// The settings, `nil` when APNs is not configured; an error naming what is missing when

@@ -205,7 +205,7 @@ final class APNsChannel: NotificationChannel, Service {
         case (403, "ExpiredProviderToken"):
             return .expiredProviderToken(token)
         case (403, "InvalidProviderToken"), (403, "MissingProviderToken"), (403, "BadEnvironmentKeyInToken"), (403, "UnrelatedKeyIdInToken"),
-             (403, "BadCertificate"), (403, "BadCertificateEnvironment"):
+            (403, "BadCertificate"), (403, "BadCertificateEnvironment"):
             return .outcome(.retry(said + ": check canopy-remind's APNs key, key id, team id and server"))
         case (429, _), (500..<600, _):
             return .outcome(.retry(said))
@@ -228,9 +228,12 @@ final class APNsChannel: NotificationChannel, Service {
         let tasks = notification.reminders.map(\.taskID)
         func encoded(title: String, lines: [String], kept: Int, tasks: [String]) throws -> Data {
             let body = lines.prefix(kept) + (kept < lines.count ? ["and \(lines.count - kept) more"] : [])
-            return try encoder.encode(Payload(aps: .init(alert: .init(title: title, body: body.joined(separator: "\n")), sound: "default",
-                                                         threadID: "canopy.care"),
-                                              canopy: .init(id: notification.id, tasks: tasks)))
+            return try encoder.encode(
+                Payload(
+                    aps: .init(
+                        alert: .init(title: title, body: body.joined(separator: "\n")), sound: "default",
+                        threadID: "canopy.care"),
+                    canopy: .init(id: notification.id, tasks: tasks)))
         }
         let short = (title: String(notification.title.prefix(100)), lines: lines.map { String($0.prefix(100)) })
         for (title, lines, tasks) in [(notification.title, lines, tasks), (notification.title, lines, []), (short.title, short.lines, [])] {

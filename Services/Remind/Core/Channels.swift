@@ -204,8 +204,10 @@ struct NtfyChannel: NotificationChannel {
 
     /// ntfy shows tags that are emoji short codes as emoji.
     static func tags(_ notification: ReminderNotification) -> String {
-        let emoji: [Care.TaskKind: String] = [.water: "droplet", .fertilize: "seedling", .mist: "sweat_drops", .repot: "potted_plant",
-                                              .rotate: "arrows_counterclockwise", .prune: "scissors", .custom: "memo"]
+        let emoji: [Care.TaskKind: String] = [
+            .water: "droplet", .fertilize: "seedling", .mist: "sweat_drops", .repot: "potted_plant",
+            .rotate: "arrows_counterclockwise", .prune: "scissors", .custom: "memo",
+        ]
         return Array(Set(notification.reminders.compactMap { emoji[$0.kind] })).sorted().joined(separator: ",")
     }
 

@@ -92,8 +92,11 @@ struct DispatchPlan: Sendable {
         digest.state = active.isEmpty ? .delivered : .sending
         let occurrences = digest.fresh.map { ($0.reminder.taskID, $0.reminder.due.timeIntervalSince1970) }
         digest.notifications = active.map { device in
-            Addressed(deviceID: device.device.id, notification: ReminderNotification(id: ReminderNotification.key(deviceID: device.device.id, reminders: occurrences),
-                                                                                     reminders: digest.fresh.map(\.reminder)))
+            Addressed(
+                deviceID: device.device.id,
+                notification: ReminderNotification(
+                    id: ReminderNotification.key(deviceID: device.device.id, reminders: occurrences),
+                    reminders: digest.fresh.map(\.reminder)))
         }
         return digest
     }

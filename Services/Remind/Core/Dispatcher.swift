@@ -1,7 +1,7 @@
 import CanopyMessages
 import CanopyServiceKit
-import Foundation
 import DequeModule
+import Foundation
 import Logging
 import ServiceLifecycle
 import Synchronization
@@ -124,8 +124,10 @@ public final class Dispatcher: Service, Sendable {
     static let refillMemory = 65_536
     private let wakeup = Wakeup()
 
-    init(store: any ReminderStoring, channels: [any NotificationChannel], clock: any ReminderClock = SystemReminderClock(), settings: DispatchSettings = .init(),
-         refill: (@Sendable (String) async -> Void)? = nil, logger: Logger) {
+    init(
+        store: any ReminderStoring, channels: [any NotificationChannel], clock: any ReminderClock = SystemReminderClock(), settings: DispatchSettings = .init(),
+        refill: (@Sendable (String) async -> Void)? = nil, logger: Logger
+    ) {
         self.store = store
         self.channels = Dictionary(uniqueKeysWithValues: channels.map { ($0.kind, $0) })
         self.clock = clock
@@ -133,8 +135,11 @@ public final class Dispatcher: Service, Sendable {
         plan = DispatchPlan(settings: settings)
         self.refill = refill
         self.logger = logger
-        state = Mutex(State(slots: DeliverySlots(total: settings.concurrency, perDestination: settings.perDestination,
-                                                 perQuickDestination: settings.perQuickDestination, perSlowDestination: settings.perSlowDestination)))
+        state = Mutex(
+            State(
+                slots: DeliverySlots(
+                    total: settings.concurrency, perDestination: settings.perDestination,
+                    perQuickDestination: settings.perQuickDestination, perSlowDestination: settings.perSlowDestination)))
     }
 
     /// Reminders whose time is new or changed (from a sync). The dispatcher is woken only
@@ -326,8 +331,10 @@ public final class Dispatcher: Service, Sendable {
             guard !digest.fresh.isEmpty else { continue }
             try data.setState(digest.state, ofReminders: digest.fresh.map(\.id), at: now)
             for addressed in digest.notifications {
-                if let send = try data.insertSend(owner: owner, deviceID: addressed.deviceID, notification: addressed.notification,
-                                                  reminderIDs: digest.fresh.map(\.id), at: now) {
+                if let send = try data.insertSend(
+                    owner: owner, deviceID: addressed.deviceID, notification: addressed.notification,
+                    reminderIDs: digest.fresh.map(\.id), at: now)
+                {
                     created.append(send)
                 }
             }
@@ -343,7 +350,8 @@ public final class Dispatcher: Service, Sendable {
             // Only the last interval's checks matter, and at most ``refillMemory`` of them: the
             // oldest go first (a bound on what it holds, in constant time per check).
             while let oldest = state.refillChecks.first,
-                  now.timeIntervalSince(oldest.at) >= interval || state.refillChecks.count >= Self.refillMemory {
+                now.timeIntervalSince(oldest.at) >= interval || state.refillChecks.count >= Self.refillMemory
+            {
                 state.refillChecks.removeFirst()
                 if state.lastRefill[oldest.owner] == oldest.at { state.lastRefill[oldest.owner] = nil }
             }
@@ -496,9 +504,14 @@ public final class Dispatcher: Service, Sendable {
                 for attempt in attempts {
                     // Its plant was deleted while it was on its way: nothing of it is kept.
                     guard try data.sendExists(id: attempt.sendID) else { continue }
-                    let update = plan.update(after: attempt.outcome, attempt: attempt.attempt, now: now.timeIntervalSince1970, jitter: Double.random(in: 0.8...1.2))
-                    logger.info("remind.attempt", metadata: ["remind.send": "\(attempt.sendID)", "remind.attempt": "\(attempt.attempt)",
-                                                            "remind.outcome": "\(attempt.outcome.label)", "remind.detail": "\(attempt.outcome.detail)"])
+                    let update = plan.update(
+                        after: attempt.outcome, attempt: attempt.attempt, now: now.timeIntervalSince1970, jitter: Double.random(in: 0.8...1.2))
+                    logger.info(
+                        "remind.attempt",
+                        metadata: [
+                            "remind.send": "\(attempt.sendID)", "remind.attempt": "\(attempt.attempt)",
+                            "remind.outcome": "\(attempt.outcome.label)", "remind.detail": "\(attempt.outcome.detail)",
+                        ])
                     try data.record(attempt, update: update, at: now)
                     if case .retry(let at, _) = update {
                         retries.append((attempt.sendID, at))

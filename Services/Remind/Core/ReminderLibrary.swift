@@ -16,8 +16,10 @@ final class ReminderLibrary: Sendable {
     /// The channels this service delivers through; devices of others are refused.
     let channels: Set<Reminders.Channel>
 
-    init(store: any ReminderStoring, allowedHosts: Set<String> = [], channels: Set<Reminders.Channel> = Set(Reminders.Channel.allCases),
-         clock: ServiceClock = .system) {
+    init(
+        store: any ReminderStoring, allowedHosts: Set<String> = [], channels: Set<Reminders.Channel> = Set(Reminders.Channel.allCases),
+        clock: ServiceClock = .system
+    ) {
         self.clock = clock
         self.store = store
         self.allowedHosts = allowedHosts
@@ -57,7 +59,10 @@ final class ReminderLibrary: Sendable {
     func register(_ request: Reminders.RegisterDevice.Request, owner: String, now: Date? = nil) throws -> Reminders.Device {
         let now = now ?? clock.now()
         guard channels.contains(request.channel) else {
-            throw CanopyError(.badRequest, "this Canopy does not deliver through \(request.channel.rawValue) (its operator has not configured it); register a \(channels.map(\.rawValue).sorted().joined(separator: ", ")) device instead")
+            throw CanopyError(
+                .badRequest,
+                "this Canopy does not deliver through \(request.channel.rawValue) (its operator has not configured it); register a \(channels.map(\.rawValue).sorted().joined(separator: ", ")) device instead"
+            )
         }
         if request.channel == .webhook || request.channel == .ntfy {
             try AddressPolicy(allowedHosts: allowedHosts).check(request.address)
@@ -73,8 +78,9 @@ final class ReminderLibrary: Sendable {
             guard count < Reminders.Limits.devices else {
                 throw CanopyError(.tooLarge, "you have \(count) devices, the most one person may register; remove one with devices.remove first")
             }
-            let device = Reminders.Device(id: UUID().uuidString.lowercased(), channel: request.channel, address: address, name: request.name,
-                                          active: true, registeredAt: now, deactivatedReason: nil)
+            let device = Reminders.Device(
+                id: UUID().uuidString.lowercased(), channel: request.channel, address: address, name: request.name,
+                active: true, registeredAt: now, deactivatedReason: nil)
             try data.insertDevice(device, owner: owner, secret: request.secret, accessToken: request.accessToken)
             return try data.device(owner: owner, id: device.id)!.device
         }
@@ -107,8 +113,9 @@ final class ReminderLibrary: Sendable {
     func failures(owner: String, limit: Int) throws -> [Reminders.Failure] {
         try store.read { data in
             let stale = try data.staleReminders(owner: owner, limit: limit).map { stale in
-                Reminders.Failure(reminder: stale.reminder, deviceID: nil, attempts: 0,
-                                  lastError: "not sent: past the staleness limit when its time came (the service was down)", at: stale.at)
+                Reminders.Failure(
+                    reminder: stale.reminder, deviceID: nil, attempts: 0,
+                    lastError: "not sent: past the staleness limit when its time came (the service was down)", at: stale.at)
             }
             return Array((try data.failedSends(owner: owner, limit: limit) + stale).sorted { $0.at > $1.at }.prefix(limit))
         }
@@ -167,7 +174,7 @@ struct AddressPolicy: Sendable {
 
     func check(_ address: String) throws(CanopyError) {
         guard let url = URL(string: address), let scheme = url.scheme?.lowercased(), scheme == "http" || scheme == "https",
-              let host = url.host?.lowercased(), !host.isEmpty
+            let host = url.host?.lowercased(), !host.isEmpty
         else {
             throw CanopyError(.badRequest, "'\(address.prefix(100))' is not an http(s) URL")
         }
@@ -184,6 +191,8 @@ struct AddressPolicy: Sendable {
     }
 
     private func refusal(_ host: String) -> CanopyError {
-        CanopyError(.badRequest, "'\(host)' is a loopback, private or internal address; notifications go to public hosts only (an operator can allow a host with --allow-host)")
+        CanopyError(
+            .badRequest,
+            "'\(host)' is a loopback, private or internal address; notifications go to public hosts only (an operator can allow a host with --allow-host)")
     }
 }

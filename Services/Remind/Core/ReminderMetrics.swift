@@ -13,9 +13,14 @@ final class ReminderMetrics: Sendable {
     /// Every channel's counters by outcome, made at start so that each series exists before its first attempt.
     private let attempts: [String: (accepted: Counter, retried: Counter, rejected: Counter)] = Dictionary(
         uniqueKeysWithValues: (Reminders.Channel.allCases.map(\.rawValue) + ["none"]).map { channel in
-            (channel, (Counter(label: "canopy_remind_attempts_total", dimensions: [("channel", channel), ("outcome", "accepted")]),
-                       Counter(label: "canopy_remind_attempts_total", dimensions: [("channel", channel), ("outcome", "retry")]),
-                       Counter(label: "canopy_remind_attempts_total", dimensions: [("channel", channel), ("outcome", "rejected")])))
+            (
+                channel,
+                (
+                    Counter(label: "canopy_remind_attempts_total", dimensions: [("channel", channel), ("outcome", "accepted")]),
+                    Counter(label: "canopy_remind_attempts_total", dimensions: [("channel", channel), ("outcome", "retry")]),
+                    Counter(label: "canopy_remind_attempts_total", dimensions: [("channel", channel), ("outcome", "rejected")])
+                )
+            )
         })
     private let lateness = Metrics.Timer(label: "canopy_remind_lateness_seconds")
 

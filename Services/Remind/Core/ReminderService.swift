@@ -52,7 +52,8 @@ extension Dispatcher {
         }
         let now = clock.now()
         let test = Reminders.Reminder(taskID: "test", plantID: "test", kind: .custom, title: "Canopy test notification", due: now, state: .sending)
-        let notification = ReminderNotification(id: ReminderNotification.key(deviceID: deviceID, reminders: [("test", now.timeIntervalSince1970)]), reminders: [test])
+        let notification = ReminderNotification(
+            id: ReminderNotification.key(deviceID: deviceID, reminders: [("test", now.timeIntervalSince1970)]), reminders: [test])
         return switch await channel.deliver(notification, to: device) {
         case .accepted(let detail): .init(accepted: true, detail: detail)
         case .retry(let detail), .rejected(let detail, _): .init(accepted: false, detail: detail)
@@ -98,8 +99,10 @@ public struct ReminderServiceSettings: Sendable {
 /// Builds what `canopy-remind serve` runs, in start order: the bus client (for refills from
 /// canopy-care), the APNs client when configured, the dispatcher, the bus worker, and the `/metrics` and `/health` listener
 /// when `settings` name one.
-public func buildReminderService(settings: ReminderServiceSettings, context: ZMQContext, logger: Logger,
-                                 clock: (any ReminderClock)? = nil) async throws -> [any Service] {
+public func buildReminderService(
+    settings: ReminderServiceSettings, context: ZMQContext, logger: Logger,
+    clock: (any ReminderClock)? = nil
+) async throws -> [any Service] {
     try OperatingEndpoint.ensureFree(settings.metrics) // a taken port stops it before anything opens
     let bus = try BusClient(configuration: settings.runner.client, context: context, logger: logger)
     return try await makeReminderService(settings: settings, bus: bus, logger: logger, clock: clock)
@@ -110,8 +113,10 @@ public func buildReminderService(settings: ReminderServiceSettings, context: ZMQ
 /// SQLite in `settings.directory`), the APNs client when configured (started before the
 /// dispatcher, closed after it), and the dispatcher, which asks canopy-care for fresh windows
 /// through `bus`.
-public func makeReminderService(settings: ReminderServiceSettings, bus: any BusCalling, logger: Logger,
-                                clock: (any ReminderClock)? = nil) async throws -> ServiceParts {
+public func makeReminderService(
+    settings: ReminderServiceSettings, bus: any BusCalling, logger: Logger,
+    clock: (any ReminderClock)? = nil
+) async throws -> ServiceParts {
     let apns = try settings.apns.map { try APNsChannel(settings: $0, logger: logger) } // its key read before anything is made
     do {
         let store: any ReminderStoring
@@ -128,18 +133,20 @@ public func makeReminderService(settings: ReminderServiceSettings, bus: any BusC
         if let apns { channels.append(apns) }
         if settings.rehearsal { channels = channels.map { LogChannel(logger: logger, rehearsing: $0.kind) } }
         let library = ReminderLibrary(store: store, allowedHosts: settings.allowedHosts, channels: Set(channels.map(\.kind)), clock: settings.clock)
-        let dispatcher = Dispatcher(store: store, channels: channels, clock: clock ?? SystemReminderClock(clock: settings.clock), settings: settings.dispatch,
-                                    refill: { owner in
-                                        // The person's window runs low: canopy-care sends a fresh one through its
-                                        // outbox, in order with the syncs of changes (reminders.sync, to any replica).
-                                        do {
-                                            _ = try await bus.call(Care.RequestReminderSync.self, .init(), principal: owner, timeout: .seconds(10))
-                                        } catch {
-                                            logger.warning("remind.refill.failed", metadata: ["remind.error": "\(error)"])
-                                        }
-                                    }, logger: logger)
-        return ServiceParts(handlers: ReminderService(library: library, dispatcher: dispatcher), background: (apns.map { [$0] } ?? []) + [dispatcher],
-                            onShutdown: (store as? PostgresReminderStore).map { [$0.database.beginShutdown] } ?? [])
+        let dispatcher = Dispatcher(
+            store: store, channels: channels, clock: clock ?? SystemReminderClock(clock: settings.clock), settings: settings.dispatch,
+            refill: { owner in
+                // The person's window runs low: canopy-care sends a fresh one through its
+                // outbox, in order with the syncs of changes (reminders.sync, to any replica).
+                do {
+                    _ = try await bus.call(Care.RequestReminderSync.self, .init(), principal: owner, timeout: .seconds(10))
+                } catch {
+                    logger.warning("remind.refill.failed", metadata: ["remind.error": "\(error)"])
+                }
+            }, logger: logger)
+        return ServiceParts(
+            handlers: ReminderService(library: library, dispatcher: dispatcher), background: (apns.map { [$0] } ?? []) + [dispatcher],
+            onShutdown: (store as? PostgresReminderStore).map { [$0.database.beginShutdown] } ?? [])
     } catch {
         try? await apns?.client.shutdown() // nothing will run it
         throw error

@@ -36,13 +36,17 @@ final class PostgresReminderStore: ReminderStoring {
     }
 
     /// Connects to `url` and migrates canopy-remind's tables.
-    static func open(url: DatabaseURL, poolSize: Int = PostgresSettings.defaultPoolSize, waitingUpTo wait: Duration = .zero, logger: Logger) async throws -> PostgresReminderStore {
+    static func open(url: DatabaseURL, poolSize: Int = PostgresSettings.defaultPoolSize, waitingUpTo wait: Duration = .zero, logger: Logger) async throws
+        -> PostgresReminderStore
+    {
         PostgresReminderStore(database: try await PostgresStore.open(url: url, migrator: migrator, size: poolSize, waitingUpTo: wait, logger: logger))
     }
 
     static var migrator: PostgresMigrator {
         var migrator = PostgresMigrator(store: "remind")
-        migrator.register("v1", """
+        migrator.register(
+            "v1",
+            """
             CREATE TABLE devices (
                 id TEXT PRIMARY KEY,
                 owner TEXT NOT NULL,
@@ -139,7 +143,9 @@ final class PostgresReminderStore: ReminderStoring {
 
     func pendingSends() throws -> [(id: Int64, nextAttempt: Double)] {
         try database.read { session in
-            try session.rows("SELECT id, nextAttempt FROM sends WHERE state = 'pending'").map { (try $0.column("id").decode(Int64.self), try $0.column("nextAttempt").decode(Double.self)) }
+            try session.rows("SELECT id, nextAttempt FROM sends WHERE state = 'pending'").map {
+                (try $0.column("id").decode(Int64.self), try $0.column("nextAttempt").decode(Double.self))
+            }
         }
     }
 
@@ -150,7 +156,8 @@ final class PostgresReminderStore: ReminderStoring {
     func claimSend(id: Int64, now: Date, until: Date) throws -> Bool {
         let (at, end) = (now.timeIntervalSince1970, until.timeIntervalSince1970)
         return try database.write(isolation: .readCommitted) { session in
-            try session.execute("""
+            try session.execute(
+                """
                 UPDATE sends SET leasedUntil = \(end), leasedBy = \(database.holder)
                 WHERE id = \(id) AND state = 'pending' AND (leasedUntil IS NULL OR leasedUntil <= \(at) OR \(unescaped: PostgresStore.holderIsGone("leasedBy")))
                 """) == 1
@@ -162,11 +169,13 @@ final class PostgresReminderStore: ReminderStoring {
         return try database.read { session in
             let reminders = try session.rows("SELECT id, fireAt FROM reminders WHERE state = 'pending' AND fireAt < \(cutoff) ORDER BY fireAt LIMIT 10000")
                 .map { (id: try $0.column("id").decode(Int64.self), fireAt: try $0.column("fireAt").decode(Double.self)) }
-            let sends = try session.rows("""
+            let sends = try session.rows(
+                """
                 SELECT id, nextAttempt FROM sends
                 WHERE state = 'pending' AND nextAttempt < \(cutoff) AND (leasedUntil IS NULL OR leasedUntil <= \(at) OR \(unescaped: PostgresStore.holderIsGone("leasedBy")))
                 ORDER BY nextAttempt LIMIT 10000
-                """).map { (id: try $0.column("id").decode(Int64.self), nextAttempt: try $0.column("nextAttempt").decode(Double.self)) }
+                """
+            ).map { (id: try $0.column("id").decode(Int64.self), nextAttempt: try $0.column("nextAttempt").decode(Double.self)) }
             return (reminders, sends)
         }
     }
@@ -177,11 +186,14 @@ final class PostgresReminderStore: ReminderStoring {
 
     fileprivate static func device(_ row: PostgresRandomAccessRow) throws -> DeviceRecord {
         DeviceRecord(
-            device: Reminders.Device(id: try row.column("id").decode(String.self), channel: Reminders.Channel(rawValue: try row.column("channel").decode(String.self)) ?? .log,
-                                     address: try row.column("address").decode(String.self), name: try row.column("name").decode(String?.self), active: try row.column("active").decode(Bool.self),
-                                     registeredAt: Date(timeIntervalSince1970: try row.column("registeredAt").decode(Double.self)),
-                                     deactivatedReason: try row.column("deactivatedReason").decode(String?.self)),
-            owner: try row.column("owner").decode(String.self), secret: try row.column("secret").decode(String?.self), accessToken: try row.column("accessToken").decode(String?.self))
+            device: Reminders.Device(
+                id: try row.column("id").decode(String.self), channel: Reminders.Channel(rawValue: try row.column("channel").decode(String.self)) ?? .log,
+                address: try row.column("address").decode(String.self), name: try row.column("name").decode(String?.self),
+                active: try row.column("active").decode(Bool.self),
+                registeredAt: Date(timeIntervalSince1970: try row.column("registeredAt").decode(Double.self)),
+                deactivatedReason: try row.column("deactivatedReason").decode(String?.self)),
+            owner: try row.column("owner").decode(String.self), secret: try row.column("secret").decode(String?.self),
+            accessToken: try row.column("accessToken").decode(String?.self))
     }
 
     static let reminderColumns = "id, owner, taskID, plantID, kind, title, due, state, fireAt, updatedAt"
@@ -189,10 +201,11 @@ final class PostgresReminderStore: ReminderStoring {
     fileprivate static func reminder(_ row: PostgresRandomAccessRow) throws -> ReminderRow {
         ReminderRow(
             id: try row.column("id").decode(Int64.self), owner: try row.column("owner").decode(String.self),
-            reminder: Reminders.Reminder(taskID: try row.column("taskID").decode(String.self), plantID: try row.column("plantID").decode(String.self),
-                                         kind: Care.TaskKind(rawValue: try row.column("kind").decode(String.self)) ?? .custom, title: try row.column("title").decode(String.self),
-                                         due: Date(timeIntervalSince1970: try row.column("due").decode(Double.self)),
-                                         state: Reminders.State(rawValue: try row.column("state").decode(String.self)) ?? .pending),
+            reminder: Reminders.Reminder(
+                taskID: try row.column("taskID").decode(String.self), plantID: try row.column("plantID").decode(String.self),
+                kind: Care.TaskKind(rawValue: try row.column("kind").decode(String.self)) ?? .custom, title: try row.column("title").decode(String.self),
+                due: Date(timeIntervalSince1970: try row.column("due").decode(Double.self)),
+                state: Reminders.State(rawValue: try row.column("state").decode(String.self)) ?? .pending),
             fireAt: Date(timeIntervalSince1970: try row.column("fireAt").decode(Double.self)))
     }
 }
@@ -207,9 +220,11 @@ private struct PostgresReminderTransaction: ReminderWrites {
 
     func devices(owner: String, activeOnly: Bool) throws -> [DeviceRecord] {
         let filter = activeOnly ? "AND active" : ""
-        return try session.rows("""
+        return try session.rows(
+            """
             SELECT \(unescaped: PostgresReminderStore.deviceColumns) FROM devices WHERE owner = \(owner) \(unescaped: filter) ORDER BY registeredAt, id
-            """).map(PostgresReminderStore.device)
+            """
+        ).map(PostgresReminderStore.device)
     }
 
     func device(owner: String, id: String) throws -> DeviceRecord? {
@@ -226,13 +241,15 @@ private struct PostgresReminderTransaction: ReminderWrites {
     }
 
     func reactivateDevice(id: String, name: String?, secret: String?, accessToken: String?) throws {
-        try session.execute("""
+        try session.execute(
+            """
             UPDATE devices SET active = true, deactivatedReason = NULL, name = \(name), secret = \(secret), accessToken = \(accessToken) WHERE id = \(id)
             """)
     }
 
     func insertDevice(_ device: Reminders.Device, owner: String, secret: String?, accessToken: String?) throws {
-        try session.execute("""
+        try session.execute(
+            """
             INSERT INTO devices (id, owner, channel, address, name, secret, accessToken, active, registeredAt)
             VALUES (\(device.id), \(owner), \(device.channel.rawValue), \(device.address), \(device.name), \(secret), \(accessToken), \(device.active),
                     \(device.registeredAt.timeIntervalSince1970))
@@ -257,8 +274,11 @@ private struct PostgresReminderTransaction: ReminderWrites {
 
     func knownReminders(owner: String) throws -> [KnownReminder] {
         try session.rows("SELECT taskID, due, id, state, fireAt, title FROM reminders WHERE owner = \(owner)").map { row in
-            KnownReminder(id: try row.column("id").decode(Int64.self), occurrence: .init(taskID: try row.column("taskID").decode(String.self), due: try row.column("due").decode(Double.self)),
-                          pending: try row.column("state").decode(String.self) == "pending", fireAt: try row.column("fireAt").decode(Double.self), title: try row.column("title").decode(String.self))
+            KnownReminder(
+                id: try row.column("id").decode(Int64.self),
+                occurrence: .init(taskID: try row.column("taskID").decode(String.self), due: try row.column("due").decode(Double.self)),
+                pending: try row.column("state").decode(String.self) == "pending", fireAt: try row.column("fireAt").decode(Double.self),
+                title: try row.column("title").decode(String.self))
         }
     }
 
@@ -275,7 +295,8 @@ private struct PostgresReminderTransaction: ReminderWrites {
                 titles.append(task.title)
                 scheduled.append((id, fireAt))
             }
-            try session.execute("""
+            try session.execute(
+                """
                 UPDATE reminders SET fireAt = changed.fireAt, title = changed.title, updatedAt = \(updatedAt)
                 FROM unnest(\(ids), \(fireAts), \(titles)) AS changed(id, fireAt, title) WHERE reminders.id = changed.id
                 """)
@@ -284,7 +305,8 @@ private struct PostgresReminderTransaction: ReminderWrites {
             let tasks = plan.inserts
             let (taskIDs, dues, plantIDs) = (tasks.map(\.id), tasks.map(\.due.timeIntervalSince1970), tasks.map(\.plantID))
             let (kinds, titles, fireAts) = (tasks.map(\.kind.rawValue), tasks.map(\.title), tasks.map { ($0.snoozedUntil ?? $0.due).timeIntervalSince1970 })
-            let inserted = try session.rows("""
+            let inserted = try session.rows(
+                """
                 INSERT INTO reminders (owner, taskID, due, plantID, kind, title, fireAt, updatedAt, state)
                 SELECT \(owner), taskID, due, plantID, kind, title, fireAt, \(updatedAt), 'pending'
                 FROM unnest(\(taskIDs), \(dues), \(plantIDs), \(kinds), \(titles), \(fireAts)) AS new(taskID, due, plantID, kind, title, fireAt)
@@ -301,7 +323,8 @@ private struct PostgresReminderTransaction: ReminderWrites {
     func cancelPlant(_ plantID: String, owner: String) throws {
         // Nothing of the plant stays: notifications about it alone (sent or not, with their
         // attempts) and its reminders in every state.
-        try session.execute("""
+        try session.execute(
+            """
             DELETE FROM sends WHERE owner = \(owner) AND id IN (
                 SELECT sendID FROM sendReminders JOIN reminders ON reminders.id = sendReminders.reminderID
                 WHERE reminders.owner = \(owner) AND reminders.plantID = \(plantID))
@@ -317,10 +340,12 @@ private struct PostgresReminderTransaction: ReminderWrites {
     }
 
     func pendingReminders(owner: String, firingAfter after: Date, through: Date) throws -> [ReminderRow] {
-        try session.rows("""
+        try session.rows(
+            """
             SELECT \(unescaped: PostgresReminderStore.reminderColumns) FROM reminders
             WHERE owner = \(owner) AND state = 'pending' AND fireAt > \(after.timeIntervalSince1970) AND fireAt <= \(through.timeIntervalSince1970)
-            """).map(PostgresReminderStore.reminder)
+            """
+        ).map(PostgresReminderStore.reminder)
     }
 
     func pendingSummary(owner: String) throws -> (count: Int, lastFireAt: Date?) {
@@ -329,30 +354,37 @@ private struct PostgresReminderTransaction: ReminderWrites {
     }
 
     func upcoming(owner: String, limit: Int) throws -> [Reminders.Reminder] {
-        try session.rows("""
+        try session.rows(
+            """
             SELECT \(unescaped: PostgresReminderStore.reminderColumns) FROM reminders
             WHERE owner = \(owner) AND state IN ('pending', 'sending') ORDER BY fireAt, id LIMIT \(limit)
-            """).map { try PostgresReminderStore.reminder($0).reminder }
+            """
+        ).map { try PostgresReminderStore.reminder($0).reminder }
     }
 
     func failedSends(owner: String, limit: Int) throws -> [Reminders.Failure] {
-        try session.rows("""
+        try session.rows(
+            """
             SELECT reminders.id, reminders.owner, reminders.taskID, reminders.plantID, reminders.kind, reminders.title, reminders.due,
                    reminders.state, reminders.fireAt, reminders.updatedAt, sends.deviceID, sends.attempts, sends.lastError, sends.nextAttempt FROM sends
             JOIN sendReminders ON sendReminders.sendID = sends.id JOIN reminders ON reminders.id = sendReminders.reminderID
             WHERE sends.owner = \(owner) AND sends.state = 'failed' ORDER BY sends.nextAttempt DESC LIMIT \(limit)
-            """).map { row in
-            Reminders.Failure(reminder: try PostgresReminderStore.reminder(row).reminder, deviceID: try row.column("deviceID").decode(String.self),
-                              attempts: try row.column("attempts").decode(Int.self), lastError: try row.column("lastError").decode(String?.self) ?? "",
-                              at: Date(timeIntervalSince1970: try row.column("nextAttempt").decode(Double.self)))
+            """
+        ).map { row in
+            Reminders.Failure(
+                reminder: try PostgresReminderStore.reminder(row).reminder, deviceID: try row.column("deviceID").decode(String.self),
+                attempts: try row.column("attempts").decode(Int.self), lastError: try row.column("lastError").decode(String?.self) ?? "",
+                at: Date(timeIntervalSince1970: try row.column("nextAttempt").decode(Double.self)))
         }
     }
 
     func staleReminders(owner: String, limit: Int) throws -> [(reminder: Reminders.Reminder, at: Date)] {
-        try session.rows("""
+        try session.rows(
+            """
             SELECT \(unescaped: PostgresReminderStore.reminderColumns) FROM reminders
             WHERE owner = \(owner) AND state = 'stale' ORDER BY updatedAt DESC LIMIT \(limit)
-            """).map { (try PostgresReminderStore.reminder($0).reminder, Date(timeIntervalSince1970: try $0.column("updatedAt").decode(Double.self))) }
+            """
+        ).map { (try PostgresReminderStore.reminder($0).reminder, Date(timeIntervalSince1970: try $0.column("updatedAt").decode(Double.self))) }
     }
 
     func lockOwner(_ owner: String) throws -> Bool {
@@ -372,22 +404,31 @@ private struct PostgresReminderTransaction: ReminderWrites {
 
     func insertSend(owner: String, deviceID: String, notification: ReminderNotification, reminderIDs: [Int64], at: Date) throws -> Int64? {
         let (body, now) = (Data(try codec.encode(notification)), at.timeIntervalSince1970)
-        guard let send = try session.value(Int64.self, """
-            INSERT INTO sends (owner, deviceID, idempotencyKey, notification, nextAttempt, state, createdAt)
-            VALUES (\(owner), \(deviceID), \(notification.id), \(body), \(now), 'pending', \(now))
-            ON CONFLICT (deviceID, idempotencyKey) DO NOTHING RETURNING id
-            """) else { return nil }
+        guard
+            let send = try session.value(
+                Int64.self,
+                """
+                INSERT INTO sends (owner, deviceID, idempotencyKey, notification, nextAttempt, state, createdAt)
+                VALUES (\(owner), \(deviceID), \(notification.id), \(body), \(now), 'pending', \(now))
+                ON CONFLICT (deviceID, idempotencyKey) DO NOTHING RETURNING id
+                """)
+        else { return nil }
         try session.execute("INSERT INTO sendReminders (sendID, reminderID) SELECT \(send), unnest(\(reminderIDs))")
         return send
     }
 
     func pendingSend(id: Int64) throws -> (send: StoredSend, device: DeviceRecord?)? {
-        guard let row = try session.row("""
-            SELECT id, owner, deviceID, notification, attempts FROM sends WHERE id = \(id) AND state = 'pending'
-            """) else { return nil }
-        let send = StoredSend(id: try row.column("id").decode(Int64.self), owner: try row.column("owner").decode(String.self), deviceID: try row.column("deviceID").decode(String.self),
-                              notification: try codec.decode(ReminderNotification.self, from: [UInt8](try row.column("notification").decode(Data.self))),
-                              attempts: try row.column("attempts").decode(Int.self))
+        guard
+            let row = try session.row(
+                """
+                SELECT id, owner, deviceID, notification, attempts FROM sends WHERE id = \(id) AND state = 'pending'
+                """)
+        else { return nil }
+        let send = StoredSend(
+            id: try row.column("id").decode(Int64.self), owner: try row.column("owner").decode(String.self),
+            deviceID: try row.column("deviceID").decode(String.self),
+            notification: try codec.decode(ReminderNotification.self, from: [UInt8](try row.column("notification").decode(Data.self))),
+            attempts: try row.column("attempts").decode(Int.self))
         let device = try session.row("SELECT \(unescaped: PostgresReminderStore.deviceColumns) FROM devices WHERE id = \(send.deviceID)")
             .map(PostgresReminderStore.device)
         return (send, device)
@@ -399,18 +440,21 @@ private struct PostgresReminderTransaction: ReminderWrites {
 
     func record(_ attempt: Dispatcher.Attempt, update: SendUpdate, at: Date) throws {
         let (sendID, number, now) = (attempt.sendID, attempt.attempt, at.timeIntervalSince1970)
-        try session.execute("""
+        try session.execute(
+            """
             INSERT INTO attempts (sendID, attempt, at, outcome, detail) VALUES (\(sendID), \(number), \(now), \(attempt.outcome.label), \(attempt.outcome.detail))
             """)
         switch update {
         case .delivered:
             try session.execute("UPDATE sends SET state = 'delivered', attempts = \(number), lastError = NULL, leasedUntil = NULL WHERE id = \(sendID)")
         case .retry(let retryAt, let reason):
-            try session.execute("""
+            try session.execute(
+                """
                 UPDATE sends SET attempts = \(number), nextAttempt = \(retryAt), lastError = \(reason), leasedUntil = NULL WHERE id = \(sendID)
                 """)
         case .failed(let reason, let deactivate):
-            try session.execute("""
+            try session.execute(
+                """
                 UPDATE sends SET state = 'failed', attempts = \(number), lastError = \(reason), nextAttempt = \(now), leasedUntil = NULL WHERE id = \(sendID)
                 """)
             if deactivate { try deactivateDevice(id: attempt.deviceID, reason: reason) }
@@ -420,10 +464,12 @@ private struct PostgresReminderTransaction: ReminderWrites {
     func settleReminders(ofSend sendID: Int64, at: Date) throws {
         // The person's other sends of these reminders may be recorded on another replica at
         // this moment: one after the other, each seeing the other's outcome.
-        try session.execute("""
+        try session.execute(
+            """
             SELECT pg_advisory_xact_lock(hashtext('canopy_remind:' || owner)) FROM sends WHERE id = \(sendID)
             """)
-        try session.execute("""
+        try session.execute(
+            """
             UPDATE reminders SET updatedAt = \(at.timeIntervalSince1970), state = CASE
                 WHEN EXISTS (SELECT 1 FROM sendReminders s JOIN sends ON sends.id = s.sendID WHERE s.reminderID = reminders.id AND sends.state = 'delivered')
                 THEN 'delivered' ELSE 'failed' END
@@ -434,7 +480,9 @@ private struct PostgresReminderTransaction: ReminderWrites {
 }
 
 /// How canopy-remind's SQLite store moves into PostgreSQL (`canopy migrate`).
-public let remindStoreImport = StoreImport(store: "remind", migrator: PostgresReminderStore.migrator, tables: [
-    .init("devices", key: ["id"]), .init("reminders", key: ["id"]), .init("sends", key: ["id"]),
-    .init("sendReminders", key: ["sendID", "reminderID"]), .init("attempts"),
-])
+public let remindStoreImport = StoreImport(
+    store: "remind", migrator: PostgresReminderStore.migrator,
+    tables: [
+        .init("devices", key: ["id"]), .init("reminders", key: ["id"]), .init("sends", key: ["id"]),
+        .init("sendReminders", key: ["sendID", "reminderID"]), .init("attempts"),
+    ])
