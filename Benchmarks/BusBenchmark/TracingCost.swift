@@ -261,8 +261,8 @@ struct TracingCost: AsyncParsableCommand {
 
     func edge(endpoint: String, logger: Logger) async throws {
         guard let wrk = which("wrk") else { throw CommandFailure("wrk is not installed; apt-get install wrk, then run again") }
-        let batch = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath().deletingLastPathComponent().appendingPathComponent("canopy-api")
-        guard FileManager.default.isExecutableFile(atPath: batch.path) else {
+        let api = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath().deletingLastPathComponent().appendingPathComponent("canopy-api")
+        guard FileManager.default.isExecutableFile(atPath: api.path) else {
             throw CommandFailure("canopy-api is not next to canopy-bench; build it (swift build -c release --product canopy-api)")
         }
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-bench-tracing-\(UUID().uuidString)")
@@ -279,7 +279,7 @@ struct TracingCost: AsyncParsableCommand {
             return try await buildCareService(settings: care, context: context, logger: logger)
         }
         do {
-            try await measureEdges(stack: stack, batch: batch, wrk: wrk, key: key, keyFile: keyFile, directory: directory, endpoint: endpoint)
+            try await measureEdges(stack: stack, api: api, wrk: wrk, key: key, keyFile: keyFile, directory: directory, endpoint: endpoint)
         } catch {
             await stack.shutdown()
             throw error
@@ -287,7 +287,7 @@ struct TracingCost: AsyncParsableCommand {
         await stack.shutdown()
     }
 
-    private func measureEdges(stack: BenchStack, batch: URL, wrk: String, key: [UInt8], keyFile: URL, directory: URL, endpoint: String) async throws {
+    private func measureEdges(stack: BenchStack, api: URL, wrk: String, key: [UInt8], keyFile: URL, directory: URL, endpoint: String) async throws {
         while (try? await stack.client.call(Broker.Services.self, Empty()))?.contains(where: { $0.name == Care.service }) != true {
             try await Task.sleep(for: .milliseconds(50))
         }
@@ -318,7 +318,7 @@ struct TracingCost: AsyncParsableCommand {
             for setup in comparison.order(round: round).compactMap({ name in setups.first { $0.name == name } }) {
                 progress("  round \(round)/\(rounds): edge, \(setup.name)…\n")
                 let (result, used) = try await Self.withEdge(
-                    batch, bus: stack.broker.endpoint, keyFile: keyFile.path, data: directory.path,
+                    api, bus: stack.broker.endpoint, keyFile: keyFile.path, data: directory.path,
                     environment: setup.environment
                 ) { http, pid in
                     let before = ProcStat(path: "/proc/\(pid)/stat")?.cpuTicks ?? 0

@@ -59,8 +59,7 @@ struct Backup: AsyncParsableCommand {
                 brokers: brokers, holdMilliseconds: holdMs
             ).run(into: target)
         }
-        let stores = CanopyStack.services.compactMap(\.store).filter { FileManager.default.fileExists(atPath: source.appendingPathComponent($0).path) }
-        guard !stores.isEmpty else {
+        guard !Migrate.sqliteStores(in: source).isEmpty else {
             throw CommandFailure("no stores in \(source.path); name the stack's data directory with --data-dir (canopy status shows it)")
         }
         try Self.checkStores(in: source)
@@ -85,7 +84,7 @@ struct Backup: AsyncParsableCommand {
             var table = try StackSnapshot.finish(pinned, manifest: nil as Manifest?, pseudonyms: nil)
             try Data((install + "\n").utf8).write(to: target.appendingPathComponent(InstallID.fileName))
             try FileManager.default.setAttributes([.posixPermissions: 0o600], ofItemAtPath: target.appendingPathComponent(InstallID.fileName).path)
-            if stores.contains("images/images.sqlite") {
+            if pinned.stores.contains(where: { $0.relative == "images/images.sqlite" }) {
                 let (kept, pruned, missing) = try Self.matchOriginals(in: target.appendingPathComponent("images"))
                 table += "\nimages/originals: \(kept) photos (\(pruned) no store named left out)"
                 if missing > 0 { note("\(missing) photos the images store named had no file; the backup leaves them out") }

@@ -53,8 +53,12 @@ struct Erasures: AsyncParsableCommand {
             let postgres = try database.postgres()
             let directory = stack.layout.dataDirectory.appendingPathComponent(CanopyAPIStore.directoryName)
             if postgres == nil {
-                try CanopyAPIStore.adoptFormerStore(in: stack.layout.dataDirectory)
                 let path = directory.appendingPathComponent("api.sqlite").path
+                if Migrate.storeFile(CanopyAPIStore.directoryName, in: stack.layout.dataDirectory).path != path {
+                    throw CommandFailure(
+                        "canopy-api's store in \(stack.layout.dataDirectory.path) is still batch/batch.sqlite (from before canopy-batch was named canopy-api); start the stack once (canopy up) so canopy-api moves it, then run this again"
+                    )
+                }
                 guard FileManager.default.fileExists(atPath: path) else {
                     throw CommandFailure(
                         "no canopy-api store in \(directory.path); name the stack's data directory with --data-dir (canopy status shows it), or --database-url")

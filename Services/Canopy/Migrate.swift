@@ -57,6 +57,29 @@ struct Migrate: AsyncParsableCommand {
     /// or canopy-api's under its former name (`batch/batch.sqlite`) in one made before the
     /// rename, read where it is (a source is never changed).
     static func storeFile(_ service: String, in directory: URL) -> URL {
+        storeFile(service, in: directory, former: true)
+    }
+
+    /// canopy-api's store's path in a data directory or backup made before the rename.
+    static let formerAPIStore = "\(CanopyAPIStore.formerName)/\(CanopyAPIStore.formerName).sqlite"
+
+    /// A store's path relative to a data directory as this Canopy names it: a backup made
+    /// before the rename lists canopy-api's as `batch/batch.sqlite`.
+    static func presentStore(_ relative: String) -> String {
+        relative == formerAPIStore ? "\(CanopyAPIStore.directoryName)/\(CanopyAPIStore.directoryName).sqlite" : relative
+    }
+
+    /// The stack's SQLite stores in `directory` (a data directory or a backup): each by its
+    /// present path (`api/api.sqlite`) and the file it is (canopy-api's may still be under its
+    /// former name), canopy-care's first.
+    static func sqliteStores(in directory: URL) -> [(relative: String, file: URL)] {
+        CanopyStack.services.filter(\.keepsData).compactMap { service in
+            let file = storeFile(service.name, in: directory)
+            return FileManager.default.fileExists(atPath: file.path) ? ("\(service.name)/\(service.name).sqlite", file) : nil
+        }
+    }
+
+    private static func storeFile(_ service: String, in directory: URL, former: Bool) -> URL {
         let file = directory.appendingPathComponent("\(service)/\(service).sqlite")
         guard service == CanopyAPIStore.directoryName, !FileManager.default.fileExists(atPath: file.path) else { return file }
         let former = CanopyAPIStore.formerName

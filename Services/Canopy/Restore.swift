@@ -69,7 +69,7 @@ struct Restore: AsyncParsableCommand {
         // Each store whole before anything is written.
         var table = Table("STORE", "FILE", "MIB", "CHECK")
         for store in manifest.stores {
-            guard CanopyStack.services.contains(where: { $0.store == store }) else {
+            guard CanopyStack.services.contains(where: { $0.store == Migrate.presentStore(store) }) else {
                 throw CommandFailure("\(Backup.Manifest.file) names \(store), which is no store of Canopy's; is \(source.path) a backup?")
             }
             let path = source.appendingPathComponent(store).path
@@ -100,7 +100,8 @@ struct Restore: AsyncParsableCommand {
     /// Copies the stores, the photos, the install id and the token key.
     private func restoreFiles(_ manifest: Backup.Manifest, from source: URL, into target: URL, key: Data?, table: inout CanopyServiceKit.Table) throws {
         for store in manifest.stores {
-            let (from, to) = (source.appendingPathComponent(store), target.appendingPathComponent(store))
+            // A backup made before the rename has canopy-api's store as batch/batch.sqlite.
+            let (from, to) = (source.appendingPathComponent(store), target.appendingPathComponent(Migrate.presentStore(store)))
             try FileManager.default.createDirectory(
                 at: to.deletingLastPathComponent(), withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
             note("restoring \(store)…")

@@ -83,8 +83,8 @@ enum StackSnapshot {
         // service's own), so a follow-up is pinned in its source before its target could
         // have done it and the source deleted it (at worst it is sent again, which every
         // follow-up takes), never lost between the two.
-        let present = CanopyStack.services.compactMap(\.store).filter { FileManager.default.fileExists(atPath: data.appendingPathComponent($0).path) }
-        let stores = present.filter { $0.hasPrefix("care/") } + present.filter { !$0.hasPrefix("care/") }
+        let present = Migrate.sqliteStores(in: data)
+        let stores = present.filter { $0.relative.hasPrefix("care/") } + present.filter { !$0.relative.hasPrefix("care/") }
         guard !stores.isEmpty else {
             throw CommandFailure(
                 "no SQLite stores in \(data.path) to snapshot (a stack on PostgreSQL is snapshotted with pg_dump, not here); capture without --snapshot, or name the stack with --data-dir"
@@ -98,7 +98,7 @@ enum StackSnapshot {
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
         var pinned = Pinned(stores: [], originals: 0, directory: directory, data: data)
         do {
-            for store in stores { pinned.stores.append((store, try PinnedStore(path: data.appendingPathComponent(store).path))) }
+            for store in stores { pinned.stores.append((store.relative, try PinnedStore(path: store.file.path))) }
             pinned.originals = try linkOriginals(
                 from: data.appendingPathComponent("images/originals"), to: directory.appendingPathComponent("images/originals"))
         } catch {

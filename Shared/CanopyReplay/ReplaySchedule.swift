@@ -208,7 +208,10 @@ struct ReplaySchedule {
     mutating func sendFailed(_ id: UInt64, now: ContinuousClock.Instant) {
         guard let job = inFlight.removeValue(forKey: id) else { return }
         sent -= 1
-        job.sentAt = nil // it never went: no latency to count
+        // It never went: no latency to count, no deadline, and its time stays the captured one.
+        job.sentAt = nil
+        job.sentWall = 0
+        job.deadline = nil
         settle(outcome: .failure(CanopyError(.busy, "the replay's connection queue is full")), for: job, now: now)
     }
 

@@ -30,7 +30,7 @@ extension LiveAPITests {
             configure: (inout APIServiceSettings) -> Void = { _ in },
             _ body: (APITests.Stack) async throws -> Void
         ) async throws {
-            let directory = try TemporaryDirectory("batch-identify")
+            let directory = try TemporaryDirectory("api-identify")
             defer { directory.remove() }
             try await withTestBus(mode, erasureWindow: erasureWindow) { bus in
                 let images = ImageServiceSettings(directory: directory.url.appendingPathComponent("images"), runner: bus.runnerConfiguration())

@@ -26,7 +26,7 @@ extension LiveAPITests {
             _ mode: BusMode = .inProcess, configure: (inout APIServiceSettings) -> Void = { _ in },
             _ body: (APITests.Stack) async throws -> Void
         ) async throws {
-            let directory = try TemporaryDirectory("batch-full")
+            let directory = try TemporaryDirectory("api-full")
             defer { directory.remove() }
             try await withTestBus(mode) { bus in
                 var care = CareServiceSettings(directory: directory.url.appendingPathComponent("care"), runner: bus.runnerConfiguration())

@@ -62,11 +62,11 @@ extension LiveAPITests {
                         photos: try (1...3).map { try SyntheticPlant.species(index).photo(seed: $0) })
                 }
                 bus.run(try await buildIdentificationService(settings: identify, context: bus.context, logger: bus.logger))
-                let batch = try buildAPIService(
+                let api = try buildAPIService(
                     settings: APIServiceSettings(http: .anyLoopbackPort, bus: .init(endpoint: bus.endpoint), tokenKey: APITests.key),
                     context: bus.context, logger: bus.logger)
-                let http = try #require(batch.first { $0 is APIHTTPServer } as? APIHTTPServer)
-                bus.run(batch)
+                let http = try #require(api.first { $0 is APIHTTPServer } as? APIHTTPServer)
+                bus.run(api)
                 for service in [Images.service, Care.service, Reminders.service, Identification.service] { try await bus.waitForWorkers(1, service: service) }
                 try await body(
                     APITests.Stack(

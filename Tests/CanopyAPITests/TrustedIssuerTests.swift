@@ -154,7 +154,7 @@ struct TrustedIssuerTests {
     /// Over HTTP: a provider's token is a person of the API, whose data is theirs alone.
     @Test func theAPITakesAProvidersTokenAsAPersonOfItsOwn() async throws {
         try await withProvider { provider, _, issuer in
-            let directory = try TemporaryDirectory("batch-oidc")
+            let directory = try TemporaryDirectory("api-oidc")
             defer { directory.remove() }
             try await withTestBus(.inProcess) { bus in
                 try await bus.start(CareServiceSettings(directory: directory.url.appendingPathComponent("care"), runner: bus.runnerConfiguration()))

@@ -37,24 +37,19 @@ struct ImageStoreTests {
         let (store, exists, cleanup) = try await Self.open(backend)
         defer { cleanup() }
         var normalizations = 0
+        func normalize() -> (bytes: [UInt8], width: Int, height: Int) {
+            normalizations += 1
+            return ([1, 2, 3, 4], 40, 30)
+        }
         let first = try store.add(
             sha256: sha, owner: "alice", plantID: "p1", format: "jpeg",
-            normalized: {
-                normalizations += 1
-                return ([1, 2, 3, 4], 40, 30)
-            }, now: now)
+            normalized: normalize, now: now)
         _ = try store.add(
             sha256: sha, owner: "alice", plantID: "p1", format: "jpeg",
-            normalized: {
-                normalizations += 1
-                return ([1, 2, 3, 4], 40, 30)
-            }, now: now)
+            normalized: normalize, now: now)
         _ = try store.add(
             sha256: sha, owner: "bob", plantID: "b1", format: "jpeg",
-            normalized: {
-                normalizations += 1
-                return ([1, 2, 3, 4], 40, 30)
-            }, now: now)
+            normalized: normalize, now: now)
         #expect(normalizations == 1, "made once, whoever adds it")
         #expect(first.width == 40 && first.height == 30 && first.bytes == 4 && first.plantID == "p1")
         #expect(try store.original(sha) == [1, 2, 3, 4] && exists(sha))

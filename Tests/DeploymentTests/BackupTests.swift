@@ -120,5 +120,30 @@ extension CanopyUpTests {
             throw error
         }
         await restored.down()
+
+        // A backup made before canopy-batch was named canopy-api lists its store as
+        // batch/batch.sqlite: restored as api/api.sqlite; and a data directory that still has
+        // it there is backed up whole.
+        let old = root.appendingPathComponent("before-the-rename").path
+        try FileManager.default.copyItem(atPath: later, toPath: old)
+        try FileManager.default.createDirectory(atPath: "\(old)/batch", withIntermediateDirectories: true)
+        try FileManager.default.moveItem(atPath: "\(old)/api/api.sqlite", toPath: "\(old)/batch/batch.sqlite")
+        try FileManager.default.removeItem(atPath: "\(old)/api")
+        let manifest = try #require(FileManager.default.contents(atPath: "\(old)/backup.json"))
+        try Data(
+            String(decoding: manifest, as: UTF8.self).replacingOccurrences(of: "api\\/api.sqlite", with: "batch\\/batch.sqlite")
+                .replacingOccurrences(of: "api/api.sqlite", with: "batch/batch.sqlite").utf8
+        ).write(to: URL(fileURLWithPath: "\(old)/backup.json"))
+        #expect(String(decoding: try #require(FileManager.default.contents(atPath: "\(old)/backup.json")), as: UTF8.self).contains("batch"))
+        let oldData = root.appendingPathComponent("restored-old").path
+        let fromOld = try await runExecutable("canopy", ["restore", old, "--data-dir", oldData, "--new-token-key"], limit: 60)
+        #expect(fromOld.status == 0, "\(fromOld.output) \(fromOld.errors)")
+        #expect(FileManager.default.fileExists(atPath: "\(oldData)/api/api.sqlite") && !FileManager.default.fileExists(atPath: "\(oldData)/batch"))
+        try FileManager.default.createDirectory(atPath: "\(oldData)/batch", withIntermediateDirectories: true)
+        try FileManager.default.moveItem(atPath: "\(oldData)/api/api.sqlite", toPath: "\(oldData)/batch/batch.sqlite")
+        let again = root.appendingPathComponent("backup-of-old").path
+        let backingOld = try await runExecutable("canopy", ["backup", again, "--data-dir", oldData], limit: 60)
+        #expect(backingOld.status == 0, "\(backingOld.output) \(backingOld.errors)")
+        #expect(FileManager.default.fileExists(atPath: "\(again)/api/api.sqlite"), "canopy-api's store is in the backup under its present name")
     }
 }

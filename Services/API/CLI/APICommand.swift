@@ -24,7 +24,7 @@ struct APICommand: MainCommand {
 /// What the shared `health` knows of canopy-api.
 enum CanopyAPI: ServiceExecutable {
     static let name = "canopy-api"
-    static let directoryName = "api"
+    static let directoryName = CanopyAPIStore.directoryName
     static let defaultListener = OperatingOptions.Defaults.api
     static let healthyMeans = "its broker answers"
 }
@@ -58,7 +58,7 @@ struct APIStoreOptions: ParsableArguments {
     var dataDir: String = Environment.string("CANOPY_DATA_DIR") ?? "./.canopy"
     @OptionGroup var database: DatabaseOptions
 
-    /// `<data-dir>/batch`, where the SQLite store is.
+    /// `<data-dir>/api`, where the SQLite store is.
     var directory: URL { URL(fileURLWithPath: dataDir, isDirectory: true).appendingPathComponent(CanopyAPI.directoryName) }
 
     func open(logger: Logger) async throws -> any APIStoring {
