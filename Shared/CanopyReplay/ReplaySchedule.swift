@@ -92,7 +92,6 @@ struct ReplaySchedule {
     }
 
     private let options: ReplayOptions
-    private let ignored: IgnoredPaths
     /// How many connections the lanes are spread over.
     private let connections: Int
     private let codec = MessageCodec()
@@ -135,12 +134,9 @@ struct ReplaySchedule {
     private var firstTime: Int64?
     private var requestIndex = 0
 
-    private var rebindings = Rebindings()
+    /// Whether each answer is the captured one, and what answers teach (ids, time fields).
+    private var check: AnswerCheck
     private var report = ReplayReport()
-    private var timeFields = Set<String>()
-    /// The longest any request answered so far took, captured or replayed (ns): how far a
-    /// time stamped while serving it may move (``timeWindow(_:captured:)``).
-    private var slowest: Int64 = 0
     /// Whether this replay's answers are written as a capture (``ReplayOptions/answersPath``),
     /// in the captured order: requests wait in ``answerOrder`` until those before them are done.
     private let writesAnswers: Bool
@@ -155,7 +151,7 @@ struct ReplaySchedule {
     ///     the first request at its distance from the capture's start after the anchor.
     init(options: ReplayOptions, connections: Int, now: ContinuousClock.Instant, wall: Int64) {
         self.options = options
-        ignored = IgnoredPaths(options.ignore)
+        check = AnswerCheck(ignore: options.ignore, timeTolerance: options.timeTolerance)
         self.connections = max(1, connections)
         writesAnswers = options.answersPath != nil
         if case .anchored(let captureTime, let at) = options.clock {
@@ -218,7 +214,7 @@ struct ReplaySchedule {
     /// The report once the shell is done (`seconds`: since the start).
     func finish(ending: String, now: ContinuousClock.Instant) -> ReplayReport {
         var report = self.report
-        report.rebound = rebindings.count
+        report.rebound = check.rebindings.count
         report.seconds = (now - started).seconds
         report.requestsPerSecond = report.seconds > 0 ? Double(report.requests) / report.seconds : 0
         if replayed.totalCount > 0 {
@@ -230,7 +226,7 @@ struct ReplaySchedule {
             report.capturedP99Micros = capturedLatency.valueAtPercentile(99)
         }
         report.ending = ending
-        report.timeFields = timeFields.sorted()
+        report.timeFields = check.timeFields.sorted()
         return report
     }
 
@@ -369,7 +365,7 @@ struct ReplaySchedule {
         let frames = WireMessage.request(
             WireRequest(
                 correlation: Wire.frame(job.id), service: record.service, operation: record.operation, header: header,
-                body: rebindings.rewrite(record.body), attachments: record.attachments)
+                body: check.rebindings.rewrite(record.body), attachments: record.attachments)
         ).encoded
         out.append(.send(socket: job.lane.socket, frames: frames, job: job.id))
         sent += 1
@@ -426,8 +422,8 @@ struct ReplaySchedule {
         job.done = true
         report.requests += 1
         if let captured = job.captured { _ = capturedLatency.record(captured.latencyNanoseconds / 1_000) }
-        let verdict = verdict(job, job.captured, outcome)
-        slowest = max(slowest, Int64(job.took.nanoseconds), Int64(job.captured?.latencyNanoseconds ?? 0))
+        let shift = job.sentWall == 0 ? nil : stackTime(job) - job.record.time
+        let verdict = check.verdict(outcome, captured: job.captured, took: job.took, clockShift: shift)
         switch verdict {
         case .matched: report.matched += 1
         case .skipped: report.skipped += 1
@@ -435,7 +431,7 @@ struct ReplaySchedule {
         case .differed(let differences):
             report.differed += 1
             example(job.record, failure: nil, differences)
-            for path in Set(differences.map { Self.pattern($0.path) }) {
+            for path in Set(differences.map { AnswerCheck.pattern($0.path) }) {
                 let place = "\(job.record.service).\(job.record.operation) \(path)"
                 if report.differingPaths[place] != nil || report.differingPaths.count < ReplayReport.pathLimit { report.differingPaths[place, default: 0] += 1 }
             }
@@ -504,25 +500,6 @@ struct ReplaySchedule {
         waitingForOrder.removeAll(keepingCapacity: true)
     }
 
-    /// `$.tasks[3].due` as `$.tasks[*].due`.
-    static func pattern(_ path: String) -> String {
-        var out = "", inIndex = false
-        for character in path {
-            if character == "[" {
-                inIndex = true
-                out += "[*"
-                continue
-            }
-            if character == "]" {
-                inIndex = false
-                out += "]"
-                continue
-            }
-            if !inIndex { out.append(character) }
-        }
-        return out
-    }
-
     /// Writes the answers of the requests done, up to the first not done (captured order).
     mutating func writeAnswers() {
         guard writesAnswers else { return }
@@ -544,7 +521,7 @@ struct ReplaySchedule {
                 flags.insert(.failed)
                 (body, attachments) = ((try? codec.encode(error)) ?? [], [])
             case .answer(let replied, let replyAttachments):
-                (body, attachments) = (rebindings.restore(replied), replyAttachments)
+                (body, attachments) = (check.rebindings.restore(replied), replyAttachments)
             }
             out.append(
                 .write(
@@ -556,22 +533,6 @@ struct ReplaySchedule {
         }
     }
 
-    /// How the stack's clock and the capture's differed for `job`, and how much room its
-    /// times get.
-    ///
-    /// A time in an answer was stamped while some request was being served: this one, or an
-    /// earlier one whose answer did not show it (a photo's `addedAt`, stamped while its
-    /// identification was served, first shown by a later list). Within its request it may
-    /// fall anywhere between taking it and answering it, in the capture and in the replay, so
-    /// it may move by as much as the slowest request served so far took, either way.
-    private func timeWindow(_ job: Job, captured: CaptureRecord) -> TimeWindow? {
-        guard let tolerance = options.timeTolerance, job.sentWall != 0 else { return nil }
-        let slack = Int64(tolerance.nanoseconds)
-        return TimeWindow(
-            shift: stackTime(job) - job.record.time, below: max(Int64(captured.latencyNanoseconds), slowest) + slack,
-            above: max(Int64(job.took.nanoseconds), slowest) + slack)
-    }
-
     /// When `job` was sent, by the stack's clock (ns since 1970).
     private func stackTime(_ job: Job) -> Int64 {
         switch options.clock {
@@ -580,65 +541,11 @@ struct ReplaySchedule {
         }
     }
 
-    private enum Verdict {
-        case matched
-        case skipped
-        case unanswered
-        case differed([Difference])
-        case failed(String)
-    }
-
     private mutating func example(_ record: CaptureRecord, failure: String?, _ differences: [Difference]) {
         guard report.examples.count < options.examples else { return }
         report.examples.append(
             .init(
                 client: record.client, service: record.service, operation: record.operation, time: record.time,
                 principal: record.header.principal, failure: failure, differences: differences))
-    }
-
-    /// Errors that say the stack did not answer, rather than what it answered.
-    private static let unanswering: Set<CanopyError.Code> = [.timeout, .noWorkers, .workerLost, .brokerLost, .shuttingDown, .busy]
-
-    private mutating func verdict(_ job: Job, _ captured: CaptureRecord?, _ outcome: Outcome) -> Verdict {
-        if case .skipped = outcome { return .skipped }
-        guard let captured else { return .unanswered }
-        let capturedError = captured.flags.contains(.failed) ? (try? codec.decode(CanopyError.self, from: captured.body)) : nil
-        switch outcome {
-        case .skipped:
-            return .skipped
-        case .failure(let error):
-            if let capturedError, capturedError.code == error.code { return .matched } // same refusal (messages may name ids)
-            if Self.unanswering.contains(error.code) { return .failed("\(error.code.rawValue): \(error.message)") }
-            let was = capturedError.map { "error \($0.code.rawValue)" } ?? "an answer"
-            return .differed([Difference(path: "$", captured: was, replayed: "error \(error.code.rawValue): \(error.message.prefix(200))")])
-        case .answer(let body, let attachments):
-            if let capturedError {
-                return .differed([Difference(path: "$", captured: "error \(capturedError.code.rawValue)", replayed: "an answer")])
-            }
-            if body != captured.body {
-                // Ids first: what this answer teaches explains its own differences too.
-                if let left = try? JSONSerialization.jsonObject(with: Data(captured.body), options: [.fragmentsAllowed]),
-                    let right = try? JSONSerialization.jsonObject(with: Data(body), options: [.fragmentsAllowed])
-                {
-                    rebindings.learn(captured: left, replayed: right)
-                }
-            }
-            var differences = ReplyComparison.differences(
-                captured: captured.body, replayed: body, ignored: ignored, rebindings: rebindings,
-                times: timeWindow(job, captured: captured), timed: &timeFields)
-            if !captured.flags.contains(.attachmentsOmitted) {
-                for index in 0..<max(captured.attachments.count, attachments.count) {
-                    let left = index < captured.attachments.count ? captured.attachments[index] : nil
-                    let right = index < attachments.count ? attachments[index] : nil
-                    if left != right && !ignored.contains(["attachments", "\(index)"]) {
-                        differences.append(
-                            Difference(
-                                path: "$attachments[\(index)]", captured: left.map { "\($0.count) bytes" } ?? "(absent)",
-                                replayed: right.map { "\($0.count) bytes, other bytes" } ?? "(absent)"))
-                    }
-                }
-            }
-            return differences.isEmpty ? .matched : .differed(differences)
-        }
     }
 }
