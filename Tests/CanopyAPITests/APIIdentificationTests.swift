@@ -49,7 +49,13 @@ extension LiveAPITests {
                         photos: try (1...3).map { try SyntheticPlant.species(index).photo(seed: $0) })
                 }
                 try await bus.start(settings)
-                try await body(try await APITests.startAPI(on: bus, configure: configure))
+                // A debug build computes the photos' features in Swift: amid the whole suite on two
+                // cores an identification takes far longer than the edge's 10 s default.
+                try await body(
+                    try await APITests.startAPI(on: bus) { settings in
+                        settings.callTimeout = .seconds(90)
+                        configure(&settings)
+                    })
             }
         }
 

@@ -55,6 +55,7 @@ struct APNsTests {
             var settings = APNsSettings(keyFile: keyFile.path, keyID: FakeAPNs.keyID, teamID: FakeAPNs.teamID, topic: topic)
             settings.server = try await apns.url()
             settings.caFile = apns.caFile.path
+            settings.timeout = .seconds(60) // amid the whole suite, a TLS handshake on two cores can take seconds
             let channel = try APNsChannel(settings: settings, logger: logger, now: { clock.now() })
             try await withRunning([channel], logger: logger) {
                 try await body(Setup(apns: apns, channel: channel, clock: clock, directory: directory))

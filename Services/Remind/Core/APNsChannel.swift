@@ -111,7 +111,7 @@ final class APNsChannel: NotificationChannel, Service {
         var tls = TLSConfiguration.makeClientConfiguration()
         if let caFile = settings.caFile { tls.trustRoots = .file(caFile) }
         configuration.tlsConfiguration = tls
-        configuration.timeout.connect = .seconds(10)
+        configuration.timeout.connect = .nanoseconds(settings.timeout.nanoseconds) // within the request's own limit
         self.settings = settings
         self.client = HTTPClient(eventLoopGroupProvider: .singleton, configuration: configuration)
         self.tokens = APNsTokens(key: key, keyID: settings.keyID, teamID: settings.teamID, lifetime: settings.tokenLifetime)
