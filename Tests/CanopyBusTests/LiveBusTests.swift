@@ -153,6 +153,9 @@ struct LiveBusTests {
     @Test func workersAndClientsReconnectWhenTheBrokerRestarts() async throws {
         var configuration = BrokerConfiguration.testing
         configuration.drainTimeout = .zero // the old broker leaves its requests unanswered
+        // The resent call may reach the new broker before the worker, on a loaded machine
+        // later than the tests' 300 ms worker expiry: the grace holds it for the worker.
+        configuration.startupGrace = .seconds(30)
         try await withLiveBus(configuration: configuration) { bus in
             let worker = bus.startWorker(name: "w1")
             try await bus.waitForWorkers(1)

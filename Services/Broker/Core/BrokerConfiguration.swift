@@ -48,6 +48,10 @@ public struct BrokerConfiguration: Sendable {
     /// broker restart, clients reconnect before workers do); past it they are answered
     /// `noWorkers` at once.
     public var maximumGraceServices: Int = 64
+    /// How long after the broker starts requests for services no worker has registered yet
+    /// wait for one (the start-up grace); nil: one ``workerExpiry``, by when every worker the
+    /// broker had before has noticed it silent and registered again.
+    public var startupGrace: Duration?
 
     // MARK: Coalescing
 

@@ -110,7 +110,7 @@ public struct BrokerState {
         flights = FlightTable(startedAt: now)
         keys = KeyPolicy(workerKeys: configuration.workerKeys, clientKeys: configuration.clientKeys)
         self.nextHeartbeat = now + configuration.heartbeatInterval
-        self.startupGraceEnds = now + configuration.workerExpiry
+        self.startupGraceEnds = now + (configuration.startupGrace ?? configuration.workerExpiry)
     }
 
     /// Notes sampled requests for the broker's spans in `tracing` (see ``BrokerTracing``).
