@@ -1,112 +1,63 @@
-/// A hash table for the ids the broker hands out itself (waiters, flights): open addressing
-/// with linear probing and a multiplicative hash, deletion by backward shift, growth at half
-/// full and shrinking at an eighth (so its memory follows what it holds after a burst). It replaces `Dictionary<UInt64, Value>` on the broker's hot path, where SipHash's
-/// seeding and finalizing showed in the profile. A fast, unkeyed hash is safe here because
-/// no peer chooses these keys: ids count up from 1 (keys a peer sends, such as its
-/// correlation ids, stay in `Dictionary`).
+/// A hash table for the ids the broker hands out itself (waiters, flights): an ``OpenTable``
+/// whose entries hash their id with a multiplicative hash. It replaces `Dictionary<UInt64,
+/// Value>` on the broker's hot path, where SipHash's seeding and finalizing showed in the
+/// profile. A fast, unkeyed hash is safe here because no peer chooses these keys: ids count
+/// up from 1 (keys a peer sends, such as its correlation ids, are hashed with `Hasher` in
+/// ``ClientTable``).
 ///
 /// Not thread-safe; owned by the broker's loop like the rest of ``BrokerState``.
 package struct IDTable<Value> {
-    /// 0 marks an empty slot (ids start at 1).
-    private var keys: [UInt64]
-    private var values: [Value?]
-    private var bits: Int
-    /// Entries held.
-    package private(set) var count = 0
-    /// The table never shrinks below its starting size.
-    private let minimumSlots: Int
+    package struct Entry: OpenTableEntry {
+        /// 0 marks an empty slot (ids start at 1).
+        var id: UInt64
+        var value: Value?
+
+        package static var vacant: Entry { Entry(id: 0, value: nil) }
+        package var isVacant: Bool { id == 0 }
+        package var hash: Int { IDTable.hash(id) }
+    }
+
+    private var table: OpenTable<Entry>
 
     /// An empty table with room for `capacity` entries before it grows.
     package init(capacity: Int = 64) {
-        bits = max(4, Int.bitWidth - (max(capacity, 8) * 2 - 1).leadingZeroBitCount)
-        keys = Array(repeating: 0, count: 1 << bits)
-        values = Array(repeating: nil, count: 1 << bits)
-        minimumSlots = 1 << bits
+        table = OpenTable(capacity: capacity)
     }
+
+    /// Entries held.
+    package var count: Int { table.count }
 
     /// Slots in the table now (it grows at half full and shrinks at an eighth).
-    package var slots: Int { keys.count }
+    package var slots: Int { table.slots }
 
-    private var mask: Int { (1 << bits) - 1 }
+    /// Fibonacci hashing: the top bits of the product are well mixed.
+    static func hash(_ id: UInt64) -> Int { Int(bitPattern: UInt(truncatingIfNeeded: id &* 0x9E37_79B9_7F4A_7C15)) }
 
-    private func home(_ id: UInt64) -> Int {
-        Int(truncatingIfNeeded: (id &* 0x9E37_79B9_7F4A_7C15) >> UInt64(64 - bits))
-    }
-
-    /// The slot holding `id`, or `nil`.
-    private func find(_ id: UInt64) -> Int? {
-        var index = home(id)
-        while keys[index] != 0 {
-            if keys[index] == id { return index }
-            index = (index + 1) & mask
-        }
-        return nil
-    }
+    private func slot(_ id: UInt64) -> Int? { table.slot(hash: Self.hash(id)) { $0.id == id } }
 
     package subscript(id: UInt64) -> Value? {
-        get { find(id).flatMap { values[$0] } }
+        get { slot(id).flatMap { table[slot: $0].value } }
         set {
             guard let newValue else {
                 removeValue(forKey: id)
                 return
             }
             precondition(id != 0, "IDTable keys start at 1")
-            if let index = find(id) {
-                values[index] = newValue
-                return
+            if let slot = slot(id) {
+                table[slot: slot].value = newValue
+            } else {
+                table.insert(Entry(id: id, value: newValue))
             }
-            if (count + 1) * 2 > keys.count { grow() }
-            var index = home(id)
-            while keys[index] != 0 { index = (index + 1) & mask }
-            keys[index] = id
-            values[index] = newValue
-            count += 1
         }
     }
 
     /// Every id held, in no particular order.
-    package var ids: [UInt64] { keys.filter { $0 != 0 } }
+    package var ids: [UInt64] { table.all.map(\.id) }
 
     /// Removes `id`'s entry and returns its value, or `nil` when there was none.
     @discardableResult
     package mutating func removeValue(forKey id: UInt64) -> Value? {
-        guard var hole = find(id) else { return nil }
-        let removed = values[hole]
-        keys[hole] = 0
-        values[hole] = nil
-        count -= 1
-        // Backward shift: pull later entries of the same probe run into the hole, so every
-        // entry stays reachable from its home slot without tombstones.
-        var next = (hole + 1) & mask
-        while keys[next] != 0 {
-            let wanted = home(keys[next])
-            // Move `next` into the hole unless its home lies cyclically in (hole, next].
-            let inRange = hole <= next ? (hole < wanted && wanted <= next) : (hole < wanted || wanted <= next)
-            if !inRange {
-                keys[hole] = keys[next]
-                values[hole] = values[next]
-                keys[next] = 0
-                values[next] = nil
-                hole = next
-            }
-            next = (next + 1) & mask
-        }
-        // After a burst, give the slots back: an eighth full and larger than the start.
-        if keys.count > minimumSlots, count * 8 < keys.count { resize(bits: bits - 1) }
-        return removed
-    }
-
-    private mutating func grow() { resize(bits: bits + 1) }
-
-    /// Rebuilds the table with `1 << bits` slots.
-    private mutating func resize(bits newBits: Int) {
-        let (oldKeys, oldValues) = (keys, values)
-        bits = newBits
-        keys = Array(repeating: 0, count: 1 << bits)
-        values = Array(repeating: nil, count: 1 << bits)
-        count = 0
-        for index in oldKeys.indices where oldKeys[index] != 0 {
-            self[oldKeys[index]] = oldValues[index]
-        }
+        guard let slot = slot(id) else { return nil }
+        return table.remove(slot: slot).value
     }
 }
