@@ -57,7 +57,11 @@ struct Migrate: AsyncParsableCommand {
     /// or canopy-api's under its former name (`batch/batch.sqlite`) in one made before the
     /// rename, read where it is (a source is never changed).
     static func storeFile(_ service: String, in directory: URL) -> URL {
-        storeFile(service, in: directory, former: true)
+        let file = directory.appendingPathComponent("\(service)/\(service).sqlite")
+        guard service == CanopyAPIStore.directoryName, !FileManager.default.fileExists(atPath: file.path) else { return file }
+        let former = CanopyAPIStore.formerName
+        let old = directory.appendingPathComponent("\(former)/\(former).sqlite")
+        return FileManager.default.fileExists(atPath: old.path) ? old : file
     }
 
     /// canopy-api's store's path in a data directory or backup made before the rename.
@@ -71,20 +75,12 @@ struct Migrate: AsyncParsableCommand {
 
     /// The stack's SQLite stores in `directory` (a data directory or a backup): each by its
     /// present path (`api/api.sqlite`) and the file it is (canopy-api's may still be under its
-    /// former name), canopy-care's first.
+    /// former name).
     static func sqliteStores(in directory: URL) -> [(relative: String, file: URL)] {
         CanopyStack.services.filter(\.keepsData).compactMap { service in
             let file = storeFile(service.name, in: directory)
             return FileManager.default.fileExists(atPath: file.path) ? ("\(service.name)/\(service.name).sqlite", file) : nil
         }
-    }
-
-    private static func storeFile(_ service: String, in directory: URL, former: Bool) -> URL {
-        let file = directory.appendingPathComponent("\(service)/\(service).sqlite")
-        guard service == CanopyAPIStore.directoryName, !FileManager.default.fileExists(atPath: file.path) else { return file }
-        let former = CanopyAPIStore.formerName
-        let old = directory.appendingPathComponent("\(former)/\(former).sqlite")
-        return FileManager.default.fileExists(atPath: old.path) ? old : file
     }
 
     func run() async throws {
