@@ -53,7 +53,7 @@ struct Erasures: AsyncParsableCommand {
             let postgres = try database.postgres()
             let directory = stack.layout.dataDirectory.appendingPathComponent(CanopyAPIStore.directoryName)
             if postgres == nil {
-                let path = directory.appendingPathComponent("api.sqlite").path
+                let path = directory.appendingPathComponent(CanopyAPIStore.fileName).path
                 if Migrate.storeFile(CanopyAPIStore.directoryName, in: stack.layout.dataDirectory).path != path {
                     throw CommandFailure(
                         "canopy-api's store in \(stack.layout.dataDirectory.path) is still batch/batch.sqlite (from before canopy-batch was named canopy-api); start the stack once (canopy up) so canopy-api moves it, then run this again"

@@ -59,18 +59,14 @@ struct Migrate: AsyncParsableCommand {
     static func storeFile(_ service: String, in directory: URL) -> URL {
         let file = directory.appendingPathComponent("\(service)/\(service).sqlite")
         guard service == CanopyAPIStore.directoryName, !FileManager.default.fileExists(atPath: file.path) else { return file }
-        let former = CanopyAPIStore.formerName
-        let old = directory.appendingPathComponent("\(former)/\(former).sqlite")
+        let old = directory.appendingPathComponent(CanopyAPIStore.formerPath)
         return FileManager.default.fileExists(atPath: old.path) ? old : file
     }
-
-    /// canopy-api's store's path in a data directory or backup made before the rename.
-    static let formerAPIStore = "\(CanopyAPIStore.formerName)/\(CanopyAPIStore.formerName).sqlite"
 
     /// A store's path relative to a data directory as this Canopy names it: a backup made
     /// before the rename lists canopy-api's as `batch/batch.sqlite`.
     static func presentStore(_ relative: String) -> String {
-        relative == formerAPIStore ? "\(CanopyAPIStore.directoryName)/\(CanopyAPIStore.directoryName).sqlite" : relative
+        relative == CanopyAPIStore.formerPath ? "\(CanopyAPIStore.directoryName)/\(CanopyAPIStore.fileName)" : relative
     }
 
     /// The stack's SQLite stores in `directory` (a data directory or a backup): each by its

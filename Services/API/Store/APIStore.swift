@@ -278,7 +278,7 @@ public func openAPIStore(
     if directory.lastPathComponent == CanopyAPIStore.directoryName {
         try CanopyAPIStore.adoptFormerStore(in: directory.deletingLastPathComponent())
     }
-    return try SQLiteAPIStore(path: directory.appendingPathComponent("api.sqlite").path, idempotencyLimits: idempotencyLimits)
+    return try SQLiteAPIStore(path: directory.appendingPathComponent(CanopyAPIStore.fileName).path, idempotencyLimits: idempotencyLimits)
 }
 
 /// Where canopy-api keeps its SQLite store in a data directory: `<data-dir>/api/api.sqlite`.
@@ -288,6 +288,10 @@ public enum CanopyAPIStore {
     /// The name the edge had before it was `api` (`canopy-batch`, `<data-dir>/batch/batch.sqlite`,
     /// the PostgreSQL store `batch`).
     public static let formerName = "batch"
+    /// The store's file in its folder.
+    public static let fileName = "\(directoryName).sqlite"
+    /// Where a data directory or a backup made before the rename has it.
+    public static let formerPath = "\(formerName)/\(formerName).sqlite"
 
     /// Moves a store kept under the former name into place, once (``StoreFile/adopt(formerName:as:in:)``).
     public static func adoptFormerStore(in dataDirectory: URL) throws {

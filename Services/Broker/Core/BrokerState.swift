@@ -70,7 +70,8 @@ public struct BrokerState {
     var flights: FlightTable
     /// Workers and the services they make up.
     var workers = WorkerTable()
-    /// The allow-list in force (``replaceKeys(workers:clients:into:)`` changes it).
+    /// The allow-list in force, read from ``configuration`` (``replaceKeys(workers:clients:into:)``
+    /// changes both). Kept rather than made per request: every request consults it.
     var keys: KeyPolicy
     var nextHeartbeat: ContinuousClock.Instant
     var rejected: UInt64 = 0
