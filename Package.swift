@@ -62,6 +62,8 @@ enum P {
     static let hummingbirdHTTP2: Target.Dependency = .product(name: "HummingbirdHTTP2", package: "hummingbird")
     static let jwtKit: Target.Dependency = .product(name: "JWTKit", package: "jwt-kit")
     static let logging: Target.Dependency = .product(name: "Logging", package: "swift-log")
+    /// Counts heap allocations (canopy-bench's per-request figure); linked into the benchmark only.
+    static let mallocInterposer: Target.Dependency = .product(name: "MallocInterposerSwift", package: "malloc-interposer")
     static let metrics: Target.Dependency = .product(name: "Metrics", package: "swift-metrics")
     static let multipartKit: Target.Dependency = .product(name: "MultipartKit", package: "multipart-kit")
     static let nioCore: Target.Dependency = .product(name: "NIOCore", package: "swift-nio")
@@ -206,7 +208,7 @@ targets += [
             "CanopySamples", "CanopyDeployment", "CanopyOutbound", "CanopyBus", "CanopyBroker", "CZeroMQ", "CanopyMessages",
             "CanopyImages", "CanopyCare", "CanopyIdentify", "CanopyRemind", "CanopyImaging", "CVips", "CanopyServiceKit",
             "CanopyWire", "CanopyAPI", "CanopyCapture", "CanopyReplay", "CanopyStore", "CanopyTesting", P.argumentParser, P.asyncHTTPClient,
-            P.collections, P.grdb, P.histogram, P.hummingbird, P.jwtKit, P.logging,
+            P.collections, P.grdb, P.histogram, P.hummingbird, P.jwtKit, P.logging, P.mallocInterposer,
         ], path: "Benchmarks/BusBenchmark", swiftSettings: swiftSettings),
     // A worker process the live tests start and kill with SIGKILL.
     .executableTarget(
@@ -299,6 +301,7 @@ let package = Package(
         .package(url: "https://github.com/swift-server/swift-service-lifecycle", from: "2.13.0"),
         .package(url: "https://github.com/HdrHistogram/hdrhistogram-swift", from: "0.2.0"),
         .package(url: "https://github.com/groue/GRDB.swift", from: "7.10.0"),
+        .package(url: "https://github.com/ordo-one/malloc-interposer", from: "1.6.1"),
         // jwt-kit (APNs tokens in canopy-remind, API tokens later) needs swift-crypto 4.
         .package(url: "https://github.com/apple/swift-crypto", "4.1.0"..<"5.0.0"),
         .package(url: "https://github.com/vapor/jwt-kit", from: "5.7.1"),

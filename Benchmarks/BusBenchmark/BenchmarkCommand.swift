@@ -81,7 +81,7 @@ struct Bus: AsyncParsableCommand {
         var table: [[String]] = [
             [
                 "clients x window", "proxy req/s", "p50 µs", "p99 µs", "load CPU", "proxy µs/req", "broker req/s", "p50 µs", "p99 µs", "load CPU",
-                "broker CPU", "broker µs/req", "broker/proxy", "p99 broker/proxy",
+                "broker CPU", "broker µs/req", "broker/proxy", "p99 broker/proxy", "broker allocs/req",
             ]
         ]
         for (clients, window) in parsedLoads ?? [] {
@@ -108,6 +108,12 @@ struct Bus: AsyncParsableCommand {
                 if broker.0.throughput > brokerBest?.result.throughput ?? -1 { brokerBest = broker }
             }
             guard let (proxyResult, proxyCPU) = proxyBest, let (brokerResult, brokerCPU) = brokerBest else { continue }
+            progress("  \(clients)x\(window): heap allocations of the broker thread…")
+            let allocations = try await Rig(workers: workers, capacity: credit).broker(logger: logger) { endpoint, _ in
+                try ThreadAllocations.count(threadNamed: "canopy-broker", after: load.warmUp, for: load.duration) { try load.run(endpoint) }
+            }
+            progress(" done\n")
+            let perRequest = allocations.1.map { String(format: "%.2f", Double($0) / Double(max(1, allocations.0.requests))) } ?? "n/a"
             // The forwarding thread's CPU per request: what decides the ratio on a machine
             // whose cores are all busy, and steadier from run to run than throughput.
             table.append([
@@ -119,11 +125,14 @@ struct Bus: AsyncParsableCommand {
                 String(format: "%.2f", brokerResult.generatorCoreShare),
                 String(format: "%.2f", brokerCPU), String(format: "%.2f", brokerCPU * 1e6 / max(1, brokerResult.throughput)),
                 String(format: "%.2f", brokerResult.throughput / proxyResult.throughput),
-                String(format: "%.2f", Double(brokerResult.p99) / Double(max(1, proxyResult.p99))),
+                String(format: "%.2f", Double(brokerResult.p99) / Double(max(1, proxyResult.p99))), perRequest,
             ])
             if brokerResult.errors > 0 { print("warning: \(brokerResult.errors) error replies through the broker") }
         }
         printTable(table)
+        print(
+            "broker allocs/req: heap allocations of the broker's loop thread per request, counted in a run of its own (malloc-interposer's hook; \(ThreadAllocations.isAvailable ? "on" : "not available here"))"
+        )
     }
 }
 
