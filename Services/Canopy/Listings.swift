@@ -60,6 +60,9 @@ struct Stats: AsyncParsableCommand {
             if let unread = stats.unreadReplyBytes, let drops = stats.slowReaderDrops {
                 print("\(unread) bytes of replies wait for clients to read them; \(drops) dropped for slow readers")
             }
+            if let stale = stats.staleAnswers, stale > 0 {
+                print("\(stale) worker answer(s) dropped: every caller of the request had left (cancel or deadline)")
+            }
             print(stats.services.isEmpty ? "no services" : table.render())
             if !stats.operations.isEmpty {
                 var operations = Table("OPERATION", "REQUESTS", "COALESCED", "WORKER CALLS", "SAVED", "DETACHED", "REDISPATCHED", "WAITERS P50", "WAITERS P99")

@@ -223,6 +223,9 @@ public struct BrokerStatistics: Codable, Sendable, Equatable {
     /// Replies dropped since the broker started because their client read too slowly (a
     /// bound on unread replies was reached); the client was told `busy` instead.
     public var slowReaderDrops: UInt64?
+    /// Workers' answers dropped since the broker started because the request they named was
+    /// no longer held (every caller left, by cancel or deadline): never passed to anyone.
+    public var staleAnswers: UInt64?
 
     /// - Parameters:
     ///   - uptimeSeconds: seconds since the broker started.

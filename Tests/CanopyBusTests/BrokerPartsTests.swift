@@ -15,70 +15,91 @@ struct BrokerPartsTests {
         OperationDescriptor(name: name, idempotent: true, coalescable: coalescable)
     }
 
-    func flight(_ table: inout State.FlightTable, service: State.ServiceEntry, body: String = "{}", key: State.FlightKey? = nil) -> State.Flight {
+    func flight(service: State.ServiceEntry, body: String = "{}", key: State.FlightKey? = nil) -> State.Flight {
         State.Flight(
-            id: table.makeID(), service: service, operation: "get", header: RequestHeader(timeoutMilliseconds: 1_000),
+            service: service, operation: "get", header: RequestHeader(timeoutMilliseconds: 1_000),
             payload: State.Payload(body: Array(body.utf8)), key: key, createdAt: now, counters: State.OperationCounters(service: service.name, operation: "get")
         )
     }
 
-    func waiter(_ table: inout State.FlightTable, on flight: State.Flight, client: String, correlation: UInt8, after timeout: Duration) -> State.Waiter {
+    func waiter(on flight: SlabHandle, service: String, client: String, correlation: UInt8, after timeout: Duration) -> State.Waiter {
         let (client, correlation) = (Array(client.utf8), [correlation])
         return State.Waiter(
-            id: table.makeID(), client: client, correlation: correlation, clientHash: ClientTable.hash(client: client, correlation: correlation),
-            dialect: .canopy, serviceName: flight.service.name, receivedAt: now, deadline: now + timeout, flight: flight.id)
+            client: client, correlation: correlation, clientHash: ClientTable.hash(client: client, correlation: correlation),
+            dialect: .canopy, serviceName: service, receivedAt: now, deadline: now + timeout, flight: flight)
     }
 
     // MARK: - Flight table
 
-    @Test func theFlightTableFindsWaitersByClientAndDeadlineAndCountsEveryByte() {
-        var table = State.FlightTable(startedAt: now)
+    @Test func theFlightTableFindsWaitersByClientAndDeadlineAndCountsEveryByte() throws {
+        let table = State.FlightTable(startedAt: now)
         let service = State.ServiceEntry(name: "care")
         let key = State.FlightKey(service: "care", operation: "get", principal: "alice", payload: State.Payload(body: Array("{}".utf8)))
-        let shared = flight(&table, service: service, key: key)
-        table.add(shared)
-        let early = waiter(&table, on: shared, client: "phone", correlation: 1, after: .seconds(1))
-        let late = waiter(&table, on: shared, client: "tablet", correlation: 1, after: .seconds(5))
-        table.add(early, to: shared, timeout: 1_000)
-        table.add(late, to: shared, timeout: 5_000)
+        let sharedAdded = table.add(flight(service: service, key: key))
+        let shared = try #require(sharedAdded)
+        let early = waiter(on: shared, service: "care", client: "phone", correlation: 1, after: .seconds(1))
+        let late = waiter(on: shared, service: "care", client: "tablet", correlation: 1, after: .seconds(5))
+        let earlyIDAdded = table.add(early, to: shared, timeout: 1_000)
+        let earlyID = try #require(earlyIDAdded)
+        let lateIDAdded = table.add(late, to: shared, timeout: 5_000)
+        let lateID = try #require(lateIDAdded)
 
-        #expect(table.heldBytes == shared.bytes + early.bytes + late.bytes)
-        #expect(table.open(key) === shared, "identical requests join it")
-        #expect(table.waiter(client: Array("tablet".utf8), correlation: [1], hash: late.clientHash) === late)
+        #expect(table.heldBytes == table[shared].bytes + early.bytes + late.bytes)
+        #expect(table.open(key) == shared, "identical requests join it")
+        #expect(table.waiter(client: Array("tablet".utf8), correlation: [1], hash: late.clientHash) == lateID)
         #expect(table.waiter(client: Array("tablet".utf8), correlation: [2], hash: ClientTable.hash(client: Array("tablet".utf8), correlation: [2])) == nil)
         #expect(table.nextDeadline() == early.deadline)
         #expect(table.nextExpired(now: now + .milliseconds(999)) == nil)
-        #expect(table.nextExpired(now: now + .seconds(2)) === early, "due, and still held for the router to answer")
+        #expect(table.nextExpired(now: now + .seconds(2)) == earlyID, "due, and still held for the router to answer")
 
-        table.forget(early)
-        shared.waiters.remove(early.id)
+        table.forget(earlyID)
+        table[shared].waiters.remove(earlyID)
+        #expect(!table.containsWaiter(earlyID), "its handle is stale from now on")
         #expect(table.nextDeadline() == late.deadline)
         table.stopJoining(shared)
-        #expect(table.open(key) == nil && shared.key == nil, "a stuck flight takes no new waiters")
-        table.forget(late)
+        #expect(table.open(key) == nil && table[shared].key == nil, "a stuck flight takes no new waiters")
+        table.forget(lateID)
         let removed = table.remove(shared), again = table.remove(shared)
-        #expect(removed)
-        #expect(!again, "removed once")
+        #expect(removed?.totalWaiters == 2)
+        #expect(again == nil, "removed once")
         #expect(table.heldBytes == 0 && table.count == 0 && table.waiterCount == 0)
-        #expect(shared.counters.mostWaiters == 2)
+        #expect(removed?.counters.mostWaiters == 2)
     }
 
-    @Test func aQueuedFlightCountsInItsServiceUntilDispatchedAndTheQueueIsCompacted() {
-        var table = State.FlightTable(startedAt: now)
+    @Test func aQueuedFlightCountsInItsServiceUntilDispatchedAndTheQueueIsCompacted() throws {
+        let table = State.FlightTable(startedAt: now)
         let service = State.ServiceEntry(name: "images")
-        let flights = (0..<3).map { index in flight(&table, service: service, body: "{\"n\":\(index)}") }
-        for flight in flights {
-            table.add(flight)
-            table.enqueue(flight)
+        var flights: [SlabHandle] = []
+        for index in 0..<3 {
+            let idAdded = table.add(flight(service: service, body: "{\"n\":\(index)}"))
+            let id = try #require(idAdded)
+            table.enqueue(id)
+            flights.append(id)
         }
         #expect(service.queuedCount == 3)
-        #expect(service.queuedBytes == flights.reduce(0) { $0 + $1.bytes })
-        table.unqueue(flights[1]) // dispatched: its id stays, skipped
+        #expect(service.queuedBytes == flights.reduce(0) { $0 + table[$1].bytes })
+        table.unqueue(flights[1]) // dispatched: its handle stays, skipped
         #expect(service.queuedCount == 2 && service.queue.count == 3)
-        #expect(table.queued(in: service).map(\.id) == [flights[0].id, flights[2].id])
+        #expect(table.queued(in: service) == [flights[0], flights[2]])
         _ = table.remove(flights[1])
         table.compactQueue(of: service)
         #expect(service.queue.count == 2)
+    }
+
+    @Test func aWorkersAnswerForAFlightWhoseSlotWasReusedIsStaleAndCounted() throws {
+        let table = State.FlightTable(startedAt: now)
+        let service = State.ServiceEntry(name: "care")
+        let goneAdded = table.add(flight(service: service, body: "{\"n\":1}"))
+        let gone = try #require(goneAdded)
+        _ = table.remove(gone) // its last waiter left
+        let nextAdded = table.add(flight(service: service, body: "{\"n\":2}"))
+        let next = try #require(nextAdded)
+        #expect(next.index == gone.index, "the freed slot is taken again")
+        #expect(next != gone)
+        #expect(table.answered(gone.raw) == nil, "the late answer names the old flight, not the one in its slot now")
+        #expect(table.answered(next.raw) == next)
+        #expect(table.answered(0) == nil && table.answered(12_345) == nil, "a forged id names nothing")
+        #expect(table.staleAnswers == 3)
     }
 
     // MARK: - Worker table

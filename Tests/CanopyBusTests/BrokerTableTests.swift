@@ -167,3 +167,68 @@ struct DeadlineQueueTests {
         #expect(model.isEmpty && queue.count == 0)
     }
 }
+
+/// The broker's slabs behave as a dictionary by handle does, and a handle once removed never
+/// names a record again: not after its slot is reused, not after the slab shrank and grew.
+struct SlabTests {
+    @Test func randomInsertsReadsAndRemovalsAgreeWithAModelAndOldHandlesStayStale() async {
+        var random = SeededRandom(seed: 23)
+        let slab = Slab<[Int]>(capacity: 4, maximumCount: 5_000)
+        var model: [SlabHandle: [Int]] = [:]
+        var live: [SlabHandle] = []
+        var stale: [SlabHandle] = []
+        for step in 0..<150_000 {
+            if step % 2_000 == 0 { await Task.yield() }
+            // Bursts that fill the slab, then drain it to empty (where it shrinks).
+            let filling = (step / 10_000) % 2 == 0
+            switch random.next() % 8 {
+            case 0..<4 where filling, 0 where !filling:
+                if let handle = slab.insert([step]) {
+                    #expect(model[handle] == nil, "a handle is never given twice")
+                    #expect(!stale.contains(handle))
+                    model[handle] = [step]
+                    live.append(handle)
+                } else {
+                    #expect(model.count == 5_000, "refused only when full")
+                }
+            case 4, 5, 1..<4:
+                guard !live.isEmpty else { continue }
+                let handle = live.remove(at: Int(random.next() % UInt64(live.count)))
+                #expect(slab.remove(handle) == model.removeValue(forKey: handle))
+                stale.append(handle)
+                if stale.count > 2_000 { stale.removeFirst(1_000) }
+            case 6:
+                guard !stale.isEmpty else { continue }
+                let handle = stale[Int(random.next() % UInt64(stale.count))]
+                #expect(!slab.contains(handle) && slab[handle] == nil, "step \(step): \(handle) names nothing any more")
+                #expect(slab.remove(handle) == nil)
+            default:
+                guard !live.isEmpty else { continue }
+                let handle = live[Int(random.next() % UInt64(live.count))]
+                slab[valid: handle].append(step) // changed in place
+                model[handle]!.append(step)
+                #expect(slab[handle] == model[handle])
+            }
+            if step % 10_000 == 9_999 {
+                #expect(slab.count == model.count)
+                #expect(model.allSatisfy { slab[$0.key] == $0.value })
+                #expect(stale.allSatisfy { !slab.contains($0) })
+                #expect(Set(slab.handles) == Set(model.keys))
+            }
+        }
+    }
+
+    @Test func aSlabGoesBackToItsFirstSizeWhenEmptyAndItsOldHandlesStayStale() throws {
+        let slab = Slab<Int>(capacity: 8)
+        let handles = (0..<1_000).compactMap { slab.insert($0) }
+        #expect(slab.capacity >= 1_000)
+        for handle in handles { slab.remove(handle) }
+        #expect(slab.capacity == 8 && slab.count == 0)
+        let again = (0..<1_000).compactMap { slab.insert($0) }
+        #expect(Set(again).isDisjoint(with: handles), "slots made anew start above every generation they had")
+        #expect(handles.allSatisfy { !slab.contains($0) })
+        #expect(SlabHandle(raw: 0) == nil, "0 names nothing")
+        let handle = try #require(again.first)
+        #expect(SlabHandle(raw: handle.raw) == handle)
+    }
+}

@@ -14,7 +14,7 @@ final class BrokerMetrics {
     /// Every series carries `broker="NAME"` (``BrokerConfiguration/name``): with several live
     /// brokers, each one's figures are told apart, and summed, by it.
     private let broker: String
-    private let malformed, rejected, slowReaderDrops, captureRecords, captureDropped: Counter
+    private let malformed, rejected, slowReaderDrops, staleAnswers, captureRecords, captureDropped: Counter
     private let heldBytes, unreadReplyBytes, openFlights, capturing: Gauge
 
     init(broker: String) {
@@ -25,6 +25,7 @@ final class BrokerMetrics {
         heldBytes = Gauge(label: "canopy_broker_held_bytes", dimensions: named)
         unreadReplyBytes = Gauge(label: "canopy_broker_unread_reply_bytes", dimensions: named)
         slowReaderDrops = Counter(label: "canopy_broker_slow_reader_drops_total", dimensions: named)
+        staleAnswers = Counter(label: "canopy_broker_stale_answers_total", dimensions: named)
         openFlights = Gauge(label: "canopy_broker_open_flights", dimensions: named)
         captureRecords = Counter(label: "canopy_broker_capture_records_total", dimensions: named)
         captureDropped = Counter(label: "canopy_broker_capture_dropped_total", dimensions: named)
@@ -91,6 +92,7 @@ final class BrokerMetrics {
         heldBytes.record(statistics.heldBytes)
         unreadReplyBytes.record(statistics.unreadReplyBytes ?? 0)
         advance(slowReaderDrops, "slow reader drops", statistics.slowReaderDrops ?? 0)
+        advance(staleAnswers, "stale answers", statistics.staleAnswers ?? 0)
         openFlights.record(statistics.openFlights)
         if let capture = statistics.capture {
             // A new capture counts from zero: the totals start again.

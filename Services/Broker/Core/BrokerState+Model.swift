@@ -4,17 +4,16 @@ import CanopyWire
 import Collections
 import Histogram
 
-// The broker's bookkeeping types. Workers, services and flights are reference types: one
-// dictionary lookup per message, then changes in place (copy-on-write copies of value
-// types showed at the top of the broker's profile). Their stored properties are
-// `@exclusivity(unchecked)`: only the loop thread touches them, and the runtime's dynamic
-// exclusivity check on every access was 2% of the loop thread's time.
+// The broker's bookkeeping types. Flights and waiters are plain values in slabs
+// (``Slab``), read and changed in place by handle: a request makes no object. Workers and
+// services are reference types: one dictionary lookup per message, then changes in place.
+// Their stored properties are `@exclusivity(unchecked)`: only the loop thread touches them,
+// and the runtime's dynamic exclusivity check on every access was 2% of the loop thread's time.
 
 extension BrokerState {
-    /// One client's request: who to answer, under which correlation id, by when. A
-    /// reference, so looking it up hands out one pointer instead of copying its fields.
-    final class Waiter {
-        let id: UInt64
+    /// One client's request: who to answer, under which correlation id, by when. A plain
+    /// value in the ``FlightTable``'s waiter slab, named by its ``SlabHandle``.
+    struct Waiter {
         let client: [UInt8]
         /// The client's correlation id (empty for Majordomo clients, which have none).
         let correlation: [UInt8]
@@ -26,21 +25,20 @@ extension BrokerState {
         let receivedAt: ContinuousClock.Instant
         let deadline: ContinuousClock.Instant
         /// The flight this waiter waits on.
-        let flight: UInt64
+        let flight: SlabHandle
         /// What holding it costs, counted against the broker's memory bounds: its names and
         /// ids (the client's routing id and correlation twice, here and in the by-client
-        /// index), and the bookkeeping around them (the object, its table and index slots,
-        /// its deadline entry).
+        /// index), and the bookkeeping around them (its slab slot, its index slot, its
+        /// deadline entry).
         let bytes: Int
         static let bookkeepingBytes = 192
         /// Whether its request is traced and the broker traces (``BrokerTracing``).
-        @exclusivity(unchecked) var traced = false
+        var traced = false
 
         init(
-            id: UInt64, client: [UInt8], correlation: [UInt8], clientHash: Int, dialect: Dialect, serviceName: String,
-            receivedAt: ContinuousClock.Instant, deadline: ContinuousClock.Instant, flight: UInt64
+            client: [UInt8], correlation: [UInt8], clientHash: Int, dialect: Dialect, serviceName: String,
+            receivedAt: ContinuousClock.Instant, deadline: ContinuousClock.Instant, flight: SlabHandle
         ) {
-            self.id = id
             self.client = client
             self.correlation = correlation
             self.clientHash = clientHash
@@ -53,9 +51,10 @@ extension BrokerState {
         }
     }
 
-    /// What goes to a worker: one call, answered to all of its waiters.
-    final class Flight {
-        let id: UInt64
+    /// What goes to a worker: one call, answered to all of its waiters. A plain value in the
+    /// ``FlightTable``'s flight slab, named by its ``SlabHandle``, which is also the request
+    /// id its worker answers.
+    struct Flight {
         let service: ServiceEntry
         /// The operation; empty for a Majordomo client's request to a Majordomo worker.
         let operation: String
@@ -64,32 +63,31 @@ extension BrokerState {
         /// passed as it came.
         let payload: Payload
         /// Set while identical requests may join (coalescable, not stuck, not answered).
-        @exclusivity(unchecked) var key: FlightKey?
+        var key: FlightKey?
         let createdAt: ContinuousClock.Instant
         let counters: OperationCounters
         /// Its operation as resolved when it came (``ResolvedOperation/servedByAll`` spares
         /// asking each worker when it leaves the queue).
-        @exclusivity(unchecked) var resolved: ResolvedOperation?
-        @exclusivity(unchecked) var waiters = WaiterList()
+        var resolved: ResolvedOperation?
+        var waiters = WaiterList()
         /// Waiters that ever joined, for "shared" and the waiters-per-flight histogram.
-        @exclusivity(unchecked) var totalWaiters = 0
-        @exclusivity(unchecked) var worker: Worker?
-        @exclusivity(unchecked) var dispatches = 0
+        var totalWaiters = 0
+        var worker: Worker?
+        var dispatches = 0
         /// What holding it costs, counted against the broker's memory bounds: its body frames,
         /// operation and header (the principal again in its coalescing key), and the
-        /// bookkeeping around them (the object, its table slot, its queue slot).
+        /// bookkeeping around them (its slab slot, its queue slot).
         let bytes: Int
         static let bookkeepingBytes = 256
         /// Whether it waits in its service's queue (and counts in its queued bytes).
-        @exclusivity(unchecked) var isQueued = false
+        var isQueued = false
         /// Whether the request that started it is traced and the broker traces.
-        @exclusivity(unchecked) var traced = false
+        var traced = false
 
         init(
-            id: UInt64, service: ServiceEntry, operation: String, header: RequestHeader, payload: Payload,
+            service: ServiceEntry, operation: String, header: RequestHeader, payload: Payload,
             key: FlightKey?, createdAt: ContinuousClock.Instant, counters: OperationCounters
         ) {
-            self.id = id
             self.service = service
             self.operation = operation
             self.header = header
@@ -249,8 +247,8 @@ extension BrokerState {
             didSet { forgetResolvedOperations() }
         }
         @exclusivity(unchecked) var cursor = 0
-        /// Flight ids in order; ids of flights taken out meanwhile are skipped (and compacted).
-        @exclusivity(unchecked) var queue: Deque<UInt64> = []
+        /// Flight handles in order; those of flights taken out meanwhile are skipped (and compacted).
+        @exclusivity(unchecked) var queue: Deque<SlabHandle> = []
         /// Flights waiting in the queue (its live ids).
         @exclusivity(unchecked) var queuedCount = 0
         /// Bytes of the queued flights' bodies.
@@ -425,22 +423,22 @@ extension BrokerState {
     /// The waiters of a flight, in the order they joined. Most flights have one, held inline:
     /// an array is made only when a second joins (a coalesced request).
     struct WaiterList: Sequence {
-        /// The first waiter's id; 0 when there is none (ids start at 1). Never 0 while
-        /// ``others`` holds any.
-        private var head: UInt64 = 0
-        private var others: [UInt64] = []
+        /// The first waiter's handle; nil when there is none. Never nil while ``others``
+        /// holds any.
+        private var head: SlabHandle?
+        private var others: [SlabHandle] = []
 
-        var count: Int { head == 0 ? 0 : 1 + others.count }
-        var isEmpty: Bool { head == 0 }
+        var count: Int { head == nil ? 0 : 1 + others.count }
+        var isEmpty: Bool { head == nil }
 
-        mutating func append(_ id: UInt64) {
-            if head == 0 { head = id } else { others.append(id) }
+        mutating func append(_ id: SlabHandle) {
+            if head == nil { head = id } else { others.append(id) }
         }
 
         /// Removes `id`, keeping the others' order.
-        mutating func remove(_ id: UInt64) {
+        mutating func remove(_ id: SlabHandle) {
             if head == id {
-                head = others.isEmpty ? 0 : others.removeFirst()
+                head = others.isEmpty ? nil : others.removeFirst()
             } else {
                 others.removeAll { $0 == id }
             }
@@ -449,18 +447,18 @@ extension BrokerState {
         func makeIterator() -> Iterator { Iterator(head: head, others: others) }
 
         struct Iterator: IteratorProtocol {
-            fileprivate let head: UInt64
-            fileprivate let others: [UInt64]
+            fileprivate let head: SlabHandle?
+            fileprivate let others: [SlabHandle]
             private var index = -1
 
-            fileprivate init(head: UInt64, others: [UInt64]) {
+            fileprivate init(head: SlabHandle?, others: [SlabHandle]) {
                 self.head = head
                 self.others = others
             }
 
-            mutating func next() -> UInt64? {
+            mutating func next() -> SlabHandle? {
                 defer { index += 1 }
-                if index == -1 { return head == 0 ? nil : head }
+                if index == -1 { return head }
                 return index < others.count ? others[index] : nil
             }
         }

@@ -87,7 +87,8 @@ extension BrokerState {
 
     /// What the callers of a flight whose reply was over the frame limit are told.
     func oversizedReply(_ count: Int, flight id: UInt64) -> CanopyError {
-        let name = flights[id].map { "\($0.service.name).\($0.operation)" } ?? "the service"
+        let flight = SlabHandle(raw: id).flatMap { flights.flights[$0] }
+        let name = flight.map { "\($0.service.name).\($0.operation)" } ?? "the service"
         return CanopyError(
             .tooLarge,
             "the reply of \(name) was \(count) bytes, over the broker's limit of \(configuration.maximumFrameBytes) bytes; ask for less (a smaller page, or the data in pieces)"
@@ -101,9 +102,9 @@ extension BrokerState {
             return
         }
         worker.service.inFlight -= 1
-        if let flight = flights[id], flight.worker === worker {
+        if let flight = flights.answered(id), flights[flight].worker === worker {
             finish(flight, outcome, now: now, into: &out)
-        } // else: every waiter left (cancel or deadline); the late answer is dropped
+        } // else: every waiter left (cancel or deadline), and the flight's slot may hold another since; the late answer is dropped and counted
         dispatchQueued(worker.service, now: now, into: &out)
     }
 
@@ -142,18 +143,21 @@ extension BrokerState {
     mutating func workerGone(_ peer: PeerKey, now: ContinuousClock.Instant, into out: inout [Directive]) {
         guard let worker = workers.remove(peer) else { return }
         let service = worker.service
-        var retry: [UInt64] = []
-        for id in worker.held.ids.sorted() {
-            guard let flight = flights[id], flight.worker === worker else { continue }
-            let idempotent = worker.descriptor(for: flight.operation)?.idempotent ?? false
-            if idempotent && flight.dispatches < 2 {
-                flight.worker = nil
-                flight.counters.redispatched += 1
-                if flight.traced {
-                    tracing?.note(.flightEvent(flight.id, name: "retried after worker loss", worker: nil, attempt: flight.dispatches, at: BrokerTracing.now))
-                    tracing?.note(.flightEvent(flight.id, name: "queued", worker: nil, attempt: flight.dispatches, at: BrokerTracing.now))
+        var retry: [SlabHandle] = []
+        // Oldest first, so the flights go again in the order they came.
+        let held = worker.held.ids.compactMap { SlabHandle(raw: $0) }.filter { flights.contains($0) && flights[$0].worker === worker }
+        for flight in held.sorted(by: { flights[$0].createdAt < flights[$1].createdAt }) {
+            guard flights.contains(flight) else { continue } // answered meanwhile (a Majordomo worker's flights share nothing; kept for safety)
+            let idempotent = worker.descriptor(for: flights[flight].operation)?.idempotent ?? false
+            if idempotent && flights[flight].dispatches < 2 {
+                flights[flight].worker = nil
+                flights[flight].counters.redispatched += 1
+                if flights[flight].traced {
+                    let attempt = flights[flight].dispatches
+                    tracing?.note(.flightEvent(flight.raw, name: "retried after worker loss", worker: nil, attempt: attempt, at: BrokerTracing.now))
+                    tracing?.note(.flightEvent(flight.raw, name: "queued", worker: nil, attempt: attempt, at: BrokerTracing.now))
                 }
-                retry.append(id)
+                retry.append(flight)
             } else {
                 let message =
                     idempotent
@@ -162,8 +166,8 @@ extension BrokerState {
                 finish(flight, .failure(CanopyError(.workerLost, message)), now: now, into: &out)
             }
         }
-        for id in retry.reversed() {
-            if let flight = flights[id] { flights.enqueue(flight, atFront: true) }
+        for flight in retry.reversed() where flights.contains(flight) {
+            flights.enqueue(flight, atFront: true)
         }
         if service.workers.isEmpty {
             workers.drop(service)
@@ -180,37 +184,40 @@ extension BrokerState {
 
     // MARK: - Dispatch
 
-    mutating func dispatch(_ flight: Flight, to worker: Worker, now: ContinuousClock.Instant, into out: inout [Directive]) {
+    mutating func dispatch(_ flight: SlabHandle, to worker: Worker, now: ContinuousClock.Instant, into out: inout [Directive]) {
         flights.unqueue(flight)
-        flight.worker = worker
-        flight.dispatches += 1
-        flight.counters.workerCalls += 1
-        worker.held[flight.id] = ()
-        flight.service.inFlight += 1
+        flights[flight].worker = worker
+        flights[flight].dispatches += 1
+        flights[flight].counters.workerCalls += 1
+        worker.held[flight.raw] = ()
+        flights[flight].service.inFlight += 1
         switch worker.dialect {
         case .canopy:
             // The worker may work until the last waiter gives up.
             var deadline = now
-            for id in flight.waiters { if let waiter = flights.waiter(id), waiter.deadline > deadline { deadline = waiter.deadline } }
-            var header = flight.header
+            for id in flights[flight].waiters where flights.containsWaiter(id) {
+                deadline = max(deadline, flights[waiter: id].deadline)
+            }
+            var header = flights[flight].header
             header.timeoutMilliseconds = UInt32(clamping: max(1, (deadline - now).wholeMilliseconds))
-            if flight.traced {
-                tracing?.note(.flightEvent(flight.id, name: "dispatched", worker: worker.identity.bytes.hex, attempt: flight.dispatches, at: BrokerTracing.now))
+            if flights[flight].traced {
+                tracing?.note(
+                    .flightEvent(flight.raw, name: "dispatched", worker: worker.identity.bytes.hex, attempt: flights[flight].dispatches, at: BrokerTracing.now))
             }
             let message = WireMessage.dispatch(
-                requestID: flight.id, operation: flight.operation, header: header,
-                body: flight.payload.first, attachments: flight.payload.rest)
+                requestID: flight.raw, operation: flights[flight].operation, header: header,
+                body: flights[flight].payload.first, attachments: flights[flight].payload.rest)
             out.append(.send(to: worker.identity.bytes, message))
         case .majordomo:
-            out.append(.sendMajordomo(to: worker.identity.bytes, MajordomoBridge.request(for: flight)))
+            out.append(.sendMajordomo(to: worker.identity.bytes, MajordomoBridge.request(for: flights[flight], id: flight)))
         }
     }
 
     /// What tells `worker` to stop working on `flight`; `nil` for a Majordomo worker, which
     /// has no such command (its reply will be dropped).
-    func cancelDirective(_ flight: Flight, worker: Worker) -> Directive? {
+    func cancelDirective(_ flight: SlabHandle, worker: Worker) -> Directive? {
         switch worker.dialect {
-        case .canopy: .send(to: worker.identity.bytes, .cancelDispatch(requestID: flight.id))
+        case .canopy: .send(to: worker.identity.bytes, .cancelDispatch(requestID: flight.raw))
         case .majordomo: nil
         }
     }
@@ -222,13 +229,13 @@ extension BrokerState {
     /// not a copy of the queue).
     mutating func dispatchQueued(_ service: ServiceEntry, now: ContinuousClock.Instant, into out: inout [Directive]) {
         guard !service.queue.isEmpty else { return }
-        var skipped: [UInt64] = []
-        while let id = service.queue.popFirst() {
-            guard let flight = flights[id], flight.isQueued else { continue }
-            if let worker = service.freeWorker(for: flight.operation, servedByAll: flight.resolved?.servedByAll == true) {
+        var skipped: [SlabHandle] = []
+        while let flight = service.queue.popFirst() {
+            guard flights.isQueued(flight) else { continue }
+            if let worker = service.freeWorker(for: flights[flight].operation, servedByAll: flights[flight].resolved?.servedByAll == true) {
                 dispatch(flight, to: worker, now: now, into: &out)
             } else {
-                skipped.append(id)
+                skipped.append(flight)
                 if service.workers.allSatisfy({ $0.available <= 0 }) { break }
             }
         }

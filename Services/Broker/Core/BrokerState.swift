@@ -67,7 +67,7 @@ public struct BrokerState {
     public internal(set) var configuration: BrokerConfiguration
     let startedAt: ContinuousClock.Instant
     /// Flights and their waiters, with their deadlines and bytes.
-    var flights: FlightTable
+    let flights: FlightTable
     /// Workers and the services they make up.
     var workers = WorkerTable()
     /// The allow-list in force, read from ``configuration`` (``replaceKeys(workers:clients:into:)``
@@ -262,15 +262,16 @@ public struct BrokerState {
 
     /// Expires deadlines and, when due, sends heartbeats and expires silent workers.
     public mutating func tick(now: ContinuousClock.Instant, into out: inout [Directive]) {
-        while let waiter = flights.nextExpired(now: now) {
-            let flight = flights[waiter.flight]
-            flight?.service.errors += 1
-            flight?.counters.count(.timeout)
-            if configuration.metrics, let flight { noteLatency(flight.service.name, now - waiter.receivedAt) }
-            detach(waiter, now: now, into: &out)
-            answer(
-                waiter, .failure(Self.timeout(waiter.serviceName)),
-                shared: false, flight: flight, now: now, into: &out)
+        while let id = flights.nextExpired(now: now) {
+            let flightID = flights[waiter: id].flight
+            if flights.contains(flightID) {
+                flights[flightID].service.errors += 1
+                flights[flightID].counters.count(.timeout)
+                if configuration.metrics { noteLatency(flights[flightID].service.name, now - flights[waiter: id].receivedAt) }
+            }
+            let facts = capturing ? captureFacts(flightID) : nil // before the flight closes with its last waiter
+            let waiter = detach(id, now: now, into: &out)
+            answer(id, waiter, .failure(Self.timeout(waiter.serviceName)), shared: false, flight: facts, now: now, into: &out)
         }
         if hold != nil { checkHold(now: now, into: &out) }
         if let graceEnds = startupGraceEnds, now >= graceEnds {
@@ -359,7 +360,7 @@ public struct BrokerState {
     }
 
     /// An error to a Canopy peer.
-    func replyError(to peer: [UInt8], correlation: [UInt8], _ error: CanopyError, into out: inout [Directive]) {
+    mutating func replyError(to peer: [UInt8], correlation: [UInt8], _ error: CanopyError, into out: inout [Directive]) {
         let body = (try? codec.encode(error)) ?? Array(#"{"code":"internal","message":"unencodable error"}"#.utf8)
         out.append(.send(to: peer, .error(correlation: correlation, error: body)))
     }
@@ -416,6 +417,7 @@ public struct BrokerState {
         statistics.capture = captureStatus
         statistics.unreadReplyBytes = unreadReplies.bytes
         statistics.slowReaderDrops = unreadReplies.dropped
+        statistics.staleAnswers = flights.staleAnswers
         return statistics
     }
 }

@@ -6,20 +6,29 @@ extension BrokerState {
     /// (routing identity, correlation id), with the deadlines, the coalescable flights that
     /// still take waiters, and the bytes all of it costs. Bookkeeping only: which flight a
     /// request joins, and what anyone is answered, the router decides.
-    struct FlightTable {
-        private var flights = IDTable<Flight>(capacity: 1_024)
-        private var waiters = IDTable<Waiter>(capacity: 1_024)
+    ///
+    /// A class: the router reaches it through `self` in its mutating methods, and a struct's
+    /// non-mutating members were handed a copy of the whole table each call. Owned by the loop
+    /// thread alone, so its properties skip the runtime's exclusivity checks.
+    final class FlightTable {
+        /// The flights in the air, by handle (a flight's handle is the request id its worker answers).
+        let flights = Slab<Flight>(capacity: 1_024)
+        /// Their waiters, by handle.
+        let waiters = Slab<Waiter>(capacity: 1_024)
         /// Coalescable flights that still take waiters.
-        private var open: [FlightKey: Flight] = [:]
+        @exclusivity(unchecked) private var open: [FlightKey: SlabHandle] = [:]
         /// Canopy clients' requests held now, by (routing identity, correlation id).
-        private var byClient = ClientTable()
-        private var deadlines = DeadlineQueue()
-        private var nextID: UInt64 = 1
+        @exclusivity(unchecked) private var byClient = ClientTable()
+        @exclusivity(unchecked) private var deadlines = DeadlineQueue()
         /// Deadlines are ordered by nanoseconds since then.
         private let startedAt: ContinuousClock.Instant
         /// Bytes held now: flights' bodies and bookkeeping, and their waiters'
         /// (see ``BrokerConfiguration/maximumHeldBytes``).
-        private(set) var heldBytes = 0
+        @exclusivity(unchecked) private(set) var heldBytes = 0
+        /// Answers that named a flight no longer held (a worker's late reply after the last
+        /// waiter left, its slot perhaps holding another flight since): dropped, never answered
+        /// to anyone, and counted.
+        @exclusivity(unchecked) private(set) var staleAnswers: UInt64 = 0
 
         init(startedAt: ContinuousClock.Instant) {
             self.startedAt = startedAt
@@ -27,27 +36,47 @@ extension BrokerState {
 
         // MARK: Reading
 
-        subscript(id: UInt64) -> Flight? { flights[id] }
+        /// Whether `id` names a flight held now.
+        func contains(_ id: SlabHandle) -> Bool { flights.contains(id) }
 
-        func waiter(_ id: UInt64) -> Waiter? { waiters[id] }
+        /// The flight `id` names, which must be held (``contains(_:)``); read and changed in place.
+        subscript(id: SlabHandle) -> Flight {
+            unsafeAddress { UnsafePointer(flights.address(of: id)) }
+            unsafeMutableAddress { flights.address(of: id) }
+        }
+
+        /// The flight a worker's answer names, when it is still held; else counted as stale.
+        func answered(_ raw: UInt64) -> SlabHandle? {
+            if let id = SlabHandle(raw: raw), flights.contains(id) { return id }
+            staleAnswers += 1
+            return nil
+        }
+
+        /// Whether `id` names a waiter held now.
+        func containsWaiter(_ id: SlabHandle) -> Bool { waiters.contains(id) }
+
+        /// The waiter `id` names, which must be held; read in place.
+        subscript(waiter id: SlabHandle) -> Waiter {
+            unsafeAddress { UnsafePointer(waiters.address(of: id)) }
+        }
 
         /// The waiter a Canopy client holds under `correlation` (`hash`: ``ClientTable/hash(client:correlation:)``).
-        func waiter(client: [UInt8], correlation: [UInt8], hash: Int) -> Waiter? {
-            byClient.find(hash: hash, client: client, correlation: correlation).flatMap { waiters[$0] }
+        func waiter(client: [UInt8], correlation: [UInt8], hash: Int) -> SlabHandle? {
+            byClient.find(hash: hash, client: client, correlation: correlation).flatMap(SlabHandle.init(raw:))
         }
 
         /// The coalescable flight identical requests join, if one is in the air.
-        func open(_ key: FlightKey) -> Flight? { open[key] }
+        func open(_ key: FlightKey) -> SlabHandle? { open[key] }
 
         var count: Int { flights.count }
         var waiterCount: Int { waiters.count }
         var openCount: Int { open.count }
         var deadlineCount: Int { deadlines.count }
-        var ids: [UInt64] { flights.ids }
+        var ids: [SlabHandle] { flights.handles }
 
         /// The earliest deadline of a waiter still held (answered ones are dropped on the way).
-        mutating func nextDeadline() -> ContinuousClock.Instant? {
-            while let first = deadlines.min, waiters[first.waiter]?.deadline != first.at {
+        func nextDeadline() -> ContinuousClock.Instant? {
+            while let first = deadlines.min, !isLive(first) {
                 deadlines.removeMin() // answered already; drop lazily
             }
             return deadlines.min?.at
@@ -55,109 +84,130 @@ extension BrokerState {
 
         /// The next waiter whose deadline is at or before `now`, taken off the deadlines (it is
         /// still held: the router answers it).
-        mutating func nextExpired(now: ContinuousClock.Instant) -> Waiter? {
+        func nextExpired(now: ContinuousClock.Instant) -> SlabHandle? {
             while let first = deadlines.min, first.at <= now {
                 deadlines.removeMin()
-                if let waiter = waiters[first.waiter], waiter.deadline == first.at { return waiter }
+                if isLive(first) { return SlabHandle(raw: first.waiter) }
             }
             return nil
         }
 
+        /// Whether a deadline is its waiter's, and the waiter still held.
+        private func isLive(_ deadline: Deadline) -> Bool {
+            guard let id = SlabHandle(raw: deadline.waiter), waiters.contains(id) else { return false }
+            return waiters[valid: id].deadline == deadline.at
+        }
+
         // MARK: Changing
 
-        /// A new id for a flight or a waiter (one sequence: they never collide).
-        mutating func makeID() -> UInt64 {
-            defer { nextID += 1 }
-            return nextID
+        /// Holds `flight` and returns its handle (nil: the broker holds its most flights); a
+        /// coalescable one (with a key) takes identical requests from now on.
+        func add(_ flight: consuming Flight) -> SlabHandle? {
+            let bytes = flight.bytes
+            let key = flight.key
+            guard let id = flights.insert(flight) else { return nil }
+            heldBytes += bytes
+            if let key { open[key] = id }
+            return id
         }
 
-        /// Holds `flight`; a coalescable one (with a key) takes identical requests from now on.
-        mutating func add(_ flight: Flight) {
-            flights[flight.id] = flight
-            heldBytes += flight.bytes
-            if let key = flight.key { open[key] = flight }
+        /// Identical requests no longer join flight `id` (it is stuck); it keeps its waiters.
+        func stopJoining(_ id: SlabHandle) {
+            if let key = flights[valid: id].key, open[key] == id { open[key] = nil }
+            flights[valid: id].key = nil
         }
 
-        /// Identical requests no longer join `flight` (it is stuck); it keeps its waiters.
-        mutating func stopJoining(_ flight: Flight) {
-            if let key = flight.key, open[key] === flight { open[key] = nil }
-            flight.key = nil
-        }
-
-        /// Holds `waiter` on `flight`: by id, by its client's correlation (a Canopy client's),
-        /// and by its deadline (`timeout`: the request's own, 0 for the broker's default).
-        mutating func add(_ waiter: Waiter, to flight: Flight, timeout: UInt32) {
-            waiters[waiter.id] = waiter
-            heldBytes += waiter.bytes
-            if waiter.dialect == .canopy {
-                byClient.insert(hash: waiter.clientHash, client: waiter.client, correlation: waiter.correlation, id: waiter.id)
+        /// Holds `waiter` on flight `id`: by handle, by its client's correlation (a Canopy
+        /// client's), and by its deadline (`timeout`: the request's own, 0 for the broker's
+        /// default). Nil when the broker holds its most waiters.
+        func add(_ waiter: consuming Waiter, to id: SlabHandle, timeout: UInt32) -> SlabHandle? {
+            let (bytes, deadline) = (waiter.bytes, waiter.deadline)
+            let canopy = waiter.dialect == .canopy
+            let (clientHash, client, correlation) = canopy ? (waiter.clientHash, waiter.client, waiter.correlation) : (0, [], [])
+            guard let handle = waiters.insert(waiter) else { return nil }
+            heldBytes += bytes
+            if canopy {
+                byClient.insert(hash: clientHash, client: client, correlation: correlation, id: handle.raw)
             }
-            deadlines.insert(Deadline(at: waiter.deadline, key: deadlineKey(waiter.deadline), waiter: waiter.id), timeout: UInt64(timeout))
+            deadlines.insert(Deadline(at: deadline, key: deadlineKey(deadline), waiter: handle.raw), timeout: UInt64(timeout))
             if deadlines.count > 2 * waiters.count + 4_096 { // answered ones piled up behind a slow one
                 let waiters = self.waiters
-                deadlines.removeAll { waiters[$0.waiter]?.deadline != $0.at }
+                deadlines.removeAll { deadline in
+                    guard let id = SlabHandle(raw: deadline.waiter), waiters.contains(id) else { return true }
+                    return waiters[valid: id].deadline != deadline.at
+                }
             }
-            flight.waiters.append(waiter.id)
-            flight.totalWaiters += 1
+            flights[valid: id].waiters.append(handle)
+            flights[valid: id].totalWaiters += 1
+            return handle
         }
 
-        /// Forgets a waiter (answered, or gone); its flight's list is the caller's.
-        mutating func forget(_ waiter: Waiter) {
-            waiters[waiter.id] = nil
+        /// Forgets waiter `id` (answered, or gone) and returns it; its flight's list is the caller's.
+        @discardableResult
+        func forget(_ id: SlabHandle) -> Waiter {
+            let waiter = waiters.remove(id)!
             heldBytes -= waiter.bytes
             if waiter.dialect == .canopy {
-                byClient.remove(hash: waiter.clientHash, id: waiter.id)
+                byClient.remove(hash: waiter.clientHash, id: id.raw)
             }
+            return waiter
         }
 
-        /// Forgets a flight: out of its queue's counts, no waiter joins it again, its waiters
-        /// counted in its operation's histogram. False when it was gone already.
-        mutating func remove(_ flight: Flight) -> Bool {
-            guard flights.removeValue(forKey: flight.id) != nil else { return false }
+        /// Forgets flight `id` and returns it: out of its queue's counts, no waiter joins it
+        /// again, its waiters counted in its operation's histogram. Nil when it was gone already.
+        func remove(_ id: SlabHandle) -> Flight? {
+            guard flights.contains(id) else { return nil }
+            unqueue(id)
+            stopJoining(id)
+            let flight = flights.remove(id)!
             heldBytes -= flight.bytes
-            unqueue(flight)
-            stopJoining(flight)
             _ = flight.counters.waitersPerFlight.record(UInt64(flight.totalWaiters))
             flight.counters.mostWaiters = max(flight.counters.mostWaiters, UInt64(flight.totalWaiters))
-            return true
+            return flight
         }
 
-        /// Puts a flight in its service's queue (at the back, or at the front when it goes again
-        /// after its worker died) and counts its bytes there.
-        func enqueue(_ flight: Flight, atFront: Bool = false) {
+        /// Puts flight `id` in its service's queue (at the back, or at the front when it goes
+        /// again after its worker died) and counts its bytes there.
+        func enqueue(_ id: SlabHandle, atFront: Bool = false) {
+            let service = flights[valid: id].service
             if atFront {
-                flight.service.queue.prepend(flight.id)
+                service.queue.prepend(id)
             } else {
-                flight.service.queue.append(flight.id)
+                service.queue.append(id)
             }
-            flight.isQueued = true
-            flight.service.queuedCount += 1
-            flight.service.queuedBytes += flight.bytes
+            flights[valid: id].isQueued = true
+            service.queuedCount += 1
+            service.queuedBytes += flights[valid: id].bytes
         }
 
-        /// Takes a flight out of its service's queue counts (it was dispatched or closed). Its id
-        /// may still sit in the queue: it is skipped there, and the queue is compacted once such
-        /// ids outnumber the live ones, so taking a flight out is O(1) amortized wherever it
-        /// stands.
-        func unqueue(_ flight: Flight) {
-            guard flight.isQueued else { return }
-            flight.isQueued = false
-            let service = flight.service
+        /// Takes flight `id` out of its service's queue counts (it was dispatched or closed). Its
+        /// handle may still sit in the queue: it is skipped there, and the queue is compacted
+        /// once such handles outnumber the live ones, so taking a flight out is O(1) amortized
+        /// wherever it stands.
+        func unqueue(_ id: SlabHandle) {
+            guard flights[valid: id].isQueued else { return }
+            flights[valid: id].isQueued = false
+            let service = flights[valid: id].service
             service.queuedCount -= 1
-            service.queuedBytes -= flight.bytes
+            service.queuedBytes -= flights[valid: id].bytes
             if service.queue.count > 2 * service.queuedCount + 1_024 {
-                service.queue.removeAll { flights[$0]?.isQueued != true }
+                service.queue.removeAll { !isQueued($0) }
             }
         }
 
-        /// The flights waiting in `service`'s queue, oldest first (skipping ids taken out).
-        func queued(in service: ServiceEntry) -> [Flight] {
-            service.queue.compactMap { id in flights[id].flatMap { $0.isQueued ? $0 : nil } }
+        /// Whether `id` names a flight held now and waiting in its service's queue.
+        func isQueued(_ id: SlabHandle) -> Bool {
+            flights.contains(id) && flights[valid: id].isQueued
         }
 
-        /// Drops from `service`'s queue the ids of flights no longer held.
+        /// The flights waiting in `service`'s queue, oldest first (skipping handles taken out).
+        func queued(in service: ServiceEntry) -> [SlabHandle] {
+            service.queue.filter(isQueued)
+        }
+
+        /// Drops from `service`'s queue the handles of flights no longer held.
         func compactQueue(of service: ServiceEntry) {
-            service.queue.removeAll { flights[$0] == nil }
+            service.queue.removeAll { !flights.contains($0) }
         }
 
         /// A deadline as nanoseconds since the broker started, for the heap's ordering.

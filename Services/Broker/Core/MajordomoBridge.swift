@@ -70,9 +70,9 @@ extension BrokerState {
 
         /// A flight for a Majordomo worker: the flight id stands in the client address, and the
         /// worker sends it back with its reply.
-        static func request(for flight: Flight) -> MajordomoMessage {
+        static func request(for flight: borrowing Flight, id: SlabHandle) -> MajordomoMessage {
             let body = flight.operation.isEmpty ? flight.payload.frames : [Array(flight.operation.utf8)] + flight.payload.frames
-            return .request(client: Wire.frame(flight.id), body: body)
+            return .request(client: Wire.frame(id.raw), body: body)
         }
     }
 }

@@ -116,7 +116,7 @@ extension BrokerState {
         limit: Duration, client: [UInt8], correlation: [UInt8], forCapture: Bool = true, now: ContinuousClock.Instant,
         into out: inout [Directive]
     ) {
-        let inTheAir = flights.ids.filter { id in flights[id].map { !Self.isDerived($0.header) } ?? false }
+        let inTheAir = flights.ids.filter { !Self.isDerived(flights[$0].header) }.map(\.raw)
         hold = Hold(inTheAir: inTheAir, limit: limit, client: client, correlation: correlation, forCapture: forCapture, now: now)
         checkHold(now: now, into: &out)
     }
