@@ -354,10 +354,10 @@ struct FrameReader<Frames: FrameList> {
     /// Checks the number of frames: exactly `count`, or with `attachments`, `count` and up to
     /// ``Wire/maximumAttachments`` more.
     @inlinable
-    func expect(_ count: Int, _ command: Wire.Command, attachments: Bool = false, _ explanation: String) throws(WireDecodingError) {
+    func expect(_ count: Int, _ command: Wire.Command, attachments: Bool = false, _ explanation: @autoclosure () -> String) throws(WireDecodingError) {
         guard frames.count == count || (attachments && frames.count > count && frames.count - count <= Wire.maximumAttachments) else {
             let correlation = [.request, .cancel, .reply, .error].contains(command) ? likelyCorrelation : []
-            throw WireDecodingError(.wrongFrameCount, correlation: correlation, "\(explanation), got \(frames.count)")
+            throw WireDecodingError(.wrongFrameCount, correlation: correlation, "\(explanation()), got \(frames.count)")
         }
     }
 

@@ -102,6 +102,20 @@ struct BrokerPartsTests {
         #expect(table.staleAnswers == 3)
     }
 
+    @Test func aClientsIdentityIsKeptOnceAndBoundedAndTheCallersBufferStaysItsOwn() {
+        var names = State.ClientNames(maximumCount: 2)
+        let read: [UInt8] = [0, 1, 2, 3, 4]
+        let kept = names.intern(read, now: now)
+        func address(_ bytes: [UInt8]) -> UnsafeRawPointer? { bytes.withUnsafeBytes { $0.baseAddress } }
+        #expect(kept == read && address(kept) != address(read), "a copy of its own: the socket's buffer is not shared")
+        #expect(address(names.intern([0, 1, 2, 3, 4], now: now)) == address(kept), "the same identity again: the one copy")
+        _ = names.intern([9], now: now)
+        let unkept = names.intern([7, 7], now: now + .seconds(1))
+        #expect(names.count == 2 && unkept == [7, 7], "past the bound with none idle: the request keeps its own")
+        _ = names.intern([0, 1, 2, 3, 4], now: now + .seconds(40))
+        #expect(names.intern([7, 7], now: now + .seconds(40)) == [7, 7] && names.count == 2, "the identity idle longest made room")
+    }
+
     // MARK: - Worker table
 
     @Test func theWorkerTableTakesTurnsKeepsOneProtocolAServiceAndForgetsWhatItResolved() throws {

@@ -20,7 +20,8 @@ extension BrokerState {
         let payload: Payload
     }
 
-    mutating func clientRequest(_ request: WireRequest, from client: [UInt8], now: ContinuousClock.Instant, into out: inout [Directive]) {
+    mutating func clientRequest(_ request: WireRequest, from peer: [UInt8], now: ContinuousClock.Instant, into out: inout [Directive]) {
+        let client = clientNames.intern(peer, now: now)
         let hash = ClientTable.hash(client: client, correlation: request.correlation) // the one hash of this request
         guard flights.waiter(client: client, correlation: request.correlation, hash: hash) == nil else {
             return // the same request again (a client resending after a reconnect): the first will be answered

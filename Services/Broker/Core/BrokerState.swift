@@ -70,6 +70,8 @@ public struct BrokerState {
     let flights: FlightTable
     /// Workers and the services they make up.
     var workers = WorkerTable()
+    /// Clients' routing identities, each kept once.
+    var clientNames = ClientNames()
     /// The allow-list in force, read from ``configuration`` (``replaceKeys(workers:clients:into:)``
     /// changes both). Kept rather than made per request: every request consults it.
     var keys: KeyPolicy
@@ -280,6 +282,7 @@ public struct BrokerState {
         }
         guard now >= nextHeartbeat else { return }
         nextHeartbeat = now + configuration.heartbeatInterval
+        clientNames.sweep(now: now)
         for worker in workers.all {
             out.append(worker.heartbeat(maximumFrameBytes: configuration.maximumFrameBytes))
         }
