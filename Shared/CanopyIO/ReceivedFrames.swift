@@ -82,9 +82,9 @@ public final class ReceivedFrames: FrameList {
 
 extension ZMQSocket {
     /// Receives one message from a ROUTER socket without waiting, into `frames`, read in
-    /// place. The routing identity goes to `identity`, which keeps its array (no allocation)
-    /// when the same peer sent the message before; `properties` likewise keeps its strings
-    /// while the connection's properties are the same.
+    /// place. The routing identity goes to `identity`, whose storage is reused (no allocation)
+    /// unless another holds it; `properties` keeps its strings while the connection's
+    /// properties are the same.
     ///
     /// - Returns: false when no message was waiting.
     public func receiveRouted(
@@ -102,7 +102,10 @@ extension ZMQSocket {
         }
         let size = zmq_msg_size(&routing)
         let same = identity.count == size && (size == 0 || identity.withUnsafeBytes { memcmp($0.baseAddress!, zmq_msg_data(&routing), size) == 0 })
-        if !same { identity = size == 0 ? [] : Array(UnsafeRawBufferPointer(start: zmq_msg_data(&routing), count: size)) }
+        if !same { // into the same storage when no one else holds it: no allocation
+            identity.removeAll(keepingCapacity: true)
+            if size > 0 { identity.append(contentsOf: UnsafeRawBufferPointer(start: zmq_msg_data(&routing), count: size)) }
+        }
         var unread = reading
         var index = 0
         var more = zmq_msg_more(&routing) != 0

@@ -230,13 +230,13 @@ extension BrokerState {
     mutating func dispatchQueued(_ service: ServiceEntry, now: ContinuousClock.Instant, into out: inout [Directive]) {
         guard !service.queue.isEmpty else { return }
         var skipped: [SlabHandle] = []
-        while let flight = service.queue.popFirst() {
+        // No worker with credit: nothing to pop (and no list of skipped flights to make).
+        while service.workers.contains(where: { $0.available > 0 }), let flight = service.queue.popFirst() {
             guard flights.isQueued(flight) else { continue }
             if let worker = service.freeWorker(for: flights[flight].operation, servedByAll: flights[flight].resolved?.servedByAll == true) {
                 dispatch(flight, to: worker, now: now, into: &out)
             } else {
-                skipped.append(flight)
-                if service.workers.allSatisfy({ $0.available <= 0 }) { break }
+                skipped.append(flight) // no worker with credit serves its operation
             }
         }
         service.queue.prepend(contentsOf: skipped)
