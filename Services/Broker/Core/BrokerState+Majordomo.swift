@@ -68,7 +68,7 @@ extension BrokerState {
             }
         case .reply(let client, let body):
             guard let worker = known else { return out.append(.sendMajordomo(to: peer.bytes, .disconnect)) }
-            worker.expiry = now + configuration.workerExpiry
+            worker.expiry = now + workerExpiry
             guard let id = Wire.uint64(client) else {
                 return dropMalformed("malformed Majordomo reply", peer: peer.bytes, into: &out)
             }
@@ -80,7 +80,7 @@ extension BrokerState {
             complete(id, by: worker, .reply(Payload(frames: body), fromMajordomo: true), now: now, into: &out)
         case .heartbeat:
             guard let worker = known else { return out.append(.sendMajordomo(to: peer.bytes, .disconnect)) }
-            worker.expiry = now + configuration.workerExpiry
+            worker.expiry = now + workerExpiry
         case .disconnect:
             if known != nil { workerGone(peer, now: now, into: &out) }
         case .request, .client:

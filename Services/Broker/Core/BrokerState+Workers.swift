@@ -55,7 +55,7 @@ extension BrokerState {
         if workers[peer] != nil { workerGone(peer, now: now, into: &out) }
         switch workers.add(
             peer, dialect: dialect, service: name, operations: operations, majordomoDescriptor: majordomoDescriptor, credit: credit,
-            key: key, expiry: now + configuration.workerExpiry)
+            key: key, expiry: now + workerExpiry)
         {
         case .failure(let refusal):
             return refusal.reason
@@ -70,7 +70,7 @@ extension BrokerState {
     /// A Canopy worker's reply: the body and its attachments.
     mutating func workerReply(id: UInt64, failed: Bool, payload: Payload, from peer: PeerKey, now: ContinuousClock.Instant, into out: inout [Directive]) {
         guard let worker = workers[peer] else { return unknownWorker(peer, into: &out) }
-        worker.expiry = now + configuration.workerExpiry
+        worker.expiry = now + workerExpiry
         let outcome: Outcome
         if payload.largestFrame > configuration.maximumFrameBytes {
             // Refused, but answered: the callers hear why at once and the credit comes back.
@@ -110,14 +110,14 @@ extension BrokerState {
 
     mutating func workerHeartbeat(from peer: PeerKey, now: ContinuousClock.Instant, into out: inout [Directive]) {
         guard let worker = workers[peer] else { return unknownWorker(peer, into: &out) }
-        worker.expiry = now + configuration.workerExpiry
+        worker.expiry = now + workerExpiry
     }
 
     /// A worker's credit at this broker from now on (a worker of several brokers moves its
     /// credit between them): more is dispatched at once; less takes effect as it replies.
     mutating func workerCredit(_ credit: UInt32, from peer: PeerKey, now: ContinuousClock.Instant, into out: inout [Directive]) {
         guard let worker = workers[peer] else { return unknownWorker(peer, into: &out) }
-        worker.expiry = now + configuration.workerExpiry
+        worker.expiry = now + workerExpiry
         guard worker.dialect == .canopy, credit <= 100_000 else {
             return dropMalformed("credit must be a 4-byte big-endian number from 0 to 100000", peer: peer.bytes, into: &out)
         }
@@ -129,7 +129,7 @@ extension BrokerState {
     mutating func workerDrain(from peer: PeerKey, now: ContinuousClock.Instant, into out: inout [Directive]) {
         guard let worker = workers[peer] else { return unknownWorker(peer, into: &out) }
         worker.draining = true
-        worker.expiry = now + configuration.workerExpiry
+        worker.expiry = now + workerExpiry
     }
 
     /// A worker the broker does not know (it registered with an earlier broker): tell it

@@ -66,6 +66,9 @@ public struct BrokerState {
     /// The settings in force.
     public internal(set) var configuration: BrokerConfiguration
     let startedAt: ContinuousClock.Instant
+    /// ``BrokerConfiguration/workerExpiry``, worked out once (a `Duration` times an integer
+    /// goes through 128-bit arithmetic, and every worker message renews an expiry).
+    let workerExpiry: Duration
     /// Flights and their waiters, with their deadlines and bytes.
     let flights: FlightTable
     /// Workers and the services they make up.
@@ -110,6 +113,7 @@ public struct BrokerState {
     public init(configuration: BrokerConfiguration, now: ContinuousClock.Instant) {
         self.configuration = configuration
         self.startedAt = now
+        workerExpiry = configuration.workerExpiry
         flights = FlightTable(startedAt: now)
         keys = KeyPolicy(workerKeys: configuration.workerKeys, clientKeys: configuration.clientKeys)
         self.nextHeartbeat = now + configuration.heartbeatInterval

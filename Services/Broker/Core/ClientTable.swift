@@ -4,15 +4,18 @@
 /// is hashed **once** per request, with `Hasher` (SipHash, seeded per process: the keys are
 /// the peers' own, so an unkeyed hash would let a peer aim them at one bucket), and the hash is
 /// kept with the waiter, so entering and removing hash nothing again. An ``OpenTable`` of
-/// these entries. Owned by the broker's loop.
+/// these entries.
+///
+/// An entry is two integers, the hash and the waiter's id: the name itself stays with the
+/// waiter, and a look-up asks its owner whether the waiter of an entry with the same hash has
+/// that name. So entries move (the table's backward shift, its growth) without reference
+/// counting. Owned by the broker's loop.
 package struct ClientTable {
     package struct Entry: OpenTableEntry {
         package var hash: Int
         var id: UInt64 // 0: empty
-        var client: [UInt8]
-        var correlation: [UInt8]
 
-        package static var vacant: Entry { Entry(hash: 0, id: 0, client: [], correlation: []) }
+        package static var vacant: Entry { Entry(hash: 0, id: 0) }
         package var isVacant: Bool { id == 0 }
     }
 
@@ -37,15 +40,17 @@ package struct ClientTable {
         return hasher.finalize()
     }
 
-    /// The waiter held under (`client`, `correlation`), whose hash is `hash`.
-    package func find(hash: Int, client: [UInt8], correlation: [UInt8]) -> UInt64? {
-        table.slot(hash: hash) { $0.correlation == correlation && $0.client == client }.map { table[slot: $0].id }
+    /// The waiter held under a name whose hash is `hash`: the first entry with that hash whose
+    /// waiter `isNamed` says carries the name.
+    package func find(hash: Int, where isNamed: (UInt64) -> Bool) -> UInt64? {
+        table.slot(hash: hash) { isNamed($0.id) }.map { table[slot: $0].id }
     }
 
-    /// Enters waiter `id` (not held yet: ``find(hash:client:correlation:)`` said so).
-    package mutating func insert(hash: Int, client: [UInt8], correlation: [UInt8], id: UInt64) {
+    /// Enters waiter `id` under a name whose hash is `hash` (not held yet: ``find(hash:where:)``
+    /// said so).
+    package mutating func insert(hash: Int, id: UInt64) {
         precondition(id != 0, "waiter ids start at 1")
-        table.insert(Entry(hash: hash, id: id, client: client, correlation: correlation))
+        table.insert(Entry(hash: hash, id: id))
     }
 
     /// Removes waiter `id`, entered with `hash`; nothing when it is not there.

@@ -62,7 +62,13 @@ extension BrokerState {
 
         /// The waiter a Canopy client holds under `correlation` (`hash`: ``ClientTable/hash(client:correlation:)``).
         func waiter(client: [UInt8], correlation: [UInt8], hash: Int) -> SlabHandle? {
-            byClient.find(hash: hash, client: client, correlation: correlation).flatMap(SlabHandle.init(raw:))
+            let waiters = self.waiters
+            let found = byClient.find(hash: hash) { raw in
+                guard let id = SlabHandle(raw: raw), waiters.contains(id) else { return false }
+                let waiter = waiters.address(of: id)
+                return waiter.pointee.correlation == correlation && waiter.pointee.client == client
+            }
+            return found.flatMap(SlabHandle.init(raw:))
         }
 
         /// The coalescable flight identical requests join, if one is in the air.
@@ -123,11 +129,11 @@ extension BrokerState {
         func add(_ waiter: consuming Waiter, to id: SlabHandle, timeout: UInt32) -> SlabHandle? {
             let (bytes, deadline) = (waiter.bytes, waiter.deadline)
             let canopy = waiter.dialect == .canopy
-            let (clientHash, client, correlation) = canopy ? (waiter.clientHash, waiter.client, waiter.correlation) : (0, [], [])
+            let clientHash = waiter.clientHash
             guard let handle = waiters.insert(waiter) else { return nil }
             heldBytes += bytes
             if canopy {
-                byClient.insert(hash: clientHash, client: client, correlation: correlation, id: handle.raw)
+                byClient.insert(hash: clientHash, id: handle.raw)
             }
             deadlines.insert(Deadline(at: deadline, key: deadlineKey(deadline), waiter: handle.raw), timeout: UInt64(timeout))
             if deadlines.count > 2 * waiters.count + 4_096 { // answered ones piled up behind a slow one
