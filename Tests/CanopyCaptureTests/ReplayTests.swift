@@ -62,10 +62,19 @@ struct NotesService: BusService {
 
 @Suite(.serialized)
 struct ReplayTests {
+    /// The live test bus with patient heartbeats (3 s before a peer counts as gone): these
+    /// tests compare answers, not expiry, and on a loaded machine a runner that stalled past
+    /// the usual 300 ms registered again and its requests in the air were answered `workerLost`.
+    static var patientBus: BrokerConfiguration {
+        var configuration = BrokerConfiguration.testing
+        configuration.liveness = 30
+        return configuration
+    }
+
     /// Captures a scripted session on one stack: two people create notes and read them back,
     /// with echoes and an error between.
     static func captureSession(into path: String) async throws {
-        var configuration = BrokerConfiguration.testing
+        var configuration = patientBus
         configuration.capture = CaptureSettings(path: path)
         try await withLiveBus(configuration: configuration) { bus in
             bus.startWorker(name: "w1")
@@ -93,7 +102,7 @@ struct ReplayTests {
 
     /// Replays `path` against a fresh stack whose notes service adds `suffix` to every text.
     static func replay(_ path: String, suffix: String = "", options: ReplayOptions = ReplayOptions()) async throws -> ReplayReport {
-        try await withLiveBus { bus in
+        try await withLiveBus(configuration: patientBus) { bus in
             bus.startWorker(name: "w1")
             bus.startRunner(NotesService(suffix: suffix))
             try await bus.waitForWorkers(1)
