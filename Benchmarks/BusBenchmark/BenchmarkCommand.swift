@@ -40,7 +40,8 @@ struct BenchmarkCommand: MainCommand {
 /// Throughput and latency through the broker against `zmq_proxy`, same load, same run.
 struct Bus: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Request throughput and p50/p99 latency through canopy-broker against zmq_proxy (ROUTER to DEALER), pipelined clients on several threads.",
+        abstract:
+            "Request throughput and p50/p99 latency through canopy-broker against zmq_proxy (ROUTER to DEALER) and nats-server (when installed), pipelined clients on several threads.",
         discussion: "Example: canopy-bench bus --seconds 3 --loads 1x1,64x1,64x16,256x16 --threads 2 --workers 4")
 
     @Option(help: "Seconds measured per setup and load.") var seconds = 3.0
@@ -71,6 +72,7 @@ struct Bus: AsyncParsableCommand {
         logger.logLevel = .error
         let body = Array(("{\"text\":\"" + String(repeating: "x", count: max(0, bodyBytes - 11)) + "\"}").utf8)
         let request = benchRequest(operation: "echo", body: body)
+        let nats = NATSBaseline.server != nil
         print(
             "canopy-bench bus: \(workers) echo workers (credit \(credit)), \(body.count)-byte bodies, clients on \(threads) thread(s), \(seconds) s per measurement, best of \(rounds), loopback TCP"
         )
@@ -82,9 +84,10 @@ struct Bus: AsyncParsableCommand {
             [
                 "clients x window", "proxy req/s", "p50 µs", "p99 µs", "load CPU", "proxy µs/req", "broker req/s", "p50 µs", "p99 µs", "load CPU",
                 "broker CPU", "broker µs/req", "broker/proxy", "p99 broker/proxy", "broker allocs/req",
-            ]
+            ] + (nats ? ["nats req/s", "p50 µs", "p99 µs", "load CPU", "nats µs/req", "broker/nats"] : [])
         ]
         for (clients, window) in parsedLoads ?? [] {
+            var natsBest: (result: LoadResult, serverCPU: Double)?
             var proxyBest: (result: PipelinedLoad.Result, proxyCPU: Double)?
             var brokerBest: (result: PipelinedLoad.Result, brokerCPU: Double)?
             let load = PipelinedLoadSetup(
@@ -103,6 +106,13 @@ struct Bus: AsyncParsableCommand {
                     let result = try load.run(endpoint)
                     return (result, (threadCPUSeconds(named: "canopy-broker") - before) / result.seconds)
                 }
+                if nats {
+                    progress(" nats-server…")
+                    let measured = try NATSBaseline(
+                        clients: clients, window: window, threads: threads, responders: workers, body: body, warmUp: load.warmUp, duration: load.duration
+                    ).run()
+                    if measured.0.throughput > natsBest?.result.throughput ?? -1 { natsBest = measured }
+                }
                 progress(" done\n")
                 if proxy.0.throughput > proxyBest?.result.throughput ?? -1 { proxyBest = proxy }
                 if broker.0.throughput > brokerBest?.result.throughput ?? -1 { brokerBest = broker }
@@ -116,20 +126,29 @@ struct Bus: AsyncParsableCommand {
             let perRequest = allocations.1.map { String(format: "%.2f", Double($0) / Double(max(1, allocations.0.requests))) } ?? "n/a"
             // The forwarding thread's CPU per request: what decides the ratio on a machine
             // whose cores are all busy, and steadier from run to run than throughput.
-            table.append([
-                "\(clients)x\(window)",
-                String(format: "%.0f", proxyResult.throughput), "\(proxyResult.p50)", "\(proxyResult.p99)",
-                String(format: "%.2f", proxyResult.generatorCoreShare),
-                String(format: "%.2f", proxyCPU * 1e6 / max(1, proxyResult.throughput)),
-                String(format: "%.0f", brokerResult.throughput), "\(brokerResult.p50)", "\(brokerResult.p99)",
-                String(format: "%.2f", brokerResult.generatorCoreShare),
-                String(format: "%.2f", brokerCPU), String(format: "%.2f", brokerCPU * 1e6 / max(1, brokerResult.throughput)),
-                String(format: "%.2f", brokerResult.throughput / proxyResult.throughput),
-                String(format: "%.2f", Double(brokerResult.p99) / Double(max(1, proxyResult.p99))), perRequest,
-            ])
+            table.append(
+                [
+                    "\(clients)x\(window)",
+                    String(format: "%.0f", proxyResult.throughput), "\(proxyResult.p50)", "\(proxyResult.p99)",
+                    String(format: "%.2f", proxyResult.generatorCoreShare),
+                    String(format: "%.2f", proxyCPU * 1e6 / max(1, proxyResult.throughput)),
+                    String(format: "%.0f", brokerResult.throughput), "\(brokerResult.p50)", "\(brokerResult.p99)",
+                    String(format: "%.2f", brokerResult.generatorCoreShare),
+                    String(format: "%.2f", brokerCPU), String(format: "%.2f", brokerCPU * 1e6 / max(1, brokerResult.throughput)),
+                    String(format: "%.2f", brokerResult.throughput / proxyResult.throughput),
+                    String(format: "%.2f", Double(brokerResult.p99) / Double(max(1, proxyResult.p99))), perRequest,
+                ]
+                    + (natsBest.map { natsResult, serverCPU in
+                        [
+                            String(format: "%.0f", natsResult.throughput), "\(natsResult.p50)", "\(natsResult.p99)",
+                            String(format: "%.2f", natsResult.generatorCoreShare), String(format: "%.2f", serverCPU * 1e6 / max(1, natsResult.throughput)),
+                            String(format: "%.2f", brokerResult.throughput / natsResult.throughput),
+                        ]
+                    } ?? []))
             if brokerResult.errors > 0 { print("warning: \(brokerResult.errors) error replies through the broker") }
         }
         printTable(table)
+        if !nats { print("nats-server is not installed (apt-get install nats-server): no NATS columns") }
         print(
             "broker allocs/req: heap allocations of the broker's loop thread per request, counted in a run of its own (malloc-interposer's hook; \(ThreadAllocations.isAvailable ? "on" : "not available here"))"
         )

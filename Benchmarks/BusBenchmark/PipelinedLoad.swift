@@ -38,27 +38,9 @@ struct PipelinedLoad {
         let start = ContinuousClock.now
         let measureFrom = start + warmUp
         let end = measureFrom + duration
-        let results = Mutex<[Result]>([])
-        let failures = Mutex<[String]>([])
-        let done = DispatchGroup()
-        for thread in 0..<threadCount {
-            let mine = (0..<clients).filter { $0 % threadCount == thread }
-            done.enter()
-            Thread { [self] in
-                canopy_name_thread(Self.threadName)
-                do {
-                    let result = try drive(clientIndexes: mine, context: context, measureFrom: measureFrom, end: end)
-                    results.withLock { $0.append(result) }
-                } catch {
-                    failures.withLock { $0.append("\(error)") }
-                }
-                done.leave()
-            }.start()
+        var merged = try LoadResult.spread(clients: clients, over: threadCount) { [self] mine in
+            try drive(clientIndexes: mine, context: context, measureFrom: measureFrom, end: end)
         }
-        done.wait()
-        if let failure = failures.withLock({ $0.first }) { throw BenchmarkFailure(failure) }
-        var merged = Result()
-        results.withLock { $0.forEach { merged.merge($0) } }
         let elapsed = end - measureFrom
         merged.seconds = elapsed.seconds
         return merged
@@ -151,6 +133,34 @@ struct LoadResult {
     var p99: UInt64 { latencyMicros.valueAtPercentile(99) }
     /// The generator's share of one core while measuring.
     var generatorCoreShare: Double { generatorCPUSeconds / seconds }
+
+    /// Runs `drive` on `threads` threads named ``PipelinedLoad/threadName``, each with its
+    /// share of the clients' indexes, and merges what they measured (the first failure is
+    /// thrown).
+    static func spread(clients: Int, over threads: Int, _ drive: @escaping @Sendable ([Int]) throws -> LoadResult) throws -> LoadResult {
+        let results = Mutex<[LoadResult]>([])
+        let failures = Mutex<[String]>([])
+        let done = DispatchGroup()
+        for thread in 0..<threads {
+            let mine = (0..<clients).filter { $0 % threads == thread }
+            done.enter()
+            Thread {
+                canopy_name_thread(PipelinedLoad.threadName)
+                do {
+                    let result = try drive(mine)
+                    results.withLock { $0.append(result) }
+                } catch {
+                    failures.withLock { $0.append("\(error)") }
+                }
+                done.leave()
+            }.start()
+        }
+        done.wait()
+        if let failure = failures.withLock({ $0.first }) { throw BenchmarkFailure(failure) }
+        var merged = LoadResult()
+        results.withLock { $0.forEach { merged.merge($0) } }
+        return merged
+    }
 
     /// Adds another thread's figures (not its time: the threads measured the same span).
     mutating func merge(_ other: LoadResult) {
