@@ -190,7 +190,7 @@ struct BrokerHardeningTests {
         broker.ready("w1", credit: 1)
         let first = dispatches(broker.request("c", 1, body: "12345"))
         let flightCost = 10 + 24 + "get".utf8.count + 32 + 256 // body, frame, operation, header, bookkeeping
-        let waiterCost = 2 * (1 + 8) + "plants".utf8.count + 192 // client id and correlation twice, service name, bookkeeping
+        let waiterCost = (1 + 8) + "plants".utf8.count + 192 // client id and correlation, service name, bookkeeping
         _ = broker.request("c", 2, timeoutMs: 60_000, body: "1234567890")
         #expect(broker.state.statistics(now: broker.now).services[0].queuedBytes == flightCost)
         _ = broker.reply("w1", request: first[0].id) // the queued one goes out

@@ -219,6 +219,19 @@ struct SlabTests {
         }
     }
 
+    @Test func aSlotWhoseGenerationsRunOutIsRetiredNotWrapped() throws {
+        let slab = Slab<Int>(capacity: 2, generationLimit: 8) // a slot holds at most 3 records in turn
+        var given: Set<SlabHandle> = []
+        for value in 0..<40 {
+            let handle = try #require(slab.insert(value))
+            #expect(given.insert(handle).inserted, "a handle is never given twice")
+            #expect(handle.generation < 8)
+            slab.remove(handle)
+        }
+        #expect(Set(given.map(\.index)).count >= 13, "40 records over slots of 3 uses each")
+        #expect(given.allSatisfy { !slab.contains($0) })
+    }
+
     @Test func aSlabGoesBackToItsFirstSizeWhenEmptyAndItsOldHandlesStayStale() throws {
         let slab = Slab<Int>(capacity: 8)
         let handles = (0..<1_000).compactMap { slab.insert($0) }

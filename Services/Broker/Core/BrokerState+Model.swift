@@ -27,9 +27,9 @@ extension BrokerState {
         /// The flight this waiter waits on.
         let flight: SlabHandle
         /// What holding it costs, counted against the broker's memory bounds: its names and
-        /// ids (the client's routing id and correlation twice, here and in the by-client
-        /// index), and the bookkeeping around them (its slab slot, its index slot, its
-        /// deadline entry).
+        /// ids (the client's routing id, kept once for all its requests by ``ClientNames`` but
+        /// counted with each, and its correlation), and the bookkeeping around them (its slab
+        /// slot, its by-client index entry, its deadline entry).
         let bytes: Int
         static let bookkeepingBytes = 192
         /// Whether its request is traced and the broker traces (``BrokerTracing``).
@@ -47,7 +47,7 @@ extension BrokerState {
             self.receivedAt = receivedAt
             self.deadline = deadline
             self.flight = flight
-            bytes = 2 * (client.count + correlation.count) + serviceName.utf8.count + Self.bookkeepingBytes
+            bytes = client.count + correlation.count + serviceName.utf8.count + Self.bookkeepingBytes
         }
     }
 
@@ -83,6 +83,9 @@ extension BrokerState {
         var isQueued = false
         /// Whether the request that started it is traced and the broker traces.
         var traced = false
+        /// Its place in the order flights were made (handles say nothing of it: slots are
+        /// reused), for sending a lost worker's flights again in the order they came.
+        var serial: UInt64 = 0
 
         init(
             service: ServiceEntry, operation: String, header: RequestHeader, payload: Payload,
@@ -95,9 +98,14 @@ extension BrokerState {
             self.key = key
             self.createdAt = createdAt
             self.counters = counters
-            self.bytes =
-                payload.byteCount + 24 * payload.count + operation.utf8.count + header.principal.utf8.count * (key == nil ? 1 : 2)
-                + 32 + Self.bookkeepingBytes // 32: the header's fixed fields and the strings' storage
+            self.bytes = Self.bytes(payload: payload, operation: operation, principal: header.principal, keyed: key != nil)
+        }
+
+        /// What a flight of these costs (``bytes``), known before it is made: the bound is
+        /// checked against it.
+        static func bytes(payload: Payload, operation: String, principal: String, keyed: Bool) -> Int {
+            payload.byteCount + 24 * payload.count + operation.utf8.count + principal.utf8.count * (keyed ? 2 : 1)
+                + 32 + bookkeepingBytes // 32: the header's fixed fields and the strings' storage
         }
     }
 

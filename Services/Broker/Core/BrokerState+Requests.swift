@@ -110,7 +110,8 @@ extension BrokerState {
 
         // A new flight, within the memory bounds: everything it and its waiter cost.
         let bytes = intake.payload.byteCount
-        guard flights.heldBytes + bytes + Self.waiterBytes(intake) + Flight.bookkeepingBytes <= configuration.maximumHeldBytes else {
+        let flightBytes = Flight.bytes(payload: intake.payload, operation: intake.operation, principal: intake.header.principal, keyed: key != nil)
+        guard flights.heldBytes + flightBytes + Self.waiterBytes(intake) <= configuration.maximumHeldBytes else {
             return refuseCounted(
                 CanopyError(
                     .busy, "the broker holds \(flights.heldBytes) bytes of requests already (its limit is \(configuration.maximumHeldBytes)); retry later"))
@@ -136,7 +137,7 @@ extension BrokerState {
         record.resolved = resolved
         guard let flight = flights.add(record) else { return refuseCounted(Self.tooManyRecords) }
         guard let waiter = join(flight, intake, now: now, timeout: timeout, coalesced: false) else {
-            flights.remove(flight)
+            _ = flights.remove(flight)
             return refuseCounted(Self.tooManyRecords)
         }
         counters.requests += 1
@@ -154,7 +155,7 @@ extension BrokerState {
 
     /// What a waiter for `intake` will cost (``Waiter/bytes``), before it is made.
     static func waiterBytes(_ intake: Intake) -> Int {
-        2 * (intake.client.count + intake.correlation.count) + intake.serviceName.utf8.count + Waiter.bookkeepingBytes
+        intake.client.count + intake.correlation.count + intake.serviceName.utf8.count + Waiter.bookkeepingBytes
     }
 
     /// What a request is told when the broker holds its most flights or waiters (16,777,216

@@ -4,9 +4,10 @@ extension BrokerState {
     /// just read leaves the loop's receive buffer its own, so the next message is read into it
     /// with no allocation (one fewer a request).
     ///
-    /// Bounded: at most ``maximumCount`` identities, those unused longest given up first (a
-    /// ROUTER socket names every connection anew, so identities of clients that left pile up
-    /// otherwise). Past the bound with none idle, a request keeps its own copy, as before.
+    /// Bounded: at most ``maximumCount`` identities (65,536 of at most 255 bytes: under 24 MiB),
+    /// those idle for ``idleAfter`` given up (a ROUTER socket names every connection anew, so
+    /// identities of clients that left pile up otherwise). Past the bound with none idle, a
+    /// request keeps its own copy, as before.
     struct ClientNames {
         private struct Entry {
             let identity: [UInt8]
@@ -38,11 +39,13 @@ extension BrokerState {
             return kept
         }
 
-        /// Gives up identities idle for ``idleAfter`` (at most once a second: with every one in
-        /// use, a flood of new clients costs no scan each); whether there is room now.
+        /// Gives up identities idle for ``idleAfter``; whether there is room now. Scans at most
+        /// once a second when full (a flood of new clients costs no scan each), else once an
+        /// ``idleAfter``.
         @discardableResult
         mutating func sweep(now: ContinuousClock.Instant) -> Bool {
-            if lastSweep.map({ now - $0 >= .seconds(1) }) ?? true {
+            let every: Duration = entries.count >= maximumCount ? .seconds(1) : Self.idleAfter
+            if lastSweep.map({ now - $0 >= every }) ?? true {
                 lastSweep = now
                 entries = entries.filter { now - $0.value.lastUsed < Self.idleAfter }
             }

@@ -29,6 +29,8 @@ extension BrokerState {
         /// waiter left, its slot perhaps holding another flight since): dropped, never answered
         /// to anyone, and counted.
         @exclusivity(unchecked) private(set) var staleAnswers: UInt64 = 0
+        /// The next flight's ``Flight/serial``.
+        @exclusivity(unchecked) private var nextSerial: UInt64 = 1
 
         init(startedAt: ContinuousClock.Instant) {
             self.startedAt = startedAt
@@ -111,7 +113,9 @@ extension BrokerState {
         func add(_ flight: consuming Flight) -> SlabHandle? {
             let bytes = flight.bytes
             let key = flight.key
+            flight.serial = nextSerial
             guard let id = flights.insert(flight) else { return nil }
+            nextSerial += 1
             heldBytes += bytes
             if let key { open[key] = id }
             return id

@@ -1,9 +1,9 @@
-/// A hash table for the ids the broker hands out itself (waiters, flights): an ``OpenTable``
-/// whose entries hash their id with a multiplicative hash. It replaces `Dictionary<UInt64,
-/// Value>` on the broker's hot path, where SipHash's seeding and finalizing showed in the
-/// profile. A fast, unkeyed hash is safe here because no peer chooses these keys: ids count
-/// up from 1 (keys a peer sends, such as its correlation ids, are hashed with `Hasher` in
-/// ``ClientTable``).
+/// A hash table for the ids the broker hands out itself (a worker's flights, by their
+/// ``SlabHandle``): an ``OpenTable`` whose entries hash their id with a multiplicative hash. It
+/// replaces `Dictionary<UInt64, Value>` on the broker's hot path, where SipHash's seeding and
+/// finalizing showed in the profile. A fast, unkeyed hash is safe here because no peer chooses
+/// these keys: the broker makes them (keys a peer sends, such as its correlation ids, are hashed
+/// with `Hasher` in ``ClientTable``).
 ///
 /// Not thread-safe; owned by the broker's loop like the rest of ``BrokerState``.
 package struct IDTable<Value> {

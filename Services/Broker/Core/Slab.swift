@@ -11,6 +11,9 @@ package struct SlabHandle: Hashable, Sendable, CustomStringConvertible {
     /// Bits of the slot index: at most 16,777,216 records of a kind.
     package static let indexBits = 24
     package static let maximumSlots = 1 << indexBits
+    /// The generations a handle can carry (40 bits). A slot whose generation reaches the last
+    /// of them is retired for good rather than wrapping, so a handle is never given twice.
+    package static let generationLimit: UInt64 = 1 << UInt64(64 - indexBits)
 
     package init(index: Int, generation: UInt64) {
         raw = generation << UInt64(Self.indexBits) | UInt64(index)
@@ -39,26 +42,31 @@ package struct SlabHandle: Hashable, Sendable, CustomStringConvertible {
 /// of a record, so no reference counting of what it holds), and the loop thread alone owns
 /// it, like the rest of ``BrokerState``.
 package final class Slab<Element> {
-    /// The records; slot `i` is initialized when `generations[i]` is odd.
+    /// The records, `capacity` of them; slot `i` is initialized when `generations[i]` is odd.
     @exclusivity(unchecked) private var elements: UnsafeMutablePointer<Element>
-    /// Each slot's generation: odd while it holds a record, even while free.
+    /// Each slot's generation: odd while it holds a record, even while free. Kept for every
+    /// slot the slab ever had (`slotsEver`), also those it gave up when it shrank, so a slot
+    /// that comes back goes on from its own generation and its old handles stay stale.
     @exclusivity(unchecked) private var generations: UnsafeMutablePointer<UInt64>
-    /// The free list: each free slot's successor (`Int32.max`: none).
+    /// The free list: each free slot's successor (`Int32.max`: none); as long as `generations`.
     @exclusivity(unchecked) private var nextFree: UnsafeMutablePointer<Int32>
     @exclusivity(unchecked) private var freeHead: Int32 = .max
     @exclusivity(unchecked) package private(set) var capacity: Int
+    /// Slots whose generations are kept: the most the slab ever had (12 bytes each).
+    @exclusivity(unchecked) private var slotsEver = 0
     /// Records held.
     @exclusivity(unchecked) package private(set) var count = 0
-    /// What slots made from now on start with: above every generation any slot had (slots
-    /// given up when the slab shrank may come back, and their old handles must stay stale).
-    @exclusivity(unchecked) private var freshGeneration: UInt64 = 0
     private let initialCapacity: Int
     private let maximumCount: Int
+    /// A slot whose free generation reaches this is retired (see ``SlabHandle/generationLimit``).
+    private let retiredGeneration: UInt64
 
     /// An empty slab with `capacity` slots, holding at most `maximumCount` records.
-    package init(capacity: Int, maximumCount: Int = SlabHandle.maximumSlots) {
+    /// `generationLimit` is ``SlabHandle/generationLimit`` but in tests.
+    package init(capacity: Int, maximumCount: Int = SlabHandle.maximumSlots, generationLimit: UInt64 = SlabHandle.generationLimit) {
         initialCapacity = max(1, min(capacity, maximumCount))
         self.maximumCount = min(maximumCount, SlabHandle.maximumSlots)
+        retiredGeneration = min(generationLimit, SlabHandle.generationLimit) - 2 // even: a free slot's
         self.capacity = 0
         elements = .allocate(capacity: 0)
         generations = .allocate(capacity: 0)
@@ -85,7 +93,7 @@ package final class Slab<Element> {
     /// Puts `element` in a free slot (the array doubles when there is none) and returns its
     /// handle; nil when the slab holds its most already.
     package func insert(_ element: consuming Element) -> SlabHandle? {
-        if freeHead == .max {
+        while freeHead == .max { // (more than once only past retired slots: not in a broker's lifetime)
             guard capacity < maximumCount else { return nil }
             resize(to: min(maximumCount, capacity * 2))
         }
@@ -126,8 +134,10 @@ package final class Slab<Element> {
         let index = handle.index
         let element = (elements + index).move()
         generations[index] += 1 // even: free
-        nextFree[index] = freeHead
-        freeHead = Int32(index)
+        if generations[index] < retiredGeneration { // else retired: its handles would wrap
+            nextFree[index] = freeHead
+            freeHead = Int32(index)
+        }
         count -= 1
         if count == 0, capacity > initialCapacity { resize(to: initialCapacity) }
         return element
@@ -138,30 +148,32 @@ package final class Slab<Element> {
         (0..<capacity).compactMap { generations[$0] & 1 == 1 ? SlabHandle(index: $0, generation: generations[$0]) : nil }
     }
 
-    /// A new array of `newCapacity` slots: growing keeps every record where it is; shrinking
-    /// happens only when the slab is empty.
+    /// A new array of `newCapacity` records: growing keeps every record where it is; shrinking
+    /// happens only when the slab is empty. The generations are never given up.
     private func resize(to newCapacity: Int) {
         precondition(newCapacity >= capacity || count == 0, "a slab shrinks only when empty")
-        let kept = min(capacity, newCapacity)
-        for index in kept..<capacity { freshGeneration = max(freshGeneration, generations[index] + 2) }
         let newElements = UnsafeMutablePointer<Element>.allocate(capacity: newCapacity)
-        let newGenerations = UnsafeMutablePointer<UInt64>.allocate(capacity: newCapacity)
-        let newNextFree = UnsafeMutablePointer<Int32>.allocate(capacity: newCapacity)
-        for index in 0..<kept where generations[index] & 1 == 1 {
+        for index in 0..<min(capacity, newCapacity) where generations[index] & 1 == 1 {
             (newElements + index).moveInitialize(from: elements + index, count: 1)
         }
-        newGenerations.initialize(from: generations, count: kept)
-        (newGenerations + kept).initialize(repeating: freshGeneration & ~1, count: newCapacity - kept)
         elements.deallocate()
-        generations.deallocate()
-        nextFree.deallocate()
         elements = newElements
-        generations = newGenerations
-        nextFree = newNextFree
         capacity = newCapacity
-        // The free list anew, lowest slot first.
+        if newCapacity > slotsEver { // slots never had before: generation 0
+            let newGenerations = UnsafeMutablePointer<UInt64>.allocate(capacity: newCapacity)
+            let newNextFree = UnsafeMutablePointer<Int32>.allocate(capacity: newCapacity)
+            newGenerations.initialize(from: generations, count: slotsEver)
+            (newGenerations + slotsEver).initialize(repeating: 0, count: newCapacity - slotsEver)
+            newNextFree.initialize(repeating: .max, count: newCapacity)
+            generations.deallocate()
+            nextFree.deallocate()
+            generations = newGenerations
+            nextFree = newNextFree
+            slotsEver = newCapacity
+        }
+        // The free list anew, lowest slot first, without the retired ones.
         freeHead = .max
-        for index in stride(from: newCapacity - 1, through: 0, by: -1) where generations[index] & 1 == 0 {
+        for index in stride(from: newCapacity - 1, through: 0, by: -1) where generations[index] & 1 == 0 && generations[index] < retiredGeneration {
             nextFree[index] = freeHead
             freeHead = Int32(index)
         }
