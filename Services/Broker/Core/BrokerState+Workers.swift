@@ -147,7 +147,6 @@ extension BrokerState {
         // Oldest first, so the flights go again in the order they came.
         let held = worker.held.ids.compactMap { SlabHandle(raw: $0) }.filter { flights.contains($0) && flights[$0].worker === worker }
         for flight in held.sorted(by: { flights[$0].serial < flights[$1].serial }) {
-            guard flights.contains(flight) else { continue } // answered meanwhile (a Majordomo worker's flights share nothing; kept for safety)
             let idempotent = worker.descriptor(for: flights[flight].operation)?.idempotent ?? false
             if idempotent && flights[flight].dispatches < 2 {
                 flights[flight].worker = nil
