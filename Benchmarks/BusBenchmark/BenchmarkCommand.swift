@@ -31,7 +31,7 @@ struct BenchmarkCommand: MainCommand {
             IdentifyBenchmark.self, RemindBenchmark.self, EdgeBenchmark.self, CaptureBenchmark.self, StackBenchmark.self, CancelBenchmark.self,
             OutboxBenchmark.self,
             StoresBenchmark.self, FailoverBenchmark.self, SnapshotBenchmark.self, TokensBenchmark.self, AccuracyBenchmark.self, TracingCost.self,
-            FairnessBenchmark.self,
+            FairnessBenchmark.self, BrokerCore.self,
             InspectChild.self,
         ],
         defaultSubcommand: Bus.self)

@@ -59,11 +59,12 @@ struct BrokerPartsTests {
         table.stopJoining(shared)
         #expect(table.open(key) == nil && table[shared].key == nil, "a stuck flight takes no new waiters")
         table.forget(lateID)
+        #expect(table[shared].totalWaiters == 2)
+        let counters = table[shared].counters
         let removed = table.remove(shared), again = table.remove(shared)
-        #expect(removed?.totalWaiters == 2)
-        #expect(again == nil, "removed once")
+        #expect(removed && !again, "removed once")
         #expect(table.heldBytes == 0 && table.count == 0 && table.waiterCount == 0)
-        #expect(removed?.counters.mostWaiters == 2)
+        #expect(counters.mostWaiters == 2, "its waiters counted in its operation's histogram")
     }
 
     @Test func aQueuedFlightCountsInItsServiceUntilDispatchedAndTheQueueIsCompacted() throws {

@@ -1,5 +1,6 @@
 import CanopyBroker
 import CanopyTesting
+import Synchronization
 import Testing
 
 /// The broker's id table behaves as a dictionary does, through growth and deletions.
@@ -169,6 +170,12 @@ struct DeadlineQueueTests {
     }
 }
 
+/// A record that counts how many of its kind were ended.
+private final class Tracked {
+    static let ended = Mutex(0)
+    deinit { Self.ended.withLock { $0 += 1 } }
+}
+
 /// The broker's slabs behave as a dictionary by handle does, and a handle once removed never
 /// names a record again: not after its slot is reused, not after the slab shrank and grew.
 struct SlabTests {
@@ -195,7 +202,12 @@ struct SlabTests {
             case 4, 5, 1..<4:
                 guard !live.isEmpty else { continue }
                 let handle = live.remove(at: Int(random.next() % UInt64(live.count)))
-                #expect(slab.remove(handle) == model.removeValue(forKey: handle))
+                if step % 2 == 0 {
+                    #expect(slab.remove(handle) == model.removeValue(forKey: handle))
+                } else { // ended in place
+                    #expect(slab.discard(handle))
+                    model[handle] = nil
+                }
                 stale.append(handle)
                 if stale.count > 2_000 { stale.removeFirst(1_000) }
             case 6:
@@ -203,6 +215,7 @@ struct SlabTests {
                 let handle = stale[Int(random.next() % UInt64(stale.count))]
                 #expect(!slab.contains(handle) && slab[handle] == nil, "step \(step): \(handle) names nothing any more")
                 #expect(slab.remove(handle) == nil)
+                #expect(!slab.discard(handle))
             default:
                 guard !live.isEmpty else { continue }
                 let handle = live[Int(random.next() % UInt64(live.count))]
@@ -217,6 +230,18 @@ struct SlabTests {
                 #expect(Set(slab.handles) == Set(model.keys))
             }
         }
+    }
+
+    @Test func aRecordDiscardedInPlaceIsEndedOnceAndItsSlotReused() throws {
+        let slab = Slab<Tracked>(capacity: 2)
+        let first = try #require(slab.insert(Tracked()))
+        #expect(slab.discard(first))
+        #expect(Tracked.ended.withLock { $0 } == 1, "ended where it lay")
+        #expect(!slab.discard(first) && slab.count == 0, "a stale handle ends nothing")
+        let second = try #require(slab.insert(Tracked()))
+        #expect(second.index == first.index && second != first, "the slot is reused under a new generation")
+        #expect(slab.remove(second) != nil)
+        #expect(Tracked.ended.withLock { $0 } == 2)
     }
 
     @Test func aSlotWhoseGenerationsRunOutIsRetiredNotWrapped() throws {

@@ -89,8 +89,9 @@ extension BrokerState {
 
         init(
             service: ServiceEntry, operation: String, header: RequestHeader, payload: Payload,
-            key: FlightKey?, createdAt: ContinuousClock.Instant, counters: OperationCounters
+            key: FlightKey?, createdAt: ContinuousClock.Instant, counters: OperationCounters, resolved: ResolvedOperation? = nil
         ) {
+            self.resolved = resolved
             self.service = service
             self.operation = operation
             self.header = header

@@ -131,13 +131,14 @@ extension BrokerState {
                     ))
             }
         }
-        var record = Flight(
-            service: service, operation: intake.operation, header: intake.header, payload: intake.payload, key: key, createdAt: now,
-            counters: counters)
-        record.resolved = resolved
-        guard let flight = flights.add(record) else { return refuseCounted(Self.tooManyRecords) }
+        // Made in the call: a local record was copied into the slab, not moved.
+        let added = flights.add(
+            Flight(
+                service: service, operation: intake.operation, header: intake.header, payload: intake.payload, key: key, createdAt: now,
+                counters: counters, resolved: resolved))
+        guard let flight = added else { return refuseCounted(Self.tooManyRecords) }
         guard let waiter = join(flight, intake, now: now, timeout: timeout, coalesced: false) else {
-            _ = flights.remove(flight)
+            flights.remove(flight)
             return refuseCounted(Self.tooManyRecords)
         }
         counters.requests += 1
@@ -212,16 +213,16 @@ extension BrokerState {
         return waiter
     }
 
-    /// Forgets a flight: no waiter will join it again. Returns it, or nil when it was gone.
-    @discardableResult
-    mutating func close(_ id: SlabHandle) -> Flight? {
-        guard let flight = flights.remove(id) else { return nil }
-        hold?.flightClosed(id.raw)
-        if flight.traced { // closed unanswered: its last waiter left
+    /// Forgets a flight: no waiter will join it again.
+    mutating func close(_ id: SlabHandle) {
+        guard flights.contains(id) else { return }
+        if flights[id].traced { // closed unanswered: its last waiter left
             tracing?.note(
-                .flightEnded(id.raw, waiters: flight.totalWaiters, dispatches: flight.dispatches, error: nil, cancelled: true, at: BrokerTracing.now))
+                .flightEnded(
+                    id.raw, waiters: flights[id].totalWaiters, dispatches: flights[id].dispatches, error: nil, cancelled: true, at: BrokerTracing.now))
         }
-        return flight
+        flights.remove(id)
+        hold?.flightClosed(id.raw)
     }
 
     /// What a flight ended with.

@@ -163,17 +163,20 @@ extension BrokerState {
             return waiter
         }
 
-        /// Forgets flight `id` and returns it: out of its queue's counts, no waiter joins it
-        /// again, its waiters counted in its operation's histogram. Nil when it was gone already.
-        func remove(_ id: SlabHandle) -> Flight? {
-            guard flights.contains(id) else { return nil }
+        /// Forgets flight `id`: out of its queue's counts, no waiter joins it again, its waiters
+        /// counted in its operation's histogram, and its record ended in place. False when it
+        /// was gone already.
+        @discardableResult
+        func remove(_ id: SlabHandle) -> Bool {
+            guard flights.contains(id) else { return false }
             unqueue(id)
             stopJoining(id)
-            let flight = flights.remove(id)!
-            heldBytes -= flight.bytes
-            _ = flight.counters.waitersPerFlight.record(UInt64(flight.totalWaiters))
-            flight.counters.mostWaiters = max(flight.counters.mostWaiters, UInt64(flight.totalWaiters))
-            return flight
+            let flight = flights.address(of: id)
+            heldBytes -= flight.pointee.bytes
+            let (counters, waiters) = (flight.pointee.counters, UInt64(flight.pointee.totalWaiters))
+            _ = counters.waitersPerFlight.record(waiters)
+            counters.mostWaiters = max(counters.mostWaiters, waiters)
+            return flights.discard(id)
         }
 
         /// Puts flight `id` in its service's queue (at the back, or at the front when it goes
