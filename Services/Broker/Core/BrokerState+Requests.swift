@@ -131,7 +131,7 @@ extension BrokerState {
                     ))
             }
         }
-        // Made in the call: a local record was copied into the slab, not moved.
+        // Made in the call, so it is moved into the slab rather than copied.
         let added = flights.add(
             Flight(
                 service: service, operation: intake.operation, header: intake.header, payload: intake.payload, key: key, createdAt: now,

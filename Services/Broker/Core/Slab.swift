@@ -113,8 +113,8 @@ package final class Slab<Element> {
         unsafeMutableAddress { address(of: handle) }
     }
 
-    /// Where the record `handle` names lies, until the slab next grows or shrinks (an insert or
-    /// a remove); it must be held.
+    /// Where the record `handle` names lies, until the slab next grows or shrinks (an insert, a
+    /// remove or a discard); it must be held.
     @inline(__always)
     package func address(of handle: SlabHandle) -> UnsafeMutablePointer<Element> {
         precondition(contains(handle), "a stale slab handle")
