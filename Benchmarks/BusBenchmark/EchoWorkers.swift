@@ -62,26 +62,39 @@ final class EchoWorkers: @unchecked Sendable {
         var backlog = [Deque<[[UInt8]]>](repeating: [], count: count)
         var timers = Deque<Due>() // one service time for all: due in arrival order
 
-        func reply(to frames: [[UInt8]]) -> [[UInt8]]? {
+        /// The messages answering one received message, and how many requests it held. A
+        /// Canopy worker answers a batch of requests that all finish at once with one batch of
+        /// replies, as ServiceRunner does.
+        func replies(to frames: [[UInt8]]) -> (messages: [[[UInt8]]], requests: Int) {
             switch kind {
             case .canopy:
-                guard case .dispatch(let id, _, _, let body, let attachments)? = try? WireMessage(frames: frames) else { return nil }
-                return WireMessage.workerReply(requestID: id, failed: false, body: body, attachments: attachments).encoded
+                switch try? WireMessage(frames: frames) {
+                case .dispatch(let id, _, _, let body, let attachments)?:
+                    return ([WireMessage.workerReply(requestID: id, failed: false, body: body, attachments: attachments).encoded], 1)
+                case .dispatchBatch(let requests)?:
+                    let replies = requests.map { WireMessage.BatchedReply(requestID: $0.requestID, failed: false, body: $0.body) }
+                    if serviceTime == .zero { return ([WireMessage.workerReplyBatch(replies).encoded], replies.count) }
+                    return (replies.map { WireMessage.workerReply(requestID: $0.requestID, failed: false, body: $0.body).encoded }, replies.count)
+                default:
+                    return ([], 0)
+                }
             case .proxy:
                 // [client, version, request, correlation, service, operation, header, body]
                 //   -> [client, version, reply, correlation, flags, body]
-                guard frames.count == 8 else { return nil }
-                return [frames[0], Wire.version, Wire.Command.reply.frame, frames[3], [0], frames[7]]
+                guard frames.count == 8 else { return ([], 0) }
+                return ([[frames[0], Wire.version, Wire.Command.reply.frame, frames[3], [0], frames[7]]], 1)
             }
         }
         func start(_ frames: [[UInt8]], on worker: Int) throws {
-            guard let answer = reply(to: frames) else { return }
-            calls.add(1, ordering: .relaxed)
-            if serviceTime == .zero {
-                try sockets[worker].send(answer)
-            } else {
-                inService[worker] += 1
-                timers.append(Due(at: .now + serviceTime, worker: worker, reply: answer))
+            let (answers, requests) = replies(to: frames)
+            calls.add(requests, ordering: .relaxed)
+            for answer in answers {
+                if serviceTime == .zero {
+                    try sockets[worker].send(answer)
+                } else {
+                    inService[worker] += 1
+                    timers.append(Due(at: .now + serviceTime, worker: worker, reply: answer))
+                }
             }
         }
 

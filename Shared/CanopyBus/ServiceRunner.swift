@@ -186,6 +186,9 @@ public final class ServiceRunner: Service, @unchecked Sendable {
         var polled: [Int] = []
         /// False once every session has stopped.
         var running = true
+        /// Replies without attachments waiting to go to each broker as one `REPLY BATCH`: those
+        /// that finished while the mailbox was read go together.
+        var replies: [[WireMessage.BatchedReply]]
 
         init(runner: ServiceRunner) {
             let configuration = runner.configuration
@@ -195,6 +198,7 @@ public final class ServiceRunner: Service, @unchecked Sendable {
             self.runner = runner
             links = configuration.endpoints.indices.map { _ in Link(session: WorkerSession(settings: settings, now: .now)) }
             share = CreditShare(total: configuration.credit, brokers: configuration.endpoints.count)
+            replies = Array(repeating: [], count: configuration.endpoints.count)
             reading = configuration.stack == nil ? [] : .stack
         }
 
@@ -225,6 +229,24 @@ public final class ServiceRunner: Service, @unchecked Sendable {
                 case .finished(let id, let broker, let connection, let result): try finished(id, broker: broker, connection: connection, result)
                 case .shutdown: try shutdown()
                 }
+            }
+            for broker in links.indices { try sendReplies(broker) }
+        }
+
+        /// Sends the replies waiting for broker `broker`: one as a plain `REPLY`, more as one
+        /// `REPLY BATCH`.
+        mutating func sendReplies(_ broker: Int) throws {
+            guard !replies[broker].isEmpty else { return }
+            let waiting = replies[broker]
+            replies[broker].removeAll(keepingCapacity: true)
+            let message: WireMessage
+            if waiting.count == 1, let reply = waiting.first {
+                message = .workerReply(requestID: reply.requestID, failed: reply.failed, body: reply.body)
+            } else {
+                message = .workerReplyBatch(waiting)
+            }
+            if let socket = links[broker].socket, try !socket.send(message.encoded) {
+                runner.log(.dropped(reason: "send queue full"), broker: broker, &warnings)
             }
         }
 
@@ -314,7 +336,11 @@ public final class ServiceRunner: Service, @unchecked Sendable {
         mutating func carryOut(_ directives: [WorkerSession.Directive], broker: Int) throws {
             for directive in directives {
                 switch directive {
+                case .send(.workerReply(let id, let failed, let body, let attachments)) where attachments.isEmpty:
+                    replies[broker].append(WireMessage.BatchedReply(requestID: id, failed: failed, body: body))
+                    if replies[broker].count == Wire.maximumBatch { try sendReplies(broker) }
                 case .send(let message):
+                    try sendReplies(broker) // the replies before it go first
                     if let socket = links[broker].socket, try !socket.send(message.encoded) {
                         runner.log(.dropped(reason: "send queue full"), broker: broker, &warnings)
                     }
@@ -327,12 +353,14 @@ public final class ServiceRunner: Service, @unchecked Sendable {
                     tasks[broker]?.removeValue(forKey: id)?.cancel()
                 case .reconnect(let backoff):
                     // The others go on meanwhile: this one connects again after its backoff.
+                    try sendReplies(broker)
                     links[broker].socket?.close()
                     links[broker].socket = nil
                     links[broker].reconnectAt = .now + backoff
                     watch()
                     grant(share.brokerDown(broker))
                 case .stop:
+                    try sendReplies(broker)
                     links[broker].stopped = true
                     links[broker].socket?.close()
                     links[broker].socket = nil

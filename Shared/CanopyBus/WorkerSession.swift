@@ -136,6 +136,12 @@ public struct WorkerSession: Sendable {
             refusals = 0
             running[id] = operation
             return [.start(id: id, operation: operation, header: header, payload: Payload(body: body, attachments: attachments))]
+        case .dispatchBatch(let requests):
+            refusals = 0
+            return requests.map { request in
+                running[request.requestID] = request.operation
+                return .start(id: request.requestID, operation: request.operation, header: request.header, payload: Payload(body: request.body))
+            }
         case .cancelDispatch(let id):
             return running[id] == nil ? [] : [.cancel(id: id)]
         case .brokerHeartbeat(let limit):

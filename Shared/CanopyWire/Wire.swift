@@ -1,6 +1,6 @@
 import CanopyMessages
 
-/// Canopy's wire protocol, version 3 (`canopy/3`): the frames of every command. `docs/PROTOCOL.md`
+/// Canopy's wire protocol, version 4 (`canopy/4`): the frames of every command. `docs/PROTOCOL.md`
 /// gives the same in prose.
 ///
 /// Every message starts with the version frame ``version`` and a one-byte command frame.
@@ -9,11 +9,17 @@ import CanopyMessages
 public enum Wire {
     /// The first frame of every message. Version 2 added attachments: frames after the body
     /// of a request, dispatch, worker reply and reply; version 3 the trace context in the
-    /// request header (``RequestHeader/Flag/traced``).
-    public static let version: [UInt8] = Array("canopy/3".utf8)
+    /// request header (``RequestHeader/Flag/traced``); version 4 batches between broker and
+    /// workers (``Command/dispatchBatch`` and ``Command/workerReplyBatch``).
+    public static let version: [UInt8] = Array("canopy/4".utf8)
 
     /// Most attachment frames one message may carry.
     public static let maximumAttachments = 64
+
+    /// Most requests one ``Command/dispatchBatch`` carries, and most replies one
+    /// ``Command/workerReplyBatch``: 2 + 4 × 31 frames stay within the 128 a receiver keeps of
+    /// one message.
+    public static let maximumBatch = 31
 
     /// The one-byte command frame that follows the version frame.
     public enum Command: UInt8, Sendable {
@@ -41,6 +47,9 @@ public enum Wire {
         /// `[version, 0x15, credit (u32 BE)]`: hold at most this many of my requests from now
         /// on (a worker of several brokers sharing its credit between them).
         case credit = 0x15
+        /// `[version, 0x16, (request id (u64 BE), status, body or error JSON) × 1 to 31]`:
+        /// replies without attachments, several in one message.
+        case workerReplyBatch = 0x16
         // broker -> worker
         /// `[version, 0x20, request id (u64 BE), operation, header, body]`
         case dispatch = 0x20
@@ -50,6 +59,9 @@ public enum Wire {
         case brokerHeartbeat = 0x22
         /// `[version, 0x23, reason]`: register again (READY) or go away.
         case brokerDisconnect = 0x23
+        /// `[version, 0x24, (request id (u64 BE), operation, header, body) × 1 to 31]`:
+        /// requests without attachments, several in one message.
+        case dispatchBatch = 0x24
 
         /// The command as a frame (one shared array per command: no allocation per message).
         public var frame: [UInt8] { Self.frames[Int(rawValue)] }

@@ -1,6 +1,6 @@
 import CanopyMessages
 
-/// Every message of canopy/3 as a value: one case per command, encoded and decoded in one
+/// Every message of canopy/4 as a value: one case per command, encoded and decoded in one
 /// place (``encoded`` and ``init(frames:)``). `docs/PROTOCOL.md` gives the same in prose, and
 /// the golden fixtures pin the bytes.
 ///
@@ -35,6 +35,9 @@ public enum WireMessage: Equatable, Sendable {
     case drain
     /// `[version, 0x15, credit (u32 BE, 0–100000)]`: the worker's credit at this broker from now on.
     case credit(UInt32)
+    /// `[version, 0x16, (request id (u64 BE), status, body or error JSON) × 1 to 31]`: several
+    /// replies without attachments in one message.
+    case workerReplyBatch([BatchedReply])
 
     // MARK: broker -> worker
 
@@ -47,6 +50,9 @@ public enum WireMessage: Equatable, Sendable {
     case brokerHeartbeat(maximumFrameBytes: UInt64)
     /// `[version, 0x23, reason]`: register again (READY) or go away.
     case brokerDisconnect(reason: String)
+    /// `[version, 0x24, (request id (u64 BE), operation, header, body) × 1 to 31]`: several
+    /// requests without attachments in one message.
+    case dispatchBatch([BatchedDispatch])
 
     /// The command frame's byte.
     public var command: Wire.Command {
@@ -61,10 +67,42 @@ public enum WireMessage: Equatable, Sendable {
         case .workerDisconnect: .workerDisconnect
         case .drain: .drain
         case .credit: .credit
+        case .workerReplyBatch: .workerReplyBatch
         case .dispatch: .dispatch
         case .cancelDispatch: .cancelDispatch
         case .brokerHeartbeat: .brokerHeartbeat
         case .brokerDisconnect: .brokerDisconnect
+        case .dispatchBatch: .dispatchBatch
+        }
+    }
+
+    /// One reply of a ``workerReplyBatch(_:)``: a ``workerReply(requestID:failed:body:attachments:)``
+    /// without attachments.
+    public struct BatchedReply: Equatable, Sendable {
+        public var requestID: UInt64
+        public var failed: Bool
+        public var body: [UInt8]
+
+        public init(requestID: UInt64, failed: Bool, body: [UInt8]) {
+            self.requestID = requestID
+            self.failed = failed
+            self.body = body
+        }
+    }
+
+    /// One request of a ``dispatchBatch(_:)``: a ``dispatch(requestID:operation:header:body:attachments:)``
+    /// without attachments.
+    public struct BatchedDispatch: Equatable, Sendable {
+        public var requestID: UInt64
+        public var operation: String
+        public var header: RequestHeader
+        public var body: [UInt8]
+
+        public init(requestID: UInt64, operation: String, header: RequestHeader, body: [UInt8]) {
+            self.requestID = requestID
+            self.operation = operation
+            self.header = header
+            self.body = body
         }
     }
 }
@@ -101,13 +139,13 @@ public struct WireRequest: Equatable, Sendable {
     }
 }
 
-/// Why frames are not a canopy/3 message: what is wrong, in words a peer's developer can
+/// Why frames are not a canopy/4 message: what is wrong, in words a peer's developer can
 /// act on, and the correlation id when the message had a usable one (so the refusal can
 /// answer the request it refuses).
 public struct WireDecodingError: Error, Equatable, Sendable, CustomStringConvertible {
     /// What kind of problem it is; also the short reason the broker logs.
     public enum Reason: String, Sendable {
-        case wrongVersion = "message without the canopy/3 version frame"
+        case wrongVersion = "message without the canopy/4 version frame"
         case unknownCommand = "unknown command"
         case wrongFrameCount = "wrong number of frames"
         case malformedCorrelation = "malformed correlation id"
@@ -196,6 +234,13 @@ extension WireMessage {
         case .credit(let credit):
             try writer.write(Wire.Command.credit.frame, more: true)
             try writer.write(Wire.frame(credit), more: false)
+        case .workerReplyBatch(let replies):
+            try writer.write(Wire.Command.workerReplyBatch.frame, more: true)
+            for (index, reply) in replies.enumerated() {
+                try writer.write(reply.requestID, more: true)
+                try writer.write(Wire.Command.frame(byte: reply.failed ? Wire.Status.error : Wire.Status.ok), more: true)
+                try writer.write(reply.body, more: index < replies.count - 1)
+            }
         case .dispatch(let id, let operation, let header, let body, let attachments):
             try writer.write(Wire.Command.dispatch.frame, more: true)
             try writer.write(id, more: true)
@@ -211,6 +256,14 @@ extension WireMessage {
         case .brokerDisconnect(let reason):
             try writer.write(Wire.Command.brokerDisconnect.frame, more: true)
             try writer.write(reason, more: false)
+        case .dispatchBatch(let requests):
+            try writer.write(Wire.Command.dispatchBatch.frame, more: true)
+            for (index, request) in requests.enumerated() {
+                try writer.write(request.requestID, more: true)
+                try writer.write(request.operation, more: true)
+                try writer.write(request.header, more: true)
+                try writer.write(request.body, more: index < requests.count - 1)
+            }
         }
     }
 
@@ -295,11 +348,8 @@ extension WireMessage {
                 5, command, attachments: true,
                 "a worker reply has 5 frames (version, command, request id, status, body), then up to \(Wire.maximumAttachments) attachments")
             let id = try reader.uint64(at: 2, "request id")
-            let status = frames.byteCount(3) == 1 ? frames.withFrame(3) { $0[0] } : UInt8.max
-            guard status <= Wire.Status.error else {
-                throw WireDecodingError(.malformedInteger, "a worker reply's status is one byte, 0 (ok) or 1 (error)")
-            }
-            return .workerReply(requestID: id, failed: status == Wire.Status.error, body: frames.array(4), attachments: frames.arrays(5..<frames.count))
+            let failed = try reader.status(at: 3)
+            return .workerReply(requestID: id, failed: failed, body: frames.array(4), attachments: frames.arrays(5..<frames.count))
         case .workerHeartbeat:
             try reader.expect(2, command, "a heartbeat has 2 frames (version, command)")
             return .workerHeartbeat
@@ -316,13 +366,8 @@ extension WireMessage {
             try reader.expect(
                 6, command, attachments: true,
                 "a dispatch has 6 frames (version, command, request id, operation, header, body), then up to \(Wire.maximumAttachments) attachments")
-            let id = try reader.uint64(at: 2, "request id")
-            guard frames.withFrame(3, Wire.isValidName) else { throw WireDecodingError(.invalidName, "invalid operation name") }
-            guard let header = frames.withFrame(4, { RequestHeader(frame: $0) }) else {
-                throw WireDecodingError(.malformedHeader, RequestHeader.formatDescription)
-            }
-            return .dispatch(
-                requestID: id, operation: reader.string(at: 3), header: header, body: frames.array(5), attachments: frames.arrays(6..<frames.count))
+            let (id, operation, header) = try reader.dispatched(at: 2)
+            return .dispatch(requestID: id, operation: operation, header: header, body: frames.array(5), attachments: frames.arrays(6..<frames.count))
         case .cancelDispatch:
             try reader.expect(3, command, "a cancel dispatch has 3 frames (version, command, request id)")
             return .cancelDispatch(requestID: try reader.uint64(at: 2, "request id"))
@@ -332,6 +377,28 @@ extension WireMessage {
         case .brokerDisconnect:
             try reader.expect(3, command, "a broker disconnect has 3 frames (version, command, reason)")
             return .brokerDisconnect(reason: frames.withFrame(2) { String(decoding: $0.prefix(512), as: UTF8.self) })
+        case .workerReplyBatch:
+            try reader.expectBatch(
+                of: 3, command, "a worker reply batch has 2 frames (version, command), then 1 to \(Wire.maximumBatch) replies of 3 (request id, status, body)")
+            var replies: [BatchedReply] = []
+            replies.reserveCapacity((frames.count - 2) / 3)
+            for start in stride(from: 2, to: frames.count, by: 3) {
+                replies.append(
+                    BatchedReply(requestID: try reader.uint64(at: start, "request id"), failed: try reader.status(at: start + 1), body: frames.array(start + 2))
+                )
+            }
+            return .workerReplyBatch(replies)
+        case .dispatchBatch:
+            try reader.expectBatch(
+                of: 4, command,
+                "a dispatch batch has 2 frames (version, command), then 1 to \(Wire.maximumBatch) requests of 4 (request id, operation, header, body)")
+            var requests: [BatchedDispatch] = []
+            requests.reserveCapacity((frames.count - 2) / 4)
+            for start in stride(from: 2, to: frames.count, by: 4) {
+                let (id, operation, header) = try reader.dispatched(at: start)
+                requests.append(BatchedDispatch(requestID: id, operation: operation, header: header, body: frames.array(start + 3)))
+            }
+            return .dispatchBatch(requests)
         }
     }
 }
@@ -359,6 +426,37 @@ struct FrameReader<Frames: FrameList> {
             let correlation = [.request, .cancel, .reply, .error].contains(command) ? likelyCorrelation : []
             throw WireDecodingError(.wrongFrameCount, correlation: correlation, "\(explanation()), got \(frames.count)")
         }
+    }
+
+    /// Checks a batch's frames: the version and command, then 1 to ``Wire/maximumBatch`` groups
+    /// of `group` frames each.
+    @inlinable
+    func expectBatch(of group: Int, _ command: Wire.Command, _ explanation: @autoclosure () -> String) throws(WireDecodingError) {
+        let entries = (frames.count - 2) / group
+        guard frames.count > 2, (frames.count - 2) % group == 0, entries <= Wire.maximumBatch else {
+            throw WireDecodingError(.wrongFrameCount, "\(explanation()), got \(frames.count) frames")
+        }
+    }
+
+    /// A worker reply's status frame: whether it says the body is an error.
+    @inlinable
+    func status(at index: Int) throws(WireDecodingError) -> Bool {
+        let status = frames.byteCount(index) == 1 ? frames.withFrame(index) { $0[0] } : UInt8.max
+        guard status <= Wire.Status.error else {
+            throw WireDecodingError(.malformedInteger, "a worker reply's status is one byte, 0 (ok) or 1 (error)")
+        }
+        return status == Wire.Status.error
+    }
+
+    /// A dispatched request's id, operation and header, from frame `index` on.
+    @inlinable
+    func dispatched(at index: Int) throws(WireDecodingError) -> (UInt64, String, RequestHeader) {
+        let id = try uint64(at: index, "request id")
+        guard frames.withFrame(index + 1, Wire.isValidName) else { throw WireDecodingError(.invalidName, "invalid operation name") }
+        guard let header = frames.withFrame(index + 2, { RequestHeader(frame: $0) }) else {
+            throw WireDecodingError(.malformedHeader, RequestHeader.formatDescription)
+        }
+        return (id, string(at: index + 1), header)
     }
 
     @inlinable

@@ -193,7 +193,7 @@ struct BrokerStateTests {
         let refused = errors(out)
         #expect(refused.count == 1)
         #expect(refused[0].error.code == .badRequest)
-        #expect(refused[0].error.message.contains("'canopy/2'") && refused[0].error.message.contains("canopy/3"))
+        #expect(refused[0].error.message.contains("'canopy/2'") && refused[0].error.message.contains("canopy/4"))
         #expect(refused[0].correlation == [1, 2])
     }
 
@@ -416,5 +416,34 @@ struct BrokerStateTests {
         #expect(errors(broker.request("c", 2)).map(\.error.code) == [.shuttingDown], "not run: a client of several brokers sends it to another")
         #expect(replies(broker.reply("w1", request: held.id)).count == 1)
         #expect(broker.state.pendingCount == 0)
+    }
+}
+
+/// Batches of replies from a worker (canopy/4): each reply handled as its own.
+struct BrokerBatchTests {
+    @Test func aBatchOfRepliesAnswersEachCallerAndGivesEachCreditBack() throws {
+        var broker = BrokerHarness()
+        broker.ready("w1", credit: 2)
+        let ids = [broker.request("c1", 1), broker.request("c2", 2), broker.request("c1", 3)].flatMap { dispatches($0).map(\.id) }
+        #expect(ids.count == 2, "credit 2: the third waits")
+        let out = broker.receive(
+            WireMessage.workerReplyBatch(ids.map { .init(requestID: $0, failed: false, body: Array("{\"id\":\($0)}".utf8)) }).encoded, from: "w1")
+        #expect(Set(replies(out).map(\.client)) == ["c1", "c2"] && replies(out).count == 2)
+        #expect(dispatches(out).count == 1, "the queued one goes out with the credit given back")
+    }
+
+    @Test func aBatchFromAnUnknownWorkerIsToldToRegisterOnceAndAnswersNobody() {
+        var broker = BrokerHarness()
+        let replies = (1...5).map { WireMessage.BatchedReply(requestID: UInt64($0), failed: false, body: []) }
+        let out = broker.receive(WireMessage.workerReplyBatch(replies).encoded, from: "stranger")
+        #expect(messages(out).count == 1)
+        #expect(messages(out).first?.message == .brokerDisconnect(reason: "unknown worker; send READY again"))
+    }
+
+    @Test func aBatchOfRequestsSentToABrokerIsRefused() {
+        var broker = BrokerHarness()
+        let batch = WireMessage.dispatchBatch([.init(requestID: 1, operation: "get", header: RequestHeader(timeoutMilliseconds: 1), body: [])])
+        let out = broker.receive(batch.encoded, from: "c1")
+        #expect(errors(out).first?.error.code == .badRequest)
     }
 }

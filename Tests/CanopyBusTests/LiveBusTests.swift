@@ -235,6 +235,70 @@ struct LiveBusTests {
         }
     }
 
+    @Test func requestsFreedTogetherGoToAWorkerInOneBatchAndItsBatchOfRepliesAnswersEach() async throws {
+        try await withLiveBus { bus in
+            let context = ZMQContext()
+            let worker = try ZMQSocket(context, type: .dealer)
+            let caller = try ZMQSocket(context, type: .dealer)
+            defer {
+                worker.close()
+                caller.close()
+            }
+            try worker.connect(bus.endpoint)
+            try caller.connect(bus.endpoint)
+            let operations = [OperationDescriptor(name: "echo", idempotent: true, coalescable: false)]
+            try worker.send(WireMessage.ready(service: "batch", operations: operations, credit: 1).encoded)
+            let welcome = try #require(try await worker.receive(within: .seconds(5)))
+            #expect(try WireMessage(frames: welcome).command == .brokerHeartbeat)
+            // 21 requests: the first takes the worker's one credit, the other 20 wait in the queue.
+            for index in 1...21 {
+                let request = WireRequest(
+                    correlation: Wire.frame(UInt64(index)), service: "batch", operation: "echo", header: RequestHeader(timeoutMilliseconds: 30_000),
+                    body: Array("{\"n\":\(index)}".utf8))
+                try caller.send(WireMessage.request(request).encoded)
+            }
+            let first = try #require(try await worker.receive(within: .seconds(5)))
+            guard case .dispatch(let firstID, _, _, _, _) = try WireMessage(frames: first) else {
+                Issue.record("the first request came as \(first.count) frames")
+                return
+            }
+            let observer = try bus.client()
+            let queued = try await eventually {
+                try await observer.call(Broker.Stats.self, .init()).services.first { $0.name == "batch" }?.queued == 20
+            }
+            try #require(queued, "the other 20 wait in the queue")
+            // Credit for all of them at once: the broker hands the 20 over in one message.
+            try worker.send(WireMessage.credit(21).encoded)
+            var batch: [WireMessage.BatchedDispatch] = []
+            while true {
+                let frames = try #require(try await worker.receive(within: .seconds(5)))
+                switch try WireMessage(frames: frames) {
+                case .dispatchBatch(let requests): batch = requests
+                case .brokerHeartbeat: continue
+                case let other: Issue.record("expected one batch, got \(other.command)")
+                }
+                break
+            }
+            #expect(batch.count == 20 && batch.allSatisfy { $0.operation == "echo" })
+            #expect(Set(batch.map(\.body)).count == 20, "each request once")
+            // The worker answers all 21 in one batch; each caller gets its own body back.
+            let replies =
+                [WireMessage.BatchedReply(requestID: firstID, failed: false, body: Array("{\"n\":1}".utf8))]
+                + batch.map { WireMessage.BatchedReply(requestID: $0.requestID, failed: false, body: $0.body) }
+            try worker.send(WireMessage.workerReplyBatch(replies).encoded)
+            var answered: [UInt64: [UInt8]] = [:]
+            while answered.count < 21 {
+                let frames = try #require(try await caller.receive(within: .seconds(5)))
+                guard case .reply(let correlation, _, let body, _) = try WireMessage(frames: frames) else {
+                    Issue.record("expected replies only")
+                    return
+                }
+                answered[Wire.uint64(correlation) ?? 0] = body
+            }
+            #expect(answered.allSatisfy { $0.value == Array("{\"n\":\($0.key)}".utf8) }, "each answer to its own caller")
+        }
+    }
+
     @Test func anotherProtocolVersionIsRefusedWithAnErrorFrame() async throws {
         try await withLiveBus { bus in
             let context = ZMQContext()

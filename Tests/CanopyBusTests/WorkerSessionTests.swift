@@ -25,6 +25,25 @@ struct WorkerSessionTests {
         directives.compactMap { if case .send(let message) = $0 { message } else { nil } }
     }
 
+    @Test func aBatchOfRequestsStartsEachAndEachAnswerGoesBackOnItsOwn() {
+        var worker = session()
+        _ = worker.connected(now: start)
+        let header = RequestHeader(timeoutMilliseconds: 1_000)
+        let batch = WireMessage.dispatchBatch([
+            .init(requestID: 7, operation: "get", header: header, body: Array("{\"a\":1}".utf8)),
+            .init(requestID: 8, operation: "get", header: header, body: Array("{\"b\":2}".utf8)),
+        ])
+        let out = worker.receive(batch.encoded, now: start)
+        #expect(
+            out == [
+                .start(id: 7, operation: "get", header: header, payload: Payload(body: Array("{\"a\":1}".utf8))),
+                .start(id: 8, operation: "get", header: header, payload: Payload(body: Array("{\"b\":2}".utf8))),
+            ])
+        #expect(worker.running == [7: "get", 8: "get"])
+        #expect(sent(worker.finished(id: 8, connection: 0, .success(Payload(body: [1])))) == [.workerReply(requestID: 8, failed: false, body: [1])])
+        #expect(worker.running == [7: "get"])
+    }
+
     @Test func aConnectionAnnouncesTheServiceAndIsRegisteredOnceTheBrokerBeats() {
         var worker = session(credit: 6)
         #expect(sent(worker.connected(now: start)) == [.ready(service: "plants", operations: Self.operations, credit: 6)])
@@ -131,7 +150,7 @@ struct WorkerSessionTests {
         _ = worker.connected(now: start)
         #expect(
             worker.receive([Array("canopy/1".utf8), [0x20]], now: start) == [
-                .log(.dropped(reason: "malformed message from the broker: message without the canopy/3 version frame"))
+                .log(.dropped(reason: "malformed message from the broker: message without the \(Wire.versionText) version frame"))
             ])
         #expect(
             worker.receive(WireMessage.reply(correlation: [1], shared: false, body: []).encoded, now: start) == [

@@ -4,10 +4,10 @@ import CanopyTesting
 import Foundation
 import Testing
 
-/// The typed frame codec: every canopy/3 and Majordomo command round-trips, golden frames pin
+/// The typed frame codec: every canopy/4 and Majordomo command round-trips, golden frames pin
 /// the bytes, and random or half-valid frames are refused with a typed error, never a crash.
 struct WireCodecTests {
-    /// One sample of every canopy/3 command, named as in the golden file.
+    /// One sample of every canopy/4 command, named as in the golden file.
     static let samples: [(String, WireMessage)] = {
         let header = RequestHeader(timeoutMilliseconds: 2_500, flags: RequestHeader.Flag.idempotent, principal: "user-42")
         let body = Array(#"{"id":"p1"}"#.utf8)
@@ -25,10 +25,24 @@ struct WireCodecTests {
             ("workerDisconnect", .workerDisconnect),
             ("drain", .drain),
             ("credit", .credit(3)),
+            (
+                "workerReplyBatch",
+                .workerReplyBatch([
+                    .init(requestID: 42, failed: false, body: body),
+                    .init(requestID: 43, failed: true, body: Array(#"{"code":"busy","message":"retry"}"#.utf8)),
+                ])
+            ),
             ("dispatch", .dispatch(requestID: 42, operation: "plants.get", header: traced, body: body)),
             ("cancelDispatch", .cancelDispatch(requestID: 42)),
             ("brokerHeartbeat", .brokerHeartbeat(maximumFrameBytes: 16_777_216)),
             ("brokerDisconnect", .brokerDisconnect(reason: "broker shutting down")),
+            (
+                "dispatchBatch",
+                .dispatchBatch([
+                    .init(requestID: 42, operation: "plants.get", header: header, body: body),
+                    .init(requestID: 43, operation: "plants.list", header: header, body: Array("{}".utf8)),
+                ])
+            ),
         ]
     }()
 
@@ -44,7 +58,7 @@ struct WireCodecTests {
             #expect(message.encoded.map(\.hex) == golden[name], "\(name)")
             #expect(try WireMessage(frames: message.encoded) == message, "\(name)")
         }
-        #expect(Set(Self.samples.map(\.1.command.rawValue)).count == 14, "every command byte has a sample")
+        #expect(Set(Self.samples.map(\.1.command.rawValue)).count == 16, "every command byte has a sample")
     }
 
     /// Records what a writer is given: each frame's bytes and whether more follow.
@@ -104,6 +118,27 @@ struct WireCodecTests {
         #expect(reason(request + Array(repeating: [0x01], count: Wire.maximumAttachments)) == nil, "up to 64 attachments")
         #expect(reason(request + Array(repeating: [0x01], count: Wire.maximumAttachments + 1)) == .wrongFrameCount)
         #expect(reason(Self.samples[1].1.encoded + [[0x01]]) == .wrongFrameCount, "a cancel takes no attachments")
+        // Batches: whole groups, 1 to 31 of them, each field checked as in its single message.
+        let replies = try #require(Self.samples.first { $0.0 == "workerReplyBatch" }?.1.encoded)
+        let dispatches = try #require(Self.samples.first { $0.0 == "dispatchBatch" }?.1.encoded)
+        #expect(reason(Array(replies.prefix(2))) == .wrongFrameCount, "a batch holds at least one")
+        #expect(reason(replies + [[0x01]]) == .wrongFrameCount, "no attachments, no part of a reply")
+        #expect(reason(Array(dispatches.prefix(5))) == .wrongFrameCount)
+        let most = Array(replies.prefix(2)) + Array(repeating: Array(replies[2...4]), count: Wire.maximumBatch).flatMap { $0 }
+        #expect(reason(most) == nil, "31 replies in one message")
+        #expect(reason(most + Array(replies[2...4])) == .wrongFrameCount, "32 are too many")
+        var badStatus = replies
+        badStatus[6] = [2]
+        #expect(reason(badStatus) == .malformedInteger)
+        var badID = dispatches
+        badID[6] = [1, 2]
+        #expect(reason(badID) == .malformedInteger)
+        var badOperation = dispatches
+        badOperation[7] = Array("Plants".utf8)
+        #expect(reason(badOperation) == .invalidName)
+        var badBatchHeader = dispatches
+        badBatchHeader[8] = [0, 0]
+        #expect(reason(badBatchHeader) == .malformedHeader)
         var badCorrelation = request
         badCorrelation[2] = []
         #expect(reason(badCorrelation) == .malformedCorrelation)

@@ -358,7 +358,15 @@ public final class BrokerServer: Service, @unchecked Sendable {
             }
             switch consume directive {
             case .send(let peer, let message):
-                try send(message, to: peer)
+                switch message {
+                case .dispatch(let id, let operation, let header, let body, let attachments) where attachments.isEmpty:
+                    try batch(.init(requestID: id, operation: operation, header: header, body: body), to: peer)
+                case .dispatch, .cancelDispatch, .brokerHeartbeat, .brokerDisconnect:
+                    try sendBatch(to: peer) // a worker's messages keep their order
+                    try send(message, to: peer)
+                default:
+                    try send(message, to: peer)
+                }
             case .sendMajordomo(let peer, let message):
                 let frames = message.encoded
                 var ticket: SendTicket?
@@ -389,11 +397,56 @@ public final class BrokerServer: Service, @unchecked Sendable {
             }
         }
         directives.removeAll(keepingCapacity: true)
+        for index in batches.indices where !batches[index].requests.isEmpty { try sendBatch(index) }
         if !pendingControls.isEmpty {
             swap(&directives, &pendingControls)
             try carryOut(&directives, state: &state)
         }
         replies.sweep()
+    }
+
+    /// Requests without attachments going to one worker in this pass, sent together as one
+    /// `DISPATCH BATCH` when the pass's directives are carried out (or when the batch is full,
+    /// or another message goes to that worker first): one message to the worker instead of
+    /// one a request. Entries are reused pass after pass (loop thread only).
+    private var batches: [(worker: [UInt8], requests: [WireMessage.BatchedDispatch])] = []
+
+    /// Adds `request` to the batch going to `worker`.
+    private func batch(_ request: WireMessage.BatchedDispatch, to worker: [UInt8]) throws {
+        let index: Int
+        if let found = batches.firstIndex(where: { $0.worker == worker }) {
+            index = found
+        } else if let free = batches.firstIndex(where: { $0.requests.isEmpty }) {
+            index = free
+            batches[index].worker = worker
+        } else {
+            index = batches.count
+            batches.append((worker, []))
+        }
+        batches[index].requests.append(request)
+        if batches[index].requests.count == Wire.maximumBatch { try sendBatch(index) }
+    }
+
+    /// Sends the batch waiting for `worker`, if there is one.
+    private func sendBatch(to worker: [UInt8]) throws {
+        guard let index = batches.firstIndex(where: { !$0.requests.isEmpty && $0.worker == worker }) else { return }
+        try sendBatch(index)
+    }
+
+    /// The batch being sent: its storage is swapped with the entry's, so both are reused and
+    /// emptying one copies nothing (loop thread only).
+    private var sending: [WireMessage.BatchedDispatch] = []
+
+    /// Sends batch `index`: a lone request as a plain `DISPATCH`.
+    private func sendBatch(_ index: Int) throws {
+        swap(&sending, &batches[index].requests)
+        defer { sending.removeAll(keepingCapacity: true) }
+        if sending.count == 1, let request = sending.first {
+            try send(
+                .dispatch(requestID: request.requestID, operation: request.operation, header: request.header, body: request.body), to: batches[index].worker)
+        } else {
+            try send(.dispatchBatch(sending), to: batches[index].worker)
+        }
     }
 
     /// Sends a message to a peer. Replies and errors for clients wait in libzmq until the

@@ -134,7 +134,7 @@ extension BrokerState {
 
     /// A worker the broker does not know (it registered with an earlier broker): tell it
     /// to register again.
-    private func unknownWorker(_ peer: PeerKey, into out: inout [Directive]) {
+    func unknownWorker(_ peer: PeerKey, into out: inout [Directive]) {
         out.append(.send(to: peer.bytes, .brokerDisconnect(reason: "unknown worker; send READY again")))
     }
 

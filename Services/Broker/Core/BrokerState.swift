@@ -194,7 +194,7 @@ public struct BrokerState {
                 // A worker hears why it may not register, as for every refused READY.
                 out.append(.log("worker refused: \(error.reason.rawValue)", peer: peer))
                 out.append(.send(to: peer, .brokerDisconnect(reason: error.description)))
-            case .workerReply?, .workerHeartbeat?, .workerDisconnect?, .drain?, .credit?:
+            case .workerReply?, .workerReplyBatch?, .workerHeartbeat?, .workerDisconnect?, .drain?, .credit?:
                 dropMalformed(error.reason.rawValue, peer: peer, into: &out) // workers get no error frames
             default:
                 dropMalformed(error.reason.rawValue, peer: peer, into: &out)
@@ -208,7 +208,9 @@ public struct BrokerState {
         }
         // A worker's oversized reply still answers its callers (with `tooLarge`) and gives its
         // credit back; workerReply checks the body's size.
-        if message.command != .workerReply, let oversized = (0..<frames.count).first(where: { frames.byteCount($0) > configuration.maximumFrameBytes }) {
+        if message.command != .workerReply, message.command != .workerReplyBatch,
+            let oversized = (0..<frames.count).first(where: { frames.byteCount($0) > configuration.maximumFrameBytes })
+        {
             rejected += 1
             out.append(.log("frame over the size limit", peer: peer))
             var correlation: [UInt8] = []
@@ -217,7 +219,7 @@ public struct BrokerState {
             return
         }
         switch message {
-        case .workerReply, .workerHeartbeat, .workerDisconnect, .drain:
+        case .workerReply, .workerReplyBatch, .workerHeartbeat, .workerDisconnect, .drain:
             if let worker = workers[PeerKey(peer)], keys.impersonates(worker, key: key) {
                 dropMalformed("worker message with another key than the worker registered with", peer: peer, into: &out)
                 return
@@ -237,11 +239,17 @@ public struct BrokerState {
             workerReady(service: service, operations: operations, credit: credit, from: PeerKey(peer), key: key, now: now, into: &out)
         case .workerReply(let id, let failed, let body, let attachments):
             workerReply(id: id, failed: failed, payload: Payload(body: body, attachments: attachments), from: PeerKey(peer), now: now, into: &out)
+        case .workerReplyBatch(let replies):
+            let worker = PeerKey(peer)
+            guard workers[worker] != nil else { return unknownWorker(worker, into: &out) } // told once, not once a reply
+            for reply in replies {
+                workerReply(id: reply.requestID, failed: reply.failed, payload: Payload(body: reply.body), from: worker, now: now, into: &out)
+            }
         case .workerHeartbeat: workerHeartbeat(from: PeerKey(peer), now: now, into: &out)
         case .workerDisconnect: workerGone(PeerKey(peer), now: now, into: &out)
         case .drain: workerDrain(from: PeerKey(peer), now: now, into: &out)
         case .credit(let credit): workerCredit(credit, from: PeerKey(peer), now: now, into: &out)
-        case .reply, .error, .dispatch, .cancelDispatch, .brokerHeartbeat, .brokerDisconnect:
+        case .reply, .error, .dispatch, .dispatchBatch, .cancelDispatch, .brokerHeartbeat, .brokerDisconnect:
             dropMalformed("command not accepted by a broker", peer: peer, into: &out)
             replyError(
                 to: peer, correlation: [],
