@@ -236,7 +236,10 @@ struct LiveBusTests {
     }
 
     @Test func requestsFreedTogetherGoToAWorkerInOneBatchAndItsBatchOfRepliesAnswersEach() async throws {
-        try await withLiveBus { bus in
+        // The worker below sends no heartbeats: the broker counts it gone only after 30 s.
+        var patient = BrokerConfiguration.testing
+        patient.liveness = 300
+        try await withLiveBus(configuration: patient) { bus in
             let context = ZMQContext()
             let worker = try ZMQSocket(context, type: .dealer)
             let caller = try ZMQSocket(context, type: .dealer)
