@@ -75,9 +75,9 @@ struct BrokerCore: ParsableCommand {
     /// allocations (this thread is the only busy one). `body` calls the function it is given when
     /// its warm-up is over, and returns the requests answered since.
     private func measure(_ body: (_ measured: () -> Void) throws -> Int) throws -> Round {
-        var started: UInt64 = 0
-        let answered = try body { started = threadCPUNanoseconds() }
-        let used = threadCPUNanoseconds() - started
+        var started = 0.0
+        let answered = try body { started = currentThreadCPUSeconds() }
+        let used = (currentThreadCPUSeconds() - started) * 1e9
         var allocations: Double?
         if ThreadAllocations.isAvailable {
             MallocInterposerSwift.reset()
@@ -92,11 +92,6 @@ struct BrokerCore: ParsableCommand {
         return Round(nanosecondsPerRequest: Double(used) / Double(answered), allocationsPerRequest: allocations)
     }
 
-    private func threadCPUNanoseconds() -> UInt64 {
-        var time = timespec()
-        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &time)
-        return UInt64(time.tv_sec) * 1_000_000_000 + UInt64(time.tv_nsec)
-    }
 }
 
 /// A router under test: frames in, the messages it sends out.

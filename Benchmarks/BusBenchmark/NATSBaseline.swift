@@ -1,4 +1,5 @@
 import CZeroMQ
+import CanopyTesting
 import Foundation
 import Glibc
 import Histogram
@@ -28,7 +29,7 @@ struct NATSBaseline {
     /// second while measuring.
     func run() throws -> (LoadResult, serverCPU: Double) {
         guard let path = Self.server else { throw BenchmarkFailure("nats-server is not installed (apt-get install nats-server)") }
-        let port = try Self.freePort()
+        let port = UInt16(FreePorts.any())
         let server = Process()
         server.executableURL = URL(fileURLWithPath: path)
         server.arguments = ["-a", "127.0.0.1", "-p", "\(port)", "--no_advertise"]
@@ -84,7 +85,7 @@ struct NATSBaseline {
     /// in flight; a reply is answered by the next request at once.
     private func drive(_ indexes: [Int], port: UInt16, measureFrom: ContinuousClock.Instant, end: ContinuousClock.Instant) throws -> LoadResult {
         var connections = try indexes.map { index in
-            var connection = try NATSConnection(port: port)
+            let connection = try NATSConnection(port: port)
             try connection.write(Array("SUB _INBOX.\(index).* 1\r\n".utf8))
             return connection
         }
@@ -183,19 +184,6 @@ struct NATSBaseline {
     }
 
     // MARK: - The server process
-
-    private static func freePort() throws -> UInt16 {
-        let probe = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        defer { close(probe) }
-        var address = sockaddr_in(
-            sin_family: sa_family_t(AF_INET), sin_port: 0, sin_addr: in_addr(s_addr: inet_addr("127.0.0.1")), sin_zero: (0, 0, 0, 0, 0, 0, 0, 0))
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        let bound = withUnsafeMutablePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(probe, $0, length) == 0 && getsockname(probe, $0, &length) == 0 }
-        }
-        guard bound else { throw BenchmarkFailure("no free loopback port for nats-server") }
-        return UInt16(bigEndian: address.sin_port)
-    }
 
     private static func waitForListener(port: UInt16) throws {
         for _ in 0..<200 {

@@ -25,7 +25,8 @@ extension BrokerState {
             return
         }
         if case .client(let service, let body) = message {
-            majordomoClient(service: service, body: body, from: peer, now: now, into: &out)
+            // Its identity kept once, as a Canopy client's is: the loop's receive buffer stays its own.
+            majordomoClient(service: service, body: body, from: clientNames.intern(peer, now: now), now: now, into: &out)
         } else {
             majordomoWorker(message, from: PeerKey(peer), key: key, now: now, into: &out)
         }

@@ -22,7 +22,7 @@ extension BrokerState {
 
     mutating func clientRequest(_ request: WireRequest, from peer: [UInt8], now: ContinuousClock.Instant, into out: inout [Directive]) {
         let client = clientNames.intern(peer, now: now)
-        let hash = ClientTable.hash(client: client, correlation: request.correlation) // the one hash of this request
+        let hash = ClientTable.hash(client: client, correlation: request.correlation) // kept by the waiter: removing it hashes nothing
         guard flights.waiter(client: client, correlation: request.correlation, hash: hash) == nil else {
             return // the same request again (a client resending after a reconnect): the first will be answered
         }

@@ -87,8 +87,8 @@ extension BrokerState {
 
     /// What the callers of a flight whose reply was over the frame limit are told.
     func oversizedReply(_ count: Int, flight id: UInt64) -> CanopyError {
-        let flight = SlabHandle(raw: id).flatMap { flights.flights[$0] }
-        let name = flight.map { "\($0.service.name).\($0.operation)" } ?? "the service"
+        var name = "the service"
+        if let flight = SlabHandle(raw: id), flights.contains(flight) { name = "\(flights[flight].service.name).\(flights[flight].operation)" }
         return CanopyError(
             .tooLarge,
             "the reply of \(name) was \(count) bytes, over the broker's limit of \(configuration.maximumFrameBytes) bytes; ask for less (a smaller page, or the data in pieces)"
@@ -165,7 +165,7 @@ extension BrokerState {
                 finish(flight, .failure(CanopyError(.workerLost, message)), now: now, into: &out)
             }
         }
-        for flight in retry.reversed() where flights.contains(flight) {
+        for flight in retry.reversed() { // finish above closes only its own flight: these are all held
             flights.enqueue(flight, atFront: true)
         }
         if service.workers.isEmpty {
