@@ -40,7 +40,7 @@ extension BrokerState {
     /// Takes a well-formed request: joins an identical flight, or starts a flight that goes
     /// to a worker or waits in the service's queue; or refuses it.
     mutating func admit(_ intake: Intake, now: ContinuousClock.Instant, into out: inout [Directive]) {
-        if hold != nil, holds(intake, now: now, into: &out) { return } // captured when released
+        if holding, holds(intake, now: now, into: &out) { return } // captured when released
         if capturing { out.append(.capture(capturedRequest(intake))) }
         func refuse(_ error: CanopyError) {
             rejected += 1
@@ -184,7 +184,7 @@ extension BrokerState {
     mutating func clientCancel(_ correlation: [UInt8], from client: [UInt8], now: ContinuousClock.Instant, into out: inout [Directive]) {
         let hash = ClientTable.hash(client: client, correlation: correlation)
         guard let waiter = flights.waiter(client: client, correlation: correlation, hash: hash) else {
-            _ = hold?.cancel(client: client, correlation: correlation)
+            if holding { _ = hold?.cancel(client: client, correlation: correlation) }
             return // nothing held under that id: already answered, or never sent
         }
         if flights[waiter: waiter].traced {
@@ -222,7 +222,7 @@ extension BrokerState {
                     id.raw, waiters: flights[id].totalWaiters, dispatches: flights[id].dispatches, error: nil, cancelled: true, at: BrokerTracing.now))
         }
         flights.remove(id)
-        hold?.flightClosed(id.raw)
+        if holding { hold?.flightClosed(id.raw) }
     }
 
     /// What a flight ended with.
@@ -254,18 +254,20 @@ extension BrokerState {
         let facts = capturing ? captureFacts(id) : nil
         for waiterID in flights[id].waiters {
             guard flights.containsWaiter(waiterID) else { continue }
-            let waiter = flights.forget(waiterID)
-            _ = service.latencyMicros.record(UInt64(max(0, (now - waiter.receivedAt).microseconds)))
-            if configuration.metrics { noteLatency(service.name, now - waiter.receivedAt) }
-            switch outcome {
-            case .reply:
-                service.served += 1
-                counters.count(nil)
-            case .failure(let error):
-                service.errors += 1
-                counters.count(error.code)
+            flights.forget(waiterID) { waiter in
+                let nanoseconds = (now - waiter.receivedAt).nanoseconds
+                _ = service.latencyMicros.record(UInt64(max(0, nanoseconds / 1_000)))
+                if configuration.metrics { noteLatency(service.name, nanoseconds: nanoseconds) }
+                switch outcome {
+                case .reply:
+                    service.served += 1
+                    counters.count(nil)
+                case .failure(let error):
+                    service.errors += 1
+                    counters.count(error.code)
+                }
+                answer(waiterID, waiter, outcome, shared: shared, flight: facts, now: now, into: &out)
             }
-            answer(waiterID, waiter, outcome, shared: shared, flight: facts, now: now, into: &out)
         }
         close(id)
     }

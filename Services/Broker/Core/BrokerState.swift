@@ -97,6 +97,9 @@ public struct BrokerState {
     public var capturing = false
     /// A hold for a snapshot, while one is in force (see BrokerState+Hold.swift).
     var hold: Hold?
+    /// Whether ``hold`` holds one: asked on every request, where `hold != nil` copied the
+    /// whole hold to compare it.
+    var holding = false
     /// Requests held for a snapshot now.
     public var heldCount: Int? { hold.map { $0.held.count } }
     /// The capture's counts as the shell last saw them (at most a second old), for `broker.stats`.
@@ -144,7 +147,7 @@ public struct BrokerState {
     public mutating func nextWakeup() -> ContinuousClock.Instant {
         var wakeup = nextHeartbeat
         if let deadline = flights.nextDeadline(), deadline < wakeup { wakeup = deadline }
-        if let hold { wakeup = min(wakeup, hold.nextWakeup) }
+        if holding, let hold { wakeup = min(wakeup, hold.nextWakeup) }
         return wakeup
     }
 
@@ -281,13 +284,13 @@ public struct BrokerState {
             if flights.contains(flightID) {
                 flights[flightID].service.errors += 1
                 flights[flightID].counters.count(.timeout)
-                if configuration.metrics { noteLatency(flights[flightID].service.name, now - flights[waiter: id].receivedAt) }
+                if configuration.metrics { noteLatency(flights[flightID].service.name, nanoseconds: (now - flights[waiter: id].receivedAt).nanoseconds) }
             }
             let facts = capturing ? captureFacts(flightID) : nil // before the flight closes with its last waiter
             let waiter = detach(id, now: now, into: &out)
             answer(id, waiter, .failure(Self.timeout(waiter.serviceName)), shared: false, flight: facts, now: now, into: &out)
         }
-        if hold != nil { checkHold(now: now, into: &out) }
+        if holding { checkHold(now: now, into: &out) }
         if let graceEnds = startupGraceEnds, now >= graceEnds {
             startupGraceEnds = nil
             endStartupGrace(now: now, into: &out)
@@ -330,8 +333,8 @@ public struct BrokerState {
         latencies.removeAll(keepingCapacity: true)
     }
 
-    mutating func noteLatency(_ service: String, _ elapsed: Duration) {
-        latencies.append((service, elapsed.nanoseconds))
+    mutating func noteLatency(_ service: String, nanoseconds: Int64) {
+        latencies.append((service, nanoseconds))
     }
 
     // MARK: - Errors

@@ -163,6 +163,18 @@ extension BrokerState {
             return waiter
         }
 
+        /// Forgets waiter `id` (answered) once `body` has read it where it lies: no copy of it is
+        /// made. `body` must not add or remove waiters (the record's address would move).
+        func forget(_ id: SlabHandle, after body: (borrowing Waiter) -> Void) {
+            let waiter = waiters.address(of: id)
+            body(waiter.pointee)
+            heldBytes -= waiter.pointee.bytes
+            if waiter.pointee.dialect == .canopy {
+                byClient.remove(hash: waiter.pointee.clientHash, id: id.raw)
+            }
+            waiters.discard(id)
+        }
+
         /// Forgets flight `id`: out of its queue's counts, no waiter joins it again, its waiters
         /// counted in its operation's histogram, and its record ended in place. False when it
         /// was gone already.

@@ -118,13 +118,14 @@ extension BrokerState {
     ) {
         let inTheAir = flights.ids.filter { !Self.isDerived(flights[$0].header) }.map(\.raw)
         hold = Hold(inTheAir: inTheAir, limit: limit, client: client, correlation: correlation, forCapture: forCapture, now: now)
+        holding = true
         checkHold(now: now, into: &out)
     }
 
     /// Holds `intake` when a hold is in force and it is a client's own request; false when it
     /// goes on as usual.
     mutating func holds(_ intake: Intake, now: ContinuousClock.Instant, into out: inout [Directive]) -> Bool {
-        guard hold != nil, !Self.isDerived(intake.header) else { return false }
+        guard holding, !Self.isDerived(intake.header) else { return false }
         let bytes = intake.payload.byteCount + Self.waiterBytes(intake)
         if !hold!.take(intake, bytes: bytes, budget: configuration.maximumHeldBytes - flights.heldBytes, now: now) {
             rejected += 1
@@ -157,6 +158,7 @@ extension BrokerState {
     mutating func releaseHold(snapshot: String?, failing: CanopyError? = nil, now: ContinuousClock.Instant, into out: inout [Directive]) -> Bool {
         guard let current = hold else { return false }
         hold = nil
+        holding = false
         if let waiting = current.waiting {
             let error = failing ?? CanopyError(.conflict, "the capture was stopped before the requests in the air were answered; no snapshot was taken")
             out.append(
