@@ -440,6 +440,16 @@ struct BrokerBatchTests {
         #expect(messages(out).first?.message == .brokerDisconnect(reason: "unknown worker; send READY again"))
     }
 
+    @Test func aWorkerOfTheVersionBeforeBatchesNeverRegisters() {
+        var broker = BrokerHarness()
+        var ready = WireMessage.ready(service: "plants", operations: BrokerHarness.defaultOperations, credit: 4).encoded
+        ready[0] = Array("canopy/3".utf8)
+        let out = broker.receive(ready, from: "old")
+        #expect(broker.state.workerCount == 0)
+        #expect(errors(out).first?.error.message.contains("'canopy/3'") == true)
+        #expect(errors(broker.request("c1", 1)).first?.error.code == .noWorkers)
+    }
+
     @Test func aBatchOfRequestsSentToABrokerIsRefused() {
         var broker = BrokerHarness()
         let batch = WireMessage.dispatchBatch([.init(requestID: 1, operation: "get", header: RequestHeader(timeoutMilliseconds: 1), body: [])])
