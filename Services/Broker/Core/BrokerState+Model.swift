@@ -47,7 +47,13 @@ extension BrokerState {
             self.receivedAt = receivedAt
             self.deadline = deadline
             self.flight = flight
-            bytes = client.count + correlation.count + serviceName.utf8.count + Self.bookkeepingBytes
+            bytes = Self.bytes(client: client, correlation: correlation, serviceName: serviceName)
+        }
+
+        /// What a waiter of these costs (``bytes``), known before it is made: the bound is
+        /// checked against it.
+        static func bytes(client: [UInt8], correlation: [UInt8], serviceName: String) -> Int {
+            client.count + correlation.count + serviceName.utf8.count + bookkeepingBytes
         }
     }
 

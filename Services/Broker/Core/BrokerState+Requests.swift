@@ -156,7 +156,7 @@ extension BrokerState {
 
     /// What a waiter for `intake` will cost (``Waiter/bytes``), before it is made.
     static func waiterBytes(_ intake: Intake) -> Int {
-        intake.client.count + intake.correlation.count + intake.serviceName.utf8.count + Waiter.bookkeepingBytes
+        Waiter.bytes(client: intake.client, correlation: intake.correlation, serviceName: intake.serviceName)
     }
 
     /// What a request is told when the broker holds its most flights or waiters (16,777,216
