@@ -235,7 +235,8 @@ extension WireMessage {
             try writer.write(Wire.Command.credit.frame, more: true)
             try writer.write(Wire.frame(credit), more: false)
         case .workerReplyBatch(let replies):
-            try writer.write(Wire.Command.workerReplyBatch.frame, more: true)
+            // An empty batch ends at its command (and is refused when decoded), never left open.
+            try writer.write(Wire.Command.workerReplyBatch.frame, more: !replies.isEmpty)
             for (index, reply) in replies.enumerated() {
                 try writer.write(reply.requestID, more: true)
                 try writer.write(Wire.Command.frame(byte: reply.failed ? Wire.Status.error : Wire.Status.ok), more: true)
@@ -257,7 +258,7 @@ extension WireMessage {
             try writer.write(Wire.Command.brokerDisconnect.frame, more: true)
             try writer.write(reason, more: false)
         case .dispatchBatch(let requests):
-            try writer.write(Wire.Command.dispatchBatch.frame, more: true)
+            try writer.write(Wire.Command.dispatchBatch.frame, more: !requests.isEmpty)
             for (index, request) in requests.enumerated() {
                 try writer.write(request.requestID, more: true)
                 try writer.write(request.operation, more: true)

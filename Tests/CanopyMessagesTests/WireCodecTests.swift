@@ -122,6 +122,12 @@ struct WireCodecTests {
         let replies = try #require(Self.samples.first { $0.0 == "workerReplyBatch" }?.1.encoded)
         let dispatches = try #require(Self.samples.first { $0.0 == "dispatchBatch" }?.1.encoded)
         #expect(reason(Array(replies.prefix(2))) == .wrongFrameCount, "a batch holds at least one")
+        for empty in [WireMessage.workerReplyBatch([]), .dispatchBatch([])] {
+            var writer = RecordingWriter()
+            empty.write(into: &writer)
+            #expect(writer.frames.last?.more == false, "an empty batch ends at its command, never left open")
+            #expect(reason(empty.encoded) == .wrongFrameCount)
+        }
         #expect(reason(replies + [[0x01]]) == .wrongFrameCount, "no attachments, no part of a reply")
         #expect(reason(Array(dispatches.prefix(5))) == .wrongFrameCount)
         let most = Array(replies.prefix(2)) + Array(repeating: Array(replies[2...4]), count: Wire.maximumBatch).flatMap { $0 }

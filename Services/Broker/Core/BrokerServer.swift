@@ -406,7 +406,7 @@ public final class BrokerServer: Service, @unchecked Sendable {
     }
 
     /// Requests without attachments going to one worker in this pass, sent together as one
-    /// `DISPATCH BATCH` when the pass's directives are carried out (or when the batch is full,
+    /// REQUEST BATCH when the pass's directives are carried out (or when the batch is full,
     /// or another message goes to that worker first): one message to the worker instead of
     /// one a request. Entries are reused pass after pass (loop thread only).
     private var batches: [(worker: [UInt8], requests: [WireMessage.BatchedDispatch])] = []
