@@ -107,7 +107,7 @@ public final class LiveBus: @unchecked Sendable {
         process.arguments = [
             "--endpoint", endpoint, "--name", name, "--credit", "\(credit)",
             "--heartbeat-ms", "\(configuration.heartbeatInterval.wholeMilliseconds)",
-            "--log-level", "critical",
+            "--liveness", "\(configuration.liveness)", "--log-level", "critical",
         ]
         try process.run()
         processes.append(process)
@@ -208,11 +208,13 @@ public struct LiveBusError: Error, CustomStringConvertible {
 }
 
 extension BrokerConfiguration {
-    /// Fast heartbeats (100 ms, 3 missed) so live tests see expiry quickly.
+    /// Fast heartbeats (100 ms) so live tests see a killed peer within a second; 10 missed
+    /// before a peer counts as lost, because the whole suite on two cores stalls a process for
+    /// more than the 300 ms that 3 missed would allow (a live worker was declared lost).
     public static var testing: BrokerConfiguration {
         var configuration = BrokerConfiguration()
         configuration.heartbeatInterval = .milliseconds(100)
-        configuration.liveness = 3
+        configuration.liveness = 10
         configuration.drainTimeout = .milliseconds(500)
         return configuration
     }

@@ -154,7 +154,7 @@ struct LiveBusTests {
         var configuration = BrokerConfiguration.testing
         configuration.drainTimeout = .zero // the old broker leaves its requests unanswered
         // The resent call may reach the new broker before the worker, on a loaded machine
-        // later than the tests' 300 ms worker expiry: the grace holds it for the worker.
+        // later than the tests' 1 s worker expiry: the grace holds it for the worker.
         configuration.startupGrace = .seconds(30)
         try await withLiveBus(configuration: configuration) { bus in
             let worker = bus.startWorker(name: "w1")

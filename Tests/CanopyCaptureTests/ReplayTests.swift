@@ -64,7 +64,7 @@ struct NotesService: BusService {
 struct ReplayTests {
     /// The live test bus with patient heartbeats (3 s before a peer counts as gone): these
     /// tests compare answers, not expiry, and on a loaded machine a runner that stalled past
-    /// the usual 300 ms registered again and its requests in the air were answered `workerLost`.
+    /// the usual 1 s registered again and its requests in the air were answered `workerLost`.
     static var patientBus: BrokerConfiguration {
         var configuration = BrokerConfiguration.testing
         configuration.liveness = 30
