@@ -171,7 +171,7 @@ extension BrokerState {
             serviceName: intake.serviceName, receivedAt: now, deadline: now + timeout, flight: flight)
         let caller = tracing == nil ? nil : intake.header.trace
         waiter.traced = caller != nil
-        guard let id = flights.add(waiter, to: flight, timeout: intake.header.timeoutMilliseconds) else { return nil }
+        guard let id = flights.add(consume waiter, to: flight, timeout: intake.header.timeoutMilliseconds) else { return nil }
         if let tracing, let caller {
             tracing.note(
                 .waiter(
@@ -255,7 +255,7 @@ extension BrokerState {
         for waiterID in flights[id].waiters {
             guard flights.containsWaiter(waiterID) else { continue }
             flights.forget(waiterID) { waiter in
-                let nanoseconds = (now - waiter.receivedAt).nanoseconds
+                let nanoseconds = (now - waiter.pointee.receivedAt).nanoseconds
                 _ = service.latencyMicros.record(UInt64(max(0, nanoseconds / 1_000)))
                 if configuration.metrics { noteLatency(service.name, nanoseconds: nanoseconds) }
                 switch outcome {
@@ -291,28 +291,36 @@ extension BrokerState {
     /// Mutating, though it changes nothing of the state: a non-mutating method called from the
     /// mutating ones copied the whole state for the call (4.6% of the loop thread).
     mutating func answer(
-        _ id: SlabHandle, _ waiter: borrowing Waiter, _ outcome: Outcome, shared: Bool, flight: CaptureFacts?, now: ContinuousClock.Instant,
+        _ id: SlabHandle, _ waiter: UnsafePointer<Waiter>, _ outcome: Outcome, shared: Bool, flight: CaptureFacts?, now: ContinuousClock.Instant,
         into out: inout [Directive]
     ) {
-        if waiter.traced {
+        if waiter.pointee.traced {
             tracing?.note(.waiterEnded(id.raw, shared: shared, error: outcome.error, event: nil, at: BrokerTracing.now))
         }
         if capturing {
             out.append(
                 .capture(
                     capturedAnswer(
-                        outcome, client: waiter.client, correlation: waiter.correlation, dialect: waiter.dialect,
-                        service: waiter.serviceName, operation: flight?.operation ?? "", header: flight?.header,
-                        worker: flight?.worker ?? [], shared: shared, latency: now - waiter.receivedAt)))
+                        outcome, client: waiter.pointee.client, correlation: waiter.pointee.correlation, dialect: waiter.pointee.dialect,
+                        service: waiter.pointee.serviceName, operation: flight?.operation ?? "", header: flight?.header,
+                        worker: flight?.worker ?? [], shared: shared, latency: now - waiter.pointee.receivedAt)))
         }
-        switch (waiter.dialect, outcome) {
-        case (.canopy, .reply(let payload, _)):
-            out.append(.send(to: waiter.client, .reply(correlation: waiter.correlation, shared: shared, body: payload.first, attachments: payload.rest)))
-        case (.canopy, .failure(let error)):
-            replyError(to: waiter.client, correlation: waiter.correlation, error, into: &out)
-        case (.majordomo, _):
+        switch waiter.pointee.dialect { // not a switch over a tuple: that copied the outcome
+        case .canopy:
+            switch outcome {
+            case .reply(let payload, _):
+                out.append(
+                    .send(
+                        to: waiter.pointee.client,
+                        .reply(correlation: waiter.pointee.correlation, shared: shared, body: payload.first, attachments: payload.rest)))
+            case .failure(let error):
+                replyError(to: waiter.pointee.client, correlation: waiter.pointee.correlation, error, into: &out)
+            }
+        case .majordomo:
             out.append(
-                .sendMajordomo(to: waiter.client, .client(service: Array(waiter.serviceName.utf8), body: MajordomoBridge.answerBody(outcome, codec: codec))))
+                .sendMajordomo(
+                    to: waiter.pointee.client, .client(service: Array(waiter.pointee.serviceName.utf8), body: MajordomoBridge.answerBody(outcome, codec: codec))
+                ))
         }
     }
 

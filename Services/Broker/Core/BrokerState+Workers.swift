@@ -68,14 +68,13 @@ extension BrokerState {
     }
 
     /// A Canopy worker's reply: the body and its attachments.
-    mutating func workerReply(id: UInt64, failed: Bool, payload: Payload, from peer: PeerKey, now: ContinuousClock.Instant, into out: inout [Directive]) {
-        guard let worker = workers[peer] else { return unknownWorker(peer, into: &out) }
+    mutating func workerReply(id: UInt64, failed: Bool, payload: Payload, from worker: Worker, now: ContinuousClock.Instant, into out: inout [Directive]) {
         worker.expiry = now + workerExpiry
         let outcome: Outcome
         if payload.largestFrame > configuration.maximumFrameBytes {
             // Refused, but answered: the callers hear why at once and the credit comes back.
             rejected += 1
-            out.append(.log("worker reply over the size limit", peer: peer.bytes))
+            out.append(.log("worker reply over the size limit", peer: worker.identity.bytes))
             outcome = .failure(oversizedReply(payload.largestFrame, flight: id))
         } else if !failed {
             outcome = .reply(payload, fromMajordomo: false)

@@ -223,7 +223,8 @@ public struct BrokerState {
         }
         switch message {
         case .workerReply, .workerReplyBatch, .workerHeartbeat, .workerDisconnect, .drain:
-            if let worker = workers[PeerKey(peer)], keys.impersonates(worker, key: key) {
+            // Looked up only when workers have keys: without them no worker can pose as another.
+            if keys.checksWorkerKeys, let worker = workers[PeerKey(peer)], keys.impersonates(worker, key: key) {
                 dropMalformed("worker message with another key than the worker registered with", peer: peer, into: &out)
                 return
             }
@@ -241,10 +242,11 @@ public struct BrokerState {
         case .ready(let service, let operations, let credit):
             workerReady(service: service, operations: operations, credit: credit, from: PeerKey(peer), key: key, now: now, into: &out)
         case .workerReply(let id, let failed, let body, let attachments):
-            workerReply(id: id, failed: failed, payload: Payload(body: body, attachments: attachments), from: PeerKey(peer), now: now, into: &out)
+            guard let worker = workers[PeerKey(peer)] else { return unknownWorker(PeerKey(peer), into: &out) }
+            workerReply(id: id, failed: failed, payload: Payload(body: body, attachments: attachments), from: worker, now: now, into: &out)
         case .workerReplyBatch(let replies):
-            let worker = PeerKey(peer)
-            guard workers[worker] != nil else { return unknownWorker(worker, into: &out) } // told once, not once a reply
+            // Looked up once for the batch; an unknown worker is told once, not once a reply.
+            guard let worker = workers[PeerKey(peer)] else { return unknownWorker(PeerKey(peer), into: &out) }
             for reply in replies {
                 workerReply(id: reply.requestID, failed: reply.failed, payload: Payload(body: reply.body), from: worker, now: now, into: &out)
             }
@@ -288,7 +290,7 @@ public struct BrokerState {
             }
             let facts = capturing ? captureFacts(flightID) : nil // before the flight closes with its last waiter
             let waiter = detach(id, now: now, into: &out)
-            answer(id, waiter, .failure(Self.timeout(waiter.serviceName)), shared: false, flight: facts, now: now, into: &out)
+            withUnsafePointer(to: waiter) { answer(id, $0, .failure(Self.timeout(waiter.serviceName)), shared: false, flight: facts, now: now, into: &out) }
         }
         if holding { checkHold(now: now, into: &out) }
         if let graceEnds = startupGraceEnds, now >= graceEnds {

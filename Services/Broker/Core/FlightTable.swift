@@ -114,7 +114,7 @@ extension BrokerState {
             let bytes = flight.bytes
             let key = flight.key
             flight.serial = nextSerial
-            guard let id = flights.insert(flight) else { return nil }
+            guard let id = flights.insert(consume flight) else { return nil }
             nextSerial += 1
             heldBytes += bytes
             if let key { open[key] = id }
@@ -122,9 +122,13 @@ extension BrokerState {
         }
 
         /// Identical requests no longer join flight `id` (it is stuck); it keeps its waiters.
+        /// The key is moved out of the record, not copied, and looked up once.
         func stopJoining(_ id: SlabHandle) {
-            if let key = flights[valid: id].key, open[key] == id { open[key] = nil }
-            flights[valid: id].key = nil
+            let flight = flights.address(of: id)
+            guard flight.pointee.key != nil else { return }
+            var key: FlightKey?
+            swap(&key, &flight.pointee.key)
+            if let key, let index = open.index(forKey: key), open.values[index] == id { open.remove(at: index) }
         }
 
         /// Holds `waiter` on flight `id`: by handle, by its client's correlation (a Canopy
@@ -134,7 +138,7 @@ extension BrokerState {
             let (bytes, deadline) = (waiter.bytes, waiter.deadline)
             let canopy = waiter.dialect == .canopy
             let clientHash = waiter.clientHash
-            guard let handle = waiters.insert(waiter) else { return nil }
+            guard let handle = waiters.insert(consume waiter) else { return nil }
             heldBytes += bytes
             if canopy {
                 byClient.insert(hash: clientHash, id: handle.raw)
@@ -163,11 +167,13 @@ extension BrokerState {
             return waiter
         }
 
-        /// Forgets waiter `id` (answered) once `body` has read it where it lies: no copy of it is
-        /// made. `body` must not add or remove waiters (the record's address would move).
-        func forget(_ id: SlabHandle, after body: (borrowing Waiter) -> Void) {
+        /// Forgets waiter `id` (answered) once `body` has read it where it lies, through its
+        /// address: no copy of it is made (handed over as a value, the record was copied, its
+        /// three arrays retained and released: 2.6% of the loop thread). `body` must not add or
+        /// remove waiters (the record's address would move).
+        func forget(_ id: SlabHandle, after body: (UnsafePointer<Waiter>) -> Void) {
             let waiter = waiters.address(of: id)
-            body(waiter.pointee)
+            body(waiter)
             heldBytes -= waiter.pointee.bytes
             if waiter.pointee.dialect == .canopy {
                 byClient.remove(hash: waiter.pointee.clientHash, id: id.raw)

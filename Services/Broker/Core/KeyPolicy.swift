@@ -38,6 +38,9 @@ extension BrokerState {
 
         /// Whether a message for `worker` came with another CurveZMQ key than the worker registered
         /// with: a peer that took over its routing identity. Only with an allow-list in force.
+        /// Whether workers register with keys (CURVE), so one may pose as another.
+        var checksWorkerKeys: Bool { workerKeys != nil }
+
         func impersonates(_ worker: Worker, key: String?) -> Bool {
             workerKeys != nil && worker.key != key
         }

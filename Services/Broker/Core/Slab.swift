@@ -100,7 +100,7 @@ package final class Slab<Element> {
         let index = Int(freeHead)
         freeHead = nextFree[index]
         generations[index] += 1 // odd: held
-        (elements + index).initialize(to: element)
+        (elements + index).initialize(to: consume element) // moved, not copied and destroyed
         count += 1
         return SlabHandle(index: index, generation: generations[index])
     }
