@@ -269,23 +269,22 @@ public final class ZMQSocket {
     /// libzmq's I/O thread has written it and calls the free function. A message's ticket is
     /// that keeper itself (one object a reply, not two); other frames get a ``SentFrame``.
     private func sendFrameWithoutCopy(_ frame: [UInt8], flags: Int32, ticket: SendTicket? = nil) throws(ZMQError) -> Bool {
-        let keeper: AnyObject
+        let hint: UnsafeMutableRawPointer
+        let release: @convention(c) (UnsafeMutableRawPointer?, UnsafeMutableRawPointer?) -> Void
         if let ticket {
             ticket.frame = frame
-            keeper = ticket
+            hint = Unmanaged.passRetained(ticket).toOpaque()
+            release = { _, hint in Unmanaged<SendTicket>.fromOpaque(hint!).takeRetainedValue().released() }
         } else {
-            keeper = SentFrame(frame)
+            hint = Unmanaged.passRetained(SentFrame(frame)).toOpaque()
+            release = { _, hint in Unmanaged<SentFrame>.fromOpaque(hint!).release() }
         }
-        let box = Unmanaged.passRetained(keeper)
         // An empty frame has no storage: libzmq takes a null pointer with size 0. The pointer is
         // into the storage the keeper's copy shares.
         let data = frame.withUnsafeBytes { $0.baseAddress.map { UnsafeMutableRawPointer(mutating: $0) } }
         var message = zmq_msg_t()
-        let release: @convention(c) (UnsafeMutableRawPointer?, UnsafeMutableRawPointer?) -> Void = { _, hint in
-            Unmanaged<AnyObject>.fromOpaque(hint!).release()
-        }
-        guard zmq_msg_init_data(&message, data, frame.count, release, box.toOpaque()) == 0 else {
-            box.release()
+        guard zmq_msg_init_data(&message, data, frame.count, release, hint) == 0 else {
+            release(data, hint)
             throw ZMQError("zmq_msg_init_data", code: zmq_errno())
         }
         while true {
@@ -447,16 +446,33 @@ public final class ByteCount: Sendable {
 /// on the message's last frame (``ZMQSocket/sendLastPart(_:ticket:)``), and when libzmq frees
 /// that frame (the whole message is written, or was dropped with its connection) or the
 /// ticket is let go unsent, the bytes are taken off again (on whichever thread that is).
-public final class SendTicket: Sendable {
-    private let bytes: Int
-    private let peer: ByteCount
-    private let all: ByteCount
-    /// The last frame, kept alive while libzmq sends it without a copy: set once, by the
-    /// sending thread, before libzmq has the message; read by no one after.
-    fileprivate nonisolated(unsafe) var frame: [UInt8] = []
+///
+/// A ticket from a ``TicketPool`` goes back to it once libzmq lets its message go, and is
+/// handed out again: a broker sends a ticketed reply per request, and one object allocated
+/// and freed a reply was a sixth of its loop thread's heap allocations. Its fields change
+/// hands with the ticket (the sending thread, then libzmq's I/O thread through libzmq's
+/// queue, then the pool's lock), never shared: hence `@unchecked Sendable`.
+public final class SendTicket: @unchecked Sendable {
+    private var bytes = 0
+    private var peer: ByteCount?
+    private var all: ByteCount?
+    /// Where it goes back to; weak, so an idle pool's tickets keep nothing alive.
+    private weak var pool: TicketPool?
+    /// The last frame, kept alive while libzmq sends it without a copy: set by the sending
+    /// thread before libzmq has the message, let go when libzmq does.
+    fileprivate var frame: [UInt8] = []
 
     /// Counts `bytes` in `peer` and `all` until the ticket is let go.
-    public init(bytes: Int, peer: ByteCount, all: ByteCount) {
+    public convenience init(bytes: Int, peer: ByteCount, all: ByteCount) {
+        self.init(pool: nil)
+        count(bytes, peer: peer, all: all)
+    }
+
+    fileprivate init(pool: TicketPool?) {
+        self.pool = pool
+    }
+
+    fileprivate func count(_ bytes: Int, peer: ByteCount, all: ByteCount) {
         self.bytes = bytes
         self.peer = peer
         self.all = all
@@ -464,9 +480,45 @@ public final class SendTicket: Sendable {
         all.add(bytes)
     }
 
-    deinit {
-        peer.subtract(bytes)
-        all.subtract(bytes)
+    /// libzmq let the message go: the bytes come off, and a pooled ticket goes back.
+    fileprivate func released() {
+        uncount()
+        frame = []
+        pool?.put(self)
+    }
+
+    private func uncount() {
+        peer?.subtract(bytes)
+        all?.subtract(bytes)
+        (peer, all, bytes) = (nil, nil, 0)
+    }
+
+    deinit { uncount() } // let go unsent (its message was dropped before its last frame)
+}
+
+/// Tickets used again (``SendTicket``): at most `limit` idle ones are kept (about 100 bytes
+/// each); past that, a returned ticket is freed.
+public final class TicketPool: Sendable {
+    private let idle = Mutex<[SendTicket]>([])
+    public let limit: Int
+
+    public init(limit: Int = 4_096) {
+        self.limit = limit
+    }
+
+    /// A ticket counting `bytes` in `peer` and `all` until libzmq lets its message go: an idle
+    /// one when there is one, else a new one.
+    public func ticket(bytes: Int, peer: ByteCount, all: ByteCount) -> SendTicket {
+        let ticket = idle.withLock { $0.popLast() } ?? SendTicket(pool: self)
+        ticket.count(bytes, peer: peer, all: all)
+        return ticket
+    }
+
+    /// Idle tickets now.
+    public var idleCount: Int { idle.withLock { $0.count } }
+
+    fileprivate func put(_ ticket: SendTicket) {
+        idle.withLock { if $0.count < limit { $0.append(ticket) } }
     }
 }
 

@@ -4,8 +4,8 @@ import CanopyIO
 /// client and in all. libzmq queues messages per peer up to a count (the high-water mark),
 /// whatever their size, so a client that reads slowly would otherwise make the broker hold
 /// every reply sent its way: 600 replies of 1 MiB were 600 MiB of the broker's memory. Here
-/// each reply carries a ``SendTicket`` until libzmq lets it go (written to the connection, or
-/// dropped with it), and a reply that would pass a bound is dropped and counted, as NATS does
+/// each reply carries a ``SendTicket`` (from a ``TicketPool``, so none is allocated a reply)
+/// until libzmq lets it go (written to the connection, or dropped with it), and a reply that would pass a bound is dropped and counted, as NATS does
 /// with a slow consumer's messages; the client gets a short `busy` error in its place.
 ///
 /// The dictionary belongs to the broker's loop thread; the counts fall on libzmq's I/O thread.
@@ -20,6 +20,8 @@ final class ReplyBacklog {
     static let errorSlack = 1024 * 1024
 
     private let all = ByteCount()
+    /// The tickets, used again reply after reply.
+    let tickets = TicketPool()
     /// Keyed by routing identity, hashed in bulk (`[UInt8]`'s own hashing goes byte by byte).
     private var clients: [BrokerState.PeerKey: ByteCount] = [:]
     /// Sweep clients with nothing waiting once the table has this many entries.
@@ -48,7 +50,7 @@ final class ReplyBacklog {
         }
         let waiting = count.bytes
         guard waiting == 0 || waiting + bytes <= perClient + slack, all.bytes + bytes <= total + slack else { return nil }
-        return SendTicket(bytes: bytes, peer: count, all: all)
+        return tickets.ticket(bytes: bytes, peer: count, all: all)
     }
 
     /// Counts a reply dropped at a bound.
