@@ -3,6 +3,7 @@ import CanopyBroker
 import CanopyBus
 import CanopyServiceKit
 import Foundation
+import Glibc
 import Logging
 
 @main
@@ -191,7 +192,8 @@ struct BusAllocations: AsyncParsableCommand {
             try ThreadAllocations.count(threadNamed: "canopy-broker", after: load.warmUp, for: load.duration) { try load.run(endpoint) }
         }
         guard let allocations else { throw BenchmarkFailure("allocations cannot be counted here") }
-        print("\(allocations) \(result.requests)")
+        // Written at once (not through print's buffer), so it is out whatever way the process ends.
+        FileHandle.standardOutput.write(Data("\(allocations) \(result.requests)\n".utf8))
     }
 
     /// Runs the count in a child process, twice at most; nil when it failed both times.
@@ -203,6 +205,9 @@ struct BusAllocations: AsyncParsableCommand {
             "bus-allocations", "--clients", "\(clients)", "--window", "\(window)", "--threads", "\(threads)", "--workers", "\(workers)",
             "--credit", "\(credit)", "--body-bytes", "\(bodyBytes)", "--seconds", "\(seconds)", "--warm-up", "\(warmUp)",
         ]
+        // Start-up, the workers' registration, warm-up, the count and shutdown, with room to spare;
+        // a child that hangs (a corrupted heap may deadlock rather than crash) is killed then.
+        let limit = warmUp + seconds + 30
         for attempt in 1...2 {
             let child = Process()
             child.executableURL = URL(fileURLWithPath: "/proc/self/exe")
@@ -213,11 +218,21 @@ struct BusAllocations: AsyncParsableCommand {
             let output = Pipe()
             child.standardOutput = output
             child.standardError = FileHandle.nullDevice
-            try child.run()
+            do {
+                try child.run()
+            } catch {
+                progress(" (the counting process did not start: \(error))")
+                return nil
+            }
+            let pid = child.processIdentifier
+            let watchdog = DispatchWorkItem { kill(pid, SIGKILL) }
+            DispatchQueue.global().asyncAfter(deadline: .now() + limit, execute: watchdog)
             let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
             child.waitUntilExit()
+            watchdog.cancel()
+            // Counts it printed stand even if it crashed on its way out afterwards.
             let fields = text.split(whereSeparator: \.isWhitespace).compactMap { Int($0) }
-            if child.terminationReason == .exit, child.terminationStatus == 0, fields.count == 2 { return (fields[0], fields[1]) }
+            if fields.count == 2 { return (fields[0], fields[1]) }
             progress(attempt == 1 ? " (the counting process failed; again)…" : " (failed again)")
         }
         return nil

@@ -64,7 +64,8 @@ struct HangingResolverTests {
             worker.arguments = [
                 "--endpoint", endpoints, "--name", "beside-a-hanging-name", "--log-level", "critical",
                 "--heartbeat-ms", "\(bus.configuration.heartbeatInterval.wholeMilliseconds)",
-            ] // the test broker's beat
+                "--liveness", "\(bus.configuration.liveness)",
+            ] // the test broker's beat and patience
             worker.environment = environment
             try worker.run()
             defer { if worker.isRunning { kill(worker.processIdentifier, SIGKILL) } }

@@ -88,7 +88,7 @@ struct CareCommandLineTests {
                 process.executableURL = try LiveBus.executable("canopy-care")
                 process.arguments = [
                     "serve", "--endpoint", bus.endpoint, "--data-dir", directory.path("data"), "--metrics-bind", "off",
-                    "--heartbeat-ms", "100", "--log-level", "critical",
+                    "--heartbeat-ms", "100", "--liveness", "\(bus.configuration.liveness)", "--log-level", "critical",
                 ]
                 process.environment = ["CANOPY_DATABASE_URL": url.description, "CANOPY_DATABASE_PASSWORD_FILE": passwordFile.path]
                 try process.run()
@@ -191,7 +191,7 @@ struct CareCommandLineTests {
             process.executableURL = try LiveBus.executable("canopy-care")
             process.arguments = [
                 "serve", "--endpoint", bus.endpoint, "--data-dir", directory.path, "--metrics-bind", listener,
-                "--heartbeat-ms", "100", "--log-level", "critical",
+                "--heartbeat-ms", "100", "--liveness", "\(bus.configuration.liveness)", "--log-level", "critical",
             ]
             try process.run()
             defer {

@@ -126,7 +126,7 @@ struct IdentifyCommandLineTests {
             process.arguments =
                 serve + [
                     "--endpoint", bus.endpoint, "--plantnet-key-file", keyFile.path, "--plantnet-url", try await plantNet.baseURL(),
-                    "--heartbeat-ms", "100", "--log-level", "critical",
+                    "--heartbeat-ms", "100", "--liveness", "\(bus.configuration.liveness)", "--log-level", "critical",
                 ]
             var environment = ProcessInfo.processInfo.environment
             environment["CANOPY_PLANTNET_KEY"] = nil

@@ -36,11 +36,12 @@ extension BrokerState {
                 : "this worker's CURVE key may not serve '\(service)'; the operator adds its public key to the broker's allow-list (--curve-allow) as a worker of it"
         }
 
-        /// Whether a message for `worker` came with another CurveZMQ key than the worker registered
-        /// with: a peer that took over its routing identity. Only with an allow-list in force.
-        /// Whether workers register with keys (CURVE), so one may pose as another.
+        /// Whether an allow-list of worker keys is in force: only then does a worker's key say
+        /// who it is, and may a peer with another key pose as it.
         var checksWorkerKeys: Bool { workerKeys != nil }
 
+        /// Whether a message for `worker` came with another CurveZMQ key than the worker registered
+        /// with: a peer that took over its routing identity. Only with an allow-list in force.
         func impersonates(_ worker: Worker, key: String?) -> Bool {
             workerKeys != nil && worker.key != key
         }
