@@ -48,6 +48,7 @@ public struct LogRateLimiter {
     /// Ends the windows that are over and returns, per reason, how many warnings each
     /// suppressed (only reasons that suppressed some). Call it now and then (each loop pass).
     public mutating func endWindows(now: ContinuousClock.Instant) -> [(reason: String, suppressed: Int)] {
+        guard !entries.isEmpty else { return [] } // the usual pass: nothing was warned about
         var report: [(reason: String, suppressed: Int)] = []
         for (reason, entry) in entries where now - entry.windowStart >= window {
             if entry.suppressed > 0 { report.append((reason, entry.suppressed)) }

@@ -77,6 +77,7 @@ public final class BrokerServer: Service, @unchecked Sendable {
             zap = nil
         }
         self.configuration = configuration
+        replies = ReplyBacklog(perClient: configuration.maximumUnreadBytesPerClient, total: configuration.maximumUnreadBytes)
         self.context = context
         self.logger = logger
         socket = try ZMQSocket(context, type: .router)
@@ -323,23 +324,23 @@ public final class BrokerServer: Service, @unchecked Sendable {
     static let quietBeforeClosing: Duration = .seconds(1)
 
     /// Repeated warnings are written a few at a time; the rest are counted (loop thread only).
-    private var warnings = LogRateLimiter()
+    @exclusivity(unchecked) private var warnings = LogRateLimiter()
     /// Replies waiting in libzmq for clients that read slowly (loop thread only).
-    private lazy var replies = ReplyBacklog(perClient: configuration.maximumUnreadBytesPerClient, total: configuration.maximumUnreadBytes)
+    private let replies: ReplyBacklog
 
     /// The running capture (loop thread only).
-    private var capture: CaptureWriter?
+    @exclusivity(unchecked) private var capture: CaptureWriter?
     /// Captured messages of the pass being carried out (loop thread only).
-    private var captured: [CaptureEvent] = []
+    @exclusivity(unchecked) private var captured: [CaptureEvent] = []
     /// The last capture's final counts, once it stopped (loop thread only).
-    private var lastCapture: CaptureStatus?
+    @exclusivity(unchecked) private var lastCapture: CaptureStatus?
     private let codec = MessageCodec()
 
     private var captureStatus: CaptureStatus? { capture?.status ?? lastCapture }
     /// When the running capture's hold made its cut (loop thread only).
-    private var cutAt: Int64?
+    @exclusivity(unchecked) private var cutAt: Int64?
     /// Directives a capture control made while the pass's were being carried out (loop thread only).
-    private var pendingControls: [BrokerState.Directive] = []
+    @exclusivity(unchecked) private var pendingControls: [BrokerState.Directive] = []
 
     private func carryOut(_ directives: inout [BrokerState.Directive], state: inout BrokerState) throws {
         var wallClock: Int64 = 0 // read once for the batch's captured messages
@@ -409,7 +410,7 @@ public final class BrokerServer: Service, @unchecked Sendable {
     /// REQUEST BATCH when the pass's directives are carried out (or when the batch is full,
     /// or another message goes to that worker first): one message to the worker instead of
     /// one a request. Entries are reused pass after pass (loop thread only).
-    private var batches: [(worker: [UInt8], requests: [WireMessage.BatchedDispatch])] = []
+    @exclusivity(unchecked) private var batches: [(worker: [UInt8], requests: [WireMessage.BatchedDispatch])] = []
 
     /// Adds `request` to the batch going to `worker`.
     private func batch(_ request: WireMessage.BatchedDispatch, to worker: [UInt8]) throws {
@@ -435,7 +436,7 @@ public final class BrokerServer: Service, @unchecked Sendable {
 
     /// The batch being sent: its storage is swapped with the entry's, so both are reused and
     /// emptying one copies nothing (loop thread only).
-    private var sending: [WireMessage.BatchedDispatch] = []
+    @exclusivity(unchecked) private var sending: [WireMessage.BatchedDispatch] = []
 
     /// Sends batch `index`: a lone request as a plain `DISPATCH`.
     private func sendBatch(_ index: Int) throws {
