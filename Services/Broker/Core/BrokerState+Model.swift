@@ -125,7 +125,9 @@ extension BrokerState {
         let operation: String
         let principal: String
         let payload: Payload
-        private let digest: Int
+        /// The key's hash, computed once (SipHash over all of it, seeded per process: the
+        /// payload is a peer's own); the coalescing index keeps it.
+        let digest: Int
 
         init(service: String, operation: String, principal: String, payload: Payload) {
             self.service = service

@@ -15,8 +15,10 @@ extension BrokerState {
         let flights = Slab<Flight>(capacity: 1_024)
         /// Their waiters, by handle.
         let waiters = Slab<Waiter>(capacity: 1_024)
-        /// Coalescable flights that still take waiters.
-        @exclusivity(unchecked) private var open: [FlightKey: SlabHandle] = [:]
+        /// Coalescable flights that still take waiters, by their key's digest: the key stays in
+        /// the flight, so finding, entering and removing one hashes nothing again (a dictionary
+        /// keyed by the key hashed it three times a request).
+        @exclusivity(unchecked) private var open = HashIndex(capacity: 256)
         /// Canopy clients' requests held now, by (routing identity, correlation id).
         @exclusivity(unchecked) private var byClient = ClientTable()
         @exclusivity(unchecked) private var deadlines = DeadlineQueue()
@@ -74,7 +76,14 @@ extension BrokerState {
         }
 
         /// The coalescable flight identical requests join, if one is in the air.
-        func open(_ key: FlightKey) -> SlabHandle? { open[key] }
+        func open(_ key: FlightKey) -> SlabHandle? {
+            let flights = self.flights
+            let found = open.find(hash: key.digest) { raw in
+                guard let id = SlabHandle(raw: raw), flights.contains(id) else { return false }
+                return flights[valid: id].key == key
+            }
+            return found.flatMap(SlabHandle.init(raw:))
+        }
 
         var count: Int { flights.count }
         var waiterCount: Int { waiters.count }
@@ -112,23 +121,22 @@ extension BrokerState {
         /// coalescable one (with a key) takes identical requests from now on.
         func add(_ flight: consuming Flight) -> SlabHandle? {
             let bytes = flight.bytes
-            let key = flight.key
+            let digest = flight.key?.digest
             flight.serial = nextSerial
             guard let id = flights.insert(consume flight) else { return nil }
             nextSerial += 1
             heldBytes += bytes
-            if let key { open[key] = id }
+            if let digest { open.insert(hash: digest, id: id.raw) }
             return id
         }
 
         /// Identical requests no longer join flight `id` (it is stuck); it keeps its waiters.
-        /// The key is moved out of the record, not copied, and looked up once.
+        /// Its index entry is found by the digest its key keeps; the key is dropped in place.
         func stopJoining(_ id: SlabHandle) {
             let flight = flights.address(of: id)
-            guard flight.pointee.key != nil else { return }
-            var key: FlightKey?
-            swap(&key, &flight.pointee.key)
-            if let key, let index = open.index(forKey: key), open.values[index] == id { open.remove(at: index) }
+            guard let digest = flight.pointee.key?.digest else { return }
+            flight.pointee.key = nil
+            open.remove(hash: digest, id: id.raw)
         }
 
         /// Holds `waiter` on flight `id`: by handle, by its client's correlation (a Canopy

@@ -8,12 +8,24 @@ package protocol OpenTableEntry {
     var hash: Int { get }
 }
 
+/// An ``OpenTable`` entry: a key's hash, computed once by the key's owner, and the id of the
+/// record holding the key (``HashIndex``).
+package struct HashedID: OpenTableEntry {
+    package var hash: Int
+    /// 0 marks an empty slot (ids start at 1).
+    package var id: UInt64
+
+    package static var vacant: HashedID { HashedID(hash: 0, id: 0) }
+    package var isVacant: Bool { id == 0 }
+}
+
 /// The one hash table of the broker's hot path: open addressing with linear probing, deletion
 /// by backward shift (no tombstones), growth at half full and shrinking at an eighth (never
 /// below its starting size, so its memory follows what it holds after a burst). Entries are
 /// plain values in one array; a key is hashed once by its owner and kept in its entry, so
-/// finding, entering and removing hash nothing again. ``IDTable`` (ids the broker hands out)
-/// and ``ClientTable`` (clients' names for their requests) are this table with their entries.
+/// finding, entering and removing hash nothing again. ``IDTable`` (ids the broker hands out),
+/// ``ClientTable`` (clients' names for their requests) and the coalescable flights' index are
+/// this table with their entries.
 ///
 /// Not thread-safe; owned by the broker's loop like the rest of ``BrokerState``.
 package struct OpenTable<Entry: OpenTableEntry> {
