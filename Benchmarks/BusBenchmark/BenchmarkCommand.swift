@@ -120,7 +120,7 @@ struct Bus: AsyncParsableCommand {
             }
             guard let (proxyResult, proxyCPU) = proxyBest, let (brokerResult, brokerCPU) = brokerBest else { continue }
             progress("  \(clients)x\(window): heap allocations of the broker thread…")
-            let allocations = try BusAllocations.count(
+            let allocations = BusAllocations.count(
                 clients: clients, window: window, threads: threads, workers: workers, credit: credit, bodyBytes: bodyBytes, seconds: seconds,
                 warmUp: warmUp)
             progress(" done\n")
@@ -199,7 +199,7 @@ struct BusAllocations: AsyncParsableCommand {
     /// Runs the count in a child process, twice at most; nil when it failed both times.
     static func count(
         clients: Int, window: Int, threads: Int, workers: Int, credit: Int, bodyBytes: Int, seconds: Double, warmUp: Double
-    ) throws -> (allocations: Int, requests: Int)? {
+    ) -> (allocations: Int, requests: Int)? {
         guard ThreadAllocations.isAvailable else { return nil }
         let arguments = [
             "bus-allocations", "--clients", "\(clients)", "--window", "\(window)", "--threads", "\(threads)", "--workers", "\(workers)",

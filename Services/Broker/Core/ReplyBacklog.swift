@@ -5,8 +5,10 @@ import CanopyIO
 /// whatever their size, so a client that reads slowly would otherwise make the broker hold
 /// every reply sent its way: 600 replies of 1 MiB were 600 MiB of the broker's memory. Here
 /// each reply carries a ``SendTicket`` (from a ``TicketPool``: a ticket is used again, not
-/// allocated anew a reply, once the pool holds enough) until libzmq lets it go (written to the connection, or dropped with it), and a reply that would pass a bound is dropped and counted, as NATS does
-/// with a slow consumer's messages; the client gets a short `busy` error in its place.
+/// allocated anew a reply, once the pool holds enough) until libzmq lets it go (written to the
+/// connection, or dropped with it), and a reply that would pass a bound is dropped and counted,
+/// as NATS does with a slow consumer's messages; the client gets a short `busy` error in its
+/// place.
 ///
 /// The dictionary belongs to the broker's loop thread; the counts fall on libzmq's I/O thread.
 final class ReplyBacklog {
