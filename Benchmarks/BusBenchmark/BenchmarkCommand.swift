@@ -2,8 +2,8 @@ import ArgumentParser
 import CanopyBroker
 import CanopyBus
 import CanopyServiceKit
+import CanopyTesting
 import Foundation
-import Glibc
 import Logging
 
 @main
@@ -120,7 +120,7 @@ struct Bus: AsyncParsableCommand {
             }
             guard let (proxyResult, proxyCPU) = proxyBest, let (brokerResult, brokerCPU) = brokerBest else { continue }
             progress("  \(clients)x\(window): heap allocations of the broker thread…")
-            let allocations = BusAllocations.count(
+            let allocations = await BusAllocations.count(
                 clients: clients, window: window, threads: threads, workers: workers, credit: credit, bodyBytes: bodyBytes, seconds: seconds,
                 warmUp: warmUp)
             progress(" done\n")
@@ -199,39 +199,20 @@ struct BusAllocations: AsyncParsableCommand {
     /// Runs the count in a child process, twice at most; nil when it failed both times.
     static func count(
         clients: Int, window: Int, threads: Int, workers: Int, credit: Int, bodyBytes: Int, seconds: Double, warmUp: Double
-    ) -> (allocations: Int, requests: Int)? {
+    ) async -> (allocations: Int, requests: Int)? {
         guard ThreadAllocations.isAvailable else { return nil }
         let arguments = [
             "bus-allocations", "--clients", "\(clients)", "--window", "\(window)", "--threads", "\(threads)", "--workers", "\(workers)",
             "--credit", "\(credit)", "--body-bytes", "\(bodyBytes)", "--seconds", "\(seconds)", "--warm-up", "\(warmUp)",
         ]
-        // Start-up, the workers' registration, warm-up, the count and shutdown, with room to spare;
-        // a child that hangs (a corrupted heap may deadlock rather than crash) is killed then.
-        let limit = warmUp + seconds + 30
         for attempt in 1...2 {
-            let child = Process()
-            child.executableURL = URL(fileURLWithPath: "/proc/self/exe")
-            child.arguments = arguments
-            var environment = ProcessInfo.processInfo.environment
-            environment["SWIFT_BACKTRACE"] = "enable=no" // a crash is retried, not explained at length
-            child.environment = environment
-            let output = Pipe()
-            child.standardOutput = output
-            child.standardError = FileHandle.nullDevice
-            do {
-                try child.run()
-            } catch {
-                progress(" (the counting process did not start: \(error))")
-                return nil
-            }
-            let pid = child.processIdentifier
-            let watchdog = DispatchWorkItem { kill(pid, SIGKILL) }
-            DispatchQueue.global().asyncAfter(deadline: .now() + limit, execute: watchdog)
-            let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-            child.waitUntilExit()
-            watchdog.cancel()
+            // Start-up, the workers' registration, warm-up, the count and shutdown, with room to
+            // spare: a child that hangs (a corrupted heap may deadlock rather than crash) is
+            // stopped then. A crash is retried, not explained at length.
+            let result = try? await runProgram(
+                at: "/proc/self/exe", arguments, environment: ["SWIFT_BACKTRACE": "enable=no"], limit: warmUp + seconds + 30)
             // Counts it printed stand even if it crashed on its way out afterwards.
-            let fields = text.split(whereSeparator: \.isWhitespace).compactMap { Int($0) }
+            let fields = (result?.output ?? "").split(whereSeparator: \.isWhitespace).compactMap { Int($0) }
             if fields.count == 2 { return (fields[0], fields[1]) }
             progress(attempt == 1 ? " (the counting process failed; again)…" : " (failed again)")
         }
