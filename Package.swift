@@ -140,7 +140,7 @@ var targets: [Target] = [
 
     // Where a store keeps its data (SQLite, the embedded default, or PostgreSQL), and the one
     // way every store opens its SQLite file (pragmas, migrations).
-    shared("CanopyStore", [P.argumentParser, P.crypto, P.grdb, P.logging, P.postgresNIO, P.tracing]),
+    shared("CanopyStore", ["CanopyMessages", P.argumentParser, P.crypto, P.grdb, P.logging, P.postgresNIO, P.tracing]),
 ]
 
 // MARK: - Services: each a module (Services/<Name>: Core/, Store/, …) and its executable (CLI/)
@@ -270,7 +270,7 @@ targets += [
             "CanopyCapture", "CanopyReplay", "CanopyBroker", "CanopyBus", "CanopyWire", "CanopyMessages", "CanopyTesting",
             "CanopyServiceKit", "canopy", "canopy-broker",
         ]),
-    tests("CanopyStoreTests", ["CanopyStore", "CanopyTesting", P.grdb, P.postgresNIO]),
+    tests("CanopyStoreTests", ["CanopyStore", "CanopyMessages", "CanopyServiceKit", "CanopyTesting", P.grdb, P.postgresNIO]),
     tests(
         "CanopyBusTests",
         [

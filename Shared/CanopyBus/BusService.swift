@@ -173,6 +173,11 @@ public struct OperationHandlers: Sendable {
             return .failure(error)
         } catch is CancellationError {
             return .failure(CanopyError(.timeout, "the request was cancelled before the handler finished"))
+        } catch let error as any CanopyErrorConvertible {
+            // A store that could not do it now (its database unreachable, its pool busy): the
+            // caller is told so, and may try again.
+            context.logger.warning("service.handler.unavailable", metadata: ["service.operation": "\(operation)", "error": "\(error)"])
+            return .failure(error.canopyError)
         } catch {
             context.logger.error("service.handler.failed", metadata: ["service.operation": "\(operation)", "error": "\(error)"])
             return .failure(CanopyError(.internal, "\(service).\(operation) failed unexpectedly; the service log has the details"))

@@ -57,3 +57,9 @@ public struct CanopyError: Error, Codable, Sendable, Equatable, CustomStringConv
 
     public var description: String { "\(code.rawValue): \(message)" }
 }
+
+/// An error of a lower layer (a store) that knows which ``CanopyError`` a caller should get
+/// for it: a handler that lets it through answers that, not `internal`.
+public protocol CanopyErrorConvertible: Error {
+    var canopyError: CanopyError { get }
+}

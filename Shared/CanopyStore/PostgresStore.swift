@@ -1,3 +1,4 @@
+import CanopyMessages
 import Dispatch
 import Foundation
 import Logging
@@ -32,8 +33,9 @@ public final class PostgresStore: Sendable {
     private let presence = Mutex<Task<Void, Never>?>(nil)
     /// Connections at most (`--database-pool`): replicas × size is what the server must allow.
     public let size: Int
-    /// How many times a transaction aborted by a conflict with another is run again.
-    public static let retries = 10
+    /// How many times a transaction aborted by a conflict with another is run again (within
+    /// ``conflictLimit``); then the caller gets ``Failure`` (`busy`: try again).
+    public static let retries = 20
     /// How long one attempt to connect may take in all (TCP within ``DatabaseURL/connectTimeout``,
     /// then TLS and signing in).
     public static let attemptLimit: Duration = .seconds(5)
@@ -54,8 +56,25 @@ public final class PostgresStore: Sendable {
     private let vacuum = Mutex((running: false, again: false))
 
     /// The store could not be reached or refused what was asked, with a sentence.
-    public struct Failure: Error, CustomStringConvertible {
+    ///
+    /// What a caller of a service is told for it (``CanopyErrorConvertible``): `busy` (HTTP
+    /// 503, try again) when it may pass by itself (the server unreachable, every connection
+    /// busy, writes at once that kept conflicting), else `internal`.
+    public struct Failure: Error, CustomStringConvertible, CanopyErrorConvertible {
         public let description: String
+        /// Whether trying again later may succeed.
+        public var passes = false
+
+        public init(description: String, passes: Bool = false) {
+            self.description = description
+            self.passes = passes
+        }
+
+        public var canopyError: CanopyError {
+            passes
+                ? CanopyError(.busy, "the database cannot do this now (\(description)); try again in a moment")
+                : CanopyError(.internal, "the database refused this; the service log has the details")
+        }
     }
 
     private init(url: DatabaseURL, size: Int, logger: Logger) throws {
@@ -141,7 +160,7 @@ public final class PostgresStore: Sendable {
     /// PostgreSQL) never waits on connects past its stop grace.
     public func beginShutdown() {
         shuttingDown.store(true, ordering: .relaxed)
-        let failed = Failure(description: "stopped waiting for PostgreSQL at \(url): this process is shutting down")
+        let failed = Failure(description: "stopped waiting for PostgreSQL at \(url): this process is shutting down", passes: true)
         for promise in connecting.withLock({ connecting in
             defer { connecting.removeAll() }
             return Array(connecting.values)
@@ -166,7 +185,9 @@ public final class PostgresStore: Sendable {
     /// Why a connection could not be made, as a sentence (postgres-nio's own description
     /// hides the cause; its reflection names it, never the password).
     private func unreachable(_ error: any Error) -> Failure {
-        Failure(description: "cannot reach PostgreSQL at \(url): \(String(reflecting: error).prefix(400)); is it running, and does it let this user in?")
+        Failure(
+            description: "cannot reach PostgreSQL at \(url): \(String(reflecting: error).prefix(400)); is it running, and does it let this user in?",
+            passes: true)
     }
 
     /// Closes `connection` without waiting; it lives until closed (postgres-nio requires it).
@@ -194,7 +215,7 @@ public final class PostgresStore: Sendable {
         let id = opened.add(1, ordering: .relaxed).newValue
         let loop = MultiThreadedEventLoopGroup.singleton.any()
         if shuttingDown.load(ordering: .relaxed) && gaveUp.load(ordering: .relaxed) {
-            return loop.makeFailedFuture(Failure(description: "PostgreSQL at \(url) could not be reached while this process shuts down"))
+            return loop.makeFailedFuture(Failure(description: "PostgreSQL at \(url) could not be reached while this process shuts down", passes: true))
         }
         let promise = loop.makePromise(of: PostgresConnection.self)
         connecting.withLock { $0[id] = promise }
@@ -203,7 +224,7 @@ public final class PostgresStore: Sendable {
         loop.scheduleTask(in: .seconds(Self.attemptLimit.components.seconds)) { [self] in
             guard let promise = connecting.withLock({ $0.removeValue(forKey: id) }) else { return }
             if shuttingDown.load(ordering: .relaxed) { gaveUp.store(true, ordering: .relaxed) }
-            promise.fail(Failure(description: "PostgreSQL at \(url) did not answer within \(Self.attemptLimit.components.seconds) s"))
+            promise.fail(Failure(description: "PostgreSQL at \(url) did not answer within \(Self.attemptLimit.components.seconds) s", passes: true))
         }
         PostgresConnection.connect(on: loop, configuration: configuration, id: id, logger: logger).whenComplete { [self] result in
             guard let promise = connecting.withLock({ $0.removeValue(forKey: id) }) else {
@@ -253,6 +274,7 @@ public final class PostgresStore: Sendable {
 
     private func transaction<T>(begin: String, _ body: (PostgresSession) throws -> T) throws -> T {
         var attempt = 0
+        let started = ContinuousClock.now
         while true {
             attempt += 1
             do {
@@ -267,14 +289,23 @@ public final class PostgresStore: Sendable {
                         throw error
                     }
                 }
-            } catch let error as PSQLError where Self.isConflict(error) && attempt <= Self.retries {
-                // Another replica's transaction won; run this one again on what it wrote,
-                // after a short random pause so that the two do not meet again.
-                usleep(useconds_t(Int.random(in: 0...(500 << min(attempt, 5)))))
+            } catch let error as PSQLError where Self.isConflict(error) {
+                // Another transaction won; run this one again on what it wrote, after a random
+                // pause that grows with each try (up to 64 ms) so that the two do not meet again.
+                guard attempt <= Self.retries, ContinuousClock.now - started < Self.conflictLimit else {
+                    throw Failure(
+                        description:
+                            "the transaction conflicted with others writing the same rows at once \(attempt) times in \(ContinuousClock.now - started)",
+                        passes: true)
+                }
+                usleep(useconds_t(Int.random(in: 0...(1_000 << min(attempt, 6)))))
                 continue
             }
         }
     }
+
+    /// How long a transaction that keeps conflicting with others is tried again, at most.
+    public static let conflictLimit: Duration = .seconds(3)
 
     /// A serialization failure or a deadlock: the transaction may succeed when run again.
     static func isConflict(_ error: PSQLError) -> Bool {
@@ -282,14 +313,21 @@ public final class PostgresStore: Sendable {
         return state == "40001" || state == "40P01"
     }
 
+    /// The server shutting down or restarting, a connection it broke, or a server out of room
+    /// (SQLSTATE classes 08, 53, 57): trying again later may succeed.
+    static func isUnavailable(_ error: PSQLError) -> Bool {
+        guard let state = error.serverInfo?[.sqlState] else { return false }
+        return state.hasPrefix("08") || state.hasPrefix("53") || state.hasPrefix("57")
+    }
+
     /// Runs `body` with a connection of the pool (no transaction of its own).
     private func withConnection<T>(_ body: (PostgresSession) throws -> T) throws -> T {
-        guard !closed.load(ordering: .relaxed) else { throw Failure(description: "the store at \(url) is closed") }
+        guard !closed.load(ordering: .relaxed) else { throw Failure(description: "the store at \(url) is closed", passes: true) }
         guard slots.wait(timeout: .now() + Self.acquireTimeout) == .success else {
             throw Failure(
                 description:
-                    "all \(size) connections to \(url) were busy for \(Int(Self.acquireTimeout)) s; raise --database-pool or the server's max_connections, or add replicas of the database"
-            )
+                    "all \(size) connections to \(url) were busy for \(Int(Self.acquireTimeout)) s; raise --database-pool or the server's max_connections, or add replicas of the database",
+                passes: true)
         }
         defer { slots.signal() }
         var connection = idle.withLock { $0.popLast() }
@@ -305,9 +343,13 @@ public final class PostgresStore: Sendable {
             if !session.connection.isClosed { idle.withLock { $0.append(session.connection) } }
             return result
         } catch let error as PSQLError where !Self.isConflict(error) && error.serverInfo == nil {
-            // Not an answer of the server's: the connection may be in any state.
+            // Not an answer of the server's (the connection broke): it may be in any state.
             Self.close(session.connection)
-            throw error
+            throw Failure(description: "lost the connection to PostgreSQL at \(url): \(Self.cause(of: error))", passes: true)
+        } catch let error as PSQLError where Self.isUnavailable(error) {
+            // The server is going away, or out of room: this connection may not serve again.
+            Self.close(session.connection)
+            throw Failure(description: "PostgreSQL at \(url) cannot serve now: \(error.serverInfo?[.message] ?? "")", passes: true)
         } catch {
             if !session.connection.isClosed { idle.withLock { $0.append(session.connection) } }
             throw error

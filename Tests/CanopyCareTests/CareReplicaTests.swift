@@ -34,7 +34,7 @@ struct CareReplicaTests {
         let wakes = Atomic<Int>(0)
         let observation = await b.observeFollowUps { wakes.add(1, ordering: .relaxed) }
         defer { observation.stop() }
-        try a.write { (data: any CareWrites) throws in
+        try a.write(owner: "alice") { (data: any CareWrites) throws in
             try data.enqueue(owner: "alice", service: "images", operation: "images.purge", body: [1], now: start)
             try data.enqueue(owner: "alice", service: "images", operation: "images.purge", body: [2], now: start)
             try data.enqueue(owner: "bob", service: "images", operation: "images.purge", body: [3], now: start)
@@ -63,7 +63,7 @@ struct CareReplicaTests {
         // connections end (as a killed process's do); a sends it at once, not after the lease.
         let c = try await PostgresCareStore.open(url: a.database.url, poolSize: 2, logger: Logger(label: "care-replica-c"))
         let later = start.addingTimeInterval(FollowUp.lease + 1)
-        try a.write { (data: any CareWrites) throws in
+        try a.write(owner: "carol") { (data: any CareWrites) throws in
             try data.enqueue(owner: "carol", service: "images", operation: "images.purge", body: [4], now: later)
         }
         #expect(try await c.dueFollowUps(now: later, limit: 10).map(\.body) == [[4]])
@@ -125,5 +125,73 @@ struct CareReplicaTests {
         // Someone else cannot edit it, with or without its version.
         kitchen.version = 3
         #expect(#expect(throws: CanopyError.self) { try b.update(kitchen, owner: "bob") }?.code == .notFound)
+    }
+
+    /// Runs `count` calls at once, alternating between `libraries`, and returns each one's
+    /// outcome: its result, or the error it ended with.
+    func atOnce<T: Sendable>(_ count: Int, _ libraries: [CareLibrary], _ call: @escaping @Sendable (CareLibrary, Int) throws -> T) async -> [Result<
+        T, any Error
+    >] {
+        await withTaskGroup(of: Result<T, any Error>.self) { group in
+            for index in 0..<count {
+                let library = libraries[index % libraries.count]
+                group.addTask {
+                    do { return .success(try await offThePool { try call(library, index) }) } catch { return .failure(error) }
+                }
+            }
+            return await group.reduce(into: []) { $0.append($1) }
+        }
+    }
+
+    @Test func sixtyFourWritesAtOnceToOnePlantAndOneTaskAllGetAClearAnswer() async throws {
+        let stores = try await replicas(2)
+        defer { stores.forEach { $0.database.close() } }
+        let libraries = stores.map { CareLibrary(store: $0) }
+        let plant = try libraries[0].add(Care.Plant(scientificName: "Ficus lyrata"), owner: "alice")
+        let task = try #require(try stores[0].read { data in try data.tasks(owner: "alice", plantID: plant.id) }.first).task
+
+        // Snoozes of one task, half through each replica: every one is done (under
+        // SERIALIZABLE they conflicted until their retries ran out, and answered 500), and the
+        // task shows at one of their times.
+        let times = (0..<64).map { start.addingTimeInterval(Double(3_600 + $0)) }
+        let snoozes = await atOnce(64, libraries) { library, index in try library.snooze(task.id, until: times[index], owner: "alice") }
+        #expect(
+            snoozes.filter { (try? $0.get()) == nil }.isEmpty, "\(snoozes.compactMap { if case .failure(let error) = $0 { error } else { nil } }.prefix(3))")
+        let snoozed = try #require(try stores[1].read { data in try data.task(owner: "alice", id: task.id) }).task.snoozedUntil
+        #expect(snoozed.map(times.contains) == true)
+
+        // Edits of one plant against the version both phones read: one wins, every other is
+        // refused as stale (412), nothing else.
+        let edits = await atOnce(64, libraries) { library, index in
+            var edit = plant
+            edit.customName = "Edit \(index)"
+            return try library.update(edit, owner: "alice")
+        }
+        let won = edits.compactMap { try? $0.get() }
+        #expect(won.count == 1)
+        let refused = edits.compactMap { result -> CanopyError.Code? in
+            guard case .failure(let error) = result else { return nil }
+            return (error as? CanopyError)?.code
+        }
+        #expect(refused.count == 63 && refused.allSatisfy { $0 == .stale }, "\(Set(refused))")
+        // Without a version each edit goes in after the one before: 64 more versions.
+        let blind = await atOnce(64, libraries) { library, index in
+            var edit = plant
+            edit.version = nil
+            edit.customName = "Blind \(index)"
+            return try library.update(edit, owner: "alice")
+        }
+        #expect(blind.allSatisfy { (try? $0.get()) != nil })
+        let stored = try libraries[1].get(plant.id, owner: "alice")
+        #expect(stored.version == 2 + 64)
+        #expect(Set(blind.compactMap { try? $0.get().customName }).contains(stored.customName))
+
+        // Completions with their own keys each count once; retried with the same key, none again.
+        let keys = (0..<32).map { "key-\($0)" }
+        let completions = await atOnce(64, libraries) { library, index in
+            try library.complete(task.id, at: nil, key: keys[index % 32], owner: "alice", now: start.addingTimeInterval(Double(index)))
+        }
+        #expect(completions.allSatisfy { (try? $0.get()) != nil })
+        #expect(try stores[0].read { data in try data.careLog(owner: "alice", plantID: plant.id, limit: 1_000) }.count == 32)
     }
 }

@@ -32,7 +32,7 @@ struct CareStoreTests {
 
     /// Alice's plant p1 with a water task due in a day, and whatever `more` writes.
     func aliceWithAPlant(_ store: any CareStoring, _ more: (any CareWrites) throws -> Void) throws {
-        try store.write { (data: any CareWrites) throws in
+        try store.write(owner: "alice") { (data: any CareWrites) throws in
             try data.save(Care.Plant(id: "p1", scientificName: "Ficus lyrata", dateAdded: start), owner: "alice", override: nil)
             try data.saveTask(task("p1:water", plant: "p1", owner: "alice", due: 86_400))
             try more(data)
@@ -60,17 +60,17 @@ struct CareStoreTests {
         }
         var preferences = Care.Preferences()
         preferences.wateringFactor = 1.5
-        try store.write { data in try data.savePreferences(preferences, owner: "alice") }
+        try store.write(owner: "alice") { data in try data.savePreferences(preferences, owner: "alice") }
         #expect(try store.read { data in try data.plantCountAndPreferences(owner: "alice") } == (1, preferences))
         // Bob's delete and snooze change nothing of alice's.
-        try store.write { (data: any CareWrites) throws in
+        try store.write(owner: "bob") { (data: any CareWrites) throws in
             try data.deletePlant(owner: "bob", id: "p1")
             try data.snoozeTask(owner: "bob", id: "p1:water", until: start)
             try data.deleteTask(owner: "bob", id: "p1:water")
         }
         #expect(try store.read { data in try data.task(owner: "alice", id: "p1:water")?.task.snoozedUntil } == nil)
         // Deleting a plant takes its tasks and log with it.
-        try store.write { data in try data.deletePlant(owner: "alice", id: "p1") }
+        try store.write(owner: "alice") { data in try data.deletePlant(owner: "alice", id: "p1") }
         try store.read { (data: any CareReads) throws in
             #expect(try data.task(owner: "alice", id: "p1:water") == nil)
             #expect(try data.careLog(owner: "alice", plantID: "p1", limit: 10).isEmpty)
@@ -93,7 +93,7 @@ struct CareStoreTests {
             #expect(try data.task(owner: "alice", id: "p1:custom:a")?.everyDays == 3)
         }
         // Saving a task again clears its snooze.
-        try store.write { data in try data.saveTask(task("p1:water", plant: "p1", owner: "alice", due: 86_400)) }
+        try store.write(owner: "alice") { data in try data.saveTask(task("p1:water", plant: "p1", owner: "alice", due: 86_400)) }
         #expect(try store.read { data in try data.nextTask(owner: "alice", plantID: "p1")?.task.id } == "p1:water")
     }
 
@@ -103,7 +103,7 @@ struct CareStoreTests {
         defer { cleanup() }
         struct Refused: Error {}
         #expect(throws: Refused.self) {
-            try store.write { (data: any CareWrites) throws in
+            try store.write(owner: "alice") { (data: any CareWrites) throws in
                 try data.save(Care.Plant(id: "p1", scientificName: "Ficus lyrata", dateAdded: start), owner: "alice", override: nil)
                 try data.enqueueReminderSync(owner: "alice", now: start)
                 throw Refused()
@@ -120,7 +120,7 @@ struct CareStoreTests {
         let commits = Atomic<Int>(0)
         let observation = await store.observeFollowUps { commits.add(1, ordering: .relaxed) }
         defer { observation.stop() }
-        try store.write { (data: any CareWrites) throws in
+        try store.write(owner: "alice") { (data: any CareWrites) throws in
             try data.enqueue(owner: "alice", service: "images", operation: "images.purge", body: [1], now: start)
             try data.enqueue(owner: "alice", service: "images", operation: "images.purge", body: [2], now: start)
             try data.enqueue(owner: "bob", service: "images", operation: "images.purge", body: [3], now: start)
@@ -149,9 +149,9 @@ struct CareStoreTests {
     func aReminderSyncAskedAgainIsOneRowWithANewGeneration(_ backend: StoreBackend) async throws {
         let (store, cleanup) = try await Self.open(backend)
         defer { cleanup() }
-        try store.write { data in try data.enqueueReminderSync(owner: "alice", now: start) }
+        try store.write(owner: "alice") { data in try data.enqueueReminderSync(owner: "alice", now: start) }
         let sent = try #require(try await store.dueFollowUps(now: start, limit: 10).first)
-        try store.write { data in try data.enqueueReminderSync(owner: "alice", now: start) } // while it is on its way
+        try store.write(owner: "alice") { data in try data.enqueueReminderSync(owner: "alice", now: start) } // while it is on its way
         // Confirmed with the generation it was read at: it stays, for the newer window.
         try await store.settle([.confirmed(id: sent.id, generation: sent.generation)], now: start)
         let again = try await store.dueFollowUps(now: start, limit: 10)
@@ -199,7 +199,7 @@ struct CareStoreTests {
 
         // Deleting the account forgets the keys.
         _ = try library.deleteAccount(owner: "bob", now: start.addingTimeInterval(86_400))
-        try store.write { (data: any CareWrites) throws in
+        try store.write(owner: "alice") { (data: any CareWrites) throws in
             #expect(try data.useRequestKey(owner: "bob", key: "k2", now: start.addingTimeInterval(86_401)), "forgotten with the account")
             #expect(try !data.useRequestKey(owner: "alice", key: "k2", now: start.addingTimeInterval(86_401)))
         }

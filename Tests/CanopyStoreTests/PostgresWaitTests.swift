@@ -1,3 +1,5 @@
+import CanopyMessages
+import CanopyServiceKit
 import CanopyStore
 import CanopyTesting
 import Foundation
@@ -93,5 +95,27 @@ struct PostgresWaitTests {
         #expect(throws: (any Error).self) { try outcome.get() }
         // Ended by the cancellation, not by the attempt's own bound running out.
         #expect(ContinuousClock.now - cancelledAt < PostgresStore.attemptLimit)
+    }
+
+    /// A server that ends the connection a call is using (a restart, an operator's
+    /// `pg_terminate_backend`) fails that call with a `busy` sentence (HTTP 503: try again),
+    /// not `internal`; the next call connects again and works.
+    @Test func aConnectionTheServerEndsMidCallFailsWithBusyAndTheNextCallConnectsAgain() async throws {
+        let url = try await PostgresServer.shared().database()
+        let store = try await PostgresStore.open(url: url, migrator: Self.migrator, size: 2, logger: logger)
+        defer { store.close() }
+        try await offThePool { try store.write { session in try session.execute("INSERT INTO plants (id, owner) VALUES ('p1', 'alice')") } }
+        let slow = Task { try await offThePool { try store.read { session in try session.value(Int.self, "SELECT COUNT(*) FROM plants, pg_sleep(30)") } } }
+        // The call's connection ends while it waits on the server.
+        #expect(
+            try await eventually(within: .seconds(10)) {
+                try await PostgresServer.query(
+                    url,
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND query LIKE '%pg_sleep(30)%' AND pid <> pg_backend_pid()"
+                ) == 1
+            })
+        let failure = await #expect(throws: PostgresStore.Failure.self) { try await slow.value }
+        #expect(failure?.passes == true && failure?.canopyError.code == .busy, "\(String(describing: failure))")
+        #expect(try await offThePool { try store.read { session in try session.value(Int.self, "SELECT COUNT(*) FROM plants") } } == 1)
     }
 }

@@ -53,7 +53,7 @@ final class CareLibrary: Sendable {
         }
         if plant.genus.isEmpty { plant.genus = String(plant.scientificName.split(separator: " ").first ?? "") }
         let override = plant.profileOverridden ? plant.profile : nil
-        return try store.write { data in
+        return try store.write(owner: owner) { data in
             if chosenID {
                 if let existing = try data.plant(owner: owner, id: plant.id) { return existing }
                 if try data.plantIDTaken(plant.id) {
@@ -81,7 +81,7 @@ final class CareLibrary: Sendable {
     /// is still at that version (two phones editing one plant: the second sees `stale`).
     func update(_ plant: Care.Plant, owner: String, now: Date? = nil) throws -> Care.Plant {
         let now = now ?? clock.now()
-        return try store.write { data in
+        return try store.write(owner: owner) { data in
             guard let existing = try data.plant(owner: owner, id: plant.id) else { throw notFound(plant.id) }
             if let expected = plant.version, expected != existing.version {
                 throw CanopyError(
@@ -106,7 +106,7 @@ final class CareLibrary: Sendable {
     /// follow-ups: cancel its reminders, purge its images, forget its identifications.
     func delete(_ id: String, owner: String, now: Date? = nil) throws {
         let now = now ?? clock.now()
-        try store.write { data in
+        try store.write(owner: owner) { data in
             guard try data.hasPlant(owner: owner, id: id) else { return } // deleting twice is fine
             try data.deletePlant(owner: owner, id: id)
             try data.enqueue(
@@ -128,7 +128,7 @@ final class CareLibrary: Sendable {
         let now = now ?? clock.now()
         defer { store.eraseResidue() }
         let (empty, again) = (try codec.encode(Empty()), try codec.encode(Care.DeleteAccount.Request(secondPass: true)))
-        return try store.write { data in
+        return try store.write(owner: owner) { data in
             let plants = try data.plants(owner: owner)
             for plant in plants { try data.deletePlant(owner: owner, id: plant.id) }
             try data.deletePreferences(owner: owner)
@@ -182,7 +182,7 @@ final class CareLibrary: Sendable {
     func setPreferences(_ preferences: Care.Preferences, owner: String, now: Date? = nil) throws -> Care.Preferences {
         let now = now ?? clock.now()
         let scheduler = try Scheduler(preferences: preferences)
-        try store.write { data in
+        try store.write(owner: owner) { data in
             try data.savePreferences(preferences, owner: owner)
             for plant in try data.plants(owner: owner) {
                 try reschedule(data, owner: owner, plant: plant, scheduler: scheduler, now: now)
@@ -223,7 +223,7 @@ final class CareLibrary: Sendable {
     private func withTask(_ id: String, owner: String, now: Date, _ body: (any CareWrites, StoredTask, Care.Plant, Scheduler) throws -> Bool) throws
         -> Care.Task
     {
-        try store.write { data in
+        try store.write(owner: owner) { data in
             guard let task = try data.task(owner: owner, id: id),
                 let plant = try data.plant(owner: owner, id: task.task.plantID)
             else { throw CanopyError(.notFound, "no task \(id) among yours; care.tasks.upcoming lists them") }
@@ -270,7 +270,7 @@ final class CareLibrary: Sendable {
     func addCustomTask(_ request: Care.AddCustomTask.Request, owner: String, now: Date? = nil) throws -> Care.Task {
         let now = now ?? clock.now()
         let title = request.title.trimmingCharacters(in: .whitespaces)
-        return try store.write { data in
+        return try store.write(owner: owner) { data in
             guard try data.hasPlant(owner: owner, id: request.plantID) else { throw notFound(request.plantID) }
             let custom = try data.customTaskCount(owner: owner, plantID: request.plantID)
             guard custom < Care.Limits.customTasksPerPlant else {
@@ -367,7 +367,7 @@ final class CareLibrary: Sendable {
     /// waiting there goes with the window as it is when sent): canopy-remind's refill.
     func requestReminderSync(owner: String) throws {
         let now = clock.now()
-        try store.write { data in try data.enqueueReminderSync(owner: owner, now: now) }
+        try store.write(owner: owner) { data in try data.enqueueReminderSync(owner: owner, now: now) }
     }
 
     func reminderWindow(owner: String, count: Int? = nil, now: Date? = nil) throws -> [Care.Task] {

@@ -20,8 +20,11 @@ protocol CareStoring: Sendable {
 
     /// Runs `body` in a read transaction: it sees one state of the data.
     func read<T>(_ body: (any CareReads) throws -> T) throws -> T
-    /// Runs `body` in a write transaction: all of it is stored, or nothing.
-    func write<T>(_ body: (any CareWrites) throws -> T) throws -> T
+    /// Runs `body`, which writes `owner`'s data, in a write transaction: all of it is stored,
+    /// or nothing. One person's writes run one after the other (PostgreSQL: a lock on the
+    /// person taken first), so two phones changing one task at once both get an answer, the
+    /// second on what the first wrote, never a conflict.
+    func write<T>(owner: String, _ body: (any CareWrites) throws -> T) throws -> T
 
     // MARK: The outbox
 

@@ -134,8 +134,16 @@ final class PostgresCareStore: CareStoring {
         try database.read { session in try body(PostgresCareTransaction(session: session, store: self)) }
     }
 
-    func write<T>(_ body: (any CareWrites) throws -> T) throws -> T {
-        try database.write { session in try body(PostgresCareTransaction(session: session, store: self)) }
+    /// The person's lock first, then `READ COMMITTED`: each statement sees what the person's
+    /// writes before it committed, as if they ran one after the other (under `SERIALIZABLE`
+    /// sixteen snoozes of one task at once conflicted until their retries ran out). What a
+    /// care write reads and writes is the person's own; a plant id someone else has is
+    /// refused by ``PostgresCareTransaction/save(_:owner:override:)`` in its one statement.
+    func write<T>(owner: String, _ body: (any CareWrites) throws -> T) throws -> T {
+        try database.write(isolation: .readCommitted) { session in
+            try session.execute("SELECT pg_advisory_xact_lock(hashtext('canopy_care:' || \(owner)))")
+            return try body(PostgresCareTransaction(session: session, store: self))
+        }
     }
 
     // MARK: - Rows

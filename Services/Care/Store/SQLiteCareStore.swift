@@ -120,7 +120,8 @@ final class SQLiteCareStore: CareStoring {
         try database.tracedRead { db in try body(Transaction(db: db, store: self)) }
     }
 
-    func write<T>(_ body: (any CareWrites) throws -> T) throws -> T {
+    /// SQLite has one writer: every write runs after the one before.
+    func write<T>(owner: String, _ body: (any CareWrites) throws -> T) throws -> T {
         try database.tracedWrite { db in try body(Transaction(db: db, store: self)) }
     }
 
