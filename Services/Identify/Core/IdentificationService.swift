@@ -19,12 +19,12 @@ public struct IdentificationService: BusService {
         handlers.on(Identification.Submit.self) { request, owner, _ in try await library.submit(request, owner: owner) }
         handlers.on(Identification.Accept.self) { request, owner, _ in try await library.accept(request, owner: owner) }
         handlers.on(Identification.Get.self) { request, owner, _ in try await library.get(request.id, owner: owner) }
-        handlers.on(Identification.History.self) { request, owner, _ in try library.history(request, owner: owner) }
-        handlers.on(Identification.ForgetPerson.self) { _, owner, _ in
-            try await offThePool { try library.forget(owner: owner) }
+        handlers.onBlocking(Identification.History.self) { request, owner, _ in try library.history(request, owner: owner) }
+        handlers.onBlocking(Identification.ForgetPerson.self) { _, owner, _ in
+            try library.forget(owner: owner)
             return Empty()
         }
-        handlers.on(Identification.ForgetPlant.self) { request, owner, _ in
+        handlers.onBlocking(Identification.ForgetPlant.self) { request, owner, _ in
             try library.forget(plantID: request.plantID, owner: owner)
             return Empty()
         }
@@ -36,7 +36,7 @@ public struct IdentificationService: BusService {
             }
             return .init(scientificName: request.scientificName, photos: total)
         }
-        handlers.on(Identification.Quota.self) { _, _ in
+        handlers.onBlocking(Identification.Quota.self) { _, _ in
             guard let plantNet else {
                 return .init(provider: library.provider.kind, remaining: nil, dailyLimit: 0, resetsAt: nil, calls: 0)
             }

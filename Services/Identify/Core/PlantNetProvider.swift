@@ -1,5 +1,6 @@
 import AsyncHTTPClient
 import CanopyMessages
+import CanopyServiceKit
 import Foundation
 import Logging
 import MultipartKit
@@ -73,7 +74,7 @@ final class PlantNetProvider: IdentificationProvider {
     }
 
     func identify(_ query: ProviderQuery) async throws -> [Identification.Candidate] {
-        let quota = try self.quota()
+        let quota = try await offThePool { try self.quota() } // a store read: off the cooperative pool
         if let remaining = quota.remaining, remaining <= 0 {
             let resets = (quota.resetsAt ?? Self.nextReset(after: Date())).formatted(.iso8601)
             throw CanopyError(.busy, "Pl@ntNet's daily quota of \(settings.dailyLimit) identifications is used up; it resets at \(resets)")
@@ -139,7 +140,8 @@ final class PlantNetProvider: IdentificationProvider {
         case 200:
             do {
                 let decoded = try JSONDecoder().decode(PlantNetResponse.self, from: Data(buffer: body))
-                try recordQuota(decoded.remainingIdentificationRequests)
+                let remaining = decoded.remainingIdentificationRequests
+                try await offThePool { try self.recordQuota(remaining) }
                 return .answered(decoded.candidates())
             } catch let error as CanopyError {
                 return .refused(error)

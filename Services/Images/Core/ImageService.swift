@@ -1,5 +1,6 @@
 import CanopyBus
 import CanopyMessages
+import CanopyServiceKit
 import Foundation
 
 /// canopy-images on the bus: one handler per operation of ``Images``, each scoped to the
@@ -29,7 +30,7 @@ public struct ImageService: BusService {
         handlers.on(Images.Palette.self) { request, owner, _ in
             try await library.palette(request.sha256, owner: owner)
         }
-        handlers.on(Images.List.self) { request, owner, _ in
+        handlers.onBlocking(Images.List.self) { request, owner, _ in
             try library.list(owner: owner, plantID: request.plantID)
         }
         handlers.on(Images.ForgetPerson.self) { _, owner, _ in

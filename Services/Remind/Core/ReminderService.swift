@@ -15,26 +15,27 @@ public struct ReminderService: BusService {
 
     public func register(_ handlers: inout OperationHandlers) {
         let (library, dispatcher) = (self.library, self.dispatcher)
+        // What waits on the store and is not async runs on a Dispatch thread (``onBlocking``).
         handlers.on(Reminders.Sync.self) { request, owner, _ in
             dispatcher.schedule(try await library.sync(request.occurrences, owner: owner))
             return Empty()
         }
-        handlers.on(Reminders.CancelPlant.self) { request, owner, _ in
+        handlers.onBlocking(Reminders.CancelPlant.self) { request, owner, _ in
             try library.cancel(plantID: request.plantID, owner: owner)
             return Empty()
         }
-        handlers.on(Reminders.ForgetPerson.self) { _, owner, _ in
+        handlers.onBlocking(Reminders.ForgetPerson.self) { _, owner, _ in
             try library.forget(owner: owner)
             return Empty()
         }
-        handlers.on(Reminders.RegisterDevice.self) { request, owner, _ in try library.register(request, owner: owner) }
-        handlers.on(Reminders.RemoveDevice.self) { request, owner, _ in
+        handlers.onBlocking(Reminders.RegisterDevice.self) { request, owner, _ in try library.register(request, owner: owner) }
+        handlers.onBlocking(Reminders.RemoveDevice.self) { request, owner, _ in
             try library.removeDevice(request.id, owner: owner)
             return Empty()
         }
-        handlers.on(Reminders.ListDevices.self) { _, owner, _ in try library.devices(owner: owner) }
-        handlers.on(Reminders.Pending.self) { request, owner, _ in try library.pending(owner: owner, limit: request.limit ?? 64) }
-        handlers.on(Reminders.Failures.self) { request, owner, _ in try library.failures(owner: owner, limit: request.limit ?? 100) }
+        handlers.onBlocking(Reminders.ListDevices.self) { _, owner, _ in try library.devices(owner: owner) }
+        handlers.onBlocking(Reminders.Pending.self) { request, owner, _ in try library.pending(owner: owner, limit: request.limit ?? 64) }
+        handlers.onBlocking(Reminders.Failures.self) { request, owner, _ in try library.failures(owner: owner, limit: request.limit ?? 100) }
         handlers.on(Reminders.SendTest.self) { request, owner, _ in
             try await dispatcher.sendTest(deviceID: request.deviceID, owner: owner)
         }
