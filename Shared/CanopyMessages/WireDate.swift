@@ -2,10 +2,12 @@ import Foundation
 
 /// Dates as the wire writes them, `2026-03-29T09:00:00.000Z` (ISO 8601, UTC, milliseconds),
 /// formatted and parsed by hand: a window of 64 occurrences has 64 dates, and Foundation's
-/// format style took most of the time of decoding one (see docs/PERFORMANCE.md). The result
-/// is the same as `Date.ISO8601FormatStyle(includingFractionalSeconds: true)`'s, which stays
-/// the fallback for what this does not cover (years before 1970 or after 9999, other
-/// offsets than `Z`, other shapes).
+/// format style took most of the time of decoding one (see docs/PERFORMANCE.md). Parsing gives
+/// the same `Date` as `Date.ISO8601FormatStyle(includingFractionalSeconds: true)`, which stays
+/// the fallback for what this does not cover (years before 1970 or after 9999, other offsets
+/// than `Z`, other shapes). Formatting rounds to the nearest millisecond where that style
+/// truncates: `.389` is stored as a double a hair below it, and truncated it came back as
+/// `.388` — a due time handed from service to service lost a millisecond at each hop.
 enum WireDate {
     /// Seconds from 1970 to 2001, Foundation's reference date.
     private static let referenceOffset: Int64 = 978_307_200
@@ -15,13 +17,12 @@ enum WireDate {
 
     /// `date` as the wire writes it; `nil` outside the years 1970 to 9999.
     static func format(_ date: Date) -> String? {
-        // Whole seconds, then the milliseconds of what is left, truncated, as the format style
-        // computes them (the same digits for every date, also far from 1970).
-        let since1970 = date.timeIntervalSince1970
-        let whole = since1970.rounded(.down)
-        guard whole.isFinite, whole >= Double(earliest), whole < Double(latest) else { return nil }
-        let seconds = Int64(whole)
-        let millisecond = min(999, Int(((since1970 - whole) * 1_000).rounded(.down)))
+        // The nearest millisecond, then its whole seconds (a double holds milliseconds exactly
+        // to far past 9999: 2^53 of them is 285,000 years).
+        let milliseconds = (date.timeIntervalSince1970 * 1_000).rounded()
+        guard milliseconds.isFinite, milliseconds >= Double(earliest * 1_000), milliseconds < Double(latest * 1_000) else { return nil }
+        let (seconds, remainder) = Int64(milliseconds).quotientAndRemainder(dividingBy: 1_000)
+        let millisecond = Int(remainder)
         let (year, month, day) = civil(days: seconds / 86_400)
         let secondOfDay = Int(seconds % 86_400)
         var bytes = [UInt8](repeating: 0, count: 24)

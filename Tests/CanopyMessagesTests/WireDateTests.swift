@@ -4,26 +4,58 @@ import Testing
 
 @testable import CanopyMessages
 
-/// The hand-written wire dates agree with Foundation's ISO 8601 format style, to the bit,
-/// for every date they cover, and leave the rest to it.
+/// The hand-written wire dates parse as Foundation's ISO 8601 format style does, to the bit,
+/// and format the same text it would for the nearest millisecond (it truncates), so a date
+/// read from the wire goes out again unchanged; what they do not cover is left to it.
 struct WireDateTests {
     static let style = Date.ISO8601FormatStyle(includingFractionalSeconds: true)
 
-    @Test func formattingMatchesFoundationForTenThousandDatesFrom1970To9999() {
+    /// Foundation's text for the whole second, with the milliseconds written in.
+    static func expected(milliseconds: Int64) -> String {
+        let (seconds, millisecond) = milliseconds.quotientAndRemainder(dividingBy: 1_000)
+        let whole = Date(timeIntervalSince1970: Double(seconds)).formatted(style)
+        return String(whole.dropLast(4)) + String(format: "%03dZ", Int(millisecond))
+    }
+
+    @Test func formattingGivesTheNearestMillisecondForTenThousandDatesFrom1970To9999() {
         var random = SeededRandom(seed: 13)
         for round in 0..<10_000 {
             // Whole seconds, milliseconds, and fractions finer than a millisecond, early and late.
-            let seconds = Double(random.next() % 253_402_300_800)
+            let seconds = Double(random.next() % 253_402_300_700)
             let fraction = [0, Double(random.next() % 1_000) / 1_000, Double(random.next() % 1_000_000_000) / 1e9][round % 3]
+            // Not within 0.05 ms of a tie: a double this far from 2001 (where Date counts
+            // from) is only that exact, so either side of a tie is right.
+            let thousandths = fraction * 1_000
+            if abs(thousandths - thousandths.rounded(.down) - 0.5) < 0.05 { continue }
             let date = Date(timeIntervalSince1970: seconds + fraction)
-            #expect(WireDate.format(date) == date.formatted(Self.style), "\(date.timeIntervalSince1970)")
+            let nearest = Int64(seconds) * 1_000 + Int64(thousandths.rounded())
+            #expect(WireDate.format(date) == Self.expected(milliseconds: nearest), "\(date.timeIntervalSince1970)")
         }
-        for edge in [0.0, 0.0005, 951_782_400, 4_107_542_399.999, 253_402_300_799.999] { // 1970, 2000-02-29, 2100-02-28, 9999
-            let date = Date(timeIntervalSince1970: edge)
-            #expect(WireDate.format(date) == date.formatted(Self.style), "\(edge)")
+        for (edge, milliseconds) in [
+            (0.0, 0), (0.0006, 1), (0.0004, 0), (951_782_400, 951_782_400_000), (4_107_542_399.999, 4_107_542_399_999),
+            (59.9996, 60_000), (253_402_300_799.999, 253_402_300_799_999),
+        ] as [(Double, Int64)] { // 1970, either side of half a millisecond, 2000-02-29, 2100-02-28, a minute carried, 9999
+            #expect(WireDate.format(Date(timeIntervalSince1970: edge)) == Self.expected(milliseconds: milliseconds), "\(edge)")
         }
         #expect(WireDate.format(Date(timeIntervalSince1970: -1)) == nil, "before 1970 is left to Foundation")
         #expect(WireDate.format(Date(timeIntervalSince1970: 253_402_300_800)) == nil, "after 9999 too")
+    }
+
+    @Test func aDateReadFromTheWireGoesOutAgainUnchangedAtEveryMillisecond() throws {
+        // Foundation's truncation turned `.389` into `.388` (the double a hair below it).
+        var random = SeededRandom(seed: 31)
+        for _ in 0..<10_000 {
+            let text = Self.expected(milliseconds: Int64(random.next() % 253_402_300_799_999))
+            guard case .date(let parsed) = WireDate.parse(text) else {
+                Issue.record("\(text) was not parsed")
+                continue
+            }
+            #expect(WireDate.format(parsed) == text)
+        }
+        let codec = MessageCodec()
+        struct Stamp: Codable, Equatable { var at: Date }
+        let sent = #"{"at":"2026-03-29T09:00:00.389Z"}"#
+        #expect(String(decoding: try codec.encode(try codec.decode(Stamp.self, from: Array(sent.utf8))), as: UTF8.self) == sent)
     }
 
     @Test func parsingMatchesFoundationToTheBit() throws {

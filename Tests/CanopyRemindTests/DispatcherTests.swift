@@ -191,6 +191,36 @@ struct DispatcherTests {
 
     // MARK: - Independent deliveries
 
+    /// A due time handed over with milliseconds (as canopy-care sends it) goes out in the
+    /// notification with the same milliseconds, at odd ones too: the wire's dates rounded down
+    /// turned `.389` into `.388` on each hop.
+    @Test func dueTimesKeepTheirMillisecondsFromTheSyncToTheNotification() async throws {
+        var settings = DispatchSettings()
+        settings.digestWindow = .zero // a notification each
+        try await withDispatcher(settings: settings) { setup in
+            struct Stamp: Codable { var at: Date }
+            let codec = MessageCodec()
+            // 2027-01-15T08:01:00.389Z and others: one a minute, each its own odd milliseconds.
+            let texts = ["389", "001", "999", "577"].enumerated().map { index, milliseconds in
+                String(decoding: try! codec.encode(Stamp(at: Self.start + Double(60 * (index + 1)))), as: UTF8.self)
+                    .replacingOccurrences(of: ".000Z", with: ".\(milliseconds)Z")
+            }
+            let dues = try texts.map { try codec.decode(Stamp.self, from: Array($0.utf8)).at }
+            try await setup.sync(dues.enumerated().map { .water("p\($0.offset)", due: $0.element) })
+            #expect(try setup.library.pending(owner: "alice", limit: 10).map { String(decoding: try codec.encode(Stamp(at: $0.due)), as: UTF8.self) } == texts)
+            for count in 1...texts.count {
+                setup.clock.advance(by: count == 1 ? 61 : 60) // past each one's milliseconds
+                #expect(try await eventually { setup.receiver.received.count == count })
+            }
+            let sent = try setup.receiver.received.map { try codec.decode(WebhookChannel.Payload.self, from: $0.body).data.reminders[0].due }
+            #expect(sent.map { String(decoding: try! codec.encode(Stamp(at: $0)), as: UTF8.self) } == texts)
+            #expect(
+                zip(setup.receiver.received, texts).allSatisfy { received, text in
+                    String(decoding: received.body, as: UTF8.self).contains(#""due":"\#(text.dropFirst(7).dropLast(2))""#)
+                }, "the notification's own text")
+        }
+    }
+
     @Test func aReceiverThatNeverAnswersHoldsBackOnlyItsOwnReminders() async throws {
         var settings = DispatchSettings()
         settings.concurrency = 4
