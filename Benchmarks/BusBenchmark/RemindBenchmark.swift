@@ -14,6 +14,7 @@ import Histogram
 import Hummingbird
 import Logging
 import NIOCore
+import PostgresNIO
 import ServiceLifecycle
 import Synchronization
 
@@ -37,7 +38,8 @@ struct RemindBenchmark: AsyncParsableCommand {
     @Option(help: "Deliveries the dispatcher keeps in flight at once.") var concurrency = DispatchSettings().concurrency
     @Option(help: "Which parts to run: deliveries, replicas, fairness, codec, syncs, memory (comma-separated).") var parts =
         "deliveries,replicas,fairness,codec,syncs,memory"
-    @Option(help: "Replicas: reminders due over the run on PostgreSQL, with 1 and then 2 replicas (one per person).") var replicaReminders = 20_000
+    @Option(help: "Replicas: reminders (one per person) delivered from SQLite, then PostgreSQL with 1 and 2 replicas.") var replicaReminders = 20_000
+    @Option(help: "Replicas: seconds those reminders are due over (0: all at the same instant).") var replicaSeconds = 0.0
     @Option(help: "Fairness: receivers that take --slow-seconds to answer, each on a host of its own.") var slowReceivers = 10
     @Option(help: "Fairness: how long each slow receiver takes to answer.") var slowSeconds = 10.0
     @Option(help: "Fairness: other people's reminders, due over 5 s while the slow receivers hold theirs.") var others = 2_000
@@ -127,9 +129,11 @@ struct RemindBenchmark: AsyncParsableCommand {
 
     // MARK: - Replicas
 
-    /// `replicaReminders` reminders due over `seconds` on a throwaway PostgreSQL, delivered by
-    /// one canopy-remind replica and then by two (each loads every pending reminder at start and
-    /// they share the work), to the same sink: deliveries per second and lateness.
+    /// `replicaReminders` reminders (one per person) due over `replicaSeconds` (0: all at the
+    /// same instant, a time zone's 09:00), delivered to one sink: on SQLite (the baseline), on a
+    /// throwaway PostgreSQL by one canopy-remind replica and then by two (each loads every
+    /// pending reminder at start; they share the work), and against the physical limit of the
+    /// queue itself: a bare `FOR UPDATE SKIP LOCKED` claim-and-delete loop on the same server.
     private func replicas(logger: Logger) async throws {
         let sink = Sink()
         let sinkGroup = serviceGroup([sink.application], signals: [], logger: logger)
@@ -138,62 +142,147 @@ struct RemindBenchmark: AsyncParsableCommand {
         progress("starting a throwaway PostgreSQL (Debian's postgresql)…\n")
         let server = try await PostgresServer()
         defer { server.stop() }
+        let (reminders, spread, secret) = (replicaReminders, replicaSeconds, Self.secret)
+        // Time to load the store and start, then the reminders due over `spread`.
+        let lead = 8 + Double(reminders) / 10_000
+        func dues(from start: Date) -> [Double] {
+            (0..<reminders).map { start.timeIntervalSince1970 + spread * Double($0) / Double(reminders) }
+        }
         var rows = [
-            ["replicas", "delivered", "per second", "lateness p50 ms", "p99 ms", "max ms", "sent twice", "PostgreSQL CPU (cores)", "process CPU (cores)"]
+            [
+                "store", "replicas", "delivered", "per second", "÷ SQLite", "lateness p50 ms", "p99 ms", "max ms", "drained in s", "sent twice",
+                "PostgreSQL CPU ms a reminder", "process CPU (cores)",
+            ]
         ]
-        for count in [1, 2] {
-            let database = try await server.database("canopy_remind_\(count)")
-            let count = count
-            let start = Date().addingTimeInterval(10)
-            let (reminders, seconds, secret) = (replicaReminders, self.seconds, Self.secret)
-            let store = try await PostgresStore.open(url: database, migrator: remindStoreImport.migrator, size: 1, logger: logger)
-            try store.write { session in
-                let people = (0..<reminders).map { "u\($0)" }
-                try session.execute(
-                    """
-                    INSERT INTO devices (id, owner, channel, address, secret, active, registeredAt)
-                    SELECT 'd-' || person, person, 'webhook', \(url), \(secret), true, 0 FROM unnest(\(people)) AS person
-                    """)
-                let dues = (0..<reminders).map { start.timeIntervalSince1970 + seconds * Double($0) / Double(reminders) }
-                try session.execute(
-                    """
-                    INSERT INTO reminders (owner, taskID, due, plantID, kind, title, fireAt, state, updatedAt)
-                    SELECT person, 'p-' || person || ':water', due, 'p-' || person, 'water', 'Water it', due, 'pending', 0
-                    FROM unnest(\(people), \(dues)) AS r(person, due)
-                    """)
-            }
-            store.close()
+        var sqliteRate = 0.0
+        for (backend, count) in [("SQLite", 1), ("PostgreSQL", 1), ("PostgreSQL", 2)] {
             sink.reset()
-            let running = try await (0..<count).asyncMap { _ in
-                try await RunningDispatcher.start(concurrency: concurrency, postgres: PostgresSettings(url: database, poolSize: 8), logger: logger) { _ in }
+            let start = Date().addingTimeInterval(lead)
+            let dueTimes = dues(from: start)
+            let running: [RunningDispatcher]
+            if backend == "SQLite" {
+                running = [
+                    try await RunningDispatcher.start(concurrency: concurrency, logger: logger) { db in
+                        for (person, due) in dueTimes.enumerated() { try Self.insert(db, person: "u\(person)", url: url, secret: secret, due: due) }
+                    }
+                ]
+            } else {
+                let database = try await server.database("canopy_remind_\(count)")
+                let store = try await PostgresStore.open(url: database, migrator: remindStoreImport.migrator, size: 1, logger: logger)
+                try store.write { session in
+                    let people = (0..<reminders).map { "u\($0)" }
+                    try session.execute(
+                        """
+                        INSERT INTO devices (id, owner, channel, address, secret, active, registeredAt)
+                        SELECT 'd-' || person, person, 'webhook', \(url), \(secret), true, 0 FROM unnest(\(people)) AS person
+                        """)
+                    try session.execute(
+                        """
+                        INSERT INTO reminders (owner, taskID, due, plantID, kind, title, fireAt, state, updatedAt)
+                        SELECT person, 'p-' || person || ':water', due, 'p-' || person, 'water', 'Water it', due, 'pending', 0
+                        FROM unnest(\(people), \(dueTimes)) AS r(person, due)
+                        """)
+                }
+                store.close()
+                running = try await (0..<count).asyncMap { _ in
+                    try await RunningDispatcher.start(concurrency: concurrency, postgres: PostgresSettings(url: database, poolSize: 8), logger: logger) { _ in }
+                }
             }
             let cpuBefore = (process: processCPU(), database: databaseCPUSeconds(server.pid))
-            let deadline = start.addingTimeInterval(seconds + 120)
-            while sink.count < reminders, Date() < deadline { try await Task.sleep(for: .milliseconds(200)) }
+            let deadline = start.addingTimeInterval(spread + 600)
+            while sink.count < reminders, Date() < deadline { try await Task.sleep(for: .milliseconds(100)) }
+            let drained = Date().timeIntervalSince(start)
             try await Task.sleep(for: .seconds(1)) // a second copy of any would arrive by now
             let arrivals = sink.arrivals()
-            let first = arrivals.map(\.at).min() ?? 0, last = arrivals.map(\.at).max() ?? 0
             let cpu = (process: processCPU() - cpuBefore.process, database: databaseCPUSeconds(server.pid) - cpuBefore.database)
             for replica in running { await replica.stop() }
-            var lateness = Histogram<UInt64>(highestTrackableValue: 600_000, numberOfSignificantValueDigits: .three)
-            var latest = 0.0
+            let figures = Lateness(arrivals)
+            if backend == "SQLite" { sqliteRate = figures.rate }
+            rows.append([
+                backend, "\(count)", "\(Set(arrivals.map(\.task)).count) of \(reminders)", String(format: "%.0f", figures.rate),
+                String(format: "%.2f", figures.rate / max(1, sqliteRate)), "\(figures.histogram.valueAtPercentile(50))",
+                "\(figures.histogram.valueAtPercentile(99))", String(format: "%.0f", figures.latest), String(format: "%.1f", drained),
+                "\(arrivals.count - Set(arrivals.map(\.task)).count)",
+                backend == "SQLite" ? "-" : String(format: "%.3f", cpu.database * 1_000 / Double(max(1, arrivals.count))),
+                String(format: "%.2f", cpu.process / max(1, figures.span)),
+            ])
+        }
+        let bare = try await bareClaims(server: server, rows: reminders, logger: logger)
+        print(
+            "canopy-bench remind replicas: \(reminders) reminders due \(spread == 0 ? "at the same instant" : "over \(Int(spread)) s"), one per person, to a local webhook sink"
+        )
+        printTable(rows)
+        print(
+            String(
+                format:
+                    "the queue's limit on this PostgreSQL: a bare FOR UPDATE SKIP LOCKED claim-and-delete loop (batches of 256, 2 connections) claims %.0f rows/s at %.3f ms of PostgreSQL CPU a row",
+                bare.rate, bare.cpuMilliseconds))
+        for (index, row) in rows.dropFirst().enumerated() where row[0] == "PostgreSQL" {
+            print(
+                "  PostgreSQL, \(row[1]) replica(s): deliveries ÷ bare claims \(String(format: "%.3f", (Double(row[3]) ?? 0) / max(1, bare.rate))) (row \(index + 1))"
+            )
+        }
+        await sinkGroup.triggerGracefulShutdown()
+        _ = try? await sinkTask.value
+    }
+
+    /// Lateness (arrival minus due time) and the rate over the arrivals.
+    struct Lateness {
+        var histogram = Histogram<UInt64>(highestTrackableValue: 3_600_000, numberOfSignificantValueDigits: .three)
+        var latest = 0.0
+        var rate = 0.0
+        var span = 0.0
+
+        init(_ arrivals: [(at: Double, due: Double, task: String)]) {
             for arrival in arrivals {
                 let late = max(0, arrival.at - arrival.due) * 1000
                 latest = max(latest, late)
-                _ = lateness.record(UInt64(late.rounded()))
+                _ = histogram.record(UInt64(late.rounded()))
             }
-            let span = max(0.001, last - first)
-            rows.append([
-                "\(count)", "\(arrivals.count) of \(reminders)", String(format: "%.0f", Double(arrivals.count) / span),
-                "\(lateness.valueAtPercentile(50))", "\(lateness.valueAtPercentile(99))", String(format: "%.0f", latest),
-                "\(arrivals.count - Set(arrivals.map(\.due)).count)",
-                String(format: "%.2f", cpu.database / (span + 1)), String(format: "%.2f", cpu.process / (span + 1)),
-            ])
+            let first = arrivals.map(\.at).min() ?? 0, last = arrivals.map(\.at).max() ?? 0
+            span = max(0.001, last - first)
+            rate = Double(arrivals.count) / span
         }
-        print("canopy-bench remind replicas: \(replicaReminders) reminders due over \(Int(seconds)) s on PostgreSQL, one per person, to a local webhook sink")
-        printTable(rows)
-        await sinkGroup.triggerGracefulShutdown()
-        _ = try? await sinkTask.value
+    }
+
+    /// The queue's physical limit on `server`: `rows` rows claimed and deleted by two
+    /// connections, 256 at a time with `FOR UPDATE SKIP LOCKED` (what PostgreSQL job queues
+    /// do), as claims a second and PostgreSQL CPU a row.
+    private func bareClaims(server: PostgresServer, rows: Int, logger: Logger) async throws -> (rate: Double, cpuMilliseconds: Double) {
+        let database = try await server.database("canopy_bare_claims")
+        try await PostgresServer.query(database, "CREATE TABLE jobs (id BIGSERIAL PRIMARY KEY, due DOUBLE PRECISION NOT NULL)")
+        try await PostgresServer.query(database, "CREATE INDEX jobsByDue ON jobs(due)")
+        // Ten times the reminders (at least 200,000): enough CPU time to read in clock ticks.
+        try await PostgresServer.query(database, "INSERT INTO jobs (due) SELECT g FROM generate_series(1, \(max(200_000, rows * 10))) AS g")
+        try await PostgresServer.query(database, "VACUUM ANALYZE jobs")
+        // Connected first and closed after the CPU is read: a connection's server process
+        // takes its CPU time with it when it ends.
+        let connections = try await (0..<2).asyncMap { id in
+            try await PostgresConnection.connect(configuration: try database.connectionConfiguration(), id: id, logger: logger)
+        }
+        defer { for connection in connections { connection.close().whenComplete { _ in } } }
+        let before = databaseCPUSeconds(server.pid)
+        let begin = ContinuousClock.now
+        let total = try await withThrowingTaskGroup(of: Int.self) { group in
+            for client in connections {
+                group.addTask {
+                    var claimed = 0
+                    while true {
+                        var count = 0
+                        for try await _ in try await client.query(
+                            "DELETE FROM jobs WHERE id IN (SELECT id FROM jobs ORDER BY due LIMIT 256 FOR UPDATE SKIP LOCKED) RETURNING id", logger: logger)
+                        {
+                            count += 1
+                        }
+                        if count == 0 { return claimed }
+                        claimed += count
+                    }
+                }
+            }
+            return try await group.reduce(0, +)
+        }
+        let seconds = (ContinuousClock.now - begin).seconds
+        return (Double(total) / max(0.001, seconds), (databaseCPUSeconds(server.pid) - before) * 1_000 / Double(max(1, total)))
     }
 
     /// One person with a webhook device and one reminder due at `due`.
@@ -461,9 +550,11 @@ private struct RunningDispatcher {
 /// the reminders' due times.
 private final class Sink: Sendable {
     private final class Shared: Sendable {
-        let value = Mutex<(arrivals: [(at: Double, due: Double)], count: Int, port: Int?)>(([], 0, nil))
+        let value = Mutex<(arrivals: [(at: Double, due: Double, task: String)], count: Int, port: Int?)>(([], 0, nil))
         let arrived = Atomic<Int>(0)
-        func withLock<T>(_ body: (inout (arrivals: [(at: Double, due: Double)], count: Int, port: Int?)) -> T) -> T { value.withLock { body(&$0) } }
+        func withLock<T>(_ body: (inout (arrivals: [(at: Double, due: Double, task: String)], count: Int, port: Int?)) -> T) -> T {
+            value.withLock { body(&$0) }
+        }
     }
 
     private let state = Shared()
@@ -480,10 +571,10 @@ private final class Sink: Sendable {
             state.arrived.add(1, ordering: .relaxed)
             if delay > .zero { try await Task.sleep(for: delay) }
             let at = Date().timeIntervalSince1970
-            let dues = (try? decoder.decode(Payload.self, from: Array(body.readableBytesView)).data.reminders.map { $0.due.timeIntervalSince1970 }) ?? []
+            let reminders = (try? decoder.decode(Payload.self, from: Array(body.readableBytesView)).data.reminders) ?? []
             state.withLock { state in
                 state.count += 1
-                for due in dues { state.arrivals.append((at, due)) }
+                for reminder in reminders { state.arrivals.append((at, reminder.due.timeIntervalSince1970, reminder.taskID)) }
             }
             return .ok
         }
@@ -508,7 +599,7 @@ private final class Sink: Sendable {
     /// Requests that arrived, answered or not.
     var arrived: Int { state.arrived.load(ordering: .relaxed) }
     func reset() { state.withLock { $0 = ([], 0, $0.port) } }
-    func arrivals() -> [(at: Double, due: Double)] { state.withLock { $0.arrivals } }
+    func arrivals() -> [(at: Double, due: Double, task: String)] { state.withLock { $0.arrivals } }
 
     /// Requests per second the sink takes from the webhooks' own client (``PinnedHTTP``, a
     /// connection a request) with `concurrency` at once.

@@ -80,6 +80,51 @@ struct ReminderReplicaTests {
         }
     }
 
+    /// Issue 48's burst in small: 2,000 people's reminders due at the same instant, two
+    /// replicas each holding all of them (as each loads every pending one at start): every
+    /// one arrives, once. The replicas claim people in batches (a statement or two for many),
+    /// and a person another replica holds at that moment is left to it.
+    @Test func twoThousandRemindersDueAtOnceAreEachDeliveredOnceByTwoReplicas() async throws {
+        var settings = DispatchSettings()
+        settings.digestWindow = .zero
+        try await withReplicas(2, people: 0, settings: settings) { replicas in
+            let people = (0..<2_000).map { "burst-\($0)" }
+            let hook = try await replicas.receiver.url("/hooks/burst")
+            let due = (Self.start + 60).timeIntervalSince1970
+            let secret = "whsec_" + Data(repeating: 7, count: 32).base64EncodedString()
+            let scheduled = try replicas.stores[0].database.write { session in
+                try session.execute(
+                    """
+                    INSERT INTO devices (id, owner, channel, address, secret, active, registeredAt)
+                    SELECT 'd-' || person, person, 'webhook', \(hook), \(secret), true, 0 FROM unnest(\(people)) AS person
+                    """)
+                return try session.rows(
+                    """
+                    INSERT INTO reminders (owner, taskID, due, plantID, kind, title, fireAt, state, updatedAt)
+                    SELECT person, 'p-' || person || ':water', \(due), 'p-' || person, 'water', 'Water it', \(due), 'pending', 0
+                    FROM unnest(\(people)) AS person RETURNING id
+                    """
+                ).map { (id: try $0.column("id").decode(Int64.self), fireAt: due) }
+            }
+            for dispatcher in replicas.dispatchers { dispatcher.schedule(scheduled) }
+            replicas.clock.advance(by: 60)
+            #expect(
+                try await eventually(within: .seconds(120), every: .milliseconds(100)) {
+                    replicas.clock.advance(by: 0.1) // a step that failed comes round again
+                    return replicas.receiver.received.count >= 2_000
+                }, "\(replicas.receiver.received.count) of 2,000 arrived")
+            #expect(try await !eventually(within: .milliseconds(500)) { replicas.receiver.received.count > 2_000 }, "no second copy arrives")
+            let ids = replicas.receiver.received.compactMap { $0.headers["webhook-id"] }
+            #expect(ids.count == 2_000 && Set(ids).count == 2_000, "\(ids.count) requests, \(Set(ids).count) ids")
+            #expect(
+                try await eventually {
+                    try replicas.stores[1].database.read { session in
+                        try session.value(Int.self, "SELECT COUNT(*) FROM reminders WHERE state = 'delivered'") == 2_000
+                    }
+                }, "each recorded delivered")
+        }
+    }
+
     @Test func aSendLeasedByAReplicaThatHangsGoesWhenTheLeaseEndsUnderTheSameID() async throws {
         var settings = DispatchSettings()
         settings.digestWindow = .zero
@@ -92,11 +137,14 @@ struct ReminderReplicaTests {
             // (still connected to the database) without recording anything.
             // Due a second after the clock: the running replica's sweeps cannot take it first.
             let scheduled = try await replicas.libraries[0].sync([.water("p1", due: Self.start + 1)], owner: "person-0", now: Self.start)
-            // (A dispatcher that does not run: its sends go nowhere, as a hung replica's.)
-            let dead = Dispatcher(store: store, channels: [], clock: replicas.clock, settings: settings, logger: Logger(label: "hung-replica"))
-            let (sends, _) = try dead.prepare(scheduled.map(\.id), now: Self.start + 1)
+            // (A dispatcher that does not run: its sends go nowhere, as a hung replica's. Its
+            // store stays connected.)
+            let hung = try await PostgresReminderStore.open(url: store.database.url, poolSize: 2, logger: Logger(label: "hung-replica"))
+            defer { hung.database.close() }
+            let dead = Dispatcher(store: hung, channels: [], clock: replicas.clock, settings: settings, logger: Logger(label: "hung-replica"))
+            let (sends, _) = try await dead.prepare(scheduled.map(\.id), now: Self.start + 1)
             let send = try #require(sends.first)
-            #expect(try store.claimSend(id: send, now: Self.start + 1, until: Self.start + 30))
+            #expect(try hung.claimSend(id: send, now: Self.start + 1, until: Self.start + 30))
             #expect(try !store.claimSend(id: send, now: Self.start + 2, until: Self.start + 31), "leased: nobody else takes it")
             let key = try #require(try await store.read { data in try data.pendingSend(id: send) }).send.notification.id
             // The survivor's sweeps find it only once the lease ends.
@@ -129,7 +177,7 @@ struct ReminderReplicaTests {
             let killed = try await PostgresReminderStore.open(url: survivor.database.url, poolSize: 2, logger: Logger(label: "killed-replica"))
             let scheduled = try await replicas.libraries[0].sync([.water("p1", due: Self.start)], owner: "person-0", now: Self.start)
             let dead = Dispatcher(store: killed, channels: [], clock: replicas.clock, settings: settings, logger: Logger(label: "killed-replica"))
-            let send = try #require(try dead.prepare(scheduled.map(\.id), now: Self.start).sends.first)
+            let send = try #require(try await dead.prepare(scheduled.map(\.id), now: Self.start).sends.first)
             #expect(try killed.claimSend(id: send, now: Self.start, until: Self.start + settings.lease.seconds))
             #expect(try !survivor.claimSend(id: send, now: Self.start + 1, until: Self.start + 121), "leased to a replica that is there")
             let key = try #require(try await survivor.read { data in try data.pendingSend(id: send) }).send.notification.id
@@ -144,6 +192,34 @@ struct ReminderReplicaTests {
                 }, "sent by the survivor before the lease ends")
             #expect(replicas.clock.now() < Self.start + settings.lease.seconds)
             #expect(Set(replicas.receiver.received.map { $0.headers["webhook-id"] }) == [key])
+        }
+    }
+
+    /// A replica behind on its own reminders (the morning burst) still takes over at once what
+    /// a killed replica was sending: before, it looked for others' work only once it had
+    /// caught up (23–25 s later in issue 48's burst).
+    @Test func aKilledReplicasSendIsTakenOverAtOnceEvenByAReplicaThatIsBehind() async throws {
+        var settings = DispatchSettings()
+        settings.digestWindow = .zero
+        try await withReplicas(1, people: 2, settings: settings) { replicas in
+            let survivor = replicas.stores[0]
+            let killed = try await PostgresReminderStore.open(url: survivor.database.url, poolSize: 2, logger: Logger(label: "killed-replica"))
+            // The killed replica's send, leased to it.
+            let theirs = try await replicas.libraries[0].sync([.water("p1", due: Self.start)], owner: "person-0", now: Self.start)
+            let dead = Dispatcher(store: killed, channels: [], clock: replicas.clock, settings: settings, logger: Logger(label: "killed-replica"))
+            let send = try #require(try await dead.prepare(theirs.map(\.id), now: Self.start).sends.first)
+            let key = try #require(try await survivor.read { data in try data.pendingSend(id: send) }).send.notification.id
+            killed.database.close()
+            // The survivor's own reminder, due 5 s after the start: once the clock has moved
+            // 10 s on, the survivor is more than the orphan grace (2 s) behind when it looks.
+            let own = try await replicas.libraries[0].sync([.water("p2", due: Self.start + 5)], owner: "person-1", now: Self.start)
+            replicas.dispatchers[0].schedule(own)
+            replicas.clock.advance(by: 10) // and it stays there
+            #expect(
+                try await eventually(within: .seconds(30)) {
+                    replicas.receiver.received.contains { $0.headers["webhook-id"] == key }
+                }, "the killed replica's send, taken over in the first look")
+            #expect(replicas.receiver.received.filter { $0.headers["webhook-id"] == key }.count == 1)
         }
     }
 }

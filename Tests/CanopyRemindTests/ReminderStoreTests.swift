@@ -119,6 +119,72 @@ struct ReminderStoreTests {
         #expect(try await !store.read { data in try data.sendExists(id: sendID) }, "nothing of its plants is left")
     }
 
+    /// The dispatcher's batches do for many people what the one-at-a-time calls do for one:
+    /// PostgreSQL answers each with a statement or two, SQLite one call at a time.
+    @Test(arguments: StoreBackend.allCases)
+    func theDispatchersBatchesDoWhatTheSingleCallsDo(_ backend: StoreBackend) async throws {
+        let (store, cleanup) = try await Self.open(backend)
+        defer { cleanup() }
+        let people = ["alice", "bob", "carol"]
+        let scheduled = try await store.write { (data: any ReminderWrites) throws -> [String: [Int64]] in
+            var scheduled: [String: [Int64]] = [:]
+            for person in people {
+                try data.insertDevice(device("d-\(person)"), owner: person, secret: nil, accessToken: nil)
+                scheduled[person] = try data.apply(
+                    SyncPlan(window: [task("t1", in: 0), task("t2", plant: "p2", in: 300), task("t3", plant: "p3", in: 3_600)], known: []), owner: person,
+                    now: now
+                ).map(\.id)
+            }
+            try data.deactivateDevice(id: "d-carol", reason: "410 Unregistered")
+            return scheduled
+        }
+        try await store.read { (data: any ReminderReads) throws in
+            let companions = try data.pendingReminders(owners: ["alice", "bob"], firingAfter: now, through: now.addingTimeInterval(600))
+            #expect(Set(companions.map { "\($0.owner):\($0.reminder.taskID)" }) == ["alice:t2", "bob:t2"])
+            let devices = try data.activeDevices(owners: people)
+            #expect(devices["alice"]?.map(\.device.id) == ["d-alice"] && devices["bob"]?.map(\.device.id) == ["d-bob"])
+            #expect(devices["carol"] ?? [] == [], "an inactive device is not one to send to")
+        }
+        let made = try await store.write { (data: any ReminderWrites) throws -> [Int64?] in
+            #expect(try data.lockOwners(people) == Set(people))
+            let sends = try ["alice", "bob"].map { person in
+                let rows = try data.pendingReminders(ids: scheduled[person]!).filter { $0.reminder.taskID == "t1" }
+                return NewSend(
+                    owner: person, deviceID: "d-\(person)",
+                    notification: ReminderNotification(
+                        id: ReminderNotification.key(
+                            deviceID: "d-\(person)", reminders: rows.map { ($0.reminder.taskID, $0.reminder.due.timeIntervalSince1970) }),
+                        reminders: rows.map(\.reminder)), reminderIDs: rows.map(\.id))
+            }
+            try data.setState(.sending, ofReminders: sends.flatMap(\.reminderIDs), at: now)
+            let made = try data.insertSends(sends, at: now, leasedUntil: now.addingTimeInterval(120))
+            #expect(try data.insertSends([sends[0]], at: now, leasedUntil: now.addingTimeInterval(120)) == [nil], "the same key twice")
+            return made
+        }
+        let ids = made.compactMap { $0 }
+        #expect(ids.count == 2)
+        #expect(try await store.read { data in try data.existingSends(ids: ids + [999_999]) } == Set(ids))
+        let alice = try await #require(try store.read { data in try data.pendingSend(id: ids[0]) })
+        #expect(alice.send.owner == "alice" && alice.send.notification.reminders.map(\.taskID) == ["t1"])
+        // One delivered, one to try again: only the delivered one's reminder is settled.
+        try await store.write { (data: any ReminderWrites) throws in
+            try data.record(
+                [
+                    (Dispatcher.Attempt(sendID: ids[0], attempt: 1, deviceID: "d-alice", outcome: .accepted("200"), due: now), .delivered),
+                    (
+                        Dispatcher.Attempt(sendID: ids[1], attempt: 1, deviceID: "d-bob", outcome: .retry("503"), due: now),
+                        .retry(at: now.timeIntervalSince1970 + 2, reason: "503")
+                    ),
+                ], at: now)
+            try data.settleReminders(ofSends: [ids[0]], at: now)
+        }
+        #expect(try store.pendingSends().map(\.id) == [ids[1]] && store.pendingSends().map(\.nextAttempt) == [now.timeIntervalSince1970 + 2])
+        try await store.read { (data: any ReminderReads) throws in
+            #expect(try data.upcoming(owner: "alice", limit: 10).map(\.taskID) == ["t2", "t3"], "alice's t1 went")
+            #expect(try data.upcoming(owner: "bob", limit: 10).map(\.taskID) == ["t1", "t2", "t3"], "bob's t1 is still on its way")
+        }
+    }
+
     @Test(arguments: StoreBackend.allCases)
     func aGoneDeviceIsDeactivatedWithTheReason(_ backend: StoreBackend) async throws {
         let (store, cleanup) = try await Self.open(backend)

@@ -111,6 +111,10 @@ public final class Dispatcher: Service, Sendable {
         var loaded = false
         /// Which sends are in flight, in all and per destination.
         var slots: DeliverySlots
+        /// Sends handed to delivery and not finished (queued, waiting or in flight).
+        var sending = Set<Int64>()
+        /// Sends made here whose first attempt has not started (``Ready``).
+        var ready: [Int64: Ready] = [:]
         /// Outcomes finished and not yet written, and whether a writer is at it.
         var finished: [Attempt] = []
         var writing = false
@@ -123,6 +127,10 @@ public final class Dispatcher: Service, Sendable {
     /// refill interval, past it, costs one more call to canopy-care, nothing else).
     static let refillMemory = 65_536
     private let wakeup = Wakeup()
+    /// Reminders the loop found due, for the preparer (``prepareAsTheyComeDue()``).
+    private let due = AsyncStream<[Int64]>.makeStream()
+    /// Signalled as deliveries finish: the preparer may go on (``queueAhead``).
+    private let room = Wakeup()
 
     init(
         store: any ReminderStoring, channels: [any NotificationChannel], clock: any ReminderClock = SystemReminderClock(), settings: DispatchSettings = .init(),
@@ -176,7 +184,9 @@ public final class Dispatcher: Service, Sendable {
                 group.addTask {
                     await self.turnUntilCancelled()
                     self.starts.continuation.finish()
+                    self.due.continuation.finish()
                 }
+                group.addTask { await self.prepareAsTheyComeDue() }
                 for await start in self.starts.stream {
                     group.addTask { await self.perform(start) }
                 }
@@ -214,24 +224,31 @@ public final class Dispatcher: Service, Sendable {
             return
         }
         enqueue(dueSends)
-        if !dueReminders.isEmpty {
-            let owners: Set<String>
+        // To the preparer: the loop goes on turning (retries, a gone replica's sends) while a
+        // burst is turned into sends.
+        if !dueReminders.isEmpty { due.continuation.yield(dueReminders) }
+    }
+
+    /// Turns the reminders the loop finds due into sends (``prepare(_:)``), one batch after
+    /// the other, until the loop ends.
+    private func prepareAsTheyComeDue() async {
+        for await ids in due.stream {
             do {
-                // Off the cooperative pool: the store's calls block (on PostgreSQL, a round
-                // trip each). Its sends start as each of its transactions commits.
-                let now = clock.now()
-                owners = try await offThePool { try self.prepare(dueReminders, now: now).owners }
-            } catch {
-                // What was not written comes round again in a second (what was is no longer pending).
-                state.withLock { state in
-                    for id in dueReminders { state.due.remind(id, at: now + 1) }
+                let owners = try await prepare(ids).owners
+                if let refill {
+                    // Off the preparer: a refill is a call to canopy-care and a sync, and there
+                    // are reminders to send meanwhile. At most one per person per refill interval.
+                    for owner in owners where shouldRefill(owner) { Task { await refill(owner) } }
                 }
-                throw error
-            }
-            if let refill {
-                // Off the loop: a refill is a call to canopy-care and a sync, and the loop has
-                // reminders to send meanwhile. At most one per person per refill interval.
-                for owner in owners where shouldRefill(owner) { Task { await refill(owner) } }
+            } catch is CancellationError {
+                return
+            } catch {
+                // What was not written comes round again in a second (what was is no longer
+                // pending). A full disk? Keep going.
+                logger.error("remind.dispatcher.failed", metadata: ["remind.error": "\(error)"])
+                let again = clock.now().timeIntervalSince1970 + 1
+                state.withLock { state in for id in ids { state.due.remind(id, at: again) } }
+                wakeup.signal()
             }
         }
     }
@@ -241,17 +258,20 @@ public final class Dispatcher: Service, Sendable {
     /// replica held, and what another replica left (a person it was busy with). Whoever
     /// claims it first does it; the rest find it done.
     private func sweep(now: Double) throws {
-        let due = state.withLock { state -> Bool in
-            guard now >= state.nextSweep else { return false }
+        let behind = state.withLock { state -> Bool? in
+            guard now >= state.nextSweep else { return nil }
             state.nextSweep = now + settings.sweepInterval.seconds
             // Behind on what it holds itself (at start every replica holds every pending
-            // reminder): it looks once it has caught up, or the same late work would come
-            // back each second, on top of itself.
-            if let earliest = state.due.wake, earliest < now - settings.orphanGrace.seconds { return false }
-            return true
+            // reminder): the late work it finds would be its own, back each second on top of
+            // itself. It still takes over at once what a replica that is gone was sending.
+            if let earliest = state.due.wake, earliest < now - settings.orphanGrace.seconds { return true }
+            return false
         }
-        guard due else { return }
-        let found = try store.orphans(dueBefore: Date(timeIntervalSince1970: now - settings.orphanGrace.seconds), now: Date(timeIntervalSince1970: now))
+        guard let behind else { return }
+        let found =
+            behind
+            ? (reminders: [], sends: try store.sendsOfGoneReplicas())
+            : try store.orphans(dueBefore: Date(timeIntervalSince1970: now - settings.orphanGrace.seconds), now: Date(timeIntervalSince1970: now))
         guard !found.reminders.isEmpty || !found.sends.isEmpty else { return }
         state.withLock { state in
             for reminder in found.reminders { state.due.remind(reminder.id, at: reminder.fireAt) }
@@ -274,7 +294,7 @@ public final class Dispatcher: Service, Sendable {
     /// People turned into notifications per transaction: a backlog commits (and starts
     /// delivering) a little at a time instead of holding every person's lock and row until
     /// the whole of it is written.
-    static let peoplePerTransaction = 32
+    static let peoplePerTransaction = 256
 
     /// Turns due reminders into sends, ``peoplePerTransaction`` people a transaction, and hands
     /// each transaction's sends to delivery as it commits (``enqueue(_:)``): each person's
@@ -282,21 +302,38 @@ public final class Dispatcher: Service, Sendable {
     /// (``DispatchPlan/digest(_:now:devices:)``). Stale ones are recorded as such; without an
     /// active device a reminder counts as done.
     ///
+    /// - Parameter time: the time they are turned at (a test's); by default the clock's, as
+    ///   each batch starts.
     /// - Returns: the sends made (already handed to delivery), and the people whose reminders went.
     @discardableResult
-    func prepare(_ ids: [Int64], now: Date) throws -> (sends: [Int64], owners: Set<String>) {
+    func prepare(_ ids: [Int64], now time: Date? = nil) async throws -> (sends: [Int64], owners: Set<String>) {
+        let now = time ?? clock.now()
         var owners: [String: [Int64]] = [:]
-        for row in try store.read({ data in try data.pendingReminders(ids: ids) }) where row.fireAt <= now {
+        for row in try await store.read({ data in try data.pendingReminders(ids: ids) }) where row.fireAt <= now {
             owners[row.owner, default: []].append(row.id) // moved later by a sync: its new time is in the queue
         }
         var created: [Int64] = []
-        let people = Array(owners)
+        // In an order of this replica's own: replicas that hold the same due people (each
+        // loads every pending reminder at start) mostly lock different batches instead of
+        // meeting on every one.
+        let people = Array(owners).shuffled()
         for start in stride(from: 0, to: people.count, by: Self.peoplePerTransaction) {
+            // No further ahead of delivery than ``queueAhead``: a send is made shortly before
+            // its turn (kept ready, see ``Ready``), and a burst of a hundred thousand is not
+            // all marked `sending` at once while it waits.
+            while state.withLock({ $0.sending.count >= Self.queueAhead }) {
+                try Task.checkCancellation()
+                await room.wait()
+            }
             let group = people[start..<min(start + Self.peoplePerTransaction, people.count)]
-            let (sends, left) = try store.write { data in try prepare(group, data: data, now: now) }
+            let now = time ?? clock.now()
+            // Off the cooperative pool: the store's calls block (on PostgreSQL, a round trip each).
+            let (sends, left, ready) = try await offThePool { try self.store.write { data in try self.prepare(group, data: data, now: now) } }
+            keepReady(ready) // once committed
             if !left.isEmpty {
                 let again = now.timeIntervalSince1970 + 1
                 state.withLock { state in for id in left { state.due.remind(id, at: again) } }
+                wakeup.signal()
             }
             enqueue(sends)
             created += sends
@@ -304,42 +341,105 @@ public final class Dispatcher: Service, Sendable {
         return (created, Set(owners.keys))
     }
 
+    /// How many sends may wait for delivery (queued or in flight) before the next batch of
+    /// reminders is turned into sends.
+    static let queueAhead = 1_024
+
     /// One transaction of ``prepare(_:now:)``: these people's due reminders, read again under
-    /// each person's lock; returns the sends made and the reminders left to the replica that
-    /// holds a person now.
-    private func prepare(_ people: ArraySlice<(key: String, value: [Int64])>, data: any ReminderWrites, now: Date) throws -> (sends: [Int64], left: [Int64]) {
-        var created: [Int64] = []
+    /// each person's lock; returns the sends made, the reminders left to the replica that
+    /// holds a person now, and the sends as made, to keep ready once the transaction commits.
+    /// A few statements for all of them (PostgreSQL: the locks, the due rows, their
+    /// companions, the devices, the states, the sends), not a few per person.
+    private func prepare(_ people: ArraySlice<(key: String, value: [Int64])>, data: any ReminderWrites, now: Date) throws -> (
+        sends: [Int64], left: [Int64], ready: [Int64: Ready]
+    ) {
+        // Another replica is turning some of these people's reminders into sends now: it
+        // takes those too, or they come round again in a second.
+        let held = try data.lockOwners(people.map(\.key))
         var left: [Int64] = []
-        for (owner, ids) in people {
-            // Another replica is turning this person's reminders into sends now: it takes
-            // these too, or they come round again in a second.
-            guard try data.lockOwner(owner) else {
-                left += ids
-                continue
-            }
-            // Read under the lock: another replica may have sent some since.
-            let due = try data.pendingReminders(ids: ids).filter { $0.fireAt <= now }
-            guard !due.isEmpty else { continue }
-            // The rest of the digest window comes along.
-            let taken = Set(due.map(\.id))
-            let companions = try data.pendingReminders(owner: owner, firingAfter: now, through: plan.digestHorizon(now: now)).filter { !taken.contains($0.id) }
-            let digest = try plan.digest(due + companions, now: now) { try data.devices(owner: owner, activeOnly: true) }
-            try data.setState(.stale, ofReminders: digest.stale.map(\.id), at: now)
+        var ids: [Int64] = []
+        for (owner, reminders) in people {
+            if held.contains(owner) { ids += reminders } else { left += reminders }
+        }
+        // Read under the locks: another replica may have sent some since.
+        let due = Dictionary(grouping: try data.pendingReminders(ids: ids).filter { $0.fireAt <= now }, by: \.owner)
+        guard !due.isEmpty else { return ([], left, [:]) }
+        let owners = Array(due.keys)
+        // The rest of each one's digest window comes along.
+        let companions = Dictionary(grouping: try data.pendingReminders(owners: owners, firingAfter: now, through: plan.digestHorizon(now: now)), by: \.owner)
+        let devices = try data.activeDevices(owners: owners)
+        var stale: [Int64] = []
+        var states: [Reminders.State: [Int64]] = [:]
+        var sends: [NewSend] = []
+        for owner in owners {
+            let rows = due[owner] ?? []
+            let taken = Set(rows.map(\.id))
+            let digest = plan.digest(rows + (companions[owner] ?? []).filter { !taken.contains($0.id) }, now: now) { devices[owner] ?? [] }
+            stale += digest.stale.map(\.id)
             for row in digest.stale {
                 logger.info("remind.stale", metadata: ["remind.task": "\(row.reminder.taskID)", "remind.due": "\(row.reminder.due.formatted(.iso8601))"])
             }
             guard !digest.fresh.isEmpty else { continue }
-            try data.setState(digest.state, ofReminders: digest.fresh.map(\.id), at: now)
+            states[digest.state, default: []] += digest.fresh.map(\.id)
             for addressed in digest.notifications {
-                if let send = try data.insertSend(
-                    owner: owner, deviceID: addressed.deviceID, notification: addressed.notification,
-                    reminderIDs: digest.fresh.map(\.id), at: now)
-                {
-                    created.append(send)
-                }
+                sends.append(NewSend(owner: owner, deviceID: addressed.deviceID, notification: addressed.notification, reminderIDs: digest.fresh.map(\.id)))
             }
         }
-        return (created, left)
+        try data.setState(.stale, ofReminders: stale, at: now)
+        for (newState, ids) in states { try data.setState(newState, ofReminders: ids, at: now) }
+        let leasedUntil = now.addingTimeInterval(settings.lease.seconds)
+        var created: [Int64] = []
+        var ready: [Int64: Ready] = [:]
+        for (send, id) in zip(sends, try data.insertSends(sends, at: now, leasedUntil: leasedUntil)) {
+            guard let id else { continue }
+            created.append(id)
+            let device = devices[send.owner]?.first { $0.device.id == send.deviceID }
+            ready[id] = Ready(
+                send: StoredSend(id: id, owner: send.owner, deviceID: send.deviceID, notification: send.notification, attempts: 0), device: device,
+                madeAt: now.timeIntervalSince1970)
+        }
+        return (created, left, ready)
+    }
+
+    // MARK: - Sends made here, ready to go
+
+    /// A send this replica just made, with its device (and, with replicas, the lease it took
+    /// with it): its first attempt, soon after, needs neither a read nor a claim.
+    struct Ready: Sendable {
+        var send: StoredSend
+        var device: DeviceRecord?
+        var madeAt: Double
+    }
+
+    /// The most sends kept ready at once (about a kilobyte each).
+    static let readyLimit = 16_384
+    /// How long a send is tried as it was made: one that waited longer for a slot (a
+    /// backlog) is read again, and with replicas claimed again, as a retry is, so a plant
+    /// deleted meanwhile, or a lease taken over, is seen.
+    static let readyFor = 2.0
+
+    private func keepReady(_ sends: [Int64: Ready]) {
+        guard !sends.isEmpty else { return }
+        let now = clock.now().timeIntervalSince1970
+        state.withLock { state in
+            if state.ready.count + sends.count > Self.readyLimit { state.ready = state.ready.filter { now - $0.value.madeAt < Self.readyFor } }
+            for (id, ready) in sends where state.ready.count < Self.readyLimit { state.ready[id] = ready }
+        }
+    }
+
+    /// The send `id` as made here, when kept and made within ``readyFor``; `taking` it, it is
+    /// no longer kept.
+    private func ready(_ id: Int64, taking: Bool) -> (StoredSend, DeviceRecord?)? {
+        let now = clock.now().timeIntervalSince1970
+        return state.withLock { state in
+            guard let ready = state.ready[id] else { return nil }
+            guard now - ready.madeAt < Self.readyFor else {
+                state.ready[id] = nil
+                return nil
+            }
+            if taking { state.ready[id] = nil }
+            return (ready.send, ready.device)
+        }
     }
 
     private func shouldRefill(_ owner: String) -> Bool {
@@ -370,7 +470,9 @@ public final class Dispatcher: Service, Sendable {
     func enqueue(_ sends: [Int64]) {
         guard !sends.isEmpty else { return }
         let starting = state.withLock { state in
-            state.slots.enqueue(sends)
+            // A send already on its way is not sent a second time at once (a sweep may find
+            // one again before its claim is written).
+            state.slots.enqueue(sends.filter { state.sending.insert($0).inserted })
             return state.slots.start()
         }
         for start in starting { starts.continuation.yield(start) }
@@ -382,17 +484,33 @@ public final class Dispatcher: Service, Sendable {
         var destination = start.reserved
         var attempt: Attempt?
         var quickly: Bool?
+        var resumed = false // left waiting for its destination: started again later
+        defer {
+            if !resumed {
+                let room = state.withLock { state in
+                    state.sending.remove(start.id)
+                    return state.sending.count < Self.queueAhead
+                }
+                if room { self.room.signal() }
+            }
+        }
         do {
-            if var (send, device) = try await offThePool({ try self.load(start.id) }) {
+            var found = ready(start.id, taking: false)
+            if found == nil { found = try await offThePool({ try self.load(start.id) }) }
+            if var (send, device) = found {
                 let channel = device.flatMap { channels[$0.device.channel] }
                 if start.reserved == nil {
                     destination = device.flatMap { channel?.destination(of: $0) }
                     let admitted = state.withLock { $0.slots.admit(start.id, to: destination) }
-                    guard admitted else { return startFreed() } // waits for its destination
+                    guard admitted else { // waits for its destination
+                        resumed = true
+                        return startFreed()
+                    }
                 }
-                // With replicas, only now (admitted) is it leased to this one, and read again:
+                // Made here a moment ago (and leased with it): tried as it is. Else, with
+                // replicas, only now (admitted) is it leased to this one, and read again:
                 // another replica may have tried it, or taken it, meanwhile.
-                if store.sharedWithReplicas {
+                if ready(start.id, taking: true) == nil, store.sharedWithReplicas {
                     guard let claimed = try await offThePool({ try self.claim(start.id) }) else {
                         state.withLock { $0.slots.finish(destination: destination, quickly: nil) }
                         return startFreed()
@@ -498,12 +616,16 @@ public final class Dispatcher: Service, Sendable {
         guard !attempts.isEmpty else { return }
         let now = clock.now()
         let (plan, logger) = (self.plan, self.logger)
-        var retries: [(Int64, Double)] = []
+        let retries: [(Int64, Double)]
         do {
-            try store.write { data in
-                for attempt in attempts {
-                    // Its plant was deleted while it was on its way: nothing of it is kept.
-                    guard try data.sendExists(id: attempt.sendID) else { continue }
+            retries = try store.write { data in
+                // A few statements for the whole batch (PostgreSQL).
+                // Its plant was deleted while it was on its way: nothing of it is kept.
+                let existing = try data.existingSends(ids: attempts.map(\.sendID))
+                var updates: [(attempt: Attempt, update: SendUpdate)] = []
+                var retries: [(Int64, Double)] = []
+                var settled: [Int64] = []
+                for attempt in attempts where existing.contains(attempt.sendID) {
                     let update = plan.update(
                         after: attempt.outcome, attempt: attempt.attempt, now: now.timeIntervalSince1970, jitter: Double.random(in: 0.8...1.2))
                     logger.info(
@@ -512,13 +634,12 @@ public final class Dispatcher: Service, Sendable {
                             "remind.send": "\(attempt.sendID)", "remind.attempt": "\(attempt.attempt)",
                             "remind.outcome": "\(attempt.outcome.label)", "remind.detail": "\(attempt.outcome.detail)",
                         ])
-                    try data.record(attempt, update: update, at: now)
-                    if case .retry(let at, _) = update {
-                        retries.append((attempt.sendID, at))
-                    } else {
-                        try data.settleReminders(ofSend: attempt.sendID, at: now)
-                    }
+                    updates.append((attempt, update))
+                    if case .retry(let at, _) = update { retries.append((attempt.sendID, at)) } else { settled.append(attempt.sendID) }
                 }
+                try data.record(updates, at: now)
+                try data.settleReminders(ofSends: settled, at: now)
+                return retries
             }
         } catch {
             // Not written: the sends stay pending; they go again in a second (the receiver may

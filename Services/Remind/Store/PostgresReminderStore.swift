@@ -118,11 +118,13 @@ final class PostgresReminderStore: ReminderStoring {
     }
 
     func read<T>(_ body: (any ReminderReads) throws -> T) throws -> T {
-        try database.read { session in try body(PostgresReminderTransaction(session: session, codec: codec)) }
+        try database.read { session in try body(PostgresReminderTransaction(session: session, codec: codec, holder: database.holder)) }
     }
 
     func write<T>(_ body: (any ReminderWrites) throws -> T) throws -> T {
-        try database.write(isolation: .readCommitted) { session in try body(PostgresReminderTransaction(session: session, codec: codec)) }
+        try database.write(isolation: .readCommitted) { session in
+            try body(PostgresReminderTransaction(session: session, codec: codec, holder: database.holder))
+        }
     }
 
     func read<T: Sendable>(_ body: @escaping @Sendable (any ReminderReads) throws -> T) async throws -> T {
@@ -159,7 +161,8 @@ final class PostgresReminderStore: ReminderStoring {
             try session.execute(
                 """
                 UPDATE sends SET leasedUntil = \(end), leasedBy = \(database.holder)
-                WHERE id = \(id) AND state = 'pending' AND (leasedUntil IS NULL OR leasedUntil <= \(at) OR \(unescaped: PostgresStore.holderIsGone("leasedBy")))
+                WHERE id = \(id) AND state = 'pending'
+                  AND (leasedUntil IS NULL OR leasedUntil <= \(at) OR leasedBy = \(database.holder) OR \(unescaped: PostgresStore.holderIsGone("leasedBy")))
                 """) == 1
         }
     }
@@ -177,6 +180,18 @@ final class PostgresReminderStore: ReminderStoring {
                 """
             ).map { (id: try $0.column("id").decode(Int64.self), nextAttempt: try $0.column("nextAttempt").decode(Double.self)) }
             return (reminders, sends)
+        }
+    }
+
+    func sendsOfGoneReplicas() throws -> [(id: Int64, nextAttempt: Double)] {
+        try database.statement { session in
+            try session.rows(
+                """
+                SELECT id, nextAttempt FROM sends
+                WHERE state = 'pending' AND leasedBy <> \(database.holder) AND \(unescaped: PostgresStore.holderIsGone("leasedBy"))
+                ORDER BY nextAttempt LIMIT 10000
+                """
+            ).map { (id: try $0.column("id").decode(Int64.self), nextAttempt: try $0.column("nextAttempt").decode(Double.self)) }
         }
     }
 
@@ -215,6 +230,8 @@ final class PostgresReminderStore: ReminderStoring {
 private struct PostgresReminderTransaction: ReminderWrites {
     let session: PostgresSession
     let codec: MessageCodec
+    /// This replica's id in the leases it takes (``PostgresStore/holder``).
+    let holder: Int64
 
     // MARK: Devices
 
@@ -459,6 +476,121 @@ private struct PostgresReminderTransaction: ReminderWrites {
                 """)
             if deactivate { try deactivateDevice(id: attempt.deviceID, reason: reason) }
         }
+    }
+
+    // MARK: The dispatcher's batches: a statement or two for many people
+
+    func pendingReminders(owners: [String], firingAfter after: Date, through: Date) throws -> [ReminderRow] {
+        try session.rows(
+            """
+            SELECT \(unescaped: PostgresReminderStore.reminderColumns) FROM reminders
+            WHERE owner = ANY(\(owners)) AND state = 'pending' AND fireAt > \(after.timeIntervalSince1970) AND fireAt <= \(through.timeIntervalSince1970)
+            """
+        ).map(PostgresReminderStore.reminder)
+    }
+
+    func activeDevices(owners: [String]) throws -> [String: [DeviceRecord]] {
+        let devices = try session.rows(
+            """
+            SELECT \(unescaped: PostgresReminderStore.deviceColumns) FROM devices WHERE owner = ANY(\(owners)) AND active ORDER BY registeredAt, id
+            """
+        ).map(PostgresReminderStore.device)
+        return Dictionary(grouping: devices, by: \.owner)
+    }
+
+    func existingSends(ids: [Int64]) throws -> Set<Int64> {
+        Set(try session.rows("SELECT id FROM sends WHERE id = ANY(\(ids))").map { try $0.column("id").decode(Int64.self) })
+    }
+
+    func lockOwners(_ owners: [String]) throws -> Set<String> {
+        // Tries only (none waits), so the order they are taken in does not matter.
+        Set(
+            try session.rows(
+                "SELECT owner FROM unnest(\(owners)) AS owner WHERE pg_try_advisory_xact_lock(hashtext('canopy_remind:' || owner))"
+            ).map { try $0.column("owner").decode(String.self) })
+    }
+
+    func insertSends(_ sends: [NewSend], at: Date, leasedUntil: Date) throws -> [Int64?] {
+        guard !sends.isEmpty else { return [] }
+        let bodies = try sends.map { ByteBuffer(bytes: try codec.encode($0.notification)) }
+        let (now, until) = (at.timeIntervalSince1970, leasedUntil.timeIntervalSince1970)
+        // One statement for all; a key already recorded for its device (being or sent) is
+        // skipped and answers no row.
+        var ids: [String: Int64] = [:]
+        for row in try session.rows(
+            """
+            INSERT INTO sends (owner, deviceID, idempotencyKey, notification, nextAttempt, state, createdAt, leasedUntil, leasedBy)
+            SELECT owner, deviceID, key, body, \(now), 'pending', \(now), \(until), \(holder)
+            FROM unnest(\(sends.map(\.owner)), \(sends.map(\.deviceID)), \(sends.map(\.notification.id)), \(bodies)) AS s(owner, deviceID, key, body)
+            ON CONFLICT (deviceID, idempotencyKey) DO NOTHING RETURNING id, deviceID, idempotencyKey
+            """)
+        {
+            ids[try row.column("deviceID").decode(String.self) + "\u{1F}" + row.column("idempotencyKey").decode(String.self)] = try row.column("id").decode(
+                Int64.self)
+        }
+        let made = sends.map { ids[$0.deviceID + "\u{1F}" + $0.notification.id] }
+        var pairs: (sends: [Int64], reminders: [Int64]) = ([], [])
+        for (send, id) in zip(sends, made) {
+            guard let id else { continue }
+            pairs.sends += Array(repeating: id, count: send.reminderIDs.count)
+            pairs.reminders += send.reminderIDs
+        }
+        if !pairs.sends.isEmpty {
+            try session.execute("INSERT INTO sendReminders (sendID, reminderID) SELECT * FROM unnest(\(pairs.sends), \(pairs.reminders))")
+        }
+        return made
+    }
+
+    func record(_ attempts: [(attempt: Dispatcher.Attempt, update: SendUpdate)], at: Date) throws {
+        guard !attempts.isEmpty else { return }
+        let now = at.timeIntervalSince1970
+        let ids = attempts.map(\.attempt.sendID), numbers = attempts.map(\.attempt.attempt)
+        try session.execute(
+            """
+            INSERT INTO attempts (sendID, attempt, at, outcome, detail)
+            SELECT id, number, \(now), outcome, detail FROM unnest(\(ids), \(numbers), \(attempts.map(\.attempt.outcome.label)), \(attempts.map(\.attempt.outcome.detail)))
+                AS a(id, number, outcome, detail)
+            """)
+        // Per send: its state, its error ('' for none) and its next attempt (-1: unchanged).
+        var states: [String] = [], errors: [String] = [], next: [Double] = []
+        for (_, update) in attempts {
+            let (state, error, at): (String, String, Double) =
+                switch update {
+                case .delivered: ("delivered", "", -1)
+                case .retry(let retryAt, let reason): ("pending", reason, retryAt)
+                case .failed(let reason, _): ("failed", reason, now)
+                }
+            states.append(state)
+            errors.append(error)
+            next.append(at)
+        }
+        try session.execute(
+            """
+            UPDATE sends SET state = u.state, attempts = u.number, lastError = NULLIF(u.error, ''),
+                nextAttempt = CASE WHEN u.next < 0 THEN sends.nextAttempt ELSE u.next END, leasedUntil = NULL
+            FROM unnest(\(ids), \(numbers), \(states), \(errors), \(next)) AS u(id, number, state, error, next) WHERE sends.id = u.id
+            """)
+        for (attempt, update) in attempts {
+            if case .failed(let reason, true) = update { try deactivateDevice(id: attempt.deviceID, reason: reason) }
+        }
+    }
+
+    func settleReminders(ofSends ids: [Int64], at: Date) throws {
+        guard !ids.isEmpty else { return }
+        // As ``settleReminders(ofSend:at:)``, the people's locks first, in one order on every
+        // replica (two recording at once never wait for each other in a circle).
+        try session.execute(
+            """
+            SELECT pg_advisory_xact_lock(hashtext('canopy_remind:' || owner)) FROM (SELECT DISTINCT owner FROM sends WHERE id = ANY(\(ids))) AS o ORDER BY owner
+            """)
+        try session.execute(
+            """
+            UPDATE reminders SET updatedAt = \(at.timeIntervalSince1970), state = CASE
+                WHEN EXISTS (SELECT 1 FROM sendReminders s JOIN sends ON sends.id = s.sendID WHERE s.reminderID = reminders.id AND sends.state = 'delivered')
+                THEN 'delivered' ELSE 'failed' END
+            WHERE id IN (SELECT reminderID FROM sendReminders WHERE sendID = ANY(\(ids))) AND state = 'sending'
+              AND NOT EXISTS (SELECT 1 FROM sendReminders s JOIN sends ON sends.id = s.sendID WHERE s.reminderID = reminders.id AND sends.state = 'pending')
+            """)
     }
 
     func settleReminders(ofSend sendID: Int64, at: Date) throws {

@@ -43,6 +43,9 @@ protocol ReminderStoring: Sendable {
     /// Work nobody is doing: pending reminders that were due before `before`, and pending
     /// sends due before `before` whose lease (if any) ended by `now`.
     func orphans(dueBefore before: Date, now: Date) throws -> (reminders: [(id: Int64, fireAt: Double)], sends: [(id: Int64, nextAttempt: Double)])
+    /// Pending sends leased to another replica that is gone (its process ended): what a
+    /// replica busy with a backlog of its own still takes over at once.
+    func sendsOfGoneReplicas() throws -> [(id: Int64, nextAttempt: Double)]
 }
 
 /// What a read transaction sees.
@@ -74,6 +77,30 @@ protocol ReminderReads {
     /// A send still pending, with its device (nil when the device was removed).
     func pendingSend(id: Int64) throws -> (send: StoredSend, device: DeviceRecord?)?
     func sendExists(id: Int64) throws -> Bool
+
+    // The dispatcher's batches (PostgreSQL: one statement each; SQLite: one at a time)
+    /// Every pending reminder of `owners` firing after `after` and up to `through`.
+    func pendingReminders(owners: [String], firingAfter after: Date, through: Date) throws -> [ReminderRow]
+    /// The active devices of `owners`, by owner, each owner's in the order they registered.
+    func activeDevices(owners: [String]) throws -> [String: [DeviceRecord]]
+    /// Which of `ids` are sends that still exist.
+    func existingSends(ids: [Int64]) throws -> Set<Int64>
+}
+
+extension ReminderReads {
+    func pendingReminders(owners: [String], firingAfter after: Date, through: Date) throws -> [ReminderRow] {
+        try owners.flatMap { try pendingReminders(owner: $0, firingAfter: after, through: through) }
+    }
+
+    func activeDevices(owners: [String]) throws -> [String: [DeviceRecord]] {
+        var devices: [String: [DeviceRecord]] = [:]
+        for owner in owners { devices[owner] = try self.devices(owner: owner, activeOnly: true) }
+        return devices
+    }
+
+    func existingSends(ids: [Int64]) throws -> Set<Int64> {
+        Set(try ids.filter { try sendExists(id: $0) })
+    }
 }
 
 /// What a write transaction can change (it reads too).
@@ -108,6 +135,44 @@ protocol ReminderWrites: ReminderReads {
     /// The send's reminders that no send still waits for: delivered when any device took
     /// them, else failed.
     func settleReminders(ofSend sendID: Int64, at: Date) throws
+
+    // The dispatcher's batches (PostgreSQL: a statement or two each; SQLite: one at a time)
+    /// Of `owners`, those whose lock (``lockOwner(_:)``) this transaction holds now.
+    func lockOwners(_ owners: [String]) throws -> Set<String>
+    /// ``insertSend(owner:deviceID:notification:reminderIDs:at:)`` for each of `sends`, in
+    /// order; with replicas, each leased to this replica until `leasedUntil` (its first
+    /// attempt needs no claim).
+    func insertSends(_ sends: [NewSend], at: Date, leasedUntil: Date) throws -> [Int64?]
+    /// ``record(_:update:at:)`` for each.
+    func record(_ attempts: [(attempt: Dispatcher.Attempt, update: SendUpdate)], at: Date) throws
+    /// ``settleReminders(ofSend:at:)`` for each.
+    func settleReminders(ofSends ids: [Int64], at: Date) throws
+}
+
+extension ReminderWrites {
+    func lockOwners(_ owners: [String]) throws -> Set<String> {
+        Set(try owners.filter { try lockOwner($0) })
+    }
+
+    func insertSends(_ sends: [NewSend], at: Date, leasedUntil: Date) throws -> [Int64?] {
+        try sends.map { try insertSend(owner: $0.owner, deviceID: $0.deviceID, notification: $0.notification, reminderIDs: $0.reminderIDs, at: at) }
+    }
+
+    func record(_ attempts: [(attempt: Dispatcher.Attempt, update: SendUpdate)], at: Date) throws {
+        for (attempt, update) in attempts { try record(attempt, update: update, at: at) }
+    }
+
+    func settleReminders(ofSends ids: [Int64], at: Date) throws {
+        for id in ids { try settleReminders(ofSend: id, at: at) }
+    }
+}
+
+/// A notification to record as a send (``ReminderWrites/insertSends(_:at:leasedUntil:)``).
+struct NewSend: Sendable, Equatable {
+    var owner: String
+    var deviceID: String
+    var notification: ReminderNotification
+    var reminderIDs: [Int64]
 }
 
 /// A device with what delivering needs (its secrets included).

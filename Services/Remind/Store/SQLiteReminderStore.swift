@@ -133,6 +133,8 @@ final class SQLiteReminderStore: ReminderStoring {
         ([], [])
     }
 
+    func sendsOfGoneReplicas() throws -> [(id: Int64, nextAttempt: Double)] { [] }
+
     fileprivate static func device(_ row: Row) -> DeviceRecord {
         DeviceRecord(
             device: Reminders.Device(
