@@ -40,6 +40,8 @@ struct RemindBenchmark: AsyncParsableCommand {
         "deliveries,replicas,fairness,codec,syncs,memory"
     @Option(help: "Replicas: reminders (one per person) delivered from SQLite, then PostgreSQL with 1 and 2 replicas.") var replicaReminders = 20_000
     @Option(help: "Replicas: seconds those reminders are due over (0: all at the same instant).") var replicaSeconds = 0.0
+    @Option(help: "Replicas: how many PostgreSQL replicas to run, in turn (comma-separated).") var replicaCounts = "1,2"
+    @Option(help: "Replicas: an answer within this many seconds counts as quick (a destination's bound is 32 then, else 2).") var quickAnswer = 1.0
     @Option(help: "Fairness: receivers that take --slow-seconds to answer, each on a host of its own.") var slowReceivers = 10
     @Option(help: "Fairness: how long each slow receiver takes to answer.") var slowSeconds = 10.0
     @Option(help: "Fairness: other people's reminders, due over 5 s while the slow receivers hold theirs.") var others = 2_000
@@ -155,14 +157,15 @@ struct RemindBenchmark: AsyncParsableCommand {
             ]
         ]
         var sqliteRate = 0.0
-        for (backend, count) in [("SQLite", 1), ("PostgreSQL", 1), ("PostgreSQL", 2)] {
+        let counts = replicaCounts.split(separator: ",").compactMap { Int($0.trimmingCharacters(in: .whitespaces)) }
+        for (backend, count) in [("SQLite", 1)] + counts.map({ ("PostgreSQL", $0) }) {
             sink.reset()
             let start = Date().addingTimeInterval(lead)
             let dueTimes = dues(from: start)
             let running: [RunningDispatcher]
             if backend == "SQLite" {
                 running = [
-                    try await RunningDispatcher.start(concurrency: concurrency, logger: logger) { db in
+                    try await RunningDispatcher.start(concurrency: concurrency, quickAnswer: quickAnswer, logger: logger) { db in
                         for (person, due) in dueTimes.enumerated() { try Self.insert(db, person: "u\(person)", url: url, secret: secret, due: due) }
                     }
                 ]
@@ -185,7 +188,9 @@ struct RemindBenchmark: AsyncParsableCommand {
                 }
                 store.close()
                 running = try await (0..<count).asyncMap { _ in
-                    try await RunningDispatcher.start(concurrency: concurrency, postgres: PostgresSettings(url: database, poolSize: 8), logger: logger) { _ in }
+                    try await RunningDispatcher.start(
+                        concurrency: concurrency, quickAnswer: quickAnswer, postgres: PostgresSettings(url: database, poolSize: 8), logger: logger
+                    ) { _ in }
                 }
             }
             let cpuBefore = (process: processCPU(), database: databaseCPUSeconds(server.pid))
@@ -512,7 +517,7 @@ private struct RunningDispatcher {
 
     /// With `postgres`, on that database (loaded already: `load` is not called).
     static func start(
-        concurrency: Int, allowedHosts: Set<String> = [], postgres: PostgresSettings? = nil, logger: Logger,
+        concurrency: Int, quickAnswer: Double = 1, allowedHosts: Set<String> = [], postgres: PostgresSettings? = nil, logger: Logger,
         load: @escaping @Sendable (Database) throws -> Void
     ) async throws -> RunningDispatcher {
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("canopy-bench-remind-\(UUID().uuidString)")
@@ -520,6 +525,7 @@ private struct RunningDispatcher {
         settings.allowedHosts = allowedHosts.union(["127.0.0.1"])
         settings.dispatch.digestWindow = .zero
         settings.dispatch.concurrency = concurrency
+        settings.dispatch.quickAnswer = .seconds(quickAnswer)
         settings.postgres = postgres
         let broker = try BrokerServer(endpoint: "tcp://127.0.0.1:*", context: ZMQContext(), logger: logger)
         settings.runner = .init(endpoint: broker.endpoint)

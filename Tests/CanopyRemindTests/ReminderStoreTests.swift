@@ -182,6 +182,9 @@ struct ReminderStoreTests {
         try await store.read { (data: any ReminderReads) throws in
             #expect(try data.upcoming(owner: "alice", limit: 10).map(\.taskID) == ["t2", "t3"], "alice's t1 went")
             #expect(try data.upcoming(owner: "bob", limit: 10).map(\.taskID) == ["t1", "t2", "t3"], "bob's t1 is still on its way")
+            let summaries = try data.pendingSummaries(owners: people + ["nobody"])
+            #expect(summaries.mapValues(\.count) == ["alice": 2, "bob": 2, "carol": 3], "what a refill check reads, for many at once")
+            #expect(summaries["alice"]?.lastFireAt == now.addingTimeInterval(3_600))
         }
     }
 

@@ -212,7 +212,8 @@ public final class Dispatcher: Service, Sendable {
     /// One pass: send what is due, deliver what is due, else sleep until the next.
     func turn() async throws {
         let now = clock.now().timeIntervalSince1970
-        if store.sharedWithReplicas { try sweep(now: now) }
+        // Off the cooperative pool: the sweep's query blocks its thread (a round trip to PostgreSQL).
+        if store.sharedWithReplicas { try await offThePool { try self.sweep(now: now) } }
         let (dueReminders, dueSends, next) = state.withLock { state -> ([Int64], [Int64], Double?) in
             let (reminders, sends) = state.due.takeDue(at: now)
             metrics.held(reminders: state.due.reminders.count, sends: state.due.sends.count)
@@ -238,7 +239,7 @@ public final class Dispatcher: Service, Sendable {
                 if let refill {
                     // Off the preparer: a refill is a call to canopy-care and a sync, and there
                     // are reminders to send meanwhile. At most one per person per refill interval.
-                    for owner in owners where shouldRefill(owner) { Task { await refill(owner) } }
+                    for owner in await needingRefill(owners) { Task { await refill(owner) } }
                 }
             } catch is CancellationError {
                 return
@@ -442,26 +443,38 @@ public final class Dispatcher: Service, Sendable {
         }
     }
 
-    private func shouldRefill(_ owner: String) -> Bool {
+    /// Of `owners`, whose reminders just went, those whose window runs low now (fewer than
+    /// ``DispatchSettings/refillBelow`` pending, or the last within the refill horizon) and
+    /// who were not checked within the refill interval: one read for all of them, off the
+    /// cooperative pool (a morning burst checks a hundred thousand people).
+    private func needingRefill(_ owners: Set<String>) async -> [String] {
         let now = clock.now()
-        let recent = state.withLock { state -> Bool in
-            let interval = settings.refillInterval.seconds
-            if let last = state.lastRefill[owner], now.timeIntervalSince(last) < interval { return true }
-            // Only the last interval's checks matter, and at most ``refillMemory`` of them: the
-            // oldest go first (a bound on what it holds, in constant time per check).
-            while let oldest = state.refillChecks.first,
-                now.timeIntervalSince(oldest.at) >= interval || state.refillChecks.count >= Self.refillMemory
-            {
-                state.refillChecks.removeFirst()
-                if state.lastRefill[oldest.owner] == oldest.at { state.lastRefill[oldest.owner] = nil }
+        let interval = settings.refillInterval.seconds
+        let candidates = state.withLock { state -> [String] in
+            var candidates: [String] = []
+            for owner in owners {
+                if let last = state.lastRefill[owner], now.timeIntervalSince(last) < interval { continue }
+                // Only the last interval's checks matter, and at most ``refillMemory`` of them:
+                // the oldest go first (a bound on what it holds, in constant time per check).
+                while let oldest = state.refillChecks.first,
+                    now.timeIntervalSince(oldest.at) >= interval || state.refillChecks.count >= Self.refillMemory
+                {
+                    state.refillChecks.removeFirst()
+                    if state.lastRefill[oldest.owner] == oldest.at { state.lastRefill[oldest.owner] = nil }
+                }
+                state.refillChecks.append((owner, now))
+                state.lastRefill[owner] = now
+                candidates.append(owner)
             }
-            state.refillChecks.append((owner, now))
-            state.lastRefill[owner] = now
-            return false
+            return candidates
         }
-        guard !recent else { return false }
-        let (count, last) = (try? store.read { data in try data.pendingSummary(owner: owner) }) ?? (0, nil)
-        return count < settings.refillBelow || (last ?? .distantPast) < now.addingTimeInterval(settings.refillHorizon.seconds)
+        guard !candidates.isEmpty else { return [] }
+        let summaries = (try? await store.read { data in try data.pendingSummaries(owners: candidates) }) ?? [:]
+        let horizon = now.addingTimeInterval(settings.refillHorizon.seconds)
+        return candidates.filter { owner in
+            let (count, last) = summaries[owner] ?? (0, nil)
+            return count < settings.refillBelow || (last ?? .distantPast) < horizon
+        }
     }
 
     // MARK: - Delivering

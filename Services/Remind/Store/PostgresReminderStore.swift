@@ -498,6 +498,18 @@ private struct PostgresReminderTransaction: ReminderWrites {
         return Dictionary(grouping: devices, by: \.owner)
     }
 
+    func pendingSummaries(owners: [String]) throws -> [String: (count: Int, lastFireAt: Date?)] {
+        var summaries: [String: (count: Int, lastFireAt: Date?)] = [:]
+        for row in try session.rows(
+            "SELECT owner, COUNT(*) AS count, MAX(fireAt) AS latest FROM reminders WHERE owner = ANY(\(owners)) AND state = 'pending' GROUP BY owner")
+        {
+            summaries[try row.column("owner").decode(String.self)] = (
+                try row.column("count").decode(Int.self), try row.column("latest").decode(Double?.self).map(Date.init(timeIntervalSince1970:))
+            )
+        }
+        return summaries
+    }
+
     func existingSends(ids: [Int64]) throws -> Set<Int64> {
         Set(try session.rows("SELECT id FROM sends WHERE id = ANY(\(ids))").map { try $0.column("id").decode(Int64.self) })
     }

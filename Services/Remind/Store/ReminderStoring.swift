@@ -85,6 +85,8 @@ protocol ReminderReads {
     func activeDevices(owners: [String]) throws -> [String: [DeviceRecord]]
     /// Which of `ids` are sends that still exist.
     func existingSends(ids: [Int64]) throws -> Set<Int64>
+    /// ``pendingSummary(owner:)`` of each of `owners` that has a pending reminder.
+    func pendingSummaries(owners: [String]) throws -> [String: (count: Int, lastFireAt: Date?)]
 }
 
 extension ReminderReads {
@@ -100,6 +102,15 @@ extension ReminderReads {
 
     func existingSends(ids: [Int64]) throws -> Set<Int64> {
         Set(try ids.filter { try sendExists(id: $0) })
+    }
+
+    func pendingSummaries(owners: [String]) throws -> [String: (count: Int, lastFireAt: Date?)] {
+        var summaries: [String: (count: Int, lastFireAt: Date?)] = [:]
+        for owner in owners {
+            let summary = try pendingSummary(owner: owner)
+            if summary.count > 0 { summaries[owner] = summary }
+        }
+        return summaries
     }
 }
 
