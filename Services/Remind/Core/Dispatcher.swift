@@ -111,6 +111,8 @@ public final class Dispatcher: Service, Sendable {
         var loaded = false
         /// Which sends are in flight, in all and per destination.
         var slots: DeliverySlots
+        /// Reminders the loop found due, not yet taken by the preparer.
+        var toPrepare: [Int64] = []
         /// Sends handed to delivery and not finished (queued, waiting or in flight).
         var sending = Set<Int64>()
         /// Sends made here whose first attempt has not started (``Ready``).
@@ -127,8 +129,9 @@ public final class Dispatcher: Service, Sendable {
     /// refill interval, past it, costs one more call to canopy-care, nothing else).
     static let refillMemory = 65_536
     private let wakeup = Wakeup()
-    /// Reminders the loop found due, for the preparer (``prepareAsTheyComeDue()``).
-    private let due = AsyncStream<[Int64]>.makeStream()
+    /// Signalled when the loop finds reminders due (``State/toPrepare``), for the preparer
+    /// (``prepareAsTheyComeDue()``).
+    private let preparing = Wakeup()
     /// Signalled as deliveries finish: the preparer may go on (``queueAhead``).
     private let room = Wakeup()
 
@@ -184,7 +187,6 @@ public final class Dispatcher: Service, Sendable {
                 group.addTask {
                     await self.turnUntilCancelled()
                     self.starts.continuation.finish()
-                    self.due.continuation.finish()
                 }
                 group.addTask { await self.prepareAsTheyComeDue() }
                 for await start in self.starts.stream {
@@ -227,13 +229,25 @@ public final class Dispatcher: Service, Sendable {
         enqueue(dueSends)
         // To the preparer: the loop goes on turning (retries, a gone replica's sends) while a
         // burst is turned into sends.
-        if !dueReminders.isEmpty { due.continuation.yield(dueReminders) }
+        if !dueReminders.isEmpty {
+            state.withLock { $0.toPrepare += dueReminders }
+            preparing.signal()
+        }
     }
 
     /// Turns the reminders the loop finds due into sends (``prepare(_:)``), one batch after
     /// the other, until the loop ends.
     private func prepareAsTheyComeDue() async {
-        for await ids in due.stream {
+        while !Task.isCancelled {
+            await preparing.wait()
+            // Everything found due since the last time, as one: at a steady thousand a second
+            // the loop finds one or two at each turn, and a few statements for each would be
+            // the cost the batches are there to spread.
+            let ids = state.withLock { state in
+                defer { state.toPrepare = [] }
+                return state.toPrepare
+            }
+            guard !ids.isEmpty else { continue }
             do {
                 let owners = try await prepare(ids).owners
                 if let refill {
@@ -498,15 +512,19 @@ public final class Dispatcher: Service, Sendable {
         var attempt: Attempt?
         var quickly: Bool?
         var resumed = false // left waiting for its destination: started again later
-        defer {
-            if !resumed {
-                let room = state.withLock { state in
-                    state.sending.remove(start.id)
-                    return state.sending.count < Self.queueAhead
-                }
-                if room { self.room.signal() }
+        var ended = false
+        /// No longer on its way: the send may be handed to delivery again (a retry, once its
+        /// outcome is written), and the preparer may make more.
+        func end() {
+            guard !resumed, !ended else { return }
+            ended = true
+            let room = state.withLock { state in
+                state.sending.remove(start.id)
+                return state.sending.count < Self.queueAhead
             }
+            if room { self.room.signal() }
         }
+        defer { end() }
         do {
             var found = ready(start.id, taking: false)
             if found == nil { found = try await offThePool({ try self.load(start.id) }) }
@@ -550,6 +568,9 @@ public final class Dispatcher: Service, Sendable {
         }
         state.withLock { $0.slots.finish(destination: destination, quickly: quickly) }
         startFreed()
+        // Before its outcome is written: a retry the write schedules finds it ended (the one
+        // who writes may go on writing others' outcomes for a while).
+        end()
         if let attempt { await write(attempt) }
     }
 
