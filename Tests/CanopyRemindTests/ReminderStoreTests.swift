@@ -168,6 +168,7 @@ struct ReminderStoreTests {
         #expect(alice.send.owner == "alice" && alice.send.notification.reminders.map(\.taskID) == ["t1"])
         // One delivered, one to try again: only the delivered one's reminder is settled.
         try await store.write { (data: any ReminderWrites) throws in
+            #expect(try data.lockForRecording(sendIDs: ids + [999_999]) == Set(ids), "a send that is gone is not recorded")
             try data.record(
                 [
                     (Dispatcher.Attempt(sendID: ids[0], attempt: 1, deviceID: "d-alice", outcome: .accepted("200"), due: now), .delivered),

@@ -51,7 +51,10 @@ final class ReminderLibrary: Sendable {
     /// that carried only its reminders (sent or not, with their attempts). A digest that also
     /// named another plant stays for that plant.
     func cancel(plantID: String, owner: String) throws {
-        try store.write { data in try data.cancelPlant(plantID, owner: owner) }
+        try store.write { data in
+            try data.waitForOwner(owner) // before the rows: in the order a recorded attempt takes them
+            try data.cancelPlant(plantID, owner: owner)
+        }
     }
 
     // MARK: - Devices

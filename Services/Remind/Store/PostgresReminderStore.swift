@@ -183,12 +183,13 @@ final class PostgresReminderStore: ReminderStoring {
         }
     }
 
-    func sendsOfGoneReplicas() throws -> [(id: Int64, nextAttempt: Double)] {
+    func sendsOfGoneReplicas(dueBefore before: Date) throws -> [(id: Int64, nextAttempt: Double)] {
         try database.statement { session in
             try session.rows(
                 """
                 SELECT id, nextAttempt FROM sends
-                WHERE state = 'pending' AND leasedBy <> \(database.holder) AND \(unescaped: PostgresStore.holderIsGone("leasedBy"))
+                WHERE state = 'pending' AND nextAttempt < \(before.timeIntervalSince1970)
+                  AND leasedBy <> \(database.holder) AND \(unescaped: PostgresStore.holderIsGone("leasedBy"))
                 ORDER BY nextAttempt LIMIT 10000
                 """
             ).map { (id: try $0.column("id").decode(Int64.self), nextAttempt: try $0.column("nextAttempt").decode(Double.self)) }
@@ -553,6 +554,15 @@ private struct PostgresReminderTransaction: ReminderWrites {
         return made
     }
 
+    func lockForRecording(sendIDs: [Int64]) throws -> Set<Int64> {
+        guard !sendIDs.isEmpty else { return [] }
+        // The sends' rows, so that none goes (a plant deleted) between this and the attempts
+        // written for it. The people's locks come last, in ``settleReminders(ofSends:at:)``:
+        // taken here, for the whole of the writing, the other replicas' preparers found those
+        // people locked far more often (two replicas delivered 499 a second instead of 3,557).
+        return Set(try session.rows("SELECT id FROM sends WHERE id = ANY(\(sendIDs)) FOR UPDATE").map { try $0.column("id").decode(Int64.self) })
+    }
+
     func record(_ attempts: [(attempt: Dispatcher.Attempt, update: SendUpdate)], at: Date) throws {
         guard !attempts.isEmpty else { return }
         let now = at.timeIntervalSince1970
@@ -589,11 +599,13 @@ private struct PostgresReminderTransaction: ReminderWrites {
 
     func settleReminders(ofSends ids: [Int64], at: Date) throws {
         guard !ids.isEmpty else { return }
-        // As ``settleReminders(ofSend:at:)``, the people's locks first, in one order on every
-        // replica (two recording at once never wait for each other in a circle).
+        // As ``settleReminders(ofSend:at:)``, the people's locks first, in the order of the
+        // locks' own keys on every replica (two recording at once never wait for each other
+        // in a circle).
         try session.execute(
             """
-            SELECT pg_advisory_xact_lock(hashtext('canopy_remind:' || owner)) FROM (SELECT DISTINCT owner FROM sends WHERE id = ANY(\(ids))) AS o ORDER BY owner
+            SELECT pg_advisory_xact_lock(key) FROM (SELECT DISTINCT hashtext('canopy_remind:' || owner) AS key FROM sends WHERE id = ANY(\(ids))) AS o
+            ORDER BY key
             """)
         try session.execute(
             """

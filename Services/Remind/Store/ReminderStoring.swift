@@ -43,9 +43,9 @@ protocol ReminderStoring: Sendable {
     /// Work nobody is doing: pending reminders that were due before `before`, and pending
     /// sends due before `before` whose lease (if any) ended by `now`.
     func orphans(dueBefore before: Date, now: Date) throws -> (reminders: [(id: Int64, fireAt: Double)], sends: [(id: Int64, nextAttempt: Double)])
-    /// Pending sends leased to another replica that is gone (its process ended): what a
-    /// replica busy with a backlog of its own still takes over at once.
-    func sendsOfGoneReplicas() throws -> [(id: Int64, nextAttempt: Double)]
+    /// Pending sends due before `before` leased to another replica that is gone (its process
+    /// ended): what a replica busy with a backlog of its own still takes over at once.
+    func sendsOfGoneReplicas(dueBefore before: Date) throws -> [(id: Int64, nextAttempt: Double)]
 }
 
 /// What a read transaction sees.
@@ -154,6 +154,9 @@ protocol ReminderWrites: ReminderReads {
     /// order; with replicas, each leased to this replica until `leasedUntil` (its first
     /// attempt needs no claim).
     func insertSends(_ sends: [NewSend], at: Date, leasedUntil: Date) throws -> [Int64?]
+    /// Before recording attempts of `sendIDs`: takes the sends' rows and answers which still
+    /// exist (a plant deleted meanwhile takes its sends with it).
+    func lockForRecording(sendIDs: [Int64]) throws -> Set<Int64>
     /// ``record(_:update:at:)`` for each.
     func record(_ attempts: [(attempt: Dispatcher.Attempt, update: SendUpdate)], at: Date) throws
     /// ``settleReminders(ofSend:at:)`` for each.
@@ -167,6 +170,10 @@ extension ReminderWrites {
 
     func insertSends(_ sends: [NewSend], at: Date, leasedUntil: Date) throws -> [Int64?] {
         try sends.map { try insertSend(owner: $0.owner, deviceID: $0.deviceID, notification: $0.notification, reminderIDs: $0.reminderIDs, at: at) }
+    }
+
+    func lockForRecording(sendIDs: [Int64]) throws -> Set<Int64> {
+        try existingSends(ids: sendIDs) // one writer at a time already
     }
 
     func record(_ attempts: [(attempt: Dispatcher.Attempt, update: SendUpdate)], at: Date) throws {

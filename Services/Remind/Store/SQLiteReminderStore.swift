@@ -133,7 +133,7 @@ final class SQLiteReminderStore: ReminderStoring {
         ([], [])
     }
 
-    func sendsOfGoneReplicas() throws -> [(id: Int64, nextAttempt: Double)] { [] }
+    func sendsOfGoneReplicas(dueBefore before: Date) throws -> [(id: Int64, nextAttempt: Double)] { [] }
 
     fileprivate static func device(_ row: Row) -> DeviceRecord {
         DeviceRecord(
