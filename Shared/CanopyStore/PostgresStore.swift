@@ -70,10 +70,12 @@ public final class PostgresStore: Sendable {
             self.passes = passes
         }
 
+        /// What the caller is told: no more than that (the database's address and what it
+        /// answered are the service log's, not every caller's).
         public var canopyError: CanopyError {
             passes
-                ? CanopyError(.busy, "the database cannot do this now (\(description)); try again in a moment")
-                : CanopyError(.internal, "the database refused this; the service log has the details")
+                ? CanopyError(.busy, "the service's database cannot do this now; try again in a moment")
+                : CanopyError(.internal, "the service's database refused this; the service log has the details")
         }
     }
 

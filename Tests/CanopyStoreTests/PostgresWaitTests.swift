@@ -116,6 +116,7 @@ struct PostgresWaitTests {
             })
         let failure = await #expect(throws: PostgresStore.Failure.self) { try await slow.value }
         #expect(failure?.passes == true && failure?.canopyError.code == .busy, "\(String(describing: failure))")
+        #expect(failure?.canopyError.message.contains("127.0.0.1") == false, "the database's address is the log's, not the caller's")
         #expect(try await offThePool { try store.read { session in try session.value(Int.self, "SELECT COUNT(*) FROM plants") } } == 1)
     }
 }
