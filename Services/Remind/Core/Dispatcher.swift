@@ -239,8 +239,8 @@ public final class Dispatcher: Service, Sendable {
         }
     }
 
-    /// Turns the reminders the loop finds due into sends (``prepare(_:)``), one batch after
-    /// the other, until the loop ends.
+    /// Turns the reminders the loop finds due into sends (``prepare(_:now:)``), one batch
+    /// after the other, until the loop ends.
     private func prepareAsTheyComeDue() async {
         while !Task.isCancelled {
             await preparing.wait()
