@@ -100,27 +100,19 @@ struct RemindBenchmark: AsyncParsableCommand {
         while sink.count < reminders, Date() < deadline { try await Task.sleep(for: .milliseconds(200)) }
         let cpu = processCPU() - cpuBefore
         let arrivals = sink.arrivals()
-        var lateness = Histogram<UInt64>(highestTrackableValue: 600_000, numberOfSignificantValueDigits: .three)
-        var latest = 0.0
-        for arrival in arrivals {
-            let late = max(0, arrival.at - arrival.due) * 1000
-            latest = max(latest, late)
-            _ = lateness.record(UInt64(late.rounded()))
-        }
-        let first = arrivals.map(\.at).min() ?? 0, last = arrivals.map(\.at).max() ?? 0
-        let rate = Double(arrivals.count) / max(0.001, last - first)
+        let figures = Lateness(arrivals)
         print(
             "canopy-bench remind: \(reminders) reminders due over \(Int(seconds)) s (\(Int(Double(reminders) / seconds))/s asked), one per person, to a local webhook sink"
         )
         printTable([
             ["figure", "value"],
             ["delivered", "\(arrivals.count) of \(reminders)"],
-            ["deliveries per second (over the run)", String(format: "%.0f", rate)],
+            ["deliveries per second (over the run)", String(format: "%.0f", figures.rate)],
             ["sink capacity, same client, 64 at once (baseline)", String(format: "%.0f/s", baseline)],
-            ["lateness p50 ms", "\(lateness.valueAtPercentile(50))"],
-            ["lateness p99 ms", "\(lateness.valueAtPercentile(99))"],
-            ["lateness max ms", String(format: "%.0f", latest)],
-            ["process CPU over the run (cores)", String(format: "%.2f", cpu / max(0.001, last - first + 1))],
+            ["lateness p50 ms", "\(figures.histogram.valueAtPercentile(50))"],
+            ["lateness p99 ms", "\(figures.histogram.valueAtPercentile(99))"],
+            ["lateness max ms", String(format: "%.0f", figures.latest)],
+            ["process CPU over the run (cores)", String(format: "%.2f", cpu / (figures.span + 1))],
         ])
         await running.stop()
         await sinkGroup.triggerGracefulShutdown()
