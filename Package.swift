@@ -243,7 +243,8 @@ targets += [
         [
             "CanopySamples", "CanopyAPI", "CanopyCare", "CanopyRemind", "CanopyImages", "CanopyIdentify", "CanopyImaging",
             "CanopyBus", "CanopyBroker", "CanopyTesting", "CanopyServiceKit", "CanopyCapture", "CanopyReplay", "CanopyMessages",
-            "canopy-api", "CanopyOutbound", P.asyncHTTPClient, P.crypto, P.grdb, P.hummingbird, P.jwtKit, P.nioCore, P.nioHTTP1, P.yams,
+            "canopy-api", "CanopyOutbound", P.asyncHTTPClient, P.crypto, P.grdb, P.hummingbird, P.jwtKit, P.nioCore, P.nioHTTP1, P.postgresNIO,
+            P.yams,
         ]),
     tests(
         "CanopyCareTests",

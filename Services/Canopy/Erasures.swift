@@ -186,7 +186,7 @@ struct Erasures: AsyncParsableCommand {
                     do {
                         try store.signOut(digest: digest, before: Date().addingTimeInterval(1), erasure: true)
                         let reply = try await bus.call(Care.DeleteAccount.self, .init(), principal: person, timeout: .seconds(30))
-                        try store.forgetKeys(of: person)
+                        try await store.forgetKeys(of: person)
                         table.append([String(digest.prefix(16)), "\(reply.plants)", "deleted again; the other services told"])
                     } catch {
                         failed += 1

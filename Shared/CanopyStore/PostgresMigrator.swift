@@ -37,6 +37,11 @@ public struct PostgresMigrator: Sendable {
     /// Adds the next migration (names are unique per store; a migration, once released, never
     /// changes: a new one follows it).
     public mutating func register(_ name: String, _ statements: String...) {
+        register(name, statements)
+    }
+
+    /// ``register(_:_:)-(_,String...)`` with the statements in an array.
+    public mutating func register(_ name: String, _ statements: [String]) {
         precondition(!migrations.contains { $0.name == name }, "the migration '\(name)' of \(store) is registered twice")
         migrations.append(Migration(name: name, statements: statements))
     }

@@ -3,7 +3,9 @@ import CanopyServiceKit
 import CanopyStore
 import CanopyTesting
 import Foundation
+import GRDB
 import Logging
+import PostgresNIO
 import Testing
 
 @testable import CanopyAPI
@@ -108,22 +110,22 @@ struct IdempotencyKeyTests {
         try await withStore(backend) { store in
             let now = Date()
             let first = Self.claim()
-            #expect(try store.claim(first, now: now) == .proceed)
+            #expect(try await store.claim(first, now: now) == .proceed)
             // Running: the same request again waits; another request with the key is refused.
-            #expect(try store.claim(Self.claim(), now: now) == .running(retryAfter: 5))
-            #expect(try store.claim(Self.claim(body: #"{"a":1}"#), now: now) == .otherRequest)
+            #expect(try await store.claim(Self.claim(), now: now) == .running(retryAfter: 5))
+            #expect(try await store.claim(Self.claim(body: #"{"a":1}"#), now: now) == .otherRequest)
             // Another person's key, and the key on another route, are other keys.
-            #expect(try store.claim(Self.claim("bob"), now: now) == .proceed)
-            #expect(try store.claim(Self.claim(route: "POST /v1/devices"), now: now) == .proceed)
+            #expect(try await store.claim(Self.claim("bob"), now: now) == .proceed)
+            #expect(try await store.claim(Self.claim(route: "POST /v1/devices"), now: now) == .proceed)
             // Only the holder answers.
-            try store.answer(Self.claim(), with: KeptAnswer(status: 500, headers: [], body: []), now: now)
-            #expect(try store.claim(Self.claim(), now: now) == .running(retryAfter: 5))
-            try store.answer(first, with: Self.answer, now: now)
-            #expect(try store.claim(Self.claim(), now: now.addingTimeInterval(60)) == .replay(Self.answer))
-            #expect(try store.claim(Self.claim(body: #"{"a":1}"#), now: now) == .otherRequest)
+            try await store.answer(Self.claim(), with: KeptAnswer(status: 500, headers: [], body: []), now: now)
+            #expect(try await store.claim(Self.claim(), now: now) == .running(retryAfter: 5))
+            try await store.answer(first, with: Self.answer, now: now)
+            #expect(try await store.claim(Self.claim(), now: now.addingTimeInterval(60)) == .replay(Self.answer))
+            #expect(try await store.claim(Self.claim(body: #"{"a":1}"#), now: now) == .otherRequest)
             // Kept a day, then gone.
-            #expect(try store.claim(Self.claim(), now: now.addingTimeInterval(IdempotencyKeys.lifetime - 1)) == .replay(Self.answer))
-            #expect(try store.claim(Self.claim(), now: now.addingTimeInterval(IdempotencyKeys.lifetime + 1)) == .proceed)
+            #expect(try await store.claim(Self.claim(), now: now.addingTimeInterval(IdempotencyKeys.lifetime - 1)) == .replay(Self.answer))
+            #expect(try await store.claim(Self.claim(), now: now.addingTimeInterval(IdempotencyKeys.lifetime + 1)) == .proceed)
         }
     }
 
@@ -131,19 +133,19 @@ struct IdempotencyKeyTests {
         try await withStore(backend) { store in
             let now = Date()
             let first = Self.claim(lease: 2)
-            #expect(try store.claim(first, now: now) == .proceed)
-            try store.release(Self.claim()) // not the holder: nothing
-            #expect(try store.claim(Self.claim(), now: now) == .running(retryAfter: 2))
-            try store.release(first)
+            #expect(try await store.claim(first, now: now) == .proceed)
+            try await store.release(Self.claim()) // not the holder: nothing
+            #expect(try await store.claim(Self.claim(), now: now) == .running(retryAfter: 2))
+            try await store.release(first)
             let second = Self.claim(lease: 2)
-            #expect(try store.claim(second, now: now) == .proceed, "let go (a 5xx): run again")
+            #expect(try await store.claim(second, now: now) == .proceed, "let go (a 5xx): run again")
             // Its edge died: after the lease, a repeat takes it over, and the dead holder cannot answer.
             let third = Self.claim()
-            #expect(try store.claim(third, now: now.addingTimeInterval(3)) == .proceed)
-            try store.answer(second, with: Self.answer, now: now)
-            #expect(try store.claim(Self.claim(), now: now.addingTimeInterval(3)) == .running(retryAfter: 5))
-            try store.answer(third, with: nil, now: now.addingTimeInterval(3))
-            #expect(try store.claim(Self.claim(), now: now.addingTimeInterval(4)) == .answeredNotKept)
+            #expect(try await store.claim(third, now: now.addingTimeInterval(3)) == .proceed)
+            try await store.answer(second, with: Self.answer, now: now)
+            #expect(try await store.claim(Self.claim(), now: now.addingTimeInterval(3)) == .running(retryAfter: 5))
+            try await store.answer(third, with: nil, now: now.addingTimeInterval(3))
+            #expect(try await store.claim(Self.claim(), now: now.addingTimeInterval(4)) == .answeredNotKept)
         }
     }
 
@@ -151,8 +153,7 @@ struct IdempotencyKeyTests {
         try await withStore(backend) { store in
             let now = Date()
             let decisions = try await withThrowingTaskGroup(of: IdempotencyDecision.self) { group in
-                // On Dispatch's threads: sixteen blocking store calls would hold the cooperative pool.
-                for _ in 0..<16 { group.addTask { try await offThePool { try store.claim(Self.claim(), now: now) } } }
+                for _ in 0..<16 { group.addTask { try await store.claim(Self.claim(), now: now) } }
                 return try await group.reduce(into: []) { $0.append($1) }
             }
             #expect(decisions.filter { $0 == .proceed }.count == 1)
@@ -167,13 +168,13 @@ struct IdempotencyKeyTests {
             for index in 0..<Self.limits.keysPerPerson {
                 let claim = Self.claim(key: "k\(index)")
                 let at = start.addingTimeInterval(Double(index) / 1_000)
-                #expect(try store.claim(claim, now: at) == .proceed)
-                try store.answer(claim, with: Self.answer, now: at)
+                #expect(try await store.claim(claim, now: at) == .proceed)
+                try await store.answer(claim, with: Self.answer, now: at)
             }
-            #expect(try store.claim(Self.claim(key: "k1"), now: start.addingTimeInterval(2)) == .replay(Self.answer))
-            #expect(try store.claim(Self.claim(key: "new"), now: start.addingTimeInterval(2)) == .proceed)
-            #expect(try store.claim(Self.claim(key: "k0"), now: start.addingTimeInterval(2)) == .proceed, "the oldest went to make room")
-            #expect(try store.claim(Self.claim("bob", key: "k5"), now: start.addingTimeInterval(2)) == .proceed, "another person's keys are not touched")
+            #expect(try await store.claim(Self.claim(key: "k1"), now: start.addingTimeInterval(2)) == .replay(Self.answer))
+            #expect(try await store.claim(Self.claim(key: "new"), now: start.addingTimeInterval(2)) == .proceed)
+            #expect(try await store.claim(Self.claim(key: "k0"), now: start.addingTimeInterval(2)) == .proceed, "the oldest went to make room")
+            #expect(try await store.claim(Self.claim("bob", key: "k5"), now: start.addingTimeInterval(2)) == .proceed, "another person's keys are not touched")
 
             // Kept bytes: large answers push the oldest out past the person's bytes.
             let large = KeptAnswer(status: 200, headers: [], body: [UInt8](repeating: 0x61, count: Self.limits.bytesPerPerson / 4))
@@ -181,16 +182,112 @@ struct IdempotencyKeyTests {
             for index in 0..<count {
                 let claim = Self.claim("cy", key: "big\(index)")
                 let at = start.addingTimeInterval(Double(index))
-                #expect(try store.claim(claim, now: at) == .proceed)
-                try store.answer(claim, with: large, now: at)
+                #expect(try await store.claim(claim, now: at) == .proceed)
+                try await store.answer(claim, with: large, now: at)
             }
-            #expect(try store.claim(Self.claim("cy", key: "big1"), now: start.addingTimeInterval(100)) == .replay(large), "only as many go as must")
-            #expect(try store.claim(Self.claim("cy", key: "big0"), now: start.addingTimeInterval(100)) == .proceed, "pushed out")
-            #expect(try store.claim(Self.claim("cy", key: "big\(count - 1)"), now: start.addingTimeInterval(100)) == .replay(large))
+            #expect(try await store.claim(Self.claim("cy", key: "big1"), now: start.addingTimeInterval(100)) == .replay(large), "only as many go as must")
+            #expect(try await store.claim(Self.claim("cy", key: "big0"), now: start.addingTimeInterval(100)) == .proceed, "pushed out")
+            #expect(try await store.claim(Self.claim("cy", key: "big\(count - 1)"), now: start.addingTimeInterval(100)) == .replay(large))
 
-            try store.forgetKeys(of: "ann")
-            #expect(try store.claim(Self.claim(key: "k1"), now: start.addingTimeInterval(3)) == .proceed)
-            #expect(try store.claim(Self.claim("bob", key: "k5"), now: start.addingTimeInterval(3)) == .running(retryAfter: 5))
+            try await store.forgetKeys(of: "ann")
+            #expect(try await store.claim(Self.claim(key: "k1"), now: start.addingTimeInterval(3)) == .proceed)
+            #expect(try await store.claim(Self.claim("bob", key: "k5"), now: start.addingTimeInterval(3)) == .running(retryAfter: 5))
         }
+    }
+
+    /// Each person's count of keys and bytes as the store keeps it (`idempotencyOwners`), and
+    /// as counted from the keys themselves.
+    static func counts(_ store: any APIStoring) throws -> (kept: [String: [Int]], counted: [String: [Int]]) {
+        let (kept, counted) = (
+            "SELECT person, keys, bytes FROM idempotencyOwners",
+            "SELECT person, COUNT(*) AS keys, CAST(COALESCE(SUM(bytes), 0) AS BIGINT) AS bytes FROM idempotencyKeys GROUP BY person"
+        )
+        if let store = store as? SQLiteAPIStore {
+            return try store.database.read { db in
+                func read(_ sql: String) throws -> [String: [Int]] {
+                    Dictionary(uniqueKeysWithValues: try Row.fetchAll(db, sql: sql).map { ($0["person"], [$0["keys"], $0["bytes"]]) })
+                }
+                return (try read(kept), try read(counted))
+            }
+        }
+        let store = try #require(store as? PostgresAPIStore)
+        return try store.database.read { session in
+            func read(_ sql: String) throws -> [String: [Int]] {
+                Dictionary(
+                    uniqueKeysWithValues: try session.rows(PostgresQuery(unsafeSQL: sql)).map {
+                        (try $0.column("person").decode(String.self), [try $0.column("keys").decode(Int.self), try $0.column("bytes").decode(Int.self)])
+                    })
+            }
+            return (try read(kept), try read(counted))
+        }
+    }
+
+    @Test(arguments: StoreBackend.allCases) func eachPersonsCountsStayTrueThroughClaimsAtOnceTheBoundAndExpiry(_ backend: StoreBackend) async throws {
+        try await withStore(backend) { store in
+            let now = Date()
+            // 64 new keys of one person at once, 16 of them let go (a 5xx), the rest answered.
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                for index in 0..<64 {
+                    group.addTask {
+                        let claim = Self.claim(key: "many-\(index)")
+                        #expect(try await store.claim(claim, now: now) == .proceed)
+                        if index % 4 == 0 { try await store.release(claim) } else { try await store.answer(claim, with: Self.answer, now: now) }
+                    }
+                }
+                try await group.waitForAll()
+            }
+            var (kept, counted) = try Self.counts(store)
+            #expect(kept == counted)
+            // Running keys are never dropped; the next claim brings the person back to their bound.
+            #expect(try await store.claim(Self.claim(key: "one-more"), now: now.addingTimeInterval(1)) == .proceed)
+            (kept, counted) = try Self.counts(store)
+            #expect(kept == counted)
+            #expect(kept["ann"] == [Self.limits.keysPerPerson, (Self.limits.keysPerPerson - 1) * Self.answer.body.count])
+            // A day later: a sweep just before the keys expire, then a claim of an expired key
+            // (not swept yet) takes it over; the next sweep takes the rest.
+            let swept = now.addingTimeInterval(IdempotencyKeys.lifetime - 10)
+            #expect(try await store.claim(Self.claim("bob"), now: swept) == .proceed)
+            #expect(try await store.claim(Self.claim(key: "one-more"), now: swept.addingTimeInterval(20)) == .proceed)
+            (kept, counted) = try Self.counts(store)
+            #expect(kept == counted)
+            #expect(kept["ann"] == [Self.limits.keysPerPerson, (Self.limits.keysPerPerson - 1) * Self.answer.body.count])
+            #expect(try await store.claim(Self.claim("cy"), now: swept.addingTimeInterval(81)) == .proceed)
+            (kept, counted) = try Self.counts(store)
+            #expect(kept == counted)
+            #expect(kept == ["ann": [1, 0], "bob": [1, 0], "cy": [1, 0]])
+            try await store.forgetKeys(of: "ann")
+            (kept, counted) = try Self.counts(store)
+            #expect(kept == ["bob": [1, 0], "cy": [1, 0]] && counted == kept)
+        }
+    }
+
+    @Test func twoEdgesClaimingTheSameKeysAtOnceEachKeyRunsOnceAndTheCountsStayTrue() async throws {
+        // Two edges on one PostgreSQL, each sending the same 48 keys of three people at once
+        // (their batches lock rows in one order: no deadlock between them).
+        let (first, place, cleanup) = try await Self.contract.open(.postgres)
+        defer { cleanup() }
+        let (second, closeSecond) = try await Self.contract.open(at: place)
+        defer { closeSecond() }
+        let now = Date()
+        let decisions = try await withThrowingTaskGroup(of: (String, IdempotencyDecision).self) { group in
+            for store in [first, second] {
+                for index in 0..<48 {
+                    group.addTask {
+                        let claim = Self.claim(["ann", "bob", "cy"][index % 3], key: "shared-\(index)")
+                        let decision = try await store.claim(claim, now: now)
+                        if decision == .proceed { try await store.answer(claim, with: Self.answer, now: now) }
+                        return ("\(claim.person) \(claim.key)", decision)
+                    }
+                }
+            }
+            return try await group.reduce(into: [String: [IdempotencyDecision]]()) { $0[$1.0, default: []].append($1.1) }
+        }
+        #expect(decisions.count == 48)
+        for (key, made) in decisions {
+            #expect(made.filter { $0 == .proceed }.count == 1, "\(key): \(made)")
+        }
+        let (kept, counted) = try Self.counts(first)
+        #expect(kept == counted)
+        #expect(kept.values.map { $0[0] }.reduce(0, +) == 48)
     }
 }

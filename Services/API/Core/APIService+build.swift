@@ -198,10 +198,8 @@ public func makeAPIService(settings: APIServiceSettings, bus: any BusCalling, lo
             for digest in digests { watcher?.note(signOut: digest, before: before) } // refused here at once, everywhere within the watch interval
         }
         api.forgetKeys = { person in
-            try await offThePool {
-                try store.forgetKeys(of: person)
-                store.eraseResidue()
-            }
+            try await store.forgetKeys(of: person)
+            try await offThePool { store.eraseResidue() }
         }
     }
     if settings.batchWindow > .zero {

@@ -187,12 +187,12 @@ public protocol IdempotencyStoring: Sendable {
     /// records it as running, held by `claim.holder` until the lease ends; in one transaction.
     /// Expired records go first; a person at their limit of keys (``IdempotencyLimits``) loses
     /// their oldest done ones.
-    func claim(_ claim: IdempotencyClaim, now: Date) throws -> IdempotencyDecision
+    func claim(_ claim: IdempotencyClaim, now: Date) async throws -> IdempotencyDecision
     /// Keeps the answer for ``IdempotencyKeys/lifetime`` (`nil`: too large, the record says it
     /// was done) if `claim` still holds the key; trims the person's kept bytes to their bound.
-    func answer(_ claim: IdempotencyClaim, with answer: KeptAnswer?, now: Date) throws
+    func answer(_ claim: IdempotencyClaim, with answer: KeptAnswer?, now: Date) async throws
     /// Lets the key go (the request failed in a way a retry may mend: a 5xx), if `claim` holds it.
-    func release(_ claim: IdempotencyClaim) throws
+    func release(_ claim: IdempotencyClaim) async throws
     /// Forgets every key of `person` (their account deleted).
-    func forgetKeys(of person: String) throws
+    func forgetKeys(of person: String) async throws
 }

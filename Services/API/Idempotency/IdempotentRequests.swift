@@ -35,7 +35,7 @@ struct IdempotentRequests: Sendable {
             lease: lease.seconds)
         let decision: IdempotencyDecision
         do {
-            decision = try await offThePool { [store] in try store.claim(claim, now: Date()) }
+            decision = try await store.claim(claim, now: Date())
         } catch {
             logger.error("api.idempotency.unreadable", metadata: ["api.request": "\(requestID)", "api.error": "\(error)"])
             return Problem.response(
@@ -74,14 +74,14 @@ struct IdempotentRequests: Sendable {
             try await response.body.write(CollectingWriter(sink: collector))
         } catch {
             logger.error("api.idempotency.unanswered", metadata: ["api.request": "\(requestID)", "api.error": "\(error)"])
-            try? await offThePool { [store] in try store.release(claim) }
+            try? await store.release(claim)
             return Problem.response(.internalServerError, "something failed inside canopy-api; the request id finds it in the log", requestID: requestID)
         }
         let bytes = collector.bytes
         response.body = .init(byteBuffer: ByteBuffer(bytes: bytes))
         do {
             if response.status.code >= 500 {
-                try await offThePool { [store] in try store.release(claim) }
+                try await store.release(claim)
             } else {
                 let kept =
                     bytes.count <= IdempotencyKeys.maximumAnswerBytes
@@ -89,7 +89,7 @@ struct IdempotentRequests: Sendable {
                         status: response.status.code, headers: Self.keptHeaders.compactMap { name in response.headers[name].map { [name.rawName, $0] } },
                         body: bytes)
                     : nil
-                try await offThePool { [store] in try store.answer(claim, with: kept, now: Date()) }
+                try await store.answer(claim, with: kept, now: Date())
             }
         } catch {
             // The work is done and answered; the key stays held until its lease ends, and a repeat

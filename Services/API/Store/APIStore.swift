@@ -58,6 +58,8 @@ let maximumRevokedTokens = 1_000_000
 final class SQLiteAPIStore: APIStoring {
     let database: DatabasePool
     let sweep = SweepClock()
+    /// Claims and answers of keys, many requests' in one transaction.
+    let keyWrites = GroupCommit<KeyWrite, KeyWritten>()
     let idempotencyLimits: IdempotencyLimits
 
     func eraseResidue() {
@@ -85,6 +87,7 @@ final class SQLiteAPIStore: APIStoring {
         // Sign-outs name a digest of the person, not the person (rows before it: 0 until digested).
         migrator.registerMigration("v3-digests") { db in try db.execute(sql: "ALTER TABLE signedOut ADD COLUMN digested INTEGER NOT NULL DEFAULT 0") }
         migrator.registerMigration("v4-erasures") { db in try db.execute(sql: Erasure.sqliteTable) }
+        migrator.registerMigration("v5-idempotency-owners") { db in try db.execute(sql: IdempotencyTable.sqliteOwners) }
         return migrator
     }
 
@@ -161,6 +164,8 @@ final class SQLiteAPIStore: APIStoring {
 final class PostgresAPIStore: APIStoring {
     let database: PostgresStore
     let sweep = SweepClock()
+    /// Claims and answers of keys, many requests' in one round trip or two.
+    let keyWrites = GroupCommit<KeyWrite, KeyWritten>()
     let idempotencyLimits: IdempotencyLimits
 
     func eraseResidue() {
@@ -192,6 +197,7 @@ final class PostgresAPIStore: APIStoring {
         // Sign-outs name a digest of the person, not the person (rows before it: 0 until digested).
         migrator.register("v3-digests", "ALTER TABLE signedOut ADD COLUMN digested INTEGER NOT NULL DEFAULT 0")
         migrator.register("v4-erasures", Erasure.postgresTable)
+        migrator.register("v5-idempotency-owners", IdempotencyTable.postgresOwners)
         return migrator
     }
 
@@ -312,7 +318,7 @@ public let apiStoreImport = StoreImport(
     tables: [
         .init("revokedTokens", key: ["jti"]), .init("signedOut", key: ["principal"]), .init("erasures", key: ["digest"]),
         .init("revocationMeta", key: ["key"], seeded: true),
-        .init("idempotencyKeys", key: ["person", "route", "key"]),
+        .init("idempotencyKeys", key: ["person", "route", "key"]), .init("idempotencyOwners", key: ["person"]),
     ])
 
 extension Erasure {
