@@ -21,12 +21,15 @@ struct CareBenchmark: AsyncParsableCommand {
     @Option(help: "The stores to measure, in turn: sqlite, postgres or both (postgres: a throwaway server, or --database-url).") var backends =
         "sqlite,postgres"
     @Option(help: "A PostgreSQL to measure on instead of a throwaway server (an empty database).") var databaseURL: String?
+    @Option(help: "Concurrent callers for the same requests measured again at once (0: not measured).") var callers = 64
 
     /// One backend's figures: each request's latencies, the round trip, and CPU per request.
     struct Figures {
         var backend: String
         var roundTrip: Histogram<UInt64>
         var rows: [(name: String, plants: String, latency: Histogram<UInt64>, target: String)] = []
+        /// The same requests from ``CareBenchmark/callers`` callers at once, with requests a second.
+        var together: [(name: String, latency: Histogram<UInt64>, perSecond: Double)] = []
         /// CPU seconds per request: this process (client, broker, canopy-care) and PostgreSQL's processes.
         var processCPU: Double = 0
         var databaseCPU: Double = 0
@@ -83,6 +86,19 @@ struct CareBenchmark: AsyncParsableCommand {
             print("the same requests, \(figures[1].backend) against \(figures[0].backend) in this run:")
             printTable(rows)
         }
+        if callers > 0 {
+            var rows = [["request", "callers"] + figures.flatMap { ["\($0.backend) requests/s", "\($0.backend) p50 µs", "\($0.backend) p99 µs"] }]
+            for (index, name) in (figures.first?.together.map(\.name) ?? []).enumerated() {
+                rows.append(
+                    [name, "\(callers)"]
+                        + figures.flatMap { figure in
+                            let row = figure.together[index]
+                            return [String(format: "%.0f", row.perSecond), "\(row.latency.valueAtPercentile(50))", "\(row.latency.valueAtPercentile(99))"]
+                        })
+            }
+            print("\nthe same requests from \(callers) callers at once (each saving for a person of their own; reading the same people), in this run:")
+            printTable(rows)
+        }
 
         // A year of tasks for 10,000 plants, with the scheduler the service uses.
         let catalog = CareTools.catalog.species
@@ -116,7 +132,7 @@ struct CareBenchmark: AsyncParsableCommand {
             try await Task.sleep(for: .milliseconds(50))
         }
         let catalog = CareTools.catalog.species
-        func plant(_ index: Int) -> Care.Plant {
+        @Sendable func plant(_ index: Int) -> Care.Plant {
             let species = catalog[index % catalog.count]
             return Care.Plant(
                 scientificName: species.scientificName, customName: index % 7 == 0 ? "Plant \(index)" : nil, favourite: index % 5 == 0,
@@ -165,10 +181,63 @@ struct CareBenchmark: AsyncParsableCommand {
                 }, "10,000"
             ))
         figures.requests = 1_500 + 6 * (repeats + 20)
+        if callers > 0 {
+            progress("\(backend): the same requests from \(callers) callers at once…\n")
+            var added = 0
+            let (perCaller, callers) = (max(10, repeats / callers), callers)
+            let together: [(String, @Sendable (Int) async throws -> Void)] = [
+                (
+                    "plants.add",
+                    { caller in
+                        _ = try await client.call(Care.AddPlant.self, plant(caller), principal: "caller-\(caller)")
+                    }
+                ),
+                ("plants.list first page of 50", { _ in _ = try await client.call(Care.ListPlants.self, .init(limit: 50), principal: "five-hundred") }),
+                (
+                    "plants.list search",
+                    { caller in
+                        _ = try await client.call(Care.ListPlants.self, .init(search: words[caller % words.count], limit: 50), principal: "thousand")
+                    }
+                ),
+                ("tasks.upcoming 7 days", { _ in _ = try await client.call(Care.UpcomingTasks.self, .init(days: 7), principal: "five-hundred") }),
+            ]
+            for (name, call) in together {
+                let (latency, perSecond) = try await Self.atOnce(callers: callers, each: perCaller, call)
+                figures.together.append((name, latency, perSecond))
+                added += callers * perCaller
+            }
+            figures.requests += added
+        }
         figures.processCPU = processCPU() - cpuBefore.process
         figures.databaseCPU = (postgres.map { databaseCPUSeconds($0.pid) } ?? 0) - cpuBefore.database
         await stack.shutdown()
         return figures
+    }
+
+    /// `callers` tasks each making `each` calls one after another (the first of each not
+    /// timed): every call's latency, and calls a second over the whole.
+    private static func atOnce(callers: Int, each: Int, _ call: @escaping @Sendable (Int) async throws -> Void) async throws -> (
+        Histogram<UInt64>, Double
+    ) {
+        let start = ContinuousClock.now
+        let latency = try await withThrowingTaskGroup(of: Histogram<UInt64>.self) { group in
+            for caller in 0..<callers {
+                group.addTask {
+                    var histogram = Histogram<UInt64>(highestTrackableValue: 60_000_000, numberOfSignificantValueDigits: .three)
+                    try await call(caller)
+                    for _ in 1..<each {
+                        let began = ContinuousClock.now
+                        try await call(caller)
+                        _ = histogram.record(UInt64((ContinuousClock.now - began).microseconds))
+                    }
+                    return histogram
+                }
+            }
+            var all = Histogram<UInt64>(highestTrackableValue: 60_000_000, numberOfSignificantValueDigits: .three)
+            for try await histogram in group { all.add(histogram) }
+            return all
+        }
+        return (latency, Double(callers * each) / (ContinuousClock.now - start).seconds)
     }
 
     private func timed(_ body: () async throws -> Void) async throws -> Histogram<UInt64> {
