@@ -173,6 +173,8 @@ struct CareBenchmark: AsyncParsableCommand {
                     _ = try await client.call(Care.ListPlants.self, .init(search: words[word % words.count], limit: 50), principal: "thousand")
                 }, "10,000"
             ))
+        let week = try await client.call(Care.UpcomingTasks.self, .init(days: 7), principal: "five-hundred")
+        progress("\(backend): tasks.upcoming 7 days answers \(week.overdue.count) overdue and \(week.upcoming.count) upcoming tasks\n")
         figures.rows.append(
             (
                 "tasks.upcoming 7 days", "500",

@@ -138,28 +138,51 @@ final class SQLiteCareStore: CareStoring {
         text.isEmpty ? [] : text.split(separator: separator, omittingEmptySubsequences: false).map(String.init)
     }
 
-    /// A plant from its row; with `profile` false the care profile is left out (listings).
-    fileprivate func plant(_ row: Row, profile: Bool) -> Care.Plant {
-        let overrideData = row["profileOverride"] as Data?
-        let override = profile ? overrideData.flatMap { try? codec.decode(Care.Profile.self, from: [UInt8]($0)) } : nil
-        let scientificName: String = row["scientificName"]
-        return Care.Plant(
-            id: row["id"], scientificName: scientificName, commonNames: Self.split(row["commonNames"]),
-            family: row["family"], genus: row["genus"], customName: row["customName"], location: row["location"], notes: row["notes"],
-            favourite: row["favourite"], imageIDs: Self.split(row["imageIDs"]),
-            identificationSource: Care.Source(rawValue: row["source"]) ?? .other, identificationConfidence: row["confidence"],
-            dateIdentified: (row["dateIdentified"] as Double?).map(Date.init(timeIntervalSince1970:)),
-            dateAdded: Date(timeIntervalSince1970: row["dateAdded"]),
-            profile: profile ? override ?? catalog.lookup(scientificName)?.profile : nil, profileOverridden: overrideData != nil,
-            version: row["version"])
+    /// The columns a plant is read from.
+    fileprivate enum PlantColumn: Int, CaseIterable {
+        case id, scientificName, commonNames, family, genus, customName, location, notes, favourite, imageIDs, source, confidence
+        case dateIdentified, dateAdded, profileOverride, version
     }
 
-    fileprivate static func task(_ row: Row) -> StoredTask {
-        StoredTask(
-            task: Care.Task(
-                id: row["id"], plantID: row["plantID"], kind: Care.TaskKind(rawValue: row["kind"]) ?? .custom, title: row["title"],
-                due: Date(timeIntervalSince1970: row["due"]), snoozedUntil: (row["snoozedUntil"] as Double?).map(Date.init(timeIntervalSince1970:))),
-            owner: row["owner"], anchor: Date(timeIntervalSince1970: row["anchor"]), everyDays: row["everyDays"])
+    /// The plants `statement` answers (`SELECT *` of plants), with their profiles or not.
+    fileprivate func plants(_ statement: Statement, _ arguments: StatementArguments, profile: Bool) throws -> [Care.Plant] {
+        let columns = try ColumnPositions<PlantColumn>(statement)
+        return try Array(Row.fetchCursor(statement, arguments: arguments).map { self.plant($0, columns, profile: profile) })
+    }
+
+    /// A plant from its row; with `profile` false the care profile is left out (listings).
+    private func plant(_ row: Row, _ columns: ColumnPositions<PlantColumn>, profile: Bool) -> Care.Plant {
+        let overrideData = row[columns[.profileOverride]] as Data?
+        let override = profile ? overrideData.flatMap { try? codec.decode(Care.Profile.self, from: [UInt8]($0)) } : nil
+        let scientificName: String = row[columns[.scientificName]]
+        return Care.Plant(
+            id: row[columns[.id]], scientificName: scientificName, commonNames: Self.split(row[columns[.commonNames]]),
+            family: row[columns[.family]], genus: row[columns[.genus]], customName: row[columns[.customName]], location: row[columns[.location]],
+            notes: row[columns[.notes]], favourite: row[columns[.favourite]], imageIDs: Self.split(row[columns[.imageIDs]]),
+            identificationSource: Care.Source(rawValue: row[columns[.source]]) ?? .other, identificationConfidence: row[columns[.confidence]],
+            dateIdentified: (row[columns[.dateIdentified]] as Double?).map(Date.init(timeIntervalSince1970:)),
+            dateAdded: Date(timeIntervalSince1970: row[columns[.dateAdded]]),
+            profile: profile ? override ?? catalog.lookup(scientificName)?.profile : nil, profileOverridden: overrideData != nil,
+            version: row[columns[.version]])
+    }
+
+    /// The columns a task is read from.
+    fileprivate enum TaskColumn: Int, CaseIterable {
+        case id, plantID, kind, title, due, snoozedUntil, owner, anchor, everyDays
+    }
+
+    /// The tasks `statement` answers (`SELECT *` of tasks).
+    fileprivate static func tasks(_ statement: Statement, _ arguments: StatementArguments) throws -> [StoredTask] {
+        let columns = try ColumnPositions<TaskColumn>(statement)
+        return try Array(
+            Row.fetchCursor(statement, arguments: arguments).map { row in
+                StoredTask(
+                    task: Care.Task(
+                        id: row[columns[.id]], plantID: row[columns[.plantID]], kind: Care.TaskKind(rawValue: row[columns[.kind]]) ?? .custom,
+                        title: row[columns[.title]], due: Date(timeIntervalSince1970: row[columns[.due]]),
+                        snoozedUntil: (row[columns[.snoozedUntil]] as Double?).map(Date.init(timeIntervalSince1970:))),
+                    owner: row[columns[.owner]], anchor: Date(timeIntervalSince1970: row[columns[.anchor]]), everyDays: row[columns[.everyDays]])
+            })
     }
 
     // MARK: - The outbox
@@ -231,8 +254,7 @@ private struct Transaction: CareWrites {
     // MARK: Plants
 
     func plant(owner: String, id: String) throws -> Care.Plant? {
-        try Row.fetchOne(db.cachedStatement(sql: "SELECT * FROM plants WHERE owner = ? AND id = ?"), arguments: [owner, id])
-            .map { store.plant($0, profile: true) }
+        try store.plants(db.cachedStatement(sql: "SELECT * FROM plants WHERE owner = ? AND id = ?"), [owner, id], profile: true).first
     }
 
     func hasPlant(owner: String, id: String) throws -> Bool {
@@ -248,7 +270,7 @@ private struct Transaction: CareWrites {
     }
 
     func plants(owner: String) throws -> [Care.Plant] {
-        try Row.fetchAll(db, sql: "SELECT * FROM plants WHERE owner = ?", arguments: [owner]).map { store.plant($0, profile: true) }
+        try store.plants(db.cachedStatement(sql: "SELECT * FROM plants WHERE owner = ?"), [owner], profile: true)
     }
 
     func plants(owner: String, matching request: Care.ListPlants.Request) throws -> Care.ListPlants.Reply {
@@ -301,10 +323,10 @@ private struct Transaction: CareWrites {
             }
         let filter = conditions.joined(separator: " AND ")
         let total = try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM plants WHERE \(filter)", arguments: StatementArguments(arguments)) ?? 0
-        let rows = try Row.fetchAll(
-            db, sql: "SELECT * FROM plants WHERE \(filter) ORDER BY \(order) LIMIT ? OFFSET ?",
-            arguments: StatementArguments(arguments + [request.limit, request.offset]))
-        return Care.ListPlants.Reply(plants: rows.map { store.plant($0, profile: false) }, total: total)
+        let plants = try store.plants(
+            db.makeStatement(sql: "SELECT * FROM plants WHERE \(filter) ORDER BY \(order) LIMIT ? OFFSET ?"),
+            StatementArguments(arguments + [request.limit, request.offset]), profile: false)
+        return Care.ListPlants.Reply(plants: plants, total: total)
     }
 
     func statistics(owner: String, monthStart: Date, now: Date, weekEnd: Date) throws -> Care.Statistics.Reply {
@@ -377,35 +399,29 @@ private struct Transaction: CareWrites {
     // MARK: Tasks and the care log
 
     func task(owner: String, id: String) throws -> StoredTask? {
-        try Row.fetchOne(db.cachedStatement(sql: "SELECT * FROM tasks WHERE owner = ? AND id = ?"), arguments: [owner, id]).map(SQLiteCareStore.task)
+        try SQLiteCareStore.tasks(db.cachedStatement(sql: "SELECT * FROM tasks WHERE owner = ? AND id = ?"), [owner, id]).first
     }
 
     func tasks(owner: String, plantID: String) throws -> [StoredTask] {
         // By the plant's index: SQLite's planner would take the owner's (every task of the
         // person) for the two equalities, and a collection of 500 plants made saves 25% slower.
-        try Row.fetchAll(
-            db.cachedStatement(sql: "SELECT * FROM tasks INDEXED BY tasksByPlant WHERE plantID = ? AND owner = ?"),
-            arguments: [plantID, owner]
-        ).map(SQLiteCareStore.task)
+        try SQLiteCareStore.tasks(db.cachedStatement(sql: "SELECT * FROM tasks INDEXED BY tasksByPlant WHERE plantID = ? AND owner = ?"), [plantID, owner])
     }
 
     func tasks(owner: String, showingBefore before: Date?, limit: Int) throws -> [StoredTask] {
-        let rows =
-            if let before {
-                try Row.fetchAll(
-                    db.cachedStatement(sql: "SELECT * FROM tasks WHERE owner = ? AND showAt < ? ORDER BY showAt, id LIMIT ?"),
-                    arguments: [owner, before.timeIntervalSince1970, limit])
-            } else {
-                try Row.fetchAll(db.cachedStatement(sql: "SELECT * FROM tasks WHERE owner = ? ORDER BY showAt, id LIMIT ?"), arguments: [owner, limit])
-            }
-        return rows.map(SQLiteCareStore.task)
+        if let before {
+            return try SQLiteCareStore.tasks(
+                db.cachedStatement(sql: "SELECT * FROM tasks WHERE owner = ? AND showAt < ? ORDER BY showAt, id LIMIT ?"),
+                [owner, before.timeIntervalSince1970, limit])
+        }
+        return try SQLiteCareStore.tasks(db.cachedStatement(sql: "SELECT * FROM tasks WHERE owner = ? ORDER BY showAt, id LIMIT ?"), [owner, limit])
     }
 
     func nextTask(owner: String, plantID: String) throws -> StoredTask? {
-        try Row.fetchOne(
+        try SQLiteCareStore.tasks(
             db.cachedStatement(sql: "SELECT * FROM tasks INDEXED BY tasksByPlant WHERE plantID = ? AND owner = ? ORDER BY showAt, id LIMIT 1"),
-            arguments: [plantID, owner]
-        ).map(SQLiteCareStore.task)
+            [plantID, owner]
+        ).first
     }
 
     func customTaskCount(owner: String, plantID: String) throws -> Int {
