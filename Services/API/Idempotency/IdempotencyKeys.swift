@@ -184,9 +184,9 @@ public enum IdempotencyDecision: Sendable, Equatable {
 /// stack shares), so every replica of the edge sees every key.
 public protocol IdempotencyStoring: Sendable {
     /// Looks the key up and, when the request is to run (``IdempotencyDecision/proceed``),
-    /// records it as running, held by `claim.holder` until the lease ends; in one transaction.
-    /// Expired records go first; a person at their limit of keys (``IdempotencyLimits``) loses
-    /// their oldest done ones.
+    /// records it as running, held by `claim.holder` until the lease ends, at once for
+    /// everyone. An expired record counts as none; a person past their limit of keys
+    /// (``IdempotencyLimits``) loses their oldest done ones.
     func claim(_ claim: IdempotencyClaim, now: Date) async throws -> IdempotencyDecision
     /// Keeps the answer for ``IdempotencyKeys/lifetime`` (`nil`: too large, the record says it
     /// was done) if `claim` still holds the key; trims the person's kept bytes to their bound.

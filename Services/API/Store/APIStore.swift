@@ -172,9 +172,13 @@ final class PostgresAPIStore: APIStoring {
         database.vacuumSoon(apiStoreImport.tables.map(\.name))
     }
 
-    private init(database: PostgresStore, idempotencyLimits: IdempotencyLimits) {
+    /// Where batches of keys say what failed after their writes committed.
+    let logger: Logger
+
+    private init(database: PostgresStore, idempotencyLimits: IdempotencyLimits, logger: Logger) {
         self.database = database
         self.idempotencyLimits = idempotencyLimits
+        self.logger = logger
     }
 
     static func open(
@@ -182,7 +186,7 @@ final class PostgresAPIStore: APIStoring {
     ) async throws -> PostgresAPIStore {
         PostgresAPIStore(
             database: try await PostgresStore.open(url: url, migrator: migrator, size: poolSize, waitingUpTo: wait, logger: logger),
-            idempotencyLimits: idempotencyLimits)
+            idempotencyLimits: idempotencyLimits, logger: logger)
     }
 
     static var migrator: PostgresMigrator {

@@ -47,13 +47,17 @@ enum IdempotencyTable {
         CREATE INDEX idempotencyKeysDone ON idempotencyKeys (person, expiresAt) WHERE answered = 1;
         """
     static let postgresOwners = [
+        // Writers of keys wait for the counts to be filled (the migration's transaction).
+        "LOCK TABLE idempotencyKeys IN SHARE ROW EXCLUSIVE MODE",
         "CREATE TABLE idempotencyOwners (person TEXT PRIMARY KEY, keys BIGINT NOT NULL, bytes BIGINT NOT NULL)",
         "INSERT INTO idempotencyOwners SELECT person, COUNT(*), COALESCE(SUM(bytes), 0) FROM idempotencyKeys GROUP BY person",
         "DROP INDEX idempotencyKeysByPerson",
         "CREATE INDEX idempotencyKeysDone ON idempotencyKeys (person, expiresAt) WHERE answered = 1",
     ]
 
-    /// How often a store deletes every expired row (each claim deletes its person's own).
+    /// How often a store deletes every expired row (with the first batch of writes that long
+    /// after the last sweep; until then an expired key counts as gone for a claim, and
+    /// toward its person's bound).
     static let sweepInterval: TimeInterval = 60
 
     static let encoder = JSONEncoder()
@@ -335,7 +339,12 @@ extension PostgresAPIStore: KeyWriteBatches {
     /// ``claimAll(_:)``).
     func write(_ batch: [KeyWrite], sweepingBefore sweep: Date?) async throws -> [Result<KeyWritten, any Error>] {
         try await offThePool { [self] in
-            if let sweep { try deleteExpired(before: sweep.timeIntervalSince1970) }
+            if let sweep {
+                // Best effort: an expired key counts as gone whether or not it is deleted yet.
+                do { try deleteExpired(before: sweep.timeIntervalSince1970) } catch {
+                    logger.warning("api.idempotency.sweep.failed", metadata: ["api.error": "\(error)"])
+                }
+            }
             var claims: [(IdempotencyClaim, Date)] = []
             var answers: [(IdempotencyClaim, KeptAnswer?, Date)] = []
             for key in batch {
@@ -344,10 +353,17 @@ extension PostgresAPIStore: KeyWriteBatches {
                 case .answer(let claim, let answer, let now): answers.append((claim, answer, now))
                 }
             }
-            if !answers.isEmpty { try answerAll(answers) }
-            var decisions = (claims.isEmpty ? [] : try claimAll(claims)).makeIterator()
+            // Each statement's callers are told its own outcome: answers kept while claims
+            // failed are kept.
+            let answered = answers.isEmpty ? .success(()) : Result { try answerAll(answers) }
+            var decisions: IndexingIterator<[Result<IdempotencyDecision, any Error>]>
+            do {
+                decisions = (claims.isEmpty ? [] : try claimAll(claims)).makeIterator()
+            } catch {
+                decisions = Array(repeating: .failure(error), count: claims.count).makeIterator()
+            }
             return batch.map { key -> Result<KeyWritten, any Error> in
-                guard case .claim = key else { return .success(.answered) }
+                guard case .claim = key else { return answered.map { .answered } }
                 return decisions.next()?.map(KeyWritten.decided)
                     ?? .failure(PostgresStore.Failure(description: "a claim of the batch was not answered"))
             }
@@ -422,8 +438,14 @@ extension PostgresAPIStore: KeyWriteBatches {
             let decision = IdempotencyDecision.decide(record, for: claim, now: now)
             if decision == .proceed { alone.append(index) } else { results[index] = .success(decision) }
         }
+        // The claims are committed: a trim that fails is told to the log, not to them (the
+        // person's next claim trims again).
         for (person, count) in held.sorted(by: { $0.key < $1.key }) where count > idempotencyLimits.keysPerPerson {
-            try dropOldest(person: person, count: count - idempotencyLimits.keysPerPerson)
+            do {
+                try dropOldest(person: person, count: count - idempotencyLimits.keysPerPerson)
+            } catch {
+                logger.warning("api.idempotency.trim.failed", metadata: ["api.error": "\(error)"])
+            }
         }
         for index in alone.sorted() {
             results[index] = Result { try claimAlone(batch[index].0, now: batch[index].1) }
@@ -539,11 +561,11 @@ extension PostgresAPIStore: KeyWriteBatches {
                 try session.execute(
                     """
                     WITH kept AS (
-                        SELECT route, key, bytes, SUM(bytes) OVER (ORDER BY expiresAt, route, key) AS through FROM idempotencyKeys
+                        SELECT route, key, bytes, expiresAt, SUM(bytes) OVER (ORDER BY expiresAt, route, key) AS through FROM idempotencyKeys
                         WHERE person = \(person) AND answered = 1 AND bytes > 0),
                     gone AS (
                         DELETE FROM idempotencyKeys k USING kept WHERE k.person = \(person) AND k.route = kept.route AND k.key = kept.key
-                            AND kept.through - kept.bytes < \(total - limit)
+                            AND kept.through - kept.bytes < \(total - limit) AND k.answered = 1 AND k.expiresAt = kept.expiresAt
                         RETURNING k.bytes)
                     UPDATE idempotencyOwners SET keys = keys - (SELECT COUNT(*) FROM gone), bytes = bytes - (SELECT COALESCE(SUM(bytes), 0) FROM gone)
                     WHERE person = \(person)
@@ -570,23 +592,30 @@ extension PostgresAPIStore: KeyWriteBatches {
             try database.statement { session in
                 try session.execute(
                     """
-                    WITH gone AS (DELETE FROM idempotencyKeys WHERE person = \(person))
-                    DELETE FROM idempotencyOwners WHERE person = \(person)
+                    WITH gone AS (DELETE FROM idempotencyKeys WHERE person = \(person) RETURNING bytes)
+                    UPDATE idempotencyOwners SET keys = keys - (SELECT COUNT(*) FROM gone), bytes = bytes - (SELECT COALESCE(SUM(bytes), 0) FROM gone)
+                    WHERE person = \(person)
                     """)
             }
+            // Gone when nothing is left (a claim that came meanwhile keeps its count).
+            try database.statement { session in try session.execute("DELETE FROM idempotencyOwners WHERE person = \(person) AND keys <= 0") }
         }
     }
 
-    /// The `count` oldest done keys of `person` go (they are past their bound of keys); a key
-    /// another claim dropped meanwhile is not counted twice.
+    /// The `count` oldest done keys of `person` go (they are past their bound of keys). Each
+    /// is deleted only as it was read (done, its expiry the same): one that another edge took
+    /// over meanwhile (it had expired) runs again and stays; one another claim dropped
+    /// meanwhile is not counted twice.
     private func dropOldest(person: String, count: Int) throws {
         try database.statement { session in
             try session.execute(
                 """
-                WITH gone AS (
-                    DELETE FROM idempotencyKeys WHERE (person, route, key) IN
-                        (SELECT person, route, key FROM idempotencyKeys WHERE person = \(person) AND answered = 1 ORDER BY expiresAt LIMIT \(count))
-                    RETURNING bytes)
+                WITH oldest AS (
+                    SELECT route, key, expiresAt FROM idempotencyKeys WHERE person = \(person) AND answered = 1 ORDER BY expiresAt LIMIT \(count)),
+                gone AS (
+                    DELETE FROM idempotencyKeys k USING oldest
+                    WHERE k.person = \(person) AND k.route = oldest.route AND k.key = oldest.key AND k.answered = 1 AND k.expiresAt = oldest.expiresAt
+                    RETURNING k.bytes)
                 UPDATE idempotencyOwners SET keys = keys - (SELECT COUNT(*) FROM gone), bytes = bytes - (SELECT COALESCE(SUM(bytes), 0) FROM gone)
                 WHERE person = \(person)
                 """)
@@ -594,17 +623,25 @@ extension PostgresAPIStore: KeyWriteBatches {
     }
 
     /// Every expired key goes, and its person's counts with it (one statement), then the
-    /// counts of people left with none.
+    /// counts of people left with none. Keys another statement holds are left for the next
+    /// sweep, and people's counts change in the order of their names after every key is
+    /// deleted, as batches change them: a sweep and a batch never wait for each other in a
+    /// circle.
     private func deleteExpired(before at: Double) throws {
         try database.statement { session in
             try session.execute(
                 """
-                WITH gone AS (DELETE FROM idempotencyKeys WHERE expiresAt < \(at) RETURNING person, bytes)
-                UPDATE idempotencyOwners SET keys = idempotencyOwners.keys - sums.keys, bytes = idempotencyOwners.bytes - sums.bytes
-                FROM (SELECT person, COUNT(*) AS keys, SUM(bytes) AS bytes FROM gone GROUP BY person) AS sums
-                WHERE idempotencyOwners.person = sums.person
+                WITH gone AS (
+                    DELETE FROM idempotencyKeys WHERE (person, route, key) IN
+                        (SELECT person, route, key FROM idempotencyKeys WHERE expiresAt < \(at) FOR UPDATE SKIP LOCKED)
+                    RETURNING person, bytes)
+                INSERT INTO idempotencyOwners SELECT person, -COUNT(*), -COALESCE(SUM(bytes), 0) FROM gone GROUP BY person ORDER BY person
+                ON CONFLICT (person) DO UPDATE SET keys = idempotencyOwners.keys + EXCLUDED.keys, bytes = idempotencyOwners.bytes + EXCLUDED.bytes
                 """)
         }
-        try database.statement { session in try session.execute("DELETE FROM idempotencyOwners WHERE keys <= 0") }
+        try database.statement { session in
+            try session.execute(
+                "DELETE FROM idempotencyOwners WHERE person IN (SELECT person FROM idempotencyOwners WHERE keys <= 0 FOR UPDATE SKIP LOCKED)")
+        }
     }
 }
