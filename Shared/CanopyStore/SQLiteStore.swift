@@ -110,30 +110,3 @@ public enum SQLiteStore {
         }
     }
 }
-
-extension Statement {
-    /// Where column `name` is in this statement's rows (SQLite's names are case-insensitive),
-    /// or an error that names it. A query that reads many rows looks its columns up once
-    /// with this and reads each cell by position: GRDB's `row["name"]` lowercases and hashes
-    /// the name for every cell (8% of canopy-care's CPU in its benchmark, listing 500 plants).
-    public func position(of name: String) throws -> Int {
-        let folded = name.lowercased()
-        guard let index = columnNames.firstIndex(where: { $0.lowercased() == folded }) else {
-            throw DatabaseError(message: "the query's rows have no column \(name) (they have \(columnNames.joined(separator: ", ")))")
-        }
-        return index
-    }
-}
-
-/// Where each column `Column` names is in a statement's rows, looked up once a query
-/// (``GRDB/Statement/position(of:)``): `row[columns[.id]]` reads a cell by its position. The
-/// cases are the columns' names, numbered from 0 in order.
-public struct ColumnPositions<Column: RawRepresentable & CaseIterable> where Column.RawValue == Int {
-    private let positions: [Int]
-
-    public init(_ statement: Statement) throws {
-        positions = try Column.allCases.map { try statement.position(of: "\($0)") }
-    }
-
-    public subscript(_ column: Column) -> Int { positions[column.rawValue] }
-}

@@ -6,25 +6,6 @@ import Testing
 
 /// How every SQLite store is opened (``SQLiteStore``).
 struct SQLiteStoreTests {
-    @Test func aColumnIsFoundByNameWhateverItsCaseAndAMissingOneIsAnErrorThatNamesIt() throws {
-        let queue = try DatabaseQueue()
-        try queue.write { db in
-            try db.execute(sql: "CREATE TABLE plants (id TEXT, scientificName TEXT); INSERT INTO plants VALUES ('p-1', 'Monstera deliciosa')")
-            let statement = try db.makeStatement(sql: "SELECT * FROM plants")
-            #expect(try statement.position(of: "scientificName") == 1)
-            #expect(try statement.position(of: "SCIENTIFICNAME") == 1)
-            #expect(try statement.position(of: "id") == 0)
-            #expect(try Row.fetchOne(statement)?[try statement.position(of: "scientificName")] == "Monstera deliciosa")
-            #expect {
-                try statement.position(of: "family")
-            } throws: { error in
-                "\(error)".contains("the query's rows have no column family (they have id, scientificName)")
-            }
-        }
-    }
-
-    /// A commit does not checkpoint the write-ahead log (an fsync and a copy, 3–4 ms at the
-    /// wrong moment): the background does, on its own connection, soon after.
     @Test func theLogIsCheckpointedInTheBackgroundNotByACommit() async throws {
         let directory = try TemporaryDirectory("sqlite-store")
         defer { directory.remove() }

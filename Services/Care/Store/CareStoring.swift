@@ -197,3 +197,14 @@ enum RequestKeys {
     static let lifetime: TimeInterval = 24 * 3600
     static let maximumPerOwner = 10_000
 }
+
+/// The columns a plant is read from, on either store (``ColumnPositions``).
+enum PlantColumn: Int, CaseIterable {
+    case id, scientificName, commonNames, family, genus, customName, location, notes, favourite, imageIDs, source, confidence
+    case dateIdentified, dateAdded, profileOverride, version
+}
+
+/// The columns a task is read from, on either store.
+enum TaskColumn: Int, CaseIterable {
+    case id, plantID, kind, title, due, snoozedUntil, owner, anchor, everyDays
+}

@@ -149,43 +149,51 @@ final class PostgresCareStore: CareStoring {
     // MARK: - Rows
 
     /// The columns a plant is read from (``plant(_:profile:)``, by name).
-    static let plantColumns = """
-        id, scientificName, commonNames, family, genus, customName, location, notes, favourite, imageIDs, source, confidence,
-        dateIdentified, dateAdded, profileOverride, version
-        """
+    static let plantColumns = ColumnPositions<PlantColumn>.list
 
-    fileprivate func plant(_ row: PostgresRandomAccessRow, profile: Bool) throws -> Care.Plant {
-        let overrideData = try row.column("profileOverride").decode(Data?.self)
-        let override = profile ? overrideData.flatMap { try? codec.decode(Care.Profile.self, from: [UInt8]($0)) } : nil
-        let scientificName = try row.column("scientificName").decode(String.self)
-        return Care.Plant(
-            id: try row.column("id").decode(String.self), scientificName: scientificName,
-            commonNames: SQLiteCareStore.split(try row.column("commonNames").decode(String.self)),
-            family: try row.column("family").decode(String.self), genus: try row.column("genus").decode(String.self),
-            customName: try row.column("customName").decode(String?.self),
-            location: try row.column("location").decode(String?.self), notes: try row.column("notes").decode(String?.self),
-            favourite: try row.column("favourite").decode(Bool.self),
-            imageIDs: SQLiteCareStore.split(try row.column("imageIDs").decode(String.self)),
-            identificationSource: Care.Source(rawValue: try row.column("source").decode(String.self)) ?? .other,
-            identificationConfidence: try row.column("confidence").decode(Double?.self),
-            dateIdentified: try row.column("dateIdentified").decode(Double?.self).map(Date.init(timeIntervalSince1970:)),
-            dateAdded: Date(timeIntervalSince1970: try row.column("dateAdded").decode(Double.self)),
-            profile: profile ? override ?? catalog.lookup(scientificName)?.profile : nil, profileOverridden: overrideData != nil,
-            version: try row.column("version").decode(Int.self))
+    /// The plants `rows` hold (``plantColumns``), with their profiles or not.
+    fileprivate func plants(_ rows: [PostgresRandomAccessRow], profile: Bool) throws -> [Care.Plant] {
+        guard let first = rows.first else { return [] }
+        let columns = try ColumnPositions<PlantColumn>(first)
+        return try rows.map { row in
+            let overrideData = try row[columns[.profileOverride]].decode(Data?.self)
+            let override = profile ? overrideData.flatMap { try? codec.decode(Care.Profile.self, from: [UInt8]($0)) } : nil
+            let scientificName = try row[columns[.scientificName]].decode(String.self)
+            return Care.Plant(
+                id: try row[columns[.id]].decode(String.self), scientificName: scientificName,
+                commonNames: SQLiteCareStore.split(try row[columns[.commonNames]].decode(String.self)),
+                family: try row[columns[.family]].decode(String.self), genus: try row[columns[.genus]].decode(String.self),
+                customName: try row[columns[.customName]].decode(String?.self),
+                location: try row[columns[.location]].decode(String?.self), notes: try row[columns[.notes]].decode(String?.self),
+                favourite: try row[columns[.favourite]].decode(Bool.self),
+                imageIDs: SQLiteCareStore.split(try row[columns[.imageIDs]].decode(String.self)),
+                identificationSource: Care.Source(rawValue: try row[columns[.source]].decode(String.self)) ?? .other,
+                identificationConfidence: try row[columns[.confidence]].decode(Double?.self),
+                dateIdentified: try row[columns[.dateIdentified]].decode(Double?.self).map(Date.init(timeIntervalSince1970:)),
+                dateAdded: Date(timeIntervalSince1970: try row[columns[.dateAdded]].decode(Double.self)),
+                profile: profile ? override ?? catalog.lookup(scientificName)?.profile : nil, profileOverridden: overrideData != nil,
+                version: try row[columns[.version]].decode(Int.self))
+        }
     }
 
-    /// The columns a task is read from (``task(_:)``, by name).
-    static let taskColumns = "id, plantID, kind, title, due, snoozedUntil, owner, anchor, everyDays"
+    /// The columns a task is read from (``tasks(_:)``).
+    static let taskColumns = ColumnPositions<TaskColumn>.list
 
-    fileprivate static func task(_ row: PostgresRandomAccessRow) throws -> StoredTask {
-        StoredTask(
-            task: Care.Task(
-                id: try row.column("id").decode(String.self), plantID: try row.column("plantID").decode(String.self),
-                kind: Care.TaskKind(rawValue: try row.column("kind").decode(String.self)) ?? .custom, title: try row.column("title").decode(String.self),
-                due: Date(timeIntervalSince1970: try row.column("due").decode(Double.self)),
-                snoozedUntil: try row.column("snoozedUntil").decode(Double?.self).map(Date.init(timeIntervalSince1970:))),
-            owner: try row.column("owner").decode(String.self), anchor: Date(timeIntervalSince1970: try row.column("anchor").decode(Double.self)),
-            everyDays: try row.column("everyDays").decode(Int?.self))
+    /// The tasks `rows` hold (``taskColumns``).
+    fileprivate static func tasks(_ rows: [PostgresRandomAccessRow]) throws -> [StoredTask] {
+        guard let first = rows.first else { return [] }
+        let columns = try ColumnPositions<TaskColumn>(first)
+        return try rows.map { row in
+            StoredTask(
+                task: Care.Task(
+                    id: try row[columns[.id]].decode(String.self), plantID: try row[columns[.plantID]].decode(String.self),
+                    kind: Care.TaskKind(rawValue: try row[columns[.kind]].decode(String.self)) ?? .custom,
+                    title: try row[columns[.title]].decode(String.self), due: Date(timeIntervalSince1970: try row[columns[.due]].decode(Double.self)),
+                    snoozedUntil: try row[columns[.snoozedUntil]].decode(Double?.self).map(Date.init(timeIntervalSince1970:))),
+                owner: try row[columns[.owner]].decode(String.self),
+                anchor: Date(timeIntervalSince1970: try row[columns[.anchor]].decode(Double.self)),
+                everyDays: try row[columns[.everyDays]].decode(Int?.self))
+        }
     }
 
     // MARK: - The outbox
@@ -300,8 +308,8 @@ private struct PostgresCareTransaction: CareWrites {
     // MARK: Plants
 
     func plant(owner: String, id: String) throws -> Care.Plant? {
-        try session.row("SELECT \(unescaped: PostgresCareStore.plantColumns) FROM plants WHERE owner = \(owner) AND id = \(id)")
-            .map { try store.plant($0, profile: true) }
+        try store.plants(session.rows("SELECT \(unescaped: PostgresCareStore.plantColumns) FROM plants WHERE owner = \(owner) AND id = \(id)"), profile: true)
+            .first
     }
 
     func hasPlant(owner: String, id: String) throws -> Bool {
@@ -317,7 +325,7 @@ private struct PostgresCareTransaction: CareWrites {
     }
 
     func plants(owner: String) throws -> [Care.Plant] {
-        try session.rows("SELECT \(unescaped: PostgresCareStore.plantColumns) FROM plants WHERE owner = \(owner)").map { try store.plant($0, profile: true) }
+        try store.plants(session.rows("SELECT \(unescaped: PostgresCareStore.plantColumns) FROM plants WHERE owner = \(owner)"), profile: true)
     }
 
     func plants(owner: String, matching request: Care.ListPlants.Request) throws -> Care.ListPlants.Reply {
@@ -359,7 +367,7 @@ private struct PostgresCareTransaction: CareWrites {
         let rows = try session.rows(
             PostgresQuery(
                 unsafeSQL: "SELECT \(PostgresCareStore.plantColumns) FROM plants WHERE \(filter) ORDER BY \(order) \(page)", binds: bindings))
-        return Care.ListPlants.Reply(plants: try rows.map { try store.plant($0, profile: false) }, total: total)
+        return Care.ListPlants.Reply(plants: try store.plants(rows, profile: false), total: total)
     }
 
     func statistics(owner: String, monthStart: Date, now: Date, weekEnd: Date) throws -> Care.Statistics.Reply {
@@ -406,10 +414,10 @@ private struct PostgresCareTransaction: CareWrites {
         RETURNING \(unescaped: PostgresCareStore.plantColumns)
         """
         // As stored, in the same round trip (an update of someone else's id changes nothing and answers nothing).
-        guard let row = try session.row(query) else {
+        guard let stored = try store.plants(session.rows(query), profile: true).first else {
             throw CanopyError(.conflict, "the plant id '\(plant.id)' is taken; leave id empty and one is chosen")
         }
-        return try store.plant(row, profile: true)
+        return stored
     }
 
     func deletePlant(owner: String, id: String) throws {
@@ -442,12 +450,12 @@ private struct PostgresCareTransaction: CareWrites {
     // MARK: Tasks and the care log
 
     func task(owner: String, id: String) throws -> StoredTask? {
-        try session.row("SELECT \(unescaped: PostgresCareStore.taskColumns) FROM tasks WHERE owner = \(owner) AND id = \(id)").map(PostgresCareStore.task)
+        try PostgresCareStore.tasks(session.rows("SELECT \(unescaped: PostgresCareStore.taskColumns) FROM tasks WHERE owner = \(owner) AND id = \(id)")).first
     }
 
     func tasks(owner: String, plantID: String) throws -> [StoredTask] {
-        try session.rows("SELECT \(unescaped: PostgresCareStore.taskColumns) FROM tasks WHERE plantID = \(plantID) AND owner = \(owner)")
-            .map(PostgresCareStore.task)
+        try PostgresCareStore.tasks(
+            session.rows("SELECT \(unescaped: PostgresCareStore.taskColumns) FROM tasks WHERE plantID = \(plantID) AND owner = \(owner)"))
     }
 
     func tasks(owner: String, showingBefore before: Date?, limit: Int) throws -> [StoredTask] {
@@ -461,15 +469,16 @@ private struct PostgresCareTransaction: CareWrites {
             } else {
                 try session.rows("SELECT \(unescaped: PostgresCareStore.taskColumns) FROM tasks WHERE owner = \(owner) ORDER BY showAt, id LIMIT \(limit)")
             }
-        return try rows.map(PostgresCareStore.task)
+        return try PostgresCareStore.tasks(rows)
     }
 
     func nextTask(owner: String, plantID: String) throws -> StoredTask? {
-        try session.row(
-            """
-            SELECT \(unescaped: PostgresCareStore.taskColumns) FROM tasks WHERE plantID = \(plantID) AND owner = \(owner) ORDER BY showAt, id LIMIT 1
-            """
-        ).map(PostgresCareStore.task)
+        try PostgresCareStore.tasks(
+            session.rows(
+                """
+                SELECT \(unescaped: PostgresCareStore.taskColumns) FROM tasks WHERE plantID = \(plantID) AND owner = \(owner) ORDER BY showAt, id LIMIT 1
+                """)
+        ).first
     }
 
     func customTaskCount(owner: String, plantID: String) throws -> Int {

@@ -138,12 +138,6 @@ final class SQLiteCareStore: CareStoring {
         text.isEmpty ? [] : text.split(separator: separator, omittingEmptySubsequences: false).map(String.init)
     }
 
-    /// The columns a plant is read from.
-    fileprivate enum PlantColumn: Int, CaseIterable {
-        case id, scientificName, commonNames, family, genus, customName, location, notes, favourite, imageIDs, source, confidence
-        case dateIdentified, dateAdded, profileOverride, version
-    }
-
     /// The plants `statement` answers (`SELECT *` of plants), with their profiles or not.
     fileprivate func plants(_ statement: Statement, _ arguments: StatementArguments, profile: Bool) throws -> [Care.Plant] {
         let columns = try ColumnPositions<PlantColumn>(statement)
@@ -164,11 +158,6 @@ final class SQLiteCareStore: CareStoring {
             dateAdded: Date(timeIntervalSince1970: row[columns[.dateAdded]]),
             profile: profile ? override ?? catalog.lookup(scientificName)?.profile : nil, profileOverridden: overrideData != nil,
             version: row[columns[.version]])
-    }
-
-    /// The columns a task is read from.
-    fileprivate enum TaskColumn: Int, CaseIterable {
-        case id, plantID, kind, title, due, snoozedUntil, owner, anchor, everyDays
     }
 
     /// The tasks `statement` answers (`SELECT *` of tasks).
