@@ -35,11 +35,17 @@ struct ColumnPositionsTests {
     @Test func postgresColumnsAreFoundByNameAsPostgreSQLFoldsThemAndAMissingOneIsAnErrorThatNamesIt() async throws {
         let logger = Logger(label: "canopy-test-columns")
         let url = try await PostgresServer.shared().database()
+        // A connection must be closed before it goes (postgres-nio asserts it), also on failure.
         let connection = try await PostgresConnection.connect(configuration: try url.connectionConfiguration(), id: 1, logger: logger)
-        defer { connection.close().whenComplete { _ in } }
         var rows: [PostgresRandomAccessRow] = []
-        for try await row in try await connection.query("SELECT 'Monstera deliciosa' AS scientificName, 'p-1' AS id", logger: logger) {
-            rows.append(row.makeRandomAccess())
+        do {
+            for try await row in try await connection.query("SELECT 'Monstera deliciosa' AS scientificName, 'p-1' AS id", logger: logger) {
+                rows.append(row.makeRandomAccess())
+            }
+            try await connection.close()
+        } catch {
+            try? await connection.close()
+            throw error
         }
         let row = try #require(rows.first)
         #expect(ColumnPositions<PlantColumn>.list == "id, scientificName")

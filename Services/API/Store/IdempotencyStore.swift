@@ -167,11 +167,10 @@ extension KeyWriteBatches {
 // MARK: - SQLite
 
 // Claims and answers are written in batches (``GroupCommit``): what many requests at once
-// ask for in one transaction. Every statement prepared once
-// per connection (`cachedStatement`): preparing one is most of what a statement this small
-// costs. A claim of a new key is two statements (the key, its person's count), keeping its
-// answer two more (the row, its person's bytes); what a person holds is read from their
-// count, never counted.
+// ask for in one transaction. Every statement is prepared once per connection
+// (`cachedStatement`): preparing one is most of what a statement this small costs. A claim of
+// a new key is two statements (the key, its person's count), keeping its answer two more (the
+// row, its person's bytes); what a person holds is read from their count, never counted.
 
 extension SQLiteAPIStore: KeyWriteBatches {
     /// One transaction for the batch (a write that fails fails its batch, which changes
