@@ -265,14 +265,18 @@ final class IdentificationLibrary: Sendable {
         var cursor: (Double, String)?
         if let after = request.after {
             let parts = after.split(separator: "/", maxSplits: 1)
-            guard parts.count == 2, let createdAt = Double(parts[0]), createdAt.isFinite else {
+            // Whole milliseconds (a record's time is whole milliseconds when it is made, and the
+            // store keeps it so; the time a record comes back with from its JSON may be a hair
+            // off, which would repeat or skip it); cursors of seconds from before still work.
+            let createdAt = parts.count == 2 ? Int64(parts[0]).map { Double($0) / 1000 } ?? Double(parts[0]) : nil
+            guard parts.count == 2, let createdAt, createdAt.isFinite else {
                 throw CanopyError(.badRequest, "after is not a cursor from identifications.history; pass its next field as given")
             }
             cursor = (createdAt, String(parts[1]))
         }
         let page = try store.history(owner: owner, plantID: request.plantID, limit: limit + 1, after: cursor)
         let items = Array(page.prefix(limit))
-        let next = page.count > limit ? items.last.map { "\($0.createdAt.timeIntervalSince1970)/\($0.id)" } : nil
+        let next = page.count > limit ? items.last.map { "\(Int64(($0.createdAt.timeIntervalSince1970 * 1000).rounded()))/\($0.id)" } : nil
         return Identification.History.Reply(items: items, next: next)
     }
 
