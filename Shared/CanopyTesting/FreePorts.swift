@@ -1,4 +1,5 @@
 import Glibc
+import Synchronization
 
 /// Ports for tests that start real processes, which need a port before they listen.
 public enum FreePorts {
@@ -11,15 +12,27 @@ public enum FreePorts {
     }
 
     /// A free port with `count` more free ports after it (for executables that take a base port).
+    /// A port handed out once is not handed out again by this process: two tests running at
+    /// once would otherwise both be given a port neither listens on yet.
     public static func run(of count: Int) -> Int {
         let floor = 10_000
         let ceiling = max(floor + 1_000, ephemeralStart() - count - 1)
         for _ in 0..<1_000 {
             let port = Int.random(in: floor..<ceiling)
-            if (0...count).allSatisfy({ isFree(port + $0) }) { return port }
+            let ports = port...(port + count)
+            guard (0...count).allSatisfy({ isFree(port + $0) }) else { continue }
+            let taken = handedOut.withLock { handedOut in
+                guard !ports.contains(where: handedOut.contains) else { return true }
+                handedOut.formUnion(ports)
+                return false
+            }
+            if !taken { return port }
         }
         return systemChoice()
     }
+
+    /// Every port ``run(of:)`` handed out in this process.
+    private static let handedOut = Mutex<Set<Int>>([])
 
     /// The first port of the system's ephemeral range (32768 when it cannot be read).
     static func ephemeralStart() -> Int {
