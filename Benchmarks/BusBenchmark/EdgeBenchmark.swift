@@ -53,49 +53,52 @@ struct EdgeBenchmark: AsyncParsableCommand {
         defer { try? FileManager.default.removeItem(at: directory) }
         let key = Array("the canopy-bench edge signing key, long enough".utf8)
 
-        // The stack: canopy-images and canopy-care behind the broker, canopy-api twice (implicit
-        // batching on, and off), and a bare Hummingbird route.
-        var edges: [APIHTTPServer] = []
-        let bare = BareRoute()
-        let stack = try await BenchStack(logger: logger) { endpoint, context in
-            var images = ImageServiceSettings(directory: directory.appendingPathComponent("images"), runner: .init(endpoint: endpoint))
-            images.runner.credit = 64
-            var care = CareServiceSettings(directory: directory.appendingPathComponent("care"), runner: .init(endpoint: endpoint))
-            care.runner.credit = 64
-            var services = try await buildImageService(settings: images, context: context, logger: logger)
-            services += try await buildCareService(settings: care, context: context, logger: logger)
-            // Implicit batching on, and off.
-            for window in [Duration.milliseconds(2), .zero] {
-                var settings = APIServiceSettings(http: .anyLoopbackPort, bus: .init(endpoint: endpoint), tokenKey: key)
-                settings.rateLimit = 1_000_000
-                settings.rateBurst = 1_000_000
-                settings.batchWindow = window
-                settings.batchInFlight = batchInFlight
-                let built = try buildAPIService(settings: settings, context: context, logger: logger)
-                edges += built.compactMap { $0 as? APIHTTPServer }
-                services += built
-            }
-            return services + [bare]
-        }
-        let client = stack.client
-        for service in [Images.service, Care.service] {
-            while (try? await client.call(Broker.Services.self, Empty()))?.first(where: { $0.name == service }) == nil {
-                try await Task.sleep(for: .milliseconds(50))
-            }
-        }
-        let batchingOn = "http://127.0.0.1:\(try await edges[0].boundPort())"
-        let batchingOff = "http://127.0.0.1:\(try await edges[1].boundPort())"
-        let tokens = try TokenAuthority(key: key)
-        let script = directory.appendingPathComponent("canopy.lua")
-        try Self.wrkScript.write(to: script, atomically: true, encoding: .utf8)
-        let runner = WrkRunner(wrk: wrk, script: script.path)
-
         let parts = Set(parts.split(separator: ",").map(String.init))
-        if parts.contains("thumbnail") { try await thumbnails(stack: stack, tokens: tokens, runner: runner, bare: bare, edges: (batchingOn, batchingOff)) }
-        if parts.contains("collection") {
-            try await collection(stack: stack, tokens: tokens, runner: runner, edges: (batchingOn, batchingOff), directory: directory)
+        // (1) and (2) share a stack; (3) makes its own per store.
+        if parts.contains("thumbnail") || parts.contains("collection") {
+            // The stack: canopy-images and canopy-care behind the broker, canopy-api twice (implicit
+            // batching on, and off), and a bare Hummingbird route.
+            var edges: [APIHTTPServer] = []
+            let bare = BareRoute()
+            let stack = try await BenchStack(logger: logger) { endpoint, context in
+                var images = ImageServiceSettings(directory: directory.appendingPathComponent("images"), runner: .init(endpoint: endpoint))
+                images.runner.credit = 64
+                var care = CareServiceSettings(directory: directory.appendingPathComponent("care"), runner: .init(endpoint: endpoint))
+                care.runner.credit = 64
+                var services = try await buildImageService(settings: images, context: context, logger: logger)
+                services += try await buildCareService(settings: care, context: context, logger: logger)
+                // Implicit batching on, and off.
+                for window in [Duration.milliseconds(2), .zero] {
+                    var settings = APIServiceSettings(http: .anyLoopbackPort, bus: .init(endpoint: endpoint), tokenKey: key)
+                    settings.rateLimit = 1_000_000
+                    settings.rateBurst = 1_000_000
+                    settings.batchWindow = window
+                    settings.batchInFlight = batchInFlight
+                    let built = try buildAPIService(settings: settings, context: context, logger: logger)
+                    edges += built.compactMap { $0 as? APIHTTPServer }
+                    services += built
+                }
+                return services + [bare]
+            }
+            let client = stack.client
+            for service in [Images.service, Care.service] {
+                while (try? await client.call(Broker.Services.self, Empty()))?.first(where: { $0.name == service }) == nil {
+                    try await Task.sleep(for: .milliseconds(50))
+                }
+            }
+            let batchingOn = "http://127.0.0.1:\(try await edges[0].boundPort())"
+            let batchingOff = "http://127.0.0.1:\(try await edges[1].boundPort())"
+            let tokens = try TokenAuthority(key: key)
+            let script = directory.appendingPathComponent("canopy.lua")
+            try Self.wrkScript.write(to: script, atomically: true, encoding: .utf8)
+            let runner = WrkRunner(wrk: wrk, script: script.path)
+
+            if parts.contains("thumbnail") { try await thumbnails(stack: stack, tokens: tokens, runner: runner, bare: bare, edges: (batchingOn, batchingOff)) }
+            if parts.contains("collection") {
+                try await collection(stack: stack, tokens: tokens, runner: runner, edges: (batchingOn, batchingOff), directory: directory)
+            }
+            await stack.shutdown()
         }
-        await stack.shutdown()
         if parts.contains("keys") {
             let posts = directory.appendingPathComponent("posts.lua")
             try Self.postScript.write(to: posts, atomically: true, encoding: .utf8)
